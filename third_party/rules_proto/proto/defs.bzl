@@ -1,0 +1,3 @@
+proto_library = native.proto_library
+proto_lang_toolchain = native.proto_lang_toolchain
+ProtoInfo = ProtoInfo

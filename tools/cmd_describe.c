@@ -1,0 +1,2 @@
+#include "tools/commands.h"
+int cmd_describe(int argc, char **argv) { (void)argc; (void)argv; return 2; }

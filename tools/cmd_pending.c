@@ -1,0 +1,69 @@
+/*
+ * tools/cmd_pending.c — subcommands whose capability has not landed yet.
+ *
+ * Each still parses --help, so the whole command line is discoverable today, and otherwise says
+ * plainly which issue brings it and exits 2. A subcommand moves to its own cmd_<name>.c file when
+ * its issue lands.
+ */
+#include <stdio.h>
+
+#include "tools/cli.h"
+#include "tools/commands.h"
+
+static int pending(int argc, char **argv, const char *usage, const char *summary,
+                   const char *arrives_with) {
+  cli_option no_options[] = {{0}};
+  cli_command command = {.command = argv[0], .usage = usage, .summary = summary,
+                         .min_positionals = 0, .max_positionals = 8, .options = no_options};
+  mp_error err = MP_ERROR_INITIALIZER;
+  /* Options are not known yet: only --help is honoured, everything else is reported below. */
+  for (int i = 1; i < argc; ++i) {
+    if (argv[i][0] == '-' && (argv[i][1] == 'h' || (argv[i][1] == '-' && argv[i][2] == 'h'))) {
+      cli_print_help(&command);
+      printf("\nnot implemented yet: %s.\n", arrives_with);
+      return CLI_EXIT_OK;
+    }
+  }
+  mp_fail(&err, MP_ERR_INPUT, "not implemented yet: %s", arrives_with);
+  return cli_report(&command, &err);
+}
+
+int cmd_plan(int argc, char **argv) {
+  return pending(argc, argv,
+                 "mpengine plan MODEL.json --gpus N [--cluster NAME|FILE] [--global-batch B] "
+                 "[--seq-len S] [--top K] [--out PLAN.json]",
+                 "Search dp x pp x tp, micro-batch, schedule, virtual stages and recomputation "
+                 "for the fastest layout that fits in memory.",
+                 "the topology planner (issue 6)");
+}
+
+int cmd_run(int argc, char **argv) {
+  return pending(argc, argv,
+                 "mpengine run --config PLAN.json [--steps N] [--data GLOB] "
+                 "[--backend auto|cpu|cuda] [--checkpoint-dir DIR] [--resume] [--trace FILE]",
+                 "Train the model of a parallelism config, one process per rank.",
+                 "one-rank training (issue 3) and 3D-parallel training (issue 10)");
+}
+
+int cmd_timeline(int argc, char **argv) {
+  return pending(argc, argv,
+                 "mpengine timeline TRACE.json [--against PLAN.json] [--format ascii|svg|chrome] "
+                 "[--out FILE]",
+                 "Show what a run really did, and against its plan where the prediction was "
+                 "wrong.",
+                 "the measured timeline (issue 10)");
+}
+
+int cmd_calibrate(int argc, char **argv) {
+  return pending(argc, argv, "mpengine calibrate [--out CLUSTER.json]",
+                 "Time GEMMs and collectives on this machine and write a cluster description.",
+                 "the cost model (issue 6)");
+}
+
+int cmd_schedule(int argc, char **argv) {
+  return pending(argc, argv,
+                 "mpengine schedule --config PLAN.json | --pp P --micro-batches M [--virtual V] "
+                 "--kind gpipe|1f1b|interleaved-1f1b|zb-h1 [--format ascii|svg|chrome] [--out FILE]",
+                 "Show the timeline a pipeline schedule will execute, checked and simulated.",
+                 "pipeline schedules (issue 4)");
+}

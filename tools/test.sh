@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# tools/test.sh — set up, build everything, run every test, and end with the line
+#   N passed, N failed[, N skipped]
+# counted over individual test cases (GoogleTest cases, and one per shell test). Exits non-zero
+# when anything fails to build or any test fails. Extra arguments go to `bazel test` (a target
+# pattern, say: tools/test.sh //topology/...).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+tools/setup.sh || { echo "0 passed, 1 failed"; exit 1; }
+
+if [ "${CI:-}" = "true" ]; then
+  # CI must leave no Bazel server behind.
+  trap 'bazel shutdown >/dev/null 2>&1 || true' EXIT
+fi
+
+targets=("$@")
+if [ ${#targets[@]} -eq 0 ]; then targets=(//...); fi
+
+# `bazel test` builds every target of the patterns, not only the tests: exit 1 means the build
+# failed, 3 that a test failed.
+bazel test --keep_going "${targets[@]}"
+test_status=$?
+build_status=0
+if [ $test_status -ne 0 ] && [ $test_status -ne 3 ]; then build_status=$test_status; fi
+
+# Count test cases from each test target's XML report.
+passed=0 failed=0 skipped=0
+failed_names=()
+tests=$(bazel query "tests(set(${targets[*]}))" 2>/dev/null)
+testlogs=$(bazel info bazel-testlogs 2>/dev/null)
+for target in $tests; do
+  path=${target#//}
+  path=${path/://}
+  xml="$testlogs/$path/test.xml"
+  if [ ! -f "$xml" ]; then
+    failed=$((failed + 1))
+    failed_names+=("$target (did not build or run)")
+    continue
+  fi
+  read -r p f s names < <(awk -v target="$target" '
+    function finish() {
+      if (!open) return
+      if (bad) { f++; names = names " " target ":" name } else if (skip) s++; else p++
+      open = 0
+    }
+    /<testcase / {
+      finish(); open = 1; bad = 0; skip = ($0 ~ /result="skipped"/)
+      name = $0; sub(/.*<testcase name="/, "", name); sub(/".*/, "", name)
+      if ($0 ~ /\/>[[:space:]]*$/) { finish(); next }
+    }
+    open && /<(failure|error)[ >]/ { bad = 1 }
+    open && /<skipped/ { skip = 1 }
+    /<\/testcase>/ { finish() }
+    END { finish(); printf "%d %d %d%s\n", p, f, s, names }' "$xml")
+  passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
+  for n in $names; do failed_names+=("$n"); done
+done
+
+if [ $build_status -ne 0 ] && [ $failed -eq 0 ]; then
+  failed=$((failed + 1))
+  failed_names+=("the build")
+fi
+if [ ${#failed_names[@]} -gt 0 ]; then
+  echo "failed:"
+  for n in "${failed_names[@]}"; do echo "  $n"; done
+fi
+if [ $skipped -gt 0 ]; then
+  echo "$passed passed, $failed failed, $skipped skipped"
+else
+  echo "$passed passed, $failed failed"
+fi
+if [ $failed -ne 0 ] || [ $test_status -ne 0 ] || [ $build_status -ne 0 ]; then exit 1; fi
+exit 0
