@@ -87,6 +87,178 @@ static void line_and_column(const char *text, const char *position, int *line, i
   }
 }
 
+/* A strict JSON syntax scanner, run only after cJSON has refused a text: cJSON does not say where
+ * inside an object or array the mistake is, and users need the exact line and column. */
+typedef struct {
+  const char *p;
+  const char *error_at;
+  const char *expected;
+  int depth;
+} syntax_scanner;
+
+enum { kMaxJsonDepth = 1000 }; /* cJSON's CJSON_NESTING_LIMIT */
+
+static bool scan_fail(syntax_scanner *s, const char *expected) {
+  if (s->error_at == NULL) {
+    s->error_at = s->p;
+    s->expected = expected;
+  }
+  return false;
+}
+
+static void scan_space(syntax_scanner *s) {
+  while (*s->p == ' ' || *s->p == '\t' || *s->p == '\n' || *s->p == '\r') ++s->p;
+}
+
+static bool scan_value(syntax_scanner *s);
+
+static bool scan_string(syntax_scanner *s) {
+  if (*s->p != '"') return scan_fail(s, "a string in double quotes");
+  ++s->p;
+  for (;;) {
+    unsigned char c = (unsigned char)*s->p;
+    if (c == '\0') return scan_fail(s, "a closing '\"'");
+    if (c < 0x20) return scan_fail(s, "a character (control characters must be escaped)");
+    if (c == '"') {
+      ++s->p;
+      return true;
+    }
+    if (c == '\\') {
+      ++s->p;
+      if (*s->p == 'u') {
+        for (int i = 1; i <= 4; ++i) {
+          char h = s->p[i];
+          bool hex = (h >= '0' && h <= '9') || (h >= 'a' && h <= 'f') || (h >= 'A' && h <= 'F');
+          if (!hex) {
+            s->p += i;
+            return scan_fail(s, "four hex digits after \\u");
+          }
+        }
+        s->p += 5;
+        continue;
+      }
+      if (*s->p == '\0' || strchr("\"\\/bfnrt", *s->p) == NULL) {
+        return scan_fail(s, "an escape (\\\", \\\\, \\/, \\b, \\f, \\n, \\r, \\t or \\u)");
+      }
+    }
+    ++s->p;
+  }
+}
+
+static bool scan_digits(syntax_scanner *s) {
+  if (*s->p < '0' || *s->p > '9') return scan_fail(s, "a digit");
+  while (*s->p >= '0' && *s->p <= '9') ++s->p;
+  return true;
+}
+
+static bool scan_number(syntax_scanner *s) {
+  if (*s->p == '-') ++s->p;
+  if (*s->p == '0') {
+    ++s->p;
+  } else if (!scan_digits(s)) {
+    return false;
+  }
+  if (*s->p == '.') {
+    ++s->p;
+    if (!scan_digits(s)) return false;
+  }
+  if (*s->p == 'e' || *s->p == 'E') {
+    ++s->p;
+    if (*s->p == '+' || *s->p == '-') ++s->p;
+    if (!scan_digits(s)) return false;
+  }
+  return true;
+}
+
+static bool scan_word(syntax_scanner *s, const char *word) {
+  size_t length = strlen(word);
+  if (strncmp(s->p, word, length) != 0) return scan_fail(s, "a value");
+  s->p += length;
+  return true;
+}
+
+static bool scan_object(syntax_scanner *s) {
+  ++s->p; /* '{' */
+  scan_space(s);
+  if (*s->p == '}') {
+    ++s->p;
+    return true;
+  }
+  for (;;) {
+    scan_space(s);
+    if (*s->p != '"') return scan_fail(s, "a key in double quotes");
+    if (!scan_string(s)) return false;
+    scan_space(s);
+    if (*s->p != ':') return scan_fail(s, "':' after the key");
+    ++s->p;
+    if (!scan_value(s)) return false;
+    scan_space(s);
+    if (*s->p == '}') {
+      ++s->p;
+      return true;
+    }
+    if (*s->p != ',') return scan_fail(s, "',' or '}'");
+    ++s->p;
+  }
+}
+
+static bool scan_array(syntax_scanner *s) {
+  ++s->p; /* '[' */
+  scan_space(s);
+  if (*s->p == ']') {
+    ++s->p;
+    return true;
+  }
+  for (;;) {
+    if (!scan_value(s)) return false;
+    scan_space(s);
+    if (*s->p == ']') {
+      ++s->p;
+      return true;
+    }
+    if (*s->p != ',') return scan_fail(s, "',' or ']'");
+    ++s->p;
+  }
+}
+
+static bool scan_value(syntax_scanner *s) {
+  scan_space(s);
+  if (s->depth >= kMaxJsonDepth) return scan_fail(s, "nesting no deeper than 1000 levels");
+  bool ok;
+  switch (*s->p) {
+    case '{':
+      ++s->depth;
+      ok = scan_object(s);
+      --s->depth;
+      return ok;
+    case '[':
+      ++s->depth;
+      ok = scan_array(s);
+      --s->depth;
+      return ok;
+    case '"': return scan_string(s);
+    case 't': return scan_word(s, "true");
+    case 'f': return scan_word(s, "false");
+    case 'n': return scan_word(s, "null");
+    default:
+      if (*s->p == '-' || (*s->p >= '0' && *s->p <= '9')) return scan_number(s);
+      return scan_fail(s, "a value");
+  }
+}
+
+/* Fills *at and *expected with the first syntax error of text; false if the scanner finds none. */
+static bool find_syntax_error(const char *text, const char **at, const char **expected) {
+  syntax_scanner s = {text, NULL, NULL, 0};
+  if (scan_value(&s)) {
+    scan_space(&s);
+    if (*s.p != '\0') scan_fail(&s, "the end of the text after the top-level value");
+  }
+  if (s.error_at == NULL) return false;
+  *at = s.error_at;
+  *expected = s.expected;
+  return true;
+}
+
 mp_status mp_json_parse_text(const char *text, const char *source, cJSON **out_root,
                              mp_error *err) {
   *out_root = NULL;
@@ -96,23 +268,28 @@ mp_status mp_json_parse_text(const char *text, const char *source, cJSON **out_r
   const char *parse_end = NULL;
   cJSON *root = cJSON_ParseWithOpts(text, &parse_end, 1);
   if (root == NULL) {
-    const char *position = parse_end != NULL ? parse_end : cJSON_GetErrorPtr();
-    if (position == NULL) position = text;
+    const char *position = parse_end != NULL ? parse_end : text;
+    const char *expected = NULL;
+    bool located = find_syntax_error(text, &position, &expected);
     int line, column;
     line_and_column(text, position, &line, &column);
-    char near[24];
+    char found[24];
     size_t n = 0;
-    for (const char *q = position; *q != '\0' && *q != '\n' && n + 1 < sizeof near; ++q) {
-      near[n++] = *q;
+    for (const char *q = position; *q != '\0' && *q != '\n' && n + 1 < 16; ++q) {
+      found[n++] = *q;
     }
-    near[n] = '\0';
+    found[n] = '\0';
+    if (!located) {
+      return mp_fail(err, MP_ERR_INPUT, "%s:%d:%d: JSON syntax error near '%s'", source, line,
+                     column, found);
+    }
     if (n == 0) {
       return mp_fail(err, MP_ERR_INPUT,
-                     "%s:%d:%d: JSON syntax error: unexpected end of input (a missing '}' or ']'?)",
-                     source, line, column);
+                     "%s:%d:%d: JSON syntax error: expected %s, found the end of %s", source,
+                     line, column, expected, *position == '\0' ? "the file" : "the line");
     }
-    return mp_fail(err, MP_ERR_INPUT, "%s:%d:%d: JSON syntax error near '%s'", source, line,
-                   column, near);
+    return mp_fail(err, MP_ERR_INPUT, "%s:%d:%d: JSON syntax error: expected %s, found '%s'",
+                   source, line, column, expected, found);
   }
   *out_root = root;
   return MP_OK;

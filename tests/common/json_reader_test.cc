@@ -17,15 +17,29 @@ TEST(JsonReader, SyntaxErrorNamesLineAndColumn) {
   Parsed p;
   ASSERT_EQ(mp_json_parse_text("{\n  \"a\": 1,\n  \"b\": ]\n}", "m.json", &p.root, &p.err),
             MP_ERR_INPUT);
-  EXPECT_EQ(std::string(p.err.message), "m.json:3:8: JSON syntax error near ']'");
+  EXPECT_EQ(std::string(p.err.message), "m.json:3:8: JSON syntax error: expected a value, found ']'");
 }
 
 TEST(JsonReader, TruncatedInputSaysEndOfInput) {
   Parsed p;
   ASSERT_EQ(mp_json_parse_text("{\"a\": [1, 2", "m.json", &p.root, &p.err), MP_ERR_INPUT);
-  EXPECT_NE(std::string(p.err.message).find("m.json:1:12: JSON syntax error: unexpected end"),
-            std::string::npos)
-      << p.err.message;
+  EXPECT_EQ(std::string(p.err.message),
+            "m.json:1:12: JSON syntax error: expected ',' or ']', found the end of the file");
+}
+
+TEST(JsonReader, SyntaxErrorsInsideStringsAndAfterTheValue) {
+  Parsed p;
+  ASSERT_EQ(mp_json_parse_text("{\"a\": \"x\\q\"}", "m.json", &p.root, &p.err), MP_ERR_INPUT);
+  EXPECT_EQ(std::string(p.err.message),
+            "m.json:1:10: JSON syntax error: expected an escape (\\\", \\\\, \\/, \\b, \\f, \\n, "
+            "\\r, \\t or \\u), found 'q\"}'");
+  ASSERT_EQ(mp_json_parse_text("{\"a\": 1} {", "m.json", &p.root, &p.err), MP_ERR_INPUT);
+  EXPECT_EQ(std::string(p.err.message),
+            "m.json:1:10: JSON syntax error: expected the end of the text after the top-level "
+            "value, found '{'");
+  ASSERT_EQ(mp_json_parse_text("{\"a\" 1}", "m.json", &p.root, &p.err), MP_ERR_INPUT);
+  EXPECT_EQ(std::string(p.err.message),
+            "m.json:1:6: JSON syntax error: expected ':' after the key, found '1}'");
 }
 
 TEST(JsonReader, EmptyTextIsRefused) {

@@ -1,0 +1,237 @@
+// tests/topology/model_test.cc — model descriptions: parameter counts users check against the
+// papers and llm.c, per-layer costs against closed forms, and the exact message for each mistake.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "topology/layer_cost.h"
+#include "topology/model.h"
+
+namespace {
+
+struct Loaded {
+  mp_model *model = nullptr;
+  mp_error err = MP_ERROR_INITIALIZER;
+  ~Loaded() { mp_model_free(model); }
+};
+
+// 12 l h^2 (1 + 13/(12h) + (V+s)/(12 l h)) = 12 l h^2 + 13 l h + (V + s) h: the count from
+// Narayanan et al. (2021). It leaves out the final layernorm (2h), which llm.c's count includes.
+int64_t closed_form_params(int64_t l, int64_t h, int64_t vocab, int64_t seq) {
+  return 12 * l * h * h + 13 * l * h + (vocab + seq) * h;
+}
+
+void expect_example(const char *file, int64_t l, int64_t h, int64_t vocab, int64_t seq) {
+  Loaded m;
+  ASSERT_EQ(mp_model_load(file, &m.model, &m.err), MP_OK) << m.err.message;
+  EXPECT_EQ(mp_model_num_transformer_layers(m.model), l) << file;
+  EXPECT_EQ(mp_model_params(m.model), closed_form_params(l, h, vocab, seq) + 2 * h) << file;
+}
+
+TEST(ModelExamples, Gpt2SmallMatchesLlmC) {
+  Loaded m;
+  ASSERT_EQ(mp_model_load("examples/models/gpt2-124m.json", &m.model, &m.err), MP_OK)
+      << m.err.message;
+  EXPECT_EQ(mp_model_params(m.model), 124439808);
+  EXPECT_EQ(mp_model_num_layers(m.model), 15);
+  EXPECT_STREQ(mp_model_layer(m.model, 1)->name, "block.0");
+  EXPECT_STREQ(mp_model_layer(m.model, 13)->name, "final_norm");
+  EXPECT_STREQ(mp_model_layer(m.model, 14)->name, "lm_head");
+}
+
+TEST(ModelExamples, Gpt2FamilyMatchesClosedForm) {
+  expect_example("examples/models/gpt2-124m.json", 12, 768, 50257, 1024);
+  expect_example("examples/models/gpt2-350m.json", 24, 1024, 50257, 1024);
+  expect_example("examples/models/gpt2-774m.json", 36, 1280, 50257, 1024);
+  expect_example("examples/models/gpt2-1.5b.json", 48, 1600, 50257, 1024);
+}
+
+TEST(ModelExamples, Gpt3And1TMatchClosedForm) {
+  expect_example("examples/models/gpt3-175b.json", 96, 12288, 50257, 2048);
+  expect_example("examples/models/gpt-1t.json", 128, 25600, 51200, 2048);
+  Loaded m;
+  ASSERT_EQ(mp_model_load("examples/models/gpt3-175b.json", &m.model, &m.err), MP_OK);
+  EXPECT_NEAR(mp_model_params(m.model) / 1e9, 174.6, 0.1);  // the paper's "175B"
+}
+
+TEST(ModelExamples, TinyGptLoads) {
+  Loaded m;
+  ASSERT_EQ(mp_model_load("examples/models/tiny-gpt.json", &m.model, &m.err), MP_OK)
+      << m.err.message;
+  EXPECT_EQ(mp_model_params(m.model), closed_form_params(4, 64, 128, 64) + 2 * 64);
+}
+
+mp_model *parse(const std::string &layers, Loaded *m, const std::string &top = "") {
+  std::string text = "{\"name\": \"t\", \"vocab_size\": 100, \"seq_len\": 16, " + top +
+                     "\"layers\": [" + layers + "]}";
+  mp_model_parse_text(text.c_str(), "m.json", &m->model, &m->err);
+  return m->model;
+}
+
+TEST(LayerCost, TransformerFlopsMatchMegatron) {
+  Loaded m;
+  ASSERT_NE(parse("{\"type\": \"transformer\", \"hidden\": 64, \"heads\": 4}", &m), nullptr)
+      << m.err.message;
+  mp_cost_shape shape = {3, 16, 2};
+  mp_layer_cost cost;
+  mp_layer_cost_compute(mp_model_layer(m.model, 0), &shape, &cost);
+  const double b = 3, s = 16, h = 64, a = 4;
+  EXPECT_DOUBLE_EQ(cost.forward_flops, 24 * b * s * h * h + 4 * b * s * s * h);
+  EXPECT_DOUBLE_EQ(cost.backward_flops, 2 * cost.forward_flops);
+  EXPECT_DOUBLE_EQ(cost.recompute_flops[MP_RECOMPUTE_SELECTIVE], 4 * b * s * s * h);
+  EXPECT_DOUBLE_EQ(cost.recompute_flops[MP_RECOMPUTE_FULL], cost.forward_flops);
+  EXPECT_EQ(cost.params, 12 * 64 * 64 + 13 * 64);
+  // Kept per token: 16h bf16 elements, a*s attention probabilities, 4 fp32 layernorm statistics.
+  EXPECT_DOUBLE_EQ(cost.activation_bytes[MP_RECOMPUTE_NONE], b * s * (16 * h * 2 + a * s * 2 + 16));
+  EXPECT_DOUBLE_EQ(cost.activation_bytes[MP_RECOMPUTE_SELECTIVE], b * s * (16 * h * 2 + a * 4 + 16));
+  EXPECT_DOUBLE_EQ(cost.activation_bytes[MP_RECOMPUTE_FULL], b * s * h * 2);
+  EXPECT_DOUBLE_EQ(cost.output_bytes, b * s * h * 2);
+}
+
+TEST(LayerCost, SwigluGroupedQueryRmsnormWithoutBias) {
+  Loaded m;
+  ASSERT_NE(parse("{\"type\": \"transformer\", \"hidden\": 64, \"heads\": 8, \"kv_heads\": 2, "
+                  "\"ffn_hidden\": 96, \"activation\": \"swiglu\", \"norm\": \"rmsnorm\", "
+                  "\"bias\": false}",
+                  &m),
+            nullptr)
+      << m.err.message;
+  const mp_layer_spec *layer = mp_model_layer(m.model, 0);
+  const int64_t h = 64, kv = 2 * 8, f = 96;  // kv width = kv_heads * head size (64 / 8)
+  EXPECT_EQ(mp_layer_params(layer), h * (h + 2 * kv) + h * h + 3 * h * f + 2 * h);
+  mp_cost_shape shape = {1, 16, 4};
+  mp_layer_cost cost;
+  mp_layer_cost_compute(layer, &shape, &cost);
+  EXPECT_DOUBLE_EQ(cost.forward_flops,
+                   2.0 * 16 * h * (h + 2 * kv) + 4.0 * 16 * 16 * h + 2.0 * 16 * h * h +
+                       3 * 2.0 * 16 * h * f);
+}
+
+TEST(LayerCost, HeadEmbeddingAndCustom) {
+  Loaded m;
+  ASSERT_NE(parse("{\"type\": \"embedding\", \"hidden\": 8},"
+                  "{\"type\": \"custom\", \"name\": \"router\", \"params\": 7, "
+                  "\"forward_flops_per_token\": 10, \"activation_bytes_per_token\": 3, "
+                  "\"output_bytes_per_token\": 16, \"repeat\": 2},"
+                  "{\"type\": \"lm_head\", \"hidden\": 8, \"tie_embedding\": false}",
+                  &m),
+            nullptr)
+      << m.err.message;
+  ASSERT_EQ(mp_model_num_layers(m.model), 4);
+  EXPECT_STREQ(mp_model_layer(m.model, 1)->name, "router");
+  EXPECT_STREQ(mp_model_layer(m.model, 2)->name, "router.1");
+  mp_cost_shape shape = {2, 16, 2};
+  mp_layer_cost cost;
+  mp_layer_cost_compute(mp_model_layer(m.model, 0), &shape, &cost);
+  EXPECT_EQ(cost.params, 100 * 8 + 16 * 8);
+  EXPECT_DOUBLE_EQ(cost.forward_flops, 0.0);
+  mp_layer_cost_compute(mp_model_layer(m.model, 1), &shape, &cost);
+  EXPECT_EQ(cost.params, 7);
+  EXPECT_DOUBLE_EQ(cost.forward_flops, 32 * 10.0);
+  EXPECT_DOUBLE_EQ(cost.activation_bytes[MP_RECOMPUTE_FULL], 32 * 3.0);
+  EXPECT_DOUBLE_EQ(cost.output_bytes, 32 * 16.0);
+  mp_layer_cost_compute(mp_model_layer(m.model, 3), &shape, &cost);
+  EXPECT_EQ(cost.params, 100 * 8);  // untied: owns its own (V, C) table
+  EXPECT_DOUBLE_EQ(cost.forward_flops, 2.0 * 32 * 8 * 100);
+  EXPECT_EQ(mp_model_params(m.model), 100 * 8 + 16 * 8 + 14 + 800);
+}
+
+// Each mistake a user makes gets exactly one message naming the file and the JSON path.
+struct BadInput {
+  const char *layers;
+  const char *top;
+  const char *message;
+};
+
+class ModelBadInput : public ::testing::TestWithParam<BadInput> {};
+
+TEST_P(ModelBadInput, ExactMessage) {
+  Loaded m;
+  EXPECT_EQ(parse(GetParam().layers, &m, GetParam().top), nullptr);
+  EXPECT_EQ(m.err.status, MP_ERR_INPUT);
+  EXPECT_EQ(std::string(m.err.message), GetParam().message);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Messages, ModelBadInput,
+    ::testing::Values(
+        BadInput{"{\"type\": \"transformer\", \"hiden\": 64, \"heads\": 4}", "",
+                 "m.json: $.layers[0]: unknown key \"hiden\"; did you mean \"hidden\"? (known "
+                 "keys: type, hidden, heads, kv_heads, ffn_hidden, norm, activation, bias, "
+                 "repeat)"},
+        BadInput{"{\"type\": \"transformer\", \"hidden\": \"64\", \"heads\": 4}", "",
+                 "m.json: $.layers[0].hidden: must be a positive integer, got a string "
+                 "(\"64\"); drop the quotes"},
+        BadInput{"{\"type\": \"transformer\", \"hidden\": -64, \"heads\": 4}", "",
+                 "m.json: $.layers[0].hidden: must be a positive integer, got -64"},
+        BadInput{"{\"type\": \"transformer\", \"hidden\": 0, \"heads\": 4}", "",
+                 "m.json: $.layers[0].hidden: must be a positive integer, got 0"},
+        BadInput{"{\"type\": \"transformer\", \"hidden\": 64, \"heads\": 5}", "",
+                 "m.json: $.layers[0]: hidden 64 is not divisible by heads 5; the head size "
+                 "hidden / heads must be a whole number"},
+        BadInput{"{\"type\": \"transformer\", \"hidden\": 64, \"heads\": 4, \"kv_heads\": 3}",
+                 "",
+                 "m.json: $.layers[0]: heads 4 is not a multiple of kv_heads 3; each key/value "
+                 "head serves a whole group of query heads"},
+        BadInput{"{\"type\": \"transformer\", \"hidden\": 64, \"heads\": 4, \"repeat\": 0}", "",
+                 "m.json: $.layers[0].repeat: must be a positive integer, got 0"},
+        BadInput{"", "", "m.json: $.layers: is empty; it needs at least 1 item"},
+        BadInput{"{\"hidden\": 64}", "",
+                 "m.json: $.layers[0]: missing required key \"type\" (one of \"embedding\", "
+                 "\"transformer\", \"layernorm\", \"lm_head\", \"custom\")"},
+        BadInput{"{\"type\": \"transfomer\", \"hidden\": 64}", "",
+                 "m.json: $.layers[0].type: \"transfomer\" is not one of \"embedding\", "
+                 "\"transformer\", \"layernorm\", \"lm_head\", \"custom\"; did you mean "
+                 "\"transformer\"?"},
+        BadInput{"{\"type\": \"transformer\", \"hidden\": 64, \"heads\": 4, \"norm\": 1}", "",
+                 "m.json: $.layers[0].norm: must be one of \"layernorm\", \"rmsnorm\", got a "
+                 "number"},
+        BadInput{"7", "", "m.json: $.layers[0]: expected a layer node (a JSON object), got a number"},
+        BadInput{"{\"type\": \"lm_head\", \"hidden\": 64}", "",
+                 "m.json: $.layers[0].tie_embedding: true, but no embedding layer precedes it; "
+                 "add an embedding or set tie_embedding to false"},
+        BadInput{"{\"type\": \"embedding\", \"hidden\": 64},"
+                 "{\"type\": \"transformer\", \"hidden\": 32, \"heads\": 4}",
+                 "",
+                 "m.json: $.layers[1].hidden: 32 does not match the hidden size 64 of "
+                 "$.layers[0] before it"},
+        BadInput{"{\"type\": \"embedding\", \"hidden\": 64, \"max_positions\": 8}", "",
+                 "m.json: $.seq_len: 16 exceeds $.layers[0].max_positions 8; shorten seq_len or "
+                 "raise max_positions"},
+        BadInput{"{\"type\": \"embedding\", \"hidden\": 64, \"vocab\": 50}", "",
+                 "m.json: $.layers[0].vocab: 50 is smaller than $.vocab_size 100; token ids up "
+                 "to vocab_size - 1 need a row each"},
+        BadInput{"{\"type\": \"embedding\", \"hidden\": 64}", "\"vocab\": 5, ",
+                 "m.json: $: unknown key \"vocab\" (known keys: name, vocab_size, seq_len, "
+                 "layers)"},
+        BadInput{"{\"type\": \"transformer\", \"hidden\": 4194304, \"heads\": 4}", "",
+                 "m.json: $.layers[0].hidden: 4194304 is larger than the supported 1048576"},
+        BadInput{"{\"type\": \"custom\", \"name\": \"x\", \"params\": 1}", "",
+                 "m.json: $.layers[0]: missing required key \"forward_flops_per_token\" (a "
+                 "non-negative number)"}));
+
+TEST(ModelBadInput, MissingTopLevelKeys) {
+  Loaded m;
+  EXPECT_EQ(mp_model_parse_text("{\"name\": \"t\", \"seq_len\": 4, \"layers\": []}", "m.json",
+                                &m.model, &m.err),
+            MP_ERR_INPUT);
+  EXPECT_EQ(std::string(m.err.message),
+            "m.json: $: missing required key \"vocab_size\" (a positive integer)");
+  EXPECT_EQ(mp_model_parse_text("[1, 2]", "m.json", &m.model, &m.err), MP_ERR_INPUT);
+  EXPECT_EQ(std::string(m.err.message),
+            "m.json: $: expected a model description (a JSON object), got an array");
+}
+
+TEST(ModelBadInput, SyntaxErrorAndMissingFile) {
+  Loaded m;
+  EXPECT_EQ(mp_model_parse_text("{\"name\": \"t\",\n \"vocab_size\": 4,,\n}", "m.json", &m.model,
+                                &m.err),
+            MP_ERR_INPUT);
+  EXPECT_EQ(std::string(m.err.message), "m.json:2:18: JSON syntax error: expected a key in double quotes, found ','");
+  EXPECT_EQ(mp_model_load("examples/models/no-such-model.json", &m.model, &m.err), MP_ERR_INPUT);
+  EXPECT_EQ(std::string(m.err.message),
+            "examples/models/no-such-model.json: cannot open: No such file or directory");
+}
+
+}  // namespace

@@ -1,0 +1,104 @@
+/*
+ * topology/model.h — a model description (JSON) read into an ordered chain of layers.
+ *
+ * The planner, `mpengine describe` and the runtime all start here. The JSON names the model's
+ * nodes in order; a transformer node with "repeat": 12 becomes 12 layers, so every later stage
+ * (partitioning, costs, the runtime's parameter names) sees one record per layer.
+ *
+ * Format (keys in snake_case; unknown keys are refused with the closest known key named):
+ *   {
+ *     "name": "gpt2-124m",
+ *     "vocab_size": 50257,            vocabulary of the tokenizer
+ *     "seq_len": 1024,                default sequence length for costs and training
+ *     "layers": [
+ *       {"type": "embedding", "hidden": 768, "vocab": 50257, "max_positions": 1024},
+ *       {"type": "transformer", "hidden": 768, "heads": 12, "ffn_hidden": 3072, "repeat": 12,
+ *        "kv_heads": 12, "norm": "layernorm", "activation": "gelu", "bias": true},
+ *       {"type": "layernorm", "hidden": 768},
+ *       {"type": "lm_head", "hidden": 768, "vocab": 50257, "tie_embedding": true},
+ *       {"type": "custom", "name": "moe-router", "params": 1000, "forward_flops_per_token": 2e3,
+ *        "activation_bytes_per_token": 64, "output_bytes_per_token": 1536}
+ *     ]
+ *   }
+ * Defaults: embedding.vocab and lm_head.vocab = vocab_size; max_positions = seq_len (0 for no
+ * learned position table); ffn_hidden = 4 * hidden; kv_heads = heads; norm layernorm;
+ * activation gelu; bias true; repeat 1; tie_embedding true. A `custom` node lets the planner plan
+ * a layer the runtime cannot run: its costs are given, not derived.
+ */
+#ifndef MPENGINE_TOPOLOGY_MODEL_H
+#define MPENGINE_TOPOLOGY_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+  MP_LAYER_EMBEDDING = 0,
+  MP_LAYER_TRANSFORMER,
+  MP_LAYER_LAYERNORM,
+  MP_LAYER_LM_HEAD,
+  MP_LAYER_CUSTOM,
+} mp_layer_kind;
+
+typedef enum { MP_NORM_LAYERNORM = 0, MP_NORM_RMSNORM } mp_norm_kind;
+typedef enum { MP_ACTIVATION_GELU = 0, MP_ACTIVATION_SWIGLU } mp_activation_kind;
+
+enum { MP_MODEL_NAME_BYTES = 128 };
+
+/* One layer of the expanded chain. Fields that do not apply to a kind are 0. */
+typedef struct {
+  mp_layer_kind kind;
+  char name[MP_MODEL_NAME_BYTES]; /* "embedding", "block.3", "final_norm", "lm_head", custom's */
+  int json_index;                 /* index of the node in $.layers it came from */
+  int repeat_index;               /* 0 .. repeat-1 within that node */
+  int64_t hidden;                 /* C */
+  int64_t heads;                  /* NH; head size = hidden / heads */
+  int64_t kv_heads;               /* key/value heads (grouped-query attention when < heads) */
+  int64_t ffn_hidden;             /* MLP width */
+  int64_t vocab;                  /* V, embedding and lm_head */
+  int64_t max_positions;          /* learned position table rows, embedding only */
+  mp_norm_kind norm;
+  mp_activation_kind activation;
+  bool bias;                      /* transformer linear layers carry biases */
+  bool tie_embedding;             /* lm_head shares the embedding's token table */
+  /* custom only */
+  int64_t custom_params;
+  double custom_forward_flops_per_token;
+  double custom_activation_bytes_per_token; /* kept for backward */
+  double custom_output_bytes_per_token;     /* handed to the next layer */
+} mp_layer_spec;
+
+typedef struct mp_model mp_model;
+
+/* Reads a model description from a file. MP_ERR_INPUT with a message naming the file and the
+ * JSON path for every mistake: missing file, syntax error (line:column), unknown key (with the
+ * closest known key), wrong type, non-positive size, hidden not divisible by heads, heads not
+ * divisible by kv_heads, repeat < 1, empty layers, an lm_head tied to an embedding that does not
+ * exist or differs in shape. On success *out is freed with mp_model_free. */
+mp_status mp_model_load(const char *path, mp_model **out, mp_error *err);
+
+/* The same from JSON text; source names it in messages. */
+mp_status mp_model_parse_text(const char *text, const char *source, mp_model **out,
+                              mp_error *err);
+
+void mp_model_free(mp_model *model);
+
+const char *mp_model_name(const mp_model *model);
+int64_t mp_model_vocab_size(const mp_model *model);
+int64_t mp_model_seq_len(const mp_model *model);
+int mp_model_num_layers(const mp_model *model); /* after expanding repeat */
+const mp_layer_spec *mp_model_layer(const mp_model *model, int index);
+
+/* Number of transformer layers (the "l" of the closed forms). */
+int mp_model_num_transformer_layers(const mp_model *model);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MPENGINE_TOPOLOGY_MODEL_H */
