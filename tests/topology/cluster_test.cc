@@ -1,0 +1,595 @@
+// tests/topology/cluster_test.cc — cluster descriptions: the preset numbers from the datasheets,
+// the example files equal to the presets, JSON round trips, the GEMM efficiency curve, the
+// transfer and device-count helpers, and the exact message for each mistake a user can make.
+#include "topology/cluster.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace {
+
+const double kGib = 1073741824.0;
+
+void ExpectSameCluster(const mp_cluster &a, const mp_cluster &b) {
+  EXPECT_STREQ(a.name, b.name);
+  EXPECT_STREQ(a.notes, b.notes);
+  EXPECT_STREQ(a.device, b.device);
+  EXPECT_EQ(a.nodes, b.nodes);
+  EXPECT_EQ(a.devices_per_node, b.devices_per_node);
+  EXPECT_EQ(a.device_memory_bytes, b.device_memory_bytes);
+  EXPECT_EQ(a.memory_bandwidth_bytes_per_s, b.memory_bandwidth_bytes_per_s);
+  for (int dtype = 0; dtype < MP_DTYPE_COUNT; ++dtype) {
+    EXPECT_EQ(a.peak_flops_per_s[dtype], b.peak_flops_per_s[dtype])
+        << mp_dtype_name(static_cast<mp_dtype>(dtype));
+  }
+  EXPECT_EQ(a.intra_node_bandwidth_bytes_per_s, b.intra_node_bandwidth_bytes_per_s);
+  EXPECT_EQ(a.intra_node_latency_s, b.intra_node_latency_s);
+  EXPECT_EQ(a.inter_node_bandwidth_bytes_per_s, b.inter_node_bandwidth_bytes_per_s);
+  EXPECT_EQ(a.inter_node_latency_s, b.inter_node_latency_s);
+  EXPECT_EQ(a.gemm_efficiency_given, b.gemm_efficiency_given);
+  ASSERT_EQ(a.gemm_efficiency_points, b.gemm_efficiency_points);
+  for (int i = 0; i < a.gemm_efficiency_points; ++i) {
+    EXPECT_EQ(a.gemm_efficiency[i].gemm_flops, b.gemm_efficiency[i].gemm_flops) << i;
+    EXPECT_EQ(a.gemm_efficiency[i].efficiency, b.gemm_efficiency[i].efficiency) << i;
+  }
+}
+
+mp_cluster Preset(const char *name) {
+  mp_cluster cluster;
+  mp_error err = MP_ERROR_INITIALIZER;
+  EXPECT_EQ(mp_cluster_preset(name, &cluster, &err), MP_OK) << err.message;
+  return cluster;
+}
+
+// parse(to_json(cluster)), checking every step.
+mp_cluster RoundTrip(const mp_cluster &cluster) {
+  mp_error err = MP_ERROR_INITIALIZER;
+  cJSON *json = nullptr;
+  EXPECT_EQ(mp_cluster_to_json(&cluster, &json, &err), MP_OK) << err.message;
+  char *text = cJSON_Print(json);
+  cJSON_Delete(json);
+  mp_cluster back;
+  EXPECT_EQ(mp_cluster_parse_text(text, "round-trip.json", &back, &err), MP_OK)
+      << err.message << "\n" << text;
+  free(text);
+  return back;
+}
+
+// A valid description; each override replaces (or adds) a top-level key's JSON value, each
+// name in `removed` drops a key.
+std::string Description(const std::vector<std::pair<std::string, std::string>> &overrides = {},
+                        const std::vector<std::string> &removed = {}) {
+  std::vector<std::pair<std::string, std::string>> keys = {
+      {"name", "\"test\""},
+      {"devices_per_node", "8"},
+      {"device_memory_gib", "80"},
+      {"memory_bandwidth_gbytes_per_s", "3350"},
+      {"peak_tflops", "{\"bf16\": 100, \"fp32\": 10}"},
+      {"intra_node", "{\"bandwidth_gbytes_per_s\": 450, \"latency_us\": 3}"},
+      {"inter_node", "{\"bandwidth_gbytes_per_s\": 50, \"latency_us\": 8}"},
+  };
+  for (const auto &override_key : overrides) {
+    bool replaced = false;
+    for (auto &key : keys) {
+      if (key.first == override_key.first) {
+        key.second = override_key.second;
+        replaced = true;
+      }
+    }
+    if (!replaced) keys.push_back(override_key);
+  }
+  std::string text = "{";
+  bool first = true;
+  for (const auto &key : keys) {
+    bool drop = false;
+    for (const auto &name : removed) drop = drop || name == key.first;
+    if (drop) continue;
+    text += (first ? "\"" : ", \"") + key.first + "\": " + key.second;
+    first = false;
+  }
+  return text + "}";
+}
+
+// The message parsing text as "c.json" fails with (and checks that it is an input error).
+std::string ParseError(const std::string &text) {
+  mp_cluster cluster;
+  mp_error err = MP_ERROR_INITIALIZER;
+  EXPECT_EQ(mp_cluster_parse_text(text.c_str(), "c.json", &cluster, &err), MP_ERR_INPUT) << text;
+  EXPECT_EQ(err.status, MP_ERR_INPUT);
+  return err.message;
+}
+
+mp_cluster Parse(const std::string &text) {
+  mp_cluster cluster;
+  mp_error err = MP_ERROR_INITIALIZER;
+  EXPECT_EQ(mp_cluster_parse_text(text.c_str(), "c.json", &cluster, &err), MP_OK)
+      << err.message << "\n" << text;
+  return cluster;
+}
+
+std::string ReadFile(const std::string &path) {
+  std::ifstream file(path, std::ios::binary);
+  EXPECT_TRUE(file.good()) << "cannot open " << path;
+  std::stringstream contents;
+  contents << file.rdbuf();
+  return contents.str();
+}
+
+// ---- presets -------------------------------------------------------------------------------
+
+TEST(ClusterPresets, NamesAreTheFourPresets) {
+  const char *const *names = mp_cluster_preset_names();
+  std::vector<std::string> listed;
+  for (int i = 0; names[i] != nullptr; ++i) listed.push_back(names[i]);
+  EXPECT_EQ(listed, (std::vector<std::string>{"a100-80g", "h100-sxm", "h200-sxm", "cpu-local"}));
+  EXPECT_EQ(mp_cluster_preset_json("h100"), nullptr);
+}
+
+TEST(ClusterPresets, H100SxmDatasheetNumbers) {
+  mp_cluster c = Preset("h100-sxm");
+  EXPECT_STREQ(c.name, "h100-sxm");
+  EXPECT_STREQ(c.device, "NVIDIA H100 SXM5 80GB");
+  EXPECT_EQ(c.nodes, 0);  // as many as the requested devices need
+  EXPECT_EQ(c.devices_per_node, 8);
+  EXPECT_EQ(c.device_memory_bytes, 80LL * 1073741824LL);
+  EXPECT_EQ(c.memory_bandwidth_bytes_per_s, 3350e9);
+  EXPECT_EQ(c.peak_flops_per_s[MP_DTYPE_FP32], 67e12);
+  EXPECT_EQ(c.peak_flops_per_s[MP_DTYPE_TF32], 494e12);
+  EXPECT_EQ(c.peak_flops_per_s[MP_DTYPE_BF16], 989e12);
+  EXPECT_EQ(c.peak_flops_per_s[MP_DTYPE_FP16], 989e12);
+  EXPECT_EQ(c.peak_flops_per_s[MP_DTYPE_FP8], 1979e12);
+  EXPECT_EQ(c.intra_node_bandwidth_bytes_per_s, 450e9);
+  EXPECT_EQ(c.intra_node_latency_s, 3e-6);
+  EXPECT_EQ(c.inter_node_bandwidth_bytes_per_s, 50e9);
+  EXPECT_EQ(c.inter_node_latency_s, 8e-6);
+  EXPECT_EQ(mp_cluster_training_dtype(&c), MP_DTYPE_BF16);
+  EXPECT_FALSE(c.gemm_efficiency_given);
+  EXPECT_EQ(c.gemm_efficiency_points, 29);  // 1e6 .. 1e13 FLOPs, four per decade
+}
+
+TEST(ClusterPresets, A100DatasheetNumbers) {
+  mp_cluster c = Preset("a100-80g");
+  EXPECT_EQ(c.devices_per_node, 8);
+  EXPECT_EQ(c.device_memory_bytes, 80LL * 1073741824LL);
+  EXPECT_EQ(c.memory_bandwidth_bytes_per_s, 2039e9);
+  EXPECT_EQ(c.peak_flops_per_s[MP_DTYPE_FP32], 19.5e12);
+  EXPECT_EQ(c.peak_flops_per_s[MP_DTYPE_TF32], 156e12);
+  EXPECT_EQ(c.peak_flops_per_s[MP_DTYPE_BF16], 312e12);
+  EXPECT_EQ(c.peak_flops_per_s[MP_DTYPE_FP16], 312e12);
+  EXPECT_EQ(c.peak_flops_per_s[MP_DTYPE_FP8], 0.0);  // Ampere has no FP8
+  EXPECT_EQ(c.intra_node_bandwidth_bytes_per_s, 300e9);
+  EXPECT_EQ(c.inter_node_bandwidth_bytes_per_s, 25e9);
+  EXPECT_TRUE(std::isinf(mp_cluster_gemm_seconds(&c, MP_DTYPE_FP8, 1e9)));
+}
+
+TEST(ClusterPresets, H200HasH100ComputeAndMoreMemory) {
+  mp_cluster h200 = Preset("h200-sxm");
+  mp_cluster h100 = Preset("h100-sxm");
+  EXPECT_EQ(h200.device_memory_bytes, 141LL * 1073741824LL);
+  EXPECT_EQ(h200.memory_bandwidth_bytes_per_s, 4800e9);
+  for (int dtype = 0; dtype < MP_DTYPE_COUNT; ++dtype) {
+    EXPECT_EQ(h200.peak_flops_per_s[dtype], h100.peak_flops_per_s[dtype]);
+  }
+  EXPECT_EQ(h200.intra_node_bandwidth_bytes_per_s, 450e9);
+  EXPECT_EQ(h200.inter_node_bandwidth_bytes_per_s, 50e9);
+}
+
+TEST(ClusterPresets, CpuLocalIsOneMachineWithAnyNumberOfRanks) {
+  mp_cluster c = Preset("cpu-local");
+  EXPECT_EQ(c.nodes, 1);
+  EXPECT_EQ(c.devices_per_node, 4096);
+  EXPECT_EQ(c.peak_flops_per_s[MP_DTYPE_FP32], 0.05e12);
+  EXPECT_EQ(c.peak_flops_per_s[MP_DTYPE_BF16], 0.0);
+  EXPECT_EQ(mp_cluster_training_dtype(&c), MP_DTYPE_FP32);
+  EXPECT_EQ(c.device_memory_bytes, 2LL * 1073741824LL);
+  EXPECT_EQ(c.intra_node_bandwidth_bytes_per_s, 5e9);
+  EXPECT_EQ(c.inter_node_bandwidth_bytes_per_s, 5e9);
+  EXPECT_EQ(c.intra_node_latency_s, 2e-6);
+  EXPECT_EQ(c.inter_node_latency_s, 2e-6);
+  // More ranks than this machine has cores are allowed.
+  EXPECT_EQ(mp_cluster_total_devices(&c, 64), 64);
+  EXPECT_EQ(mp_cluster_total_devices(&c, 5000), -1);
+  EXPECT_TRUE(mp_cluster_same_node(&c, 0, 63));
+}
+
+TEST(ClusterPresets, ExampleFilesAreThePresetsByteForByte) {
+  for (const char *const *name = mp_cluster_preset_names(); *name != nullptr; ++name) {
+    std::string path = std::string("examples/clusters/") + *name + ".json";
+    EXPECT_EQ(ReadFile(path), std::string(mp_cluster_preset_json(*name))) << path;
+    mp_cluster from_file;
+    mp_error err = MP_ERROR_INITIALIZER;
+    ASSERT_EQ(mp_cluster_load(path.c_str(), &from_file, &err), MP_OK) << err.message;
+    ExpectSameCluster(from_file, Preset(*name));
+  }
+}
+
+TEST(ClusterPresets, RoundTripEveryPreset) {
+  for (const char *const *name = mp_cluster_preset_names(); *name != nullptr; ++name) {
+    SCOPED_TRACE(*name);
+    mp_cluster preset = Preset(*name);
+    ExpectSameCluster(RoundTrip(preset), preset);
+    // to_json writes the preset's own JSON back: the same keys and values, nothing added.
+    cJSON *written = nullptr;
+    cJSON *original = cJSON_Parse(mp_cluster_preset_json(*name));
+    mp_error err = MP_ERROR_INITIALIZER;
+    ASSERT_EQ(mp_cluster_to_json(&preset, &written, &err), MP_OK);
+    char *written_text = cJSON_Print(written);
+    EXPECT_TRUE(cJSON_Compare(written, original, 1)) << written_text;
+    free(written_text);
+    cJSON_Delete(written);
+    cJSON_Delete(original);
+  }
+}
+
+TEST(ClusterPresets, LoadTakesAPresetName) {
+  mp_cluster c;
+  mp_error err = MP_ERROR_INITIALIZER;
+  ASSERT_EQ(mp_cluster_load("h200-sxm", &c, &err), MP_OK) << err.message;
+  EXPECT_STREQ(c.name, "h200-sxm");
+}
+
+// ---- round trip of a description with every key --------------------------------------------
+
+TEST(ClusterJson, RoundTripKeepsEveryValueExactly) {
+  mp_cluster c = Parse(Description({
+      {"notes", "\"measured by hand\""},
+      {"device", "\"Test GPU\""},
+      {"nodes", "3"},
+      {"device_memory_gib", "1.3"},
+      {"memory_bandwidth_gbytes_per_s", "0.7"},
+      {"peak_tflops", "{\"fp32\": 0.1, \"tf32\": 0.3, \"bf16\": 123.456, \"fp16\": 7e-3, "
+                      "\"fp8\": 1e3}"},
+      {"intra_node", "{\"bandwidth_gbytes_per_s\": 0.3, \"latency_us\": 0.7}"},
+      {"inter_node", "{\"bandwidth_gbytes_per_s\": 12.5, \"latency_us\": 0}"},
+      {"gemm_efficiency", "[{\"gemm_flops\": 1e6, \"efficiency\": 0.1},"
+                          " {\"gemm_flops\": 3.3e9, \"efficiency\": 0.45},"
+                          " {\"gemm_flops\": 1e12, \"efficiency\": 1}]"},
+  }));
+  EXPECT_EQ(c.nodes, 3);
+  EXPECT_STREQ(c.notes, "measured by hand");
+  EXPECT_STREQ(c.device, "Test GPU");
+  EXPECT_EQ(c.device_memory_bytes, std::llround(1.3 * kGib));
+  EXPECT_EQ(c.intra_node_latency_s, 0.7e-6);
+  EXPECT_EQ(c.inter_node_latency_s, 0.0);
+  EXPECT_TRUE(c.gemm_efficiency_given);
+  EXPECT_EQ(c.gemm_efficiency_points, 3);
+  ExpectSameCluster(RoundTrip(c), c);
+}
+
+TEST(ClusterJson, FromJsonNamesTheEmbeddingPath) {
+  std::string plan = "{\"cluster\": " + Description({{"devices_per_node", "0"}}) + "}";
+  cJSON *root = cJSON_Parse(plan.c_str());
+  ASSERT_NE(root, nullptr);
+  mp_cluster c;
+  mp_error err = MP_ERROR_INITIALIZER;
+  EXPECT_EQ(mp_cluster_from_json(cJSON_GetObjectItem(root, "cluster"), "plan.json", "$.cluster",
+                                 &c, &err),
+            MP_ERR_INPUT);
+  EXPECT_EQ(std::string(err.message),
+            "plan.json: $.cluster.devices_per_node: must be a positive integer, got 0");
+  cJSON_Delete(root);
+}
+
+// ---- GEMM efficiency and time --------------------------------------------------------------
+
+TEST(ClusterGemm, EfficiencyInterpolatesLogLinearlyAndClamps) {
+  mp_cluster c = Parse(Description({
+      {"gemm_efficiency", "[{\"gemm_flops\": 1e6, \"efficiency\": 0.1},"
+                          " {\"gemm_flops\": 1e9, \"efficiency\": 0.4},"
+                          " {\"gemm_flops\": 1e12, \"efficiency\": 0.8}]"},
+  }));
+  EXPECT_DOUBLE_EQ(mp_cluster_gemm_efficiency(&c, 1e6), 0.1);
+  EXPECT_DOUBLE_EQ(mp_cluster_gemm_efficiency(&c, 1e9), 0.4);
+  EXPECT_DOUBLE_EQ(mp_cluster_gemm_efficiency(&c, 1e12), 0.8);
+  EXPECT_DOUBLE_EQ(mp_cluster_gemm_efficiency(&c, 1e3), 0.1);   // below the first point
+  EXPECT_DOUBLE_EQ(mp_cluster_gemm_efficiency(&c, 1e15), 0.8);  // above the last
+  EXPECT_NEAR(mp_cluster_gemm_efficiency(&c, std::pow(10.0, 7.5)), 0.25, 1e-12);
+  EXPECT_NEAR(mp_cluster_gemm_efficiency(&c, 1e10), 0.4 + 0.4 / 3, 1e-12);
+  EXPECT_NEAR(mp_cluster_gemm_efficiency(&c, 1e11), 0.4 + 0.8 / 3, 1e-12);
+}
+
+TEST(ClusterGemm, SecondsAreFlopsOverPeakTimesEfficiency) {
+  mp_cluster c = Parse(Description({
+      {"gemm_efficiency", "[{\"gemm_flops\": 1e6, \"efficiency\": 0.5}]"},
+  }));
+  // bf16 peak 100 TFLOP/s at 50%: 1e12 FLOPs take 1e12 / 5e13 = 20 ms.
+  EXPECT_DOUBLE_EQ(mp_cluster_gemm_seconds(&c, MP_DTYPE_BF16, 1e12), 0.02);
+  // fp32 peak 10 TFLOP/s at 50%: 1e9 FLOPs take 200 us.
+  EXPECT_DOUBLE_EQ(mp_cluster_gemm_seconds(&c, MP_DTYPE_FP32, 1e9), 2e-4);
+  EXPECT_EQ(mp_cluster_gemm_seconds(&c, MP_DTYPE_BF16, 0), 0.0);
+  EXPECT_TRUE(std::isinf(mp_cluster_gemm_seconds(&c, MP_DTYPE_FP8, 1e9)));  // no fp8 peak
+}
+
+TEST(ClusterGemm, DefaultCurveIsOverheadPlusThreeQuartersOfPeak) {
+  mp_cluster c = Preset("h100-sxm");
+  const double overhead_flops = 0.75 * 989e12 * 5e-6;  // 75% of bf16 peak x 5 us
+  for (int i = 0; i < c.gemm_efficiency_points; ++i) {
+    double flops = std::pow(10.0, 6 + i / 4.0);
+    EXPECT_EQ(c.gemm_efficiency[i].gemm_flops, flops);
+    EXPECT_DOUBLE_EQ(c.gemm_efficiency[i].efficiency, 0.75 * flops / (flops + overhead_flops));
+  }
+  EXPECT_NEAR(mp_cluster_gemm_efficiency(&c, 1e6), 2.0217e-4, 1e-8);
+  EXPECT_NEAR(mp_cluster_gemm_efficiency(&c, 1e12), 0.74723, 1e-5);
+  // At a sampled size a GEMM takes 5 us + flops / (0.75 * peak): 1e12 FLOPs in 1.353163 ms.
+  EXPECT_NEAR(mp_cluster_gemm_seconds(&c, MP_DTYPE_BF16, 1e12), 1.353163e-3, 1e-9);
+  EXPECT_NEAR(mp_cluster_gemm_seconds(&c, MP_DTYPE_BF16, 1e9), 5e-6 + 1e9 / (0.75 * 989e12),
+              1e-15);
+  EXPECT_EQ(c.gemm_efficiency[4].gemm_flops, 1e7);
+  EXPECT_EQ(c.gemm_efficiency[28].gemm_flops, 1e13);
+  // Between samples the log-linear interpolation stays within 5% of the formula.
+  for (double flops = 1e6; flops <= 1e13; flops *= 1.07) {
+    double formula_s = 5e-6 + flops / (0.75 * 989e12);
+    EXPECT_NEAR(mp_cluster_gemm_seconds(&c, MP_DTYPE_BF16, flops) / formula_s, 1.0, 0.05)
+        << flops;
+  }
+  // cpu-local's curve follows its fp32 peak: 0.75 x 0.05 TFLOP/s x 5 us = 1.875e5 FLOPs.
+  mp_cluster cpu = Preset("cpu-local");
+  EXPECT_DOUBLE_EQ(mp_cluster_gemm_efficiency(&cpu, 1e6), 0.75 * 1e6 / (1e6 + 1.875e5));
+}
+
+TEST(ClusterGemm, EmptyCurveMeansPeak) {
+  mp_cluster c = Preset("h100-sxm");
+  c.gemm_efficiency_points = 0;
+  EXPECT_EQ(mp_cluster_gemm_efficiency(&c, 1e9), 1.0);
+  EXPECT_DOUBLE_EQ(mp_cluster_gemm_seconds(&c, MP_DTYPE_BF16, 989e9), 1e-3);
+}
+
+// ---- transfers, devices and nodes ----------------------------------------------------------
+
+TEST(ClusterLinks, P2pSecondsAreLatencyPlusBytesOverBandwidth) {
+  mp_cluster c = Preset("h100-sxm");
+  EXPECT_DOUBLE_EQ(mp_cluster_p2p_seconds(&c, true, 450e6), 3e-6 + 1e-3);   // NVLink
+  EXPECT_DOUBLE_EQ(mp_cluster_p2p_seconds(&c, false, 450e6), 8e-6 + 9e-3);  // InfiniBand
+  EXPECT_DOUBLE_EQ(mp_cluster_p2p_seconds(&c, true, 1), 3e-6 + 1 / 450e9);
+  EXPECT_EQ(mp_cluster_p2p_seconds(&c, false, 0), 0.0);
+}
+
+TEST(ClusterDevices, TotalDevicesNodesUsedAndSameNode) {
+  mp_cluster open_ended = Preset("h100-sxm");  // no "nodes": any number
+  EXPECT_EQ(mp_cluster_total_devices(&open_ended, 24), 24);
+  EXPECT_EQ(mp_cluster_total_devices(&open_ended, 0), -1);
+  EXPECT_EQ(mp_cluster_nodes_used(&open_ended, 24), 3);
+  EXPECT_EQ(mp_cluster_nodes_used(&open_ended, 9), 2);
+  EXPECT_EQ(mp_cluster_nodes_used(&open_ended, 8), 1);
+  EXPECT_EQ(mp_cluster_nodes_used(&open_ended, 0), 0);
+  EXPECT_TRUE(mp_cluster_same_node(&open_ended, 8, 15));
+  EXPECT_FALSE(mp_cluster_same_node(&open_ended, 7, 8));
+
+  mp_cluster two_nodes = Parse(Description({{"nodes", "2"}}));
+  EXPECT_EQ(mp_cluster_total_devices(&two_nodes, 0), 16);
+  EXPECT_EQ(mp_cluster_total_devices(&two_nodes, 16), 16);
+  EXPECT_EQ(mp_cluster_total_devices(&two_nodes, 12), 12);
+  EXPECT_EQ(mp_cluster_total_devices(&two_nodes, 17), -1);
+}
+
+TEST(ClusterDtypes, NamesAreThePeakKeys) {
+  EXPECT_STREQ(mp_dtype_name(MP_DTYPE_FP32), "fp32");
+  EXPECT_STREQ(mp_dtype_name(MP_DTYPE_TF32), "tf32");
+  EXPECT_STREQ(mp_dtype_name(MP_DTYPE_BF16), "bf16");
+  EXPECT_STREQ(mp_dtype_name(MP_DTYPE_FP16), "fp16");
+  EXPECT_STREQ(mp_dtype_name(MP_DTYPE_FP8), "fp8");
+  mp_dtype dtype = MP_DTYPE_FP32;
+  EXPECT_TRUE(mp_dtype_from_name("fp16", &dtype));
+  EXPECT_EQ(dtype, MP_DTYPE_FP16);
+  EXPECT_FALSE(mp_dtype_from_name("float16", &dtype));
+}
+
+// ---- --cluster: names, files and suggestions -----------------------------------------------
+
+TEST(ClusterLoad, UnknownNameSuggestsThePreset) {
+  mp_cluster c;
+  mp_error err = MP_ERROR_INITIALIZER;
+  EXPECT_EQ(mp_cluster_load("h100", &c, &err), MP_ERR_INPUT);
+  EXPECT_EQ(std::string(err.message),
+            "unknown cluster 'h100'; did you mean 'h100-sxm'? Presets: a100-80g, h100-sxm, "
+            "h200-sxm, cpu-local; or give a JSON file path");
+  EXPECT_EQ(mp_cluster_load("H200-SXM", &c, &err), MP_ERR_INPUT);
+  EXPECT_EQ(std::string(err.message),
+            "unknown cluster 'H200-SXM'; did you mean 'h200-sxm'? Presets: a100-80g, h100-sxm, "
+            "h200-sxm, cpu-local; or give a JSON file path");
+  EXPECT_EQ(mp_cluster_load("cpu-locl", &c, &err), MP_ERR_INPUT);
+  EXPECT_EQ(std::string(err.message),
+            "unknown cluster 'cpu-locl'; did you mean 'cpu-local'? Presets: a100-80g, h100-sxm, "
+            "h200-sxm, cpu-local; or give a JSON file path");
+}
+
+TEST(ClusterLoad, UnknownNameWithNothingCloseListsPresets) {
+  mp_cluster c;
+  mp_error err = MP_ERROR_INITIALIZER;
+  EXPECT_EQ(mp_cluster_load("tpu-v5", &c, &err), MP_ERR_INPUT);
+  EXPECT_EQ(std::string(err.message),
+            "unknown cluster 'tpu-v5': no preset and no file has that name. Presets: a100-80g, "
+            "h100-sxm, h200-sxm, cpu-local; or give a JSON file path");
+}
+
+TEST(ClusterLoad, PresetFunctionRefusesOtherNames) {
+  mp_cluster c;
+  mp_error err = MP_ERROR_INITIALIZER;
+  EXPECT_EQ(mp_cluster_preset("a100", &c, &err), MP_ERR_INPUT);
+  EXPECT_EQ(std::string(err.message),
+            "unknown cluster preset 'a100'; did you mean 'a100-80g'? Presets: a100-80g, "
+            "h100-sxm, h200-sxm, cpu-local");
+}
+
+TEST(ClusterLoad, MissingFileIsNamed) {
+  mp_cluster c;
+  mp_error err = MP_ERROR_INITIALIZER;
+  EXPECT_EQ(mp_cluster_load("no/such/cluster.json", &c, &err), MP_ERR_INPUT);
+  EXPECT_EQ(std::string(err.message),
+            "no/such/cluster.json: cannot open: No such file or directory");
+}
+
+TEST(ClusterLoad, FileErrorsNameTheFile) {
+  const char *tmpdir = std::getenv("TEST_TMPDIR");
+  std::string path = std::string(tmpdir != nullptr ? tmpdir : "/tmp") + "/mine.json";
+  {
+    std::ofstream file(path);
+    file << Description({{"intra_node", "{\"bandwidth_gbytes_per_s\": 450, \"latncy_us\": 3}"}});
+  }
+  mp_cluster c;
+  mp_error err = MP_ERROR_INITIALIZER;
+  EXPECT_EQ(mp_cluster_load(path.c_str(), &c, &err), MP_ERR_INPUT);
+  EXPECT_EQ(std::string(err.message),
+            path + ": $.intra_node: unknown key \"latncy_us\"; did you mean \"latency_us\"? "
+                   "(known keys: bandwidth_gbytes_per_s, latency_us)");
+  {
+    std::ofstream file(path);
+    file << Description({{"nodes", "2"}});
+  }
+  ASSERT_EQ(mp_cluster_load(path.c_str(), &c, &err), MP_OK) << err.message;
+  EXPECT_EQ(c.nodes, 2);
+  std::remove(path.c_str());
+}
+
+// ---- each mistake and its exact message ----------------------------------------------------
+
+TEST(ClusterErrors, UnknownTopLevelKeySuggestsClosest) {
+  EXPECT_EQ(ParseError(Description({{"devices_per_nod", "8"}})),
+            "c.json: $: unknown key \"devices_per_nod\"; did you mean \"devices_per_node\"? "
+            "(known keys: name, notes, device, nodes, devices_per_node, device_memory_gib, "
+            "memory_bandwidth_gbytes_per_s, peak_tflops, intra_node, inter_node, "
+            "gemm_efficiency)");
+}
+
+TEST(ClusterErrors, UnknownDtypeSuggestsClosest) {
+  EXPECT_EQ(ParseError(Description({{"peak_tflops", "{\"bf_16\": 100}"}})),
+            "c.json: $.peak_tflops: unknown key \"bf_16\"; did you mean \"bf16\"? (known keys: "
+            "fp32, tf32, bf16, fp16, fp8)");
+}
+
+TEST(ClusterErrors, WrongTypes) {
+  EXPECT_EQ(ParseError(Description({{"devices_per_node", "\"8\""}})),
+            "c.json: $.devices_per_node: must be a positive integer, got a string (\"8\"); drop "
+            "the quotes");
+  EXPECT_EQ(ParseError(Description({{"devices_per_node", "2.5"}})),
+            "c.json: $.devices_per_node: must be a positive integer, got 2.5");
+  EXPECT_EQ(ParseError(Description({{"name", "7"}})),
+            "c.json: $.name: must be a string, got a number");
+  EXPECT_EQ(ParseError(Description({{"intra_node", "450"}})),
+            "c.json: $.intra_node: expected an object with bandwidth_gbytes_per_s and "
+            "latency_us (a JSON object), got a number");
+  EXPECT_EQ(ParseError(Description({{"peak_tflops", "[989]"}})),
+            "c.json: $.peak_tflops: expected an object of dense peak TFLOP/s per dtype (a JSON "
+            "object), got an array");
+  EXPECT_EQ(ParseError(Description({{"gemm_efficiency", "{\"gemm_flops\": 1e6}"}})),
+            "c.json: $.gemm_efficiency: must be an array, got an object");
+  EXPECT_EQ(ParseError(Description({{"gemm_efficiency", "[0.5]"}})),
+            "c.json: $.gemm_efficiency[0]: expected a point {\"gemm_flops\": F, \"efficiency\": "
+            "E} (a JSON object), got a number");
+  EXPECT_EQ(ParseError("[1, 2]"),
+            "c.json: $: expected a cluster description (a JSON object), got an array");
+}
+
+TEST(ClusterErrors, MissingRequiredKeys) {
+  EXPECT_EQ(ParseError(Description({}, {"name"})),
+            "c.json: $: missing required key \"name\" (a string)");
+  EXPECT_EQ(ParseError(Description({}, {"devices_per_node"})),
+            "c.json: $: missing required key \"devices_per_node\" (a positive integer)");
+  EXPECT_EQ(ParseError(Description({}, {"peak_tflops"})),
+            "c.json: $: missing required key \"peak_tflops\" (an object of dense peak TFLOP/s "
+            "per dtype)");
+  EXPECT_EQ(ParseError(Description({}, {"inter_node"})),
+            "c.json: $: missing required key \"inter_node\" (an object with "
+            "bandwidth_gbytes_per_s and latency_us)");
+  EXPECT_EQ(ParseError(Description({{"intra_node", "{\"bandwidth_gbytes_per_s\": 450}"}})),
+            "c.json: $.intra_node: missing required key \"latency_us\" (a non-negative number)");
+}
+
+TEST(ClusterErrors, NonPositiveSizes) {
+  EXPECT_EQ(ParseError(Description({{"nodes", "0"}})),
+            "c.json: $.nodes: must be a positive integer, got 0");
+  EXPECT_EQ(ParseError(Description({{"device_memory_gib", "0"}})),
+            "c.json: $.device_memory_gib: must be a positive number, got 0");
+  EXPECT_EQ(ParseError(Description({{"memory_bandwidth_gbytes_per_s", "-3350"}})),
+            "c.json: $.memory_bandwidth_gbytes_per_s: must be a positive number, got -3350");
+  EXPECT_EQ(ParseError(Description({{"peak_tflops", "{\"bf16\": 0}"}})),
+            "c.json: $.peak_tflops.bf16: must be a positive number, got 0");
+  EXPECT_EQ(ParseError(Description(
+                {{"inter_node", "{\"bandwidth_gbytes_per_s\": 0, \"latency_us\": 8}"}})),
+            "c.json: $.inter_node.bandwidth_gbytes_per_s: must be a positive number, got 0");
+  EXPECT_EQ(ParseError(Description(
+                {{"inter_node", "{\"bandwidth_gbytes_per_s\": 50, \"latency_us\": -1}"}})),
+            "c.json: $.inter_node.latency_us: must be a non-negative number, got -1");
+  EXPECT_EQ(ParseError(Description({{"devices_per_node", "2000000"}})),
+            "c.json: $.devices_per_node: must be at most 1048576, got 2000000");
+  EXPECT_EQ(ParseError(Description({{"device_memory_gib", "1e-12"}})),
+            "c.json: $.device_memory_gib: 9.9999999999999998e-13 GiB is less than one byte");
+}
+
+TEST(ClusterErrors, NoUsablePeak) {
+  EXPECT_EQ(ParseError(Description({{"peak_tflops", "{\"fp8\": 1979, \"fp16\": 989}"}})),
+            "c.json: $.peak_tflops: needs \"bf16\" or \"fp32\" (dense TFLOP/s per device); "
+            "training computes in one of them");
+  EXPECT_EQ(ParseError(Description({{"peak_tflops", "{}"}})),
+            "c.json: $.peak_tflops: needs \"bf16\" or \"fp32\" (dense TFLOP/s per device); "
+            "training computes in one of them");
+}
+
+TEST(ClusterErrors, FP32AloneIsEnough) {
+  mp_cluster c = Parse(Description({{"peak_tflops", "{\"fp32\": 2}"}}));
+  EXPECT_EQ(c.peak_flops_per_s[MP_DTYPE_FP32], 2e12);
+  EXPECT_EQ(c.peak_flops_per_s[MP_DTYPE_BF16], 0.0);
+}
+
+TEST(ClusterErrors, EfficiencyOutOfRange) {
+  EXPECT_EQ(ParseError(Description({{"gemm_efficiency",
+                                     "[{\"gemm_flops\": 1e6, \"efficiency\": 0.5},"
+                                     " {\"gemm_flops\": 1e9, \"efficiency\": 1.5}]"}})),
+            "c.json: $.gemm_efficiency[1].efficiency: must be in (0, 1] (a fraction of peak), "
+            "got 1.5");
+  EXPECT_EQ(ParseError(Description({{"gemm_efficiency",
+                                     "[{\"gemm_flops\": 1e6, \"efficiency\": 0}]"}})),
+            "c.json: $.gemm_efficiency[0].efficiency: must be in (0, 1] (a fraction of peak), "
+            "got 0");
+  EXPECT_EQ(ParseError(Description({{"gemm_efficiency",
+                                     "[{\"gemm_flops\": 0, \"efficiency\": 0.5}]"}})),
+            "c.json: $.gemm_efficiency[0].gemm_flops: must be a positive number, got 0");
+  EXPECT_EQ(ParseError(Description({{"gemm_efficiency",
+                                     "[{\"gemm_flops\": 1e6, \"eficiency\": 0.5}]"}})),
+            "c.json: $.gemm_efficiency[0]: unknown key \"eficiency\"; did you mean "
+            "\"efficiency\"? (known keys: gemm_flops, efficiency)");
+}
+
+TEST(ClusterErrors, EfficiencyPointsMustAscend) {
+  EXPECT_EQ(ParseError(Description({{"gemm_efficiency",
+                                     "[{\"gemm_flops\": 1e9, \"efficiency\": 0.5},"
+                                     " {\"gemm_flops\": 1e6, \"efficiency\": 0.1}]"}})),
+            "c.json: $.gemm_efficiency[1].gemm_flops: 1000000 is not above the previous "
+            "point's 1000000000; list the points in strictly ascending gemm_flops");
+  EXPECT_EQ(ParseError(Description({{"gemm_efficiency",
+                                     "[{\"gemm_flops\": 1e9, \"efficiency\": 0.5},"
+                                     " {\"gemm_flops\": 1e9, \"efficiency\": 0.6}]"}})),
+            "c.json: $.gemm_efficiency[1].gemm_flops: 1000000000 is not above the previous "
+            "point's 1000000000; list the points in strictly ascending gemm_flops");
+}
+
+TEST(ClusterErrors, EfficiencyCurveSize) {
+  EXPECT_EQ(ParseError(Description({{"gemm_efficiency", "[]"}})),
+            "c.json: $.gemm_efficiency: is empty; it needs at least 1 item");
+  std::string points = "[";
+  for (int i = 0; i < 33; ++i) {
+    points += (i ? ", " : "") + std::string("{\"gemm_flops\": ") + std::to_string(i + 1) +
+              ", \"efficiency\": 0.5}";
+  }
+  points += "]";
+  EXPECT_EQ(ParseError(Description({{"gemm_efficiency", points}})),
+            "c.json: $.gemm_efficiency: has 33 points; at most 32 are allowed (drop some)");
+}
+
+TEST(ClusterErrors, LongStringsAndSyntax) {
+  EXPECT_EQ(ParseError(Description({{"name", "\"" + std::string(64, 'x') + "\""}})),
+            "c.json: $.name: is 64 characters long; at most 63 are allowed");
+  EXPECT_EQ(ParseError(Description({{"name", "\"\""}})), "c.json: $.name: must not be empty");
+  // The syntax message itself is common/json_reader's; here only that it names file and place.
+  EXPECT_EQ(ParseError("{\"name\": \"x\",}").rfind("c.json:1:14: JSON syntax error", 0), 0u);
+}
+
+}  // namespace

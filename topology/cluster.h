@@ -1,0 +1,188 @@
+/*
+ * topology/cluster.h — the machines a plan runs on: how many devices, how fast they compute, how
+ * much memory they hold and how fast they talk to each other, inside a node and between nodes.
+ *
+ * The planner turns a model's FLOPs and bytes into seconds with these numbers; `mpengine plan
+ * --cluster NAME|FILE` picks one. A description is JSON, either a built-in preset (from public
+ * datasheets) or a file a user wrote or `mpengine calibrate` measured. Presets are JSON text
+ * embedded in the program and go through the same parser as files, so they cannot drift from the
+ * format; examples/clusters/<preset>.json holds each one verbatim.
+ *
+ * JSON format (units are in the key names; every key not marked optional is required):
+ *
+ *   {
+ *     "name": "h100-sxm",                    what plans and messages call this cluster
+ *     "notes": "...",                        optional: where the numbers come from
+ *     "device": "NVIDIA H100 SXM5 80GB",     optional: the device model, for people
+ *     "nodes": 4,                            optional: absent means as many nodes as the
+ *                                            requested device count needs
+ *     "devices_per_node": 8,
+ *     "device_memory_gib": 80,               per device
+ *     "memory_bandwidth_gbytes_per_s": 3350, per device (HBM; DRAM per rank for cpu-local)
+ *     "peak_tflops": {                       dense (no sparsity) peak per device; each key is
+ *       "fp32": 67, "tf32": 494,             optional, an absent one means "not supported",
+ *       "bf16": 989, "fp16": 989,            and bf16 or fp32 must be given
+ *       "fp8": 1979
+ *     },
+ *     "intra_node": {                        device to device inside a node (NVLink, shared
+ *       "bandwidth_gbytes_per_s": 450,       memory): per device, per direction
+ *       "latency_us": 3
+ *     },
+ *     "inter_node": {                        device to device across nodes: the device's share
+ *       "bandwidth_gbytes_per_s": 50,        of the network (its NIC), per direction
+ *       "latency_us": 8
+ *     },
+ *     "gemm_efficiency": [                   optional: fraction of peak a GEMM of that many
+ *       {"gemm_flops": 1e6, "efficiency": 0.01},   FLOPs reaches; at most 32 points, gemm_flops
+ *       {"gemm_flops": 1e12, "efficiency": 0.8}    strictly ascending, efficiency in (0, 1]
+ *     ]
+ *   }
+ *
+ * GB and TFLOP are decimal (1e9 bytes, 1e12 FLOP), GiB is 2^30 bytes. In mp_cluster every value
+ * is converted to SI units (bytes, seconds, FLOP/s).
+ *
+ * GEMM efficiency: small GEMMs do not reach peak. Between points the efficiency is interpolated
+ * linearly in log(gemm_flops); outside them it is clamped to the first or last point. When
+ * "gemm_efficiency" is absent the parser fills a default curve (mp_cluster.gemm_efficiency_given
+ * is then false, and mp_cluster_to_json leaves it out again). The default is an assumption, not
+ * a measurement: every GEMM pays a fixed cost of MP_CLUSTER_DEFAULT_GEMM_OVERHEAD_S (a kernel
+ * launch costs a few microseconds on CUDA, and a small GEMM runs too few tiles to fill the
+ * device), and a large GEMM reaches MP_CLUSTER_DEFAULT_GEMM_MAX_EFFICIENCY of dense peak (cuBLAS
+ * BF16 GEMMs of 8192^3 reach roughly 70-85% of datasheet peak on A100 and H100). So
+ *     seconds(f) = overhead_s + f / (max_efficiency * peak), that is
+ *     efficiency(f) = max_efficiency * f / (f + max_efficiency * peak * overhead_s),
+ * sampled four times per decade from f = 1e6 to 1e13 FLOPs (interpolation then stays within 5%
+ * of the formula), with peak that of the cluster's training dtype
+ * (mp_cluster_training_dtype). On h100-sxm that is 2e-4 at 1e6 FLOPs, 0.37 at 3.7e9 and 0.75
+ * from 1e12 up; on cpu-local (0.05 TFLOP/s) 0.63 already at 1e6.
+ * `mpengine calibrate` replaces the curve with measured points.
+ */
+#ifndef MPENGINE_TOPOLOGY_CLUSTER_H
+#define MPENGINE_TOPOLOGY_CLUSTER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "common/error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Number formats a device computes in; the order of mp_cluster.peak_flops_per_s. */
+typedef enum {
+  MP_DTYPE_FP32 = 0,
+  MP_DTYPE_TF32 = 1, /* fp32 storage, tensor-core math with a 10-bit mantissa */
+  MP_DTYPE_BF16 = 2,
+  MP_DTYPE_FP16 = 3,
+  MP_DTYPE_FP8 = 4,
+  MP_DTYPE_COUNT = 5,
+} mp_dtype;
+
+enum {
+  MP_CLUSTER_NAME_BYTES = 64,
+  MP_CLUSTER_DEVICE_BYTES = 128,
+  MP_CLUSTER_NOTES_BYTES = 1024,
+  MP_CLUSTER_MAX_EFFICIENCY_POINTS = 32,
+};
+
+/* The default GEMM efficiency curve; see the comment at the top of this file. */
+#define MP_CLUSTER_DEFAULT_GEMM_OVERHEAD_S 5e-6
+#define MP_CLUSTER_DEFAULT_GEMM_MAX_EFFICIENCY 0.75
+
+typedef struct {
+  double gemm_flops; /* FLOPs of one GEMM (2 * m * n * k) */
+  double efficiency; /* fraction of peak it reaches, in (0, 1] */
+} mp_gemm_efficiency_point;
+
+/* A parsed cluster description. Plain data: the planner reads the fields. */
+typedef struct {
+  char name[MP_CLUSTER_NAME_BYTES];
+  char notes[MP_CLUSTER_NOTES_BYTES];   /* "" when absent */
+  char device[MP_CLUSTER_DEVICE_BYTES]; /* "" when absent */
+  int nodes;                            /* 0: as many as the requested device count needs */
+  int devices_per_node;
+  int64_t device_memory_bytes;
+  double memory_bandwidth_bytes_per_s;
+  double peak_flops_per_s[MP_DTYPE_COUNT]; /* dense; 0 when the device lacks the dtype */
+  double intra_node_bandwidth_bytes_per_s; /* per device, per direction */
+  double intra_node_latency_s;
+  double inter_node_bandwidth_bytes_per_s; /* per device, per direction */
+  double inter_node_latency_s;
+  bool gemm_efficiency_given; /* false: the points below are the default curve */
+  int gemm_efficiency_points;
+  mp_gemm_efficiency_point gemm_efficiency[MP_CLUSTER_MAX_EFFICIENCY_POINTS]; /* ascending */
+} mp_cluster;
+
+/* "fp32", "tf32", "bf16", "fp16", "fp8" (the keys of "peak_tflops"); "?" for other values. */
+const char *mp_dtype_name(mp_dtype dtype);
+
+/* Finds dtype by its name; returns false when name is none of them. */
+bool mp_dtype_from_name(const char *name, mp_dtype *out);
+
+/* The preset names, NULL-terminated: a100-80g, h100-sxm, h200-sxm, cpu-local. */
+const char *const *mp_cluster_preset_names(void);
+
+/* The JSON text of a preset (identical to examples/clusters/<name>.json), or NULL when name is
+ * not a preset. */
+const char *mp_cluster_preset_json(const char *name);
+
+/* Fills out with a preset. Fails with MP_ERR_INPUT when name is not a preset, naming the
+ * closest preset and listing them all. */
+mp_status mp_cluster_preset(const char *name, mp_cluster *out, mp_error *err);
+
+/* What `--cluster` takes: a preset name, else the path of a cluster JSON file. Fails with
+ * MP_ERR_INPUT when it is neither (suggesting the closest preset), when the file cannot be read,
+ * or when the description is invalid (naming the file and the JSON path). */
+mp_status mp_cluster_load(const char *name_or_path, mp_cluster *out, mp_error *err);
+
+/* Parses a cluster description from text; source names it in messages (a file name). */
+mp_status mp_cluster_parse_text(const char *text, const char *source, mp_cluster *out,
+                                mp_error *err);
+
+/* Reads a cluster description from a JSON object found at path inside source: "$" for a whole
+ * file, "$.cluster" for the copy a plan embeds. Validates every key; fails with MP_ERR_INPUT
+ * naming source and the JSON path of the first mistake. */
+mp_status mp_cluster_from_json(const cJSON *object, const char *source, const char *path,
+                               mp_cluster *out, mp_error *err);
+
+/* The description as a JSON object, in the file format above, for a plan to embed; the caller
+ * frees *out with cJSON_Delete. mp_cluster_from_json of the result gives back an identical
+ * cluster. Fails with MP_ERR_RUNTIME only when out of memory. */
+mp_status mp_cluster_to_json(const mp_cluster *cluster, cJSON **out, mp_error *err);
+
+/* The dtype training runs in on this cluster: bf16 when the device has a bf16 peak, else fp32. */
+mp_dtype mp_cluster_training_dtype(const mp_cluster *cluster);
+
+/* The fraction of peak a GEMM of gemm_flops FLOPs reaches: the curve interpolated linearly in
+ * log(gemm_flops), clamped to its end points; 1 when the curve is empty (a hand-built struct). */
+double mp_cluster_gemm_efficiency(const mp_cluster *cluster, double gemm_flops);
+
+/* Seconds one GEMM of gemm_flops FLOPs takes in dtype: flops / (peak * efficiency). 0 for
+ * gemm_flops <= 0; +infinity when the device has no peak for dtype. */
+double mp_cluster_gemm_seconds(const mp_cluster *cluster, mp_dtype dtype, double gemm_flops);
+
+/* Seconds to send bytes from one device to another: latency + bytes / bandwidth over the
+ * intra-node link when same_node, else the inter-node one. 0 for bytes <= 0. */
+double mp_cluster_p2p_seconds(const mp_cluster *cluster, bool same_node, double bytes);
+
+/* How many devices a plan gets when it asks for requested: requested itself when the cluster
+ * has room for it (always when "nodes" is absent); all nodes * devices_per_node when
+ * requested <= 0 and "nodes" is given; -1 when requested exceeds the cluster, or when
+ * requested <= 0 and "nodes" is absent (nothing says how many). */
+int mp_cluster_total_devices(const mp_cluster *cluster, int requested);
+
+/* Nodes that devices devices occupy, filling each node before the next: ceil(devices /
+ * devices_per_node). */
+int mp_cluster_nodes_used(const mp_cluster *cluster, int devices);
+
+/* Whether devices a and b (0-based, node-major numbering) sit in the same node. */
+bool mp_cluster_same_node(const mp_cluster *cluster, int device_a, int device_b);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MPENGINE_TOPOLOGY_CLUSTER_H */
