@@ -1,0 +1,109 @@
+// tests/topology/plan_test.cc — parallelism configs: what run and schedule read, the learning-rate
+// schedule they drive, and the message for each mistake in a hand-written plan.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "topology/plan.h"
+
+namespace {
+
+std::string plan_text(const std::string &parallel, const std::string &batch,
+                      const std::string &extra = "") {
+  return "{\"format\": \"mpengine-plan\", \"version\": 1, \"model\": \"../models/m.json\", " +
+         extra + "\"parallel\": " + parallel + ", \"batch\": " + batch + "}";
+}
+
+const char *kParallel = "{\"dp\": 2, \"pp\": 2, \"tp\": 1}";
+const char *kBatch =
+    "{\"global_batch\": 16, \"micro_batch\": 2, \"num_micro_batches\": 4, \"seq_len\": 64}";
+
+TEST(Plan, ParsesAndResolvesPathsAgainstThePlanDirectory) {
+  mp_plan plan;
+  mp_error err = MP_ERROR_INITIALIZER;
+  std::string text = plan_text(kParallel, kBatch, "\"cluster\": \"../clusters/c.json\", ");
+  ASSERT_EQ(mp_plan_parse_text(text.c_str(), "plans/p.json", "plans", &plan, &err), MP_OK)
+      << err.message;
+  EXPECT_STREQ(plan.model_path, "plans/../models/m.json");
+  EXPECT_STREQ(plan.cluster, "plans/../clusters/c.json");
+  EXPECT_EQ(plan.dp, 2);
+  EXPECT_EQ(plan.pp, 2);
+  EXPECT_EQ(plan.virtual_stages, 1);
+  EXPECT_EQ(plan.num_micro_batches, 4);
+  EXPECT_STREQ(plan.schedule, "1f1b");
+  EXPECT_EQ(plan.recompute, MP_RECOMPUTE_NONE);
+  EXPECT_EQ(plan.training.steps, 100);
+  EXPECT_DOUBLE_EQ(plan.training.learning_rate, 6e-4);
+}
+
+TEST(Plan, PresetClusterNamesStayNames) {
+  mp_plan plan;
+  mp_error err = MP_ERROR_INITIALIZER;
+  std::string text = plan_text(kParallel, kBatch, "\"cluster\": \"h100-sxm\", ");
+  ASSERT_EQ(mp_plan_parse_text(text.c_str(), "p.json", "plans", &plan, &err), MP_OK);
+  EXPECT_STREQ(plan.cluster, "h100-sxm");
+}
+
+TEST(Plan, LearningRateWarmsUpThenDecaysByCosine) {
+  mp_training_config t = mp_training_config_default();
+  t.steps = 11;
+  t.warmup_steps = 2;
+  t.learning_rate = 1.0;
+  t.min_lr_ratio = 0.1;
+  EXPECT_DOUBLE_EQ(mp_training_learning_rate(&t, 0), 0.5);
+  EXPECT_DOUBLE_EQ(mp_training_learning_rate(&t, 1), 1.0);
+  EXPECT_DOUBLE_EQ(mp_training_learning_rate(&t, 2), 1.0);  // decay starts at the peak
+  EXPECT_NEAR(mp_training_learning_rate(&t, 6), 0.55, 1e-12);  // halfway: mean of peak and min
+  EXPECT_NEAR(mp_training_learning_rate(&t, 10), 0.1, 1e-12);  // last step: the minimum
+}
+
+struct BadPlan {
+  std::string text;
+  const char *message;
+};
+
+class PlanBadInput : public ::testing::TestWithParam<BadPlan> {};
+
+TEST_P(PlanBadInput, ExactMessage) {
+  mp_plan plan;
+  mp_error err = MP_ERROR_INITIALIZER;
+  EXPECT_EQ(mp_plan_parse_text(GetParam().text.c_str(), "p.json", ".", &plan, &err), MP_ERR_INPUT);
+  EXPECT_EQ(std::string(err.message), GetParam().message);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Messages, PlanBadInput,
+    ::testing::Values(
+        BadPlan{plan_text(kParallel,
+                          "{\"global_batch\": 15, \"micro_batch\": 2, \"num_micro_batches\": 4, "
+                          "\"seq_len\": 64}"),
+                "p.json: $.batch.global_batch: 15, but dp x micro_batch x num_micro_batches = 2 "
+                "x 2 x 4 = 16; the global batch must be split whole across dp ranks and "
+                "micro-batches"},
+        BadPlan{plan_text("{\"dp\": 2, \"pp\": 2, \"tp\": 1, \"virtual_stage\": 2}", kBatch),
+                "p.json: $.parallel: unknown key \"virtual_stage\"; did you mean "
+                "\"virtual_stages\"? (known keys: dp, pp, tp, virtual_stages, sequence_parallel, "
+                "zero_stage)"},
+        BadPlan{plan_text("{\"dp\": 2, \"pp\": 0, \"tp\": 1}", kBatch),
+                "p.json: $.parallel.pp: must be a positive integer, got 0"},
+        BadPlan{plan_text("{\"dp\": 2, \"pp\": 2, \"tp\": 1, \"zero_stage\": 3}", kBatch),
+                "p.json: $.parallel.zero_stage: 3 is not supported; use 0 (replicated optimizer "
+                "state) or 1 (optimizer state sharded across dp)"},
+        BadPlan{plan_text(kParallel, kBatch, "\"schedule\": \"1fb1\", "),
+                "p.json: $.schedule: \"1fb1\" is not one of \"gpipe\", \"1f1b\", "
+                "\"interleaved-1f1b\", \"zb-h1\"; did you mean \"1f1b\"?"},
+        BadPlan{plan_text(kParallel, kBatch, "\"layers_per_stage\": [3, 4, 1], "),
+                "p.json: $.layers_per_stage: has 3 entries; it needs pp x virtual_stages = 2"},
+        BadPlan{plan_text(kParallel, kBatch, "\"training\": {\"lr\": 1}, "),
+                "p.json: $.training: unknown key \"lr\" (known keys: steps, seed, learning_rate, "
+                "warmup_steps, min_lr_ratio, weight_decay, beta1, beta2, eps, grad_clip)"},
+        BadPlan{plan_text(kParallel, kBatch, "\"training\": {\"beta2\": 1.5}, "),
+                "p.json: $.training: beta1 and beta2 must be below 1 (got 0.9 and 1.5)"},
+        BadPlan{"{\"format\": \"mpengine-trace\", \"model\": \"m.json\"}",
+                "p.json: $.format: \"mpengine-trace\" is not \"mpengine-plan\"; is this a plan "
+                "file?"},
+        BadPlan{"{\"model\": \"m.json\", \"batch\": {}}",
+                "p.json: $: missing required key \"parallel\" (an object with dp, pp, tp)"}));
+
+}  // namespace

@@ -1,0 +1,273 @@
+/* topology/plan.c — reading and checking parallelism configs; see plan.h for the format. */
+#include "topology/plan.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/json_reader.h"
+
+static const char *const kTopKeys[] = {"format", "version", "model", "cluster", "parallel",
+                                       "batch", "schedule", "layers_per_stage", "recompute",
+                                       "training", "predicted", NULL};
+static const char *const kParallelKeys[] = {"dp", "pp", "tp", "virtual_stages",
+                                            "sequence_parallel", "zero_stage", NULL};
+static const char *const kBatchKeys[] = {"global_batch", "micro_batch", "num_micro_batches",
+                                         "seq_len", NULL};
+static const char *const kTrainingKeys[] = {"steps", "seed", "learning_rate", "warmup_steps",
+                                            "min_lr_ratio", "weight_decay", "beta1", "beta2",
+                                            "eps", "grad_clip", NULL};
+static const char *const kScheduleNames[] = {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", NULL};
+static const char *const kRecomputeNames[] = {"none", "selective", "full", NULL};
+
+enum { kMaxParallel = 1 << 20 };
+
+mp_training_config mp_training_config_default(void) {
+  mp_training_config config = {
+      .steps = 100,
+      .seed = 1337,
+      .learning_rate = 6e-4,
+      .warmup_steps = 0,
+      .min_lr_ratio = 0.1,
+      .weight_decay = 0.1,
+      .beta1 = 0.9,
+      .beta2 = 0.95,
+      .eps = 1e-8,
+      .grad_clip = 1.0,
+  };
+  return config;
+}
+
+double mp_training_learning_rate(const mp_training_config *training, int64_t step) {
+  const double peak = training->learning_rate;
+  if (step < training->warmup_steps) {
+    return peak * (double)(step + 1) / (double)training->warmup_steps;
+  }
+  const int64_t decay_steps = training->steps - training->warmup_steps;
+  if (decay_steps <= 1) return peak;
+  double progress = (double)(step - training->warmup_steps) / (double)(decay_steps - 1);
+  if (progress > 1.0) progress = 1.0;
+  const double min_lr = peak * training->min_lr_ratio;
+  return min_lr + 0.5 * (peak - min_lr) * (1.0 + cos(3.14159265358979323846 * progress));
+}
+
+static void resolve_path(const char *base_dir, const char *path, char *out, size_t out_bytes) {
+  if (path[0] == '/' || base_dir == NULL || base_dir[0] == '\0' || strcmp(base_dir, ".") == 0) {
+    snprintf(out, out_bytes, "%s", path);
+  } else {
+    snprintf(out, out_bytes, "%s/%s", base_dir, path);
+  }
+}
+
+static mp_status parse_int_field(const mp_json_reader *reader, const cJSON *object,
+                                 const char *path, const char *key, bool required,
+                                 int64_t default_value, int64_t *out) {
+  if (required) {
+    MP_TRY(mp_json_require_int(reader, object, path, key, MP_JSON_POSITIVE, out));
+  } else {
+    MP_TRY(mp_json_optional_int(reader, object, path, key, MP_JSON_POSITIVE, default_value, out));
+  }
+  if (*out > kMaxParallel * (int64_t)64) {
+    return mp_fail(reader->err, MP_ERR_INPUT, "%s: %s.%s: %lld is larger than the supported %lld",
+                   reader->source, path, key, (long long)*out, (long long)kMaxParallel * 64);
+  }
+  return MP_OK;
+}
+
+static mp_status parse_parallel(const mp_json_reader *reader, const cJSON *root, mp_plan *plan) {
+  const cJSON *parallel = cJSON_GetObjectItemCaseSensitive(root, "parallel");
+  if (parallel == NULL) {
+    return mp_fail(reader->err, MP_ERR_INPUT,
+                   "%s: $: missing required key \"parallel\" (an object with dp, pp, tp)",
+                   reader->source);
+  }
+  MP_TRY(mp_json_expect_object(reader, parallel, "$.parallel", "the parallel layout"));
+  MP_TRY(mp_json_check_keys(reader, parallel, "$.parallel", kParallelKeys));
+  int64_t dp, pp, tp, virtual_stages, zero_stage;
+  MP_TRY(parse_int_field(reader, parallel, "$.parallel", "dp", true, 1, &dp));
+  MP_TRY(parse_int_field(reader, parallel, "$.parallel", "pp", true, 1, &pp));
+  MP_TRY(parse_int_field(reader, parallel, "$.parallel", "tp", true, 1, &tp));
+  MP_TRY(parse_int_field(reader, parallel, "$.parallel", "virtual_stages", false, 1,
+                         &virtual_stages));
+  MP_TRY(mp_json_optional_bool(reader, parallel, "$.parallel", "sequence_parallel", false,
+                               &plan->sequence_parallel));
+  MP_TRY(mp_json_optional_int(reader, parallel, "$.parallel", "zero_stage", MP_JSON_NONNEGATIVE,
+                              0, &zero_stage));
+  if (zero_stage > 1) {
+    return mp_fail(reader->err, MP_ERR_INPUT,
+                   "%s: $.parallel.zero_stage: %lld is not supported; use 0 (replicated optimizer "
+                   "state) or 1 (optimizer state sharded across dp)",
+                   reader->source, (long long)zero_stage);
+  }
+  if (dp * pp * tp > kMaxParallel) {
+    return mp_fail(reader->err, MP_ERR_INPUT,
+                   "%s: $.parallel: dp x pp x tp = %lld ranks is more than the supported %d",
+                   reader->source, (long long)(dp * pp * tp), kMaxParallel);
+  }
+  plan->dp = (int)dp;
+  plan->pp = (int)pp;
+  plan->tp = (int)tp;
+  plan->virtual_stages = (int)virtual_stages;
+  plan->zero_stage = (int)zero_stage;
+  return MP_OK;
+}
+
+static mp_status parse_batch(const mp_json_reader *reader, const cJSON *root, mp_plan *plan) {
+  const cJSON *batch = cJSON_GetObjectItemCaseSensitive(root, "batch");
+  if (batch == NULL) {
+    return mp_fail(reader->err, MP_ERR_INPUT,
+                   "%s: $: missing required key \"batch\" (an object with global_batch, "
+                   "micro_batch, num_micro_batches, seq_len)",
+                   reader->source);
+  }
+  MP_TRY(mp_json_expect_object(reader, batch, "$.batch", "the batch sizes"));
+  MP_TRY(mp_json_check_keys(reader, batch, "$.batch", kBatchKeys));
+  MP_TRY(parse_int_field(reader, batch, "$.batch", "global_batch", true, 0, &plan->global_batch));
+  MP_TRY(parse_int_field(reader, batch, "$.batch", "micro_batch", true, 0, &plan->micro_batch));
+  MP_TRY(parse_int_field(reader, batch, "$.batch", "num_micro_batches", true, 0,
+                         &plan->num_micro_batches));
+  MP_TRY(parse_int_field(reader, batch, "$.batch", "seq_len", true, 0, &plan->seq_len));
+  const int64_t product = (int64_t)plan->dp * plan->micro_batch * plan->num_micro_batches;
+  if (product != plan->global_batch) {
+    return mp_fail(reader->err, MP_ERR_INPUT,
+                   "%s: $.batch.global_batch: %lld, but dp x micro_batch x num_micro_batches = "
+                   "%d x %lld x %lld = %lld; the global batch must be split whole across dp "
+                   "ranks and micro-batches",
+                   reader->source, (long long)plan->global_batch, plan->dp,
+                   (long long)plan->micro_batch, (long long)plan->num_micro_batches,
+                   (long long)product);
+  }
+  return MP_OK;
+}
+
+static mp_status parse_training(const mp_json_reader *reader, const cJSON *root, mp_plan *plan) {
+  plan->training = mp_training_config_default();
+  const cJSON *training = cJSON_GetObjectItemCaseSensitive(root, "training");
+  if (training == NULL) return MP_OK;
+  const char *path = "$.training";
+  mp_training_config *t = &plan->training;
+  MP_TRY(mp_json_expect_object(reader, training, path, "the training settings"));
+  MP_TRY(mp_json_check_keys(reader, training, path, kTrainingKeys));
+  int64_t seed = 0;
+  MP_TRY(mp_json_optional_int(reader, training, path, "steps", MP_JSON_POSITIVE, t->steps,
+                              &t->steps));
+  MP_TRY(mp_json_optional_int(reader, training, path, "seed", MP_JSON_NONNEGATIVE,
+                              (int64_t)t->seed, &seed));
+  t->seed = (uint64_t)seed;
+  MP_TRY(mp_json_optional_number(reader, training, path, "learning_rate", MP_JSON_POSITIVE,
+                                 t->learning_rate, &t->learning_rate));
+  MP_TRY(mp_json_optional_int(reader, training, path, "warmup_steps", MP_JSON_NONNEGATIVE,
+                              t->warmup_steps, &t->warmup_steps));
+  MP_TRY(mp_json_optional_number(reader, training, path, "min_lr_ratio", MP_JSON_NONNEGATIVE,
+                                 t->min_lr_ratio, &t->min_lr_ratio));
+  MP_TRY(mp_json_optional_number(reader, training, path, "weight_decay", MP_JSON_NONNEGATIVE,
+                                 t->weight_decay, &t->weight_decay));
+  MP_TRY(mp_json_optional_number(reader, training, path, "beta1", MP_JSON_NONNEGATIVE, t->beta1,
+                                 &t->beta1));
+  MP_TRY(mp_json_optional_number(reader, training, path, "beta2", MP_JSON_NONNEGATIVE, t->beta2,
+                                 &t->beta2));
+  MP_TRY(mp_json_optional_number(reader, training, path, "eps", MP_JSON_POSITIVE, t->eps,
+                                 &t->eps));
+  MP_TRY(mp_json_optional_number(reader, training, path, "grad_clip", MP_JSON_NONNEGATIVE,
+                                 t->grad_clip, &t->grad_clip));
+  if (t->beta1 >= 1.0 || t->beta2 >= 1.0) {
+    return mp_fail(reader->err, MP_ERR_INPUT,
+                   "%s: $.training: beta1 and beta2 must be below 1 (got %g and %g)",
+                   reader->source, t->beta1, t->beta2);
+  }
+  if (t->min_lr_ratio > 1.0) {
+    return mp_fail(reader->err, MP_ERR_INPUT,
+                   "%s: $.training.min_lr_ratio: must be at most 1, got %g", reader->source,
+                   t->min_lr_ratio);
+  }
+  return MP_OK;
+}
+
+static mp_status parse_plan(const mp_json_reader *reader, const cJSON *root, const char *base_dir,
+                            mp_plan *plan) {
+  MP_TRY(mp_json_expect_object(reader, root, "$", "a parallelism plan"));
+  MP_TRY(mp_json_check_keys(reader, root, "$", kTopKeys));
+  const char *format = NULL, *model = NULL, *cluster = NULL;
+  MP_TRY(mp_json_optional_string(reader, root, "$", "format", "mpengine-plan", &format));
+  if (strcmp(format, "mpengine-plan") != 0) {
+    return mp_fail(reader->err, MP_ERR_INPUT,
+                   "%s: $.format: \"%.60s\" is not \"mpengine-plan\"; is this a plan file?",
+                   reader->source, format);
+  }
+  int64_t version = 1;
+  MP_TRY(mp_json_optional_int(reader, root, "$", "version", MP_JSON_POSITIVE, 1, &version));
+  if (version != 1) {
+    return mp_fail(reader->err, MP_ERR_INPUT,
+                   "%s: $.version: %lld is newer than this mpengine reads (1); upgrade mpengine",
+                   reader->source, (long long)version);
+  }
+  MP_TRY(mp_json_require_string(reader, root, "$", "model", &model));
+  resolve_path(base_dir, model, plan->model_path, sizeof plan->model_path);
+  MP_TRY(mp_json_optional_string(reader, root, "$", "cluster", "cpu-local", &cluster));
+  if (strchr(cluster, '/') != NULL || strstr(cluster, ".json") != NULL) {
+    resolve_path(base_dir, cluster, plan->cluster, sizeof plan->cluster);
+  } else {
+    snprintf(plan->cluster, sizeof plan->cluster, "%s", cluster);
+  }
+  MP_TRY(parse_parallel(reader, root, plan));
+  MP_TRY(parse_batch(reader, root, plan));
+  int schedule = 1, recompute = 0;
+  MP_TRY(mp_json_optional_choice(reader, root, "$", "schedule", kScheduleNames, 1, &schedule));
+  snprintf(plan->schedule, sizeof plan->schedule, "%s", kScheduleNames[schedule]);
+  MP_TRY(mp_json_optional_choice(reader, root, "$", "recompute", kRecomputeNames, 0, &recompute));
+  plan->recompute = (mp_recompute)recompute;
+
+  const cJSON *stages = cJSON_GetObjectItemCaseSensitive(root, "layers_per_stage");
+  if (stages != NULL) {
+    const int want = plan->pp * plan->virtual_stages;
+    MP_TRY(mp_json_require_array(reader, root, "$", "layers_per_stage", 1, &stages));
+    if (cJSON_GetArraySize(stages) != want || want > MP_PLAN_MAX_STAGES) {
+      return mp_fail(reader->err, MP_ERR_INPUT,
+                     "%s: $.layers_per_stage: has %d entries; it needs pp x virtual_stages = %d",
+                     reader->source, cJSON_GetArraySize(stages), want);
+    }
+    int index = 0;
+    for (const cJSON *item = stages->child; item != NULL; item = item->next, ++index) {
+      if (!cJSON_IsNumber(item) || item->valuedouble < 1 || item->valuedouble > 1e6 ||
+          item->valuedouble != floor(item->valuedouble)) {
+        return mp_fail(reader->err, MP_ERR_INPUT,
+                       "%s: $.layers_per_stage[%d]: must be a positive integer", reader->source,
+                       index);
+      }
+      plan->layers_per_stage[index] = (int)item->valuedouble;
+    }
+    plan->num_stage_counts = want;
+  }
+  return parse_training(reader, root, plan);
+}
+
+mp_status mp_plan_parse_text(const char *text, const char *source, const char *base_dir,
+                             mp_plan *out, mp_error *err) {
+  memset(out, 0, sizeof *out);
+  snprintf(out->source, sizeof out->source, "%s", source);
+  cJSON *root = NULL;
+  MP_TRY(mp_json_parse_text(text, source, &root, err));
+  mp_json_reader reader = {source, err};
+  mp_status status = parse_plan(&reader, root, base_dir, out);
+  cJSON_Delete(root);
+  return status;
+}
+
+mp_status mp_plan_load(const char *path, mp_plan *out, mp_error *err) {
+  memset(out, 0, sizeof *out);
+  snprintf(out->source, sizeof out->source, "%s", path);
+  cJSON *root = NULL;
+  MP_TRY(mp_json_load_file(path, &root, err));
+  char base_dir[MP_PLAN_PATH_BYTES];
+  snprintf(base_dir, sizeof base_dir, "%s", path);
+  char *slash = strrchr(base_dir, '/');
+  if (slash != NULL) {
+    *slash = '\0';
+  } else {
+    snprintf(base_dir, sizeof base_dir, ".");
+  }
+  mp_json_reader reader = {path, err};
+  mp_status status = parse_plan(&reader, root, base_dir, out);
+  cJSON_Delete(root);
+  return status;
+}

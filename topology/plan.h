@@ -1,0 +1,93 @@
+/*
+ * topology/plan.h — the parallelism config ("plan"): what `mpengine plan` writes and what
+ * `mpengine run` and `mpengine schedule` read. It says how one model is laid out on a cluster and
+ * how a step is driven; the optimizer settings ride along so a plan file is a whole training job.
+ *
+ * Format (unknown keys are refused with the closest known key named):
+ *   {
+ *     "format": "mpengine-plan", "version": 1,
+ *     "model": "../models/tiny-gpt.json",   model description; a relative path is taken from the
+ *                                           plan file's own directory
+ *     "cluster": "cpu-local",               preset name or cluster file (relative as above)
+ *     "parallel": {"dp": 1, "pp": 1, "tp": 1,
+ *                  "virtual_stages": 1,     model chunks per pipeline rank (interleaving)
+ *                  "sequence_parallel": false, "zero_stage": 0},
+ *     "batch": {"global_batch": 16,         sequences per optimizer step, over all dp ranks
+ *               "micro_batch": 4,           sequences per forward/backward
+ *               "num_micro_batches": 4,     per dp rank and step: global = dp x micro x num
+ *               "seq_len": 64},             tokens per sequence
+ *     "schedule": "1f1b",                   gpipe | 1f1b | interleaved-1f1b | zb-h1
+ *     "layers_per_stage": [8],              optional: pp x virtual_stages counts, in order
+ *     "recompute": "none",                  none | selective | full
+ *     "training": {                         optional, every key optional (defaults shown)
+ *       "steps": 100, "seed": 1337,
+ *       "learning_rate": 6e-4, "warmup_steps": 0, "min_lr_ratio": 0.1,  cosine decay to
+ *                                           min_lr_ratio x learning_rate at the last step
+ *       "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8,
+ *       "grad_clip": 1.0                    global gradient-norm clip; 0 disables
+ *     },
+ *     "predicted": {...}                    optional, written by the planner, not read by run
+ *   }
+ */
+#ifndef MPENGINE_TOPOLOGY_PLAN_H
+#define MPENGINE_TOPOLOGY_PLAN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/error.h"
+#include "topology/layer_cost.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { MP_PLAN_PATH_BYTES = 1024, MP_PLAN_MAX_STAGES = 1024 };
+
+typedef struct {
+  int64_t steps;
+  uint64_t seed;
+  double learning_rate;  /* peak, reached after warmup_steps */
+  int64_t warmup_steps;  /* linear from learning_rate / warmup_steps at step 0 */
+  double min_lr_ratio;   /* cosine decay ends at min_lr_ratio x learning_rate */
+  double weight_decay;   /* decoupled (AdamW), on matrices and embeddings, not biases or norms */
+  double beta1, beta2, eps;
+  double grad_clip;      /* max global gradient norm; 0 = no clipping */
+} mp_training_config;
+
+typedef struct {
+  char source[MP_PLAN_PATH_BYTES];     /* the plan file, for messages */
+  char model_path[MP_PLAN_PATH_BYTES]; /* resolved against the plan's directory */
+  char cluster[MP_PLAN_PATH_BYTES];    /* preset name, or resolved path */
+  int dp, pp, tp, virtual_stages;
+  bool sequence_parallel;
+  int zero_stage;                      /* 0 or 1 */
+  int64_t global_batch, micro_batch, num_micro_batches, seq_len;
+  char schedule[32];
+  mp_recompute recompute;
+  int num_stage_counts;                /* 0 when layers_per_stage is absent */
+  int layers_per_stage[MP_PLAN_MAX_STAGES];
+  mp_training_config training;
+} mp_plan;
+
+/* The defaults of the "training" section. */
+mp_training_config mp_training_config_default(void);
+
+/* Reads and validates a plan file: sizes positive, global_batch = dp x micro_batch x
+ * num_micro_batches, schedule and recompute known, layers_per_stage has pp x virtual_stages
+ * entries. Errors name the file and the JSON path (MP_ERR_INPUT). */
+mp_status mp_plan_load(const char *path, mp_plan *out, mp_error *err);
+
+/* The same from text; relative model and cluster paths are resolved against base_dir. */
+mp_status mp_plan_parse_text(const char *text, const char *source, const char *base_dir,
+                             mp_plan *out, mp_error *err);
+
+/* Learning rate at step (0-based) of a run of training->steps steps: linear warmup, then cosine
+ * decay from learning_rate to min_lr_ratio x learning_rate. */
+double mp_training_learning_rate(const mp_training_config *training, int64_t step);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MPENGINE_TOPOLOGY_PLAN_H */
