@@ -37,14 +37,6 @@ int cmd_plan(int argc, char **argv) {
                  "the topology planner (issue 6)");
 }
 
-int cmd_run(int argc, char **argv) {
-  return pending(argc, argv,
-                 "mpengine run --config PLAN.json [--steps N] [--data GLOB] "
-                 "[--backend auto|cpu|cuda] [--checkpoint-dir DIR] [--resume] [--trace FILE]",
-                 "Train the model of a parallelism config, one process per rank.",
-                 "one-rank training (issue 3) and 3D-parallel training (issue 10)");
-}
-
 int cmd_timeline(int argc, char **argv) {
   return pending(argc, argv,
                  "mpengine timeline TRACE.json [--against PLAN.json] [--format ascii|svg|chrome] "
@@ -58,12 +50,4 @@ int cmd_calibrate(int argc, char **argv) {
   return pending(argc, argv, "mpengine calibrate [--out CLUSTER.json]",
                  "Time GEMMs and collectives on this machine and write a cluster description.",
                  "the cost model (issue 6)");
-}
-
-int cmd_schedule(int argc, char **argv) {
-  return pending(argc, argv,
-                 "mpengine schedule --config PLAN.json | --pp P --micro-batches M [--virtual V] "
-                 "--kind gpipe|1f1b|interleaved-1f1b|zb-h1 [--format ascii|svg|chrome] [--out FILE]",
-                 "Show the timeline a pipeline schedule will execute, checked and simulated.",
-                 "pipeline schedules (issue 4)");
 }

@@ -7,6 +7,7 @@
  *   mpengine run --config PLAN.json  train
  *   mpengine timeline TRACE.json     what a run really did
  *   mpengine calibrate               measure this machine for the cost model
+ *   mpengine data synth|inspect      synthetic token data with a known floor; check shards
  *   mpengine version                 build and devices
  */
 #include <stdio.h>
@@ -29,6 +30,7 @@ static const subcommand kSubcommands[] = {
     {"run", cmd_run, "train with a parallelism config"},
     {"timeline", cmd_timeline, "show what a run really did, against its plan"},
     {"calibrate", cmd_calibrate, "measure this machine for the cost model"},
+    {"data", cmd_data, "synthetic token data with a known loss floor; check token shards"},
     {"version", cmd_version, "print the version, the build and the devices found"},
 };
 enum { kNumSubcommands = sizeof kSubcommands / sizeof kSubcommands[0] };

@@ -27,6 +27,7 @@ enum {
 
 struct mp_model {
   char name[MP_MODEL_NAME_BYTES];
+  char source[1024];
   int64_t vocab_size;
   int64_t seq_len;
   int num_layers;
@@ -315,6 +316,7 @@ static mp_status model_from_json(const cJSON *root, const char *source, mp_model
                                  mp_error *err) {
   mp_model *model = calloc(1, sizeof *model);
   if (model == NULL) return mp_fail(err, MP_ERR_RUNTIME, "%s: out of memory", source);
+  snprintf(model->source, sizeof model->source, "%s", source);
   mp_json_reader reader = {source, err};
   mp_status status = parse_model(&reader, root, model);
   if (status != MP_OK) {
@@ -351,6 +353,7 @@ void mp_model_free(mp_model *model) {
 }
 
 const char *mp_model_name(const mp_model *model) { return model->name; }
+const char *mp_model_source(const mp_model *model) { return model->source; }
 int64_t mp_model_vocab_size(const mp_model *model) { return model->vocab_size; }
 int64_t mp_model_seq_len(const mp_model *model) { return model->seq_len; }
 int mp_model_num_layers(const mp_model *model) { return model->num_layers; }

@@ -89,6 +89,7 @@ mp_status mp_model_parse_text(const char *text, const char *source, mp_model **o
 void mp_model_free(mp_model *model);
 
 const char *mp_model_name(const mp_model *model);
+const char *mp_model_source(const mp_model *model); /* the file (or source name) it came from */
 int64_t mp_model_vocab_size(const mp_model *model);
 int64_t mp_model_seq_len(const mp_model *model);
 int mp_model_num_layers(const mp_model *model); /* after expanding repeat */

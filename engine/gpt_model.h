@@ -1,0 +1,97 @@
+/*
+ * engine/gpt_model.h — a GPT-2-style model on one rank: its parameters in one flat array (so
+ * the optimizer, clipping and checkpoints walk one buffer), its activations for one micro-batch,
+ * and the forward and backward that chain the layers/ kernels.
+ *
+ * Built from a model description (topology/model.h) that the runtime can train: an embedding,
+ * transformer blocks with layernorm, GELU, biases and full multi-head attention, a final
+ * layernorm and an LM head tied to the embedding. Anything else (SwiGLU, RMSNorm, grouped-query
+ * attention, custom nodes) can be planned but not run yet, and is refused naming the layer.
+ *
+ * The vocabulary is padded to a multiple of 64 (llm.c's 50257 -> 50304) so the LM-head GEMM
+ * tiles well; padded logits take no part in the loss. Parameters are initialised by
+ * engine/param_init.h from (seed, tensor name, element index) with GPT-2's scheme: N(0, 0.02),
+ * residual projections (attn_proj, fc_proj) N(0, 0.02 / sqrt(2 L)), layernorm weights 1, biases 0.
+ */
+#ifndef MPENGINE_ENGINE_GPT_MODEL_H
+#define MPENGINE_ENGINE_GPT_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/error.h"
+#include "topology/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { MP_GPT_TENSOR_NAME_BYTES = 64 };
+
+/* The sizes the runtime works with. */
+typedef struct {
+  int max_seq_len; /* rows of the position table */
+  int vocab_size;  /* V */
+  int padded_vocab_size; /* Vp, a multiple of 64 */
+  int num_layers;  /* L */
+  int num_heads;   /* NH */
+  int channels;    /* C */
+  int ffn_channels; /* F */
+} mp_gpt_config;
+
+/* One named parameter tensor inside the flat array. */
+typedef struct {
+  char name[MP_GPT_TENSOR_NAME_BYTES]; /* "embedding.wte", "block.3.qkv.weight", ... */
+  size_t offset;                       /* floats from the start of the flat array */
+  size_t rows, cols;                   /* cols = 1 for vectors */
+  bool weight_decay;                   /* matrices and embeddings decay; biases and norms not */
+} mp_gpt_tensor;
+
+typedef struct mp_gpt mp_gpt;
+
+/* Checks that the runtime can train `model` and allocates parameters, gradients and the
+ * activations of one micro-batch of (micro_batch, seq_len). MP_ERR_INPUT naming the model file
+ * and the layer for models it cannot run, or a seq_len beyond the position table. */
+mp_status mp_gpt_create(const mp_model *model, int micro_batch, int seq_len, mp_gpt **out,
+                        mp_error *err);
+void mp_gpt_free(mp_gpt *gpt);
+
+const mp_gpt_config *mp_gpt_get_config(const mp_gpt *gpt);
+
+/* The flat parameter and gradient arrays, mp_gpt_num_params floats each. */
+size_t mp_gpt_num_params(const mp_gpt *gpt);
+float *mp_gpt_params(mp_gpt *gpt);
+float *mp_gpt_grads(mp_gpt *gpt);
+int mp_gpt_num_tensors(const mp_gpt *gpt);
+const mp_gpt_tensor *mp_gpt_tensor_at(const mp_gpt *gpt, int index);
+/* The tensor called name, or NULL. */
+const mp_gpt_tensor *mp_gpt_find_tensor(const mp_gpt *gpt, const char *name);
+
+/* GPT-2 initialisation from seed; see the file comment. */
+void mp_gpt_init_params(mp_gpt *gpt, uint64_t seed);
+
+void mp_gpt_zero_grads(mp_gpt *gpt);
+
+/* Forward of one micro-batch. inputs and targets are (B, T) token ids in [0, V) (checked by the
+ * data layer). Returns the mean cross-entropy over the B * T tokens, in nats. */
+double mp_gpt_forward(mp_gpt *gpt, const int32_t *inputs, const int32_t *targets);
+
+/* Backward of the last forward: adds d(dloss * mean loss)/d(params) into the gradients. dloss is
+ * 1 for a lone micro-batch and 1 / num_micro_batches when micro-batches accumulate. */
+void mp_gpt_backward(mp_gpt *gpt, float dloss);
+
+/* Loads llm.c's GPT-2 checkpoint (version 3 fp32, or 5 bf16 converted to fp32). MP_ERR_INPUT
+ * naming the file when it is not one, or when its header differs from the model (naming the
+ * field and both values). */
+mp_status mp_gpt_load_llmc(mp_gpt *gpt, const char *path, mp_error *err);
+
+/* Writes the parameters as llm.c's version 3 (fp32) checkpoint, to a temporary name renamed into
+ * place. */
+mp_status mp_gpt_save_llmc(const mp_gpt *gpt, const char *path, mp_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MPENGINE_ENGINE_GPT_MODEL_H */

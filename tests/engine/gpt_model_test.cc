@@ -1,0 +1,252 @@
+// tests/engine/gpt_model_test.cc — the one-rank GPT as a whole: its gradient against finite
+// differences, its parameter count against the model description, its initialisation, and
+// llm.c's checkpoint format in both directions with the refusals users hit.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "engine/gpt_model.h"
+#include "engine/param_init.h"
+#include "topology/layer_cost.h"
+#include "topology/model.h"
+
+namespace {
+
+std::string model_json(int vocab, int seq, int hidden, int heads, int layers,
+                       const std::string &extra_block = "") {
+  char text[1024];
+  snprintf(text, sizeof text,
+           "{\"name\": \"t\", \"vocab_size\": %d, \"seq_len\": %d, \"layers\": ["
+           "{\"type\": \"embedding\", \"hidden\": %d},"
+           "{\"type\": \"transformer\", \"hidden\": %d, \"heads\": %d, \"repeat\": %d%s},"
+           "{\"type\": \"layernorm\", \"hidden\": %d},"
+           "{\"type\": \"lm_head\", \"hidden\": %d}]}",
+           vocab, seq, hidden, hidden, heads, layers, extra_block.c_str(), hidden, hidden);
+  return text;
+}
+
+struct Fixture {
+  mp_model *model = nullptr;
+  mp_gpt *gpt = nullptr;
+  mp_error err = MP_ERROR_INITIALIZER;
+  ~Fixture() {
+    mp_gpt_free(gpt);
+    mp_model_free(model);
+  }
+  bool make(const std::string &json, int B, int T) {
+    if (mp_model_parse_text(json.c_str(), "m.json", &model, &err) != MP_OK) return false;
+    return mp_gpt_create(model, B, T, &gpt, &err) == MP_OK;
+  }
+};
+
+std::string temp_path(const char *name) {
+  const char *dir = getenv("TEST_TMPDIR");
+  return std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
+}
+
+TEST(GptModel, ParameterCountMatchesTheDescription) {
+  Fixture f;
+  ASSERT_TRUE(f.make(model_json(50, 8, 16, 2, 2), 2, 8)) << f.err.message;
+  const mp_gpt_config *c = mp_gpt_get_config(f.gpt);
+  EXPECT_EQ(c->padded_vocab_size, 64);
+  // The flat array holds the padded vocabulary rows too; beyond them it equals the description.
+  EXPECT_EQ((int64_t)mp_gpt_num_params(f.gpt), mp_model_params(f.model) + (64 - 50) * 16);
+  EXPECT_NE(mp_gpt_find_tensor(f.gpt, "block.1.fc_proj.weight"), nullptr);
+  EXPECT_TRUE(mp_gpt_find_tensor(f.gpt, "block.1.fc_proj.weight")->weight_decay);
+  EXPECT_FALSE(mp_gpt_find_tensor(f.gpt, "block.1.fc_proj.bias")->weight_decay);
+}
+
+TEST(GptModel, InitialisationFollowsGpt2AndIsAFunctionOfNameAndIndex) {
+  Fixture f;
+  ASSERT_TRUE(f.make(model_json(50, 8, 64, 4, 2), 1, 8)) << f.err.message;
+  mp_gpt_init_params(f.gpt, 7);
+  const mp_gpt_tensor *qkv = mp_gpt_find_tensor(f.gpt, "block.1.qkv.weight");
+  const float *p = mp_gpt_params(f.gpt) + qkv->offset;
+  EXPECT_FLOAT_EQ(p[5], (float)(0.02 * mp_init_standard_normal(7, "block.1.qkv.weight", 5)));
+  double sum2 = 0;
+  const size_t n = qkv->rows * qkv->cols;
+  for (size_t i = 0; i < n; ++i) sum2 += (double)p[i] * p[i];
+  EXPECT_NEAR(std::sqrt(sum2 / n), 0.02, 0.001);
+  const mp_gpt_tensor *proj = mp_gpt_find_tensor(f.gpt, "block.0.fc_proj.weight");
+  EXPECT_FLOAT_EQ(mp_gpt_params(f.gpt)[proj->offset + 3],
+                  (float)(0.02 / std::sqrt(4.0) *
+                          mp_init_standard_normal(7, "block.0.fc_proj.weight", 3)));
+  EXPECT_FLOAT_EQ(mp_gpt_params(f.gpt)[mp_gpt_find_tensor(f.gpt, "block.0.ln2.weight")->offset],
+                  1.0f);
+  EXPECT_FLOAT_EQ(mp_gpt_params(f.gpt)[mp_gpt_find_tensor(f.gpt, "final_norm.bias")->offset],
+                  0.0f);
+}
+
+TEST(GptModel, UntrainedLossIsNearLogVocab) {
+  Fixture f;
+  ASSERT_TRUE(f.make(model_json(50, 8, 32, 4, 2), 2, 8)) << f.err.message;
+  mp_gpt_init_params(f.gpt, 1);
+  std::vector<int32_t> inputs(16), targets(16);
+  for (int i = 0; i < 16; ++i) {
+    inputs[i] = (i * 7) % 50;
+    targets[i] = (i * 11 + 3) % 50;
+  }
+  EXPECT_NEAR(mp_gpt_forward(f.gpt, inputs.data(), targets.data()), std::log(50.0), 0.05);
+}
+
+// The gradient of the mean loss against central differences in double, on a sample of
+// parameters from every tensor.
+TEST(GptModel, GradientMatchesFiniteDifferences) {
+  Fixture f;
+  ASSERT_TRUE(f.make(model_json(20, 4, 8, 2, 2), 2, 4)) << f.err.message;
+  mp_gpt_init_params(f.gpt, 3);
+  float *params = mp_gpt_params(f.gpt);
+  // Larger weights than GPT-2's 0.02 so every path carries a visible gradient.
+  for (size_t i = 0; i < mp_gpt_num_params(f.gpt); ++i) params[i] *= 3.0f;
+  std::vector<int32_t> inputs = {1, 5, 9, 2, 7, 7, 0, 19};
+  std::vector<int32_t> targets = {5, 9, 2, 3, 7, 0, 19, 4};
+  mp_gpt_zero_grads(f.gpt);
+  mp_gpt_forward(f.gpt, inputs.data(), targets.data());
+  mp_gpt_backward(f.gpt, 1.0f);
+  const float *grads = mp_gpt_grads(f.gpt);
+  double max_grad = 0;
+  for (size_t i = 0; i < mp_gpt_num_params(f.gpt); ++i) max_grad = std::fmax(max_grad, std::fabs(grads[i]));
+  int checked = 0;
+  for (int t = 0; t < mp_gpt_num_tensors(f.gpt); ++t) {
+    const mp_gpt_tensor *tensor = mp_gpt_tensor_at(f.gpt, t);
+    const size_t n = tensor->rows * tensor->cols;
+    for (size_t k = 0; k < 3; ++k) {
+      const size_t i = tensor->offset + (k * 7919) % n;
+      const float saved = params[i];
+      const float h = 3e-3f;
+      params[i] = saved + h;
+      const float up = params[i];
+      const double loss_up = mp_gpt_forward(f.gpt, inputs.data(), targets.data());
+      params[i] = saved - h;
+      const float down = params[i];
+      const double loss_down = mp_gpt_forward(f.gpt, inputs.data(), targets.data());
+      params[i] = saved;
+      const double numeric = (loss_up - loss_down) / ((double)up - (double)down);
+      EXPECT_NEAR(grads[i], numeric, 1e-2 * std::fabs(numeric) + 2e-3 * max_grad)
+          << tensor->name << " element " << i - tensor->offset;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 3 * mp_gpt_num_tensors(f.gpt));
+}
+
+TEST(GptModel, MicroBatchesAccumulateToTheWholeBatchGradient) {
+  Fixture whole, half;
+  const std::string json = model_json(20, 4, 8, 2, 1);
+  ASSERT_TRUE(whole.make(json, 2, 4)) << whole.err.message;
+  ASSERT_TRUE(half.make(json, 1, 4)) << half.err.message;
+  mp_gpt_init_params(whole.gpt, 5);
+  mp_gpt_init_params(half.gpt, 5);
+  std::vector<int32_t> inputs = {1, 5, 9, 2, 7, 7, 0, 19}, targets = {5, 9, 2, 3, 7, 0, 19, 4};
+  mp_gpt_zero_grads(whole.gpt);
+  double loss = mp_gpt_forward(whole.gpt, inputs.data(), targets.data());
+  mp_gpt_backward(whole.gpt, 1.0f);
+  mp_gpt_zero_grads(half.gpt);
+  double loss_sum = 0;
+  for (int m = 0; m < 2; ++m) {
+    loss_sum += mp_gpt_forward(half.gpt, inputs.data() + 4 * m, targets.data() + 4 * m);
+    mp_gpt_backward(half.gpt, 0.5f);
+  }
+  EXPECT_NEAR(loss, loss_sum / 2, 1e-6);
+  for (size_t i = 0; i < mp_gpt_num_params(whole.gpt); ++i) {
+    ASSERT_NEAR(mp_gpt_grads(whole.gpt)[i], mp_gpt_grads(half.gpt)[i], 1e-6) << i;
+  }
+}
+
+TEST(GptModel, LlmcCheckpointRoundTrip) {
+  Fixture a, b;
+  const std::string json = model_json(50, 8, 16, 2, 2);
+  ASSERT_TRUE(a.make(json, 1, 8));
+  ASSERT_TRUE(b.make(json, 1, 8));
+  mp_gpt_init_params(a.gpt, 11);
+  const std::string path = temp_path("roundtrip.bin");
+  ASSERT_EQ(mp_gpt_save_llmc(a.gpt, path.c_str(), &a.err), MP_OK) << a.err.message;
+  ASSERT_EQ(mp_gpt_load_llmc(b.gpt, path.c_str(), &b.err), MP_OK) << b.err.message;
+  EXPECT_EQ(std::memcmp(mp_gpt_params(a.gpt), mp_gpt_params(b.gpt),
+                        mp_gpt_num_params(a.gpt) * sizeof(float)),
+            0);
+  // llm.c's layout: wte first, then every layer's ln1.weight, so block.1.ln1.weight (all ones)
+  // sits right after block.0's.
+  FILE *file = fopen(path.c_str(), "rb");
+  ASSERT_NE(file, nullptr);
+  std::vector<int32_t> header(256);
+  ASSERT_EQ(fread(header.data(), 4, 256, file), 256u);
+  EXPECT_EQ(header[0], 20240326);
+  EXPECT_EQ(header[1], 3);
+  EXPECT_EQ(header[7], 64);
+  fclose(file);
+}
+
+TEST(GptModel, Bf16CheckpointLoads) {
+  Fixture f;
+  ASSERT_TRUE(f.make(model_json(50, 8, 16, 2, 1), 1, 8));
+  const size_t n = mp_gpt_num_params(f.gpt);
+  std::vector<int32_t> header(256, 0);
+  header[0] = 20240326;
+  header[1] = 5;
+  header[2] = 8;
+  header[3] = 50;
+  header[4] = 1;
+  header[5] = 2;
+  header[6] = 16;
+  header[7] = 64;
+  const std::string path = temp_path("bf16.bin");
+  FILE *file = fopen(path.c_str(), "wb");
+  fwrite(header.data(), 4, 256, file);
+  for (size_t i = 0; i < n; ++i) {
+    uint16_t bits = 0x3fc0;  // bf16 1.5
+    fwrite(&bits, 2, 1, file);
+  }
+  fclose(file);
+  ASSERT_EQ(mp_gpt_load_llmc(f.gpt, path.c_str(), &f.err), MP_OK) << f.err.message;
+  EXPECT_FLOAT_EQ(mp_gpt_params(f.gpt)[0], 1.5f);
+  EXPECT_FLOAT_EQ(mp_gpt_params(f.gpt)[n - 1], 1.5f);
+}
+
+TEST(GptModel, MismatchedCheckpointNamesTheDifference) {
+  Fixture small, big;
+  ASSERT_TRUE(small.make(model_json(50, 8, 16, 2, 2), 1, 8));
+  ASSERT_TRUE(big.make(model_json(50, 8, 16, 2, 3), 1, 8));
+  mp_gpt_init_params(small.gpt, 1);
+  const std::string path = temp_path("small.bin");
+  ASSERT_EQ(mp_gpt_save_llmc(small.gpt, path.c_str(), &small.err), MP_OK);
+  ASSERT_EQ(mp_gpt_load_llmc(big.gpt, path.c_str(), &big.err), MP_ERR_INPUT);
+  EXPECT_EQ(std::string(big.err.message),
+            path + ": num_layers is 2 in the checkpoint but 3 in the model description (m.json); "
+                   "give the description that matches the checkpoint");
+  // A truncated file.
+  FILE *file = fopen(path.c_str(), "r+b");
+  ASSERT_EQ(ftruncate(fileno(file), 1024 + 100), 0);
+  fclose(file);
+  ASSERT_EQ(mp_gpt_load_llmc(small.gpt, path.c_str(), &small.err), MP_ERR_INPUT);
+  EXPECT_NE(std::string(small.err.message).find("holds 100 bytes of parameters"),
+            std::string::npos)
+      << small.err.message;
+  // Not a checkpoint at all.
+  file = fopen(path.c_str(), "wb");
+  std::vector<int32_t> junk(256, 7);
+  fwrite(junk.data(), 4, 256, file);
+  fclose(file);
+  ASSERT_EQ(mp_gpt_load_llmc(small.gpt, path.c_str(), &small.err), MP_ERR_INPUT);
+  EXPECT_EQ(std::string(small.err.message),
+            path + ": bad magic 7 (expected 20240326); not an llm.c GPT-2 checkpoint");
+}
+
+TEST(GptModel, RefusesModelsTheRuntimeCannotRun) {
+  Fixture f;
+  EXPECT_FALSE(f.make(model_json(50, 8, 16, 2, 2, ", \"activation\": \"swiglu\""), 1, 8));
+  EXPECT_EQ(std::string(f.err.message).substr(0, 55),
+            "m.json: $.layers[1] (block.0): swiglu; the runtime trai");
+  Fixture g;
+  EXPECT_FALSE(g.make(model_json(50, 8, 16, 2, 2), 1, 16));
+  EXPECT_EQ(std::string(g.err.message),
+            "m.json: sequence length 16 exceeds the position table ($.layers[0].max_positions = "
+            "8); shorten seq_len or raise max_positions");
+}
+
+}  // namespace

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# tests/tools/data_cli_test.sh — `mpengine data synth` and `mpengine data inspect` as a user meets
+# them: the line synth prints (with the entropy floor), the same bytes for the same seed, shards
+# that inspect accepts, and exit 2 with the file named for each mistake.
+set -uo pipefail
+mpengine=${1:-${MPENGINE:-tools/mpengine}}
+tmp=${TEST_TMPDIR:-$(mktemp -d)}/data_cli
+mkdir -p "$tmp"
+failures=0
+
+# expect EXIT_CODE PATTERN... -- COMMAND...: runs the command once, checks its exit code and that
+# its combined output contains every PATTERN (fixed strings).
+expect() {
+  local want_code=$1
+  shift
+  local patterns=()
+  while [ "$1" != "--" ]; do
+    patterns+=("$1")
+    shift
+  done
+  shift
+  local output code pattern
+  output=$("$@" 2>&1)
+  code=$?
+  for pattern in "${patterns[@]}"; do
+    if [ "$code" -ne "$want_code" ] || ! grep -qF -- "$pattern" <<<"$output"; then
+      echo "FAIL: $* -> exit $code (want $want_code), output:"
+      echo "$output" | head -20
+      echo "  (wanted to contain: $pattern)"
+      failures=$((failures + 1))
+      return
+    fi
+  done
+}
+
+fail() {
+  echo "FAIL: $*"
+  failures=$((failures + 1))
+}
+
+# Each command starts the whole binary (about 0.1 s), so every run checks all it can.
+
+# synth: the line, and the floor for the documented defaults (a change to the source's RNG or its
+# construction shows here).
+expect 0 "wrote $tmp/a.bin: 5000 tokens, vocab 64, seed 7; entropy rate " \
+  "nats/token (the lowest loss any model can reach)" \
+  "source: 4 successors per token; a model that ignores context stays at " -- \
+  $mpengine data synth --out "$tmp/a.bin" --vocab 64 --tokens 5000 --seed 7
+$mpengine data synth --out "$tmp/b.bin" --vocab 64 --tokens 5000 --seed 7 >/dev/null
+$mpengine data synth --out "$tmp/c.bin" --vocab 64 --tokens 5000 --seed 8 >/dev/null
+expect 0 "wrote $tmp/default.bin: 1000000 tokens, vocab 256, seed 1337; entropy rate 1.0910 nats/token" -- \
+  $mpengine data synth --out "$tmp/default.bin" --vocab 256
+[ "$(stat -c %s "$tmp/a.bin")" = 11024 ] || fail "a.bin is not 1024 + 2 x 5000 bytes"
+cmp -s "$tmp/a.bin" "$tmp/b.bin" || fail "the same seed wrote different files"
+cmp -s "$tmp/a.bin" "$tmp/c.bin" && fail "different seeds wrote the same file"
+ls "$tmp" | grep -q '\.tmp\.' && fail "a temporary file was left behind: $(ls "$tmp")"
+
+# inspect accepts what synth writes, file by file and through a quoted glob.
+expect 0 "$tmp/a.bin: 5000 tokens, 64 distinct ids, largest id 63; valid llm.c token shard (version 1)" \
+  "$tmp/b.bin: 5000 tokens" "$tmp/c.bin: 5000 tokens" "total: 15000 tokens in 3 shards" -- \
+  $mpengine data inspect "$tmp/[abc].bin" --vocab 64
+
+# Bad shards: exit 2, the file named, what is wrong.
+head -c 2000 "$tmp/a.bin" > "$tmp/truncated.bin"
+expect 2 "$tmp/truncated.bin: the header says 5000 tokens, which take 1024 + 2 x 5000 = 11024 bytes, but the file is 2000 bytes" -- \
+  $mpengine data inspect "$tmp/truncated.bin"
+head -c 1100 /dev/zero > "$tmp/zeros.bin"
+expect 2 "$tmp/zeros.bin: bad magic number 0 in the header (expected 20240520): not an llm.c token shard" -- \
+  $mpengine data inspect "$tmp/zeros.bin"
+expect 2 "$tmp/a.bin: token id " "is outside the vocabulary of 10 ids (0 .. 9)" -- \
+  $mpengine data inspect "$tmp/a.bin" --vocab 10
+expect 2 "$tmp/none.bin: cannot open: No such file or directory" -- $mpengine data inspect "$tmp/none.bin"
+
+# Usage mistakes.
+expect 2 "mpengine data synth: missing option --out FILE: the token shard to write" \
+  "run 'mpengine data synth --help' for the options" -- $mpengine data synth --vocab 64
+expect 2 "--vocab: must be at most 65536 (a token shard stores ids as uint16), got 70000" -- \
+  $mpengine data synth --out "$tmp/x.bin" --vocab 70000
+expect 2 "--successors: must be at least 2, got 1" -- \
+  $mpengine data synth --out "$tmp/x.bin" --vocab 64 --successors 1
+expect 2 "$tmp/no_dir/x.bin: cannot create: No such file or directory" -- \
+  $mpengine data synth --out "$tmp/no_dir/x.bin" --vocab 64
+[ -e "$tmp/x.bin" ] && fail "a failed synth left $tmp/x.bin"
+expect 2 "mpengine data: missing action: synth or inspect" -- $mpengine data
+expect 2 "mpengine data: unknown action 'synt'; did you mean 'synth'?" -- $mpengine data synt
+expect 0 "usage: mpengine data synth" "mpengine data inspect FILE|GLOB..." -- $mpengine data --help
+expect 0 "usage: mpengine data synth --out FILE --vocab V" "--successors K" -- \
+  $mpengine data synth --help
+
+if [ $failures -ne 0 ]; then
+  echo "$failures check(s) failed"
+  exit 1
+fi
+echo "all checks passed"

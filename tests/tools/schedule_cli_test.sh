@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# tests/tools/schedule_cli_test.sh — `mpengine schedule` as a user meets it: the timeline of a plan
+# and of --pp/--micro-batches/--kind with its bubble fraction, the svg and chrome files it writes,
+# and exit 2 with the refusal for each mistake (a bad kind, m not a multiple of pp when
+# interleaving, a plan missing a key, ...).
+set -uo pipefail
+mpengine=${1:-${MPENGINE:-tools/mpengine}}
+plan=${2:-examples/plans/tiny-gpt-pp4-1f1b.json}
+tmp=${TEST_TMPDIR:-$(mktemp -d)}/schedule_cli
+mkdir -p "$tmp"
+failures=0
+
+# expect EXIT_CODE PATTERN... -- COMMAND...: runs the command once, checks its exit code and that
+# its combined output contains every PATTERN (fixed strings).
+expect() {
+  local want_code=$1
+  shift
+  local patterns=()
+  while [ "$1" != "--" ]; do
+    patterns+=("$1")
+    shift
+  done
+  shift
+  local output code pattern
+  output=$("$@" 2>&1)
+  code=$?
+  for pattern in "${patterns[@]}"; do
+    if [ "$code" -ne "$want_code" ] || ! grep -qF -- "$pattern" <<<"$output"; then
+      echo "FAIL: $* -> exit $code (want $want_code), output:"
+      echo "$output" | head -20
+      echo "  (wanted to contain: $pattern)"
+      failures=$((failures + 1))
+      return
+    fi
+  done
+}
+
+fail() {
+  echo "FAIL: $*"
+  failures=$((failures + 1))
+}
+
+# The example plan: 1F1B, pp = 4, m = 8 — bubble (p - 1) / (m + p - 1) = 3 / 11.
+expect 0 "1f1b, pp = 4, m = 8" \
+  "rank 0 | F0 F1 F2 F3 .. .. .. .. .. .. B0--- F4 B1---" \
+  "rank 3 | .. .. .. F0 B0--- F1 B1---" \
+  "bubble fraction: 0.2727" \
+  "peak micro-batches alive: rank 0: 4, rank 1: 3, rank 2: 2, rank 3: 1" \
+  "checked: complete, ordered, no deadlock under eager point-to-point" -- \
+  $mpengine schedule --config "$plan"
+
+# Without a plan, every kind; interleaving divides the bubble by v, zb-h1 keeps a third of it.
+expect 0 "step time: 33 time units" "bubble fraction: 0.2727" -- \
+  $mpengine schedule --pp 4 --micro-batches 8 --kind gpipe
+expect 0 "bubble fraction: 0.1579" "step time: 28.5 time units" -- \
+  $mpengine schedule --pp 4 --micro-batches 8 --virtual 2 --kind interleaved-1f1b
+expect 0 "bubble fraction: 0.1111" "step time: 27 time units" "W weight-gradient backward" -- \
+  $mpengine schedule --pp 4 --micro-batches 8 --kind zb-h1
+expect 0 "bubble fraction: 0.0000" "rank 0 | F0 B0---" -- \
+  $mpengine schedule --pp 1 --micro-batches 1 --kind 1f1b
+expect 0 "bubble fraction: 0.7500" -- $mpengine schedule --pp 4 --micro-batches 1 --kind 1f1b
+expect 0 "step time: 7 time units" -- \
+  $mpengine schedule --pp 2 --micro-batches 1 --kind 1f1b --latency 0.5
+
+# Files: svg with a lane per rank, chrome trace JSON with a slice per action and flows.
+expect 0 "wrote the svg timeline to $tmp/1f1b.svg (bubble fraction 0.2727)" -- \
+  $mpengine schedule --config "$plan" --format svg --out "$tmp/1f1b.svg"
+head -c 5 "$tmp/1f1b.svg" | grep -qF "<svg " || fail "the svg does not start with <svg"
+[ "$(grep -c 'class="lane"' "$tmp/1f1b.svg")" -eq 4 ] || fail "the svg has no 4 lanes"
+grep -qF "warm-up" "$tmp/1f1b.svg" && grep -qF "cool-down" "$tmp/1f1b.svg" ||
+  fail "the svg does not name the phases"
+tail -n 1 "$tmp/1f1b.svg" | grep -qxF "</svg>" || fail "the svg does not end with </svg>"
+ls "$tmp" | grep -q "tmp-" && fail "a temporary file was left next to the output"
+expect 0 "wrote the chrome timeline" -- \
+  $mpengine schedule --config "$plan" --format chrome --out "$tmp/1f1b.json"
+grep -qF '"traceEvents": [' "$tmp/1f1b.json" || fail "the trace has no traceEvents"
+[ "$(grep -c '"ph": "X"' "$tmp/1f1b.json")" -eq 64 ] || fail "the trace has not 64 slices"
+[ "$(grep -c '"ph": "s"' "$tmp/1f1b.json")" -eq 48 ] || fail "the trace has not 48 flow starts"
+[ "$(grep -c '"ph": "f"' "$tmp/1f1b.json")" -eq 48 ] || fail "the trace has not 48 flow ends"
+if command -v python3 >/dev/null; then
+  python3 -c "import json, sys; json.load(open(sys.argv[1]))" "$tmp/1f1b.json" ||
+    fail "the chrome trace is not JSON"
+fi
+
+# Refusals: exit 2 with what would work.
+expect 2 "mpengine schedule: unknown schedule kind '1fb1'; did you mean '1f1b'? (kinds: gpipe, 1f1b, interleaved-1f1b, zb-h1)" -- \
+  $mpengine schedule --pp 4 --micro-batches 8 --kind 1fb1
+expect 2 "mpengine schedule: interleaved-1f1b needs the number of micro-batches to be a multiple of pp = 4; got 6: use 4 or 8" -- \
+  $mpengine schedule --pp 4 --micro-batches 6 --virtual 2 --kind interleaved-1f1b
+expect 2 "mpengine schedule: interleaved-1f1b needs at least 2 model chunks per rank (virtual stages); got 1" -- \
+  $mpengine schedule --pp 4 --micro-batches 8 --kind interleaved-1f1b
+expect 2 "mpengine schedule: 1f1b runs one model chunk per rank, so virtual stages must be 1 (got 2)" -- \
+  $mpengine schedule --pp 4 --micro-batches 8 --virtual 2 --kind 1f1b
+expect 2 "mpengine schedule: missing option --micro-batches and --kind: give --pp, --micro-batches and --kind, or --config PLAN.json" -- \
+  $mpengine schedule --pp 4
+expect 2 "give either --config PLAN.json or --pp, --micro-batches and --kind, not both (--pp with --config)" -- \
+  $mpengine schedule --config "$plan" --pp 2
+expect 2 "--pp: must be at least 1, got 0" -- $mpengine schedule --pp 0 --micro-batches 8 --kind 1f1b
+expect 2 "--format: unknown timeline format 'png' (formats: ascii, svg, chrome)" -- \
+  $mpengine schedule --config "$plan" --format png
+expect 2 "unknown option '--micro-batch'; did you mean '--micro-batches'?" -- \
+  $mpengine schedule --pp 4 --micro-batch 8 --kind 1f1b
+expect 2 "deadlock under rendezvous point-to-point: rank 0, after action 5" -- \
+  $mpengine schedule --pp 2 --micro-batches 4 --virtual 2 --kind interleaved-1f1b --p2p rendezvous
+expect 2 "$tmp/missing/out.svg: cannot create the output file" -- \
+  $mpengine schedule --config "$plan" --format svg --out "$tmp/missing/out.svg"
+
+# Plans: the file and the JSON path of each mistake.
+cat >"$tmp/interleaved.json" <<'JSON'
+{"parallel": {"pp": 4, "virtual_stages": 2}, "batch": {"num_micro_batches": 6},
+ "schedule": "interleaved-1f1b"}
+JSON
+expect 2 "$tmp/interleaved.json: interleaved-1f1b needs the number of micro-batches to be a multiple of pp = 4; got 6: use 4 or 8" -- \
+  $mpengine schedule --config "$tmp/interleaved.json"
+cat >"$tmp/no-micro-batches.json" <<'JSON'
+{"parallel": {"pp": 4}, "batch": {"micro_batch": 2}, "schedule": "1f1b"}
+JSON
+expect 2 "$tmp/no-micro-batches.json: \$.batch: missing required key \"num_micro_batches\" (a positive integer)" -- \
+  $mpengine schedule --config "$tmp/no-micro-batches.json"
+cat >"$tmp/no-parallel.json" <<'JSON'
+{"batch": {"num_micro_batches": 8}, "schedule": "1f1b"}
+JSON
+expect 2 "$tmp/no-parallel.json: \$.parallel: missing; a plan needs the parallel layout, with pp (pipeline ranks)" -- \
+  $mpengine schedule --config "$tmp/no-parallel.json"
+cat >"$tmp/bad-kind.json" <<'JSON'
+{"parallel": {"pp": 2}, "batch": {"num_micro_batches": 8}, "schedule": "zero-bubble"}
+JSON
+expect 2 "$tmp/bad-kind.json: \$.schedule: unknown schedule kind 'zero-bubble'" -- \
+  $mpengine schedule --config "$tmp/bad-kind.json"
+expect 2 "$tmp/absent.json: cannot open: No such file or directory" -- \
+  $mpengine schedule --config "$tmp/absent.json"
+
+if [ $failures -ne 0 ]; then
+  echo "$failures check(s) failed"
+  exit 1
+fi
+echo "all checks passed"

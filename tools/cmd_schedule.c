@@ -1,0 +1,262 @@
+/*
+ * tools/cmd_schedule.c — `mpengine schedule`: generate a pipeline schedule, check it, simulate it
+ * and print its timeline (ascii, svg or chrome trace JSON), before anything runs.
+ *
+ *   mpengine schedule --config PLAN.json
+ *   mpengine schedule --pp P --micro-batches M [--virtual V] --kind K
+ *
+ * Durations are unit costs (F = 1, B = 2 per rank's layers; zero-bubble B = 1, W = 1) until the
+ * cost model lands with the planner (issue 6). Of a plan it reads only what a schedule needs:
+ * $.parallel.pp, $.parallel.virtual_stages (default 1), $.batch.num_micro_batches and $.schedule;
+ * the rest of the plan belongs to the planner and is ignored here. --out is written through a
+ * temporary name and renamed into place, so an interrupted run never leaves half a file.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/json_reader.h"
+#include "schedules/checker.h"
+#include "schedules/schedule.h"
+#include "schedules/simulator.h"
+#include "schedules/timeline.h"
+#include "tools/cli.h"
+#include "tools/commands.h"
+
+typedef struct {
+  mp_schedule_kind kind;
+  int pp;
+  int num_micro_batches;
+  int virtual_stages;
+} schedule_request;
+
+static int clamp_int(int64_t value) { return value > INT_MAX ? INT_MAX : (int)value; }
+
+/* The object under key of the plan's root, or a message naming the file and the JSON path. */
+static mp_status require_object(const mp_json_reader *reader, const cJSON *root, const char *key,
+                                const char *what, const cJSON **out) {
+  char path[MP_JSON_PATH_BYTES];
+  mp_json_path_key(path, sizeof path, "$", key);
+  const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, key);
+  if (item == NULL) {
+    return mp_fail(reader->err, MP_ERR_INPUT, "%s: %s: missing; a plan needs %s", reader->source,
+                   path, what);
+  }
+  MP_TRY(mp_json_expect_object(reader, item, path, what));
+  *out = item;
+  return MP_OK;
+}
+
+/* Reads the four numbers a schedule needs from a plan (see the head comment). */
+static mp_status read_plan(const char *path, schedule_request *request, mp_error *err) {
+  cJSON *root = NULL;
+  MP_TRY(mp_json_load_file(path, &root, err));
+  mp_json_reader reader = {path, err};
+  const cJSON *parallel = NULL, *batch = NULL;
+  int64_t pp = 0, virtual_stages = 1, num_micro_batches = 0;
+  const char *kind_name = NULL;
+  mp_status status = mp_json_expect_object(&reader, root, "$", "a plan");
+  if (status == MP_OK) {
+    status = require_object(&reader, root, "parallel",
+                            "the parallel layout, with pp (pipeline ranks)", &parallel);
+  }
+  if (status == MP_OK) {
+    status = mp_json_require_int(&reader, parallel, "$.parallel", "pp", MP_JSON_POSITIVE, &pp);
+  }
+  if (status == MP_OK) {
+    status = mp_json_optional_int(&reader, parallel, "$.parallel", "virtual_stages",
+                                  MP_JSON_POSITIVE, 1, &virtual_stages);
+  }
+  if (status == MP_OK) {
+    status = require_object(&reader, root, "batch",
+                            "the batch, with num_micro_batches per step", &batch);
+  }
+  if (status == MP_OK) {
+    status = mp_json_require_int(&reader, batch, "$.batch", "num_micro_batches",
+                                 MP_JSON_POSITIVE, &num_micro_batches);
+  }
+  if (status == MP_OK) status = mp_json_require_string(&reader, root, "$", "schedule", &kind_name);
+  if (status == MP_OK) {
+    status = mp_schedule_kind_parse(kind_name, &request->kind, err);
+    if (status != MP_OK) mp_error_prefix(err, "%s: $.schedule", path);
+  }
+  if (status == MP_OK) {
+    request->pp = clamp_int(pp);
+    request->virtual_stages = clamp_int(virtual_stages);
+    request->num_micro_batches = clamp_int(num_micro_batches);
+  }
+  cJSON_Delete(root);
+  return status;
+}
+
+static mp_status read_options(const cli_command *command, schedule_request *request,
+                              mp_error *err) {
+  const char *config = cli_value(command, "config");
+  static const char *const plan_free[] = {"pp", "micro-batches", "virtual", "kind"};
+  if (config != NULL) {
+    for (int i = 0; i < 4; ++i) {
+      if (cli_value(command, plan_free[i]) != NULL) {
+        return mp_fail(err, MP_ERR_INPUT,
+                       "give either --config PLAN.json or --pp, --micro-batches and --kind, not "
+                       "both (--%s with --config)",
+                       plan_free[i]);
+      }
+    }
+    return read_plan(config, request, err);
+  }
+  const char *missing[3];
+  int num_missing = 0;
+  for (int i = 0; i < 4; ++i) {
+    if (i != 2 && cli_value(command, plan_free[i]) == NULL) missing[num_missing++] = plan_free[i];
+  }
+  if (num_missing > 0) {
+    char list[96] = "";
+    size_t used = 0;
+    for (int i = 0; i < num_missing; ++i) {
+      used += (size_t)snprintf(list + used, sizeof list - used, "%s--%s",
+                               i == 0 ? "" : i + 1 == num_missing ? " and " : ", ", missing[i]);
+    }
+    return mp_fail(err, MP_ERR_INPUT,
+                   "missing option %s: give --pp, --micro-batches and --kind, or --config "
+                   "PLAN.json",
+                   list);
+  }
+  int64_t pp, num_micro_batches, virtual_stages;
+  MP_TRY(cli_int(command, "pp", 1, 1, &pp, err));
+  MP_TRY(cli_int(command, "micro-batches", 1, 1, &num_micro_batches, err));
+  MP_TRY(cli_int(command, "virtual", 1, 1, &virtual_stages, err));
+  MP_TRY(mp_schedule_kind_parse(cli_value(command, "kind"), &request->kind, err));
+  request->pp = clamp_int(pp);
+  request->num_micro_batches = clamp_int(num_micro_batches);
+  request->virtual_stages = clamp_int(virtual_stages);
+  return MP_OK;
+}
+
+static mp_status parse_latency(const cli_command *command, double *out, mp_error *err) {
+  const char *text = cli_value(command, "latency");
+  *out = 0.0;
+  if (text == NULL) return MP_OK;
+  char *end = NULL;
+  double value = strtod(text, &end);
+  if (end == text || *end != '\0' || !(value >= 0) || value > 1e12) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "--latency: expected a non-negative number of time units, got '%s'", text);
+  }
+  *out = value;
+  return MP_OK;
+}
+
+/* Writes text to path through a temporary name in the same directory, then renames it. */
+static mp_status write_file_atomically(const char *path, const mp_text *text, mp_error *err) {
+  char temporary[4096];
+  int n = snprintf(temporary, sizeof temporary, "%s.tmp-%ld", path, (long)getpid());
+  if (n < 0 || (size_t)n >= sizeof temporary) {
+    return mp_fail(err, MP_ERR_INPUT, "--out: the path is too long (%zu bytes)", strlen(path));
+  }
+  FILE *file = fopen(temporary, "wb");
+  if (file == NULL) {
+    return mp_fail(err, MP_ERR_INPUT, "%s: cannot create the output file: %s", path,
+                   strerror(errno));
+  }
+  bool ok = text->length == 0 || fwrite(text->data, 1, text->length, file) == text->length;
+  ok = fclose(file) == 0 && ok;
+  if (!ok || rename(temporary, path) != 0) {
+    int saved = errno;
+    remove(temporary);
+    return mp_fail(err, MP_ERR_RUNTIME, "%s: cannot write the timeline: %s", path,
+                   strerror(saved));
+  }
+  return MP_OK;
+}
+
+int cmd_schedule(int argc, char **argv) {
+  cli_option options[] = {
+      {"config", "PLAN.json", "read pp, virtual stages, micro-batches and the kind from a plan",
+       NULL},
+      {"pp", "P", "pipeline ranks (without --config)", NULL},
+      {"micro-batches", "M", "micro-batches per step (without --config)", NULL},
+      {"virtual", "V", "model chunks per rank, interleaved-1f1b only (default 1)", NULL},
+      {"kind", "K", "gpipe, 1f1b, interleaved-1f1b or zb-h1 (without --config)", NULL},
+      {"format", "F", "ascii (default), svg or chrome (trace event JSON for Perfetto)", NULL},
+      {"out", "FILE", "write the timeline to FILE instead of stdout", NULL},
+      {"latency", "T", "point-to-point latency per message, in time units (default 0)", NULL},
+      {"p2p", "MODEL", "eager (default, what the runtime does) or rendezvous (batched blocking)",
+       NULL},
+      {0},
+  };
+  cli_command command = {
+      .command = "schedule",
+      .usage = "mpengine schedule --config PLAN.json | --pp P --micro-batches M [--virtual V] "
+               "--kind gpipe|1f1b|interleaved-1f1b|zb-h1 [--format ascii|svg|chrome] "
+               "[--out FILE]",
+      .summary =
+          "Show the timeline a pipeline schedule will execute. The schedule is generated as "
+          "data, checked (every micro-batch forward and backward through every chunk once, in "
+          "order, no deadlock under the runtime's point-to-point semantics) and simulated with "
+          "unit costs (F = 1, B = 2; zero-bubble B = 1, W = 1), then drawn with its bubble "
+          "fraction and peak activation memory.",
+      .max_positionals = 0,
+      .options = options,
+  };
+  int early = cli_begin(&command, argc, argv);
+  if (early >= 0) return early;
+
+  mp_error err = MP_ERROR_INITIALIZER;
+  schedule_request request = {MP_SCHEDULE_1F1B, 0, 0, 1};
+  mp_timeline_format format = MP_TIMELINE_ASCII;
+  mp_p2p_model p2p_model = MP_P2P_EAGER;
+  double latency = 0.0;
+  if (read_options(&command, &request, &err) != MP_OK) return cli_report(&command, &err);
+  const char *format_name = cli_value(&command, "format");
+  if (format_name != NULL && mp_timeline_format_parse(format_name, &format, &err) != MP_OK) {
+    mp_error_prefix(&err, "--format");
+    return cli_report(&command, &err);
+  }
+  const char *p2p_name = cli_value(&command, "p2p");
+  if (p2p_name != NULL && mp_p2p_model_parse(p2p_name, &p2p_model, &err) != MP_OK) {
+    mp_error_prefix(&err, "--p2p");
+    return cli_report(&command, &err);
+  }
+  if (parse_latency(&command, &latency, &err) != MP_OK) return cli_report(&command, &err);
+
+  mp_schedule schedule = MP_SCHEDULE_INITIALIZER;
+  mp_sim_costs costs;
+  mp_simulation simulation;
+  mp_text text = MP_TEXT_INITIALIZER;
+  memset(&costs, 0, sizeof costs);
+  memset(&simulation, 0, sizeof simulation);
+  mp_status status = mp_schedule_generate(request.kind, request.pp, request.num_micro_batches,
+                                          request.virtual_stages, &schedule, &err);
+  const char *config = cli_value(&command, "config");
+  if (status != MP_OK && config != NULL) mp_error_prefix(&err, "%s", config);
+  if (status == MP_OK) {
+    status = mp_sim_costs_init_unit(&costs, request.pp, request.virtual_stages, &err);
+  }
+  if (status == MP_OK) {
+    costs.p2p_latency = latency;
+    costs.p2p_model = p2p_model;
+    status = mp_schedule_simulate(&schedule, &costs, &simulation, &err);
+  }
+  if (status == MP_OK) {
+    status = mp_timeline_write(&schedule, &simulation, format, NULL, &text, &err);
+  }
+  const char *out_path = cli_value(&command, "out");
+  if (status == MP_OK && out_path != NULL) {
+    status = write_file_atomically(out_path, &text, &err);
+    if (status == MP_OK) {
+      fprintf(stderr, "mpengine schedule: wrote the %s timeline to %s (bubble fraction %.4f)\n",
+              mp_timeline_format_name(format), out_path, simulation.bubble_fraction);
+    }
+  } else if (status == MP_OK) {
+    fwrite(mp_text_string(&text), 1, text.length, stdout);
+  }
+  mp_text_free(&text);
+  mp_simulation_free(&simulation);
+  mp_sim_costs_free(&costs);
+  mp_schedule_free(&schedule);
+  return status == MP_OK ? CLI_EXIT_OK : cli_report(&command, &err);
+}
