@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/rng.h"
+
 #include "engine/token_shard.h"
 
 struct mp_data_loader {
@@ -32,37 +34,13 @@ struct mp_data_loader {
 
 /* ---- randomness: splitmix64 (Steele, Lea, Flood 2014), one stream per (seed, epoch) ---- */
 
-typedef struct {
-  uint64_t state;
-} rng;
-
-static uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-static uint64_t rng_next(rng *r) {
-  r->state += 0x9E3779B97F4A7C15ull;
-  return mix64(r->state);
-}
-
-/* Uniform in [0, n), without modulo bias. */
-static uint64_t rng_below(rng *r, uint64_t n) {
-  const uint64_t limit = UINT64_MAX - UINT64_MAX % n;
-  uint64_t x;
-  do {
-    x = rng_next(r);
-  } while (x >= limit);
-  return x % n;
-}
+typedef mp_rng rng;
 
 /* The stream that shuffles epoch `epoch`; the constant keeps it apart from the Markov source's
  * streams for the same seed. */
 static rng rng_for_epoch(uint64_t seed, int64_t epoch) {
   const uint64_t kShuffleStream = 0x53485546464C45ull; /* "SHUFFLE" */
-  rng r = {mix64(seed + 0x9E3779B97F4A7C15ull) ^
-           mix64(kShuffleStream + (uint64_t)epoch * 0xD1B54A32D192ED03ull)};
+  rng r = mp_rng_keyed(seed, kShuffleStream + (uint64_t)epoch * 0xD1B54A32D192ED03ull);
   return r;
 }
 
@@ -243,7 +221,7 @@ static mp_status use_epoch(mp_data_loader *loader, uint64_t seed, int64_t sample
   for (int64_t i = 0; i < samples; ++i) perm[i] = i;
   rng r = rng_for_epoch(seed, epoch);
   for (int64_t i = samples - 1; i > 0; --i) {
-    const int64_t j = (int64_t)rng_below(&r, (uint64_t)i + 1);
+    const int64_t j = (int64_t)mp_rng_below(&r, (uint64_t)i + 1);
     const int64_t swap = perm[i];
     perm[i] = perm[j];
     perm[j] = swap;

@@ -491,7 +491,10 @@ mp_status mp_gpt_load_llmc(mp_gpt *gpt, const char *path, mp_error *err) {
   return MP_OK;
 }
 
-mp_status mp_gpt_save_llmc(const mp_gpt *gpt, const char *path, mp_error *err) {
+/* Writes array (num_params floats, in our flat layout) under llm.c's version 3 header in llm.c's
+ * tensor order, to a temporary name renamed into place: the parameters or their gradients. */
+static mp_status save_llmc_array(const mp_gpt *gpt, float *array, const char *path,
+                                 mp_error *err) {
   char temporary[1100];
   snprintf(temporary, sizeof temporary, "%s.tmp.%d", path, (int)getpid());
   FILE *file = fopen(temporary, "wb");
@@ -500,7 +503,7 @@ mp_status mp_gpt_save_llmc(const mp_gpt *gpt, const char *path, mp_error *err) {
   }
   int32_t header[kLlmcHeaderInts];
   llmc_header(&gpt->config, header);
-  llmc_io io = {.params = gpt->params, .out = file};
+  llmc_io io = {.params = array, .out = file};
   if (fwrite(header, sizeof(int32_t), kLlmcHeaderInts, file) != kLlmcHeaderInts) {
     io.write_failed = true;
   }
@@ -517,4 +520,12 @@ mp_status mp_gpt_save_llmc(const mp_gpt *gpt, const char *path, mp_error *err) {
                    strerror(errno));
   }
   return MP_OK;
+}
+
+mp_status mp_gpt_save_llmc(const mp_gpt *gpt, const char *path, mp_error *err) {
+  return save_llmc_array(gpt, gpt->params, path, err);
+}
+
+mp_status mp_gpt_save_llmc_gradients(const mp_gpt *gpt, const char *path, mp_error *err) {
+  return save_llmc_array(gpt, gpt->grads, path, err);
 }

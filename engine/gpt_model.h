@@ -90,6 +90,11 @@ mp_status mp_gpt_load_llmc(mp_gpt *gpt, const char *path, mp_error *err);
  * place. */
 mp_status mp_gpt_save_llmc(const mp_gpt *gpt, const char *path, mp_error *err);
 
+/* Writes the gradients in the same file format, header and tensor order as mp_gpt_save_llmc
+ * (d(loss)/d(wte) where the checkpoint holds wte, ...), so a peer implementation that loads the
+ * checkpoint can compare its gradients tensor by tensor (tools/bench/torch_compare.py). */
+mp_status mp_gpt_save_llmc_gradients(const mp_gpt *gpt, const char *path, mp_error *err);
+
 #ifdef __cplusplus
 }
 #endif

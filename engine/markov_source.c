@@ -14,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/rng.h"
+
 struct mp_markov_source {
   int64_t vocab_size;     /* V */
   int64_t *row_start;     /* (V + 1,) row i is entries [row_start[i], row_start[i + 1]) */
@@ -28,37 +30,10 @@ struct mp_markov_source {
 
 enum { kStreamBuild = 1, kStreamSample = 2 };
 
-typedef struct {
-  uint64_t state;
-} rng;
-
-static uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+typedef mp_rng rng;
 
 static rng rng_for(uint64_t seed, uint64_t purpose) {
-  rng r = {mix64(seed + 0x9E3779B97F4A7C15ull) ^ mix64(purpose * 0xD1B54A32D192ED03ull + 1)};
-  return r;
-}
-
-static uint64_t rng_next(rng *r) {
-  r->state += 0x9E3779B97F4A7C15ull;
-  return mix64(r->state);
-}
-
-/* Uniform in [0, 1), 53 random bits. */
-static double rng_uniform(rng *r) { return (double)(rng_next(r) >> 11) * 0x1.0p-53; }
-
-/* Uniform in [0, n), without modulo bias. */
-static uint64_t rng_below(rng *r, uint64_t n) {
-  const uint64_t limit = UINT64_MAX - UINT64_MAX % n;
-  uint64_t x;
-  do {
-    x = rng_next(r);
-  } while (x >= limit);
-  return x % n;
+  return mp_rng_keyed(seed, purpose * 0xD1B54A32D192ED03ull + 1);
 }
 
 /* ---- construction ---- */
@@ -252,7 +227,7 @@ mp_status mp_markov_source_build(int64_t vocab_size, int successors, uint64_t se
         bool fresh;
         int32_t candidate;
         do {
-          candidate = (int32_t)rng_below(&r, (uint64_t)vocab_size);
+          candidate = (int32_t)mp_rng_below(&r, (uint64_t)vocab_size);
           fresh = true;
           for (int64_t k = 0; k < j; ++k) fresh = fresh && row[k] != candidate;
         } while (!fresh);
@@ -261,7 +236,7 @@ mp_status mp_markov_source_build(int64_t vocab_size, int successors, uint64_t se
     }
     double total = 0.0;
     for (int64_t j = 0; j < per_row; ++j) {
-      weight[j] = kWeightFloor - log(1.0 - rng_uniform(&r)); /* Exp(1) + floor */
+      weight[j] = kWeightFloor - log(1.0 - mp_rng_uniform(&r)); /* Exp(1) + floor */
       total += weight[j];
     }
     for (int64_t j = 0; j < per_row; ++j) source->probability[first + j] = weight[j] / total;
@@ -367,7 +342,7 @@ void mp_markov_source_sample(const mp_markov_source *source, uint64_t seed, int6
   rng r = rng_for(seed, kStreamSample);
   const int64_t V = source->vocab_size;
   /* The first token from pi, so the whole sample is stationary. */
-  double u = rng_uniform(&r);
+  double u = mp_rng_uniform(&r);
   int64_t state = V - 1;
   for (int64_t i = 0; i < V; ++i) {
     u -= source->stationary[i];
@@ -378,7 +353,7 @@ void mp_markov_source_sample(const mp_markov_source *source, uint64_t seed, int6
   }
   out_tokens[0] = (uint16_t)state;
   for (int64_t t = 1; t < count; ++t) {
-    u = rng_uniform(&r);
+    u = mp_rng_uniform(&r);
     const int64_t first = source->row_start[state], end = source->row_start[state + 1];
     int64_t next = source->successor[end - 1]; /* round-off lands on the last entry */
     for (int64_t e = first; e < end; ++e) {

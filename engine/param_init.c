@@ -3,12 +3,7 @@
 
 #include <math.h>
 
-static uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
+#include "common/rng.h"
 
 uint64_t mp_init_name_hash(const char *name) {
   uint64_t hash = 0xcbf29ce484222325ULL;
@@ -25,14 +20,14 @@ static double unit_interval(uint64_t bits) {
 }
 
 static double standard_normal(uint64_t stream, uint64_t index) {
-  const uint64_t key = splitmix64(stream ^ splitmix64(index));
-  const double u1 = unit_interval(splitmix64(key));
-  const double u2 = unit_interval(splitmix64(key ^ 0x5851f42d4c957f2dULL));
+  const uint64_t key = mp_splitmix64(stream ^ mp_splitmix64(index));
+  const double u1 = unit_interval(mp_splitmix64(key));
+  const double u2 = unit_interval(mp_splitmix64(key ^ 0x5851f42d4c957f2dULL));
   return sqrt(-2.0 * log(u1)) * cos(6.283185307179586476925 * u2);
 }
 
 static uint64_t stream_of(uint64_t seed, const char *name) {
-  return splitmix64(seed) ^ mp_init_name_hash(name);
+  return mp_splitmix64(seed) ^ mp_init_name_hash(name);
 }
 
 double mp_init_standard_normal(uint64_t seed, const char *name, uint64_t index) {

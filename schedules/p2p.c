@@ -201,6 +201,11 @@ static mp_status match_pair(const mp_schedule *schedule, int from, int to,
   return MP_OK;
 }
 
+static int compare_longs(const void *a, const void *b) {
+  long x = *(const long *)a, y = *(const long *)b;
+  return (x > y) - (x < y);
+}
+
 mp_status mp_p2p_match(const mp_schedule *schedule, mp_p2p_matching *out, mp_error *err) {
   memset(out, 0, sizeof *out);
   int pp = schedule->pp;
@@ -223,26 +228,46 @@ mp_status mp_p2p_match(const mp_schedule *schedule, mp_p2p_matching *out, mp_err
     for (int a = 0; a < n; ++a) out->recv_partner[r][a] = out->send_partner[r][a] = -1;
   }
   /* Only neighbouring ranks talk in the stage layouts here, but a hand-built schedule may name
-   * any rank: pair every ordered pair that exchanges anything. */
-  for (int from = 0; from < pp; ++from) {
-    for (int to = 0; to < pp; ++to) {
-      if (from == to) continue;
-      bool talks = false;
-      const mp_rank_actions *list = &schedule->ranks[from];
-      for (int a = 0; a < list->num_actions && !talks; ++a) talks = list->actions[a].send_to == to;
-      list = &schedule->ranks[to];
-      for (int a = 0; a < list->num_actions && !talks; ++a) {
-        talks = list->actions[a].recv_from == from;
-      }
-      if (!talks) continue;
-      mp_status status = match_pair(schedule, from, to, out, err);
-      if (status != MP_OK) {
-        mp_p2p_matching_free(out);
-        return status;
+   * any rank: collect the ordered pairs that exchange anything (each action adds at most two),
+   * then pair each one's messages, in (from, to) order so the first violation is always the same. */
+  long total = mp_schedule_total_actions(schedule);
+  long *pairs = malloc((size_t)(2 * total + 1) * sizeof *pairs);
+  if (pairs == NULL) {
+    mp_p2p_matching_free(out);
+    return mp_fail(err, MP_ERR_RUNTIME, "out of memory matching %ld actions", total);
+  }
+  long num_pairs = 0;
+  char text[96];
+  for (int r = 0; r < pp; ++r) {
+    const mp_rank_actions *list = &schedule->ranks[r];
+    for (int a = 0; a < list->num_actions; ++a) {
+      const mp_action *action = &list->actions[a];
+      int peers[2] = {action->send_to, action->recv_from};
+      for (int side = 0; side < 2; ++side) {
+        int peer = peers[side];
+        if (peer == MP_NO_PEER) continue;
+        if (peer < 0 || peer >= pp || peer == r) {
+          free(pairs);
+          mp_p2p_matching_free(out);
+          return mp_fail(err, MP_ERR_INPUT,
+                         "rank %d, action %d (%s) names rank %d to %s; a peer is another rank, "
+                         "0 to %d",
+                         r, a, mp_action_describe(schedule, action, text, sizeof text), peer,
+                         side == 0 ? "send to" : "receive from", pp - 1);
+        }
+        pairs[num_pairs++] = side == 0 ? (long)r * pp + peer : (long)peer * pp + r;
       }
     }
   }
-  return MP_OK;
+  qsort(pairs, (size_t)num_pairs, sizeof *pairs, compare_longs);
+  mp_status status = MP_OK;
+  for (long i = 0; i < num_pairs && status == MP_OK; ++i) {
+    if (i > 0 && pairs[i] == pairs[i - 1]) continue;
+    status = match_pair(schedule, (int)(pairs[i] / pp), (int)(pairs[i] % pp), out, err);
+  }
+  free(pairs);
+  if (status != MP_OK) mp_p2p_matching_free(out);
+  return status;
 }
 
 /* ---- replay ---------------------------------------------------------------------------------- */
@@ -351,6 +376,20 @@ static bool advance_rendezvous(replay *rp, int rank) {
   return moved;
 }
 
+/* The peer a blocked rank waits for: rendezvous, the receiver of its send when that is not
+ * posted yet, else the sender of its receive. */
+static int blocked_peer(const replay *rp, int rank) {
+  const mp_rank_actions *list = &rp->schedule->ranks[rank];
+  int position = rp->ranks[rank].position;
+  if (rp->model == MP_P2P_RENDEZVOUS && position > 0 &&
+      list->actions[position - 1].send_to != MP_NO_PEER) {
+    const mp_action *sender = &list->actions[position - 1];
+    int partner = rp->matching->send_partner[rank][position - 1];
+    if (rp->recv_posted[sender->send_to][partner] < 0) return sender->send_to;
+  }
+  return list->actions[position].recv_from;
+}
+
 /* One clause of a deadlock message: what `rank` is stuck at and whom it waits for. Sets
  * *awaited_rank to that peer. */
 static void describe_wait(const replay *rp, int rank, char *out, size_t out_bytes,
@@ -455,21 +494,51 @@ mp_status mp_p2p_replay(const mp_schedule *schedule, const mp_p2p_matching *matc
     status = mp_fail(err, MP_ERR_RUNTIME, "out of memory replaying a schedule of %ld actions",
                      mp_schedule_total_actions(schedule));
   }
-  /* Sweep the ranks until every one is done or a whole sweep moves none: then they deadlock.
-   * Each sweep runs every rank as far as it can, so sweeps are few (about one per hand-off). */
-  for (bool moved = true; status == MP_OK && moved;) {
-    moved = false;
-    bool all_done = true;
-    for (int r = 0; r < pp; ++r) {
-      if (rp.ranks[r].done) continue;
-      bool rank_moved =
-          model == MP_P2P_EAGER ? advance_eager(&rp, r) : advance_rendezvous(&rp, r);
-      moved = moved || rank_moved;
-      all_done = all_done && rp.ranks[r].done;
-    }
-    if (all_done) break;
-    if (!moved) status = report_deadlock(&rp, err);
+  /* A work list of ranks to advance. A rank that blocks waits in the list of the peer it waits
+   * for, and goes back on the work list when that peer moves; when the work list runs dry with a
+   * rank not done, the ranks deadlock. Each action is run once, so this is linear in actions. */
+  int *queue = malloc((size_t)pp * sizeof *queue);
+  int *waiters_head = malloc((size_t)pp * sizeof *waiters_head);
+  int *waiters_next = malloc((size_t)pp * sizeof *waiters_next);
+  bool *in_list = calloc((size_t)pp, sizeof *in_list); /* queued or waiting: in exactly one list */
+  if (status == MP_OK && (queue == NULL || waiters_head == NULL || waiters_next == NULL ||
+                          in_list == NULL)) {
+    status = mp_fail(err, MP_ERR_RUNTIME, "out of memory replaying a schedule of %d ranks", pp);
   }
+  if (status == MP_OK) {
+    int queue_start = 0, queue_length = pp;
+    for (int r = 0; r < pp; ++r) {
+      queue[r] = r;
+      in_list[r] = true;
+      waiters_head[r] = -1;
+    }
+    while (queue_length > 0) {
+      int r = queue[queue_start];
+      queue_start = (queue_start + 1) % pp;
+      --queue_length;
+      in_list[r] = false;
+      bool moved = model == MP_P2P_EAGER ? advance_eager(&rp, r) : advance_rendezvous(&rp, r);
+      if (moved) {
+        for (int w = waiters_head[r]; w >= 0; w = waiters_next[w]) {
+          queue[(queue_start + queue_length++) % pp] = w;
+        }
+        waiters_head[r] = -1;
+      }
+      if (!rp.ranks[r].done && !in_list[r]) {
+        int peer = blocked_peer(&rp, r);
+        waiters_next[r] = waiters_head[peer];
+        waiters_head[peer] = r;
+        in_list[r] = true;
+      }
+    }
+    for (int r = 0; r < pp && status == MP_OK; ++r) {
+      if (!rp.ranks[r].done) status = report_deadlock(&rp, err);
+    }
+  }
+  free(queue);
+  free(waiters_head);
+  free(waiters_next);
+  free(in_list);
   free(rp.ranks);
   free_rows(rp.send_posted, pp);
   free_rows(rp.recv_posted, pp);

@@ -94,15 +94,17 @@ typedef struct {
 
 /* Pairs every send with a receive. Fails with MP_ERR_INPUT naming the rank, the action and the
  * action it waits for when the k-th message a rank sends to a peer is not the one the peer's k-th
- * receive expects, or when a rank sends more or fewer messages to a peer than the peer receives.
- * Peers must be valid ranks (the checker verifies them first). Free with mp_p2p_matching_free. */
+ * receive expects, when a rank sends more or fewer messages to a peer than the peer receives, or
+ * when a peer is not another rank of the schedule. Free *out with mp_p2p_matching_free (it is
+ * left empty on failure). */
 mp_status mp_p2p_match(const mp_schedule *schedule, mp_p2p_matching *out, mp_error *err);
 void mp_p2p_matching_free(mp_p2p_matching *matching);
 
 /* Times for mp_p2p_replay: inputs durations and latency, outputs start and end. */
 typedef struct {
-  const double *const *durations; /* (pp)(num_actions) how long each action computes; NULL: 0 */
-  double latency;                 /* added to every message, in the units of durations */
+  const double *const *durations; /* (pp)(num_actions) how long each action computes, >= 0;
+                                     NULL: all 0 */
+  double latency;                 /* >= 0, added to every message, in the units of durations */
   double **start;                 /* (pp)(num_actions), filled when not NULL */
   double **end;                   /* (pp)(num_actions), filled when not NULL */
 } mp_p2p_timing;

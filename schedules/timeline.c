@@ -114,7 +114,7 @@ static int decimal_digits(int n) {
 }
 
 /* The time one cell stands for: the shortest action (so every action gets whole cells under
- * unit costs), coarser when the row would be wider than max_columns. */
+ * unit costs), coarser when a row would have more than max_columns cells. */
 static double ascii_cell_time(const mp_schedule *schedule, const mp_simulation *simulation,
                               int max_columns, int *columns) {
   double cell = 0;
@@ -139,12 +139,13 @@ static int cell_index(double time, double cell) { return (int)floor(time / cell 
 static mp_status write_ascii(const mp_schedule *schedule, const mp_simulation *simulation,
                              const mp_timeline_options *options, mp_text *out) {
   int pp = schedule->pp;
-  int max_columns = options != NULL && options->max_columns > 0 ? options->max_columns : 160;
-  int columns;
-  double cell = ascii_cell_time(schedule, simulation, max_columns, &columns);
   int label_width = 1 + decimal_digits(schedule->num_micro_batches - 1) +
                     (schedule->virtual_stages > 1 ? 1 : 0);
   int cell_width = label_width + 1;
+  int max_width = options != NULL && options->max_width > 0 ? options->max_width : 320;
+  int max_columns = max_width / cell_width > 1 ? max_width / cell_width : 1;
+  int columns;
+  double cell = ascii_cell_time(schedule, simulation, max_columns, &columns);
   int rank_width = 5 + decimal_digits(pp - 1); /* "rank 12" */
   char title[256];
   mp_text_printf(out, "%s\n\n", timeline_title(schedule, options, title, sizeof title));

@@ -41,7 +41,8 @@ const char *mp_timeline_format_name(mp_timeline_format format);
 mp_status mp_timeline_format_parse(const char *name, mp_timeline_format *out, mp_error *err);
 
 typedef struct {
-  int max_columns;   /* ascii: the most time cells a row may have (coarser cells beyond); 0: 160 */
+  int max_width;     /* ascii: the most characters a row's time cells may take; past it a cell
+                        stands for more time and short actions lose their labels; 0: 320 */
   const char *title; /* svg and chrome heading; NULL: "<kind>, pp = P, m = M[, v = V]" */
 } mp_timeline_options;
 

@@ -128,11 +128,15 @@ mp_status timeline_write_svg(const mp_schedule *schedule, const mp_simulation *s
                      timeline_display_time(simulation, simulation->start[r][a]),
                      timeline_display_time(simulation, simulation->end[r][a]),
                      timeline_time_unit(simulation));
-      if (w >= 7.0 * (double)strlen(label) + 2) {
+      /* The label at 11 px where it fits, at 9 px in narrower boxes, else only in the tooltip. */
+      double label_chars = (double)strlen(label);
+      int font_size = w >= 6.6 * label_chars + 2 ? 11 : w >= 5.4 * label_chars + 1 ? 9 : 0;
+      if (font_size > 0) {
         mp_text_printf(out,
-                       "<text x=\"%.2f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"%s\">%s</text>\n",
-                       x0 + w / 2, y + SVG_LANE_HEIGHT / 2 + 4, lightness < 52 ? "white" : "#111",
-                       label);
+                       "<text x=\"%.2f\" y=\"%.1f\" text-anchor=\"middle\" font-size=\"%d\" "
+                       "fill=\"%s\">%s</text>\n",
+                       x0 + w / 2, y + SVG_LANE_HEIGHT / 2 + 4, font_size,
+                       lightness < 52 ? "white" : "#111", label);
       }
     }
     timeline_phases phases;

@@ -223,8 +223,14 @@ int cmd_run(int argc, char **argv) {
          (long long)state.plan.micro_batch, (long long)state.plan.seq_len, (long long)steps);
   printf("backend: cpu%s\n", strcmp(backend, "auto") == 0 ? " (auto: the CUDA backend arrives "
                                                               "with issue 8)" : "");
-  printf("data: %s, %lld tokens\n", mp_data_loader_name(state.data),
-         (long long)mp_data_loader_num_tokens(state.data));
+  const int num_files = mp_data_loader_num_files(state.data);
+  if (num_files > 0) {
+    printf("data: %s (%d file%s), %lld tokens\n", mp_data_loader_name(state.data), num_files,
+           num_files == 1 ? "" : "s", (long long)mp_data_loader_num_tokens(state.data));
+  } else {
+    printf("data: %s, %lld tokens\n", mp_data_loader_name(state.data),
+           (long long)mp_data_loader_num_tokens(state.data));
+  }
   if (isfinite(state.entropy_floor)) {
     printf("entropy floor of the source: %.4f nats/token (the lowest loss any model can "
            "reach)\n",

@@ -6,10 +6,10 @@
  *   mpengine schedule --pp P --micro-batches M [--virtual V] --kind K
  *
  * Durations are unit costs (F = 1, B = 2 per rank's layers; zero-bubble B = 1, W = 1) until the
- * cost model lands with the planner (issue 6). Of a plan it reads only what a schedule needs:
- * $.parallel.pp, $.parallel.virtual_stages (default 1), $.batch.num_micro_batches and $.schedule;
- * the rest of the plan belongs to the planner and is ignored here. --out is written through a
- * temporary name and renamed into place, so an interrupted run never leaves half a file.
+ * cost model lands with the planner (issue 6). A plan is read whole by topology/plan.h (so a typo
+ * is refused, never defaulted), and a schedule uses $.parallel.pp, $.parallel.virtual_stages,
+ * $.batch.num_micro_batches and $.schedule. --out is written through a temporary name and renamed
+ * into place, so an interrupted run never leaves half a file.
  */
 #include <errno.h>
 #include <limits.h>
@@ -19,13 +19,13 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "common/json_reader.h"
 #include "schedules/checker.h"
 #include "schedules/schedule.h"
 #include "schedules/simulator.h"
 #include "schedules/timeline.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
+#include "topology/plan.h"
 
 typedef struct {
   mp_schedule_kind kind;
@@ -36,61 +36,18 @@ typedef struct {
 
 static int clamp_int(int64_t value) { return value > INT_MAX ? INT_MAX : (int)value; }
 
-/* The object under key of the plan's root, or a message naming the file and the JSON path. */
-static mp_status require_object(const mp_json_reader *reader, const cJSON *root, const char *key,
-                                const char *what, const cJSON **out) {
-  char path[MP_JSON_PATH_BYTES];
-  mp_json_path_key(path, sizeof path, "$", key);
-  const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, key);
-  if (item == NULL) {
-    return mp_fail(reader->err, MP_ERR_INPUT, "%s: %s: missing; a plan needs %s", reader->source,
-                   path, what);
-  }
-  MP_TRY(mp_json_expect_object(reader, item, path, what));
-  *out = item;
-  return MP_OK;
-}
-
-/* Reads the four numbers a schedule needs from a plan (see the head comment). */
+/* The four numbers a schedule needs, from a plan read by the plan reader (topology/plan.h), which
+ * refuses unknown keys and inconsistent batches with the file and JSON path named. */
 static mp_status read_plan(const char *path, schedule_request *request, mp_error *err) {
-  cJSON *root = NULL;
-  MP_TRY(mp_json_load_file(path, &root, err));
-  mp_json_reader reader = {path, err};
-  const cJSON *parallel = NULL, *batch = NULL;
-  int64_t pp = 0, virtual_stages = 1, num_micro_batches = 0;
-  const char *kind_name = NULL;
-  mp_status status = mp_json_expect_object(&reader, root, "$", "a plan");
-  if (status == MP_OK) {
-    status = require_object(&reader, root, "parallel",
-                            "the parallel layout, with pp (pipeline ranks)", &parallel);
+  mp_plan plan;
+  MP_TRY(mp_plan_load(path, &plan, err));
+  if (mp_schedule_kind_parse(plan.schedule, &request->kind, err) != MP_OK) {
+    return mp_error_prefix(err, "%s: $.schedule", path);
   }
-  if (status == MP_OK) {
-    status = mp_json_require_int(&reader, parallel, "$.parallel", "pp", MP_JSON_POSITIVE, &pp);
-  }
-  if (status == MP_OK) {
-    status = mp_json_optional_int(&reader, parallel, "$.parallel", "virtual_stages",
-                                  MP_JSON_POSITIVE, 1, &virtual_stages);
-  }
-  if (status == MP_OK) {
-    status = require_object(&reader, root, "batch",
-                            "the batch, with num_micro_batches per step", &batch);
-  }
-  if (status == MP_OK) {
-    status = mp_json_require_int(&reader, batch, "$.batch", "num_micro_batches",
-                                 MP_JSON_POSITIVE, &num_micro_batches);
-  }
-  if (status == MP_OK) status = mp_json_require_string(&reader, root, "$", "schedule", &kind_name);
-  if (status == MP_OK) {
-    status = mp_schedule_kind_parse(kind_name, &request->kind, err);
-    if (status != MP_OK) mp_error_prefix(err, "%s: $.schedule", path);
-  }
-  if (status == MP_OK) {
-    request->pp = clamp_int(pp);
-    request->virtual_stages = clamp_int(virtual_stages);
-    request->num_micro_batches = clamp_int(num_micro_batches);
-  }
-  cJSON_Delete(root);
-  return status;
+  request->pp = plan.pp;
+  request->virtual_stages = plan.virtual_stages;
+  request->num_micro_batches = clamp_int(plan.num_micro_batches);
+  return MP_OK;
 }
 
 static mp_status read_options(const cli_command *command, schedule_request *request,

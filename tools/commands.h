@@ -7,6 +7,7 @@
 #ifndef MPENGINE_TOOLS_COMMANDS_H
 #define MPENGINE_TOOLS_COMMANDS_H
 
+int cmd_bench(int argc, char **argv);
 int cmd_data(int argc, char **argv);
 int cmd_describe(int argc, char **argv);
 int cmd_plan(int argc, char **argv);

@@ -8,6 +8,7 @@
  *   mpengine timeline TRACE.json     what a run really did
  *   mpengine calibrate               measure this machine for the cost model
  *   mpengine data synth|inspect      synthetic token data with a known floor; check shards
+ *   mpengine bench step MODEL.json   time training steps; dump them for a peer to check
  *   mpengine version                 build and devices
  */
 #include <stdio.h>
@@ -31,6 +32,7 @@ static const subcommand kSubcommands[] = {
     {"timeline", cmd_timeline, "show what a run really did, against its plan"},
     {"calibrate", cmd_calibrate, "measure this machine for the cost model"},
     {"data", cmd_data, "synthetic token data with a known loss floor; check token shards"},
+    {"bench", cmd_bench, "benchmarks: time training steps (and dump them to check against a peer)"},
     {"version", cmd_version, "print the version, the build and the devices found"},
 };
 enum { kNumSubcommands = sizeof kSubcommands / sizeof kSubcommands[0] };

@@ -185,6 +185,34 @@ TEST(Checker, NamesAWrongPeer) {
                         "rank 1");
 }
 
+TEST(P2pMatch, RefusesPeersThatAreNotOtherRanks) {
+  OwnedSchedule g;
+  mp_error err = MP_ERROR_INITIALIZER;
+  ASSERT_EQ(mp_schedule_generate(MP_SCHEDULE_1F1B, 3, 2, 1, &g.s, &err), MP_OK);
+  g.s.ranks[1].actions[0].recv_from = 7;
+  mp_p2p_matching matching;
+  ASSERT_EQ(mp_p2p_match(&g.s, &matching, &err), MP_ERR_INPUT);
+  EXPECT_EQ(std::string(err.message),
+            "rank 1, action 0 (F micro-batch 0) names rank 7 to receive from; a peer is another "
+            "rank, 0 to 2");
+  EXPECT_EQ(matching.recv_partner, nullptr);
+}
+
+TEST(P2pMatch, PairsEachSendWithItsReceive) {
+  OwnedSchedule g;
+  mp_error err = MP_ERROR_INITIALIZER;
+  ASSERT_EQ(mp_schedule_generate(MP_SCHEDULE_1F1B, 2, 2, 1, &g.s, &err), MP_OK);
+  mp_p2p_matching matching;
+  ASSERT_EQ(mp_p2p_match(&g.s, &matching, &err), MP_OK) << err.message;
+  // Rank 0: F0 F1 B0 B1; rank 1: F0 B0 F1 B1.
+  EXPECT_EQ(matching.send_partner[0][1], 2);  // rank 0's F1 feeds rank 1's F1
+  EXPECT_EQ(matching.recv_partner[1][2], 1);
+  EXPECT_EQ(matching.send_partner[1][1], 2);  // rank 1's B0 feeds rank 0's B0
+  EXPECT_EQ(matching.recv_partner[0][3], 3);  // rank 0's B1 receives rank 1's B1
+  EXPECT_EQ(matching.send_partner[0][2], -1);  // the first stage's backward sends nothing
+  mp_p2p_matching_free(&matching);
+}
+
 TEST(PeakLive, OneFOneBKeepsAtMostPpAliveWhereGPipeKeepsM) {
   for (int pp : {2, 4, 8}) {
     for (int m : {1, 3, 8, 16}) {

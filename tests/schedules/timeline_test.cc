@@ -99,6 +99,23 @@ TEST(AsciiTimeline, LabelsChunksAndSplitBackwards) {
   EXPECT_NE(zb.str().find("bubble fraction: 0.1111"), std::string::npos);
 }
 
+TEST(AsciiTimeline, CoarsensCellsToFitTheWidthAskedFor) {
+  Drawn d(MP_SCHEDULE_1F1B, 4, 8, 1, MP_TIMELINE_ASCII);
+  ASSERT_EQ(d.status, MP_OK) << d.err.message;
+  mp_timeline_options options = MP_TIMELINE_OPTIONS_INITIALIZER;
+  options.max_width = 33;  // 11 cells of 3 characters for a step of 33 units
+  mp_text narrow = MP_TEXT_INITIALIZER;
+  ASSERT_EQ(mp_timeline_write(&d.schedule, &d.sim, MP_TIMELINE_ASCII, &options, &narrow, &d.err),
+            MP_OK);
+  const std::string text = mp_text_string(&narrow);
+  mp_text_free(&narrow);
+  EXPECT_NE(text.find("one cell = 3 time units"), std::string::npos) << text;
+  size_t row = text.find("rank 0 | ");
+  ASSERT_NE(row, std::string::npos);
+  size_t cells_end = text.find("  | idle", row);
+  EXPECT_LE(cells_end - (row + 9), 33u) << text;
+}
+
 // Tags open and close in order (comments, declarations and self-closing tags aside).
 ::testing::AssertionResult TagsBalance(const std::string &xml) {
   std::vector<std::string> open;

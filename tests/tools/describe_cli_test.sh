@@ -2,7 +2,7 @@
 # tests/tools/describe_cli_test.sh — `mpengine describe` and the command's shell as a user meets
 # them: exit codes 0 / 2, the messages, and the numbers in the table.
 set -uo pipefail
-mpengine=${MPENGINE:-tools/mpengine}
+mpengine=${1:-${MPENGINE:-tools/mpengine}}
 tmp=${TEST_TMPDIR:-$(mktemp -d)}
 failures=0
 
@@ -48,7 +48,7 @@ printf '{"name": "x",\n  "layers": [\n' > "$tmp/truncated.json"
 expect 2 "truncated.json:3:1: JSON syntax error: expected a value, found the end of the file" -- $mpengine describe "$tmp/truncated.json"
 
 # The command shell: every subcommand has --help; unknown commands are named; pending ones exit 2.
-for sub in describe plan schedule run timeline calibrate version; do
+for sub in describe plan schedule run timeline calibrate version data; do
   expect 0 "usage: mpengine $sub" -- $mpengine $sub --help
 done
 expect 0 "commands:" -- $mpengine --help

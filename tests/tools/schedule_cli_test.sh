@@ -105,27 +105,30 @@ expect 2 "deadlock under rendezvous point-to-point: rank 0, after action 5" -- \
 expect 2 "$tmp/missing/out.svg: cannot create the output file" -- \
   $mpengine schedule --config "$plan" --format svg --out "$tmp/missing/out.svg"
 
-# Plans: the file and the JSON path of each mistake.
-cat >"$tmp/interleaved.json" <<'JSON'
-{"parallel": {"pp": 4, "virtual_stages": 2}, "batch": {"num_micro_batches": 6},
- "schedule": "interleaved-1f1b"}
-JSON
+# Plans (read by topology/plan.h): the file and the JSON path of each mistake.
+plan_with() {  # plan_with FILE PARALLEL BATCH SCHEDULE: a plan with these three parts
+  printf '{"format": "mpengine-plan", "version": 1, "model": "../models/tiny-gpt.json",\n' >"$1"
+  printf ' "parallel": %s, "batch": %s, "schedule": "%s"}\n' "$2" "$3" "$4" >>"$1"
+}
+plan_with "$tmp/interleaved.json" '{"dp": 1, "pp": 4, "tp": 1, "virtual_stages": 2}' \
+  '{"global_batch": 12, "micro_batch": 2, "num_micro_batches": 6, "seq_len": 64}' interleaved-1f1b
 expect 2 "$tmp/interleaved.json: interleaved-1f1b needs the number of micro-batches to be a multiple of pp = 4; got 6: use 4 or 8" -- \
   $mpengine schedule --config "$tmp/interleaved.json"
-cat >"$tmp/no-micro-batches.json" <<'JSON'
-{"parallel": {"pp": 4}, "batch": {"micro_batch": 2}, "schedule": "1f1b"}
-JSON
+plan_with "$tmp/interleaved-ok.json" '{"dp": 1, "pp": 4, "tp": 1, "virtual_stages": 2}' \
+  '{"global_batch": 16, "micro_batch": 2, "num_micro_batches": 8, "seq_len": 64}' interleaved-1f1b
+expect 0 "interleaved-1f1b, pp = 4, m = 8, v = 2" "bubble fraction: 0.1579" -- \
+  $mpengine schedule --config "$tmp/interleaved-ok.json"
+plan_with "$tmp/typo.json" '{"dp": 1, "pp": 4, "tp": 1, "virtual_stage": 2}' \
+  '{"global_batch": 16, "micro_batch": 2, "num_micro_batches": 8, "seq_len": 64}' 1f1b
+expect 2 "$tmp/typo.json: \$.parallel: unknown key \"virtual_stage\"; did you mean \"virtual_stages\"?" -- \
+  $mpengine schedule --config "$tmp/typo.json"
+plan_with "$tmp/no-micro-batches.json" '{"dp": 1, "pp": 4, "tp": 1}' \
+  '{"global_batch": 16, "micro_batch": 2, "seq_len": 64}' 1f1b
 expect 2 "$tmp/no-micro-batches.json: \$.batch: missing required key \"num_micro_batches\" (a positive integer)" -- \
   $mpengine schedule --config "$tmp/no-micro-batches.json"
-cat >"$tmp/no-parallel.json" <<'JSON'
-{"batch": {"num_micro_batches": 8}, "schedule": "1f1b"}
-JSON
-expect 2 "$tmp/no-parallel.json: \$.parallel: missing; a plan needs the parallel layout, with pp (pipeline ranks)" -- \
-  $mpengine schedule --config "$tmp/no-parallel.json"
-cat >"$tmp/bad-kind.json" <<'JSON'
-{"parallel": {"pp": 2}, "batch": {"num_micro_batches": 8}, "schedule": "zero-bubble"}
-JSON
-expect 2 "$tmp/bad-kind.json: \$.schedule: unknown schedule kind 'zero-bubble'" -- \
+plan_with "$tmp/bad-kind.json" '{"dp": 1, "pp": 2, "tp": 1}' \
+  '{"global_batch": 16, "micro_batch": 2, "num_micro_batches": 8, "seq_len": 64}' zero-bubble
+expect 2 "$tmp/bad-kind.json: \$.schedule: \"zero-bubble\" is not one of \"gpipe\", \"1f1b\", \"interleaved-1f1b\", \"zb-h1\"" -- \
   $mpengine schedule --config "$tmp/bad-kind.json"
 expect 2 "$tmp/absent.json: cannot open: No such file or directory" -- \
   $mpengine schedule --config "$tmp/absent.json"

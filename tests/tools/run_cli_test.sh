@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# tests/tools/run_cli_test.sh — `mpengine run` as a user meets it: a short one-rank training run
+# with its log lines and --metrics file, --data shards, --init-from llm.c checkpoints, and exit 2
+# with the file named for a bad plan, bad data and a checkpoint of another model.
+set -uo pipefail
+mpengine=${1:-${MPENGINE:-tools/mpengine}}
+tmp=${TEST_TMPDIR:-$(mktemp -d)}/run_cli
+mkdir -p "$tmp"
+export OPENBLAS_NUM_THREADS=1
+failures=0
+
+expect() {
+  local want_code=$1 pattern=$2
+  shift 3
+  local output code
+  output=$("$@" 2>&1)
+  code=$?
+  if [ "$code" -ne "$want_code" ] || ! grep -qF -- "$pattern" <<<"$output"; then
+    echo "FAIL: $* -> exit $code (want $want_code), output:"
+    echo "$output" | tail -20
+    echo "  (wanted to contain: $pattern)"
+    failures=$((failures + 1))
+  fi
+}
+
+plan() { # plan FILE MODEL [extra top-level JSON]
+  cat > "$1" <<JSON
+{"model": "$2", "parallel": {"dp": 1, "pp": 1, "tp": 1},
+ "batch": {"global_batch": 4, "micro_batch": 2, "num_micro_batches": 2, "seq_len": 16},
+ "training": {"steps": 3, "learning_rate": 1e-3}${3:-}}
+JSON
+}
+cp examples/models/tiny-gpt.json "$tmp/tiny-gpt.json"
+plan "$tmp/plan.json" tiny-gpt.json
+
+expect 0 "entropy floor of the source:" -- $mpengine run --config "$tmp/plan.json"
+expect 0 "step 3/3 | loss " -- $mpengine run --config "$tmp/plan.json"
+expect 0 "done: 2 steps" -- $mpengine run --config "$tmp/plan.json" --steps 2 --metrics "$tmp/metrics.jsonl"
+if [ "$(wc -l < "$tmp/metrics.jsonl")" -ne 2 ] || ! grep -q '"step": 1, "loss": ' "$tmp/metrics.jsonl"; then
+  echo "FAIL: --metrics wrote:"; cat "$tmp/metrics.jsonl"; failures=$((failures + 1))
+fi
+# The same plan twice gives the same losses: the run is a pure function of the seed.
+$mpengine run --config "$tmp/plan.json" --steps 2 --metrics "$tmp/again.jsonl" > /dev/null
+if ! diff <(cut -d, -f1-2 "$tmp/metrics.jsonl") <(cut -d, -f1-2 "$tmp/again.jsonl") > /dev/null; then
+  echo "FAIL: two runs of one plan differ"; failures=$((failures + 1))
+fi
+
+# Token shards.
+$mpengine data synth --out "$tmp/train.bin" --vocab 128 --tokens 5000 > /dev/null
+expect 0 "data: $tmp/train*.bin (1 file), 5000 tokens" -- $mpengine run --config "$tmp/plan.json" --data "$tmp/train*.bin"
+expect 2 "$tmp/nothing*.bin: no file matches this pattern" -- $mpengine run --config "$tmp/plan.json" --data "$tmp/nothing*.bin"
+$mpengine data synth --out "$tmp/wide.bin" --vocab 300 --tokens 5000 > /dev/null
+expect 2 "$tmp/wide.bin: token" -- $mpengine run --config "$tmp/plan.json" --data "$tmp/wide.bin"
+head -c 2000 "$tmp/train.bin" > "$tmp/short.bin"
+expect 2 "$tmp/short.bin:" -- $mpengine run --config "$tmp/plan.json" --data "$tmp/short.bin"
+
+# llm.c checkpoints: our own export of the initial weights loads; another model's is refused.
+$mpengine bench step examples/models/tiny-gpt.json --micro-batch 1 --seq-len 16 --steps 1 --dump "$tmp/dump" > /dev/null 2>&1 || true
+if [ -f "$tmp/dump/model.bin" ]; then
+  expect 0 "initialised from $tmp/dump/model.bin" -- $mpengine run --config "$tmp/plan.json" --init-from "$tmp/dump/model.bin"
+  sed 's/"repeat": 4/"repeat": 3/' examples/models/tiny-gpt.json > "$tmp/three.json"
+  plan "$tmp/three-plan.json" three.json
+  expect 2 "$tmp/dump/model.bin: num_layers is 4 in the checkpoint but 3 in the model description" -- $mpengine run --config "$tmp/three-plan.json" --init-from "$tmp/dump/model.bin"
+fi
+printf 'not a checkpoint at all, just some text padding it out to more than a kilobyte %01024d' 0 > "$tmp/junk.bin"
+expect 2 "$tmp/junk.bin: bad magic" -- $mpengine run --config "$tmp/plan.json" --init-from "$tmp/junk.bin"
+
+# Plans and options.
+expect 2 "missing --config PLAN.json" -- $mpengine run
+expect 2 "$tmp/none.json: cannot open" -- $mpengine run --config "$tmp/none.json"
+plan "$tmp/bad.json" tiny-gpt.json ', "trainig": {}'
+expect 2 "unknown key \"trainig\"; did you mean \"training\"?" -- $mpengine run --config "$tmp/bad.json"
+cat > "$tmp/dp2.json" <<JSON
+{"model": "tiny-gpt.json", "parallel": {"dp": 2, "pp": 1, "tp": 1},
+ "batch": {"global_batch": 4, "micro_batch": 1, "num_micro_batches": 2, "seq_len": 16}}
+JSON
+expect 2 "this mpengine trains on one rank only" -- $mpengine run --config "$tmp/dp2.json"
+expect 2 "--backend: expected auto, cpu or cuda, got 'tpu'" -- $mpengine run --config "$tmp/plan.json" --backend tpu
+expect 2 "--resume is not implemented yet" -- $mpengine run --config "$tmp/plan.json" --resume
+
+if [ $failures -ne 0 ]; then
+  echo "$failures check(s) failed"
+  exit 1
+fi
+echo "all checks passed"
