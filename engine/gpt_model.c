@@ -32,15 +32,19 @@ static const char *const kBlockTensorNames[kBlockTensors] = {
     "fc_proj.weight", "fc_proj.bias",
 };
 
-struct mp_gpt {
+struct mp_gpt_layout {
   mp_gpt_config config;
   char model_source[1024];
-  int B, T;
   size_t num_params;
+  int num_tensors;
+  mp_gpt_tensor *tensors; /* (num_tensors,) in the order of the flat array */
+};
+
+struct mp_gpt {
+  mp_gpt_layout layout;
+  int B, T;
   float *params; /* (num_params,) */
   float *grads;  /* (num_params,) */
-  int num_tensors;
-  mp_gpt_tensor *tensors;
   /* views into params and grads */
   float *wte, *wpe, *lnfw, *lnfb;       /* (Vp, C), (maxT, C), (C), (C) */
   float *dwte, *dwpe, *dlnfw, *dlnfb;
@@ -136,9 +140,9 @@ static mp_status read_config(const mp_model *model, int seq_len, mp_gpt_config *
   return MP_OK;
 }
 
-static void add_tensor(mp_gpt *gpt, const char *name, size_t *offset, size_t rows, size_t cols,
-                       bool weight_decay) {
-  mp_gpt_tensor *tensor = &gpt->tensors[gpt->num_tensors++];
+static void add_tensor(mp_gpt_layout *layout, const char *name, size_t *offset, size_t rows,
+                       size_t cols, bool weight_decay) {
+  mp_gpt_tensor *tensor = &layout->tensors[layout->num_tensors++];
   snprintf(tensor->name, sizeof tensor->name, "%s", name);
   tensor->offset = *offset;
   tensor->rows = rows;
@@ -149,65 +153,105 @@ static void add_tensor(mp_gpt *gpt, const char *name, size_t *offset, size_t row
 
 /* Lays out the tensor table in the order of the flat array: wte, wpe, blocks, final norm. The
  * block order matches mp_gpt_block_params_point. */
-static void build_tensor_table(mp_gpt *gpt) {
-  const mp_gpt_config *c = &gpt->config;
+static void build_tensor_table(mp_gpt_layout *layout) {
+  const mp_gpt_config *c = &layout->config;
   const size_t C = (size_t)c->channels, F = (size_t)c->ffn_channels;
   size_t offset = 0;
-  add_tensor(gpt, "embedding.wte", &offset, (size_t)c->padded_vocab_size, C, true);
-  add_tensor(gpt, "embedding.wpe", &offset, (size_t)c->max_seq_len, C, true);
+  add_tensor(layout, "embedding.wte", &offset, (size_t)c->padded_vocab_size, C, true);
+  add_tensor(layout, "embedding.wpe", &offset, (size_t)c->max_seq_len, C, true);
   const size_t rows[kBlockTensors] = {C, C, 3 * C, 3 * C, C, C, C, C, F, F, C, C};
   const size_t cols[kBlockTensors] = {1, 1, C, 1, C, 1, 1, 1, C, 1, F, 1};
   for (int l = 0; l < c->num_layers; ++l) {
     for (int k = 0; k < kBlockTensors; ++k) {
       char name[MP_GPT_TENSOR_NAME_BYTES];
       snprintf(name, sizeof name, "block.%d.%s", l, kBlockTensorNames[k]);
-      add_tensor(gpt, name, &offset, rows[k], cols[k], cols[k] > 1);
+      add_tensor(layout, name, &offset, rows[k], cols[k], cols[k] > 1);
     }
   }
-  add_tensor(gpt, "final_norm.weight", &offset, C, 1, false);
-  add_tensor(gpt, "final_norm.bias", &offset, C, 1, false);
-  gpt->num_params = offset;
+  add_tensor(layout, "final_norm.weight", &offset, C, 1, false);
+  add_tensor(layout, "final_norm.bias", &offset, C, 1, false);
+  layout->num_params = offset;
 }
 
 static void point_parameters(mp_gpt *gpt, float *base, float **wte, float **wpe,
                              mp_gpt_block_params *blocks, float **lnfw, float **lnfb) {
-  const mp_gpt_config *c = &gpt->config;
-  *wte = base + gpt->tensors[0].offset;
-  *wpe = base + gpt->tensors[1].offset;
+  const mp_gpt_config *c = &gpt->layout.config;
+  *wte = base + gpt->layout.tensors[0].offset;
+  *wpe = base + gpt->layout.tensors[1].offset;
   for (int l = 0; l < c->num_layers; ++l) {
-    mp_gpt_block_params_point(&blocks[l], base + gpt->tensors[2 + l * kBlockTensors].offset,
+    mp_gpt_block_params_point(&blocks[l], base + gpt->layout.tensors[2 + l * kBlockTensors].offset,
                               c->channels, c->ffn_channels);
   }
-  *lnfw = base + gpt->tensors[gpt->num_tensors - 2].offset;
-  *lnfb = base + gpt->tensors[gpt->num_tensors - 1].offset;
+  *lnfw = base + gpt->layout.tensors[gpt->layout.num_tensors - 2].offset;
+  *lnfb = base + gpt->layout.tensors[gpt->layout.num_tensors - 1].offset;
+}
+
+static mp_status layout_init(const mp_model *model, int seq_len, mp_gpt_layout *layout,
+                             mp_error *err) {
+  memset(layout, 0, sizeof *layout);
+  MP_TRY(read_config(model, seq_len, &layout->config, err));
+  snprintf(layout->model_source, sizeof layout->model_source, "%s", mp_model_source(model));
+  layout->tensors = calloc((size_t)(2 + layout->config.num_layers * kBlockTensors + 2),
+                           sizeof *layout->tensors);
+  if (layout->tensors == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  build_tensor_table(layout);
+  return MP_OK;
+}
+
+mp_status mp_gpt_layout_create(const mp_model *model, int seq_len, mp_gpt_layout **out,
+                               mp_error *err) {
+  *out = NULL;
+  mp_gpt_layout *layout = calloc(1, sizeof *layout);
+  if (layout == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  mp_status status = layout_init(model, seq_len, layout, err);
+  if (status != MP_OK) {
+    mp_gpt_layout_free(layout);
+    return status;
+  }
+  *out = layout;
+  return MP_OK;
+}
+
+void mp_gpt_layout_free(mp_gpt_layout *layout) {
+  if (layout == NULL) return;
+  free(layout->tensors);
+  free(layout);
+}
+
+const mp_gpt_config *mp_gpt_layout_config(const mp_gpt_layout *layout) { return &layout->config; }
+size_t mp_gpt_layout_num_params(const mp_gpt_layout *layout) { return layout->num_params; }
+int mp_gpt_layout_num_tensors(const mp_gpt_layout *layout) { return layout->num_tensors; }
+
+const mp_gpt_tensor *mp_gpt_layout_tensor(const mp_gpt_layout *layout, int index) {
+  return index >= 0 && index < layout->num_tensors ? &layout->tensors[index] : NULL;
 }
 
 mp_status mp_gpt_create(const mp_model *model, int micro_batch, int seq_len, mp_gpt **out,
                         mp_error *err) {
   *out = NULL;
-  mp_gpt_config config;
-  MP_TRY(read_config(model, seq_len, &config, err));
-  const mp_gpt_block_shape shape = {micro_batch, seq_len, config.channels, config.num_heads,
-                                    config.ffn_channels};
-  MP_TRY(mp_gpt_block_shape_check(&shape, err));
   mp_gpt *gpt = calloc(1, sizeof *gpt);
   if (gpt == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory creating the model");
-  gpt->config = config;
-  snprintf(gpt->model_source, sizeof gpt->model_source, "%s", mp_model_source(model));
+  mp_status status = layout_init(model, seq_len, &gpt->layout, err);
+  const mp_gpt_config config = gpt->layout.config;
+  const mp_gpt_block_shape shape = {micro_batch, seq_len, config.channels, config.num_heads,
+                                    config.ffn_channels};
+  if (status == MP_OK) status = mp_gpt_block_shape_check(&shape, err);
+  if (status != MP_OK) {
+    mp_gpt_free(gpt);
+    return status;
+  }
   gpt->B = micro_batch;
   gpt->T = seq_len;
   const int L = config.num_layers;
-  gpt->tensors = calloc((size_t)(2 + L * kBlockTensors + 2), sizeof *gpt->tensors);
   gpt->blocks = calloc((size_t)L, sizeof *gpt->blocks);
   gpt->dblocks = calloc((size_t)L, sizeof *gpt->dblocks);
   gpt->acts = calloc((size_t)L, sizeof *gpt->acts);
-  if (gpt->tensors == NULL || gpt->blocks == NULL || gpt->dblocks == NULL || gpt->acts == NULL) {
+  if (gpt->blocks == NULL || gpt->dblocks == NULL || gpt->acts == NULL) {
     mp_gpt_free(gpt);
     return mp_fail(err, MP_ERR_RUNTIME, "out of memory creating the model");
   }
-  build_tensor_table(gpt);
-  gpt->params = calloc(gpt->num_params, sizeof(float));
-  gpt->grads = calloc(gpt->num_params, sizeof(float));
+  gpt->params = calloc(gpt->layout.num_params, sizeof(float));
+  gpt->grads = calloc(gpt->layout.num_params, sizeof(float));
 
   gpt->shape = shape;
   const size_t BT = (size_t)micro_batch * (size_t)seq_len;
@@ -221,7 +265,7 @@ mp_status mp_gpt_create(const mp_model *model, int micro_batch, int seq_len, mp_
   gpt->targets = calloc(BT, sizeof(int32_t));
   if (gpt->params == NULL || gpt->grads == NULL || gpt->activation_memory == NULL ||
       gpt->inputs == NULL || gpt->targets == NULL) {
-    size_t bytes = (2 * gpt->num_params + total) * sizeof(float);
+    size_t bytes = (2 * gpt->layout.num_params + total) * sizeof(float);
     mp_gpt_free(gpt);
     return mp_fail(err, MP_ERR_RUNTIME,
                    "out of memory: the model needs %.1f MiB for parameters, gradients and "
@@ -266,23 +310,24 @@ void mp_gpt_free(mp_gpt *gpt) {
   free(gpt->acts);
   free(gpt->dblocks);
   free(gpt->blocks);
-  free(gpt->tensors);
+  free(gpt->layout.tensors);
   free(gpt);
 }
 
-const mp_gpt_config *mp_gpt_get_config(const mp_gpt *gpt) { return &gpt->config; }
-size_t mp_gpt_num_params(const mp_gpt *gpt) { return gpt->num_params; }
+const mp_gpt_config *mp_gpt_get_config(const mp_gpt *gpt) { return &gpt->layout.config; }
+const mp_gpt_layout *mp_gpt_get_layout(const mp_gpt *gpt) { return &gpt->layout; }
+size_t mp_gpt_num_params(const mp_gpt *gpt) { return gpt->layout.num_params; }
 float *mp_gpt_params(mp_gpt *gpt) { return gpt->params; }
 float *mp_gpt_grads(mp_gpt *gpt) { return gpt->grads; }
-int mp_gpt_num_tensors(const mp_gpt *gpt) { return gpt->num_tensors; }
+int mp_gpt_num_tensors(const mp_gpt *gpt) { return gpt->layout.num_tensors; }
 
 const mp_gpt_tensor *mp_gpt_tensor_at(const mp_gpt *gpt, int index) {
-  return index >= 0 && index < gpt->num_tensors ? &gpt->tensors[index] : NULL;
+  return index >= 0 && index < gpt->layout.num_tensors ? &gpt->layout.tensors[index] : NULL;
 }
 
 const mp_gpt_tensor *mp_gpt_find_tensor(const mp_gpt *gpt, const char *name) {
-  for (int i = 0; i < gpt->num_tensors; ++i) {
-    if (strcmp(gpt->tensors[i].name, name) == 0) return &gpt->tensors[i];
+  for (int i = 0; i < gpt->layout.num_tensors; ++i) {
+    if (strcmp(gpt->layout.tensors[i].name, name) == 0) return &gpt->layout.tensors[i];
   }
   return NULL;
 }
@@ -292,12 +337,12 @@ static bool ends_with(const char *text, const char *suffix) {
   return a >= b && strcmp(text + a - b, suffix) == 0;
 }
 
-void mp_gpt_init_params(mp_gpt *gpt, uint64_t seed) {
+void mp_gpt_layout_init_params(const mp_gpt_layout *layout, float *params, uint64_t seed) {
   const float std = 0.02f;
-  const float residual_std = std / sqrtf(2.0f * (float)gpt->config.num_layers);
-  for (int i = 0; i < gpt->num_tensors; ++i) {
-    const mp_gpt_tensor *tensor = &gpt->tensors[i];
-    float *data = gpt->params + tensor->offset;
+  const float residual_std = std / sqrtf(2.0f * (float)layout->config.num_layers);
+  for (int i = 0; i < layout->num_tensors; ++i) {
+    const mp_gpt_tensor *tensor = &layout->tensors[i];
+    float *data = params + tensor->offset;
     const size_t count = tensor->rows * tensor->cols;
     if (ends_with(tensor->name, ".bias")) {
       mp_init_fill_constant(data, count, 0.0f);
@@ -313,10 +358,14 @@ void mp_gpt_init_params(mp_gpt *gpt, uint64_t seed) {
   }
 }
 
-void mp_gpt_zero_grads(mp_gpt *gpt) { memset(gpt->grads, 0, gpt->num_params * sizeof(float)); }
+void mp_gpt_init_params(mp_gpt *gpt, uint64_t seed) {
+  mp_gpt_layout_init_params(&gpt->layout, gpt->params, seed);
+}
+
+void mp_gpt_zero_grads(mp_gpt *gpt) { memset(gpt->grads, 0, gpt->layout.num_params * sizeof(float)); }
 
 double mp_gpt_forward(mp_gpt *gpt, const int32_t *inputs, const int32_t *targets) {
-  const mp_gpt_config *c = &gpt->config;
+  const mp_gpt_config *c = &gpt->layout.config;
   const int B = gpt->B, T = gpt->T, C = c->channels;
   const size_t BT = (size_t)B * (size_t)T;
   memcpy(gpt->inputs, inputs, BT * sizeof(int32_t));
@@ -335,7 +384,7 @@ double mp_gpt_forward(mp_gpt *gpt, const int32_t *inputs, const int32_t *targets
 }
 
 void mp_gpt_backward(mp_gpt *gpt, float dloss) {
-  const mp_gpt_config *c = &gpt->config;
+  const mp_gpt_config *c = &gpt->layout.config;
   const int B = gpt->B, T = gpt->T, C = c->channels, L = c->num_layers;
   const size_t BT = (size_t)B * (size_t)T;
   float *dlogits = gpt->logits; /* the logits are not needed once probs exist */
@@ -370,17 +419,17 @@ static const char *const kHeaderFields[8] = {"magic", "version", "max_seq_len", 
                                              "padded_vocab_size"};
 
 /* Visits every tensor in llm.c's file order, calling visit(tensor, context). */
-static void for_each_in_llmc_order(const mp_gpt *gpt, void (*visit)(const mp_gpt_tensor *, void *),
-                                   void *context) {
-  visit(&gpt->tensors[0], context);
-  visit(&gpt->tensors[1], context);
+static void for_each_in_llmc_order(const mp_gpt_layout *layout,
+                                   void (*visit)(const mp_gpt_tensor *, void *), void *context) {
+  visit(&layout->tensors[0], context);
+  visit(&layout->tensors[1], context);
   for (int k = 0; k < kBlockTensors; ++k) {
-    for (int l = 0; l < gpt->config.num_layers; ++l) {
-      visit(&gpt->tensors[2 + l * kBlockTensors + k], context);
+    for (int l = 0; l < layout->config.num_layers; ++l) {
+      visit(&layout->tensors[2 + l * kBlockTensors + k], context);
     }
   }
-  visit(&gpt->tensors[gpt->num_tensors - 2], context);
-  visit(&gpt->tensors[gpt->num_tensors - 1], context);
+  visit(&layout->tensors[layout->num_tensors - 2], context);
+  visit(&layout->tensors[layout->num_tensors - 1], context);
 }
 
 typedef struct {
@@ -428,8 +477,9 @@ static void llmc_header(const mp_gpt_config *c, int32_t *header) {
   header[7] = c->padded_vocab_size;
 }
 
-mp_status mp_gpt_load_llmc(mp_gpt *gpt, const char *path, mp_error *err) {
-  const mp_gpt_config *c = &gpt->config;
+mp_status mp_gpt_layout_load_llmc(const mp_gpt_layout *layout, float *params, const char *path,
+                                  mp_error *err) {
+  const mp_gpt_config *c = &layout->config;
   FILE *file = fopen(path, "rb");
   if (file == NULL) return mp_fail(err, MP_ERR_INPUT, "%s: cannot open: %s", path, strerror(errno));
   int32_t header[kLlmcHeaderInts];
@@ -455,7 +505,7 @@ mp_status mp_gpt_load_llmc(mp_gpt *gpt, const char *path, mp_error *err) {
     return mp_fail(err, MP_ERR_INPUT,
                    "%s: llm.c checkpoints have ffn_hidden = 4 x hidden, but the model (%s) has "
                    "ffn_hidden %d and hidden %d",
-                   path, gpt->model_source, c->ffn_channels, c->channels);
+                   path, layout->model_source, c->ffn_channels, c->channels);
   }
   int32_t expected[kLlmcHeaderInts];
   llmc_header(c, expected);
@@ -465,11 +515,11 @@ mp_status mp_gpt_load_llmc(mp_gpt *gpt, const char *path, mp_error *err) {
       return mp_fail(err, MP_ERR_INPUT,
                      "%s: %s is %d in the checkpoint but %d in the model description (%s); "
                      "give the description that matches the checkpoint",
-                     path, kHeaderFields[i], header[i], expected[i], gpt->model_source);
+                     path, kHeaderFields[i], header[i], expected[i], layout->model_source);
     }
   }
   const int bytes_per_element = header[1] == kLlmcVersionFp32 ? 4 : 2;
-  const size_t payload = gpt->num_params * (size_t)bytes_per_element;
+  const size_t payload = layout->num_params * (size_t)bytes_per_element;
   unsigned char *data = malloc(payload + 1);
   if (data == NULL) {
     fclose(file);
@@ -483,18 +533,22 @@ mp_status mp_gpt_load_llmc(mp_gpt *gpt, const char *path, mp_error *err) {
                    "%s: holds %s%zu bytes of parameters, but the header's model needs %zu (%zu "
                    "parameters of %d bytes); the file is truncated or corrupt",
                    path, got > payload ? "more than " : "", got > payload ? payload : got, payload,
-                   gpt->num_params, bytes_per_element);
+                   layout->num_params, bytes_per_element);
   }
-  llmc_io io = {.params = gpt->params, .file_data = data, .bytes_per_element = bytes_per_element};
-  for_each_in_llmc_order(gpt, load_tensor, &io);
+  llmc_io io = {.params = params, .file_data = data, .bytes_per_element = bytes_per_element};
+  for_each_in_llmc_order(layout, load_tensor, &io);
   free(data);
   return MP_OK;
 }
 
+mp_status mp_gpt_load_llmc(mp_gpt *gpt, const char *path, mp_error *err) {
+  return mp_gpt_layout_load_llmc(&gpt->layout, gpt->params, path, err);
+}
+
 /* Writes array (num_params floats, in our flat layout) under llm.c's version 3 header in llm.c's
  * tensor order, to a temporary name renamed into place: the parameters or their gradients. */
-static mp_status save_llmc_array(const mp_gpt *gpt, float *array, const char *path,
-                                 mp_error *err) {
+mp_status mp_gpt_layout_save_llmc(const mp_gpt_layout *layout, const float *array,
+                                  const char *path, mp_error *err) {
   char temporary[1100];
   snprintf(temporary, sizeof temporary, "%s.tmp.%d", path, (int)getpid());
   FILE *file = fopen(temporary, "wb");
@@ -502,12 +556,12 @@ static mp_status save_llmc_array(const mp_gpt *gpt, float *array, const char *pa
     return mp_fail(err, MP_ERR_RUNTIME, "%s: cannot create: %s", temporary, strerror(errno));
   }
   int32_t header[kLlmcHeaderInts];
-  llmc_header(&gpt->config, header);
-  llmc_io io = {.params = array, .out = file};
+  llmc_header(&layout->config, header);
+  llmc_io io = {.params = (float *)array, .out = file};
   if (fwrite(header, sizeof(int32_t), kLlmcHeaderInts, file) != kLlmcHeaderInts) {
     io.write_failed = true;
   }
-  for_each_in_llmc_order(gpt, save_tensor, &io);
+  for_each_in_llmc_order(layout, save_tensor, &io);
   if (fflush(file) != 0 || fsync(fileno(file)) != 0) io.write_failed = true;
   if (fclose(file) != 0) io.write_failed = true;
   if (io.write_failed) {
@@ -523,9 +577,9 @@ static mp_status save_llmc_array(const mp_gpt *gpt, float *array, const char *pa
 }
 
 mp_status mp_gpt_save_llmc(const mp_gpt *gpt, const char *path, mp_error *err) {
-  return save_llmc_array(gpt, gpt->params, path, err);
+  return mp_gpt_layout_save_llmc(&gpt->layout, gpt->params, path, err);
 }
 
 mp_status mp_gpt_save_llmc_gradients(const mp_gpt *gpt, const char *path, mp_error *err) {
-  return save_llmc_array(gpt, gpt->grads, path, err);
+  return mp_gpt_layout_save_llmc(&gpt->layout, gpt->grads, path, err);
 }

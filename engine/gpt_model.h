@@ -48,6 +48,29 @@ typedef struct {
   bool weight_decay;                   /* matrices and embeddings decay; biases and norms not */
 } mp_gpt_tensor;
 
+/* The parameter layout of a model, without any memory: its config and tensor table. The CPU
+ * model below and the GPU model (gpt_model_gpu.h) share it, so one flat fp32 array means the same
+ * thing everywhere (initialisation, llm.c files, checkpoints). */
+typedef struct mp_gpt_layout mp_gpt_layout;
+
+/* Checks that the runtime can train `model` at seq_len (see mp_gpt_create) and lays it out. */
+mp_status mp_gpt_layout_create(const mp_model *model, int seq_len, mp_gpt_layout **out,
+                               mp_error *err);
+void mp_gpt_layout_free(mp_gpt_layout *layout);
+const mp_gpt_config *mp_gpt_layout_config(const mp_gpt_layout *layout);
+size_t mp_gpt_layout_num_params(const mp_gpt_layout *layout);
+int mp_gpt_layout_num_tensors(const mp_gpt_layout *layout);
+const mp_gpt_tensor *mp_gpt_layout_tensor(const mp_gpt_layout *layout, int index);
+
+/* GPT-2 initialisation of params (mp_gpt_layout_num_params floats) from seed. */
+void mp_gpt_layout_init_params(const mp_gpt_layout *layout, float *params, uint64_t seed);
+
+/* llm.c files into / out of a flat array in this layout (see mp_gpt_load_llmc). */
+mp_status mp_gpt_layout_load_llmc(const mp_gpt_layout *layout, float *params, const char *path,
+                                  mp_error *err);
+mp_status mp_gpt_layout_save_llmc(const mp_gpt_layout *layout, const float *array,
+                                  const char *path, mp_error *err);
+
 typedef struct mp_gpt mp_gpt;
 
 /* Checks that the runtime can train `model` and allocates parameters, gradients and the
@@ -58,6 +81,7 @@ mp_status mp_gpt_create(const mp_model *model, int micro_batch, int seq_len, mp_
 void mp_gpt_free(mp_gpt *gpt);
 
 const mp_gpt_config *mp_gpt_get_config(const mp_gpt *gpt);
+const mp_gpt_layout *mp_gpt_get_layout(const mp_gpt *gpt);
 
 /* The flat parameter and gradient arrays, mp_gpt_num_params floats each. */
 size_t mp_gpt_num_params(const mp_gpt *gpt);

@@ -6,13 +6,19 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine/gpt_model_gpu.h"
 #include "layers/adamw.h"
+#include "topology/layer_cost.h"
 
 struct mp_trainer {
   const mp_plan *plan;
   mp_data_loader *data;
-  mp_gpt *gpt;
-  float *adam_m, *adam_v; /* (num_params,) first and second moments */
+  mp_backend backend;
+  mp_gpt *gpt;            /* CPU backend */
+  mp_gpt_gpu *gpu;        /* CUDA backend */
+  const mp_gpt_layout *layout;
+  double flops_per_step;  /* forward + backward over the global batch */
+  float *adam_m, *adam_v; /* (num_params,) first and second moments, CPU backend */
   int32_t *inputs;        /* (num_micro_batches * micro_batch, T) this step's rows */
   int32_t *targets;       /* same shape */
 };
@@ -23,8 +29,24 @@ static double now_seconds(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+const char *mp_backend_name(mp_backend backend) {
+  return backend == MP_BACKEND_CUDA ? "cuda" : "cpu";
+}
+
+/* Megatron's FLOP count of one step: forward and backward of every layer, every micro-batch. */
+static double step_flops(const mp_plan *plan, const mp_model *model) {
+  const mp_cost_shape shape = {plan->micro_batch, plan->seq_len, 2};
+  double flops = 0.0;
+  for (int i = 0; i < mp_model_num_layers(model); ++i) {
+    mp_layer_cost cost;
+    mp_layer_cost_compute(mp_model_layer(model, i), &shape, &cost);
+    flops += cost.forward_flops + cost.backward_flops;
+  }
+  return flops * (double)plan->num_micro_batches * (double)plan->dp;
+}
+
 mp_status mp_trainer_create(const mp_plan *plan, const mp_model *model, mp_data_loader *data,
-                            mp_trainer **out, mp_error *err) {
+                            mp_backend backend, mp_trainer **out, mp_error *err) {
   *out = NULL;
   if (plan->dp != 1 || plan->pp != 1 || plan->tp != 1) {
     return mp_fail(err, MP_ERR_INPUT,
@@ -37,21 +59,51 @@ mp_status mp_trainer_create(const mp_plan *plan, const mp_model *model, mp_data_
   if (trainer == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory creating the trainer");
   trainer->plan = plan;
   trainer->data = data;
-  mp_status status = mp_gpt_create(model, (int)plan->micro_batch, (int)plan->seq_len,
-                                   &trainer->gpt, err);
+  trainer->backend = backend;
+  trainer->flops_per_step = step_flops(plan, model);
+  const size_t rows = (size_t)(plan->num_micro_batches * plan->micro_batch);
+  trainer->inputs = calloc(rows * (size_t)plan->seq_len, sizeof(int32_t));
+  trainer->targets = calloc(rows * (size_t)plan->seq_len, sizeof(int32_t));
+  if (trainer->inputs == NULL || trainer->targets == NULL) {
+    mp_trainer_free(trainer);
+    return mp_fail(err, MP_ERR_RUNTIME, "out of memory for the batch");
+  }
+  mp_status status;
+  if (backend == MP_BACKEND_CUDA) {
+    status = mp_gpt_gpu_create(model, (int)plan->micro_batch, (int)plan->seq_len, &trainer->gpu,
+                               err);
+    if (status != MP_OK) {
+      mp_trainer_free(trainer);
+      return status;
+    }
+    trainer->layout = mp_gpt_gpu_layout(trainer->gpu);
+    const size_t n = mp_gpt_layout_num_params(trainer->layout);
+    float *host = malloc(n * sizeof(float));
+    if (host == NULL) {
+      mp_trainer_free(trainer);
+      return mp_fail(err, MP_ERR_RUNTIME, "out of host memory for %zu parameters", n);
+    }
+    mp_gpt_layout_init_params(trainer->layout, host, plan->training.seed);
+    status = mp_gpt_gpu_set_params(trainer->gpu, host, err);
+    free(host);
+    if (status != MP_OK) {
+      mp_trainer_free(trainer);
+      return status;
+    }
+    *out = trainer;
+    return MP_OK;
+  }
+  status = mp_gpt_create(model, (int)plan->micro_batch, (int)plan->seq_len, &trainer->gpt, err);
   if (status != MP_OK) {
     mp_trainer_free(trainer);
     return status;
   }
+  trainer->layout = mp_gpt_get_layout(trainer->gpt);
   mp_gpt_init_params(trainer->gpt, plan->training.seed);
   const size_t n = mp_gpt_num_params(trainer->gpt);
-  const size_t rows = (size_t)(plan->num_micro_batches * plan->micro_batch);
   trainer->adam_m = calloc(n, sizeof(float));
   trainer->adam_v = calloc(n, sizeof(float));
-  trainer->inputs = calloc(rows * (size_t)plan->seq_len, sizeof(int32_t));
-  trainer->targets = calloc(rows * (size_t)plan->seq_len, sizeof(int32_t));
-  if (trainer->adam_m == NULL || trainer->adam_v == NULL || trainer->inputs == NULL ||
-      trainer->targets == NULL) {
+  if (trainer->adam_m == NULL || trainer->adam_v == NULL) {
     mp_trainer_free(trainer);
     return mp_fail(err, MP_ERR_RUNTIME, "out of memory for optimizer state (%zu parameters)", n);
   }
@@ -65,11 +117,34 @@ void mp_trainer_free(mp_trainer *trainer) {
   free(trainer->inputs);
   free(trainer->adam_v);
   free(trainer->adam_m);
+  mp_gpt_gpu_free(trainer->gpu);
   mp_gpt_free(trainer->gpt);
   free(trainer);
 }
 
 mp_gpt *mp_trainer_model(mp_trainer *trainer) { return trainer->gpt; }
+
+const mp_gpt_layout *mp_trainer_layout(const mp_trainer *trainer) { return trainer->layout; }
+
+mp_status mp_trainer_load_llmc(mp_trainer *trainer, const char *path, mp_error *err) {
+  if (trainer->gpt != NULL) return mp_gpt_load_llmc(trainer->gpt, path, err);
+  const size_t n = mp_gpt_layout_num_params(trainer->layout);
+  float *host = malloc(n * sizeof(float));
+  if (host == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of host memory");
+  mp_status status = mp_gpt_layout_load_llmc(trainer->layout, host, path, err);
+  if (status == MP_OK) status = mp_gpt_gpu_set_params(trainer->gpu, host, err);
+  free(host);
+  return status;
+}
+
+mp_status mp_trainer_get_params(mp_trainer *trainer, float *host_params, mp_error *err) {
+  if (trainer->gpt != NULL) {
+    memcpy(host_params, mp_gpt_params(trainer->gpt),
+           mp_gpt_num_params(trainer->gpt) * sizeof(float));
+    return MP_OK;
+  }
+  return mp_gpt_gpu_get_params(trainer->gpu, host_params, err);
+}
 
 /* Forward (and backward when `train`) over every micro-batch of the step; returns the mean loss. */
 static mp_status run_micro_batches(mp_trainer *trainer, mp_data_loader *data, int64_t step,
@@ -83,8 +158,16 @@ static mp_status run_micro_batches(mp_trainer *trainer, mp_data_loader *data, in
   const float dloss = 1.0f / (float)plan->num_micro_batches;
   double loss_sum = 0.0;
   for (int64_t m = 0; m < plan->num_micro_batches; ++m) {
-    loss_sum += mp_gpt_forward(trainer->gpt, trainer->inputs + (size_t)m * micro_tokens,
-                               trainer->targets + (size_t)m * micro_tokens);
+    const int32_t *inputs = trainer->inputs + (size_t)m * micro_tokens;
+    const int32_t *targets = trainer->targets + (size_t)m * micro_tokens;
+    if (trainer->gpu != NULL) {
+      double loss = 0.0;
+      MP_TRY(mp_gpt_gpu_forward(trainer->gpu, inputs, targets, dloss, &loss, err));
+      if (train) MP_TRY(mp_gpt_gpu_backward(trainer->gpu, err));
+      loss_sum += loss;
+      continue;
+    }
+    loss_sum += mp_gpt_forward(trainer->gpt, inputs, targets);
     if (train) mp_gpt_backward(trainer->gpt, dloss);
   }
   *loss = loss_sum / (double)plan->num_micro_batches;
@@ -103,29 +186,39 @@ mp_status mp_trainer_step(mp_trainer *trainer, int64_t step, mp_step_metrics *me
   const mp_plan *plan = trainer->plan;
   const mp_training_config *t = &plan->training;
   const double start = now_seconds();
-  mp_gpt *gpt = trainer->gpt;
-  mp_gpt_zero_grads(gpt);
-  double loss = 0.0;
+  const double lr = mp_training_learning_rate(t, step);
+  double loss = 0.0, grad_norm = 0.0;
+  if (trainer->gpu != NULL) {
+    MP_TRY(mp_gpt_gpu_zero_grads(trainer->gpu, err));
+  } else {
+    mp_gpt_zero_grads(trainer->gpt);
+  }
   MP_TRY(run_micro_batches(trainer, trainer->data, step, true, &loss, err));
   if (!isfinite(loss)) {
     return mp_fail(err, MP_ERR_RUNTIME,
                    "step %lld: the loss is %g; lower the learning rate (%g) or check the data",
                    (long long)step, loss, t->learning_rate);
   }
-  float *params = mp_gpt_params(gpt);
-  float *grads = mp_gpt_grads(gpt);
-  const size_t n = mp_gpt_num_params(gpt);
-  const double grad_norm = sqrt(mp_grad_norm_squared_cpu(grads, n));
-  const float scale = mp_clip_scale(grad_norm, t->grad_clip);
-  if (scale != 1.0f) mp_grad_scale_cpu(grads, n, scale);
-  const double lr = mp_training_learning_rate(t, step);
-  for (int i = 0; i < mp_gpt_num_tensors(gpt); ++i) {
-    const mp_gpt_tensor *tensor = mp_gpt_tensor_at(gpt, i);
-    const size_t offset = tensor->offset;
-    mp_adamw_update_cpu(params + offset, grads + offset, trainer->adam_m + offset,
-                        trainer->adam_v + offset, tensor->rows * tensor->cols, (float)lr,
-                        (float)t->beta1, (float)t->beta2, (float)t->eps,
-                        tensor->weight_decay ? (float)t->weight_decay : 0.0f, (int)(step + 1));
+  if (trainer->gpu != NULL) {
+    const mp_gpu_adamw adamw = {(float)lr, (float)t->beta1, (float)t->beta2, (float)t->eps,
+                                (float)t->weight_decay, (int)(step + 1), t->grad_clip};
+    MP_TRY(mp_gpt_gpu_optimizer_step(trainer->gpu, &adamw, &grad_norm, err));
+  } else {
+    mp_gpt *gpt = trainer->gpt;
+    float *params = mp_gpt_params(gpt);
+    float *grads = mp_gpt_grads(gpt);
+    const size_t n = mp_gpt_num_params(gpt);
+    grad_norm = sqrt(mp_grad_norm_squared_cpu(grads, n));
+    const float scale = mp_clip_scale(grad_norm, t->grad_clip);
+    if (scale != 1.0f) mp_grad_scale_cpu(grads, n, scale);
+    for (int i = 0; i < mp_gpt_num_tensors(gpt); ++i) {
+      const mp_gpt_tensor *tensor = mp_gpt_tensor_at(gpt, i);
+      const size_t offset = tensor->offset;
+      mp_adamw_update_cpu(params + offset, grads + offset, trainer->adam_m + offset,
+                          trainer->adam_v + offset, tensor->rows * tensor->cols, (float)lr,
+                          (float)t->beta1, (float)t->beta2, (float)t->eps,
+                          tensor->weight_decay ? (float)t->weight_decay : 0.0f, (int)(step + 1));
+    }
   }
   const double seconds = now_seconds() - start;
   metrics->step = step;
@@ -134,5 +227,6 @@ mp_status mp_trainer_step(mp_trainer *trainer, int64_t step, mp_step_metrics *me
   metrics->grad_norm = grad_norm;
   metrics->seconds = seconds;
   metrics->tokens_per_s = (double)(plan->global_batch * plan->seq_len) / seconds;
+  metrics->flops = trainer->flops_per_step;
   return MP_OK;
 }

@@ -22,6 +22,14 @@
 extern "C" {
 #endif
 
+/* Where the model computes. */
+typedef enum {
+  MP_BACKEND_CPU = 0, /* fp32, OpenBLAS */
+  MP_BACKEND_CUDA,    /* bf16 weights and activations, fp32 master weights, one GPU */
+} mp_backend;
+
+const char *mp_backend_name(mp_backend backend);
+
 typedef struct {
   int64_t step;            /* 0-based */
   double loss;             /* mean over the global batch, nats per token */
@@ -29,18 +37,29 @@ typedef struct {
   double grad_norm;        /* global norm before clipping */
   double seconds;          /* wall time of the step */
   double tokens_per_s;     /* global batch tokens / seconds */
+  double flops;            /* model FLOPs of the step (forward + backward, Megatron's count) */
 } mp_step_metrics;
 
 typedef struct mp_trainer mp_trainer;
 
-/* Builds the model of a one-rank plan (dp = pp = tp = 1) and its optimizer state, initialised
- * from plan->training.seed. The trainer borrows plan, model and data; they must outlive it. */
+/* Builds the model of a one-rank plan (dp = pp = tp = 1) on `backend` and its optimizer state,
+ * initialised from plan->training.seed. The trainer borrows plan, model and data; they must
+ * outlive it. */
 mp_status mp_trainer_create(const mp_plan *plan, const mp_model *model, mp_data_loader *data,
-                            mp_trainer **out, mp_error *err);
+                            mp_backend backend, mp_trainer **out, mp_error *err);
 void mp_trainer_free(mp_trainer *trainer);
 
-/* The model being trained (to load weights into before the first step, or to export). */
+/* The CPU model being trained, or NULL on the CUDA backend. */
 mp_gpt *mp_trainer_model(mp_trainer *trainer);
+
+/* The parameter layout (config, tensors) of the model on any backend. */
+const mp_gpt_layout *mp_trainer_layout(const mp_trainer *trainer);
+
+/* Replaces the weights with llm.c's GPT-2 checkpoint (see mp_gpt_load_llmc). */
+mp_status mp_trainer_load_llmc(mp_trainer *trainer, const char *path, mp_error *err);
+
+/* Copies the fp32 (master) weights to host, mp_gpt_layout_num_params floats. */
+mp_status mp_trainer_get_params(mp_trainer *trainer, float *host_params, mp_error *err);
 
 /* Runs optimizer step `step` (0-based) and fills metrics. */
 mp_status mp_trainer_step(mp_trainer *trainer, int64_t step, mp_step_metrics *metrics,

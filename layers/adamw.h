@@ -9,12 +9,16 @@
  * AdamW is Loshchilov and Hutter's, as in PyTorch and llm.c: Adam moments with bias correction,
  * and weight decay applied to the parameter directly (decoupled), not added to the gradient.
  * Which tensors are decayed is the caller's choice: it calls the update once per group with its
- * own weight_decay. These calls cannot fail. A later CUDA twin (_cuda) keeps the same shapes.
+ * own weight_decay. The CPU calls cannot fail. The CUDA twins (_cuda, at the end of this header)
+ * keep the same shapes, on fp32 master weights with an optional bf16 working copy.
  */
 #ifndef MPENGINE_LAYERS_ADAMW_H
 #define MPENGINE_LAYERS_ADAMW_H
 
 #include <stddef.h>
+
+#include "common/error.h"
+#include "layers/cuda_types.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -45,6 +49,47 @@ float mp_clip_scale(double norm, double max_norm);
 /* grads *= scale, elementwise.
  *   grads (n) updated in place */
 void mp_grad_scale_cpu(float *grads, size_t n, float scale);
+
+/* ---------------------------------------------------------------------------------------------
+ * CUDA twin (layers/adamw_cuda.cu, Bazel target //layers:cuda_elementwise).
+ *
+ * Built where nvcc exists (sm_80, sm_90). Pointers are device pointers unless named _host;
+ * activations and weights are bf16 (mp_bf16), statistics and weight gradients fp32. Each call
+ * enqueues its kernels on `stream` and returns without waiting; launch errors are not checked
+ * here: the caller's next mp_device_synchronize (engine/device.h) reports them.
+ * Master weights, gradients and moments are fp32. */
+
+/* mp_adamw_update_cpu on the GPU, with the same fp32 operations in the same order (no fused
+ * multiply-adds), then the bf16 working copy of the updated weights.
+ *   params      (n) fp32 master weights, updated in place
+ *   params_bf16 (n) written: bf16(params) after the update; or NULL
+ *   grads       (n) fp32
+ *   m, v        (n) fp32 moments, updated */
+void mp_adamw_update_cuda(float *params, mp_bf16 *params_bf16, const float *grads, float *m,
+                          float *v, size_t n, float lr, float beta1, float beta2, float eps,
+                          float weight_decay, int t, mp_cuda_stream stream);
+
+/* Sum of grads[i]^2 over n elements into *out_host, in double, deterministic: a fixed number of
+ * blocks (a function of n only) each sum a fixed stride, then one block adds the partials in
+ * order. Waits for `stream` (the value is needed on the host). Returns MP_OK, or MP_ERR_RUNTIME
+ * with the CUDA call in err on any CUDA error (including earlier asynchronous ones on the stream)
+ * or when scratch is not 8-byte aligned.
+ *   grads   (n) device
+ *   scratch mp_grad_norm_cuda_scratch_floats(n) device floats (holds doubles: 8-byte aligned) */
+mp_status mp_grad_norm_squared_cuda(const float *grads, size_t n, float *scratch,
+                                    double *out_host, mp_cuda_stream stream, mp_error *err);
+
+/* Floats of scratch that mp_grad_norm_squared_cuda needs (at most 2 * 1025). */
+size_t mp_grad_norm_cuda_scratch_floats(size_t n);
+
+/* grads *= scale, elementwise (the same single multiply as the CPU).
+ *   grads (n) updated in place */
+void mp_grad_scale_cuda(float *grads, size_t n, float scale, mp_cuda_stream stream);
+
+/* out = bf16(in), round to nearest even: fp32 master -> bf16 working copy at init or load.
+ *   out (n) written
+ *   in  (n) */
+void mp_bf16_from_float_cuda(mp_bf16 *out, const float *in, size_t n, mp_cuda_stream stream);
 
 #ifdef __cplusplus
 }

@@ -8,13 +8,18 @@
  *
  * NH and HS are separate arguments and there are no globals, so tensor-parallel code calls this on
  * its own heads: with tp ranks it passes NH / tp heads and a qkv shard laid out the same way
- * (local queries, local keys, local values). A later CUDA twin (_cuda) keeps the same shapes.
+ * (local queries, local keys, local values). The CUDA twin (_cuda, at the end of this header)
+ * keeps the same shapes.
  *
  * The CPU code walks tokens and heads in a fixed order, so results do not vary between runs.
- * These calls cannot fail: shapes are the caller's contract and no memory is allocated.
+ * The CPU calls cannot fail: shapes are the caller's contract and no memory is allocated.
  */
 #ifndef MPENGINE_LAYERS_ATTENTION_H
 #define MPENGINE_LAYERS_ATTENTION_H
+
+#include <stddef.h>
+
+#include "layers/cuda_types.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -39,6 +44,52 @@ void mp_attention_forward_cpu(float *out, float *preatt, float *att, const float
  *   att     (B, NH, T, T)  as the forward wrote it */
 void mp_attention_backward_cpu(float *dinp, float *dpreatt, float *datt, const float *dout,
                                const float *inp, const float *att, int B, int T, int NH, int HS);
+
+/* ---------------------------------------------------------------------------------------------
+ * CUDA twin (layers/attention_cuda.cu, Bazel target //layers:cuda_gemm), llm.c's attention on
+ * cuBLAS: q, k and v are permuted to (B, NH, T, HS) in scratch, the scores and the mix with v
+ * are strided-batched bf16 GEMMs over the B * NH heads with fp32 accumulation, and a row-wise
+ * causal softmax (fp32 math) sits between them. Same math and scale (1 / sqrtf(HS)) as the CPU
+ * twin; the T x T matrices are bf16, like llm.c's, which keeps their memory traffic down: the
+ * scores are rounded to bf16 before the softmax (a logit x is off by up to |x| * 2^-9).
+ *
+ * Device pointers, asynchronous on `stream`; failures are recorded in the mp_cublas and
+ * reported by mp_cublas_check (see matmul.h). Results are bitwise reproducible for the same
+ * shapes, buffers, GPU model and cuBLAS version.
+ */
+
+typedef struct mp_cublas mp_cublas; /* the same typedef as matmul.h (C11 allows the repeat) */
+
+/* Bytes of device scratch that both calls need (the backward's layout; the forward uses the
+ * head of it), each piece aligned to 256 bytes:
+ *   q, k, v    (B, NH, T, HS) bf16 each
+ *   y / dy     (B, NH, T, HS) bf16: the heads' output (forward), dout permuted (backward)
+ *   dq, dk, dv (B, NH, T, HS) fp32 each (backward)
+ *   datt       (B, NH, T, T)  bf16: datt, then dpreatt in place (backward)
+ * About B*T*C * 20 + B*NH*T*T * 2 bytes. */
+size_t mp_attention_cuda_scratch_bytes(int B, int T, int NH, int HS);
+
+/* Causal attention forward, with C = NH * HS.
+ *   out     (B, T, C)      bf16, written (=)
+ *   att     (B, NH, T, T)  bf16, written (=): softmax probabilities over t2 <= t, exactly 0
+ *                          above the diagonal; kept for the backward
+ *   qkv     (B, T, 3C)     bf16: q, k, v of every token, as the CPU twin's inp
+ *   scratch                mp_attention_cuda_scratch_bytes(B, T, NH, HS) bytes, overwritten */
+void mp_attention_forward_cuda(mp_cublas *cublas, mp_bf16 *out, mp_bf16 *att, const mp_bf16 *qkv,
+                               void *scratch, int B, int T, int NH, int HS,
+                               mp_cuda_stream stream);
+
+/* Backward of mp_attention_forward_cuda; adds (+=) into dqkv like the CPU twin (the sum is
+ * formed in fp32 and rounded to bf16 once).
+ *   dqkv    (B, T, 3C)     bf16 += gradient of q, k and v
+ *   dout    (B, T, C)      bf16
+ *   qkv     (B, T, 3C)     bf16, the forward's input
+ *   att     (B, NH, T, T)  bf16, as the forward wrote it
+ *   scratch                mp_attention_cuda_scratch_bytes(B, T, NH, HS) bytes, overwritten
+ *                          (need not hold anything from the forward) */
+void mp_attention_backward_cuda(mp_cublas *cublas, mp_bf16 *dqkv, const mp_bf16 *dout,
+                                const mp_bf16 *qkv, const mp_bf16 *att, void *scratch, int B,
+                                int T, int NH, int HS, mp_cuda_stream stream);
 
 #ifdef __cplusplus
 }

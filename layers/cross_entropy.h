@@ -9,13 +9,15 @@
  * The loss is the mean over tokens, and the backward starts from the gradient of that mean
  * (dloss, 1 for a plain step, 1 / micro-batches when several accumulate into one step). The sum
  * runs in double in a fixed order. These calls cannot fail: targets must lie in [0, V), which
- * mp_embedding_check_tokens checks where data enters. A later CUDA twin (_cuda) keeps the same
- * shapes.
+ * mp_embedding_check_tokens checks where data enters. The CUDA twin (_cuda, at the end of this
+ * header) fuses forward and backward in place on bf16 logits, as llm.c does.
  */
 #ifndef MPENGINE_LAYERS_CROSS_ENTROPY_H
 #define MPENGINE_LAYERS_CROSS_ENTROPY_H
 
 #include <stdint.h>
+
+#include "layers/cuda_types.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -38,6 +40,28 @@ double mp_cross_entropy_forward_cpu(float *losses, float *probs, const float *lo
  *   dloss               gradient of whatever follows with respect to the mean loss */
 void mp_cross_entropy_backward_cpu(float *dlogits, const float *probs, const int32_t *targets,
                                    float dloss, int B, int T, int V, int Vp);
+
+/* ---------------------------------------------------------------------------------------------
+ * CUDA twin (layers/cross_entropy_cuda.cu, Bazel target //layers:cuda_elementwise).
+ *
+ * Built where nvcc exists (sm_80, sm_90). Pointers are device pointers unless named _host;
+ * activations and weights are bf16 (mp_bf16), statistics and weight gradients fp32. Each call
+ * enqueues its kernels on `stream` and returns without waiting; launch errors are not checked
+ * here: the caller's next mp_device_synchronize (engine/device.h) reports them. */
+
+/* Forward and backward fused, in place (llm.c's fused classifier): one block per token row takes
+ * the max and the sum of exponentials of logits [0, V) in fp32, writes the token's loss, then
+ * overwrites the row with the gradient of the mean loss. The caller sums `losses` on the host
+ * (in double, in order) for the mean.
+ *   losses  (B, T)      written: each token's loss,
+ *                       log(sum exp(logit - max)) - (logit[target] - max)
+ *   logits  (B, T, Vp)  in: logits (columns [V, Vp) are ignored, whatever they hold);
+ *                       out: dlogits = (softmax - onehot(target)) * dloss / (B * T) in [0, V),
+ *                       0 in [V, Vp)   (written, not added: the CPU backward's += onto zeros)
+ *   targets (B, T)      each in [0, V)
+ *   dloss               gradient with respect to the mean loss */
+void mp_cross_entropy_fused_cuda(float *losses, mp_bf16 *logits, const int32_t *targets,
+                                 float dloss, int B, int T, int V, int Vp, mp_cuda_stream stream);
 
 #ifdef __cplusplus
 }

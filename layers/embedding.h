@@ -5,7 +5,8 @@
  * Token ids come from data files, so they are checked once (mp_embedding_check_tokens) where they
  * enter, and the forward and backward trust them. The backward adds into the rows that were used,
  * in token order, so a token seen twice accumulates twice and the result does not vary between
- * runs. A later CUDA twin (_cuda) keeps the same shapes.
+ * runs. The CUDA twin (_cuda, at the end of this header: bf16, device pointers, a stream) keeps
+ * the same shapes and the same order.
  */
 #ifndef MPENGINE_LAYERS_EMBEDDING_H
 #define MPENGINE_LAYERS_EMBEDDING_H
@@ -14,6 +15,7 @@
 #include <stdint.h>
 
 #include "common/error.h"
+#include "layers/cuda_types.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -39,6 +41,44 @@ void mp_embedding_backward_cpu(float *dwte, float *dwpe, const float *dout, cons
  * message naming the first bad position and value, in err (which may be NULL). The same check
  * serves the targets of cross-entropy. */
 mp_status mp_embedding_check_tokens(const int32_t *tokens, size_t n, int V, mp_error *err);
+
+/* ---------------------------------------------------------------------------------------------
+ * CUDA twin (layers/embedding_cuda.cu, Bazel target //layers:cuda_elementwise).
+ *
+ * Built where nvcc exists (sm_80, sm_90). Pointers are device pointers unless named _host;
+ * activations and weights are bf16 (mp_bf16), statistics and weight gradients fp32. Each call
+ * enqueues its kernels on `stream` and returns without waiting; launch errors are not checked
+ * here: the caller's next mp_device_synchronize (engine/device.h) reports them.
+ * Outputs and gradient rows are the CPU twin's, on a padded vocabulary Vp. */
+
+/* out[b, t, :] = wte[tokens[b, t], :] + wpe[t, :], summed in fp32, rounded to bf16.
+ *   out    (B, T, C)  written
+ *   tokens (B, T)     device, each in [0, Vp)
+ *   wte    (Vp, C)
+ *   wpe    (maxT, C)  T <= maxT */
+void mp_embedding_forward_cuda(mp_bf16 *out, const int32_t *tokens, const mp_bf16 *wte,
+                               const mp_bf16 *wpe, int B, int T, int C, mp_cuda_stream stream);
+
+/* Backward of mp_embedding_forward_cuda, deterministic (no float atomics) and in the CPU twin's
+ * order, so on the same inputs dwte and dwpe equal mp_embedding_backward_cpu's bit for bit.
+ *   dwte        (Vp, C)    += (fp32)
+ *   dwpe        (maxT, C)  += (fp32, rows 0..T-1)
+ *   dout        (B, T, C)
+ *   tokens      (B, T)     device
+ *   tokens_host (B, T)     the same ids on the host; read before the call returns
+ *   workspace   mp_embedding_backward_cuda_workspace_ints(B, T) device ints, free for this call
+ *               until the stream has run it
+ * The host sorts the positions by token and copies them to workspace; a small host buffer
+ * (B*T and max token id ints) is malloc'd per call and freed by a host callback queued on
+ * `stream`, so the call does not wait for the GPU. Should that malloc fail, the used rows of dwte
+ * are set to NaN (the step's gradient norm then fails its finiteness check) instead of being
+ * silently wrong. */
+void mp_embedding_backward_cuda(float *dwte, float *dwpe, const mp_bf16 *dout,
+                                const int32_t *tokens, const int32_t *tokens_host,
+                                int32_t *workspace, int B, int T, int C, mp_cuda_stream stream);
+
+/* Ints of device workspace that mp_embedding_backward_cuda needs: 3 * B * T + 1. */
+size_t mp_embedding_backward_cuda_workspace_ints(int B, int T);
 
 #ifdef __cplusplus
 }

@@ -8,13 +8,18 @@
  * how often it is called; bias sums run in a fixed order.
  *
  * Shapes are explicit arguments and nothing is global, so tensor-parallel code calls the same
- * functions on a column or row shard (OC or C divided by the tensor-parallel size). A later CUDA
- * twin (_cuda, device pointers and a stream) keeps the same shapes.
+ * functions on a column or row shard (OC or C divided by the tensor-parallel size). The CUDA twin
+ * (_cuda, at the end of this header: device pointers, bf16 and a stream) keeps the same shapes.
  *
- * These calls cannot fail: shapes are the caller's contract and no memory is allocated.
+ * The CPU calls cannot fail: shapes are the caller's contract and no memory is allocated.
  */
 #ifndef MPENGINE_LAYERS_MATMUL_H
 #define MPENGINE_LAYERS_MATMUL_H
+
+#include <stddef.h>
+
+#include "common/error.h"
+#include "layers/cuda_types.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -40,6 +45,66 @@ void mp_matmul_forward_cpu(float *out, const float *inp, const float *weight, co
  *   weight  (OC, C)   (needed for dinp only) */
 void mp_matmul_backward_cpu(float *dinp, float *dweight, float *dbias, const float *dout,
                             const float *inp, const float *weight, int BT, int C, int OC);
+
+/* ---------------------------------------------------------------------------------------------
+ * CUDA twin (layers/matmul_cuda.cu, Bazel target //layers:cuda_gemm).
+ *
+ * Mixed precision: activations and weights are bf16, every GEMM accumulates in fp32 on the bf16
+ * tensor cores (cuBLASLt, CUBLAS_COMPUTE_32F), and weight and bias gradients are fp32 so that
+ * micro-batches accumulate without bf16 round-off. All pointers are device pointers; every
+ * launcher is asynchronous on `stream` (NULL is the default stream) and returns at once.
+ *
+ * Launchers return nothing. A failure (a cuBLAS or CUDA call, or a negative shape) is recorded in
+ * the mp_cublas, the first one wins, and mp_cublas_check reports it with the call, the file and
+ * the line; call it where the caller synchronises anyway (end of a step). Faults of kernels
+ * that already ran show up at the next synchronisation (mp_device_synchronize).
+ *
+ * Results are bitwise reproducible for the same shapes, buffers (their alignment steers cuBLAS's
+ * choice of kernel), GPU model and cuBLAS version: no atomics, fixed-order reductions.
+ */
+
+/* cuBLAS and cuBLASLt handles of the current device and their 32 MiB workspace. Calls that use
+ * one mp_cublas must not overlap: the workspace is shared, so work on two streams that may run
+ * at the same time needs two of them. */
+typedef struct mp_cublas mp_cublas;
+
+/* Creates handles and workspace on the current device; *out is NULL on failure (no device, out
+ * of memory, a build without CUDA). */
+mp_status mp_cublas_create(mp_cublas **out, mp_error *err);
+/* Frees what mp_cublas_create made (waits for the device); NULL is allowed. */
+void mp_cublas_free(mp_cublas *cublas);
+/* MP_OK if no launcher has failed since the last check; otherwise the first failure's status
+ * (MP_ERR_RUNTIME for cuBLAS and CUDA, MP_ERR_INPUT for a negative shape) and its message
+ * ("<call> failed: <status string> (<status name>) at <file>:<line>"), then forgets it. */
+mp_status mp_cublas_check(mp_cublas *cublas, mp_error *err);
+
+/* out = inp @ weight^T + bias, rounded once to bf16 (the bias is added in fp32 by cuBLASLt's
+ * epilogue before the rounding).
+ *   out    (BT, OC)  bf16, written (=)
+ *   inp    (BT, C)   bf16
+ *   weight (OC, C)   bf16
+ *   bias   (OC)      bf16, or NULL for no bias */
+void mp_matmul_forward_cuda(mp_cublas *cublas, mp_bf16 *out, const mp_bf16 *inp,
+                            const mp_bf16 *weight, const mp_bf16 *bias, int BT, int C, int OC,
+                            mp_cuda_stream stream);
+
+/* Floats of device scratch that mp_matmul_backward_cuda needs for a dbias: one partial sum per
+ * block of 128 rows and output channel, ceil(BT / 128) * OC. */
+size_t mp_matmul_backward_cuda_scratch_floats(int BT, int OC);
+
+/* Backward of mp_matmul_forward_cuda; like the CPU twin it adds (+=) into every gradient it is
+ * given and skips a NULL one (zero-bubble's split: dinp alone, or dweight and dbias alone).
+ *   dinp    (BT, C)   bf16 += dout @ weight (fp32 sum, one bf16 rounding),  or NULL
+ *   dweight (OC, C)   fp32 += dout^T @ inp,                                  or NULL
+ *   dbias   (OC)      fp32 += column sums of dout (fixed order, no atomics), or NULL
+ *   dout    (BT, OC)  bf16
+ *   inp     (BT, C)   bf16, the forward's input (needed for dweight only)
+ *   weight  (OC, C)   bf16 (needed for dinp only)
+ *   scratch           device, mp_matmul_backward_cuda_scratch_floats(BT, OC) floats (needed
+ *                     for dbias only; overwritten) */
+void mp_matmul_backward_cuda(mp_cublas *cublas, mp_bf16 *dinp, float *dweight, float *dbias,
+                             const mp_bf16 *dout, const mp_bf16 *inp, const mp_bf16 *weight,
+                             float *scratch, int BT, int C, int OC, mp_cuda_stream stream);
 
 #ifdef __cplusplus
 }

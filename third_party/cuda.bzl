@@ -45,3 +45,16 @@ def cuda_library(name, srcs, hdrs = [], deps = [], fallback_srcs = [], copts = [
         deps = deps + ["@local_cuda//:cuda_runtime"],
         **kwargs
     )
+
+def cuda_host_library(name, srcs, fallback_srcs = [], deps = [], **kwargs):
+    """C sources (compiled by the C compiler) that call CUDA-backed C APIs, such as the GPU model.
+
+    Where CUDA is installed they build from srcs; elsewhere from fallback_srcs, which implement
+    the same header by reporting that this build has no CUDA.
+    """
+    native.cc_library(
+        name = name,
+        srcs = srcs if HAS_CUDA else fallback_srcs,
+        deps = deps,
+        **kwargs
+    )

@@ -13,9 +13,11 @@
 #include <unistd.h>
 
 #include "engine/data_loader.h"
+#include "engine/device.h"
 #include "engine/gpt_model.h"
 #include "engine/markov_source.h"
 #include "engine/trainer.h"
+#include "topology/cluster.h"
 #include "topology/model.h"
 #include "topology/plan.h"
 #include "tools/cli.h"
@@ -30,6 +32,7 @@ typedef struct {
   mp_trainer *trainer;
   FILE *metrics;
   double entropy_floor;     /* nats per token, synthetic source only; NAN otherwise */
+  double peak_flops_per_s;  /* the cluster's peak for the backend's dtype; 0 when unknown */
 } run_state;
 
 static void run_state_free(run_state *state) {
@@ -90,13 +93,19 @@ static void format_duration(double seconds, char *out, size_t out_bytes) {
 }
 
 static void print_step(const mp_step_metrics *m, int64_t steps, double floor, bool terminal,
-                       double elapsed) {
+                       double elapsed, double peak_flops_per_s) {
   char floor_text[48] = "";
   if (isfinite(floor)) snprintf(floor_text, sizeof floor_text, " (floor %.4f)", floor);
+  const double flops_per_s = m->flops / m->seconds;
+  char mfu_text[48] = "";
+  if (peak_flops_per_s > 0) {
+    snprintf(mfu_text, sizeof mfu_text, " | MFU %.1f%%", 100.0 * flops_per_s / peak_flops_per_s);
+  }
   if (!terminal) {
-    printf("step %lld/%lld | loss %.6f%s | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s\n",
+    printf("step %lld/%lld | loss %.6f%s | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | %.2f "
+           "TFLOP/s%s\n",
            (long long)m->step + 1, (long long)steps, m->loss, floor_text, m->learning_rate,
-           m->grad_norm, m->seconds * 1e3, m->tokens_per_s);
+           m->grad_norm, m->seconds * 1e3, m->tokens_per_s, flops_per_s / 1e12, mfu_text);
     fflush(stdout);
     return;
   }
@@ -108,9 +117,9 @@ static void print_step(const mp_step_metrics *m, int64_t steps, double floor, bo
   char eta[16];
   format_duration(elapsed / (double)(m->step + 1) * (double)(steps - m->step - 1), eta,
                   sizeof eta);
-  printf("\r[%s] %lld/%lld loss %.4f%s lr %.2e norm %.3f %.0f tok/s ETA %s   ", bar,
+  printf("\r[%s] %lld/%lld loss %.4f%s lr %.2e norm %.3f %.0f tok/s%s ETA %s   ", bar,
          (long long)m->step + 1, (long long)steps, m->loss, floor_text, m->learning_rate,
-         m->grad_norm, m->tokens_per_s, eta);
+         m->grad_norm, m->tokens_per_s, mfu_text, eta);
   if (m->step + 1 == steps) printf("\n");
   fflush(stdout);
 }
@@ -118,9 +127,9 @@ static void print_step(const mp_step_metrics *m, int64_t steps, double floor, bo
 static void write_metrics(FILE *file, const mp_step_metrics *m) {
   fprintf(file,
           "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.6g, "
-          "\"tokens_per_s\": %.6g}\n",
+          "\"tokens_per_s\": %.6g, \"tflops_per_s\": %.6g}\n",
           (long long)m->step, m->loss, m->learning_rate, m->grad_norm, m->seconds * 1e3,
-          m->tokens_per_s);
+          m->tokens_per_s, m->flops / m->seconds / 1e12);
   fflush(file);
 }
 
@@ -135,7 +144,7 @@ int cmd_run(int argc, char **argv) {
       {"config", "PLAN.json", "the parallelism config to train (required)", NULL},
       {"steps", "N", "optimizer steps (default: the plan's training.steps)", NULL},
       {"data", "GLOB", "llm.c token shards (default: a synthetic Markov source in memory)", NULL},
-      {"backend", "auto|cpu|cuda", "where to compute (default auto: CPU today)", NULL},
+      {"backend", "auto|cpu|cuda", "where to compute (default auto: CUDA when a GPU is visible, else CPU)", NULL},
       {"init-from", "GPT2.bin", "start from llm.c's GPT-2 checkpoint (fp32 or bf16)", NULL},
       {"metrics", "FILE", "also write one JSON object per step to FILE", NULL},
       {"checkpoint-dir", "DIR", "save checkpoints here (issue 7)", NULL},
@@ -162,13 +171,20 @@ int cmd_run(int argc, char **argv) {
   if (cli_flag(&command, "trace")) {
     return refuse(&command, "trace", "the measured timeline arrives with issue 10");
   }
-  const char *backend = cli_value(&command, "backend") ? cli_value(&command, "backend") : "auto";
+  const char *backend_name =
+      cli_value(&command, "backend") ? cli_value(&command, "backend") : "auto";
   mp_error err = MP_ERROR_INITIALIZER;
-  if (strcmp(backend, "cuda") == 0) {
-    return refuse(&command, "backend cuda", "the GPU backend arrives with issue 8");
-  }
-  if (strcmp(backend, "auto") != 0 && strcmp(backend, "cpu") != 0) {
-    mp_fail(&err, MP_ERR_INPUT, "--backend: expected auto, cpu or cuda, got '%s'", backend);
+  mp_backend backend = MP_BACKEND_CPU;
+  char backend_reason[128] = "";
+  if (strcmp(backend_name, "cuda") == 0) {
+    backend = MP_BACKEND_CUDA;
+  } else if (strcmp(backend_name, "auto") == 0) {
+    const int gpus = mp_device_count();
+    backend = gpus > 0 ? MP_BACKEND_CUDA : MP_BACKEND_CPU;
+    snprintf(backend_reason, sizeof backend_reason, " (auto: %d GPU%s visible)", gpus,
+             gpus == 1 ? "" : "s");
+  } else if (strcmp(backend_name, "cpu") != 0) {
+    mp_fail(&err, MP_ERR_INPUT, "--backend: expected auto, cpu or cuda, got '%s'", backend_name);
     return cli_report(&command, &err);
   }
   const char *config = cli_value(&command, "config");
@@ -196,13 +212,13 @@ int cmd_run(int argc, char **argv) {
     goto done;
   }
   if (open_data(cli_value(&command, "data"), steps, &state, &err) != MP_OK ||
-      mp_trainer_create(&state.plan, state.model, state.data, &state.trainer, &err) != MP_OK) {
+      mp_trainer_create(&state.plan, state.model, state.data, backend, &state.trainer, &err) !=
+          MP_OK) {
     exit_code = cli_report(&command, &err);
     goto done;
   }
   const char *init_from = cli_value(&command, "init-from");
-  if (init_from != NULL &&
-      mp_gpt_load_llmc(mp_trainer_model(state.trainer), init_from, &err) != MP_OK) {
+  if (init_from != NULL && mp_trainer_load_llmc(state.trainer, init_from, &err) != MP_OK) {
     exit_code = cli_report(&command, &err);
     goto done;
   }
@@ -213,16 +229,25 @@ int cmd_run(int argc, char **argv) {
     goto done;
   }
 
-  const mp_gpt_config *c = mp_gpt_get_config(mp_trainer_model(state.trainer));
+  mp_cluster cluster;
+  if (mp_cluster_load(state.plan.cluster, &cluster, &err) != MP_OK) {
+    exit_code = cli_report(&command, &err);
+    goto done;
+  }
+  state.peak_flops_per_s =
+      cluster.peak_flops_per_s[backend == MP_BACKEND_CUDA ? MP_DTYPE_BF16 : MP_DTYPE_FP32];
+  const mp_gpt_layout *layout = mp_trainer_layout(state.trainer);
+  const mp_gpt_config *c = mp_gpt_layout_config(layout);
   printf("model %s: %d layers, %d heads, %d channels, vocab %d (padded %d), %zu parameters\n",
          mp_model_name(state.model), c->num_layers, c->num_heads, c->channels, c->vocab_size,
-         c->padded_vocab_size, mp_gpt_num_params(mp_trainer_model(state.trainer)));
+         c->padded_vocab_size, mp_gpt_layout_num_params(layout));
   printf("plan %s: 1 rank, global batch %lld = %lld micro-batches x %lld sequences x %lld "
          "tokens, %lld steps\n",
          config, (long long)state.plan.global_batch, (long long)state.plan.num_micro_batches,
          (long long)state.plan.micro_batch, (long long)state.plan.seq_len, (long long)steps);
-  printf("backend: cpu%s\n", strcmp(backend, "auto") == 0 ? " (auto: the CUDA backend arrives "
-                                                              "with issue 8)" : "");
+  printf("backend: %s%s; MFU against %s's %s peak of %.1f TFLOP/s\n", mp_backend_name(backend),
+         backend_reason, cluster.name, backend == MP_BACKEND_CUDA ? "bf16" : "fp32",
+         state.peak_flops_per_s / 1e12);
   const int num_files = mp_data_loader_num_files(state.data);
   if (num_files > 0) {
     printf("data: %s (%d file%s), %lld tokens\n", mp_data_loader_name(state.data), num_files,
@@ -249,7 +274,7 @@ int cmd_run(int argc, char **argv) {
       goto done;
     }
     elapsed += metrics.seconds;
-    print_step(&metrics, steps, state.entropy_floor, terminal, elapsed);
+    print_step(&metrics, steps, state.entropy_floor, terminal, elapsed, state.peak_flops_per_s);
     if (state.metrics != NULL) write_metrics(state.metrics, &metrics);
   }
   printf("done: %lld steps in %.1f s, final loss %.6f", (long long)steps, elapsed, metrics.loss);

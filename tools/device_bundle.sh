@@ -12,7 +12,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-binaries=(//tools:mpengine)
+binaries=(
+  //tools:mpengine
+  //tests/layers:cuda_elementwise_test
+  //tests/layers:cuda_gemm_test
+  //tests/engine:gpt_model_gpu_test
+)
 bazel build "${binaries[@]}"
 
 rm -rf .device

@@ -2,11 +2,17 @@
 # tools/device_check.sh — everything mpengine checks on a real GPU, in one call, printing one report.
 #
 # Runs on the lent GPU machine (no Bazel, no apt, no network) from the repository root, with the
-# binaries that tools/device_bundle.sh built here in .device/. Sections grow with the GPU
-# issues: today it proves that CUDA code built here runs there (device query, library versions,
-# a kernel checked against the CPU) and measures the bf16 matrix peak that MFU figures divide by.
+# binaries that tools/device_bundle.sh built here in .device/. It prints:
+#   - the machine, the library versions, a smoke kernel checked against the CPU;
+#   - every CUDA kernel checked against its CPU twin (max relative error), and the GPU model
+#     against the CPU model;
+#   - the measured bf16 GEMM peak (PyTorch), the figure MFU is also given against;
+#   - one-GPU training of tiny-gpt (loss against the entropy floor), gpt2-124m and gpt2-1.5b
+#     (tokens/s, MFU), and PyTorch eager on the same model and batch for the tokens/s ratio.
+# Usage: bash tools/device_check.sh [--quick]   (--quick: kernels and tiny-gpt only)
 set -uo pipefail
 cd "$(dirname "$0")/.."
+quick=${1:-}
 
 section() { printf '\n== %s ==\n' "$*"; }
 
@@ -18,34 +24,45 @@ fi
 # CUDA libraries: the machine's toolkit, and NCCL from wherever it is installed (the CUDA image
 # ships it in a Python package when not in the toolkit).
 libdirs=(.device/lib)
-for dir in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu; do
+for dir in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
   [ -d "$dir" ] && libdirs+=("$dir")
 done
 for lib in libnccl.so.2 libcublasLt.so.13 libcudart.so.13; do
-  found=$(find / -xdev -name "$lib" -not -path '*/proc/*' 2>/dev/null | head -n 1)
+  found=$(find / -xdev -name "$lib" -not -path '/proc/*' 2>/dev/null | head -n 1)
   [ -n "$found" ] && libdirs+=("$(dirname "$found")")
 done
 LD_LIBRARY_PATH=$(IFS=:; echo "${libdirs[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export LD_LIBRARY_PATH
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-16}
 failures=0
+fail() { failures=$((failures + 1)); echo "FAILED: $*"; }
 
 section "machine"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader || true
-nproc
+echo "cpu cores: $(nproc)"
 
 section "shared libraries"
-if ldd .device/bin/mpengine | grep "not found"; then
-  echo "MISSING libraries above"
-  failures=$((failures + 1))
-else
-  echo "all resolved"
-fi
+for binary in .device/bin/*; do
+  if ldd "$binary" | grep "not found"; then fail "$binary has missing libraries"; fi
+done
+echo "checked $(ls .device/bin | wc -l) binaries"
 
 section "mpengine version --smoke-test"
-.device/bin/mpengine version --smoke-test || failures=$((failures + 1))
+.device/bin/mpengine version --smoke-test || fail "smoke test"
+
+section "CUDA kernels against their CPU twins"
+for test in cuda_elementwise_test cuda_gemm_test gpt_model_gpu_test; do
+  if [ -x ".device/bin/$test" ]; then
+    timeout 300 ".device/bin/$test" 2>&1 | grep -E "kernel |model |gpu training|FAILED|Failure|Expected|Which is|error|PASSED|SKIPPED|tests? ran" \
+      || fail "$test printed nothing"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || fail "$test"
+  else
+    fail "$test not bundled"
+  fi
+done
 
 section "bf16 matrix peak (PyTorch, 8192^3, median of 20)"
-timeout 120 python3 - <<'PY' || echo "(PyTorch measurement unavailable)"
+peak=$(timeout 120 python3 - <<'PY'
 import torch
 a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
 b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
@@ -58,13 +75,37 @@ for _ in range(20):
     start.record(); a @ b; end.record(); torch.cuda.synchronize()
     times.append(start.elapsed_time(end) / 1e3)
 times.sort()
-median = times[len(times) // 2]
-print(f"bf16 GEMM 8192^3: {2 * 8192**3 / median / 1e12:.0f} TFLOP/s (median {median * 1e3:.3f} ms)")
+print(f"{2 * 8192**3 / times[len(times) // 2] / 1e12:.0f}")
 PY
+)
+echo "measured bf16 GEMM peak: ${peak:-unavailable} TFLOP/s (datasheet dense: 989)"
 
-section "describe (CPU path, for completeness)"
-.device/bin/mpengine describe examples/models/gpt2-1.5b.json | tail -4 || failures=$((failures + 1))
+section "one-GPU training: tiny-gpt on its synthetic source (loss vs the entropy floor)"
+timeout 300 .device/bin/mpengine run --config examples/plans/tiny-gpt-1rank.json --backend cuda \
+  | grep -E "^(model|backend|entropy|done)|step (1|100|200|300)/" || fail "tiny-gpt on cuda"
+
+if [ "$quick" != "--quick" ]; then
+  for model in gpt2-124m gpt2-1.5b; do
+    section "one-GPU training: $model (20 steps, synthetic data)"
+    plan=examples/plans/$model-1gpu.json
+    log=$(mktemp)
+    timeout 400 .device/bin/mpengine run --config "$plan" --backend cuda > "$log" 2>&1 || fail "$model on cuda"
+    grep -E "^(model|plan|backend)|step (1|5|10|15|20)/|done|mpengine run" "$log"
+    # Steady state: the median of steps 6-20.
+    awk -F'|' -v peak="${peak:-0}" '/^step ([6-9]|1[0-9]|20)\// {
+        for (i = 1; i <= NF; ++i) { if ($i ~ /tok\/s/) t[n] = $i + 0; if ($i ~ /TFLOP\/s/) f[n] = $i + 0 }
+        n++ }
+      END { if (n == 0) exit; asort(t); asort(f); m = int((n + 1) / 2);
+            printf "steady state (median of steps 6-20): %.0f tok/s, %.1f TFLOP/s, MFU %.1f%% of 989 (datasheet)", t[m], f[m], 100 * f[m] / 989;
+            if (peak > 0) printf ", %.1f%% of %d (measured)", 100 * f[m] / peak, peak;
+            printf "\n" }' "$log"
+    batch=$(grep -o '"micro_batch": [0-9]*' "$plan" | grep -o '[0-9]*$')
+    timeout 300 python3 tools/bench/torch_gpu_step.py "examples/models/$model.json" --batch "$batch" --seq-len 1024 --steps 10 \
+      || echo "(PyTorch step unavailable)"
+    rm -f "$log"
+  done
+fi
 
 section "summary"
-echo "device_check: $failures failed section(s)"
+echo "device_check: $failures failure(s)"
 exit $(( failures > 0 ? 1 : 0 ))

@@ -46,7 +46,7 @@ struct Job {
                                       "train", &train, &err) == MP_OK &&
            mp_data_loader_from_tokens(eval_tokens.data(), (int64_t)eval_tokens.size(),
                                       mp_model_vocab_size(model), "eval", &eval, &err) == MP_OK &&
-           mp_trainer_create(&plan, model, train, &trainer, &err) == MP_OK;
+           mp_trainer_create(&plan, model, train, MP_BACKEND_CPU, &trainer, &err) == MP_OK;
   }
 };
 

@@ -1,0 +1,97 @@
+/*
+ * layers/cuda_gemm_internal.cuh — private to //layers:cuda_gemm (matmul_cuda.cu and
+ * attention_cuda.cu): the mp_cublas context, the macros that record a failed cuBLAS or CUDA call
+ * in it from the void launchers, and small device helpers.
+ *
+ * Launchers cannot return a status (they are asynchronous, like kernel launches), so every cuBLAS
+ * call goes through MP_CUBLAS_OK, which names the call, the file and the line, and keeps the
+ * first failure for mp_cublas_check (matmul.h).
+ */
+#ifndef MPENGINE_LAYERS_CUDA_GEMM_INTERNAL_CUH
+#define MPENGINE_LAYERS_CUDA_GEMM_INTERNAL_CUH
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stddef.h>
+
+#include "common/error.h"
+#include "layers/cuda_types.h"
+#include "layers/matmul.h"
+
+static_assert(sizeof(mp_bf16) == sizeof(__nv_bfloat16), "mp_bf16 must be the 16 bits of a bf16");
+
+// cuBLAS's recommendation for Hopper; enough for every split-K reduction at GPT-2 sizes.
+constexpr size_t MP_CUBLAS_WORKSPACE_BYTES = (size_t)32 << 20;
+
+struct mp_cublas {
+  cublasHandle_t blas;    // cublasGemmEx, cublasGemmStridedBatchedEx
+  cublasLtHandle_t lt;    // cublasLtMatmul (the linear layer, with its bias epilogue)
+  void *workspace;        // device, MP_CUBLAS_WORKSPACE_BYTES, shared by both handles
+  mp_status failure;      // MP_OK until a launcher fails; the first failure is kept
+  char failure_message[MP_ERROR_MESSAGE_BYTES];
+};
+
+// Keeps status and message in cublas unless an earlier failure is already kept.
+void mp_cublas_record_failure(mp_cublas *cublas, mp_status status, const char *format, ...)
+    __attribute__((format(printf, 3, 4)));
+
+// True when `status` is success; otherwise records "<call> failed: ..." and returns false.
+bool mp_cublas_status_ok(mp_cublas *cublas, cublasStatus_t status, const char *call,
+                         const char *file, int line);
+
+// Binds the handles to `stream` (cublasSetStream resets the workspace, so it is set again).
+bool mp_cublas_bind_stream(mp_cublas *cublas, cudaStream_t stream);
+
+// Evaluates a cuBLAS call; records a failure (call text, status, file, line); yields success.
+#define MP_CUBLAS_OK(cublas, call) mp_cublas_status_ok((cublas), (call), #call, __FILE__, __LINE__)
+
+// After a kernel launch: records a launch error (bad configuration, no kernel image for this GPU).
+#define MP_CUDA_RECORD_LAUNCH(cublas, kernel_name)                                            \
+  do {                                                                                        \
+    cudaError_t mp_launch_status_ = cudaGetLastError();                                       \
+    if (mp_launch_status_ != cudaSuccess) {                                                   \
+      mp_cublas_record_failure((cublas), MP_ERR_RUNTIME, "launch of %s failed: %s (%s) at %s:%d", \
+                               (kernel_name), cudaGetErrorString(mp_launch_status_),          \
+                               cudaGetErrorName(mp_launch_status_), __FILE__, __LINE__);      \
+    }                                                                                         \
+  } while (0)
+
+// For functions that return mp_status with an mp_error *err in scope (mp_cublas_create).
+#define MP_CUBLAS_CHECK_GOTO(call, label)                                                    \
+  do {                                                                                       \
+    cublasStatus_t mp_cublas_status_ = (call);                                               \
+    if (mp_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                                        \
+      mp_fail(err, MP_ERR_RUNTIME, "%s failed: %s (%s) at %s:%d", #call,                     \
+              cublasGetStatusString(mp_cublas_status_), cublasGetStatusName(mp_cublas_status_), \
+              __FILE__, __LINE__);                                                           \
+      goto label;                                                                            \
+    }                                                                                        \
+  } while (0)
+
+// Grids are sized by ceiling division.
+static inline unsigned mp_gemm_ceil_div(size_t n, size_t block) {
+  return (unsigned)((n + block - 1) / block);
+}
+
+static __device__ __forceinline__ float mp_bf16_load(const __nv_bfloat16 *p) {
+  return __bfloat162float(*p);
+}
+
+static __device__ __forceinline__ float mp_gemm_warp_sum(float value) {
+  // Butterfly: every lane ends with the same sum, formed in the same order on every run.
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    value += __shfl_xor_sync(0xffffffffu, value, offset);
+  }
+  return value;
+}
+
+static __device__ __forceinline__ float mp_gemm_warp_max(float value) {
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
+  }
+  return value;
+}
+
+#endif  // MPENGINE_LAYERS_CUDA_GEMM_INTERNAL_CUH
