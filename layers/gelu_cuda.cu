@@ -26,8 +26,7 @@ static __device__ __forceinline__ float gelu_local_grad(float x) {
   const float cube = MP_GELU_CUBE * x * x * x;
   const float tanh_arg = MP_GELU_SCALE * (x + cube);
   const float tanh_out = tanhf(tanh_arg);
-  const float cosh_out = coshf(tanh_arg);
-  const float sech2 = 1.0f / (cosh_out * cosh_out);
+  const float sech2 = 1.0f - tanh_out * tanh_out;  // sech^2 = 1 - tanh^2, as gelu.c
   return 0.5f * (1.0f + tanh_out) +
          x * 0.5f * sech2 * MP_GELU_SCALE * (1.0f + 3.0f * MP_GELU_CUBE * x * x);
 }

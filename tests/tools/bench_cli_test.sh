@@ -48,7 +48,7 @@ size_is() { # FILE BYTES
 # tiny-gpt: vocab 128 (padded 128), 64 positions, C 64, 4 layers of 4C^2 + 2C(4C) + 9C + 4C
 # = 12 C^2 + 13 C floats each, plus the final norm: 128*64 + 64*64 + 4*(12*64*64 + 13*64) + 2*64.
 params=$((128 * 64 + 64 * 64 + 4 * (12 * 64 * 64 + 13 * 64) + 2 * 64))
-expect 0 "model tiny-gpt: 4 layers, 4 heads, 64 channels, vocab 128 (padded 128), $params parameters" \
+expect 0 "4 layers, 4 heads, 64 channels, vocab 128 (padded 128), $params parameters" \
   "batch: 2 x 16 tokens from the markov source (seed 1337)" "dump: loss " \
   "timing: 2 steps after 2 warmup" "ms/step" "tokens/s" "phases (median ms): forward " -- \
   $mpengine bench step "$model" --micro-batch 2 --seq-len 16 --steps 2 --dump "$tmp/d"

@@ -42,7 +42,8 @@ run this; it is a benchmark a person runs and reads.
     tools/bench/torch_compare.py                      # gpt2-124m, batch 4, sequence 64
     tools/bench/torch_compare.py --openblas-coretype SkylakeX --rounds 2
 
-Exit code: 0 when the gradients agree, 1 when they do not (or mpengine failed), 2 bad usage.
+Exit code: 0 when the gradients agree, 1 when they do not (or mpengine failed), 2 bad usage or
+PyTorch missing.
 """
 
 import argparse
@@ -137,15 +138,16 @@ def parse_args():
 
 
 def import_torch():
-    """Imports torch, or exits 2 saying how to get it."""
+    """Returns (torch, numpy), or exits 2 saying how to get them."""
     try:
-        import numpy  # noqa: F401  (torch.from_numpy needs it)
+        import numpy
         import torch
     except ImportError as error:
-        sys.exit(f"torch_compare.py: cannot import PyTorch ({error}). Install Debian's "
-                 "(`apt-get install python3-torch`) and run this script with /usr/bin/python3, "
-                 f"not {sys.executable}.")
-    return torch
+        print(f"torch_compare.py: cannot import PyTorch ({error}). Install Debian's "
+              "(`apt-get install python3-torch`) and run this script with /usr/bin/python3, "
+              f"not {sys.executable}.", file=sys.stderr)
+        sys.exit(2)
+    return torch, numpy
 
 
 # ------------------------------------------------------------------------------------------------
@@ -189,7 +191,8 @@ def read_tokens(path, numpy):
                            f"{TOKENS_MAGIC}, version {TOKENS_VERSION})")
     B, T = int(data[2]), int(data[3])
     if data.size != 4 + 2 * B * T:
-        raise CompareError(f"{path}: {data.size - 4} tokens after the header, expected 2 x {B} x {T}")
+        raise CompareError(f"{path}: {data.size - 4} tokens after the header, expected "
+                           f"2 x {B} x {T}")
     inputs = data[4:4 + B * T].reshape(B, T).astype(numpy.int64)
     targets = data[4 + B * T:].reshape(B, T).astype(numpy.int64)
     return inputs, targets
@@ -273,7 +276,7 @@ def squared_norms(numpy, ours, reference):
 
 
 def group_of(name):
-    """The llm.c tensor a tensor of ours belongs to: "block.3.qkv.weight" -> "block.*.qkv.weight"."""
+    """The llm.c tensor that one of ours belongs to: block.3.qkv.weight -> block.*.qkv.weight."""
     return re.sub(r"^block\.\d+\.", "block.*.", name)
 
 
@@ -409,7 +412,9 @@ def time_torch(torch, config, weights, inputs, targets, args):
             forwards.append(forward_done - start)
             backwards.append(backward_done - forward_done)
             optimizers.append(end - backward_done)
-    ms = lambda values: 1e3 * statistics.median(values)  # noqa: E731
+    def ms(values):
+        return 1e3 * statistics.median(values)
+
     return {"median": ms(totals), "mean": 1e3 * statistics.mean(totals), "forward": ms(forwards),
             "backward": ms(backwards), "optimizer": ms(optimizers), "first_loss": losses[0],
             "last_loss": losses[-1]}
@@ -457,8 +462,7 @@ def main():
         os.environ[variable] = str(args.threads)
     if args.openblas_coretype:
         os.environ["OPENBLAS_CORETYPE"] = args.openblas_coretype
-    torch = import_torch()
-    import numpy
+    torch, numpy = import_torch()
     torch.set_num_threads(args.threads)
 
     cpu = platform.processor() or "cpu"
