@@ -23,3 +23,6 @@ $mpengine describe "$model"
 
 echo "== mpengine schedule --config examples/plans/tiny-gpt-pp4-1f1b.json (4 pipeline stages, 8 micro-batches)"
 $mpengine schedule --config examples/plans/tiny-gpt-pp4-1f1b.json --format ascii
+
+echo "== mpengine run --config examples/plans/tiny-gpt-1rank.json (one rank, synthetic Markov source)"
+OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} $mpengine run --config examples/plans/tiny-gpt-1rank.json
