@@ -14,6 +14,7 @@
 
 #include "engine/data_loader.h"
 #include "engine/device.h"
+#include "engine/gpu_probe.h"
 #include "engine/gpt_model.h"
 #include "engine/markov_source.h"
 #include "engine/trainer.h"
@@ -181,8 +182,14 @@ int cmd_run(int argc, char **argv) {
   } else if (strcmp(backend_name, "auto") == 0) {
     const int gpus = mp_device_count();
     backend = gpus > 0 ? MP_BACKEND_CUDA : MP_BACKEND_CPU;
-    snprintf(backend_reason, sizeof backend_reason, " (auto: %d GPU%s visible)", gpus,
-             gpus == 1 ? "" : "s");
+    mp_gpu_report report;
+    if (gpus > 0 && mp_gpu_probe(&report, &err) == MP_OK && report.num_devices > 0) {
+      snprintf(backend_reason, sizeof backend_reason, " (auto: %s, %d GPU%s visible)",
+               report.devices[0].name, gpus, gpus == 1 ? "" : "s");
+    } else {
+      snprintf(backend_reason, sizeof backend_reason, " (auto: no GPU visible)");
+    }
+    mp_error_clear(&err);
   } else if (strcmp(backend_name, "cpu") != 0) {
     mp_fail(&err, MP_ERR_INPUT, "--backend: expected auto, cpu or cuda, got '%s'", backend_name);
     return cli_report(&command, &err);
