@@ -43,7 +43,8 @@ typedef struct {
   float *ln1_mean, *ln1_rstd; /* (B, T) */
   mp_bf16 *qkv;               /* (B, T, 3C) */
   mp_bf16 *atty;              /* (B, T, C) */
-  mp_bf16 *att;               /* (B, NH, T, T) */
+  mp_bf16 *att;               /* (B, NH, T, T), cuBLAS attention only */
+  float *lse;                 /* (B, NH, T), fused attention only: each query row's log-sum-exp */
   mp_bf16 *residual2;         /* (B, T, C) */
   mp_bf16 *ln2;               /* (B, T, C) */
   float *ln2_mean, *ln2_rstd; /* (B, T) */
@@ -55,6 +56,7 @@ typedef struct {
 struct mp_gpt_gpu {
   mp_gpt_layout *layout;
   int B, T;
+  bool fused_attention; /* flash attention (no T x T matrix) rather than cuBLAS attention */
   size_t device_bytes;
   mp_cublas *cublas;
   /* parameters, (P,) each */
@@ -156,6 +158,10 @@ mp_status mp_gpt_gpu_create(const mp_model *model, int micro_batch, int seq_len,
     goto fail;
   }
   if (mp_cublas_create(&gpt->cublas, err) != MP_OK) goto fail;
+  /* MPENGINE_ATTENTION=cublas selects the unfused path, to compare the two in benchmarks. */
+  const char *attention_choice = getenv("MPENGINE_ATTENTION");
+  gpt->fused_attention = mp_flash_attention_supported(C / NH) &&
+                         !(attention_choice != NULL && strcmp(attention_choice, "cublas") == 0);
 
   ALLOC(gpt->master, P);
   ALLOC(gpt->weights, P);
@@ -186,7 +192,11 @@ mp_status mp_gpt_gpu_create(const mp_model *model, int micro_batch, int seq_len,
     ALLOC(a->ln1_rstd, BT);
     ALLOC(a->qkv, BT * 3 * C);
     ALLOC(a->atty, BT * C);
-    ALLOC(a->att, (size_t)B * NH * T * T);
+    if (gpt->fused_attention) {
+      ALLOC(a->lse, (size_t)B * NH * T);
+    } else {
+      ALLOC(a->att, (size_t)B * NH * T * T);
+    }
     ALLOC(a->residual2, BT * C);
     ALLOC(a->ln2, BT * C);
     ALLOC(a->ln2_mean, BT);
@@ -211,8 +221,10 @@ mp_status mp_gpt_gpu_create(const mp_model *model, int micro_batch, int seq_len,
   const int widest = max_size((size_t)Vp, max_size((size_t)F, 3 * (size_t)C));
   ALLOC(gpt->matmul_scratch, mp_matmul_backward_cuda_scratch_floats((int)BT, widest));
   ALLOC(gpt->norm_scratch, mp_grad_norm_cuda_scratch_floats(P));
-  if (device_alloc(gpt, &gpt->attention_scratch, mp_attention_cuda_scratch_bytes(B, T, NH, C / NH),
-                   err) != MP_OK) {
+  const size_t attention_scratch_bytes =
+      gpt->fused_attention ? mp_flash_attention_scratch_bytes(B, T, NH, C / NH)
+                           : mp_attention_cuda_scratch_bytes(B, T, NH, C / NH);
+  if (device_alloc(gpt, &gpt->attention_scratch, attention_scratch_bytes, err) != MP_OK) {
     goto fail;
   }
   ALLOC(gpt->embedding_workspace, mp_embedding_backward_cuda_workspace_ints(B, T));
@@ -235,7 +247,7 @@ void mp_gpt_gpu_free(mp_gpt_gpu *gpt) {
   if (gpt->acts != NULL) {
     for (int l = 0; l < mp_gpt_layout_config(gpt->layout)->num_layers; ++l) {
       block_acts *a = &gpt->acts[l];
-      void *per_layer[] = {a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->atty, a->att,
+      void *per_layer[] = {a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->atty, a->att, a->lse,
                            a->residual2, a->ln2, a->ln2_mean, a->ln2_rstd, a->fch, a->fch_gelu,
                            a->out};
       for (size_t i = 0; i < sizeof per_layer / sizeof per_layer[0]; ++i) {
@@ -298,8 +310,12 @@ mp_status mp_gpt_gpu_forward(mp_gpt_gpu *gpt, const int32_t *inputs, const int32
     mp_layernorm_forward_cuda(a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1w, w->ln1b, B, T, C,
                               stream);
     mp_matmul_forward_cuda(gpt->cublas, a->qkv, a->ln1, w->qkvw, w->qkvb, BT, C, 3 * C, stream);
-    mp_attention_forward_cuda(gpt->cublas, a->atty, a->att, a->qkv, gpt->attention_scratch, B, T,
-                              NH, C / NH, stream);
+    if (gpt->fused_attention) {
+      mp_flash_attention_forward_cuda(a->atty, a->lse, a->qkv, B, T, NH, C / NH, stream);
+    } else {
+      mp_attention_forward_cuda(gpt->cublas, a->atty, a->att, a->qkv, gpt->attention_scratch, B,
+                                T, NH, C / NH, stream);
+    }
     mp_matmul_forward_cuda(gpt->cublas, gpt->projection, a->atty, w->attprojw, w->attprojb, BT, C,
                            C, stream);
     mp_residual_forward_cuda(a->residual2, x, gpt->projection, (size_t)BT * C, stream);
@@ -361,8 +377,13 @@ mp_status mp_gpt_gpu_backward(mp_gpt_gpu *gpt, mp_error *err) {
     mp_matmul_backward_cuda(gpt->cublas, gpt->datty, g->attprojw, g->attprojb, gpt->dresidual,
                             a->atty, w->attprojw, gpt->matmul_scratch, BT, C, C, stream);
     MP_TRY(mp_device_memset(gpt->dqkv, 0, (size_t)BT * 3 * C * sizeof(mp_bf16), err));
-    mp_attention_backward_cuda(gpt->cublas, gpt->dqkv, gpt->datty, a->qkv, a->att,
-                               gpt->attention_scratch, B, T, NH, C / NH, stream);
+    if (gpt->fused_attention) {
+      mp_flash_attention_backward_cuda(gpt->dqkv, gpt->datty, a->qkv, a->atty, a->lse,
+                                       gpt->attention_scratch, B, T, NH, C / NH, stream);
+    } else {
+      mp_attention_backward_cuda(gpt->cublas, gpt->dqkv, gpt->datty, a->qkv, a->att,
+                                 gpt->attention_scratch, B, T, NH, C / NH, stream);
+    }
     MP_TRY(mp_device_memset(gpt->dnorm, 0, act_bytes, err));
     mp_matmul_backward_cuda(gpt->cublas, gpt->dnorm, g->qkvw, g->qkvb, gpt->dqkv, a->ln1, w->qkvw,
                             gpt->matmul_scratch, BT, C, 3 * C, stream);

@@ -7,7 +7,10 @@
  * accumulation; weight gradients accumulate in fp32 across micro-batches. Every kernel is a CUDA
  * twin of a layers/ CPU kernel, tested against it.
  *
- * Everything runs on CUDA's default stream, in order. A build without CUDA compiles
+ * Attention is fused (flash attention: no T x T matrix kept) for the head sizes the fused kernels
+ * support, and cuBLAS batched GEMMs around a softmax otherwise; MPENGINE_ATTENTION=cublas in the
+ * environment forces the latter, for benchmarks. Everything runs on CUDA's default stream, in
+ * order. A build without CUDA compiles
  * gpt_model_gpu_none.c instead, whose create says so.
  */
 #ifndef MPENGINE_ENGINE_GPT_MODEL_GPU_H

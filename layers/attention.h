@@ -17,6 +17,7 @@
 #ifndef MPENGINE_LAYERS_ATTENTION_H
 #define MPENGINE_LAYERS_ATTENTION_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "layers/cuda_types.h"
@@ -90,6 +91,54 @@ void mp_attention_forward_cuda(mp_cublas *cublas, mp_bf16 *out, mp_bf16 *att, co
 void mp_attention_backward_cuda(mp_cublas *cublas, mp_bf16 *dqkv, const mp_bf16 *dout,
                                 const mp_bf16 *qkv, const mp_bf16 *att, void *scratch, int B,
                                 int T, int NH, int HS, mp_cuda_stream stream);
+
+/* ---------------------------------------------------------------------------------------------
+ * CUDA twin: fused (flash) attention (layers/flash_attention_cuda.cu, Bazel target
+ * //layers:cuda_gemm), FlashAttention-2 style: tensor-core tiles of 64 queries x 64 keys, an
+ * online softmax in fp32, and no T x T matrix in device memory. The forward keeps, per query row,
+ * the log-sum-exp of its scaled scores (lse) for the backward, which recomputes the probabilities
+ * from q, k and lse. Same math as the CPU twin: scale 1 / sqrtf(HS), query t attends keys 0..t.
+ * q, k and v are read from the (B, T, 3C) activations and out is written in (B, T, C), no permutes.
+ *
+ * Precision: bf16 inputs, fp32 scores, softmax and accumulators; the probabilities (and in the
+ * backward dS = P o (dP - D)) are rounded to bf16 as tensor-core inputs, and every output element
+ * is rounded to bf16 once. No atomics: results are bitwise reproducible for the same shapes, GPU
+ * model and build.
+ *
+ * Device pointers, asynchronous on `stream`, nothing allocated. qkv, out, dout and dqkv must be
+ * 16-byte aligned (cudaMalloc'd buffers, or offsets into them that are multiples of 8 elements)
+ * and lse 4-byte aligned. The launchers do nothing for an empty shape or a head size that
+ * mp_flash_attention_supported rejects (callers choose the cuBLAS twin then); launch errors are
+ * not checked here: the caller's next mp_device_synchronize (engine/device.h) reports them.
+ * Built without CUDA (cuda_gemm_none.c), nothing is supported and the launchers do nothing. */
+
+/* True for the head sizes the fused kernels are compiled for: 32, 64 and 128. */
+bool mp_flash_attention_supported(int HS);
+
+/* Bytes of device scratch mp_flash_attention_backward_cuda needs: D (B, NH, T) fp32 (the row
+ * sums of dout o out), rounded up to a multiple of 256 bytes; 0 for an empty shape. */
+size_t mp_flash_attention_scratch_bytes(int B, int T, int NH, int HS);
+
+/* Causal attention forward, with C = NH * HS.
+ *   out  (B, T, C)   bf16, written (=): token t, head h at channels [h*HS, (h+1)*HS)
+ *   lse  (B, NH, T)  fp32, written (=): log(sum_{t2 <= t} exp(q_t . k_t2 / sqrt(HS))), for the
+ *                    backward
+ *   qkv  (B, T, 3C)  bf16: q, k, v of head h at channels [h*HS, (h+1)*HS) of each third */
+void mp_flash_attention_forward_cuda(mp_bf16 *out, float *lse, const mp_bf16 *qkv, int B, int T,
+                                     int NH, int HS, mp_cuda_stream stream);
+
+/* Backward of mp_flash_attention_forward_cuda; adds (+=) into dqkv like the CPU twin (each
+ * element's sum is formed in fp32 and rounded to bf16 once).
+ *   dqkv     (B, T, 3C)  bf16 += gradient of q, k and v (must not alias the inputs)
+ *   dout     (B, T, C)   bf16
+ *   qkv      (B, T, 3C)  bf16, the forward's input
+ *   out      (B, T, C)   bf16, the forward's output
+ *   lse      (B, NH, T)  fp32, as the forward wrote it
+ *   scratch              mp_flash_attention_scratch_bytes(B, T, NH, HS) bytes, overwritten (need
+ *                        not hold anything from the forward) */
+void mp_flash_attention_backward_cuda(mp_bf16 *dqkv, const mp_bf16 *dout, const mp_bf16 *qkv,
+                                      const mp_bf16 *out, const float *lse, void *scratch, int B,
+                                      int T, int NH, int HS, mp_cuda_stream stream);
 
 #ifdef __cplusplus
 }

@@ -1,8 +1,9 @@
 /*
  * layers/cuda_gemm_none.c — //layers:cuda_gemm on a machine without CUDA: mp_cublas_create says
- * so, the launchers (which need an mp_cublas) do nothing, and the scratch sizes are the real ones,
- * so callers that only plan memory still link and run.
+ * so, the launchers (which need an mp_cublas) do nothing, no head size has fused attention, and
+ * the scratch sizes are the real ones, so callers that only plan memory still link and run.
  */
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "common/error.h"
@@ -57,5 +58,28 @@ void mp_attention_backward_cuda(mp_cublas *cublas, mp_bf16 *dqkv, const mp_bf16 
                                 const mp_bf16 *qkv, const mp_bf16 *att, void *scratch, int B,
                                 int T, int NH, int HS, mp_cuda_stream stream) {
   (void)cublas, (void)dqkv, (void)dout, (void)qkv, (void)att, (void)scratch, (void)B, (void)T,
+      (void)NH, (void)HS, (void)stream;
+}
+
+bool mp_flash_attention_supported(int HS) {
+  (void)HS;
+  return false;
+}
+
+size_t mp_flash_attention_scratch_bytes(int B, int T, int NH, int HS) {
+  if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return 0;
+  const size_t bytes = (size_t)B * NH * T * sizeof(float); /* D (B, NH, T) */
+  return (bytes + 255) / 256 * 256;
+}
+
+void mp_flash_attention_forward_cuda(mp_bf16 *out, float *lse, const mp_bf16 *qkv, int B, int T,
+                                     int NH, int HS, mp_cuda_stream stream) {
+  (void)out, (void)lse, (void)qkv, (void)B, (void)T, (void)NH, (void)HS, (void)stream;
+}
+
+void mp_flash_attention_backward_cuda(mp_bf16 *dqkv, const mp_bf16 *dout, const mp_bf16 *qkv,
+                                      const mp_bf16 *out, const float *lse, void *scratch, int B,
+                                      int T, int NH, int HS, mp_cuda_stream stream) {
+  (void)dqkv, (void)dout, (void)qkv, (void)out, (void)lse, (void)scratch, (void)B, (void)T,
       (void)NH, (void)HS, (void)stream;
 }

@@ -16,6 +16,7 @@ binaries=(
   //tools:mpengine
   //tests/layers:cuda_elementwise_test
   //tests/layers:cuda_gemm_test
+  //tests/layers:flash_attention_test
   //tests/engine:gpt_model_gpu_test
 )
 bazel build "${binaries[@]}"

@@ -51,7 +51,7 @@ section "mpengine version --smoke-test"
 .device/bin/mpengine version --smoke-test || fail "smoke test"
 
 section "CUDA kernels against their CPU twins"
-for test in cuda_elementwise_test cuda_gemm_test gpt_model_gpu_test; do
+for test in cuda_elementwise_test cuda_gemm_test flash_attention_test gpt_model_gpu_test; do
   if [ -x ".device/bin/$test" ]; then
     timeout 300 ".device/bin/$test" 2>&1 | grep -E "kernel |model |gpu training|FAILED|Failure|Expected|Which is|error|PASSED|SKIPPED|tests? ran" \
       || fail "$test printed nothing"
