@@ -92,10 +92,11 @@ if [ "$quick" != "--quick" ]; then
     timeout 400 .device/bin/mpengine run --config "$plan" --backend cuda > "$log" 2>&1 || fail "$model on cuda"
     grep -E "^(model|plan|backend)|step (1|5|10|15|20)/|done|mpengine run" "$log"
     # Steady state: the median of steps 6-20.
-    awk -F'|' -v peak="${peak:-0}" '/^step ([6-9]|1[0-9]|20)\// {
+    awk -F'|' -v peak="${peak:-0}" 'BEGIN { n = 0 } /^step ([6-9]|1[0-9]|20)\// {
         for (i = 1; i <= NF; ++i) { if ($i ~ /tok\/s/) t[n] = $i + 0; if ($i ~ /TFLOP\/s/) f[n] = $i + 0 }
         n++ }
-      END { if (n == 0) exit; asort(t); asort(f); m = int((n + 1) / 2);
+      function sort(a, k,   i, j, x) { for (i = 1; i < k; ++i) { x = a[i]; for (j = i - 1; j >= 0 && a[j] > x; --j) a[j + 1] = a[j]; a[j + 1] = x } }
+      END { if (n == 0) exit; sort(t, n); sort(f, n); m = int(n / 2);
             printf "steady state (median of steps 6-20): %.0f tok/s, %.1f TFLOP/s, MFU %.1f%% of 989 (datasheet)", t[m], f[m], 100 * f[m] / 989;
             if (peak > 0) printf ", %.1f%% of %d (measured)", 100 * f[m] / peak, peak;
             printf "\n" }' "$log"
@@ -104,6 +105,9 @@ if [ "$quick" != "--quick" ]; then
       || echo "(PyTorch step unavailable)"
     rm -f "$log"
   done
+  section "gpt2-1.5b with the unfused cuBLAS attention, for comparison (MPENGINE_ATTENTION=cublas)"
+  MPENGINE_ATTENTION=cublas timeout 300 .device/bin/mpengine run --config examples/plans/gpt2-1.5b-1gpu.json \
+    --backend cuda --steps 10 | grep -E "step (5|10)/" || fail "gpt2-1.5b with cuBLAS attention"
 fi
 
 section "summary"
