@@ -58,11 +58,18 @@ static const double kAdamEps = 1e-8;
 static const double kWeightDecay = 0.0;
 static const double kGradClip = 1.0;
 
-static double now_seconds(void) {
+static double clock_seconds(clockid_t clock) {
   struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
+  clock_gettime(clock, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
+
+/* Wall time, what the benchmark reports. */
+static double now_seconds(void) { return clock_seconds(CLOCK_MONOTONIC); }
+
+/* CPU time of the whole process (every thread): on a machine shared with other work it counts
+ * only what we ran, not the time spent waiting for a core. */
+static double cpu_seconds(void) { return clock_seconds(CLOCK_PROCESS_CPUTIME_ID); }
 
 /* splitmix64: the uniform token source, a pure function of the seed. */
 static uint64_t splitmix64(uint64_t *state) {
@@ -170,15 +177,16 @@ static mp_status dump_step(mp_gpt *gpt, const char *dir, const int32_t *inputs,
   return write_file(path, 1, text_parts, text_bytes, err);
 }
 
-/* Seconds of each phase of one training step. */
+/* Seconds of each phase of one training step (wall), and of the whole step in CPU time. */
 typedef struct {
-  double total, forward, backward, optimizer;
+  double total, forward, backward, optimizer, cpu;
 } step_times;
 
 /* One full training step (the pinned optimizer of the file comment) on the fixed batch; t is
  * AdamW's 1-based step count. Returns the loss. */
 static double train_step(mp_gpt *gpt, float *adam_m, float *adam_v, const int32_t *inputs,
                          const int32_t *targets, int t, step_times *times) {
+  const double cpu_start = cpu_seconds();
   const double start = now_seconds();
   mp_gpt_zero_grads(gpt);
   const double loss = mp_gpt_forward(gpt, inputs, targets);
@@ -199,6 +207,7 @@ static double train_step(mp_gpt *gpt, float *adam_m, float *adam_v, const int32_
                         tensor->weight_decay ? (float)kWeightDecay : 0.0f, t);
   }
   const double end = now_seconds();
+  times->cpu = cpu_seconds() - cpu_start;
   times->total = end - start;
   times->forward = forward_done - start;
   times->backward = backward_done - forward_done;
@@ -223,7 +232,7 @@ typedef struct {
   mp_gpt *gpt;
   int32_t *inputs, *targets; /* (B, T) */
   float *adam_m, *adam_v;    /* (num_params,) */
-  double *times;             /* (4, steps): total, forward, backward, optimizer */
+  double *times;             /* (5, steps): total, forward, backward, optimizer, cpu */
 } bench_state;
 
 static void bench_state_free(bench_state *state) {
@@ -242,12 +251,12 @@ static mp_status time_steps(bench_state *state, int B, int T, int64_t warmup, in
   const size_t n = mp_gpt_num_params(state->gpt);
   state->adam_m = calloc(n, sizeof(float));
   state->adam_v = calloc(n, sizeof(float));
-  state->times = calloc(4 * (size_t)steps, sizeof(double));
+  state->times = calloc(5 * (size_t)steps, sizeof(double));
   if (state->adam_m == NULL || state->adam_v == NULL || state->times == NULL) {
     return mp_fail(err, MP_ERR_RUNTIME, "out of memory for optimizer state (%zu parameters)", n);
   }
   double *total = state->times, *forward = total + steps, *backward = forward + steps,
-         *optimizer = backward + steps;
+         *optimizer = backward + steps, *cpu = optimizer + steps;
   double first_loss = 0.0, last_loss = 0.0, sum = 0.0, fastest = INFINITY, slowest = 0.0;
   for (int64_t i = 0; i < warmup + steps; ++i) {
     step_times times;
@@ -264,6 +273,7 @@ static mp_status time_steps(bench_state *state, int B, int T, int64_t warmup, in
     forward[k] = times.forward;
     backward[k] = times.backward;
     optimizer[k] = times.optimizer;
+    cpu[k] = times.cpu;
     sum += times.total;
     if (times.total < fastest) fastest = times.total;
     if (times.total > slowest) slowest = times.total;
@@ -280,6 +290,8 @@ static mp_status time_steps(bench_state *state, int B, int T, int64_t warmup, in
   printf("  phases (median ms): forward %.3f, backward %.3f, optimizer %.3f\n",
          median(forward, count) * 1e3, median(backward, count) * 1e3,
          median(optimizer, count) * 1e3);
+  printf("  cpu: median %.3f ms/step of process CPU time (not counting waits for a core)\n",
+         median(cpu, count) * 1e3);
   printf("  loss %.9g at the first step, %.9g at the last\n", first_loss, last_loss);
   return MP_OK;
 }
@@ -304,8 +316,9 @@ static int bench_step(int argc, char **argv) {
       .summary =
           "Time full one-rank training steps on one fixed batch: zero the gradients, forward,\n"
           "backward, clip the global norm at 1, AdamW (lr 1e-4, betas (0.9, 0.95), eps 1e-8,\n"
-          "weight decay 0). Prints the median and mean time per step and tokens/s. BLAS uses\n"
-          "the threads the environment gives it (OPENBLAS_NUM_THREADS).\n\n"
+          "weight decay 0). Prints the median and mean time per step, tokens/s, and the median\n"
+          "process CPU time per step (steadier than wall time on a busy machine). BLAS uses the\n"
+          "threads the environment gives it (OPENBLAS_NUM_THREADS).\n\n"
           "--dump DIR first runs one forward + backward and writes, replacing only these files:\n"
           "  model.bin   the weights before the step (llm.c GPT-2 checkpoint, version 3, fp32)\n"
           "  grads.bin   the gradients of the mean loss, in the same header and tensor order\n"
