@@ -28,15 +28,6 @@ static int pending(int argc, char **argv, const char *usage, const char *summary
   return cli_report(&command, &err);
 }
 
-int cmd_plan(int argc, char **argv) {
-  return pending(argc, argv,
-                 "mpengine plan MODEL.json --gpus N [--cluster NAME|FILE] [--global-batch B] "
-                 "[--seq-len S] [--top K] [--out PLAN.json]",
-                 "Search dp x pp x tp, micro-batch, schedule, virtual stages and recomputation "
-                 "for the fastest layout that fits in memory.",
-                 "the topology planner (issue 6)");
-}
-
 int cmd_timeline(int argc, char **argv) {
   return pending(argc, argv,
                  "mpengine timeline TRACE.json [--against PLAN.json] [--format ascii|svg|chrome] "
@@ -44,10 +35,4 @@ int cmd_timeline(int argc, char **argv) {
                  "Show what a run really did, and against its plan where the prediction was "
                  "wrong.",
                  "the measured timeline (issue 10)");
-}
-
-int cmd_calibrate(int argc, char **argv) {
-  return pending(argc, argv, "mpengine calibrate [--out CLUSTER.json]",
-                 "Time GEMMs and collectives on this machine and write a cluster description.",
-                 "the cost model (issue 6)");
 }

@@ -8,6 +8,7 @@
 #define MPENGINE_TOOLS_COMMANDS_H
 
 int cmd_bench(int argc, char **argv);
+int cmd_bench_comm(int argc, char **argv); /* `bench comm`: argv[0] = "comm" */
 int cmd_data(int argc, char **argv);
 int cmd_describe(int argc, char **argv);
 int cmd_plan(int argc, char **argv);

@@ -1,9 +1,12 @@
 /* topology/plan.c — reading and checking parallelism configs; see plan.h for the format. */
 #include "topology/plan.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/json_reader.h"
 
@@ -270,4 +273,77 @@ mp_status mp_plan_load(const char *path, mp_plan *out, mp_error *err) {
   mp_status status = parse_plan(&reader, root, base_dir, out);
   cJSON_Delete(root);
   return status;
+}
+
+mp_status mp_plan_write(const mp_plan *plan, const mp_plan_prediction *predicted,
+                        const char *path, mp_error *err) {
+  cJSON *root = cJSON_CreateObject();
+  if (root == NULL) return mp_fail(err, MP_ERR_RUNTIME, "%s: out of memory", path);
+  cJSON_AddStringToObject(root, "format", "mpengine-plan");
+  cJSON_AddNumberToObject(root, "version", 1);
+  cJSON_AddStringToObject(root, "model", plan->model_path);
+  cJSON_AddStringToObject(root, "cluster", plan->cluster);
+  cJSON *parallel = cJSON_AddObjectToObject(root, "parallel");
+  cJSON_AddNumberToObject(parallel, "dp", plan->dp);
+  cJSON_AddNumberToObject(parallel, "pp", plan->pp);
+  cJSON_AddNumberToObject(parallel, "tp", plan->tp);
+  cJSON_AddNumberToObject(parallel, "virtual_stages", plan->virtual_stages);
+  cJSON_AddBoolToObject(parallel, "sequence_parallel", plan->sequence_parallel);
+  cJSON_AddNumberToObject(parallel, "zero_stage", plan->zero_stage);
+  cJSON *batch = cJSON_AddObjectToObject(root, "batch");
+  cJSON_AddNumberToObject(batch, "global_batch", (double)plan->global_batch);
+  cJSON_AddNumberToObject(batch, "micro_batch", (double)plan->micro_batch);
+  cJSON_AddNumberToObject(batch, "num_micro_batches", (double)plan->num_micro_batches);
+  cJSON_AddNumberToObject(batch, "seq_len", (double)plan->seq_len);
+  cJSON_AddStringToObject(root, "schedule", plan->schedule);
+  if (plan->num_stage_counts > 0) {
+    cJSON *stages = cJSON_AddArrayToObject(root, "layers_per_stage");
+    for (int i = 0; i < plan->num_stage_counts; ++i) {
+      cJSON_AddItemToArray(stages, cJSON_CreateNumber(plan->layers_per_stage[i]));
+    }
+  }
+  cJSON_AddStringToObject(root, "recompute", mp_recompute_name(plan->recompute));
+  const mp_training_config *t = &plan->training;
+  cJSON *training = cJSON_AddObjectToObject(root, "training");
+  cJSON_AddNumberToObject(training, "steps", (double)t->steps);
+  cJSON_AddNumberToObject(training, "seed", (double)t->seed);
+  cJSON_AddNumberToObject(training, "learning_rate", t->learning_rate);
+  cJSON_AddNumberToObject(training, "warmup_steps", (double)t->warmup_steps);
+  cJSON_AddNumberToObject(training, "min_lr_ratio", t->min_lr_ratio);
+  cJSON_AddNumberToObject(training, "weight_decay", t->weight_decay);
+  cJSON_AddNumberToObject(training, "beta1", t->beta1);
+  cJSON_AddNumberToObject(training, "beta2", t->beta2);
+  cJSON_AddNumberToObject(training, "eps", t->eps);
+  cJSON_AddNumberToObject(training, "grad_clip", t->grad_clip);
+  if (predicted != NULL) {
+    cJSON *p = cJSON_AddObjectToObject(root, "predicted");
+    cJSON_AddNumberToObject(p, "step_time_s", predicted->step_s);
+    cJSON_AddNumberToObject(p, "tokens_per_s", predicted->tokens_per_s);
+    cJSON_AddNumberToObject(p, "tflops_per_gpu", predicted->tflops_per_gpu);
+    cJSON_AddNumberToObject(p, "mfu", predicted->mfu);
+    cJSON_AddNumberToObject(p, "bubble_fraction", predicted->bubble_fraction);
+    cJSON_AddNumberToObject(p, "memory_capacity_bytes", predicted->capacity_bytes);
+    cJSON *memory = cJSON_AddArrayToObject(p, "memory_bytes_per_pp_rank");
+    for (int i = 0; i < predicted->num_ranks; ++i) {
+      cJSON_AddItemToArray(memory, cJSON_CreateNumber(predicted->memory_bytes_per_rank[i]));
+    }
+  }
+  char *text = cJSON_Print(root);
+  cJSON_Delete(root);
+  if (text == NULL) return mp_fail(err, MP_ERR_RUNTIME, "%s: out of memory", path);
+  char temporary[MP_PLAN_PATH_BYTES + 64];
+  snprintf(temporary, sizeof temporary, "%s.tmp.%ld", path, (long)getpid());
+  FILE *file = fopen(temporary, "w");
+  bool failed = file == NULL;
+  if (!failed) {
+    failed = fputs(text, file) < 0 || fputc('\n', file) == EOF;
+    failed = (fclose(file) != 0) || failed;
+  }
+  free(text);
+  if (failed || rename(temporary, path) != 0) {
+    const int saved = errno;
+    remove(temporary);
+    return mp_fail(err, MP_ERR_RUNTIME, "%s: cannot write the plan: %s", path, strerror(saved));
+  }
+  return MP_OK;
 }

@@ -82,6 +82,23 @@ mp_status mp_plan_load(const char *path, mp_plan *out, mp_error *err);
 mp_status mp_plan_parse_text(const char *text, const char *source, const char *base_dir,
                              mp_plan *out, mp_error *err);
 
+/* What the planner predicts for a plan, written as its "predicted" object (run does not read
+ * it). memory_bytes_per_rank has num_ranks entries, one per pipeline rank. */
+typedef struct {
+  double step_s, tokens_per_s, tflops_per_gpu, mfu, bubble_fraction;
+  double capacity_bytes;
+  int num_ranks;
+  double memory_bytes_per_rank[MP_PLAN_MAX_STAGES];
+} mp_plan_prediction;
+
+/* Writes plan (and predicted, when not NULL) to path in the format above, through a temporary
+ * name in the same directory renamed into place, so a reader never sees half a file; an existing
+ * file at path is replaced (the caller decides whether that is wanted). model_path and cluster
+ * are written as they are. The training section is written in full. Fails with MP_ERR_RUNTIME
+ * naming the path when it cannot be written. mp_plan_load of the file gives back the plan. */
+mp_status mp_plan_write(const mp_plan *plan, const mp_plan_prediction *predicted,
+                        const char *path, mp_error *err);
+
 /* Learning rate at step (0-based) of a run of training->steps steps: linear warmup, then cosine
  * decay from learning_rate to min_lr_ratio x learning_rate. */
 double mp_training_learning_rate(const mp_training_config *training, int64_t step);

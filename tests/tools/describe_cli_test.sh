@@ -54,7 +54,7 @@ done
 expect 0 "commands:" -- $mpengine --help
 expect 2 "unknown command 'descibe'; did you mean 'describe'?" -- $mpengine descibe
 expect 2 "usage: mpengine <command>" -- $mpengine
-expect 2 "not implemented yet: the topology planner (issue 6)" -- $mpengine plan examples/models/tiny-gpt.json --gpus 8
+expect 0 "model tiny-gpt on 8 GPUs of cpu-local" -- $mpengine plan examples/models/tiny-gpt.json --gpus 8
 expect 0 "mpengine 0.1.0" -- $mpengine version
 
 if [ $failures -ne 0 ]; then

@@ -1,0 +1,135 @@
+/* tensor_parallel/shard.c — the parts of full tensors that tensor-parallel ranks hold; see
+ * shard.h. */
+#include "tensor_parallel/shard.h"
+
+#include <stdbool.h>
+#include <string.h>
+
+const char *mp_tp_split_name(mp_tp_split split) {
+  switch (split) {
+    case MP_TP_REPLICATED:
+      return "replicated";
+    case MP_TP_SPLIT_ROWS:
+      return "rows";
+    case MP_TP_SPLIT_COLS:
+      return "cols";
+    case MP_TP_SPLIT_QKV:
+      return "qkv";
+  }
+  return "unknown";
+}
+
+static bool ends_with(const char *text, const char *suffix) {
+  const size_t a = strlen(text), b = strlen(suffix);
+  return a >= b && strcmp(text + a - b, suffix) == 0;
+}
+
+mp_status mp_tp_split_of(const char *name, mp_tp_split *split, mp_error *err) {
+  static const struct {
+    const char *suffix;
+    mp_tp_split split;
+  } kBlockSplits[] = {
+      {".ln1.weight", MP_TP_REPLICATED},     {".ln1.bias", MP_TP_REPLICATED},
+      {".qkv.weight", MP_TP_SPLIT_QKV},      {".qkv.bias", MP_TP_SPLIT_QKV},
+      {".attn_proj.weight", MP_TP_SPLIT_COLS}, {".attn_proj.bias", MP_TP_REPLICATED},
+      {".ln2.weight", MP_TP_REPLICATED},     {".ln2.bias", MP_TP_REPLICATED},
+      {".fc.weight", MP_TP_SPLIT_ROWS},      {".fc.bias", MP_TP_SPLIT_ROWS},
+      {".fc_proj.weight", MP_TP_SPLIT_COLS}, {".fc_proj.bias", MP_TP_REPLICATED},
+  };
+  if (strcmp(name, "embedding.wte") == 0) {
+    *split = MP_TP_SPLIT_ROWS;
+    return MP_OK;
+  }
+  if (strcmp(name, "embedding.wpe") == 0 || strcmp(name, "final_norm.weight") == 0 ||
+      strcmp(name, "final_norm.bias") == 0) {
+    *split = MP_TP_REPLICATED;
+    return MP_OK;
+  }
+  if (strncmp(name, "block.", 6) == 0) {
+    for (size_t i = 0; i < sizeof kBlockSplits / sizeof kBlockSplits[0]; i++) {
+      if (ends_with(name, kBlockSplits[i].suffix)) {
+        *split = kBlockSplits[i].split;
+        return MP_OK;
+      }
+    }
+  }
+  return mp_fail(err, MP_ERR_INPUT,
+                 "tensor \"%s\" has no tensor-parallel split: expected a GPT tensor name "
+                 "(embedding.wte, embedding.wpe, block.<l>.<qkv|fc|...>.<weight|bias>, "
+                 "final_norm.<weight|bias>)",
+                 name);
+}
+
+mp_status mp_tp_shard_blocks(mp_tp_split split, size_t rows, size_t cols, int rank, int size,
+                             mp_tp_shard_block blocks[MP_TP_SHARD_MAX_BLOCKS], int *count,
+                             mp_error *err) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    return mp_fail(err, MP_ERR_INPUT, "tensor-parallel rank %d is outside [0, %d)", rank, size);
+  }
+  const size_t n = (size_t)size, r = (size_t)rank;
+  switch (split) {
+    case MP_TP_REPLICATED:
+      blocks[0] = (mp_tp_shard_block){0, 0, rows, cols, 0};
+      *count = 1;
+      return MP_OK;
+    case MP_TP_SPLIT_ROWS:
+      if (rows % n != 0) break;
+      blocks[0] = (mp_tp_shard_block){r * (rows / n), 0, rows / n, cols, 0};
+      *count = 1;
+      return MP_OK;
+    case MP_TP_SPLIT_COLS:
+      if (cols % n != 0) break;
+      blocks[0] = (mp_tp_shard_block){0, r * (cols / n), rows, cols / n, 0};
+      *count = 1;
+      return MP_OK;
+    case MP_TP_SPLIT_QKV: {
+      if (rows % (3 * n) != 0) break;
+      const size_t third = rows / 3, local = third / n;
+      for (size_t k = 0; k < 3; k++) {
+        blocks[k] = (mp_tp_shard_block){k * third + r * local, 0, local, cols, k * local * cols};
+      }
+      *count = 3;
+      return MP_OK;
+    }
+  }
+  return mp_fail(err, MP_ERR_INPUT,
+                 "a (%zu, %zu) tensor split by %s does not divide over tp = %d ranks (the split "
+                 "dimension must be a multiple of tp%s)",
+                 rows, cols, mp_tp_split_name(split), size,
+                 split == MP_TP_SPLIT_QKV ? ", times 3 for q, k and v" : "");
+}
+
+size_t mp_tp_shard_floats(mp_tp_split split, size_t rows, size_t cols, int size) {
+  return split == MP_TP_REPLICATED ? rows * cols : rows * cols / (size_t)size;
+}
+
+/* Copies between a shard and its full tensor; to_shard chooses the direction. */
+static mp_status copy_blocks(float *shard, float *full, bool to_shard, mp_tp_split split,
+                             size_t rows, size_t cols, int rank, int size, mp_error *err) {
+  mp_tp_shard_block blocks[MP_TP_SHARD_MAX_BLOCKS];
+  int count = 0;
+  MP_TRY(mp_tp_shard_blocks(split, rows, cols, rank, size, blocks, &count, err));
+  for (int k = 0; k < count; k++) {
+    const mp_tp_shard_block *b = &blocks[k];
+    for (size_t i = 0; i < b->rows; i++) {
+      float *s = shard + b->shard_offset + i * b->cols;
+      float *f = full + (b->row_offset + i) * cols + b->col_offset;
+      if (to_shard) {
+        memcpy(s, f, b->cols * sizeof(float));
+      } else {
+        memcpy(f, s, b->cols * sizeof(float));
+      }
+    }
+  }
+  return MP_OK;
+}
+
+mp_status mp_tp_shard_extract(float *shard, const float *full, mp_tp_split split, size_t rows,
+                              size_t cols, int rank, int size, mp_error *err) {
+  return copy_blocks(shard, (float *)full, true, split, rows, cols, rank, size, err);
+}
+
+mp_status mp_tp_shard_insert(float *full, const float *shard, mp_tp_split split, size_t rows,
+                             size_t cols, int rank, int size, mp_error *err) {
+  return copy_blocks((float *)shard, full, false, split, rows, cols, rank, size, err);
+}

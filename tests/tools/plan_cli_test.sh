@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# tests/tools/plan_cli_test.sh — `mpengine plan` and `mpengine calibrate` as a user meets them: the
+# ranked table, --json, --explain, the plan file it writes (read back by `schedule`), and every
+# refusal with exit code 2.
+set -uo pipefail
+mpengine=${1:-${MPENGINE:-tools/mpengine}}
+tmp=${TEST_TMPDIR:-$(mktemp -d)}
+failures=0
+
+# expect EXIT_CODE PATTERN -- COMMAND...: runs the command, checks its exit code and that its
+# combined output contains PATTERN (a fixed string).
+expect() {
+  local want_code=$1 pattern=$2
+  shift 3
+  local output code
+  output=$("$@" 2>&1)
+  code=$?
+  if [ "$code" -ne "$want_code" ] || ! grep -qF -- "$pattern" <<<"$output"; then
+    echo "FAIL: $* -> exit $code (want $want_code), output:"
+    echo "$output" | head -20
+    echo "  (wanted to contain: $pattern)"
+    failures=$((failures + 1))
+  fi
+}
+
+tiny=examples/models/tiny-gpt.json
+expect 0 "model tiny-gpt on 8 GPUs of cpu-local" -- $mpengine plan $tiny --gpus 8
+expect 0 "rank   dp   pp   tp   mb schedule" -- $mpengine plan $tiny --gpus 8 --global-batch 16
+expect 0 '"plans":' -- $mpengine plan $tiny --gpus 8 --json
+expect 0 "each row sums to the step time" -- $mpengine plan $tiny --gpus 8 --explain
+expect 0 "memory per GPU of each pipeline rank" -- $mpengine plan $tiny --gpus 8 --explain
+expect 0 "interleaved" -- $mpengine plan $tiny --gpus 8 --global-batch 16 --pp 2 --schedule interleaved-1f1b --top 1
+
+# --out writes a plan that schedule (and run) read back, with layers_per_stage and predictions.
+expect 0 "wrote the winner to $tmp/p.json" -- $mpengine plan $tiny --gpus 4 --global-batch 16 --pp 4 --out "$tmp/p.json"
+expect 0 '"layers_per_stage"' -- cat "$tmp/p.json"
+expect 0 '"step_time_s"' -- cat "$tmp/p.json"
+expect 0 "checked: complete, ordered, no deadlock" -- $mpengine schedule --config "$tmp/p.json"
+
+# The 175B check of the README: realistic per-GPU throughput on 1024 A100s.
+expect 0 "model gpt3-175b on 1024 GPUs of a100-80g" -- $mpengine plan examples/models/gpt3-175b.json --gpus 1024 --cluster a100-80g --global-batch 1536 --top 1
+
+# Refusals, exit 2.
+expect 2 "--gpus N is required" -- $mpengine plan $tiny
+expect 2 "no layout of model tiny-gpt uses 11 GPUs" -- $mpengine plan $tiny --gpus 11 --global-batch 8
+expect 2 "model gpt3-175b fits on no layout of 8 GPUs of a100-80g: the smallest need is" -- $mpengine plan examples/models/gpt3-175b.json --gpus 8 --cluster a100-80g
+expect 2 "--dp 2 x --pp 2 x --tp 4 = 16, but --gpus is 8" -- $mpengine plan $tiny --gpus 8 --dp 2 --pp 2 --tp 4
+expect 2 "--virtual-stages 2 needs --schedule interleaved-1f1b, not 1f1b" -- $mpengine plan $tiny --gpus 8 --virtual-stages 2 --schedule 1f1b
+expect 2 "--recompute: expected one of none, selective, full, got 'some'" -- $mpengine plan $tiny --gpus 8 --recompute some
+expect 2 "--cluster" -- $mpengine plan $tiny --gpus 8 --cluster a100-81g
+
+# calibrate writes a cluster description that plan accepts.
+expect 0 "wrote $tmp/c.json" -- $mpengine calibrate --quick --out "$tmp/c.json"
+expect 0 "of cpu-local-calibrated" -- $mpengine plan $tiny --gpus 2 --cluster "$tmp/c.json"
+
+if [ $failures -ne 0 ]; then
+  echo "$failures check(s) failed"
+  exit 1
+fi
+echo "plan_cli_test: all checks passed"

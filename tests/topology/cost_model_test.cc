@@ -1,0 +1,167 @@
+// tests/topology/cost_model_test.cc — the cost and memory model against numbers computed by hand
+// on a small model and a made-up cluster with round figures (efficiency 1: no curve).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+
+#include "topology/cost_model.h"
+#include "topology/layer_cost.h"
+#include "topology/model.h"
+
+namespace {
+
+const char *kModel =
+    "{\"name\": \"hand\", \"vocab_size\": 128, \"seq_len\": 8, \"layers\": ["
+    "{\"type\": \"embedding\", \"hidden\": 64, \"max_positions\": 8},"
+    "{\"type\": \"transformer\", \"hidden\": 64, \"heads\": 4, \"ffn_hidden\": 256, \"repeat\": 2},"
+    "{\"type\": \"layernorm\", \"hidden\": 64},"
+    "{\"type\": \"lm_head\", \"hidden\": 64, \"tie_embedding\": true}]}";
+
+const double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+mp_cluster hand_cluster() {
+  mp_cluster c;
+  std::memset(&c, 0, sizeof c);
+  std::snprintf(c.name, sizeof c.name, "hand");
+  c.devices_per_node = 8;
+  c.device_memory_bytes = (int64_t)kGiB;
+  c.memory_bandwidth_bytes_per_s = 1e11;
+  c.peak_flops_per_s[MP_DTYPE_BF16] = 1e12;
+  c.intra_node_bandwidth_bytes_per_s = 1e9;
+  c.inter_node_bandwidth_bytes_per_s = 1e8;
+  return c;
+}
+
+struct Model {
+  mp_model *model = nullptr;
+  Model() {
+    mp_error err = MP_ERROR_INITIALIZER;
+    EXPECT_EQ(mp_model_parse_text(kModel, "hand.json", &model, &err), MP_OK) << err.message;
+  }
+  ~Model() { mp_model_free(model); }
+};
+
+mp_layout layout(int dp, int pp, int tp, int64_t mb, int64_t m) {
+  mp_layout l;
+  std::memset(&l, 0, sizeof l);
+  l.dp = dp;
+  l.pp = pp;
+  l.tp = tp;
+  l.virtual_stages = 1;
+  l.micro_batch = mb;
+  l.num_micro_batches = m;
+  l.seq_len = 8;
+  l.schedule = MP_SCHEDULE_1F1B;
+  l.recompute = MP_RECOMPUTE_NONE;
+  return l;
+}
+
+TEST(CostModel, RingAllReduce) {
+  EXPECT_DOUBLE_EQ(mp_cost_allreduce_seconds(1e6, 4, 1e9, 1e-6), 1.5e-3 + 6e-6);
+  EXPECT_EQ(mp_cost_allreduce_seconds(1e6, 1, 1e9, 1e-6), 0.0);
+}
+
+TEST(CostModel, StateBytesFollowMixedPrecision) {
+  mp_cluster c = hand_cluster();
+  mp_state_bytes b = mp_cost_state_bytes(&c);
+  EXPECT_EQ(b.weights + b.grads + b.optimizer, 18.0);
+  c.peak_flops_per_s[MP_DTYPE_BF16] = 0;
+  c.peak_flops_per_s[MP_DTYPE_FP32] = 1e12;
+  b = mp_cost_state_bytes(&c);
+  EXPECT_EQ(b.weights + b.grads + b.optimizer, 16.0);
+}
+
+TEST(CostModel, TransformerLayerByHand) {
+  Model m;
+  mp_cluster c = hand_cluster();
+  const mp_layer_spec *block = mp_model_layer(m.model, 1);
+  mp_layout l = layout(1, 1, 2, 2, 1);
+  mp_layer_time t;
+  mp_cost_layer(&c, block, &l, &t);
+  // Megatron's forward FLOPs: 24 B T h^2 + 4 B T^2 h = 24*2*8*64^2 + 4*2*64*64 = 1605632.
+  const mp_cost_shape shape = {2, 8, 2};
+  mp_layer_cost cost;
+  mp_layer_cost_compute(block, &shape, &cost);
+  ASSERT_DOUBLE_EQ(cost.forward_flops, 1605632.0);
+  const double act_none = cost.activation_bytes[MP_RECOMPUTE_NONE];
+  // Compute on one of 2 tp ranks at 1e12 FLOP/s, plus 4 passes over the activations at 1e11 B/s.
+  EXPECT_DOUBLE_EQ(t.forward_compute_s, 1605632.0 / 2 / 1e12 + 4.0 * act_none / 2 / 1e11);
+  // Two all-reduces of B*T*C bf16 = 2048 bytes over 2 ranks: 2 * (2*(1/2)*2048/1e9).
+  EXPECT_DOUBLE_EQ(t.forward_tp_s, 4.096e-6);
+  EXPECT_DOUBLE_EQ(t.backward_tp_s, 4.096e-6);
+  // Without sequence parallelism the 4 norm tensors (4 * 2048 bytes) stay whole on each rank.
+  EXPECT_DOUBLE_EQ(t.activation_bytes, (act_none - 8192.0) / 2 + 8192.0);
+  l.sequence_parallel = true;
+  mp_cost_layer(&c, block, &l, &t);
+  EXPECT_DOUBLE_EQ(t.activation_bytes, act_none / 2);
+  l.recompute = MP_RECOMPUTE_FULL;
+  mp_cost_layer(&c, block, &l, &t);
+  EXPECT_DOUBLE_EQ(t.backward_tp_s, 8.192e-6);  // the forward's all-reduces again
+  EXPECT_DOUBLE_EQ(t.activation_bytes, 2048.0 / 2);  // only the input, split by SP
+}
+
+TEST(CostModel, OneStageStepAndMemoryByHand) {
+  Model m;
+  mp_cluster c = hand_cluster();
+  const double P = 108800;  // 128*64 + 8*64 + 2 * (12*64^2 + 13*64) + 2*64
+  ASSERT_EQ(mp_model_params(m.model), (int64_t)P);
+  mp_layout l = layout(2, 1, 1, 2, 4);
+  l.zero_stage = 1;
+  auto e = std::make_unique<mp_estimate>();
+  mp_error err = MP_ERROR_INITIALIZER;
+  ASSERT_EQ(mp_cost_estimate(&c, m.model, &l, nullptr, e.get(), &err), MP_OK) << err.message;
+  const mp_rank_estimate &r = e->ranks[0];
+  EXPECT_DOUBLE_EQ(r.weights_bytes, 2 * P);
+  EXPECT_DOUBLE_EQ(r.grads_bytes, 4 * P);
+  EXPECT_DOUBLE_EQ(r.optimizer_bytes, 12 * P / 2);
+  EXPECT_DOUBLE_EQ(r.workspace_bytes, 0.05 * kGiB);
+  EXPECT_EQ(r.peak_live, 1);
+  double act = 0;
+  for (int i = 0; i < mp_model_num_layers(m.model); ++i) {
+    mp_layer_time t;
+    mp_cost_layer(&c, mp_model_layer(m.model, i), &l, &t);
+    act += t.activation_bytes;
+  }
+  EXPECT_DOUBLE_EQ(r.activation_bytes, act);
+  const double F = e->stage_forward_s[0], B = e->stage_backward_s[0];
+  EXPECT_NEAR(e->pipeline_s, 4 * (F + B), 1e-15);
+  // ZeRO-1 over dp 2 inside a node: reduce-scatter 4P and all-gather 2P bytes, half each.
+  EXPECT_NEAR(r.dp_comm_s, 0.5 * 4 * P / 1e9 + 0.5 * 2 * P / 1e9, 1e-15);
+  EXPECT_NEAR(r.dp_exposed_s, std::fmax(0.0, r.dp_comm_s - B), 1e-15);
+  EXPECT_NEAR(r.optimizer_s, P * (30 - 12) / 1e11, 1e-15);
+  EXPECT_NEAR(e->step_s, e->pipeline_s + r.dp_exposed_s + r.optimizer_s, 1e-15);
+  EXPECT_DOUBLE_EQ(e->tokens_per_s, 16 * 8 / e->step_s);
+  EXPECT_TRUE(e->fits);
+}
+
+TEST(CostModel, PipelineMemoryAndTheTiedHead) {
+  Model m;
+  mp_cluster c = hand_cluster();
+  mp_layout l = layout(1, 2, 1, 1, 4);
+  auto e = std::make_unique<mp_estimate>();
+  mp_error err = MP_ERROR_INITIALIZER;
+  const int split[2] = {2, 3};  // embedding + block.0 | block.1 + norm + head
+  ASSERT_EQ(mp_cost_estimate(&c, m.model, &l, split, e.get(), &err), MP_OK) << err.message;
+  EXPECT_EQ(e->ranks[0].peak_live, 2);  // 1F1B: pp - rank micro-batches alive
+  EXPECT_EQ(e->ranks[1].peak_live, 1);
+  const double first = 128 * 64 + 8 * 64 + (12 * 64 * 64 + 13 * 64);
+  const double last = (12 * 64 * 64 + 13 * 64) + 128 + 128 * 64;  // + its copy of the table
+  EXPECT_DOUBLE_EQ(e->ranks[0].weights_bytes, 2 * first);
+  EXPECT_DOUBLE_EQ(e->ranks[1].weights_bytes, 2 * last);
+  // Every rank's time adds up to the step time.
+  for (int p = 0; p < 2; ++p) {
+    const mp_rank_estimate &r = e->ranks[p];
+    EXPECT_NEAR(r.compute_s + r.tp_comm_s + r.idle_s + r.dp_exposed_s + r.optimizer_s +
+                    r.end_wait_s,
+                e->step_s, 1e-12);
+  }
+  const int wrong[2] = {2, 2};
+  EXPECT_EQ(mp_cost_estimate(&c, m.model, &l, wrong, e.get(), &err), MP_ERR_INPUT);
+  EXPECT_STREQ(err.message,
+               "layers_per_stage sums to 4, but model hand has 5 layers (embedding, blocks, "
+               "final norm and LM head each count one)");
+}
+
+}  // namespace

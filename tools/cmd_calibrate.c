@@ -1,0 +1,143 @@
+/*
+ * tools/cmd_calibrate.c — `mpengine calibrate [--out CLUSTER.json]`: measure this machine for the
+ * cost model and write a cluster description `plan --cluster FILE` accepts.
+ *
+ * Today it measures one rank's fp32 GEMM throughput on the CPU (OpenBLAS sgemm on one thread,
+ * square shapes from 32 to 1024, each timed for at least 0.1 s after a warm-up) and writes the
+ * cpu-local description with the measured peak (the fastest shape) and the efficiency curve
+ * (each shape's throughput over that peak, by its FLOPs). Communicator bandwidth and latency are
+ * not measured yet: the intra- and inter-node figures stay cpu-local's, and the notes say so.
+ */
+#include <cblas.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "topology/cluster.h"
+#include "tools/cli.h"
+#include "tools/commands.h"
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* FLOP/s of an n x n x n sgemm on this thread. */
+static double time_sgemm(int n, double min_seconds) {
+  float *a = malloc(sizeof(float) * (size_t)n * (size_t)n);
+  float *b = malloc(sizeof(float) * (size_t)n * (size_t)n);
+  float *c = calloc((size_t)n * (size_t)n, sizeof(float));
+  if (a == NULL || b == NULL || c == NULL) {
+    free(a);
+    free(b);
+    free(c);
+    return 0.0;
+  }
+  for (size_t i = 0; i < (size_t)n * (size_t)n; ++i) {
+    a[i] = (float)((i * 7) % 13) * 0.01f;
+    b[i] = (float)((i * 5) % 11) * 0.01f;
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+  long reps = 0;
+  const double start = now_s();
+  double elapsed = 0.0;
+  do {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c,
+                n);
+    ++reps;
+    elapsed = now_s() - start;
+  } while (elapsed < min_seconds);
+  free(a);
+  free(b);
+  free(c);
+  return 2.0 * (double)n * n * n * (double)reps / elapsed;
+}
+
+int cmd_calibrate(int argc, char **argv) {
+  cli_option options[] = {
+      {"out", "CLUSTER.json", "write the description to a file (default: stdout)", NULL},
+      {"quick", NULL, "time each shape for 0.02 s instead of 0.1 s (for tests)", NULL},
+      {0},
+  };
+  cli_command command = {
+      .command = argv[0],
+      .usage = "mpengine calibrate [--out CLUSTER.json] [--quick]",
+      .summary = "Measure this machine's fp32 GEMM throughput on one thread (OpenBLAS sgemm over "
+                 "square shapes) and write the cpu-local cluster description with the measured "
+                 "peak and efficiency curve, for `mpengine plan --cluster FILE`. Communicator "
+                 "bandwidth and latency are not measured yet (cpu-local's figures are kept).",
+      .max_positionals = 0,
+      .options = options,
+  };
+  int early = cli_begin(&command, argc, argv);
+  if (early >= 0) return early;
+  mp_error err = MP_ERROR_INITIALIZER;
+  mp_cluster cluster;
+  if (mp_cluster_preset("cpu-local", &cluster, &err) != MP_OK) return cli_report(&command, &err);
+  openblas_set_num_threads(1);
+  const int shapes[] = {32, 64, 128, 256, 512, 1024};
+  enum { kShapes = sizeof shapes / sizeof shapes[0] };
+  const double min_seconds = cli_flag(&command, "quick") ? 0.02 : 0.1;
+  double rate[kShapes], peak = 0.0;
+  for (int i = 0; i < kShapes; ++i) {
+    rate[i] = time_sgemm(shapes[i], min_seconds);
+    if (rate[i] > peak) peak = rate[i];
+    fprintf(stderr, "sgemm %4d x %4d x %4d: %8.2f GFLOP/s\n", shapes[i], shapes[i], shapes[i],
+            rate[i] / 1e9);
+  }
+  if (peak <= 0.0) {
+    mp_fail(&err, MP_ERR_RUNTIME, "out of memory timing GEMMs");
+    return cli_report(&command, &err);
+  }
+  cluster.peak_flops_per_s[MP_DTYPE_FP32] = peak;
+  cluster.gemm_efficiency_given = true;
+  cluster.gemm_efficiency_points = kShapes;
+  for (int i = 0; i < kShapes; ++i) {
+    cluster.gemm_efficiency[i].gemm_flops = 2.0 * shapes[i] * shapes[i] * shapes[i];
+    double e = rate[i] / peak;
+    cluster.gemm_efficiency[i].efficiency = e > 1e-6 ? e : 1e-6;
+  }
+  snprintf(cluster.name, sizeof cluster.name, "cpu-local-calibrated");
+  snprintf(cluster.notes, sizeof cluster.notes,
+           "Measured by mpengine calibrate: fp32 sgemm (OpenBLAS %s, one thread) peaks at %.1f "
+           "GFLOP/s; the efficiency curve is each square shape's throughput over that peak. "
+           "Memory, memory bandwidth and the communication figures are cpu-local's placeholders "
+           "(communicator bandwidth and latency are not measured yet).",
+           openblas_get_corename(), peak / 1e9);
+  cJSON *json = NULL;
+  if (mp_cluster_to_json(&cluster, &json, &err) != MP_OK) return cli_report(&command, &err);
+  char *text = cJSON_Print(json);
+  cJSON_Delete(json);
+  if (text == NULL) {
+    mp_fail(&err, MP_ERR_RUNTIME, "out of memory");
+    return cli_report(&command, &err);
+  }
+  const char *out = cli_value(&command, "out");
+  int code = CLI_EXIT_OK;
+  if (out == NULL) {
+    printf("%s\n", text);
+  } else {
+    char temporary[4096];
+    snprintf(temporary, sizeof temporary, "%s.tmp-%ld", out, (long)getpid());
+    FILE *file = fopen(temporary, "w");
+    bool ok = file != NULL && fputs(text, file) >= 0 && fputc('\n', file) != EOF;
+    if (file != NULL) ok = fclose(file) == 0 && ok;
+    if (!ok || rename(temporary, out) != 0) {
+      const int saved = errno;
+      remove(temporary);
+      mp_fail(&err, MP_ERR_RUNTIME, "%s: cannot write the cluster description: %s", out,
+              strerror(saved));
+      code = cli_report(&command, &err);
+    } else {
+      fprintf(stderr, "mpengine calibrate: wrote %s (fp32 peak %.1f GFLOP/s)\n", out, peak / 1e9);
+    }
+  }
+  free(text);
+  return code;
+}

@@ -1,0 +1,344 @@
+/* topology/cost_model.c — the planner's cost and memory model; the model itself is stated in
+ * cost_model.h. */
+#include "topology/cost_model.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "schedules/simulator.h"
+#include "topology/partition.h"
+
+mp_state_bytes mp_cost_state_bytes(const mp_cluster *cluster) {
+  mp_state_bytes bytes;
+  if (mp_cluster_training_dtype(cluster) == MP_DTYPE_BF16) {
+    bytes.weights = 2.0;
+    bytes.grads = 4.0;
+    bytes.optimizer = 12.0;
+  } else {
+    bytes.weights = 4.0; /* fp32 weights are the master weights */
+    bytes.grads = 4.0;
+    bytes.optimizer = 8.0;
+  }
+  return bytes;
+}
+
+int mp_cost_activation_bytes_per_element(const mp_cluster *cluster) {
+  return mp_cluster_training_dtype(cluster) == MP_DTYPE_BF16 ? 2 : 4;
+}
+
+double mp_cost_allreduce_seconds(double bytes, int ranks, double bandwidth, double latency) {
+  if (ranks <= 1 || bytes <= 0.0) return 0.0;
+  const double n = (double)ranks;
+  return 2.0 * (n - 1.0) / n * bytes / bandwidth + 2.0 * (n - 1.0) * latency;
+}
+
+static double gemm_seconds(const mp_cluster *cluster, double flops, int gemms) {
+  if (flops <= 0.0) return 0.0;
+  const mp_dtype dtype = mp_cluster_training_dtype(cluster);
+  const double per_gemm = flops / gemms;
+  return flops / (cluster->peak_flops_per_s[dtype] *
+                  mp_cluster_gemm_efficiency(cluster, per_gemm));
+}
+
+void mp_cost_layer(const mp_cluster *cluster, const mp_layer_spec *layer, const mp_layout *layout,
+                   mp_layer_time *out) {
+  memset(out, 0, sizeof *out);
+  const int elem = mp_cost_activation_bytes_per_element(cluster);
+  const mp_cost_shape shape = {layout->micro_batch, layout->seq_len, elem};
+  mp_layer_cost cost;
+  mp_layer_cost_compute(layer, &shape, &cost);
+  const double t = (double)layout->tp;
+  const double tokens = (double)layout->micro_batch * (double)layout->seq_len;
+  const double bsh = tokens * (double)layer->hidden * elem; /* one (B, T, C) tensor */
+  const int gemms = layer->kind == MP_LAYER_TRANSFORMER ? 4 : 1;
+  const double elementwise = MP_COST_ELEMENTWISE_PASSES * cost.activation_bytes[MP_RECOMPUTE_NONE] / t /
+                             cluster->memory_bandwidth_bytes_per_s;
+  const double forward_gemm = gemm_seconds(cluster, cost.forward_flops / t, gemms);
+  const double backward_gemm = gemm_seconds(cluster, cost.backward_flops / t, gemms);
+  const double recompute_flops = cost.recompute_flops[layout->recompute];
+  out->recompute_s = gemm_seconds(cluster, recompute_flops / t, gemms);
+  if (layout->recompute == MP_RECOMPUTE_FULL) out->recompute_s += elementwise;
+  out->forward_compute_s = forward_gemm + elementwise;
+  out->backward_compute_s = backward_gemm + 2.0 * elementwise + out->recompute_s;
+  out->model_flops = cost.forward_flops + cost.backward_flops;
+  out->params = (double)cost.params / t;
+
+  const double ar = mp_cost_allreduce_seconds(bsh, layout->tp,
+                                              cluster->intra_node_bandwidth_bytes_per_s,
+                                              cluster->intra_node_latency_s);
+  double kept = cost.activation_bytes[layout->recompute];
+  switch (layer->kind) {
+    case MP_LAYER_TRANSFORMER: {
+      out->forward_tp_s = 2.0 * ar;
+      out->backward_tp_s = 2.0 * ar;
+      if (layout->recompute == MP_RECOMPUTE_FULL) out->backward_tp_s += 2.0 * ar;
+      const double replicated = (layout->recompute == MP_RECOMPUTE_FULL ? 1.0 : 4.0) * bsh;
+      const double split = kept - replicated;
+      out->activation_bytes =
+          split / t + (layout->sequence_parallel ? replicated / t : replicated);
+      break;
+    }
+    case MP_LAYER_EMBEDDING:
+      out->forward_tp_s = ar;
+      out->activation_bytes = kept;
+      break;
+    case MP_LAYER_LM_HEAD: {
+      out->backward_tp_s = ar;
+      const double input = bsh;
+      out->activation_bytes =
+          (kept - input) / t + (layout->sequence_parallel ? input / t : input);
+      break;
+    }
+    case MP_LAYER_LAYERNORM:
+      out->activation_bytes = layout->sequence_parallel ? kept / t : kept;
+      break;
+    case MP_LAYER_CUSTOM:
+      out->activation_bytes = kept / t;
+      break;
+  }
+}
+
+void mp_cost_partition_costs(const mp_cluster *cluster, const mp_model *model,
+                             const mp_layout *layout, double *costs) {
+  for (int i = 0; i < mp_model_num_layers(model); ++i) {
+    mp_layer_time time;
+    mp_cost_layer(cluster, mp_model_layer(model, i), layout, &time);
+    costs[i] = time.forward_compute_s + time.backward_compute_s + time.forward_tp_s +
+               time.backward_tp_s;
+  }
+}
+
+/* The token table a tied LM head shares, in elements, or 0. */
+static double tied_table_params(const mp_model *model) {
+  for (int i = 0; i < mp_model_num_layers(model); ++i) {
+    const mp_layer_spec *layer = mp_model_layer(model, i);
+    if (layer->kind == MP_LAYER_LM_HEAD && layer->tie_embedding) {
+      return (double)layer->vocab * (double)layer->hidden;
+    }
+  }
+  return 0.0;
+}
+
+static mp_status check_layout(const mp_model *model, const mp_layout *l, mp_error *err) {
+  if (l->dp < 1 || l->pp < 1 || l->tp < 1 || l->virtual_stages < 1 || l->micro_batch < 1 ||
+      l->num_micro_batches < 1 || l->seq_len < 1) {
+    return mp_fail(err, MP_ERR_INPUT, "dp, pp, tp, virtual stages, micro-batch, micro-batches "
+                                      "and sequence length must all be at least 1");
+  }
+  const int stages = l->pp * l->virtual_stages;
+  if (stages > mp_model_num_layers(model) || stages > MP_COST_MAX_STAGES) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "pp x virtual stages = %d x %d = %d stages, but model %s has %d layers "
+                   "(every stage needs one)",
+                   l->pp, l->virtual_stages, stages, mp_model_name(model),
+                   mp_model_num_layers(model));
+  }
+  return MP_OK;
+}
+
+mp_status mp_cost_estimate(const mp_cluster *cluster, const mp_model *model,
+                           const mp_layout *layout, const int *layers_per_stage,
+                           mp_estimate *out, mp_error *err) {
+  memset(out, 0, sizeof *out);
+  MP_TRY(check_layout(model, layout, err));
+  const int n = mp_model_num_layers(model);
+  const int pp = layout->pp, v = layout->virtual_stages, stages = pp * v;
+  const double m = (double)layout->num_micro_batches;
+  out->layout = *layout;
+  out->num_stages = stages;
+
+  mp_layer_time *times = malloc(sizeof(mp_layer_time) * (size_t)n);
+  double *costs = malloc(sizeof(double) * (size_t)n);
+  if (times == NULL || costs == NULL) {
+    free(times);
+    free(costs);
+    return mp_fail(err, MP_ERR_RUNTIME, "out of memory estimating a layout");
+  }
+  for (int i = 0; i < n; ++i) {
+    mp_cost_layer(cluster, mp_model_layer(model, i), layout, &times[i]);
+    costs[i] = times[i].forward_compute_s + times[i].backward_compute_s +
+               times[i].forward_tp_s + times[i].backward_tp_s;
+  }
+  mp_status status = MP_OK;
+  if (layers_per_stage != NULL) {
+    int sum = 0;
+    for (int s = 0; s < stages; ++s) {
+      out->layers_per_stage[s] = layers_per_stage[s];
+      if (layers_per_stage[s] < 1) {
+        status = mp_fail(err, MP_ERR_INPUT, "layers_per_stage[%d] is %d; every stage needs a "
+                                            "layer", s, layers_per_stage[s]);
+      }
+      sum += layers_per_stage[s];
+    }
+    if (status == MP_OK && sum != n) {
+      status = mp_fail(err, MP_ERR_INPUT,
+                       "layers_per_stage sums to %d, but model %s has %d layers (embedding, "
+                       "blocks, final norm and LM head each count one)",
+                       sum, mp_model_name(model), n);
+    }
+  } else {
+    double bottleneck = 0.0;
+    status = mp_partition_chain(costs, n, stages, out->layers_per_stage, &bottleneck, err);
+  }
+  if (status != MP_OK) {
+    free(times);
+    free(costs);
+    return status;
+  }
+
+  /* Per stage: durations, parameters, activations. */
+  double stage_params[MP_COST_MAX_STAGES], stage_act[MP_COST_MAX_STAGES];
+  double stage_compute[MP_COST_MAX_STAGES], stage_recompute[MP_COST_MAX_STAGES];
+  double stage_tp[MP_COST_MAX_STAGES], stage_fwd_compute[MP_COST_MAX_STAGES];
+  const int elem = mp_cost_activation_bytes_per_element(cluster);
+  double model_flops = 0.0, boundary_bytes = 0.0;
+  int layer = 0;
+  for (int s = 0; s < stages; ++s) {
+    double f = 0, b = 0, tpf = 0, tpb = 0, params = 0, act = 0, rec = 0;
+    for (int i = 0; i < out->layers_per_stage[s]; ++i, ++layer) {
+      const mp_layer_time *t = &times[layer];
+      f += t->forward_compute_s;
+      b += t->backward_compute_s;
+      rec += t->recompute_s;
+      tpf += t->forward_tp_s;
+      tpb += t->backward_tp_s;
+      params += t->params;
+      act += t->activation_bytes;
+      model_flops += t->model_flops;
+      const double hidden = (double)mp_model_layer(model, layer)->hidden;
+      const double bytes = (double)layout->micro_batch * (double)layout->seq_len * hidden * elem;
+      if (bytes > boundary_bytes) boundary_bytes = bytes;
+    }
+    out->stage_forward_s[s] = f + tpf;
+    out->stage_backward_s[s] = b + tpb;
+    stage_compute[s] = f + b;
+    stage_fwd_compute[s] = f;
+    stage_recompute[s] = rec;
+    stage_tp[s] = tpf + tpb;
+    stage_params[s] = params;
+    stage_act[s] = act;
+  }
+  free(times);
+  free(costs);
+  if (stages > 1 && pp > 1 && tied_table_params(model) > 0.0) {
+    stage_params[stages - 1] += tied_table_params(model) / layout->tp;
+  }
+
+  /* Point-to-point: the slowest boundary between neighbouring pipeline ranks. */
+  if (layout->sequence_parallel) boundary_bytes /= layout->tp;
+  const int block = layout->tp * layout->dp;
+  bool inter = false;
+  for (int r = 0; r + 1 < pp; ++r) {
+    if (!mp_cluster_same_node(cluster, r * block, (r + 2) * block - 1)) inter = true;
+  }
+  if (v > 1 && pp > 1 && !mp_cluster_same_node(cluster, 0, pp * block - 1)) inter = true;
+  out->p2p_inter_node = inter;
+  out->p2p_s = pp > 1 ? mp_cluster_p2p_seconds(cluster, !inter, boundary_bytes) : 0.0;
+
+  /* The schedule, simulated with these durations. */
+  mp_schedule schedule = MP_SCHEDULE_INITIALIZER;
+  status = mp_schedule_generate(layout->schedule, pp, (int)layout->num_micro_batches, v,
+                                &schedule, err);
+  if (status != MP_OK) {
+    mp_schedule_free(&schedule);
+    return status;
+  }
+  mp_sim_costs sim_costs;
+  mp_simulation sim;
+  memset(&sim, 0, sizeof sim);
+  status = mp_sim_costs_init_unit(&sim_costs, pp, v, err);
+  if (status == MP_OK) {
+    sim_costs.time_unit = MP_TIME_SECONDS;
+    sim_costs.memory_unit = MP_MEMORY_BYTES;
+    sim_costs.p2p_latency = out->p2p_s;
+    for (int s = 0; s < stages; ++s) {
+      const double f = out->stage_forward_s[s], b = out->stage_backward_s[s];
+      /* Zero-bubble: the input gradient carries the recomputation and the tp collectives, the
+       * weight gradient half of the backward GEMMs. */
+      const double w = 0.5 * (stage_compute[s] - stage_fwd_compute[s] - stage_recompute[s]);
+      sim_costs.duration[MP_ACTION_FORWARD][s] = f;
+      sim_costs.duration[MP_ACTION_BACKWARD][s] = b;
+      sim_costs.duration[MP_ACTION_BACKWARD_INPUT][s] = b - w;
+      sim_costs.duration[MP_ACTION_BACKWARD_WEIGHT][s] = w;
+      sim_costs.activation_memory[s] = stage_act[s];
+    }
+    status = mp_schedule_simulate(&schedule, &sim_costs, &sim, err);
+  }
+  if (status != MP_OK) {
+    mp_simulation_free(&sim);
+    mp_sim_costs_free(&sim_costs);
+    mp_schedule_free(&schedule);
+    return status;
+  }
+  out->pipeline_s = sim.step_time;
+  out->bubble_fraction = sim.bubble_fraction;
+
+  /* Data parallelism, optimizer and memory, per pipeline rank. */
+  const mp_state_bytes state = mp_cost_state_bytes(cluster);
+  const int d = layout->dp;
+  const bool dp_intra = mp_cluster_same_node(cluster, 0, block - 1);
+  const double dp_bw = dp_intra ? cluster->intra_node_bandwidth_bytes_per_s
+                                : cluster->inter_node_bandwidth_bytes_per_s;
+  const double dp_lat = dp_intra ? cluster->intra_node_latency_s : cluster->inter_node_latency_s;
+  out->capacity_bytes = (double)cluster->device_memory_bytes;
+  double tail = 0.0;
+  for (int r = 0; r < pp; ++r) {
+    mp_rank_estimate *rank = &out->ranks[r];
+    rank->first_stage = r;
+    double params = 0.0, last_backward = 0.0;
+    for (int c = 0; c < v; ++c) {
+      const int s = c * pp + r;
+      params += stage_params[s];
+      rank->compute_s += m * stage_compute[s];
+      rank->recompute_s += m * stage_recompute[s];
+      rank->tp_comm_s += m * stage_tp[s];
+      last_backward += out->stage_backward_s[s];
+    }
+    rank->idle_s = sim.step_time - sim.busy_time[r];
+    const double grad_bytes = params * state.grads;
+    if (d > 1) {
+      if (layout->zero_stage == 1) {
+        const double frac = (double)(d - 1) / d;
+        rank->dp_comm_s = frac * grad_bytes / dp_bw + frac * params * state.weights / dp_bw +
+                          2.0 * (d - 1) * dp_lat;
+      } else {
+        rank->dp_comm_s = mp_cost_allreduce_seconds(grad_bytes, d, dp_bw, dp_lat);
+      }
+    }
+    const int last = schedule.ranks[r].num_actions - 1;
+    const double idle_after = last >= 0 ? sim.step_time - sim.end[r][last] : 0.0;
+    rank->dp_exposed_s = fmax(0.0, rank->dp_comm_s - last_backward - idle_after);
+    const double opt_bytes =
+        params * (MP_COST_OPTIMIZER_BYTES_PER_PARAM -
+                  (layout->zero_stage == 1 ? state.optimizer * 2.0 * (1.0 - 1.0 / d) : 0.0));
+    rank->optimizer_s = opt_bytes / cluster->memory_bandwidth_bytes_per_s;
+    if (rank->dp_exposed_s + rank->optimizer_s > tail) tail = rank->dp_exposed_s + rank->optimizer_s;
+
+    rank->weights_bytes = params * state.weights;
+    rank->grads_bytes = params * state.grads;
+    rank->optimizer_bytes = params * state.optimizer / (layout->zero_stage == 1 ? d : 1);
+    rank->activation_bytes = sim.peak_activation_memory[r];
+    rank->peak_live = sim.peak_live[r];
+    rank->workspace_bytes = MP_COST_WORKSPACE_FRACTION * out->capacity_bytes;
+    rank->memory_bytes = rank->weights_bytes + rank->grads_bytes + rank->optimizer_bytes +
+                         rank->activation_bytes + rank->workspace_bytes;
+    if (rank->memory_bytes > out->memory_bytes) out->memory_bytes = rank->memory_bytes;
+  }
+  for (int r = 0; r < pp; ++r) {
+    out->ranks[r].end_wait_s = tail - out->ranks[r].dp_exposed_s - out->ranks[r].optimizer_s;
+  }
+  out->step_s = sim.step_time + tail;
+  const double gpus = (double)layout->dp * pp * layout->tp;
+  const double global_batch = (double)layout->dp * (double)layout->micro_batch * m;
+  out->model_flops_per_step = model_flops * m * layout->dp;
+  out->tokens_per_s = global_batch * (double)layout->seq_len / out->step_s;
+  out->tflops_per_gpu = out->model_flops_per_step / out->step_s / gpus / 1e12;
+  out->mfu = out->tflops_per_gpu * 1e12 /
+             cluster->peak_flops_per_s[mp_cluster_training_dtype(cluster)];
+  out->fits = out->memory_bytes <= out->capacity_bytes;
+  mp_simulation_free(&sim);
+  mp_sim_costs_free(&sim_costs);
+  mp_schedule_free(&schedule);
+  return MP_OK;
+}

@@ -1,0 +1,172 @@
+/*
+ * topology/cost_model.h — seconds and bytes of one layout of one model on one cluster: what the
+ * planner ranks, what `plan --explain` prints and what a plan file predicts.
+ *
+ * The model, stated so it can be checked by hand (tests/topology/cost_model_test.cc does):
+ *
+ * Compute. A layer's FLOPs (layer_cost.h, Megatron's convention) are split evenly over the tp
+ * ranks and run at peak x efficiency(GEMM size) of the cluster's training dtype (bf16 when the
+ * device has it, else fp32), where the GEMM size is the layer's forward FLOPs per tp rank divided
+ * by its number of big GEMMs (4 for a transformer block: qkv, projection, fc1, fc2; 1 for the LM
+ * head). Backward = the backward FLOPs plus the recomputation FLOPs of the recompute mode.
+ * Elementwise work (norms, softmax, dropout-free masking, GELU, bias and residual adds) adds a
+ * memory-bandwidth term: MP_COST_ELEMENTWISE_PASSES x the layer's activation bytes without
+ * recomputation, per tp rank, over the device's memory bandwidth, in forward, and twice that in
+ * backward (an assumption: each kept tensor is written once and read about three times by the
+ * unfused elementwise kernels around it, the T x T attention probabilities included; a fused or
+ * flash-attention runtime moves less).
+ *
+ * Tensor parallelism (tp > 1, always inside one node). A transformer block does 2 all-reduces of
+ * its (B, T, C) output in forward and 2 in backward, each a ring costing
+ * 2(t-1)/t x bytes / intra-node bandwidth + 2(t-1) x latency; with sequence parallelism the same
+ * bytes move as 2 all-gathers and 2 reduce-scatters ((t-1)/t each), so the time is the same and
+ * the saving is memory. Full recomputation repeats the forward's 2 in backward. The vocab-parallel
+ * embedding does 1 all-reduce forward, the LM head 1 backward. Not overlapped with compute.
+ *
+ * Pipeline. Each stage boundary sends B x T x C activations (divided by tp with sequence
+ * parallelism, which scatters them over the tp ranks) in forward and the same gradient back;
+ * ranks are placed tp fastest, then dp, then pp, so a boundary stays inside a node only when
+ * both pp ranks' blocks of tp x dp ranks share one. The slowest boundary's transfer time is the
+ * simulator's point-to-point latency. The pipeline time is mp_schedule_simulate of the generated
+ * schedule with these per-stage durations: the same code `mpengine schedule` draws.
+ *
+ * Data parallelism. Each pipeline rank reduces its gradients (fp32, 4 bytes per parameter) over
+ * dp: a ring all-reduce 2(d-1)/d x bytes, or with ZeRO-1 a reduce-scatter of the gradients plus an
+ * all-gather of the bf16 weights ((d-1)/d each), on the inter-node link unless the whole dp group
+ * sits in one node. Overlap assumption: gradients are bucketed and reduced as the last
+ * micro-batch's backward produces them, so the duration of the rank's last backward (all its
+ * chunks) is hidden, and so is the time the rank idles after its last action while other ranks
+ * finish the pipeline; the rest is exposed. Then the optimizer step, memory-bound: 30 bytes per
+ * parameter (fp32 gradient, master weight, Adam m and v read, the three written back, bf16 weights
+ * written), the optimizer part divided by dp with ZeRO-1.
+ * Step time = pipeline time + the largest (exposed dp + optimizer) over pipeline ranks.
+ *
+ * Memory per rank (mixed precision on a bf16 device: 2 B bf16 weights, 4 B fp32 gradients, 12 B
+ * fp32 master weights and Adam m, v per parameter, the 12 B divided by dp with ZeRO-1; fp32 on an
+ * fp32 device: 4 + 4 + 8). Parameters are divided by tp (norms too: a small overcount ignored).
+ * With a tied LM head and pp > 1 the last stage keeps its own copy of the token table, with its
+ * gradients and optimizer state (Megatron's). Activations: layer_cost's bytes for the recompute
+ * mode; of a block's, the 4 (B, T, C) norm inputs and outputs (with full recomputation the one
+ * input kept) are replicated over tp unless sequence parallelism splits them, the rest is split by
+ * tp; the LM head's logits are split by tp (vocab-parallel). The simulator's peak activation
+ * memory per rank (the schedule's live micro-batches times each stage's bytes) is used. Workspace:
+ * 5% of device memory (CUDA context, communication buffers, allocator fragmentation).
+ */
+#ifndef MPENGINE_TOPOLOGY_COST_MODEL_H
+#define MPENGINE_TOPOLOGY_COST_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/error.h"
+#include "schedules/schedule.h"
+#include "topology/cluster.h"
+#include "topology/layer_cost.h"
+#include "topology/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { MP_COST_MAX_STAGES = 1024 };
+
+#define MP_COST_WORKSPACE_FRACTION 0.05
+#define MP_COST_ELEMENTWISE_PASSES 4.0
+#define MP_COST_OPTIMIZER_BYTES_PER_PARAM 30.0
+
+/* One parallel layout: everything but the stage split. */
+typedef struct {
+  int dp, pp, tp, virtual_stages;
+  int64_t micro_batch, num_micro_batches, seq_len;
+  mp_schedule_kind schedule;
+  mp_recompute recompute;
+  bool sequence_parallel;
+  int zero_stage; /* 0 or 1 */
+} mp_layout;
+
+/* One layer on one tp rank for one micro-batch. */
+typedef struct {
+  double forward_compute_s;  /* GEMMs + elementwise */
+  double backward_compute_s; /* GEMMs + elementwise + recomputation */
+  double recompute_s;        /* the recomputation part of backward_compute_s */
+  double forward_tp_s;       /* tensor-parallel collectives */
+  double backward_tp_s;
+  double params;             /* parameters held by one tp rank */
+  double activation_bytes;   /* kept from forward to backward, one tp rank */
+  double model_flops;        /* forward + backward FLOPs of the whole layer (no recompute) */
+} mp_layer_time;
+
+/* Bytes per parameter under mixed precision on this cluster (see the top of this file). */
+typedef struct {
+  double weights, grads, optimizer;
+} mp_state_bytes;
+mp_state_bytes mp_cost_state_bytes(const mp_cluster *cluster);
+
+/* Activation element size: 2 on a bf16 device, 4 on an fp32 one. */
+int mp_cost_activation_bytes_per_element(const mp_cluster *cluster);
+
+/* Seconds of one ring all-reduce of bytes over ranks devices on a link (2(n-1)/n of the bytes
+ * plus 2(n-1) latencies); 0 for ranks <= 1. */
+double mp_cost_allreduce_seconds(double bytes, int ranks, double bandwidth, double latency);
+
+/* The costs of one layer under a layout (only tp, micro_batch, seq_len, recompute and
+ * sequence_parallel matter). */
+void mp_cost_layer(const mp_cluster *cluster, const mp_layer_spec *layer, const mp_layout *layout,
+                   mp_layer_time *out);
+
+/* The prediction for one layout with one stage split, per pipeline rank and as a whole. */
+typedef struct {
+  double compute_s;      /* forward + backward + recomputation, whole step */
+  double recompute_s;    /* of which recomputation */
+  double tp_comm_s;      /* tensor-parallel collectives, whole step */
+  double idle_s;         /* pipeline time - busy: bubble and point-to-point waits */
+  double dp_comm_s;      /* gradient reduction, whole */
+  double dp_exposed_s;   /* of which not hidden */
+  double optimizer_s;
+  double end_wait_s;     /* waiting for the slowest rank's gradient reduction and optimizer */
+  double weights_bytes, grads_bytes, optimizer_bytes, activation_bytes, workspace_bytes;
+  double memory_bytes;   /* the sum of the five */
+  int peak_live;         /* (micro-batch, chunk) activation sets alive at once */
+  int first_stage;       /* the stages of chunk 0 .. v-1: first_stage + c * pp */
+} mp_rank_estimate;
+
+typedef struct {
+  mp_layout layout;
+  int num_stages;                         /* pp x virtual_stages */
+  int layers_per_stage[MP_COST_MAX_STAGES];
+  double stage_forward_s[MP_COST_MAX_STAGES];  /* one micro-batch, compute + tp comm */
+  double stage_backward_s[MP_COST_MAX_STAGES];
+  double p2p_s;                           /* one activation transfer at the slowest boundary */
+  bool p2p_inter_node;
+  double pipeline_s;                      /* simulated */
+  double step_s;                          /* pipeline + the largest dp exposed + optimizer */
+  double bubble_fraction;                 /* the simulator's, of the pipeline time */
+  double tokens_per_s;
+  double model_flops_per_step;            /* 3 x forward, no recomputation */
+  double tflops_per_gpu;                  /* model FLOPs / step / GPUs, in TFLOP/s */
+  double mfu;                             /* of the training dtype's peak */
+  double memory_bytes;                    /* the fullest rank */
+  double capacity_bytes;
+  bool fits;
+  mp_rank_estimate ranks[MP_COST_MAX_STAGES]; /* (pp) */
+} mp_estimate;
+
+/* Per-layer time for the stage split: forward + backward (with tp communication) of one
+ * micro-batch, the cost the partitioner balances. costs has mp_model_num_layers entries. */
+void mp_cost_partition_costs(const mp_cluster *cluster, const mp_model *model,
+                             const mp_layout *layout, double *costs);
+
+/* Predicts one layout with the stage split layers_per_stage (pp x virtual_stages counts summing
+ * to the model's layers; NULL: the partitioner's best split). Generates the schedule, simulates
+ * it and fills *out (which is large: allocate it). Fails with MP_ERR_INPUT when the layout does not
+ * fit the model (sizes, a split of the wrong length, a schedule that cannot run these numbers),
+ * saying why. */
+mp_status mp_cost_estimate(const mp_cluster *cluster, const mp_model *model,
+                           const mp_layout *layout, const int *layers_per_stage,
+                           mp_estimate *out, mp_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MPENGINE_TOPOLOGY_COST_MODEL_H */

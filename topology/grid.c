@@ -1,0 +1,137 @@
+/* topology/grid.c — rank <-> (dp, pp, tp) with tp fastest, then dp, then pp; see grid.h. */
+#include "topology/grid.h"
+
+#include <limits.h>
+#include <stdbool.h>
+
+mp_status mp_grid_check(const mp_grid_shape *shape, int world_size, mp_error *err) {
+  if (shape->dp < 1 || shape->pp < 1 || shape->tp < 1) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "parallel layout dp %d x pp %d x tp %d: every dimension must be at least 1",
+                   shape->dp, shape->pp, shape->tp);
+  }
+  long long product = (long long)shape->dp * shape->pp;
+  if (product > INT_MAX || product * shape->tp > INT_MAX || product * shape->tp != world_size) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "parallel layout dp %d x pp %d x tp %d = %lld ranks does not match the world "
+                   "size %d; launch %lld ranks or change dp, pp or tp so that dp x pp x tp = %d",
+                   shape->dp, shape->pp, shape->tp, product * shape->tp, world_size,
+                   product * shape->tp, world_size);
+  }
+  return MP_OK;
+}
+
+int mp_grid_world_size(const mp_grid_shape *shape) {
+  return shape->dp * shape->pp * shape->tp;
+}
+
+mp_grid_coord mp_grid_coord_of(const mp_grid_shape *shape, int rank) {
+  mp_grid_coord coord;
+  coord.tp_rank = rank % shape->tp;
+  coord.dp_rank = (rank / shape->tp) % shape->dp;
+  coord.pp_rank = rank / (shape->tp * shape->dp);
+  return coord;
+}
+
+int mp_grid_rank_of(const mp_grid_shape *shape, mp_grid_coord coord) {
+  return coord.tp_rank + shape->tp * (coord.dp_rank + shape->dp * coord.pp_rank);
+}
+
+/* Walking one coordinate from 0 upwards with the others fixed gives ascending ranks, because the
+ * rank is increasing in each coordinate. */
+int mp_grid_tp_group(const mp_grid_shape *shape, int rank, int *members) {
+  mp_grid_coord coord = mp_grid_coord_of(shape, rank);
+  for (int i = 0; i < shape->tp; ++i) {
+    coord.tp_rank = i;
+    members[i] = mp_grid_rank_of(shape, coord);
+  }
+  return shape->tp;
+}
+
+int mp_grid_dp_group(const mp_grid_shape *shape, int rank, int *members) {
+  mp_grid_coord coord = mp_grid_coord_of(shape, rank);
+  for (int i = 0; i < shape->dp; ++i) {
+    coord.dp_rank = i;
+    members[i] = mp_grid_rank_of(shape, coord);
+  }
+  return shape->dp;
+}
+
+int mp_grid_pp_group(const mp_grid_shape *shape, int rank, int *members) {
+  mp_grid_coord coord = mp_grid_coord_of(shape, rank);
+  for (int i = 0; i < shape->pp; ++i) {
+    coord.pp_rank = i;
+    members[i] = mp_grid_rank_of(shape, coord);
+  }
+  return shape->pp;
+}
+
+int mp_grid_embedding_group(const mp_grid_shape *shape, int rank, int *members) {
+  mp_grid_coord coord = mp_grid_coord_of(shape, rank);
+  bool first = coord.pp_rank == 0, last = coord.pp_rank == shape->pp - 1;
+  if (shape->pp == 1 || (!first && !last)) {
+    members[0] = rank;
+    return 1;
+  }
+  coord.pp_rank = 0;
+  members[0] = mp_grid_rank_of(shape, coord);
+  coord.pp_rank = shape->pp - 1;
+  members[1] = mp_grid_rank_of(shape, coord);
+  return 2;
+}
+
+int mp_grid_group_of(const mp_grid_shape *shape, mp_grid_kind kind, int rank, int *members) {
+  switch (kind) {
+    case MP_GRID_TP: return mp_grid_tp_group(shape, rank, members);
+    case MP_GRID_DP: return mp_grid_dp_group(shape, rank, members);
+    case MP_GRID_PP: return mp_grid_pp_group(shape, rank, members);
+    case MP_GRID_EMBEDDING: return mp_grid_embedding_group(shape, rank, members);
+  }
+  return 0;
+}
+
+int mp_grid_group_capacity(const mp_grid_shape *shape, mp_grid_kind kind) {
+  switch (kind) {
+    case MP_GRID_TP: return shape->tp;
+    case MP_GRID_DP: return shape->dp;
+    case MP_GRID_PP: return shape->pp;
+    case MP_GRID_EMBEDDING: return shape->pp < 2 ? shape->pp : 2;
+  }
+  return 0;
+}
+
+/* Whether rank is the lowest member of its group of this kind. */
+static bool opens_group(const mp_grid_shape *shape, mp_grid_kind kind, int rank) {
+  mp_grid_coord coord = mp_grid_coord_of(shape, rank);
+  switch (kind) {
+    case MP_GRID_TP: return coord.tp_rank == 0;
+    case MP_GRID_DP: return coord.dp_rank == 0;
+    case MP_GRID_PP: return coord.pp_rank == 0;
+    case MP_GRID_EMBEDDING: return shape->pp == 1 || coord.pp_rank < shape->pp - 1;
+  }
+  return false;
+}
+
+/* Visiting ranks in ascending order and opening a group at each lowest member lists the groups
+ * ordered by their first member. */
+int mp_grid_groups(const mp_grid_shape *shape, mp_grid_kind kind, int *members, int *offsets) {
+  int world = mp_grid_world_size(shape);
+  int groups = 0, filled = 0;
+  offsets[0] = 0;
+  for (int rank = 0; rank < world; ++rank) {
+    if (!opens_group(shape, kind, rank)) continue;
+    filled += mp_grid_group_of(shape, kind, rank, members + filled);
+    offsets[++groups] = filled;
+  }
+  return groups;
+}
+
+const char *mp_grid_kind_name(mp_grid_kind kind) {
+  switch (kind) {
+    case MP_GRID_TP: return "tp";
+    case MP_GRID_DP: return "dp";
+    case MP_GRID_PP: return "pp";
+    case MP_GRID_EMBEDDING: return "embedding";
+  }
+  return "?";
+}

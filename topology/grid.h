@@ -1,0 +1,89 @@
+/*
+ * topology/grid.h — the 3D rank grid: world rank <-> (dp, pp, tp) coordinates and the members of
+ * every tensor-, data-, pipeline-parallel and embedding group.
+ *
+ * World size N = dp x pp x tp. Rank order is tp fastest, then dp, then pp (Megatron-LM's default
+ * order "tp-dp-pp"), so a tensor-parallel group is a run of consecutive ranks and sits inside one
+ * node on its fast links:
+ *
+ *     rank = tp_rank + tp * (dp_rank + dp * pp_rank)
+ *
+ * Megatron's 16-GPU example (tp 2, pp 4, dp 2):
+ *     tensor groups    [0,1] [2,3] [4,5] ... [14,15]
+ *     pipeline groups  [0,4,8,12] [1,5,9,13] [2,6,10,14] [3,7,11,15]
+ *     data groups      [0,2] [1,3] [4,6] [5,7] ... [13,15]
+ *     embedding groups [0,12] [1,13] [2,14] [3,15], and [4] ... [11] (see below)
+ *
+ * The embedding group of a rank holds the first and the last pipeline stage of its pipeline group
+ * (the ranks that own the input embedding and the tied LM head, whose gradients are summed). With
+ * pp = 1 both are the rank itself. A rank of a middle stage owns neither; it gets a group of just
+ * itself, so the groups of every kind partition the world, every rank can build its communicators
+ * with the same collective calls, and a sum over a one-member group changes nothing.
+ *
+ * Everything here is a pure function with no MPI: the planner, `mpengine schedule` and the tests
+ * use it on a laptop. Member lists are world ranks in ascending order.
+ */
+#ifndef MPENGINE_TOPOLOGY_GRID_H
+#define MPENGINE_TOPOLOGY_GRID_H
+
+#include "common/error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+  int dp, pp, tp;
+} mp_grid_shape;
+
+typedef struct {
+  int dp_rank, pp_rank, tp_rank;
+} mp_grid_coord;
+
+typedef enum {
+  MP_GRID_TP = 0,
+  MP_GRID_DP = 1,
+  MP_GRID_PP = 2,
+  MP_GRID_EMBEDDING = 3,
+} mp_grid_kind;
+
+enum { MP_GRID_NUM_KINDS = 4 };
+
+/* Checks that every dimension is >= 1 and dp x pp x tp equals world_size (without overflow).
+ * Returns MP_OK, or MP_ERR_INPUT with a message naming the shape and the world size. */
+mp_status mp_grid_check(const mp_grid_shape *shape, int world_size, mp_error *err);
+
+/* dp x pp x tp. The shape must have passed mp_grid_check. */
+int mp_grid_world_size(const mp_grid_shape *shape);
+
+/* Coordinates of a world rank in [0, world size), and back. */
+mp_grid_coord mp_grid_coord_of(const mp_grid_shape *shape, int rank);
+int mp_grid_rank_of(const mp_grid_shape *shape, mp_grid_coord coord);
+
+/* The members of rank's group: writes them, ascending, to members and returns their count.
+ * members must hold tp (tp group), dp (dp group), pp (pp group) or 2 (embedding group) ints. */
+int mp_grid_tp_group(const mp_grid_shape *shape, int rank, int *members);
+int mp_grid_dp_group(const mp_grid_shape *shape, int rank, int *members);
+int mp_grid_pp_group(const mp_grid_shape *shape, int rank, int *members);
+int mp_grid_embedding_group(const mp_grid_shape *shape, int rank, int *members);
+
+/* The same, by kind; members must hold mp_grid_group_capacity(shape, kind) ints. */
+int mp_grid_group_of(const mp_grid_shape *shape, mp_grid_kind kind, int rank, int *members);
+
+/* The largest group of a kind: tp, dp, pp, or min(pp, 2) for embedding. */
+int mp_grid_group_capacity(const mp_grid_shape *shape, mp_grid_kind kind);
+
+/* Every group of a kind, ordered by their first (lowest) member: returns the number of groups G
+ * and writes group g's members, ascending, to members[offsets[g] .. offsets[g + 1]). The groups
+ * partition the world, so members must hold world size ints and offsets world size + 1 ints;
+ * offsets[G] is the world size. */
+int mp_grid_groups(const mp_grid_shape *shape, mp_grid_kind kind, int *members, int *offsets);
+
+/* "tp", "dp", "pp", "embedding": the group names engine/comm.h uses in its messages. */
+const char *mp_grid_kind_name(mp_grid_kind kind);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MPENGINE_TOPOLOGY_GRID_H */

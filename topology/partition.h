@@ -1,0 +1,35 @@
+/*
+ * topology/partition.h — cutting a chain of layers into contiguous pipeline stages so that the
+ * slowest stage is as fast as possible.
+ *
+ * The planner gives each layer of the expanded chain (embedding, blocks, final norm, LM head) a
+ * cost in seconds for one micro-batch (forward + backward + recomputation on one tensor-parallel
+ * rank); the first and last stage carry the embedding and the LM head, so an even split by layer
+ * count is often not the best one (users' most common complaint). This is the classic linear
+ * partition problem, solved exactly by dynamic programming over the chain:
+ *   best[j][i] = min over s of max(best[j-1][s], cost(s..i-1))
+ * best[j-1][s] grows with s and cost(s..i-1) shrinks with s, so the minimum sits where the two
+ * cross and is found by bisection: O(k n log n) for n layers and k stages.
+ */
+#ifndef MPENGINE_TOPOLOGY_PARTITION_H
+#define MPENGINE_TOPOLOGY_PARTITION_H
+
+#include "common/error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Splits costs[0..n) (each >= 0) into k contiguous non-empty parts minimising the largest part
+ * sum. Writes the k part sizes to counts (in order; they sum to n) and that largest sum to
+ * *bottleneck. Among optimal splits it returns one whose later parts are as large as allowed
+ * (ties resolved the same way every time). Fails with MP_ERR_INPUT when k < 1 or k > n (a stage
+ * needs a layer), or a cost is negative or not finite; MP_ERR_RUNTIME when out of memory. */
+mp_status mp_partition_chain(const double *costs, int n, int k, int *counts, double *bottleneck,
+                             mp_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MPENGINE_TOPOLOGY_PARTITION_H */
