@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "common/json_reader.h"
+#include "tools/blas_kernels.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 
@@ -49,6 +50,7 @@ static void print_usage(FILE *out) {
 }
 
 int main(int argc, char **argv) {
+  tools_select_blas_kernels(argv);
   if (argc < 2) {
     print_usage(stderr);
     return CLI_EXIT_USAGE;
