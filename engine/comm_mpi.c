@@ -398,6 +398,7 @@ mp_status mp_comm_group_create(mp_comm_world *world, const int *members, int cou
       status = wait_for(world, &request, now_s() + world->timeout_s, false, &outcome, err);
     }
     if (status == MP_OK && outcome != WAIT_DONE) {
+      comm->comm = MPI_COMM_NULL; /* the exchange is still pending on it: left to MPI */
       status = mp_fail(err, MP_ERR_RUNTIME,
                        "rank %d: creating group %s timed out after %.1f s while its members "
                        "exchanged ranks; a member may have died or hung",

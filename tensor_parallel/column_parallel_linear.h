@@ -42,8 +42,7 @@ mp_status mp_tp_column_linear_forward(const mp_tp_comm *tp, bool sequence_parall
 
 /* Floats of scratch the backward needs for dinp: (BT, C) for the partial input gradient, plus
  * (BT/tp, C) for the reduce-scatter's result with sequence parallelism. */
-size_t mp_tp_column_linear_work_floats(const mp_tp_comm *tp, bool sequence_parallel, int BT,
-                                       int C);
+size_t mp_tp_column_linear_work_floats(const mp_tp_comm *tp, bool sequence_parallel, int BT, int C);
 
 /* Backward; adds (+=) into every gradient it is given and skips a NULL one (dinp alone is the
  * backward-input pass of a zero-bubble schedule, dweight and dbias alone the weight pass; every

@@ -15,8 +15,7 @@ mp_status mp_tp_block_shape_check(const mp_tp_block_shape *shape, mp_error *err)
   MP_TRY(mp_gpt_block_shape_check(&shape->full, err));
   const mp_gpt_block_shape *s = &shape->full;
   if (shape->tp < 1) {
-    return mp_fail(err, MP_ERR_INPUT, "tensor-parallel size must be at least 1, got %d",
-                   shape->tp);
+    return mp_fail(err, MP_ERR_INPUT, "tensor-parallel size must be at least 1, got %d", shape->tp);
   }
   if (s->NH % shape->tp != 0) {
     return mp_fail(err, MP_ERR_INPUT,
@@ -217,15 +216,15 @@ mp_status mp_tp_block_forward(const mp_tp_comm *tp, const mp_tp_block_shape *sha
 
   mp_layernorm_forward_cpu(acts->ln1, acts->ln1_mean, acts->ln1_rstd, inp, params->ln1w,
                            params->ln1b, 1, z.BTl, z.C);
-  MP_TRY(mp_tp_column_linear_forward(tp, z.sp, acts->qkv, acts->ln1_total, acts->ln1,
-                                     params->qkvw, params->qkvb, z.BT, z.C, 3 * z.Cl, err));
+  MP_TRY(mp_tp_column_linear_forward(tp, z.sp, acts->qkv, acts->ln1_total, acts->ln1, params->qkvw,
+                                     params->qkvb, z.BT, z.C, 3 * z.Cl, err));
   mp_attention_forward_cpu(acts->atty, acts->preatt, acts->att, acts->qkv, z.B, z.T, z.NHl, z.HS);
   MP_TRY(mp_tp_row_linear_forward(tp, z.sp, acts->attproj, acts->atty, params->attprojw,
                                   params->attprojb, acts->work, z.BT, z.Cl, z.C, err));
   mp_residual_forward_cpu(acts->residual2, inp, acts->attproj, n);
 
-  mp_layernorm_forward_cpu(acts->ln2, acts->ln2_mean, acts->ln2_rstd, acts->residual2,
-                           params->ln2w, params->ln2b, 1, z.BTl, z.C);
+  mp_layernorm_forward_cpu(acts->ln2, acts->ln2_mean, acts->ln2_rstd, acts->residual2, params->ln2w,
+                           params->ln2b, 1, z.BTl, z.C);
   MP_TRY(mp_tp_column_linear_forward(tp, z.sp, acts->fch, acts->ln2_total, acts->ln2, params->fcw,
                                      params->fcb, z.BT, z.C, z.Fl, err));
   mp_gelu_forward_cpu(acts->fch_gelu, acts->fch, (size_t)z.BT * z.Fl);
@@ -259,15 +258,15 @@ mp_status mp_tp_block_backward(const mp_tp_comm *tp, const mp_tp_block_shape *sh
   /* out = residual2 + fcproj. */
   memcpy(scratch->dresidual2, dout, n * sizeof(float));
   MP_TRY(mp_tp_row_linear_backward(tp, z.sp, scratch->dfch_gelu, grads->fcprojw, grads->fcprojb,
-                                   dout, scratch->dout_total, acts->fch_gelu, params->fcprojw,
-                                   z.BT, z.Fl, z.C, err));
+                                   dout, scratch->dout_total, acts->fch_gelu, params->fcprojw, z.BT,
+                                   z.Fl, z.C, err));
   mp_gelu_backward_cpu(scratch->dfch, acts->fch, scratch->dfch_gelu, nf);
   MP_TRY(mp_tp_column_linear_backward(tp, z.sp, scratch->dln2, grads->fcw, grads->fcb,
                                       scratch->dfch, ln2_total, params->fcw, scratch->work, z.BT,
                                       z.C, z.Fl, err));
   mp_layernorm_backward_cpu(scratch->dresidual2, grads->ln2w, grads->ln2b, scratch->dln2,
-                            acts->residual2, params->ln2w, acts->ln2_mean, acts->ln2_rstd, 1,
-                            z.BTl, z.C);
+                            acts->residual2, params->ln2w, acts->ln2_mean, acts->ln2_rstd, 1, z.BTl,
+                            z.C);
 
   /* residual2 = inp + attproj. */
   for (size_t i = 0; i < n; i++) dinp[i] += scratch->dresidual2[i];

@@ -24,7 +24,8 @@
  *   - with sequence parallelism, a rank's layernorm gradients cover only its tokens: they are
  *     partial sums. The backward adds them into grads as they are, and the caller sums them over
  *     the group once per step, after the last micro-batch, with
- *     mp_tp_block_reduce_sequence_parallel_grads (Megatron's finalize step does the same). The
+ *     mp_tp_block_reduce_sequence_parallel_grads (Megatron's finalize step does the same; the
+ *     model's final layernorm needs the same mp_tp_all_reduce_sum of its two gradients). The
  *     row-parallel biases' gradients are formed from the all-gathered output gradient and are
  *     whole on every rank.
  *

@@ -21,8 +21,8 @@ mp_status mp_tp_reduce_from_region_backward(const mp_tp_comm *tp, float *dx, siz
   return MP_OK;
 }
 
-mp_status mp_tp_gather_from_sequence_forward(const mp_tp_comm *tp, const float *slice,
-                                             float *full, size_t n_local, mp_error *err) {
+mp_status mp_tp_gather_from_sequence_forward(const mp_tp_comm *tp, const float *slice, float *full,
+                                             size_t n_local, mp_error *err) {
   return mp_tp_all_gather(tp, slice, full, n_local, err);
 }
 

@@ -37,8 +37,7 @@ mp_status mp_tp_copy_to_region_forward(const mp_tp_comm *tp, float *x, size_t n,
 mp_status mp_tp_copy_to_region_backward(const mp_tp_comm *tp, float *dx, size_t n, mp_error *err);
 
 /* Leave a tensor-parallel region: x (n) holds each rank's partial sum, summed in place. */
-mp_status mp_tp_reduce_from_region_forward(const mp_tp_comm *tp, float *x, size_t n,
-                                           mp_error *err);
+mp_status mp_tp_reduce_from_region_forward(const mp_tp_comm *tp, float *x, size_t n, mp_error *err);
 /* The gradient of a replicated result is already replicated: nothing to do. */
 mp_status mp_tp_reduce_from_region_backward(const mp_tp_comm *tp, float *dx, size_t n,
                                             mp_error *err);
@@ -47,8 +46,8 @@ mp_status mp_tp_reduce_from_region_backward(const mp_tp_comm *tp, float *dx, siz
  *   forward:  full (tp * n_local) written = all ranks' slices (n_local each) in rank order
  *   backward: dslice (n_local) written = this rank's chunk of dfull (tp * n_local) summed over
  *             the group (each rank's dfull is a partial gradient of the whole) */
-mp_status mp_tp_gather_from_sequence_forward(const mp_tp_comm *tp, const float *slice,
-                                             float *full, size_t n_local, mp_error *err);
+mp_status mp_tp_gather_from_sequence_forward(const mp_tp_comm *tp, const float *slice, float *full,
+                                             size_t n_local, mp_error *err);
 mp_status mp_tp_gather_from_sequence_backward(const mp_tp_comm *tp, const float *dfull,
                                               float *dslice, size_t n_local, mp_error *err);
 

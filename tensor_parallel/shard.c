@@ -29,12 +29,12 @@ mp_status mp_tp_split_of(const char *name, mp_tp_split *split, mp_error *err) {
     const char *suffix;
     mp_tp_split split;
   } kBlockSplits[] = {
-      {".ln1.weight", MP_TP_REPLICATED},     {".ln1.bias", MP_TP_REPLICATED},
-      {".qkv.weight", MP_TP_SPLIT_QKV},      {".qkv.bias", MP_TP_SPLIT_QKV},
+      {".ln1.weight", MP_TP_REPLICATED},       {".ln1.bias", MP_TP_REPLICATED},
+      {".qkv.weight", MP_TP_SPLIT_QKV},        {".qkv.bias", MP_TP_SPLIT_QKV},
       {".attn_proj.weight", MP_TP_SPLIT_COLS}, {".attn_proj.bias", MP_TP_REPLICATED},
-      {".ln2.weight", MP_TP_REPLICATED},     {".ln2.bias", MP_TP_REPLICATED},
-      {".fc.weight", MP_TP_SPLIT_ROWS},      {".fc.bias", MP_TP_SPLIT_ROWS},
-      {".fc_proj.weight", MP_TP_SPLIT_COLS}, {".fc_proj.bias", MP_TP_REPLICATED},
+      {".ln2.weight", MP_TP_REPLICATED},       {".ln2.bias", MP_TP_REPLICATED},
+      {".fc.weight", MP_TP_SPLIT_ROWS},        {".fc.bias", MP_TP_SPLIT_ROWS},
+      {".fc_proj.weight", MP_TP_SPLIT_COLS},   {".fc_proj.bias", MP_TP_REPLICATED},
   };
   if (strcmp(name, "embedding.wte") == 0) {
     *split = MP_TP_SPLIT_ROWS;
@@ -103,7 +103,8 @@ size_t mp_tp_shard_floats(mp_tp_split split, size_t rows, size_t cols, int size)
   return split == MP_TP_REPLICATED ? rows * cols : rows * cols / (size_t)size;
 }
 
-/* Copies between a shard and its full tensor; to_shard chooses the direction. */
+/* Copies between a shard and its full tensor; to_shard chooses the direction, and only the
+ * destination is written (the callers' const casts are safe). */
 static mp_status copy_blocks(float *shard, float *full, bool to_shard, mp_tp_split split,
                              size_t rows, size_t cols, int rank, int size, mp_error *err) {
   mp_tp_shard_block blocks[MP_TP_SHARD_MAX_BLOCKS];

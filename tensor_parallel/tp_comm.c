@@ -33,8 +33,8 @@ static mp_status prefixed(const mp_tp_comm *tp, mp_status status, const char *op
 
 mp_status mp_tp_all_reduce_sum(const mp_tp_comm *tp, float *buffer, size_t count, mp_error *err) {
   if (tp->size == 1 || count == 0) return MP_OK;
-  return prefixed(tp, tp->all_reduce_sum_f32(tp->context, buffer, count, err), "all-reduce",
-                  count, err);
+  return prefixed(tp, tp->all_reduce_sum_f32(tp->context, buffer, count, err), "all-reduce", count,
+                  err);
 }
 
 mp_status mp_tp_all_gather(const mp_tp_comm *tp, const float *input, float *output, size_t count,

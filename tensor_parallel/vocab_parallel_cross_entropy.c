@@ -26,9 +26,9 @@ mp_status mp_tp_vocab_cross_entropy_forward(const mp_tp_comm *tp, double *mean_l
   const int Vl = Vp / tp->size, start = mp_tp_vocab_start(Vp, tp->size, tp->rank);
   const int real = local_real_columns(V, start, Vl);
   const size_t rows = (size_t)BT;
-  float *maxes = work;                 /* (BT) */
-  float *sums = work + rows;           /* (BT, 2): sum of exp, target logit - max */
-  float *gathered = work + 3 * rows;   /* (tp, BT) */
+  float *maxes = work;               /* (BT) */
+  float *sums = work + rows;         /* (BT, 2): sum of exp, target logit - max */
+  float *gathered = work + 3 * rows; /* (tp, BT) */
 
   for (size_t r = 0; r < rows; r++) {
     const float *row = logits + r * Vl;

@@ -52,8 +52,7 @@ mp_status mp_tp_vocab_cross_entropy_forward(const mp_tp_comm *tp, double *mean_l
  *   probs   (BT, Vl) as the forward wrote it
  *   targets (BT) */
 void mp_tp_vocab_cross_entropy_backward(const mp_tp_comm *tp, float *dlogits, const float *probs,
-                                        const int32_t *targets, float dloss, int BT, int V,
-                                        int Vp);
+                                        const int32_t *targets, float dloss, int BT, int V, int Vp);
 
 #ifdef __cplusplus
 }

@@ -94,8 +94,8 @@ mp_status mp_tp_lm_head_forward(const mp_tp_comm *tp, bool sequence_parallel, fl
                                 float *inp_total, const float *inp, const float *wte_shard, int BT,
                                 int C, int Vp, mp_error *err) {
   MP_TRY(mp_tp_vocab_check(Vp, tp->size, err));
-  return mp_tp_column_linear_forward(tp, sequence_parallel, logits, inp_total, inp, wte_shard,
-                                     NULL, BT, C, Vp / tp->size, err);
+  return mp_tp_column_linear_forward(tp, sequence_parallel, logits, inp_total, inp, wte_shard, NULL,
+                                     BT, C, Vp / tp->size, err);
 }
 
 mp_status mp_tp_lm_head_backward(const mp_tp_comm *tp, bool sequence_parallel, float *dinp,

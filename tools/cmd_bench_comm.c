@@ -50,6 +50,9 @@ typedef enum { OP_ALL_REDUCE, OP_REDUCE_SCATTER, OP_ALL_GATHER, OP_BROADCAST, OP
 
 static const char *const kOpNames[kMaxOps] = {"all_reduce", "reduce_scatter", "all_gather",
                                               "broadcast", "sendrecv"};
+static const char *const kOpNotes[kMaxOps] = {
+    " (sum, in place)", " (sum)", "", " (root 0)",
+    " (ping-pong between ranks 0-1, 2-3, ...; time is one way)"};
 static const char *const kOpFactors[kMaxOps] = {"2(n-1)/n", "(n-1)/n", "(n-1)/n", "1", "1"};
 
 typedef struct {
@@ -306,11 +309,7 @@ static mp_status bench_all(bench_context *context, const bool selected[kMaxOps],
   for (int op = 0; op < kMaxOps; ++op) {
     if (!selected[op]) continue;
     if (print && !context->json) {
-      printf("#\n# %s%s, busbw factor %s\n", kOpNames[op],
-             op == OP_SENDRECV ? " (ping-pong between ranks 0-1, 2-3, ...; one way)"
-             : op == OP_BROADCAST ? " (root 0)"
-                                  : " (sum)",
-             kOpFactors[op]);
+      printf("#\n# %s%s, busbw factor %s\n", kOpNames[op], kOpNotes[op], kOpFactors[op]);
       printf("# %12s %12s %6s %11s %12s %12s %8s\n", "size", "count", "type", "time(us)",
              "algbw(GB/s)", "busbw(GB/s)", "#wrong");
     }

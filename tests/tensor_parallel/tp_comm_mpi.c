@@ -17,7 +17,7 @@ static mp_status reduce_scatter(void *context, const float *input, float *output
 }
 
 mp_tp_comm mp_tp_comm_from_group(mp_comm *comm) {
-  mp_tp_comm tp = {comm, mp_comm_rank(comm), mp_comm_size(comm), all_reduce, all_gather,
-                   reduce_scatter};
+  mp_tp_comm tp = {comm,       mp_comm_rank(comm), mp_comm_size(comm),
+                   all_reduce, all_gather,         reduce_scatter};
   return tp;
 }
