@@ -429,27 +429,30 @@ done:
 }
 
 int cmd_bench(int argc, char **argv) {
-  static const char *const kActions[] = {"step", NULL};
+  static const char *const kActions[] = {"step", "comm", NULL};
   const char *action = argc >= 2 ? argv[1] : NULL;
   if (action != NULL && strcmp(action, "step") == 0) return bench_step(argc - 1, argv + 1);
+  if (action != NULL && strcmp(action, "comm") == 0) return cmd_bench_comm(argc - 1, argv + 1);
   if (action != NULL && (strcmp(action, "--help") == 0 || strcmp(action, "-h") == 0)) {
-    printf("usage: mpengine bench step MODEL.json [options]\n\n"
+    printf("usage: mpengine bench step MODEL.json [options]\n"
+           "       mpirun -np N mpengine bench comm [options]\n\n"
            "Benchmarks that check the numbers they time.\n\n"
            "actions:\n"
            "  step       time full training steps of a model on one rank; --dump writes the\n"
-           "             weights, gradients, tokens and loss for tools/bench/torch_compare.py\n\n"
+           "             weights, gradients, tokens and loss for tools/bench/torch_compare.py\n"
+           "  comm       nccl-tests style table of send/recv and collectives on this machine\n\n"
            "run 'mpengine bench <action> --help' for the options\n");
     return CLI_EXIT_OK;
   }
   if (action == NULL) {
-    fprintf(stderr, "mpengine bench: missing action: step\n");
+    fprintf(stderr, "mpengine bench: missing action: step or comm\n");
   } else {
     const char *closest = mp_closest_word(action, kActions);
     if (closest != NULL) {
       fprintf(stderr, "mpengine bench: unknown action '%s'; did you mean '%s'?\n", action,
               closest);
     } else {
-      fprintf(stderr, "mpengine bench: unknown action '%s' (actions: step)\n", action);
+      fprintf(stderr, "mpengine bench: unknown action '%s' (actions: step, comm)\n", action);
     }
   }
   fprintf(stderr, "run 'mpengine bench --help' for the actions\n");
