@@ -33,8 +33,11 @@ What it does:
      from the same weights and batch, so the loss after the last step is compared too: a check of
      clipping and AdamW.
 
-Both sides use the same OpenBLAS (Debian's python3-torch links libopenblas), so
-OPENBLAS_CORETYPE (or --openblas-coretype) changes the GEMM kernel of both.
+Both sides use the same OpenBLAS (Debian's python3-torch links libopenblas), whose kernels are
+chosen when it loads, from OPENBLAS_CORETYPE or the CPU model. mpengine replaces OpenBLAS's slow
+SSE3 ("Prescott") fallback on CPUs that OpenBLAS 0.3.21 does not know (tools/blas_kernels.h), so
+by default torch is given the kernels mpengine ends up with; --openblas-coretype sets them for
+both (--openblas-coretype Prescott measures the fallback). The report names the kernels of each.
 
 Needs Debian's PyTorch: run with /usr/bin/python3 (`apt-get install python3-torch`). CI does not
 run this; it is a benchmark a person runs and reads.
@@ -48,6 +51,7 @@ PyTorch missing.
 """
 
 import argparse
+import importlib.util
 import math
 import os
 import platform
@@ -465,34 +469,62 @@ def report_timing(torch, config, weights, inputs, targets, args):
           f"{theirs_cpu / ours_cpu:.2f}")
 
 
+def openblas_core():
+    """The kernel family the OpenBLAS loaded into this process uses ("SkylakeX", "Prescott")."""
+    import ctypes
+    try:
+        library = ctypes.CDLL("libopenblas.so.0")
+        library.openblas_get_corename.restype = ctypes.c_char_p
+        return library.openblas_get_corename().decode()
+    except (OSError, AttributeError):
+        return "unknown"
+
+
 def main():
     args = parse_args()
-    # Thread counts and the OpenBLAS kernel are read when the libraries load: set them before
-    # importing torch. mpengine inherits the same environment.
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("numpy") is None:
+        import_torch()  # exits 2 saying how to get them
+    # Thread counts and the OpenBLAS kernels are read when the libraries load (numpy and torch
+    # both load OpenBLAS): set them before importing either. mpengine inherits the same
+    # environment. Without --openblas-coretype, torch is given the kernels mpengine ends up with
+    # (mpengine replaces OpenBLAS's SSE3 fallback on CPUs it does not know), so both sides run
+    # the same GEMM code and the comparison measures everything else.
     for variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[variable] = str(args.threads)
     if args.openblas_coretype:
         os.environ["OPENBLAS_CORETYPE"] = args.openblas_coretype
-    torch, numpy = import_torch()
-    torch.set_num_threads(args.threads)
-
-    cpu = platform.processor() or "cpu"
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            cpu = next(line.split(":", 1)[1].strip() for line in cpuinfo
-                       if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    print("mpengine vs PyTorch: GPT-2 loss, gradients and training-step time")
-    print(f"  model {args.model}, batch {args.batch} x {args.seq_len} tokens, seed {args.seed}"
-          + (f", weights {args.init_from}" if args.init_from else ""))
-    print(f"  torch {torch.__version__} ({torch.get_num_threads()} thread(s)), numpy "
-          f"{numpy.__version__}, {os.cpu_count()} cpus ({cpu}), OPENBLAS_CORETYPE="
-          f"{os.environ.get('OPENBLAS_CORETYPE', '(unset: auto-detected)')}")
+    coretype_origin = "given" if "OPENBLAS_CORETYPE" in os.environ else None
 
     directory = args.dir or tempfile.mkdtemp(prefix="torch_compare_")
+    passed = False
     try:
         output = run_mpengine(args, ["--steps", "0", "--dump", directory])
+        our_core = re.search(r"BLAS: .*core (\S+)", output)
+        our_core = our_core[1] if our_core else "unknown"
+        if coretype_origin is None and our_core != "unknown":
+            os.environ["OPENBLAS_CORETYPE"] = our_core
+            coretype_origin = "set to mpengine's choice"
+        torch, numpy = import_torch()
+        torch.set_num_threads(args.threads)
+        torch_core = openblas_core()
+
+        cpu = platform.processor() or "cpu"
+        try:
+            with open("/proc/cpuinfo") as cpuinfo:
+                cpu = next(line.split(":", 1)[1].strip() for line in cpuinfo
+                           if line.startswith("model name"))
+        except (OSError, StopIteration):
+            pass
+        print("mpengine vs PyTorch: GPT-2 loss, gradients and training-step time")
+        print(f"  model {args.model}, batch {args.batch} x {args.seq_len} tokens, seed {args.seed}"
+              + (f", weights {args.init_from}" if args.init_from else ""))
+        print(f"  torch {torch.__version__} ({torch.get_num_threads()} thread(s)), numpy "
+              f"{numpy.__version__}, {os.cpu_count()} cpus ({cpu})")
+        print(f"  OpenBLAS kernels: ours {our_core}, torch {torch_core} (OPENBLAS_CORETYPE="
+              f"{os.environ.get('OPENBLAS_CORETYPE', 'unset')}, {coretype_origin or 'unset'})")
+        if our_core.lower() != torch_core.lower():
+            print("  WARNING: the two sides use different GEMM kernels; the timing compares "
+                  "them too (give --openblas-coretype to make them equal)")
         print("".join(f"  | {line}\n" for line in output.splitlines()), end="")
         config, weights = read_llmc(os.path.join(directory, "model.bin"), numpy)
         grads_config, our_grads = read_llmc(os.path.join(directory, "grads.bin"), numpy)
