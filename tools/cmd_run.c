@@ -1,24 +1,40 @@
 /*
  * tools/cmd_run.c — `mpengine run --config PLAN.json`: train the plan's model.
  *
- * Today on one rank (dp = pp = tp = 1) on the CPU. Data comes from llm.c token shards (--data
+ * On one rank (CPU or one GPU), or on one tensor-parallel group (dp = pp = 1, tp > 1, CPU): one
+ * process per rank. Started outside an MPI job (no OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK
+ * in the environment) with a plan of more than one rank, it re-launches itself as
+ *     mpirun -np N --oversubscribe [--allow-run-as-root] /proc/self/exe's target run <same args>
+ * (N = dp x pp x tp, or --np) and exits with mpirun's status. Inside the job every rank builds
+ * the world (every wait bounded by --comm-timeout) and its tensor-parallel group from
+ * topology/grid.h, reads the same global batch and trains its shard; only world rank 0 prints
+ * and writes --metrics. A rank that fails prints its error prefixed with its rank; input errors,
+ * which every rank meets alike, are printed by rank 0 alone.
+ *
+ * Data comes from llm.c token shards (--data
  * GLOB) or, by default, from a synthetic Markov source generated in memory whose entropy rate is
  * printed next to the loss: the floor no model can beat. One line per step, or a progress bar
  * with an ETA when stdout is a terminal; --metrics FILE also writes one JSON object per step.
  */
+#include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include "engine/comm.h"
 #include "engine/data_loader.h"
 #include "engine/device.h"
 #include "engine/gpu_probe.h"
 #include "engine/gpt_model.h"
 #include "engine/markov_source.h"
+#include "engine/tp_comm_mpi.h"
 #include "engine/trainer.h"
 #include "topology/cluster.h"
+#include "topology/grid.h"
 #include "topology/model.h"
 #include "topology/plan.h"
 #include "tools/cli.h"
@@ -31,6 +47,10 @@ typedef struct {
   mp_markov_source *source; /* the synthetic default, or NULL with --data */
   uint16_t *synthetic_tokens;
   mp_trainer *trainer;
+  mp_comm_world *world;     /* inside an MPI job of more than one rank, else NULL */
+  mp_comm *tp_group;        /* this rank's tensor-parallel group, or NULL */
+  mp_tp_comm tp_table;      /* the table over tp_group the trainer calls */
+  int rank, world_size;     /* 0 and 1 without a world */
   FILE *metrics;
   double entropy_floor;     /* nats per token, synthetic source only; NAN otherwise */
   double peak_flops_per_s;  /* the cluster's peak for the backend's dtype; 0 when unknown */
@@ -43,6 +63,106 @@ static void run_state_free(run_state *state) {
   free(state->synthetic_tokens);
   mp_markov_source_free(state->source);
   mp_model_free(state->model);
+  mp_comm_free(state->tp_group);
+}
+
+/* True inside a job started by Open MPI's mpirun, or by srun / another PMI launcher. */
+static bool inside_mpi_job(void) {
+  return getenv("OMPI_COMM_WORLD_SIZE") != NULL || getenv("PMI_SIZE") != NULL ||
+         getenv("PMIX_RANK") != NULL;
+}
+
+/* Sets an environment variable unless the user already set it. */
+static void default_env(const char *name, const char *value) {
+  if (getenv(name) == NULL) setenv(name, value, 1);
+}
+
+/* Runs `mpirun -np np ... <this binary> run <argv[1..]>` and returns the exit code to exit with:
+ * mpirun's own, or 1 when it could not be started (the message names what to install). */
+static int relaunch(cli_command *command, int argc, char **argv, int np, const char *mpirun) {
+  mp_error err = MP_ERROR_INITIALIZER;
+  char self[PATH_MAX];
+  /* The path itself: /proc/self/exe in mpirun's arguments would name mpirun's own child. */
+  const ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (len <= 0) {
+    mp_fail(&err, MP_ERR_RUNTIME, "cannot find this binary (/proc/self/exe): %s", strerror(errno));
+    return cli_report(command, &err);
+  }
+  self[len] = '\0';
+  char np_text[16];
+  snprintf(np_text, sizeof np_text, "%d", np);
+  char **args = calloc((size_t)argc + 16, sizeof *args);
+  if (args == NULL) {
+    mp_fail(&err, MP_ERR_RUNTIME, "out of memory");
+    return cli_report(command, &err);
+  }
+  int n = 0;
+  args[n++] = (char *)mpirun;
+  args[n++] = "-np";
+  args[n++] = np_text;
+  args[n++] = "--oversubscribe"; /* more ranks than cores is allowed (and slow) */
+  if (geteuid() == 0) args[n++] = "--allow-run-as-root";
+  args[n++] = self;
+  for (int i = 0; i < argc; ++i) args[n++] = argv[i]; /* argv[0] is "run" */
+  args[n] = NULL;
+  /* One machine: shared memory and self transports, no ssh agent needed; one BLAS thread per
+   * core's share, so the ranks do not fight over the cores. The user's settings win. */
+  default_env("OMPI_MCA_btl", "self,vader");
+  default_env("OMPI_MCA_plm_rsh_agent", "");
+  default_env("OMPI_MCA_rmaps_base_oversubscribe", "1");
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  if (cores < 1) cores = 1;
+  char threads[16];
+  snprintf(threads, sizeof threads, "%ld", cores / np > 1 ? cores / np : 1);
+  default_env("OPENBLAS_NUM_THREADS", threads);
+  default_env("OMP_NUM_THREADS", threads);
+  setenv("MPENGINE_STDOUT_TTY", isatty(STDOUT_FILENO) ? "1" : "0", 1);
+  fflush(stdout);
+  fflush(stderr);
+  const pid_t pid = fork();
+  if (pid < 0) {
+    free(args);
+    mp_fail(&err, MP_ERR_RUNTIME, "cannot start %s: fork failed: %s", mpirun, strerror(errno));
+    return cli_report(command, &err);
+  }
+  if (pid == 0) {
+    execvp(mpirun, args);
+    fprintf(stderr,
+            "mpengine run: cannot run %s to start %d ranks: %s; install Open MPI "
+            "(tools/setup.sh) or give its path with --mpirun PATH\n",
+            mpirun, np, strerror(errno));
+    _exit(127);
+  }
+  free(args);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) {
+      mp_fail(&err, MP_ERR_RUNTIME, "waiting for %s: %s", mpirun, strerror(errno));
+      return cli_report(command, &err);
+    }
+  }
+  if (WIFEXITED(status)) {
+    const int code = WEXITSTATUS(status);
+    return code == 127 ? CLI_EXIT_FAILURE : code;
+  }
+  fprintf(stderr, "mpengine run: %s ended by signal %d\n", mpirun,
+          WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  return CLI_EXIT_FAILURE;
+}
+
+/* cli_report from a rank of a parallel run: runtime errors are printed by the rank that met
+ * them, prefixed "rank R: "; input errors, the same on every rank, by rank 0 alone. */
+static int rank_report(cli_command *command, const run_state *state, const mp_error *err) {
+  if (state->world_size <= 1) return cli_report(command, err);
+  if (err->status == MP_ERR_INPUT && state->rank != 0) {
+    return CLI_EXIT_USAGE;
+  }
+  char prefix[32];
+  snprintf(prefix, sizeof prefix, "rank %d:", state->rank);
+  if (strncmp(err->message, prefix, strlen(prefix)) == 0) return cli_report(command, err);
+  mp_error prefixed = *err;
+  snprintf(prefixed.message, sizeof prefixed.message, "rank %d: %s", state->rank, err->message);
+  return cli_report(command, &prefixed);
 }
 
 /* Enough tokens for every step to see fresh samples, bounded so the default starts fast. */
@@ -151,12 +271,16 @@ int cmd_run(int argc, char **argv) {
       {"checkpoint-dir", "DIR", "save checkpoints here (issue 7)", NULL},
       {"resume", NULL, "continue from the newest checkpoint (issue 7)", NULL},
       {"trace", "TRACE.json", "record a timeline of the run (issue 10)", NULL},
+      {"np", "N", "ranks to start under mpirun (default: the plan's dp x pp x tp)", NULL},
+      {"mpirun", "PATH", "the mpirun that starts the ranks (default: mpirun on PATH)", NULL},
+      {"comm-timeout", "SECONDS", "a wait on a peer longer than this is an error (default 300)", NULL},
       {0},
   };
   cli_command command = {
       .command = "run",
       .usage = "mpengine run --config PLAN.json [--steps N] [--data GLOB] "
-               "[--backend auto|cpu|cuda] [--init-from GPT2.bin] [--metrics FILE]",
+               "[--backend auto|cpu|cuda] [--init-from GPT2.bin] [--metrics FILE] [--np N] "
+               "[--mpirun PATH] [--comm-timeout SECONDS]",
       .summary = "Train the model of a parallelism config. Prints one line per step (a progress "
                  "bar with ETA\non a terminal): loss, learning rate, gradient norm, time and "
                  "tokens/s.",
@@ -211,6 +335,76 @@ int cmd_run(int argc, char **argv) {
     goto done;
   }
   state.plan.training.steps = steps; /* the schedule decays over the steps actually run */
+  state.rank = 0;
+  state.world_size = 1;
+  if (mp_trainer_check_layout(&state.plan, &err) != MP_OK) {
+    exit_code = cli_report(&command, &err);
+    goto done;
+  }
+  const mp_grid_shape grid = {state.plan.dp, state.plan.pp, state.plan.tp};
+  const int plan_world = state.plan.dp * state.plan.pp * state.plan.tp;
+  int64_t np = plan_world;
+  double comm_timeout = 300.0;
+  const char *timeout_text = cli_value(&command, "comm-timeout");
+  if (cli_int(&command, "np", 1, plan_world, &np, &err) != MP_OK) {
+    exit_code = cli_report(&command, &err);
+    goto done;
+  }
+  if (timeout_text != NULL) {
+    char *end = NULL;
+    comm_timeout = strtod(timeout_text, &end);
+    if (end == timeout_text || *end != '\0' || !(comm_timeout > 0) || !isfinite(comm_timeout)) {
+      mp_fail(&err, MP_ERR_INPUT, "--comm-timeout: expected a positive number of seconds, got '%s'",
+              timeout_text);
+      exit_code = cli_report(&command, &err);
+      goto done;
+    }
+  }
+  if (!inside_mpi_job() && np > 1) {
+    const char *mpirun = cli_value(&command, "mpirun") ? cli_value(&command, "mpirun") : "mpirun";
+    exit_code = relaunch(&command, argc, argv, (int)np, mpirun);
+    goto done;
+  }
+  if (inside_mpi_job()) {
+    if (mp_comm_world_init(NULL, NULL, comm_timeout, &state.world, &err) != MP_OK) {
+      exit_code = cli_report(&command, &err);
+      goto done;
+    }
+    state.rank = mp_comm_world_rank(state.world);
+    state.world_size = mp_comm_world_size(state.world);
+    if (state.world_size != plan_world) {
+      mp_fail(&err, MP_ERR_INPUT,
+              "the MPI job has %d rank%s but %s needs dp x pp x tp = %d x %d x %d = %d; start it "
+              "with -np %d (or drop --np)",
+              state.world_size, state.world_size == 1 ? "" : "s", config, state.plan.dp,
+              state.plan.pp, state.plan.tp, plan_world, plan_world);
+      exit_code = rank_report(&command, &state, &err);
+      goto done;
+    }
+    int members[MP_PLAN_MAX_STAGES];
+    const int count = state.plan.tp <= MP_PLAN_MAX_STAGES
+                          ? mp_grid_tp_group(&grid, state.rank, members)
+                          : 0;
+    if (count == 0 ||
+        mp_comm_group_create(state.world, members, count, mp_grid_kind_name(MP_GRID_TP),
+                             &state.tp_group, &err) != MP_OK) {
+      if (count == 0) mp_fail(&err, MP_ERR_INPUT, "tp = %d is too large", state.plan.tp);
+      exit_code = rank_report(&command, &state, &err);
+      goto done;
+    }
+    state.tp_table = mp_tp_comm_over_group(state.tp_group);
+    /* Only world rank 0 speaks; the others' errors still reach stderr. */
+    if (state.rank != 0 && freopen("/dev/null", "w", stdout) == NULL) {
+      mp_fail(&err, MP_ERR_RUNTIME, "cannot silence stdout");
+      exit_code = rank_report(&command, &state, &err);
+      goto done;
+    }
+  }
+  if (state.plan.tp > 1 && strcmp(backend_name, "auto") == 0) {
+    backend = MP_BACKEND_CPU;
+    snprintf(backend_reason, sizeof backend_reason,
+             " (auto: tensor parallelism runs on the CPU for now)");
+  }
   if (state.plan.seq_len > mp_model_seq_len(state.model)) {
     mp_fail(&err, MP_ERR_INPUT, "%s: $.batch.seq_len %lld exceeds the model's seq_len %lld (%s)",
             config, (long long)state.plan.seq_len, (long long)mp_model_seq_len(state.model),
@@ -218,42 +412,55 @@ int cmd_run(int argc, char **argv) {
     exit_code = cli_report(&command, &err);
     goto done;
   }
+  mp_trainer_options trainer_options = MP_TRAINER_OPTIONS_INITIALIZER;
+  if (state.tp_group != NULL) trainer_options.tp = &state.tp_table;
   if (open_data(cli_value(&command, "data"), steps, &state, &err) != MP_OK ||
-      mp_trainer_create(&state.plan, state.model, state.data, backend, &state.trainer, &err) !=
-          MP_OK) {
-    exit_code = cli_report(&command, &err);
+      mp_trainer_create_parallel(&state.plan, state.model, state.data, backend, &trainer_options,
+                                 &state.trainer, &err) != MP_OK) {
+    exit_code = rank_report(&command, &state, &err);
     goto done;
   }
   const char *init_from = cli_value(&command, "init-from");
   if (init_from != NULL && mp_trainer_load_llmc(state.trainer, init_from, &err) != MP_OK) {
-    exit_code = cli_report(&command, &err);
+    exit_code = rank_report(&command, &state, &err);
     goto done;
   }
   const char *metrics_path = cli_value(&command, "metrics");
-  if (metrics_path != NULL && (state.metrics = fopen(metrics_path, "w")) == NULL) {
+  if (state.rank == 0 && metrics_path != NULL &&
+      (state.metrics = fopen(metrics_path, "w")) == NULL) {
     mp_fail(&err, MP_ERR_INPUT, "--metrics %s: cannot create the file", metrics_path);
-    exit_code = cli_report(&command, &err);
+    exit_code = rank_report(&command, &state, &err);
     goto done;
   }
 
   mp_cluster cluster;
   if (mp_cluster_load(state.plan.cluster, &cluster, &err) != MP_OK) {
-    exit_code = cli_report(&command, &err);
+    exit_code = rank_report(&command, &state, &err);
     goto done;
   }
+  /* MFU of the whole job: the model's FLOPs against every rank's peak. */
   state.peak_flops_per_s =
-      cluster.peak_flops_per_s[backend == MP_BACKEND_CUDA ? MP_DTYPE_BF16 : MP_DTYPE_FP32];
+      cluster.peak_flops_per_s[backend == MP_BACKEND_CUDA ? MP_DTYPE_BF16 : MP_DTYPE_FP32] *
+      (double)state.world_size;
   const mp_gpt_layout *layout = mp_trainer_layout(state.trainer);
   const mp_gpt_config *c = mp_gpt_layout_config(layout);
   printf("model %s: %d layers, %d heads, %d channels, vocab %d (padded %d), %zu parameters\n",
          mp_model_name(state.model), c->num_layers, c->num_heads, c->channels, c->vocab_size,
          c->padded_vocab_size, mp_gpt_layout_num_params(layout));
-  printf("plan %s: 1 rank, global batch %lld = %lld micro-batches x %lld sequences x %lld "
+  char ranks_text[96] = "1 rank";
+  if (state.world_size > 1) {
+    snprintf(ranks_text, sizeof ranks_text, "%d ranks (tensor-parallel group of %d%s)",
+             state.world_size, state.plan.tp,
+             state.plan.sequence_parallel ? ", sequence parallelism" : "");
+  }
+  printf("plan %s: %s, global batch %lld = %lld micro-batches x %lld sequences x %lld "
          "tokens, %lld steps\n",
-         config, (long long)state.plan.global_batch, (long long)state.plan.num_micro_batches,
+         config, ranks_text, (long long)state.plan.global_batch, (long long)state.plan.num_micro_batches,
          (long long)state.plan.micro_batch, (long long)state.plan.seq_len, (long long)steps);
-  printf("backend: %s%s; MFU against %s's %s peak of %.1f TFLOP/s\n", mp_backend_name(backend),
-         backend_reason, cluster.name, backend == MP_BACKEND_CUDA ? "bf16" : "fp32",
+  char ranks_times[32] = "";
+  if (state.world_size > 1) snprintf(ranks_times, sizeof ranks_times, "%d x ", state.world_size);
+  printf("backend: %s%s; MFU against %s%s's %s peak of %.1f TFLOP/s\n",
+         mp_backend_name(backend), backend_reason, ranks_times, cluster.name, backend == MP_BACKEND_CUDA ? "bf16" : "fp32",
          state.peak_flops_per_s / 1e12);
   const int num_files = mp_data_loader_num_files(state.data);
   if (num_files > 0) {
@@ -271,13 +478,17 @@ int cmd_run(int argc, char **argv) {
   if (init_from != NULL) printf("initialised from %s\n", init_from);
   fflush(stdout);
 
-  const bool terminal = isatty(STDOUT_FILENO);
+  /* Under mpirun stdout is mpirun's forwarding, often a pseudo-terminal: the launcher says
+   * whether the user's stdout is a terminal (MPENGINE_STDOUT_TTY). */
+  const char *tty = getenv("MPENGINE_STDOUT_TTY");
+  const bool terminal = state.world != NULL ? (tty != NULL && strcmp(tty, "1") == 0)
+                                            : isatty(STDOUT_FILENO);
   double elapsed = 0.0;
   mp_step_metrics metrics;
   for (int64_t step = 0; step < steps; ++step) {
     if (mp_trainer_step(state.trainer, step, &metrics, &err) != MP_OK) {
       if (terminal) printf("\n");
-      exit_code = cli_report(&command, &err);
+      exit_code = rank_report(&command, &state, &err);
       goto done;
     }
     elapsed += metrics.seconds;
@@ -292,5 +503,14 @@ int cmd_run(int argc, char **argv) {
   printf("\n");
 done:
   run_state_free(&state);
+  if (state.world != NULL) {
+    if (exit_code == CLI_EXIT_FAILURE) {
+      /* A runtime failure may be this rank's alone (a lost peer, a timeout): the others could be
+       * waiting on it, and MPI_Finalize could too. Exit now; mpirun then ends the job. */
+      fflush(NULL);
+      _exit(exit_code);
+    }
+    mp_comm_world_finalize(state.world);
+  }
   return exit_code;
 }

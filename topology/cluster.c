@@ -46,6 +46,21 @@ static double to_si_units(double value, unit_conversion unit) {
   return value * unit.multiplier / unit.divisor;
 }
 
+/* Converts a value read from key to SI units into *out, refusing one whose conversion overflows
+ * to infinity (1e300 TFLOP/s): an infinite rate would make costs NaN, and JSON cannot write it
+ * back (cJSON prints null), breaking parse(to_json(x)) == x. Found by
+ * tests/fuzz/cluster_json_fuzz.c. */
+static mp_status to_si_checked(const mp_json_reader *reader, const char *path, const char *key,
+                               double value, unit_conversion unit, double *out) {
+  double si = to_si_units(value, unit);
+  if (!isfinite(si)) {
+    return mp_fail(reader->err, MP_ERR_INPUT, "%s: %s.%s: %.17g is too large", reader->source,
+                   path, key, value);
+  }
+  *out = si;
+  return MP_OK;
+}
+
 /* The value in the file's unit that to_si_units turns back into exactly si. */
 static double from_si_units(double si, unit_conversion unit) {
   double value = si * unit.divisor / unit.multiplier;
@@ -143,7 +158,8 @@ static mp_status read_peaks(const mp_json_reader *reader, const cJSON *root, con
     double tflops = 0;
     MP_TRY(mp_json_optional_number(reader, peaks, peaks_path, kDtypeNames[dtype],
                                    MP_JSON_POSITIVE, 0, &tflops));
-    cluster->peak_flops_per_s[dtype] = to_si_units(tflops, kTera);
+    MP_TRY(to_si_checked(reader, peaks_path, kDtypeNames[dtype], tflops, kTera,
+                         &cluster->peak_flops_per_s[dtype]));
   }
   if (cluster->peak_flops_per_s[MP_DTYPE_BF16] <= 0 &&
       cluster->peak_flops_per_s[MP_DTYPE_FP32] <= 0) {
@@ -168,8 +184,9 @@ static mp_status read_link(const mp_json_reader *reader, const cJSON *root, cons
                                 MP_JSON_POSITIVE, &gbytes_per_s));
   MP_TRY(mp_json_require_number(reader, link, link_path, "latency_us", MP_JSON_NONNEGATIVE,
                                 &latency_us));
-  *bandwidth_bytes_per_s = to_si_units(gbytes_per_s, kGiga);
-  *latency_s = to_si_units(latency_us, kMicro);
+  MP_TRY(to_si_checked(reader, link_path, "bandwidth_gbytes_per_s", gbytes_per_s, kGiga,
+                       bandwidth_bytes_per_s));
+  MP_TRY(to_si_checked(reader, link_path, "latency_us", latency_us, kMicro, latency_s));
   return MP_OK;
 }
 
@@ -269,7 +286,8 @@ mp_status mp_cluster_from_json(const cJSON *object, const char *source, const ch
   double memory_gbytes_per_s = 0;
   MP_TRY(mp_json_require_number(&reader, object, path, "memory_bandwidth_gbytes_per_s",
                                 MP_JSON_POSITIVE, &memory_gbytes_per_s));
-  cluster.memory_bandwidth_bytes_per_s = to_si_units(memory_gbytes_per_s, kGiga);
+  MP_TRY(to_si_checked(&reader, path, "memory_bandwidth_gbytes_per_s", memory_gbytes_per_s, kGiga,
+                       &cluster.memory_bandwidth_bytes_per_s));
 
   MP_TRY(read_peaks(&reader, object, path, &cluster));
   MP_TRY(read_link(&reader, object, path, "intra_node", &cluster.intra_node_bandwidth_bytes_per_s,

@@ -25,6 +25,11 @@ enum {
   kMaxLayers = 1 << 17,
 };
 
+/* A custom node's parameters: 2^40 (1.1e12) per layer. Without a bound, 2^53 params repeated
+ * 65536 times overflowed mp_model_params (undefined behaviour, found by
+ * tests/fuzz/model_json_fuzz.c); with it, 2^17 layers stay below 2^63 whatever their kinds. */
+static const int64_t kMaxCustomParams = (int64_t)1 << 40;
+
 struct mp_model {
   char name[MP_MODEL_NAME_BYTES];
   char source[1024];
@@ -162,6 +167,7 @@ static mp_status parse_node(const mp_json_reader *reader, const cJSON *node, con
       snprintf(spec->name, sizeof spec->name, "%s", name);
       MP_TRY(mp_json_require_int(reader, node, path, "params", MP_JSON_NONNEGATIVE,
                                  &spec->custom_params));
+      MP_TRY(at_most(reader, path, "params", spec->custom_params, kMaxCustomParams));
       MP_TRY(mp_json_require_number(reader, node, path, "forward_flops_per_token",
                                     MP_JSON_NONNEGATIVE, &spec->custom_forward_flops_per_token));
       MP_TRY(mp_json_require_number(reader, node, path, "activation_bytes_per_token",

@@ -102,10 +102,14 @@ static mp_status parse_parallel(const mp_json_reader *reader, const cJSON *root,
                    "state) or 1 (optimizer state sharded across dp)",
                    reader->source, (long long)zero_stage);
   }
-  if (dp * pp * tp > kMaxParallel) {
+  /* Each size may be up to 2^26 here, so dp x pp x tp could overflow int64 (undefined
+   * behaviour, found by tests/fuzz/plan_json_fuzz.c): bound the factors first, after which the
+   * product is at most 2^60. */
+  if (dp > kMaxParallel || pp > kMaxParallel || tp > kMaxParallel || dp * pp * tp > kMaxParallel) {
     return mp_fail(reader->err, MP_ERR_INPUT,
-                   "%s: $.parallel: dp x pp x tp = %lld ranks is more than the supported %d",
-                   reader->source, (long long)(dp * pp * tp), kMaxParallel);
+                   "%s: $.parallel: dp x pp x tp = %lld x %lld x %lld ranks is more than the "
+                   "supported %d",
+                   reader->source, (long long)dp, (long long)pp, (long long)tp, kMaxParallel);
   }
   plan->dp = (int)dp;
   plan->pp = (int)pp;
@@ -130,7 +134,20 @@ static mp_status parse_batch(const mp_json_reader *reader, const cJSON *root, mp
   MP_TRY(parse_int_field(reader, batch, "$.batch", "num_micro_batches", true, 0,
                          &plan->num_micro_batches));
   MP_TRY(parse_int_field(reader, batch, "$.batch", "seq_len", true, 0, &plan->seq_len));
-  const int64_t product = (int64_t)plan->dp * plan->micro_batch * plan->num_micro_batches;
+  /* dp (<= 2^20) x micro_batch x num_micro_batches (each <= 2^26) can exceed int64; an
+   * overflowing product (undefined behaviour, found by fuzzing) is refused like any mismatch. */
+  int64_t product = 0;
+  const bool overflow =
+      __builtin_mul_overflow((int64_t)plan->dp, plan->micro_batch, &product) ||
+      __builtin_mul_overflow(product, plan->num_micro_batches, &product);
+  if (overflow) {
+    return mp_fail(reader->err, MP_ERR_INPUT,
+                   "%s: $.batch.global_batch: %lld, but dp x micro_batch x num_micro_batches = "
+                   "%d x %lld x %lld is far larger; the global batch must be split whole across "
+                   "dp ranks and micro-batches",
+                   reader->source, (long long)plan->global_batch, plan->dp,
+                   (long long)plan->micro_batch, (long long)plan->num_micro_batches);
+  }
   if (product != plan->global_batch) {
     return mp_fail(reader->err, MP_ERR_INPUT,
                    "%s: $.batch.global_batch: %lld, but dp x micro_batch x num_micro_batches = "
@@ -222,12 +239,14 @@ static mp_status parse_plan(const mp_json_reader *reader, const cJSON *root, con
 
   const cJSON *stages = cJSON_GetObjectItemCaseSensitive(root, "layers_per_stage");
   if (stages != NULL) {
-    const int want = plan->pp * plan->virtual_stages;
+    /* pp (<= 2^20) x virtual_stages (<= 2^26) overflows int (undefined behaviour, found by
+     * fuzzing): multiply in int64. */
+    const int64_t want = (int64_t)plan->pp * plan->virtual_stages;
     MP_TRY(mp_json_require_array(reader, root, "$", "layers_per_stage", 1, &stages));
     if (cJSON_GetArraySize(stages) != want || want > MP_PLAN_MAX_STAGES) {
       return mp_fail(reader->err, MP_ERR_INPUT,
-                     "%s: $.layers_per_stage: has %d entries; it needs pp x virtual_stages = %d",
-                     reader->source, cJSON_GetArraySize(stages), want);
+                     "%s: $.layers_per_stage: has %d entries; it needs pp x virtual_stages = %lld",
+                     reader->source, cJSON_GetArraySize(stages), (long long)want);
     }
     int index = 0;
     for (const cJSON *item = stages->child; item != NULL; item = item->next, ++index) {
@@ -239,7 +258,7 @@ static mp_status parse_plan(const mp_json_reader *reader, const cJSON *root, con
       }
       plan->layers_per_stage[index] = (int)item->valuedouble;
     }
-    plan->num_stage_counts = want;
+    plan->num_stage_counts = (int)want;
   }
   return parse_training(reader, root, plan);
 }

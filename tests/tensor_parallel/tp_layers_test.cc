@@ -49,7 +49,7 @@
 #include "tensor_parallel/tp_comm.h"
 #include "tensor_parallel/vocab_parallel_cross_entropy.h"
 #include "tensor_parallel/vocab_parallel_embedding.h"
-#include "tests/tensor_parallel/tp_comm_mpi.h"
+#include "engine/tp_comm_mpi.h"
 #include "topology/model.h"
 
 namespace {
@@ -435,7 +435,7 @@ TEST(GptBlock, TwoGroupsOfTwoInsideFourRanks) {
   mp_comm *group = nullptr;
   mp_error err = MP_ERROR_INITIALIZER;
   ASSERT_EQ(MP_OK, mp_comm_group_create(g_world, members, 2, "tp", &group, &err)) << err.message;
-  const mp_tp_comm tp = mp_tp_comm_from_group(group);
+  const mp_tp_comm tp = mp_tp_comm_over_group(group);
   EXPECT_EQ(world_rank % 2, tp.rank);
   CheckBlock(tp, false);
   CheckBlock(tp, true);
@@ -854,7 +854,7 @@ int main(int argc, char **argv) {
     mp_comm_world_finalize(g_world);
     return 1;
   }
-  g_tp = mp_tp_comm_from_group(g_all);
+  g_tp = mp_tp_comm_over_group(g_all);
 
   // Only world rank 0 writes the XML report (all ranks would write the same file).
   std::vector<std::string> args(argv, argv + argc);

@@ -264,6 +264,18 @@ TEST(ClusterJson, RoundTripKeepsEveryValueExactly) {
   ExpectSameCluster(RoundTrip(c), c);
 }
 
+// Rates whose SI value overflows to infinity are refused: JSON cannot write them back and costs
+// would turn NaN (tests/fuzz/corpus/cluster_json/regress_inf_*).
+TEST(ClusterJson, RefusesRatesThatOverflowToInfinity) {
+  EXPECT_EQ(ParseError(Description({{"peak_tflops", "{\"bf16\": 1e300}"}})),
+            "c.json: $.peak_tflops.bf16: 1.0000000000000001e+300 is too large");
+  EXPECT_EQ(ParseError(Description({{"memory_bandwidth_gbytes_per_s", "1e305"}})),
+            "c.json: $.memory_bandwidth_gbytes_per_s: 9.9999999999999994e+304 is too large");
+  EXPECT_EQ(ParseError(Description(
+                {{"inter_node", "{\"bandwidth_gbytes_per_s\": 1e308, \"latency_us\": 8}"}})),
+            "c.json: $.inter_node.bandwidth_gbytes_per_s: 1e+308 is too large");
+}
+
 TEST(ClusterJson, FromJsonNamesTheEmbeddingPath) {
   std::string plan = "{\"cluster\": " + Description({{"devices_per_node", "0"}}) + "}";
   cJSON *root = cJSON_Parse(plan.c_str());

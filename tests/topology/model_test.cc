@@ -209,7 +209,14 @@ INSTANTIATE_TEST_SUITE_P(
                  "m.json: $.layers[0].hidden: 4194304 is larger than the supported 1048576"},
         BadInput{"{\"type\": \"custom\", \"name\": \"x\", \"params\": 1}", "",
                  "m.json: $.layers[0]: missing required key \"forward_flops_per_token\" (a "
-                 "non-negative number)"}));
+                 "non-negative number)"},
+        // 2^53 params repeated overflowed mp_model_params (tests/fuzz/corpus/model_json/).
+        BadInput{"{\"type\": \"custom\", \"name\": \"x\", \"params\": 9007199254740992, "
+                 "\"forward_flops_per_token\": 1, \"activation_bytes_per_token\": 1, "
+                 "\"output_bytes_per_token\": 1, \"repeat\": 65536}",
+                 "",
+                 "m.json: $.layers[0].params: 9007199254740992 is larger than the supported "
+                 "1099511627776"}));
 
 TEST(ModelBadInput, MissingTopLevelKeys) {
   Loaded m;

@@ -104,6 +104,22 @@ INSTANTIATE_TEST_SUITE_P(
                 "p.json: $.format: \"mpengine-trace\" is not \"mpengine-plan\"; is this a plan "
                 "file?"},
         BadPlan{"{\"model\": \"m.json\", \"batch\": {}}",
-                "p.json: $: missing required key \"parallel\" (an object with dp, pp, tp)"}));
+                "p.json: $: missing required key \"parallel\" (an object with dp, pp, tp)"},
+        // Products of sizes that once overflowed (tests/fuzz/corpus/plan_json/regress_*).
+        BadPlan{plan_text("{\"dp\": 67108864, \"pp\": 67108864, \"tp\": 67108864}", kBatch),
+                "p.json: $.parallel: dp x pp x tp = 67108864 x 67108864 x 67108864 ranks is "
+                "more than the supported 1048576"},
+        BadPlan{plan_text("{\"dp\": 1048576, \"pp\": 1, \"tp\": 1}",
+                          "{\"global_batch\": 1, \"micro_batch\": 67108864, "
+                          "\"num_micro_batches\": 67108864, \"seq_len\": 1}"),
+                "p.json: $.batch.global_batch: 1, but dp x micro_batch x num_micro_batches = "
+                "1048576 x 67108864 x 67108864 is far larger; the global batch must be split "
+                "whole across dp ranks and micro-batches"},
+        BadPlan{plan_text("{\"dp\": 1, \"pp\": 1048576, \"tp\": 1, \"virtual_stages\": 67108864}",
+                          "{\"global_batch\": 1, \"micro_batch\": 1, \"num_micro_batches\": 1, "
+                          "\"seq_len\": 1}",
+                          "\"layers_per_stage\": [1], "),
+                "p.json: $.layers_per_stage: has 1 entries; it needs pp x virtual_stages = "
+                "70368744177664"}));
 
 }  // namespace

@@ -1,0 +1,125 @@
+/*
+ * engine/gpt_model_tp.h — one rank's shard of the GPT (engine/gpt_model.h) on a tensor-parallel
+ * group, on the CPU in fp32: its parameters and gradients as flat shard arrays, the activations
+ * of one micro-batch, and the forward and backward over tensor_parallel/ layers.
+ *
+ * The shard is cut tensor by tensor from the one-rank layout (mp_gpt_layout) by
+ * tensor_parallel/shard.h's splits (mp_tp_split_of): wte by vocabulary rows, qkv by heads,
+ * attn_proj and fc_proj weights by columns, fc by rows; wpe, layernorms and the row-parallel
+ * biases replicated. The shard array holds the tensors in the layout's order, each one's shard
+ * contiguous, so optimizer and clipping walk one buffer as on one rank.
+ *
+ *   embedding   vocab-parallel lookup (tensor_parallel/vocab_parallel_embedding.h), wpe added
+ *   blocks      tensor_parallel/gpt_block.h: qkv and fc column-parallel, attn_proj and fc_proj
+ *               row-parallel, layernorms replicated
+ *   final norm  replicated (on this rank's token slice with sequence parallelism)
+ *   LM head     tied to the wte shard: the logits of this rank's vocabulary range only
+ *   loss        vocab-parallel cross-entropy, never gathering the (BT, Vp) logits
+ *
+ * Initialisation cuts this rank's shard out of the one-rank initialisation
+ * (mp_gpt_layout_init_params), so tp = 2 starts from exactly the numbers of tp = 1 (DESIGN.md,
+ * principle 2). It materialises the full model once per rank at start-up; drawing each shard
+ * directly (shard.h, mp_init_fill_normal_block) is the upgrade when models outgrow host memory.
+ *
+ * Sequence parallelism: the layernorm gradients of a rank cover only its tokens. The backward
+ * leaves them partial; mp_gpt_tp_finish_grads sums them (every block's ln1/ln2 and the final
+ * norm) over the group once per step, after the last micro-batch and before clipping.
+ *
+ * Replicated tensors come out bitwise identical on every rank (tp_comm.h's contract), so the
+ * ranks' identical optimizer steps keep them equal; mp_gpt_tp_grad_norm_squared counts them once.
+ *
+ * Every call that communicates returns MP_OK or the collective's error (a timeout names the rank,
+ * the group and the peer); all ranks of the group must make the same calls in the same order.
+ */
+#ifndef MPENGINE_ENGINE_GPT_MODEL_TP_H
+#define MPENGINE_ENGINE_GPT_MODEL_TP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/error.h"
+#include "engine/gpt_model.h"
+#include "tensor_parallel/shard.h"
+#include "tensor_parallel/tp_comm.h"
+#include "topology/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One tensor's shard inside the flat shard array. */
+typedef struct {
+  const mp_gpt_tensor *full; /* the one-rank tensor: name, rows, cols, weight_decay, offset */
+  mp_tp_split split;         /* how it is cut (replicated: every rank holds all of it) */
+  size_t offset;             /* floats from the start of the shard array */
+  size_t count;              /* floats of this rank's shard */
+} mp_gpt_tp_tensor;
+
+typedef struct mp_gpt_tp mp_gpt_tp;
+
+/* Lays out this rank's shard of `model` on group tp (tp->size ranks, this one tp->rank) and
+ * allocates parameters, gradients and the activations of one (micro_batch, seq_len) micro-batch.
+ * The table is copied; its context must outlive the model. MP_ERR_INPUT, naming the model file
+ * and what to change, when the runtime cannot train the model (mp_gpt_layout_create), the heads,
+ * ffn_hidden or padded vocabulary do not divide over tp, or with sequence parallelism
+ * micro_batch x seq_len does not. Parameters start at zero: call an init or set function. */
+mp_status mp_gpt_tp_create(const mp_model *model, int micro_batch, int seq_len,
+                           const mp_tp_comm *tp, bool sequence_parallel, mp_gpt_tp **out,
+                           mp_error *err);
+void mp_gpt_tp_free(mp_gpt_tp *gpt);
+
+/* The one-rank layout the shard is cut from (config, full tensor table). */
+const mp_gpt_layout *mp_gpt_tp_layout(const mp_gpt_tp *gpt);
+const mp_tp_comm *mp_gpt_tp_comm(const mp_gpt_tp *gpt);
+bool mp_gpt_tp_sequence_parallel(const mp_gpt_tp *gpt);
+
+/* The flat shard arrays, mp_gpt_tp_num_params floats each, and their tensor table. */
+size_t mp_gpt_tp_num_params(const mp_gpt_tp *gpt);
+float *mp_gpt_tp_params(mp_gpt_tp *gpt);
+float *mp_gpt_tp_grads(mp_gpt_tp *gpt);
+int mp_gpt_tp_num_tensors(const mp_gpt_tp *gpt);
+const mp_gpt_tp_tensor *mp_gpt_tp_tensor_at(const mp_gpt_tp *gpt, int index);
+
+/* GPT-2 initialisation from seed: this rank's shard of mp_gpt_layout_init_params. Cannot fail
+ * on a model mp_gpt_tp_create accepted, except for memory (MP_ERR_RUNTIME). */
+mp_status mp_gpt_tp_init_params(mp_gpt_tp *gpt, uint64_t seed, mp_error *err);
+
+/* Parameters from a full one-rank array (mp_gpt_layout_num_params floats, e.g. an llm.c file
+ * loaded by mp_gpt_layout_load_llmc): this rank's shard of it. No communication. */
+mp_status mp_gpt_tp_set_full_params(mp_gpt_tp *gpt, const float *full, mp_error *err);
+
+/* The full one-rank arrays from every rank's shard, written on every rank (all-gather per
+ * tensor): full has mp_gpt_layout_num_params floats. Collective. For export and comparison. */
+mp_status mp_gpt_tp_gather_params(mp_gpt_tp *gpt, float *full, mp_error *err);
+mp_status mp_gpt_tp_gather_grads(mp_gpt_tp *gpt, float *full, mp_error *err);
+
+void mp_gpt_tp_zero_grads(mp_gpt_tp *gpt);
+
+/* Forward of one micro-batch: inputs and targets (B, T), every token of the micro-batch on every
+ * rank, each in [0, V). *loss = the mean cross-entropy over the B*T tokens (identical on every
+ * rank). Collective. */
+mp_status mp_gpt_tp_forward(mp_gpt_tp *gpt, const int32_t *inputs, const int32_t *targets,
+                            double *loss, mp_error *err);
+
+/* Backward of the last forward: adds d(dloss x mean loss)/d(shard) into the gradients (see
+ * mp_gpt_backward for dloss). With sequence parallelism the layernorm gradients stay partial
+ * until mp_gpt_tp_finish_grads. Collective. */
+mp_status mp_gpt_tp_backward(mp_gpt_tp *gpt, float dloss, mp_error *err);
+
+/* Once per step, after the last micro-batch's backward: with sequence parallelism sums every
+ * layernorm gradient (blocks' ln1, ln2 and the final norm) over the group; without it does
+ * nothing. Collective. */
+mp_status mp_gpt_tp_finish_grads(mp_gpt_tp *gpt, mp_error *err);
+
+/* The squared global norm of the full model's gradient: every sharded tensor's squares summed
+ * over the group, each replicated tensor counted once. The partial sums travel as doubles and
+ * are added in rank order, so *out is bitwise the same on every rank and clipping agrees.
+ * Call after mp_gpt_tp_finish_grads. Collective. */
+mp_status mp_gpt_tp_grad_norm_squared(mp_gpt_tp *gpt, double *out, mp_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MPENGINE_ENGINE_GPT_MODEL_TP_H */
