@@ -31,6 +31,7 @@ for lib in libnccl.so.2 libcublasLt.so.13 libcudart.so.13; do
   found=$(find / -xdev -name "$lib" -not -path '/proc/*' 2>/dev/null | head -n 1)
   [ -n "$found" ] && libdirs+=("$(dirname "$found")")
 done
+# Only our binaries see the carried libraries: PyTorch below keeps the machine's own.
 LD_LIBRARY_PATH=$(IFS=:; echo "${libdirs[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export LD_LIBRARY_PATH
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-16}
@@ -62,7 +63,7 @@ for test in cuda_elementwise_test cuda_gemm_test flash_attention_test gpt_model_
 done
 
 section "bf16 matrix peak (PyTorch, 8192^3, median of 20)"
-peak=$(timeout 120 python3 - <<'PY'
+peak=$(timeout 120 env -u LD_LIBRARY_PATH python3 - <<'PY'
 import torch
 a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
 b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
@@ -101,7 +102,7 @@ if [ "$quick" != "--quick" ]; then
             if (peak > 0) printf ", %.1f%% of %d (measured)", 100 * f[m] / peak, peak;
             printf "\n" }' "$log"
     batch=$(grep -o '"micro_batch": [0-9]*' "$plan" | grep -o '[0-9]*$')
-    timeout 300 python3 tools/bench/torch_gpu_step.py "examples/models/$model.json" --batch "$batch" --seq-len 1024 --steps 10 \
+    timeout 300 env -u LD_LIBRARY_PATH python3 tools/bench/torch_gpu_step.py "examples/models/$model.json" --batch "$batch" --seq-len 1024 --steps 10 \
       || echo "(PyTorch step unavailable)"
     rm -f "$log"
   done
