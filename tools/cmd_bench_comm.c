@@ -91,13 +91,14 @@ static mp_status parse_bytes(const char *name, const char *text, int64_t fallbac
   if (end != text && (*end == 'K' || *end == 'k')) scale = 1 << 10, ++end;
   else if (end != text && (*end == 'M' || *end == 'm')) scale = 1 << 20, ++end;
   else if (end != text && (*end == 'G' || *end == 'g')) scale = 1 << 30, ++end;
-  if (errno != 0 || end == text || *end != '\0' || value < 4) {
+  /* The minimum applies to the byte count, after the suffix: "1K" is 1024 bytes. */
+  if (errno != 0 || end == text || *end != '\0' || value < 1 || value * scale < 4) {
     return mp_fail(err, MP_ERR_INPUT,
                    "--%s: expected a byte count of at least 4, optionally with K, M or G (binary), "
                    "got '%s'",
                    name, text);
   }
-  if (value > kLimitBytes / scale) {
+  if (value > kLimitBytes / scale) { /* checked before multiplying, so it cannot overflow */
     return mp_fail(err, MP_ERR_INPUT, "--%s: at most 4G bytes, got '%s'", name, text);
   }
   *out = value * scale;

@@ -6,10 +6,11 @@
  * square shapes from 32 to 1024, each timed for at least 0.1 s after a warm-up) and writes the
  * cpu-local description with the measured peak (the fastest shape) and the efficiency curve
  * (each shape's throughput over that peak, by its FLOPs). Communicator bandwidth and latency are
- * not measured yet: the intra- and inter-node figures stay cpu-local's, and the notes say so.
+ * measured with `mpirun -np 2 mpengine bench comm` when mpirun is there; otherwise the notes say so.
  */
 #include <cblas.h>
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,19 +60,62 @@ static double time_sgemm(int n, double min_seconds) {
   return 2.0 * (double)n * n * n * (double)reps / elapsed;
 }
 
+/* Runs `mpirun -np 2 mpengine bench comm --ops sendrecv --json` and fits the point-to-point link
+ * of this machine: latency from the smallest message's one-way time, bandwidth from the largest's.
+ * Returns false (leaving the figures alone) when mpirun or the benchmark is not available. */
+static bool measure_links(double *latency_s, double *bandwidth_bytes_per_s) {
+  char self[4096];
+  const ssize_t length = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (length <= 0) return false;
+  self[length] = '\0';
+  char command[8192];
+  snprintf(command, sizeof command,
+           "OMPI_MCA_btl=${OMPI_MCA_btl:-self,vader} OMPI_MCA_plm_rsh_agent= "
+           "mpirun --oversubscribe -np 2 %s '%s' bench comm --ops sendrecv --min-bytes 1K "
+           "--max-bytes 16M --json 2>/dev/null",
+           geteuid() == 0 ? "--allow-run-as-root" : "", self);
+  FILE *pipe = popen(command, "r");
+  if (pipe == NULL) return false;
+  char line[1024];
+  double smallest_bytes = 0, smallest_us = 0, largest_bytes = 0, largest_busbw = 0;
+  while (fgets(line, sizeof line, pipe) != NULL) {
+    cJSON *row = cJSON_Parse(line);
+    const cJSON *bytes = cJSON_GetObjectItemCaseSensitive(row, "bytes");
+    const cJSON *time_us = cJSON_GetObjectItemCaseSensitive(row, "time_us");
+    const cJSON *busbw = cJSON_GetObjectItemCaseSensitive(row, "busbw_gbps");
+    if (cJSON_IsNumber(bytes) && cJSON_IsNumber(time_us) && cJSON_IsNumber(busbw)) {
+      if (smallest_bytes == 0 || bytes->valuedouble < smallest_bytes) {
+        smallest_bytes = bytes->valuedouble;
+        smallest_us = time_us->valuedouble;
+      }
+      if (bytes->valuedouble > largest_bytes) {
+        largest_bytes = bytes->valuedouble;
+        largest_busbw = busbw->valuedouble;
+      }
+    }
+    cJSON_Delete(row);
+  }
+  if (pclose(pipe) != 0 || smallest_bytes == 0 || largest_busbw <= 0) return false;
+  *latency_s = smallest_us * 1e-6;
+  *bandwidth_bytes_per_s = largest_busbw * 1e9;
+  return true;
+}
+
 int cmd_calibrate(int argc, char **argv) {
   cli_option options[] = {
       {"out", "CLUSTER.json", "write the description to a file (default: stdout)", NULL},
       {"quick", NULL, "time each shape for 0.02 s instead of 0.1 s (for tests)", NULL},
+      {"no-comm", NULL, "skip the point-to-point measurement (mpirun -np 2 bench comm)", NULL},
       {0},
   };
   cli_command command = {
       .command = argv[0],
-      .usage = "mpengine calibrate [--out CLUSTER.json] [--quick]",
+      .usage = "mpengine calibrate [--out CLUSTER.json] [--quick] [--no-comm]",
       .summary = "Measure this machine's fp32 GEMM throughput on one thread (OpenBLAS sgemm over "
                  "square shapes) and write the cpu-local cluster description with the measured "
-                 "peak and efficiency curve, for `mpengine plan --cluster FILE`. Communicator "
-                 "bandwidth and latency are not measured yet (cpu-local's figures are kept).",
+                 "peak and efficiency curve, and the point-to-point latency and bandwidth between "
+                 "two ranks (mpirun -np 2 mpengine bench comm), for `mpengine plan --cluster "
+                 "FILE`. Without mpirun the link figures stay cpu-local's, and the notes say so.",
       .max_positionals = 0,
       .options = options,
   };
@@ -104,12 +148,29 @@ int cmd_calibrate(int argc, char **argv) {
     cluster.gemm_efficiency[i].efficiency = e > 1e-6 ? e : 1e-6;
   }
   snprintf(cluster.name, sizeof cluster.name, "cpu-local-calibrated");
+  double latency_s = 0, bandwidth = 0;
+  const bool links = !cli_flag(&command, "no-comm") && measure_links(&latency_s, &bandwidth);
+  char link_notes[256];
+  if (links) {
+    /* Ranks of cpu-local share one machine: inside and across "nodes" is the same link. */
+    cluster.intra_node_latency_s = cluster.inter_node_latency_s = latency_s;
+    cluster.intra_node_bandwidth_bytes_per_s = cluster.inter_node_bandwidth_bytes_per_s =
+        bandwidth;
+    snprintf(link_notes, sizeof link_notes,
+             "send/recv between two ranks (mpirun -np 2 bench comm) measured %.2f us one way "
+             "for 1 KiB and %.2f GB/s for 16 MiB",
+             latency_s * 1e6, bandwidth / 1e9);
+    fprintf(stderr, "send/recv: %.2f us latency, %.2f GB/s\n", latency_s * 1e6, bandwidth / 1e9);
+  } else {
+    snprintf(link_notes, sizeof link_notes,
+             "the link figures are cpu-local's placeholders (not measured: %s)",
+             cli_flag(&command, "no-comm") ? "--no-comm" : "mpirun -np 2 bench comm failed");
+  }
   snprintf(cluster.notes, sizeof cluster.notes,
            "Measured by mpengine calibrate: fp32 sgemm (OpenBLAS %s, one thread) peaks at %.1f "
-           "GFLOP/s; the efficiency curve is each square shape's throughput over that peak. "
-           "Memory, memory bandwidth and the communication figures are cpu-local's placeholders "
-           "(communicator bandwidth and latency are not measured yet).",
-           openblas_get_corename(), peak / 1e9);
+           "GFLOP/s; the efficiency curve is each square shape's throughput over that peak; %s. "
+           "Memory and memory bandwidth are cpu-local's placeholders.",
+           openblas_get_corename(), peak / 1e9, link_notes);
   cJSON *json = NULL;
   if (mp_cluster_to_json(&cluster, &json, &err) != MP_OK) return cli_report(&command, &err);
   char *text = cJSON_Print(json);

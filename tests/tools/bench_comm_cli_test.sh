@@ -8,7 +8,7 @@ export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_plm_rsh_agent= OMPI_MCA_btl=
 export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_mpi_yield_when_idle=1
 failures=0
 
-output=$(timeout 120 mpirun --oversubscribe -np 2 "$mpengine" bench comm --max-bytes 4096 2>&1)
+output=$(timeout 120 mpirun --oversubscribe -np 2 "$mpengine" bench comm --min-bytes 1K --max-bytes 4K 2>&1)
 code=$?
 for pattern in "# all_reduce (sum, in place), busbw factor 2(n-1)/n" "# reduce_scatter" "# all_gather" \
                "# #wrong in total: 0 OK"; do

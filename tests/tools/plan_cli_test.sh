@@ -50,7 +50,16 @@ expect 2 "--recompute: expected one of none, selective, full, got 'some'" -- $mp
 expect 2 "--cluster" -- $mpengine plan $tiny --gpus 8 --cluster a100-81g
 
 # calibrate writes a cluster description that plan accepts.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 expect 0 "wrote $tmp/c.json" -- $mpengine calibrate --quick --out "$tmp/c.json"
+# The point-to-point link is measured with mpirun -np 2 bench comm and lands in the notes.
+if ! grep -q "send/recv between two ranks (mpirun -np 2 bench comm) measured" "$tmp/c.json"; then
+  echo "FAIL: calibrate did not measure the link:"; grep notes "$tmp/c.json"; failures=$((failures + 1))
+fi
+expect 0 "wrote $tmp/quick.json" -- $mpengine calibrate --quick --no-comm --out "$tmp/quick.json"
+if ! grep -q "link figures are cpu-local's placeholders (not measured: --no-comm)" "$tmp/quick.json"; then
+  echo "FAIL: --no-comm notes"; failures=$((failures + 1))
+fi
 expect 0 "of cpu-local-calibrated" -- $mpengine plan $tiny --gpus 2 --cluster "$tmp/c.json"
 
 if [ $failures -ne 0 ]; then
