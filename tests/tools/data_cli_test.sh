@@ -7,36 +7,7 @@ mpengine=${1:-${MPENGINE:-tools/mpengine}}
 tmp=${TEST_TMPDIR:-$(mktemp -d)}/data_cli
 mkdir -p "$tmp"
 failures=0
-
-# expect EXIT_CODE PATTERN... -- COMMAND...: runs the command once, checks its exit code and that
-# its combined output contains every PATTERN (fixed strings).
-expect() {
-  local want_code=$1
-  shift
-  local patterns=()
-  while [ "$1" != "--" ]; do
-    patterns+=("$1")
-    shift
-  done
-  shift
-  local output code pattern
-  output=$("$@" 2>&1)
-  code=$?
-  for pattern in "${patterns[@]}"; do
-    if [ "$code" -ne "$want_code" ] || ! grep -qF -- "$pattern" <<<"$output"; then
-      echo "FAIL: $* -> exit $code (want $want_code), output:"
-      echo "$output" | head -20
-      echo "  (wanted to contain: $pattern)"
-      failures=$((failures + 1))
-      return
-    fi
-  done
-}
-
-fail() {
-  echo "FAIL: $*"
-  failures=$((failures + 1))
-}
+source "$(dirname "${BASH_SOURCE[0]}")/cli_expect.sh" || { echo "cannot load cli_expect.sh"; exit 1; }
 
 # Each command starts the whole binary (about 0.1 s), so every run checks all it can.
 

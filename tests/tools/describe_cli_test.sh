@@ -5,22 +5,7 @@ set -uo pipefail
 mpengine=${1:-${MPENGINE:-tools/mpengine}}
 tmp=${TEST_TMPDIR:-$(mktemp -d)}
 failures=0
-
-# expect EXIT_CODE PATTERN -- COMMAND...: runs the command, checks its exit code and that its
-# combined output contains PATTERN (a fixed string).
-expect() {
-  local want_code=$1 pattern=$2
-  shift 3
-  local output code
-  output=$("$@" 2>&1)
-  code=$?
-  if [ "$code" -ne "$want_code" ] || ! grep -qF -- "$pattern" <<<"$output"; then
-    echo "FAIL: $* -> exit $code (want $want_code), output:"
-    echo "$output" | head -20
-    echo "  (wanted to contain: $pattern)"
-    failures=$((failures + 1))
-  fi
-}
+source "$(dirname "${BASH_SOURCE[0]}")/cli_expect.sh" || { echo "cannot load cli_expect.sh"; exit 1; }
 
 expect 0 "parameters: 124,439,808 (124.4 M)" -- $mpengine describe examples/models/gpt2-124m.json
 expect 0 "block.11" -- $mpengine describe examples/models/gpt2-124m.json

@@ -6,22 +6,7 @@ set -uo pipefail
 mpengine=${1:-${MPENGINE:-tools/mpengine}}
 tmp=${TEST_TMPDIR:-$(mktemp -d)}
 failures=0
-
-# expect EXIT_CODE PATTERN -- COMMAND...: runs the command, checks its exit code and that its
-# combined output contains PATTERN (a fixed string).
-expect() {
-  local want_code=$1 pattern=$2
-  shift 3
-  local output code
-  output=$("$@" 2>&1)
-  code=$?
-  if [ "$code" -ne "$want_code" ] || ! grep -qF -- "$pattern" <<<"$output"; then
-    echo "FAIL: $* -> exit $code (want $want_code), output:"
-    echo "$output" | head -20
-    echo "  (wanted to contain: $pattern)"
-    failures=$((failures + 1))
-  fi
-}
+source "$(dirname "${BASH_SOURCE[0]}")/cli_expect.sh" || { echo "cannot load cli_expect.sh"; exit 1; }
 
 tiny=examples/models/tiny-gpt.json
 expect 0 "model tiny-gpt on 8 GPUs of cpu-local" -- $mpengine plan $tiny --gpus 8

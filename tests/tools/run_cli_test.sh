@@ -8,20 +8,7 @@ tmp=${TEST_TMPDIR:-$(mktemp -d)}/run_cli
 mkdir -p "$tmp"
 export OPENBLAS_NUM_THREADS=1
 failures=0
-
-expect() {
-  local want_code=$1 pattern=$2
-  shift 3
-  local output code
-  output=$("$@" 2>&1)
-  code=$?
-  if [ "$code" -ne "$want_code" ] || ! grep -qF -- "$pattern" <<<"$output"; then
-    echo "FAIL: $* -> exit $code (want $want_code), output:"
-    echo "$output" | tail -20
-    echo "  (wanted to contain: $pattern)"
-    failures=$((failures + 1))
-  fi
-}
+source "$(dirname "${BASH_SOURCE[0]}")/cli_expect.sh" || { echo "cannot load cli_expect.sh"; exit 1; }
 
 plan() { # plan FILE MODEL [extra top-level JSON]
   cat > "$1" <<JSON

@@ -18,24 +18,7 @@ export OMPI_MCA_btl=self,vader
 # Bazel's sandbox has a private TMPDIR; Open MPI's session directory goes there.
 export TMPDIR="${TEST_TMPDIR:-${TMPDIR:-/tmp}}"
 failures=0
-
-fail() {
-  echo "FAIL: $*"
-  failures=$((failures + 1))
-}
-
-expect() { # expect CODE PATTERN -- COMMAND...
-  local want_code=$1 pattern=$2
-  shift 3
-  local output code
-  output=$("$@" 2>&1)
-  code=$?
-  if [ "$code" -ne "$want_code" ] || ! grep -qF -- "$pattern" <<<"$output"; then
-    fail "$* -> exit $code (want $want_code), output:"
-    echo "$output" | tail -20
-    echo "  (wanted to contain: $pattern)"
-  fi
-}
+source "$(dirname "${BASH_SOURCE[0]}")/cli_expect.sh" || { echo "cannot load cli_expect.sh"; exit 1; }
 
 plan() { # plan FILE TP SEQUENCE_PARALLEL [DP]
   cat > "$1" <<JSON
