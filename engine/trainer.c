@@ -201,6 +201,21 @@ mp_status mp_trainer_get_params(mp_trainer *trainer, float *host_params, mp_erro
   return mp_gpt_gpu_get_params(trainer->gpu, host_params, err);
 }
 
+mp_status mp_trainer_cpu_state(mp_trainer *trainer, float **params, float **adam_m,
+                               float **adam_v, size_t *count, mp_error *err) {
+  if (trainer->gpt == NULL && trainer->tp == NULL) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "checkpoints of the CUDA backend are not implemented yet (its AdamW state "
+                   "lives on the GPU); use --backend cpu");
+  }
+  *params = trainer->gpt != NULL ? mp_gpt_params(trainer->gpt) : mp_gpt_tp_params(trainer->tp);
+  *count = trainer->gpt != NULL ? mp_gpt_num_params(trainer->gpt)
+                                : mp_gpt_tp_num_params(trainer->tp);
+  *adam_m = trainer->adam_m;
+  *adam_v = trainer->adam_v;
+  return MP_OK;
+}
+
 /* Forward (and backward when `train`) over every micro-batch of the step; returns the mean loss. */
 static mp_status run_micro_batches(mp_trainer *trainer, mp_data_loader *data, int64_t step,
                                    bool train, double *loss, mp_error *err) {

@@ -104,6 +104,15 @@ mp_status mp_trainer_load_llmc(mp_trainer *trainer, const char *path, mp_error *
  * every rank gets the full model). */
 mp_status mp_trainer_get_params(mp_trainer *trainer, float *host_params, mp_error *err);
 
+/* This rank's CPU training state, for checkpoints (engine/checkpoint.h): the flat fp32 parameter
+ * array (this rank's shard in mp_gpt_tp's order with tp > 1, else the one-rank layout's array) and
+ * AdamW's first and second moments in the same order, *count floats each. AdamW keeps no other
+ * state: its bias correction is a function of the step. The caller may read or overwrite them
+ * between steps. MP_ERR_INPUT on the CUDA backend, whose optimizer state lives on the GPU
+ * (checkpointing it is not implemented yet; use --backend cpu). */
+mp_status mp_trainer_cpu_state(mp_trainer *trainer, float **params, float **adam_m,
+                               float **adam_v, size_t *count, mp_error *err);
+
 /* Runs optimizer step `step` (0-based) and fills metrics. */
 mp_status mp_trainer_step(mp_trainer *trainer, int64_t step, mp_step_metrics *metrics,
                           mp_error *err);

@@ -15,8 +15,17 @@
  * GLOB) or, by default, from a synthetic Markov source generated in memory whose entropy rate is
  * printed next to the loss: the floor no model can beat. One line per step, or a progress bar
  * with an ETA when stdout is a terminal; --metrics FILE also writes one JSON object per step.
+ *
+ * Checkpoints (engine/checkpoint.h): --checkpoint-dir DIR saves every --save-every K steps and at
+ * the end, keeping the --keep N newest; SIGTERM or SIGINT finishes the current step, saves and
+ * exits 0 (under tp the ranks agree on stopping with a one-float all-reduce per step; the
+ * launcher passes SIGTERM / SIGINT it receives to the ranks as SIGTERM). --resume
+ * continues from the newest complete checkpoint in DIR, under this plan's tp (resharding when it
+ * differs), and exits 2 when there is none.
  */
+#include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -25,6 +34,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "engine/checkpoint.h"
 #include "engine/comm.h"
 #include "engine/data_loader.h"
 #include "engine/device.h"
@@ -75,6 +85,44 @@ static bool inside_mpi_job(void) {
 /* Sets an environment variable unless the user already set it. */
 static void default_env(const char *name, const char *value) {
   if (getenv(name) == NULL) setenv(name, value, 1);
+}
+
+/* SIGTERM / SIGINT to the launcher while mpirun runs: the ranks (mpirun's children) get SIGTERM
+ * directly, so they finish the step, save with --checkpoint-dir and exit 0 (signalling mpirun
+ * itself would make it end the job with status 1). */
+static volatile sig_atomic_t launcher_signal = 0;
+
+static void on_launcher_signal(int signal_number) { launcher_signal = signal_number; }
+
+/* Sends SIGTERM to every process whose parent is `parent` (from /proc/<pid>/stat); returns how
+ * many. */
+static int signal_children(pid_t parent) {
+  DIR *proc = opendir("/proc");
+  if (proc == NULL) return 0;
+  int count = 0;
+  struct dirent *entry;
+  while ((entry = readdir(proc)) != NULL) {
+    char *end = NULL;
+    const long pid = strtol(entry->d_name, &end, 10);
+    if (*end != '\0' || pid <= 0) continue;
+    char path[64], line[512];
+    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+    FILE *file = fopen(path, "r");
+    if (file == NULL) continue;
+    const size_t got = fread(line, 1, sizeof line - 1, file);
+    fclose(file);
+    line[got] = '\0';
+    const char *close_paren = strrchr(line, ')'); /* the name may hold spaces */
+    char state = 0;
+    long ppid = 0;
+    if (close_paren != NULL && sscanf(close_paren + 1, " %c %ld", &state, &ppid) == 2 &&
+        ppid == (long)parent) {
+      kill((pid_t)pid, SIGTERM);
+      ++count;
+    }
+  }
+  closedir(proc);
+  return count;
 }
 
 /* Runs `mpirun -np np ... <this binary> run <argv[1..]>` and returns the exit code to exit with:
@@ -134,8 +182,19 @@ static int relaunch(cli_command *command, int argc, char **argv, int np, const c
     _exit(127);
   }
   free(args);
+  struct sigaction action;
+  memset(&action, 0, sizeof action);
+  action.sa_handler = on_launcher_signal; /* no SA_RESTART: waitpid returns EINTR */
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGTERM, &action, NULL);
+  sigaction(SIGINT, &action, NULL);
   int status = 0;
   while (waitpid(pid, &status, 0) < 0) {
+    if (errno == EINTR && launcher_signal != 0) {
+      launcher_signal = 0;
+      if (signal_children(pid) == 0) kill(pid, SIGTERM);
+      continue;
+    }
     if (errno != EINTR) {
       mp_fail(&err, MP_ERR_RUNTIME, "waiting for %s: %s", mpirun, strerror(errno));
       return cli_report(command, &err);
@@ -254,6 +313,11 @@ static void write_metrics(FILE *file, const mp_step_metrics *m) {
   fflush(file);
 }
 
+/* Set by SIGTERM / SIGINT: finish the step, save, exit 0. */
+static volatile sig_atomic_t stop_signal = 0;
+
+static void on_stop_signal(int signal_number) { stop_signal = signal_number; }
+
 static int refuse(cli_command *command, const char *option, const char *arrives_with) {
   mp_error err = MP_ERROR_INITIALIZER;
   mp_fail(&err, MP_ERR_INPUT, "--%s is not implemented yet: %s", option, arrives_with);
@@ -268,8 +332,10 @@ int cmd_run(int argc, char **argv) {
       {"backend", "auto|cpu|cuda", "where to compute (default auto: CUDA when a GPU is visible, else CPU)", NULL},
       {"init-from", "GPT2.bin", "start from llm.c's GPT-2 checkpoint (fp32 or bf16)", NULL},
       {"metrics", "FILE", "also write one JSON object per step to FILE", NULL},
-      {"checkpoint-dir", "DIR", "save checkpoints here (issue 7)", NULL},
-      {"resume", NULL, "continue from the newest checkpoint (issue 7)", NULL},
+      {"checkpoint-dir", "DIR", "save sharded checkpoints under DIR/step-<N>/ (every --save-every steps, at the end, and on SIGTERM/SIGINT)", NULL},
+      {"save-every", "K", "with --checkpoint-dir: save every K steps (default: only at the end)", NULL},
+      {"keep", "N", "with --checkpoint-dir: keep the N newest checkpoints (default: all)", NULL},
+      {"resume", NULL, "continue from the newest checkpoint in --checkpoint-dir (any tp)", NULL},
       {"trace", "TRACE.json", "record a timeline of the run (issue 10)", NULL},
       {"np", "N", "ranks to start under mpirun (default: the plan's dp x pp x tp)", NULL},
       {"mpirun", "PATH", "the mpirun that starts the ranks (default: mpirun on PATH)", NULL},
@@ -279,7 +345,8 @@ int cmd_run(int argc, char **argv) {
   cli_command command = {
       .command = "run",
       .usage = "mpengine run --config PLAN.json [--steps N] [--data GLOB] "
-               "[--backend auto|cpu|cuda] [--init-from GPT2.bin] [--metrics FILE] [--np N] "
+               "[--backend auto|cpu|cuda] [--init-from GPT2.bin] [--metrics FILE] "
+               "[--checkpoint-dir DIR [--save-every K] [--keep N] [--resume]] [--np N] "
                "[--mpirun PATH] [--comm-timeout SECONDS]",
       .summary = "Train the model of a parallelism config. Prints one line per step (a progress "
                  "bar with ETA\non a terminal): loss, learning rate, gradient norm, time and "
@@ -289,9 +356,21 @@ int cmd_run(int argc, char **argv) {
   };
   int early = cli_begin(&command, argc, argv);
   if (early >= 0) return early;
-  if (cli_flag(&command, "checkpoint-dir") || cli_flag(&command, "resume")) {
-    return refuse(&command, cli_flag(&command, "resume") ? "resume" : "checkpoint-dir",
-                  "sharded checkpoints arrive with issue 7");
+  const char *checkpoint_dir = cli_value(&command, "checkpoint-dir");
+  const bool resume = cli_flag(&command, "resume");
+  if (checkpoint_dir == NULL &&
+      (resume || cli_value(&command, "save-every") || cli_value(&command, "keep"))) {
+    mp_error usage = MP_ERROR_INITIALIZER;
+    mp_fail(&usage, MP_ERR_INPUT, "--%s needs --checkpoint-dir DIR",
+            resume ? "resume" : cli_value(&command, "save-every") ? "save-every" : "keep");
+    return cli_report(&command, &usage);
+  }
+  if (resume && cli_value(&command, "init-from")) {
+    mp_error usage = MP_ERROR_INITIALIZER;
+    mp_fail(&usage, MP_ERR_INPUT,
+            "--resume and --init-from both set the weights; give one (a resume continues from "
+            "the checkpoint's weights and optimizer state)");
+    return cli_report(&command, &usage);
   }
   if (cli_flag(&command, "trace")) {
     return refuse(&command, "trace", "the measured timeline arrives with issue 10");
@@ -327,9 +406,11 @@ int cmd_run(int argc, char **argv) {
   run_state state;
   memset(&state, 0, sizeof state);
   int exit_code = CLI_EXIT_OK;
-  int64_t steps = 0;
+  int64_t steps = 0, save_every = 0, keep = 0;
   if (mp_plan_load(config, &state.plan, &err) != MP_OK ||
       cli_int(&command, "steps", 1, state.plan.training.steps, &steps, &err) != MP_OK ||
+      cli_int(&command, "save-every", 1, 0, &save_every, &err) != MP_OK ||
+      cli_int(&command, "keep", 1, 0, &keep, &err) != MP_OK ||
       mp_model_load(state.plan.model_path, &state.model, &err) != MP_OK) {
     exit_code = cli_report(&command, &err);
     goto done;
@@ -425,6 +506,35 @@ int cmd_run(int argc, char **argv) {
     exit_code = rank_report(&command, &state, &err);
     goto done;
   }
+  mp_checkpoint_context checkpoint = {&state.plan, state.model, state.trainer, state.tp_group,
+                                       state.tp_group != NULL ? mp_comm_rank(state.tp_group) : 0,
+                                       state.plan.tp};
+  int64_t first_step = 0;
+  char resumed_from[4096] = "";
+  if (resume) {
+    int64_t found = 0;
+    if (mp_checkpoint_find_latest(checkpoint_dir, resumed_from, sizeof resumed_from, &found,
+                                  &err) != MP_OK ||
+        mp_checkpoint_load(resumed_from, &checkpoint, &first_step, &err) != MP_OK) {
+      exit_code = rank_report(&command, &state, &err);
+      goto done;
+    }
+    if (first_step > steps) {
+      mp_fail(&err, MP_ERR_INPUT,
+              "--resume: %s has %lld steps done, more than --steps %lld; give --steps %lld or "
+              "more",
+              resumed_from, (long long)first_step, (long long)steps, (long long)first_step);
+      exit_code = rank_report(&command, &state, &err);
+      goto done;
+    }
+  } else if (checkpoint_dir != NULL) {
+    float *p = NULL, *m = NULL, *v = NULL;
+    size_t count = 0;
+    if (mp_trainer_cpu_state(state.trainer, &p, &m, &v, &count, &err) != MP_OK) {
+      exit_code = rank_report(&command, &state, &err);
+      goto done;
+    }
+  }
   const char *metrics_path = cli_value(&command, "metrics");
   if (state.rank == 0 && metrics_path != NULL &&
       (state.metrics = fopen(metrics_path, "w")) == NULL) {
@@ -476,6 +586,18 @@ int cmd_run(int argc, char **argv) {
            state.entropy_floor);
   }
   if (init_from != NULL) printf("initialised from %s\n", init_from);
+  if (resume) {
+    printf("resumed from %s: %lld of %lld steps done\n", resumed_from, (long long)first_step,
+           (long long)steps);
+  }
+  if (checkpoint_dir != NULL) {
+    struct sigaction action;
+    memset(&action, 0, sizeof action);
+    action.sa_handler = on_stop_signal;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGTERM, &action, NULL);
+    sigaction(SIGINT, &action, NULL);
+  }
   fflush(stdout);
 
   /* Under mpirun stdout is mpirun's forwarding, often a pseudo-terminal: the launcher says
@@ -485,7 +607,17 @@ int cmd_run(int argc, char **argv) {
                                             : isatty(STDOUT_FILENO);
   double elapsed = 0.0;
   mp_step_metrics metrics;
-  for (int64_t step = 0; step < steps; ++step) {
+  memset(&metrics, 0, sizeof metrics);
+  metrics.loss = NAN;
+  if (resume && first_step == steps) {
+    printf("done: %s already has all %lld steps; nothing to run\n", resumed_from,
+           (long long)steps);
+    goto done;
+  }
+  int64_t saved_step = resume ? first_step : -1;
+  int64_t step = first_step;
+  bool stopped = false;
+  for (; step < steps; ++step) {
     if (mp_trainer_step(state.trainer, step, &metrics, &err) != MP_OK) {
       if (terminal) printf("\n");
       exit_code = rank_report(&command, &state, &err);
@@ -494,6 +626,44 @@ int cmd_run(int argc, char **argv) {
     elapsed += metrics.seconds;
     print_step(&metrics, steps, state.entropy_floor, terminal, elapsed, state.peak_flops_per_s);
     if (state.metrics != NULL) write_metrics(state.metrics, &metrics);
+    if (checkpoint_dir == NULL) continue;
+    float stop = stop_signal != 0 ? 1.0f : 0.0f;
+    if (state.tp_group != NULL &&
+        mp_comm_all_reduce_sum_f32(state.tp_group, &stop, 1, &err) != MP_OK) {
+      exit_code = rank_report(&command, &state, &err);
+      goto done;
+    }
+    stopped = stop > 0.0f;
+    const bool due = (save_every > 0 && (step + 1) % save_every == 0) || step + 1 == steps;
+    if (due || stopped) {
+      if (terminal) printf("\n");
+      if (mp_checkpoint_save(checkpoint_dir, step + 1, (int)keep, &checkpoint, &err) != MP_OK) {
+        exit_code = rank_report(&command, &state, &err);
+        goto done;
+      }
+      saved_step = step + 1;
+      printf("checkpoint: saved %s/step-%lld\n", checkpoint_dir, (long long)(step + 1));
+      fflush(stdout);
+    }
+    if (stopped) {
+      ++step;
+      break;
+    }
+  }
+  if (stopped) {
+    printf("stopped by %s after step %lld/%lld; continue with --resume\n",
+           stop_signal == SIGINT    ? "SIGINT"
+           : stop_signal == SIGTERM ? "SIGTERM"
+                                    : "a signal to another rank",
+           (long long)step, (long long)steps);
+    goto done;
+  }
+  if (checkpoint_dir != NULL && saved_step != steps) {
+    if (mp_checkpoint_save(checkpoint_dir, steps, (int)keep, &checkpoint, &err) != MP_OK) {
+      exit_code = rank_report(&command, &state, &err);
+      goto done;
+    }
+    printf("checkpoint: saved %s/step-%lld\n", checkpoint_dir, (long long)steps);
   }
   printf("done: %lld steps in %.1f s, final loss %.6f", (long long)steps, elapsed, metrics.loss);
   if (isfinite(state.entropy_floor)) {

@@ -30,6 +30,7 @@ static const subcommand kSubcommands[] = {
     {"plan", cmd_plan, "find the fastest dp x pp x tp layout that fits, write it as PLAN.json"},
     {"schedule", cmd_schedule, "show the pipeline schedule a plan will run"},
     {"run", cmd_run, "train with a parallelism config"},
+    {"export", cmd_export, "write a checkpoint's weights in llm.c's GPT-2 format"},
     {"timeline", cmd_timeline, "show what a run really did, against its plan"},
     {"calibrate", cmd_calibrate, "measure this machine for the cost model"},
     {"data", cmd_data, "synthetic token data with a known loss floor; check token shards"},

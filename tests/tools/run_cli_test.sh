@@ -61,7 +61,7 @@ cat > "$tmp/dp2.json" <<JSON
 JSON
 expect 2 "this mpengine trains with tensor parallelism only (dp = pp = 1, any tp)" -- $mpengine run --config "$tmp/dp2.json"
 expect 2 "--backend: expected auto, cpu or cuda, got 'tpu'" -- $mpengine run --config "$tmp/plan.json" --backend tpu
-expect 2 "--resume is not implemented yet" -- $mpengine run --config "$tmp/plan.json" --resume
+expect 2 "--resume needs --checkpoint-dir DIR" -- $mpengine run --config "$tmp/plan.json" --resume
 
 if [ $failures -ne 0 ]; then
   echo "$failures check(s) failed"

@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# tests/tools/checkpoint_test.sh — sharded checkpoints through `mpengine run` and `mpengine export`
+# (issue 7): a resumed run continues bit-for-bit (the loss strings of steps 10..19 equal those of a
+# run that never stopped) on one rank and with tp = 2; a checkpoint saved with tp = 2 resumes with
+# tp = 1 and tp = 4, and one saved with tp = 1 with tp = 2, within 1e-5 relative; --keep, SIGTERM
+# (finish the step, save, exit 0), export to llm.c's format and --init-from of it, and the
+# refusals (exit 2 with the reason): no checkpoint to resume, a corrupted shard, a missing shard, a
+# checkpoint of another model, a manifest that is not a checkpoint manifest.
+set -uo pipefail
+mpengine=${1:-${MPENGINE:-tools/mpengine}}
+tmp=${TEST_TMPDIR:-$(mktemp -d)}/checkpoint
+rm -rf "$tmp"
+mkdir -p "$tmp"
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+export OMPI_MCA_plm_rsh_agent=
+export OMPI_MCA_btl=self,vader
+export TMPDIR="${TEST_TMPDIR:-${TMPDIR:-/tmp}}"
+failures=0
+source "$(dirname "${BASH_SOURCE[0]}")/cli_expect.sh" || { echo "cannot load cli_expect.sh"; exit 1; }
+
+plan() { # plan FILE TP [MODEL]
+  cat > "$1" <<JSON
+{"model": "${3:-tiny-gpt.json}", "parallel": {"dp": 1, "pp": 1, "tp": $2, "sequence_parallel": false},
+ "batch": {"global_batch": 4, "micro_batch": 2, "num_micro_batches": 2, "seq_len": 32},
+ "training": {"steps": 20, "learning_rate": 3e-3, "warmup_steps": 2}}
+JSON
+}
+cp examples/models/tiny-gpt.json "$tmp/tiny-gpt.json"
+sed 's/"repeat": 4/"repeat": 2/' examples/models/tiny-gpt.json > "$tmp/tiny-gpt-2.json"
+plan "$tmp/tp1.json" 1
+plan "$tmp/tp2.json" 2
+plan "$tmp/tp4.json" 4
+plan "$tmp/other.json" 1 tiny-gpt-2.json
+run() { $mpengine run --backend cpu "$@"; }
+
+# The loss field of each line of a --metrics file.
+losses() { awk -F'"loss": ' '{ split($2, a, ","); print a[1] }' "$1"; }
+
+# exact NAME FULL RESUMED: the resumed run's 10 loss strings equal the full run's steps 10..19.
+exact() {
+  if [ "$(wc -l < "$3")" -ne 10 ]; then fail "$1: resumed run wrote $(wc -l < "$3") lines, want 10"; return; fi
+  if diff <(tail -n 10 "$2" | cut -d, -f1-2) <(cut -d, -f1-2 "$3") > /dev/null; then
+    echo "$1: steps 10..19 after --resume equal the uninterrupted run's (loss strings identical)"
+  else
+    fail "$1: resumed losses differ:"; paste <(tail -n 10 "$2" | cut -d, -f1-2) <(cut -d, -f1-2 "$3")
+  fi
+}
+
+# close NAME FULL RESUMED: within 1e-5 relative; prints the worst.
+close() {
+  if [ "$(wc -l < "$3")" -ne 10 ]; then fail "$1: resumed run wrote $(wc -l < "$3") lines, want 10"; return; fi
+  local verdict
+  verdict=$(paste -d' ' <(tail -n 10 "$2" | losses /dev/stdin) <(losses "$3") | awk '
+    { d = $2 - $1; if (d < 0) d = -d; r = d / ($1 < 0 ? -$1 : $1); if (r > worst) worst = r }
+    END { printf "%s %.3g", (worst <= 1e-5 ? "ok" : "bad"), worst }')
+  echo "$1: max relative loss difference over steps 10..19: ${verdict#* }"
+  [ "${verdict%% *}" = ok ] || fail "$1: differs by more than 1e-5 relative (${verdict#* })"
+}
+
+# resume_from NAME CHECKPOINT PLAN OUT: copies one saved checkpoint into a fresh directory and
+# resumes it to step 20.
+resume_from() {
+  rm -rf "$tmp/$1" && mkdir -p "$tmp/$1" && cp -r "$2" "$tmp/$1/"
+  expect 0 "resumed from $tmp/$1/step-10: 10 of 20 steps done" "done: 20 steps" -- \
+    run --config "$3" --checkpoint-dir "$tmp/$1" --resume --metrics "$4"
+}
+
+# One rank: 20 steps saving every 10, against 10 steps then --resume.
+expect 0 "checkpoint: saved $tmp/one/step-10" "checkpoint: saved $tmp/one/step-20" -- \
+  run --config "$tmp/tp1.json" --checkpoint-dir "$tmp/one" --save-every 10 --metrics "$tmp/one.jsonl"
+[ -f "$tmp/one/step-10/manifest.json" ] && [ -f "$tmp/one/step-10/rank-00000.bin" ] || fail "one rank: step-10 files missing"
+grep -q '"format":	"mpengine-checkpoint"' "$tmp/one/step-10/manifest.json" || fail "manifest has no format"
+resume_from one-resumed "$tmp/one/step-10" "$tmp/tp1.json" "$tmp/one-resumed.jsonl"
+exact "tp = 1" "$tmp/one.jsonl" "$tmp/one-resumed.jsonl"
+
+# tp = 2 (mpengine relaunches itself under mpirun).
+expect 0 "checkpoint: saved $tmp/two/step-10" "done: 20 steps" -- \
+  run --config "$tmp/tp2.json" --checkpoint-dir "$tmp/two" --save-every 10 --metrics "$tmp/two.jsonl"
+[ -f "$tmp/two/step-10/rank-00001.bin" ] || fail "tp = 2: rank 1's shard missing"
+resume_from two-resumed "$tmp/two/step-10" "$tmp/tp2.json" "$tmp/two-resumed.jsonl"
+exact "tp = 2" "$tmp/two.jsonl" "$tmp/two-resumed.jsonl"
+
+# Resharding.
+resume_from two-to-one "$tmp/two/step-10" "$tmp/tp1.json" "$tmp/two-to-one.jsonl"
+close "saved tp = 2, resumed tp = 1" "$tmp/two.jsonl" "$tmp/two-to-one.jsonl"
+resume_from one-to-two "$tmp/one/step-10" "$tmp/tp2.json" "$tmp/one-to-two.jsonl"
+close "saved tp = 1, resumed tp = 2" "$tmp/one.jsonl" "$tmp/one-to-two.jsonl"
+resume_from two-to-four "$tmp/two/step-10" "$tmp/tp4.json" "$tmp/two-to-four.jsonl"
+close "saved tp = 2, resumed tp = 4" "$tmp/two.jsonl" "$tmp/two-to-four.jsonl"
+
+# --keep 2 keeps the two newest.
+expect 0 "done: 6 steps" -- run --config "$tmp/tp1.json" --steps 6 --checkpoint-dir "$tmp/keep" --save-every 2 --keep 2
+[ "$(ls "$tmp/keep")" = "$(printf 'step-4\nstep-6')" ] || fail "--keep 2 left: $(ls "$tmp/keep" | tr '\n' ' ')"
+
+# SIGTERM: finish the step, save, exit 0; the checkpoint resumes.
+$mpengine run --backend cpu --config "$tmp/tp1.json" --steps 100000 --checkpoint-dir "$tmp/sig" > "$tmp/sig.log" 2>&1 &
+pid=$!
+for _ in $(seq 50); do grep -q '^step 3/' "$tmp/sig.log" && break; sleep 0.2; done
+kill -TERM $pid
+wait $pid
+code=$?
+if [ $code -ne 0 ] || ! grep -q "stopped by SIGTERM after step" "$tmp/sig.log"; then
+  fail "SIGTERM: exit $code, log:"; tail -5 "$tmp/sig.log"
+fi
+saved=$(ls "$tmp/sig" | sed -n 's/^step-\([0-9]*\)$/\1/p' | head -1)
+[ -n "$saved" ] || fail "SIGTERM: no checkpoint saved"
+[ -n "$saved" ] && expect 0 "resumed from $tmp/sig/step-$saved: $saved of $((saved + 1)) steps done" "done: $((saved + 1)) steps" -- \
+  run --config "$tmp/tp1.json" --steps $((saved + 1)) --checkpoint-dir "$tmp/sig" --resume
+
+# Under tp = 2, SIGTERM to `mpengine run` (the launcher) reaches every rank: they finish the same
+# step (agreeing through an all-reduce), save, and the run exits 0.
+$mpengine run --backend cpu --config "$tmp/tp2.json" --steps 100000 --checkpoint-dir "$tmp/sig2" > "$tmp/sig2.log" 2>&1 &
+pid=$!
+for _ in $(seq 100); do grep -q '^step 3/' "$tmp/sig2.log" && break; sleep 0.2; done
+kill -TERM $pid
+wait $pid
+code=$?
+if [ $code -ne 0 ] || ! grep -q "stopped by SIGTERM after step" "$tmp/sig2.log" ||
+   ! ls "$tmp/sig2" | grep -q '^step-[0-9]*$'; then
+  fail "tp = 2 SIGTERM: exit $code, log:"; tail -5 "$tmp/sig2.log"
+fi
+
+# A save killed half-way leaves a step-<N>.tmp-<pid> directory (maybe without a manifest); a
+# resume ignores it and takes the newest complete checkpoint.
+rm -rf "$tmp/crash" && mkdir -p "$tmp/crash" && cp -r "$tmp/one/step-10" "$tmp/crash/"
+mkdir -p "$tmp/crash/step-15.tmp-4242" && head -c 1000 "$tmp/one/step-10/rank-00000.bin" > "$tmp/crash/step-15.tmp-4242/rank-00000.bin"
+expect 0 "resumed from $tmp/crash/step-10: 10 of 20 steps done" -- run --config "$tmp/tp1.json" --checkpoint-dir "$tmp/crash" --resume --metrics "$tmp/crash.jsonl"
+exact "tp = 1 after a crashed save" "$tmp/one.jsonl" "$tmp/crash.jsonl"
+
+# Export to llm.c's format (from the tp = 2 shards), and --init-from of it.
+expect 0 "exported $tmp/two/step-20 (step 20, 212352 parameters) to $tmp/model.bin" -- \
+  $mpengine export --checkpoint "$tmp/two" --out "$tmp/model.bin"
+expect 0 "initialised from $tmp/model.bin" "done: 1 steps" -- run --config "$tmp/tp1.json" --steps 1 --init-from "$tmp/model.bin"
+expect 0 "to $tmp/model10.bin" -- $mpengine export --checkpoint "$tmp/two/step-10" --out "$tmp/model10.bin"
+
+# Refusals.
+expect 2 "--resume: no checkpoint in $tmp/empty (no step-<N> directory with a valid manifest.json); drop --resume to start from scratch" -- \
+  run --config "$tmp/tp1.json" --checkpoint-dir "$tmp/empty" --resume
+expect 2 "--resume needs --checkpoint-dir DIR" -- run --config "$tmp/tp1.json" --resume
+rm -rf "$tmp/bad" && mkdir -p "$tmp/bad" && cp -r "$tmp/two/step-10" "$tmp/bad/"
+printf '\x01' | dd of="$tmp/bad/step-10/rank-00001.bin" bs=1 seek=1000 conv=notrunc 2>/dev/null
+expect 2 "$tmp/bad/step-10/rank-00001.bin: checksum mismatch" "the shard is corrupted" -- \
+  run --config "$tmp/tp1.json" --checkpoint-dir "$tmp/bad" --resume
+expect 2 "$tmp/bad/step-10/rank-00001.bin: checksum mismatch" -- \
+  run --config "$tmp/tp2.json" --checkpoint-dir "$tmp/bad" --resume
+expect 2 "$tmp/bad/step-10/rank-00001.bin: checksum mismatch" -- $mpengine export --checkpoint "$tmp/bad" --out "$tmp/bad.bin"
+rm "$tmp/bad/step-10/rank-00001.bin"
+expect 2 "$tmp/bad/step-10/rank-00001.bin: missing shard file of tp rank 1" -- \
+  run --config "$tmp/tp1.json" --checkpoint-dir "$tmp/bad" --resume
+expect 2 "$tmp/one/step-20 is a checkpoint of another model: num_layers 4 in the checkpoint (model 'tiny-gpt'), 2 in $tmp/tiny-gpt-2.json" -- \
+  run --config "$tmp/other.json" --checkpoint-dir "$tmp/one" --resume
+rm -rf "$tmp/fake" && mkdir -p "$tmp/fake/step-5" && echo '{"format": "something-else"}' > "$tmp/fake/step-5/manifest.json"
+expect 2 "$tmp/fake/step-5/manifest.json: not a checkpoint manifest (want an object with \"format\": \"mpengine-checkpoint\")" -- \
+  $mpengine export --checkpoint "$tmp/fake/step-5" --out "$tmp/fake.bin"
+expect 2 "--resume: no checkpoint in $tmp/fake" -- run --config "$tmp/tp1.json" --checkpoint-dir "$tmp/fake" --resume
+sed 's/"global_batch": 4, "micro_batch": 2, "num_micro_batches": 2/"global_batch": 8, "micro_batch": 2, "num_micro_batches": 4/' "$tmp/tp1.json" > "$tmp/batch8.json"
+expect 2 "$tmp/one/step-20 was saved with global batch 4 x seq_len 32, $tmp/batch8.json has 8 x 32" -- \
+  run --config "$tmp/batch8.json" --checkpoint-dir "$tmp/one" --resume
+expect 0 "done: $tmp/one/step-20 already has all 20 steps; nothing to run" -- run --config "$tmp/tp1.json" --checkpoint-dir "$tmp/one" --resume
+expect 2 "has 20 steps done, more than --steps 5" -- run --config "$tmp/tp1.json" --steps 5 --checkpoint-dir "$tmp/one" --resume
+
+if [ $failures -ne 0 ]; then
+  echo "$failures check(s) failed"
+  exit 1
+fi
+echo "checkpoint_test: all checks passed"
