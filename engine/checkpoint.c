@@ -429,6 +429,7 @@ mp_status mp_checkpoint_find_latest(const char *dir, char *path, size_t path_byt
 
 typedef struct {
   char path[PATH_BYTES]; /* the checkpoint directory */
+  char file[PATH_BYTES]; /* the manifest, as messages name it */
   cJSON *root;
   int64_t step;
   int tp;
@@ -438,28 +439,24 @@ typedef struct {
 static mp_status manifest_int(const manifest *mf, const cJSON *object, const char *where,
                               const char *key, int64_t *out, mp_error *err) {
   const cJSON *item = cJSON_GetObjectItemCaseSensitive(object, key);
-  if (!cJSON_IsNumber(item)) {
+  /* Whole numbers within +-2^53 only: casting NaN, an infinity or 1e300 to int64_t is undefined
+   * behaviour, and a fraction would be silently cut. */
+  const double limit = 9007199254740992.0;
+  if (!cJSON_IsNumber(item) || !(item->valuedouble >= -limit && item->valuedouble <= limit) ||
+      item->valuedouble != (double)(int64_t)item->valuedouble) {
     return mp_fail(err, MP_ERR_INPUT,
-                   "%s/manifest.json: %s.%s is missing or not a number; the manifest is "
-                   "damaged",
-                   mf->path, where, key);
+                   "%s: %s.%s is missing or not a whole number; the manifest is damaged",
+                   mf->file, where, key);
   }
   *out = (int64_t)item->valuedouble;
   return MP_OK;
 }
 
-static mp_status manifest_open(const char *path, manifest *mf, mp_error *err) {
-  memset(mf, 0, sizeof *mf);
-  snprintf(mf->path, sizeof mf->path, "%s", path);
-  char file[PATH_BYTES];
-  snprintf(file, sizeof file, "%s/manifest.json", path);
-  char *text = read_text(file);
-  if (text == NULL) {
-    return mp_fail(err, MP_ERR_INPUT, "%s: cannot read it (%s); not a checkpoint directory",
-                   file, strerror(errno));
-  }
+/* Parses a manifest's text into mf (mf->path and mf->file set by the caller) and checks its
+ * header: format, version, step, layout, the shard list's length and floats_per_array. */
+static mp_status manifest_parse(const char *text, manifest *mf, mp_error *err) {
+  const char *file = mf->file;
   mf->root = cJSON_Parse(text);
-  free(text);
   const cJSON *format = cJSON_GetObjectItemCaseSensitive(mf->root, "format");
   if (!cJSON_IsObject(mf->root) || !cJSON_IsString(format) ||
       strcmp(format->valuestring, FORMAT_NAME) != 0) {
@@ -493,23 +490,50 @@ static mp_status manifest_open(const char *path, manifest *mf, mp_error *err) {
   }
   MP_TRY(manifest_int(mf, cJSON_GetArrayItem(shards, 0), "$.shards[0]", "floats_per_array",
                       &floats, err));
+  /* Three arrays of floats plus the header must have a size_t byte count. */
+  if (floats < 0 || (uint64_t)floats > (SIZE_MAX - SHARD_HEADER_BYTES) / (3 * sizeof(float))) {
+    return mp_fail(err, MP_ERR_INPUT, "%s: $.shards[0].floats_per_array %lld is out of range",
+                   file, (long long)floats);
+  }
   mf->floats = (size_t)floats;
   return MP_OK;
 }
 
+static mp_status manifest_open(const char *path, manifest *mf, mp_error *err) {
+  memset(mf, 0, sizeof *mf);
+  snprintf(mf->path, sizeof mf->path, "%s", path);
+  snprintf(mf->file, sizeof mf->file, "%s/manifest.json", path);
+  char *text = read_text(mf->file);
+  if (text == NULL) {
+    return mp_fail(err, MP_ERR_INPUT, "%s: cannot read it (%s); not a checkpoint directory",
+                   mf->file, strerror(errno));
+  }
+  mp_status status = manifest_parse(text, mf, err);
+  free(text);
+  return status;
+}
+
 static void manifest_close(manifest *mf) { cJSON_Delete(mf->root); }
+
+/* $.shards[r]'s file name (a plain name in the checkpoint directory) and checksum string. */
+static mp_status shard_entry(const manifest *mf, int r, const cJSON **name, const cJSON **sum,
+                             mp_error *err) {
+  const cJSON *entry = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(mf->root, "shards"), r);
+  *name = cJSON_GetObjectItemCaseSensitive(entry, "file");
+  *sum = cJSON_GetObjectItemCaseSensitive(entry, "fnv1a64");
+  if (!cJSON_IsString(*name) || !cJSON_IsString(*sum) || strchr((*name)->valuestring, '/') ||
+      (*name)->valuestring[0] == '\0' || strcmp((*name)->valuestring, "..") == 0) {
+    return mp_fail(err, MP_ERR_INPUT, "%s: $.shards[%d] needs file (a plain name) and fnv1a64",
+                   mf->file, r);
+  }
+  return MP_OK;
+}
 
 /* Checks every shard file against the manifest: present, size, checksum, header. */
 static mp_status manifest_verify_files(const manifest *mf, mp_error *err) {
-  const cJSON *shards = cJSON_GetObjectItemCaseSensitive(mf->root, "shards");
   for (int r = 0; r < mf->tp; ++r) {
-    const cJSON *entry = cJSON_GetArrayItem(shards, r);
-    const cJSON *name = cJSON_GetObjectItemCaseSensitive(entry, "file");
-    const cJSON *sum = cJSON_GetObjectItemCaseSensitive(entry, "fnv1a64");
-    if (!cJSON_IsString(name) || !cJSON_IsString(sum) || strchr(name->valuestring, '/')) {
-      return mp_fail(err, MP_ERR_INPUT, "%s/manifest.json: $.shards[%d] needs file and fnv1a64",
-                     mf->path, r);
-    }
+    const cJSON *name = NULL, *sum = NULL;
+    MP_TRY(shard_entry(mf, r, &name, &sum, err));
     char path[PATH_BYTES];
     snprintf(path, sizeof path, "%s/%s", mf->path, name->valuestring);
     if (access(path, F_OK) != 0) {
@@ -748,6 +772,10 @@ mp_status mp_checkpoint_read_params(const char *path, mp_gpt_layout **layout, fl
       cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(mf.root, "plan"), "batch");
   int64_t seq_len = 0;
   if (status == MP_OK) status = manifest_int(&mf, batch, "$.plan.batch", "seq_len", &seq_len, err);
+  if (status == MP_OK && (seq_len < 1 || seq_len > INT32_MAX)) {
+    status = mp_fail(err, MP_ERR_INPUT, "%s: $.plan.batch.seq_len %lld is out of range", mf.file,
+                     (long long)seq_len);
+  }
   if (status == MP_OK && !cJSON_IsString(description)) {
     status = mp_fail(err, MP_ERR_INPUT,
                      "%s/manifest.json: $.model.description is missing (the model file could "
@@ -773,6 +801,46 @@ mp_status mp_checkpoint_read_params(const char *path, mp_gpt_layout **layout, fl
     mp_gpt_layout_free(*layout);
     *layout = NULL;
   }
+  mp_model_free(parsed);
+  manifest_close(&mf);
+  return status;
+}
+
+mp_status mp_checkpoint_manifest_check_text(const char *text, const char *source, mp_error *err) {
+  manifest mf;
+  memset(&mf, 0, sizeof mf);
+  snprintf(mf.path, sizeof mf.path, "%s", source);
+  snprintf(mf.file, sizeof mf.file, "%s", source);
+  mp_status status = manifest_parse(text, &mf, err);
+  for (int r = 0; r < mf.tp && status == MP_OK; ++r) {
+    const cJSON *name = NULL, *sum = NULL;
+    status = shard_entry(&mf, r, &name, &sum, err);
+  }
+  const cJSON *plan = cJSON_GetObjectItemCaseSensitive(mf.root, "plan");
+  const cJSON *batch = cJSON_GetObjectItemCaseSensitive(plan, "batch");
+  int64_t global_batch = 0, seq_len = 0;
+  if (status == MP_OK) {
+    status = manifest_int(&mf, batch, "$.plan.batch", "global_batch", &global_batch, err);
+  }
+  if (status == MP_OK) status = manifest_int(&mf, batch, "$.plan.batch", "seq_len", &seq_len, err);
+  if (status == MP_OK && (seq_len < 1 || seq_len > INT32_MAX)) {
+    status = mp_fail(err, MP_ERR_INPUT, "%s: $.plan.batch.seq_len %lld is out of range", source,
+                     (long long)seq_len);
+  }
+  /* The model: its description (when saved) must parse, and the shape and tensor table must be
+   * those of the model it describes laid out at the saved seq_len, as export checks them. */
+  const cJSON *model = cJSON_GetObjectItemCaseSensitive(mf.root, "model");
+  const cJSON *description = cJSON_GetObjectItemCaseSensitive(model, "description");
+  mp_model *parsed = NULL;
+  mp_gpt_layout *layout = NULL;
+  char where[PATH_BYTES + 32];
+  snprintf(where, sizeof where, "%s $.model.description", source);
+  if (status == MP_OK && cJSON_IsString(description)) {
+    status = mp_model_parse_text(description->valuestring, where, &parsed, err);
+    if (status == MP_OK) status = mp_gpt_layout_create(parsed, (int)seq_len, &layout, err);
+    if (status == MP_OK) status = check_model(&mf, layout, where, err);
+  }
+  mp_gpt_layout_free(layout);
   mp_model_free(parsed);
   manifest_close(&mf);
   return status;

@@ -80,6 +80,13 @@ mp_status mp_checkpoint_load(const char *path, const mp_checkpoint_context *ctx,
 mp_status mp_checkpoint_read_params(const char *path, mp_gpt_layout **layout, float **params,
                                     int64_t *step, mp_error *err);
 
+/* Parses and checks a manifest's JSON text as a load does before it opens any shard file (format,
+ * version, layout, shard list, batch, and, when the manifest carries the model's description,
+ * that description and the tensor table against it), without touching the disk; everything it
+ * allocates is freed. source names the text in messages. MP_ERR_INPUT saying what is wrong. For
+ * the fuzz target tests/fuzz/checkpoint_manifest_fuzz.c and for tools that vet a manifest. */
+mp_status mp_checkpoint_manifest_check_text(const char *text, const char *source, mp_error *err);
+
 /* FNV-1a 64 of a file's bytes (the manifest's checksums). MP_ERR_INPUT when it cannot be read. */
 mp_status mp_checkpoint_file_checksum(const char *path, uint64_t *checksum, uint64_t *bytes,
                                       mp_error *err);

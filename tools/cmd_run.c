@@ -22,12 +22,19 @@
  * launcher passes SIGTERM / SIGINT it receives to the ranks as SIGTERM). --resume
  * continues from the newest complete checkpoint in DIR, under this plan's tp (resharding when it
  * differs), and exits 2 when there is none.
+ *
+ * Failures: a rank that dies makes mpirun end the job; the launcher forwards mpirun's stderr,
+ * reads from it which rank died ("mpirun noticed that process rank N ... exited on signal S"),
+ * names it in one line and exits 1 (mpirun's other non-zero codes become 1 too, apart from 2).
+ * A hung rank makes its peers fail with the --comm-timeout error, and mpirun ends it.
+ * MPENGINE_FAULT (kill:RANK:STEP, hang:RANK:STEP) injects those faults, for tests only.
  */
 #include <dirent.h>
 #include <errno.h>
 #include <signal.h>
 #include <limits.h>
 #include <math.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -125,6 +132,45 @@ static int signal_children(pid_t parent) {
   return count;
 }
 
+/* mpirun's stderr as it passes through the launcher: forwarded as is, and scanned line by line
+ * for Open MPI's report of a rank that died,
+ *   "mpirun noticed that process rank 1 with PID 0 on node vm exited on signal 9 (Killed)." */
+typedef struct {
+  char line[1024];
+  size_t length;
+  int lost_rank; /* -1 until a rank's death is seen */
+  int lost_signal;
+} stderr_watch;
+
+static void stderr_watch_line(stderr_watch *watch) {
+  watch->line[watch->length] = '\0';
+  const char *noticed = strstr(watch->line, "mpirun noticed that process rank ");
+  int rank = -1, signal_number = 0;
+  if (noticed != NULL && watch->lost_rank < 0 &&
+      sscanf(noticed, "mpirun noticed that process rank %d with PID %*d on node %*s exited on "
+                      "signal %d",
+             &rank, &signal_number) == 2 &&
+      rank >= 0) {
+    watch->lost_rank = rank;
+    watch->lost_signal = signal_number;
+  }
+  watch->length = 0;
+}
+
+static void stderr_watch_feed(stderr_watch *watch, const char *data, size_t size) {
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = write(STDERR_FILENO, data + done, size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += (size_t)n;
+  }
+  for (size_t i = 0; i < size; ++i) {
+    if (data[i] == '\n' || watch->length == sizeof watch->line - 1) stderr_watch_line(watch);
+    if (data[i] != '\n') watch->line[watch->length++] = data[i];
+  }
+}
+
 /* Runs `mpirun -np np ... <this binary> run <argv[1..]>` and returns the exit code to exit with:
  * mpirun's own, or 1 when it could not be started (the message names what to install). */
 static int relaunch(cli_command *command, int argc, char **argv, int np, const char *mpirun) {
@@ -167,13 +213,26 @@ static int relaunch(cli_command *command, int argc, char **argv, int np, const c
   setenv("MPENGINE_STDOUT_TTY", isatty(STDOUT_FILENO) ? "1" : "0", 1);
   fflush(stdout);
   fflush(stderr);
+  /* mpirun's stderr (which carries the ranks' too) comes through a pipe: the launcher forwards
+   * every byte and watches for mpirun's line about a rank that died. */
+  int err_pipe[2];
+  if (pipe(err_pipe) != 0) {
+    free(args);
+    mp_fail(&err, MP_ERR_RUNTIME, "cannot start %s: pipe failed: %s", mpirun, strerror(errno));
+    return cli_report(command, &err);
+  }
   const pid_t pid = fork();
   if (pid < 0) {
     free(args);
+    close(err_pipe[0]);
+    close(err_pipe[1]);
     mp_fail(&err, MP_ERR_RUNTIME, "cannot start %s: fork failed: %s", mpirun, strerror(errno));
     return cli_report(command, &err);
   }
   if (pid == 0) {
+    close(err_pipe[0]);
+    dup2(err_pipe[1], STDERR_FILENO);
+    close(err_pipe[1]);
     execvp(mpirun, args);
     fprintf(stderr,
             "mpengine run: cannot run %s to start %d ranks: %s; install Open MPI "
@@ -182,27 +241,60 @@ static int relaunch(cli_command *command, int argc, char **argv, int np, const c
     _exit(127);
   }
   free(args);
+  close(err_pipe[1]);
   struct sigaction action;
   memset(&action, 0, sizeof action);
-  action.sa_handler = on_launcher_signal; /* no SA_RESTART: waitpid returns EINTR */
+  action.sa_handler = on_launcher_signal; /* no SA_RESTART: poll returns EINTR */
   sigemptyset(&action.sa_mask);
   sigaction(SIGTERM, &action, NULL);
   sigaction(SIGINT, &action, NULL);
+  stderr_watch watch = {.lost_rank = -1};
   int status = 0;
-  while (waitpid(pid, &status, 0) < 0) {
-    if (errno == EINTR && launcher_signal != 0) {
+  bool exited = false, eof = false;
+  /* Until mpirun has exited and its stderr is drained (a process that kept the pipe open past
+   * mpirun's end must not keep the launcher waiting, so after the exit reads stop at EAGAIN). */
+  while (!exited || !eof) {
+    struct pollfd fd = {.fd = err_pipe[0], .events = POLLIN};
+    const int ready = eof ? 0 : poll(&fd, 1, exited ? 0 : 200);
+    if (launcher_signal != 0 && !exited) { /* arrived in poll or anywhere else in the loop */
       launcher_signal = 0;
       if (signal_children(pid) == 0) kill(pid, SIGTERM);
-      continue;
     }
-    if (errno != EINTR) {
-      mp_fail(&err, MP_ERR_RUNTIME, "waiting for %s: %s", mpirun, strerror(errno));
-      return cli_report(command, &err);
+    if (ready > 0) {
+      char buffer[4096];
+      const ssize_t got = read(err_pipe[0], buffer, sizeof buffer);
+      if (got > 0) {
+        stderr_watch_feed(&watch, buffer, (size_t)got);
+      } else if (got == 0 || errno != EINTR) {
+        eof = true;
+      }
+    } else if (ready == 0 && exited) {
+      eof = true;
     }
+    if (!exited) {
+      const pid_t done = waitpid(pid, &status, WNOHANG);
+      if (done == pid) {
+        exited = true;
+      } else if (done < 0 && errno != EINTR) {
+        close(err_pipe[0]);
+        mp_fail(&err, MP_ERR_RUNTIME, "waiting for %s: %s", mpirun, strerror(errno));
+        return cli_report(command, &err);
+      }
+    }
+  }
+  close(err_pipe[0]);
+  if (watch.lost_rank >= 0) {
+    fprintf(stderr,
+            "mpengine run: rank %d was lost: its process died (signal %d) during the run; "
+            "mpirun stopped the other ranks\n",
+            watch.lost_rank, watch.lost_signal);
+    return CLI_EXIT_FAILURE;
   }
   if (WIFEXITED(status)) {
     const int code = WEXITSTATUS(status);
-    return code == 127 ? CLI_EXIT_FAILURE : code;
+    /* The ranks exit 0, 1 or 2; anything else (127: no mpirun, 128 + N: a rank ended by
+     * signal N) is a failure of the run. */
+    return code <= CLI_EXIT_USAGE ? code : CLI_EXIT_FAILURE;
   }
   fprintf(stderr, "mpengine run: %s ended by signal %d\n", mpirun,
           WIFSIGNALED(status) ? WTERMSIG(status) : 0);
@@ -311,6 +403,61 @@ static void write_metrics(FILE *file, const mp_step_metrics *m) {
           (long long)m->step, m->loss, m->learning_rate, m->grad_norm, m->seconds * 1e3,
           m->tokens_per_s, m->flops / m->seconds / 1e12);
   fflush(file);
+}
+
+/* Fault injection, for the failure tests only (tests/tools/failure_test.sh):
+ * MPENGINE_FAULT="kill:RANK:STEP" makes world rank RANK raise SIGKILL on itself just before step
+ * STEP (counted from 1, as printed); "hang:RANK:STEP" makes it stop answering there (it sleeps
+ * until it is killed). The other ranks then meet the lost or silent peer as in a real failure. */
+typedef struct {
+  enum { FAULT_NONE, FAULT_KILL, FAULT_HANG } kind;
+  long rank, step;
+} run_fault;
+
+/* Parses MPENGINE_FAULT strictly; MP_ERR_INPUT naming the variable when it is malformed. */
+static mp_status parse_fault(run_fault *fault, mp_error *err) {
+  memset(fault, 0, sizeof *fault);
+  const char *text = getenv("MPENGINE_FAULT");
+  if (text == NULL || text[0] == '\0') return MP_OK;
+  const char *rest = NULL;
+  if (strncmp(text, "kill:", 5) == 0) {
+    fault->kind = FAULT_KILL;
+    rest = text + 5;
+  } else if (strncmp(text, "hang:", 5) == 0) {
+    fault->kind = FAULT_HANG;
+    rest = text + 5;
+  }
+  char *end = NULL;
+  bool ok = rest != NULL && *rest >= '0' && *rest <= '9';
+  if (ok) {
+    errno = 0;
+    fault->rank = strtol(rest, &end, 10);
+    ok = errno == 0 && *end == ':' && end[1] >= '0' && end[1] <= '9' && fault->rank < INT_MAX;
+  }
+  if (ok) {
+    rest = end + 1;
+    fault->step = strtol(rest, &end, 10);
+    ok = errno == 0 && *end == '\0' && fault->step >= 1;
+  }
+  if (!ok) {
+    fault->kind = FAULT_NONE;
+    return mp_fail(err, MP_ERR_INPUT,
+                   "MPENGINE_FAULT='%s': expected kill:RANK:STEP or hang:RANK:STEP (RANK a "
+                   "world rank from 0, STEP a step from 1); the variable is for tests, unset it "
+                   "to train",
+                   text);
+  }
+  return MP_OK;
+}
+
+/* Injects the fault of MPENGINE_FAULT when this rank is about to run step `step` (0-based). */
+static void inject_fault(const run_fault *fault, int rank, int64_t step) {
+  if (fault->kind == FAULT_NONE || fault->rank != rank || fault->step != step + 1) return;
+  fprintf(stderr, "rank %d: MPENGINE_FAULT: %s before step %lld\n", rank,
+          fault->kind == FAULT_KILL ? "SIGKILL" : "hanging", (long long)step + 1);
+  fflush(NULL);
+  if (fault->kind == FAULT_KILL) raise(SIGKILL);
+  for (;;) pause();
 }
 
 /* Set by SIGTERM / SIGINT: finish the step, save, exit 0. */
@@ -440,6 +587,11 @@ int cmd_run(int argc, char **argv) {
       exit_code = cli_report(&command, &err);
       goto done;
     }
+  }
+  run_fault fault;
+  if (parse_fault(&fault, &err) != MP_OK) {
+    exit_code = cli_report(&command, &err);
+    goto done;
   }
   if (!inside_mpi_job() && np > 1) {
     const char *mpirun = cli_value(&command, "mpirun") ? cli_value(&command, "mpirun") : "mpirun";
@@ -618,6 +770,7 @@ int cmd_run(int argc, char **argv) {
   int64_t step = first_step;
   bool stopped = false;
   for (; step < steps; ++step) {
+    inject_fault(&fault, state.rank, step);
     if (mp_trainer_step(state.trainer, step, &metrics, &err) != MP_OK) {
       if (terminal) printf("\n");
       exit_code = rank_report(&command, &state, &err);

@@ -9,7 +9,8 @@
 #   --quick    10000 executions per target: a smoke run
 #   --merge    after fuzzing, add to the committed corpus the new inputs that reach new coverage
 #              (libFuzzer's -merge=1; existing files stay); review the diff before committing
-#   TARGET     model_json cluster_json plan_json token_shard llmc_checkpoint (default: all)
+#   TARGET     model_json cluster_json plan_json token_shard llmc_checkpoint checkpoint_manifest
+#              (default: all)
 #
 # Work files (binaries, new inputs, logs, crash-* reproducers) go to $FUZZ_WORK (default
 # /tmp/mpengine-fuzz). Exits 1 when any target crashed, hung, leaked or reported undefined
@@ -26,13 +27,13 @@ while [ $# -gt 0 ]; do
     --quick) runs=10000 ;;
     --runs) runs="$2"; shift ;;
     --merge) merge=1 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     -*) echo "tools/fuzz.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) targets+=("$1") ;;
   esac
   shift
 done
-all_targets=(model_json cluster_json plan_json token_shard llmc_checkpoint)
+all_targets=(model_json cluster_json plan_json token_shard llmc_checkpoint checkpoint_manifest)
 if [ ${#targets[@]} -eq 0 ]; then targets=("${all_targets[@]}"); fi
 
 CLANG=${CLANG:-clang}
@@ -61,10 +62,16 @@ sources_token_shard=(common/error.c engine/token_shard.c)
 sources_llmc_checkpoint=("${json[@]}" topology/model.c engine/gpt_model.c engine/param_init.c
   common/rng.c layers/matmul.c layers/layernorm.c layers/gelu.c layers/attention.c
   layers/residual.c layers/embedding.c layers/cross_entropy.c layers/gpt_block.c layers/bf16.c)
+# checkpoint.c also holds saving and loading, which call the trainer and MPI; the manifest checks
+# call neither, so the target links tests/fuzz/checkpoint_manifest_stubs.c (stand-ins that abort)
+# instead of their whole closure.
+sources_checkpoint_manifest=("${sources_llmc_checkpoint[@]}" topology/plan.c topology/layer_cost.c
+  tensor_parallel/shard.c engine/checkpoint.c tests/fuzz/checkpoint_manifest_stubs.c)
 # Largest input worth trying: JSON files of a few KiB; a whole valid shard of a few hundred
-# tokens; a whole fp32 checkpoint of the tiny fuzz layout (3120 bytes) with room to spare.
+# tokens; a whole fp32 checkpoint of the tiny fuzz layout (3120 bytes) with room to spare; a whole
+# manifest of tiny-gpt at tp = 2 (19 KB).
 declare -A max_len=([model_json]=4096 [cluster_json]=4096 [plan_json]=4096 [token_shard]=4096
-  [llmc_checkpoint]=4096)
+  [llmc_checkpoint]=4096 [checkpoint_manifest]=32768)
 
 cflags=(-g -O1 -std=gnu11 -I. -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
   -fno-omit-frame-pointer)
