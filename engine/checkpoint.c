@@ -2,6 +2,8 @@
  * checkpoint.h. */
 #include "engine/checkpoint.h"
 
+#include "common/atomic_file.h"
+
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
@@ -55,28 +57,13 @@ static mp_status sync_dir(const char *dir, mp_error *err) {
   return MP_OK;
 }
 
-/* Writes the pieces to path through path.tmp: write, flush, fsync, rename. */
+/* Writes the pieces to path atomically (common/atomic_file.h). */
 static mp_status write_file_atomic(const char *path, const void *const *pieces,
                                    const size_t *sizes, int count, mp_error *err) {
-  char tmp[PATH_BYTES];
-  snprintf(tmp, sizeof tmp, "%s.tmp", path);
-  FILE *file = fopen(tmp, "wb");
-  if (file == NULL) {
-    return mp_fail(err, MP_ERR_RUNTIME, "%s: cannot create: %s", tmp, strerror(errno));
-  }
-  bool ok = true;
-  for (int i = 0; i < count && ok; ++i) {
-    ok = sizes[i] == 0 || fwrite(pieces[i], 1, sizes[i], file) == sizes[i];
-  }
-  ok = ok && fflush(file) == 0 && fsync(fileno(file)) == 0;
-  ok = (fclose(file) == 0) && ok;
-  if (!ok || rename(tmp, path) != 0) {
-    const int saved = errno;
-    unlink(tmp);
-    return mp_fail(err, MP_ERR_RUNTIME, "%s: cannot write (disk full?): %s", path,
-                   strerror(saved));
-  }
-  return MP_OK;
+  mp_atomic_file file;
+  MP_TRY(mp_atomic_file_open(&file, path, err));
+  for (int i = 0; i < count; ++i) mp_atomic_file_write(&file, pieces[i], sizes[i]);
+  return mp_atomic_file_commit(&file, err);
 }
 
 /* Removes a checkpoint directory (flat: files only). */

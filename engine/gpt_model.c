@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/atomic_file.h"
 #include "engine/param_init.h"
 #include "layers/cross_entropy.h"
 #include "layers/embedding.h"
@@ -437,8 +438,7 @@ typedef struct {
   const unsigned char *file_data; /* after the header */
   size_t cursor;                  /* elements consumed */
   int bytes_per_element;          /* 4 fp32, 2 bf16 */
-  FILE *out;
-  bool write_failed;
+  mp_atomic_file *out;
 } llmc_io;
 
 static void load_tensor(const mp_gpt_tensor *tensor, void *context) {
@@ -459,10 +459,8 @@ static void load_tensor(const mp_gpt_tensor *tensor, void *context) {
 
 static void save_tensor(const mp_gpt_tensor *tensor, void *context) {
   llmc_io *io = context;
-  const size_t count = tensor->rows * tensor->cols;
-  if (fwrite(io->params + tensor->offset, sizeof(float), count, io->out) != count) {
-    io->write_failed = true;
-  }
+  mp_atomic_file_write(io->out, io->params + tensor->offset,
+                       tensor->rows * tensor->cols * sizeof(float));
 }
 
 static void llmc_header(const mp_gpt_config *c, int32_t *header) {
@@ -549,31 +547,14 @@ mp_status mp_gpt_load_llmc(mp_gpt *gpt, const char *path, mp_error *err) {
  * tensor order, to a temporary name renamed into place: the parameters or their gradients. */
 mp_status mp_gpt_layout_save_llmc(const mp_gpt_layout *layout, const float *array,
                                   const char *path, mp_error *err) {
-  char temporary[1100];
-  snprintf(temporary, sizeof temporary, "%s.tmp.%d", path, (int)getpid());
-  FILE *file = fopen(temporary, "wb");
-  if (file == NULL) {
-    return mp_fail(err, MP_ERR_RUNTIME, "%s: cannot create: %s", temporary, strerror(errno));
-  }
+  mp_atomic_file file;
+  MP_TRY(mp_atomic_file_open(&file, path, err));
   int32_t header[kLlmcHeaderInts];
   llmc_header(&layout->config, header);
-  llmc_io io = {.params = (float *)array, .out = file};
-  if (fwrite(header, sizeof(int32_t), kLlmcHeaderInts, file) != kLlmcHeaderInts) {
-    io.write_failed = true;
-  }
+  mp_atomic_file_write(&file, header, sizeof header);
+  llmc_io io = {.params = (float *)array, .out = &file};
   for_each_in_llmc_order(layout, save_tensor, &io);
-  if (fflush(file) != 0 || fsync(fileno(file)) != 0) io.write_failed = true;
-  if (fclose(file) != 0) io.write_failed = true;
-  if (io.write_failed) {
-    remove(temporary);
-    return mp_fail(err, MP_ERR_RUNTIME, "%s: write failed: %s", path, strerror(errno));
-  }
-  if (rename(temporary, path) != 0) {
-    remove(temporary);
-    return mp_fail(err, MP_ERR_RUNTIME, "%s: cannot rename into place: %s", path,
-                   strerror(errno));
-  }
-  return MP_OK;
+  return mp_atomic_file_commit(&file, err);
 }
 
 mp_status mp_gpt_save_llmc(const mp_gpt *gpt, const char *path, mp_error *err) {

@@ -18,6 +18,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/atomic_file.h"
+
 /* The magic number of llm.c's GPT-2 checkpoints, named when someone passes one as data. */
 enum { kLlmcCheckpointMagic = 20240326 };
 
@@ -169,39 +171,6 @@ done:
   return status;
 }
 
-/* write(2) until all bytes are out; returns 0, or -1 with errno set. */
-static int write_all(int fd, const unsigned char *bytes, size_t length) {
-  while (length > 0) {
-    ssize_t written = write(fd, bytes, length);
-    if (written < 0) {
-      if (errno == EINTR) continue;
-      return -1;
-    }
-    bytes += written;
-    length -= (size_t)written;
-  }
-  return 0;
-}
-
-/* Flushes the directory holding path, so the rename itself survives a crash. Best effort: some
- * file systems refuse fsync on a directory, and the data is already safe by then. */
-static void sync_parent_directory(const char *path) {
-  char directory[PATH_MAX];
-  snprintf(directory, sizeof directory, "%s", path);
-  char *slash = strrchr(directory, '/');
-  if (slash == NULL) {
-    snprintf(directory, sizeof directory, ".");
-  } else if (slash == directory) {
-    directory[1] = '\0';
-  } else {
-    *slash = '\0';
-  }
-  int fd = open(directory, O_RDONLY);
-  if (fd < 0) return;
-  (void)fsync(fd);
-  close(fd);
-}
-
 mp_status mp_token_shard_write(const char *path, const uint16_t *tokens, int64_t count,
                                mp_error *err) {
   if (count < 0 || count > MP_TOKEN_SHARD_MAX_TOKENS) {
@@ -215,60 +184,23 @@ mp_status mp_token_shard_write(const char *path, const uint16_t *tokens, int64_t
     return mp_fail(err, MP_ERR_INPUT, "%s: is a directory; name a file to write the shard to",
                    path);
   }
-  char temporary[PATH_MAX];
-  if (snprintf(temporary, sizeof temporary, "%s.tmp.%ld", path, (long)getpid()) >=
-      (int)sizeof temporary) {
-    return mp_fail(err, MP_ERR_INPUT, "%s: the path is too long", path);
-  }
-  int fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC, 0666);
-  if (fd < 0) {
-    return mp_fail(err, MP_ERR_INPUT, "%s: cannot create: %s", path, strerror(errno));
-  }
+  mp_atomic_file file;
+  MP_TRY(mp_atomic_file_open(&file, path, err));
   unsigned char header[MP_TOKEN_SHARD_HEADER_BYTES] = {0};
   write_le_int32(header, MP_TOKEN_SHARD_MAGIC);
   write_le_int32(header + 4, MP_TOKEN_SHARD_VERSION);
   write_le_int32(header + 8, (int32_t)count);
-  /* On failure: what failed ("write the shard", ...) and its errno. */
-  const char *failed = NULL;
-  int reason = 0;
-  if (write_all(fd, header, sizeof header) != 0) {
-    failed = "write the shard";
-    reason = errno;
-  }
+  mp_atomic_file_write(&file, header, sizeof header);
+  /* Tokens are written little-endian whatever the host, a chunk at a time. */
   enum { kChunkTokens = 1 << 16 };
-  unsigned char *chunk = malloc(2 * kChunkTokens);
-  if (failed == NULL && chunk == NULL) {
-    failed = "allocate a write buffer for the shard";
-    reason = ENOMEM;
-  }
-  for (int64_t first = 0; failed == NULL && first < count; first += kChunkTokens) {
+  unsigned char chunk[2 * kChunkTokens];
+  for (int64_t first = 0; first < count; first += kChunkTokens) {
     const int64_t n = count - first < kChunkTokens ? count - first : kChunkTokens;
     for (int64_t i = 0; i < n; ++i) {
       chunk[2 * i] = (unsigned char)(tokens[first + i] & 0xff);
       chunk[2 * i + 1] = (unsigned char)(tokens[first + i] >> 8);
     }
-    if (write_all(fd, chunk, (size_t)(2 * n)) != 0) {
-      failed = "write the shard";
-      reason = errno;
-    }
+    mp_atomic_file_write(&file, chunk, (size_t)(2 * n));
   }
-  free(chunk);
-  if (failed == NULL && fsync(fd) != 0) {
-    failed = "flush the shard to disk";
-    reason = errno;
-  }
-  if (close(fd) != 0 && failed == NULL) {
-    failed = "close the shard";
-    reason = errno;
-  }
-  if (failed == NULL && rename(temporary, path) != 0) {
-    failed = "rename the finished temporary file into place";
-    reason = errno;
-  }
-  if (failed != NULL) {
-    unlink(temporary);
-    return mp_fail(err, MP_ERR_RUNTIME, "%s: cannot %s: %s", path, failed, strerror(reason));
-  }
-  sync_parent_directory(path);
-  return MP_OK;
+  return mp_atomic_file_commit(&file, err);
 }

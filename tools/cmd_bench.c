@@ -37,6 +37,7 @@
 #include "engine/markov_source.h"
 #include "layers/adamw.h"
 #include "topology/model.h"
+#include "common/atomic_file.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 
@@ -121,22 +122,10 @@ static mp_status draw_batch(const char *source_name, int64_t vocab, uint64_t see
  * place, so a reader never sees half a file. */
 static mp_status write_file(const char *path, int parts, const void *const *data,
                             const size_t *bytes, mp_error *err) {
-  char temporary[1100];
-  snprintf(temporary, sizeof temporary, "%s.tmp.%d", path, (int)getpid());
-  FILE *file = fopen(temporary, "wb");
-  if (file == NULL) {
-    return mp_fail(err, MP_ERR_INPUT, "%s: cannot create: %s", temporary, strerror(errno));
-  }
-  bool failed = false;
-  for (int i = 0; i < parts; ++i) {
-    if (fwrite(data[i], 1, bytes[i], file) != bytes[i]) failed = true;
-  }
-  if (fclose(file) != 0) failed = true;
-  if (failed || rename(temporary, path) != 0) {
-    remove(temporary);
-    return mp_fail(err, MP_ERR_RUNTIME, "%s: write failed: %s", path, strerror(errno));
-  }
-  return MP_OK;
+  mp_atomic_file file;
+  MP_TRY(mp_atomic_file_open(&file, path, err));
+  for (int i = 0; i < parts; ++i) mp_atomic_file_write(&file, data[i], bytes[i]);
+  return mp_atomic_file_commit(&file, err);
 }
 
 /* One forward + backward (dloss 1) from zero gradients, then the four files of the file comment.

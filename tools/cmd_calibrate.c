@@ -20,6 +20,7 @@
 #include <cjson/cJSON.h>
 
 #include "topology/cluster.h"
+#include "common/atomic_file.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 
@@ -184,16 +185,15 @@ int cmd_calibrate(int argc, char **argv) {
   if (out == NULL) {
     printf("%s\n", text);
   } else {
-    char temporary[4096];
-    snprintf(temporary, sizeof temporary, "%s.tmp-%ld", out, (long)getpid());
-    FILE *file = fopen(temporary, "w");
-    bool ok = file != NULL && fputs(text, file) >= 0 && fputc('\n', file) != EOF;
-    if (file != NULL) ok = fclose(file) == 0 && ok;
-    if (!ok || rename(temporary, out) != 0) {
-      const int saved = errno;
-      remove(temporary);
-      mp_fail(&err, MP_ERR_RUNTIME, "%s: cannot write the cluster description: %s", out,
-              strerror(saved));
+    const size_t length = strlen(text);
+    mp_atomic_file file;
+    mp_status status = mp_atomic_file_open(&file, out, &err);
+    if (status == MP_OK) {
+      mp_atomic_file_write(&file, text, length);
+      mp_atomic_file_write(&file, "\n", 1);
+      status = mp_atomic_file_commit(&file, &err);
+    }
+    if (status != MP_OK) {
       code = cli_report(&command, &err);
     } else {
       fprintf(stderr, "mpengine calibrate: wrote %s (fp32 peak %.1f GFLOP/s)\n", out, peak / 1e9);

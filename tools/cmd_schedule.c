@@ -23,6 +23,7 @@
 #include "schedules/schedule.h"
 #include "schedules/simulator.h"
 #include "schedules/timeline.h"
+#include "common/atomic_file.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 #include "topology/plan.h"
@@ -107,29 +108,6 @@ static mp_status parse_latency(const cli_command *command, double *out, mp_error
   return MP_OK;
 }
 
-/* Writes text to path through a temporary name in the same directory, then renames it. */
-static mp_status write_file_atomically(const char *path, const mp_text *text, mp_error *err) {
-  char temporary[4096];
-  int n = snprintf(temporary, sizeof temporary, "%s.tmp-%ld", path, (long)getpid());
-  if (n < 0 || (size_t)n >= sizeof temporary) {
-    return mp_fail(err, MP_ERR_INPUT, "--out: the path is too long (%zu bytes)", strlen(path));
-  }
-  FILE *file = fopen(temporary, "wb");
-  if (file == NULL) {
-    return mp_fail(err, MP_ERR_INPUT, "%s: cannot create the output file: %s", path,
-                   strerror(errno));
-  }
-  bool ok = text->length == 0 || fwrite(text->data, 1, text->length, file) == text->length;
-  ok = fclose(file) == 0 && ok;
-  if (!ok || rename(temporary, path) != 0) {
-    int saved = errno;
-    remove(temporary);
-    return mp_fail(err, MP_ERR_RUNTIME, "%s: cannot write the timeline: %s", path,
-                   strerror(saved));
-  }
-  return MP_OK;
-}
-
 int cmd_schedule(int argc, char **argv) {
   cli_option options[] = {
       {"config", "PLAN.json", "read pp, virtual stages, micro-batches and the kind from a plan",
@@ -203,7 +181,7 @@ int cmd_schedule(int argc, char **argv) {
   }
   const char *out_path = cli_value(&command, "out");
   if (status == MP_OK && out_path != NULL) {
-    status = write_file_atomically(out_path, &text, &err);
+    status = mp_write_file_atomically(out_path, text.data, text.length, &err);
     if (status == MP_OK) {
       fprintf(stderr, "mpengine schedule: wrote the %s timeline to %s (bubble fraction %.4f)\n",
               mp_timeline_format_name(format), out_path, simulation.bubble_fraction);

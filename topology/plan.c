@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/atomic_file.h"
 #include "common/json_reader.h"
 
 static const char *const kTopKeys[] = {"format", "version", "model", "cluster", "parallel",
@@ -350,19 +351,13 @@ mp_status mp_plan_write(const mp_plan *plan, const mp_plan_prediction *predicted
   char *text = cJSON_Print(root);
   cJSON_Delete(root);
   if (text == NULL) return mp_fail(err, MP_ERR_RUNTIME, "%s: out of memory", path);
-  char temporary[MP_PLAN_PATH_BYTES + 64];
-  snprintf(temporary, sizeof temporary, "%s.tmp.%ld", path, (long)getpid());
-  FILE *file = fopen(temporary, "w");
-  bool failed = file == NULL;
-  if (!failed) {
-    failed = fputs(text, file) < 0 || fputc('\n', file) == EOF;
-    failed = (fclose(file) != 0) || failed;
+  mp_atomic_file file;
+  mp_status status = mp_atomic_file_open(&file, path, err);
+  if (status == MP_OK) {
+    mp_atomic_file_write(&file, text, strlen(text));
+    mp_atomic_file_write(&file, "\n", 1);
+    status = mp_atomic_file_commit(&file, err);
   }
   free(text);
-  if (failed || rename(temporary, path) != 0) {
-    const int saved = errno;
-    remove(temporary);
-    return mp_fail(err, MP_ERR_RUNTIME, "%s: cannot write the plan: %s", path, strerror(saved));
-  }
-  return MP_OK;
+  return status;
 }

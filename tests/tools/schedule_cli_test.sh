@@ -73,7 +73,7 @@ expect 2 "unknown option '--micro-batch'; did you mean '--micro-batches'?" -- \
   $mpengine schedule --pp 4 --micro-batch 8 --kind 1f1b
 expect 2 "deadlock under rendezvous point-to-point: rank 0, after action 5" -- \
   $mpengine schedule --pp 2 --micro-batches 4 --virtual 2 --kind interleaved-1f1b --p2p rendezvous
-expect 2 "$tmp/missing/out.svg: cannot create the output file" -- \
+expect 2 "$tmp/missing/out.svg: cannot create: No such file or directory" -- \
   $mpengine schedule --config "$plan" --format svg --out "$tmp/missing/out.svg"
 
 # Plans (read by topology/plan.h): the file and the JSON path of each mistake.
