@@ -51,6 +51,7 @@
 #include "tensor_parallel/vocab_parallel_embedding.h"
 #include "engine/tp_comm_mpi.h"
 #include "topology/model.h"
+#include "tests/support/mpi_gtest_main.h"
 
 namespace {
 
@@ -840,48 +841,8 @@ TEST(Shard, BlockParametersRoundTrip) {
 
 }  // namespace
 
+static void set_tp(mp_comm *all) { g_tp = mp_tp_comm_over_group(all); }
+
 int main(int argc, char **argv) {
-  mp_error err = MP_ERROR_INITIALIZER;
-  if (mp_comm_world_init(&argc, &argv, 60.0, &g_world, &err) != MP_OK) {
-    std::fprintf(stderr, "tp_layers_test: %s\n", err.message);
-    return 1;
-  }
-  const int world_rank = mp_comm_world_rank(g_world), world_size = mp_comm_world_size(g_world);
-  std::vector<int> members(world_size);
-  for (int i = 0; i < world_size; i++) members[i] = i;
-  if (mp_comm_group_create(g_world, members.data(), world_size, "tp", &g_all, &err) != MP_OK) {
-    std::fprintf(stderr, "tp_layers_test: rank %d: %s\n", world_rank, err.message);
-    mp_comm_world_finalize(g_world);
-    return 1;
-  }
-  g_tp = mp_tp_comm_over_group(g_all);
-
-  // Only world rank 0 writes the XML report (all ranks would write the same file).
-  std::vector<std::string> args(argv, argv + argc);
-  unsetenv("GTEST_OUTPUT");
-  const char *xml = std::getenv("XML_OUTPUT_FILE");
-  if (world_rank == 0 && xml != nullptr && xml[0] != '\0') {
-    args.push_back(std::string("--gtest_output=xml:") + xml);
-  }
-  std::vector<char *> cargs;
-  for (auto &a : args) cargs.push_back(&a[0]);
-  int cargc = (int)cargs.size();
-  cargs.push_back(nullptr);
-  ::testing::InitGoogleTest(&cargc, cargs.data());
-  std::printf("tp_layers_test: world rank %d of %d, tensor-parallel group of all %d ranks\n",
-              world_rank, world_size, world_size);
-  const int failed = RUN_ALL_TESTS() != 0 ? 1 : 0;
-
-  // Any rank's failure fails every rank, so mpirun and the XML of rank 0 agree.
-  float failures = (float)failed;
-  if (mp_comm_all_reduce_sum_f32(g_all, &failures, 1, &err) != MP_OK) {
-    std::fprintf(stderr, "tp_layers_test: rank %d: %s\n", world_rank, err.message);
-    failures = 1.0f;
-  }
-  if (failures > 0.0f && world_rank == 0) {
-    std::fprintf(stderr, "tp_layers_test: %d of %d ranks failed\n", (int)failures, world_size);
-  }
-  mp_comm_free(g_all);
-  mp_comm_world_finalize(g_world);
-  return failures > 0.0f ? 1 : 0;
+  return mp_test_mpi_gtest_main(argc, argv, "tp_layers_test", &g_world, &g_all, set_tp);
 }
