@@ -466,8 +466,7 @@ static mp_status manifest_parse(const char *text, manifest *mf, mp_error *err) {
   if (dp != 1 || pp != 1 || tp < 1 || tp > 4096) {
     return mp_fail(err, MP_ERR_INPUT,
                    "%s: saved with dp x pp x tp = %lld x %lld x %lld; this mpengine reads "
-                   "checkpoints of dp = pp = 1 (data- and pipeline-parallel layouts arrive with "
-                   "issue 10)",
+                   "checkpoints of dp = pp = 1 only",
                    file, (long long)dp, (long long)pp, (long long)tp);
   }
   mf->tp = (int)tp;

@@ -22,8 +22,9 @@
  * and renames the directory into place, then syncs DIR. A kill at any moment leaves every earlier
  * checkpoint whole; a directory without a valid manifest is never loaded.
  *
- * Only dp = pp = 1 layouts exist in this runtime (issue 10 brings the others); the format's
- * tensor table is global, so any tp can load any tp's checkpoint.
+ * Checkpoints cover dp = pp = 1 layouts (any tp); runs with dp > 1, pp > 1 or ZeRO-1 are refused
+ * at start-up when --checkpoint-dir is given (mp_trainer_cpu_state). The format's tensor table is
+ * global, so any tp can load any tp's checkpoint.
  */
 #ifndef MPENGINE_ENGINE_CHECKPOINT_H
 #define MPENGINE_ENGINE_CHECKPOINT_H

@@ -100,6 +100,18 @@ const char *mp_comm_name(const mp_comm *comm);
 mp_status mp_comm_send(mp_comm *comm, const void *buffer, size_t bytes, int peer, mp_error *err);
 mp_status mp_comm_recv(mp_comm *comm, void *buffer, size_t bytes, int peer, mp_error *err);
 
+/* A send that returns at once (the pipeline's eager sends, schedules/p2p.h): the buffer must not
+ * be written or freed until mp_comm_wait has returned. Sends to one peer are received in the
+ * order they were posted, interleaved with blocking sends in posting order too. *out is NULL on
+ * failure. The deadline of the wait counts from the post. */
+typedef struct mp_comm_request mp_comm_request;
+mp_status mp_comm_isend(mp_comm *comm, const void *buffer, size_t bytes, int peer,
+                        mp_comm_request **out, mp_error *err);
+
+/* Waits for a posted send to complete (up to the timeout, counted from its post) and frees the
+ * request, whatever the outcome. The timeout message is the blocking send's. NULL is MP_OK. */
+mp_status mp_comm_wait(mp_comm_request *request, mp_error *err);
+
 /* Collectives: every member calls them in the same order with the same count. */
 
 /* buffer (count) <- the element-wise sum of every member's buffer, in place. */

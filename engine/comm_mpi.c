@@ -484,6 +484,55 @@ mp_status mp_comm_send(mp_comm *comm, const void *buffer, size_t bytes, int peer
   return MP_OK;
 }
 
+struct mp_comm_request {
+  mp_comm *comm;
+  comm_op op;
+  int num_chunks;
+  MPI_Request chunks[]; /* (num_chunks) one per kChunkBytes of the message */
+};
+
+mp_status mp_comm_isend(mp_comm *comm, const void *buffer, size_t bytes, int peer,
+                        mp_comm_request **out, mp_error *err) {
+  *out = NULL;
+  MP_TRY(check_peer(comm, peer, "send", buffer, bytes, err));
+  const size_t num_chunks = bytes == 0 ? 1 : (bytes + kChunkBytes - 1) / kChunkBytes;
+  mp_comm_request *request = malloc(sizeof *request + num_chunks * sizeof(MPI_Request));
+  if (request == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory posting a send");
+  request->comm = comm;
+  request->op = comm_op_begin(comm, "send", peer, bytes);
+  request->num_chunks = 0;
+  size_t offset = 0;
+  do {
+    size_t chunk = bytes - offset < kChunkBytes ? bytes - offset : kChunkBytes;
+    MPI_Request *slot = &request->chunks[request->num_chunks];
+    *slot = MPI_REQUEST_NULL;
+    const mp_status status =
+        MPI_CALL(comm->world->rank, MPI_Isend,
+                 ((const char *)buffer + offset, (int)chunk, MPI_BYTE, peer, kTagP2P, comm->comm,
+                  slot),
+                 err);
+    if (status != MP_OK) {
+      /* The chunks already posted cannot be withdrawn; the caller stops the run. */
+      free(request);
+      return status;
+    }
+    request->num_chunks++;
+    offset += chunk;
+  } while (offset < bytes);
+  *out = request;
+  return MP_OK;
+}
+
+mp_status mp_comm_wait(mp_comm_request *request, mp_error *err) {
+  if (request == NULL) return MP_OK;
+  mp_status status = MP_OK;
+  for (int i = 0; i < request->num_chunks && status == MP_OK; ++i) {
+    status = comm_wait(request->comm, &request->chunks[i], &request->op, err);
+  }
+  free(request);
+  return status;
+}
+
 mp_status mp_comm_recv(mp_comm *comm, void *buffer, size_t bytes, int peer, mp_error *err) {
   MP_TRY(check_peer(comm, peer, "recv", buffer, bytes, err));
   comm_op op = comm_op_begin(comm, "recv", peer, bytes);

@@ -42,6 +42,7 @@
 #include "engine/gpt_model.h"
 #include "tensor_parallel/shard.h"
 #include "tensor_parallel/tp_comm.h"
+#include "topology/layer_cost.h"
 #include "topology/model.h"
 
 #ifdef __cplusplus
@@ -54,20 +55,61 @@ typedef struct {
   mp_tp_split split;         /* how it is cut (replicated: every rank holds all of it) */
   size_t offset;             /* floats from the start of the shard array */
   size_t count;              /* floats of this rank's shard */
+  bool tied_copy;            /* the LM head's copy of wte on a last stage without the embedding:
+                                its gradient is summed with the first stage's over the embedding
+                                group, and the global norm counts wte once, on the first stage */
 } mp_gpt_tp_tensor;
+
+/* A pipeline stage (one model chunk): a contiguous piece of the chain embedding, blocks 0..L-1,
+ * final layernorm, LM head (with its loss) — the chain topology/cost_model.h's layers_per_stage
+ * counts, one position each. */
+typedef struct {
+  bool embedding;   /* token + position embedding; the stage reads tokens, not activations */
+  int first_layer;  /* its blocks: [first_layer, first_layer + num_layers) */
+  int num_layers;   /* may be 0 */
+  bool final_norm;  /* the final layernorm after its blocks */
+  bool head;        /* LM head tied to wte and the loss; the stage ends in a loss */
+} mp_gpt_stage;
+
+/* The whole model as one stage. */
+mp_gpt_stage mp_gpt_stage_whole(int num_layers);
+
+/* The stage of chain positions [first, end) of a model with num_layers blocks (chain length
+ * num_layers + 3). MP_ERR_INPUT when the range is empty or outside the chain. */
+mp_status mp_gpt_stage_of_chain(int num_layers, int first, int end, mp_gpt_stage *out,
+                                mp_error *err);
 
 typedef struct mp_gpt_tp mp_gpt_tp;
 
-/* Lays out this rank's shard of `model` on group tp (tp->size ranks, this one tp->rank) and
- * allocates parameters, gradients and the activations of one (micro_batch, seq_len) micro-batch.
- * The table is copied; its context must outlive the model. MP_ERR_INPUT, naming the model file
- * and what to change, when the runtime cannot train the model (mp_gpt_layout_create), the heads,
- * ffn_hidden or padded vocabulary do not divide over tp, or with sequence parallelism
- * micro_batch x seq_len does not. Parameters start at zero: call an init or set function. */
+/* The whole model on group tp with one activation slot; see mp_gpt_tp_create_stage. */
 mp_status mp_gpt_tp_create(const mp_model *model, int micro_batch, int seq_len,
                            const mp_tp_comm *tp, bool sequence_parallel, mp_gpt_tp **out,
                            mp_error *err);
+
+/* Lays out this rank's shard of `stage` of `model` on group tp (tp->size ranks, this one
+ * tp->rank) and allocates parameters, gradients and num_slots activation slots, each holding
+ * one (micro_batch, seq_len) micro-batch between its forward and its backward (a pipeline rank
+ * has several in flight). With deferred_weights each slot also keeps what the weight-gradient
+ * pass of a zero-bubble schedule needs (mp_gpt_tp_backward_weights). recompute trades compute for
+ * memory as the plan says: selective keeps no attention matrices (B, NH/tp, T, T) per slot and
+ * recomputes each layer's right before its backward; full keeps only each slot's input and
+ * tokens and reruns the stage's forward at the start of the backward (not with deferred weights:
+ * MP_ERR_INPUT). Both give bitwise the gradients of none. The table is copied; its
+ * context must outlive the model. MP_ERR_INPUT, naming the model file and what to change, when
+ * the runtime cannot train the model (mp_gpt_layout_create), the heads, ffn_hidden or padded
+ * vocabulary do not divide over tp, or with sequence parallelism micro_batch x seq_len does not.
+ * Parameters start at zero: call an init or set function. */
+mp_status mp_gpt_tp_create_stage(const mp_model *model, int micro_batch, int seq_len,
+                                 const mp_tp_comm *tp, bool sequence_parallel,
+                                 const mp_gpt_stage *stage, int num_slots, bool deferred_weights,
+                                 mp_recompute recompute, mp_gpt_tp **out, mp_error *err);
 void mp_gpt_tp_free(mp_gpt_tp *gpt);
+
+const mp_gpt_stage *mp_gpt_tp_stage(const mp_gpt_tp *gpt);
+
+/* Floats of the activation a stage sends to the next one (and the gradient it gets back):
+ * (B*T, C), or with sequence parallelism this rank's (B*T/tp, C). */
+size_t mp_gpt_tp_boundary_floats(const mp_gpt_tp *gpt);
 
 /* The one-rank layout the shard is cut from (config, full tensor table). */
 const mp_gpt_layout *mp_gpt_tp_layout(const mp_gpt_tp *gpt);
@@ -90,15 +132,17 @@ mp_status mp_gpt_tp_init_params(mp_gpt_tp *gpt, uint64_t seed, mp_error *err);
 mp_status mp_gpt_tp_set_full_params(mp_gpt_tp *gpt, const float *full, mp_error *err);
 
 /* The full one-rank arrays from every rank's shard, written on every rank (all-gather per
- * tensor): full has mp_gpt_layout_num_params floats. Collective. For export and comparison. */
+ * tensor): full has mp_gpt_layout_num_params floats, of which the stage's tensors are written
+ * (all of them for a whole-model stage; a tied copy of wte is not written). Collective. For
+ * export and comparison. */
 mp_status mp_gpt_tp_gather_params(mp_gpt_tp *gpt, float *full, mp_error *err);
 mp_status mp_gpt_tp_gather_grads(mp_gpt_tp *gpt, float *full, mp_error *err);
 
 void mp_gpt_tp_zero_grads(mp_gpt_tp *gpt);
 
-/* Forward of one micro-batch: inputs and targets (B, T), every token of the micro-batch on every
- * rank, each in [0, V). *loss = the mean cross-entropy over the B*T tokens (identical on every
- * rank). Collective. */
+/* Forward of one micro-batch through the whole model (a whole-model stage, slot 0): inputs and
+ * targets (B, T), every token of the micro-batch on every rank, each in [0, V). *loss = the mean
+ * cross-entropy over the B*T tokens (identical on every rank). Collective. */
 mp_status mp_gpt_tp_forward(mp_gpt_tp *gpt, const int32_t *inputs, const int32_t *targets,
                             double *loss, mp_error *err);
 
@@ -107,13 +151,40 @@ mp_status mp_gpt_tp_forward(mp_gpt_tp *gpt, const int32_t *inputs, const int32_t
  * until mp_gpt_tp_finish_grads. Collective. */
 mp_status mp_gpt_tp_backward(mp_gpt_tp *gpt, float dloss, mp_error *err);
 
+/* Forward of one micro-batch through the stage, kept in activation slot `slot` until its
+ * backward.
+ *   inputs, targets (B, T)  the micro-batch's tokens: inputs read by an embedding stage, targets
+ *                           by a head stage (others may pass NULL)
+ *   input   (boundary)      the previous stage's output; NULL on an embedding stage
+ *   output  (boundary)      written with the stage's output; NULL on a head stage
+ *   loss                    a head stage: the mean cross-entropy over B*T tokens; else untouched
+ * Collective over the tensor-parallel group. */
+mp_status mp_gpt_tp_forward_stage(mp_gpt_tp *gpt, int slot, const int32_t *inputs,
+                                  const int32_t *targets, const float *input, float *output,
+                                  double *loss, mp_error *err);
+
+/* Backward of slot's micro-batch.
+ *   dloss            the loss's weight (a head stage; 1 / micro-batches of the step)
+ *   doutput (boundary)  the next stage's input gradient; NULL on a head stage
+ *   dinput  (boundary)  written with the gradient of the stage's input; NULL on an embedding stage
+ *   defer_weights    zero-bubble B: the blocks' GEMM weight gradients are left for
+ *                    mp_gpt_tp_backward_weights (needs deferred_weights at create); the slot
+ *                    stays in use until then
+ * Adds into the gradients. Collective. */
+mp_status mp_gpt_tp_backward_stage(mp_gpt_tp *gpt, int slot, float dloss, const float *doutput,
+                                   float *dinput, bool defer_weights, mp_error *err);
+
+/* Zero-bubble W of slot's micro-batch: adds the GEMM weight gradients its deferred backward left.
+ * No communication. */
+mp_status mp_gpt_tp_backward_weights(mp_gpt_tp *gpt, int slot, mp_error *err);
+
 /* Once per step, after the last micro-batch's backward: with sequence parallelism sums every
  * layernorm gradient (blocks' ln1, ln2 and the final norm) over the group; without it does
  * nothing. Collective. */
 mp_status mp_gpt_tp_finish_grads(mp_gpt_tp *gpt, mp_error *err);
 
-/* The squared global norm of the full model's gradient: every sharded tensor's squares summed
- * over the group, each replicated tensor counted once. The partial sums travel as doubles and
+/* The squared global norm of the stage's gradient: every sharded tensor's squares summed over
+ * the group, each replicated tensor counted once, a tied copy of wte not at all. The partial sums travel as doubles and
  * are added in rank order, so *out is bitwise the same on every rank and clipping agrees.
  * Call after mp_gpt_tp_finish_grads. Collective. */
 mp_status mp_gpt_tp_grad_norm_squared(mp_gpt_tp *gpt, double *out, mp_error *err);

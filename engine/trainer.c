@@ -8,6 +8,9 @@
 
 #include "engine/gpt_model_gpu.h"
 #include "layers/adamw.h"
+#include "pipeline/stage_worker.h"
+#include "topology/cluster.h"
+#include "topology/cost_model.h"
 #include "topology/layer_cost.h"
 
 struct mp_trainer {
@@ -16,13 +19,26 @@ struct mp_trainer {
   mp_backend backend;
   mp_gpt *gpt;            /* CPU backend */
   mp_gpt_gpu *gpu;        /* CUDA backend */
-  mp_gpt_tp *tp;          /* CPU backend with tp > 1: this rank's shard */
   const mp_gpt_layout *layout;
   double flops_per_step;  /* forward + backward over the global batch */
   float *adam_m, *adam_v; /* (num_params,) first and second moments, CPU backend (of the shard
                              with tp > 1) */
   int32_t *inputs;        /* (num_micro_batches * micro_batch, T) this step's rows */
   int32_t *targets;       /* same shape */
+  /* A parallel run (dp x pp x tp > 1): this rank's chunks and how a step drives them. */
+  bool parallel;
+  mp_trainer_options options;
+  mp_tp_comm tp_table;    /* options->tp, or the one-rank table */
+  int num_chunks;         /* virtual_stages */
+  mp_gpt_tp **chunks;     /* (num_chunks) chunk c holds stage c x pp + pp_rank */
+  float **chunk_m, **chunk_v; /* AdamW moments per chunk: its whole array, or with ZeRO-1 this
+                                 dp rank's part [zero_first, zero_first + zero_count) */
+  size_t *zero_first, *zero_count; /* (num_chunks) */
+  float *zero_gather;     /* ZeRO-1: room for a chunk's parameters padded to dp parts */
+  mp_schedule schedule;
+  mp_stage_worker *worker;
+  int64_t step;           /* the step being run, for the trace */
+  double loss_sum;        /* the last stage's micro-batch losses of the step */
 };
 
 static double now_seconds(void) {
@@ -47,13 +63,24 @@ static double step_flops(const mp_plan *plan, const mp_model *model) {
   return flops * (double)plan->num_micro_batches * (double)plan->dp;
 }
 
-mp_status mp_trainer_check_layout(const mp_plan *plan, mp_error *err) {
-  if (plan->dp != 1 || plan->pp != 1 || plan->tp < 1) {
+mp_status mp_trainer_check_layout(const mp_plan *plan, mp_backend backend, mp_error *err) {
+  const int ranks = plan->dp * plan->pp * plan->tp;
+  if (ranks > 1 && backend != MP_BACKEND_CPU) {
     return mp_fail(err, MP_ERR_INPUT,
-                   "%s: dp x pp x tp = %d x %d x %d; this mpengine trains with tensor parallelism "
-                   "only (dp = pp = 1, any tp). Data- and pipeline-parallel runs arrive with "
-                   "issue 10",
-                   plan->source, plan->dp, plan->pp, plan->tp);
+                   "%s: dp x pp x tp = %d x %d x %d: the %s backend trains on one rank only for "
+                   "now; use --backend cpu",
+                   plan->source, plan->dp, plan->pp, plan->tp, mp_backend_name(backend));
+  }
+  if (plan->recompute == MP_RECOMPUTE_FULL && strcmp(plan->schedule, "zb-h1") == 0) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "%s: recompute \"full\" cannot run schedule zb-h1: its weight pass needs the "
+                   "activations that recomputing the next micro-batch overwrites; use recompute "
+                   "\"selective\" or \"none\", or another schedule",
+                   plan->source);
+  }
+  if (plan->zero_stage != 0 && plan->zero_stage != 1) {
+    return mp_fail(err, MP_ERR_INPUT, "%s: parallel.zero_stage is %d; this mpengine has 0 and 1",
+                   plan->source, plan->zero_stage);
   }
   return MP_OK;
 }
@@ -63,32 +90,306 @@ mp_status mp_trainer_create(const mp_plan *plan, const mp_model *model, mp_data_
   return mp_trainer_create_parallel(plan, model, data, backend, NULL, out, err);
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * A parallel run: the rank's chunks, the worker's callbacks, the step's reductions
+ * ------------------------------------------------------------------------------------------- */
+
+/* The plan's stage split over the chain (embedding, blocks, final norm, head): layers_per_stage,
+ * or the cost model's, which is what `mpengine plan` writes. counts has pp x v entries. */
+static mp_status stage_split(const mp_plan *plan, const mp_model *model, int *counts,
+                             mp_error *err) {
+  const int stages = plan->pp * plan->virtual_stages;
+  if (plan->num_stage_counts > 0) {
+    memcpy(counts, plan->layers_per_stage, (size_t)stages * sizeof(int));
+    return MP_OK;
+  }
+  mp_cluster cluster;
+  MP_TRY(mp_cluster_load(plan->cluster, &cluster, err));
+  mp_schedule_kind kind;
+  MP_TRY(mp_schedule_kind_parse(plan->schedule, &kind, err));
+  const mp_layout layout = {plan->dp, plan->pp, plan->tp, plan->virtual_stages,
+                            plan->micro_batch, plan->num_micro_batches, plan->seq_len,
+                            kind, plan->recompute, plan->sequence_parallel, plan->zero_stage};
+  mp_estimate *estimate = malloc(sizeof *estimate);
+  if (estimate == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  const mp_status status = mp_cost_estimate(&cluster, model, &layout, NULL, estimate, err);
+  if (status == MP_OK) memcpy(counts, estimate->layers_per_stage, (size_t)stages * sizeof(int));
+  free(estimate);
+  if (status != MP_OK) {
+    mp_error inner = *err;
+    return mp_fail(err, status, "%s: splitting the model into %d stages: %s", plan->source,
+                   stages, inner.message);
+  }
+  return MP_OK;
+}
+
+static const int32_t *micro_batch_rows(const mp_trainer *trainer, const int32_t *rows,
+                                       int micro_batch) {
+  const size_t tokens = (size_t)(trainer->plan->micro_batch * trainer->plan->seq_len);
+  return rows + (size_t)micro_batch * tokens;
+}
+
+static mp_status chunk_forward(void *context, int chunk, int micro_batch, int slot,
+                               const float *input, float *output, mp_error *err) {
+  mp_trainer *trainer = context;
+  double loss = 0.0;
+  MP_TRY(mp_gpt_tp_forward_stage(trainer->chunks[chunk], slot,
+                                 micro_batch_rows(trainer, trainer->inputs, micro_batch),
+                                 micro_batch_rows(trainer, trainer->targets, micro_batch), input,
+                                 output, &loss, err));
+  if (mp_gpt_tp_stage(trainer->chunks[chunk])->head) trainer->loss_sum += loss;
+  return MP_OK;
+}
+
+static mp_status chunk_backward(void *context, int chunk, int micro_batch, int slot,
+                                const float *doutput, float *dinput, bool defer_weights,
+                                mp_error *err) {
+  (void)micro_batch;
+  mp_trainer *trainer = context;
+  const float dloss = 1.0f / (float)trainer->plan->num_micro_batches;
+  return mp_gpt_tp_backward_stage(trainer->chunks[chunk], slot, dloss, doutput, dinput,
+                                  defer_weights, err);
+}
+
+static mp_status chunk_backward_weights(void *context, int chunk, int micro_batch, int slot,
+                                        mp_error *err) {
+  (void)micro_batch;
+  mp_trainer *trainer = context;
+  return mp_gpt_tp_backward_weights(trainer->chunks[chunk], slot, err);
+}
+
+/* A posted send and when it was posted (for the trace). */
+typedef struct {
+  mp_comm_request *request;
+  mp_message message;
+  int peer;
+  size_t bytes;
+  double posted_s;
+} posted_send;
+
+static double trace_now(const mp_trainer *trainer) {
+  return trainer->options.trace != NULL ? mp_trace_now(trainer->options.trace) : 0.0;
+}
+
+static mp_status pp_post_send(void *context, const float *buffer, size_t count, int peer,
+                              const mp_message *message, void **request, mp_error *err) {
+  mp_trainer *trainer = context;
+  posted_send *send = malloc(sizeof *send);
+  if (send == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  send->message = *message;
+  send->peer = peer;
+  send->bytes = count * sizeof(float);
+  send->posted_s = trace_now(trainer);
+  const mp_status status =
+      mp_comm_isend(trainer->options.pp, buffer, send->bytes, peer, &send->request, err);
+  if (status != MP_OK) {
+    free(send);
+    return status;
+  }
+  *request = send;
+  return MP_OK;
+}
+
+static mp_status pp_wait_send(void *context, void *request, mp_error *err) {
+  mp_trainer *trainer = context;
+  posted_send *send = request;
+  const mp_status status = mp_comm_wait(send->request, err);
+  if (trainer->options.trace != NULL) {
+    mp_trace_comm(trainer->options.trace, trainer->step, "send", "pp",
+                  mp_comm_member(trainer->options.pp, send->peer), send->bytes, &send->message,
+                  send->posted_s, trace_now(trainer));
+  }
+  free(send);
+  return status;
+}
+
+static mp_status pp_recv(void *context, float *buffer, size_t count, int peer,
+                         const mp_message *message, mp_error *err) {
+  mp_trainer *trainer = context;
+  const double start = trace_now(trainer);
+  MP_TRY(mp_comm_recv(trainer->options.pp, buffer, count * sizeof(float), peer, err));
+  if (trainer->options.trace != NULL) {
+    mp_trace_comm(trainer->options.trace, trainer->step, "recv", "pp",
+                  mp_comm_member(trainer->options.pp, peer), count * sizeof(float), message,
+                  start, trace_now(trainer));
+  }
+  return MP_OK;
+}
+
+static double observer_now(void *context) { return trace_now(context); }
+
+static void observer_action_done(void *context, const mp_action *action, int stage,
+                                 double start, double end) {
+  mp_trainer *trainer = context;
+  mp_trace_action(trainer->options.trace, trainer->step, action->kind, action->micro_batch,
+                  action->chunk, stage, start, end);
+}
+
+/* A collective of the step, timed into the trace. */
+static mp_status traced_all_reduce(mp_trainer *trainer, mp_comm *comm, float *buffer,
+                                   size_t count, mp_error *err) {
+  const double start = trace_now(trainer);
+  MP_TRY(mp_comm_all_reduce_sum_f32(comm, buffer, count, err));
+  if (trainer->options.trace != NULL) {
+    mp_trace_comm(trainer->options.trace, trainer->step, "all-reduce", mp_comm_name(comm), -1,
+                  count * sizeof(float), NULL, start, trace_now(trainer));
+  }
+  return MP_OK;
+}
+
+/* *value summed over comm's members in rank order, bitwise the same on every member (the
+ * doubles travel as bits through an all-gather). */
+static mp_status sum_double_over(mp_comm *comm, double *value, mp_error *err) {
+  const int n = mp_comm_size(comm);
+  float packed[2];
+  float *gathered = malloc((size_t)n * sizeof packed);
+  if (gathered == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  memcpy(packed, value, sizeof *value);
+  const mp_status status = mp_comm_all_gather_f32(comm, packed, gathered, 2, err);
+  double total = 0.0;
+  for (int r = 0; r < n && status == MP_OK; ++r) {
+    double part;
+    memcpy(&part, gathered + 2 * r, sizeof part);
+    total += part;
+  }
+  free(gathered);
+  if (status == MP_OK) *value = total;
+  return status;
+}
+
+static mp_status check_group(const mp_plan *plan, const char *name, mp_comm *comm, int wanted,
+                             mp_error *err) {
+  const int size = comm != NULL ? mp_comm_size(comm) : 1;
+  if (size == wanted) return MP_OK;
+  return mp_fail(err, MP_ERR_INPUT,
+                 "%s: the plan has %s = %d but this process's %s group has %d rank%s; start it "
+                 "with `mpengine run`, which launches dp x pp x tp = %d ranks under mpirun",
+                 plan->source, name, wanted, name, size, size == 1 ? "" : "s",
+                 plan->dp * plan->pp * plan->tp);
+}
+
+static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_error *err) {
+  const mp_plan *plan = trainer->plan;
+  const int pp = plan->pp, v = plan->virtual_stages, stages = pp * v;
+  const int pp_rank = trainer->options.pp_rank;
+  int *counts = malloc((size_t)stages * sizeof(int));
+  if (counts == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  mp_status status = stage_split(plan, model, counts, err);
+  mp_gpt_layout *layout = NULL;
+  if (status == MP_OK) status = mp_gpt_layout_create(model, (int)plan->seq_len, &layout, err);
+  const int num_layers = layout != NULL ? mp_gpt_layout_config(layout)->num_layers : 0;
+  mp_gpt_layout_free(layout);
+  trainer->num_chunks = v;
+  trainer->chunks = calloc((size_t)v, sizeof *trainer->chunks);
+  trainer->chunk_m = calloc((size_t)v, sizeof *trainer->chunk_m);
+  trainer->chunk_v = calloc((size_t)v, sizeof *trainer->chunk_v);
+  trainer->zero_first = calloc((size_t)v, sizeof *trainer->zero_first);
+  trainer->zero_count = calloc((size_t)v, sizeof *trainer->zero_count);
+  if (status == MP_OK && (trainer->chunks == NULL || trainer->chunk_m == NULL ||
+                          trainer->chunk_v == NULL || trainer->zero_first == NULL ||
+                          trainer->zero_count == NULL)) {
+    status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  }
+  const bool zero_bubble = trainer->schedule.kind == MP_SCHEDULE_ZB_H1;
+  const int dp = plan->dp, dp_rank = trainer->options.dp_rank;
+  size_t largest = 0;
+  for (int c = 0; c < v && status == MP_OK; ++c) {
+    const int stage = mp_stage_index(pp, pp_rank, c);
+    int first = 0;
+    for (int s = 0; s < stage; ++s) first += counts[s];
+    mp_gpt_stage range;
+    status = mp_gpt_stage_of_chain(num_layers, first, first + counts[stage], &range, err);
+    if (status != MP_OK) {
+      mp_error inner = *err;
+      status = mp_fail(err, status, "%s: layers_per_stage[%d]: %s", plan->source, stage,
+                       inner.message);
+      break;
+    }
+    const int slots = mp_stage_worker_slots(&trainer->schedule, pp_rank, c);
+    status = mp_gpt_tp_create_stage(model, (int)plan->micro_batch, (int)plan->seq_len,
+                                    &trainer->tp_table, plan->sequence_parallel, &range, slots,
+                                    zero_bubble, plan->recompute, &trainer->chunks[c], err);
+    if (status == MP_OK) {
+      status = mp_gpt_tp_init_params(trainer->chunks[c], plan->training.seed, err);
+    }
+    if (status != MP_OK) break;
+    const size_t n = mp_gpt_tp_num_params(trainer->chunks[c]);
+    size_t first_param = 0, count = n;
+    if (plan->zero_stage == 1) {
+      const size_t part = (n + (size_t)dp - 1) / (size_t)dp;
+      first_param = part * (size_t)dp_rank < n ? part * (size_t)dp_rank : n;
+      count = first_param + part < n ? part : n - first_param;
+      if (part * (size_t)dp > largest) largest = part * (size_t)dp;
+    }
+    trainer->zero_first[c] = first_param;
+    trainer->zero_count[c] = count;
+    trainer->chunk_m[c] = calloc(count > 0 ? count : 1, sizeof(float));
+    trainer->chunk_v[c] = calloc(count > 0 ? count : 1, sizeof(float));
+    if (trainer->chunk_m[c] == NULL || trainer->chunk_v[c] == NULL) {
+      status = mp_fail(err, MP_ERR_RUNTIME, "out of memory for optimizer state (%zu floats)",
+                       count);
+    }
+  }
+  if (status == MP_OK && largest > 0) {
+    trainer->zero_gather = malloc(largest * sizeof(float));
+    if (trainer->zero_gather == NULL) status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  }
+  free(counts);
+  return status;
+}
+
+static mp_status create_parallel(mp_trainer *trainer, const mp_model *model, mp_error *err) {
+  const mp_plan *plan = trainer->plan;
+  mp_trainer_options *o = &trainer->options;
+  trainer->parallel = true;
+  trainer->tp_table = o->tp != NULL ? *o->tp : mp_tp_comm_single();
+  mp_schedule_kind kind;
+  MP_TRY(mp_schedule_kind_parse(plan->schedule, &kind, err));
+  mp_status status = mp_schedule_generate(kind, plan->pp, (int)plan->num_micro_batches,
+                                          plan->virtual_stages, &trainer->schedule, err);
+  if (status != MP_OK) {
+    mp_error inner = *err;
+    return mp_fail(err, status, "%s: schedule %s: %s", plan->source, plan->schedule,
+                   inner.message);
+  }
+  /* The layout (config, tensor table) every chunk is cut from. */
+  MP_TRY(create_chunks(trainer, model, err));
+  trainer->layout = mp_gpt_tp_layout(trainer->chunks[0]);
+  const mp_stage_ops ops = {trainer, chunk_forward, chunk_backward, chunk_backward_weights};
+  const mp_stage_p2p p2p = {trainer, pp_post_send, pp_wait_send, pp_recv};
+  const mp_stage_observer observer = {trainer, observer_now, observer_action_done};
+  status = mp_stage_worker_create(&trainer->schedule, o->pp_rank,
+                                  mp_gpt_tp_boundary_floats(trainer->chunks[0]), &ops, &p2p,
+                                  o->trace != NULL ? &observer : NULL, &trainer->worker, err);
+  return status;
+}
+
 mp_status mp_trainer_create_parallel(const mp_plan *plan, const mp_model *model,
                                      mp_data_loader *data, mp_backend backend,
                                      const mp_trainer_options *options, mp_trainer **out,
                                      mp_error *err) {
   *out = NULL;
-  const mp_tp_comm *tp = options != NULL ? options->tp : NULL;
-  MP_TRY(mp_trainer_check_layout(plan, err));
-  if (plan->tp > 1 && backend != MP_BACKEND_CPU) {
-    return mp_fail(err, MP_ERR_INPUT,
-                   "%s: tp = %d: tensor parallelism runs on the CPU backend only for now; use "
-                   "--backend cpu",
-                   plan->source, plan->tp);
-  }
-  const int group = tp != NULL ? tp->size : 1;
-  if (group != plan->tp) {
+  mp_trainer_options o = MP_TRAINER_OPTIONS_INITIALIZER;
+  if (options != NULL) o = *options;
+  MP_TRY(mp_trainer_check_layout(plan, backend, err));
+  const int tp_size = o.tp != NULL ? o.tp->size : 1;
+  if (tp_size != plan->tp) {
     return mp_fail(err, MP_ERR_INPUT,
                    "%s: the plan has tp = %d but this process's tensor-parallel group has %d "
-                   "rank%s; start it with `mpengine run`, which launches %d ranks under mpirun",
-                   plan->source, plan->tp, group, group == 1 ? "" : "s", plan->tp);
+                   "rank%s; start it with `mpengine run`, which launches dp x pp x tp = %d "
+                   "ranks under mpirun",
+                   plan->source, plan->tp, tp_size, tp_size == 1 ? "" : "s",
+                   plan->dp * plan->pp * plan->tp);
   }
+  MP_TRY(check_group(plan, "pp", o.pp, plan->pp, err));
+  MP_TRY(check_group(plan, "dp", o.dp, plan->dp, err));
   MP_TRY(mp_data_loader_check(data, plan->seq_len, err));
   mp_trainer *trainer = calloc(1, sizeof *trainer);
   if (trainer == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory creating the trainer");
   trainer->plan = plan;
   trainer->data = data;
   trainer->backend = backend;
+  trainer->options = o;
   trainer->flops_per_step = step_flops(plan, model);
   const size_t rows = (size_t)(plan->num_micro_batches * plan->micro_batch);
   trainer->inputs = calloc(rows * (size_t)plan->seq_len, sizeof(int32_t));
@@ -98,6 +399,16 @@ mp_status mp_trainer_create_parallel(const mp_plan *plan, const mp_model *model,
     return mp_fail(err, MP_ERR_RUNTIME, "out of memory for the batch");
   }
   mp_status status;
+  /* One CPU rank with a trace runs through the stage worker too, so its actions are recorded. */
+  if (plan->dp * plan->pp * plan->tp > 1 || (o.trace != NULL && backend == MP_BACKEND_CPU)) {
+    status = create_parallel(trainer, model, err);
+    if (status != MP_OK) {
+      mp_trainer_free(trainer);
+      return status;
+    }
+    *out = trainer;
+    return MP_OK;
+  }
   if (backend == MP_BACKEND_CUDA) {
     status = mp_gpt_gpu_create(model, (int)plan->micro_batch, (int)plan->seq_len, &trainer->gpu,
                                err);
@@ -122,28 +433,14 @@ mp_status mp_trainer_create_parallel(const mp_plan *plan, const mp_model *model,
     *out = trainer;
     return MP_OK;
   }
-  size_t n = 0;
-  if (plan->tp > 1) {
-    status = mp_gpt_tp_create(model, (int)plan->micro_batch, (int)plan->seq_len, tp,
-                              plan->sequence_parallel, &trainer->tp, err);
-    if (status == MP_OK) status = mp_gpt_tp_init_params(trainer->tp, plan->training.seed, err);
-    if (status != MP_OK) {
-      mp_trainer_free(trainer);
-      return status;
-    }
-    trainer->layout = mp_gpt_tp_layout(trainer->tp);
-    n = mp_gpt_tp_num_params(trainer->tp);
-  } else {
-    status =
-        mp_gpt_create(model, (int)plan->micro_batch, (int)plan->seq_len, &trainer->gpt, err);
-    if (status != MP_OK) {
-      mp_trainer_free(trainer);
-      return status;
-    }
-    trainer->layout = mp_gpt_get_layout(trainer->gpt);
-    mp_gpt_init_params(trainer->gpt, plan->training.seed);
-    n = mp_gpt_num_params(trainer->gpt);
+  status = mp_gpt_create(model, (int)plan->micro_batch, (int)plan->seq_len, &trainer->gpt, err);
+  if (status != MP_OK) {
+    mp_trainer_free(trainer);
+    return status;
   }
+  trainer->layout = mp_gpt_get_layout(trainer->gpt);
+  mp_gpt_init_params(trainer->gpt, plan->training.seed);
+  const size_t n = mp_gpt_num_params(trainer->gpt);
   trainer->adam_m = calloc(n, sizeof(float));
   trainer->adam_v = calloc(n, sizeof(float));
   if (trainer->adam_m == NULL || trainer->adam_v == NULL) {
@@ -156,23 +453,41 @@ mp_status mp_trainer_create_parallel(const mp_plan *plan, const mp_model *model,
 
 void mp_trainer_free(mp_trainer *trainer) {
   if (trainer == NULL) return;
+  mp_stage_worker_free(trainer->worker);
+  for (int c = 0; c < trainer->num_chunks; ++c) {
+    if (trainer->chunks != NULL) mp_gpt_tp_free(trainer->chunks[c]);
+    if (trainer->chunk_m != NULL) free(trainer->chunk_m[c]);
+    if (trainer->chunk_v != NULL) free(trainer->chunk_v[c]);
+  }
+  free(trainer->chunks);
+  free(trainer->chunk_m);
+  free(trainer->chunk_v);
+  free(trainer->zero_first);
+  free(trainer->zero_count);
+  free(trainer->zero_gather);
+  mp_schedule_free(&trainer->schedule);
   free(trainer->targets);
   free(trainer->inputs);
   free(trainer->adam_v);
   free(trainer->adam_m);
   mp_gpt_gpu_free(trainer->gpu);
   mp_gpt_free(trainer->gpt);
-  mp_gpt_tp_free(trainer->tp);
   free(trainer);
 }
 
 mp_gpt *mp_trainer_model(mp_trainer *trainer) { return trainer->gpt; }
 
-mp_gpt_tp *mp_trainer_model_tp(mp_trainer *trainer) { return trainer->tp; }
-
-int mp_trainer_tp(const mp_trainer *trainer) {
-  return trainer->tp != NULL ? mp_gpt_tp_comm(trainer->tp)->size : 1;
+mp_gpt_tp *mp_trainer_model_tp(mp_trainer *trainer) {
+  return trainer->parallel && trainer->plan->pp == 1 ? trainer->chunks[0] : NULL;
 }
+
+int mp_trainer_num_chunks(const mp_trainer *trainer) { return trainer->num_chunks; }
+
+mp_gpt_tp *mp_trainer_chunk(mp_trainer *trainer, int chunk) {
+  return chunk >= 0 && chunk < trainer->num_chunks ? trainer->chunks[chunk] : NULL;
+}
+
+int mp_trainer_tp(const mp_trainer *trainer) { return trainer->plan->tp; }
 
 const mp_gpt_layout *mp_trainer_layout(const mp_trainer *trainer) { return trainer->layout; }
 
@@ -182,9 +497,10 @@ mp_status mp_trainer_load_llmc(mp_trainer *trainer, const char *path, mp_error *
   float *host = malloc(n * sizeof(float));
   if (host == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of host memory");
   mp_status status = mp_gpt_layout_load_llmc(trainer->layout, host, path, err);
-  if (status == MP_OK && trainer->tp != NULL) {
-    status = mp_gpt_tp_set_full_params(trainer->tp, host, err);
-  } else if (status == MP_OK) {
+  for (int c = 0; c < trainer->num_chunks && status == MP_OK; ++c) {
+    status = mp_gpt_tp_set_full_params(trainer->chunks[c], host, err);
+  }
+  if (status == MP_OK && trainer->gpu != NULL) {
     status = mp_gpt_gpu_set_params(trainer->gpu, host, err);
   }
   free(host);
@@ -192,60 +508,83 @@ mp_status mp_trainer_load_llmc(mp_trainer *trainer, const char *path, mp_error *
 }
 
 mp_status mp_trainer_get_params(mp_trainer *trainer, float *host_params, mp_error *err) {
+  const size_t n = mp_gpt_layout_num_params(trainer->layout);
   if (trainer->gpt != NULL) {
-    memcpy(host_params, mp_gpt_params(trainer->gpt),
-           mp_gpt_num_params(trainer->gpt) * sizeof(float));
+    memcpy(host_params, mp_gpt_params(trainer->gpt), n * sizeof(float));
     return MP_OK;
   }
-  if (trainer->tp != NULL) return mp_gpt_tp_gather_params(trainer->tp, host_params, err);
-  return mp_gpt_gpu_get_params(trainer->gpu, host_params, err);
+  if (!trainer->parallel) return mp_gpt_gpu_get_params(trainer->gpu, host_params, err);
+  /* Each tensor is written by exactly one stage (the tied copy of wte is skipped), so summing
+   * the zero-filled arrays over pp assembles the model exactly. */
+  memset(host_params, 0, n * sizeof(float));
+  for (int c = 0; c < trainer->num_chunks; ++c) {
+    MP_TRY(mp_gpt_tp_gather_params(trainer->chunks[c], host_params, err));
+  }
+  if (trainer->options.pp == NULL) return MP_OK;
+  for (size_t offset = 0; offset < n; offset += MP_TRAINER_BUCKET_FLOATS) {
+    const size_t count = n - offset < MP_TRAINER_BUCKET_FLOATS ? n - offset
+                                                               : MP_TRAINER_BUCKET_FLOATS;
+    MP_TRY(mp_comm_all_reduce_sum_f32(trainer->options.pp, host_params + offset, count, err));
+  }
+  return MP_OK;
 }
 
 mp_status mp_trainer_cpu_state(mp_trainer *trainer, float **params, float **adam_m,
                                float **adam_v, size_t *count, mp_error *err) {
-  if (trainer->gpt == NULL && trainer->tp == NULL) {
+  if (trainer->gpu != NULL) {
     return mp_fail(err, MP_ERR_INPUT,
                    "checkpoints of the CUDA backend are not implemented yet (its AdamW state "
                    "lives on the GPU); use --backend cpu");
   }
-  *params = trainer->gpt != NULL ? mp_gpt_params(trainer->gpt) : mp_gpt_tp_params(trainer->tp);
-  *count = trainer->gpt != NULL ? mp_gpt_num_params(trainer->gpt)
-                                : mp_gpt_tp_num_params(trainer->tp);
-  *adam_m = trainer->adam_m;
-  *adam_v = trainer->adam_v;
+  if (trainer->gpt != NULL) {
+    *params = mp_gpt_params(trainer->gpt);
+    *count = mp_gpt_num_params(trainer->gpt);
+    *adam_m = trainer->adam_m;
+    *adam_v = trainer->adam_v;
+    return MP_OK;
+  }
+  const mp_plan *plan = trainer->plan;
+  if (plan->dp > 1 || plan->pp > 1 || plan->zero_stage != 0) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "%s: checkpoints of runs with dp > 1, pp > 1 or ZeRO are not implemented yet "
+                   "(dp x pp x tp = %d x %d x %d); leave out --checkpoint-dir, or train with "
+                   "tensor parallelism only",
+                   plan->source, plan->dp, plan->pp, plan->tp);
+  }
+  *params = mp_gpt_tp_params(trainer->chunks[0]);
+  *count = mp_gpt_tp_num_params(trainer->chunks[0]);
+  *adam_m = trainer->chunk_m[0];
+  *adam_v = trainer->chunk_v[0];
   return MP_OK;
 }
 
-/* Forward (and backward when `train`) over every micro-batch of the step; returns the mean loss. */
+/* Forward (and backward when `train`) over every micro-batch of the step on one rank; returns
+ * the mean loss. */
 static mp_status run_micro_batches(mp_trainer *trainer, mp_data_loader *data, int64_t step,
                                    bool train, double *loss, mp_error *err) {
   const mp_plan *plan = trainer->plan;
   const int64_t rows = plan->num_micro_batches * plan->micro_batch;
+  const int64_t first_row = (int64_t)trainer->options.dp_rank * rows;
   MP_TRY(mp_data_loader_batch(data, plan->training.seed, plan->seq_len,
-                              plan->global_batch, step, 0, rows, trainer->inputs,
+                              plan->global_batch, step, first_row, rows, trainer->inputs,
                               trainer->targets, err));
-  const size_t micro_tokens = (size_t)(plan->micro_batch * plan->seq_len);
+  if (trainer->parallel && train) return MP_OK; /* the stage worker drives the micro-batches */
   const float dloss = 1.0f / (float)plan->num_micro_batches;
   double loss_sum = 0.0;
-  for (int64_t m = 0; m < plan->num_micro_batches; ++m) {
-    const int32_t *inputs = trainer->inputs + (size_t)m * micro_tokens;
-    const int32_t *targets = trainer->targets + (size_t)m * micro_tokens;
+  for (int m = 0; m < (int)plan->num_micro_batches; ++m) {
+    const int32_t *inputs = micro_batch_rows(trainer, trainer->inputs, m);
+    const int32_t *targets = micro_batch_rows(trainer, trainer->targets, m);
+    double one = 0.0;
     if (trainer->gpu != NULL) {
-      double loss = 0.0;
-      MP_TRY(mp_gpt_gpu_forward(trainer->gpu, inputs, targets, dloss, &loss, err));
+      MP_TRY(mp_gpt_gpu_forward(trainer->gpu, inputs, targets, dloss, &one, err));
       if (train) MP_TRY(mp_gpt_gpu_backward(trainer->gpu, err));
-      loss_sum += loss;
-      continue;
+    } else if (trainer->parallel) {
+      MP_TRY(mp_gpt_tp_forward(trainer->chunks[0], inputs, targets, &one, err));
+    } else {
+      one = mp_gpt_forward(trainer->gpt, inputs, targets);
+      if (train) mp_gpt_backward(trainer->gpt, dloss);
     }
-    if (trainer->tp != NULL) {
-      double loss = 0.0;
-      MP_TRY(mp_gpt_tp_forward(trainer->tp, inputs, targets, &loss, err));
-      if (train) MP_TRY(mp_gpt_tp_backward(trainer->tp, dloss, err));
-      loss_sum += loss;
-      continue;
-    }
-    loss_sum += mp_gpt_forward(trainer->gpt, inputs, targets);
-    if (train) mp_gpt_backward(trainer->gpt, dloss);
+    loss_sum += one;
   }
   *loss = loss_sum / (double)plan->num_micro_batches;
   return MP_OK;
@@ -255,7 +594,119 @@ mp_status mp_trainer_evaluate(mp_trainer *trainer, mp_data_loader *data, int64_t
                               double *loss, mp_error *err) {
   if (data == NULL) data = trainer->data;
   MP_TRY(mp_data_loader_check(data, trainer->plan->seq_len, err));
-  return run_micro_batches(trainer, data, step, false, loss, err);
+  if (trainer->parallel && trainer->plan->pp > 1) {
+    return mp_fail(err, MP_ERR_INPUT, "%s: evaluation with pp = %d is not implemented yet",
+                   trainer->plan->source, trainer->plan->pp);
+  }
+  MP_TRY(run_micro_batches(trainer, data, step, false, loss, err));
+  if (trainer->parallel && trainer->options.dp != NULL) {
+    MP_TRY(sum_double_over(trainer->options.dp, loss, err));
+    *loss /= (double)trainer->plan->dp;
+  }
+  return MP_OK;
+}
+
+/* AdamW over elements [first, first + count) of a chunk's arrays, tensor by tensor (weight
+ * decay is a property of the tensor); m and v hold that range only. */
+static void adamw_range(mp_gpt_tp *chunk, size_t first, size_t count, float *m, float *v,
+                        const mp_training_config *t, double lr, int64_t step) {
+  float *params = mp_gpt_tp_params(chunk);
+  float *grads = mp_gpt_tp_grads(chunk);
+  const size_t end = first + count;
+  for (int i = 0; i < mp_gpt_tp_num_tensors(chunk); ++i) {
+    const mp_gpt_tp_tensor *tensor = mp_gpt_tp_tensor_at(chunk, i);
+    const size_t lo = tensor->offset > first ? tensor->offset : first;
+    const size_t hi = tensor->offset + tensor->count < end ? tensor->offset + tensor->count : end;
+    if (lo >= hi) continue;
+    mp_adamw_update_cpu(params + lo, grads + lo, m + (lo - first), v + (lo - first), hi - lo,
+                        (float)lr, (float)t->beta1, (float)t->beta2, (float)t->eps,
+                        tensor->full->weight_decay ? (float)t->weight_decay : 0.0f,
+                        (int)(step + 1));
+  }
+}
+
+/* Steps 3-5 of the file comment, after the stage worker has run the step's actions. */
+static mp_status finish_parallel_step(mp_trainer *trainer, double lr, double *grad_norm,
+                                      mp_error *err) {
+  const mp_plan *plan = trainer->plan;
+  const mp_training_config *t = &plan->training;
+  const mp_trainer_options *o = &trainer->options;
+  for (int c = 0; c < trainer->num_chunks; ++c) {
+    MP_TRY(mp_gpt_tp_finish_grads(trainer->chunks[c], err));
+  }
+  /* The tied embedding: the first stage's wte gradient plus the last stage's copy's. */
+  if (o->embedding != NULL && mp_comm_size(o->embedding) > 1) {
+    for (int c = 0; c < trainer->num_chunks; ++c) {
+      mp_gpt_tp *chunk = trainer->chunks[c];
+      const mp_gpt_stage *stage = mp_gpt_tp_stage(chunk);
+      const bool first = stage->embedding && c == 0;
+      const bool last = stage->head && c == trainer->num_chunks - 1;
+      if (!first && !last) continue;
+      const mp_gpt_tp_tensor *wte = mp_gpt_tp_tensor_at(chunk, 0);
+      MP_TRY(traced_all_reduce(trainer, o->embedding, mp_gpt_tp_grads(chunk) + wte->offset,
+                               wte->count, err));
+    }
+  }
+  if (o->dp != NULL && plan->dp > 1) {
+    const float scale = 1.0f / (float)plan->dp;
+    for (int c = 0; c < trainer->num_chunks; ++c) {
+      float *grads = mp_gpt_tp_grads(trainer->chunks[c]);
+      const size_t n = mp_gpt_tp_num_params(trainer->chunks[c]);
+      for (size_t offset = 0; offset < n; offset += MP_TRAINER_BUCKET_FLOATS) {
+        const size_t count = n - offset < MP_TRAINER_BUCKET_FLOATS ? n - offset
+                                                                   : MP_TRAINER_BUCKET_FLOATS;
+        MP_TRY(traced_all_reduce(trainer, o->dp, grads + offset, count, err));
+      }
+      mp_grad_scale_cpu(grads, n, scale);
+    }
+  }
+  double squares = 0.0;
+  for (int c = 0; c < trainer->num_chunks; ++c) {
+    double chunk_squares = 0.0;
+    MP_TRY(mp_gpt_tp_grad_norm_squared(trainer->chunks[c], &chunk_squares, err));
+    squares += chunk_squares;
+  }
+  if (o->pp != NULL) MP_TRY(sum_double_over(o->pp, &squares, err));
+  *grad_norm = sqrt(squares);
+  const float scale = mp_clip_scale(*grad_norm, t->grad_clip);
+  for (int c = 0; c < trainer->num_chunks; ++c) {
+    mp_gpt_tp *chunk = trainer->chunks[c];
+    const size_t n = mp_gpt_tp_num_params(chunk);
+    const size_t first = trainer->zero_first[c], count = trainer->zero_count[c];
+    if (scale != 1.0f) mp_grad_scale_cpu(mp_gpt_tp_grads(chunk) + first, count, scale);
+    adamw_range(chunk, first, count, trainer->chunk_m[c], trainer->chunk_v[c], t, lr,
+                trainer->step);
+    if (plan->zero_stage != 1 || o->dp == NULL || plan->dp == 1) continue;
+    /* ZeRO-1: every dp rank updated its part; gather the whole array. */
+    const size_t part = (n + (size_t)plan->dp - 1) / (size_t)plan->dp;
+    float *params = mp_gpt_tp_params(chunk);
+    float *mine = malloc(part * sizeof(float));
+    if (mine == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+    memset(mine, 0, part * sizeof(float));
+    memcpy(mine, params + first, count * sizeof(float));
+    const mp_status status = mp_comm_all_gather_f32(o->dp, mine, trainer->zero_gather, part, err);
+    free(mine);
+    MP_TRY(status);
+    memcpy(params, trainer->zero_gather, n * sizeof(float));
+  }
+  return MP_OK;
+}
+
+/* The step's loss on every rank: the last stage's mean over its micro-batches, broadcast over
+ * pp, averaged over dp. */
+static mp_status parallel_step_loss(mp_trainer *trainer, double *loss, mp_error *err) {
+  const mp_plan *plan = trainer->plan;
+  const mp_trainer_options *o = &trainer->options;
+  double value = trainer->loss_sum / (double)plan->num_micro_batches;
+  if (o->pp != NULL) {
+    MP_TRY(mp_comm_broadcast(o->pp, &value, sizeof value, mp_comm_size(o->pp) - 1, err));
+  }
+  if (o->dp != NULL && plan->dp > 1) {
+    MP_TRY(sum_double_over(o->dp, &value, err));
+    value /= (double)plan->dp;
+  }
+  *loss = value;
+  return MP_OK;
 }
 
 mp_status mp_trainer_step(mp_trainer *trainer, int64_t step, mp_step_metrics *metrics,
@@ -265,39 +716,27 @@ mp_status mp_trainer_step(mp_trainer *trainer, int64_t step, mp_step_metrics *me
   const double start = now_seconds();
   const double lr = mp_training_learning_rate(t, step);
   double loss = 0.0, grad_norm = 0.0;
+  trainer->step = step;
   if (trainer->gpu != NULL) {
     MP_TRY(mp_gpt_gpu_zero_grads(trainer->gpu, err));
-  } else if (trainer->tp != NULL) {
-    mp_gpt_tp_zero_grads(trainer->tp);
+  } else if (trainer->parallel) {
+    for (int c = 0; c < trainer->num_chunks; ++c) mp_gpt_tp_zero_grads(trainer->chunks[c]);
   } else {
     mp_gpt_zero_grads(trainer->gpt);
   }
   MP_TRY(run_micro_batches(trainer, trainer->data, step, true, &loss, err));
+  if (trainer->parallel) {
+    trainer->loss_sum = 0.0;
+    MP_TRY(mp_stage_worker_run(trainer->worker, err));
+    MP_TRY(parallel_step_loss(trainer, &loss, err));
+  }
   if (!isfinite(loss)) {
     return mp_fail(err, MP_ERR_RUNTIME,
                    "step %lld: the loss is %g; lower the learning rate (%g) or check the data",
                    (long long)step, loss, t->learning_rate);
   }
-  if (trainer->tp != NULL) {
-    /* Sequence-parallel layernorm gradients are partial until summed, once per step. */
-    mp_gpt_tp *gpt = trainer->tp;
-    MP_TRY(mp_gpt_tp_finish_grads(gpt, err));
-    double squares = 0.0;
-    MP_TRY(mp_gpt_tp_grad_norm_squared(gpt, &squares, err));
-    grad_norm = sqrt(squares);
-    float *params = mp_gpt_tp_params(gpt);
-    float *grads = mp_gpt_tp_grads(gpt);
-    const float scale = mp_clip_scale(grad_norm, t->grad_clip);
-    if (scale != 1.0f) mp_grad_scale_cpu(grads, mp_gpt_tp_num_params(gpt), scale);
-    for (int i = 0; i < mp_gpt_tp_num_tensors(gpt); ++i) {
-      const mp_gpt_tp_tensor *tensor = mp_gpt_tp_tensor_at(gpt, i);
-      const size_t offset = tensor->offset;
-      mp_adamw_update_cpu(params + offset, grads + offset, trainer->adam_m + offset,
-                          trainer->adam_v + offset, tensor->count, (float)lr, (float)t->beta1,
-                          (float)t->beta2, (float)t->eps,
-                          tensor->full->weight_decay ? (float)t->weight_decay : 0.0f,
-                          (int)(step + 1));
-    }
+  if (trainer->parallel) {
+    MP_TRY(finish_parallel_step(trainer, lr, &grad_norm, err));
   } else if (trainer->gpu != NULL) {
     const mp_gpu_adamw adamw = {(float)lr, (float)t->beta1, (float)t->beta2, (float)t->eps,
                                 (float)t->weight_decay, (int)(step + 1), t->grad_clip};
@@ -320,6 +759,10 @@ mp_status mp_trainer_step(mp_trainer *trainer, int64_t step, mp_step_metrics *me
     }
   }
   const double seconds = now_seconds() - start;
+  if (trainer->options.trace != NULL) {
+    const double end_s = mp_trace_now(trainer->options.trace);
+    mp_trace_step(trainer->options.trace, step, end_s - seconds, end_s);
+  }
   metrics->step = step;
   metrics->loss = loss;
   metrics->learning_rate = lr;

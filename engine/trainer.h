@@ -1,14 +1,28 @@
 /*
- * engine/trainer.h — one optimizer step at a time, on one rank or on one tensor-parallel group:
- * the global batch of the step from the data loader, split into micro-batches whose gradients
- * accumulate, global gradient-norm clipping, and AdamW with the plan's learning-rate schedule.
+ * engine/trainer.h — one optimizer step at a time, on one rank or on a dp x pp x tp grid of
+ * ranks: the global batch of the step from the data loader, split into micro-batches whose
+ * gradients accumulate, global gradient-norm clipping, and AdamW with the plan's learning-rate
+ * schedule.
  *
- * Tensor parallelism (dp = pp = 1, tp >= 1, CPU backend; mp_trainer_create_parallel): every rank
- * of the group reads the same global batch and trains its shard (engine/gpt_model_tp.h). Once per
- * step, after the last micro-batch, the sequence-parallel layernorm gradients are summed over the
- * group; the global gradient norm sums every sharded tensor's squares over the group and counts
- * each replicated tensor once, identically on every rank, so clipping agrees; AdamW then updates
- * each rank's shard. The loss, learning rate and norm are the same on every rank.
+ * Parallel runs (CPU backend; mp_trainer_create_parallel with the rank's groups). Each pipeline
+ * rank holds its chunks (virtual_stages of them), each one stage of the chain embedding, blocks,
+ * final norm, LM head cut by the plan's layers_per_stage (or, when the plan has none, by the cost
+ * model's split, topology/cost_model.h, as `mpengine plan` would), as its tensor-parallel shard
+ * (engine/gpt_model_tp.h). A step:
+ *   1. dp rank d reads its slice of the global batch: samples [d x n, (d+1) x n), n = micro_batch
+ *      x num_micro_batches (engine/data_loader.h reshuffles every epoch from the seed, the same
+ *      on every layout);
+ *   2. the stage worker (pipeline/stage_worker.h) runs this rank's action list of the plan's
+ *      schedule: activations and input gradients cross pipeline ranks with eager sends;
+ *   3. sequence-parallel layernorm gradients are summed over tp; the tied embedding's gradient is
+ *      summed over the embedding group (first and last pipeline rank); gradients are averaged
+ *      over dp (all-reduce in buckets of MP_TRAINER_BUCKET_FLOATS);
+ *   4. the global gradient norm: every stage's squares (tp shards summed, replicated tensors and
+ *      the tied copy counted once) summed over pp in rank order, identical on every rank;
+ *   5. clipping and AdamW; with zero_stage 1 (ZeRO-1) dp rank d keeps AdamW's moments of its
+ *      1/dp of each chunk's parameters only, updates that part and all-gathers the parameters.
+ * The loss, averaged over the global batch, is known on every rank after the step. Every rank of
+ * the job calls every function in the same order.
  *
  * The caller (tools/cmd_run.c) owns the loop, so it decides what to print, when to stop, and
  * (later) when to save. Accumulation scales each micro-batch's loss by 1 / num_micro_batches, so
@@ -22,7 +36,9 @@
 #include "common/error.h"
 #include "engine/data_loader.h"
 #include "engine/gpt_model.h"
+#include "engine/comm.h"
 #include "engine/gpt_model_tp.h"
+#include "engine/trace.h"
 #include "tensor_parallel/tp_comm.h"
 #include "topology/model.h"
 #include "topology/plan.h"
@@ -57,26 +73,35 @@ typedef struct mp_trainer mp_trainer;
 mp_status mp_trainer_create(const mp_plan *plan, const mp_model *model, mp_data_loader *data,
                             mp_backend backend, mp_trainer **out, mp_error *err);
 
-/* MP_OK when this trainer can run the plan's layout (dp = pp = 1, any tp); else MP_ERR_INPUT
- * naming the plan file and the layout. mp_trainer_create_parallel checks it too; `mpengine run`
- * calls it before launching ranks. */
-mp_status mp_trainer_check_layout(const mp_plan *plan, mp_error *err);
+/* MP_OK when this trainer can run the plan's layout on `backend`; else MP_ERR_INPUT naming the
+ * plan file and what to change (the CUDA backend runs one rank only). mp_trainer_create_parallel
+ * checks it too; `mpengine run` calls it before launching ranks. */
+mp_status mp_trainer_check_layout(const mp_plan *plan, mp_backend backend, mp_error *err);
 
 /* What a parallel run adds to mp_trainer_create. Start from MP_TRAINER_OPTIONS_INITIALIZER so
  * fields added later get their defaults. */
 typedef struct {
   size_t size;          /* sizeof(mp_trainer_options) */
   const mp_tp_comm *tp; /* this rank's tensor-parallel group (engine/tp_comm_mpi.h), copied; its
-                           context must outlive the trainer. NULL: one rank */
+                           context must outlive the trainer. NULL: tp = 1 */
+  mp_comm *pp;          /* the pipeline group, members in pipeline-rank order; NULL: pp = 1 */
+  mp_comm *dp;          /* the data-parallel group; NULL: dp = 1 */
+  mp_comm *embedding;   /* the first and last pipeline rank (topology/grid.h); NULL: pp = 1 */
+  int dp_rank, pp_rank; /* this rank's coordinates (topology/grid.h) */
+  mp_trace *trace;      /* records actions and communication (engine/trace.h); NULL: none */
 } mp_trainer_options;
 
-#define MP_TRAINER_OPTIONS_INITIALIZER {sizeof(mp_trainer_options), NULL}
+#define MP_TRAINER_OPTIONS_INITIALIZER {sizeof(mp_trainer_options), NULL, NULL, NULL, NULL, 0, 0, NULL}
 
-/* mp_trainer_create for a plan with dp = pp = 1 and any tp: with tp > 1 on the CPU backend, over
- * options->tp (size tp), training this rank's shard; every rank of the group calls it, and every
- * later call, in the same order. tp = 1 is the one-rank trainer. MP_ERR_INPUT naming the plan
- * file when dp or pp is not 1, tp > 1 on the CUDA backend, the group's size differs from the
- * plan's tp, or the model does not divide over tp (gpt_model_tp.h). options may be NULL. */
+/* Gradients cross the data-parallel group in all-reduces of at most this many floats. */
+enum { MP_TRAINER_BUCKET_FLOATS = 1 << 22 };
+
+/* mp_trainer_create for any layout: dp x pp x tp > 1 on the CPU backend, over the groups in
+ * options, training this rank's chunks (see the file comment); every rank of the job calls it,
+ * and every later call, in the same order. dp = pp = tp = 1 is the one-rank trainer. MP_ERR_INPUT
+ * naming the plan file when the layout cannot run on backend, a group's size differs from the
+ * plan, the schedule cannot run the plan's numbers, the stage split is bad, or the model does not
+ * divide over tp (gpt_model_tp.h). options may be NULL on one rank. */
 mp_status mp_trainer_create_parallel(const mp_plan *plan, const mp_model *model,
                                      mp_data_loader *data, mp_backend backend,
                                      const mp_trainer_options *options, mp_trainer **out,
@@ -86,8 +111,13 @@ void mp_trainer_free(mp_trainer *trainer);
 /* The one-rank CPU model being trained, or NULL on the CUDA backend or with tp > 1. */
 mp_gpt *mp_trainer_model(mp_trainer *trainer);
 
-/* The tensor-parallel shard being trained (tp > 1), or NULL. */
+/* The tensor-parallel shard being trained (a parallel run with pp = 1), or NULL. */
 mp_gpt_tp *mp_trainer_model_tp(mp_trainer *trainer);
+
+/* This rank's model chunks in a parallel run (virtual_stages of them, chunk c holds stage
+ * c x pp + pp_rank), or 0 and NULL. */
+int mp_trainer_num_chunks(const mp_trainer *trainer);
+mp_gpt_tp *mp_trainer_chunk(mp_trainer *trainer, int chunk);
 
 /* Tensor-parallel size of the run (1 on one rank). */
 int mp_trainer_tp(const mp_trainer *trainer);
@@ -100,8 +130,8 @@ const mp_gpt_layout *mp_trainer_layout(const mp_trainer *trainer);
 mp_status mp_trainer_load_llmc(mp_trainer *trainer, const char *path, mp_error *err);
 
 /* Copies the fp32 (master) weights to host, mp_gpt_layout_num_params floats: the full model in
- * the one-rank layout. With tp > 1 it gathers the shards (collective: every rank calls it, and
- * every rank gets the full model). */
+ * the one-rank layout. In a parallel run it gathers the shards over tp and the stages over pp
+ * (collective: every rank calls it, and every rank gets the full model). */
 mp_status mp_trainer_get_params(mp_trainer *trainer, float *host_params, mp_error *err);
 
 /* This rank's CPU training state, for checkpoints (engine/checkpoint.h): the flat fp32 parameter
@@ -109,7 +139,8 @@ mp_status mp_trainer_get_params(mp_trainer *trainer, float *host_params, mp_erro
  * AdamW's first and second moments in the same order, *count floats each. AdamW keeps no other
  * state: its bias correction is a function of the step. The caller may read or overwrite them
  * between steps. MP_ERR_INPUT on the CUDA backend, whose optimizer state lives on the GPU
- * (checkpointing it is not implemented yet; use --backend cpu). */
+ * (checkpointing it is not implemented yet; use --backend cpu), and for layouts with dp > 1 or
+ * pp > 1 (their checkpoints are not implemented yet). */
 mp_status mp_trainer_cpu_state(mp_trainer *trainer, float **params, float **adam_m,
                                float **adam_v, size_t *count, mp_error *err);
 
@@ -118,7 +149,8 @@ mp_status mp_trainer_step(mp_trainer *trainer, int64_t step, mp_step_metrics *me
                           mp_error *err);
 
 /* Mean loss of the model, without updating it, over the global batch of `step` drawn from data
- * (NULL: the training data). A held-out loader measures generalisation. */
+ * (NULL: the training data). A held-out loader measures generalisation. Runs with pp = 1;
+ * MP_ERR_INPUT with pp > 1. */
 mp_status mp_trainer_evaluate(mp_trainer *trainer, mp_data_loader *data, int64_t step,
                               double *loss, mp_error *err);
 

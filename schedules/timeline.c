@@ -3,6 +3,7 @@
 #include "schedules/timeline.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,8 +114,26 @@ static int decimal_digits(int n) {
   return digits;
 }
 
+/* 1, 2 or 5 times a power of ten: the largest at most value (up: the smallest at least value). */
+static double round_number(double value, bool up) {
+  const double power = pow(10.0, floor(log10(value)));
+  static const double steps[] = {1.0, 2.0, 5.0, 10.0};
+  if (up) {
+    for (int i = 0; i < 4; ++i) {
+      if (steps[i] * power >= value * (1 - 1e-12)) return steps[i] * power;
+    }
+    return 10.0 * power;
+  }
+  for (int i = 3; i >= 0; --i) {
+    if (steps[i] * power <= value * (1 + 1e-12)) return steps[i] * power;
+  }
+  return power;
+}
+
 /* The time one cell stands for: the shortest action (so every action gets whole cells under
- * unit costs), coarser when a row would have more than max_columns cells. */
+ * unit costs), coarser when a row would have more than max_columns cells. Seconds (cost model or
+ * measured durations) are rounded to a round number of milliseconds, so the axis reads
+ * 0, 5, 10 ms rather than 0, 5.41283. */
 static double ascii_cell_time(const mp_schedule *schedule, const mp_simulation *simulation,
                               int max_columns, int *columns) {
   double cell = 0;
@@ -125,10 +144,14 @@ static double ascii_cell_time(const mp_schedule *schedule, const mp_simulation *
     }
   }
   if (cell == 0) cell = 1;
+  const bool seconds = simulation->time_unit == MP_TIME_SECONDS;
+  if (seconds) cell = round_number(cell * 1e3, false) / 1e3;
   double needed = ceil(simulation->step_time / cell - 1e-9);
   if (needed > max_columns) {
     cell = simulation->step_time / max_columns;
-    needed = max_columns;
+    if (seconds) cell = round_number(cell * 1e3, true) / 1e3;
+    needed = ceil(simulation->step_time / cell - 1e-9);
+    if (needed > max_columns) needed = max_columns;
   }
   *columns = needed < 1 ? 1 : (int)needed;
   return cell;
@@ -217,7 +240,10 @@ static mp_status write_ascii(const mp_schedule *schedule, const mp_simulation *s
                  simulation->time_unit == MP_TIME_SECONDS ? "ms"
                  : shown_cell == 1.0                      ? "time unit"
                                                           : "time units");
-  mp_text_printf(out, "step time: %g %s\n", timeline_display_time(simulation, simulation->step_time),
+  mp_text_printf(out, "%s: %g %s\n",
+                 options != NULL && options->measured ? "pipeline time (first action to last)"
+                                                      : "step time",
+                 timeline_display_time(simulation, simulation->step_time),
                  timeline_time_unit(simulation));
   mp_text_printf(out, "bubble fraction: %.4f (idle share of the step, mean over ranks)\n",
                  simulation->bubble_fraction);
@@ -228,9 +254,15 @@ static mp_status write_ascii(const mp_schedule *schedule, const mp_simulation *s
   mp_text_printf(out, "%s\n", pp > 16 ? ", ..." : "");
   mp_text_printf(out, "peak activation memory: %g %s\n", simulation->max_peak_activation_memory,
                  timeline_memory_unit(simulation));
-  mp_text_printf(out, "checked: complete, ordered, no deadlock under %s point-to-point%s\n",
-                 mp_p2p_model_name(simulation->p2p_model),
-                 simulation->p2p_latency > 0 ? " (with latency)" : "");
+  if (options != NULL && options->measured) {
+    mp_text_printf(out, "measured: times recorded by the run; its actions checked complete, "
+                        "ordered, no deadlock under %s point-to-point\n",
+                   mp_p2p_model_name(simulation->p2p_model));
+  } else {
+    mp_text_printf(out, "checked: complete, ordered, no deadlock under %s point-to-point%s\n",
+                   mp_p2p_model_name(simulation->p2p_model),
+                   simulation->p2p_latency > 0 ? " (with latency)" : "");
+  }
   return MP_OK;
 }
 

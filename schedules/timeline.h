@@ -17,6 +17,7 @@
 #ifndef MPENGINE_SCHEDULES_TIMELINE_H
 #define MPENGINE_SCHEDULES_TIMELINE_H
 
+#include <stdbool.h>
 #include <stdio.h>
 
 #include "common/error.h"
@@ -44,9 +45,11 @@ typedef struct {
   int max_width;     /* ascii: the most characters a row's time cells may take; past it a cell
                         stands for more time and short actions lose their labels; 0: 320 */
   const char *title; /* svg and chrome heading; NULL: "<kind>, pp = P, m = M[, v = V]" */
+  bool measured;     /* the times were recorded by a run (engine/trace_reader.h), not simulated:
+                        the ascii footer and the chrome trace's "otherData" say so */
 } mp_timeline_options;
 
-#define MP_TIMELINE_OPTIONS_INITIALIZER {0, NULL}
+#define MP_TIMELINE_OPTIONS_INITIALIZER {0, NULL, false}
 
 /* Appends the timeline of `schedule` as simulated in `simulation` to out. options may be NULL.
  * Fails with MP_ERR_INPUT when the simulation is not of this schedule (a different number of

@@ -9,6 +9,7 @@
  * enclosing slice. "ts" and "dur" are microseconds: seconds times 1e6, abstract units as
  * milliseconds (times 1e3). Written by hand, one event a line; names are plain ASCII.
  */
+#include <stdbool.h>
 #include <stdio.h>
 
 #include "schedules/p2p.h"
@@ -38,8 +39,12 @@ mp_status timeline_write_chrome(const mp_schedule *schedule, const mp_simulation
                                 const mp_timeline_options *options, mp_text *out) {
   int pp = schedule->pp;
   char title[256], label[32];
-  mp_text_append(out, "{\"displayTimeUnit\": \"ms\",\n\"otherData\": {\"generator\": "
-                      "\"mpengine schedule\", \"title\": ");
+  const bool measured = options != NULL && options->measured;
+  mp_text_printf(out,
+                 "{\"displayTimeUnit\": \"ms\",\n\"otherData\": {\"generator\": \"%s\", "
+                 "\"measured\": %s, \"title\": ",
+                 measured ? "mpengine timeline" : "mpengine schedule",
+                 measured ? "true" : "false");
   append_json_string(out, timeline_title(schedule, options, title, sizeof title));
   mp_text_printf(out,
                  ", \"kind\": \"%s\", \"pp\": %d, \"num_micro_batches\": %d, "

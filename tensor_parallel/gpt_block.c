@@ -6,6 +6,7 @@
 #include "layers/attention.h"
 #include "layers/gelu.h"
 #include "layers/layernorm.h"
+#include "layers/matmul.h"
 #include "layers/residual.h"
 #include "tensor_parallel/column_parallel_linear.h"
 #include "tensor_parallel/row_parallel_linear.h"
@@ -151,12 +152,12 @@ size_t mp_tp_block_acts_count(const mp_tp_block_shape *shape) {
   return mp_tp_block_acts_point(&acts, NULL, shape);
 }
 
-size_t mp_tp_block_acts_point(mp_tp_block_acts *acts, float *memory,
-                              const mp_tp_block_shape *shape) {
+static size_t point_acts(mp_tp_block_acts *acts, float *memory, const mp_tp_block_shape *shape,
+                         bool with_attention) {
   const sizes z = sizes_of(shape);
   const size_t bt = (size_t)z.BT, btl = (size_t)z.BTl, c = (size_t)z.C;
   const size_t cl = (size_t)z.Cl, fl = (size_t)z.Fl;
-  const size_t tt = (size_t)z.B * z.NHl * z.T * z.T;
+  const size_t tt = with_attention ? (size_t)z.B * z.NHl * z.T * z.T : 0;
   const size_t sp_bt = z.sp ? bt : 0;
   carver k = {memory, 0};
   acts->ln1 = carve(&k, btl * c);
@@ -178,7 +179,28 @@ size_t mp_tp_block_acts_point(mp_tp_block_acts *acts, float *memory,
   acts->fcproj = carve(&k, btl * c);
   acts->out = carve(&k, btl * c);
   acts->work = carve(&k, sp_bt * c);
+  if (!with_attention) acts->preatt = acts->att = NULL;
   return k.used;
+}
+
+size_t mp_tp_block_acts_point(mp_tp_block_acts *acts, float *memory,
+                              const mp_tp_block_shape *shape) {
+  return point_acts(acts, memory, shape, true);
+}
+
+size_t mp_tp_block_acts_count_without_attention(const mp_tp_block_shape *shape) {
+  mp_tp_block_acts acts;
+  return point_acts(&acts, NULL, shape, false);
+}
+
+size_t mp_tp_block_acts_point_without_attention(mp_tp_block_acts *acts, float *memory,
+                                                const mp_tp_block_shape *shape) {
+  return point_acts(acts, memory, shape, false);
+}
+
+void mp_tp_block_recompute_attention(const mp_tp_block_shape *shape, mp_tp_block_acts *acts) {
+  const sizes z = sizes_of(shape);
+  mp_attention_forward_cpu(acts->atty, acts->preatt, acts->att, acts->qkv, z.B, z.T, z.NHl, z.HS);
 }
 
 size_t mp_tp_block_scratch_count(const mp_tp_block_shape *shape) {
@@ -234,53 +256,126 @@ mp_status mp_tp_block_forward(const mp_tp_comm *tp, const mp_tp_block_shape *sha
   return MP_OK;
 }
 
-mp_status mp_tp_block_backward(const mp_tp_comm *tp, const mp_tp_block_shape *shape, float *dinp,
-                               mp_gpt_block_params *grads, mp_tp_block_scratch *scratch,
-                               const float *dout, const float *inp,
-                               const mp_gpt_block_params *params, const mp_tp_block_acts *acts,
-                               mp_error *err) {
+size_t mp_tp_block_deferred_count(const mp_tp_block_shape *shape) {
+  mp_tp_block_deferred deferred;
+  return mp_tp_block_deferred_point(&deferred, NULL, shape);
+}
+
+size_t mp_tp_block_deferred_point(mp_tp_block_deferred *deferred, float *memory,
+                                  const mp_tp_block_shape *shape) {
+  const sizes z = sizes_of(shape);
+  const size_t bt = (size_t)z.BT, c = (size_t)z.C, cl = (size_t)z.Cl, fl = (size_t)z.Fl;
+  carver k = {memory, 0};
+  deferred->fcproj_dout = carve(&k, bt * c);
+  deferred->dfch = carve(&k, bt * fl);
+  deferred->attproj_dout = carve(&k, bt * c);
+  deferred->dqkv = carve(&k, bt * 3 * cl);
+  return k.used;
+}
+
+/* The one backward body. deferred NULL: the full backward, every gradient. deferred given: B of
+ * the zero-bubble split; the four GEMM weight gradients are skipped (NULL to the linear layers)
+ * and the output gradients they need land in deferred instead of scratch. Everything else, the
+ * collectives included, runs identically in both modes. */
+static mp_status block_backward(const mp_tp_comm *tp, const mp_tp_block_shape *shape, float *dinp,
+                                mp_gpt_block_params *grads, mp_tp_block_scratch *scratch,
+                                mp_tp_block_deferred *deferred, const float *dout,
+                                const float *inp, const mp_gpt_block_params *params,
+                                const mp_tp_block_acts *acts, mp_error *err) {
   const sizes z = sizes_of(shape);
   const size_t n = (size_t)z.BTl * z.C;
   const size_t nf = (size_t)z.BT * z.Fl;
+  const bool split = deferred != NULL;
   /* The whole input of the column-parallel GEMMs: the gathered copy, or the replicated one. */
   const float *ln1_total = z.sp ? acts->ln1_total : acts->ln1;
   const float *ln2_total = z.sp ? acts->ln2_total : acts->ln2;
+  /* The GEMMs' output gradients: kept for W in deferred, or working memory. With sequence
+   * parallelism the row-parallel backwards write their all-gathered dout there; without it dout
+   * is replicated and used in place, so B copies it. */
+  float *dfch = split ? deferred->dfch : scratch->dfch;
+  float *dqkv = split ? deferred->dqkv : scratch->dqkv;
+  float *fcproj_dout_total = !z.sp ? NULL : split ? deferred->fcproj_dout : scratch->dout_total;
+  float *attproj_dout_total = !z.sp ? NULL : split ? deferred->attproj_dout : scratch->dout_total;
+  /* The weight gradients this pass adds: all four, or none (W adds them). */
+  float *dfcprojw = split ? NULL : grads->fcprojw;
+  float *dfcw = split ? NULL : grads->fcw;
+  float *dattprojw = split ? NULL : grads->attprojw;
+  float *dqkvw = split ? NULL : grads->qkvw;
 
   /* The kernels add into their gradients; start every accumulated buffer from zero
    * (attention overwrites dpreatt and datt, dresidual2 starts as a copy of dout). */
   memset(scratch->dln1, 0, n * sizeof(float));
-  memset(scratch->dqkv, 0, (size_t)z.BT * 3 * z.Cl * sizeof(float));
+  memset(dqkv, 0, (size_t)z.BT * 3 * z.Cl * sizeof(float));
   memset(scratch->datty, 0, (size_t)z.BT * z.Cl * sizeof(float));
   memset(scratch->dln2, 0, n * sizeof(float));
-  memset(scratch->dfch, 0, nf * sizeof(float));
+  memset(dfch, 0, nf * sizeof(float));
   memset(scratch->dfch_gelu, 0, nf * sizeof(float));
 
   /* out = residual2 + fcproj. */
   memcpy(scratch->dresidual2, dout, n * sizeof(float));
-  MP_TRY(mp_tp_row_linear_backward(tp, z.sp, scratch->dfch_gelu, grads->fcprojw, grads->fcprojb,
-                                   dout, scratch->dout_total, acts->fch_gelu, params->fcprojw, z.BT,
-                                   z.Fl, z.C, err));
-  mp_gelu_backward_cpu(scratch->dfch, acts->fch, scratch->dfch_gelu, nf);
-  MP_TRY(mp_tp_column_linear_backward(tp, z.sp, scratch->dln2, grads->fcw, grads->fcb,
-                                      scratch->dfch, ln2_total, params->fcw, scratch->work, z.BT,
-                                      z.C, z.Fl, err));
+  if (split && !z.sp) memcpy(deferred->fcproj_dout, dout, n * sizeof(float));
+  MP_TRY(mp_tp_row_linear_backward(tp, z.sp, scratch->dfch_gelu, dfcprojw, grads->fcprojb, dout,
+                                   fcproj_dout_total, acts->fch_gelu, params->fcprojw, z.BT, z.Fl,
+                                   z.C, err));
+  mp_gelu_backward_cpu(dfch, acts->fch, scratch->dfch_gelu, nf);
+  MP_TRY(mp_tp_column_linear_backward(tp, z.sp, scratch->dln2, dfcw, grads->fcb, dfch, ln2_total,
+                                      params->fcw, scratch->work, z.BT, z.C, z.Fl, err));
   mp_layernorm_backward_cpu(scratch->dresidual2, grads->ln2w, grads->ln2b, scratch->dln2,
                             acts->residual2, params->ln2w, acts->ln2_mean, acts->ln2_rstd, 1, z.BTl,
                             z.C);
 
   /* residual2 = inp + attproj. */
   for (size_t i = 0; i < n; i++) dinp[i] += scratch->dresidual2[i];
-  MP_TRY(mp_tp_row_linear_backward(tp, z.sp, scratch->datty, grads->attprojw, grads->attprojb,
-                                   scratch->dresidual2, scratch->dout_total, acts->atty,
+  if (split && !z.sp) memcpy(deferred->attproj_dout, scratch->dresidual2, n * sizeof(float));
+  MP_TRY(mp_tp_row_linear_backward(tp, z.sp, scratch->datty, dattprojw, grads->attprojb,
+                                   scratch->dresidual2, attproj_dout_total, acts->atty,
                                    params->attprojw, z.BT, z.Cl, z.C, err));
-  mp_attention_backward_cpu(scratch->dqkv, scratch->dpreatt, scratch->datt, scratch->datty,
-                            acts->qkv, acts->att, z.B, z.T, z.NHl, z.HS);
-  MP_TRY(mp_tp_column_linear_backward(tp, z.sp, scratch->dln1, grads->qkvw, grads->qkvb,
-                                      scratch->dqkv, ln1_total, params->qkvw, scratch->work, z.BT,
-                                      z.C, 3 * z.Cl, err));
+  mp_attention_backward_cpu(dqkv, scratch->dpreatt, scratch->datt, scratch->datty, acts->qkv,
+                            acts->att, z.B, z.T, z.NHl, z.HS);
+  MP_TRY(mp_tp_column_linear_backward(tp, z.sp, scratch->dln1, dqkvw, grads->qkvb, dqkv, ln1_total,
+                                      params->qkvw, scratch->work, z.BT, z.C, 3 * z.Cl, err));
   mp_layernorm_backward_cpu(dinp, grads->ln1w, grads->ln1b, scratch->dln1, inp, params->ln1w,
                             acts->ln1_mean, acts->ln1_rstd, 1, z.BTl, z.C);
   return MP_OK;
+}
+
+mp_status mp_tp_block_backward(const mp_tp_comm *tp, const mp_tp_block_shape *shape, float *dinp,
+                               mp_gpt_block_params *grads, mp_tp_block_scratch *scratch,
+                               const float *dout, const float *inp,
+                               const mp_gpt_block_params *params, const mp_tp_block_acts *acts,
+                               mp_error *err) {
+  return block_backward(tp, shape, dinp, grads, scratch, NULL, dout, inp, params, acts, err);
+}
+
+mp_status mp_tp_block_backward_input(const mp_tp_comm *tp, const mp_tp_block_shape *shape,
+                                     float *dinp, mp_gpt_block_params *grads,
+                                     mp_tp_block_scratch *scratch,
+                                     mp_tp_block_deferred *deferred, const float *dout,
+                                     const float *inp, const mp_gpt_block_params *params,
+                                     const mp_tp_block_acts *acts, mp_error *err) {
+  if (deferred == NULL) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "the backward-input pass needs an mp_tp_block_deferred to keep what the "
+                   "weight pass reads; carve one with mp_tp_block_deferred_point");
+  }
+  return block_backward(tp, shape, dinp, grads, scratch, deferred, dout, inp, params, acts, err);
+}
+
+void mp_tp_block_backward_weight(const mp_tp_block_shape *shape, mp_gpt_block_params *grads,
+                                 const mp_tp_block_deferred *deferred,
+                                 const mp_tp_block_acts *acts) {
+  const sizes z = sizes_of(shape);
+  const float *ln1_total = z.sp ? acts->ln1_total : acts->ln1;
+  const float *ln2_total = z.sp ? acts->ln2_total : acts->ln2;
+  /* The weight halves of the linear layers' backwards (dweight += dout_total^T @ inp_total), the
+   * same mp_matmul_backward_cpu calls on the same data as in the full backward. */
+  mp_matmul_backward_cpu(NULL, grads->fcprojw, NULL, deferred->fcproj_dout, acts->fch_gelu, NULL,
+                         z.BT, z.Fl, z.C);
+  mp_matmul_backward_cpu(NULL, grads->fcw, NULL, deferred->dfch, ln2_total, NULL, z.BT, z.C, z.Fl);
+  mp_matmul_backward_cpu(NULL, grads->attprojw, NULL, deferred->attproj_dout, acts->atty, NULL,
+                         z.BT, z.Cl, z.C);
+  mp_matmul_backward_cpu(NULL, grads->qkvw, NULL, deferred->dqkv, ln1_total, NULL, z.BT, z.C,
+                         3 * z.Cl);
 }
 
 mp_status mp_tp_block_reduce_sequence_parallel_grads(const mp_tp_comm *tp,

@@ -32,6 +32,10 @@
  * Parameters of a rank's shard use mp_gpt_block_params with the shard's shapes (below), cut from
  * one allocation in the full block's order, so a rank's parameters are one flat array too.
  * Shards are cut from, and put back into, the full tensors by tensor_parallel/shard.h.
+ *
+ * The backward runs whole (mp_tp_block_backward) or split for zero-bubble schedules into an
+ * input pass B and a weight pass W (mp_tp_block_backward_input / _weight, see there); both come
+ * from one body, so they cannot drift apart.
  */
 #ifndef MPENGINE_TENSOR_PARALLEL_GPT_BLOCK_H
 #define MPENGINE_TENSOR_PARALLEL_GPT_BLOCK_H
@@ -111,6 +115,18 @@ size_t mp_tp_block_acts_count(const mp_tp_block_shape *shape);
 size_t mp_tp_block_acts_point(mp_tp_block_acts *acts, float *memory,
                               const mp_tp_block_shape *shape);
 
+/* Selective recomputation (Korthikanti et al. 2022): the same without preatt and att, the
+ * (B, NHl, T, T) attention matrices that dominate activation memory at long sequences. The caller
+ * points them at buffers shared by every micro-batch and layer, and refills them with
+ * mp_tp_block_recompute_attention right before the layer's backward. */
+size_t mp_tp_block_acts_count_without_attention(const mp_tp_block_shape *shape);
+size_t mp_tp_block_acts_point_without_attention(mp_tp_block_acts *acts, float *memory,
+                                                const mp_tp_block_shape *shape);
+
+/* Recomputes acts->preatt and acts->att (and acts->atty, to the same values) from acts->qkv, as
+ * the forward computed them. No communication. */
+void mp_tp_block_recompute_attention(const mp_tp_block_shape *shape, mp_tp_block_acts *acts);
+
 /* Working memory of the backward, overwritten. */
 typedef struct {
   float *dln1;       /* (BTl, C) */
@@ -142,12 +158,71 @@ mp_status mp_tp_block_forward(const mp_tp_comm *tp, const mp_tp_block_shape *sha
  *   grads            += gradient of this rank's parameters (shard layout); with sequence
  *                       parallelism the layernorm entries are partial, see the file comment
  *   scratch          overwritten
+ * The same as mp_tp_block_backward_input then mp_tp_block_backward_weight (below), bit for bit.
  * Returns MP_OK or a collective's error. */
 mp_status mp_tp_block_backward(const mp_tp_comm *tp, const mp_tp_block_shape *shape, float *dinp,
                                mp_gpt_block_params *grads, mp_tp_block_scratch *scratch,
                                const float *dout, const float *inp,
                                const mp_gpt_block_params *params, const mp_tp_block_acts *acts,
                                mp_error *err);
+
+/* ---------------------------------------------------------------------------------------------
+ * The zero-bubble split of the backward (schedule kind zb-h1; Qi et al. 2023, "Zero Bubble
+ * Pipeline Parallelism"). B, mp_tp_block_backward_input, runs on the critical path: it computes
+ * the gradient of the block's input, which the previous stage is waiting for, and every gradient
+ * that costs no GEMM. W, mp_tp_block_backward_weight, runs later, in what would be the bubble: it
+ * adds the four GEMM weight gradients from the output gradients B kept.
+ *
+ *   B adds: dinp; ln1w, ln1b, ln2w, ln2b (partial with sequence parallelism, as in the full
+ *           backward); qkvb, attprojb, fcb, fcprojb (the biases: column sums of the kept output
+ *           gradients, cheap, and on the way anyway)
+ *   W adds: qkvw, attprojw, fcw, fcprojw
+ *
+ * B then W add exactly what mp_tp_block_backward adds, bit for bit: the same kernels run on the
+ * same data into the same gradients. Each gradient is added by one of B or W only, so when several
+ * micro-batches accumulate, B's and W's gradients each receive their micro-batches in the order
+ * their passes run (the same order as a full backward's when B and W each run in micro-batch
+ * order, as in zb-h1).
+ *
+ * What W needs that the forward's acts do not hold: the output gradients of the four GEMMs. B
+ * writes them into an mp_tp_block_deferred, one per (micro-batch, layer) whose W is still to run;
+ * the scratch is free again as soon as B returns. The acts must stay alive until W too (W reads
+ * ln1 or ln1_total, atty, ln2 or ln2_total and fch_gelu). */
+typedef struct {
+  float *fcproj_dout;  /* (BT, C)   fc_proj's output gradient: dout, all-gathered with SP */
+  float *dfch;         /* (BT, Fl)  fc's output gradient (through the GELU) */
+  float *attproj_dout; /* (BT, C)   attn_proj's output gradient, all-gathered with SP */
+  float *dqkv;         /* (BT, 3Cl) qkv's output gradient (through attention) */
+} mp_tp_block_deferred;
+
+/* Floats of one mp_tp_block_deferred: 2 BT C + BT Fl + 3 BT Cl (BT = B*T, whole micro-batch, with
+ * or without sequence parallelism). _point carves the fields from memory in the order above and
+ * returns the same count; with memory NULL it only counts. */
+size_t mp_tp_block_deferred_count(const mp_tp_block_shape *shape);
+size_t mp_tp_block_deferred_point(mp_tp_block_deferred *deferred, float *memory,
+                                  const mp_tp_block_shape *shape);
+
+/* B: mp_tp_block_backward without the four GEMM weight gradients (see above for the split).
+ * Arguments as mp_tp_block_backward's, plus
+ *   deferred  written: what mp_tp_block_backward_weight needs (scratch's dqkv, dfch and
+ *             dout_total are not used: deferred takes their place)
+ * grads->qkvw, attprojw, fcw and fcprojw are not touched (nor read). Runs the same collectives, in
+ * the same order, as mp_tp_block_backward: every rank of the group must call the same one.
+ * Returns MP_OK or a collective's error. */
+mp_status mp_tp_block_backward_input(const mp_tp_comm *tp, const mp_tp_block_shape *shape,
+                                     float *dinp, mp_gpt_block_params *grads,
+                                     mp_tp_block_scratch *scratch,
+                                     mp_tp_block_deferred *deferred, const float *dout,
+                                     const float *inp, const mp_gpt_block_params *params,
+                                     const mp_tp_block_acts *acts, mp_error *err);
+
+/* W: adds (+=) the four GEMM weight gradients qkvw, attprojw, fcw and fcprojw into grads, from
+ * deferred (written by this micro-batch's mp_tp_block_backward_input) and acts (its forward's).
+ * No other gradient is touched; no communication, no scratch, and it cannot fail (shapes are the
+ * caller's contract, as in layers/matmul.h). */
+void mp_tp_block_backward_weight(const mp_tp_block_shape *shape, mp_gpt_block_params *grads,
+                                 const mp_tp_block_deferred *deferred,
+                                 const mp_tp_block_acts *acts);
 
 /* With sequence parallelism: sums the layernorm weight and bias gradients (ln1w, ln1b, ln2w,
  * ln2b) over the group, in place. Call once per step, after the last micro-batch's backward and

@@ -1,14 +1,17 @@
 /*
  * tools/cmd_run.c — `mpengine run --config PLAN.json`: train the plan's model.
  *
- * On one rank (CPU or one GPU), or on one tensor-parallel group (dp = pp = 1, tp > 1, CPU): one
- * process per rank. Started outside an MPI job (no OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK
- * in the environment) with a plan of more than one rank, it re-launches itself as
+ * On one rank (CPU or one GPU), or on a dp x pp x tp grid of CPU ranks: one process per rank.
+ * Started outside an MPI job (no OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK in the environment)
+ * with a plan of more than one rank, it re-launches itself as
  *     mpirun -np N --oversubscribe [--allow-run-as-root] /proc/self/exe's target run <same args>
  * (N = dp x pp x tp, or --np) and exits with mpirun's status. Inside the job every rank builds
- * the world (every wait bounded by --comm-timeout) and its tensor-parallel group from
- * topology/grid.h, reads the same global batch and trains its shard; only world rank 0 prints
- * and writes --metrics. A rank that fails prints its error prefixed with its rank; input errors,
+ * the world (every wait bounded by --comm-timeout) and its tensor-, data-, pipeline-parallel and
+ * embedding groups from topology/grid.h, in that fixed order on every rank, and trains its
+ * chunks of the model (engine/trainer.h); only world rank 0 prints and writes --metrics.
+ * --trace FILE records every action and communication of every rank (engine/trace.h), merged
+ * by rank 0 into FILE at the end; --save-weights FILE writes the final weights as an llm.c
+ * GPT-2 checkpoint. A rank that fails prints its error prefixed with its rank; input errors,
  * which every rank meets alike, are printed by rank 0 alone.
  *
  * Data comes from llm.c token shards (--data
@@ -49,6 +52,7 @@
 #include "engine/gpt_model.h"
 #include "engine/markov_source.h"
 #include "engine/tp_comm_mpi.h"
+#include "engine/trace.h"
 #include "engine/trainer.h"
 #include "topology/cluster.h"
 #include "topology/grid.h"
@@ -66,7 +70,11 @@ typedef struct {
   mp_trainer *trainer;
   mp_comm_world *world;     /* inside an MPI job of more than one rank, else NULL */
   mp_comm *tp_group;        /* this rank's tensor-parallel group, or NULL */
+  mp_comm *dp_group, *pp_group, *embedding_group; /* its other groups, or NULL */
+  mp_comm *world_group;     /* every rank: stop agreement, memory report, trace */
   mp_tp_comm tp_table;      /* the table over tp_group the trainer calls */
+  mp_grid_coord coord;      /* this rank's place in the grid */
+  mp_trace *trace;          /* with --trace */
   int rank, world_size;     /* 0 and 1 without a world */
   FILE *metrics;
   double entropy_floor;     /* nats per token, synthetic source only; NAN otherwise */
@@ -80,7 +88,55 @@ static void run_state_free(run_state *state) {
   free(state->synthetic_tokens);
   mp_markov_source_free(state->source);
   mp_model_free(state->model);
+  mp_trace_free(state->trace);
+  mp_comm_free(state->world_group);
+  mp_comm_free(state->embedding_group);
+  mp_comm_free(state->pp_group);
+  mp_comm_free(state->dp_group);
   mp_comm_free(state->tp_group);
+}
+
+/* Creates the group of `kind` this rank belongs to (collective over the world). */
+static mp_status create_group(run_state *state, const mp_grid_shape *grid, mp_grid_kind kind,
+                              mp_comm **out, mp_error *err) {
+  const int capacity = mp_grid_group_capacity(grid, kind);
+  int *members = malloc((size_t)(capacity > 0 ? capacity : 1) * sizeof(int));
+  if (members == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  const int count = mp_grid_group_of(grid, kind, state->rank, members);
+  const mp_status status = mp_comm_group_create(state->world, members, count,
+                                                mp_grid_kind_name(kind), out, err);
+  free(members);
+  return status;
+}
+
+/* Resident memory of this process in bytes (from /proc/self/statm), 0 when unknown. */
+static double resident_bytes(void) {
+  FILE *file = fopen("/proc/self/statm", "r");
+  if (file == NULL) return 0.0;
+  long pages_total = 0, pages_resident = 0;
+  const int got = fscanf(file, "%ld %ld", &pages_total, &pages_resident);
+  fclose(file);
+  return got == 2 ? (double)pages_resident * (double)sysconf(_SC_PAGESIZE) : 0.0;
+}
+
+/* The largest resident memory over the ranks (collective over the world group when there is
+ * one), in bytes. */
+static mp_status max_resident_bytes(run_state *state, double *out, mp_error *err) {
+  const float mine = (float)(resident_bytes() / 1048576.0); /* MiB: exact enough in a float */
+  if (state->world_group == NULL) {
+    *out = (double)mine * 1048576.0;
+    return MP_OK;
+  }
+  float *all = malloc((size_t)state->world_size * sizeof(float));
+  if (all == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  const mp_status status = mp_comm_all_gather_f32(state->world_group, &mine, all, 1, err);
+  float most = 0.0f;
+  for (int r = 0; r < state->world_size && status == MP_OK; ++r) {
+    if (all[r] > most) most = all[r];
+  }
+  free(all);
+  *out = (double)most * 1048576.0;
+  return status;
 }
 
 /* True inside a job started by Open MPI's mpirun, or by srun / another PMI launcher. */
@@ -364,20 +420,29 @@ static void format_duration(double seconds, char *out, size_t out_bytes) {
   }
 }
 
+/* One step's line. peak_flops_per_s is every rank's peak together; TFLOP/s is per rank; memory is
+ * the largest resident set over the ranks. */
 static void print_step(const mp_step_metrics *m, int64_t steps, double floor, bool terminal,
-                       double elapsed, double peak_flops_per_s) {
+                       double elapsed, double peak_flops_per_s, int ranks, double memory_bytes) {
   char floor_text[48] = "";
   if (isfinite(floor)) snprintf(floor_text, sizeof floor_text, " (floor %.4f)", floor);
   const double flops_per_s = m->flops / m->seconds;
+  const double rank_flops_per_s = flops_per_s / (double)ranks;
+  char memory_text[48] = "";
+  if (memory_bytes > 0) {
+    snprintf(memory_text, sizeof memory_text, " | mem %.0f MiB%s", memory_bytes / 1048576.0,
+             ranks > 1 ? "/rank max" : "");
+  }
   char mfu_text[48] = "";
   if (peak_flops_per_s > 0) {
     snprintf(mfu_text, sizeof mfu_text, " | MFU %.1f%%", 100.0 * flops_per_s / peak_flops_per_s);
   }
   if (!terminal) {
-    printf("step %lld/%lld | loss %.6f%s | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | %.2f "
-           "TFLOP/s%s\n",
+    printf("step %lld/%lld | loss %.6f%s | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | %.3f "
+           "TFLOP/s%s%s%s\n",
            (long long)m->step + 1, (long long)steps, m->loss, floor_text, m->learning_rate,
-           m->grad_norm, m->seconds * 1e3, m->tokens_per_s, flops_per_s / 1e12, mfu_text);
+           m->grad_norm, m->seconds * 1e3, m->tokens_per_s, rank_flops_per_s / 1e12,
+           ranks > 1 ? "/rank" : "", mfu_text, memory_text);
     fflush(stdout);
     return;
   }
@@ -389,9 +454,9 @@ static void print_step(const mp_step_metrics *m, int64_t steps, double floor, bo
   char eta[16];
   format_duration(elapsed / (double)(m->step + 1) * (double)(steps - m->step - 1), eta,
                   sizeof eta);
-  printf("\r[%s] %lld/%lld loss %.4f%s lr %.2e norm %.3f %.0f tok/s%s ETA %s   ", bar,
+  printf("\r[%s] %lld/%lld loss %.4f%s lr %.2e norm %.3f %.0f tok/s%s%s ETA %s   ", bar,
          (long long)m->step + 1, (long long)steps, m->loss, floor_text, m->learning_rate,
-         m->grad_norm, m->tokens_per_s, mfu_text, eta);
+         m->grad_norm, m->tokens_per_s, mfu_text, memory_text, eta);
   if (m->step + 1 == steps) printf("\n");
   fflush(stdout);
 }
@@ -465,12 +530,6 @@ static volatile sig_atomic_t stop_signal = 0;
 
 static void on_stop_signal(int signal_number) { stop_signal = signal_number; }
 
-static int refuse(cli_command *command, const char *option, const char *arrives_with) {
-  mp_error err = MP_ERROR_INITIALIZER;
-  mp_fail(&err, MP_ERR_INPUT, "--%s is not implemented yet: %s", option, arrives_with);
-  return cli_report(command, &err);
-}
-
 int cmd_run(int argc, char **argv) {
   cli_option options[] = {
       {"config", "PLAN.json", "the parallelism config to train (required)", NULL},
@@ -483,7 +542,8 @@ int cmd_run(int argc, char **argv) {
       {"save-every", "K", "with --checkpoint-dir: save every K steps (default: only at the end)", NULL},
       {"keep", "N", "with --checkpoint-dir: keep the N newest checkpoints (default: all)", NULL},
       {"resume", NULL, "continue from the newest checkpoint in --checkpoint-dir (any tp)", NULL},
-      {"trace", "TRACE.json", "record a timeline of the run (issue 10)", NULL},
+      {"trace", "TRACE.json", "record every action and communication of every rank as a Chrome trace (draw it with mpengine timeline)", NULL},
+      {"save-weights", "FILE.bin", "at the end, write the trained weights as an llm.c GPT-2 checkpoint (fp32)", NULL},
       {"np", "N", "ranks to start under mpirun (default: the plan's dp x pp x tp)", NULL},
       {"mpirun", "PATH", "the mpirun that starts the ranks (default: mpirun on PATH)", NULL},
       {"comm-timeout", "SECONDS", "a wait on a peer longer than this is an error (default 300)", NULL},
@@ -493,8 +553,9 @@ int cmd_run(int argc, char **argv) {
       .command = "run",
       .usage = "mpengine run --config PLAN.json [--steps N] [--data GLOB] "
                "[--backend auto|cpu|cuda] [--init-from GPT2.bin] [--metrics FILE] "
-               "[--checkpoint-dir DIR [--save-every K] [--keep N] [--resume]] [--np N] "
-               "[--mpirun PATH] [--comm-timeout SECONDS]",
+               "[--checkpoint-dir DIR [--save-every K] [--keep N] [--resume]] "
+               "[--trace TRACE.json] [--save-weights FILE.bin] [--np N] [--mpirun PATH] "
+               "[--comm-timeout SECONDS]",
       .summary = "Train the model of a parallelism config. Prints one line per step (a progress "
                  "bar with ETA\non a terminal): loss, learning rate, gradient norm, time and "
                  "tokens/s.",
@@ -518,9 +579,6 @@ int cmd_run(int argc, char **argv) {
             "--resume and --init-from both set the weights; give one (a resume continues from "
             "the checkpoint's weights and optimizer state)");
     return cli_report(&command, &usage);
-  }
-  if (cli_flag(&command, "trace")) {
-    return refuse(&command, "trace", "the measured timeline arrives with issue 10");
   }
   const char *backend_name =
       cli_value(&command, "backend") ? cli_value(&command, "backend") : "auto";
@@ -565,7 +623,9 @@ int cmd_run(int argc, char **argv) {
   state.plan.training.steps = steps; /* the schedule decays over the steps actually run */
   state.rank = 0;
   state.world_size = 1;
-  if (mp_trainer_check_layout(&state.plan, &err) != MP_OK) {
+  if (mp_trainer_check_layout(&state.plan,
+                              strcmp(backend_name, "cuda") == 0 ? MP_BACKEND_CUDA : MP_BACKEND_CPU,
+                              &err) != MP_OK) {
     exit_code = cli_report(&command, &err);
     goto done;
   }
@@ -614,17 +674,31 @@ int cmd_run(int argc, char **argv) {
       exit_code = rank_report(&command, &state, &err);
       goto done;
     }
-    int members[MP_PLAN_MAX_STAGES];
-    const int count = state.plan.tp <= MP_PLAN_MAX_STAGES
-                          ? mp_grid_tp_group(&grid, state.rank, members)
-                          : 0;
-    if (count == 0 ||
-        mp_comm_group_create(state.world, members, count, mp_grid_kind_name(MP_GRID_TP),
-                             &state.tp_group, &err) != MP_OK) {
-      if (count == 0) mp_fail(&err, MP_ERR_INPUT, "tp = %d is too large", state.plan.tp);
+    /* Every rank creates its groups in this one order (lazily created communicators in
+     * different orders are a known source of hangs). */
+    int *everyone = malloc((size_t)state.world_size * sizeof(int));
+    if (everyone == NULL) {
+      mp_fail(&err, MP_ERR_RUNTIME, "out of memory");
       exit_code = rank_report(&command, &state, &err);
       goto done;
     }
+    for (int r = 0; r < state.world_size; ++r) everyone[r] = r;
+    const mp_status groups =
+        create_group(&state, &grid, MP_GRID_TP, &state.tp_group, &err) != MP_OK ||
+                create_group(&state, &grid, MP_GRID_DP, &state.dp_group, &err) != MP_OK ||
+                create_group(&state, &grid, MP_GRID_PP, &state.pp_group, &err) != MP_OK ||
+                create_group(&state, &grid, MP_GRID_EMBEDDING, &state.embedding_group, &err) !=
+                    MP_OK ||
+                mp_comm_group_create(state.world, everyone, state.world_size, "world",
+                                     &state.world_group, &err) != MP_OK
+            ? err.status
+            : MP_OK;
+    free(everyone);
+    if (groups != MP_OK) {
+      exit_code = rank_report(&command, &state, &err);
+      goto done;
+    }
+    state.coord = mp_grid_coord_of(&grid, state.rank);
     state.tp_table = mp_tp_comm_over_group(state.tp_group);
     /* Only world rank 0 speaks; the others' errors still reach stderr. */
     if (state.rank != 0 && freopen("/dev/null", "w", stdout) == NULL) {
@@ -633,10 +707,10 @@ int cmd_run(int argc, char **argv) {
       goto done;
     }
   }
-  if (state.plan.tp > 1 && strcmp(backend_name, "auto") == 0) {
+  if (plan_world > 1 && strcmp(backend_name, "auto") == 0) {
     backend = MP_BACKEND_CPU;
     snprintf(backend_reason, sizeof backend_reason,
-             " (auto: tensor parallelism runs on the CPU for now)");
+             " (auto: runs of more than one rank train on the CPU for now)");
   }
   if (state.plan.seq_len > mp_model_seq_len(state.model)) {
     mp_fail(&err, MP_ERR_INPUT, "%s: $.batch.seq_len %lld exceeds the model's seq_len %lld (%s)",
@@ -645,8 +719,40 @@ int cmd_run(int argc, char **argv) {
     exit_code = cli_report(&command, &err);
     goto done;
   }
+  const char *trace_path = cli_value(&command, "trace");
+  if (trace_path != NULL && backend == MP_BACKEND_CUDA) {
+    mp_fail(&err, MP_ERR_INPUT,
+            "--trace records runs on the CPU backend for now; add --backend cpu, or leave out "
+            "--trace");
+    exit_code = rank_report(&command, &state, &err);
+    goto done;
+  }
+  if (trace_path != NULL) {
+    mp_trace_layout trace_layout;
+    memset(&trace_layout, 0, sizeof trace_layout);
+    snprintf(trace_layout.plan, sizeof trace_layout.plan, "%s", config);
+    snprintf(trace_layout.schedule, sizeof trace_layout.schedule, "%s", state.plan.schedule);
+    trace_layout.dp = state.plan.dp;
+    trace_layout.pp = state.plan.pp;
+    trace_layout.tp = state.plan.tp;
+    trace_layout.virtual_stages = state.plan.virtual_stages;
+    trace_layout.num_micro_batches = (int)state.plan.num_micro_batches;
+    if (mp_trace_create(&trace_layout, state.rank, state.coord.dp_rank, state.coord.pp_rank,
+                        state.coord.tp_rank, &state.trace, &err) != MP_OK) {
+      exit_code = rank_report(&command, &state, &err);
+      goto done;
+    }
+  }
   mp_trainer_options trainer_options = MP_TRAINER_OPTIONS_INITIALIZER;
-  if (state.tp_group != NULL) trainer_options.tp = &state.tp_table;
+  if (state.world != NULL) {
+    trainer_options.tp = &state.tp_table;
+    trainer_options.dp = state.dp_group;
+    trainer_options.pp = state.pp_group;
+    trainer_options.embedding = state.embedding_group;
+    trainer_options.dp_rank = state.coord.dp_rank;
+    trainer_options.pp_rank = state.coord.pp_rank;
+  }
+  trainer_options.trace = state.trace;
   if (open_data(cli_value(&command, "data"), steps, &state, &err) != MP_OK ||
       mp_trainer_create_parallel(&state.plan, state.model, state.data, backend, &trainer_options,
                                  &state.trainer, &err) != MP_OK) {
@@ -709,11 +815,13 @@ int cmd_run(int argc, char **argv) {
   printf("model %s: %d layers, %d heads, %d channels, vocab %d (padded %d), %zu parameters\n",
          mp_model_name(state.model), c->num_layers, c->num_heads, c->channels, c->vocab_size,
          c->padded_vocab_size, mp_gpt_layout_num_params(layout));
-  char ranks_text[96] = "1 rank";
+  char ranks_text[160] = "1 rank";
   if (state.world_size > 1) {
-    snprintf(ranks_text, sizeof ranks_text, "%d ranks (tensor-parallel group of %d%s)",
-             state.world_size, state.plan.tp,
-             state.plan.sequence_parallel ? ", sequence parallelism" : "");
+    snprintf(ranks_text, sizeof ranks_text,
+             "%d ranks (dp %d x pp %d x tp %d%s; schedule %s, %d chunk%s per pipeline rank)",
+             state.world_size, state.plan.dp, state.plan.pp, state.plan.tp,
+             state.plan.sequence_parallel ? ", sequence parallelism" : "", state.plan.schedule,
+             state.plan.virtual_stages, state.plan.virtual_stages == 1 ? "" : "s");
   }
   printf("plan %s: %s, global batch %lld = %lld micro-batches x %lld sequences x %lld "
          "tokens, %lld steps\n",
@@ -766,6 +874,11 @@ int cmd_run(int argc, char **argv) {
            (long long)steps);
     goto done;
   }
+  if (state.trace != NULL && state.world_group != NULL &&
+      mp_trace_align_clocks(state.trace, state.world_group, &err) != MP_OK) {
+    exit_code = rank_report(&command, &state, &err);
+    goto done;
+  }
   int64_t saved_step = resume ? first_step : -1;
   int64_t step = first_step;
   bool stopped = false;
@@ -777,12 +890,18 @@ int cmd_run(int argc, char **argv) {
       goto done;
     }
     elapsed += metrics.seconds;
-    print_step(&metrics, steps, state.entropy_floor, terminal, elapsed, state.peak_flops_per_s);
+    double memory_bytes = 0.0;
+    if (max_resident_bytes(&state, &memory_bytes, &err) != MP_OK) {
+      exit_code = rank_report(&command, &state, &err);
+      goto done;
+    }
+    print_step(&metrics, steps, state.entropy_floor, terminal, elapsed, state.peak_flops_per_s,
+               state.world_size, memory_bytes);
     if (state.metrics != NULL) write_metrics(state.metrics, &metrics);
     if (checkpoint_dir == NULL) continue;
     float stop = stop_signal != 0 ? 1.0f : 0.0f;
-    if (state.tp_group != NULL &&
-        mp_comm_all_reduce_sum_f32(state.tp_group, &stop, 1, &err) != MP_OK) {
+    if (state.world_group != NULL &&
+        mp_comm_all_reduce_sum_f32(state.world_group, &stop, 1, &err) != MP_OK) {
       exit_code = rank_report(&command, &state, &err);
       goto done;
     }
@@ -817,6 +936,29 @@ int cmd_run(int argc, char **argv) {
       goto done;
     }
     printf("checkpoint: saved %s/step-%lld\n", checkpoint_dir, (long long)steps);
+  }
+  const char *weights_path = cli_value(&command, "save-weights");
+  if (weights_path != NULL) {
+    const size_t n = mp_gpt_layout_num_params(layout);
+    float *weights = malloc(n * sizeof(float));
+    mp_status saved = weights == NULL ? mp_fail(&err, MP_ERR_RUNTIME, "out of memory")
+                                      : mp_trainer_get_params(state.trainer, weights, &err);
+    if (saved == MP_OK && state.rank == 0) {
+      saved = mp_gpt_layout_save_llmc(layout, weights, weights_path, &err);
+    }
+    free(weights);
+    if (saved != MP_OK) {
+      exit_code = rank_report(&command, &state, &err);
+      goto done;
+    }
+    printf("weights: saved %s (llm.c GPT-2 checkpoint, fp32)\n", weights_path);
+  }
+  if (state.trace != NULL) {
+    if (mp_trace_write(state.trace, state.world_group, trace_path, &err) != MP_OK) {
+      exit_code = rank_report(&command, &state, &err);
+      goto done;
+    }
+    printf("trace: wrote %s (draw it with: mpengine timeline %s)\n", trace_path, trace_path);
   }
   printf("done: %lld steps in %.1f s, final loss %.6f", (long long)steps, elapsed, metrics.loss);
   if (isfinite(state.entropy_floor)) {

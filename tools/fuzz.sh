@@ -10,6 +10,7 @@
 #   --merge    after fuzzing, add to the committed corpus the new inputs that reach new coverage
 #              (libFuzzer's -merge=1; existing files stay); review the diff before committing
 #   TARGET     model_json cluster_json plan_json token_shard llmc_checkpoint checkpoint_manifest
+#              trace_json
 #              (default: all)
 #
 # Work files (binaries, new inputs, logs, crash-* reproducers) go to $FUZZ_WORK (default
@@ -33,7 +34,8 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-all_targets=(model_json cluster_json plan_json token_shard llmc_checkpoint checkpoint_manifest)
+all_targets=(model_json cluster_json plan_json token_shard llmc_checkpoint checkpoint_manifest
+  trace_json)
 if [ ${#targets[@]} -eq 0 ]; then targets=("${all_targets[@]}"); fi
 
 CLANG=${CLANG:-clang}
@@ -67,11 +69,15 @@ sources_llmc_checkpoint=("${json[@]}" topology/model.c engine/gpt_model.c engine
 # instead of their whole closure.
 sources_checkpoint_manifest=("${sources_llmc_checkpoint[@]}" topology/plan.c topology/layer_cost.c
   tensor_parallel/shard.c engine/checkpoint.c tests/fuzz/checkpoint_manifest_stubs.c)
+# The trace reader checks steps with the schedule checker and the target draws them: schedules/.
+sources_trace_json=("${json[@]}" engine/trace_reader.c schedules/schedule.c schedules/generate.c
+  schedules/p2p.c schedules/checker.c schedules/simulator.c schedules/text.c schedules/timeline.c
+  schedules/timeline_svg.c schedules/timeline_chrome.c)
 # Largest input worth trying: JSON files of a few KiB; a whole valid shard of a few hundred
 # tokens; a whole fp32 checkpoint of the tiny fuzz layout (3120 bytes) with room to spare; a whole
-# manifest of tiny-gpt at tp = 2 (19 KB).
+# manifest of tiny-gpt at tp = 2 (19 KB); a trace of a few steps of a small pipeline (2 to 11 KB).
 declare -A max_len=([model_json]=4096 [cluster_json]=4096 [plan_json]=4096 [token_shard]=4096
-  [llmc_checkpoint]=4096 [checkpoint_manifest]=32768)
+  [llmc_checkpoint]=4096 [checkpoint_manifest]=32768 [trace_json]=16384)
 
 cflags=(-g -O1 -std=gnu11 -I. -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
   -fno-omit-frame-pointer)

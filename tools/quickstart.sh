@@ -2,8 +2,9 @@
 # tools/quickstart.sh — from a fresh clone to mpengine's main job on the embedded default model,
 # examples/models/tiny-gpt.json: install what is missing, build, describe the model, plan it onto 8
 # ranks of the cpu-local cluster, draw the 1F1B schedule of a 4-stage plan, train it on one rank
-# down to its synthetic source's entropy floor, and train it tensor-parallel over 2 ranks. The
-# measured timeline joins when issue 10 lands.
+# down to its synthetic source's entropy floor, then plan it onto 8 ranks as dp = pp = tp = 2,
+# train that 3D-parallel on this machine's CPUs with a trace, and draw the measured timeline
+# against the plan's prediction.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,5 +32,14 @@ $mpengine schedule --config examples/plans/tiny-gpt-pp4-1f1b.json --format ascii
 echo "== mpengine run --config examples/plans/tiny-gpt-1rank.json (one rank, synthetic Markov source)"
 OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} $mpengine run --config examples/plans/tiny-gpt-1rank.json
 
-echo "== mpengine run --config examples/plans/tiny-gpt-tp2.json --steps 20 (tensor parallel over 2 ranks, launched through mpirun)"
-$mpengine run --config examples/plans/tiny-gpt-tp2.json --steps 20
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+echo "== mpengine plan $model --gpus 8 --dp 2 --pp 2 --tp 2 (3D parallel on 8 ranks of cpu-local)"
+$mpengine plan "$model" --gpus 8 --dp 2 --pp 2 --tp 2 --schedule 1f1b --global-batch 16 --top 1 \
+  --out "$work/plan-3d.json"
+
+echo "== mpengine run --config plan-3d.json --steps 40 --trace trace.json (8 ranks under mpirun)"
+$mpengine run --config "$work/plan-3d.json" --steps 40 --trace "$work/trace.json"
+
+echo "== mpengine timeline trace.json --against plan-3d.json (what really happened, and the prediction's error)"
+$mpengine timeline "$work/trace.json" --against "$work/plan-3d.json"

@@ -261,6 +261,7 @@ mp_status mp_cost_estimate(const mp_cluster *cluster, const mp_model *model,
       sim_costs.duration[MP_ACTION_BACKWARD][s] = b;
       sim_costs.duration[MP_ACTION_BACKWARD_INPUT][s] = b - w;
       sim_costs.duration[MP_ACTION_BACKWARD_WEIGHT][s] = w;
+      out->stage_weight_gradient_s[s] = w;
       sim_costs.activation_memory[s] = stage_act[s];
     }
     status = mp_schedule_simulate(&schedule, &sim_costs, &sim, err);

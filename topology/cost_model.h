@@ -136,6 +136,9 @@ typedef struct {
   int layers_per_stage[MP_COST_MAX_STAGES];
   double stage_forward_s[MP_COST_MAX_STAGES];  /* one micro-batch, compute + tp comm */
   double stage_backward_s[MP_COST_MAX_STAGES];
+  double stage_weight_gradient_s[MP_COST_MAX_STAGES]; /* zero-bubble's W: the part of
+                                          stage_backward_s that is weight gradients; its B (input
+                                          gradient) is the rest */
   double p2p_s;                           /* one activation transfer at the slowest boundary */
   bool p2p_inter_node;
   double pipeline_s;                      /* simulated */

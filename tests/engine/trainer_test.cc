@@ -114,8 +114,8 @@ TEST(Trainer, RefusesPlansForSeveralRanks) {
   Job job;
   EXPECT_FALSE(job.make(plan_json(2, 16, 4, 2, "{}"), 4096));
   EXPECT_EQ(std::string(job.err.message),
-            "plan.json: dp x pp x tp = 2 x 1 x 1; this mpengine trains with tensor parallelism only "
-            "(dp = pp = 1, any tp). Data- and pipeline-parallel runs arrive with issue 10");
+            "plan.json: the plan has dp = 2 but this process's dp group has 1 rank; start it with "
+            "`mpengine run`, which launches dp x pp x tp = 2 ranks under mpirun");
 }
 
 }  // namespace

@@ -6,9 +6,10 @@
 // tensor_parallel/ over a group of all ranks, and compares what it holds (its output columns or
 // token rows, its gradient shards) with the matching slice of the reference. Covered, each with
 // and without sequence parallelism: the communication pairs, column- and row-parallel linear,
-// the GPT block (also as two tp = 2 groups inside 4 ranks), vocab-parallel embedding with the
-// tied LM head and cross-entropy, and a whole two-block GPT against engine/gpt_model.h's loss and
-// every gradient; plus shard slicing, round trips and shard-by-shard initialisation.
+// the GPT block (also as two tp = 2 groups inside 4 ranks) and its zero-bubble split backward
+// (input pass then weight pass equals the full backward, bit for bit), vocab-parallel embedding
+// with the tied LM head and cross-entropy, and a whole two-block GPT against engine/gpt_model.h's
+// loss and every gradient; plus shard slicing, round trips and shard-by-shard initialisation.
 //
 // Tolerance: max |actual - expected| <= 1e-5 x max |expected| over each tensor (kRel). The
 // parallel code sums the same terms in another order (partial GEMMs over C/tp or F/tp channels
@@ -428,6 +429,184 @@ void CheckBlock(const mp_tp_comm &tp, bool sp) {
 TEST(GptBlock, MatchesOneRank) { CheckBlock(g_tp, false); }
 TEST(GptBlock, MatchesOneRankWithSequenceParallelism) { CheckBlock(g_tp, true); }
 
+// ---------------------------------------------------------------------------------------------
+// The zero-bubble split of the block's backward: B (mp_tp_block_backward_input) then W
+// (mp_tp_block_backward_weight) against the full backward on the same shard, bit for bit. Two
+// micro-batches run in zb-h1's order (F1 F2 B1 B2 W1 W2, one scratch shared by both Bs, one
+// deferred per micro-batch) against F1 F2 full1 full2; gradients start from zero and accumulate
+// over both. CheckBlock already holds the full backward to the one-rank block.
+
+// Passes when a and b hold the same n floats, bit for bit.
+::testing::AssertionResult Bitwise(const std::string &name, const float *a, const float *b,
+                                   size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) {
+      return ::testing::AssertionFailure() << name << ": element " << i << " of " << n << " is "
+                                           << a[i] << ", the full backward's " << b[i];
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// The shard's twelve gradients: which the weight pass W adds (the four GEMM weights).
+struct GradField {
+  const char *name;
+  float *mp_gpt_block_params::*field;
+  bool weight_pass;
+};
+const GradField kGradFields[] = {
+    {"ln1.weight grad", &mp_gpt_block_params::ln1w, false},
+    {"ln1.bias grad", &mp_gpt_block_params::ln1b, false},
+    {"qkv.weight grad", &mp_gpt_block_params::qkvw, true},
+    {"qkv.bias grad", &mp_gpt_block_params::qkvb, false},
+    {"attn_proj.weight grad", &mp_gpt_block_params::attprojw, true},
+    {"attn_proj.bias grad", &mp_gpt_block_params::attprojb, false},
+    {"ln2.weight grad", &mp_gpt_block_params::ln2w, false},
+    {"ln2.bias grad", &mp_gpt_block_params::ln2b, false},
+    {"fc.weight grad", &mp_gpt_block_params::fcw, true},
+    {"fc.bias grad", &mp_gpt_block_params::fcb, false},
+    {"fc_proj.weight grad", &mp_gpt_block_params::fcprojw, true},
+    {"fc_proj.bias grad", &mp_gpt_block_params::fcprojb, false},
+};
+
+// Floats of each of kGradFields in a shard (the order of mp_tp_block_params_point).
+std::vector<size_t> GradSizes(const mp_tp_block_shape &shape) {
+  const size_t c = shape.full.C, cl = c / shape.tp, fl = (size_t)shape.full.F / shape.tp;
+  return {c, c, 3 * cl * c, 3 * cl, c * cl, c, c, c, fl * c, fl, c * fl, c};
+}
+
+void CheckSplitBackward(const mp_tp_comm &tp, bool sp) {
+  constexpr int kMicro = 2;
+  const int P = tp.size, r = tp.rank, C = kC;
+  const mp_gpt_block_shape full = {kB, kT, kC, kNH, kF};
+  const mp_tp_block_shape shape = {full, P, sp};
+  mp_error err = MP_ERROR_INITIALIZER;
+  ASSERT_EQ(MP_OK, mp_tp_block_shape_check(&shape, &err)) << err.message;
+  const int BTl = sp ? kBT / P : kBT, row0 = sp ? r * BTl : 0;
+  const size_t nl = (size_t)BTl * C;
+  const std::string where = Where(tp) + (sp ? " with sequence parallelism" : "");
+
+  // This rank's shard of a random block.
+  fvec params = Random(20, mp_gpt_block_params_count(C, kF), -0.1f, 0.1f);
+  mp_gpt_block_params Pf;
+  mp_gpt_block_params_point(&Pf, params.data(), C, kF);
+  for (int i = 0; i < C; i++) Pf.ln1w[i] += 1.0f, Pf.ln2w[i] += 1.0f;
+  const size_t nps = mp_tp_block_params_count(&shape);
+  fvec sparams(nps);
+  mp_gpt_block_params Ps;
+  mp_tp_block_params_point(&Ps, sparams.data(), &shape);
+  ASSERT_EQ(MP_OK, mp_tp_block_params_extract(&shape, r, &Pf, &Ps, &err)) << err.message;
+
+  // Both micro-batches' forwards; their activations stay alive until their W.
+  std::vector<fvec> inp(kMicro), dout(kMicro), acts(kMicro);
+  std::vector<mp_tp_block_acts> A(kMicro);
+  for (int m = 0; m < kMicro; m++) {
+    inp[m] = Rows(Random(21 + 2 * m, (size_t)kBT * C, -1, 1), C, row0, BTl);
+    dout[m] = Rows(Random(22 + 2 * m, (size_t)kBT * C, -1, 1), C, row0, BTl);
+    acts[m].resize(mp_tp_block_acts_count(&shape));
+    mp_tp_block_acts_point(&A[m], acts[m].data(), &shape);
+    ASSERT_EQ(MP_OK, mp_tp_block_forward(&tp, &shape, &Ps, &A[m], inp[m].data(), &err))
+        << err.message;
+  }
+  // Scratch starts as NaN: neither backward may read what it did not write.
+  fvec scratch(mp_tp_block_scratch_count(&shape), NAN);
+  mp_tp_block_scratch S;
+  mp_tp_block_scratch_point(&S, scratch.data(), &shape);
+  // dinp accumulates (+=) into what is there: start from the same nonzero values.
+  const fvec dinp0 = Random(30, nl, -1, 1);
+
+  // Reference: the full backward, micro-batch after micro-batch.
+  fvec full_grads(nps, 0.0f);
+  mp_gpt_block_params Gf;
+  mp_tp_block_params_point(&Gf, full_grads.data(), &shape);
+  std::vector<fvec> full_dinp(kMicro, dinp0);
+  for (int m = 0; m < kMicro; m++) {
+    ASSERT_EQ(MP_OK, mp_tp_block_backward(&tp, &shape, full_dinp[m].data(), &Gf, &S,
+                                          dout[m].data(), inp[m].data(), &Ps, &A[m], &err))
+        << err.message;
+  }
+
+  // B1 B2, each into its own deferred (NaN first: B must write all of what W reads).
+  std::fill(scratch.begin(), scratch.end(), NAN);
+  fvec split_grads(nps, 0.0f);
+  mp_gpt_block_params Gs;
+  mp_tp_block_params_point(&Gs, split_grads.data(), &shape);
+  std::vector<fvec> split_dinp(kMicro, dinp0), deferred(kMicro);
+  std::vector<mp_tp_block_deferred> D(kMicro);
+  for (int m = 0; m < kMicro; m++) {
+    deferred[m].assign(mp_tp_block_deferred_count(&shape), NAN);
+    ASSERT_EQ(deferred[m].size(), mp_tp_block_deferred_point(&D[m], deferred[m].data(), &shape));
+    ASSERT_EQ(MP_OK, mp_tp_block_backward_input(&tp, &shape, split_dinp[m].data(), &Gs, &S, &D[m],
+                                                dout[m].data(), inp[m].data(), &Ps, &A[m], &err))
+        << err.message;
+  }
+
+  // After B alone: dinp is complete, every gradient but the four GEMM weights is added, and those
+  // are untouched.
+  const std::vector<size_t> sizes = GradSizes(shape);
+  for (int m = 0; m < kMicro; m++) {
+    EXPECT_TRUE(Bitwise("dinp of micro-batch " + std::to_string(m) + " after B" + where,
+                        split_dinp[m].data(), full_dinp[m].data(), nl));
+  }
+  const fvec zeros(nps, 0.0f);
+  for (size_t i = 0; i < sizes.size(); i++) {
+    const GradField &g = kGradFields[i];
+    const float *expected = g.weight_pass ? zeros.data() : Gf.*g.field;
+    EXPECT_TRUE(Bitwise(std::string(g.name) + " after B" + where, Gs.*g.field, expected, sizes[i]));
+  }
+
+  // W1 W2, with the scratch reused by something else in between.
+  std::fill(scratch.begin(), scratch.end(), NAN);
+  for (int m = 0; m < kMicro; m++) mp_tp_block_backward_weight(&shape, &Gs, &D[m], &A[m]);
+  for (size_t i = 0; i < sizes.size(); i++) {
+    const GradField &g = kGradFields[i];
+    EXPECT_TRUE(
+        Bitwise(std::string(g.name) + " after B and W" + where, Gs.*g.field, Gf.*g.field, sizes[i]));
+  }
+  EXPECT_TRUE(Bitwise("all gradients after B and W" + where, split_grads.data(),
+                      full_grads.data(), nps));
+}
+
+TEST(GptBlockSplitBackward, InputThenWeightEqualsFullBackward) { CheckSplitBackward(g_tp, false); }
+TEST(GptBlockSplitBackward, InputThenWeightEqualsFullBackwardWithSequenceParallelism) {
+  CheckSplitBackward(g_tp, true);
+}
+// tp = 1 whatever the world size, through the table that needs no communicator.
+TEST(GptBlockSplitBackward, OneRankGroup) {
+  const mp_tp_comm one = mp_tp_comm_single();
+  CheckSplitBackward(one, false);
+  CheckSplitBackward(one, true);
+}
+
+TEST(GptBlockSplitBackward, DeferredHoldsTheFourGemmOutputGradients) {
+  for (int tp : {1, 2, 4}) {
+    for (bool sp : {false, true}) {
+      const mp_tp_block_shape shape = {{kB, kT, kC, kNH, kF}, tp, sp};
+      const size_t bt = kBT, c = kC, cl = kC / tp, fl = kF / tp;
+      const size_t count = mp_tp_block_deferred_count(&shape);
+      EXPECT_EQ(2 * bt * c + bt * fl + 3 * bt * cl, count) << "tp " << tp << " sp " << sp;
+      fvec memory(count);
+      mp_tp_block_deferred d;
+      EXPECT_EQ(count, mp_tp_block_deferred_point(&d, memory.data(), &shape));
+      EXPECT_EQ(memory.data(), d.fcproj_dout);
+      EXPECT_EQ(d.fcproj_dout + bt * c, d.dfch);
+      EXPECT_EQ(d.dfch + bt * fl, d.attproj_dout);
+      EXPECT_EQ(d.attproj_dout + bt * c, d.dqkv);
+      EXPECT_EQ(memory.data() + count, d.dqkv + 3 * bt * cl);
+    }
+  }
+}
+
+TEST(GptBlockSplitBackward, InputPassWithoutDeferredIsAnInputError) {
+  const mp_tp_comm one = mp_tp_comm_single();
+  const mp_tp_block_shape shape = {{kB, kT, kC, kNH, kF}, 1, false};
+  mp_error err = MP_ERROR_INITIALIZER;
+  EXPECT_EQ(MP_ERR_INPUT, mp_tp_block_backward_input(&one, &shape, nullptr, nullptr, nullptr,
+                                                     nullptr, nullptr, nullptr, nullptr, nullptr,
+                                                     &err));
+  EXPECT_NE(nullptr, std::strstr(err.message, "mp_tp_block_deferred")) << err.message;
+}
+
 // Groups smaller than the world: with 4 ranks, two tensor-parallel groups of 2 run side by side.
 TEST(GptBlock, TwoGroupsOfTwoInsideFourRanks) {
   const int world_size = mp_comm_world_size(g_world), world_rank = mp_comm_world_rank(g_world);
@@ -440,6 +619,8 @@ TEST(GptBlock, TwoGroupsOfTwoInsideFourRanks) {
   EXPECT_EQ(world_rank % 2, tp.rank);
   CheckBlock(tp, false);
   CheckBlock(tp, true);
+  CheckSplitBackward(tp, false);
+  CheckSplitBackward(tp, true);
   mp_comm_free(group);
 }
 

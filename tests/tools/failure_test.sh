@@ -107,7 +107,7 @@ no_leftovers "kill -9 of rank 1"
 
 # A rank hangs before step 3: rank 0 waits in the tensor-parallel all-reduce, times out after
 # 2 s and exits 1; mpirun then ends the hung rank.
-timeout_error="rank 0: tensor-parallel rank 0 of 2: all-reduce of"
+timeout_error="rank 0: pipeline rank 0, F micro-batch 0: tensor-parallel rank 0 of 2: all-reduce of"
 timeout_peer="all-reduce in group tp (ranks 0,1) timed out after 2.0 s"
 timed "rank 1 hung" 30 1 "$timeout_error" "$timeout_peer" -- \
   timeout 60 env MPENGINE_FAULT=hang:1:3 $mpengine run --backend cpu --config "$tmp/tp2.json" \

@@ -4,7 +4,7 @@
 # loss of tp = 1 at every step within 1e-5 relative (DESIGN.md principle 2). Every run but one is
 # started outside mpirun, so mpengine re-launches itself under mpirun (the path users take); one
 # is started under mpirun directly. Also: only rank 0 prints, --np that disagrees with the plan
-# exits 2 naming both numbers, dp > 1 is still refused.
+# exits 2 naming both numbers, the CUDA backend is refused for more than one rank.
 #
 # Runs as root and with more ranks than cores (mpengine adds --allow-run-as-root and
 # --oversubscribe itself); one BLAS thread per rank.
@@ -56,7 +56,7 @@ expect 0 "done: 20 steps" -- $mpengine run --config "$tmp/tp1.json" --metrics "$
 # Started outside mpirun: mpengine launches 2 ranks itself; only rank 0 prints.
 out=$($mpengine run --config "$tmp/tp2.json" --metrics "$tmp/tp2.jsonl" 2>&1)
 code=$?
-if [ $code -ne 0 ] || ! grep -qF "2 ranks (tensor-parallel group of 2)" <<<"$out"; then
+if [ $code -ne 0 ] || ! grep -qF "2 ranks (dp 1 x pp 1 x tp 2; schedule 1f1b, 1 chunk per pipeline rank)" <<<"$out"; then
   fail "tp = 2 run: exit $code, output:"; echo "$out" | tail -20
 fi
 if [ "$(grep -c '^step 20/20 ' <<<"$out")" -ne 1 ] || [ "$(grep -c '^model tiny-gpt' <<<"$out")" -ne 1 ]; then
@@ -85,8 +85,7 @@ expect 1 "cannot run $tmp/no-mpirun to start 2 ranks" -- $mpengine run --config 
 # A runtime failure on the ranks: each prints it with its rank, the run exits 1.
 sed 's/"learning_rate": 3e-3/"learning_rate": 1e9, "grad_clip": 0/' "$tmp/tp2.json" > "$tmp/nan.json"
 expect 1 "rank 1: step " -- $mpengine run --config "$tmp/nan.json" --steps 3
-plan "$tmp/dp2.json" 2 false 2
-expect 2 "dp x pp x tp = 2 x 1 x 2; this mpengine trains with tensor parallelism only (dp = pp = 1, any tp)" -- $mpengine run --config "$tmp/dp2.json"
+expect 2 "the cuda backend trains on one rank only for now; use --backend cpu" -- $mpengine run --config "$tmp/tp2.json" --backend cuda
 plan "$tmp/tp3.json" 3 false
 expect 2 "tp = 3" -- $mpengine run --config "$tmp/tp3.json" --steps 1
 

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# tests/tools/parallel_equals_serial_test.sh — DESIGN.md principle 2 for 3D parallelism (issue 10):
+# tiny-gpt trained for 20 steps on (dp, pp, tp) in (2,1,1), (1,2,1), (1,1,2), (2,2,2), (1,4,2),
+# (1,2,1) interleaved with v = 2 and (1,2,1) zb-h1 — plus gpipe, sequence parallelism, ZeRO-1 and
+# selective and full recomputation — gives the loss of the one-rank run at every step within 1e-5 relative, and the same final
+# weights (--save-weights, llm.c format) within 1e-5 (|a - b| <= 1e-5 x max(1, |a|)). Every run
+# has the same global batch of 8 sequences; micro-batches per dp rank = 8 / (dp x 2).
+set -uo pipefail
+mpengine=${1:-${MPENGINE:-tools/mpengine}}
+tmp=${TEST_TMPDIR:-$(mktemp -d)}/parallel_equals_serial
+mkdir -p "$tmp"
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+export OMPI_MCA_plm_rsh_agent=
+export OMPI_MCA_btl=self,vader
+export TMPDIR="${TEST_TMPDIR:-${TMPDIR:-/tmp}}"
+failures=0
+source "$(dirname "${BASH_SOURCE[0]}")/cli_expect.sh" || { echo "cannot load cli_expect.sh"; exit 1; }
+cp examples/models/tiny-gpt.json "$tmp/tiny-gpt.json"
+
+plan() { # plan NAME DP PP TP SCHEDULE [VIRTUAL] [SEQUENCE_PARALLEL] [ZERO] [RECOMPUTE]
+  local name=$1 dp=$2 pp=$3 tp=$4 schedule=$5 v=${6:-1} sp=${7:-false} zero=${8:-0}
+  local recompute=${9:-none}
+  cat > "$tmp/$name.json" <<JSON
+{"model": "tiny-gpt.json", "cluster": "cpu-local",
+ "parallel": {"dp": $dp, "pp": $pp, "tp": $tp, "virtual_stages": $v, "sequence_parallel": $sp, "zero_stage": $zero},
+ "batch": {"global_batch": 8, "micro_batch": 2, "num_micro_batches": $((4 / dp)), "seq_len": 32},
+ "schedule": "$schedule", "recompute": "$recompute",
+ "training": {"steps": 20, "learning_rate": 3e-3, "warmup_steps": 2, "seed": 11}}
+JSON
+}
+
+losses() { awk -F'"loss": ' '{ split($2, a, ","); print a[1] }' "$1"; }
+# The floats of an llm.c checkpoint after its 1024-byte header, one per line.
+floats() { od -An -v -f -j 1024 "$1" | tr -s ' ' '\n' | sed '/^$/d'; }
+
+# compare NAME: its losses and final weights against the one-rank run's.
+compare() {
+  local name=$1 verdict
+  if [ "$(wc -l < "$tmp/$name.jsonl" 2>/dev/null)" != 20 ]; then
+    fail "$name: want 20 lines of --metrics"
+    return
+  fi
+  verdict=$(paste -d' ' <(losses "$tmp/serial.jsonl") <(losses "$tmp/$name.jsonl") | awk '
+    { d = $2 - $1; if (d < 0) d = -d; r = d / ($1 < 0 ? -$1 : $1); if (r > worst) { worst = r; at = NR } }
+    END { printf "%s %.3g %d", (worst <= 1e-5 ? "ok" : "bad"), worst, at }')
+  local weights
+  weights=$(paste -d' ' <(floats "$tmp/serial.bin") <(floats "$tmp/$name.bin") | awk '
+    NF != 2 { bad = 1 }
+    { d = $2 - $1; squares += d * d; norm += $1 * $1; if (d < 0) d = -d
+      if (d > worst) worst = d; if (d > 1e-5) over++; n++ }
+    END { l2 = norm > 0 ? sqrt(squares / norm) : 1
+          printf "%s relative L2 %.3g, max %.3g, %d of %d over 1e-5",
+                 (!bad && n > 0 && l2 <= 1e-5 && worst <= 1.5e-4 ? "ok" : "bad"), l2, worst, over, n }')
+  echo "$name: loss max rel diff ${verdict#* } (step); weights ${weights#* }"
+  [ "${verdict%% *}" = ok ] || fail "$name: loss differs from one rank by more than 1e-5 relative (${verdict#* })"
+  [ "${weights%% *}" = ok ] || fail "$name: final weights differ from one rank: ${weights#* }"
+}
+
+run() { # run NAME: trains the plan NAME, keeping metrics and weights
+  local name=$1 out code
+  out=$($mpengine run --config "$tmp/$name.json" --metrics "$tmp/$name.jsonl" \
+        --save-weights "$tmp/$name.bin" --comm-timeout 120 2>&1)
+  code=$?
+  if [ $code -ne 0 ] || ! grep -q "^done: 20 steps" <<<"$out"; then
+    fail "$name: exit $code, output:"; echo "$out" | tail -15
+  fi
+}
+
+plan serial 1 1 1 1f1b
+run serial
+for spec in "dp2 2 1 1 1f1b" "pp2 1 2 1 1f1b" "tp2 1 1 2 1f1b" "dp2-pp2-tp2 2 2 2 1f1b" \
+            "pp4-tp2 1 4 2 1f1b" "pp2-interleaved-v2 1 2 1 interleaved-1f1b 2" \
+            "pp2-zb-h1 1 2 1 zb-h1" "pp2-gpipe 1 2 1 gpipe" \
+            "dp2-tp2-sp-zero1 2 1 2 1f1b 1 true 1" "pp2-tp2-sp-zb-h1 1 2 2 zb-h1 1 true" \
+            "pp2-tp2-recompute-selective 1 2 2 zb-h1 1 false 0 selective" \
+            "pp4-recompute-full 1 4 1 1f1b 1 false 0 full"; do
+  set -- $spec
+  plan "$@"
+  run "$1"
+  compare "$1"
+done
+
+# The log of a 3D run names the layout once, from rank 0.
+out=$($mpengine run --config "$tmp/dp2-pp2-tp2.json" --steps 2 2>&1)
+expect_text() { grep -qF -- "$1" <<<"$out" || { fail "want '$1' in:"; echo "$out" | tail -8; }; }
+expect_text "8 ranks (dp 2 x pp 2 x tp 2; schedule 1f1b, 1 chunk per pipeline rank)"
+expect_text "TFLOP/s/rank"
+expect_text "MiB/rank max"
+[ "$(grep -c '^step 2/2 ' <<<"$out")" -eq 1 ] || fail "want one 'step 2/2' line (rank 0 only)"
+
+# Bad layouts are refused before any rank starts, naming the plan and the numbers.
+plan bad-split 1 2 1 1f1b
+sed -i 's/"schedule": "1f1b"/"schedule": "1f1b", "layers_per_stage": [7, 0]/' "$tmp/bad-split.json"
+expect 2 "layers_per_stage" -- $mpengine run --config "$tmp/bad-split.json" --steps 1
+plan bad-interleave 1 2 1 interleaved-1f1b 2
+sed -i 's/"num_micro_batches": 4/"num_micro_batches": 4/; s/"global_batch": 8/"global_batch": 6/; s/"num_micro_batches": 4/"num_micro_batches": 3/' "$tmp/bad-interleave.json"
+expect 2 "interleaved-1f1b needs the number of micro-batches to be a multiple of pp = 2; got 3" -- $mpengine run --config "$tmp/bad-interleave.json" --steps 1
+expect 2 "the cuda backend trains on one rank only for now; use --backend cpu" -- $mpengine run --config "$tmp/pp2.json" --backend cuda --steps 1
+plan full-zb 1 2 1 zb-h1 1 false 0 full
+expect 2 "$tmp/full-zb.json: recompute \"full\" cannot run schedule zb-h1" -- $mpengine run --config "$tmp/full-zb.json" --steps 1
+
+if [ $failures -ne 0 ]; then
+  echo "$failures check(s) failed"
+  exit 1
+fi
+echo "parallel_equals_serial_test: all checks passed"
