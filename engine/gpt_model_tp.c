@@ -699,20 +699,7 @@ mp_status mp_gpt_tp_grad_norm_squared(mp_gpt_tp *gpt, double *out, mp_error *err
       sharded += squares;
     }
   }
-  /* The table sums floats only; a double's bits travel unchanged through an all-gather. */
-  const size_t P = (size_t)gpt->tp.size;
-  float packed[2];
-  float *gathered = malloc(2 * P * sizeof(float));
-  if (gathered == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
-  memcpy(packed, &sharded, sizeof sharded);
-  const mp_status status = mp_tp_all_gather(&gpt->tp, packed, gathered, 2, err);
-  double total = replicated;
-  for (size_t r = 0; r < P && status == MP_OK; ++r) {
-    double part;
-    memcpy(&part, gathered + 2 * r, sizeof part);
-    total += part;
-  }
-  free(gathered);
-  if (status == MP_OK) *out = total;
-  return status;
+  MP_TRY(mp_tp_sum_double(&gpt->tp, &sharded, err));
+  *out = replicated + sharded;
+  return MP_OK;
 }

@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "engine/gpt_model_gpu.h"
+#include "engine/tp_comm_mpi.h"
 #include "layers/adamw.h"
 #include "pipeline/stage_worker.h"
 #include "topology/cluster.h"
@@ -237,24 +238,10 @@ static mp_status traced_all_reduce(mp_trainer *trainer, mp_comm *comm, float *bu
   return MP_OK;
 }
 
-/* *value summed over comm's members in rank order, bitwise the same on every member (the
- * doubles travel as bits through an all-gather). */
+/* *value summed over comm's members in rank order, bitwise the same on every member. */
 static mp_status sum_double_over(mp_comm *comm, double *value, mp_error *err) {
-  const int n = mp_comm_size(comm);
-  float packed[2];
-  float *gathered = malloc((size_t)n * sizeof packed);
-  if (gathered == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
-  memcpy(packed, value, sizeof *value);
-  const mp_status status = mp_comm_all_gather_f32(comm, packed, gathered, 2, err);
-  double total = 0.0;
-  for (int r = 0; r < n && status == MP_OK; ++r) {
-    double part;
-    memcpy(&part, gathered + 2 * r, sizeof part);
-    total += part;
-  }
-  free(gathered);
-  if (status == MP_OK) *value = total;
-  return status;
+  const mp_tp_comm group = mp_tp_comm_over_group(comm);
+  return mp_tp_sum_double(&group, value, err);
 }
 
 static mp_status check_group(const mp_plan *plan, const char *name, mp_comm *comm, int wanted,

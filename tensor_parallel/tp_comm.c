@@ -1,6 +1,7 @@
 /* tensor_parallel/tp_comm.c — the one-rank table and the checked calls; see tp_comm.h. */
 #include "tensor_parallel/tp_comm.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 static mp_status single_all_reduce(void *context, float *buffer, size_t count, mp_error *err) {
@@ -66,4 +67,23 @@ mp_status mp_tp_all_reduce_max(const mp_tp_comm *tp, float *buffer, float *gathe
     buffer[i] = m;
   }
   return MP_OK;
+}
+
+mp_status mp_tp_sum_double(const mp_tp_comm *tp, double *value, mp_error *err) {
+  if (tp->size == 1) return MP_OK;
+  float packed[sizeof(double) / sizeof(float)];
+  const size_t words = sizeof packed / sizeof packed[0];
+  float *gathered = malloc((size_t)tp->size * sizeof packed);
+  if (gathered == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  memcpy(packed, value, sizeof *value);
+  const mp_status status = mp_tp_all_gather(tp, packed, gathered, words, err);
+  double total = 0.0;
+  for (int r = 0; r < tp->size && status == MP_OK; ++r) {
+    double part;
+    memcpy(&part, gathered + (size_t)r * words, sizeof part);
+    total += part;
+  }
+  free(gathered);
+  if (status == MP_OK) *value = total;
+  return status;
 }

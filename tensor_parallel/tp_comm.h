@@ -60,6 +60,11 @@ mp_status mp_tp_reduce_scatter_sum(const mp_tp_comm *tp, const float *input, flo
 mp_status mp_tp_all_reduce_max(const mp_tp_comm *tp, float *buffer, float *gathered, size_t count,
                                mp_error *err);
 
+/* *value = the sum of every rank's *value, added in rank order, so bitwise the same on every
+ * rank (the double's bits travel through an all-gather of floats). For norms and losses that
+ * every rank must agree on. */
+mp_status mp_tp_sum_double(const mp_tp_comm *tp, double *value, mp_error *err);
+
 #ifdef __cplusplus
 }
 #endif
