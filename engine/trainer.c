@@ -545,6 +545,21 @@ mp_status mp_trainer_cpu_state(mp_trainer *trainer, float **params, float **adam
   return MP_OK;
 }
 
+mp_status mp_trainer_chunk_cpu_state(mp_trainer *trainer, int chunk, mp_trainer_chunk_state *out,
+                                     mp_error *err) {
+  if (!trainer->parallel || chunk < 0 || chunk >= trainer->num_chunks) {
+    return mp_fail(err, MP_ERR_INPUT, "chunk %d: the run has %d model chunks on this rank", chunk,
+                   trainer->num_chunks);
+  }
+  out->params = mp_gpt_tp_params(trainer->chunks[chunk]);
+  out->params_count = mp_gpt_tp_num_params(trainer->chunks[chunk]);
+  out->adam_m = trainer->chunk_m[chunk];
+  out->adam_v = trainer->chunk_v[chunk];
+  out->moments_first = trainer->zero_first[chunk];
+  out->moments_count = trainer->zero_count[chunk];
+  return MP_OK;
+}
+
 /* Forward (and backward when `train`) over every micro-batch of the step on one rank; returns
  * the mean loss. */
 static mp_status run_micro_batches(mp_trainer *trainer, mp_data_loader *data, int64_t step,

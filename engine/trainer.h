@@ -144,6 +144,22 @@ mp_status mp_trainer_get_params(mp_trainer *trainer, float *host_params, mp_erro
 mp_status mp_trainer_cpu_state(mp_trainer *trainer, float **params, float **adam_m,
                                float **adam_v, size_t *count, mp_error *err);
 
+/* A parallel run's state of chunk `chunk` (0 .. mp_trainer_num_chunks - 1), for checkpoints: its
+ * flat shard arrays (mp_gpt_tp_params / grads of mp_trainer_chunk, params_count floats) and
+ * AdamW's moments of elements [moments_first, moments_first + moments_count) of them — all of
+ * them without ZeRO, this dp rank's part with ZeRO-1 (dp rank d holds part d of dp equal parts of
+ * ceil(params_count / dp) floats, the last one shorter). MP_ERR_INPUT when the run is not
+ * parallel or chunk is out of range. */
+typedef struct {
+  float *params;
+  size_t params_count;
+  float *adam_m, *adam_v;
+  size_t moments_first, moments_count;
+} mp_trainer_chunk_state;
+
+mp_status mp_trainer_chunk_cpu_state(mp_trainer *trainer, int chunk, mp_trainer_chunk_state *out,
+                                     mp_error *err);
+
 /* Runs optimizer step `step` (0-based) and fills metrics. */
 mp_status mp_trainer_step(mp_trainer *trainer, int64_t step, mp_step_metrics *metrics,
                           mp_error *err);
