@@ -108,8 +108,15 @@ typedef struct mp_comm_request mp_comm_request;
 mp_status mp_comm_isend(mp_comm *comm, const void *buffer, size_t bytes, int peer,
                         mp_comm_request **out, mp_error *err);
 
-/* Waits for a posted send to complete (up to the timeout, counted from its post) and frees the
- * request, whatever the outcome. The timeout message is the blocking send's. NULL is MP_OK. */
+/* mp_comm_all_reduce_sum_f32 that returns at once: buffer must not be touched until
+ * mp_comm_wait. Every member posts the group's collectives in the same order. Open MPI moves it
+ * forward inside later MPI calls (on any group), so it overlaps with compute that communicates. */
+mp_status mp_comm_iall_reduce_sum_f32(mp_comm *comm, float *buffer, size_t count,
+                                      mp_comm_request **out, mp_error *err);
+
+/* Waits for a posted operation to complete (up to the timeout, counted from its post) and frees
+ * the request, whatever the outcome. The timeout message is the blocking operation's. NULL is
+ * MP_OK. */
 mp_status mp_comm_wait(mp_comm_request *request, mp_error *err);
 
 /* Collectives: every member calls them in the same order with the same count. */

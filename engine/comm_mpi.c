@@ -467,40 +467,32 @@ static mp_status check_peer(const mp_comm *comm, int peer, const char *operation
   return comm_usable(comm, err);
 }
 
-mp_status mp_comm_send(mp_comm *comm, const void *buffer, size_t bytes, int peer, mp_error *err) {
-  MP_TRY(check_peer(comm, peer, "send", buffer, bytes, err));
-  comm_op op = comm_op_begin(comm, "send", peer, bytes);
-  size_t offset = 0;
-  do {
-    size_t chunk = bytes - offset < kChunkBytes ? bytes - offset : kChunkBytes;
-    MPI_Request request = MPI_REQUEST_NULL;
-    MP_TRY(MPI_CALL(comm->world->rank, MPI_Isend,
-                    ((const char *)buffer + offset, (int)chunk, MPI_BYTE, peer, kTagP2P,
-                     comm->comm, &request),
-                    err));
-    MP_TRY(comm_wait(comm, &request, &op, err));
-    offset += chunk;
-  } while (offset < bytes);
-  return MP_OK;
-}
-
+/* A posted operation: one MPI request per chunk of at most kChunkBytes (sends) or kChunkFloats
+ * (all-reduces), waited on in order against the deadline of its post. */
 struct mp_comm_request {
   mp_comm *comm;
   comm_op op;
   int num_chunks;
-  MPI_Request chunks[]; /* (num_chunks) one per kChunkBytes of the message */
+  MPI_Request chunks[]; /* (num_chunks) */
 };
+
+static mp_comm_request *request_new(mp_comm *comm, const char *operation, int peer, size_t bytes,
+                                    size_t num_chunks) {
+  mp_comm_request *request = malloc(sizeof *request + num_chunks * sizeof(MPI_Request));
+  if (request == NULL) return NULL;
+  request->comm = comm;
+  request->op = comm_op_begin(comm, operation, peer, bytes);
+  request->num_chunks = 0;
+  return request;
+}
 
 mp_status mp_comm_isend(mp_comm *comm, const void *buffer, size_t bytes, int peer,
                         mp_comm_request **out, mp_error *err) {
   *out = NULL;
   MP_TRY(check_peer(comm, peer, "send", buffer, bytes, err));
   const size_t num_chunks = bytes == 0 ? 1 : (bytes + kChunkBytes - 1) / kChunkBytes;
-  mp_comm_request *request = malloc(sizeof *request + num_chunks * sizeof(MPI_Request));
+  mp_comm_request *request = request_new(comm, "send", peer, bytes, num_chunks);
   if (request == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory posting a send");
-  request->comm = comm;
-  request->op = comm_op_begin(comm, "send", peer, bytes);
-  request->num_chunks = 0;
   size_t offset = 0;
   do {
     size_t chunk = bytes - offset < kChunkBytes ? bytes - offset : kChunkBytes;
@@ -531,6 +523,12 @@ mp_status mp_comm_wait(mp_comm_request *request, mp_error *err) {
   }
   free(request);
   return status;
+}
+
+mp_status mp_comm_send(mp_comm *comm, const void *buffer, size_t bytes, int peer, mp_error *err) {
+  mp_comm_request *request = NULL;
+  MP_TRY(mp_comm_isend(comm, buffer, bytes, peer, &request, err));
+  return mp_comm_wait(request, err);
 }
 
 mp_status mp_comm_recv(mp_comm *comm, void *buffer, size_t bytes, int peer, mp_error *err) {
@@ -574,22 +572,39 @@ static mp_status check_int_count(const mp_comm *comm, const char *operation, siz
   return MP_OK;
 }
 
-mp_status mp_comm_all_reduce_sum_f32(mp_comm *comm, float *buffer, size_t count, mp_error *err) {
+mp_status mp_comm_iall_reduce_sum_f32(mp_comm *comm, float *buffer, size_t count,
+                                      mp_comm_request **out, mp_error *err) {
+  *out = NULL;
   MP_TRY(check_collective(comm, "all-reduce", buffer, buffer, count, err));
-  if (comm->size == 1) return MP_OK;
-  comm_op op = comm_op_begin(comm, "all-reduce", -1, count * sizeof(float));
+  const size_t num_chunks = count == 0 ? 1 : (count + kChunkFloats - 1) / kChunkFloats;
+  mp_comm_request *request =
+      request_new(comm, "all-reduce", -1, count * sizeof(float), num_chunks);
+  if (request == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory posting an all-reduce");
   size_t offset = 0;
-  do {
+  while (comm->size > 1 && offset < count) { /* one rank: nothing to sum, the wait is free */
     size_t chunk = count - offset < kChunkFloats ? count - offset : kChunkFloats;
-    MPI_Request request = MPI_REQUEST_NULL;
-    MP_TRY(MPI_CALL(comm->world->rank, MPI_Iallreduce,
-                    (MPI_IN_PLACE, buffer + offset, (int)chunk, MPI_FLOAT, MPI_SUM, comm->comm,
-                     &request),
-                    err));
-    MP_TRY(comm_wait(comm, &request, &op, err));
+    MPI_Request *slot = &request->chunks[request->num_chunks];
+    *slot = MPI_REQUEST_NULL;
+    const mp_status status =
+        MPI_CALL(comm->world->rank, MPI_Iallreduce,
+                 (MPI_IN_PLACE, buffer + offset, (int)chunk, MPI_FLOAT, MPI_SUM, comm->comm,
+                  slot),
+                 err);
+    if (status != MP_OK) {
+      free(request);
+      return status;
+    }
+    request->num_chunks++;
     offset += chunk;
-  } while (offset < count);
+  }
+  *out = request;
   return MP_OK;
+}
+
+mp_status mp_comm_all_reduce_sum_f32(mp_comm *comm, float *buffer, size_t count, mp_error *err) {
+  mp_comm_request *request = NULL;
+  MP_TRY(mp_comm_iall_reduce_sum_f32(comm, buffer, count, &request, err));
+  return mp_comm_wait(request, err);
 }
 
 mp_status mp_comm_reduce_scatter_sum_f32(mp_comm *comm, const float *input, float *output,

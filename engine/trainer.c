@@ -38,6 +38,10 @@ struct mp_trainer {
   float *zero_gather;     /* ZeRO-1: room for a chunk's parameters padded to dp parts */
   mp_schedule schedule;
   mp_stage_worker *worker;
+  mp_comm_request **dp_requests; /* this step's posted dp all-reduces, one per bucket */
+  double *dp_posted_s;    /* when each was posted, for the trace */
+  size_t *dp_bytes;
+  int num_dp_requests, dp_request_capacity;
   int64_t step;           /* the step being run, for the trace */
   double loss_sum;        /* the last stage's micro-batch losses of the step */
 };
@@ -244,6 +248,56 @@ static mp_status sum_double_over(mp_comm *comm, double *value, mp_error *err) {
   return mp_tp_sum_double(&group, value, err);
 }
 
+/* The worker's hook: chunk's gradients are final for the step, so its data-parallel all-reduce
+ * starts now, bucket by bucket, and runs while the other chunks' backwards do. */
+static mp_status post_chunk_all_reduce(void *context, int chunk, mp_error *err) {
+  mp_trainer *trainer = context;
+  mp_comm *dp = trainer->options.dp;
+  float *grads = mp_gpt_tp_grads(trainer->chunks[chunk]);
+  const size_t n = mp_gpt_tp_num_params(trainer->chunks[chunk]);
+  for (size_t offset = 0; offset < n; offset += MP_TRAINER_BUCKET_FLOATS) {
+    const size_t count = n - offset < MP_TRAINER_BUCKET_FLOATS ? n - offset
+                                                               : MP_TRAINER_BUCKET_FLOATS;
+    if (trainer->num_dp_requests == trainer->dp_request_capacity) {
+      const int capacity = trainer->dp_request_capacity > 0 ? 2 * trainer->dp_request_capacity : 8;
+      mp_comm_request **requests =
+          realloc(trainer->dp_requests, (size_t)capacity * sizeof *requests);
+      double *posted = realloc(trainer->dp_posted_s, (size_t)capacity * sizeof *posted);
+      size_t *bytes = realloc(trainer->dp_bytes, (size_t)capacity * sizeof *bytes);
+      if (requests != NULL) trainer->dp_requests = requests;
+      if (posted != NULL) trainer->dp_posted_s = posted;
+      if (bytes != NULL) trainer->dp_bytes = bytes;
+      if (requests == NULL || posted == NULL || bytes == NULL) {
+        return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+      }
+      trainer->dp_request_capacity = capacity;
+    }
+    const int k = trainer->num_dp_requests;
+    trainer->dp_posted_s[k] = trace_now(trainer);
+    trainer->dp_bytes[k] = count * sizeof(float);
+    MP_TRY(mp_comm_iall_reduce_sum_f32(dp, grads + offset, count, &trainer->dp_requests[k], err));
+    trainer->num_dp_requests++;
+  }
+  return MP_OK;
+}
+
+/* Waits for every posted dp all-reduce (all of them, even after a failure, so none is left
+ * pending on a buffer the trainer may free). */
+static mp_status wait_dp_all_reduces(mp_trainer *trainer, mp_error *err) {
+  mp_status status = MP_OK;
+  for (int k = 0; k < trainer->num_dp_requests; ++k) {
+    mp_error ignored = MP_ERROR_INITIALIZER;
+    const mp_status one = mp_comm_wait(trainer->dp_requests[k], status == MP_OK ? err : &ignored);
+    if (status == MP_OK) status = one;
+    if (trainer->options.trace != NULL) {
+      mp_trace_comm(trainer->options.trace, trainer->step, "all-reduce", "dp", -1,
+                    trainer->dp_bytes[k], NULL, trainer->dp_posted_s[k], trace_now(trainer));
+    }
+  }
+  trainer->num_dp_requests = 0;
+  return status;
+}
+
 static mp_status check_group(const mp_plan *plan, const char *name, mp_comm *comm, int wanted,
                              mp_error *err) {
   const int size = comm != NULL ? mp_comm_size(comm) : 1;
@@ -348,6 +402,9 @@ static mp_status create_parallel(mp_trainer *trainer, const mp_model *model, mp_
   status = mp_stage_worker_create(&trainer->schedule, o->pp_rank,
                                   mp_gpt_tp_boundary_floats(trainer->chunks[0]), &ops, &p2p,
                                   o->trace != NULL ? &observer : NULL, &trainer->worker, err);
+  if (status == MP_OK && o->dp != NULL && plan->dp > 1) {
+    mp_stage_worker_on_chunk_done(trainer->worker, post_chunk_all_reduce);
+  }
   return status;
 }
 
@@ -440,6 +497,11 @@ mp_status mp_trainer_create_parallel(const mp_plan *plan, const mp_model *model,
 
 void mp_trainer_free(mp_trainer *trainer) {
   if (trainer == NULL) return;
+  mp_error ignored = MP_ERROR_INITIALIZER;
+  wait_dp_all_reduces(trainer, &ignored);
+  free(trainer->dp_requests);
+  free(trainer->dp_posted_s);
+  free(trainer->dp_bytes);
   mp_stage_worker_free(trainer->worker);
   for (int c = 0; c < trainer->num_chunks; ++c) {
     if (trainer->chunks != NULL) mp_gpt_tp_free(trainer->chunks[c]);
@@ -627,12 +689,23 @@ static void adamw_range(mp_gpt_tp *chunk, size_t first, size_t count, float *m, 
   }
 }
 
-/* Steps 3-5 of the file comment, after the stage worker has run the step's actions. */
+/* Steps 3-5 of the file comment, after the stage worker has run the step's actions (the dp
+ * all-reduces already started inside it). */
 static mp_status finish_parallel_step(mp_trainer *trainer, double lr, double *grad_norm,
                                       mp_error *err) {
   const mp_plan *plan = trainer->plan;
   const mp_training_config *t = &plan->training;
   const mp_trainer_options *o = &trainer->options;
+  /* First the dp all-reduces the worker posted as each chunk's gradients completed: until they
+   * end, MPI may still write the gradients. */
+  if (o->dp != NULL && plan->dp > 1) {
+    MP_TRY(wait_dp_all_reduces(trainer, err));
+    const float scale = 1.0f / (float)plan->dp;
+    for (int c = 0; c < trainer->num_chunks; ++c) {
+      mp_grad_scale_cpu(mp_gpt_tp_grads(trainer->chunks[c]),
+                        mp_gpt_tp_num_params(trainer->chunks[c]), scale);
+    }
+  }
   for (int c = 0; c < trainer->num_chunks; ++c) {
     MP_TRY(mp_gpt_tp_finish_grads(trainer->chunks[c], err));
   }
@@ -647,19 +720,6 @@ static mp_status finish_parallel_step(mp_trainer *trainer, double lr, double *gr
       const mp_gpt_tp_tensor *wte = mp_gpt_tp_tensor_at(chunk, 0);
       MP_TRY(traced_all_reduce(trainer, o->embedding, mp_gpt_tp_grads(chunk) + wte->offset,
                                wte->count, err));
-    }
-  }
-  if (o->dp != NULL && plan->dp > 1) {
-    const float scale = 1.0f / (float)plan->dp;
-    for (int c = 0; c < trainer->num_chunks; ++c) {
-      float *grads = mp_gpt_tp_grads(trainer->chunks[c]);
-      const size_t n = mp_gpt_tp_num_params(trainer->chunks[c]);
-      for (size_t offset = 0; offset < n; offset += MP_TRAINER_BUCKET_FLOATS) {
-        const size_t count = n - offset < MP_TRAINER_BUCKET_FLOATS ? n - offset
-                                                                   : MP_TRAINER_BUCKET_FLOATS;
-        MP_TRY(traced_all_reduce(trainer, o->dp, grads + offset, count, err));
-      }
-      mp_grad_scale_cpu(grads, n, scale);
     }
   }
   double squares = 0.0;

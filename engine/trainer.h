@@ -16,7 +16,9 @@
  *      schedule: activations and input gradients cross pipeline ranks with eager sends;
  *   3. sequence-parallel layernorm gradients are summed over tp; the tied embedding's gradient is
  *      summed over the embedding group (first and last pipeline rank); gradients are averaged
- *      over dp (all-reduce in buckets of MP_TRAINER_BUCKET_FLOATS);
+ *      over dp in all-reduces of MP_TRAINER_BUCKET_FLOATS-float buckets, each chunk's posted
+ *      (non-blocking) as soon as its last backward ends, so with interleaving or zb-h1 they
+ *      overlap the backwards still to run; they are waited on after the last action;
  *   4. the global gradient norm: every stage's squares (tp shards summed, replicated tensors and
  *      the tied copy counted once) summed over pp in rank order, identical on every rank;
  *   5. clipping and AdamW; with zero_stage 1 (ZeRO-1) dp rank d keeps AdamW's moments of its

@@ -25,6 +25,8 @@ struct mp_stage_worker {
   bool has_observer;
   int num_stages;
   int *slots_per_chunk;  /* (v) */
+  int *last_gradient_action; /* (v) index in the list of the chunk's last B or W, or -1 */
+  mp_stage_chunk_done chunk_done;
   int *slot_of;          /* (v, m) the slot holding micro-batch mb on chunk c, or -1 */
   bool *slot_used;       /* (v, max_slots) */
   int max_slots;
@@ -64,6 +66,7 @@ void mp_stage_worker_free(mp_stage_worker *worker) {
   free(worker->slot_used);
   free(worker->slot_of);
   free(worker->slots_per_chunk);
+  free(worker->last_gradient_action);
   free(worker);
 }
 
@@ -94,9 +97,20 @@ mp_status mp_stage_worker_create(const mp_schedule *schedule, int pp_rank, size_
   worker->num_stages = schedule->pp * v;
   worker->slots_per_chunk = calloc((size_t)v, sizeof(int));
   worker->slot_of = malloc((size_t)v * (size_t)m * sizeof(int));
-  if (worker->slots_per_chunk == NULL || worker->slot_of == NULL) {
+  worker->last_gradient_action = malloc((size_t)v * sizeof(int));
+  if (worker->slots_per_chunk == NULL || worker->slot_of == NULL ||
+      worker->last_gradient_action == NULL) {
     mp_stage_worker_free(worker);
     return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  }
+  const mp_rank_actions *list = &schedule->ranks[pp_rank];
+  const bool zero_bubble = schedule->kind == MP_SCHEDULE_ZB_H1;
+  for (int c = 0; c < v; ++c) worker->last_gradient_action[c] = -1;
+  for (int i = 0; i < list->num_actions; ++i) {
+    const mp_action *a = &list->actions[i];
+    const bool completes = a->kind == MP_ACTION_BACKWARD || a->kind == MP_ACTION_BACKWARD_WEIGHT ||
+                           (a->kind == MP_ACTION_BACKWARD_INPUT && !zero_bubble);
+    if (completes && a->chunk >= 0 && a->chunk < v) worker->last_gradient_action[a->chunk] = i;
   }
   for (int c = 0; c < v; ++c) {
     worker->slots_per_chunk[c] = mp_stage_worker_slots(schedule, pp_rank, c);
@@ -111,6 +125,10 @@ mp_status mp_stage_worker_create(const mp_schedule *schedule, int pp_rank, size_
   }
   *out = worker;
   return MP_OK;
+}
+
+void mp_stage_worker_on_chunk_done(mp_stage_worker *worker, mp_stage_chunk_done hook) {
+  worker->chunk_done = hook;
 }
 
 /* ---- boundary buffers ---- */
@@ -376,6 +394,9 @@ mp_status mp_stage_worker_run(mp_stage_worker *worker, mp_error *err) {
     }
     if (worker->has_observer) {
       worker->observer.action_done(worker->observer.context, a, stage, start, now(worker));
+    }
+    if (worker->chunk_done != NULL && worker->last_gradient_action[a->chunk] == i) {
+      status = worker->chunk_done(worker->ops.context, a->chunk, err);
     }
   }
   mp_error send_err = MP_ERROR_INITIALIZER;

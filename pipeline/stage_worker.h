@@ -71,6 +71,11 @@ typedef struct {
                       double end);
 } mp_stage_observer;
 
+/* Called when chunk `chunk`'s gradients are complete for the step: after its last B (or, with
+ * zero-bubble, its last W). The data-parallel all-reduce of that chunk can start there, while
+ * the other chunks' backwards still run. May be NULL. A failure stops the step. */
+typedef mp_status (*mp_stage_chunk_done)(void *context, int chunk, mp_error *err);
+
 /* The activation slots chunk `chunk` of pp_rank needs: the most micro-batches alive on it at once
  * (F done, B or W not yet) when its list runs. */
 int mp_stage_worker_slots(const mp_schedule *schedule, int pp_rank, int chunk);
@@ -83,6 +88,9 @@ mp_status mp_stage_worker_create(const mp_schedule *schedule, int pp_rank, size_
                                  const mp_stage_ops *ops, const mp_stage_p2p *p2p,
                                  const mp_stage_observer *observer, mp_stage_worker **out,
                                  mp_error *err);
+
+/* Sets the hook called as each chunk's gradients complete (context is ops->context). */
+void mp_stage_worker_on_chunk_done(mp_stage_worker *worker, mp_stage_chunk_done hook);
 void mp_stage_worker_free(mp_stage_worker *worker);
 
 /* Runs the rank's whole list once (one optimizer step's forwards and backwards), then waits for

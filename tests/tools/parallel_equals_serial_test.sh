@@ -73,7 +73,8 @@ for spec in "dp2 2 1 1 1f1b" "pp2 1 2 1 1f1b" "tp2 1 1 2 1f1b" "dp2-pp2-tp2 2 2 
             "pp2-zb-h1 1 2 1 zb-h1" "pp2-gpipe 1 2 1 gpipe" \
             "dp2-tp2-sp-zero1 2 1 2 1f1b 1 true 1" "pp2-tp2-sp-zb-h1 1 2 2 zb-h1 1 true" \
             "pp2-tp2-recompute-selective 1 2 2 zb-h1 1 false 0 selective" \
-            "pp4-recompute-full 1 4 1 1f1b 1 false 0 full"; do
+            "pp4-recompute-full 1 4 1 1f1b 1 false 0 full" \
+            "dp2-pp2-interleaved-v2 2 2 1 interleaved-1f1b 2"; do
   set -- $spec
   plan "$@"
   run "$1"
