@@ -320,6 +320,16 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
   if (status == MP_OK) status = mp_gpt_layout_create(model, (int)plan->seq_len, &layout, err);
   const int num_layers = layout != NULL ? mp_gpt_layout_config(layout)->num_layers : 0;
   mp_gpt_layout_free(layout);
+  if (status == MP_OK) {
+    int sum = 0;
+    for (int st = 0; st < stages; ++st) sum += counts[st];
+    if (sum != num_layers + 3) {
+      status = mp_fail(err, MP_ERR_INPUT,
+                       "%s: layers_per_stage sums to %d, but model %s has %d layers (embedding, "
+                       "%d blocks, final norm and LM head each count one)",
+                       plan->source, sum, mp_model_name(model), num_layers + 3, num_layers);
+    }
+  }
   trainer->num_chunks = v;
   trainer->chunks = calloc((size_t)v, sizeof *trainer->chunks);
   trainer->chunk_m = calloc((size_t)v, sizeof *trainer->chunk_m);

@@ -92,7 +92,9 @@ expect_text "MiB/rank max"
 # Bad layouts are refused before any rank starts, naming the plan and the numbers.
 plan bad-split 1 2 1 1f1b
 sed -i 's/"schedule": "1f1b"/"schedule": "1f1b", "layers_per_stage": [7, 0]/' "$tmp/bad-split.json"
-expect 2 "layers_per_stage" -- $mpengine run --config "$tmp/bad-split.json" --steps 1
+expect 2 "bad-split.json: $.layers_per_stage[1]: must be a positive integer" -- $mpengine run --config "$tmp/bad-split.json" --steps 1
+sed -i 's/\[7, 0\]/[3, 3]/' "$tmp/bad-split.json"
+expect 2 "$tmp/bad-split.json: layers_per_stage sums to 6, but model tiny-gpt has 7 layers (embedding, 4 blocks, final norm and LM head each count one)" -- $mpengine run --config "$tmp/bad-split.json" --steps 1
 plan bad-interleave 1 2 1 interleaved-1f1b 2
 sed -i 's/"num_micro_batches": 4/"num_micro_batches": 4/; s/"global_batch": 8/"global_batch": 6/; s/"num_micro_batches": 4/"num_micro_batches": 3/' "$tmp/bad-interleave.json"
 expect 2 "interleaved-1f1b needs the number of micro-batches to be a multiple of pp = 2; got 3" -- $mpengine run --config "$tmp/bad-interleave.json" --steps 1
