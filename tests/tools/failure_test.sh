@@ -6,6 +6,8 @@
 #   - a rank that hangs makes the other fail with the --comm-timeout error (2 s here) naming the
 #     operation and the group's ranks, prefixed with its rank, and the run exits 1 — through the
 #     launcher's re-launch and under `mpirun -np 2` directly;
+#   - a pipeline rank that hangs makes the next stage's receive time out, naming the action, the
+#     pp group and the peer;
 #   - no rank outlives the run; a malformed MPENGINE_FAULT is an input error naming the variable.
 # Every case is bounded by `timeout 60`, so a launcher that waits forever fails instead of hanging.
 set -uo pipefail
@@ -117,6 +119,19 @@ timed "rank 1 hung, mpirun directly" 30 1 "$timeout_error" "$timeout_peer" -- \
   timeout 60 env MPENGINE_FAULT=hang:1:3 mpirun -np 2 --oversubscribe "${root[@]}" \
   $mpengine run --backend cpu --config "$tmp/tp2.json" --comm-timeout 2
 no_leftovers "rank 1 hung, mpirun directly"
+
+# A pipeline rank hangs: the next stage waits in its receive of micro-batch 0's activation, times
+# out after 2 s naming the action, the group and the peer, and the run exits 1.
+cat > "$tmp/pp2.json" <<JSON
+{"model": "tiny-gpt.json", "parallel": {"dp": 1, "pp": 2, "tp": 1},
+ "batch": {"global_batch": 2, "micro_batch": 1, "num_micro_batches": 2, "seq_len": 16},
+ "training": {"steps": 6, "learning_rate": 3e-3, "warmup_steps": 2}}
+JSON
+timed "pipeline rank 0 hung" 30 1 "rank 1: pipeline rank 1, F micro-batch 0: " \
+  "recv from rank 0 in group pp timed out after 2.0 s (4096 bytes); the peer may have died or hung" -- \
+  timeout 60 env MPENGINE_FAULT=hang:0:3 $mpengine run --backend cpu --config "$tmp/pp2.json" \
+  --comm-timeout 2
+no_leftovers "pipeline rank 0 hung"
 
 # Malformed values are input errors naming the variable (before any rank starts).
 for bad in kill:1 boom:0:1 kill:-1:1 kill:0:0 kill:0:1x "hang: 0:1" kill::1; do
