@@ -1,30 +1,60 @@
 /*
- * engine/checkpoint.h — sharded training checkpoints: saved by every rank of a run, resumed
- * bit-for-bit under the same tensor-parallel size, or resharded to another one, and read back
- * whole for export (DESIGN.md principle 5, "Nothing is lost").
+ * engine/checkpoint.h — sharded training checkpoints of any layout `mpengine run` trains (dp x pp x
+ * tp, virtual stages, ZeRO-1): saved by the ranks of a run, resumed bit-for-bit under the same
+ * layout, or under any other layout (resharded), and read back whole for export (DESIGN.md
+ * principle 5, "Nothing is lost").
  *
  * A checkpoint is a directory DIR/step-<N>/ (N = completed optimizer steps) holding
- *   rank-<R>.bin    one per tensor-parallel rank: a 32-byte header (magic "MPCKSHD1", uint32
- *                   tp rank, uint32 tp size, uint64 floats per array, uint64 step), then that
- *                   rank's fp32 parameters, AdamW first moments and second moments, each in the
- *                   shard order of engine/gpt_model_tp.h (the one-rank layout's order at tp = 1)
- *   manifest.json   format "mpengine-checkpoint", version 1: the step, the plan (layout, batch,
- *                   training settings), the model (name, shape, and its description's JSON text
- *                   so export needs nothing else), the data position and RNG state (the seed and
- *                   the step: batches and initialisation are pure functions of them, so there is
- *                   nothing else to save), the learning-rate schedule state, every tensor of the
- *                   one-rank layout with its global shape, split (tensor_parallel/shard.h) and,
- *                   per rank file, where its shard sits in the file and which blocks of the global
- *                   tensor it holds, and each shard file's size and FNV-1a 64 checksum.
+ *   pp-<P>-tp-<T>.bin  one per (pipeline rank P, tensor-parallel rank T), written by that
+ *                   position's data-parallel rank 0 (the state is the same on every dp replica,
+ *                   except ZeRO-1's AdamW moments: dp rank d holds part d of each chunk's moments,
+ *                   and sends it to dp rank 0 over the dp group for the save). A 32-byte header
+ *                   (magic "MPCKSHD2", uint32 pp rank, uint32 tp rank, uint64 floats per array,
+ *                   uint64 step), then three fp32 arrays of that many floats, little-endian:
+ *                   parameters, AdamW first moments, second moments. Each array holds the rank's
+ *                   chunks in order (chunk c = stage c x pp + P), each chunk's tensors in the
+ *                   one-rank layout's order, each tensor's tp shard as engine/gpt_model_tp.h cuts
+ *                   it. The last stage's tied copy of the token table (embedding.wte on a stage
+ *                   without the embedding) is not saved: it is bitwise the first stage's wte, and
+ *                   so are its AdamW moments, because the trainer sums the two gradients over the
+ *                   embedding group before anything else touches them, so both copies see the same
+ *                   gradient, clipping scale and update (engine/trainer.c, finish_parallel_step;
+ *                   the dp all-reduce then sees equal inputs for both, which Open MPI sums alike:
+ *                   the bit-exact resume tests of pp = 2 would catch a difference).
+ *                   Why per (pp, tp) and not per world rank: the dp replicas hold the same state,
+ *                   so one copy is enough (dp times less disk and I/O), and the files do not depend
+ *                   on dp at all; the price is one gather of ZeRO-1's moments over dp per save.
+ *   manifest.json   format "mpengine-checkpoint", version 2: the step, the plan (layout, schedule,
+ *                   batch, training settings), the model (name, shape, and its description's JSON
+ *                   text so export needs nothing else), the data position and RNG state (the seed
+ *                   and the step: batches and initialisation are pure functions of them, so there
+ *                   is nothing else to save), the learning-rate schedule state; the GLOBAL tensor
+ *                   table: every tensor of the one-rank layout with its full shape, its split
+ *                   (tensor_parallel/shard.h), the pipeline rank holding it and, per tp rank, the
+ *                   file, the float offset inside each array and the blocks of the full tensor
+ *                   that shard holds; and per file its coordinates, its stages (chain pieces), size
+ *                   and FNV-1a 64 checksum.
  *
- * Saving is crash-safe: the ranks write their files into DIR/step-<N>.tmp-<pid of rank 0>/
- * (temporary name, fsync, rename), meet at a barrier, and rank 0 writes the manifest (same way)
- * and renames the directory into place, then syncs DIR. A kill at any moment leaves every earlier
- * checkpoint whole; a directory without a valid manifest is never loaded.
+ * Loading under any layout: each rank, for each tensor of each of its chunks (the tied copy
+ * reads wte), reads the shards the table names: its own shard directly when the tp sizes agree
+ * (replicated tensors from tp rank 0's file), else the full tensor reassembled from every shard
+ * and cut again; AdamW's moments likewise, only the part this dp rank keeps under ZeRO-1. So a
+ * checkpoint of (dp, pp, tp, v, ZeRO) resumes under any other (dp', pp', tp', v', ZeRO'): the
+ * losses then agree with an uninterrupted run to float round-off (the reductions' order differs);
+ * under the same layout they are the very same numbers. Version-1 checkpoints (dp = pp = 1,
+ * rank-<R>.bin per tp rank, header "MPCKSHD1") load the same way.
  *
- * Checkpoints cover dp = pp = 1 layouts (any tp); runs with dp > 1, pp > 1 or ZeRO-1 are refused
- * at start-up when --checkpoint-dir is given (mp_trainer_cpu_state). The format's tensor table is
- * global, so any tp can load any tp's checkpoint.
+ * Saving is crash-safe: world rank 0 creates DIR/step-<N>.tmp-<its pid>/ and tells the others; the
+ * writers write their files there (temporary name, fsync, rename) and send world rank 0 a record
+ * (their tensors, size, checksum, or their error), which rank 0 waits for from every writer (a
+ * barrier over the world group); rank 0 then writes the manifest last (same way), renames the
+ * directory into place and syncs DIR; a final agreement over the world group makes every rank
+ * return the same status. A kill at any moment leaves every earlier checkpoint whole; a directory
+ * without a valid manifest is never loaded. Loading checks the files' checksums spread over the
+ * ranks (file f by world rank f mod world size) and agrees on the outcome, so every rank reports
+ * the same error and none starts training alone.
+ *
+ * The CUDA backend cannot checkpoint yet (its AdamW state lives on the GPU).
  */
 #ifndef MPENGINE_ENGINE_CHECKPOINT_H
 #define MPENGINE_ENGINE_CHECKPOINT_H
@@ -43,20 +73,26 @@
 extern "C" {
 #endif
 
-/* What a save or a load works on: this rank's trainer and where it sits. */
+/* What a save or a load works on: this rank's trainer and where it sits (topology/grid.h). */
 typedef struct {
   const mp_plan *plan;
   const mp_model *model;
   mp_trainer *trainer;
-  mp_comm *group; /* the tensor-parallel group (barrier, broadcast), or NULL on one rank */
-  int tp_rank;    /* 0 on one rank */
-  int tp_size;    /* 1 on one rank */
+  mp_comm *world; /* every rank of the job, group rank = world rank; NULL on one rank */
+  mp_comm *dp;    /* this rank's data-parallel group (group rank = dp rank); NULL when dp = 1 */
+  int dp_rank, pp_rank, tp_rank; /* this rank's coordinates; 0 on one rank */
 } mp_checkpoint_context;
 
+/* MP_OK when the trainer's state can be checkpointed (any layout on the CPU backend);
+ * MP_ERR_INPUT saying what to change otherwise (the CUDA backend). No communication: `mpengine
+ * run` calls it before the first step when --checkpoint-dir is given. */
+mp_status mp_checkpoint_check_trainer(const mp_checkpoint_context *ctx, mp_error *err);
+
 /* Saves the state after `step` completed steps as DIR/step-<step>/ (created with DIR when
- * missing; an existing step-<step> is replaced), then, on rank 0 and when keep > 0, removes all
- * but the `keep` newest complete checkpoints. Collective over ctx->group. MP_ERR_RUNTIME naming
- * the path when a file cannot be written; MP_ERR_INPUT on the CUDA backend. */
+ * missing; an existing step-<step> is replaced), then, on world rank 0 and when keep > 0, removes
+ * all but the `keep` newest complete checkpoints. Collective over ctx->world (and ctx->dp with
+ * ZeRO-1); every rank returns the same status. MP_ERR_RUNTIME naming the path when a file cannot
+ * be written; MP_ERR_INPUT on the CUDA backend. */
 mp_status mp_checkpoint_save(const char *dir, int64_t step, int keep,
                              const mp_checkpoint_context *ctx, mp_error *err);
 
@@ -66,11 +102,12 @@ mp_status mp_checkpoint_save(const char *dir, int64_t step, int keep,
 mp_status mp_checkpoint_find_latest(const char *dir, char *path, size_t path_bytes,
                                     int64_t *step, mp_error *err);
 
-/* Loads checkpoint directory path into ctx->trainer (every rank calls it; no communication):
+/* Loads checkpoint directory path (saved under any layout, version 1 or 2) into ctx->trainer:
  * checks the manifest, that it is of the same model (naming the first difference), batch and
- * seed, that every shard file is there with its checksum, then reads this rank's shard (same tp)
- * or reassembles the global tensors from every file and cuts this rank's shard (another tp).
- * *step = the completed steps. MP_ERR_INPUT naming the file and what is wrong. */
+ * seed, that every shard file is there with its checksum (spread over the ranks), then fills
+ * each of this rank's chunks: parameters and the AdamW moments it keeps, read from the files
+ * that hold them (see the file comment). Collective over ctx->world; every rank returns the
+ * same status. *step = the completed steps. MP_ERR_INPUT naming the file and what is wrong. */
 mp_status mp_checkpoint_load(const char *path, const mp_checkpoint_context *ctx, int64_t *step,
                              mp_error *err);
 
@@ -82,8 +119,9 @@ mp_status mp_checkpoint_read_params(const char *path, mp_gpt_layout **layout, fl
                                     int64_t *step, mp_error *err);
 
 /* Parses and checks a manifest's JSON text as a load does before it opens any shard file (format,
- * version, layout, shard list, batch, and, when the manifest carries the model's description,
- * that description and the tensor table against it), without touching the disk; everything it
+ * version, layout, file list, the tensor table and every shard's place in its file, batch, and,
+ * when the manifest carries the model's description, that description and the tensor table
+ * against it), without touching the disk; everything it
  * allocates is freed. source names the text in messages. MP_ERR_INPUT saying what is wrong. For
  * the fuzz target tests/fuzz/checkpoint_manifest_fuzz.c and for tools that vet a manifest. */
 mp_status mp_checkpoint_manifest_check_text(const char *text, const char *source, mp_error *err);

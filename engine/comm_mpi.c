@@ -6,9 +6,17 @@
  * Every MPI call goes through MPI_CALL, which turns a failure into an mp_error naming the rank,
  * the MPI function, this file and the line. Messages over 2^30 bytes (or 2^28 floats for the
  * all-reduce) go as several MPI operations under one deadline, because MPI counts are ints.
+ *
+ * GPU buffers are staged through pinned host memory (comm_staging.h): a buffer the operation reads
+ * is copied from the GPU into a pinned block first, a buffer it writes is received into a block
+ * and copied to the GPU afterwards. Host buffers go to MPI as they are, as before. The world keeps
+ * a few pinned blocks for reuse; a block whose operation failed is never reused or freed, because
+ * MPI may still read or write it (comm.h: what a timeout leaves behind).
  */
 #define _POSIX_C_SOURCE 200809L
 #include "engine/comm.h"
+
+#include "engine/comm_staging.h"
 
 #include <limits.h>
 /* Debian puts Open MPI's headers under /usr/include/<triplet>/mpi, which gcc searches through the
@@ -29,6 +37,7 @@ enum {
   kNameBytes = 32,
   kMembersTextBytes = 160,
   kBrokenBytes = 512,
+  kStagingSlots = 8,               /* pinned blocks a world keeps for reuse */
 };
 static const size_t kChunkBytes = (size_t)1 << 30;
 static const size_t kChunkFloats = (size_t)1 << 28;
@@ -47,6 +56,11 @@ struct mp_comm_world {
   double timeout_s;
   bool owns_mpi;     /* this world called MPI_Init_thread, so it calls MPI_Finalize */
   int pending;       /* requests left inside MPI by timeouts that could not be withdrawn */
+  struct {
+    void *pointer;   /* pinned host memory, NULL for an empty slot */
+    size_t capacity; /* bytes */
+    bool in_use;
+  } staging[kStagingSlots];
 };
 
 struct mp_comm {
@@ -214,6 +228,105 @@ static mp_status comm_usable(const mp_comm *comm, mp_error *err) {
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * GPU buffers, staged through pinned host memory
+ * ------------------------------------------------------------------------------------------- */
+
+/* A caller's buffer as MPI sees it: the buffer itself when it is host memory, else a pinned block
+ * of the world's (or one of its own when every slot is taken). */
+typedef struct {
+  void *user;   /* the caller's buffer */
+  void *host;   /* what MPI reads or writes: user, or the pinned block */
+  size_t bytes;
+  bool device;  /* user is GPU memory, host is a pinned block */
+} staged_buffer;
+
+/* A pinned block of at least `bytes`: the smallest free one that fits, else a new one in a free
+ * slot (replacing the smallest free block too small), else one outside the slots. */
+static mp_status staging_acquire(mp_comm_world *world, size_t bytes, void **out, mp_error *err) {
+  int fit = -1, spare = -1;
+  for (int i = 0; i < kStagingSlots; ++i) {
+    if (world->staging[i].in_use) continue;
+    if (world->staging[i].pointer != NULL && world->staging[i].capacity >= bytes) {
+      if (fit < 0 || world->staging[i].capacity < world->staging[fit].capacity) fit = i;
+    } else if (spare < 0 || world->staging[i].pointer == NULL ||
+               (world->staging[spare].pointer != NULL &&
+                world->staging[i].capacity < world->staging[spare].capacity)) {
+      spare = i;
+    }
+  }
+  if (fit >= 0) {
+    world->staging[fit].in_use = true;
+    *out = world->staging[fit].pointer;
+    return MP_OK;
+  }
+  void *block = NULL;
+  MP_TRY(mp_staging_host_alloc(&block, bytes, err));
+  if (spare >= 0) {
+    mp_staging_host_free(world->staging[spare].pointer);
+    world->staging[spare].pointer = block;
+    world->staging[spare].capacity = bytes;
+    world->staging[spare].in_use = true;
+  }
+  *out = block;
+  return MP_OK;
+}
+
+/* Returns a block for reuse (or frees one outside the slots). */
+static void staging_release(mp_comm_world *world, void *block) {
+  for (int i = 0; i < kStagingSlots; ++i) {
+    if (world->staging[i].pointer == block) {
+      world->staging[i].in_use = false;
+      return;
+    }
+  }
+  mp_staging_host_free(block);
+}
+
+/* The host view of `user` for an operation that reads it (fill: copied from the GPU) or only
+ * writes it. Host memory is its own view. */
+static mp_status stage_in(mp_comm *comm, const char *operation, const void *user, size_t bytes,
+                          bool fill, staged_buffer *staged, mp_error *err) {
+  staged->user = (void *)user;
+  staged->host = (void *)user;
+  staged->bytes = bytes;
+  staged->device = bytes > 0 && mp_staging_is_device(user);
+  if (!staged->device) return MP_OK;
+  staged->host = NULL;
+  mp_status status = staging_acquire(comm->world, bytes, &staged->host, err);
+  if (status == MP_OK && fill) status = mp_staging_copy(staged->host, user, bytes, err);
+  if (status != MP_OK) {
+    if (staged->host != NULL) staging_release(comm->world, staged->host);
+    staged->host = NULL;
+    staged->device = false;
+    return mp_error_prefix(err, "rank %d: %s in group %s: staging %zu bytes of a GPU buffer through "
+                           "host memory", comm->world->rank, operation, comm->name, bytes);
+  }
+  return MP_OK;
+}
+
+/* Returns the block of a buffer that MPI never saw. */
+static void stage_drop(mp_comm *comm, staged_buffer *staged) {
+  if (staged->device) staging_release(comm->world, staged->host);
+  staged->device = false;
+}
+
+/* After the operation: on success copies what it wrote back to the GPU (copy_back) and returns the
+ * block; after a failure the block is abandoned, since MPI may still use it. */
+static mp_status stage_out(mp_comm *comm, const char *operation, staged_buffer *staged,
+                           bool copy_back, mp_status status, mp_error *err) {
+  if (!staged->device) return status;
+  if (status != MP_OK) return status; /* the block stays in use: a pending request may hold it */
+  if (copy_back) status = mp_staging_copy(staged->user, staged->host, staged->bytes, err);
+  staging_release(comm->world, staged->host);
+  staged->device = false;
+  if (status != MP_OK) {
+    return mp_error_prefix(err, "rank %d: %s in group %s: copying %zu bytes back to a GPU buffer",
+                           comm->world->rank, operation, comm->name, staged->bytes);
+  }
+  return MP_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
  * The world
  * ------------------------------------------------------------------------------------------- */
 
@@ -278,6 +391,10 @@ void mp_comm_world_finalize(mp_comm_world *world) {
   if (clean) {
     MPI_Comm_free(&world->comm);
     if (world->owns_mpi) MPI_Finalize();
+  }
+  for (int i = 0; i < kStagingSlots; ++i) {
+    /* A block still in use belongs to a failed operation that MPI may still hold. */
+    if (!world->staging[i].in_use) mp_staging_host_free(world->staging[i].pointer);
   }
   free(world);
 }
@@ -472,6 +589,8 @@ static mp_status check_peer(const mp_comm *comm, int peer, const char *operation
 struct mp_comm_request {
   mp_comm *comm;
   comm_op op;
+  staged_buffer staged; /* the caller's buffer and, for a GPU buffer, its pinned block */
+  bool copy_back;       /* the operation writes the buffer: copy the block back to the GPU */
   int num_chunks;
   MPI_Request chunks[]; /* (num_chunks) */
 };
@@ -482,9 +601,15 @@ static mp_comm_request *request_new(mp_comm *comm, const char *operation, int pe
   if (request == NULL) return NULL;
   request->comm = comm;
   request->op = comm_op_begin(comm, operation, peer, bytes);
+  request->staged.device = false;
+  request->copy_back = false;
   request->num_chunks = 0;
   return request;
 }
+
+/* Frees a request that failed while posting; its pinned block, if any, is abandoned with it
+ * (chunks already posted may still read it). */
+static void request_abandon(mp_comm_request *request) { free(request); }
 
 mp_status mp_comm_isend(mp_comm *comm, const void *buffer, size_t bytes, int peer,
                         mp_comm_request **out, mp_error *err) {
@@ -493,6 +618,13 @@ mp_status mp_comm_isend(mp_comm *comm, const void *buffer, size_t bytes, int pee
   const size_t num_chunks = bytes == 0 ? 1 : (bytes + kChunkBytes - 1) / kChunkBytes;
   mp_comm_request *request = request_new(comm, "send", peer, bytes, num_chunks);
   if (request == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory posting a send");
+  /* A GPU buffer is copied out now, so the caller may reuse it as soon as this returns. */
+  const mp_status staged = stage_in(comm, "send", buffer, bytes, true, &request->staged, err);
+  if (staged != MP_OK) {
+    free(request);
+    return staged;
+  }
+  const char *host = request->staged.host;
   size_t offset = 0;
   do {
     size_t chunk = bytes - offset < kChunkBytes ? bytes - offset : kChunkBytes;
@@ -500,12 +632,10 @@ mp_status mp_comm_isend(mp_comm *comm, const void *buffer, size_t bytes, int pee
     *slot = MPI_REQUEST_NULL;
     const mp_status status =
         MPI_CALL(comm->world->rank, MPI_Isend,
-                 ((const char *)buffer + offset, (int)chunk, MPI_BYTE, peer, kTagP2P, comm->comm,
-                  slot),
-                 err);
+                 (host + offset, (int)chunk, MPI_BYTE, peer, kTagP2P, comm->comm, slot), err);
     if (status != MP_OK) {
       /* The chunks already posted cannot be withdrawn; the caller stops the run. */
-      free(request);
+      request_abandon(request);
       return status;
     }
     request->num_chunks++;
@@ -521,6 +651,8 @@ mp_status mp_comm_wait(mp_comm_request *request, mp_error *err) {
   for (int i = 0; i < request->num_chunks && status == MP_OK; ++i) {
     status = comm_wait(request->comm, &request->chunks[i], &request->op, err);
   }
+  status = stage_out(request->comm, request->op.operation, &request->staged, request->copy_back,
+                     status, err);
   free(request);
   return status;
 }
@@ -534,18 +666,21 @@ mp_status mp_comm_send(mp_comm *comm, const void *buffer, size_t bytes, int peer
 mp_status mp_comm_recv(mp_comm *comm, void *buffer, size_t bytes, int peer, mp_error *err) {
   MP_TRY(check_peer(comm, peer, "recv", buffer, bytes, err));
   comm_op op = comm_op_begin(comm, "recv", peer, bytes);
+  staged_buffer staged;
+  MP_TRY(stage_in(comm, "recv", buffer, bytes, false, &staged, err));
+  char *host = staged.host;
+  mp_status status = MP_OK;
   size_t offset = 0;
   do {
     size_t chunk = bytes - offset < kChunkBytes ? bytes - offset : kChunkBytes;
     MPI_Request request = MPI_REQUEST_NULL;
-    MP_TRY(MPI_CALL(comm->world->rank, MPI_Irecv,
-                    ((char *)buffer + offset, (int)chunk, MPI_BYTE, peer, kTagP2P, comm->comm,
-                     &request),
-                    err));
-    MP_TRY(comm_wait(comm, &request, &op, err));
+    status = MPI_CALL(comm->world->rank, MPI_Irecv,
+                      (host + offset, (int)chunk, MPI_BYTE, peer, kTagP2P, comm->comm, &request),
+                      err);
+    if (status == MP_OK) status = comm_wait(comm, &request, &op, err);
     offset += chunk;
-  } while (offset < bytes);
-  return MP_OK;
+  } while (status == MP_OK && offset < bytes);
+  return stage_out(comm, "recv", &staged, true, status, err);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -559,6 +694,21 @@ static mp_status check_collective(const mp_comm *comm, const char *operation, co
                    comm->world->rank, operation, comm->name, count);
   }
   return comm_usable(comm, err);
+}
+
+/* A one-member reduce-scatter or all-gather: output = input (either may be GPU memory). */
+static mp_status copy_alone(const mp_comm *comm, const char *operation, float *output,
+                            const float *input, size_t count, mp_error *err) {
+  if (output == input || count == 0) return MP_OK;
+  if (!mp_staging_is_device(output) && !mp_staging_is_device(input)) {
+    memmove(output, input, count * sizeof(float));
+    return MP_OK;
+  }
+  if (mp_staging_copy(output, input, count * sizeof(float), err) != MP_OK) {
+    return mp_error_prefix(err, "rank %d: %s in group %s", comm->world->rank, operation,
+                           comm->name);
+  }
+  return MP_OK;
 }
 
 static mp_status check_int_count(const mp_comm *comm, const char *operation, size_t count,
@@ -580,6 +730,16 @@ mp_status mp_comm_iall_reduce_sum_f32(mp_comm *comm, float *buffer, size_t count
   mp_comm_request *request =
       request_new(comm, "all-reduce", -1, count * sizeof(float), num_chunks);
   if (request == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory posting an all-reduce");
+  if (comm->size > 1) { /* a GPU buffer is summed in a pinned block, copied back by the wait */
+    const mp_status staged =
+        stage_in(comm, "all-reduce", buffer, count * sizeof(float), true, &request->staged, err);
+    if (staged != MP_OK) {
+      free(request);
+      return staged;
+    }
+    request->copy_back = true;
+    buffer = request->staged.host;
+  }
   size_t offset = 0;
   while (comm->size > 1 && offset < count) { /* one rank: nothing to sum, the wait is free */
     size_t chunk = count - offset < kChunkFloats ? count - offset : kChunkFloats;
@@ -591,7 +751,7 @@ mp_status mp_comm_iall_reduce_sum_f32(mp_comm *comm, float *buffer, size_t count
                   slot),
                  err);
     if (status != MP_OK) {
-      free(request);
+      request_abandon(request);
       return status;
     }
     request->num_chunks++;
@@ -611,32 +771,48 @@ mp_status mp_comm_reduce_scatter_sum_f32(mp_comm *comm, const float *input, floa
                                          size_t count, mp_error *err) {
   MP_TRY(check_collective(comm, "reduce-scatter", input, output, count, err));
   MP_TRY(check_int_count(comm, "reduce-scatter", count, err));
-  if (comm->size == 1) {
-    if (output != input && count > 0) memmove(output, input, count * sizeof(float));
-    return MP_OK;
-  }
+  if (comm->size == 1) return copy_alone(comm, "reduce-scatter", output, input, count, err);
   comm_op op = comm_op_begin(comm, "reduce-scatter", -1, count * comm->size * sizeof(float));
+  staged_buffer in, out;
+  MP_TRY(stage_in(comm, "reduce-scatter", input, count * comm->size * sizeof(float), true, &in,
+                  err));
+  mp_status status = stage_in(comm, "reduce-scatter", output, count * sizeof(float), false, &out,
+                              err);
+  if (status != MP_OK) {
+    stage_drop(comm, &in);
+    return status;
+  }
   MPI_Request request = MPI_REQUEST_NULL;
-  MP_TRY(MPI_CALL(comm->world->rank, MPI_Ireduce_scatter_block,
-                  (input, output, (int)count, MPI_FLOAT, MPI_SUM, comm->comm, &request), err));
-  return comm_wait(comm, &request, &op, err);
+  status = MPI_CALL(comm->world->rank, MPI_Ireduce_scatter_block,
+                    (in.host, out.host, (int)count, MPI_FLOAT, MPI_SUM, comm->comm, &request),
+                    err);
+  if (status == MP_OK) status = comm_wait(comm, &request, &op, err);
+  status = stage_out(comm, "reduce-scatter", &in, false, status, err);
+  return stage_out(comm, "reduce-scatter", &out, true, status, err);
 }
 
 mp_status mp_comm_all_gather_f32(mp_comm *comm, const float *input, float *output, size_t count,
                                  mp_error *err) {
   MP_TRY(check_collective(comm, "all-gather", input, output, count, err));
   MP_TRY(check_int_count(comm, "all-gather", count, err));
-  if (comm->size == 1) {
-    if (output != input && count > 0) memmove(output, input, count * sizeof(float));
-    return MP_OK;
-  }
+  if (comm->size == 1) return copy_alone(comm, "all-gather", output, input, count, err);
   comm_op op = comm_op_begin(comm, "all-gather", -1, count * comm->size * sizeof(float));
+  staged_buffer in, out;
+  MP_TRY(stage_in(comm, "all-gather", input, count * sizeof(float), true, &in, err));
+  mp_status status = stage_in(comm, "all-gather", output, count * comm->size * sizeof(float),
+                              false, &out, err);
+  if (status != MP_OK) {
+    stage_drop(comm, &in);
+    return status;
+  }
   MPI_Request request = MPI_REQUEST_NULL;
-  MP_TRY(MPI_CALL(comm->world->rank, MPI_Iallgather,
-                  (input, (int)count, MPI_FLOAT, output, (int)count, MPI_FLOAT, comm->comm,
-                   &request),
-                  err));
-  return comm_wait(comm, &request, &op, err);
+  status = MPI_CALL(comm->world->rank, MPI_Iallgather,
+                    (in.host, (int)count, MPI_FLOAT, out.host, (int)count, MPI_FLOAT, comm->comm,
+                     &request),
+                    err);
+  if (status == MP_OK) status = comm_wait(comm, &request, &op, err);
+  status = stage_out(comm, "all-gather", &in, false, status, err);
+  return stage_out(comm, "all-gather", &out, true, status, err);
 }
 
 mp_status mp_comm_broadcast(mp_comm *comm, void *buffer, size_t bytes, int root, mp_error *err) {
@@ -649,17 +825,21 @@ mp_status mp_comm_broadcast(mp_comm *comm, void *buffer, size_t bytes, int root,
   }
   if (comm->size == 1) return MP_OK;
   comm_op op = comm_op_begin(comm, "broadcast", -1, bytes);
+  const bool is_root = comm->rank == root;
+  staged_buffer staged;
+  MP_TRY(stage_in(comm, "broadcast", buffer, bytes, is_root, &staged, err));
+  char *host = staged.host;
+  mp_status status = MP_OK;
   size_t offset = 0;
   do {
     size_t chunk = bytes - offset < kChunkBytes ? bytes - offset : kChunkBytes;
     MPI_Request request = MPI_REQUEST_NULL;
-    MP_TRY(MPI_CALL(comm->world->rank, MPI_Ibcast,
-                    ((char *)buffer + offset, (int)chunk, MPI_BYTE, root, comm->comm, &request),
-                    err));
-    MP_TRY(comm_wait(comm, &request, &op, err));
+    status = MPI_CALL(comm->world->rank, MPI_Ibcast,
+                      (host + offset, (int)chunk, MPI_BYTE, root, comm->comm, &request), err);
+    if (status == MP_OK) status = comm_wait(comm, &request, &op, err);
     offset += chunk;
-  } while (offset < bytes);
-  return MP_OK;
+  } while (status == MP_OK && offset < bytes);
+  return stage_out(comm, "broadcast", &staged, !is_root, status, err);
 }
 
 mp_status mp_comm_barrier(mp_comm *comm, mp_error *err) {

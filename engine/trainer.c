@@ -108,16 +108,13 @@ static mp_status stage_split(const mp_plan *plan, const mp_model *model, int *co
     memcpy(counts, plan->layers_per_stage, (size_t)stages * sizeof(int));
     return MP_OK;
   }
-  mp_cluster cluster;
-  MP_TRY(mp_cluster_load(plan->cluster, &cluster, err));
-  mp_schedule_kind kind;
-  MP_TRY(mp_schedule_kind_parse(plan->schedule, &kind, err));
-  const mp_layout layout = {plan->dp, plan->pp, plan->tp, plan->virtual_stages,
-                            plan->micro_batch, plan->num_micro_batches, plan->seq_len,
-                            kind, plan->recompute, plan->sequence_parallel, plan->zero_stage};
+  if (stages == 1) {
+    counts[0] = mp_model_num_layers(model);
+    return MP_OK;
+  }
   mp_estimate *estimate = malloc(sizeof *estimate);
   if (estimate == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
-  const mp_status status = mp_cost_estimate(&cluster, model, &layout, NULL, estimate, err);
+  const mp_status status = mp_cost_estimate_plan(plan, model, estimate, err);
   if (status == MP_OK) memcpy(counts, estimate->layers_per_stage, (size_t)stages * sizeof(int));
   free(estimate);
   if (status != MP_OK) {

@@ -141,8 +141,8 @@ mp_status mp_trainer_get_params(mp_trainer *trainer, float *host_params, mp_erro
  * AdamW's first and second moments in the same order, *count floats each. AdamW keeps no other
  * state: its bias correction is a function of the step. The caller may read or overwrite them
  * between steps. MP_ERR_INPUT on the CUDA backend, whose optimizer state lives on the GPU
- * (checkpointing it is not implemented yet; use --backend cpu), and for layouts with dp > 1 or
- * pp > 1 (their checkpoints are not implemented yet). */
+ * (checkpointing it is not implemented yet; use --backend cpu), and for a parallel run with more
+ * than one chunk or dp > 1 or ZeRO-1, whose state is per chunk: mp_trainer_chunk_cpu_state. */
 mp_status mp_trainer_cpu_state(mp_trainer *trainer, float **params, float **adam_m,
                                float **adam_v, size_t *count, mp_error *err);
 

@@ -3,9 +3,11 @@
  * GPT-2 format (version 3, fp32), so llm.c and its tools can use what mpengine trained.
  *
  * DIR is one checkpoint (DIR/manifest.json) or a --checkpoint-dir, whose newest complete
- * checkpoint is taken. The shards of every rank are checked against the manifest's checksums and
- * gathered into the global tensors (engine/checkpoint.h); the model comes from the description
- * the manifest carries, so the export needs no other file. The result loads with
+ * checkpoint is taken. It may come from any layout (dp, pp, tp, virtual stages, ZeRO-1; or a
+ * version-1 checkpoint): every shard file is checked against the manifest's checksum and each
+ * global tensor is gathered from the files of the pipeline rank holding it (engine/checkpoint.h);
+ * the model comes from the description the manifest carries, so the export needs no other file.
+ * The result equals what `mpengine run --save-weights` writes at that step and loads with
  * `mpengine run --init-from model.bin`.
  */
 #include <stdio.h>

@@ -21,10 +21,11 @@
  *
  * Checkpoints (engine/checkpoint.h): --checkpoint-dir DIR saves every --save-every K steps and at
  * the end, keeping the --keep N newest; SIGTERM or SIGINT finishes the current step, saves and
- * exits 0 (under tp the ranks agree on stopping with a one-float all-reduce per step; the
+ * exits 0 (with several ranks they agree on stopping with a one-float all-reduce per step; the
  * launcher passes SIGTERM / SIGINT it receives to the ranks as SIGTERM). --resume
- * continues from the newest complete checkpoint in DIR, under this plan's tp (resharding when it
- * differs), and exits 2 when there is none.
+ * continues from the newest complete checkpoint in DIR, under this plan's layout (any dp, pp, tp,
+ * virtual stages and ZeRO stage: resharded when it differs from the saved one), and exits 2 when
+ * there is none.
  *
  * Failures: a rank that dies makes mpirun end the job; the launcher forwards mpirun's stderr,
  * reads from it which rank died ("mpirun noticed that process rank N ... exited on signal S"),
@@ -541,7 +542,7 @@ int cmd_run(int argc, char **argv) {
       {"checkpoint-dir", "DIR", "save sharded checkpoints under DIR/step-<N>/ (every --save-every steps, at the end, and on SIGTERM/SIGINT)", NULL},
       {"save-every", "K", "with --checkpoint-dir: save every K steps (default: only at the end)", NULL},
       {"keep", "N", "with --checkpoint-dir: keep the N newest checkpoints (default: all)", NULL},
-      {"resume", NULL, "continue from the newest checkpoint in --checkpoint-dir (any tp)", NULL},
+      {"resume", NULL, "continue from the newest checkpoint in --checkpoint-dir (saved under any layout)", NULL},
       {"trace", "TRACE.json", "record every action and communication of every rank as a Chrome trace (draw it with mpengine timeline)", NULL},
       {"save-weights", "FILE.bin", "at the end, write the trained weights as an llm.c GPT-2 checkpoint (fp32)", NULL},
       {"np", "N", "ranks to start under mpirun (default: the plan's dp x pp x tp)", NULL},
@@ -764,9 +765,10 @@ int cmd_run(int argc, char **argv) {
     exit_code = rank_report(&command, &state, &err);
     goto done;
   }
-  mp_checkpoint_context checkpoint = {&state.plan, state.model, state.trainer, state.tp_group,
-                                       state.tp_group != NULL ? mp_comm_rank(state.tp_group) : 0,
-                                       state.plan.tp};
+  const mp_checkpoint_context checkpoint = {
+      .plan = &state.plan, .model = state.model, .trainer = state.trainer,
+      .world = state.world_group, .dp = state.dp_group, .dp_rank = state.coord.dp_rank,
+      .pp_rank = state.coord.pp_rank, .tp_rank = state.coord.tp_rank};
   int64_t first_step = 0;
   char resumed_from[4096] = "";
   if (resume) {
@@ -786,9 +788,7 @@ int cmd_run(int argc, char **argv) {
       goto done;
     }
   } else if (checkpoint_dir != NULL) {
-    float *p = NULL, *m = NULL, *v = NULL;
-    size_t count = 0;
-    if (mp_trainer_cpu_state(state.trainer, &p, &m, &v, &count, &err) != MP_OK) {
+    if (mp_checkpoint_check_trainer(&checkpoint, &err) != MP_OK) {
       exit_code = rank_report(&command, &state, &err);
       goto done;
     }

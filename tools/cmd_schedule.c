@@ -5,8 +5,12 @@
  *   mpengine schedule --config PLAN.json
  *   mpengine schedule --pp P --micro-batches M [--virtual V] --kind K
  *
- * Durations are unit costs (F = 1, B = 2 per rank's layers; zero-bubble B = 1, W = 1) until the
- * cost model lands with the planner (issue 6). A plan is read whole by topology/plan.h (so a typo
+ * With --config the durations are the cost model's for the plan (topology/cost_model.h: each
+ * stage's forward, backward and zero-bubble weight-gradient seconds on the plan's cluster, with
+ * its layers_per_stage, and the p2p time of one activation) — the same prediction `mpengine plan`
+ * simulates and `mpengine timeline --against` compares with a run. --unit-costs, and every
+ * schedule given by --pp/--kind, use unit costs instead (F = 1, B = 2 per rank's layers;
+ * zero-bubble B = 1, W = 1). A plan is read whole by topology/plan.h (so a typo
  * is refused, never defaulted), and a schedule uses $.parallel.pp, $.parallel.virtual_stages,
  * $.batch.num_micro_batches and $.schedule. --out is written through a temporary name and renamed
  * into place, so an interrupted run never leaves half a file.
@@ -26,6 +30,7 @@
 #include "common/atomic_file.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
+#include "topology/cost_model.h"
 #include "topology/plan.h"
 
 typedef struct {
@@ -33,6 +38,8 @@ typedef struct {
   int pp;
   int num_micro_batches;
   int virtual_stages;
+  bool has_plan;
+  mp_plan plan; /* with --config */
 } schedule_request;
 
 static int clamp_int(int64_t value) { return value > INT_MAX ? INT_MAX : (int)value; }
@@ -40,8 +47,10 @@ static int clamp_int(int64_t value) { return value > INT_MAX ? INT_MAX : (int)va
 /* The four numbers a schedule needs, from a plan read by the plan reader (topology/plan.h), which
  * refuses unknown keys and inconsistent batches with the file and JSON path named. */
 static mp_status read_plan(const char *path, schedule_request *request, mp_error *err) {
-  mp_plan plan;
-  MP_TRY(mp_plan_load(path, &plan, err));
+  mp_plan *plan_read = &request->plan;
+  MP_TRY(mp_plan_load(path, plan_read, err));
+  request->has_plan = true;
+  const mp_plan plan = *plan_read;
   if (mp_schedule_kind_parse(plan.schedule, &request->kind, err) != MP_OK) {
     return mp_error_prefix(err, "%s: $.schedule", path);
   }
@@ -118,8 +127,10 @@ int cmd_schedule(int argc, char **argv) {
       {"kind", "K", "gpipe, 1f1b, interleaved-1f1b or zb-h1 (without --config)", NULL},
       {"format", "F", "ascii (default), svg or chrome (trace event JSON for Perfetto)", NULL},
       {"out", "FILE", "write the timeline to FILE instead of stdout", NULL},
-      {"latency", "T", "point-to-point latency per message, in time units (default 0)", NULL},
+      {"latency", "T", "point-to-point latency per message, in time units (ms with a plan's costs; default 0, or the cost model's)", NULL},
       {"p2p", "MODEL", "eager (default, what the runtime does) or rendezvous (batched blocking)",
+       NULL},
+      {"unit-costs", NULL, "with --config: unit costs (F = 1, B = 2) instead of the cost model's",
        NULL},
       {0},
   };
@@ -131,9 +142,10 @@ int cmd_schedule(int argc, char **argv) {
       .summary =
           "Show the timeline a pipeline schedule will execute. The schedule is generated as "
           "data, checked (every micro-batch forward and backward through every chunk once, in "
-          "order, no deadlock under the runtime's point-to-point semantics) and simulated with "
-          "unit costs (F = 1, B = 2; zero-bubble B = 1, W = 1), then drawn with its bubble "
-          "fraction and peak activation memory.",
+          "order, no deadlock under the runtime's point-to-point semantics) and simulated: a "
+          "plan (--config) with the cost model's durations of its stages on its cluster (what "
+          "`mpengine plan` predicts), otherwise with unit costs (F = 1, B = 2; zero-bubble B = 1, "
+          "W = 1); then drawn with its bubble fraction and peak activation memory.",
       .max_positionals = 0,
       .options = options,
   };
@@ -141,7 +153,9 @@ int cmd_schedule(int argc, char **argv) {
   if (early >= 0) return early;
 
   mp_error err = MP_ERROR_INITIALIZER;
-  schedule_request request = {MP_SCHEDULE_1F1B, 0, 0, 1};
+  static schedule_request request; /* holds a whole plan: off the stack */
+  request.kind = MP_SCHEDULE_1F1B;
+  request.virtual_stages = 1;
   mp_timeline_format format = MP_TIMELINE_ASCII;
   mp_p2p_model p2p_model = MP_P2P_EAGER;
   double latency = 0.0;
@@ -168,11 +182,21 @@ int cmd_schedule(int argc, char **argv) {
                                           request.virtual_stages, &schedule, &err);
   const char *config = cli_value(&command, "config");
   if (status != MP_OK && config != NULL) mp_error_prefix(&err, "%s", config);
-  if (status == MP_OK) {
+  const bool predicted = request.has_plan && !cli_flag(&command, "unit-costs");
+  if (status == MP_OK && predicted) {
+    mp_estimate *estimate = calloc(1, sizeof *estimate);
+    status = estimate == NULL ? mp_fail(&err, MP_ERR_RUNTIME, "out of memory")
+                              : mp_cost_estimate_plan(&request.plan, NULL, estimate, &err);
+    if (status == MP_OK) status = mp_cost_sim_costs(estimate, &costs, &err);
+    free(estimate);
+    if (status == MP_OK && cli_value(&command, "latency") != NULL) {
+      costs.p2p_latency = latency * 1e-3; /* the option's time unit is ms here */
+    }
+  } else if (status == MP_OK) {
     status = mp_sim_costs_init_unit(&costs, request.pp, request.virtual_stages, &err);
+    if (status == MP_OK) costs.p2p_latency = latency;
   }
   if (status == MP_OK) {
-    costs.p2p_latency = latency;
     costs.p2p_model = p2p_model;
     status = mp_schedule_simulate(&schedule, &costs, &simulation, &err);
   }

@@ -86,41 +86,10 @@ static mp_status predict(const char *plan_path, const char *trace_path,
   out->path = plan_path;
   MP_TRY(mp_plan_load(plan_path, &out->plan, err));
   MP_TRY(check_same_layout(plan_path, &out->plan, trace_path, layout, err));
-  const mp_plan *plan = &out->plan;
-  mp_layout cost_layout;
-  memset(&cost_layout, 0, sizeof cost_layout);
-  cost_layout.dp = plan->dp;
-  cost_layout.pp = plan->pp;
-  cost_layout.tp = plan->tp;
-  cost_layout.virtual_stages = plan->virtual_stages;
-  cost_layout.micro_batch = plan->micro_batch;
-  cost_layout.num_micro_batches = plan->num_micro_batches;
-  cost_layout.seq_len = plan->seq_len;
-  cost_layout.recompute = plan->recompute;
-  cost_layout.sequence_parallel = plan->sequence_parallel;
-  cost_layout.zero_stage = plan->zero_stage;
-  if (mp_schedule_kind_parse(plan->schedule, &cost_layout.schedule, err) != MP_OK) {
-    return mp_error_prefix(err, "%s: $.schedule", plan_path);
-  }
-  out->zero_bubble = cost_layout.schedule == MP_SCHEDULE_ZB_H1;
-  mp_cluster cluster;
-  if (mp_cluster_load(plan->cluster, &cluster, err) != MP_OK) {
-    return mp_error_prefix(err, "%s: $.cluster", plan_path);
-  }
-  mp_model *model = NULL;
-  MP_TRY(mp_model_load(plan->model_path, &model, err));
+  out->zero_bubble = strcmp(out->plan.schedule, "zb-h1") == 0;
   out->estimate = calloc(1, sizeof *out->estimate);
-  mp_status status = MP_OK;
-  if (out->estimate == NULL) {
-    status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
-  } else {
-    status = mp_cost_estimate(&cluster, model, &cost_layout,
-                              plan->num_stage_counts > 0 ? plan->layers_per_stage : NULL,
-                              out->estimate, err);
-    if (status != MP_OK) mp_error_prefix(err, "%s", plan_path);
-  }
-  mp_model_free(model);
-  return status;
+  if (out->estimate == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  return mp_cost_estimate_plan(&out->plan, NULL, out->estimate, err);
 }
 
 /* The measured mean of a shown kind on a stage, merging the backward kinds the schedule uses. */

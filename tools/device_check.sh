@@ -7,9 +7,14 @@
 #   - every CUDA kernel checked against its CPU twin (max relative error), and the GPU model
 #     against the CPU model;
 #   - the measured bf16 GEMM peak (PyTorch), the figure MFU is also given against;
+#   - the NCCL communicators (engine/comm_nccl.h) on one GPU: their tests, the watchdog's abort,
+#     and `bench comm --backend cuda` on one rank; with the carried Open MPI (.device/mpi.tar.gz),
+#     two ranks sharing the GPU through the MPI communicators' staging of GPU buffers
+#     (`bench comm --backend mpi --buffers device`), and NCCL's refusal of two ranks on one GPU,
+#     which must be an error, never a hang;
 #   - one-GPU training of tiny-gpt (loss against the entropy floor), gpt2-124m and gpt2-1.5b
 #     (tokens/s, MFU), and PyTorch eager on the same model and batch for the tokens/s ratio.
-# Usage: bash tools/device_check.sh [--quick]   (--quick: kernels and tiny-gpt only)
+# Usage: bash tools/device_check.sh [--quick]   (--quick: kernels, communicators and tiny-gpt only)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 quick=${1:-}
@@ -21,9 +26,39 @@ if [ ! -x .device/bin/mpengine ]; then
   exit 2
 fi
 
+# Libraries that travel gzipped (device_bundle.sh) and the carried Open MPI runtime are unpacked
+# outside the tree.
+unpacked=$(mktemp -d /tmp/mpengine-device.XXXXXX)
+trap 'rm -rf "$unpacked"' EXIT
+mkdir -p "$unpacked/lib"
+for packed in .device/lib/*.gz; do
+  [ -e "$packed" ] || continue
+  gzip -dc "$packed" > "$unpacked/lib/$(basename "$packed" .gz)"
+done
+
+# The carried libraries first.
+libdirs=("$PWD/.device/lib" "$unpacked/lib")
+
+# Open MPI (the machine has none): mpirun and its runtime from .device/mpi.tar.gz, found through
+# Open MPI's and PMIx's installation-directory variables; shared memory between the ranks.
+mpirun=""
+mpi_env=()
+if [ -f .device/mpi.tar.gz ] && tar xzf .device/mpi.tar.gz -C "$unpacked"; then
+  mpi=$unpacked/mpi
+  mpirun=$mpi/bin/mpirun
+  libdirs+=("$mpi/lib")
+  mpi_env=(OPAL_PREFIX="$mpi" OPAL_BINDIR="$mpi/bin" OPAL_LIBDIR="$mpi/lib"
+           OPAL_PKGLIBDIR="$mpi/lib/openmpi3" OPAL_DATADIR="$mpi/share"
+           OPAL_PKGDATADIR="$mpi/share/openmpi" OPAL_SYSCONFDIR="$mpi/etc"
+           PMIX_PREFIX="$mpi" PMIX_LIBDIR="$mpi/lib" PMIX_PKGLIBDIR="$mpi/lib/pmix"
+           PMIX_DATADIR="$mpi/share" PMIX_PKGDATADIR="$mpi/share/pmix" PMIX_SYSCONFDIR="$mpi/etc"
+           OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_plm_rsh_agent=
+           OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
+           OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_mpi_yield_when_idle=1)
+fi
+
 # CUDA libraries: the machine's toolkit, and NCCL from wherever it is installed (the CUDA image
 # ships it in a Python package when not in the toolkit).
-libdirs=(.device/lib)
 for dir in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
   [ -d "$dir" ] && libdirs+=("$dir")
 done
@@ -43,10 +78,10 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=c
 echo "cpu cores: $(nproc)"
 
 section "shared libraries"
-for binary in .device/bin/*; do
+for binary in .device/bin/* ${mpirun:+"$mpirun"}; do
   if ldd "$binary" | grep "not found"; then fail "$binary has missing libraries"; fi
 done
-echo "checked $(ls .device/bin | wc -l) binaries"
+echo "checked $(ls .device/bin | wc -l) binaries${mpirun:+ and the carried mpirun}"
 
 section "mpengine version --smoke-test"
 .device/bin/mpengine version --smoke-test || fail "smoke test"
@@ -61,6 +96,47 @@ for test in cuda_elementwise_test cuda_gemm_test flash_attention_test gpt_model_
     fail "$test not bundled"
   fi
 done
+
+section "NCCL communicators on one GPU (engine/comm_nccl.h): tests, the watchdog"
+for test in comm_nccl_test comm_nccl_watchdog_test; do
+  if [ -x ".device/bin/$test" ]; then
+    timeout 120 ".device/bin/$test" 2>&1 | grep -E "^\[ +(OK|FAILED|SKIPPED) +\]|Failure|Expected|Which is|error|PASSED|tests? ran" \
+      || fail "$test printed nothing"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || fail "$test"
+  else
+    fail "$test not bundled"
+  fi
+done
+
+section "bench comm --backend cuda: NCCL on one rank, no MPI (nccl-tests style)"
+timeout 180 .device/bin/mpengine bench comm --backend cuda --min-bytes 1K --max-bytes 256M \
+  --factor 16 --comm-timeout 60 || fail "bench comm --backend cuda on one rank"
+
+if [ -n "$mpirun" ]; then
+  section "two ranks sharing the GPU: bench comm --backend mpi --buffers device (MPI staging)"
+  timeout 240 env "${mpi_env[@]}" "$mpirun" -np 2 --bind-to none .device/bin/mpengine bench comm \
+    --backend mpi --buffers device --max-bytes 64M --factor 16 --comm-timeout 60 \
+    || fail "bench comm --backend mpi --buffers device on two ranks sharing the GPU"
+
+  section "two ranks on one GPU with NCCL: to be refused (NCCL needs a GPU per rank), never to hang"
+  log=$(mktemp)
+  timeout 120 env "${mpi_env[@]}" "$mpirun" -np 2 --bind-to none .device/bin/mpengine bench comm \
+    --backend cuda --ops all_reduce --max-bytes 4K --comm-timeout 30 > "$log" 2>&1
+  code=$?
+  grep -E "^mpengine bench comm:|^# mpengine bench comm|#wrong in total" "$log" | head -n 4
+  if [ $code -eq 124 ]; then
+    fail "two NCCL ranks on one GPU hung past 120 s"
+  elif [ $code -eq 0 ]; then
+    echo "NCCL accepted two ranks on one GPU here (exit 0)"
+  else
+    echo "refused with an error, as expected (exit $code)"
+  fi
+  rm -f "$log"
+else
+  section "two ranks sharing the GPU"
+  echo "skipped: no mpirun (.device/mpi.tar.gz was not bundled: tools/device_bundle.sh found no" \
+       "Open MPI); the one-rank steps above ran"
+fi
 
 section "bf16 matrix peak (PyTorch, 8192^3, median of 20)"
 peak=$(timeout 120 env -u LD_LIBRARY_PATH python3 - <<'PY'

@@ -63,7 +63,8 @@ sources_plan_json=("${json[@]}" topology/plan.c topology/layer_cost.c topology/m
 sources_token_shard=(common/error.c engine/token_shard.c)
 sources_llmc_checkpoint=("${json[@]}" topology/model.c engine/gpt_model.c engine/param_init.c
   common/rng.c layers/matmul.c layers/layernorm.c layers/gelu.c layers/attention.c
-  layers/residual.c layers/embedding.c layers/cross_entropy.c layers/gpt_block.c layers/bf16.c)
+  layers/residual.c layers/embedding.c layers/cross_entropy.c layers/gpt_block.c layers/bf16.c
+  common/atomic_file.c)
 # checkpoint.c also holds saving and loading, which call the trainer and MPI; the manifest checks
 # call neither, so the target links tests/fuzz/checkpoint_manifest_stubs.c (stand-ins that abort)
 # instead of their whole closure.

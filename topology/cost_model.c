@@ -137,6 +137,24 @@ static mp_status check_layout(const mp_model *model, const mp_layout *l, mp_erro
   return MP_OK;
 }
 
+mp_status mp_cost_sim_costs(const mp_estimate *estimate, mp_sim_costs *out, mp_error *err) {
+  const int pp = estimate->layout.pp, v = estimate->layout.virtual_stages;
+  memset(out, 0, sizeof *out);
+  MP_TRY(mp_sim_costs_init_unit(out, pp, v, err));
+  out->time_unit = MP_TIME_SECONDS;
+  out->memory_unit = MP_MEMORY_BYTES;
+  out->p2p_latency = estimate->p2p_s;
+  for (int s = 0; s < estimate->num_stages; ++s) {
+    const double b = estimate->stage_backward_s[s], w = estimate->stage_weight_gradient_s[s];
+    out->duration[MP_ACTION_FORWARD][s] = estimate->stage_forward_s[s];
+    out->duration[MP_ACTION_BACKWARD][s] = b;
+    out->duration[MP_ACTION_BACKWARD_INPUT][s] = b - w;
+    out->duration[MP_ACTION_BACKWARD_WEIGHT][s] = w;
+    out->activation_memory[s] = estimate->stage_activation_bytes[s];
+  }
+  return MP_OK;
+}
+
 mp_status mp_cost_estimate(const mp_cluster *cluster, const mp_model *model,
                            const mp_layout *layout, const int *layers_per_stage,
                            mp_estimate *out, mp_error *err) {
@@ -244,26 +262,18 @@ mp_status mp_cost_estimate(const mp_cluster *cluster, const mp_model *model,
     mp_schedule_free(&schedule);
     return status;
   }
+  for (int s = 0; s < stages; ++s) {
+    /* Zero-bubble: the input gradient carries the recomputation and the tp collectives, the
+     * weight gradient half of the backward GEMMs. */
+    out->stage_weight_gradient_s[s] =
+        0.5 * (stage_compute[s] - stage_fwd_compute[s] - stage_recompute[s]);
+    out->stage_activation_bytes[s] = stage_act[s];
+  }
   mp_sim_costs sim_costs;
   mp_simulation sim;
   memset(&sim, 0, sizeof sim);
-  status = mp_sim_costs_init_unit(&sim_costs, pp, v, err);
+  status = mp_cost_sim_costs(out, &sim_costs, err);
   if (status == MP_OK) {
-    sim_costs.time_unit = MP_TIME_SECONDS;
-    sim_costs.memory_unit = MP_MEMORY_BYTES;
-    sim_costs.p2p_latency = out->p2p_s;
-    for (int s = 0; s < stages; ++s) {
-      const double f = out->stage_forward_s[s], b = out->stage_backward_s[s];
-      /* Zero-bubble: the input gradient carries the recomputation and the tp collectives, the
-       * weight gradient half of the backward GEMMs. */
-      const double w = 0.5 * (stage_compute[s] - stage_fwd_compute[s] - stage_recompute[s]);
-      sim_costs.duration[MP_ACTION_FORWARD][s] = f;
-      sim_costs.duration[MP_ACTION_BACKWARD][s] = b;
-      sim_costs.duration[MP_ACTION_BACKWARD_INPUT][s] = b - w;
-      sim_costs.duration[MP_ACTION_BACKWARD_WEIGHT][s] = w;
-      out->stage_weight_gradient_s[s] = w;
-      sim_costs.activation_memory[s] = stage_act[s];
-    }
     status = mp_schedule_simulate(&schedule, &sim_costs, &sim, err);
   }
   if (status != MP_OK) {
@@ -342,4 +352,38 @@ mp_status mp_cost_estimate(const mp_cluster *cluster, const mp_model *model,
   mp_sim_costs_free(&sim_costs);
   mp_schedule_free(&schedule);
   return MP_OK;
+}
+
+mp_status mp_cost_estimate_plan(const mp_plan *plan, const mp_model *model, mp_estimate *out,
+                                mp_error *err) {
+  mp_layout layout;
+  memset(&layout, 0, sizeof layout);
+  layout.dp = plan->dp;
+  layout.pp = plan->pp;
+  layout.tp = plan->tp;
+  layout.virtual_stages = plan->virtual_stages;
+  layout.micro_batch = plan->micro_batch;
+  layout.num_micro_batches = plan->num_micro_batches;
+  layout.seq_len = plan->seq_len;
+  layout.recompute = plan->recompute;
+  layout.sequence_parallel = plan->sequence_parallel;
+  layout.zero_stage = plan->zero_stage;
+  if (mp_schedule_kind_parse(plan->schedule, &layout.schedule, err) != MP_OK) {
+    return mp_error_prefix(err, "%s: $.schedule", plan->source);
+  }
+  mp_cluster cluster;
+  if (mp_cluster_load(plan->cluster, &cluster, err) != MP_OK) {
+    return mp_error_prefix(err, "%s: $.cluster", plan->source);
+  }
+  mp_model *loaded = NULL;
+  if (model == NULL) {
+    MP_TRY(mp_model_load(plan->model_path, &loaded, err));
+    model = loaded;
+  }
+  const mp_status status =
+      mp_cost_estimate(&cluster, model, &layout,
+                       plan->num_stage_counts > 0 ? plan->layers_per_stage : NULL, out, err);
+  mp_model_free(loaded);
+  if (status != MP_OK) mp_error_prefix(err, "%s", plan->source);
+  return status;
 }

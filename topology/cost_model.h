@@ -60,9 +60,11 @@
 
 #include "common/error.h"
 #include "schedules/schedule.h"
+#include "schedules/simulator.h"
 #include "topology/cluster.h"
 #include "topology/layer_cost.h"
 #include "topology/model.h"
+#include "topology/plan.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -139,6 +141,7 @@ typedef struct {
   double stage_weight_gradient_s[MP_COST_MAX_STAGES]; /* zero-bubble's W: the part of
                                           stage_backward_s that is weight gradients; its B (input
                                           gradient) is the rest */
+  double stage_activation_bytes[MP_COST_MAX_STAGES]; /* kept per alive micro-batch, one tp rank */
   double p2p_s;                           /* one activation transfer at the slowest boundary */
   bool p2p_inter_node;
   double pipeline_s;                      /* simulated */
@@ -164,6 +167,19 @@ void mp_cost_partition_costs(const mp_cluster *cluster, const mp_model *model,
  * it and fills *out (which is large: allocate it). Fails with MP_ERR_INPUT when the layout does not
  * fit the model (sizes, a split of the wrong length, a schedule that cannot run these numbers),
  * saying why. */
+/* mp_cost_estimate of a plan as written (topology/plan.h): its layout, schedule, cluster, model
+ * (model, or when NULL the plan's model file) and layers_per_stage (the partitioner's split when
+ * the plan has none). Errors are prefixed with the plan file (and the JSON path where one is at
+ * fault). */
+mp_status mp_cost_estimate_plan(const mp_plan *plan, const mp_model *model, mp_estimate *out,
+                                mp_error *err);
+
+/* The simulator's durations (seconds) and memory (bytes) per stage from an estimate: F, B, and
+ * for zero-bubble the input-gradient B and weight-gradient W; the p2p latency of one activation.
+ * What mp_cost_estimate simulates, and `mpengine schedule --config` draws. MP_ERR_RUNTIME when out
+ * of memory; free with mp_sim_costs_free. */
+mp_status mp_cost_sim_costs(const mp_estimate *estimate, mp_sim_costs *out, mp_error *err);
+
 mp_status mp_cost_estimate(const mp_cluster *cluster, const mp_model *model,
                            const mp_layout *layout, const int *layers_per_stage,
                            mp_estimate *out, mp_error *err);

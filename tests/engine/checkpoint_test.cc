@@ -1,13 +1,18 @@
 // tests/engine/checkpoint_test.cc — engine/checkpoint.h on one rank: a save and a load into a
 // fresh trainer restore parameters and AdamW moments bit for bit and the next steps' losses
-// exactly; the exported global parameters (through llm.c's file) equal the trainer's; a flipped
-// byte, a missing shard, another model and a foreign manifest are refused naming the file.
+// exactly; the exported global parameters (through llm.c's file) equal the trainer's; the
+// one-rank model and the chunked trainer (the stage worker's, here through --trace's path) read
+// each other's checkpoints; a version-1 checkpoint (rank-<R>.bin, "MPCKSHD1") still loads; a
+// flipped byte, a missing shard, another model and a foreign manifest are refused naming the file.
+// Layouts of several ranks are covered by tests/tools/checkpoint_test.sh.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -15,7 +20,9 @@
 #include "engine/data_loader.h"
 #include "engine/gpt_model.h"
 #include "engine/markov_source.h"
+#include "engine/trace.h"
 #include "engine/trainer.h"
+#include "tensor_parallel/shard.h"
 #include "topology/model.h"
 #include "topology/plan.h"
 
@@ -36,13 +43,17 @@ struct Job {
   std::vector<uint16_t> tokens;
   mp_data_loader *data = nullptr;
   mp_trainer *trainer = nullptr;
+  mp_trace *trace = nullptr;
   mp_error err = MP_ERROR_INITIALIZER;
   ~Job() {
     mp_trainer_free(trainer);
+    mp_trace_free(trace);
     mp_data_loader_free(data);
     mp_model_free(model);
   }
-  bool make(const char *model_path) {
+  // chunked: the trainer of parallel runs (one chunk of the whole model at tp = 1), which a
+  // one-rank CPU run with a trace uses.
+  bool make(const char *model_path, bool chunked = false) {
     char text[1024];
     snprintf(text, sizeof text,
              "{\"model\": \"%s\", \"parallel\": {\"dp\": 1, \"pp\": 1, \"tp\": 1}, \"batch\": "
@@ -58,16 +69,39 @@ struct Job {
     tokens.resize(1 << 14);
     mp_markov_source_sample(source, 1, (int64_t)tokens.size(), tokens.data());
     mp_markov_source_free(source);
-    return mp_data_loader_from_tokens(tokens.data(), (int64_t)tokens.size(),
-                                      mp_model_vocab_size(model), "train", &data,
-                                      &err) == MP_OK &&
-           mp_trainer_create(&plan, model, data, MP_BACKEND_CPU, &trainer, &err) == MP_OK;
+    if (mp_data_loader_from_tokens(tokens.data(), (int64_t)tokens.size(),
+                                   mp_model_vocab_size(model), "train", &data, &err) != MP_OK) {
+      return false;
+    }
+    mp_trainer_options options = MP_TRAINER_OPTIONS_INITIALIZER;
+    if (chunked) {
+      mp_trace_layout layout;
+      memset(&layout, 0, sizeof layout);
+      snprintf(layout.schedule, sizeof layout.schedule, "%s", plan.schedule);
+      layout.dp = layout.pp = layout.tp = layout.virtual_stages = 1;
+      layout.num_micro_batches = (int)plan.num_micro_batches;
+      if (mp_trace_create(&layout, 0, 0, 0, 0, &trace, &err) != MP_OK) return false;
+      options.trace = trace;
+    }
+    return mp_trainer_create_parallel(&plan, model, data, MP_BACKEND_CPU, &options, &trainer,
+                                      &err) == MP_OK;
   }
-  mp_checkpoint_context context() { return {&plan, model, trainer, nullptr, 0, 1}; }
+  mp_checkpoint_context context() { return {&plan, model, trainer, nullptr, nullptr, 0, 0, 0}; }
+  // Parameters, first and second moments, concatenated (the one-rank layout's order).
   std::vector<float> state() {
     float *p, *m, *v;
     size_t n = 0;
-    EXPECT_EQ(mp_trainer_cpu_state(trainer, &p, &m, &v, &n, &err), MP_OK);
+    if (mp_trainer_num_chunks(trainer) > 0) {
+      mp_trainer_chunk_state chunk;
+      EXPECT_EQ(mp_trainer_chunk_cpu_state(trainer, 0, &chunk, &err), MP_OK);
+      EXPECT_EQ(chunk.moments_count, chunk.params_count);
+      p = chunk.params;
+      m = chunk.adam_m;
+      v = chunk.adam_v;
+      n = chunk.params_count;
+    } else {
+      EXPECT_EQ(mp_trainer_cpu_state(trainer, &p, &m, &v, &n, &err), MP_OK);
+    }
     std::vector<float> all(p, p + n);
     all.insert(all.end(), m, m + n);
     all.insert(all.end(), v, v + n);
@@ -76,6 +110,24 @@ struct Job {
 };
 
 const char kTiny[] = "examples/models/tiny-gpt.json";
+
+std::string read_file(const std::string &path) {
+  std::string text;
+  FILE *f = fopen(path.c_str(), "rb");
+  if (f == nullptr) return text;
+  char buffer[4096];
+  size_t got;
+  while ((got = fread(buffer, 1, sizeof buffer, f)) > 0) text.append(buffer, got);
+  fclose(f);
+  return text;
+}
+
+void write_file(const std::string &path, const std::string &text) {
+  FILE *f = fopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr) << path;
+  fwrite(text.data(), 1, text.size(), f);
+  fclose(f);
+}
 
 TEST(Checkpoint, SaveLoadResumesExactly) {
   const std::string dir = temp_dir();
@@ -127,7 +179,7 @@ TEST(Checkpoint, RefusalsNameTheFile) {
   ASSERT_TRUE(a.make(kTiny)) << a.err.message;
   mp_checkpoint_context ctx = a.context();
   ASSERT_EQ(mp_checkpoint_save(dir.c_str(), 1, 0, &ctx, &a.err), MP_OK) << a.err.message;
-  const std::string ck = dir + "/step-1", shard = ck + "/rank-00000.bin";
+  const std::string ck = dir + "/step-1", shard = ck + "/pp-00000-tp-00000.bin";
   int64_t step = 0;
   // Another model.
   const std::string other = dir + "/small.json";
@@ -157,7 +209,7 @@ TEST(Checkpoint, RefusalsNameTheFile) {
   // A missing shard.
   unlink(shard.c_str());
   EXPECT_EQ(mp_checkpoint_load(ck.c_str(), &ctx, &step, &a.err), MP_ERR_INPUT);
-  EXPECT_NE(std::string(a.err.message).find(shard + ": missing shard file of tp rank 0"),
+  EXPECT_NE(std::string(a.err.message).find(shard + ": missing shard file of pp rank 0, tp rank 0"),
             std::string::npos)
       << a.err.message;
   // Not a checkpoint manifest; and then nothing to resume.
@@ -171,6 +223,120 @@ TEST(Checkpoint, RefusalsNameTheFile) {
             MP_ERR_INPUT);
   EXPECT_NE(std::string(a.err.message).find("--resume: no checkpoint in " + dir),
             std::string::npos);
+}
+
+TEST(Checkpoint, ChunkedAndWholeModelTrainersReadEachOther) {
+  const std::string dir = temp_dir();
+  Job whole, chunked;
+  ASSERT_TRUE(whole.make(kTiny)) << whole.err.message;
+  ASSERT_TRUE(chunked.make(kTiny, true)) << chunked.err.message;
+  ASSERT_EQ(mp_trainer_num_chunks(chunked.trainer), 1);
+  mp_step_metrics metrics;
+  for (int64_t s = 0; s < 2; ++s) {
+    ASSERT_EQ(mp_trainer_step(whole.trainer, s, &metrics, &whole.err), MP_OK);
+  }
+  for (int64_t s = 0; s < 3; ++s) {
+    ASSERT_EQ(mp_trainer_step(chunked.trainer, s, &metrics, &chunked.err), MP_OK)
+        << chunked.err.message;
+  }
+  mp_checkpoint_context ctx_whole = whole.context(), ctx_chunked = chunked.context();
+  ASSERT_EQ(mp_checkpoint_save((dir + "/whole").c_str(), 2, 0, &ctx_whole, &whole.err), MP_OK)
+      << whole.err.message;
+  ASSERT_EQ(mp_checkpoint_save((dir + "/chunked").c_str(), 3, 0, &ctx_chunked, &chunked.err),
+            MP_OK)
+      << chunked.err.message;
+  const std::vector<float> saved_whole = whole.state(), saved_chunked = chunked.state();
+  int64_t step = 0;
+  ASSERT_EQ(mp_checkpoint_load((dir + "/whole/step-2").c_str(), &ctx_chunked, &step,
+                               &chunked.err),
+            MP_OK)
+      << chunked.err.message;
+  EXPECT_EQ(step, 2);
+  EXPECT_EQ(chunked.state(), saved_whole);
+  ASSERT_EQ(mp_checkpoint_load((dir + "/chunked/step-3").c_str(), &ctx_whole, &step, &whole.err),
+            MP_OK)
+      << whole.err.message;
+  EXPECT_EQ(step, 3);
+  EXPECT_EQ(whole.state(), saved_chunked);
+}
+
+// A version-1 checkpoint as the previous mpengine wrote it for one rank: rank-00000.bin (header
+// "MPCKSHD1", tp rank, tp size, floats, step; then params, m, v) and its manifest.
+TEST(Checkpoint, ReadsVersionOne) {
+  const std::string dir = temp_dir();
+  Job a, b;
+  ASSERT_TRUE(a.make(kTiny)) << a.err.message;
+  ASSERT_TRUE(b.make(kTiny)) << b.err.message;
+  mp_step_metrics ma, mb;
+  for (int64_t s = 0; s < 3; ++s) ASSERT_EQ(mp_trainer_step(a.trainer, s, &ma, &a.err), MP_OK);
+  const std::vector<float> saved = a.state();
+  const size_t n = saved.size() / 3;
+  const std::string ck = dir + "/step-3";
+  ASSERT_EQ(mkdir(ck.c_str(), 0777), 0);
+  std::string shard(32, '\0');
+  memcpy(&shard[0], "MPCKSHD1", 8);
+  const uint32_t rank = 0, size = 1;
+  const uint64_t floats = n, step64 = 3;
+  memcpy(&shard[8], &rank, 4);
+  memcpy(&shard[12], &size, 4);
+  memcpy(&shard[16], &floats, 8);
+  memcpy(&shard[24], &step64, 8);
+  shard.append(reinterpret_cast<const char *>(saved.data()), saved.size() * sizeof(float));
+  write_file(ck + "/rank-00000.bin", shard);
+  uint64_t checksum = 0, bytes = 0;
+  ASSERT_EQ(mp_checkpoint_file_checksum((ck + "/rank-00000.bin").c_str(), &checksum, &bytes,
+                                        &a.err),
+            MP_OK);
+  const mp_gpt_layout *layout = mp_trainer_layout(a.trainer);
+  const mp_gpt_config *c = mp_gpt_layout_config(layout);
+  char text[1024];
+  snprintf(text, sizeof text,
+           "{\"format\": \"mpengine-checkpoint\", \"version\": 1, \"step\": 3,\n"
+           " \"plan\": {\"dp\": 1, \"pp\": 1, \"tp\": 1, \"batch\": {\"global_batch\": 4, "
+           "\"seq_len\": 32}, \"training\": {\"seed\": \"%llu\"}},\n"
+           " \"model\": {\"name\": \"tiny-gpt\", \"config\": {\"max_seq_len\": %d, "
+           "\"vocab_size\": %d, \"padded_vocab_size\": %d, \"num_layers\": %d, \"num_heads\": %d, "
+           "\"channels\": %d, \"ffn_channels\": %d}},\n \"tensors\": [",
+           (unsigned long long)a.plan.training.seed, c->max_seq_len, c->vocab_size,
+           c->padded_vocab_size, c->num_layers, c->num_heads, c->channels, c->ffn_channels);
+  std::string manifest = text;
+  for (int i = 0; i < mp_gpt_layout_num_tensors(layout); ++i) {
+    const mp_gpt_tensor *t = mp_gpt_layout_tensor(layout, i);
+    mp_tp_split split;
+    ASSERT_EQ(mp_tp_split_of(t->name, &split, &a.err), MP_OK);
+    snprintf(text, sizeof text,
+             "%s\n  {\"name\": \"%s\", \"shape\": [%zu, %zu], \"split\": \"%s\", \"shards\": "
+             "[{\"tp_rank\": 0, \"float_offset\": %zu, \"floats\": %zu, \"blocks\": []}]}",
+             i > 0 ? "," : "", t->name, t->rows, t->cols, mp_tp_split_name(split), t->offset,
+             t->rows * t->cols);
+    manifest += text;
+  }
+  snprintf(text, sizeof text,
+           "],\n \"shards\": [{\"file\": \"rank-00000.bin\", \"tp_rank\": 0, \"tp_size\": 1, "
+           "\"floats_per_array\": %zu, \"bytes\": %llu, \"fnv1a64\": \"%016llx\"}]}\n",
+           n, (unsigned long long)bytes, (unsigned long long)checksum);
+  manifest += text;
+  write_file(ck + "/manifest.json", manifest);
+  ASSERT_EQ(mp_checkpoint_manifest_check_text(manifest.c_str(), "v1", &a.err), MP_OK)
+      << a.err.message;
+  char path[4096];
+  int64_t step = 0;
+  ASSERT_EQ(mp_checkpoint_find_latest(dir.c_str(), path, sizeof path, &step, &b.err), MP_OK);
+  mp_checkpoint_context ctx_b = b.context();
+  ASSERT_EQ(mp_checkpoint_load(path, &ctx_b, &step, &b.err), MP_OK) << b.err.message;
+  EXPECT_EQ(step, 3);
+  EXPECT_EQ(b.state(), saved);
+  for (int64_t s = 3; s < 5; ++s) {
+    ASSERT_EQ(mp_trainer_step(a.trainer, s, &ma, &a.err), MP_OK);
+    ASSERT_EQ(mp_trainer_step(b.trainer, s, &mb, &b.err), MP_OK);
+    EXPECT_EQ(ma.loss, mb.loss) << "step " << s;
+  }
+  // Export reads it too (the model description is missing from this hand-made manifest).
+  mp_gpt_layout *exported = nullptr;
+  float *params = nullptr;
+  EXPECT_EQ(mp_checkpoint_read_params(path, &exported, &params, &step, &a.err), MP_ERR_INPUT);
+  EXPECT_NE(std::string(a.err.message).find("$.model.description is missing"), std::string::npos)
+      << a.err.message;
 }
 
 }  // namespace

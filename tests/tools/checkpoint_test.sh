@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # tests/tools/checkpoint_test.sh — sharded checkpoints through `mpengine run` and `mpengine export`
-# (issue 7): a resumed run continues bit-for-bit (the loss strings of steps 10..19 equal those of a
-# run that never stopped) on one rank and with tp = 2; a checkpoint saved with tp = 2 resumes with
-# tp = 1 and tp = 4, and one saved with tp = 1 with tp = 2, within 1e-5 relative; --keep, SIGTERM
-# (finish the step, save, exit 0), export to llm.c's format and --init-from of it, and the
-# refusals (exit 2 with the reason): no checkpoint to resume, a corrupted shard, a missing shard, a
-# checkpoint of another model, a manifest that is not a checkpoint manifest.
+# (issue 7; every layout: issue 11): a resumed run continues bit-for-bit (the loss strings of steps
+# 10..19 equal those of a run that never stopped) on one rank, with tp = 2, with (dp, pp, tp) =
+# (2, 2, 2) and ZeRO-1, and with pp = 2 interleaved over v = 2 chunks; a checkpoint resumes under
+# another layout (tp 2 -> 1, 1 -> 2, 2 -> 4; (2,2,2) ZeRO-1 -> one rank; one rank -> (1,2,2);
+# pp 2 interleaved -> (2,1,2) ZeRO-1) with the losses of the uninterrupted run within 1e-6
+# relative; --keep, SIGTERM (finish the step, save, exit 0), export to llm.c's format (of a pp = 2
+# checkpoint: the very weights --save-weights wrote) and --init-from of it, and the refusals (exit
+# 2 with the reason): no checkpoint to resume, a corrupted shard, a missing shard, a checkpoint of
+# another model, a manifest that is not a checkpoint manifest.
 set -uo pipefail
 mpengine=${1:-${MPENGINE:-tools/mpengine}}
 tmp=${TEST_TMPDIR:-$(mktemp -d)}/checkpoint
@@ -18,43 +21,58 @@ export TMPDIR="${TEST_TMPDIR:-${TMPDIR:-/tmp}}"
 failures=0
 source "$(dirname "${BASH_SOURCE[0]}")/cli_expect.sh" || { echo "cannot load cli_expect.sh"; exit 1; }
 
-plan() { # plan FILE TP [MODEL]
+plan() { # plan FILE DP PP TP [SCHEDULE] [VIRTUAL] [ZERO] [MODEL]: global batch 8 on every layout
   cat > "$1" <<JSON
-{"model": "${3:-tiny-gpt.json}", "parallel": {"dp": 1, "pp": 1, "tp": $2, "sequence_parallel": false},
- "batch": {"global_batch": 4, "micro_batch": 2, "num_micro_batches": 2, "seq_len": 32},
+{"model": "${8:-tiny-gpt.json}", "cluster": "cpu-local",
+ "parallel": {"dp": $2, "pp": $3, "tp": $4, "virtual_stages": ${6:-1}, "sequence_parallel": false, "zero_stage": ${7:-0}},
+ "batch": {"global_batch": 8, "micro_batch": 2, "num_micro_batches": $((4 / $2)), "seq_len": 32},
+ "schedule": "${5:-1f1b}",
  "training": {"steps": 20, "learning_rate": 3e-3, "warmup_steps": 2}}
 JSON
 }
 cp examples/models/tiny-gpt.json "$tmp/tiny-gpt.json"
 sed 's/"repeat": 4/"repeat": 2/' examples/models/tiny-gpt.json > "$tmp/tiny-gpt-2.json"
-plan "$tmp/tp1.json" 1
-plan "$tmp/tp2.json" 2
-plan "$tmp/tp4.json" 4
-plan "$tmp/other.json" 1 tiny-gpt-2.json
+plan "$tmp/tp1.json" 1 1 1
+plan "$tmp/tp2.json" 1 1 2
+plan "$tmp/tp4.json" 1 1 4
+plan "$tmp/other.json" 1 1 1 1f1b 1 0 tiny-gpt-2.json
+plan "$tmp/dp2-pp2-tp2-zero1.json" 2 2 2 1f1b 1 1
+plan "$tmp/pp2-v2.json" 1 2 1 interleaved-1f1b 2
+plan "$tmp/pp2-tp2.json" 1 2 2
+plan "$tmp/dp2-tp2-zero1.json" 2 1 2 1f1b 1 1
 run() { $mpengine run --backend cpu "$@"; }
 
 # The loss field of each line of a --metrics file.
 losses() { awk -F'"loss": ' '{ split($2, a, ","); print a[1] }' "$1"; }
 
-# exact NAME FULL RESUMED: the resumed run's 10 loss strings equal the full run's steps 10..19.
+# exact NAME FULL RESUMED [FULL_DIR RESUMED_DIR]: the resumed run's 10 metrics lines (step, loss,
+# learning rate, gradient norm) equal the full run's steps 10..19; given the two checkpoint
+# directories, their step-20 shard files (parameters and AdamW moments) are byte-identical too.
 exact() {
   if [ "$(wc -l < "$3")" -ne 10 ]; then fail "$1: resumed run wrote $(wc -l < "$3") lines, want 10"; return; fi
-  if diff <(tail -n 10 "$2" | cut -d, -f1-2) <(cut -d, -f1-2 "$3") > /dev/null; then
-    echo "$1: steps 10..19 after --resume equal the uninterrupted run's (loss strings identical)"
+  if diff <(tail -n 10 "$2" | cut -d, -f1-4) <(cut -d, -f1-4 "$3") > /dev/null; then
+    echo "$1: steps 10..19 after --resume equal the uninterrupted run's (loss and norm strings identical)"
   else
-    fail "$1: resumed losses differ:"; paste <(tail -n 10 "$2" | cut -d, -f1-2) <(cut -d, -f1-2 "$3")
+    fail "$1: resumed losses differ:"; paste <(tail -n 10 "$2" | cut -d, -f1-4) <(cut -d, -f1-4 "$3")
   fi
+  [ $# -ge 5 ] || return
+  local file count=0
+  for file in "$4"/step-20/*.bin; do
+    count=$((count + 1))
+    cmp -s "$file" "$5/step-20/${file##*/}" || fail "$1: step-20/${file##*/} differs after --resume"
+  done
+  [ $count -gt 0 ] && echo "$1: the $count shard files of step 20 are byte-identical"
 }
 
-# close NAME FULL RESUMED: within 1e-5 relative; prints the worst.
+# close NAME FULL RESUMED: within 1e-6 relative; prints the worst.
 close() {
   if [ "$(wc -l < "$3")" -ne 10 ]; then fail "$1: resumed run wrote $(wc -l < "$3") lines, want 10"; return; fi
   local verdict
   verdict=$(paste -d' ' <(tail -n 10 "$2" | losses /dev/stdin) <(losses "$3") | awk '
     { d = $2 - $1; if (d < 0) d = -d; r = d / ($1 < 0 ? -$1 : $1); if (r > worst) worst = r }
-    END { printf "%s %.3g", (worst <= 1e-5 ? "ok" : "bad"), worst }')
+    END { printf "%s %.3g", (worst <= 1e-6 ? "ok" : "bad"), worst }')
   echo "$1: max relative loss difference over steps 10..19: ${verdict#* }"
-  [ "${verdict%% *}" = ok ] || fail "$1: differs by more than 1e-5 relative (${verdict#* })"
+  [ "${verdict%% *}" = ok ] || fail "$1: differs by more than 1e-6 relative (${verdict#* })"
 }
 
 # resume_from NAME CHECKPOINT PLAN OUT: copies one saved checkpoint into a fresh directory and
@@ -68,17 +86,18 @@ resume_from() {
 # One rank: 20 steps saving every 10, against 10 steps then --resume.
 expect 0 "checkpoint: saved $tmp/one/step-10" "checkpoint: saved $tmp/one/step-20" -- \
   run --config "$tmp/tp1.json" --checkpoint-dir "$tmp/one" --save-every 10 --metrics "$tmp/one.jsonl"
-[ -f "$tmp/one/step-10/manifest.json" ] && [ -f "$tmp/one/step-10/rank-00000.bin" ] || fail "one rank: step-10 files missing"
+[ -f "$tmp/one/step-10/manifest.json" ] && [ -f "$tmp/one/step-10/pp-00000-tp-00000.bin" ] || fail "one rank: step-10 files missing"
 grep -q '"format":	"mpengine-checkpoint"' "$tmp/one/step-10/manifest.json" || fail "manifest has no format"
+grep -q '"version":	2' "$tmp/one/step-10/manifest.json" || fail "manifest is not version 2"
 resume_from one-resumed "$tmp/one/step-10" "$tmp/tp1.json" "$tmp/one-resumed.jsonl"
-exact "tp = 1" "$tmp/one.jsonl" "$tmp/one-resumed.jsonl"
+exact "tp = 1" "$tmp/one.jsonl" "$tmp/one-resumed.jsonl" "$tmp/one" "$tmp/one-resumed"
 
 # tp = 2 (mpengine relaunches itself under mpirun).
 expect 0 "checkpoint: saved $tmp/two/step-10" "done: 20 steps" -- \
   run --config "$tmp/tp2.json" --checkpoint-dir "$tmp/two" --save-every 10 --metrics "$tmp/two.jsonl"
-[ -f "$tmp/two/step-10/rank-00001.bin" ] || fail "tp = 2: rank 1's shard missing"
+[ -f "$tmp/two/step-10/pp-00000-tp-00001.bin" ] || fail "tp = 2: tp rank 1's shard missing"
 resume_from two-resumed "$tmp/two/step-10" "$tmp/tp2.json" "$tmp/two-resumed.jsonl"
-exact "tp = 2" "$tmp/two.jsonl" "$tmp/two-resumed.jsonl"
+exact "tp = 2" "$tmp/two.jsonl" "$tmp/two-resumed.jsonl" "$tmp/two" "$tmp/two-resumed"
 
 # Resharding.
 resume_from two-to-one "$tmp/two/step-10" "$tmp/tp1.json" "$tmp/two-to-one.jsonl"
@@ -87,6 +106,37 @@ resume_from one-to-two "$tmp/one/step-10" "$tmp/tp2.json" "$tmp/one-to-two.jsonl
 close "saved tp = 1, resumed tp = 2" "$tmp/one.jsonl" "$tmp/one-to-two.jsonl"
 resume_from two-to-four "$tmp/two/step-10" "$tmp/tp4.json" "$tmp/two-to-four.jsonl"
 close "saved tp = 2, resumed tp = 4" "$tmp/two.jsonl" "$tmp/two-to-four.jsonl"
+
+# (dp, pp, tp) = (2, 2, 2) with ZeRO-1: one file per (pp rank, tp rank), written by dp rank 0 with
+# the moments gathered over dp; bit-exact under the same layout, then resharded to one rank.
+expect 0 "checkpoint: saved $tmp/3d/step-10" "done: 20 steps" -- \
+  run --config "$tmp/dp2-pp2-tp2-zero1.json" --checkpoint-dir "$tmp/3d" --save-every 10 --metrics "$tmp/3d.jsonl"
+[ "$(ls "$tmp/3d/step-10" | tr '\n' ' ')" = "manifest.json pp-00000-tp-00000.bin pp-00000-tp-00001.bin pp-00001-tp-00000.bin pp-00001-tp-00001.bin " ] ||
+  fail "(2,2,2): step-10 holds $(ls "$tmp/3d/step-10" | tr '\n' ' ')"
+resume_from 3d-resumed "$tmp/3d/step-10" "$tmp/dp2-pp2-tp2-zero1.json" "$tmp/3d-resumed.jsonl"
+exact "(2,2,2) ZeRO-1" "$tmp/3d.jsonl" "$tmp/3d-resumed.jsonl" "$tmp/3d" "$tmp/3d-resumed"
+resume_from 3d-to-one "$tmp/3d/step-10" "$tmp/tp1.json" "$tmp/3d-to-one.jsonl"
+close "saved (2,2,2) ZeRO-1, resumed on one rank" "$tmp/3d.jsonl" "$tmp/3d-to-one.jsonl"
+resume_from one-to-pp2-tp2 "$tmp/one/step-10" "$tmp/pp2-tp2.json" "$tmp/one-to-pp2-tp2.jsonl"
+close "saved on one rank, resumed (1,2,2)" "$tmp/one.jsonl" "$tmp/one-to-pp2-tp2.jsonl"
+
+# pp = 2 interleaved, v = 2 chunks per pipeline rank (the tied copy of wte on the last stage is
+# not saved; it loads from the first stage's): bit-exact, resharded to (2,1,2) with ZeRO-1, and
+# export equals the run's own --save-weights.
+expect 0 "checkpoint: saved $tmp/il/step-10" "done: 20 steps" -- \
+  run --config "$tmp/pp2-v2.json" --checkpoint-dir "$tmp/il" --save-every 10 --metrics "$tmp/il.jsonl" \
+  --save-weights "$tmp/il-weights.bin"
+resume_from il-resumed "$tmp/il/step-10" "$tmp/pp2-v2.json" "$tmp/il-resumed.jsonl"
+exact "pp = 2 interleaved v = 2" "$tmp/il.jsonl" "$tmp/il-resumed.jsonl" "$tmp/il" "$tmp/il-resumed"
+resume_from il-to-dp2-tp2 "$tmp/il/step-10" "$tmp/dp2-tp2-zero1.json" "$tmp/il-to-dp2-tp2.jsonl"
+close "saved pp = 2 interleaved, resumed (2,1,2) ZeRO-1" "$tmp/il.jsonl" "$tmp/il-to-dp2-tp2.jsonl"
+expect 0 "exported $tmp/il/step-20 (step 20, 212352 parameters) to $tmp/il-export.bin" -- \
+  $mpengine export --checkpoint "$tmp/il" --out "$tmp/il-export.bin"
+if cmp -s "$tmp/il-export.bin" "$tmp/il-weights.bin"; then
+  echo "export of the pp = 2 checkpoint: byte-identical to the run's --save-weights"
+else
+  fail "export of the pp = 2 checkpoint differs from --save-weights: $(cmp "$tmp/il-export.bin" "$tmp/il-weights.bin" 2>&1)"
+fi
 
 # --keep 2 keeps the two newest.
 expect 0 "done: 6 steps" -- run --config "$tmp/tp1.json" --steps 6 --checkpoint-dir "$tmp/keep" --save-every 2 --keep 2
@@ -123,7 +173,7 @@ fi
 # A save killed half-way leaves a step-<N>.tmp-<pid> directory (maybe without a manifest); a
 # resume ignores it and takes the newest complete checkpoint.
 rm -rf "$tmp/crash" && mkdir -p "$tmp/crash" && cp -r "$tmp/one/step-10" "$tmp/crash/"
-mkdir -p "$tmp/crash/step-15.tmp-4242" && head -c 1000 "$tmp/one/step-10/rank-00000.bin" > "$tmp/crash/step-15.tmp-4242/rank-00000.bin"
+mkdir -p "$tmp/crash/step-15.tmp-4242" && head -c 1000 "$tmp/one/step-10/pp-00000-tp-00000.bin" > "$tmp/crash/step-15.tmp-4242/pp-00000-tp-00000.bin"
 expect 0 "resumed from $tmp/crash/step-10: 10 of 20 steps done" -- run --config "$tmp/tp1.json" --checkpoint-dir "$tmp/crash" --resume --metrics "$tmp/crash.jsonl"
 exact "tp = 1 after a crashed save" "$tmp/one.jsonl" "$tmp/crash.jsonl"
 
@@ -138,24 +188,30 @@ expect 2 "--resume: no checkpoint in $tmp/empty (no step-<N> directory with a va
   run --config "$tmp/tp1.json" --checkpoint-dir "$tmp/empty" --resume
 expect 2 "--resume needs --checkpoint-dir DIR" -- run --config "$tmp/tp1.json" --resume
 rm -rf "$tmp/bad" && mkdir -p "$tmp/bad" && cp -r "$tmp/two/step-10" "$tmp/bad/"
-printf '\x01' | dd of="$tmp/bad/step-10/rank-00001.bin" bs=1 seek=1000 conv=notrunc 2>/dev/null
-expect 2 "$tmp/bad/step-10/rank-00001.bin: checksum mismatch" "the shard is corrupted" -- \
+shard="$tmp/bad/step-10/pp-00000-tp-00001.bin"
+printf '\x01' | dd of="$shard" bs=1 seek=1000 conv=notrunc 2>/dev/null
+expect 2 "$shard: checksum mismatch" "the shard is corrupted" -- \
   run --config "$tmp/tp1.json" --checkpoint-dir "$tmp/bad" --resume
-expect 2 "$tmp/bad/step-10/rank-00001.bin: checksum mismatch" -- \
+expect 2 "$shard: checksum mismatch" -- \
   run --config "$tmp/tp2.json" --checkpoint-dir "$tmp/bad" --resume
-expect 2 "$tmp/bad/step-10/rank-00001.bin: checksum mismatch" -- $mpengine export --checkpoint "$tmp/bad" --out "$tmp/bad.bin"
-rm "$tmp/bad/step-10/rank-00001.bin"
-expect 2 "$tmp/bad/step-10/rank-00001.bin: missing shard file of tp rank 1" -- \
+expect 2 "$shard: checksum mismatch" -- $mpengine export --checkpoint "$tmp/bad" --out "$tmp/bad.bin"
+rm "$shard"
+expect 2 "$shard: missing shard file of pp rank 0, tp rank 1" -- \
   run --config "$tmp/tp1.json" --checkpoint-dir "$tmp/bad" --resume
+# Under 8 ranks, the error reaches rank 0 whichever rank checked the file, and all stop.
+rm -rf "$tmp/bad3d" && mkdir -p "$tmp/bad3d" && cp -r "$tmp/3d/step-10" "$tmp/bad3d/"
+printf '\x01' | dd of="$tmp/bad3d/step-10/pp-00001-tp-00001.bin" bs=1 seek=1000 conv=notrunc 2>/dev/null
+expect 2 "$tmp/bad3d/step-10/pp-00001-tp-00001.bin: checksum mismatch" -- \
+  run --config "$tmp/dp2-pp2-tp2-zero1.json" --checkpoint-dir "$tmp/bad3d" --resume
 expect 2 "$tmp/one/step-20 is a checkpoint of another model: num_layers 4 in the checkpoint (model 'tiny-gpt'), 2 in $tmp/tiny-gpt-2.json" -- \
   run --config "$tmp/other.json" --checkpoint-dir "$tmp/one" --resume
 rm -rf "$tmp/fake" && mkdir -p "$tmp/fake/step-5" && echo '{"format": "something-else"}' > "$tmp/fake/step-5/manifest.json"
 expect 2 "$tmp/fake/step-5/manifest.json: not a checkpoint manifest (want an object with \"format\": \"mpengine-checkpoint\")" -- \
   $mpengine export --checkpoint "$tmp/fake/step-5" --out "$tmp/fake.bin"
 expect 2 "--resume: no checkpoint in $tmp/fake" -- run --config "$tmp/tp1.json" --checkpoint-dir "$tmp/fake" --resume
-sed 's/"global_batch": 4, "micro_batch": 2, "num_micro_batches": 2/"global_batch": 8, "micro_batch": 2, "num_micro_batches": 4/' "$tmp/tp1.json" > "$tmp/batch8.json"
-expect 2 "$tmp/one/step-20 was saved with global batch 4 x seq_len 32, $tmp/batch8.json has 8 x 32" -- \
-  run --config "$tmp/batch8.json" --checkpoint-dir "$tmp/one" --resume
+sed 's/"global_batch": 8, "micro_batch": 2, "num_micro_batches": 4/"global_batch": 4, "micro_batch": 2, "num_micro_batches": 2/' "$tmp/tp1.json" > "$tmp/batch4.json"
+expect 2 "$tmp/one/step-20 was saved with global batch 8 x seq_len 32, $tmp/batch4.json has 4 x 32" -- \
+  run --config "$tmp/batch4.json" --checkpoint-dir "$tmp/one" --resume
 expect 0 "done: $tmp/one/step-20 already has all 20 steps; nothing to run" -- run --config "$tmp/tp1.json" --checkpoint-dir "$tmp/one" --resume
 expect 2 "has 20 steps done, more than --steps 5" -- run --config "$tmp/tp1.json" --steps 5 --checkpoint-dir "$tmp/one" --resume
 

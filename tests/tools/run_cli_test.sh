@@ -59,7 +59,7 @@ cat > "$tmp/dp2.json" <<JSON
 {"model": "tiny-gpt.json", "parallel": {"dp": 2, "pp": 1, "tp": 1},
  "batch": {"global_batch": 4, "micro_batch": 1, "num_micro_batches": 2, "seq_len": 16}}
 JSON
-expect 2 "checkpoints of runs with dp > 1, pp > 1 or ZeRO are not implemented yet (dp x pp x tp = 2 x 1 x 1)" -- $mpengine run --config "$tmp/dp2.json" --checkpoint-dir "$tmp/dp2-checkpoints"
+expect 0 "checkpoint: saved $tmp/dp2-checkpoints/step-2" -- $mpengine run --config "$tmp/dp2.json" --steps 2 --checkpoint-dir "$tmp/dp2-checkpoints"
 expect 2 "--backend: expected auto, cpu or cuda, got 'tpu'" -- $mpengine run --config "$tmp/plan.json" --backend tpu
 expect 2 "--resume needs --checkpoint-dir DIR" -- $mpengine run --config "$tmp/plan.json" --resume
 

@@ -18,6 +18,13 @@ expect 0 "1f1b, pp = 4, m = 8" \
   "bubble fraction: 0.2727" \
   "peak micro-batches alive: rank 0: 4, rank 1: 3, rank 2: 2, rank 3: 1" \
   "checked: complete, ordered, no deadlock under eager point-to-point" -- \
+  $mpengine schedule --config "$plan" --unit-costs
+
+# A plan by default: the cost model's durations of its stages on its cluster (milliseconds), the
+# same prediction `mpengine plan` makes; the bubble grows past the unit-cost 3/11 because the
+# first and last stages carry the embedding and the LM head.
+expect 0 "1f1b, pp = 4, m = 8" "one cell = 0.5 ms" "step time: 24.7955 ms" "bubble fraction: 0.3260" \
+  "peak activation memory: 2.63168e+06 bytes" -- \
   $mpengine schedule --config "$plan"
 
 # Without a plan, every kind; interleaving divides the bubble by v, zb-h1 keeps a third of it.
@@ -35,7 +42,7 @@ expect 0 "step time: 7 time units" -- \
 
 # Files: svg with a lane per rank, chrome trace JSON with a slice per action and flows.
 expect 0 "wrote the svg timeline to $tmp/1f1b.svg (bubble fraction 0.2727)" -- \
-  $mpengine schedule --config "$plan" --format svg --out "$tmp/1f1b.svg"
+  $mpengine schedule --config "$plan" --unit-costs --format svg --out "$tmp/1f1b.svg"
 head -c 5 "$tmp/1f1b.svg" | grep -qF "<svg " || fail "the svg does not start with <svg"
 [ "$(grep -c 'class="lane"' "$tmp/1f1b.svg")" -eq 4 ] || fail "the svg has no 4 lanes"
 grep -qF "warm-up" "$tmp/1f1b.svg" && grep -qF "cool-down" "$tmp/1f1b.svg" ||
@@ -43,7 +50,7 @@ grep -qF "warm-up" "$tmp/1f1b.svg" && grep -qF "cool-down" "$tmp/1f1b.svg" ||
 tail -n 1 "$tmp/1f1b.svg" | grep -qxF "</svg>" || fail "the svg does not end with </svg>"
 ls "$tmp" | grep -q "tmp-" && fail "a temporary file was left next to the output"
 expect 0 "wrote the chrome timeline" -- \
-  $mpengine schedule --config "$plan" --format chrome --out "$tmp/1f1b.json"
+  $mpengine schedule --config "$plan" --unit-costs --format chrome --out "$tmp/1f1b.json"
 grep -qF '"traceEvents": [' "$tmp/1f1b.json" || fail "the trace has no traceEvents"
 [ "$(grep -c '"ph": "X"' "$tmp/1f1b.json")" -eq 64 ] || fail "the trace has not 64 slices"
 [ "$(grep -c '"ph": "s"' "$tmp/1f1b.json")" -eq 48 ] || fail "the trace has not 48 flow starts"
@@ -88,6 +95,9 @@ expect 2 "$tmp/interleaved.json: interleaved-1f1b needs the number of micro-batc
 plan_with "$tmp/interleaved-ok.json" '{"dp": 1, "pp": 4, "tp": 1, "virtual_stages": 2}' \
   '{"global_batch": 16, "micro_batch": 2, "num_micro_batches": 8, "seq_len": 64}' interleaved-1f1b
 expect 0 "interleaved-1f1b, pp = 4, m = 8, v = 2" "bubble fraction: 0.1579" -- \
+  $mpengine schedule --config "$tmp/interleaved-ok.json" --unit-costs
+# The cost model needs the plan's model: a missing one is named.
+expect 2 "$tmp/../models/tiny-gpt.json: cannot open" -- \
   $mpengine schedule --config "$tmp/interleaved-ok.json"
 plan_with "$tmp/typo.json" '{"dp": 1, "pp": 4, "tp": 1, "virtual_stage": 2}' \
   '{"global_batch": 16, "micro_batch": 2, "num_micro_batches": 8, "seq_len": 64}' 1f1b
