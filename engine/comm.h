@@ -1,7 +1,10 @@
 /*
  * engine/comm.h — communicators: the process's place in the MPI job and one handle per group of
  * the grid (topology/grid.h), with point-to-point send/recv and the collectives tensor, pipeline
- * and data parallelism need, on CPU buffers.
+ * and data parallelism need. Buffers are host memory, or GPU memory, which is staged through
+ * pinned host blocks (engine/comm_staging.h) so that several ranks can share one GPU where NCCL
+ * refuses to; the caller synchronises the stream that wrote a GPU buffer first. The NCCL
+ * communicators are engine/comm_nccl.h.
  *
  * The implementation (comm_mpi.c) is Open MPI. It follows two rules:
  *

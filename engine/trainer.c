@@ -816,15 +816,16 @@ mp_status mp_trainer_step(mp_trainer *trainer, int64_t step, mp_step_metrics *me
     float *grads = mp_gpt_grads(gpt);
     const size_t n = mp_gpt_num_params(gpt);
     grad_norm = sqrt(mp_grad_norm_squared_cpu(grads, n));
+    /* The clip factor multiplies each gradient inside AdamW: no separate scaling pass. */
     const float scale = mp_clip_scale(grad_norm, t->grad_clip);
-    if (scale != 1.0f) mp_grad_scale_cpu(grads, n, scale);
     for (int i = 0; i < mp_gpt_num_tensors(gpt); ++i) {
       const mp_gpt_tensor *tensor = mp_gpt_tensor_at(gpt, i);
       const size_t offset = tensor->offset;
-      mp_adamw_update_cpu(params + offset, grads + offset, trainer->adam_m + offset,
-                          trainer->adam_v + offset, tensor->rows * tensor->cols, (float)lr,
-                          (float)t->beta1, (float)t->beta2, (float)t->eps,
-                          tensor->weight_decay ? (float)t->weight_decay : 0.0f, (int)(step + 1));
+      mp_adamw_update_scaled_cpu(params + offset, grads + offset, trainer->adam_m + offset,
+                                 trainer->adam_v + offset, tensor->rows * tensor->cols, (float)lr,
+                                 (float)t->beta1, (float)t->beta2, (float)t->eps,
+                                 tensor->weight_decay ? (float)t->weight_decay : 0.0f,
+                                 (int)(step + 1), scale);
     }
   }
   const double seconds = now_seconds() - start;

@@ -4,7 +4,9 @@
  * Clipping comes in three parts so parallel code can put a sum across ranks in the middle: each
  * rank takes the squared norm of the gradients it owns (mp_grad_norm_squared_cpu), the squares
  * are summed over the ranks, mp_clip_scale turns the global norm into one factor, and each rank
- * scales its gradients by it (mp_grad_scale_cpu). A one-rank run does the same with no sum.
+ * scales its gradients by it (mp_grad_scale_cpu), or hands it to mp_adamw_update_scaled_cpu,
+ * which applies it inside the update and saves a pass over the gradients. A one-rank run does
+ * the same with no sum.
  *
  * AdamW is Loshchilov and Hutter's, as in PyTorch and llm.c: Adam moments with bias correction,
  * and weight decay applied to the parameter directly (decoupled), not added to the gradient.
@@ -34,6 +36,18 @@ extern "C" {
  *   v      (n) second moment, updated (zero before step 1) */
 void mp_adamw_update_cpu(float *params, const float *grads, float *m, float *v, size_t n, float lr,
                          float beta1, float beta2, float eps, float weight_decay, int t);
+
+/* mp_adamw_update_cpu with g = grads[i] * grad_scale (one float multiply, as mp_grad_scale_cpu
+ * does), leaving grads as they are: clipping folded into the update, so it costs no pass of its
+ * own over the gradients. Gives the same bits as mp_grad_scale_cpu then mp_adamw_update_cpu.
+ * The arrays must not overlap.
+ *   params (n) updated in place
+ *   grads  (n) not modified
+ *   m, v   (n) moments, updated
+ *   grad_scale  mp_clip_scale's factor (1: no clipping) */
+void mp_adamw_update_scaled_cpu(float *params, const float *grads, float *m, float *v, size_t n,
+                                float lr, float beta1, float beta2, float eps, float weight_decay,
+                                int t, float grad_scale);
 
 /* Sum of grads[i]^2 over n elements, accumulated in double in index order, so the result is the
  * same on every run. The global gradient norm is the square root of its sum over all tensors
