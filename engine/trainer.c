@@ -10,7 +10,6 @@
 #include "engine/tp_comm_mpi.h"
 #include "layers/adamw.h"
 #include "pipeline/stage_worker.h"
-#include "topology/cluster.h"
 #include "topology/cost_model.h"
 #include "topology/layer_cost.h"
 
