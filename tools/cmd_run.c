@@ -557,9 +557,11 @@ int cmd_run(int argc, char **argv) {
                "[--checkpoint-dir DIR [--save-every K] [--keep N] [--resume]] "
                "[--trace TRACE.json] [--save-weights FILE.bin] [--np N] [--mpirun PATH] "
                "[--comm-timeout SECONDS]",
-      .summary = "Train the model of a parallelism config. Prints one line per step (a progress "
-                 "bar with ETA\non a terminal): loss, learning rate, gradient norm, time and "
-                 "tokens/s.",
+      .summary = "Train the model of a parallelism config on one rank or on its dp x pp x tp "
+                 "ranks (launched\nunder mpirun; pipeline ranks execute the plan's schedule). "
+                 "Prints one line per step (a\nprogress bar with ETA on a terminal): loss, "
+                 "learning rate, gradient norm, time, tokens/s,\nTFLOP/s per rank, MFU and the "
+                 "largest memory of a rank.",
       .max_positionals = 0,
       .options = options,
   };
