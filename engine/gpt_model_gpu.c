@@ -287,6 +287,13 @@ mp_status mp_gpt_gpu_get_grads(mp_gpt_gpu *gpt, float *host_grads, mp_error *err
   return mp_device_copy_to_host(host_grads, gpt->grads, P * sizeof(float), err);
 }
 
+float *mp_gpt_gpu_device_grads(mp_gpt_gpu *gpt) { return gpt->grads; }
+
+mp_status mp_gpt_gpu_scale_grads(mp_gpt_gpu *gpt, float scale, mp_error *err) {
+  mp_grad_scale_cuda(gpt->grads, mp_gpt_layout_num_params(gpt->layout), scale, NULL);
+  return mp_device_synchronize(err);
+}
+
 mp_status mp_gpt_gpu_zero_grads(mp_gpt_gpu *gpt, mp_error *err) {
   const size_t P = mp_gpt_layout_num_params(gpt->layout);
   return mp_device_memset(gpt->grads, 0, P * sizeof(float), err);

@@ -58,6 +58,14 @@ mp_status mp_gpt_gpu_forward(mp_gpt_gpu *gpt, const int32_t *inputs, const int32
 /* Backward of the last forward, accumulating (+=) into the fp32 gradients. */
 mp_status mp_gpt_gpu_backward(mp_gpt_gpu *gpt, mp_error *err);
 
+/* The fp32 gradient array on the device (mp_gpt_layout_num_params floats), for the
+ * data-parallel all-reduce. The model's kernels run on the default stream: synchronise
+ * (mp_device_synchronize) before a communicator reads it. */
+float *mp_gpt_gpu_device_grads(mp_gpt_gpu *gpt);
+
+/* gradients *= scale on the device (the 1/dp of a data-parallel mean); synchronises. */
+mp_status mp_gpt_gpu_scale_grads(mp_gpt_gpu *gpt, float scale, mp_error *err);
+
 typedef struct {
   float learning_rate, beta1, beta2, eps, weight_decay; /* decay applies to decaying tensors only */
   int step;                                             /* 1-based, for bias correction */

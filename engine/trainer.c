@@ -6,6 +6,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine/device.h"
 #include "engine/gpt_model_gpu.h"
 #include "engine/tp_comm_mpi.h"
 #include "layers/adamw.h"
@@ -68,11 +69,10 @@ static double step_flops(const mp_plan *plan, const mp_model *model) {
 }
 
 mp_status mp_trainer_check_layout(const mp_plan *plan, mp_backend backend, mp_error *err) {
-  const int ranks = plan->dp * plan->pp * plan->tp;
-  if (ranks > 1 && backend != MP_BACKEND_CPU) {
+  if ((plan->pp > 1 || plan->tp > 1) && backend != MP_BACKEND_CPU) {
     return mp_fail(err, MP_ERR_INPUT,
-                   "%s: dp x pp x tp = %d x %d x %d: the %s backend trains on one rank only for "
-                   "now; use --backend cpu",
+                   "%s: dp x pp x tp = %d x %d x %d: the %s backend trains with data parallelism "
+                   "only for now (pp = tp = 1); use --backend cpu",
                    plan->source, plan->dp, plan->pp, plan->tp, mp_backend_name(backend));
   }
   if (plan->recompute == MP_RECOMPUTE_FULL && strcmp(plan->schedule, "zb-h1") == 0) {
@@ -450,7 +450,7 @@ mp_status mp_trainer_create_parallel(const mp_plan *plan, const mp_model *model,
   }
   mp_status status;
   /* One CPU rank with a trace runs through the stage worker too, so its actions are recorded. */
-  if (plan->dp * plan->pp * plan->tp > 1 || (o.trace != NULL && backend == MP_BACKEND_CPU)) {
+  if (backend == MP_BACKEND_CPU && (plan->dp * plan->pp * plan->tp > 1 || o.trace != NULL)) {
     status = create_parallel(trainer, model, err);
     if (status != MP_OK) {
       mp_trainer_free(trainer);
@@ -777,6 +777,34 @@ static mp_status parallel_step_loss(mp_trainer *trainer, double *loss, mp_error 
   return MP_OK;
 }
 
+static int dp_group_size(const mp_trainer *trainer) {
+  return trainer->options.dp != NULL ? mp_comm_size(trainer->options.dp) : 1;
+}
+
+/* CUDA backend, dp > 1: the fp32 gradients summed over dp (NCCL, or MPI through the host) in
+ * buckets and scaled to the mean, and the loss averaged over dp. */
+static mp_status reduce_gpu_grads(mp_trainer *trainer, double *loss, mp_error *err) {
+  const mp_trainer_options *o = &trainer->options;
+  const int dp = mp_comm_size(o->dp);
+  float *grads = mp_gpt_gpu_device_grads(trainer->gpu);
+  const size_t n = mp_gpt_layout_num_params(trainer->layout);
+  MP_TRY(mp_device_synchronize(err)); /* the backward's kernels wrote the gradients */
+  for (size_t offset = 0; offset < n; offset += MP_TRAINER_BUCKET_FLOATS) {
+    const size_t count = n - offset < MP_TRAINER_BUCKET_FLOATS ? n - offset
+                                                               : MP_TRAINER_BUCKET_FLOATS;
+    if (o->nccl_dp != NULL) {
+      MP_TRY(mp_nccl_all_reduce_sum(o->nccl_dp, grads + offset, count, MP_NCCL_FLOAT32, err));
+    } else {
+      MP_TRY(mp_comm_all_reduce_sum_f32(o->dp, grads + offset, count, err));
+    }
+  }
+  if (o->nccl_dp != NULL) MP_TRY(mp_nccl_comm_synchronize(o->nccl_dp, err));
+  MP_TRY(mp_gpt_gpu_scale_grads(trainer->gpu, 1.0f / (float)dp, err));
+  MP_TRY(sum_double_over(o->dp, loss, err));
+  *loss /= (double)dp;
+  return MP_OK;
+}
+
 mp_status mp_trainer_step(mp_trainer *trainer, int64_t step, mp_step_metrics *metrics,
                           mp_error *err) {
   const mp_plan *plan = trainer->plan;
@@ -797,6 +825,9 @@ mp_status mp_trainer_step(mp_trainer *trainer, int64_t step, mp_step_metrics *me
     trainer->loss_sum = 0.0;
     MP_TRY(mp_stage_worker_run(trainer->worker, err));
     MP_TRY(parallel_step_loss(trainer, &loss, err));
+  }
+  if (trainer->gpu != NULL && dp_group_size(trainer) > 1) {
+    MP_TRY(reduce_gpu_grads(trainer, &loss, err));
   }
   if (!isfinite(loss)) {
     return mp_fail(err, MP_ERR_RUNTIME,

@@ -26,6 +26,11 @@
  * The loss, averaged over the global batch, is known on every rank after the step. Every rank of
  * the job calls every function in the same order.
  *
+ * The CUDA backend trains one rank, or dp ranks with pp = tp = 1 (one GPU each, or several ranks
+ * sharing one): each dp rank runs its slice of the batch on its GPU (engine/gpt_model_gpu.h), the
+ * fp32 gradients are summed over dp in buckets (NCCL with options->nccl_dp, else MPI staging
+ * through the host) and scaled by 1/dp, and every rank then takes the same optimizer step.
+ *
  * The caller (tools/cmd_run.c) owns the loop, so it decides what to print, when to stop, and
  * (later) when to save. Accumulation scales each micro-batch's loss by 1 / num_micro_batches, so
  * the update equals the one the whole global batch would give at once.
@@ -39,6 +44,7 @@
 #include "engine/data_loader.h"
 #include "engine/gpt_model.h"
 #include "engine/comm.h"
+#include "engine/comm_nccl.h"
 #include "engine/gpt_model_tp.h"
 #include "engine/trace.h"
 #include "tensor_parallel/tp_comm.h"
@@ -76,7 +82,8 @@ mp_status mp_trainer_create(const mp_plan *plan, const mp_model *model, mp_data_
                             mp_backend backend, mp_trainer **out, mp_error *err);
 
 /* MP_OK when this trainer can run the plan's layout on `backend`; else MP_ERR_INPUT naming the
- * plan file and what to change (the CUDA backend runs one rank only). mp_trainer_create_parallel
+ * plan file and what to change (the CUDA backend runs data parallelism only: pp = tp = 1).
+ * mp_trainer_create_parallel
  * checks it too; `mpengine run` calls it before launching ranks. */
 mp_status mp_trainer_check_layout(const mp_plan *plan, mp_backend backend, mp_error *err);
 
@@ -91,9 +98,13 @@ typedef struct {
   mp_comm *embedding;   /* the first and last pipeline rank (topology/grid.h); NULL: pp = 1 */
   int dp_rank, pp_rank; /* this rank's coordinates (topology/grid.h) */
   mp_trace *trace;      /* records actions and communication (engine/trace.h); NULL: none */
+  mp_nccl_comm *nccl_dp; /* CUDA backend, dp > 1: the data-parallel group on NCCL; NULL: the
+                            gradients go through options->dp, which stages them through the host
+                            (several ranks may then share one GPU) */
 } mp_trainer_options;
 
-#define MP_TRAINER_OPTIONS_INITIALIZER {sizeof(mp_trainer_options), NULL, NULL, NULL, NULL, 0, 0, NULL}
+#define MP_TRAINER_OPTIONS_INITIALIZER \
+  {sizeof(mp_trainer_options), NULL, NULL, NULL, NULL, 0, 0, NULL, NULL}
 
 /* Gradients cross the data-parallel group in all-reduces of at most this many floats. */
 enum { MP_TRAINER_BUCKET_FLOATS = 1 << 22 };

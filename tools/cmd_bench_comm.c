@@ -47,6 +47,7 @@
 #include "engine/device.h"
 #include "engine/gpu_probe.h"
 #include "tools/cli.h"
+#include "tools/launcher_env.h"
 #include "tools/commands.h"
 
 enum {
@@ -450,33 +451,6 @@ static mp_status bench_all(bench_context *context, const bool selected[kMaxOps],
   return MP_OK;
 }
 
-/* True inside a job started by Open MPI's mpirun, or by srun / another PMI launcher. */
-static bool inside_mpi_job(void) {
-  return getenv("OMPI_COMM_WORLD_SIZE") != NULL || getenv("PMI_SIZE") != NULL ||
-         getenv("PMIX_RANK") != NULL;
-}
-
-/* This process's index among the ranks of its node (0 outside a job), from the launcher. */
-static int local_rank(void) {
-  const char *names[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID",
-                         "PMIX_LOCAL_RANK"};
-  for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i) {
-    const char *value = getenv(names[i]);
-    if (value != NULL) return atoi(value);
-  }
-  return 0;
-}
-
-/* True unless the launcher says this is a rank other than 0 (messages before MPI starts). */
-static bool first_rank(void) {
-  const char *names[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"};
-  for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i) {
-    const char *value = getenv(names[i]);
-    if (value != NULL) return atoi(value) == 0;
-  }
-  return true;
-}
-
 /* GPU buffers need a CUDA build and a visible GPU: MP_ERR_INPUT naming what is missing. */
 static mp_status require_gpu(const char *what, mp_error *err) {
   mp_gpu_report report;
@@ -610,12 +584,12 @@ int cmd_bench_comm(int argc, char **argv) {
   if (context.device_buffers &&
       require_gpu(context.backend == BACKEND_CUDA ? "--backend cuda" : "--buffers device",
                   &err) != MP_OK) {
-    if (!first_rank()) return CLI_EXIT_USAGE;
+    if (!launcher_first_rank()) return CLI_EXIT_USAGE;
     return cli_report(&command, &err);
   }
 
   /* MPI: always for the mpi backend; for cuda inside a job (the NCCL ids travel over it). */
-  const bool use_mpi = context.backend == BACKEND_MPI || inside_mpi_job();
+  const bool use_mpi = context.backend == BACKEND_MPI || launcher_inside_job();
   mp_status status = MP_OK;
   if (use_mpi) {
     if (mp_comm_world_init(&argc, &argv, timeout_s, &context.world, &err) != MP_OK) {
@@ -648,7 +622,7 @@ int cmd_bench_comm(int argc, char **argv) {
 
   /* The GPU of this rank: its index on the node modulo the visible GPUs. */
   if (status == MP_OK && context.device_buffers) {
-    int device = local_rank() % mp_device_count();
+    int device = launcher_local_rank() % mp_device_count();
     if (context.backend == BACKEND_CUDA) {
       status = mp_nccl_world_create(context.world, device, &context.nccl_world, &err);
       if (status == MP_OK && context.world == NULL) {

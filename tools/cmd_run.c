@@ -47,6 +47,7 @@
 
 #include "engine/checkpoint.h"
 #include "engine/comm.h"
+#include "engine/comm_nccl.h"
 #include "engine/data_loader.h"
 #include "engine/device.h"
 #include "engine/gpu_probe.h"
@@ -60,6 +61,7 @@
 #include "topology/model.h"
 #include "topology/plan.h"
 #include "tools/cli.h"
+#include "tools/launcher_env.h"
 #include "tools/commands.h"
 
 typedef struct {
@@ -74,6 +76,8 @@ typedef struct {
   mp_comm *dp_group, *pp_group, *embedding_group; /* its other groups, or NULL */
   mp_comm *world_group;     /* every rank: stop agreement, memory report, trace */
   mp_tp_comm tp_table;      /* the table over tp_group the trainer calls */
+  mp_nccl_world *nccl_world; /* CUDA backend with dp > 1 over NCCL, else NULL */
+  mp_nccl_comm *nccl_dp;
   mp_grid_coord coord;      /* this rank's place in the grid */
   mp_trace *trace;          /* with --trace */
   int rank, world_size;     /* 0 and 1 without a world */
@@ -90,6 +94,8 @@ static void run_state_free(run_state *state) {
   mp_markov_source_free(state->source);
   mp_model_free(state->model);
   mp_trace_free(state->trace);
+  mp_nccl_comm_free(state->nccl_dp);
+  mp_nccl_world_free(state->nccl_world);
   mp_comm_free(state->world_group);
   mp_comm_free(state->embedding_group);
   mp_comm_free(state->pp_group);
@@ -138,12 +144,6 @@ static mp_status max_resident_bytes(run_state *state, double *out, mp_error *err
   free(all);
   *out = (double)most * 1048576.0;
   return status;
-}
-
-/* True inside a job started by Open MPI's mpirun, or by srun / another PMI launcher. */
-static bool inside_mpi_job(void) {
-  return getenv("OMPI_COMM_WORLD_SIZE") != NULL || getenv("PMI_SIZE") != NULL ||
-         getenv("PMIX_RANK") != NULL;
 }
 
 /* Sets an environment variable unless the user already set it. */
@@ -548,6 +548,7 @@ int cmd_run(int argc, char **argv) {
       {"np", "N", "ranks to start under mpirun (default: the plan's dp x pp x tp)", NULL},
       {"mpirun", "PATH", "the mpirun that starts the ranks (default: mpirun on PATH)", NULL},
       {"comm-timeout", "SECONDS", "a wait on a peer longer than this is an error (default 300)", NULL},
+      {"gpu-comm", "auto|nccl|mpi", "CUDA backend with dp > 1: gradients over NCCL, or over MPI through the host (default auto: NCCL when each rank of a node has its own GPU)", NULL},
       {0},
   };
   cli_command command = {
@@ -556,7 +557,7 @@ int cmd_run(int argc, char **argv) {
                "[--backend auto|cpu|cuda] [--init-from GPT2.bin] [--metrics FILE] "
                "[--checkpoint-dir DIR [--save-every K] [--keep N] [--resume]] "
                "[--trace TRACE.json] [--save-weights FILE.bin] [--np N] [--mpirun PATH] "
-               "[--comm-timeout SECONDS]",
+               "[--comm-timeout SECONDS] [--gpu-comm auto|nccl|mpi]",
       .summary = "Train the model of a parallelism config on one rank or on its dp x pp x tp "
                  "ranks (launched\nunder mpirun; pipeline ranks execute the plan's schedule). "
                  "Prints one line per step (a\nprogress bar with ETA on a terminal): loss, "
@@ -632,6 +633,13 @@ int cmd_run(int argc, char **argv) {
     exit_code = cli_report(&command, &err);
     goto done;
   }
+  if (backend == MP_BACKEND_CUDA && mp_device_count() == 0) {
+    mp_fail(&err, MP_ERR_INPUT,
+            "--backend cuda: no CUDA GPU is visible (check nvidia-smi and CUDA_VISIBLE_DEVICES), "
+            "or use --backend cpu");
+    exit_code = cli_report(&command, &err);
+    goto done;
+  }
   const mp_grid_shape grid = {state.plan.dp, state.plan.pp, state.plan.tp};
   const int plan_world = state.plan.dp * state.plan.pp * state.plan.tp;
   int64_t np = plan_world;
@@ -656,12 +664,12 @@ int cmd_run(int argc, char **argv) {
     exit_code = cli_report(&command, &err);
     goto done;
   }
-  if (!inside_mpi_job() && np > 1) {
+  if (!launcher_inside_job() && np > 1) {
     const char *mpirun = cli_value(&command, "mpirun") ? cli_value(&command, "mpirun") : "mpirun";
     exit_code = relaunch(&command, argc, argv, (int)np, mpirun);
     goto done;
   }
-  if (inside_mpi_job()) {
+  if (launcher_inside_job()) {
     if (mp_comm_world_init(NULL, NULL, comm_timeout, &state.world, &err) != MP_OK) {
       exit_code = cli_report(&command, &err);
       goto done;
@@ -710,10 +718,42 @@ int cmd_run(int argc, char **argv) {
       goto done;
     }
   }
-  if (plan_world > 1 && strcmp(backend_name, "auto") == 0) {
+  if ((state.plan.pp > 1 || state.plan.tp > 1) && strcmp(backend_name, "auto") == 0) {
     backend = MP_BACKEND_CPU;
     snprintf(backend_reason, sizeof backend_reason,
-             " (auto: runs of more than one rank train on the CPU for now)");
+             " (auto: pipeline and tensor parallelism train on the CPU for now)");
+  }
+  /* Data parallelism on GPUs: each rank takes the GPU of its index on the node, and the gradients
+   * go over NCCL when every rank of the node has a GPU of its own, else through the host over
+   * MPI (several ranks sharing one GPU: NCCL refuses that). */
+  const char *gpu_comm = cli_value(&command, "gpu-comm") ? cli_value(&command, "gpu-comm")
+                                                           : "auto";
+  if (strcmp(gpu_comm, "auto") != 0 && strcmp(gpu_comm, "nccl") != 0 &&
+      strcmp(gpu_comm, "mpi") != 0) {
+    mp_fail(&err, MP_ERR_INPUT, "--gpu-comm: expected auto, nccl or mpi, got '%s'", gpu_comm);
+    exit_code = rank_report(&command, &state, &err);
+    goto done;
+  }
+  char gpu_comm_text[96] = "";
+  if (backend == MP_BACKEND_CUDA && state.world != NULL) {
+    const int gpus = mp_device_count();
+    const int device = gpus > 0 ? launcher_local_rank() % gpus : 0;
+    const bool own_gpu = launcher_local_size() <= gpus;
+    const bool use_nccl = strcmp(gpu_comm, "nccl") == 0 || (strcmp(gpu_comm, "auto") == 0 && own_gpu);
+    if (mp_device_select(device, &err) != MP_OK) {
+      exit_code = rank_report(&command, &state, &err);
+      goto done;
+    }
+    if (state.plan.dp > 1 && use_nccl &&
+        (mp_nccl_world_create(state.world, device, &state.nccl_world, &err) != MP_OK ||
+         mp_nccl_comm_create(state.nccl_world, state.dp_group, &state.nccl_dp, &err) != MP_OK)) {
+      exit_code = rank_report(&command, &state, &err);
+      goto done;
+    }
+    if (state.plan.dp > 1) {
+      snprintf(gpu_comm_text, sizeof gpu_comm_text, "; gradients over %s",
+               state.nccl_dp != NULL ? "NCCL" : "MPI through the host");
+    }
   }
   if (state.plan.seq_len > mp_model_seq_len(state.model)) {
     mp_fail(&err, MP_ERR_INPUT, "%s: $.batch.seq_len %lld exceeds the model's seq_len %lld (%s)",
@@ -756,6 +796,7 @@ int cmd_run(int argc, char **argv) {
     trainer_options.pp_rank = state.coord.pp_rank;
   }
   trainer_options.trace = state.trace;
+  trainer_options.nccl_dp = state.nccl_dp;
   if (open_data(cli_value(&command, "data"), steps, &state, &err) != MP_OK ||
       mp_trainer_create_parallel(&state.plan, state.model, state.data, backend, &trainer_options,
                                  &state.trainer, &err) != MP_OK) {
@@ -831,9 +872,9 @@ int cmd_run(int argc, char **argv) {
          (long long)state.plan.micro_batch, (long long)state.plan.seq_len, (long long)steps);
   char ranks_times[32] = "";
   if (state.world_size > 1) snprintf(ranks_times, sizeof ranks_times, "%d x ", state.world_size);
-  printf("backend: %s%s; MFU against %s%s's %s peak of %.1f TFLOP/s\n",
-         mp_backend_name(backend), backend_reason, ranks_times, cluster.name, backend == MP_BACKEND_CUDA ? "bf16" : "fp32",
-         state.peak_flops_per_s / 1e12);
+  printf("backend: %s%s%s; MFU against %s%s's %s peak of %.1f TFLOP/s\n",
+         mp_backend_name(backend), backend_reason, gpu_comm_text, ranks_times, cluster.name,
+         backend == MP_BACKEND_CUDA ? "bf16" : "fp32", state.peak_flops_per_s / 1e12);
   const int num_files = mp_data_loader_num_files(state.data);
   if (num_files > 0) {
     printf("data: %s (%d file%s), %lld tokens\n", mp_data_loader_name(state.data), num_files,

@@ -98,7 +98,7 @@ expect 2 "$tmp/bad-split.json: layers_per_stage sums to 6, but model tiny-gpt ha
 plan bad-interleave 1 2 1 interleaved-1f1b 2
 sed -i 's/"num_micro_batches": 4/"num_micro_batches": 4/; s/"global_batch": 8/"global_batch": 6/; s/"num_micro_batches": 4/"num_micro_batches": 3/' "$tmp/bad-interleave.json"
 expect 2 "interleaved-1f1b needs the number of micro-batches to be a multiple of pp = 2; got 3" -- $mpengine run --config "$tmp/bad-interleave.json" --steps 1
-expect 2 "the cuda backend trains on one rank only for now; use --backend cpu" -- $mpengine run --config "$tmp/pp2.json" --backend cuda --steps 1
+expect 2 "the cuda backend trains with data parallelism only for now (pp = tp = 1); use --backend cpu" -- $mpengine run --config "$tmp/pp2.json" --backend cuda --steps 1
 plan full-zb 1 2 1 zb-h1 1 false 0 full
 expect 2 "$tmp/full-zb.json: recompute \"full\" cannot run schedule zb-h1" -- $mpengine run --config "$tmp/full-zb.json" --steps 1
 
