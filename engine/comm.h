@@ -91,6 +91,10 @@ mp_status mp_comm_group_create(mp_comm_world *world, const int *members, int cou
 /* Frees the group (MPI_Comm_free; a broken group's communicator is left to MPI). NULL is a no-op. */
 void mp_comm_free(mp_comm *comm);
 
+/* text (capacity bytes) = members as messages name a group: "0,1,2,3", or past 12 members
+ * "0,1,...,63 (64 ranks)". */
+void mp_comm_format_members(char *text, size_t capacity, const int *members, int count);
+
 int mp_comm_rank(const mp_comm *comm); /* index in members */
 int mp_comm_size(const mp_comm *comm);
 /* World rank of group rank `group_rank`. */

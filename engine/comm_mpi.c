@@ -158,7 +158,7 @@ static mp_status wait_for(mp_comm_world *world, MPI_Request *request, double dea
   return MP_OK;
 }
 
-static void format_members(char *text, size_t capacity, const int *members, int count) {
+void mp_comm_format_members(char *text, size_t capacity, const int *members, int count) {
   size_t used = 0;
   text[0] = '\0';
   for (int i = 0; i < count && used < capacity; ++i) {
@@ -487,7 +487,7 @@ mp_status mp_comm_group_create(mp_comm_world *world, const int *members, int cou
   comm->members = copy;
   comm->size = count;
   snprintf(comm->name, sizeof comm->name, "%s", name);
-  format_members(comm->members_text, sizeof comm->members_text, members, count);
+  mp_comm_format_members(comm->members_text, sizeof comm->members_text, members, count);
   for (int i = 0; i < count; ++i) {
     if (members[i] == world->rank) comm->rank = i;
   }
@@ -529,7 +529,7 @@ mp_status mp_comm_group_create(mp_comm_world *world, const int *members, int cou
     status = world_all_reduce_int(world, &first_disagreeing, MPI_MIN, name, err);
     if (status == MP_OK && first_disagreeing < world->size) {
       char formed_text[kMembersTextBytes];
-      format_members(formed_text, sizeof formed_text, formed, mpi_size);
+      mp_comm_format_members(formed_text, sizeof formed_text, formed, mpi_size);
       status = mp_fail(
           err, MP_ERR_INPUT,
           "rank %d: group %s not created: ranks disagree on its members (rank %d first); this "

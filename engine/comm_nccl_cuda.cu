@@ -129,20 +129,6 @@ void nccl_describe(ncclResult_t result, char *text, size_t capacity) {
            detail[0] != '\0' ? ": " : "", detail, hint);
 }
 
-void format_members(char *text, size_t capacity, const int *members, int count) {
-  size_t used = 0;
-  text[0] = '\0';
-  for (int i = 0; i < count && used < capacity; ++i) {
-    if (count > 12 && i == 8) {
-      snprintf(text + used, capacity - used, ",...,%d (%d ranks)", members[count - 1], count);
-      return;
-    }
-    int n = snprintf(text + used, capacity - used, i == 0 ? "%d" : ",%d", members[i]);
-    if (n < 0) return;
-    used += (size_t)n;
-  }
-}
-
 // Aborts every NCCL communicator of the process (once) and records why; later calls on any of
 // them fail with the reason.
 void abort_all(const char *reason) {
@@ -618,7 +604,7 @@ extern "C" mp_status mp_nccl_comm_create(mp_nccl_world *world, mp_comm *group, m
     members[0] = world->rank;
     snprintf(comm->name, sizeof comm->name, "self");
   }
-  format_members(comm->members_text, sizeof comm->members_text, members, size);
+  mp_comm_format_members(comm->members_text, sizeof comm->members_text, members, size);
   const mp_status status = create(world, group, comm, err);
   if (status != MP_OK) {
     if (comm->nccl != NULL) {
