@@ -57,8 +57,8 @@ struct mp_gpt {
   float *encoded;                       /* (B, T, C) */
   mp_gpt_block_acts *acts;              /* (L,) */
   float *lnf, *lnf_mean, *lnf_rstd;     /* (B, T, C), (B, T), (B, T) */
-  float *logits;                        /* (B, T, Vp), reused as dlogits in backward */
-  float *probs;                         /* (B, T, Vp) */
+  float *logits;                        /* (B, T, Vp): logits, then (in the forward's cross-
+                                           entropy) their softmax, then (in backward) dlogits */
   float *dresidual, *dresidual_next;    /* (B, T, C) each */
   float *dlnf;                          /* (B, T, C) */
   mp_gpt_block_scratch scratch;
@@ -259,7 +259,7 @@ mp_status mp_gpt_create(const mp_model *model, int micro_batch, int seq_len, mp_
   const size_t C = (size_t)config.channels, Vp = (size_t)config.padded_vocab_size;
   const size_t per_block = mp_gpt_block_acts_count(&gpt->shape);
   const size_t total = BT * C /* encoded */ + (size_t)L * per_block + BT * C + 2 * BT /* lnf */ +
-                       2 * BT * Vp /* logits, probs */ + 3 * BT * C /* dresidual x2, dlnf */ +
+                       BT * Vp /* logits */ + 3 * BT * C /* dresidual x2, dlnf */ +
                        mp_gpt_block_scratch_count(&gpt->shape);
   gpt->activation_memory = calloc(total, sizeof(float));
   gpt->inputs = calloc(BT, sizeof(int32_t));
@@ -287,8 +287,6 @@ mp_status mp_gpt_create(const mp_model *model, int micro_batch, int seq_len, mp_
   gpt->lnf_rstd = cursor;
   cursor += BT;
   gpt->logits = cursor;
-  cursor += BT * Vp;
-  gpt->probs = cursor;
   cursor += BT * Vp;
   gpt->dresidual = cursor;
   cursor += BT * C;
@@ -380,18 +378,20 @@ double mp_gpt_forward(mp_gpt *gpt, const int32_t *inputs, const int32_t *targets
   mp_layernorm_forward_cpu(gpt->lnf, gpt->lnf_mean, gpt->lnf_rstd, x, gpt->lnfw, gpt->lnfb, B, T,
                            C);
   mp_matmul_forward_cpu(gpt->logits, gpt->lnf, gpt->wte, NULL, (int)BT, C, c->padded_vocab_size);
-  return mp_cross_entropy_forward_cpu(NULL, gpt->probs, gpt->logits, targets, B, T, c->vocab_size,
-                                      c->padded_vocab_size);
+  /* The softmax overwrites the logits: only it is needed for the backward. */
+  return mp_cross_entropy_forward_cpu(NULL, gpt->logits, gpt->logits, targets, B, T,
+                                      c->vocab_size, c->padded_vocab_size);
 }
 
+/* Turns the forward's probabilities into dlogits in place, so each forward has one backward (as
+ * gpt_model.h says: the backward of the last forward). */
 void mp_gpt_backward(mp_gpt *gpt, float dloss) {
   const mp_gpt_config *c = &gpt->layout.config;
   const int B = gpt->B, T = gpt->T, C = c->channels, L = c->num_layers;
   const size_t BT = (size_t)B * (size_t)T;
-  float *dlogits = gpt->logits; /* the logits are not needed once probs exist */
-  memset(dlogits, 0, BT * (size_t)c->padded_vocab_size * sizeof(float));
-  mp_cross_entropy_backward_cpu(dlogits, gpt->probs, gpt->targets, dloss, B, T, c->vocab_size,
-                                c->padded_vocab_size);
+  float *dlogits = gpt->logits; /* the forward's probabilities, turned into dlogits in place */
+  mp_cross_entropy_backward_in_place_cpu(dlogits, gpt->targets, dloss, B, T, c->vocab_size,
+                                         c->padded_vocab_size);
   memset(gpt->dlnf, 0, BT * (size_t)C * sizeof(float));
   mp_matmul_backward_cpu(gpt->dlnf, gpt->dwte, NULL, dlogits, gpt->lnf, gpt->wte, (int)BT, C,
                          c->padded_vocab_size);

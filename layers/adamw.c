@@ -14,6 +14,7 @@
 #include <string.h>
 
 typedef float mp_v4f __attribute__((vector_size(16)));
+typedef float mp_v2f __attribute__((vector_size(8)));
 typedef double mp_v2d __attribute__((vector_size(16)));
 
 static inline mp_v4f load4(const float *p) {
@@ -23,6 +24,25 @@ static inline mp_v4f load4(const float *p) {
 }
 
 static inline void store4(float *p, mp_v4f x) { memcpy(p, &x, sizeof x); }
+
+/* Two floats widened to doubles (exactly). */
+static inline mp_v2d load2_double(const float *p) {
+  mp_v2f x;
+  memcpy(&x, p, sizeof x);
+  return __builtin_convertvector(x, mp_v2d);
+}
+
+/* Software prefetch distance, in floats (2 KiB), issued once per 64-byte line: one core's
+ * hardware prefetcher alone left the single-stream norm pass at about 5 GB/s (85 ms for GPT-2
+ * 124M's gradients); with this it reads at the core's streaming rate (57 ms). AdamW's four
+ * streams gain less (183 to 167 ms). Hints only: no effect on results. */
+enum { kPrefetchFloats = 512 };
+
+/* Whether to prefetch ahead of element i of n: once per 64-byte line (16 floats), and only
+ * while the address stays inside the array. */
+static inline int prefetch_at(size_t i, size_t n) {
+  return i % 16 == 0 && i + kPrefetchFloats < n;
+}
 
 /* One element of the update, the scalar formula of adamw.h (also the vector loop's tail). */
 static inline void adamw_one(float *param, float g, float *m, float *v, float lr, float beta1,
@@ -47,6 +67,12 @@ void mp_adamw_update_scaled_cpu(float *restrict params, const float *restrict gr
   const float one_minus_beta1 = 1.0f - beta1, one_minus_beta2 = 1.0f - beta2;
   size_t i = 0;
   for (; i + 4 <= n; i += 4) {
+    if (prefetch_at(i, n)) {
+      __builtin_prefetch(grads + i + kPrefetchFloats, 0);
+      __builtin_prefetch(m + i + kPrefetchFloats, 1);
+      __builtin_prefetch(v + i + kPrefetchFloats, 1);
+      __builtin_prefetch(params + i + kPrefetchFloats, 1);
+    }
     const mp_v4f g = load4(grads + i) * grad_scale;
     const mp_v4f m_i = beta1 * load4(m + i) + one_minus_beta1 * g;
     const mp_v4f v_i = beta2 * load4(v + i) + one_minus_beta2 * g * g;
@@ -75,17 +101,27 @@ void mp_adamw_update_cpu(float *params, const float *grads, float *m, float *v, 
 double mp_grad_norm_squared_cpu(const float *grads, size_t n) {
   /* Eight interleaved partial sums (lane k takes elements 8j + k), added in lane order at the
    * end: a fixed order, so the result is the same on every run and on every CPU. Four two-wide
-   * double vectors hold the eight lanes; a float's square is exact in double. */
-  mp_v2d partial[4] = {{0.0, 0.0}, {0.0, 0.0}, {0.0, 0.0}, {0.0, 0.0}};
+   * double vectors, in registers, hold the eight lanes; a float's square is exact in double. */
+  mp_v2d p01 = {0.0, 0.0}, p23 = {0.0, 0.0}, p45 = {0.0, 0.0}, p67 = {0.0, 0.0};
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    for (int pair = 0; pair < 4; pair++) {
-      const mp_v2d g = {(double)grads[i + 2 * pair], (double)grads[i + 2 * pair + 1]};
-      partial[pair] += g * g;
-    }
+    if (prefetch_at(i, n)) __builtin_prefetch(grads + i + kPrefetchFloats, 0);
+    const mp_v2d g01 = load2_double(grads + i), g23 = load2_double(grads + i + 2);
+    const mp_v2d g45 = load2_double(grads + i + 4), g67 = load2_double(grads + i + 6);
+    p01 += g01 * g01;
+    p23 += g23 * g23;
+    p45 += g45 * g45;
+    p67 += g67 * g67;
   }
   double sum = 0.0;
-  for (int lane = 0; lane < 8; lane++) sum += partial[lane / 2][lane % 2];
+  sum += p01[0];
+  sum += p01[1];
+  sum += p23[0];
+  sum += p23[1];
+  sum += p45[0];
+  sum += p45[1];
+  sum += p67[0];
+  sum += p67[1];
   for (; i < n; i++) sum += (double)grads[i] * (double)grads[i];
   return sum;
 }
@@ -97,6 +133,9 @@ float mp_clip_scale(double norm, double max_norm) {
 
 void mp_grad_scale_cpu(float *grads, size_t n, float scale) {
   size_t i = 0;
-  for (; i + 4 <= n; i += 4) store4(grads + i, load4(grads + i) * scale);
+  for (; i + 4 <= n; i += 4) {
+    if (prefetch_at(i, n)) __builtin_prefetch(grads + i + kPrefetchFloats, 1);
+    store4(grads + i, load4(grads + i) * scale);
+  }
   for (; i < n; i++) grads[i] *= scale;
 }

@@ -26,7 +26,8 @@ extern "C" {
 /* Softmax of each token's first V logits and the loss -log p[target]; returns the mean loss
  * over the B * T tokens.
  *   losses  (B, T)      written: each token's loss, or NULL when only the mean is wanted
- *   probs   (B, T, Vp)  written: softmax over columns [0, V), 0 in columns [V, Vp)
+ *   probs   (B, T, Vp)  written: softmax over columns [0, V), 0 in columns [V, Vp); may be the
+ *                       logits' own buffer (then the logits are overwritten)
  *   logits  (B, T, Vp)
  *   targets (B, T)      each in [0, V) */
 double mp_cross_entropy_forward_cpu(float *losses, float *probs, const float *logits,
@@ -40,6 +41,16 @@ double mp_cross_entropy_forward_cpu(float *losses, float *probs, const float *lo
  *   dloss               gradient of whatever follows with respect to the mean loss */
 void mp_cross_entropy_backward_cpu(float *dlogits, const float *probs, const int32_t *targets,
                                    float dloss, int B, int T, int V, int Vp);
+
+/* The same gradient written over the probabilities, for a caller that keeps no other copy:
+ * probs_dlogits = (probs - onehot(target)) * dloss / (B * T) in columns [0, V), 0 in [V, Vp).
+ * Equal, bit for bit, to mp_cross_entropy_backward_cpu onto zeroed dlogits, without the zeroing
+ * pass or a second (B, T, Vp) buffer.
+ *   probs_dlogits (B, T, Vp)  in: probs as the forward wrote them; out: dlogits
+ *   targets       (B, T)
+ *   dloss                     gradient of whatever follows with respect to the mean loss */
+void mp_cross_entropy_backward_in_place_cpu(float *probs_dlogits, const int32_t *targets,
+                                            float dloss, int B, int T, int V, int Vp);
 
 /* ---------------------------------------------------------------------------------------------
  * CUDA twin (layers/cross_entropy_cuda.cu, Bazel target //layers:cuda_elementwise).

@@ -185,15 +185,15 @@ static double train_step(mp_gpt *gpt, float *adam_m, float *adam_v, const int32_
   float *params = mp_gpt_params(gpt);
   float *grads = mp_gpt_grads(gpt);
   const size_t n = mp_gpt_num_params(gpt);
+  /* The clip factor multiplies each gradient inside AdamW: no separate scaling pass. */
   const float scale = mp_clip_scale(sqrt(mp_grad_norm_squared_cpu(grads, n)), kGradClip);
-  if (scale != 1.0f) mp_grad_scale_cpu(grads, n, scale);
   for (int i = 0; i < mp_gpt_num_tensors(gpt); ++i) {
     const mp_gpt_tensor *tensor = mp_gpt_tensor_at(gpt, i);
     const size_t offset = tensor->offset;
-    mp_adamw_update_cpu(params + offset, grads + offset, adam_m + offset, adam_v + offset,
-                        tensor->rows * tensor->cols, (float)kLearningRate, (float)kBeta1,
-                        (float)kBeta2, (float)kAdamEps,
-                        tensor->weight_decay ? (float)kWeightDecay : 0.0f, t);
+    mp_adamw_update_scaled_cpu(params + offset, grads + offset, adam_m + offset, adam_v + offset,
+                               tensor->rows * tensor->cols, (float)kLearningRate, (float)kBeta1,
+                               (float)kBeta2, (float)kAdamEps,
+                               tensor->weight_decay ? (float)kWeightDecay : 0.0f, t, scale);
   }
   const double end = now_seconds();
   times->cpu = cpu_seconds() - cpu_start;

@@ -111,17 +111,6 @@ struct Job {
 
 const char kTiny[] = "examples/models/tiny-gpt.json";
 
-std::string read_file(const std::string &path) {
-  std::string text;
-  FILE *f = fopen(path.c_str(), "rb");
-  if (f == nullptr) return text;
-  char buffer[4096];
-  size_t got;
-  while ((got = fread(buffer, 1, sizeof buffer, f)) > 0) text.append(buffer, got);
-  fclose(f);
-  return text;
-}
-
 void write_file(const std::string &path, const std::string &text) {
   FILE *f = fopen(path.c_str(), "wb");
   ASSERT_NE(f, nullptr) << path;

@@ -75,6 +75,58 @@ TEST(AdamW, WeightDecayIsDecoupled) {
   for (int i = 0; i < N; i++) EXPECT_NEAR(params[i], before[i] * (1.0 - kLr * kDecay), 1e-7) << i;
 }
 
+// The float formula of adamw.h, one element at a time, in the order the header writes it.
+void float_adamw(float *param, float g, float *m, float *v, float lr, float beta1, float beta2,
+                 float eps, float decay, int t) {
+  const float c1 = (float)(1.0 - std::pow((double)beta1, (double)t));
+  const float c2 = (float)(1.0 - std::pow((double)beta2, (double)t));
+  *m = beta1 * *m + (1.0f - beta1) * g;
+  *v = beta2 * *v + (1.0f - beta2) * g * g;
+  *param -= lr * ((*m / c1) / (std::sqrt(*v / c2) + eps) + decay * *param);
+}
+
+TEST(AdamW, EveryElementGetsTheFloatFormulaBits) {
+  // The vector loop (four at a time) and its tail (N = 37: one left over) must both give exactly
+  // the bits of the scalar float formula, whichever element lands where.
+  Rng rng(56);
+  std::vector<float> params = rng.uniform_vector(N, -1.0f, 1.0f), want = params;
+  std::vector<float> m(N, 0.0f), v(N, 0.0f), want_m(N, 0.0f), want_v(N, 0.0f);
+  for (int t = 1; t <= 4; t++) {
+    std::vector<float> grads = rng.uniform_vector(N, -2.0f, 2.0f);
+    mp_adamw_update_cpu(params.data(), grads.data(), m.data(), v.data(), N, kLr, kBeta1, kBeta2,
+                        kEps, kDecay, t);
+    for (int i = 0; i < N; i++) {
+      float_adamw(&want[i], grads[i], &want_m[i], &want_v[i], kLr, kBeta1, kBeta2, kEps, kDecay,
+                  t);
+    }
+    EXPECT_EQ(params, want) << "step " << t;
+    EXPECT_EQ(m, want_m) << "step " << t;
+    EXPECT_EQ(v, want_v) << "step " << t;
+  }
+}
+
+TEST(AdamW, ScaledUpdateIsClippingThenTheUpdate) {
+  // Folding the clip factor into the update gives the bits of scaling the gradients first, and
+  // leaves the gradients as they were.
+  Rng rng(57);
+  std::vector<float> a = rng.uniform_vector(N, -1.0f, 1.0f), b = a;
+  std::vector<float> am(N, 0.0f), av(N, 0.0f), bm(N, 0.0f), bv(N, 0.0f);
+  for (int t = 1; t <= 3; t++) {
+    std::vector<float> grads = rng.uniform_vector(N, -5.0f, 5.0f);
+    const std::vector<float> before = grads;
+    const float scale = 0.3178f;
+    mp_adamw_update_scaled_cpu(a.data(), grads.data(), am.data(), av.data(), N, kLr, kBeta1,
+                               kBeta2, kEps, kDecay, t, scale);
+    EXPECT_EQ(grads, before);
+    mp_grad_scale_cpu(grads.data(), N, scale);
+    mp_adamw_update_cpu(b.data(), grads.data(), bm.data(), bv.data(), N, kLr, kBeta1, kBeta2,
+                        kEps, kDecay, t);
+    EXPECT_EQ(a, b) << "step " << t;
+    EXPECT_EQ(am, bm) << "step " << t;
+    EXPECT_EQ(av, bv) << "step " << t;
+  }
+}
+
 TEST(GradClip, NormSquaredSumsInDouble) {
   const float three_four[] = {3.0f, -4.0f};
   EXPECT_EQ(mp_grad_norm_squared_cpu(three_four, 2), 25.0);
@@ -92,6 +144,30 @@ TEST(GradClip, NormSquaredSumsInDouble) {
   EXPECT_NEAR(got, want, 1e-12);
   EXPECT_EQ(got, mp_grad_norm_squared_cpu(grads.data(), grads.size()));  // and is repeatable
   EXPECT_NEAR(got, 1.001, 1e-6);
+}
+
+TEST(GradClip, NormSquaredHasAFixedOrder) {
+  // The order adamw.h promises, written out: lane k sums elements 8j + k in j order, the lanes
+  // are added in order, then the n % 8 left over in order. n = 8 * 5 + 3 reaches every part.
+  Rng rng(58);
+  const std::vector<float> grads = rng.uniform_vector(43, -3.0f, 3.0f);
+  double lanes[8] = {0.0};
+  size_t i = 0;
+  for (; i + 8 <= grads.size(); i += 8) {
+    for (int k = 0; k < 8; k++) lanes[k] += (double)grads[i + k] * (double)grads[i + k];
+  }
+  double want = 0.0;
+  for (double lane : lanes) want += lane;
+  for (; i < grads.size(); i++) want += (double)grads[i] * (double)grads[i];
+  EXPECT_EQ(mp_grad_norm_squared_cpu(grads.data(), grads.size()), want);
+}
+
+TEST(GradClip, ScaleIsOneMultiplyPerElement) {
+  Rng rng(59);
+  std::vector<float> grads = rng.uniform_vector(N, -3.0f, 3.0f);
+  const std::vector<float> before = grads;
+  mp_grad_scale_cpu(grads.data(), N, 0.37f);
+  for (int i = 0; i < N; i++) EXPECT_EQ(grads[i], before[i] * 0.37f) << i;
 }
 
 TEST(GradClip, ScaleClipsOnlyAboveTheMaximum) {

@@ -121,4 +121,82 @@ TEST(CrossEntropy, BackwardMatchesFiniteDifferences) {
   }
 }
 
+TEST(CrossEntropy, InPlaceBackwardIsTheBackwardOntoZeros) {
+  CrossEntropy ce;
+  ce.forward();
+  const float dloss = 0.75f;
+  std::vector<float> want(BT * Vp, 0.0f);
+  mp_cross_entropy_backward_cpu(want.data(), ce.probs.data(), ce.targets.data(), dloss, B, T, V,
+                                Vp);
+  std::vector<float> got = ce.probs;
+  for (int r = 0; r < BT; r++) {
+    for (int i = V; i < Vp; i++) got[r * Vp + i] = 7.0f;  // padded columns are written to 0
+  }
+  mp_cross_entropy_backward_in_place_cpu(got.data(), ce.targets.data(), dloss, B, T, V, Vp);
+  EXPECT_EQ(got, want);
+}
+
+TEST(CrossEntropy, ForwardInPlaceOverTheLogits) {
+  CrossEntropy ce;
+  const double mean = ce.forward();
+  std::vector<float> buffer = ce.logits, losses(BT);
+  EXPECT_EQ(mp_cross_entropy_forward_cpu(losses.data(), buffer.data(), buffer.data(),
+                                         ce.targets.data(), B, T, V, Vp),
+            mean);
+  EXPECT_EQ(losses, ce.losses);
+  EXPECT_EQ(buffer, ce.probs);
+}
+
+TEST(CrossEntropy, WideRowsMatchTheReference) {
+  // Rows wider than the kernel's vectors (sixteen lanes), with a tail (V % 16 = 11), targets
+  // spread over the row, and one column far above the rest: the whole-vector and tail paths of
+  // the maximum, the exponentials and their sum.
+  constexpr int kRows = 6, kV = 4011, kVp = 4032;
+  Rng rng(43);
+  std::vector<float> logits = rng.uniform_vector(kRows * kVp, -8.0f, 8.0f);
+  std::vector<int32_t> targets(kRows);
+  for (int r = 0; r < kRows; r++) targets[r] = (int32_t)((r * 1543 + 7) % kV);
+  targets[kRows - 1] = kV - 1;
+  logits[2 * kVp + 100] = 40.0f;
+  logits[3 * kVp + kV - 2] = 40.0f;  // the maximum in the tail
+  std::vector<float> probs(kRows * kVp), losses(kRows);
+  const double mean = mp_cross_entropy_forward_cpu(losses.data(), probs.data(), logits.data(),
+                                                   targets.data(), kRows, 1, kV, kVp);
+  std::vector<double> want_probs;
+  std::vector<double> want = mp_test::ref_cross_entropy(mp_test::to_double(logits), targets, kRows,
+                                                        kV, kVp, &want_probs);
+  double want_mean = 0.0;
+  for (double l : want) want_mean += l / kRows;
+  EXPECT_NEAR(mean, want_mean, 1e-5);
+  EXPECT_TRUE(mp_test::NearlyEqual("losses", losses.data(), want, 1e-5));
+  EXPECT_TRUE(mp_test::NearlyEqual("probs", probs.data(), want_probs, 1e-6));
+  for (int r = 0; r < kRows; r++) {
+    double sum = 0.0;
+    for (int i = 0; i < kV; i++) sum += probs[r * kVp + i];
+    EXPECT_NEAR(sum, 1.0, 1e-5) << r;
+    for (int i = kV; i < kVp; i++) EXPECT_EQ(probs[r * kVp + i], 0.0f) << r << "," << i;
+  }
+}
+
+TEST(CrossEntropy, NanLogitGivesNanLoss) {
+  // The trainer stops on a non-finite loss; a NaN logit must not be hidden by the softmax.
+  CrossEntropy ce;
+  ce.logits[3 * Vp + 2] = NAN;
+  EXPECT_TRUE(std::isnan(ce.forward()));
+  EXPECT_TRUE(std::isnan(ce.losses[3]));
+  EXPECT_FALSE(std::isnan(ce.losses[2]));
+
+  // And in a row wide enough for the whole-vector paths, NaN early or late in it.
+  constexpr int kV = 100, kVp = 128;
+  for (int at : {0, 5, 37, 98}) {
+    Rng rng(44);
+    std::vector<float> logits = rng.uniform_vector(kVp, -2.0f, 2.0f), probs(kVp);
+    logits[at] = NAN;
+    const int32_t target = 50;
+    EXPECT_TRUE(std::isnan(mp_cross_entropy_forward_cpu(nullptr, probs.data(), logits.data(),
+                                                        &target, 1, 1, kV, kVp)))
+        << at;
+  }
+}
+
 }  // namespace

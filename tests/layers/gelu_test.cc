@@ -63,4 +63,44 @@ TEST(Gelu, BackwardMatchesFiniteDifferences) {
   for (int i = 0; i < N; i++) EXPECT_FLOAT_EQ(twice[i], 2.0f * dinp[i]) << i;
 }
 
+TEST(Gelu, EveryPositionGetsTheSameValue) {
+  // The kernel takes sixteen values at a time and pads the rest: a value's result must not depend
+  // on where it sits, nor on n (here 16 * 3 + 7, every value also run alone), and the padded
+  // tail must match the reference like the rest.
+  constexpr int kN = 55;
+  Rng rng(6);
+  std::vector<float> inp = rng.uniform_vector(kN, -6.0f, 6.0f);
+  std::vector<float> dout = rng.uniform_vector(kN, -1.0f, 1.0f);
+  std::vector<float> out(kN), dinp(kN, 0.25f);
+  mp_gelu_forward_cpu(out.data(), inp.data(), kN);
+  mp_gelu_backward_cpu(dinp.data(), inp.data(), dout.data(), kN);
+  EXPECT_TRUE(
+      mp_test::NearlyEqual("out", out.data(), mp_test::ref_gelu(mp_test::to_double(inp)), 1e-6));
+  for (int i = 0; i < kN; i++) {
+    float alone, dalone = 0.25f;
+    mp_gelu_forward_cpu(&alone, &inp[i], 1);
+    mp_gelu_backward_cpu(&dalone, &inp[i], &dout[i], 1);
+    EXPECT_EQ(alone, out[i]) << i;
+    EXPECT_EQ(dalone, dinp[i]) << i;
+  }
+}
+
+TEST(Gelu, ExtremesStayFinite) {
+  // tanh's exponential overflows to inf or underflows to 0 out here: gelu(x) -> x and 0, the
+  // gradient -> 1 and 0, with no NaN (while x^3 and x^2 stay finite: the formula multiplies
+  // them by sech^2 = 0).
+  const float inp[6] = {60.0f, 200.0f, 1e4f, -60.0f, -200.0f, -1e4f};
+  float out[6], dinp[6] = {0}, dout[6] = {1, 1, 1, 1, 1, 1};
+  mp_gelu_forward_cpu(out, inp, 6);
+  mp_gelu_backward_cpu(dinp, inp, dout, 6);
+  for (int i = 0; i < 3; i++) {
+    EXPECT_EQ(out[i], inp[i]) << i;
+    EXPECT_EQ(dinp[i], 1.0f) << i;
+  }
+  for (int i = 3; i < 6; i++) {
+    EXPECT_EQ(out[i], 0.0f) << i;
+    EXPECT_EQ(dinp[i], 0.0f) << i;
+  }
+}
+
 }  // namespace

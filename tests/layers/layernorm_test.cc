@@ -96,4 +96,45 @@ TEST(Layernorm, BackwardAddsIntoGradients) {
   for (int i = 0; i < C; i++) EXPECT_NEAR(dbias2[i], 1.0f + dbias[i], 1e-6) << i;
 }
 
+TEST(Layernorm, RowsOfEveryWidthMatch) {
+  // The kernels take eight channels at a time (four in the last pass); widths with 4, 1..7 and 0
+  // channels left over, checked against the reference forward and finite differences.
+  for (int c : {3, 12, 13, 36, 768}) {
+    Rng rng(12 + c);
+    std::vector<float> inp = rng.uniform_vector(BT * c, -1.0f, 1.0f);
+    std::vector<float> weight = rng.uniform_vector(c, 0.5f, 1.5f);
+    std::vector<float> bias = rng.uniform_vector(c, -0.5f, 0.5f);
+    std::vector<float> dout = rng.uniform_vector(BT * c, -1.0f, 1.0f);
+    std::vector<float> out(BT * c), mean(BT), rstd(BT);
+    auto forward = [&] {
+      mp_layernorm_forward_cpu(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(),
+                               bias.data(), B, T, c);
+    };
+    forward();
+    std::vector<double> want_mean, want_rstd;
+    std::vector<double> want = mp_test::ref_layernorm(to_double(inp), to_double(weight),
+                                                      to_double(bias), BT, c, 1e-5, &want_mean,
+                                                      &want_rstd);
+    EXPECT_TRUE(NearlyEqual("out", out.data(), want, 1e-5)) << "C = " << c;
+    EXPECT_TRUE(NearlyEqual("mean", mean.data(), want_mean, 1e-6)) << "C = " << c;
+    EXPECT_TRUE(NearlyEqual("rstd", rstd.data(), want_rstd, 1e-5)) << "C = " << c;
+    if (c > 40) continue;  // finite differences on the narrow rows only
+    std::vector<float> dinp(BT * c, 0.0f), dweight(c, 0.0f), dbias(c, 0.0f);
+    mp_layernorm_backward_cpu(dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(),
+                              weight.data(), mean.data(), rstd.data(), B, T, c);
+    auto loss = [&] {
+      forward();
+      return mp_test::weighted_sum(out.data(), dout.data(), out.size());
+    };
+    EXPECT_TRUE(GradientMatchesFiniteDifferences("dinp", inp.data(), inp.size(), dinp.data(), loss))
+        << "C = " << c;
+    EXPECT_TRUE(GradientMatchesFiniteDifferences("dweight", weight.data(), weight.size(),
+                                                 dweight.data(), loss))
+        << "C = " << c;
+    EXPECT_TRUE(
+        GradientMatchesFiniteDifferences("dbias", bias.data(), bias.size(), dbias.data(), loss))
+        << "C = " << c;
+  }
+}
+
 }  // namespace
