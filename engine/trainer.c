@@ -677,9 +677,10 @@ mp_status mp_trainer_evaluate(mp_trainer *trainer, mp_data_loader *data, int64_t
 }
 
 /* AdamW over elements [first, first + count) of a chunk's arrays, tensor by tensor (weight
- * decay is a property of the tensor); m and v hold that range only. */
+ * decay is a property of the tensor), with the gradients times grad_scale (the clip factor); m
+ * and v hold that range only. */
 static void adamw_range(mp_gpt_tp *chunk, size_t first, size_t count, float *m, float *v,
-                        const mp_training_config *t, double lr, int64_t step) {
+                        const mp_training_config *t, double lr, int64_t step, float grad_scale) {
   float *params = mp_gpt_tp_params(chunk);
   float *grads = mp_gpt_tp_grads(chunk);
   const size_t end = first + count;
@@ -688,10 +689,11 @@ static void adamw_range(mp_gpt_tp *chunk, size_t first, size_t count, float *m, 
     const size_t lo = tensor->offset > first ? tensor->offset : first;
     const size_t hi = tensor->offset + tensor->count < end ? tensor->offset + tensor->count : end;
     if (lo >= hi) continue;
-    mp_adamw_update_cpu(params + lo, grads + lo, m + (lo - first), v + (lo - first), hi - lo,
-                        (float)lr, (float)t->beta1, (float)t->beta2, (float)t->eps,
-                        tensor->full->weight_decay ? (float)t->weight_decay : 0.0f,
-                        (int)(step + 1));
+    mp_adamw_update_scaled_cpu(params + lo, grads + lo, m + (lo - first), v + (lo - first),
+                               hi - lo, (float)lr, (float)t->beta1, (float)t->beta2,
+                               (float)t->eps,
+                               tensor->full->weight_decay ? (float)t->weight_decay : 0.0f,
+                               (int)(step + 1), grad_scale);
   }
 }
 
@@ -741,9 +743,9 @@ static mp_status finish_parallel_step(mp_trainer *trainer, double lr, double *gr
     mp_gpt_tp *chunk = trainer->chunks[c];
     const size_t n = mp_gpt_tp_num_params(chunk);
     const size_t first = trainer->zero_first[c], count = trainer->zero_count[c];
-    if (scale != 1.0f) mp_grad_scale_cpu(mp_gpt_tp_grads(chunk) + first, count, scale);
+    /* The clip factor multiplies each gradient inside AdamW: no pass of its own. */
     adamw_range(chunk, first, count, trainer->chunk_m[c], trainer->chunk_v[c], t, lr,
-                trainer->step);
+                trainer->step, scale);
     if (plan->zero_stage != 1 || o->dp == NULL || plan->dp == 1) continue;
     /* ZeRO-1: every dp rank updated its part; gather the whole array. */
     const size_t part = (n + (size_t)plan->dp - 1) / (size_t)plan->dp;
