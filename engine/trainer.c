@@ -599,12 +599,12 @@ mp_status mp_trainer_cpu_state(mp_trainer *trainer, float **params, float **adam
     return MP_OK;
   }
   const mp_plan *plan = trainer->plan;
-  if (plan->dp > 1 || plan->pp > 1 || plan->zero_stage != 0) {
+  if (trainer->num_chunks != 1 || plan->dp > 1 || plan->zero_stage != 0) {
     return mp_fail(err, MP_ERR_INPUT,
-                   "%s: checkpoints of runs with dp > 1, pp > 1 or ZeRO are not implemented yet "
-                   "(dp x pp x tp = %d x %d x %d); leave out --checkpoint-dir, or train with "
-                   "tensor parallelism only",
-                   plan->source, plan->dp, plan->pp, plan->tp);
+                   "%s: dp x pp x tp = %d x %d x %d with %d chunk(s) and ZeRO stage %d: the "
+                   "state is per model chunk and dp rank (mp_trainer_chunk_cpu_state)",
+                   plan->source, plan->dp, plan->pp, plan->tp, trainer->num_chunks,
+                   plan->zero_stage);
   }
   *params = mp_gpt_tp_params(trainer->chunks[0]);
   *count = mp_gpt_tp_num_params(trainer->chunks[0]);
