@@ -3,21 +3,6 @@
 
 #include <string.h>
 
-typedef float mp_v4f __attribute__((vector_size(16)));
-
-/* a += b over n floats, four lanes at a time (GCC vector extensions; -O2 leaves it scalar). */
-static void add_into(float *a, const float *b, size_t n) {
-  size_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    mp_v4f x, y;
-    memcpy(&x, a + i, sizeof x);
-    memcpy(&y, b + i, sizeof y);
-    x += y;
-    memcpy(a + i, &x, sizeof x);
-  }
-  for (; i < n; i++) a[i] += b[i];
-}
-
 #include "layers/attention.h"
 #include "layers/gelu.h"
 #include "layers/layernorm.h"
@@ -177,7 +162,7 @@ void mp_gpt_block_backward_cpu(const mp_gpt_block_shape *shape, float *dinp,
                             acts->residual2, params->ln2w, acts->ln2_mean, acts->ln2_rstd, B, T, C);
 
   /* residual2 = inp + attproj: d(attproj) is dresidual2, and dinp gets it too. */
-  add_into(dinp, scratch->dresidual2, n);
+  mp_residual_forward_cpu(dinp, dinp, scratch->dresidual2, n); /* dinp += dresidual2 */
   mp_matmul_backward_cpu(scratch->datty, grads->attprojw, grads->attprojb, scratch->dresidual2,
                          acts->atty, params->attprojw, BT, C, C);
   mp_attention_backward_cpu(scratch->dqkv, scratch->dpreatt, scratch->datt, scratch->datty,

@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <string.h>
 
-typedef float mp_v4f __attribute__((vector_size(16)));
+#include "layers/residual.h"
 
 void mp_matmul_forward_cpu(float *out, const float *inp, const float *weight, const float *bias,
                            int BT, int C, int OC) {
@@ -32,19 +32,11 @@ void mp_matmul_backward_cpu(float *dinp, float *dweight, float *dbias, const flo
                 dweight, C);
   }
   if (dbias != NULL) {
-    /* Rows in order, so the sum is the same on every call; four columns at a time (GCC vector
-     * extensions), each column's sum unchanged. */
+    /* Rows in order, so the sum is the same on every call; four columns at a time, each
+     * column's sum unchanged. */
     for (int r = 0; r < BT; r++) {
       const float *dout_r = dout + (size_t)r * OC;
-      int o = 0;
-      for (; o + 4 <= OC; o += 4) {
-        mp_v4f sum, add;
-        memcpy(&sum, dbias + o, sizeof sum);
-        memcpy(&add, dout_r + o, sizeof add);
-        sum += add;
-        memcpy(dbias + o, &sum, sizeof sum);
-      }
-      for (; o < OC; o++) dbias[o] += dout_r[o];
+      mp_residual_forward_cpu(dbias, dbias, dout_r, (size_t)OC); /* dbias += dout_r */
     }
   }
 }

@@ -16,7 +16,8 @@
 extern "C" {
 #endif
 
-/* out = inp1 + inp2, elementwise over n values (in GPT: n = B * T * C).
+/* out = inp1 + inp2, elementwise over n values (in GPT: n = B * T * C). out may be inp1: then it
+ * is inp1 += inp2, which the backward passes use to accumulate.
  *   out  (n) written; may be the same buffer as inp1 or inp2
  *   inp1 (n)
  *   inp2 (n) */
