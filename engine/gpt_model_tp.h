@@ -1,7 +1,11 @@
 /*
- * engine/gpt_model_tp.h — one rank's shard of the GPT (engine/gpt_model.h) on a tensor-parallel
- * group, on the CPU in fp32: its parameters and gradients as flat shard arrays, the activations
- * of one micro-batch, and the forward and backward over tensor_parallel/ layers.
+ * engine/gpt_model_tp.h — one rank's shard of the GPT (engine/gpt_model.h), or of one pipeline
+ * stage of it (mp_gpt_stage: a contiguous piece of embedding, blocks, final norm, LM head), on a
+ * tensor-parallel group, on the CPU in fp32: its parameters and gradients as flat shard arrays,
+ * activation slots for the micro-batches in flight between their forward and backward, and the
+ * forward and backward over tensor_parallel/ layers. The pipeline's stage worker
+ * (pipeline/stage_worker.h) drives a rank's stages through the trainer (engine/trainer.h); with
+ * tp = 1 the group is mp_tp_comm_single.
  *
  * The shard is cut tensor by tensor from the one-rank layout (mp_gpt_layout) by
  * tensor_parallel/shard.h's splits (mp_tp_split_of): wte by vocabulary rows, qkv by heads,
