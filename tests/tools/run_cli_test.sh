@@ -61,6 +61,7 @@ cat > "$tmp/dp2.json" <<JSON
 JSON
 expect 0 "checkpoint: saved $tmp/dp2-checkpoints/step-2" -- $mpengine run --config "$tmp/dp2.json" --steps 2 --checkpoint-dir "$tmp/dp2-checkpoints"
 expect 2 "--backend: expected auto, cpu or cuda, got 'tpu'" -- $mpengine run --config "$tmp/plan.json" --backend tpu
+expect 2 "--gpu-comm: expected auto, nccl or mpi, got 'gloo'" -- $mpengine run --config "$tmp/plan.json" --gpu-comm gloo --steps 1
 expect 2 "--resume needs --checkpoint-dir DIR" -- $mpengine run --config "$tmp/plan.json" --resume
 
 if [ $failures -ne 0 ]; then
