@@ -35,7 +35,9 @@ struct mp_trainer {
   float **chunk_m, **chunk_v; /* AdamW moments per chunk: its whole array, or with ZeRO-1 this
                                  dp rank's part [zero_first, zero_first + zero_count) */
   size_t *zero_first, *zero_count; /* (num_chunks) */
-  float *zero_gather;     /* ZeRO-1: room for a chunk's parameters padded to dp parts */
+  float *zero_gather;     /* ZeRO-1: room for a chunk's parameters padded to dp parts, then
+                             for this rank's part (zero_part) */
+  float *zero_part;
   mp_schedule schedule;
   mp_stage_worker *worker;
   mp_comm_request **dp_requests; /* this step's posted dp all-reduces, one per bucket */
@@ -378,8 +380,11 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
     }
   }
   if (status == MP_OK && largest > 0) {
-    trainer->zero_gather = malloc(largest * sizeof(float));
+    /* The largest chunk's dp parts, then one part: the all-gather's output and input. */
+    const size_t largest_part = largest / (size_t)dp;
+    trainer->zero_gather = calloc(largest + largest_part, sizeof(float));
     if (trainer->zero_gather == NULL) status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+    if (trainer->zero_gather != NULL) trainer->zero_part = trainer->zero_gather + largest;
   }
   free(counts);
   return status;
@@ -750,12 +755,10 @@ static mp_status finish_parallel_step(mp_trainer *trainer, double lr, double *gr
     /* ZeRO-1: every dp rank updated its part; gather the whole array. */
     const size_t part = (n + (size_t)plan->dp - 1) / (size_t)plan->dp;
     float *params = mp_gpt_tp_params(chunk);
-    float *mine = malloc(part * sizeof(float));
-    if (mine == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+    float *mine = trainer->zero_part; /* this rank's part, zero-padded for the last rank */
     memset(mine, 0, part * sizeof(float));
     memcpy(mine, params + first, count * sizeof(float));
     const mp_status status = mp_comm_all_gather_f32(o->dp, mine, trainer->zero_gather, part, err);
-    free(mine);
     MP_TRY(status);
     memcpy(params, trainer->zero_gather, n * sizeof(float));
   }
