@@ -687,19 +687,31 @@ mp_status mp_gpt_tp_finish_grads(mp_gpt_tp *gpt, mp_error *err) {
   return mp_tp_all_reduce_sum(&gpt->tp, gpt->dlnfb, (size_t)c->channels, err);
 }
 
-mp_status mp_gpt_tp_grad_norm_squared(mp_gpt_tp *gpt, double *out, mp_error *err) {
+mp_status mp_gpt_tp_norm_from_squares(const mp_gpt_tp *gpt, const double *squares, double *out,
+                                      mp_error *err) {
   double replicated = 0.0, sharded = 0.0;
   for (int i = 0; i < gpt->num_tensors; ++i) {
     const mp_gpt_tp_tensor *t = &gpt->tensors[i];
     if (t->tied_copy) continue;
-    const double squares = mp_grad_norm_squared_cpu(gpt->grads + t->offset, t->count);
     if (t->split == MP_TP_REPLICATED) {
-      replicated += squares;
+      replicated += squares[i];
     } else {
-      sharded += squares;
+      sharded += squares[i];
     }
   }
   MP_TRY(mp_tp_sum_double(&gpt->tp, &sharded, err));
   *out = replicated + sharded;
   return MP_OK;
+}
+
+mp_status mp_gpt_tp_grad_norm_squared(mp_gpt_tp *gpt, double *out, mp_error *err) {
+  double *squares = malloc((size_t)(gpt->num_tensors > 0 ? gpt->num_tensors : 1) * sizeof(double));
+  if (squares == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  for (int i = 0; i < gpt->num_tensors; ++i) {
+    const mp_gpt_tp_tensor *t = &gpt->tensors[i];
+    squares[i] = mp_grad_norm_squared_cpu(gpt->grads + t->offset, t->count);
+  }
+  const mp_status status = mp_gpt_tp_norm_from_squares(gpt, squares, out, err);
+  free(squares);
+  return status;
 }

@@ -193,6 +193,11 @@ mp_status mp_gpt_tp_finish_grads(mp_gpt_tp *gpt, mp_error *err);
  * Call after mp_gpt_tp_finish_grads. Collective. */
 mp_status mp_gpt_tp_grad_norm_squared(mp_gpt_tp *gpt, double *out, mp_error *err);
 
+/* The same from each tensor's sum of squares, squares[i] for mp_gpt_tp_tensor_at(gpt, i) (so a
+ * GPU twin of the stage, engine/gpt_stage_gpu.h, counts as the CPU does). Collective. */
+mp_status mp_gpt_tp_norm_from_squares(const mp_gpt_tp *gpt, const double *squares, double *out,
+                                      mp_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -8,6 +8,7 @@
 
 #include "engine/device.h"
 #include "engine/gpt_model_gpu.h"
+#include "engine/gpt_stage_gpu.h"
 #include "engine/tp_comm_mpi.h"
 #include "layers/adamw.h"
 #include "pipeline/stage_worker.h"
@@ -32,6 +33,8 @@ struct mp_trainer {
   mp_tp_comm tp_table;    /* options->tp, or the one-rank table */
   int num_chunks;         /* virtual_stages */
   mp_gpt_tp **chunks;     /* (num_chunks) chunk c holds stage c x pp + pp_rank */
+  mp_gpt_stage_gpu **gpu_chunks; /* CUDA backend with pp or tp > 1: chunk c on the GPU, the twin
+                                    of chunks[c] (which then keeps the host copies only) */
   float **chunk_m, **chunk_v; /* AdamW moments per chunk: its whole array, or with ZeRO-1 this
                                  dp rank's part [zero_first, zero_first + zero_count) */
   size_t *zero_first, *zero_count; /* (num_chunks) */
@@ -71,11 +74,24 @@ static double step_flops(const mp_plan *plan, const mp_model *model) {
 }
 
 mp_status mp_trainer_check_layout(const mp_plan *plan, mp_backend backend, mp_error *err) {
-  if ((plan->pp > 1 || plan->tp > 1) && backend != MP_BACKEND_CPU) {
-    return mp_fail(err, MP_ERR_INPUT,
-                   "%s: dp x pp x tp = %d x %d x %d: the %s backend trains with data parallelism "
-                   "only for now (pp = tp = 1); use --backend cpu",
-                   plan->source, plan->dp, plan->pp, plan->tp, mp_backend_name(backend));
+  if (backend == MP_BACKEND_CUDA && (plan->pp > 1 || plan->tp > 1)) {
+    /* What the GPU pipeline stage (engine/gpt_stage_gpu.h) does not run yet. */
+    const char *missing = NULL;
+    if (plan->sequence_parallel) {
+      missing = "sequence parallelism (set \"sequence_parallel\": false)";
+    } else if (strcmp(plan->schedule, "zb-h1") == 0) {
+      missing = "the zero-bubble schedule zb-h1 (choose 1f1b, interleaved or gpipe)";
+    } else if (plan->recompute == MP_RECOMPUTE_FULL) {
+      missing = "full recomputation (set \"recompute\" to \"selective\" or \"none\")";
+    } else if (plan->zero_stage != 0) {
+      missing = "ZeRO-1 with pipeline or tensor parallelism (set \"zero_stage\": 0)";
+    }
+    if (missing != NULL) {
+      return mp_fail(err, MP_ERR_INPUT,
+                     "%s: dp x pp x tp = %d x %d x %d: the cuda backend does not run %s yet; "
+                     "change the plan, or use --backend cpu",
+                     plan->source, plan->dp, plan->pp, plan->tp, missing);
+    }
   }
   if (plan->recompute == MP_RECOMPUTE_FULL && strcmp(plan->schedule, "zb-h1") == 0) {
     return mp_fail(err, MP_ERR_INPUT,
@@ -136,10 +152,17 @@ static mp_status chunk_forward(void *context, int chunk, int micro_batch, int sl
                                const float *input, float *output, mp_error *err) {
   mp_trainer *trainer = context;
   double loss = 0.0;
-  MP_TRY(mp_gpt_tp_forward_stage(trainer->chunks[chunk], slot,
-                                 micro_batch_rows(trainer, trainer->inputs, micro_batch),
-                                 micro_batch_rows(trainer, trainer->targets, micro_batch), input,
-                                 output, &loss, err));
+  const int32_t *inputs = micro_batch_rows(trainer, trainer->inputs, micro_batch);
+  const int32_t *targets = micro_batch_rows(trainer, trainer->targets, micro_batch);
+  if (trainer->gpu_chunks != NULL) {
+    /* The GPU's fused cross-entropy leaves the loss gradient at forward time. */
+    const float dloss = 1.0f / (float)trainer->plan->num_micro_batches;
+    MP_TRY(mp_gpt_stage_gpu_forward(trainer->gpu_chunks[chunk], slot, inputs, targets, input,
+                                    output, dloss, &loss, err));
+  } else {
+    MP_TRY(mp_gpt_tp_forward_stage(trainer->chunks[chunk], slot, inputs, targets, input, output,
+                                   &loss, err));
+  }
   if (mp_gpt_tp_stage(trainer->chunks[chunk])->head) trainer->loss_sum += loss;
   return MP_OK;
 }
@@ -149,6 +172,10 @@ static mp_status chunk_backward(void *context, int chunk, int micro_batch, int s
                                 mp_error *err) {
   (void)micro_batch;
   mp_trainer *trainer = context;
+  if (trainer->gpu_chunks != NULL) {
+    /* mp_gpt_stage_gpu_create refused the zero-bubble split: defer_weights is false here. */
+    return mp_gpt_stage_gpu_backward(trainer->gpu_chunks[chunk], slot, doutput, dinput, err);
+  }
   const float dloss = 1.0f / (float)trainer->plan->num_micro_batches;
   return mp_gpt_tp_backward_stage(trainer->chunks[chunk], slot, dloss, doutput, dinput,
                                   defer_weights, err);
@@ -334,6 +361,11 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
   trainer->chunk_v = calloc((size_t)v, sizeof *trainer->chunk_v);
   trainer->zero_first = calloc((size_t)v, sizeof *trainer->zero_first);
   trainer->zero_count = calloc((size_t)v, sizeof *trainer->zero_count);
+  const bool on_gpu = trainer->backend == MP_BACKEND_CUDA;
+  if (on_gpu) trainer->gpu_chunks = calloc((size_t)v, sizeof *trainer->gpu_chunks);
+  if (status == MP_OK && on_gpu && trainer->gpu_chunks == NULL) {
+    status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  }
   if (status == MP_OK && (trainer->chunks == NULL || trainer->chunk_m == NULL ||
                           trainer->chunk_v == NULL || trainer->zero_first == NULL ||
                           trainer->zero_count == NULL)) {
@@ -355,11 +387,28 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
       break;
     }
     const int slots = mp_stage_worker_slots(&trainer->schedule, pp_rank, c);
+    /* On the GPU the host stage only keeps the host copies (initialisation, gathering): one
+     * slot of activations, never used. */
     status = mp_gpt_tp_create_stage(model, (int)plan->micro_batch, (int)plan->seq_len,
-                                    &trainer->tp_table, plan->sequence_parallel, &range, slots,
-                                    zero_bubble, plan->recompute, &trainer->chunks[c], err);
+                                    &trainer->tp_table, plan->sequence_parallel, &range,
+                                    on_gpu ? 1 : slots, zero_bubble && !on_gpu,
+                                    on_gpu ? MP_RECOMPUTE_NONE : plan->recompute,
+                                    &trainer->chunks[c], err);
     if (status == MP_OK) {
       status = mp_gpt_tp_init_params(trainer->chunks[c], plan->training.seed, err);
+    }
+    if (status == MP_OK && on_gpu) {
+      status = mp_gpt_stage_gpu_create(trainer->chunks[c], (int)plan->micro_batch,
+                                       (int)plan->seq_len, slots, zero_bubble, plan->recompute,
+                                       &trainer->gpu_chunks[c], err);
+      if (status == MP_OK) status = mp_gpt_stage_gpu_upload_params(trainer->gpu_chunks[c], err);
+      if (status != MP_OK) {
+        mp_error inner = *err;
+        status = mp_fail(err, status, "%s: stage %d on the GPU: %s", plan->source, stage,
+                         inner.message);
+      }
+      if (status != MP_OK) break;
+      continue; /* its AdamW moments live on the GPU */
     }
     if (status != MP_OK) break;
     const size_t n = mp_gpt_tp_num_params(trainer->chunks[c]);
@@ -413,7 +462,7 @@ static mp_status create_parallel(mp_trainer *trainer, const mp_model *model, mp_
   status = mp_stage_worker_create(&trainer->schedule, o->pp_rank,
                                   mp_gpt_tp_boundary_floats(trainer->chunks[0]), &ops, &p2p,
                                   o->trace != NULL ? &observer : NULL, &trainer->worker, err);
-  if (status == MP_OK && o->dp != NULL && plan->dp > 1) {
+  if (status == MP_OK && o->dp != NULL && plan->dp > 1 && trainer->gpu_chunks == NULL) {
     mp_stage_worker_on_chunk_done(trainer->worker, post_chunk_all_reduce);
   }
   return status;
@@ -455,7 +504,8 @@ mp_status mp_trainer_create_parallel(const mp_plan *plan, const mp_model *model,
   }
   mp_status status;
   /* One CPU rank with a trace runs through the stage worker too, so its actions are recorded. */
-  if (backend == MP_BACKEND_CPU && (plan->dp * plan->pp * plan->tp > 1 || o.trace != NULL)) {
+  if ((backend == MP_BACKEND_CPU && (plan->dp * plan->pp * plan->tp > 1 || o.trace != NULL)) ||
+      (backend == MP_BACKEND_CUDA && (plan->pp > 1 || plan->tp > 1))) {
     status = create_parallel(trainer, model, err);
     if (status != MP_OK) {
       mp_trainer_free(trainer);
@@ -515,10 +565,12 @@ void mp_trainer_free(mp_trainer *trainer) {
   free(trainer->dp_bytes);
   mp_stage_worker_free(trainer->worker);
   for (int c = 0; c < trainer->num_chunks; ++c) {
+    if (trainer->gpu_chunks != NULL) mp_gpt_stage_gpu_free(trainer->gpu_chunks[c]);
     if (trainer->chunks != NULL) mp_gpt_tp_free(trainer->chunks[c]);
     if (trainer->chunk_m != NULL) free(trainer->chunk_m[c]);
     if (trainer->chunk_v != NULL) free(trainer->chunk_v[c]);
   }
+  free(trainer->gpu_chunks);
   free(trainer->chunks);
   free(trainer->chunk_m);
   free(trainer->chunk_v);
@@ -559,6 +611,9 @@ mp_status mp_trainer_load_llmc(mp_trainer *trainer, const char *path, mp_error *
   mp_status status = mp_gpt_layout_load_llmc(trainer->layout, host, path, err);
   for (int c = 0; c < trainer->num_chunks && status == MP_OK; ++c) {
     status = mp_gpt_tp_set_full_params(trainer->chunks[c], host, err);
+    if (status == MP_OK && trainer->gpu_chunks != NULL) {
+      status = mp_gpt_stage_gpu_upload_params(trainer->gpu_chunks[c], err);
+    }
   }
   if (status == MP_OK && trainer->gpu != NULL) {
     status = mp_gpt_gpu_set_params(trainer->gpu, host, err);
@@ -578,6 +633,9 @@ mp_status mp_trainer_get_params(mp_trainer *trainer, float *host_params, mp_erro
    * the zero-filled arrays over pp assembles the model exactly. */
   memset(host_params, 0, n * sizeof(float));
   for (int c = 0; c < trainer->num_chunks; ++c) {
+    if (trainer->gpu_chunks != NULL) {
+      MP_TRY(mp_gpt_stage_gpu_download_params(trainer->gpu_chunks[c], err));
+    }
     MP_TRY(mp_gpt_tp_gather_params(trainer->chunks[c], host_params, err));
   }
   if (trainer->options.pp == NULL) return MP_OK;
@@ -591,7 +649,7 @@ mp_status mp_trainer_get_params(mp_trainer *trainer, float *host_params, mp_erro
 
 mp_status mp_trainer_cpu_state(mp_trainer *trainer, float **params, float **adam_m,
                                float **adam_v, size_t *count, mp_error *err) {
-  if (trainer->gpu != NULL) {
+  if (trainer->gpu != NULL || trainer->gpu_chunks != NULL) {
     return mp_fail(err, MP_ERR_INPUT,
                    "checkpoints of the CUDA backend are not implemented yet (its AdamW state "
                    "lives on the GPU); use --backend cpu");
@@ -620,6 +678,11 @@ mp_status mp_trainer_cpu_state(mp_trainer *trainer, float **params, float **adam
 
 mp_status mp_trainer_chunk_cpu_state(mp_trainer *trainer, int chunk, mp_trainer_chunk_state *out,
                                      mp_error *err) {
+  if (trainer->gpu_chunks != NULL) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "checkpoints of the CUDA backend are not implemented yet (its AdamW state "
+                   "lives on the GPU); use --backend cpu");
+  }
   if (!trainer->parallel || chunk < 0 || chunk >= trainer->num_chunks) {
     return mp_fail(err, MP_ERR_INPUT, "chunk %d: the run has %d model chunks on this rank", chunk,
                    trainer->num_chunks);
@@ -672,6 +735,11 @@ mp_status mp_trainer_evaluate(mp_trainer *trainer, mp_data_loader *data, int64_t
   if (trainer->parallel && trainer->plan->pp > 1) {
     return mp_fail(err, MP_ERR_INPUT, "%s: evaluation with pp = %d is not implemented yet",
                    trainer->plan->source, trainer->plan->pp);
+  }
+  if (trainer->gpu_chunks != NULL) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "%s: evaluation on the cuda backend with tp = %d is not implemented yet",
+                   trainer->plan->source, trainer->plan->tp);
   }
   MP_TRY(run_micro_batches(trainer, data, step, false, loss, err));
   if (trainer->parallel && trainer->options.dp != NULL) {
@@ -786,14 +854,13 @@ static int dp_group_size(const mp_trainer *trainer) {
   return trainer->options.dp != NULL ? mp_comm_size(trainer->options.dp) : 1;
 }
 
-/* CUDA backend, dp > 1: the fp32 gradients summed over dp (NCCL, or MPI through the host) in
- * buckets and scaled to the mean, and the loss averaged over dp. */
-static mp_status reduce_gpu_grads(mp_trainer *trainer, double *loss, mp_error *err) {
+/* CUDA backend: device gradients grads (n) summed over dp in buckets, on NCCL when the run has
+ * the dp group there, else MPI through the host. Synchronises the device first (the backward's
+ * kernels wrote the gradients). */
+static mp_status sum_device_grads_over_dp(mp_trainer *trainer, float *grads, size_t n,
+                                          mp_error *err) {
   const mp_trainer_options *o = &trainer->options;
-  const int dp = mp_comm_size(o->dp);
-  float *grads = mp_gpt_gpu_device_grads(trainer->gpu);
-  const size_t n = mp_gpt_layout_num_params(trainer->layout);
-  MP_TRY(mp_device_synchronize(err)); /* the backward's kernels wrote the gradients */
+  MP_TRY(mp_device_synchronize(err));
   for (size_t offset = 0; offset < n; offset += MP_TRAINER_BUCKET_FLOATS) {
     const size_t count = n - offset < MP_TRAINER_BUCKET_FLOATS ? n - offset
                                                                : MP_TRAINER_BUCKET_FLOATS;
@@ -804,9 +871,63 @@ static mp_status reduce_gpu_grads(mp_trainer *trainer, double *loss, mp_error *e
     }
   }
   if (o->nccl_dp != NULL) MP_TRY(mp_nccl_comm_synchronize(o->nccl_dp, err));
+  return MP_OK;
+}
+
+/* CUDA backend, dp > 1: the gradients summed over dp and scaled to the mean, and the loss
+ * averaged over dp. */
+static mp_status reduce_gpu_grads(mp_trainer *trainer, double *loss, mp_error *err) {
+  const mp_trainer_options *o = &trainer->options;
+  const int dp = mp_comm_size(o->dp);
+  MP_TRY(sum_device_grads_over_dp(trainer, mp_gpt_gpu_device_grads(trainer->gpu),
+                                  mp_gpt_layout_num_params(trainer->layout), err));
   MP_TRY(mp_gpt_gpu_scale_grads(trainer->gpu, 1.0f / (float)dp, err));
   MP_TRY(sum_double_over(o->dp, loss, err));
   *loss /= (double)dp;
+  return MP_OK;
+}
+
+/* finish_parallel_step with the chunks on the GPU: the same steps on device gradients (no
+ * ZeRO-1, no sequence parallelism: mp_trainer_check_layout refused them). */
+static mp_status finish_gpu_step(mp_trainer *trainer, double lr, double *grad_norm,
+                                 mp_error *err) {
+  const mp_plan *plan = trainer->plan;
+  const mp_training_config *t = &plan->training;
+  const mp_trainer_options *o = &trainer->options;
+  if (o->dp != NULL && plan->dp > 1) {
+    for (int c = 0; c < trainer->num_chunks; ++c) {
+      MP_TRY(sum_device_grads_over_dp(trainer, mp_gpt_stage_gpu_device_grads(trainer->gpu_chunks[c]),
+                                      mp_gpt_tp_num_params(trainer->chunks[c]), err));
+      mp_gpt_stage_gpu_scale_grads(trainer->gpu_chunks[c], 1.0f / (float)plan->dp);
+    }
+  }
+  MP_TRY(mp_device_synchronize(err));
+  if (o->embedding != NULL && mp_comm_size(o->embedding) > 1) {
+    for (int c = 0; c < trainer->num_chunks; ++c) {
+      const mp_gpt_stage *stage = mp_gpt_tp_stage(trainer->chunks[c]);
+      const bool first = stage->embedding && c == 0;
+      const bool last = stage->head && c == trainer->num_chunks - 1;
+      if (!first && !last) continue;
+      const mp_gpt_tp_tensor *wte = mp_gpt_tp_tensor_at(trainer->chunks[c], 0);
+      float *grads = mp_gpt_stage_gpu_device_grads(trainer->gpu_chunks[c]);
+      MP_TRY(traced_all_reduce(trainer, o->embedding, grads + wte->offset, wte->count, err));
+    }
+  }
+  double squares = 0.0;
+  for (int c = 0; c < trainer->num_chunks; ++c) {
+    double chunk_squares = 0.0;
+    MP_TRY(mp_gpt_stage_gpu_grad_norm_squared(trainer->gpu_chunks[c], &chunk_squares, err));
+    squares += chunk_squares;
+  }
+  if (o->pp != NULL) MP_TRY(sum_double_over(o->pp, &squares, err));
+  *grad_norm = sqrt(squares);
+  const float scale = mp_clip_scale(*grad_norm, t->grad_clip);
+  const mp_gpu_adamw adamw = {(float)lr, (float)t->beta1, (float)t->beta2, (float)t->eps,
+                              (float)t->weight_decay, (int)(trainer->step + 1), t->grad_clip};
+  for (int c = 0; c < trainer->num_chunks; ++c) {
+    if (scale != 1.0f) mp_gpt_stage_gpu_scale_grads(trainer->gpu_chunks[c], scale);
+    MP_TRY(mp_gpt_stage_gpu_adamw(trainer->gpu_chunks[c], &adamw, err));
+  }
   return MP_OK;
 }
 
@@ -820,6 +941,10 @@ mp_status mp_trainer_step(mp_trainer *trainer, int64_t step, mp_step_metrics *me
   trainer->step = step;
   if (trainer->gpu != NULL) {
     MP_TRY(mp_gpt_gpu_zero_grads(trainer->gpu, err));
+  } else if (trainer->gpu_chunks != NULL) {
+    for (int c = 0; c < trainer->num_chunks; ++c) {
+      MP_TRY(mp_gpt_stage_gpu_zero_grads(trainer->gpu_chunks[c], err));
+    }
   } else if (trainer->parallel) {
     for (int c = 0; c < trainer->num_chunks; ++c) mp_gpt_tp_zero_grads(trainer->chunks[c]);
   } else {
@@ -831,7 +956,7 @@ mp_status mp_trainer_step(mp_trainer *trainer, int64_t step, mp_step_metrics *me
     MP_TRY(mp_stage_worker_run(trainer->worker, err));
     MP_TRY(parallel_step_loss(trainer, &loss, err));
   }
-  if (trainer->gpu != NULL && dp_group_size(trainer) > 1) {
+  if (trainer->gpu != NULL && (dp_group_size(trainer) > 1 || trainer->options.nccl_dp != NULL)) {
     MP_TRY(reduce_gpu_grads(trainer, &loss, err));
   }
   if (!isfinite(loss)) {
@@ -839,7 +964,9 @@ mp_status mp_trainer_step(mp_trainer *trainer, int64_t step, mp_step_metrics *me
                    "step %lld: the loss is %g; lower the learning rate (%g) or check the data",
                    (long long)step, loss, t->learning_rate);
   }
-  if (trainer->parallel) {
+  if (trainer->gpu_chunks != NULL) {
+    MP_TRY(finish_gpu_step(trainer, lr, &grad_norm, err));
+  } else if (trainer->parallel) {
     MP_TRY(finish_parallel_step(trainer, lr, &grad_norm, err));
   } else if (trainer->gpu != NULL) {
     const mp_gpu_adamw adamw = {(float)lr, (float)t->beta1, (float)t->beta2, (float)t->eps,

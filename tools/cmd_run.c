@@ -744,13 +744,15 @@ int cmd_run(int argc, char **argv) {
       exit_code = rank_report(&command, &state, &err);
       goto done;
     }
-    if (state.plan.dp > 1 && use_nccl &&
+    /* --gpu-comm nccl asks for NCCL even with dp = 1: the gradients then go through a
+     * one-rank communicator, which checks NCCL on one GPU. */
+    if ((state.plan.dp > 1 || strcmp(gpu_comm, "nccl") == 0) && use_nccl &&
         (mp_nccl_world_create(state.world, device, &state.nccl_world, &err) != MP_OK ||
          mp_nccl_comm_create(state.nccl_world, state.dp_group, &state.nccl_dp, &err) != MP_OK)) {
       exit_code = rank_report(&command, &state, &err);
       goto done;
     }
-    if (state.plan.dp > 1) {
+    if (state.plan.dp > 1 || state.nccl_dp != NULL) {
       snprintf(gpu_comm_text, sizeof gpu_comm_text, "; gradients over %s",
                state.nccl_dp != NULL ? "NCCL" : "MPI through the host");
     }

@@ -87,7 +87,8 @@ section "mpengine version --smoke-test"
 .device/bin/mpengine version --smoke-test || fail "smoke test"
 
 section "CUDA kernels against their CPU twins"
-for test in cuda_elementwise_test cuda_gemm_test flash_attention_test gpt_model_gpu_test; do
+for test in cuda_elementwise_test cuda_gemm_test flash_attention_test cuda_tensor_parallel_test \
+            gpt_model_gpu_test; do
   if [ -x ".device/bin/$test" ]; then
     timeout 300 ".device/bin/$test" 2>&1 | grep -E "kernel |model |gpu training|FAILED|Failure|Expected|Which is|error|PASSED|SKIPPED|tests? ran" \
       || fail "$test printed nothing"
@@ -153,6 +154,47 @@ JSON
     { d = $2 - $1; if (d < 0) d = -d; r = d / $1; if (r > worst) worst = r; n++ }
     END { printf "dp = 2 vs dp = 1 on the GPU: %d steps, max relative loss difference %.3g (bound 1e-2)\n", n, worst
           exit !(n == 20 && worst <= 1e-2) }' || fail "dp = 2 losses differ from dp = 1 on the GPU"
+
+  section "one-rank NCCL training: dp = 1, gradients through a one-rank NCCL communicator"
+  timeout 120 env "${mpi_env[@]}" "$mpirun" -np 1 --bind-to none .device/bin/mpengine run \
+    --config "$work/dp1.json" --backend cuda --gpu-comm nccl --steps 5 --comm-timeout 60 \
+    | grep -E "^backend|^step 5/|^done" || fail "one-rank NCCL training"
+
+  # Pipeline and tensor parallelism on the GPU (engine/gpt_stage_gpu.h): every layout's ranks
+  # share the one GPU, their activations and tensor-parallel sums going through the host over
+  # MPI. Each is checked against the one-rank GPU run (the same bf16 kernels: close) and the
+  # 4-rank run also against the CPU run of the same plan (fp32 there: looser).
+  section "pipeline and tensor parallelism on the GPU: (pp, tp) = (2, 1), (1, 2), (2, 2) vs one rank and the CPU"
+  layouts="1,1 2,1 1,2 2,2"
+  for layout in $layouts; do
+    pp=${layout%,*} tp=${layout#*,}
+    cat > "$work/pp${pp}tp${tp}.json" <<JSON
+{"model": "$PWD/examples/models/tiny-gpt.json", "parallel": {"dp": 1, "pp": $pp, "tp": $tp},
+ "batch": {"global_batch": 8, "micro_batch": 2, "num_micro_batches": 4, "seq_len": 64},
+ "schedule": "1f1b", "training": {"steps": 20, "learning_rate": 3e-3, "warmup_steps": 2}}
+JSON
+    timeout 240 env "${mpi_env[@]}" "$mpirun" -np $((pp * tp)) --bind-to none \
+      .device/bin/mpengine run --config "$work/pp${pp}tp${tp}.json" --backend cuda --gpu-comm mpi \
+      --metrics "$work/gpu-pp${pp}tp${tp}.jsonl" --comm-timeout 60 | grep -E "^backend|^step 20/|^done" \
+      || fail "pp = $pp, tp = $tp on cuda"
+  done
+  timeout 240 env "${mpi_env[@]}" "$mpirun" -np 4 --bind-to none .device/bin/mpengine run \
+    --config "$work/pp2tp2.json" --backend cpu --metrics "$work/cpu-pp2tp2.jsonl" \
+    --comm-timeout 60 | grep -E "^step 20/|^done" || fail "pp = 2, tp = 2 on the CPU"
+  compare_losses() { # compare_losses NAME A.jsonl B.jsonl BOUND
+    paste -d' ' <(sed 's/.*"loss": \([^,]*\),.*/\1/' "$2") <(sed 's/.*"loss": \([^,]*\),.*/\1/' "$3") | awk \
+      -v name="$1" -v bound="$4" '
+      { d = $2 - $1; if (d < 0) d = -d; r = d / $1; if (r > worst) worst = r; n++ }
+      END { printf "%s: %d steps, max relative loss difference %.3g (bound %s)\n", name, n, worst, bound
+            exit !(n == 20 && worst <= bound) }' || fail "$1"
+  }
+  for layout in 2,1 1,2 2,2; do
+    pp=${layout%,*} tp=${layout#*,}
+    compare_losses "GPU pp = $pp, tp = $tp vs GPU one rank" "$work/gpu-pp1tp1.jsonl" \
+      "$work/gpu-pp${pp}tp${tp}.jsonl" 1e-2
+  done
+  compare_losses "GPU pp = 2, tp = 2 vs CPU pp = 2, tp = 2 (bf16 vs fp32)" \
+    "$work/cpu-pp2tp2.jsonl" "$work/gpu-pp2tp2.jsonl" 2e-2
   rm -rf "$work"
 else
   section "two ranks sharing the GPU"

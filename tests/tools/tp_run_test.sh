@@ -85,7 +85,8 @@ expect 1 "cannot run $tmp/no-mpirun to start 2 ranks" -- $mpengine run --config 
 # A runtime failure on the ranks: each prints it with its rank, the run exits 1.
 sed 's/"learning_rate": 3e-3/"learning_rate": 1e9, "grad_clip": 0/' "$tmp/tp2.json" > "$tmp/nan.json"
 expect 1 "rank 1: step " -- $mpengine run --config "$tmp/nan.json" --steps 3
-expect 2 "the cuda backend trains with data parallelism only for now (pp = tp = 1); use --backend cpu" -- $mpengine run --config "$tmp/tp2.json" --backend cuda
+# tp = 2 on the CUDA backend is a plan it runs: here, without a GPU, the refusal is the GPU's.
+expect 2 "--backend cuda: no CUDA GPU is visible" -- $mpengine run --config "$tmp/tp2.json" --backend cuda
 plan "$tmp/tp3.json" 3 false
 expect 2 "tp = 3" -- $mpengine run --config "$tmp/tp3.json" --steps 1
 

@@ -1,0 +1,694 @@
+/*
+ * engine/gpt_stage_gpu.c — a rank's shard of a pipeline stage on a GPU; see gpt_stage_gpu.h.
+ *
+ * The kernel chain is engine/gpt_model_gpu.c's, operand for operand, on this rank's heads, MLP
+ * channels and vocabulary rows; around the row-parallel GEMMs, the column-parallel input
+ * gradients, the embedding lookup and the cross-entropy it adds the collectives of
+ * tensor_parallel/ (through the host stage's mp_tp_comm, on device buffers). As in the one-GPU
+ * model, the backward keeps one residual-stream gradient (dresidual) that each layernorm backward
+ * adds its input gradient into.
+ */
+#include "engine/gpt_stage_gpu.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/device.h"
+#include "layers/adamw.h"
+#include "layers/attention.h"
+#include "layers/cross_entropy.h"
+#include "layers/cuda_types.h"
+#include "layers/embedding.h"
+#include "layers/gelu.h"
+#include "layers/layernorm.h"
+#include "layers/matmul.h"
+#include "layers/residual.h"
+#include "layers/tensor_parallel_cuda.h"
+
+enum { kBlockTensors = 12 };
+
+/* One block's tensors in the layout's per-layer order, as pointers into a flat shard array. */
+typedef struct {
+  mp_bf16 *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw,
+      *fcprojb;
+} block_weights;
+
+typedef struct {
+  float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw,
+      *fcprojb;
+} block_grads;
+
+/* What one block's forward keeps for its backward (Cl = C/tp, Fl = F/tp, NHl = NH/tp). */
+typedef struct {
+  mp_bf16 *ln1;               /* (BT, C) */
+  float *ln1_mean, *ln1_rstd; /* (BT) */
+  mp_bf16 *qkv;               /* (BT, 3Cl) this rank's q, k, v */
+  mp_bf16 *atty;              /* (BT, Cl) */
+  mp_bf16 *att;               /* (B, NHl, T, T), cuBLAS attention only */
+  float *lse;                 /* (B, NHl, T), fused attention only */
+  mp_bf16 *residual2;         /* (BT, C) */
+  mp_bf16 *ln2;               /* (BT, C) */
+  float *ln2_mean, *ln2_rstd; /* (BT) */
+  mp_bf16 *fch, *fch_gelu;    /* (BT, Fl) */
+  mp_bf16 *out;               /* (BT, C) */
+} block_acts;
+
+/* One micro-batch between its forward and its backward. */
+typedef struct {
+  bool in_use;
+  int32_t *inputs, *targets;   /* (B, T) device */
+  int32_t *inputs_host;        /* (B, T) for the embedding backward */
+  mp_bf16 *input;              /* (BT, C) the stage's input: embedding output or received */
+  block_acts *acts;            /* (num_layers) */
+  mp_bf16 *lnf;                /* (BT, C) */
+  float *lnf_mean, *lnf_rstd;  /* (BT) */
+  mp_bf16 *logits;             /* (BT, Vl), dlogits after the forward's cross-entropy */
+} slot_acts;
+
+struct mp_gpt_stage_gpu {
+  mp_gpt_tp *host;
+  const mp_gpt_layout *layout;
+  mp_gpt_stage stage;
+  mp_tp_comm tp;
+  int B, T, C, NH, NHl, HS, Cl, Fl, Vl, V, Vp, vocab_start;
+  bool fused_attention;
+  size_t num_params, device_bytes;
+  mp_cublas *cublas;
+  float *master, *grads, *adam_m, *adam_v; /* (num_params) */
+  mp_bf16 *weights;                        /* (num_params) */
+  mp_bf16 *wte, *wpe, *lnfw, *lnfb;        /* NULL where the stage does not hold them */
+  float *dwte, *dwpe, *dlnfw, *dlnfb;
+  block_weights *blocks;                   /* (num_layers) */
+  block_grads *dblocks;
+  int num_slots;
+  slot_acts *slots;
+  /* shared by every slot */
+  mp_bf16 *projection;       /* (BT, C) a row-parallel GEMM's output */
+  float *reduce;             /* (BT, C) fp32: what a collective sums, the embedding lookup */
+  float *boundary;           /* (BT, C) fp32: a stage boundary on its way to or from the host */
+  float *losses;             /* (BT) */
+  float *losses_host;        /* (BT) */
+  float *row_max, *gathered_max, *ce_stats; /* (BT), (tp, BT), (2, BT) */
+  mp_bf16 *dresidual, *dnorm;              /* (BT, C) */
+  mp_bf16 *datty;                          /* (BT, Cl) */
+  mp_bf16 *dqkv;                           /* (BT, 3Cl) */
+  mp_bf16 *dfch, *dfch_gelu;               /* (BT, Fl) */
+  float *layernorm_scratch, *matmul_scratch, *norm_scratch;
+  void *attention_scratch;
+  int32_t *embedding_workspace;
+  float *dwte_rows;          /* (Vl + 1, C) tp > 1: the embedding gradient by shard row; the last
+                                row collects tokens of other ranks' ranges */
+  int32_t *shard_tokens;     /* (BT) device: tokens as rows of dwte_rows */
+  int32_t *shard_tokens_host;
+};
+
+static mp_status device_alloc(mp_gpt_stage_gpu *gpu, void **out, size_t bytes, mp_error *err) {
+  MP_TRY(mp_device_alloc(out, bytes > 0 ? bytes : 1, err));
+  gpu->device_bytes += bytes;
+  return MP_OK;
+}
+
+#define ALLOC(field, count)                                                             \
+  do {                                                                                  \
+    if (device_alloc(gpu, (void **)&(field), (size_t)(count) * sizeof(*(field)), err) != \
+        MP_OK) {                                                                        \
+      goto fail;                                                                        \
+    }                                                                                   \
+  } while (0)
+
+/* The offset in the shard arrays of the layout's tensor full_index, or -1 if the stage lacks it. */
+static long shard_offset(const mp_gpt_stage_gpu *gpu, int full_index) {
+  const mp_gpt_tensor *full = mp_gpt_layout_tensor(gpu->layout, full_index);
+  for (int i = 0; i < mp_gpt_tp_num_tensors(gpu->host); ++i) {
+    const mp_gpt_tp_tensor *t = mp_gpt_tp_tensor_at(gpu->host, i);
+    if (t->full == full) return (long)t->offset;
+  }
+  return -1;
+}
+
+static mp_bf16 *weight_view(const mp_gpt_stage_gpu *gpu, int full_index) {
+  const long offset = shard_offset(gpu, full_index);
+  return offset < 0 ? NULL : gpu->weights + offset;
+}
+
+static float *grad_view(const mp_gpt_stage_gpu *gpu, int full_index) {
+  const long offset = shard_offset(gpu, full_index);
+  return offset < 0 ? NULL : gpu->grads + offset;
+}
+
+static void point_block(mp_gpt_stage_gpu *gpu, int l, int layer) {
+  block_weights *w = &gpu->blocks[l];
+  block_grads *g = &gpu->dblocks[l];
+  mp_bf16 **wf[kBlockTensors] = {&w->ln1w, &w->ln1b, &w->qkvw, &w->qkvb, &w->attprojw,
+                                 &w->attprojb, &w->ln2w, &w->ln2b, &w->fcw, &w->fcb,
+                                 &w->fcprojw, &w->fcprojb};
+  float **gf[kBlockTensors] = {&g->ln1w, &g->ln1b, &g->qkvw, &g->qkvb, &g->attprojw,
+                               &g->attprojb, &g->ln2w, &g->ln2b, &g->fcw, &g->fcb,
+                               &g->fcprojw, &g->fcprojb};
+  for (int k = 0; k < kBlockTensors; ++k) {
+    *wf[k] = weight_view(gpu, 2 + layer * kBlockTensors + k);
+    *gf[k] = grad_view(gpu, 2 + layer * kBlockTensors + k);
+  }
+}
+
+static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
+
+static mp_status alloc_slot(mp_gpt_stage_gpu *gpu, slot_acts *s, mp_error *err) {
+  const size_t BT = (size_t)gpu->B * (size_t)gpu->T, C = (size_t)gpu->C;
+  const size_t Cl = (size_t)gpu->Cl, Fl = (size_t)gpu->Fl;
+  const int L = gpu->stage.num_layers;
+  s->acts = calloc((size_t)(L > 0 ? L : 1), sizeof *s->acts);
+  s->inputs_host = calloc(BT, sizeof(int32_t));
+  if (s->acts == NULL || s->inputs_host == NULL) {
+    return mp_fail(err, MP_ERR_RUNTIME, "out of host memory");
+  }
+  ALLOC(s->inputs, BT);
+  ALLOC(s->targets, BT);
+  ALLOC(s->input, BT * C);
+  for (int l = 0; l < L; ++l) {
+    block_acts *a = &s->acts[l];
+    ALLOC(a->ln1, BT * C);
+    ALLOC(a->ln1_mean, BT);
+    ALLOC(a->ln1_rstd, BT);
+    ALLOC(a->qkv, BT * 3 * Cl);
+    ALLOC(a->atty, BT * Cl);
+    if (gpu->fused_attention) {
+      ALLOC(a->lse, (size_t)gpu->B * gpu->NHl * gpu->T);
+    } else {
+      ALLOC(a->att, (size_t)gpu->B * gpu->NHl * gpu->T * gpu->T);
+    }
+    ALLOC(a->residual2, BT * C);
+    ALLOC(a->ln2, BT * C);
+    ALLOC(a->ln2_mean, BT);
+    ALLOC(a->ln2_rstd, BT);
+    ALLOC(a->fch, BT * Fl);
+    ALLOC(a->fch_gelu, BT * Fl);
+    ALLOC(a->out, BT * C);
+  }
+  if (gpu->stage.final_norm) {
+    ALLOC(s->lnf, BT * C);
+    ALLOC(s->lnf_mean, BT);
+    ALLOC(s->lnf_rstd, BT);
+  }
+  if (gpu->stage.head) ALLOC(s->logits, BT * (size_t)gpu->Vl);
+  return MP_OK;
+fail:
+  return err != NULL && err->status != MP_OK ? err->status : MP_ERR_RUNTIME;
+}
+
+static void free_slot(slot_acts *s, int num_layers) {
+  void *own[] = {s->inputs, s->targets, s->input, s->lnf, s->lnf_mean, s->lnf_rstd, s->logits};
+  for (size_t i = 0; i < sizeof own / sizeof own[0]; ++i) mp_device_free(own[i]);
+  for (int l = 0; s->acts != NULL && l < num_layers; ++l) {
+    block_acts *a = &s->acts[l];
+    void *per_layer[] = {a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->atty, a->att, a->lse,
+                         a->residual2, a->ln2, a->ln2_mean, a->ln2_rstd, a->fch, a->fch_gelu,
+                         a->out};
+    for (size_t i = 0; i < sizeof per_layer / sizeof per_layer[0]; ++i) {
+      mp_device_free(per_layer[i]);
+    }
+  }
+  free(s->acts);
+  free(s->inputs_host);
+}
+
+void mp_gpt_stage_gpu_free(mp_gpt_stage_gpu *gpu) {
+  if (gpu == NULL) return;
+  for (int s = 0; gpu->slots != NULL && s < gpu->num_slots; ++s) {
+    free_slot(&gpu->slots[s], gpu->stage.num_layers);
+  }
+  void *buffers[] = {gpu->master, gpu->grads, gpu->adam_m, gpu->adam_v, gpu->weights,
+                     gpu->projection, gpu->reduce, gpu->boundary, gpu->losses, gpu->row_max,
+                     gpu->gathered_max, gpu->ce_stats, gpu->dresidual, gpu->dnorm, gpu->datty,
+                     gpu->dqkv, gpu->dfch, gpu->dfch_gelu, gpu->layernorm_scratch,
+                     gpu->matmul_scratch, gpu->norm_scratch, gpu->attention_scratch,
+                     gpu->embedding_workspace, gpu->dwte_rows, gpu->shard_tokens};
+  for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; ++i) mp_device_free(buffers[i]);
+  if (gpu->cublas != NULL) mp_cublas_free(gpu->cublas);
+  free(gpu->slots);
+  free(gpu->blocks);
+  free(gpu->dblocks);
+  free(gpu->losses_host);
+  free(gpu->shard_tokens_host);
+  free(gpu);
+}
+
+mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, int micro_batch, int seq_len, int num_slots,
+                                  bool deferred_weights, mp_recompute recompute,
+                                  mp_gpt_stage_gpu **out, mp_error *err) {
+  *out = NULL;
+  if (mp_gpt_tp_sequence_parallel(host)) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "the CUDA backend does not run sequence parallelism yet; set "
+                   "\"sequence_parallel\": false in the plan, or use --backend cpu");
+  }
+  if (deferred_weights) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "the CUDA backend does not run the zero-bubble schedule (zb-h1) yet; choose "
+                   "\"1f1b\", \"interleaved\" or \"gpipe\" in the plan, or use --backend cpu");
+  }
+  if (recompute == MP_RECOMPUTE_FULL) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "the CUDA backend does not run full recomputation yet; set \"recompute\" to "
+                   "\"selective\" or \"none\" in the plan, or use --backend cpu");
+  }
+  if (num_slots < 1) {
+    return mp_fail(err, MP_ERR_INPUT, "a stage needs at least one activation slot; got %d",
+                   num_slots);
+  }
+  if (mp_device_count() == 0) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "--backend cuda: no CUDA GPU is visible (check nvidia-smi and "
+                   "CUDA_VISIBLE_DEVICES)");
+  }
+  mp_gpt_stage_gpu *gpu = calloc(1, sizeof *gpu);
+  if (gpu == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of host memory");
+  gpu->host = host;
+  gpu->layout = mp_gpt_tp_layout(host);
+  gpu->stage = *mp_gpt_tp_stage(host);
+  gpu->tp = *mp_gpt_tp_comm(host);
+  const mp_gpt_config *c = mp_gpt_layout_config(gpu->layout);
+  gpu->B = micro_batch;
+  gpu->T = seq_len;
+  gpu->C = c->channels;
+  gpu->NH = c->num_heads;
+  gpu->NHl = c->num_heads / gpu->tp.size;
+  gpu->HS = c->channels / c->num_heads;
+  gpu->Cl = gpu->NHl * gpu->HS;
+  gpu->Fl = c->ffn_channels / gpu->tp.size;
+  gpu->V = c->vocab_size;
+  gpu->Vp = c->padded_vocab_size;
+  gpu->Vl = c->padded_vocab_size / gpu->tp.size;
+  gpu->vocab_start = gpu->tp.rank * gpu->Vl;
+  gpu->num_params = mp_gpt_tp_num_params(host);
+  gpu->num_slots = num_slots;
+  const int L = gpu->stage.num_layers;
+  const size_t BT = (size_t)micro_batch * (size_t)seq_len, C = (size_t)gpu->C;
+  const size_t P = gpu->num_params;
+  gpu->blocks = calloc((size_t)(L > 0 ? L : 1), sizeof *gpu->blocks);
+  gpu->dblocks = calloc((size_t)(L > 0 ? L : 1), sizeof *gpu->dblocks);
+  gpu->slots = calloc((size_t)num_slots, sizeof *gpu->slots);
+  gpu->losses_host = calloc(BT, sizeof(float));
+  gpu->shard_tokens_host = calloc(BT, sizeof(int32_t));
+  if (gpu->blocks == NULL || gpu->dblocks == NULL || gpu->slots == NULL ||
+      gpu->losses_host == NULL || gpu->shard_tokens_host == NULL) {
+    mp_fail(err, MP_ERR_RUNTIME, "out of host memory");
+    goto fail;
+  }
+  if (mp_cublas_create(&gpu->cublas, err) != MP_OK) goto fail;
+  const char *attention_choice = getenv("MPENGINE_ATTENTION");
+  gpu->fused_attention = mp_flash_attention_supported(gpu->HS) &&
+                         !(attention_choice != NULL && strcmp(attention_choice, "cublas") == 0);
+
+  ALLOC(gpu->master, P);
+  ALLOC(gpu->grads, P);
+  ALLOC(gpu->adam_m, P);
+  ALLOC(gpu->adam_v, P);
+  ALLOC(gpu->weights, P);
+  const int all = mp_gpt_layout_num_tensors(gpu->layout);
+  gpu->wte = weight_view(gpu, 0);
+  gpu->wpe = weight_view(gpu, 1);
+  gpu->lnfw = weight_view(gpu, all - 2);
+  gpu->lnfb = weight_view(gpu, all - 1);
+  gpu->dwte = grad_view(gpu, 0);
+  gpu->dwpe = grad_view(gpu, 1);
+  gpu->dlnfw = grad_view(gpu, all - 2);
+  gpu->dlnfb = grad_view(gpu, all - 1);
+  for (int l = 0; l < L; ++l) point_block(gpu, l, gpu->stage.first_layer + l);
+  for (int s = 0; s < num_slots; ++s) {
+    if (alloc_slot(gpu, &gpu->slots[s], err) != MP_OK) goto fail;
+  }
+  const size_t Cl = (size_t)gpu->Cl, Fl = (size_t)gpu->Fl;
+  ALLOC(gpu->projection, BT * C);
+  ALLOC(gpu->reduce, BT * C);
+  ALLOC(gpu->boundary, BT * C);
+  ALLOC(gpu->losses, BT);
+  ALLOC(gpu->row_max, BT);
+  ALLOC(gpu->gathered_max, BT * (size_t)gpu->tp.size);
+  ALLOC(gpu->ce_stats, 2 * BT);
+  ALLOC(gpu->dresidual, BT * C);
+  ALLOC(gpu->dnorm, BT * C);
+  ALLOC(gpu->datty, BT * Cl);
+  ALLOC(gpu->dqkv, BT * 3 * Cl);
+  ALLOC(gpu->dfch, BT * Fl);
+  ALLOC(gpu->dfch_gelu, BT * Fl);
+  ALLOC(gpu->layernorm_scratch, mp_layernorm_backward_cuda_scratch_floats(gpu->B, gpu->T, gpu->C));
+  const size_t widest = max_size((size_t)gpu->Vl, max_size(Fl, max_size(3 * Cl, C)));
+  ALLOC(gpu->matmul_scratch, mp_matmul_backward_cuda_scratch_floats((int)BT, (int)widest));
+  ALLOC(gpu->norm_scratch, mp_grad_norm_cuda_scratch_floats(P));
+  const size_t attention_bytes =
+      gpu->fused_attention ? mp_flash_attention_scratch_bytes(gpu->B, gpu->T, gpu->NHl, gpu->HS)
+                           : mp_attention_cuda_scratch_bytes(gpu->B, gpu->T, gpu->NHl, gpu->HS);
+  if (device_alloc(gpu, &gpu->attention_scratch, attention_bytes, err) != MP_OK) goto fail;
+  if (gpu->stage.embedding) {
+    ALLOC(gpu->embedding_workspace, mp_embedding_backward_cuda_workspace_ints(gpu->B, gpu->T));
+    if (gpu->tp.size > 1) {
+      ALLOC(gpu->dwte_rows, ((size_t)gpu->Vl + 1) * C);
+      ALLOC(gpu->shard_tokens, BT);
+    }
+  }
+  *out = gpu;
+  return MP_OK;
+fail:
+  mp_gpt_stage_gpu_free(gpu);
+  return err != NULL && err->status != MP_OK ? err->status : MP_ERR_RUNTIME;
+}
+
+size_t mp_gpt_stage_gpu_device_bytes(const mp_gpt_stage_gpu *gpu) { return gpu->device_bytes; }
+float *mp_gpt_stage_gpu_device_grads(mp_gpt_stage_gpu *gpu) { return gpu->grads; }
+
+mp_status mp_gpt_stage_gpu_upload_params(mp_gpt_stage_gpu *gpu, mp_error *err) {
+  const size_t P = gpu->num_params;
+  MP_TRY(mp_device_copy_to_device(gpu->master, mp_gpt_tp_params(gpu->host), P * sizeof(float),
+                                  err));
+  mp_bf16_from_float_cuda(gpu->weights, gpu->master, P, NULL);
+  MP_TRY(mp_device_memset(gpu->adam_m, 0, P * sizeof(float), err));
+  MP_TRY(mp_device_memset(gpu->adam_v, 0, P * sizeof(float), err));
+  return mp_device_synchronize(err);
+}
+
+mp_status mp_gpt_stage_gpu_download_params(mp_gpt_stage_gpu *gpu, mp_error *err) {
+  return mp_device_copy_to_host(mp_gpt_tp_params(gpu->host), gpu->master,
+                                gpu->num_params * sizeof(float), err);
+}
+
+mp_status mp_gpt_stage_gpu_download_grads(mp_gpt_stage_gpu *gpu, mp_error *err) {
+  return mp_device_copy_to_host(mp_gpt_tp_grads(gpu->host), gpu->grads,
+                                gpu->num_params * sizeof(float), err);
+}
+
+mp_status mp_gpt_stage_gpu_zero_grads(mp_gpt_stage_gpu *gpu, mp_error *err) {
+  return mp_device_memset(gpu->grads, 0, gpu->num_params * sizeof(float), err);
+}
+
+void mp_gpt_stage_gpu_scale_grads(mp_gpt_stage_gpu *gpu, float scale) {
+  mp_grad_scale_cuda(gpu->grads, gpu->num_params, scale, NULL);
+}
+
+/* x (rows, cols) bf16, each rank's partial sum: summed over the group in fp32 (the reduce
+ * buffer), the bias added, rounded once. */
+static mp_status sum_over_group(mp_gpt_stage_gpu *gpu, mp_bf16 *x, const mp_bf16 *bias, int rows,
+                                int cols, mp_error *err) {
+  const size_t n = (size_t)rows * (size_t)cols;
+  mp_float_from_bf16_cuda(gpu->reduce, x, n, NULL);
+  MP_TRY(mp_tp_all_reduce_sum(&gpu->tp, gpu->reduce, n, err));
+  mp_bf16_from_float_bias_cuda(x, gpu->reduce, bias, rows, cols, NULL);
+  return MP_OK;
+}
+
+/* out (BT, OC) = inp (BT, Cl) @ weight^T summed over the group, + bias: a row-parallel linear
+ * layer's forward (Megatron's RowParallelLinear). With tp = 1, the one-GPU model's call. */
+static mp_status row_parallel_forward(mp_gpt_stage_gpu *gpu, mp_bf16 *out, const mp_bf16 *inp,
+                                      const mp_bf16 *weight, const mp_bf16 *bias, int Cl, int OC,
+                                      mp_error *err) {
+  const int BT = gpu->B * gpu->T;
+  if (gpu->tp.size == 1) {
+    mp_matmul_forward_cuda(gpu->cublas, out, inp, weight, bias, BT, Cl, OC, NULL);
+    return MP_OK;
+  }
+  mp_matmul_forward_cuda(gpu->cublas, out, inp, weight, NULL, BT, Cl, OC, NULL);
+  return sum_over_group(gpu, out, bias, BT, OC, err);
+}
+
+/* The gradient of a column-parallel layer's replicated input (BT, C): each rank holds the part
+ * through its output channels; summed over the group. */
+static mp_status column_parallel_input_grad(mp_gpt_stage_gpu *gpu, mp_bf16 *dinp, mp_error *err) {
+  if (gpu->tp.size == 1) return MP_OK;
+  return sum_over_group(gpu, dinp, NULL, gpu->B * gpu->T, gpu->C, err);
+}
+
+static mp_status check_slot(const mp_gpt_stage_gpu *gpu, int slot, bool want_in_use,
+                            mp_error *err) {
+  if (slot < 0 || slot >= gpu->num_slots) {
+    return mp_fail(err, MP_ERR_INPUT, "activation slot %d: the stage has %d", slot,
+                   gpu->num_slots);
+  }
+  if (gpu->slots[slot].in_use != want_in_use) {
+    return mp_fail(err, MP_ERR_INPUT, "activation slot %d is %s", slot,
+                   want_in_use ? "empty: no forward ran into it" : "still holding a micro-batch");
+  }
+  return MP_OK;
+}
+
+static mp_status embedding_forward(mp_gpt_stage_gpu *gpu, slot_acts *s, mp_error *err) {
+  const int B = gpu->B, T = gpu->T, C = gpu->C;
+  if (gpu->tp.size == 1) {
+    mp_embedding_forward_cuda(s->input, s->inputs, gpu->wte, gpu->wpe, B, T, C, NULL);
+    return MP_OK;
+  }
+  /* Megatron's VocabParallelEmbedding: each rank looks up the tokens of its vocabulary rows,
+   * zeros elsewhere; the sum over the group is the whole lookup. */
+  mp_vocab_embedding_lookup_cuda(gpu->reduce, s->inputs, gpu->wte, gpu->vocab_start, gpu->Vl,
+                                 B * T, C, NULL);
+  MP_TRY(mp_tp_all_reduce_sum(&gpu->tp, gpu->reduce, (size_t)B * T * C, err));
+  mp_add_position_cuda(s->input, gpu->reduce, gpu->wpe, B, T, C, NULL);
+  return MP_OK;
+}
+
+static mp_status embedding_backward(mp_gpt_stage_gpu *gpu, const slot_acts *s, mp_error *err) {
+  const int B = gpu->B, T = gpu->T, C = gpu->C, BT = B * T;
+  if (gpu->tp.size == 1) {
+    mp_embedding_backward_cuda(gpu->dwte, gpu->dwpe, gpu->dresidual, s->inputs, s->inputs_host,
+                               gpu->embedding_workspace, B, T, C, NULL);
+    return MP_OK;
+  }
+  /* The one-GPU kernel on rows of this rank's shard: a token of another rank's range goes to an
+   * extra row that is then dropped. wpe is replicated: every rank adds the whole gradient. */
+  for (int i = 0; i < BT; ++i) {
+    const int row = s->inputs_host[i] - gpu->vocab_start;
+    gpu->shard_tokens_host[i] = row >= 0 && row < gpu->Vl ? row : gpu->Vl;
+  }
+  MP_TRY(mp_device_copy_to_device(gpu->shard_tokens, gpu->shard_tokens_host,
+                                  (size_t)BT * sizeof(int32_t), err));
+  const size_t rows_floats = ((size_t)gpu->Vl + 1) * (size_t)C;
+  MP_TRY(mp_device_memset(gpu->dwte_rows, 0, rows_floats * sizeof(float), err));
+  mp_embedding_backward_cuda(gpu->dwte_rows, gpu->dwpe, gpu->dresidual, gpu->shard_tokens,
+                             gpu->shard_tokens_host, gpu->embedding_workspace, B, T, C, NULL);
+  mp_add_f32_cuda(gpu->dwte, gpu->dwte_rows, (size_t)gpu->Vl * (size_t)C, NULL);
+  return MP_OK;
+}
+
+/* The LM head's loss: fused in one kernel on one rank; over the group, Megatron's
+ * vocabulary-parallel cross-entropy (row maxima, then sums of exponentials and target logits,
+ * each combined over the group). Leaves dlogits in s->logits and the per-token losses in
+ * gpu->losses. */
+static mp_status cross_entropy(mp_gpt_stage_gpu *gpu, slot_acts *s, float dloss, mp_error *err) {
+  const int BT = gpu->B * gpu->T;
+  if (gpu->tp.size == 1) {
+    mp_cross_entropy_fused_cuda(gpu->losses, s->logits, s->targets, dloss, gpu->B, gpu->T, gpu->V,
+                                gpu->Vp, NULL);
+    return MP_OK;
+  }
+  mp_vocab_ce_max_cuda(gpu->row_max, s->logits, BT, gpu->Vl, gpu->vocab_start, gpu->V, NULL);
+  MP_TRY(mp_tp_all_gather(&gpu->tp, gpu->row_max, gpu->gathered_max, (size_t)BT, err));
+  mp_max_over_ranks_cuda(gpu->row_max, gpu->gathered_max, gpu->tp.size, BT, NULL);
+  mp_vocab_ce_partials_cuda(gpu->ce_stats, s->logits, s->targets, gpu->row_max, BT, gpu->Vl,
+                            gpu->vocab_start, gpu->V, NULL);
+  MP_TRY(mp_tp_all_reduce_sum(&gpu->tp, gpu->ce_stats, 2 * (size_t)BT, err));
+  mp_vocab_ce_finish_cuda(gpu->losses, s->logits, s->targets, gpu->row_max, gpu->ce_stats, dloss,
+                          BT, gpu->Vl, gpu->vocab_start, gpu->V, NULL);
+  return MP_OK;
+}
+
+static mp_status block_forward(mp_gpt_stage_gpu *gpu, int l, block_acts *a, const mp_bf16 *x,
+                               mp_error *err) {
+  const int B = gpu->B, T = gpu->T, C = gpu->C, BT = B * T, Cl = gpu->Cl, Fl = gpu->Fl;
+  const block_weights *w = &gpu->blocks[l];
+  mp_layernorm_forward_cuda(a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1w, w->ln1b, B, T, C, NULL);
+  mp_matmul_forward_cuda(gpu->cublas, a->qkv, a->ln1, w->qkvw, w->qkvb, BT, C, 3 * Cl, NULL);
+  if (gpu->fused_attention) {
+    mp_flash_attention_forward_cuda(a->atty, a->lse, a->qkv, B, T, gpu->NHl, gpu->HS, NULL);
+  } else {
+    mp_attention_forward_cuda(gpu->cublas, a->atty, a->att, a->qkv, gpu->attention_scratch, B, T,
+                              gpu->NHl, gpu->HS, NULL);
+  }
+  MP_TRY(row_parallel_forward(gpu, gpu->projection, a->atty, w->attprojw, w->attprojb, Cl, C,
+                              err));
+  mp_residual_forward_cuda(a->residual2, x, gpu->projection, (size_t)BT * C, NULL);
+  mp_layernorm_forward_cuda(a->ln2, a->ln2_mean, a->ln2_rstd, a->residual2, w->ln2w, w->ln2b, B,
+                            T, C, NULL);
+  mp_matmul_forward_cuda(gpu->cublas, a->fch, a->ln2, w->fcw, w->fcb, BT, C, Fl, NULL);
+  mp_gelu_forward_cuda(a->fch_gelu, a->fch, (size_t)BT * Fl, NULL);
+  MP_TRY(row_parallel_forward(gpu, gpu->projection, a->fch_gelu, w->fcprojw, w->fcprojb, Fl, C,
+                              err));
+  mp_residual_forward_cuda(a->out, a->residual2, gpu->projection, (size_t)BT * C, NULL);
+  return MP_OK;
+}
+
+/* Adds the block's parameter gradients and turns dresidual (the gradient of the block's output)
+ * into the gradient of its input inp. */
+static mp_status block_backward(mp_gpt_stage_gpu *gpu, int l, const block_acts *a,
+                                const mp_bf16 *inp, mp_error *err) {
+  const int B = gpu->B, T = gpu->T, C = gpu->C, BT = B * T, Cl = gpu->Cl, Fl = gpu->Fl;
+  const block_weights *w = &gpu->blocks[l];
+  const block_grads *g = &gpu->dblocks[l];
+  const size_t act_bytes = (size_t)BT * C * sizeof(mp_bf16);
+  mp_cublas *cublas = gpu->cublas;
+  /* The MLP branch. fc_proj is row-parallel: its input gradient is this rank's channels, its
+   * bias gradient whole (dresidual is replicated). */
+  MP_TRY(mp_device_memset(gpu->dfch_gelu, 0, (size_t)BT * Fl * sizeof(mp_bf16), err));
+  mp_matmul_backward_cuda(cublas, gpu->dfch_gelu, g->fcprojw, g->fcprojb, gpu->dresidual,
+                          a->fch_gelu, w->fcprojw, gpu->matmul_scratch, BT, Fl, C, NULL);
+  MP_TRY(mp_device_memset(gpu->dfch, 0, (size_t)BT * Fl * sizeof(mp_bf16), err));
+  mp_gelu_backward_cuda(gpu->dfch, a->fch, gpu->dfch_gelu, (size_t)BT * Fl, NULL);
+  MP_TRY(mp_device_memset(gpu->dnorm, 0, act_bytes, err));
+  mp_matmul_backward_cuda(cublas, gpu->dnorm, g->fcw, g->fcb, gpu->dfch, a->ln2, w->fcw,
+                          gpu->matmul_scratch, BT, C, Fl, NULL);
+  MP_TRY(column_parallel_input_grad(gpu, gpu->dnorm, err));
+  mp_layernorm_backward_cuda(gpu->dresidual, g->ln2w, g->ln2b, gpu->dnorm, a->residual2, w->ln2w,
+                             a->ln2_mean, a->ln2_rstd, gpu->layernorm_scratch, B, T, C, NULL);
+  /* The attention branch. */
+  MP_TRY(mp_device_memset(gpu->datty, 0, (size_t)BT * Cl * sizeof(mp_bf16), err));
+  mp_matmul_backward_cuda(cublas, gpu->datty, g->attprojw, g->attprojb, gpu->dresidual, a->atty,
+                          w->attprojw, gpu->matmul_scratch, BT, Cl, C, NULL);
+  MP_TRY(mp_device_memset(gpu->dqkv, 0, (size_t)BT * 3 * Cl * sizeof(mp_bf16), err));
+  if (gpu->fused_attention) {
+    mp_flash_attention_backward_cuda(gpu->dqkv, gpu->datty, a->qkv, a->atty, a->lse,
+                                     gpu->attention_scratch, B, T, gpu->NHl, gpu->HS, NULL);
+  } else {
+    mp_attention_backward_cuda(cublas, gpu->dqkv, gpu->datty, a->qkv, a->att,
+                               gpu->attention_scratch, B, T, gpu->NHl, gpu->HS, NULL);
+  }
+  MP_TRY(mp_device_memset(gpu->dnorm, 0, act_bytes, err));
+  mp_matmul_backward_cuda(cublas, gpu->dnorm, g->qkvw, g->qkvb, gpu->dqkv, a->ln1, w->qkvw,
+                          gpu->matmul_scratch, BT, C, 3 * Cl, NULL);
+  MP_TRY(column_parallel_input_grad(gpu, gpu->dnorm, err));
+  mp_layernorm_backward_cuda(gpu->dresidual, g->ln1w, g->ln1b, gpu->dnorm, inp, w->ln1w,
+                             a->ln1_mean, a->ln1_rstd, gpu->layernorm_scratch, B, T, C, NULL);
+  return MP_OK;
+}
+
+/* The last activation of the stage before its final norm or head. */
+static const mp_bf16 *before_tail(const mp_gpt_stage_gpu *gpu, const slot_acts *s) {
+  const int L = gpu->stage.num_layers;
+  return L > 0 ? s->acts[L - 1].out : s->input;
+}
+
+/* host (BT, C) fp32 -> dst bf16 on the device, through the boundary buffer. */
+static mp_status boundary_in(mp_gpt_stage_gpu *gpu, mp_bf16 *dst, const float *host,
+                             mp_error *err) {
+  const size_t n = (size_t)gpu->B * gpu->T * gpu->C;
+  MP_TRY(mp_device_copy_to_device(gpu->boundary, host, n * sizeof(float), err));
+  mp_bf16_from_float_cuda(dst, gpu->boundary, n, NULL);
+  return MP_OK;
+}
+
+/* src bf16 on the device -> host (BT, C) fp32 (waits for the kernels before it). */
+static mp_status boundary_out(mp_gpt_stage_gpu *gpu, float *host, const mp_bf16 *src,
+                              mp_error *err) {
+  const size_t n = (size_t)gpu->B * gpu->T * gpu->C;
+  mp_float_from_bf16_cuda(gpu->boundary, src, n, NULL);
+  return mp_device_copy_to_host(host, gpu->boundary, n * sizeof(float), err);
+}
+
+mp_status mp_gpt_stage_gpu_forward(mp_gpt_stage_gpu *gpu, int slot, const int32_t *inputs,
+                                   const int32_t *targets, const float *input, float *output,
+                                   float dloss, double *loss, mp_error *err) {
+  MP_TRY(check_slot(gpu, slot, false, err));
+  slot_acts *s = &gpu->slots[slot];
+  const mp_gpt_stage *st = &gpu->stage;
+  const int B = gpu->B, T = gpu->T, C = gpu->C, BT = B * T;
+  const size_t token_bytes = (size_t)BT * sizeof(int32_t);
+  if (st->embedding) {
+    memcpy(s->inputs_host, inputs, token_bytes);
+    MP_TRY(mp_device_copy_to_device(s->inputs, inputs, token_bytes, err));
+    MP_TRY(embedding_forward(gpu, s, err));
+  } else {
+    MP_TRY(boundary_in(gpu, s->input, input, err));
+  }
+  const mp_bf16 *x = s->input;
+  for (int l = 0; l < st->num_layers; ++l) {
+    MP_TRY(block_forward(gpu, l, &s->acts[l], x, err));
+    x = s->acts[l].out;
+  }
+  if (st->final_norm) {
+    mp_layernorm_forward_cuda(s->lnf, s->lnf_mean, s->lnf_rstd, x, gpu->lnfw, gpu->lnfb, B, T, C,
+                              NULL);
+    x = s->lnf;
+  }
+  if (!st->head) {
+    MP_TRY(mp_cublas_check(gpu->cublas, err));
+    MP_TRY(boundary_out(gpu, output, x, err));
+    s->in_use = true;
+    return MP_OK;
+  }
+  MP_TRY(mp_device_copy_to_device(s->targets, targets, token_bytes, err));
+  /* The LM head, tied to this rank's rows of wte: the logits of its vocabulary range. */
+  mp_matmul_forward_cuda(gpu->cublas, s->logits, x, gpu->wte, NULL, BT, C, gpu->Vl, NULL);
+  MP_TRY(cross_entropy(gpu, s, dloss, err));
+  MP_TRY(mp_cublas_check(gpu->cublas, err));
+  MP_TRY(mp_device_copy_to_host(gpu->losses_host, gpu->losses, (size_t)BT * sizeof(float), err));
+  double sum = 0.0;
+  for (int i = 0; i < BT; ++i) sum += gpu->losses_host[i];
+  *loss = sum / (double)BT;
+  s->in_use = true;
+  return MP_OK;
+}
+
+mp_status mp_gpt_stage_gpu_backward(mp_gpt_stage_gpu *gpu, int slot, const float *doutput,
+                                    float *dinput, mp_error *err) {
+  MP_TRY(check_slot(gpu, slot, true, err));
+  slot_acts *s = &gpu->slots[slot];
+  const mp_gpt_stage *st = &gpu->stage;
+  const int B = gpu->B, T = gpu->T, C = gpu->C, BT = B * T, L = st->num_layers;
+  const size_t act_bytes = (size_t)BT * C * sizeof(mp_bf16);
+  const mp_bf16 *tail_input = before_tail(gpu, s);
+  /* g: the gradient of the stage's last activation (the final norm's output, or the blocks'). */
+  mp_bf16 *g = st->final_norm ? gpu->dnorm : gpu->dresidual;
+  if (st->head) {
+    const mp_bf16 *head_input = st->final_norm ? s->lnf : tail_input;
+    MP_TRY(mp_device_memset(g, 0, act_bytes, err));
+    mp_matmul_backward_cuda(gpu->cublas, g, gpu->dwte, NULL, s->logits, head_input, gpu->wte,
+                            gpu->matmul_scratch, BT, C, gpu->Vl, NULL);
+    MP_TRY(column_parallel_input_grad(gpu, g, err));
+  } else {
+    MP_TRY(boundary_in(gpu, g, doutput, err));
+  }
+  if (st->final_norm) {
+    MP_TRY(mp_device_memset(gpu->dresidual, 0, act_bytes, err));
+    mp_layernorm_backward_cuda(gpu->dresidual, gpu->dlnfw, gpu->dlnfb, gpu->dnorm, tail_input,
+                               gpu->lnfw, s->lnf_mean, s->lnf_rstd, gpu->layernorm_scratch, B, T,
+                               C, NULL);
+  }
+  for (int l = L - 1; l >= 0; --l) {
+    const mp_bf16 *inp = l == 0 ? s->input : s->acts[l - 1].out;
+    MP_TRY(block_backward(gpu, l, &s->acts[l], inp, err));
+  }
+  s->in_use = false;
+  if (st->embedding) {
+    MP_TRY(embedding_backward(gpu, s, err));
+    return mp_cublas_check(gpu->cublas, err);
+  }
+  MP_TRY(mp_cublas_check(gpu->cublas, err));
+  return boundary_out(gpu, dinput, gpu->dresidual, err);
+}
+
+mp_status mp_gpt_stage_gpu_grad_norm_squared(mp_gpt_stage_gpu *gpu, double *out, mp_error *err) {
+  const int n = mp_gpt_tp_num_tensors(gpu->host);
+  double *squares = calloc((size_t)(n > 0 ? n : 1), sizeof(double));
+  if (squares == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of host memory");
+  mp_status status = MP_OK;
+  for (int i = 0; i < n && status == MP_OK; ++i) {
+    const mp_gpt_tp_tensor *t = mp_gpt_tp_tensor_at(gpu->host, i);
+    if (t->tied_copy) continue;
+    status = mp_grad_norm_squared_cuda(gpu->grads + t->offset, t->count, gpu->norm_scratch,
+                                       &squares[i], NULL, err);
+  }
+  if (status == MP_OK) status = mp_gpt_tp_norm_from_squares(gpu->host, squares, out, err);
+  free(squares);
+  return status;
+}
+
+mp_status mp_gpt_stage_gpu_adamw(mp_gpt_stage_gpu *gpu, const mp_gpu_adamw *adamw, mp_error *err) {
+  for (int i = 0; i < mp_gpt_tp_num_tensors(gpu->host); ++i) {
+    const mp_gpt_tp_tensor *t = mp_gpt_tp_tensor_at(gpu->host, i);
+    const size_t offset = t->offset;
+    mp_adamw_update_cuda(gpu->master + offset, gpu->weights + offset, gpu->grads + offset,
+                         gpu->adam_m + offset, gpu->adam_v + offset, t->count,
+                         adamw->learning_rate, adamw->beta1, adamw->beta2, adamw->eps,
+                         t->full->weight_decay ? adamw->weight_decay : 0.0f, adamw->step, NULL);
+  }
+  return mp_device_synchronize(err);
+}

@@ -1,0 +1,100 @@
+/*
+ * engine/gpt_stage_gpu.h — one rank's shard of one pipeline stage of the GPT on a CUDA GPU: the
+ * GPU twin of engine/gpt_model_tp.h's stage, in the mixed precision of engine/gpt_model_gpu.h.
+ *
+ * It mirrors a host stage (an mp_gpt_tp, created by the caller with the same stage, group and
+ * sizes): the same tensor table, the same flat shard layout, so the host stage keeps serving
+ * initialisation, llm.c files, gathering for export and checkpoints through
+ * mp_gpt_stage_gpu_upload_params / _download_params, while the device holds fp32 master weights,
+ * their bf16 copy, fp32 gradients, AdamW moments and the bf16 activation slots.
+ *
+ * Tensor parallelism is Megatron's, as on the CPU (tensor_parallel/): qkv and fc column-parallel,
+ * attn_proj and fc_proj row-parallel (their bf16 partial products widened to fp32, summed over
+ * the group, the bias added, rounded once), the column-parallel input gradients summed likewise;
+ * the vocabulary-parallel embedding and cross-entropy never gather the (B*T, Vp) logits. The
+ * collectives go through the host stage's mp_tp_comm with device pointers: engine/comm.h's MPI
+ * communicators stage GPU buffers through the host, so several ranks may share one GPU. With tp =
+ * 1 no collective runs and the kernels are exactly engine/gpt_model_gpu.h's.
+ *
+ * Boundaries between stages are host fp32 (B*T, C) arrays (the stage worker's buffers); the stage
+ * widens its bf16 output into them and rounds its input from them.
+ *
+ * Not (yet) on the GPU, refused by mp_gpt_stage_gpu_create with MP_ERR_INPUT: sequence
+ * parallelism, the zero-bubble split (deferred weight gradients) and full recomputation.
+ * Selective recomputation is what the fused attention does anyway (it keeps no T x T matrix).
+ *
+ * Every kernel runs on CUDA's default stream, in order; every call returns after its work is
+ * enqueued, except where it says it synchronises.
+ */
+#ifndef MPENGINE_ENGINE_GPT_STAGE_GPU_H
+#define MPENGINE_ENGINE_GPT_STAGE_GPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/error.h"
+#include "engine/gpt_model_gpu.h"
+#include "engine/gpt_model_tp.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mp_gpt_stage_gpu mp_gpt_stage_gpu;
+
+/* The GPU twin of host (which must outlive it) with num_slots activation slots of one
+ * (micro_batch, seq_len) micro-batch each, on the current GPU. recompute is the plan's (full is
+ * refused); deferred_weights and sequence parallelism (the host stage's) are refused, naming what
+ * to change. Parameters start at zero: mp_gpt_stage_gpu_upload_params. */
+mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, int micro_batch, int seq_len, int num_slots,
+                                  bool deferred_weights, mp_recompute recompute,
+                                  mp_gpt_stage_gpu **out, mp_error *err);
+void mp_gpt_stage_gpu_free(mp_gpt_stage_gpu *gpu);
+
+/* Bytes of device memory the stage holds. */
+size_t mp_gpt_stage_gpu_device_bytes(const mp_gpt_stage_gpu *gpu);
+
+/* The host stage's parameters (mp_gpt_tp_params) to the master weights and their bf16 copy;
+ * resets the AdamW moments. Synchronises. */
+mp_status mp_gpt_stage_gpu_upload_params(mp_gpt_stage_gpu *gpu, mp_error *err);
+/* The master weights to the host stage's parameters. Synchronises. */
+mp_status mp_gpt_stage_gpu_download_params(mp_gpt_stage_gpu *gpu, mp_error *err);
+/* The gradients to the host stage's gradient array (mp_gpt_tp_grads), for tests. Synchronises. */
+mp_status mp_gpt_stage_gpu_download_grads(mp_gpt_stage_gpu *gpu, mp_error *err);
+
+/* The fp32 gradients on the device, mp_gpt_tp_num_params(host) floats in the host's layout, for
+ * the data-parallel all-reduce and the tied embedding's sum; mp_device_synchronize first. */
+float *mp_gpt_stage_gpu_device_grads(mp_gpt_stage_gpu *gpu);
+
+mp_status mp_gpt_stage_gpu_zero_grads(mp_gpt_stage_gpu *gpu, mp_error *err);
+/* gradients *= scale (a data-parallel mean, a clip factor). */
+void mp_gpt_stage_gpu_scale_grads(mp_gpt_stage_gpu *gpu, float scale);
+
+/* Forward of one micro-batch through the stage into slot (arguments as
+ * mp_gpt_tp_forward_stage's; input and output are host arrays). A head stage also leaves the
+ * gradient of dloss x its mean loss in place of the logits for the backward (the fused
+ * cross-entropy), so dloss is given here; *loss is the mean over the B*T tokens (synchronises).
+ * Collective over the tensor-parallel group. */
+mp_status mp_gpt_stage_gpu_forward(mp_gpt_stage_gpu *gpu, int slot, const int32_t *inputs,
+                                   const int32_t *targets, const float *input, float *output,
+                                   float dloss, double *loss, mp_error *err);
+
+/* Backward of slot's micro-batch (as mp_gpt_tp_backward_stage's, host doutput and dinput),
+ * adding into the gradients; frees the slot. Collective. */
+mp_status mp_gpt_stage_gpu_backward(mp_gpt_stage_gpu *gpu, int slot, const float *doutput,
+                                    float *dinput, mp_error *err);
+
+/* mp_gpt_tp_grad_norm_squared on the device's gradients: the same counting (sharded tensors
+ * summed over the group, replicated ones once, a tied copy of wte not at all), bitwise the same
+ * on every rank. Synchronises. Collective. */
+mp_status mp_gpt_stage_gpu_grad_norm_squared(mp_gpt_stage_gpu *gpu, double *out, mp_error *err);
+
+/* AdamW on every tensor of the stage (adamw->grad_clip is ignored: clip with
+ * mp_gpt_stage_gpu_scale_grads first), refreshing the bf16 weights. Synchronises. */
+mp_status mp_gpt_stage_gpu_adamw(mp_gpt_stage_gpu *gpu, const mp_gpu_adamw *adamw, mp_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MPENGINE_ENGINE_GPT_STAGE_GPU_H */

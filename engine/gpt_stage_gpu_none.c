@@ -1,0 +1,58 @@
+/* engine/gpt_stage_gpu_none.c — gpt_stage_gpu.h in a build without CUDA: create says so. */
+#include "engine/gpt_stage_gpu.h"
+
+mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, int micro_batch, int seq_len, int num_slots,
+                                  bool deferred_weights, mp_recompute recompute,
+                                  mp_gpt_stage_gpu **out, mp_error *err) {
+  (void)host, (void)micro_batch, (void)seq_len, (void)num_slots, (void)deferred_weights;
+  (void)recompute;
+  *out = NULL;
+  return mp_fail(err, MP_ERR_INPUT,
+                 "--backend cuda: this mpengine was built without CUDA (no /usr/local/cuda when "
+                 "it was built); use --backend cpu, or rebuild on a machine with CUDA");
+}
+
+/* Nothing below is reachable without a stage, which create never returns here. */
+void mp_gpt_stage_gpu_free(mp_gpt_stage_gpu *gpu) { (void)gpu; }
+size_t mp_gpt_stage_gpu_device_bytes(const mp_gpt_stage_gpu *gpu) { (void)gpu; return 0; }
+static mp_status unreachable(mp_error *err) {
+  return mp_fail(err, MP_ERR_RUNTIME, "built without CUDA: no GPU stage exists");
+}
+mp_status mp_gpt_stage_gpu_upload_params(mp_gpt_stage_gpu *gpu, mp_error *err) {
+  (void)gpu;
+  return unreachable(err);
+}
+mp_status mp_gpt_stage_gpu_download_params(mp_gpt_stage_gpu *gpu, mp_error *err) {
+  (void)gpu;
+  return unreachable(err);
+}
+mp_status mp_gpt_stage_gpu_download_grads(mp_gpt_stage_gpu *gpu, mp_error *err) {
+  (void)gpu;
+  return unreachable(err);
+}
+float *mp_gpt_stage_gpu_device_grads(mp_gpt_stage_gpu *gpu) { (void)gpu; return NULL; }
+mp_status mp_gpt_stage_gpu_zero_grads(mp_gpt_stage_gpu *gpu, mp_error *err) {
+  (void)gpu;
+  return unreachable(err);
+}
+void mp_gpt_stage_gpu_scale_grads(mp_gpt_stage_gpu *gpu, float scale) { (void)gpu, (void)scale; }
+mp_status mp_gpt_stage_gpu_forward(mp_gpt_stage_gpu *gpu, int slot, const int32_t *inputs,
+                                   const int32_t *targets, const float *input, float *output,
+                                   float dloss, double *loss, mp_error *err) {
+  (void)gpu, (void)slot, (void)inputs, (void)targets, (void)input, (void)output, (void)dloss;
+  (void)loss;
+  return unreachable(err);
+}
+mp_status mp_gpt_stage_gpu_backward(mp_gpt_stage_gpu *gpu, int slot, const float *doutput,
+                                    float *dinput, mp_error *err) {
+  (void)gpu, (void)slot, (void)doutput, (void)dinput;
+  return unreachable(err);
+}
+mp_status mp_gpt_stage_gpu_grad_norm_squared(mp_gpt_stage_gpu *gpu, double *out, mp_error *err) {
+  (void)gpu, (void)out;
+  return unreachable(err);
+}
+mp_status mp_gpt_stage_gpu_adamw(mp_gpt_stage_gpu *gpu, const mp_gpu_adamw *adamw, mp_error *err) {
+  (void)gpu, (void)adamw;
+  return unreachable(err);
+}
