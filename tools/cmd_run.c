@@ -627,9 +627,15 @@ int cmd_run(int argc, char **argv) {
   state.plan.training.steps = steps; /* the schedule decays over the steps actually run */
   state.rank = 0;
   state.world_size = 1;
-  if (mp_trainer_check_layout(&state.plan,
-                              strcmp(backend_name, "cuda") == 0 ? MP_BACKEND_CUDA : MP_BACKEND_CPU,
-                              &err) != MP_OK) {
+  /* auto falls back to the CPU for a plan the cuda backend does not run yet, and says so. */
+  if (strcmp(backend_name, "auto") == 0 && backend == MP_BACKEND_CUDA &&
+      mp_trainer_check_layout(&state.plan, MP_BACKEND_CUDA, &err) != MP_OK) {
+    backend = MP_BACKEND_CPU;
+    snprintf(backend_reason, sizeof backend_reason,
+             " (auto: a GPU is visible, but the cuda backend does not run this plan yet)");
+    mp_error_clear(&err);
+  }
+  if (mp_trainer_check_layout(&state.plan, backend, &err) != MP_OK) {
     exit_code = cli_report(&command, &err);
     goto done;
   }
