@@ -168,6 +168,14 @@ mp_status mp_gpt_gpu_create(const mp_model *model, int micro_batch, int seq_len,
   ALLOC(gpt->grads, P);
   ALLOC(gpt->adam_m, P);
   ALLOC(gpt->adam_v, P);
+  {
+    /* Parameters and gradients start at zero, as the header says (device memory holds garbage). */
+    void *zeroed[] = {gpt->master, gpt->grads, gpt->adam_m, gpt->adam_v};
+    for (size_t i = 0; i < sizeof zeroed / sizeof zeroed[0]; ++i) {
+      if (mp_device_memset(zeroed[i], 0, P * sizeof(float), err) != MP_OK) goto fail;
+    }
+    if (mp_device_memset(gpt->weights, 0, P * sizeof(mp_bf16), err) != MP_OK) goto fail;
+  }
   gpt->wte = gpt->weights + mp_gpt_layout_tensor(gpt->layout, 0)->offset;
   gpt->wpe = gpt->weights + mp_gpt_layout_tensor(gpt->layout, 1)->offset;
   gpt->dwte = gpt->grads + mp_gpt_layout_tensor(gpt->layout, 0)->offset;

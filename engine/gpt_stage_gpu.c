@@ -258,6 +258,14 @@ mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, int micro_batch, int seq_len,
     return mp_fail(err, MP_ERR_INPUT, "a stage needs at least one activation slot; got %d",
                    num_slots);
   }
+  const size_t channels = (size_t)mp_gpt_layout_config(mp_gpt_tp_layout(host))->channels;
+  if (micro_batch < 1 || seq_len < 1 ||
+      mp_gpt_tp_boundary_floats(host) != (size_t)micro_batch * (size_t)seq_len * channels) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "the GPU stage's micro-batch %d x %d tokens is not its host stage's (%zu "
+                   "boundary floats of %zu channels)",
+                   micro_batch, seq_len, mp_gpt_tp_boundary_floats(host), channels);
+  }
   if (mp_device_count() == 0) {
     return mp_fail(err, MP_ERR_INPUT,
                    "--backend cuda: no CUDA GPU is visible (check nvidia-smi and "
@@ -307,6 +315,14 @@ mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, int micro_batch, int seq_len,
   ALLOC(gpu->adam_m, P);
   ALLOC(gpu->adam_v, P);
   ALLOC(gpu->weights, P);
+  {
+    /* Parameters and gradients start at zero, as the header says (device memory holds garbage). */
+    void *zeroed[] = {gpu->master, gpu->grads, gpu->adam_m, gpu->adam_v};
+    for (size_t i = 0; i < sizeof zeroed / sizeof zeroed[0]; ++i) {
+      if (mp_device_memset(zeroed[i], 0, P * sizeof(float), err) != MP_OK) goto fail;
+    }
+    if (mp_device_memset(gpu->weights, 0, P * sizeof(mp_bf16), err) != MP_OK) goto fail;
+  }
   const int all = mp_gpt_layout_num_tensors(gpu->layout);
   gpu->wte = weight_view(gpu, 0);
   gpu->wpe = weight_view(gpu, 1);

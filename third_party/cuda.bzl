@@ -3,6 +3,12 @@
 On a machine with /usr/local/cuda (GPU or not) the .cu files are compiled for Ampere (sm_80) and
 Hopper (sm_90) and linked with cudart, cuBLAS, cuBLASLt and NCCL. Without CUDA, `fallback_srcs`
 (plain C that reports "built without CUDA") take their place, so the CPU engine still builds.
+
+`bazel ... --define mpengine_cuda=emulated` builds every CUDA C API from `emulation_srcs` instead:
+plain C that runs the same calls on the CPU ("device" memory is host memory, bf16 stays bf16), so
+the GPU code paths above the kernels (the GPU models, the trainer, mpengine run --backend cuda)
+run and are tested on machines without a GPU. A library without emulation_srcs uses its
+fallback_srcs there (NCCL, for one, is absent).
 """
 
 load("@local_cuda//:defs.bzl", "HAS_CUDA", "CUDA_PATH", "NVCC")
@@ -13,10 +19,19 @@ CUDA_ARCH_FLAGS = [
     "-gencode=arch=compute_90,code=compute_90",
 ]
 
-def cuda_library(name, srcs, hdrs = [], deps = [], fallback_srcs = [], copts = [], nvcc_hdrs = [], **kwargs):
+EMULATED = "//third_party:emulated_cuda"
+
+def cuda_library(name, srcs, hdrs = [], deps = [], fallback_srcs = [], copts = [], nvcc_hdrs = [], emulation_srcs = None, **kwargs):
     """srcs: .cu files; hdrs: the C API they implement; nvcc_hdrs: other headers the .cu files include."""
+    emulated = emulation_srcs if emulation_srcs != None else fallback_srcs
     if not HAS_CUDA:
-        native.cc_library(name = name, srcs = fallback_srcs, hdrs = hdrs, deps = deps, **kwargs)
+        native.cc_library(
+            name = name,
+            srcs = select({EMULATED: emulated, "//conditions:default": fallback_srcs}),
+            hdrs = hdrs,
+            deps = deps,
+            **kwargs
+        )
         return
     objects = []
     for src in srcs:
@@ -40,9 +55,9 @@ def cuda_library(name, srcs, hdrs = [], deps = [], fallback_srcs = [], copts = [
         objects.append(obj)
     native.cc_library(
         name = name,
-        srcs = objects,
+        srcs = select({EMULATED: emulated, "//conditions:default": objects}),
         hdrs = hdrs,
-        deps = deps + ["@local_cuda//:cuda_runtime"],
+        deps = deps + select({EMULATED: [], "//conditions:default": ["@local_cuda//:cuda_runtime"]}),
         **kwargs
     )
 
@@ -54,7 +69,7 @@ def cuda_host_library(name, srcs, fallback_srcs = [], deps = [], **kwargs):
     """
     native.cc_library(
         name = name,
-        srcs = srcs if HAS_CUDA else fallback_srcs,
+        srcs = select({EMULATED: srcs, "//conditions:default": srcs if HAS_CUDA else fallback_srcs}),
         deps = deps,
         **kwargs
     )

@@ -724,11 +724,6 @@ int cmd_run(int argc, char **argv) {
       goto done;
     }
   }
-  if ((state.plan.pp > 1 || state.plan.tp > 1) && strcmp(backend_name, "auto") == 0) {
-    backend = MP_BACKEND_CPU;
-    snprintf(backend_reason, sizeof backend_reason,
-             " (auto: pipeline and tensor parallelism train on the CPU for now)");
-  }
   /* Data parallelism on GPUs: each rank takes the GPU of its index on the node, and the gradients
    * go over NCCL when every rank of the node has a GPU of its own, else through the host over
    * MPI (several ranks sharing one GPU: NCCL refuses that). */

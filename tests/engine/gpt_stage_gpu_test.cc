@@ -1,0 +1,524 @@
+// tests/engine/gpt_stage_gpu_test.cc — engine/gpt_stage_gpu.h, the GPU twin of a host pipeline
+// stage, with tp = 1 on one process.
+//
+// Everywhere (no GPU needed): mp_gpt_stage_gpu_create refuses what the GPU stage does not run
+// (sequence parallelism, the zero-bubble split, full recomputation, no activation slot) with
+// MP_ERR_INPUT and a message naming what to change, before it looks for a GPU.
+//
+// With a GPU (skipped, by name, without one), against the one-GPU model (gpt_model_gpu.h) on the
+// same parameters: with tp = 1 the stage runs exactly the one-GPU model's kernels on the same
+// data, so losses are compared bitwise and gradients and parameters within 1e-6 of each tensor's
+// largest element (noise only; there are no atomics in the kernels). Then a two-stage split of the
+// chain through a host boundary gives the whole stage's loss and gradients (wte's split between
+// the embedding and the LM head's tied copy), two activation slots in flight give what one slot
+// gives, and AdamW steps move the parameters as the one-GPU model's optimizer step does.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "engine/device.h"
+#include "engine/gpt_model.h"
+#include "engine/gpt_model_gpu.h"
+#include "engine/gpt_model_tp.h"
+#include "engine/gpt_stage_gpu.h"
+#include "tensor_parallel/tp_comm.h"
+#include "topology/layer_cost.h"
+#include "topology/model.h"
+
+namespace {
+
+#define REQUIRE_GPU()                                                                 \
+  do {                                                                                \
+    if (mp_device_count() == 0) {                                                     \
+      GTEST_SKIP() << "no GPU visible: " << ::testing::UnitTest::GetInstance()        \
+                                                ->current_test_info()->name()         \
+                   << " needs CUDA";                                                  \
+    }                                                                                 \
+  } while (0)
+
+// C = 64 with 2 heads: head size 32, so the fused (flash) attention runs, as in real models.
+constexpr int kB = 2, kT = 32, kL = 3, kV = 100;
+constexpr uint64_t kSeed = 1234;
+constexpr float kDloss = 0.5f;  // two micro-batches per step
+constexpr double kRel = 1e-6;
+
+const char *kModel =
+    "{\"name\": \"stage-gpu-test\", \"vocab_size\": 100, \"seq_len\": 32, \"layers\": ["
+    "{\"type\": \"embedding\", \"hidden\": 64},"
+    "{\"type\": \"transformer\", \"hidden\": 64, \"heads\": 2, \"repeat\": 3},"
+    "{\"type\": \"layernorm\", \"hidden\": 64},"
+    "{\"type\": \"lm_head\", \"hidden\": 64}]}";
+
+using fvec = std::vector<float>;
+using ivec = std::vector<int32_t>;
+
+ivec Tokens(uint64_t seed, size_t n) {
+  ivec v(n);
+  uint64_t s = seed;
+  for (auto &x : v) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    x = (int32_t)((s >> 33) % (uint64_t)kV);
+  }
+  return v;
+}
+
+// Micro-batch mb's inputs and targets.
+ivec Inputs(int mb) { return Tokens(100 + (uint64_t)mb, (size_t)kB * kT); }
+ivec Targets(int mb) { return Tokens(200 + (uint64_t)mb, (size_t)kB * kT); }
+
+// max |actual - expected| over n floats, and max |expected|.
+struct Diff {
+  double worst = 0.0, scale = 0.0;
+};
+
+Diff Compare(const float *actual, const float *expected, size_t n) {
+  Diff d;
+  for (size_t i = 0; i < n; ++i) {
+    d.scale = std::max(d.scale, (double)std::fabs(expected[i]));
+    const double e = std::fabs((double)actual[i] - (double)expected[i]);
+    if (!(e <= d.worst)) d.worst = e;  // a NaN wins
+  }
+  return d;
+}
+
+::testing::AssertionResult Within(const std::string &name, const Diff &d, double rel) {
+  if (d.worst <= rel * d.scale) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << name << ": max |diff| " << d.worst << " exceeds " << rel
+                                       << " x " << d.scale;
+}
+
+// A host stage (tp = 1) and, optionally, its GPU twin.
+struct Stage {
+  mp_gpt_tp *host = nullptr;
+  mp_gpt_stage_gpu *gpu = nullptr;
+  ~Stage() {
+    mp_gpt_stage_gpu_free(gpu);
+    mp_gpt_tp_free(host);
+  }
+};
+
+struct Fixture {
+  mp_model *model = nullptr;
+  mp_tp_comm single = mp_tp_comm_single();
+  mp_error err = MP_ERROR_INITIALIZER;
+  Fixture() {
+    EXPECT_EQ(mp_model_parse_text(kModel, "stage-gpu-test.json", &model, &err), MP_OK)
+        << err.message;
+  }
+  ~Fixture() { mp_model_free(model); }
+
+  // The host stage of chain positions [first, end) (the whole model by default).
+  bool Host(Stage *s, int first = 0, int end = kL + 3, bool sp = false) {
+    mp_gpt_stage range;
+    if (mp_gpt_stage_of_chain(kL, first, end, &range, &err) != MP_OK) return false;
+    return mp_gpt_tp_create_stage(model, kB, kT, &single, sp, &range, 1, false,
+                                  MP_RECOMPUTE_NONE, &s->host, &err) == MP_OK;
+  }
+
+  // Host stage, its GPU twin with num_slots slots, parameters from kSeed uploaded.
+  bool Gpu(Stage *s, int first = 0, int end = kL + 3, int num_slots = 1) {
+    return Host(s, first, end) && mp_gpt_tp_init_params(s->host, kSeed, &err) == MP_OK &&
+           mp_gpt_stage_gpu_create(s->host, kB, kT, num_slots, false, MP_RECOMPUTE_NONE, &s->gpu,
+                                   &err) == MP_OK &&
+           mp_gpt_stage_gpu_upload_params(s->gpu, &err) == MP_OK;
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Refusals: no GPU needed, they come before the GPU is looked for.
+
+// create's refusal of host/arguments: MP_ERR_INPUT, *out NULL, and every one of `wanted` in the
+// message.
+void ExpectRefusal(mp_gpt_tp *host, int num_slots, bool deferred, mp_recompute recompute,
+                   const std::vector<std::string> &wanted) {
+  mp_error err = MP_ERROR_INITIALIZER;
+  mp_gpt_stage_gpu *gpu = reinterpret_cast<mp_gpt_stage_gpu *>(&err);  // must be reset to NULL
+  const mp_status status =
+      mp_gpt_stage_gpu_create(host, kB, kT, num_slots, deferred, recompute, &gpu, &err);
+  const std::string message = err.message;
+  if (message.find("built without CUDA") != std::string::npos) {
+    GTEST_SKIP() << "this build has no CUDA: " << message;
+  }
+  EXPECT_EQ(status, MP_ERR_INPUT) << message;
+  EXPECT_EQ(err.status, MP_ERR_INPUT);
+  EXPECT_EQ(gpu, nullptr);
+  if (status == MP_OK) mp_gpt_stage_gpu_free(gpu);
+  EXPECT_EQ(message.find("no CUDA GPU is visible"), std::string::npos)
+      << "the refusal must come before the GPU is looked for: " << message;
+  for (const std::string &w : wanted) {
+    EXPECT_NE(message.find(w), std::string::npos) << "wanted \"" << w << "\" in: " << message;
+  }
+}
+
+TEST(GptStageGpuRefuses, SequenceParallelism) {
+  Fixture f;
+  Stage s;
+  // tp = 1 with sequence parallelism is a valid host stage (B*T divides over one rank).
+  ASSERT_TRUE(f.Host(&s, 0, kL + 3, /*sp=*/true)) << f.err.message;
+  ASSERT_TRUE(mp_gpt_tp_sequence_parallel(s.host));
+  ExpectRefusal(s.host, 1, false, MP_RECOMPUTE_NONE,
+                {"sequence parallelism", "\"sequence_parallel\": false", "--backend cpu"});
+}
+
+TEST(GptStageGpuRefuses, DeferredWeights) {
+  Fixture f;
+  Stage s;
+  ASSERT_TRUE(f.Host(&s)) << f.err.message;
+  ExpectRefusal(s.host, 2, true, MP_RECOMPUTE_NONE,
+                {"zero-bubble", "\"1f1b\"", "\"interleaved\"", "\"gpipe\"", "--backend cpu"});
+}
+
+TEST(GptStageGpuRefuses, FullRecomputation) {
+  Fixture f;
+  Stage s;
+  ASSERT_TRUE(f.Host(&s)) << f.err.message;
+  ExpectRefusal(s.host, 1, false, MP_RECOMPUTE_FULL,
+                {"full recomputation", "\"selective\"", "\"none\"", "--backend cpu"});
+}
+
+TEST(GptStageGpuRefuses, NoActivationSlot) {
+  Fixture f;
+  Stage s;
+  ASSERT_TRUE(f.Host(&s)) << f.err.message;
+  ExpectRefusal(s.host, 0, false, MP_RECOMPUTE_NONE,
+                {"at least one activation slot", "got 0"});
+  ExpectRefusal(s.host, -3, false, MP_RECOMPUTE_NONE,
+                {"at least one activation slot", "got -3"});
+}
+
+TEST(GptStageGpuRefuses, WithoutAGpuCreateSaysSo) {
+  if (mp_device_count() > 0) GTEST_SKIP() << "a GPU is visible: this checks the no-GPU message";
+  Fixture f;
+  Stage s;
+  ASSERT_TRUE(f.Host(&s)) << f.err.message;
+  // Selective recomputation is accepted (the fused attention keeps no T x T matrix anyway), so
+  // what stops it here is the missing GPU.
+  mp_error err = MP_ERROR_INITIALIZER;
+  EXPECT_EQ(mp_gpt_stage_gpu_create(s.host, kB, kT, 2, false, MP_RECOMPUTE_SELECTIVE, &s.gpu,
+                                    &err),
+            MP_ERR_INPUT);
+  EXPECT_EQ(s.gpu, nullptr);
+  EXPECT_NE(std::string(err.message).find("--backend cuda"), std::string::npos) << err.message;
+}
+
+// ---------------------------------------------------------------------------------------------
+// On a GPU.
+
+// What a step of two micro-batches leaves: the losses and the full-layout gradients.
+struct StepResult {
+  double loss[2] = {0.0, 0.0};
+  fvec grads;
+};
+
+// Two micro-batches, forward and backward each, through a whole-model GPU stage (slot 0).
+// Leaves the gradients downloaded into the host stage.
+bool WholeStageStep(Fixture *f, Stage *s, StepResult *r) {
+  if (mp_gpt_stage_gpu_zero_grads(s->gpu, &f->err) != MP_OK) return false;
+  for (int mb = 0; mb < 2; ++mb) {
+    const ivec in = Inputs(mb), tg = Targets(mb);
+    if (mp_gpt_stage_gpu_forward(s->gpu, 0, in.data(), tg.data(), nullptr, nullptr, kDloss,
+                                 &r->loss[mb], &f->err) != MP_OK ||
+        mp_gpt_stage_gpu_backward(s->gpu, 0, nullptr, nullptr, &f->err) != MP_OK) {
+      return false;
+    }
+  }
+  if (mp_device_synchronize(&f->err) != MP_OK ||
+      mp_gpt_stage_gpu_download_grads(s->gpu, &f->err) != MP_OK) {
+    return false;
+  }
+  r->grads.assign(mp_gpt_layout_num_params(mp_gpt_tp_layout(s->host)), 0.0f);
+  return mp_gpt_tp_gather_grads(s->host, r->grads.data(), &f->err) == MP_OK;
+}
+
+// The same two micro-batches through the one-GPU model.
+bool ModelStep(Fixture *f, mp_gpt_gpu *model, StepResult *r) {
+  if (mp_gpt_gpu_zero_grads(model, &f->err) != MP_OK) return false;
+  for (int mb = 0; mb < 2; ++mb) {
+    const ivec in = Inputs(mb), tg = Targets(mb);
+    if (mp_gpt_gpu_forward(model, in.data(), tg.data(), kDloss, &r->loss[mb], &f->err) != MP_OK ||
+        mp_gpt_gpu_backward(model, &f->err) != MP_OK) {
+      return false;
+    }
+  }
+  if (mp_device_synchronize(&f->err) != MP_OK) return false;
+  r->grads.assign(mp_gpt_layout_num_params(mp_gpt_gpu_layout(model)), 0.0f);
+  return mp_gpt_gpu_get_grads(model, r->grads.data(), &f->err) == MP_OK;
+}
+
+// The one-GPU model with the parameters of mp_gpt_layout_init_params(kSeed).
+struct Model {
+  mp_gpt_gpu *gpu = nullptr;
+  ~Model() { mp_gpt_gpu_free(gpu); }
+  bool Make(Fixture *f) {
+    if (mp_gpt_gpu_create(f->model, kB, kT, &gpu, &f->err) != MP_OK) return false;
+    const mp_gpt_layout *layout = mp_gpt_gpu_layout(gpu);
+    fvec params(mp_gpt_layout_num_params(layout));
+    mp_gpt_layout_init_params(layout, params.data(), kSeed);
+    return mp_gpt_gpu_set_params(gpu, params.data(), &f->err) == MP_OK;
+  }
+};
+
+// Every tensor of the full layout within rel of expected's (each tensor's largest element);
+// prints one "model ..." line with the worst.
+void ExpectSameGrads(const char *what, const mp_gpt_layout *layout, const fvec &actual,
+                     const fvec &expected, double rel) {
+  ASSERT_EQ(actual.size(), expected.size());
+  double worst = 0.0, largest = 0.0;
+  std::string worst_name = "-";
+  for (int i = 0; i < mp_gpt_layout_num_tensors(layout); ++i) {
+    const mp_gpt_tensor *t = mp_gpt_layout_tensor(layout, i);
+    const Diff d = Compare(actual.data() + t->offset, expected.data() + t->offset,
+                           t->rows * t->cols);
+    EXPECT_TRUE(Within(t->name, d, rel));
+    largest = std::max(largest, d.scale);
+    if (!(d.worst <= worst)) {
+      worst = d.worst;
+      worst_name = t->name;
+    }
+  }
+  printf("model %s: max |diff| %.3e (%s), largest element %.3e, tolerance %.0e relative\n", what,
+         worst, worst_name.c_str(), largest, rel);
+}
+
+TEST(GptStageGpu, WholeStageMatchesTheOneGpuModel) {
+  REQUIRE_GPU();
+  Fixture f;
+  Stage s;
+  Model m;
+  ASSERT_TRUE(f.Gpu(&s)) << f.err.message;
+  ASSERT_TRUE(m.Make(&f)) << f.err.message;
+  // tp = 1, whole model: the host stage's shard is the one-rank flat array, number for number.
+  const mp_gpt_layout *layout = mp_gpt_gpu_layout(m.gpu);
+  ASSERT_EQ(mp_gpt_tp_num_params(s.host), mp_gpt_layout_num_params(layout));
+  for (int i = 0; i < mp_gpt_tp_num_tensors(s.host); ++i) {
+    const mp_gpt_tp_tensor *t = mp_gpt_tp_tensor_at(s.host, i);
+    ASSERT_EQ(t->offset, t->full->offset) << t->full->name;
+    ASSERT_FALSE(t->tied_copy) << t->full->name;
+  }
+  fvec full(mp_gpt_layout_num_params(layout));
+  mp_gpt_layout_init_params(layout, full.data(), kSeed);
+  ASSERT_EQ(std::memcmp(full.data(), mp_gpt_tp_params(s.host), full.size() * sizeof(float)), 0);
+
+  StepResult stage, model;
+  ASSERT_TRUE(WholeStageStep(&f, &s, &stage)) << f.err.message;
+  ASSERT_TRUE(ModelStep(&f, m.gpu, &model)) << f.err.message;
+  printf("model gpu stage tp=1 vs one-gpu model: losses %.6f %.6f vs %.6f %.6f\n", stage.loss[0],
+         stage.loss[1], model.loss[0], model.loss[1]);
+  EXPECT_EQ(stage.loss[0], model.loss[0]);
+  EXPECT_EQ(stage.loss[1], model.loss[1]);
+  ExpectSameGrads("gpu stage tp=1 vs one-gpu model gradients", layout, stage.grads, model.grads,
+                  kRel);
+}
+
+TEST(GptStageGpu, TwoStagesThroughAHostBoundaryMatchTheWholeStage) {
+  REQUIRE_GPU();
+  Fixture f;
+  Stage whole, a, b;
+  const int k = 2;  // A: embedding and block 0; B: blocks 1 and 2, the final norm, the head
+  ASSERT_TRUE(f.Gpu(&whole)) << f.err.message;
+  ASSERT_TRUE(f.Gpu(&a, 0, k)) << f.err.message;
+  ASSERT_TRUE(f.Gpu(&b, k, kL + 3)) << f.err.message;
+  const mp_gpt_stage *sa = mp_gpt_tp_stage(a.host), *sb = mp_gpt_tp_stage(b.host);
+  ASSERT_TRUE(sa->embedding && !sa->head && !sa->final_norm && sa->num_layers == 1);
+  ASSERT_TRUE(!sb->embedding && sb->head && sb->final_norm && sb->first_layer == 1 &&
+              sb->num_layers == 2);
+  const mp_gpt_tp_tensor *tied = mp_gpt_tp_tensor_at(b.host, 0);
+  ASSERT_TRUE(tied->tied_copy);
+  ASSERT_EQ(tied->full->offset, 0u);  // wte
+  const mp_gpt_tp_tensor *wte = mp_gpt_tp_tensor_at(a.host, 0);
+  ASSERT_FALSE(wte->tied_copy);
+  ASSERT_EQ(wte->count, tied->count);
+  ASSERT_EQ(mp_gpt_tp_boundary_floats(a.host), (size_t)kB * kT * 64);
+
+  StepResult expected;
+  ASSERT_TRUE(WholeStageStep(&f, &whole, &expected)) << f.err.message;
+
+  fvec boundary(mp_gpt_tp_boundary_floats(a.host)), dboundary(boundary.size());
+  double loss[2] = {0.0, 0.0};
+  ASSERT_EQ(mp_gpt_stage_gpu_zero_grads(a.gpu, &f.err), MP_OK);
+  ASSERT_EQ(mp_gpt_stage_gpu_zero_grads(b.gpu, &f.err), MP_OK);
+  for (int mb = 0; mb < 2; ++mb) {
+    const ivec in = Inputs(mb), tg = Targets(mb);
+    double untouched = -1.0;
+    std::fill(boundary.begin(), boundary.end(), NAN);
+    std::fill(dboundary.begin(), dboundary.end(), NAN);
+    ASSERT_EQ(mp_gpt_stage_gpu_forward(a.gpu, 0, in.data(), nullptr, nullptr, boundary.data(),
+                                       kDloss, &untouched, &f.err),
+              MP_OK)
+        << f.err.message;
+    EXPECT_EQ(untouched, -1.0) << "a stage without the head reports no loss";
+    ASSERT_EQ(mp_gpt_stage_gpu_forward(b.gpu, 0, nullptr, tg.data(), boundary.data(), nullptr,
+                                       kDloss, &loss[mb], &f.err),
+              MP_OK)
+        << f.err.message;
+    ASSERT_EQ(mp_gpt_stage_gpu_backward(b.gpu, 0, nullptr, dboundary.data(), &f.err), MP_OK)
+        << f.err.message;
+    ASSERT_EQ(mp_gpt_stage_gpu_backward(a.gpu, 0, dboundary.data(), nullptr, &f.err), MP_OK)
+        << f.err.message;
+    for (size_t i = 0; i < boundary.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(boundary[i]) && std::isfinite(dboundary[i])) << "element " << i;
+    }
+  }
+  printf("model two gpu stages (split at chain position %d) vs whole stage: losses %.6f %.6f vs "
+         "%.6f %.6f\n",
+         k, loss[0], loss[1], expected.loss[0], expected.loss[1]);
+  EXPECT_EQ(loss[0], expected.loss[0]);
+  EXPECT_EQ(loss[1], expected.loss[1]);
+
+  ASSERT_EQ(mp_device_synchronize(&f.err), MP_OK) << f.err.message;
+  ASSERT_EQ(mp_gpt_stage_gpu_download_grads(a.gpu, &f.err), MP_OK) << f.err.message;
+  ASSERT_EQ(mp_gpt_stage_gpu_download_grads(b.gpu, &f.err), MP_OK) << f.err.message;
+  const mp_gpt_layout *layout = mp_gpt_tp_layout(whole.host);
+  fvec split(expected.grads.size(), NAN);
+  ASSERT_EQ(mp_gpt_tp_gather_grads(a.host, split.data(), &f.err), MP_OK) << f.err.message;
+  ASSERT_EQ(mp_gpt_tp_gather_grads(b.host, split.data(), &f.err), MP_OK) << f.err.message;
+  // wte: A holds the embedding's part, B's tied copy the LM head's; the embedding group sums
+  // them. Everything else is one stage's and must be the whole stage's.
+  const float *head_part = mp_gpt_tp_grads(b.host) + tied->offset;
+  fvec wte_sum(wte->count);
+  for (size_t i = 0; i < wte->count; ++i) wte_sum[i] = split[i] + head_part[i];
+  const Diff dwte = Compare(wte_sum.data(), expected.grads.data(), wte->count);
+  printf("model two gpu stages: wte gradient (embedding + tied head copy) max |diff| %.3e of "
+         "%.3e, tolerance 1e-2 relative\n",
+         dwte.worst, dwte.scale);
+  EXPECT_TRUE(Within("embedding.wte (summed)", dwte, 1e-2));
+  std::copy(wte_sum.begin(), wte_sum.end(), split.begin());
+  ExpectSameGrads("two gpu stages vs whole stage gradients (wte summed)", layout, split,
+                  expected.grads, kRel);
+
+  // The global norm after the embedding group's sum (the trainer's order): A's wte holds the
+  // sum, B's tied copy is not counted, so A + B is the whole stage's.
+  ASSERT_EQ(mp_device_copy_to_device(mp_gpt_stage_gpu_device_grads(a.gpu) + wte->offset,
+                                     wte_sum.data(), wte->count * sizeof(float), &f.err),
+            MP_OK);
+  ASSERT_EQ(mp_device_copy_to_device(mp_gpt_stage_gpu_device_grads(b.gpu) + tied->offset,
+                                     wte_sum.data(), tied->count * sizeof(float), &f.err),
+            MP_OK);
+  double na = 0.0, nb = 0.0, nwhole = 0.0;
+  ASSERT_EQ(mp_gpt_stage_gpu_grad_norm_squared(a.gpu, &na, &f.err), MP_OK) << f.err.message;
+  ASSERT_EQ(mp_gpt_stage_gpu_grad_norm_squared(b.gpu, &nb, &f.err), MP_OK) << f.err.message;
+  ASSERT_EQ(mp_gpt_stage_gpu_grad_norm_squared(whole.gpu, &nwhole, &f.err), MP_OK)
+      << f.err.message;
+  printf("model two gpu stages: squared grad norm %.9e + %.9e = %.9e vs whole %.9e (rel diff "
+         "%.2e)\n",
+         na, nb, na + nb, nwhole, std::fabs(na + nb - nwhole) / nwhole);
+  EXPECT_GT(nwhole, 0.0);
+  EXPECT_NEAR(na + nb, nwhole, 1e-5 * nwhole);
+  // The host's counting on the same numbers agrees with the device's.
+  double host_whole = 0.0;
+  ASSERT_EQ(mp_gpt_tp_grad_norm_squared(whole.host, &host_whole, &f.err), MP_OK);
+  EXPECT_NEAR(host_whole, nwhole, 1e-5 * nwhole);
+}
+
+TEST(GptStageGpu, TwoSlotsInFlightMatchOneSlotAtATime) {
+  REQUIRE_GPU();
+  Fixture f;
+  Stage one, two;
+  ASSERT_TRUE(f.Gpu(&one)) << f.err.message;
+  ASSERT_TRUE(f.Gpu(&two, 0, kL + 3, 2)) << f.err.message;
+
+  StepResult expected;
+  ASSERT_TRUE(WholeStageStep(&f, &one, &expected)) << f.err.message;
+
+  // Both micro-batches in flight: F0 F1 B0 B1.
+  double loss[2] = {0.0, 0.0};
+  const ivec in0 = Inputs(0), tg0 = Targets(0), in1 = Inputs(1), tg1 = Targets(1);
+  mp_error e = MP_ERROR_INITIALIZER;
+  ASSERT_EQ(mp_gpt_stage_gpu_zero_grads(two.gpu, &f.err), MP_OK);
+  EXPECT_EQ(mp_gpt_stage_gpu_backward(two.gpu, 0, nullptr, nullptr, &e), MP_ERR_INPUT);
+  EXPECT_NE(std::string(e.message).find("activation slot 0 is empty"), std::string::npos)
+      << e.message;
+  ASSERT_EQ(mp_gpt_stage_gpu_forward(two.gpu, 0, in0.data(), tg0.data(), nullptr, nullptr, kDloss,
+                                     &loss[0], &f.err),
+            MP_OK)
+      << f.err.message;
+  ASSERT_EQ(mp_gpt_stage_gpu_forward(two.gpu, 1, in1.data(), tg1.data(), nullptr, nullptr, kDloss,
+                                     &loss[1], &f.err),
+            MP_OK)
+      << f.err.message;
+  // A slot in use takes no second micro-batch; there is no slot 2. Neither touches the slots.
+  double ignored = 0.0;
+  e = MP_ERROR_INITIALIZER;
+  EXPECT_EQ(mp_gpt_stage_gpu_forward(two.gpu, 0, in1.data(), tg1.data(), nullptr, nullptr, kDloss,
+                                     &ignored, &e),
+            MP_ERR_INPUT);
+  EXPECT_NE(std::string(e.message).find("activation slot 0 is still holding a micro-batch"),
+            std::string::npos)
+      << e.message;
+  e = MP_ERROR_INITIALIZER;
+  EXPECT_EQ(mp_gpt_stage_gpu_forward(two.gpu, 2, in1.data(), tg1.data(), nullptr, nullptr, kDloss,
+                                     &ignored, &e),
+            MP_ERR_INPUT);
+  EXPECT_NE(std::string(e.message).find("activation slot 2: the stage has 2"), std::string::npos)
+      << e.message;
+  ASSERT_EQ(mp_gpt_stage_gpu_backward(two.gpu, 0, nullptr, nullptr, &f.err), MP_OK)
+      << f.err.message;
+  e = MP_ERROR_INITIALIZER;
+  EXPECT_EQ(mp_gpt_stage_gpu_backward(two.gpu, 0, nullptr, nullptr, &e), MP_ERR_INPUT)
+      << "a slot's backward frees it";
+  EXPECT_NE(std::string(e.message).find("empty"), std::string::npos) << e.message;
+  ASSERT_EQ(mp_gpt_stage_gpu_backward(two.gpu, 1, nullptr, nullptr, &f.err), MP_OK)
+      << f.err.message;
+  ASSERT_EQ(mp_device_synchronize(&f.err), MP_OK) << f.err.message;
+  ASSERT_EQ(mp_gpt_stage_gpu_download_grads(two.gpu, &f.err), MP_OK) << f.err.message;
+  fvec grads(expected.grads.size());
+  ASSERT_EQ(mp_gpt_tp_gather_grads(two.host, grads.data(), &f.err), MP_OK) << f.err.message;
+
+  printf("model gpu stage, two slots in flight vs one at a time: losses %.6f %.6f vs %.6f %.6f\n",
+         loss[0], loss[1], expected.loss[0], expected.loss[1]);
+  EXPECT_EQ(loss[0], expected.loss[0]);
+  EXPECT_EQ(loss[1], expected.loss[1]);
+  ExpectSameGrads("gpu stage two slots vs one slot gradients", mp_gpt_tp_layout(two.host), grads,
+                  expected.grads, kRel);
+  // Both slots are free again: the next step can use them.
+  EXPECT_EQ(mp_gpt_stage_gpu_forward(two.gpu, 1, in1.data(), tg1.data(), nullptr, nullptr, kDloss,
+                                     &ignored, &f.err),
+            MP_OK)
+      << f.err.message;
+}
+
+TEST(GptStageGpu, AdamWStepsMatchTheOneGpuModel) {
+  REQUIRE_GPU();
+  Fixture f;
+  Stage s;
+  Model m;
+  ASSERT_TRUE(f.Gpu(&s)) << f.err.message;
+  ASSERT_TRUE(m.Make(&f)) << f.err.message;
+  const mp_gpt_layout *layout = mp_gpt_gpu_layout(m.gpu);
+  const size_t P = mp_gpt_layout_num_params(layout);
+  for (int step = 1; step <= 2; ++step) {
+    StepResult stage, model;
+    ASSERT_TRUE(WholeStageStep(&f, &s, &stage)) << f.err.message;
+    ASSERT_TRUE(ModelStep(&f, m.gpu, &model)) << f.err.message;
+    // Each step's losses come from the weights the last step left: the bf16 copy is refreshed.
+    EXPECT_EQ(stage.loss[0], model.loss[0]) << "step " << step;
+    EXPECT_EQ(stage.loss[1], model.loss[1]) << "step " << step;
+    double squares = 0.0, norm = 0.0;
+    ASSERT_EQ(mp_gpt_stage_gpu_grad_norm_squared(s.gpu, &squares, &f.err), MP_OK);
+    // weight decay on, so the decaying/non-decaying split of the tensor table is exercised; no
+    // clipping (the stage's AdamW ignores grad_clip; the model's clips at a nonzero one).
+    const mp_gpu_adamw adamw = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.0};
+    ASSERT_EQ(mp_gpt_stage_gpu_adamw(s.gpu, &adamw, &f.err), MP_OK) << f.err.message;
+    ASSERT_EQ(mp_gpt_gpu_optimizer_step(m.gpu, &adamw, &norm, &f.err), MP_OK) << f.err.message;
+    EXPECT_NEAR(std::sqrt(squares), norm, 1e-5 * norm) << "step " << step;
+    ASSERT_EQ(mp_gpt_stage_gpu_download_params(s.gpu, &f.err), MP_OK) << f.err.message;
+    fvec stage_params(P), model_params(P);
+    ASSERT_EQ(mp_gpt_tp_gather_params(s.host, stage_params.data(), &f.err), MP_OK);
+    ASSERT_EQ(mp_gpt_gpu_get_params(m.gpu, model_params.data(), &f.err), MP_OK);
+    char what[96];
+    snprintf(what, sizeof what, "gpu stage adamw step %d vs one-gpu model parameters", step);
+    ExpectSameGrads(what, layout, stage_params, model_params, kRel);
+    // and they moved
+    fvec start(P);
+    mp_gpt_layout_init_params(layout, start.data(), kSeed);
+    EXPECT_GT(Compare(stage_params.data(), start.data(), P).worst, 0.0);
+  }
+}
+
+}  // namespace
