@@ -87,7 +87,6 @@ struct mp_gpt_stage_gpu {
   /* shared by every slot */
   mp_bf16 *projection;       /* (BT, C) a row-parallel GEMM's output */
   float *reduce;             /* (BT, C) fp32: what a collective sums, the embedding lookup */
-  float *boundary;           /* (BT, C) fp32: a stage boundary on its way to or from the host */
   float *losses;             /* (BT) */
   float *losses_host;        /* (BT) */
   float *row_max, *gathered_max, *ce_stats; /* (BT), (tp, BT), (2, BT) */
@@ -220,7 +219,7 @@ void mp_gpt_stage_gpu_free(mp_gpt_stage_gpu *gpu) {
     free_slot(&gpu->slots[s], gpu->stage.num_layers);
   }
   void *buffers[] = {gpu->master, gpu->grads, gpu->adam_m, gpu->adam_v, gpu->weights,
-                     gpu->projection, gpu->reduce, gpu->boundary, gpu->losses, gpu->row_max,
+                     gpu->projection, gpu->reduce, gpu->losses, gpu->row_max,
                      gpu->gathered_max, gpu->ce_stats, gpu->dresidual, gpu->dnorm, gpu->datty,
                      gpu->dqkv, gpu->dfch, gpu->dfch_gelu, gpu->layernorm_scratch,
                      gpu->matmul_scratch, gpu->norm_scratch, gpu->attention_scratch,
@@ -235,9 +234,9 @@ void mp_gpt_stage_gpu_free(mp_gpt_stage_gpu *gpu) {
   free(gpu);
 }
 
-mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, int micro_batch, int seq_len, int num_slots,
-                                  bool deferred_weights, mp_recompute recompute,
-                                  mp_gpt_stage_gpu **out, mp_error *err) {
+mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, int micro_batch,
+                                  int seq_len, int num_slots, bool deferred_weights,
+                                  mp_recompute recompute, mp_gpt_stage_gpu **out, mp_error *err) {
   *out = NULL;
   if (mp_gpt_tp_sequence_parallel(host)) {
     return mp_fail(err, MP_ERR_INPUT,
@@ -276,7 +275,15 @@ mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, int micro_batch, int seq_len,
   gpu->host = host;
   gpu->layout = mp_gpt_tp_layout(host);
   gpu->stage = *mp_gpt_tp_stage(host);
-  gpu->tp = *mp_gpt_tp_comm(host);
+  gpu->tp = device_tp != NULL ? *device_tp : *mp_gpt_tp_comm(host);
+  if (gpu->tp.size != mp_gpt_tp_comm(host)->size || gpu->tp.rank != mp_gpt_tp_comm(host)->rank) {
+    mp_fail(err, MP_ERR_INPUT,
+            "the device tensor-parallel group (rank %d of %d) is not the host stage's (rank %d of "
+            "%d)",
+            gpu->tp.rank, gpu->tp.size, mp_gpt_tp_comm(host)->rank, mp_gpt_tp_comm(host)->size);
+    free(gpu);
+    return MP_ERR_INPUT;
+  }
   const mp_gpt_config *c = mp_gpt_layout_config(gpu->layout);
   gpu->B = micro_batch;
   gpu->T = seq_len;
@@ -339,7 +346,6 @@ mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, int micro_batch, int seq_len,
   const size_t Cl = (size_t)gpu->Cl, Fl = (size_t)gpu->Fl;
   ALLOC(gpu->projection, BT * C);
   ALLOC(gpu->reduce, BT * C);
-  ALLOC(gpu->boundary, BT * C);
   ALLOC(gpu->losses, BT);
   ALLOC(gpu->row_max, BT);
   ALLOC(gpu->gathered_max, BT * (size_t)gpu->tp.size);
@@ -582,21 +588,15 @@ static const mp_bf16 *before_tail(const mp_gpt_stage_gpu *gpu, const slot_acts *
   return L > 0 ? s->acts[L - 1].out : s->input;
 }
 
-/* host (BT, C) fp32 -> dst bf16 on the device, through the boundary buffer. */
-static mp_status boundary_in(mp_gpt_stage_gpu *gpu, mp_bf16 *dst, const float *host,
-                             mp_error *err) {
-  const size_t n = (size_t)gpu->B * gpu->T * gpu->C;
-  MP_TRY(mp_device_copy_to_device(gpu->boundary, host, n * sizeof(float), err));
-  mp_bf16_from_float_cuda(dst, gpu->boundary, n, NULL);
-  return MP_OK;
+/* A stage boundary (BT, C) fp32 on the device -> dst bf16 (the one rounding a one-GPU model
+ * makes there too). */
+static void boundary_in(mp_gpt_stage_gpu *gpu, mp_bf16 *dst, const float *boundary) {
+  mp_bf16_from_float_cuda(dst, boundary, (size_t)gpu->B * gpu->T * gpu->C, NULL);
 }
 
-/* src bf16 on the device -> host (BT, C) fp32 (waits for the kernels before it). */
-static mp_status boundary_out(mp_gpt_stage_gpu *gpu, float *host, const mp_bf16 *src,
-                              mp_error *err) {
-  const size_t n = (size_t)gpu->B * gpu->T * gpu->C;
-  mp_float_from_bf16_cuda(gpu->boundary, src, n, NULL);
-  return mp_device_copy_to_host(host, gpu->boundary, n * sizeof(float), err);
+/* src bf16 -> a stage boundary (BT, C) fp32 on the device, exactly. */
+static void boundary_out(mp_gpt_stage_gpu *gpu, float *boundary, const mp_bf16 *src) {
+  mp_float_from_bf16_cuda(boundary, src, (size_t)gpu->B * gpu->T * gpu->C, NULL);
 }
 
 mp_status mp_gpt_stage_gpu_forward(mp_gpt_stage_gpu *gpu, int slot, const int32_t *inputs,
@@ -612,7 +612,7 @@ mp_status mp_gpt_stage_gpu_forward(mp_gpt_stage_gpu *gpu, int slot, const int32_
     MP_TRY(mp_device_copy_to_device(s->inputs, inputs, token_bytes, err));
     MP_TRY(embedding_forward(gpu, s, err));
   } else {
-    MP_TRY(boundary_in(gpu, s->input, input, err));
+    boundary_in(gpu, s->input, input);
   }
   const mp_bf16 *x = s->input;
   for (int l = 0; l < st->num_layers; ++l) {
@@ -625,8 +625,8 @@ mp_status mp_gpt_stage_gpu_forward(mp_gpt_stage_gpu *gpu, int slot, const int32_
     x = s->lnf;
   }
   if (!st->head) {
+    boundary_out(gpu, output, x);
     MP_TRY(mp_cublas_check(gpu->cublas, err));
-    MP_TRY(boundary_out(gpu, output, x, err));
     s->in_use = true;
     return MP_OK;
   }
@@ -660,7 +660,7 @@ mp_status mp_gpt_stage_gpu_backward(mp_gpt_stage_gpu *gpu, int slot, const float
                             gpu->matmul_scratch, BT, C, gpu->Vl, NULL);
     MP_TRY(column_parallel_input_grad(gpu, g, err));
   } else {
-    MP_TRY(boundary_in(gpu, g, doutput, err));
+    boundary_in(gpu, g, doutput);
   }
   if (st->final_norm) {
     MP_TRY(mp_device_memset(gpu->dresidual, 0, act_bytes, err));
@@ -677,8 +677,8 @@ mp_status mp_gpt_stage_gpu_backward(mp_gpt_stage_gpu *gpu, int slot, const float
     MP_TRY(embedding_backward(gpu, s, err));
     return mp_cublas_check(gpu->cublas, err);
   }
-  MP_TRY(mp_cublas_check(gpu->cublas, err));
-  return boundary_out(gpu, dinput, gpu->dresidual, err);
+  boundary_out(gpu, dinput, gpu->dresidual);
+  return mp_cublas_check(gpu->cublas, err);
 }
 
 mp_status mp_gpt_stage_gpu_grad_norm_squared(mp_gpt_stage_gpu *gpu, double *out, mp_error *err) {

@@ -12,12 +12,14 @@
  * attn_proj and fc_proj row-parallel (their bf16 partial products widened to fp32, summed over
  * the group, the bias added, rounded once), the column-parallel input gradients summed likewise;
  * the vocabulary-parallel embedding and cross-entropy never gather the (B*T, Vp) logits. The
- * collectives go through the host stage's mp_tp_comm with device pointers: engine/comm.h's MPI
- * communicators stage GPU buffers through the host, so several ranks may share one GPU. With tp =
- * 1 no collective runs and the kernels are exactly engine/gpt_model_gpu.h's.
+ * collectives take device pointers: over NCCL (engine/tp_comm_nccl.h) when each rank has a GPU of
+ * its own, or the host stage's MPI table, whose communicators stage GPU buffers through the host
+ * so that several ranks may share one GPU. With tp = 1 no collective runs and the kernels are
+ * exactly engine/gpt_model_gpu.h's.
  *
- * Boundaries between stages are host fp32 (B*T, C) arrays (the stage worker's buffers); the stage
- * widens its bf16 output into them and rounds its input from them.
+ * Boundaries between stages are fp32 (B*T, C) arrays in device memory (the stage worker's
+ * buffers, which the trainer allocates on the GPU and sends over MPI or NCCL); the stage widens
+ * its bf16 output into them exactly and rounds its input from them.
  *
  * Not (yet) on the GPU, refused by mp_gpt_stage_gpu_create with MP_ERR_INPUT: sequence
  * parallelism, the zero-bubble split (deferred weight gradients) and full recomputation.
@@ -43,12 +45,15 @@ extern "C" {
 typedef struct mp_gpt_stage_gpu mp_gpt_stage_gpu;
 
 /* The GPU twin of host (which must outlive it) with num_slots activation slots of one
- * (micro_batch, seq_len) micro-batch each, on the current GPU. recompute is the plan's (full is
+ * (micro_batch, seq_len) micro-batch each, on the current GPU. device_tp: the tensor-parallel
+ * group for collectives on device buffers (engine/tp_comm_nccl.h), the same ranks in the same
+ * order as the host stage's group, copied (its context must outlive the stage); NULL: the host
+ * stage's table (MPI, which stages device buffers through the host). recompute is the plan's (full is
  * refused); deferred_weights and sequence parallelism (the host stage's) are refused, naming what
  * to change. Parameters start at zero: mp_gpt_stage_gpu_upload_params. */
-mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, int micro_batch, int seq_len, int num_slots,
-                                  bool deferred_weights, mp_recompute recompute,
-                                  mp_gpt_stage_gpu **out, mp_error *err);
+mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, int micro_batch,
+                                  int seq_len, int num_slots, bool deferred_weights,
+                                  mp_recompute recompute, mp_gpt_stage_gpu **out, mp_error *err);
 void mp_gpt_stage_gpu_free(mp_gpt_stage_gpu *gpu);
 
 /* Bytes of device memory the stage holds. */
@@ -71,7 +76,7 @@ mp_status mp_gpt_stage_gpu_zero_grads(mp_gpt_stage_gpu *gpu, mp_error *err);
 void mp_gpt_stage_gpu_scale_grads(mp_gpt_stage_gpu *gpu, float scale);
 
 /* Forward of one micro-batch through the stage into slot (arguments as
- * mp_gpt_tp_forward_stage's; input and output are host arrays). A head stage also leaves the
+ * mp_gpt_tp_forward_stage's; inputs and targets are host arrays, input and output device ones). A head stage also leaves the
  * gradient of dloss x its mean loss in place of the logits for the backward (the fused
  * cross-entropy), so dloss is given here; *loss is the mean over the B*T tokens (synchronises).
  * Collective over the tensor-parallel group. */
@@ -79,7 +84,8 @@ mp_status mp_gpt_stage_gpu_forward(mp_gpt_stage_gpu *gpu, int slot, const int32_
                                    const int32_t *targets, const float *input, float *output,
                                    float dloss, double *loss, mp_error *err);
 
-/* Backward of slot's micro-batch (as mp_gpt_tp_backward_stage's, host doutput and dinput),
+/* Backward of slot's micro-batch (as mp_gpt_tp_backward_stage's; doutput and dinput are device
+ * arrays),
  * adding into the gradients; frees the slot. Collective. */
 mp_status mp_gpt_stage_gpu_backward(mp_gpt_stage_gpu *gpu, int slot, const float *doutput,
                                     float *dinput, mp_error *err);

@@ -1,10 +1,10 @@
 /* engine/gpt_stage_gpu_none.c — gpt_stage_gpu.h in a build without CUDA: create says so. */
 #include "engine/gpt_stage_gpu.h"
 
-mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, int micro_batch, int seq_len, int num_slots,
-                                  bool deferred_weights, mp_recompute recompute,
-                                  mp_gpt_stage_gpu **out, mp_error *err) {
-  (void)host, (void)micro_batch, (void)seq_len, (void)num_slots, (void)deferred_weights;
+mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, int micro_batch,
+                                  int seq_len, int num_slots, bool deferred_weights,
+                                  mp_recompute recompute, mp_gpt_stage_gpu **out, mp_error *err) {
+  (void)host, (void)device_tp, (void)micro_batch, (void)seq_len, (void)num_slots, (void)deferred_weights;
   (void)recompute;
   *out = NULL;
   return mp_fail(err, MP_ERR_INPUT,

@@ -47,6 +47,9 @@ struct mp_trainer {
   double *dp_posted_s;    /* when each was posted, for the trace */
   size_t *dp_bytes;
   int num_dp_requests, dp_request_capacity;
+  mp_nccl_p2p_op *nccl_sends; /* NCCL pipeline: sends posted but not yet enqueued, which go with
+                                 this rank's next receive (or the step's end) in one group */
+  int num_nccl_sends, nccl_send_capacity;
   int64_t step;           /* the step being run, for the trace */
   double loss_sum;        /* the last stage's micro-batch losses of the step */
 };
@@ -201,6 +204,34 @@ static double trace_now(const mp_trainer *trainer) {
   return trainer->options.trace != NULL ? mp_trace_now(trainer->options.trace) : 0.0;
 }
 
+/* NCCL pipeline: sends wait for this rank's next receive (or the step's end), and go with it in
+ * one group: NCCL's send blocks until the peer receives, so a send enqueued alone could wait on a
+ * peer that waits on our receive; in one group none waits for another (engine/comm_nccl.h). */
+static mp_status nccl_pp_pend(mp_trainer *trainer, const mp_nccl_p2p_op *op, mp_error *err) {
+  if (trainer->num_nccl_sends == trainer->nccl_send_capacity) {
+    const int capacity = trainer->nccl_send_capacity > 0 ? 2 * trainer->nccl_send_capacity : 8;
+    mp_nccl_p2p_op *grown =
+        realloc(trainer->nccl_sends, (size_t)capacity * sizeof *trainer->nccl_sends);
+    if (grown == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+    trainer->nccl_sends = grown;
+    trainer->nccl_send_capacity = capacity;
+  }
+  trainer->nccl_sends[trainer->num_nccl_sends++] = *op;
+  return MP_OK;
+}
+
+/* Enqueues the pending operations in one group, after the compute that wrote the sends' buffers,
+ * and waits for them (under NCCL's watchdog). */
+static mp_status nccl_pp_flush(mp_trainer *trainer, mp_error *err) {
+  mp_nccl_comm *comm = trainer->options.nccl_pp;
+  const int count = trainer->num_nccl_sends;
+  trainer->num_nccl_sends = 0;
+  if (count == 0) return MP_OK;
+  MP_TRY(mp_nccl_comm_wait_stream(comm, NULL, err));
+  MP_TRY(mp_nccl_p2p(comm, trainer->nccl_sends, count, err));
+  return mp_nccl_comm_synchronize(comm, err);
+}
+
 static mp_status pp_post_send(void *context, const float *buffer, size_t count, int peer,
                               const mp_message *message, void **request, mp_error *err) {
   mp_trainer *trainer = context;
@@ -210,8 +241,15 @@ static mp_status pp_post_send(void *context, const float *buffer, size_t count, 
   send->peer = peer;
   send->bytes = count * sizeof(float);
   send->posted_s = trace_now(trainer);
-  const mp_status status =
-      mp_comm_isend(trainer->options.pp, buffer, send->bytes, peer, &send->request, err);
+  send->request = NULL;
+  mp_status status;
+  if (trainer->options.nccl_pp != NULL) {
+    /* The worker leaves the buffer untouched until wait_send, after the flush. */
+    const mp_nccl_p2p_op op = {MP_NCCL_SEND, peer, (void *)buffer, send->bytes};
+    status = nccl_pp_pend(trainer, &op, err);
+  } else {
+    status = mp_comm_isend(trainer->options.pp, buffer, send->bytes, peer, &send->request, err);
+  }
   if (status != MP_OK) {
     free(send);
     return status;
@@ -223,7 +261,8 @@ static mp_status pp_post_send(void *context, const float *buffer, size_t count, 
 static mp_status pp_wait_send(void *context, void *request, mp_error *err) {
   mp_trainer *trainer = context;
   posted_send *send = request;
-  const mp_status status = mp_comm_wait(send->request, err);
+  const mp_status status = trainer->options.nccl_pp != NULL ? nccl_pp_flush(trainer, err)
+                                                            : mp_comm_wait(send->request, err);
   if (trainer->options.trace != NULL) {
     mp_trace_comm(trainer->options.trace, trainer->step, "send", "pp",
                   mp_comm_member(trainer->options.pp, send->peer), send->bytes, &send->message,
@@ -237,13 +276,32 @@ static mp_status pp_recv(void *context, float *buffer, size_t count, int peer,
                          const mp_message *message, mp_error *err) {
   mp_trainer *trainer = context;
   const double start = trace_now(trainer);
-  MP_TRY(mp_comm_recv(trainer->options.pp, buffer, count * sizeof(float), peer, err));
+  if (trainer->options.nccl_pp != NULL) {
+    const mp_nccl_p2p_op op = {MP_NCCL_RECV, peer, buffer, count * sizeof(float)};
+    MP_TRY(nccl_pp_pend(trainer, &op, err));
+    MP_TRY(nccl_pp_flush(trainer, err));
+  } else {
+    MP_TRY(mp_comm_recv(trainer->options.pp, buffer, count * sizeof(float), peer, err));
+  }
   if (trainer->options.trace != NULL) {
     mp_trace_comm(trainer->options.trace, trainer->step, "recv", "pp",
                   mp_comm_member(trainer->options.pp, peer), count * sizeof(float), message,
                   start, trace_now(trainer));
   }
   return MP_OK;
+}
+
+/* CUDA backend: the stage worker's boundary buffers live on the GPU. */
+static float *device_buffer_alloc(void *context, size_t count) {
+  (void)context;
+  void *buffer = NULL;
+  mp_error ignored = MP_ERROR_INITIALIZER;
+  return mp_device_alloc(&buffer, count * sizeof(float), &ignored) == MP_OK ? buffer : NULL;
+}
+
+static void device_buffer_free(void *context, float *buffer) {
+  (void)context;
+  mp_device_free(buffer);
 }
 
 static double observer_now(void *context) { return trace_now(context); }
@@ -398,7 +456,8 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
       status = mp_gpt_tp_init_params(trainer->chunks[c], plan->training.seed, err);
     }
     if (status == MP_OK && on_gpu) {
-      status = mp_gpt_stage_gpu_create(trainer->chunks[c], (int)plan->micro_batch,
+      status = mp_gpt_stage_gpu_create(trainer->chunks[c], trainer->options.tp_device,
+                                       (int)plan->micro_batch,
                                        (int)plan->seq_len, slots, zero_bubble, plan->recompute,
                                        &trainer->gpu_chunks[c], err);
       if (status == MP_OK) status = mp_gpt_stage_gpu_upload_params(trainer->gpu_chunks[c], err);
@@ -457,7 +516,11 @@ static mp_status create_parallel(mp_trainer *trainer, const mp_model *model, mp_
   MP_TRY(create_chunks(trainer, model, err));
   trainer->layout = mp_gpt_tp_layout(trainer->chunks[0]);
   const mp_stage_ops ops = {trainer, chunk_forward, chunk_backward, chunk_backward_weights};
-  const mp_stage_p2p p2p = {trainer, pp_post_send, pp_wait_send, pp_recv};
+  mp_stage_p2p p2p = {trainer, pp_post_send, pp_wait_send, pp_recv, NULL, NULL};
+  if (trainer->gpu_chunks != NULL) {
+    p2p.alloc_buffer = device_buffer_alloc;
+    p2p.free_buffer = device_buffer_free;
+  }
   const mp_stage_observer observer = {trainer, observer_now, observer_action_done};
   status = mp_stage_worker_create(&trainer->schedule, o->pp_rank,
                                   mp_gpt_tp_boundary_floats(trainer->chunks[0]), &ops, &p2p,
@@ -571,6 +634,7 @@ void mp_trainer_free(mp_trainer *trainer) {
     if (trainer->chunk_v != NULL) free(trainer->chunk_v[c]);
   }
   free(trainer->gpu_chunks);
+  free(trainer->nccl_sends);
   free(trainer->chunks);
   free(trainer->chunk_m);
   free(trainer->chunk_v);

@@ -29,7 +29,13 @@
  * The CUDA backend trains one rank, or dp ranks with pp = tp = 1 (one GPU each, or several ranks
  * sharing one): each dp rank runs its slice of the batch on its GPU (engine/gpt_model_gpu.h), the
  * fp32 gradients are summed over dp in buckets (NCCL with options->nccl_dp, else MPI staging
- * through the host) and scaled by 1/dp, and every rank then takes the same optimizer step.
+ * through the host) and scaled by 1/dp, and every rank then takes the same optimizer step. With
+ * pp or tp > 1 each chunk runs on the GPU (engine/gpt_stage_gpu.h, the twin of the CPU chunk,
+ * which keeps the host copies) through the same stage worker and schedule; boundary buffers live
+ * on the GPU and travel over NCCL (options->nccl_pp; a send waits in this rank's next group of
+ * point-to-point operations, with its next receive, as Megatron batches send_forward_recv_backward)
+ * or MPI staging; steps 2-5 run on device gradients (no ZeRO-1, no sequence parallelism, no zb-h1
+ * there yet: mp_trainer_check_layout refuses them).
  *
  * The caller (tools/cmd_run.c) owns the loop, so it decides what to print, when to stop, and
  * (later) when to save. Accumulation scales each micro-batch's loss by 1 / num_micro_batches, so
@@ -82,7 +88,8 @@ mp_status mp_trainer_create(const mp_plan *plan, const mp_model *model, mp_data_
                             mp_backend backend, mp_trainer **out, mp_error *err);
 
 /* MP_OK when this trainer can run the plan's layout on `backend`; else MP_ERR_INPUT naming the
- * plan file and what to change (the CUDA backend runs data parallelism only: pp = tp = 1).
+ * plan file and what to change (the CUDA backend does not run sequence parallelism, zb-h1, full
+ * recomputation or ZeRO-1 with pp or tp > 1 yet).
  * mp_trainer_create_parallel
  * checks it too; `mpengine run` calls it before launching ranks. */
 mp_status mp_trainer_check_layout(const mp_plan *plan, mp_backend backend, mp_error *err);
@@ -101,10 +108,16 @@ typedef struct {
   mp_nccl_comm *nccl_dp; /* CUDA backend, dp > 1: the data-parallel group on NCCL; NULL: the
                             gradients go through options->dp, which stages them through the host
                             (several ranks may then share one GPU) */
+  mp_nccl_comm *nccl_pp; /* CUDA backend, pp > 1: the pipeline group on NCCL (same members, same
+                            order as options->pp) for the activations and their gradients; NULL:
+                            over options->pp through the host */
+  const mp_tp_comm *tp_device; /* CUDA backend, tp > 1: the tensor-parallel group for collectives
+                                  on device buffers (engine/tp_comm_nccl.h), copied; NULL:
+                                  options->tp through the host */
 } mp_trainer_options;
 
 #define MP_TRAINER_OPTIONS_INITIALIZER \
-  {sizeof(mp_trainer_options), NULL, NULL, NULL, NULL, 0, 0, NULL, NULL}
+  {sizeof(mp_trainer_options), NULL, NULL, NULL, NULL, 0, 0, NULL, NULL, NULL, NULL}
 
 /* Gradients cross the data-parallel group in all-reduces of at most this many floats. */
 enum { MP_TRAINER_BUCKET_FLOATS = 1 << 22 };

@@ -55,11 +55,21 @@ int mp_stage_worker_slots(const mp_schedule *schedule, int pp_rank, int chunk) {
   return most > 0 ? most : 1;
 }
 
+/* Frees a boundary buffer the way it was allocated. */
+static void release_buffer(mp_stage_worker *worker, float *buffer) {
+  if (buffer == NULL) return;
+  if (worker->p2p.free_buffer != NULL) {
+    worker->p2p.free_buffer(worker->p2p.context, buffer);
+  } else {
+    free(buffer);
+  }
+}
+
 void mp_stage_worker_free(mp_stage_worker *worker) {
   if (worker == NULL) return;
-  for (int i = 0; i < worker->num_free; ++i) free(worker->free_buffers[i]);
-  for (int i = 0; i < worker->num_sends; ++i) free(worker->sends[i].buffer);
-  for (int i = 0; i < worker->num_local; ++i) free(worker->local[i].buffer);
+  for (int i = 0; i < worker->num_free; ++i) release_buffer(worker, worker->free_buffers[i]);
+  for (int i = 0; i < worker->num_sends; ++i) release_buffer(worker, worker->sends[i].buffer);
+  for (int i = 0; i < worker->num_local; ++i) release_buffer(worker, worker->local[i].buffer);
   free(worker->free_buffers);
   free(worker->sends);
   free(worker->local);
@@ -135,6 +145,9 @@ void mp_stage_worker_on_chunk_done(mp_stage_worker *worker, mp_stage_chunk_done 
 
 static float *take_buffer(mp_stage_worker *worker) {
   if (worker->num_free > 0) return worker->free_buffers[--worker->num_free];
+  if (worker->p2p.alloc_buffer != NULL) {
+    return worker->p2p.alloc_buffer(worker->p2p.context, worker->boundary_floats);
+  }
   return malloc(worker->boundary_floats * sizeof(float));
 }
 
@@ -144,7 +157,7 @@ static void give_buffer(mp_stage_worker *worker, float *buffer) {
     const int capacity = worker->free_capacity > 0 ? 2 * worker->free_capacity : 8;
     float **grown = realloc(worker->free_buffers, (size_t)capacity * sizeof *grown);
     if (grown == NULL) {
-      free(buffer);
+      release_buffer(worker, buffer);
       return;
     }
     worker->free_buffers = grown;

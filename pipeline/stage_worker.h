@@ -51,7 +51,11 @@ typedef struct {
 } mp_stage_ops;
 
 /* Point-to-point on the pipeline group; peers are pipeline ranks. message says what travels
- * (for the trace). A posted send's buffer stays untouched until wait_send. */
+ * (for the trace). A posted send's buffer stays untouched until wait_send.
+ *
+ * The worker never reads or writes a boundary buffer itself: it hands them between p2p and ops.
+ * So they may live anywhere the two agree on — host memory from malloc when alloc_buffer is NULL,
+ * or, say, GPU memory from alloc_buffer / free_buffer (count floats each). */
 typedef struct {
   void *context;
   mp_status (*post_send)(void *context, const float *buffer, size_t count, int peer,
@@ -59,6 +63,8 @@ typedef struct {
   mp_status (*wait_send)(void *context, void *request, mp_error *err);
   mp_status (*recv)(void *context, float *buffer, size_t count, int peer,
                     const mp_message *message, mp_error *err);
+  float *(*alloc_buffer)(void *context, size_t count); /* NULL when out of memory */
+  void (*free_buffer)(void *context, float *buffer);
 } mp_stage_p2p;
 
 /* Called after each action with its start and end in the observer's clock (the trace). start is

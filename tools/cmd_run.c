@@ -61,6 +61,7 @@
 #include "topology/model.h"
 #include "topology/plan.h"
 #include "tools/cli.h"
+#include "engine/tp_comm_nccl.h"
 #include "tools/launcher_env.h"
 #include "tools/commands.h"
 
@@ -76,8 +77,10 @@ typedef struct {
   mp_comm *dp_group, *pp_group, *embedding_group; /* its other groups, or NULL */
   mp_comm *world_group;     /* every rank: stop agreement, memory report, trace */
   mp_tp_comm tp_table;      /* the table over tp_group the trainer calls */
-  mp_nccl_world *nccl_world; /* CUDA backend with dp > 1 over NCCL, else NULL */
-  mp_nccl_comm *nccl_dp;
+  mp_nccl_world *nccl_world; /* CUDA backend over NCCL (a GPU per rank), else NULL */
+  mp_nccl_comm *nccl_tp, *nccl_pp, *nccl_dp; /* its communicators of the groups with more than
+                                                one rank (dp: also --gpu-comm nccl), or NULL */
+  mp_tp_comm tp_device_table; /* over nccl_tp: the GPU stage's device collectives */
   mp_grid_coord coord;      /* this rank's place in the grid */
   mp_trace *trace;          /* with --trace */
   int rank, world_size;     /* 0 and 1 without a world */
@@ -95,6 +98,8 @@ static void run_state_free(run_state *state) {
   mp_model_free(state->model);
   mp_trace_free(state->trace);
   mp_nccl_comm_free(state->nccl_dp);
+  mp_nccl_comm_free(state->nccl_pp);
+  mp_nccl_comm_free(state->nccl_tp);
   mp_nccl_world_free(state->nccl_world);
   mp_comm_free(state->world_group);
   mp_comm_free(state->embedding_group);
@@ -745,17 +750,27 @@ int cmd_run(int argc, char **argv) {
       exit_code = rank_report(&command, &state, &err);
       goto done;
     }
-    /* --gpu-comm nccl asks for NCCL even with dp = 1: the gradients then go through a
-     * one-rank communicator, which checks NCCL on one GPU. */
-    if ((state.plan.dp > 1 || strcmp(gpu_comm, "nccl") == 0) && use_nccl &&
-        (mp_nccl_world_create(state.world, device, &state.nccl_world, &err) != MP_OK ||
-         mp_nccl_comm_create(state.nccl_world, state.dp_group, &state.nccl_dp, &err) != MP_OK)) {
-      exit_code = rank_report(&command, &state, &err);
-      goto done;
+    /* The NCCL communicators, in one fixed order on every rank (tp, pp, dp) so that no rank
+     * waits in one group's creation for a peer that waits in another's. --gpu-comm nccl asks for
+     * NCCL even with dp = 1: the gradients then go through a one-rank communicator, which checks
+     * NCCL on one GPU. */
+    const bool want_dp = state.plan.dp > 1 || strcmp(gpu_comm, "nccl") == 0;
+    if (use_nccl && (state.plan.tp > 1 || state.plan.pp > 1 || want_dp)) {
+      if (mp_nccl_world_create(state.world, device, &state.nccl_world, &err) != MP_OK ||
+          (state.plan.tp > 1 &&
+           mp_nccl_comm_create(state.nccl_world, state.tp_group, &state.nccl_tp, &err) != MP_OK) ||
+          (state.plan.pp > 1 &&
+           mp_nccl_comm_create(state.nccl_world, state.pp_group, &state.nccl_pp, &err) != MP_OK) ||
+          (want_dp &&
+           mp_nccl_comm_create(state.nccl_world, state.dp_group, &state.nccl_dp, &err) != MP_OK)) {
+        exit_code = rank_report(&command, &state, &err);
+        goto done;
+      }
+      if (state.nccl_tp != NULL) state.tp_device_table = mp_tp_comm_over_nccl(state.nccl_tp);
     }
-    if (state.plan.dp > 1 || state.nccl_dp != NULL) {
-      snprintf(gpu_comm_text, sizeof gpu_comm_text, "; gradients over %s",
-               state.nccl_dp != NULL ? "NCCL" : "MPI through the host");
+    if (state.plan.dp * state.plan.pp * state.plan.tp > 1 || state.nccl_world != NULL) {
+      snprintf(gpu_comm_text, sizeof gpu_comm_text, "; communication over %s",
+               state.nccl_world != NULL ? "NCCL" : "MPI through the host");
     }
   }
   if (state.plan.seq_len > mp_model_seq_len(state.model)) {
@@ -800,6 +815,8 @@ int cmd_run(int argc, char **argv) {
   }
   trainer_options.trace = state.trace;
   trainer_options.nccl_dp = state.nccl_dp;
+  trainer_options.nccl_pp = state.nccl_pp;
+  trainer_options.tp_device = state.nccl_tp != NULL ? &state.tp_device_table : NULL;
   if (open_data(cli_value(&command, "data"), steps, &state, &err) != MP_OK ||
       mp_trainer_create_parallel(&state.plan, state.model, state.data, backend, &trainer_options,
                                  &state.trainer, &err) != MP_OK) {

@@ -30,7 +30,7 @@ if [ $test_status -ne 0 ] && [ $test_status -ne 3 ]; then build_status=$test_sta
 emulated=()
 if [ "$#" -eq 0 ]; then
   emulated=(//tests/engine:gpt_model_gpu_test //tests/engine:gpt_stage_gpu_test
-            //tests/tools:cuda_emulated_run_test)
+            //tests/engine:comm_nccl_emulated_test //tests/tools:cuda_emulated_run_test)
   bazel test --config=emulated --symlink_prefix=/ --keep_going "${emulated[@]}"
   emulated_status=$?
   if [ $emulated_status -ne 0 ] && [ $emulated_status -ne 3 ]; then build_status=$emulated_status; fi

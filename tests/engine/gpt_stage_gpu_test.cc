@@ -9,7 +9,7 @@
 // same parameters: with tp = 1 the stage runs exactly the one-GPU model's kernels on the same
 // data, so losses are compared bitwise and gradients and parameters within 1e-6 of each tensor's
 // largest element (noise only; there are no atomics in the kernels). Then a two-stage split of the
-// chain through a host boundary gives the whole stage's loss and gradients (wte's split between
+// chain through a device boundary gives the whole stage's loss and gradients (wte's split between
 // the embedding and the LM head's tied copy), two activation slots in flight give what one slot
 // gives, and AdamW steps move the parameters as the one-GPU model's optimizer step does.
 #include <gtest/gtest.h>
@@ -124,7 +124,7 @@ struct Fixture {
   // Host stage, its GPU twin with num_slots slots, parameters from kSeed uploaded.
   bool Gpu(Stage *s, int first = 0, int end = kL + 3, int num_slots = 1) {
     return Host(s, first, end) && mp_gpt_tp_init_params(s->host, kSeed, &err) == MP_OK &&
-           mp_gpt_stage_gpu_create(s->host, kB, kT, num_slots, false, MP_RECOMPUTE_NONE, &s->gpu,
+           mp_gpt_stage_gpu_create(s->host, nullptr, kB, kT, num_slots, false, MP_RECOMPUTE_NONE, &s->gpu,
                                    &err) == MP_OK &&
            mp_gpt_stage_gpu_upload_params(s->gpu, &err) == MP_OK;
   }
@@ -140,7 +140,7 @@ void ExpectRefusal(mp_gpt_tp *host, int num_slots, bool deferred, mp_recompute r
   mp_error err = MP_ERROR_INITIALIZER;
   mp_gpt_stage_gpu *gpu = reinterpret_cast<mp_gpt_stage_gpu *>(&err);  // must be reset to NULL
   const mp_status status =
-      mp_gpt_stage_gpu_create(host, kB, kT, num_slots, deferred, recompute, &gpu, &err);
+      mp_gpt_stage_gpu_create(host, nullptr, kB, kT, num_slots, deferred, recompute, &gpu, &err);
   const std::string message = err.message;
   if (message.find("built without CUDA") != std::string::npos) {
     GTEST_SKIP() << "this build has no CUDA: " << message;
@@ -200,7 +200,7 @@ TEST(GptStageGpuRefuses, WithoutAGpuCreateSaysSo) {
   // Selective recomputation is accepted (the fused attention keeps no T x T matrix anyway), so
   // what stops it here is the missing GPU.
   mp_error err = MP_ERROR_INITIALIZER;
-  EXPECT_EQ(mp_gpt_stage_gpu_create(s.host, kB, kT, 2, false, MP_RECOMPUTE_SELECTIVE, &s.gpu,
+  EXPECT_EQ(mp_gpt_stage_gpu_create(s.host, nullptr, kB, kT, 2, false, MP_RECOMPUTE_SELECTIVE, &s.gpu,
                                     &err),
             MP_ERR_INPUT);
   EXPECT_EQ(s.gpu, nullptr);
@@ -339,32 +339,42 @@ TEST(GptStageGpu, TwoStagesThroughAHostBoundaryMatchTheWholeStage) {
   StepResult expected;
   ASSERT_TRUE(WholeStageStep(&f, &whole, &expected)) << f.err.message;
 
-  fvec boundary(mp_gpt_tp_boundary_floats(a.host)), dboundary(boundary.size());
+  // The boundaries live on the device, as the trainer's stage worker keeps them.
+  const size_t n = mp_gpt_tp_boundary_floats(a.host);
+  float *boundary = nullptr, *dboundary = nullptr;
+  ASSERT_EQ(mp_device_alloc((void **)&boundary, n * sizeof(float), &f.err), MP_OK);
+  ASSERT_EQ(mp_device_alloc((void **)&dboundary, n * sizeof(float), &f.err), MP_OK);
+  fvec host(n), dhost(n);
   double loss[2] = {0.0, 0.0};
   ASSERT_EQ(mp_gpt_stage_gpu_zero_grads(a.gpu, &f.err), MP_OK);
   ASSERT_EQ(mp_gpt_stage_gpu_zero_grads(b.gpu, &f.err), MP_OK);
   for (int mb = 0; mb < 2; ++mb) {
     const ivec in = Inputs(mb), tg = Targets(mb);
     double untouched = -1.0;
-    std::fill(boundary.begin(), boundary.end(), NAN);
-    std::fill(dboundary.begin(), dboundary.end(), NAN);
-    ASSERT_EQ(mp_gpt_stage_gpu_forward(a.gpu, 0, in.data(), nullptr, nullptr, boundary.data(),
-                                       kDloss, &untouched, &f.err),
+    std::fill(host.begin(), host.end(), NAN);
+    ASSERT_EQ(mp_device_copy_to_device(boundary, host.data(), n * sizeof(float), &f.err), MP_OK);
+    ASSERT_EQ(mp_device_copy_to_device(dboundary, host.data(), n * sizeof(float), &f.err), MP_OK);
+    ASSERT_EQ(mp_gpt_stage_gpu_forward(a.gpu, 0, in.data(), nullptr, nullptr, boundary, kDloss,
+                                       &untouched, &f.err),
               MP_OK)
         << f.err.message;
     EXPECT_EQ(untouched, -1.0) << "a stage without the head reports no loss";
-    ASSERT_EQ(mp_gpt_stage_gpu_forward(b.gpu, 0, nullptr, tg.data(), boundary.data(), nullptr,
-                                       kDloss, &loss[mb], &f.err),
+    ASSERT_EQ(mp_gpt_stage_gpu_forward(b.gpu, 0, nullptr, tg.data(), boundary, nullptr, kDloss,
+                                       &loss[mb], &f.err),
               MP_OK)
         << f.err.message;
-    ASSERT_EQ(mp_gpt_stage_gpu_backward(b.gpu, 0, nullptr, dboundary.data(), &f.err), MP_OK)
+    ASSERT_EQ(mp_gpt_stage_gpu_backward(b.gpu, 0, nullptr, dboundary, &f.err), MP_OK)
         << f.err.message;
-    ASSERT_EQ(mp_gpt_stage_gpu_backward(a.gpu, 0, dboundary.data(), nullptr, &f.err), MP_OK)
+    ASSERT_EQ(mp_gpt_stage_gpu_backward(a.gpu, 0, dboundary, nullptr, &f.err), MP_OK)
         << f.err.message;
-    for (size_t i = 0; i < boundary.size(); ++i) {
-      ASSERT_TRUE(std::isfinite(boundary[i]) && std::isfinite(dboundary[i])) << "element " << i;
+    ASSERT_EQ(mp_device_copy_to_host(host.data(), boundary, n * sizeof(float), &f.err), MP_OK);
+    ASSERT_EQ(mp_device_copy_to_host(dhost.data(), dboundary, n * sizeof(float), &f.err), MP_OK);
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_TRUE(std::isfinite(host[i]) && std::isfinite(dhost[i])) << "element " << i;
     }
   }
+  mp_device_free(boundary);
+  mp_device_free(dboundary);
   printf("model two gpu stages (split at chain position %d) vs whole stage: losses %.6f %.6f vs "
          "%.6f %.6f\n",
          k, loss[0], loss[1], expected.loss[0], expected.loss[1]);

@@ -10,6 +10,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -36,7 +37,30 @@ struct Rank {
   int pp, pp_rank;
   int mismatches = 0;
   std::vector<std::string> log;  // "F3", "B3", "W3" with the stage, in execution order
+  // Boundary buffers from alloc_buffer (as a GPU run's device memory would be): live ones, and
+  // buffers the worker handed over that did not come from there (must stay 0).
+  std::set<const float *> live;
+  int allocated = 0, foreign = 0;
 };
+
+float *alloc_buffer(void *context, size_t count) {
+  Rank *rank = static_cast<Rank *>(context);
+  float *buffer = new float[count];
+  rank->live.insert(buffer);
+  rank->allocated++;
+  return buffer;
+}
+
+void free_buffer(void *context, float *buffer) {
+  Rank *rank = static_cast<Rank *>(context);
+  if (rank->live.erase(buffer) == 0) rank->foreign++;
+  delete[] buffer;
+}
+
+// Counts a boundary buffer the worker passes that alloc_buffer did not make.
+void owned(Rank *rank, const float *buffer) {
+  if (buffer != nullptr && rank->live.count(buffer) == 0) rank->foreign++;
+}
 
 // The values a message carries: the micro-batch and the stage that produced it.
 float activation(int micro_batch, int stage) { return (float)(micro_batch * 1000 + stage); }
@@ -80,6 +104,8 @@ mp_status forward(void *context, int chunk, int micro_batch, int, const float *i
                   float *output, mp_error *) {
   Rank *rank = static_cast<Rank *>(context);
   const int stage = chunk * rank->pp + rank->pp_rank;
+  owned(rank, input);
+  owned(rank, output);
   if (input != nullptr) check(rank, input, activation(micro_batch, stage - 1));
   if (output != nullptr) std::fill(output, output + kFloats, activation(micro_batch, stage));
   rank->log.push_back("F" + std::to_string(micro_batch) + "s" + std::to_string(stage));
@@ -90,6 +116,8 @@ mp_status backward(void *context, int chunk, int micro_batch, int, const float *
                    float *dinput, bool defer, mp_error *) {
   Rank *rank = static_cast<Rank *>(context);
   const int stage = chunk * rank->pp + rank->pp_rank;
+  owned(rank, doutput);
+  owned(rank, dinput);
   if (doutput != nullptr) check(rank, doutput, gradient(micro_batch, stage + 1));
   if (dinput != nullptr) std::fill(dinput, dinput + kFloats, gradient(micro_batch, stage));
   rank->log.push_back(std::string(defer ? "b" : "B") + std::to_string(micro_batch) + "s" +
@@ -117,7 +145,7 @@ std::vector<Rank> run_step(const mp_schedule &schedule, int steps = 1) {
     threads.emplace_back([&, r] {
       mp_error err = MP_ERROR_INITIALIZER;
       const mp_stage_ops ops = {&ranks[r], forward, backward, weights};
-      const mp_stage_p2p p2p = {&ranks[r], post_send, wait_send, recv};
+      const mp_stage_p2p p2p = {&ranks[r], post_send, wait_send, recv, alloc_buffer, free_buffer};
       mp_stage_worker *worker = nullptr;
       if (mp_stage_worker_create(&schedule, r, kFloats, &ops, &p2p, nullptr, &worker, &err) !=
           MP_OK) {
@@ -150,6 +178,10 @@ TEST_P(EveryKind, MessagesReachTheirStageInOrderAndEveryActionRunsOnce) {
   std::vector<Rank> ranks = run_step(schedule, 2);  // two steps: state resets between steps
   for (int r = 0; r < c.pp; ++r) {
     EXPECT_EQ(ranks[r].mismatches, 0) << "pipeline rank " << r;
+    // Every boundary buffer came from the table's allocator and went back to it.
+    EXPECT_EQ(ranks[r].foreign, 0) << "pipeline rank " << r;
+    EXPECT_TRUE(ranks[r].live.empty()) << "pipeline rank " << r << ": buffers not freed";
+    if (c.pp > 1) EXPECT_GT(ranks[r].allocated, 0) << "pipeline rank " << r;
     // The log of each step is the rank's list, in order.
     const mp_rank_actions &list = schedule.ranks[r];
     ASSERT_EQ(ranks[r].log.size(), 2u * (size_t)list.num_actions);
@@ -205,7 +237,7 @@ TEST(StageWorker, ABackwardBeforeItsForwardNamesTheAction) {
   rank.pp = 1;
   rank.pp_rank = 0;
   const mp_stage_ops ops = {&rank, forward, backward, weights};
-  const mp_stage_p2p p2p = {&rank, post_send, wait_send, recv};
+  const mp_stage_p2p p2p = {&rank, post_send, wait_send, recv, nullptr, nullptr};
   mp_stage_worker *worker = nullptr;
   ASSERT_EQ(mp_stage_worker_create(&schedule, 0, kFloats, &ops, &p2p, nullptr, &worker, &err),
             MP_OK);

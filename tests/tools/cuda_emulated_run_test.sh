@@ -13,6 +13,8 @@
 #     gradients over MPI) and dp = 2 x pp = 2: each within 1e-2 of the one-rank GPU run (the same
 #     bf16 kernels, other rounding points around the collectives), the 4-rank run also within 2e-2
 #     of the CPU run of the same plan, and its --save-weights within 1e-2 relative L2 of the CPU's;
+#   - pp = 2 x tp = 2, dp = 2 x pp = 2 and interleaved over the NCCL communicators (emulated on
+#     MPI, so the losses equal the MPI runs' within 1e-6);
 #   - refusals: zb-h1 and checkpoints on the cuda backend (exit 2, naming why); --backend auto with
 #     a plan the cuda backend does not run falls back to the CPU and says so.
 # Run by tools/test.sh in its emulated pass; built normally (no GPU) it fails, saying so.
@@ -56,12 +58,15 @@ compare() {
   [ "${verdict%% *}" = ok ] || fail "$name: losses differ by more than $bound relative (${verdict#* })"
 }
 
-# run NAME BACKEND [ARGS...]: mpengine run of plan NAME (it launches its ranks under mpirun).
+# run NAME BACKEND [ARGS...]: mpengine run of plan NAME (it launches its ranks under mpirun) into
+# NAME-BACKEND.jsonl, communicating over MPI; with GPU_COMM=nccl over the (emulated) NCCL
+# communicators instead, into NAME-BACKEND-nccl.jsonl.
 run() {
-  local name=$1 backend=$2 out code
+  local name=$1 backend=$2 out code comm=${GPU_COMM:-mpi} suffix=""
   shift 2
-  out=$($mpengine run --config "$tmp/$name.json" --backend "$backend" --gpu-comm mpi \
-        --metrics "$tmp/$name-$backend.jsonl" --comm-timeout 60 "$@" 2>&1)
+  [ "$comm" = nccl ] && suffix=-nccl
+  out=$($mpengine run --config "$tmp/$name.json" --backend "$backend" --gpu-comm "$comm" \
+        --metrics "$tmp/$name-$backend$suffix.jsonl" --comm-timeout 60 "$@" 2>&1)
   code=$?
   if [ $code -ne 0 ] || ! grep -q "^done: 10 steps" <<<"$out"; then
     fail "$name on $backend: exit $code, output:"
@@ -105,6 +110,13 @@ if [ -s "$tmp/pp2tp2-cuda.bin" ] && [ -s "$tmp/pp2tp2-cpu.bin" ]; then
 else
   fail "pp2tp2: --save-weights wrote no file"
 fi
+
+# The same layouts over the NCCL communicators (emulated over MPI: the same sums, so the same
+# losses): the tensor-parallel table on NCCL, the pipeline's sends grouped with receives, dp.
+for name in pp2tp2 dp2pp2 interleaved; do
+  GPU_COMM=nccl run $name cuda
+  compare "$name over NCCL vs over MPI" "$tmp/$name-cuda.jsonl" "$tmp/$name-cuda-nccl.jsonl" 1e-6
+done
 
 plan zb 1 2 1 zb-h1
 expect 2 "$tmp/zb.json: dp x pp x tp = 1 x 2 x 1: the cuda backend does not run the zero-bubble schedule zb-h1" \
