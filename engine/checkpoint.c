@@ -186,7 +186,7 @@ static void view_free(rank_view *view) {
 }
 
 /* The trainer's state as chunks: a parallel run's chunks (mp_trainer_chunk_cpu_state), or the
- * one-rank model as one chunk at tp = 1. MP_ERR_INPUT on the CUDA backend. */
+ * one-rank model as one chunk at tp = 1 (host copies on the CUDA backend). */
 static mp_status view_create(const mp_checkpoint_context *ctx, rank_view *view, mp_error *err) {
   memset(view, 0, sizeof *view);
   mp_trainer *trainer = ctx->trainer;
@@ -770,7 +770,10 @@ mp_status mp_checkpoint_save(const char *dir, int64_t step, int keep,
   mp_comm *world = ctx->world;
   const int world_rank = world != NULL ? mp_comm_rank(world) : 0;
   rank_view view;
-  mp_status status = agree(world, view_create(ctx, &view, err), err);
+  /* The CUDA backend's state comes from the GPU into the host arrays the view reads. */
+  mp_status status = mp_trainer_state_to_host(ctx->trainer, err);
+  if (status == MP_OK) status = view_create(ctx, &view, err);
+  status = agree(world, status, err);
   if (status != MP_OK) {
     if (view.chunks != NULL) view_free(&view);
     return status;
@@ -1429,6 +1432,8 @@ mp_status mp_checkpoint_load(const char *path, const mp_checkpoint_context *ctx,
   if (status == MP_OK) status = reader_open(&mf, &reader, err);
   if (status == MP_OK) status = read_view(&reader, &view, err);
   if (reader.handles != NULL) reader_close(&reader);
+  /* The CUDA backend's state goes from the host arrays the view wrote back to the GPU. */
+  if (status == MP_OK) status = mp_trainer_state_to_device(ctx->trainer, err);
   status = agree(world, status, err);
   if (status == MP_OK) *step = mf.step;
   manifest_close(&mf);

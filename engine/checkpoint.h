@@ -54,7 +54,9 @@
  * ranks (file f by world rank f mod world size) and agrees on the outcome, so every rank reports
  * the same error and none starts training alone.
  *
- * The CUDA backend cannot checkpoint yet (its AdamW state lives on the GPU).
+ * The CUDA backend's parameters and moments live on the GPU: a save copies them to host arrays
+ * first (mp_trainer_state_to_host), a load copies the arrays back (mp_trainer_state_to_device);
+ * the files are the same, so a run saved on GPUs resumes on CPUs and the other way round.
  */
 #ifndef MPENGINE_ENGINE_CHECKPOINT_H
 #define MPENGINE_ENGINE_CHECKPOINT_H
@@ -83,16 +85,16 @@ typedef struct {
   int dp_rank, pp_rank, tp_rank; /* this rank's coordinates; 0 on one rank */
 } mp_checkpoint_context;
 
-/* MP_OK when the trainer's state can be checkpointed (any layout on the CPU backend);
- * MP_ERR_INPUT saying what to change otherwise (the CUDA backend). No communication: `mpengine
- * run` calls it before the first step when --checkpoint-dir is given. */
+/* MP_OK when the trainer's state can be checkpointed (any layout, either backend); MP_ERR_INPUT
+ * saying what to change otherwise. No communication: `mpengine run` calls it before the first
+ * step when --checkpoint-dir is given. */
 mp_status mp_checkpoint_check_trainer(const mp_checkpoint_context *ctx, mp_error *err);
 
 /* Saves the state after `step` completed steps as DIR/step-<step>/ (created with DIR when
  * missing; an existing step-<step> is replaced), then, on world rank 0 and when keep > 0, removes
  * all but the `keep` newest complete checkpoints. Collective over ctx->world (and ctx->dp with
  * ZeRO-1); every rank returns the same status. MP_ERR_RUNTIME naming the path when a file cannot
- * be written; MP_ERR_INPUT on the CUDA backend. */
+ * be written. */
 mp_status mp_checkpoint_save(const char *dir, int64_t step, int keep,
                              const mp_checkpoint_context *ctx, mp_error *err);
 

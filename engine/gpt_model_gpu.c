@@ -295,6 +295,24 @@ mp_status mp_gpt_gpu_get_grads(mp_gpt_gpu *gpt, float *host_grads, mp_error *err
   return mp_device_copy_to_host(host_grads, gpt->grads, P * sizeof(float), err);
 }
 
+mp_status mp_gpt_gpu_get_state(mp_gpt_gpu *gpt, float *host_params, float *adam_m, float *adam_v,
+                               mp_error *err) {
+  const size_t bytes = mp_gpt_layout_num_params(gpt->layout) * sizeof(float);
+  MP_TRY(mp_device_copy_to_host(host_params, gpt->master, bytes, err));
+  MP_TRY(mp_device_copy_to_host(adam_m, gpt->adam_m, bytes, err));
+  return mp_device_copy_to_host(adam_v, gpt->adam_v, bytes, err);
+}
+
+mp_status mp_gpt_gpu_set_state(mp_gpt_gpu *gpt, const float *host_params, const float *adam_m,
+                               const float *adam_v, mp_error *err) {
+  const size_t P = mp_gpt_layout_num_params(gpt->layout), bytes = P * sizeof(float);
+  MP_TRY(mp_device_copy_to_device(gpt->master, host_params, bytes, err));
+  mp_bf16_from_float_cuda(gpt->weights, gpt->master, P, NULL);
+  MP_TRY(mp_device_copy_to_device(gpt->adam_m, adam_m, bytes, err));
+  MP_TRY(mp_device_copy_to_device(gpt->adam_v, adam_v, bytes, err));
+  return mp_device_synchronize(err);
+}
+
 float *mp_gpt_gpu_device_grads(mp_gpt_gpu *gpt) { return gpt->grads; }
 
 mp_status mp_gpt_gpu_scale_grads(mp_gpt_gpu *gpt, float scale, mp_error *err) {

@@ -47,6 +47,13 @@ mp_status mp_gpt_gpu_set_params(mp_gpt_gpu *gpt, const float *host_params, mp_er
 mp_status mp_gpt_gpu_get_params(mp_gpt_gpu *gpt, float *host_params, mp_error *err);
 mp_status mp_gpt_gpu_get_grads(mp_gpt_gpu *gpt, float *host_grads, mp_error *err);
 
+/* For checkpoints: the master weights and the AdamW moments (mp_gpt_layout_num_params floats
+ * each, host memory) from the device, and back (the bf16 copy refreshed). Synchronise. */
+mp_status mp_gpt_gpu_get_state(mp_gpt_gpu *gpt, float *host_params, float *adam_m, float *adam_v,
+                               mp_error *err);
+mp_status mp_gpt_gpu_set_state(mp_gpt_gpu *gpt, const float *host_params, const float *adam_m,
+                               const float *adam_v, mp_error *err);
+
 mp_status mp_gpt_gpu_zero_grads(mp_gpt_gpu *gpt, mp_error *err);
 
 /* Forward of one micro-batch of (B, T) host token ids; the loss kernel also leaves the logits'

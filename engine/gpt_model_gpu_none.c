@@ -24,6 +24,15 @@ mp_status mp_gpt_gpu_get_params(mp_gpt_gpu *gpt, float *p, mp_error *err) {
   (void)gpt, (void)p;
   return no_cuda(err);
 }
+mp_status mp_gpt_gpu_get_state(mp_gpt_gpu *gpt, float *p, float *m, float *v, mp_error *err) {
+  (void)gpt, (void)p, (void)m, (void)v;
+  return no_cuda(err);
+}
+mp_status mp_gpt_gpu_set_state(mp_gpt_gpu *gpt, const float *p, const float *m, const float *v,
+                               mp_error *err) {
+  (void)gpt, (void)p, (void)m, (void)v;
+  return no_cuda(err);
+}
 mp_status mp_gpt_gpu_get_grads(mp_gpt_gpu *gpt, float *g, mp_error *err) {
   (void)gpt, (void)g;
   return no_cuda(err);

@@ -396,6 +396,24 @@ mp_status mp_gpt_stage_gpu_download_params(mp_gpt_stage_gpu *gpu, mp_error *err)
                                 gpu->num_params * sizeof(float), err);
 }
 
+mp_status mp_gpt_stage_gpu_download_state(mp_gpt_stage_gpu *gpu, float *adam_m, float *adam_v,
+                                          mp_error *err) {
+  const size_t bytes = gpu->num_params * sizeof(float);
+  MP_TRY(mp_gpt_stage_gpu_download_params(gpu, err));
+  MP_TRY(mp_device_copy_to_host(adam_m, gpu->adam_m, bytes, err));
+  return mp_device_copy_to_host(adam_v, gpu->adam_v, bytes, err);
+}
+
+mp_status mp_gpt_stage_gpu_upload_state(mp_gpt_stage_gpu *gpu, const float *adam_m,
+                                        const float *adam_v, mp_error *err) {
+  const size_t bytes = gpu->num_params * sizeof(float);
+  MP_TRY(mp_device_copy_to_device(gpu->master, mp_gpt_tp_params(gpu->host), bytes, err));
+  mp_bf16_from_float_cuda(gpu->weights, gpu->master, gpu->num_params, NULL);
+  MP_TRY(mp_device_copy_to_device(gpu->adam_m, adam_m, bytes, err));
+  MP_TRY(mp_device_copy_to_device(gpu->adam_v, adam_v, bytes, err));
+  return mp_device_synchronize(err);
+}
+
 mp_status mp_gpt_stage_gpu_download_grads(mp_gpt_stage_gpu *gpu, mp_error *err) {
   return mp_device_copy_to_host(mp_gpt_tp_grads(gpu->host), gpu->grads,
                                 gpu->num_params * sizeof(float), err);

@@ -64,6 +64,13 @@ size_t mp_gpt_stage_gpu_device_bytes(const mp_gpt_stage_gpu *gpu);
 mp_status mp_gpt_stage_gpu_upload_params(mp_gpt_stage_gpu *gpu, mp_error *err);
 /* The master weights to the host stage's parameters. Synchronises. */
 mp_status mp_gpt_stage_gpu_download_params(mp_gpt_stage_gpu *gpu, mp_error *err);
+/* For checkpoints: the master weights to the host stage's parameters and the AdamW moments to
+ * adam_m and adam_v (mp_gpt_tp_num_params(host) floats each, host memory); and back, the bf16
+ * copy refreshed. Synchronise. */
+mp_status mp_gpt_stage_gpu_download_state(mp_gpt_stage_gpu *gpu, float *adam_m, float *adam_v,
+                                          mp_error *err);
+mp_status mp_gpt_stage_gpu_upload_state(mp_gpt_stage_gpu *gpu, const float *adam_m,
+                                        const float *adam_v, mp_error *err);
 /* The gradients to the host stage's gradient array (mp_gpt_tp_grads), for tests. Synchronises. */
 mp_status mp_gpt_stage_gpu_download_grads(mp_gpt_stage_gpu *gpu, mp_error *err);
 

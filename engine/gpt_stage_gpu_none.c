@@ -26,6 +26,16 @@ mp_status mp_gpt_stage_gpu_download_params(mp_gpt_stage_gpu *gpu, mp_error *err)
   (void)gpu;
   return unreachable(err);
 }
+mp_status mp_gpt_stage_gpu_download_state(mp_gpt_stage_gpu *gpu, float *adam_m, float *adam_v,
+                                          mp_error *err) {
+  (void)gpu, (void)adam_m, (void)adam_v;
+  return unreachable(err);
+}
+mp_status mp_gpt_stage_gpu_upload_state(mp_gpt_stage_gpu *gpu, const float *adam_m,
+                                        const float *adam_v, mp_error *err) {
+  (void)gpu, (void)adam_m, (void)adam_v;
+  return unreachable(err);
+}
 mp_status mp_gpt_stage_gpu_download_grads(mp_gpt_stage_gpu *gpu, mp_error *err) {
   (void)gpu;
   return unreachable(err);

@@ -24,7 +24,9 @@ struct mp_trainer {
   const mp_gpt_layout *layout;
   double flops_per_step;  /* forward + backward over the global batch */
   float *adam_m, *adam_v; /* (num_params,) first and second moments, CPU backend (of the shard
-                             with tp > 1) */
+                             with tp > 1); on the CUDA backend with one model, the host copies a
+                             checkpoint reads and writes (mp_trainer_state_to_host), with: */
+  float *host_params;     /* (num_params,) CUDA backend, one model: the parameters' host copy */
   int32_t *inputs;        /* (num_micro_batches * micro_batch, T) this step's rows */
   int32_t *targets;       /* same shape */
   /* A parallel run (dp x pp x tp > 1): this rank's chunks and how a step drives them. */
@@ -77,17 +79,18 @@ static double step_flops(const mp_plan *plan, const mp_model *model) {
 }
 
 mp_status mp_trainer_check_layout(const mp_plan *plan, mp_backend backend, mp_error *err) {
-  if (backend == MP_BACKEND_CUDA && (plan->pp > 1 || plan->tp > 1)) {
-    /* What the GPU pipeline stage (engine/gpt_stage_gpu.h) does not run yet. */
+  if (backend == MP_BACKEND_CUDA) {
+    /* What the GPU models (engine/gpt_model_gpu.h, gpt_stage_gpu.h) do not run yet. */
+    const bool staged = plan->pp > 1 || plan->tp > 1;
     const char *missing = NULL;
-    if (plan->sequence_parallel) {
+    if (staged && plan->sequence_parallel) {
       missing = "sequence parallelism (set \"sequence_parallel\": false)";
-    } else if (strcmp(plan->schedule, "zb-h1") == 0) {
+    } else if (staged && strcmp(plan->schedule, "zb-h1") == 0) {
       missing = "the zero-bubble schedule zb-h1 (choose 1f1b, interleaved or gpipe)";
-    } else if (plan->recompute == MP_RECOMPUTE_FULL) {
+    } else if (staged && plan->recompute == MP_RECOMPUTE_FULL) {
       missing = "full recomputation (set \"recompute\" to \"selective\" or \"none\")";
     } else if (plan->zero_stage != 0) {
-      missing = "ZeRO-1 with pipeline or tensor parallelism (set \"zero_stage\": 0)";
+      missing = "ZeRO-1 (set \"zero_stage\": 0)";
     }
     if (missing != NULL) {
       return mp_fail(err, MP_ERR_INPUT,
@@ -467,7 +470,10 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
                          inner.message);
       }
       if (status != MP_OK) break;
-      continue; /* its AdamW moments live on the GPU */
+      /* Its AdamW moments live on the GPU; chunk_m and chunk_v become their host copies for
+       * checkpoints, allocated at the first mp_trainer_chunk_cpu_state. */
+      trainer->zero_count[c] = mp_gpt_tp_num_params(trainer->chunks[c]);
+      continue;
     }
     if (status != MP_OK) break;
     const size_t n = mp_gpt_tp_num_params(trainer->chunks[c]);
@@ -646,6 +652,7 @@ void mp_trainer_free(mp_trainer *trainer) {
   free(trainer->inputs);
   free(trainer->adam_v);
   free(trainer->adam_m);
+  free(trainer->host_params);
   mp_gpt_gpu_free(trainer->gpu);
   mp_gpt_free(trainer->gpt);
   free(trainer);
@@ -713,10 +720,21 @@ mp_status mp_trainer_get_params(mp_trainer *trainer, float *host_params, mp_erro
 
 mp_status mp_trainer_cpu_state(mp_trainer *trainer, float **params, float **adam_m,
                                float **adam_v, size_t *count, mp_error *err) {
-  if (trainer->gpu != NULL || trainer->gpu_chunks != NULL) {
-    return mp_fail(err, MP_ERR_INPUT,
-                   "checkpoints of the CUDA backend are not implemented yet (its AdamW state "
-                   "lives on the GPU); use --backend cpu");
+  if (trainer->gpu != NULL) {
+    /* Host copies, filled by mp_trainer_state_to_host. */
+    const size_t n = mp_gpt_layout_num_params(trainer->layout);
+    if (trainer->host_params == NULL) trainer->host_params = calloc(n, sizeof(float));
+    if (trainer->adam_m == NULL) trainer->adam_m = calloc(n, sizeof(float));
+    if (trainer->adam_v == NULL) trainer->adam_v = calloc(n, sizeof(float));
+    if (trainer->host_params == NULL || trainer->adam_m == NULL || trainer->adam_v == NULL) {
+      return mp_fail(err, MP_ERR_RUNTIME, "out of host memory for a checkpoint of %zu parameters",
+                     n);
+    }
+    *params = trainer->host_params;
+    *count = n;
+    *adam_m = trainer->adam_m;
+    *adam_v = trainer->adam_v;
+    return MP_OK;
   }
   if (trainer->gpt != NULL) {
     *params = mp_gpt_params(trainer->gpt);
@@ -742,14 +760,19 @@ mp_status mp_trainer_cpu_state(mp_trainer *trainer, float **params, float **adam
 
 mp_status mp_trainer_chunk_cpu_state(mp_trainer *trainer, int chunk, mp_trainer_chunk_state *out,
                                      mp_error *err) {
-  if (trainer->gpu_chunks != NULL) {
-    return mp_fail(err, MP_ERR_INPUT,
-                   "checkpoints of the CUDA backend are not implemented yet (its AdamW state "
-                   "lives on the GPU); use --backend cpu");
-  }
   if (!trainer->parallel || chunk < 0 || chunk >= trainer->num_chunks) {
     return mp_fail(err, MP_ERR_INPUT, "chunk %d: the run has %d model chunks on this rank", chunk,
                    trainer->num_chunks);
+  }
+  if (trainer->gpu_chunks != NULL && trainer->chunk_m[chunk] == NULL) {
+    /* Host copies of the GPU's moments, filled by mp_trainer_state_to_host. */
+    const size_t n = mp_gpt_tp_num_params(trainer->chunks[chunk]);
+    trainer->chunk_m[chunk] = calloc(n > 0 ? n : 1, sizeof(float));
+    trainer->chunk_v[chunk] = calloc(n > 0 ? n : 1, sizeof(float));
+    if (trainer->chunk_m[chunk] == NULL || trainer->chunk_v[chunk] == NULL) {
+      return mp_fail(err, MP_ERR_RUNTIME, "out of host memory for a checkpoint of %zu parameters",
+                     n);
+    }
   }
   out->params = mp_gpt_tp_params(trainer->chunks[chunk]);
   out->params_count = mp_gpt_tp_num_params(trainer->chunks[chunk]);
@@ -758,6 +781,38 @@ mp_status mp_trainer_chunk_cpu_state(mp_trainer *trainer, int chunk, mp_trainer_
   out->moments_first = trainer->zero_first[chunk];
   out->moments_count = trainer->zero_count[chunk];
   return MP_OK;
+}
+
+/* The host copies a checkpoint sees (mp_trainer_cpu_state, mp_trainer_chunk_cpu_state), from
+ * the GPU or back; the CPU backend's state is on the host already. */
+static mp_status transfer_state(mp_trainer *trainer, bool to_host, mp_error *err) {
+  if (trainer->gpu != NULL) {
+    float *params = NULL, *m = NULL, *v = NULL;
+    size_t count = 0;
+    MP_TRY(mp_trainer_cpu_state(trainer, &params, &m, &v, &count, err));
+    return to_host ? mp_gpt_gpu_get_state(trainer->gpu, params, m, v, err)
+                   : mp_gpt_gpu_set_state(trainer->gpu, params, m, v, err);
+  }
+  for (int c = 0; trainer->gpu_chunks != NULL && c < trainer->num_chunks; ++c) {
+    mp_trainer_chunk_state state;
+    MP_TRY(mp_trainer_chunk_cpu_state(trainer, c, &state, err));
+    if (to_host) {
+      MP_TRY(mp_gpt_stage_gpu_download_state(trainer->gpu_chunks[c], state.adam_m, state.adam_v,
+                                             err));
+    } else {
+      MP_TRY(mp_gpt_stage_gpu_upload_state(trainer->gpu_chunks[c], state.adam_m, state.adam_v,
+                                           err));
+    }
+  }
+  return MP_OK;
+}
+
+mp_status mp_trainer_state_to_host(mp_trainer *trainer, mp_error *err) {
+  return transfer_state(trainer, true, err);
+}
+
+mp_status mp_trainer_state_to_device(mp_trainer *trainer, mp_error *err) {
+  return transfer_state(trainer, false, err);
 }
 
 /* Forward (and backward when `train`) over every micro-batch of the step on one rank; returns

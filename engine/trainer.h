@@ -164,9 +164,9 @@ mp_status mp_trainer_get_params(mp_trainer *trainer, float *host_params, mp_erro
  * array (this rank's shard in mp_gpt_tp's order with tp > 1, else the one-rank layout's array) and
  * AdamW's first and second moments in the same order, *count floats each. AdamW keeps no other
  * state: its bias correction is a function of the step. The caller may read or overwrite them
- * between steps. MP_ERR_INPUT on the CUDA backend, whose optimizer state lives on the GPU
- * (checkpointing it is not implemented yet; use --backend cpu), and for a parallel run with more
- * than one chunk or dp > 1 or ZeRO-1, whose state is per chunk: mp_trainer_chunk_cpu_state. */
+ * between steps. On the CUDA backend these are host copies of the GPU's state
+ * (mp_trainer_state_to_host below). MP_ERR_INPUT for a parallel run with more than one chunk or
+ * dp > 1 or ZeRO-1, whose state is per chunk: mp_trainer_chunk_cpu_state. */
 mp_status mp_trainer_cpu_state(mp_trainer *trainer, float **params, float **adam_m,
                                float **adam_v, size_t *count, mp_error *err);
 
@@ -185,6 +185,13 @@ typedef struct {
 
 mp_status mp_trainer_chunk_cpu_state(mp_trainer *trainer, int chunk, mp_trainer_chunk_state *out,
                                      mp_error *err);
+
+/* The CUDA backend keeps parameters and AdamW moments on the GPU. mp_trainer_state_to_host copies
+ * them into the host arrays the two functions above return (call it before reading them: a
+ * checkpoint's save); mp_trainer_state_to_device copies those arrays back (after writing them: a
+ * checkpoint's load). Both do nothing on the CPU backend. Synchronise; no communication. */
+mp_status mp_trainer_state_to_host(mp_trainer *trainer, mp_error *err);
+mp_status mp_trainer_state_to_device(mp_trainer *trainer, mp_error *err);
 
 /* Runs optimizer step `step` (0-based) and fills metrics. */
 mp_status mp_trainer_step(mp_trainer *trainer, int64_t step, mp_step_metrics *metrics,

@@ -15,8 +15,10 @@
 #     of the CPU run of the same plan, and its --save-weights within 1e-2 relative L2 of the CPU's;
 #   - pp = 2 x tp = 2, dp = 2 x pp = 2 and interleaved over the NCCL communicators (emulated on
 #     MPI, so the losses equal the MPI runs' within 1e-6);
-#   - refusals: zb-h1 and checkpoints on the cuda backend (exit 2, naming why); --backend auto with
-#     a plan the cuda backend does not run falls back to the CPU and says so.
+#   - checkpoints: a GPU run resumed from its step-5 checkpoint continues bit for bit (one rank,
+#     pp = 2 x tp = 2), and the pp x tp checkpoint resumes on one CPU rank (within 2e-2);
+#   - refusals: zb-h1 on the cuda backend (exit 2, naming why); --backend auto with a plan the
+#     cuda backend does not run falls back to the CPU and says so.
 # Run by tools/test.sh in its emulated pass; built normally (no GPU) it fails, saying so.
 set -uo pipefail
 mpengine=${1:-${MPENGINE:-tools/mpengine}}
@@ -123,8 +125,35 @@ expect 2 "$tmp/zb.json: dp x pp x tp = 1 x 2 x 1: the cuda backend does not run 
   -- $mpengine run --config "$tmp/zb.json" --backend cuda --steps 1
 expect 0 "backend: cpu (auto: a GPU is visible, but the cuda backend does not run this plan yet)" \
   "done: 1 steps" -- $mpengine run --config "$tmp/zb.json" --steps 1
-expect 2 "checkpoints of the CUDA backend are not implemented yet" \
-  -- $mpengine run --config "$tmp/pp2.json" --backend cuda --steps 1 --checkpoint-dir "$tmp/ckpt"
+
+# Checkpoints on the GPU: 10 steps saving at 5, against a resume from step 5 (bit for bit: the
+# emulation is deterministic, and the state goes to the host and back exactly), one rank and
+# pp = 2 x tp = 2; then the GPU's pp x tp checkpoint resumed on the CPU's one rank.
+for name in one pp2tp2; do
+  expect 0 "checkpoint: saved $tmp/ckpt-$name/step-5" "done: 10 steps" -- \
+    $mpengine run --config "$tmp/$name.json" --backend cuda --gpu-comm mpi \
+    --checkpoint-dir "$tmp/ckpt-$name" --save-every 5 --metrics "$tmp/ckpt-$name.jsonl"
+  rm -rf "$tmp/resume-$name" && mkdir -p "$tmp/resume-$name"
+  cp -r "$tmp/ckpt-$name/step-5" "$tmp/resume-$name/"
+  expect 0 "resumed from $tmp/resume-$name/step-5: 5 of 10 steps done" "done: 10 steps" -- \
+    $mpengine run --config "$tmp/$name.json" --backend cuda --gpu-comm mpi \
+    --checkpoint-dir "$tmp/resume-$name" --resume --metrics "$tmp/resume-$name.jsonl"
+  if diff <(tail -n 5 "$tmp/ckpt-$name.jsonl" | cut -d, -f1-4) <(cut -d, -f1-4 "$tmp/resume-$name.jsonl") > /dev/null; then
+    echo "$name on the GPU: steps 5..9 after --resume equal the uninterrupted run's (loss and norm strings identical)"
+  else
+    fail "$name on the GPU: resumed steps differ:"
+    paste <(tail -n 5 "$tmp/ckpt-$name.jsonl" | cut -d, -f1-4) <(cut -d, -f1-4 "$tmp/resume-$name.jsonl")
+  fi
+done
+rm -rf "$tmp/gpu-to-cpu" && mkdir -p "$tmp/gpu-to-cpu" && cp -r "$tmp/ckpt-pp2tp2/step-5" "$tmp/gpu-to-cpu/"
+expect 0 "resumed from $tmp/gpu-to-cpu/step-5: 5 of 10 steps done" "done: 10 steps" -- \
+  $mpengine run --config "$tmp/one.json" --backend cpu --checkpoint-dir "$tmp/gpu-to-cpu" --resume \
+  --metrics "$tmp/gpu-to-cpu.jsonl"
+verdict=$(paste -d' ' <(tail -n 5 "$tmp/ckpt-pp2tp2.jsonl" | losses /dev/stdin) <(losses "$tmp/gpu-to-cpu.jsonl") | awk '
+  { d = $2 - $1; if (d < 0) d = -d; r = d / $1; if (r > worst) worst = r; n++ }
+  END { printf "%s %.3g", (n == 5 && worst <= 2e-2 ? "ok" : "bad"), worst }')
+echo "pp2tp2 GPU checkpoint resumed on one CPU rank: max relative loss difference ${verdict#* } (bound 2e-2)"
+[ "${verdict%% *}" = ok ] || fail "GPU checkpoint resumed on the CPU: losses differ (${verdict#* })"
 
 if [ $failures -ne 0 ]; then
   echo "$failures check(s) failed"
