@@ -82,6 +82,9 @@ struct mp_gpt_stage_gpu {
   float *dwte, *dwpe, *dlnfw, *dlnfb;
   block_weights *blocks;                   /* (num_layers) */
   block_grads *dblocks;
+  size_t *block_first, *block_count;       /* (num_layers) each block's gradient floats */
+  mp_gpt_stage_gpu_grads_hook grads_hook;
+  void *grads_hook_context;
   int num_slots;
   slot_acts *slots;
   /* shared by every slot */
@@ -118,13 +121,11 @@ static mp_status device_alloc(mp_gpt_stage_gpu *gpu, void **out, size_t bytes, m
   } while (0)
 
 /* The offset in the shard arrays of the layout's tensor full_index, or -1 if the stage lacks it. */
+static int shard_tensor(const mp_gpt_stage_gpu *gpu, int full_index);
+
 static long shard_offset(const mp_gpt_stage_gpu *gpu, int full_index) {
-  const mp_gpt_tensor *full = mp_gpt_layout_tensor(gpu->layout, full_index);
-  for (int i = 0; i < mp_gpt_tp_num_tensors(gpu->host); ++i) {
-    const mp_gpt_tp_tensor *t = mp_gpt_tp_tensor_at(gpu->host, i);
-    if (t->full == full) return (long)t->offset;
-  }
-  return -1;
+  const int i = shard_tensor(gpu, full_index);
+  return i < 0 ? -1 : (long)mp_gpt_tp_tensor_at(gpu->host, i)->offset;
 }
 
 static mp_bf16 *weight_view(const mp_gpt_stage_gpu *gpu, int full_index) {
@@ -135,6 +136,15 @@ static mp_bf16 *weight_view(const mp_gpt_stage_gpu *gpu, int full_index) {
 static float *grad_view(const mp_gpt_stage_gpu *gpu, int full_index) {
   const long offset = shard_offset(gpu, full_index);
   return offset < 0 ? NULL : gpu->grads + offset;
+}
+
+/* The shard table's index of the layout's tensor full_index, or -1. */
+static int shard_tensor(const mp_gpt_stage_gpu *gpu, int full_index) {
+  const mp_gpt_tensor *full = mp_gpt_layout_tensor(gpu->layout, full_index);
+  for (int i = 0; i < mp_gpt_tp_num_tensors(gpu->host); ++i) {
+    if (mp_gpt_tp_tensor_at(gpu->host, i)->full == full) return i;
+  }
+  return -1;
 }
 
 static void point_block(mp_gpt_stage_gpu *gpu, int l, int layer) {
@@ -150,6 +160,12 @@ static void point_block(mp_gpt_stage_gpu *gpu, int l, int layer) {
     *wf[k] = weight_view(gpu, 2 + layer * kBlockTensors + k);
     *gf[k] = grad_view(gpu, 2 + layer * kBlockTensors + k);
   }
+  const mp_gpt_tp_tensor *first =
+      mp_gpt_tp_tensor_at(gpu->host, shard_tensor(gpu, 2 + layer * kBlockTensors));
+  const mp_gpt_tp_tensor *last =
+      mp_gpt_tp_tensor_at(gpu->host, shard_tensor(gpu, 2 + layer * kBlockTensors + 11));
+  gpu->block_first[l] = first->offset;
+  gpu->block_count[l] = last->offset + last->count - first->offset;
 }
 
 static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
@@ -229,6 +245,8 @@ void mp_gpt_stage_gpu_free(mp_gpt_stage_gpu *gpu) {
   free(gpu->slots);
   free(gpu->blocks);
   free(gpu->dblocks);
+  free(gpu->block_first);
+  free(gpu->block_count);
   free(gpu->losses_host);
   free(gpu->shard_tokens_host);
   free(gpu);
@@ -304,10 +322,13 @@ mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, 
   const size_t P = gpu->num_params;
   gpu->blocks = calloc((size_t)(L > 0 ? L : 1), sizeof *gpu->blocks);
   gpu->dblocks = calloc((size_t)(L > 0 ? L : 1), sizeof *gpu->dblocks);
+  gpu->block_first = calloc((size_t)(L > 0 ? L : 1), sizeof *gpu->block_first);
+  gpu->block_count = calloc((size_t)(L > 0 ? L : 1), sizeof *gpu->block_count);
   gpu->slots = calloc((size_t)num_slots, sizeof *gpu->slots);
   gpu->losses_host = calloc(BT, sizeof(float));
   gpu->shard_tokens_host = calloc(BT, sizeof(int32_t));
-  if (gpu->blocks == NULL || gpu->dblocks == NULL || gpu->slots == NULL ||
+  if (gpu->blocks == NULL || gpu->dblocks == NULL || gpu->block_first == NULL ||
+      gpu->block_count == NULL || gpu->slots == NULL ||
       gpu->losses_host == NULL || gpu->shard_tokens_host == NULL) {
     mp_fail(err, MP_ERR_RUNTIME, "out of host memory");
     goto fail;
@@ -421,6 +442,18 @@ mp_status mp_gpt_stage_gpu_download_grads(mp_gpt_stage_gpu *gpu, mp_error *err) 
 
 mp_status mp_gpt_stage_gpu_zero_grads(mp_gpt_stage_gpu *gpu, mp_error *err) {
   return mp_device_memset(gpu->grads, 0, gpu->num_params * sizeof(float), err);
+}
+
+void mp_gpt_stage_gpu_set_grads_hook(mp_gpt_stage_gpu *gpu, mp_gpt_stage_gpu_grads_hook hook,
+                                     void *context) {
+  gpu->grads_hook = hook;
+  gpu->grads_hook_context = context;
+}
+
+void mp_gpt_stage_gpu_blocks_range(const mp_gpt_stage_gpu *gpu, size_t *first, size_t *end) {
+  const int L = gpu->stage.num_layers;
+  *first = L > 0 ? gpu->block_first[0] : 0;
+  *end = L > 0 ? gpu->block_first[L - 1] + gpu->block_count[L - 1] : 0;
 }
 
 void mp_gpt_stage_gpu_scale_grads(mp_gpt_stage_gpu *gpu, float scale) {
@@ -689,6 +722,10 @@ mp_status mp_gpt_stage_gpu_backward(mp_gpt_stage_gpu *gpu, int slot, const float
   for (int l = L - 1; l >= 0; --l) {
     const mp_bf16 *inp = l == 0 ? s->input : s->acts[l - 1].out;
     MP_TRY(block_backward(gpu, l, &s->acts[l], inp, err));
+    if (gpu->grads_hook != NULL) {
+      MP_TRY(gpu->grads_hook(gpu->grads_hook_context, gpu->grads + gpu->block_first[l],
+                             gpu->block_count[l], err));
+    }
   }
   s->in_use = false;
   if (st->embedding) {

@@ -79,6 +79,19 @@ mp_status mp_gpt_stage_gpu_download_grads(mp_gpt_stage_gpu *gpu, mp_error *err);
 float *mp_gpt_stage_gpu_device_grads(mp_gpt_stage_gpu *gpu);
 
 mp_status mp_gpt_stage_gpu_zero_grads(mp_gpt_stage_gpu *gpu, mp_error *err);
+/* Data-parallel overlap (Megatron's gradient buckets): with a hook set, mp_gpt_stage_gpu_backward
+ * calls hook(context, grads, count) right after each block's backward kernels are enqueued, in
+ * the order the blocks finish (the last block first); grads points at the block's count floats of
+ * the device gradient array, complete once the default stream reaches that point. A failing hook
+ * stops the backward with its error. NULL hook: none. */
+typedef mp_status (*mp_gpt_stage_gpu_grads_hook)(void *context, float *grads, size_t count,
+                                                 mp_error *err);
+void mp_gpt_stage_gpu_set_grads_hook(mp_gpt_stage_gpu *gpu, mp_gpt_stage_gpu_grads_hook hook,
+                                     void *context);
+/* [*first, *end): the floats of the gradient array the stage's blocks hold (contiguous: the layout
+ * orders tensors block by block); *first == *end for a stage without blocks. */
+void mp_gpt_stage_gpu_blocks_range(const mp_gpt_stage_gpu *gpu, size_t *first, size_t *end);
+
 /* gradients *= scale (a data-parallel mean, a clip factor). */
 void mp_gpt_stage_gpu_scale_grads(mp_gpt_stage_gpu *gpu, float scale);
 

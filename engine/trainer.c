@@ -49,6 +49,8 @@ struct mp_trainer {
   double *dp_posted_s;    /* when each was posted, for the trace */
   size_t *dp_bytes;
   int num_dp_requests, dp_request_capacity;
+  bool nccl_dp_posted;    /* dp all-reduces enqueued on options->nccl_dp, not yet waited for */
+  int *backwards_done;    /* (num_chunks) this step's backwards of each chunk so far (GPU) */
   mp_nccl_p2p_op *nccl_sends; /* NCCL pipeline: sends posted but not yet enqueued, which go with
                                  this rank's next receive (or the step's end) in one group */
   int num_nccl_sends, nccl_send_capacity;
@@ -173,14 +175,24 @@ static mp_status chunk_forward(void *context, int chunk, int micro_batch, int sl
   return MP_OK;
 }
 
+static mp_status block_grads_ready(void *context, float *grads, size_t count, mp_error *err);
+
 static mp_status chunk_backward(void *context, int chunk, int micro_batch, int slot,
                                 const float *doutput, float *dinput, bool defer_weights,
                                 mp_error *err) {
   (void)micro_batch;
   mp_trainer *trainer = context;
   if (trainer->gpu_chunks != NULL) {
-    /* mp_gpt_stage_gpu_create refused the zero-bubble split: defer_weights is false here. */
-    return mp_gpt_stage_gpu_backward(trainer->gpu_chunks[chunk], slot, doutput, dinput, err);
+    /* mp_gpt_stage_gpu_create refused the zero-bubble split: defer_weights is false here. The
+     * chunk's last backward of the step completes its gradients block by block: with dp > 1 each
+     * block's all-reduce starts as soon as its kernels are enqueued. */
+    mp_gpt_stage_gpu *gpu = trainer->gpu_chunks[chunk];
+    const bool last = ++trainer->backwards_done[chunk] == (int)trainer->plan->num_micro_batches;
+    const bool overlap = last && trainer->options.dp != NULL && trainer->plan->dp > 1;
+    if (overlap) mp_gpt_stage_gpu_set_grads_hook(gpu, block_grads_ready, trainer);
+    const mp_status status = mp_gpt_stage_gpu_backward(gpu, slot, doutput, dinput, err);
+    if (overlap) mp_gpt_stage_gpu_set_grads_hook(gpu, NULL, NULL);
+    return status;
   }
   const float dloss = 1.0f / (float)trainer->plan->num_micro_batches;
   return mp_gpt_tp_backward_stage(trainer->chunks[chunk], slot, dloss, doutput, dinput,
@@ -336,14 +348,21 @@ static mp_status sum_double_over(mp_comm *comm, double *value, mp_error *err) {
 
 /* The worker's hook: chunk's gradients are final for the step, so its data-parallel all-reduce
  * starts now, bucket by bucket, and runs while the other chunks' backwards do. */
-static mp_status post_chunk_all_reduce(void *context, int chunk, mp_error *err) {
-  mp_trainer *trainer = context;
-  mp_comm *dp = trainer->options.dp;
-  float *grads = mp_gpt_tp_grads(trainer->chunks[chunk]);
-  const size_t n = mp_gpt_tp_num_params(trainer->chunks[chunk]);
+/* Posts the dp all-reduce of grads [0, n) in buckets without waiting: non-blocking MPI
+ * (mp_comm_iall_reduce_sum_f32, which stages GPU memory through the host), or on the CUDA backend
+ * with the dp group on NCCL, enqueued on its stream after the compute so far (the host goes on;
+ * the GPU overlaps it with the backward still to come). wait_dp_all_reduces finishes them. */
+static mp_status post_dp_all_reduce(mp_trainer *trainer, float *grads, size_t n, mp_error *err) {
+  mp_nccl_comm *nccl = trainer->options.nccl_dp;
+  if (nccl != NULL && n > 0) MP_TRY(mp_nccl_comm_wait_stream(nccl, NULL, err));
   for (size_t offset = 0; offset < n; offset += MP_TRAINER_BUCKET_FLOATS) {
     const size_t count = n - offset < MP_TRAINER_BUCKET_FLOATS ? n - offset
                                                                : MP_TRAINER_BUCKET_FLOATS;
+    if (nccl != NULL) {
+      MP_TRY(mp_nccl_all_reduce_sum(nccl, grads + offset, count, MP_NCCL_FLOAT32, err));
+      trainer->nccl_dp_posted = true;
+      continue;
+    }
     if (trainer->num_dp_requests == trainer->dp_request_capacity) {
       const int capacity = trainer->dp_request_capacity > 0 ? 2 * trainer->dp_request_capacity : 8;
       mp_comm_request **requests =
@@ -361,16 +380,51 @@ static mp_status post_chunk_all_reduce(void *context, int chunk, mp_error *err) 
     const int k = trainer->num_dp_requests;
     trainer->dp_posted_s[k] = trace_now(trainer);
     trainer->dp_bytes[k] = count * sizeof(float);
-    MP_TRY(mp_comm_iall_reduce_sum_f32(dp, grads + offset, count, &trainer->dp_requests[k], err));
+    MP_TRY(mp_comm_iall_reduce_sum_f32(trainer->options.dp, grads + offset, count,
+                                       &trainer->dp_requests[k], err));
     trainer->num_dp_requests++;
   }
   return MP_OK;
+}
+
+/* The stage worker's hook after a chunk's last backward: its dp all-reduce starts while the other
+ * chunks' backwards run. On the GPU the blocks' gradients were posted one by one during that
+ * backward (block_grads_ready): here only the tensors outside the blocks remain. */
+static mp_status post_chunk_all_reduce(void *context, int chunk, mp_error *err) {
+  mp_trainer *trainer = context;
+  if (trainer->gpu_chunks == NULL) {
+    return post_dp_all_reduce(trainer, mp_gpt_tp_grads(trainer->chunks[chunk]),
+                              mp_gpt_tp_num_params(trainer->chunks[chunk]), err);
+  }
+  mp_gpt_stage_gpu *gpu = trainer->gpu_chunks[chunk];
+  float *grads = mp_gpt_stage_gpu_device_grads(gpu);
+  const size_t n = mp_gpt_tp_num_params(trainer->chunks[chunk]);
+  size_t first = 0, end = 0; /* the blocks' range */
+  mp_gpt_stage_gpu_blocks_range(gpu, &first, &end);
+  MP_TRY(post_dp_all_reduce(trainer, grads, first, err));
+  return post_dp_all_reduce(trainer, grads + end, n - end, err);
+}
+
+/* During a GPU chunk's last backward of the step: block gradients [offset, offset + count) are
+ * complete once the kernels enqueued so far ran; their dp all-reduce goes now (Megatron's
+ * overlapped gradient buckets). */
+static mp_status block_grads_ready(void *context, float *grads, size_t count, mp_error *err) {
+  return post_dp_all_reduce(context, grads, count, err);
 }
 
 /* Waits for every posted dp all-reduce (all of them, even after a failure, so none is left
  * pending on a buffer the trainer may free). */
 static mp_status wait_dp_all_reduces(mp_trainer *trainer, mp_error *err) {
   mp_status status = MP_OK;
+  if (trainer->nccl_dp_posted) {
+    const double start = trace_now(trainer);
+    trainer->nccl_dp_posted = false;
+    status = mp_nccl_comm_synchronize(trainer->options.nccl_dp, err);
+    if (trainer->options.trace != NULL) {
+      mp_trace_comm(trainer->options.trace, trainer->step, "all-reduce", "dp", -1, 0, NULL, start,
+                    trace_now(trainer));
+    }
+  }
   for (int k = 0; k < trainer->num_dp_requests; ++k) {
     mp_error ignored = MP_ERROR_INITIALIZER;
     const mp_status one = mp_comm_wait(trainer->dp_requests[k], status == MP_OK ? err : &ignored);
@@ -423,8 +477,11 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
   trainer->zero_first = calloc((size_t)v, sizeof *trainer->zero_first);
   trainer->zero_count = calloc((size_t)v, sizeof *trainer->zero_count);
   const bool on_gpu = trainer->backend == MP_BACKEND_CUDA;
-  if (on_gpu) trainer->gpu_chunks = calloc((size_t)v, sizeof *trainer->gpu_chunks);
-  if (status == MP_OK && on_gpu && trainer->gpu_chunks == NULL) {
+  if (on_gpu) {
+    trainer->gpu_chunks = calloc((size_t)v, sizeof *trainer->gpu_chunks);
+    trainer->backwards_done = calloc((size_t)v, sizeof *trainer->backwards_done);
+  }
+  if (status == MP_OK && on_gpu && (trainer->gpu_chunks == NULL || trainer->backwards_done == NULL)) {
     status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
   }
   if (status == MP_OK && (trainer->chunks == NULL || trainer->chunk_m == NULL ||
@@ -531,7 +588,7 @@ static mp_status create_parallel(mp_trainer *trainer, const mp_model *model, mp_
   status = mp_stage_worker_create(&trainer->schedule, o->pp_rank,
                                   mp_gpt_tp_boundary_floats(trainer->chunks[0]), &ops, &p2p,
                                   o->trace != NULL ? &observer : NULL, &trainer->worker, err);
-  if (status == MP_OK && o->dp != NULL && plan->dp > 1 && trainer->gpu_chunks == NULL) {
+  if (status == MP_OK && o->dp != NULL && plan->dp > 1) {
     mp_stage_worker_on_chunk_done(trainer->worker, post_chunk_all_reduce);
   }
   return status;
@@ -640,6 +697,7 @@ void mp_trainer_free(mp_trainer *trainer) {
     if (trainer->chunk_v != NULL) free(trainer->chunk_v[c]);
   }
   free(trainer->gpu_chunks);
+  free(trainer->backwards_done);
   free(trainer->nccl_sends);
   free(trainer->chunks);
   free(trainer->chunk_m);
@@ -1014,9 +1072,9 @@ static mp_status finish_gpu_step(mp_trainer *trainer, double lr, double *grad_no
   const mp_training_config *t = &plan->training;
   const mp_trainer_options *o = &trainer->options;
   if (o->dp != NULL && plan->dp > 1) {
+    /* The dp all-reduces posted during the step (block by block, then each chunk's rest). */
+    MP_TRY(wait_dp_all_reduces(trainer, err));
     for (int c = 0; c < trainer->num_chunks; ++c) {
-      MP_TRY(sum_device_grads_over_dp(trainer, mp_gpt_stage_gpu_device_grads(trainer->gpu_chunks[c]),
-                                      mp_gpt_tp_num_params(trainer->chunks[c]), err));
       mp_gpt_stage_gpu_scale_grads(trainer->gpu_chunks[c], 1.0f / (float)plan->dp);
     }
   }
@@ -1063,6 +1121,7 @@ mp_status mp_trainer_step(mp_trainer *trainer, int64_t step, mp_step_metrics *me
   } else if (trainer->gpu_chunks != NULL) {
     for (int c = 0; c < trainer->num_chunks; ++c) {
       MP_TRY(mp_gpt_stage_gpu_zero_grads(trainer->gpu_chunks[c], err));
+      trainer->backwards_done[c] = 0;
     }
   } else if (trainer->parallel) {
     for (int c = 0; c < trainer->num_chunks; ++c) mp_gpt_tp_zero_grads(trainer->chunks[c]);
