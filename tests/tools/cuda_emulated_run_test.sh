@@ -15,6 +15,8 @@
 #     of the CPU run of the same plan, and its --save-weights within 1e-2 relative L2 of the CPU's;
 #   - pp = 2 x tp = 2, dp = 2 x pp = 2 and interleaved over the NCCL communicators (emulated on
 #     MPI, so the losses equal the MPI runs' within 1e-6);
+#   - the watchdog over NCCL: a hung pipeline or tensor-parallel rank makes its peer fail after
+#     --comm-timeout naming the action, group and peer, with the communicators aborted (exit 1);
 #   - checkpoints: a GPU run resumed from its step-5 checkpoint continues bit for bit (one rank,
 #     pp = 2 x tp = 2), and the pp x tp checkpoint resumes on one CPU rank (within 2e-2);
 #   - refusals: zb-h1 on the cuda backend (exit 2, naming why); --backend auto with a plan the
@@ -126,6 +128,18 @@ for name in pp2tp2 dp2pp2 interleaved; do
   GPU_COMM=nccl run $name cuda
   compare "$name over NCCL vs over MPI" "$tmp/$name-cuda.jsonl" "$tmp/$name-cuda-nccl.jsonl" 1e-6
 done
+
+# The watchdog on the NCCL path: a hung pipeline rank makes the next stage's receive fail after
+# --comm-timeout, naming the action, the group and the peer, aborting the communicators; a hung
+# tensor-parallel rank does the same to its peer's all-reduce. The run exits 1, never hangs.
+expect 1 "rank 1: pipeline rank 1, F micro-batch 0: " "recv from rank 0 in group pp" \
+  "timed out after 2.0 s" "communicators aborted" -- \
+  timeout 60 env MPENGINE_FAULT=hang:0:3 $mpengine run --config "$tmp/pp2.json" --backend cuda \
+  --gpu-comm nccl --comm-timeout 2
+expect 1 "rank 0: pipeline rank 0, F micro-batch 0: " "in group tp (ranks 0,1)" \
+  "timed out after 2.0 s" "communicators aborted" -- \
+  timeout 60 env MPENGINE_FAULT=hang:1:3 $mpengine run --config "$tmp/tp2.json" --backend cuda \
+  --gpu-comm nccl --comm-timeout 2
 
 plan zb 1 2 1 zb-h1
 expect 2 "$tmp/zb.json: dp x pp x tp = 1 x 2 x 1: the cuda backend does not run the zero-bubble schedule zb-h1" \
