@@ -7,8 +7,8 @@
  *
  * "Device" buffers are host memory (engine/device_emulated.c), streams are NULL and ignored, and
  * every operation has completed, as far as the caller can tell, when it returns: wait_stream,
- * stream_wait_comm and synchronize have nothing to wait for. Unlike NCCL, any number of ranks may share the one emulated GPU
- * (device 0): that is the point of the emulation.
+ * stream_wait_comm and synchronize have nothing to wait for. Unlike NCCL, any number of ranks
+ * may share the one emulated GPU (device 0): that is the point of the emulation.
  *
  * Each communicator wraps its MPI group (group NULL: a one-member communicator "self" with no
  * MPI at all). Collectives are the group's MPI ones: fp32 as they are; bf16 widened to fp32
@@ -330,7 +330,8 @@ static mp_status wait_buffered(mp_nccl_comm *comm, int count, mp_error *err) {
     free(send->copy);
     comm->sends_bytes -= send->bytes;
   }
-  memmove(comm->sends, comm->sends + count, (size_t)(comm->num_sends - count) * sizeof *comm->sends);
+  memmove(comm->sends, comm->sends + count,
+          (size_t)(comm->num_sends - count) * sizeof *comm->sends);
   comm->num_sends -= count;
   if (status == MP_OK) return MP_OK;
   char what[kWhatBytes];

@@ -1,6 +1,6 @@
 /*
- * engine/device_emulated.c — device.h for `--define mpengine_cuda=emulated` (third_party/cuda.bzl):
- * one emulated GPU whose memory is host memory, for tests of the GPU code paths on machines
+ * engine/device_emulated.c — device.h for `--config=emulated` (third_party/cuda.bzl): one
+ * emulated GPU whose memory is host memory, for tests of the GPU code paths on machines
  * without one. Work is synchronous, streams are NULL, and the reported memory is the machine's.
  *
  * Device allocations are filled with a NaN pattern (0xFF bytes), as fresh GPU memory holds

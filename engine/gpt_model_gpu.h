@@ -10,7 +10,8 @@
  * Attention is fused (flash attention: no T x T matrix kept) for the head sizes the fused kernels
  * support, and cuBLAS batched GEMMs around a softmax otherwise; MPENGINE_ATTENTION=cublas in the
  * environment forces the latter, for benchmarks. Everything runs on CUDA's default stream, in
- * order. A build without CUDA compiles
+ * order. It is the whole model as one GPU pipeline stage (engine/gpt_stage_gpu.h) at tp = 1, so
+ * one-GPU and multi-rank runs share one model code. A build without CUDA compiles
  * gpt_model_gpu_none.c instead, whose create says so.
  */
 #ifndef MPENGINE_ENGINE_GPT_MODEL_GPU_H
@@ -21,6 +22,7 @@
 
 #include "common/error.h"
 #include "engine/gpt_model.h"
+#include "engine/gpt_stage_gpu.h"
 #include "topology/model.h"
 
 #ifdef __cplusplus
@@ -73,11 +75,6 @@ float *mp_gpt_gpu_device_grads(mp_gpt_gpu *gpt);
 /* gradients *= scale on the device (the 1/dp of a data-parallel mean); synchronises. */
 mp_status mp_gpt_gpu_scale_grads(mp_gpt_gpu *gpt, float scale, mp_error *err);
 
-typedef struct {
-  float learning_rate, beta1, beta2, eps, weight_decay; /* decay applies to decaying tensors only */
-  int step;                                             /* 1-based, for bias correction */
-  double grad_clip;                                     /* max global norm; 0 = none */
-} mp_gpu_adamw;
 
 /* Global gradient norm (before clipping) into *grad_norm, clipping, and AdamW on every tensor;
  * refreshes the bf16 weights from the updated fp32 masters. */

@@ -316,8 +316,8 @@ mp_status mp_gpt_tp_create_stage(const mp_model *model, int micro_batch, int seq
     return mp_fail(err, MP_ERR_INPUT, "tensor-parallel rank %d of %d: not a rank of the group",
                    tp->rank, tp->size);
   }
-  if (num_slots < 1) {
-    return mp_fail(err, MP_ERR_INPUT, "a stage needs at least one activation slot; got %d",
+  if (num_slots < 0) {
+    return mp_fail(err, MP_ERR_INPUT, "a stage needs zero or more activation slots; got %d",
                    num_slots);
   }
   mp_gpt_tp *gpt = calloc(1, sizeof *gpt);
@@ -384,16 +384,17 @@ mp_status mp_gpt_tp_create_stage(const mp_model *model, int micro_batch, int seq
   gpt->grads = calloc(gpt->num_params > 0 ? gpt->num_params : 1, sizeof(float));
   gpt->blocks = calloc((size_t)(L > 0 ? L : 1), sizeof *gpt->blocks);
   gpt->dblocks = calloc((size_t)(L > 0 ? L : 1), sizeof *gpt->dblocks);
-  const size_t work_floats = point_work(gpt, NULL);
-  gpt->work_memory = calloc(work_floats, sizeof(float));
+  /* Without slots the stage only holds its arrays (a GPU stage's host copy): no working memory. */
+  const size_t work_floats = num_slots > 0 ? point_work(gpt, NULL) : 0;
+  gpt->work_memory = calloc(work_floats > 0 ? work_floats : 1, sizeof(float));
   if (gpt->params == NULL || gpt->grads == NULL || gpt->blocks == NULL || gpt->dblocks == NULL ||
       gpt->work_memory == NULL) {
     const size_t n = gpt->num_params;
     mp_gpt_tp_free(gpt);
     return mp_fail(err, MP_ERR_RUNTIME, "out of memory for a shard of %zu parameters", n);
   }
-  point_work(gpt, gpt->work_memory);
-  if ((status = create_slots(gpt, num_slots, err)) != MP_OK) {
+  if (num_slots > 0) point_work(gpt, gpt->work_memory);
+  if (num_slots > 0 && (status = create_slots(gpt, num_slots, err)) != MP_OK) {
     mp_gpt_tp_free(gpt);
     return status;
   }
@@ -667,7 +668,7 @@ mp_status mp_gpt_tp_backward_weights(mp_gpt_tp *gpt, int slot_index, mp_error *e
 
 mp_status mp_gpt_tp_forward(mp_gpt_tp *gpt, const int32_t *inputs, const int32_t *targets,
                             double *loss, mp_error *err) {
-  gpt->slots[0].in_use = false; /* a forward without a backward (evaluation) starts over */
+  if (gpt->num_slots > 0) gpt->slots[0].in_use = false; /* an evaluation's forward starts over */
   return mp_gpt_tp_forward_stage(gpt, 0, inputs, targets, NULL, NULL, loss, err);
 }
 

@@ -93,7 +93,9 @@ mp_status mp_gpt_tp_create(const mp_model *model, int micro_batch, int seq_len,
 /* Lays out this rank's shard of `stage` of `model` on group tp (tp->size ranks, this one
  * tp->rank) and allocates parameters, gradients and num_slots activation slots, each holding
  * one (micro_batch, seq_len) micro-batch between its forward and its backward (a pipeline rank
- * has several in flight). With deferred_weights each slot also keeps what the weight-gradient
+ * has several in flight). num_slots 0 makes a stage of arrays only (no activations, no working
+ * memory: the host copy of a GPU stage, engine/gpt_stage_gpu.h), whose forward and backward
+ * refuse. With deferred_weights each slot also keeps what the weight-gradient
  * pass of a zero-bubble schedule needs (mp_gpt_tp_backward_weights). recompute trades compute for
  * memory as the plan says: selective keeps no attention matrices (B, NH/tp, T, T) per slot and
  * recomputes each layer's right before its backward; full keeps only each slot's input and

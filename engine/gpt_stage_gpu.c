@@ -694,6 +694,10 @@ mp_status mp_gpt_stage_gpu_forward(mp_gpt_stage_gpu *gpu, int slot, const int32_
   return MP_OK;
 }
 
+void mp_gpt_stage_gpu_discard(mp_gpt_stage_gpu *gpu, int slot) {
+  if (slot >= 0 && slot < gpu->num_slots) gpu->slots[slot].in_use = false;
+}
+
 mp_status mp_gpt_stage_gpu_backward(mp_gpt_stage_gpu *gpu, int slot, const float *doutput,
                                     float *dinput, mp_error *err) {
   MP_TRY(check_slot(gpu, slot, true, err));

@@ -35,7 +35,6 @@
 #include <stdint.h>
 
 #include "common/error.h"
-#include "engine/gpt_model_gpu.h"
 #include "engine/gpt_model_tp.h"
 
 #ifdef __cplusplus
@@ -43,6 +42,13 @@ extern "C" {
 #endif
 
 typedef struct mp_gpt_stage_gpu mp_gpt_stage_gpu;
+
+/* One AdamW step's numbers (the one-GPU model's too, engine/gpt_model_gpu.h). */
+typedef struct {
+  float learning_rate, beta1, beta2, eps, weight_decay; /* decay applies to decaying tensors only */
+  int step;                                             /* 1-based, for bias correction */
+  double grad_clip;                                     /* max global norm; 0 = none */
+} mp_gpu_adamw;
 
 /* The GPU twin of host (which must outlive it) with num_slots activation slots of one
  * (micro_batch, seq_len) micro-batch each, on the current GPU. device_tp: the tensor-parallel
@@ -103,6 +109,9 @@ void mp_gpt_stage_gpu_scale_grads(mp_gpt_stage_gpu *gpu, float scale);
 mp_status mp_gpt_stage_gpu_forward(mp_gpt_stage_gpu *gpu, int slot, const int32_t *inputs,
                                    const int32_t *targets, const float *input, float *output,
                                    float dloss, double *loss, mp_error *err);
+
+/* Forgets what slot holds (a forward whose backward will not run: evaluation); the slot is free. */
+void mp_gpt_stage_gpu_discard(mp_gpt_stage_gpu *gpu, int slot);
 
 /* Backward of slot's micro-batch (as mp_gpt_tp_backward_stage's; doutput and dinput are device
  * arrays),

@@ -4,8 +4,8 @@
 mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, int micro_batch,
                                   int seq_len, int num_slots, bool deferred_weights,
                                   mp_recompute recompute, mp_gpt_stage_gpu **out, mp_error *err) {
-  (void)host, (void)device_tp, (void)micro_batch, (void)seq_len, (void)num_slots, (void)deferred_weights;
-  (void)recompute;
+  (void)host, (void)device_tp, (void)micro_batch, (void)seq_len, (void)num_slots;
+  (void)deferred_weights, (void)recompute;
   *out = NULL;
   return mp_fail(err, MP_ERR_INPUT,
                  "--backend cuda: this mpengine was built without CUDA (no /usr/local/cuda when "
@@ -61,6 +61,7 @@ mp_status mp_gpt_stage_gpu_forward(mp_gpt_stage_gpu *gpu, int slot, const int32_
   (void)loss;
   return unreachable(err);
 }
+void mp_gpt_stage_gpu_discard(mp_gpt_stage_gpu *gpu, int slot) { (void)gpu, (void)slot; }
 mp_status mp_gpt_stage_gpu_backward(mp_gpt_stage_gpu *gpu, int slot, const float *doutput,
                                     float *dinput, mp_error *err) {
   (void)gpu, (void)slot, (void)doutput, (void)dinput;

@@ -481,7 +481,8 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
     trainer->gpu_chunks = calloc((size_t)v, sizeof *trainer->gpu_chunks);
     trainer->backwards_done = calloc((size_t)v, sizeof *trainer->backwards_done);
   }
-  if (status == MP_OK && on_gpu && (trainer->gpu_chunks == NULL || trainer->backwards_done == NULL)) {
+  if (status == MP_OK && on_gpu &&
+      (trainer->gpu_chunks == NULL || trainer->backwards_done == NULL)) {
     status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
   }
   if (status == MP_OK && (trainer->chunks == NULL || trainer->chunk_m == NULL ||
@@ -505,11 +506,11 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
       break;
     }
     const int slots = mp_stage_worker_slots(&trainer->schedule, pp_rank, c);
-    /* On the GPU the host stage only keeps the host copies (initialisation, gathering): one
-     * slot of activations, never used. */
+    /* On the GPU the host stage only keeps the host copies (initialisation, gathering,
+     * checkpoints): no activation slots. */
     status = mp_gpt_tp_create_stage(model, (int)plan->micro_batch, (int)plan->seq_len,
                                     &trainer->tp_table, plan->sequence_parallel, &range,
-                                    on_gpu ? 1 : slots, zero_bubble && !on_gpu,
+                                    on_gpu ? 0 : slots, zero_bubble && !on_gpu,
                                     on_gpu ? MP_RECOMPUTE_NONE : plan->recompute,
                                     &trainer->chunks[c], err);
     if (status == MP_OK) {

@@ -6,9 +6,11 @@
 // MP_ERR_INPUT and a message naming what to change, before it looks for a GPU.
 //
 // With a GPU (skipped, by name, without one), against the one-GPU model (gpt_model_gpu.h) on the
-// same parameters: with tp = 1 the stage runs exactly the one-GPU model's kernels on the same
-// data, so losses are compared bitwise and gradients and parameters within 1e-6 of each tensor's
-// largest element (noise only; there are no atomics in the kernels). Then a two-stage split of the
+// same parameters. The one-GPU model is itself the whole model as one stage at tp = 1, so these
+// check the two APIs agree — its flat one-rank arrays against the stage's shard layout, its
+// optimizer step against the stage's norm, clip and AdamW — and, above all, the splits below
+// against the whole: losses are compared bitwise and gradients and parameters within 1e-6 of each
+// tensor's largest element (noise only; there are no atomics in the kernels). Then a two-stage split of the
 // chain through a device boundary gives the whole stage's loss and gradients (wte's split between
 // the embedding and the LM head's tied copy), two activation slots in flight give what one slot
 // gives, and AdamW steps move the parameters as the one-GPU model's optimizer step does.
@@ -113,19 +115,20 @@ struct Fixture {
   }
   ~Fixture() { mp_model_free(model); }
 
-  // The host stage of chain positions [first, end) (the whole model by default).
+  // The host stage of chain positions [first, end) (the whole model by default): arrays only, no
+  // activation slots, as the trainer makes a GPU stage's host copy.
   bool Host(Stage *s, int first = 0, int end = kL + 3, bool sp = false) {
     mp_gpt_stage range;
     if (mp_gpt_stage_of_chain(kL, first, end, &range, &err) != MP_OK) return false;
-    return mp_gpt_tp_create_stage(model, kB, kT, &single, sp, &range, 1, false,
+    return mp_gpt_tp_create_stage(model, kB, kT, &single, sp, &range, 0, false,
                                   MP_RECOMPUTE_NONE, &s->host, &err) == MP_OK;
   }
 
   // Host stage, its GPU twin with num_slots slots, parameters from kSeed uploaded.
   bool Gpu(Stage *s, int first = 0, int end = kL + 3, int num_slots = 1) {
     return Host(s, first, end) && mp_gpt_tp_init_params(s->host, kSeed, &err) == MP_OK &&
-           mp_gpt_stage_gpu_create(s->host, nullptr, kB, kT, num_slots, false, MP_RECOMPUTE_NONE, &s->gpu,
-                                   &err) == MP_OK &&
+           mp_gpt_stage_gpu_create(s->host, nullptr, kB, kT, num_slots, false,
+                                   MP_RECOMPUTE_NONE, &s->gpu, &err) == MP_OK &&
            mp_gpt_stage_gpu_upload_params(s->gpu, &err) == MP_OK;
   }
 };
@@ -200,8 +203,8 @@ TEST(GptStageGpuRefuses, WithoutAGpuCreateSaysSo) {
   // Selective recomputation is accepted (the fused attention keeps no T x T matrix anyway), so
   // what stops it here is the missing GPU.
   mp_error err = MP_ERROR_INITIALIZER;
-  EXPECT_EQ(mp_gpt_stage_gpu_create(s.host, nullptr, kB, kT, 2, false, MP_RECOMPUTE_SELECTIVE, &s.gpu,
-                                    &err),
+  EXPECT_EQ(mp_gpt_stage_gpu_create(s.host, nullptr, kB, kT, 2, false, MP_RECOMPUTE_SELECTIVE,
+                                    &s.gpu, &err),
             MP_ERR_INPUT);
   EXPECT_EQ(s.gpu, nullptr);
   EXPECT_NE(std::string(err.message).find("--backend cuda"), std::string::npos) << err.message;

@@ -45,8 +45,9 @@ plan() { # plan NAME DP PP TP [SCHEDULE] [VIRTUAL] [SEQUENCE_PARALLEL]
 JSON
 }
 
-losses() { awk -F'"loss": ' '{ split($2, a, ","); print a[1] }' "$1"; }
-norms() { awk -F'"grad_norm": ' '{ split($2, a, ","); print a[1] }' "$1"; }
+# column KEY FILE: the values of "KEY" in a --metrics file, one per line.
+column() { awk -F"\"$1\": " '{ split($2, a, ","); print a[1] }' "$2"; }
+losses() { column loss "$1"; }
 floats() { od -An -v -f -j 1024 "$1" | tr -s ' ' '\n' | sed '/^$/d'; }
 
 # compare NAME REFERENCE.jsonl RUN.jsonl BOUND: every step's loss within BOUND relative, and its
@@ -58,14 +59,14 @@ compare() {
     fail "$name: want 10 lines of --metrics in $run"
     return
   fi
-  for field in losses norms; do
+  for field in loss grad_norm; do
     bound=$loss_bound
-    [ $field = norms ] && bound=$(awk -v b="$loss_bound" 'BEGIN { print (b < 5e-2 && b > 1e-6 ? 5e-2 : b) }')
-    verdict=$(paste -d' ' <($field "$reference") <($field "$run") | awk -v bound="$bound" '
+    [ $field = grad_norm ] && bound=$(awk -v b="$loss_bound" 'BEGIN { print (b < 5e-2 && b > 1e-6 ? 5e-2 : b) }')
+    verdict=$(paste -d' ' <(column $field "$reference") <(column $field "$run") | awk -v bound="$bound" '
       { d = $2 - $1; if (d < 0) d = -d; r = d / ($1 < 0 ? -$1 : $1); if (r > worst) { worst = r; at = NR } }
       END { printf "%s %.3g %d", (worst <= bound ? "ok" : "bad"), worst, at }')
-    echo "$name: max relative ${field%s} difference ${verdict#* } (step; bound $bound)"
-    [ "${verdict%% *}" = ok ] || fail "$name: ${field} differ by more than $bound relative (${verdict#* })"
+    echo "$name: max relative $field difference ${verdict#* } (step; bound $bound)"
+    [ "${verdict%% *}" = ok ] || fail "$name: $field differs by more than $bound relative (${verdict#* })"
   done
 }
 
