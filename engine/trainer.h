@@ -122,7 +122,7 @@ typedef struct {
 /* Gradients cross the data-parallel group in all-reduces of at most this many floats. */
 enum { MP_TRAINER_BUCKET_FLOATS = 1 << 22 };
 
-/* mp_trainer_create for any layout: dp x pp x tp > 1 on the CPU backend, over the groups in
+/* mp_trainer_create for any layout: dp x pp x tp > 1 on either backend, over the groups in
  * options, training this rank's chunks (see the file comment); every rank of the job calls it,
  * and every later call, in the same order. dp = pp = tp = 1 is the one-rank trainer. MP_ERR_INPUT
  * naming the plan file when the layout cannot run on backend, a group's size differs from the

@@ -12,8 +12,12 @@
 #     two ranks sharing the GPU through the MPI communicators' staging of GPU buffers
 #     (`bench comm --backend mpi --buffers device`), and NCCL's refusal of two ranks on one GPU,
 #     which must be an error, never a hang;
-#   - one-GPU training of tiny-gpt (loss against the entropy floor), gpt2-124m and gpt2-1.5b
-#     (tokens/s, MFU), and PyTorch eager on the same model and batch for the tokens/s ratio.
+#   - with the carried Open MPI: data parallelism (dp = 2) and pipeline and tensor parallelism
+#     ((pp, tp) = (2, 1), (1, 2), (2, 2)) on ranks sharing the GPU, against the one-rank GPU run
+#     and, for (2, 2), the CPU run of the same plan; one-rank training over NCCL;
+#   - one-GPU training of tiny-gpt (loss against the entropy floor), a checkpoint resumed bit for
+#     bit, gpt2-124m and gpt2-1.5b (tokens/s, MFU), and PyTorch eager on the same model and batch
+#     for the tokens/s ratio.
 # Usage: bash tools/device_check.sh [--quick]   (--quick: kernels, communicators and tiny-gpt only)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -224,6 +228,22 @@ echo "measured bf16 GEMM peak: ${peak:-unavailable} TFLOP/s (datasheet dense: 98
 section "one-GPU training: tiny-gpt on its synthetic source (loss vs the entropy floor)"
 timeout 300 .device/bin/mpengine run --config examples/plans/tiny-gpt-1rank.json --backend cuda \
   | grep -E "^(model|backend|entropy|done)|step (1|100|200|300)/" || fail "tiny-gpt on cuda"
+
+section "checkpoints on the GPU: 10 steps saving at 5 vs a resume from step 5 (bit for bit)"
+ckpt=$(mktemp -d)
+timeout 120 .device/bin/mpengine run --config examples/plans/tiny-gpt-1rank.json --backend cuda \
+  --steps 10 --checkpoint-dir "$ckpt/full" --save-every 5 --metrics "$ckpt/full.jsonl" \
+  | grep -E "^checkpoint|^done" || fail "tiny-gpt on cuda with checkpoints"
+mkdir -p "$ckpt/resumed" && cp -r "$ckpt/full/step-5" "$ckpt/resumed/"
+timeout 120 .device/bin/mpengine run --config examples/plans/tiny-gpt-1rank.json --backend cuda \
+  --steps 10 --checkpoint-dir "$ckpt/resumed" --resume --metrics "$ckpt/resumed.jsonl" \
+  | grep -E "^resumed|^done" || fail "tiny-gpt on cuda resumed"
+if diff <(tail -n 5 "$ckpt/full.jsonl" | cut -d, -f1-4) <(cut -d, -f1-4 "$ckpt/resumed.jsonl"); then
+  echo "resumed steps 5..9 equal the uninterrupted run's (loss and norm strings identical)"
+else
+  fail "resumed GPU run differs from the uninterrupted one"
+fi
+rm -rf "$ckpt"
 
 if [ "$quick" != "--quick" ]; then
   for model in gpt2-124m gpt2-1.5b; do
