@@ -76,7 +76,9 @@ struct mp_gpt_stage_gpu {
   bool fused_attention;
   size_t num_params, device_bytes;
   mp_cublas *cublas;
-  float *master, *grads, *adam_m, *adam_v; /* (num_params) */
+  float *master, *grads;                   /* (num_params) */
+  float *adam_m, *adam_v;                  /* (moments_count): elements [moments_first, +count) */
+  size_t moments_first, moments_count;     /* all of them, or this dp rank's part with ZeRO-1 */
   mp_bf16 *weights;                        /* (num_params) */
   mp_bf16 *wte, *wpe, *lnfw, *lnfb;        /* NULL where the stage does not hold them */
   float *dwte, *dwpe, *dlnfw, *dlnfb;
@@ -340,6 +342,7 @@ mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, 
 
   ALLOC(gpu->master, P);
   ALLOC(gpu->grads, P);
+  gpu->moments_count = P;
   ALLOC(gpu->adam_m, P);
   ALLOC(gpu->adam_v, P);
   ALLOC(gpu->weights, P);
@@ -407,9 +410,33 @@ mp_status mp_gpt_stage_gpu_upload_params(mp_gpt_stage_gpu *gpu, mp_error *err) {
   MP_TRY(mp_device_copy_to_device(gpu->master, mp_gpt_tp_params(gpu->host), P * sizeof(float),
                                   err));
   mp_bf16_from_float_cuda(gpu->weights, gpu->master, P, NULL);
-  MP_TRY(mp_device_memset(gpu->adam_m, 0, P * sizeof(float), err));
-  MP_TRY(mp_device_memset(gpu->adam_v, 0, P * sizeof(float), err));
+  MP_TRY(mp_device_memset(gpu->adam_m, 0, gpu->moments_count * sizeof(float), err));
+  MP_TRY(mp_device_memset(gpu->adam_v, 0, gpu->moments_count * sizeof(float), err));
   return mp_device_synchronize(err);
+}
+
+mp_status mp_gpt_stage_gpu_keep_moments(mp_gpt_stage_gpu *gpu, size_t first, size_t count,
+                                        mp_error *err) {
+  if (first > gpu->num_params || count > gpu->num_params - first) {
+    return mp_fail(err, MP_ERR_INPUT, "moments of elements [%zu, %zu): the stage has %zu", first,
+                   first + count, gpu->num_params);
+  }
+  mp_device_free(gpu->adam_m);
+  mp_device_free(gpu->adam_v);
+  gpu->adam_m = gpu->adam_v = NULL;
+  gpu->device_bytes -= 2 * gpu->moments_count * sizeof(float);
+  gpu->moments_first = first;
+  gpu->moments_count = count;
+  MP_TRY(device_alloc(gpu, (void **)&gpu->adam_m, count * sizeof(float), err));
+  MP_TRY(device_alloc(gpu, (void **)&gpu->adam_v, count * sizeof(float), err));
+  MP_TRY(mp_device_memset(gpu->adam_m, 0, count * sizeof(float), err));
+  return mp_device_memset(gpu->adam_v, 0, count * sizeof(float), err);
+}
+
+float *mp_gpt_stage_gpu_device_params(mp_gpt_stage_gpu *gpu) { return gpu->master; }
+
+void mp_gpt_stage_gpu_refresh_weights(mp_gpt_stage_gpu *gpu) {
+  mp_bf16_from_float_cuda(gpu->weights, gpu->master, gpu->num_params, NULL);
 }
 
 mp_status mp_gpt_stage_gpu_download_params(mp_gpt_stage_gpu *gpu, mp_error *err) {
@@ -419,7 +446,7 @@ mp_status mp_gpt_stage_gpu_download_params(mp_gpt_stage_gpu *gpu, mp_error *err)
 
 mp_status mp_gpt_stage_gpu_download_state(mp_gpt_stage_gpu *gpu, float *adam_m, float *adam_v,
                                           mp_error *err) {
-  const size_t bytes = gpu->num_params * sizeof(float);
+  const size_t bytes = gpu->moments_count * sizeof(float);
   MP_TRY(mp_gpt_stage_gpu_download_params(gpu, err));
   MP_TRY(mp_device_copy_to_host(adam_m, gpu->adam_m, bytes, err));
   return mp_device_copy_to_host(adam_v, gpu->adam_v, bytes, err);
@@ -427,8 +454,9 @@ mp_status mp_gpt_stage_gpu_download_state(mp_gpt_stage_gpu *gpu, float *adam_m, 
 
 mp_status mp_gpt_stage_gpu_upload_state(mp_gpt_stage_gpu *gpu, const float *adam_m,
                                         const float *adam_v, mp_error *err) {
-  const size_t bytes = gpu->num_params * sizeof(float);
-  MP_TRY(mp_device_copy_to_device(gpu->master, mp_gpt_tp_params(gpu->host), bytes, err));
+  const size_t bytes = gpu->moments_count * sizeof(float);
+  MP_TRY(mp_device_copy_to_device(gpu->master, mp_gpt_tp_params(gpu->host),
+                                  gpu->num_params * sizeof(float), err));
   mp_bf16_from_float_cuda(gpu->weights, gpu->master, gpu->num_params, NULL);
   MP_TRY(mp_device_copy_to_device(gpu->adam_m, adam_m, bytes, err));
   MP_TRY(mp_device_copy_to_device(gpu->adam_v, adam_v, bytes, err));
@@ -757,11 +785,16 @@ mp_status mp_gpt_stage_gpu_grad_norm_squared(mp_gpt_stage_gpu *gpu, double *out,
 }
 
 mp_status mp_gpt_stage_gpu_adamw(mp_gpt_stage_gpu *gpu, const mp_gpu_adamw *adamw, mp_error *err) {
+  /* Tensor by tensor (weight decay is a property of the tensor), over the elements whose
+   * moments this rank keeps: all, or its ZeRO-1 part. */
+  const size_t first = gpu->moments_first, end = first + gpu->moments_count;
   for (int i = 0; i < mp_gpt_tp_num_tensors(gpu->host); ++i) {
     const mp_gpt_tp_tensor *t = mp_gpt_tp_tensor_at(gpu->host, i);
-    const size_t offset = t->offset;
-    mp_adamw_update_cuda(gpu->master + offset, gpu->weights + offset, gpu->grads + offset,
-                         gpu->adam_m + offset, gpu->adam_v + offset, t->count,
+    const size_t lo = t->offset > first ? t->offset : first;
+    const size_t hi = t->offset + t->count < end ? t->offset + t->count : end;
+    if (lo >= hi) continue;
+    mp_adamw_update_cuda(gpu->master + lo, gpu->weights + lo, gpu->grads + lo,
+                         gpu->adam_m + (lo - first), gpu->adam_v + (lo - first), hi - lo,
                          adamw->learning_rate, adamw->beta1, adamw->beta2, adamw->eps,
                          t->full->weight_decay ? adamw->weight_decay : 0.0f, adamw->step, NULL);
   }

@@ -71,8 +71,8 @@ mp_status mp_gpt_stage_gpu_upload_params(mp_gpt_stage_gpu *gpu, mp_error *err);
 /* The master weights to the host stage's parameters. Synchronises. */
 mp_status mp_gpt_stage_gpu_download_params(mp_gpt_stage_gpu *gpu, mp_error *err);
 /* For checkpoints: the master weights to the host stage's parameters and the AdamW moments to
- * adam_m and adam_v (mp_gpt_tp_num_params(host) floats each, host memory); and back, the bf16
- * copy refreshed. Synchronise. */
+ * adam_m and adam_v (host memory; mp_gpt_tp_num_params(host) floats each, or with ZeRO-1 the
+ * count given to mp_gpt_stage_gpu_keep_moments); and back, the bf16 copy refreshed. Synchronise. */
 mp_status mp_gpt_stage_gpu_download_state(mp_gpt_stage_gpu *gpu, float *adam_m, float *adam_v,
                                           mp_error *err);
 mp_status mp_gpt_stage_gpu_upload_state(mp_gpt_stage_gpu *gpu, const float *adam_m,
@@ -110,6 +110,17 @@ mp_status mp_gpt_stage_gpu_forward(mp_gpt_stage_gpu *gpu, int slot, const int32_
                                    const int32_t *targets, const float *input, float *output,
                                    float dloss, double *loss, mp_error *err);
 
+/* ZeRO-1: the AdamW moments of elements [first, first + count) only (this data-parallel rank's
+ * part), zeroed; mp_gpt_stage_gpu_adamw then updates that part, and the caller gathers the
+ * parameters over the group into mp_gpt_stage_gpu_device_params and refreshes the bf16 copy with
+ * mp_gpt_stage_gpu_refresh_weights. MP_ERR_INPUT for a range outside the stage. */
+mp_status mp_gpt_stage_gpu_keep_moments(mp_gpt_stage_gpu *gpu, size_t first, size_t count,
+                                        mp_error *err);
+/* The fp32 master weights on the device (mp_gpt_tp_num_params(host) floats, the host's layout). */
+float *mp_gpt_stage_gpu_device_params(mp_gpt_stage_gpu *gpu);
+/* The bf16 working copy from the master weights (after they changed on the device). */
+void mp_gpt_stage_gpu_refresh_weights(mp_gpt_stage_gpu *gpu);
+
 /* Forgets what slot holds (a forward whose backward will not run: evaluation); the slot is free. */
 void mp_gpt_stage_gpu_discard(mp_gpt_stage_gpu *gpu, int slot);
 
@@ -125,7 +136,8 @@ mp_status mp_gpt_stage_gpu_backward(mp_gpt_stage_gpu *gpu, int slot, const float
 mp_status mp_gpt_stage_gpu_grad_norm_squared(mp_gpt_stage_gpu *gpu, double *out, mp_error *err);
 
 /* AdamW on every tensor of the stage (adamw->grad_clip is ignored: clip with
- * mp_gpt_stage_gpu_scale_grads first), refreshing the bf16 weights. Synchronises. */
+ * mp_gpt_stage_gpu_scale_grads first), refreshing the bf16 weights; with ZeRO-1
+ * (mp_gpt_stage_gpu_keep_moments) on this rank's part only. Synchronises. */
 mp_status mp_gpt_stage_gpu_adamw(mp_gpt_stage_gpu *gpu, const mp_gpu_adamw *adamw, mp_error *err);
 
 #ifdef __cplusplus

@@ -61,6 +61,13 @@ mp_status mp_gpt_stage_gpu_forward(mp_gpt_stage_gpu *gpu, int slot, const int32_
   (void)loss;
   return unreachable(err);
 }
+mp_status mp_gpt_stage_gpu_keep_moments(mp_gpt_stage_gpu *gpu, size_t first, size_t count,
+                                        mp_error *err) {
+  (void)gpu, (void)first, (void)count;
+  return unreachable(err);
+}
+float *mp_gpt_stage_gpu_device_params(mp_gpt_stage_gpu *gpu) { (void)gpu; return NULL; }
+void mp_gpt_stage_gpu_refresh_weights(mp_gpt_stage_gpu *gpu) { (void)gpu; }
 void mp_gpt_stage_gpu_discard(mp_gpt_stage_gpu *gpu, int slot) { (void)gpu, (void)slot; }
 mp_status mp_gpt_stage_gpu_backward(mp_gpt_stage_gpu *gpu, int slot, const float *doutput,
                                     float *dinput, mp_error *err) {

@@ -43,6 +43,7 @@ struct mp_trainer {
   float *zero_gather;     /* ZeRO-1: room for a chunk's parameters padded to dp parts, then
                              for this rank's part (zero_part) */
   float *zero_part;
+  float *zero_gather_device; /* the same on the GPU, for a GPU run */
   mp_schedule schedule;
   mp_stage_worker *worker;
   mp_comm_request **dp_requests; /* this step's posted dp all-reduces, one per bucket */
@@ -91,8 +92,6 @@ mp_status mp_trainer_check_layout(const mp_plan *plan, mp_backend backend, mp_er
       missing = "the zero-bubble schedule zb-h1 (choose 1f1b, interleaved or gpipe)";
     } else if (staged && plan->recompute == MP_RECOMPUTE_FULL) {
       missing = "full recomputation (set \"recompute\" to \"selective\" or \"none\")";
-    } else if (plan->zero_stage != 0) {
-      missing = "ZeRO-1 (set \"zero_stage\": 0)";
     }
     if (missing != NULL) {
       return mp_fail(err, MP_ERR_INPUT,
@@ -528,10 +527,6 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
                          inner.message);
       }
       if (status != MP_OK) break;
-      /* Its AdamW moments live on the GPU; chunk_m and chunk_v become their host copies for
-       * checkpoints, allocated at the first mp_trainer_chunk_cpu_state. */
-      trainer->zero_count[c] = mp_gpt_tp_num_params(trainer->chunks[c]);
-      continue;
     }
     if (status != MP_OK) break;
     const size_t n = mp_gpt_tp_num_params(trainer->chunks[c]);
@@ -544,6 +539,15 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
     }
     trainer->zero_first[c] = first_param;
     trainer->zero_count[c] = count;
+    if (on_gpu) {
+      /* The AdamW moments live on the GPU (this rank's part with ZeRO-1); chunk_m and chunk_v
+       * become their host copies for checkpoints, at the first mp_trainer_chunk_cpu_state. */
+      if (plan->zero_stage == 1) {
+        status = mp_gpt_stage_gpu_keep_moments(trainer->gpu_chunks[c], first_param, count, err);
+      }
+      if (status != MP_OK) break;
+      continue;
+    }
     trainer->chunk_m[c] = calloc(count > 0 ? count : 1, sizeof(float));
     trainer->chunk_v[c] = calloc(count > 0 ? count : 1, sizeof(float));
     if (trainer->chunk_m[c] == NULL || trainer->chunk_v[c] == NULL) {
@@ -552,11 +556,19 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
     }
   }
   if (status == MP_OK && largest > 0) {
-    /* The largest chunk's dp parts, then one part: the all-gather's output and input. */
+    /* The largest chunk's dp parts, then one part: the all-gather's output and input (on the
+     * GPU for a GPU run). */
     const size_t largest_part = largest / (size_t)dp;
-    trainer->zero_gather = calloc(largest + largest_part, sizeof(float));
-    if (trainer->zero_gather == NULL) status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
-    if (trainer->zero_gather != NULL) trainer->zero_part = trainer->zero_gather + largest;
+    if (on_gpu) {
+      void *memory = NULL;
+      status = mp_device_alloc(&memory, (largest + largest_part) * sizeof(float), err);
+      trainer->zero_gather_device = memory;
+    } else {
+      trainer->zero_gather = calloc(largest + largest_part, sizeof(float));
+      if (trainer->zero_gather == NULL) status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+    }
+    float *gather = on_gpu ? trainer->zero_gather_device : trainer->zero_gather;
+    if (gather != NULL) trainer->zero_part = gather + largest;
   }
   free(counts);
   return status;
@@ -632,7 +644,7 @@ mp_status mp_trainer_create_parallel(const mp_plan *plan, const mp_model *model,
   mp_status status;
   /* One CPU rank with a trace runs through the stage worker too, so its actions are recorded. */
   if ((backend == MP_BACKEND_CPU && (plan->dp * plan->pp * plan->tp > 1 || o.trace != NULL)) ||
-      (backend == MP_BACKEND_CUDA && (plan->pp > 1 || plan->tp > 1))) {
+      (backend == MP_BACKEND_CUDA && plan->dp * plan->pp * plan->tp > 1)) {
     status = create_parallel(trainer, model, err);
     if (status != MP_OK) {
       mp_trainer_free(trainer);
@@ -706,6 +718,7 @@ void mp_trainer_free(mp_trainer *trainer) {
   free(trainer->zero_first);
   free(trainer->zero_count);
   free(trainer->zero_gather);
+  mp_device_free(trainer->zero_gather_device);
   mp_schedule_free(&trainer->schedule);
   free(trainer->targets);
   free(trainer->inputs);
@@ -824,8 +837,8 @@ mp_status mp_trainer_chunk_cpu_state(mp_trainer *trainer, int chunk, mp_trainer_
                    trainer->num_chunks);
   }
   if (trainer->gpu_chunks != NULL && trainer->chunk_m[chunk] == NULL) {
-    /* Host copies of the GPU's moments, filled by mp_trainer_state_to_host. */
-    const size_t n = mp_gpt_tp_num_params(trainer->chunks[chunk]);
+    /* Host copies of the GPU's moments (its ZeRO-1 part), filled by mp_trainer_state_to_host. */
+    const size_t n = trainer->zero_count[chunk];
     trainer->chunk_m[chunk] = calloc(n > 0 ? n : 1, sizeof(float));
     trainer->chunk_v[chunk] = calloc(n > 0 ? n : 1, sizeof(float));
     if (trainer->chunk_m[chunk] == NULL || trainer->chunk_v[chunk] == NULL) {
@@ -1065,8 +1078,7 @@ static mp_status reduce_gpu_grads(mp_trainer *trainer, double *loss, mp_error *e
   return MP_OK;
 }
 
-/* finish_parallel_step with the chunks on the GPU: the same steps on device gradients (no
- * ZeRO-1, no sequence parallelism: mp_trainer_check_layout refused them). */
+/* finish_parallel_step with the chunks on the GPU: the same steps on device gradients. */
 static mp_status finish_gpu_step(mp_trainer *trainer, double lr, double *grad_norm,
                                  mp_error *err) {
   const mp_plan *plan = trainer->plan;
@@ -1103,8 +1115,28 @@ static mp_status finish_gpu_step(mp_trainer *trainer, double lr, double *grad_no
   const mp_gpu_adamw adamw = {(float)lr, (float)t->beta1, (float)t->beta2, (float)t->eps,
                               (float)t->weight_decay, (int)(trainer->step + 1), t->grad_clip};
   for (int c = 0; c < trainer->num_chunks; ++c) {
-    if (scale != 1.0f) mp_gpt_stage_gpu_scale_grads(trainer->gpu_chunks[c], scale);
-    MP_TRY(mp_gpt_stage_gpu_adamw(trainer->gpu_chunks[c], &adamw, err));
+    mp_gpt_stage_gpu *gpu = trainer->gpu_chunks[c];
+    if (scale != 1.0f) mp_gpt_stage_gpu_scale_grads(gpu, scale);
+    MP_TRY(mp_gpt_stage_gpu_adamw(gpu, &adamw, err));
+    if (plan->zero_stage != 1 || o->dp == NULL || plan->dp == 1) continue;
+    /* ZeRO-1: every dp rank updated its part of the master weights; gather the whole array on
+     * the device (NCCL, or MPI through the host), then refresh the bf16 copy. */
+    const size_t n = mp_gpt_tp_num_params(trainer->chunks[c]);
+    const size_t part = (n + (size_t)plan->dp - 1) / (size_t)plan->dp;
+    const size_t first = trainer->zero_first[c], count = trainer->zero_count[c];
+    float *params = mp_gpt_stage_gpu_device_params(gpu);
+    float *mine = trainer->zero_part, *gathered = trainer->zero_gather_device;
+    MP_TRY(mp_device_memset(mine, 0, part * sizeof(float), err));
+    MP_TRY(mp_device_copy_on_device(mine, params + first, count * sizeof(float), err));
+    if (o->nccl_dp != NULL) {
+      MP_TRY(mp_nccl_comm_wait_stream(o->nccl_dp, NULL, err));
+      MP_TRY(mp_nccl_all_gather(o->nccl_dp, mine, gathered, part, MP_NCCL_FLOAT32, err));
+      MP_TRY(mp_nccl_comm_synchronize(o->nccl_dp, err));
+    } else {
+      MP_TRY(mp_comm_all_gather_f32(o->dp, mine, gathered, part, err));
+    }
+    MP_TRY(mp_device_copy_on_device(params, gathered, n * sizeof(float), err));
+    mp_gpt_stage_gpu_refresh_weights(gpu);
   }
   return MP_OK;
 }

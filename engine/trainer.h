@@ -26,16 +26,15 @@
  * The loss, averaged over the global batch, is known on every rank after the step. Every rank of
  * the job calls every function in the same order.
  *
- * The CUDA backend trains one rank, or dp ranks with pp = tp = 1 (one GPU each, or several ranks
- * sharing one): each dp rank runs its slice of the batch on its GPU (engine/gpt_model_gpu.h), the
- * fp32 gradients are summed over dp in buckets (NCCL with options->nccl_dp, else MPI staging
- * through the host) and scaled by 1/dp, and every rank then takes the same optimizer step. With
- * pp or tp > 1 each chunk runs on the GPU (engine/gpt_stage_gpu.h, the twin of the CPU chunk,
- * which keeps the host copies) through the same stage worker and schedule; boundary buffers live
- * on the GPU and travel over NCCL (options->nccl_pp; a send waits in this rank's next group of
- * point-to-point operations, with its next receive, as Megatron batches send_forward_recv_backward)
- * or MPI staging; steps 2-5 run on device gradients (no ZeRO-1, no sequence parallelism, no zb-h1
- * there yet: mp_trainer_check_layout refuses them).
+ * The CUDA backend trains one rank on its GPU (engine/gpt_model_gpu.h); any other layout runs
+ * each chunk on the rank's GPU (engine/gpt_stage_gpu.h, the twin of the CPU chunk, which keeps the
+ * host copies) through the same stage worker and schedule. Boundary buffers live on the GPU and
+ * travel over NCCL (options->nccl_pp; a send waits in this rank's next group of point-to-point
+ * operations, with its next receive, as Megatron batches send_forward_recv_backward) or MPI
+ * staging; steps 2-5 run on device gradients, the dp all-reduce of each block posted during the
+ * chunk's last backward (NCCL with options->nccl_dp, else non-blocking MPI staging), ZeRO-1
+ * gathering the parameters on the device. Not there yet (mp_trainer_check_layout refuses them):
+ * sequence parallelism, zb-h1, full recomputation.
  *
  * The caller (tools/cmd_run.c) owns the loop, so it decides what to print, when to stop, and
  * (later) when to save. Accumulation scales each micro-batch's loss by 1 / num_micro_batches, so
@@ -88,8 +87,8 @@ mp_status mp_trainer_create(const mp_plan *plan, const mp_model *model, mp_data_
                             mp_backend backend, mp_trainer **out, mp_error *err);
 
 /* MP_OK when this trainer can run the plan's layout on `backend`; else MP_ERR_INPUT naming the
- * plan file and what to change (the CUDA backend does not run sequence parallelism, zb-h1, full
- * recomputation or ZeRO-1 with pp or tp > 1 yet).
+ * plan file and what to change (the CUDA backend does not run sequence parallelism, zb-h1 or full
+ * recomputation yet).
  * mp_trainer_create_parallel
  * checks it too; `mpengine run` calls it before launching ranks. */
 mp_status mp_trainer_check_layout(const mp_plan *plan, mp_backend backend, mp_error *err);

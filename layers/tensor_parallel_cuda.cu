@@ -131,14 +131,15 @@ __global__ void vocab_embedding_lookup_kernel(float *out, const int32_t *tokens,
   }
 }
 
-// out (B*T, C) bf16 = sum (B*T, C) fp32 + wpe[t] (T, C) widened; VEC divides C.
+// out (rows, C) bf16 = sum (rows, C) fp32 + wpe[t] (T, C) widened, row i at position
+// t = (first_row + i) % T; VEC divides C.
 template <int VEC>
 __global__ void add_position_kernel(mp_bf16 *out, const float *sum, const mp_bf16 *wpe, size_t n,
-                                    int T, int C) {
+                                    size_t first_row, int T, int C) {
   for (size_t i = grid_start() * VEC; i < n; i += grid_stride() * VEC) {
     const size_t bt = i / (size_t)C;
     const size_t c = i % (size_t)C;
-    const size_t t = bt % (size_t)T;
+    const size_t t = (first_row + bt) % (size_t)T;
     float x[VEC], position[VEC];
     load_floats<VEC>(x, sum + i);
     mp_load_bf16<VEC>(position, wpe + t * C + c);
@@ -308,17 +309,24 @@ extern "C" void mp_vocab_embedding_lookup_cuda(float *out, const int32_t *tokens
   }
 }
 
+extern "C" void mp_add_position_rows_cuda(mp_bf16 *out, const float *sum, const mp_bf16 *wpe,
+                                          int first_row, int rows, int T, int C,
+                                          mp_cuda_stream stream) {
+  if (rows <= 0 || T <= 0 || C <= 0 || first_row < 0) return;
+  const size_t n = (size_t)rows * C;
+  if (C % 8 == 0 && mp_aligned16(out) && mp_aligned16(sum) && mp_aligned16(wpe)) {
+    add_position_kernel<8><<<elementwise_blocks(n / 8), kElementwiseThreads, 0, stream>>>(
+        out, sum, wpe, n, (size_t)first_row, T, C);
+  } else {
+    add_position_kernel<1><<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(
+        out, sum, wpe, n, (size_t)first_row, T, C);
+  }
+}
+
 extern "C" void mp_add_position_cuda(mp_bf16 *out, const float *sum, const mp_bf16 *wpe, int B,
                                      int T, int C, mp_cuda_stream stream) {
-  if (B <= 0 || T <= 0 || C <= 0) return;
-  const size_t n = (size_t)B * T * C;
-  if (C % 8 == 0 && mp_aligned16(out) && mp_aligned16(sum) && mp_aligned16(wpe)) {
-    add_position_kernel<8>
-        <<<elementwise_blocks(n / 8), kElementwiseThreads, 0, stream>>>(out, sum, wpe, n, T, C);
-  } else {
-    add_position_kernel<1>
-        <<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(out, sum, wpe, n, T, C);
-  }
+  if (B <= 0) return;
+  mp_add_position_rows_cuda(out, sum, wpe, 0, B * T, T, C, stream);
 }
 
 extern "C" void mp_vocab_ce_max_cuda(float *row_max, const mp_bf16 *logits, int BT, int Vl,

@@ -75,6 +75,16 @@ void mp_vocab_embedding_lookup_cuda(float *out, const int32_t *tokens, const mp_
 void mp_add_position_cuda(mp_bf16 *out, const float *sum, const mp_bf16 *wpe, int B, int T, int C,
                           mp_cuda_stream stream);
 
+/* The same on a slice of the flattened (B*T) tokens, for sequence parallelism (the lookup was
+ * reduce-scattered to this rank's rows): row i is global row first_row + i, at position
+ * t = (first_row + i) % T.
+ *   out (rows, C) bf16 written: round_to_bf16(sum[i, :] + wpe[(first_row + i) % T, :] widened);
+ *       must not overlap sum
+ *   sum (rows, C) fp32
+ *   wpe (>= T, C) bf16 */
+void mp_add_position_rows_cuda(mp_bf16 *out, const float *sum, const mp_bf16 *wpe, int first_row,
+                               int rows, int T, int C, mp_cuda_stream stream);
+
 /* ---------------------------------------------------------------------------------------------
  * Vocabulary-parallel softmax cross-entropy, in three phases around two collectives:
  *

@@ -67,16 +67,22 @@ void mp_vocab_embedding_lookup_cuda(float *out, const int32_t *tokens, const mp_
   }
 }
 
-void mp_add_position_cuda(mp_bf16 *out, const float *sum, const mp_bf16 *wpe, int B, int T, int C,
-                          mp_cuda_stream stream) {
+void mp_add_position_rows_cuda(mp_bf16 *out, const float *sum, const mp_bf16 *wpe, int first_row,
+                               int rows, int T, int C, mp_cuda_stream stream) {
   (void)stream;
-  if (B <= 0 || T <= 0 || C <= 0) return;
-  for (size_t bt = 0; bt < (size_t)B * T; bt++) {
-    const mp_bf16 *position = wpe + (bt % (size_t)T) * C;
+  if (rows <= 0 || T <= 0 || C <= 0 || first_row < 0) return;
+  for (size_t i = 0; i < (size_t)rows; i++) {
+    const mp_bf16 *position = wpe + (((size_t)first_row + i) % (size_t)T) * C;
     for (int c = 0; c < C; c++) {
-      out[bt * C + c] = mp_bf16_from_float(sum[bt * C + c] + mp_bf16_to_float(position[c]));
+      out[i * C + c] = mp_bf16_from_float(sum[i * C + c] + mp_bf16_to_float(position[c]));
     }
   }
+}
+
+void mp_add_position_cuda(mp_bf16 *out, const float *sum, const mp_bf16 *wpe, int B, int T, int C,
+                          mp_cuda_stream stream) {
+  if (B <= 0) return;
+  mp_add_position_rows_cuda(out, sum, wpe, 0, B * T, T, C, stream);
 }
 
 /* ---- vocabulary-parallel cross-entropy ---- */

@@ -22,6 +22,9 @@ void mp_vocab_embedding_lookup_cuda(float *out, const int32_t *tokens, const mp_
 void mp_add_position_cuda(mp_bf16 *out, const float *sum, const mp_bf16 *wpe, int B, int T, int C,
                           mp_cuda_stream stream) {}
 
+void mp_add_position_rows_cuda(mp_bf16 *out, const float *sum, const mp_bf16 *wpe, int first_row,
+                               int rows, int T, int C, mp_cuda_stream stream) {}
+
 void mp_vocab_ce_max_cuda(float *row_max, const mp_bf16 *logits, int BT, int Vl, int vocab_start,
                           int V, mp_cuda_stream stream) {}
 

@@ -234,6 +234,54 @@ TEST(CudaTensorParallel, AddPositionMatchesCpu) {
   }
 }
 
+// Sequence parallelism: each rank's token slice of the B*T rows (here 3 ranks of 13 rows, so a
+// slice starts mid-sequence and runs across a sequence boundary) gets the positions of its global
+// rows; the slices laid side by side are the whole lookup's mp_add_position_cuda, bit for bit.
+TEST(CudaTensorParallel, AddPositionRowsOfASliceMatchTheWhole) {
+  SKIP_WITHOUT_GPU();
+  Gpu gpu;
+  ASSERT_TRUE(gpu.ok()) << gpu.error();
+  const int B = 3, T = 13, maxT = 16, ranks = 3, rows = B * T / ranks;
+  for (const int C : {40, 37}) {
+    const size_t n = (size_t)B * T * C, n_local = (size_t)rows * C;
+    Rng rng(601 + C);
+    const std::vector<float> sum = rng.uniform_vector(n, -2.0f, 2.0f);
+    const std::vector<float> wpe = Bf16Values(rng, (size_t)maxT * C, -1.0f, 1.0f);
+    const float *d_sum = gpu.Upload(sum);
+    const mp_bf16 *d_wpe = gpu.Upload(ToBf16(wpe));
+    mp_bf16 *d_whole = gpu.Alloc<mp_bf16>(n, kPoisonByte);
+    gpu.Sync();
+    mp_add_position_cuda(d_whole, d_sum, d_wpe, B, T, C, gpu.stream);
+    gpu.Sync();
+    const std::vector<float> whole = gpu.DownloadBf16(d_whole, n);
+    std::vector<float> slices(n), want(n);
+    for (int r = 0; r < ranks; r++) {
+      const int first = r * rows;
+      const std::vector<float> part(sum.begin() + (ptrdiff_t)((size_t)first * C),
+                                    sum.begin() + (ptrdiff_t)((size_t)(first + rows) * C));
+      const float *d_part = gpu.Upload(part);
+      mp_bf16 *d_out = gpu.Alloc<mp_bf16>(n_local, kPoisonByte);
+      gpu.Sync();
+      mp_add_position_rows_cuda(d_out, d_part, d_wpe, first, rows, T, C, gpu.stream);
+      gpu.Sync();
+      const std::vector<float> got = gpu.DownloadBf16(d_out, n_local);
+      std::copy(got.begin(), got.end(), slices.begin() + (ptrdiff_t)((size_t)first * C));
+      for (int i = 0; i < rows; i++) {
+        const int t = (first + i) % T;
+        for (int c = 0; c < C; c++) {
+          const size_t k = (size_t)(first + i) * C + c;
+          want[k] = sum[k] + wpe[(size_t)t * C + c];
+        }
+      }
+    }
+    ASSERT_TRUE(gpu.ok()) << gpu.error();
+    const std::string name = "add_position_rows of " + std::to_string(ranks) +
+                             " slices C=" + std::to_string(C);
+    ExpectClose(name + " (rounded on the host)", slices, RoundToBf16(want), kExact);
+    ExpectClose(name + " vs the whole", slices, whole, kExact);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // vocabulary-parallel cross-entropy: a split vocabulary and its CPU references
 

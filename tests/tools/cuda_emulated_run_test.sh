@@ -17,8 +17,9 @@
 #     MPI, so the losses equal the MPI runs' within 1e-6);
 #   - the watchdog over NCCL: a hung pipeline or tensor-parallel rank makes its peer fail after
 #     --comm-timeout naming the action, group and peer, with the communicators aborted (exit 1);
+#   - ZeRO-1 on the GPU (dp = 2, dp = 2 x pp = 2): AdamW on this rank's part, parameters gathered;
 #   - checkpoints: a GPU run resumed from its step-5 checkpoint continues bit for bit (one rank,
-#     pp = 2 x tp = 2), and the pp x tp checkpoint resumes on one CPU rank (within 2e-2);
+#     pp = 2 x tp = 2, dp = 2 x pp = 2 with ZeRO-1), and the pp x tp checkpoint resumes on one CPU rank (within 2e-2);
 #   - refusals: zb-h1 on the cuda backend (exit 2, naming why); --backend auto with a plan the
 #     cuda backend does not run falls back to the CPU and says so.
 # Run by tools/test.sh in its emulated pass; built normally (no GPU) it fails, saying so.
@@ -34,11 +35,11 @@ failures=0
 source "$(dirname "${BASH_SOURCE[0]}")/cli_expect.sh" || { echo "cannot load cli_expect.sh"; exit 1; }
 cp examples/models/tiny-gpt.json "$tmp/tiny-gpt.json"
 
-plan() { # plan NAME DP PP TP [SCHEDULE] [VIRTUAL] [SEQUENCE_PARALLEL]
+plan() { # plan NAME DP PP TP [SCHEDULE] [VIRTUAL] [SEQUENCE_PARALLEL] [ZERO_STAGE]
   local dp=$2
   cat > "$tmp/$1.json" <<JSON
 {"model": "tiny-gpt.json", "cluster": "cpu-local",
- "parallel": {"dp": $dp, "pp": $3, "tp": $4, "virtual_stages": ${6:-1}, "sequence_parallel": ${7:-false}},
+ "parallel": {"dp": $dp, "pp": $3, "tp": $4, "virtual_stages": ${6:-1}, "sequence_parallel": ${7:-false}, "zero_stage": ${8:-0}},
  "batch": {"global_batch": 8, "micro_batch": 2, "num_micro_batches": $((4 / dp)), "seq_len": 32},
  "schedule": "${5:-1f1b}",
  "training": {"steps": 10, "learning_rate": 3e-3, "warmup_steps": 2, "seed": 5}}
@@ -104,10 +105,15 @@ plan pp2tp2 1 2 2
 plan interleaved 1 2 1 interleaved-1f1b 2
 plan dp2 2 1 1
 plan dp2pp2 2 2 1
-for name in pp2 tp2 interleaved dp2 dp2pp2; do
+plan dp2zero1 2 1 1 1f1b 1 false 1
+plan dp2pp2zero1 2 2 1 1f1b 1 false 1
+for name in pp2 tp2 interleaved dp2 dp2pp2 dp2zero1 dp2pp2zero1; do
   run $name cuda
   compare "$name on the GPU vs one rank" "$tmp/one-cuda.jsonl" "$tmp/$name-cuda.jsonl" 1e-2
 done
+# ZeRO-1 runs AdamW's same operations on each element, only on another rank: the same numbers.
+compare "dp2zero1 vs dp2 on the GPU" "$tmp/dp2-cuda.jsonl" "$tmp/dp2zero1-cuda.jsonl" 1e-6
+compare "dp2pp2zero1 vs dp2pp2 on the GPU" "$tmp/dp2pp2-cuda.jsonl" "$tmp/dp2pp2zero1-cuda.jsonl" 1e-6
 run pp2tp2 cuda --save-weights "$tmp/pp2tp2-cuda.bin"
 run pp2tp2 cpu --save-weights "$tmp/pp2tp2-cpu.bin"
 compare "pp2tp2 on the GPU vs one rank" "$tmp/one-cuda.jsonl" "$tmp/pp2tp2-cuda.jsonl" 1e-2
@@ -125,7 +131,7 @@ fi
 
 # The same layouts over the NCCL communicators (emulated over MPI: the same sums, so the same
 # losses): the tensor-parallel table on NCCL, the pipeline's sends grouped with receives, dp.
-for name in pp2tp2 dp2pp2 interleaved; do
+for name in pp2tp2 dp2pp2 interleaved dp2pp2zero1; do
   GPU_COMM=nccl run $name cuda
   compare "$name over NCCL vs over MPI" "$tmp/$name-cuda.jsonl" "$tmp/$name-cuda-nccl.jsonl" 1e-6
 done
@@ -151,7 +157,7 @@ expect 0 "backend: cpu (auto: a GPU is visible, but the cuda backend does not ru
 # Checkpoints on the GPU: 10 steps saving at 5, against a resume from step 5 (bit for bit: the
 # emulation is deterministic, and the state goes to the host and back exactly), one rank and
 # pp = 2 x tp = 2; then the GPU's pp x tp checkpoint resumed on the CPU's one rank.
-for name in one pp2tp2; do
+for name in one pp2tp2 dp2pp2zero1; do
   expect 0 "checkpoint: saved $tmp/ckpt-$name/step-5" "done: 10 steps" -- \
     $mpengine run --config "$tmp/$name.json" --backend cuda --gpu-comm mpi \
     --checkpoint-dir "$tmp/ckpt-$name" --save-every 5 --metrics "$tmp/ckpt-$name.jsonl"
