@@ -7,6 +7,18 @@
  * tensor_parallel/ (through the host stage's mp_tp_comm, on device buffers). As in the one-GPU
  * model, the backward keeps one residual-stream gradient (dresidual) that each layernorm backward
  * adds its input gradient into.
+ *
+ * Sequence parallelism (Korthikanti et al. 2022; tensor_parallel/mappings.h), with tp > 1: the
+ * layernorms, the residual adds and the stage boundary hold this rank's token slice, rows
+ * [row0, row0 + BTl) of the B*T (BTl = B*T/tp, row0 = rank * BTl). A layernorm writes its rows of
+ * the column-parallel GEMM's (BT, C) input, which is then all-gathered in place and kept for the
+ * backward (qkv, fc, the LM head); a row-parallel GEMM's (BT, C) partial product is
+ * reduce-scattered to the slice, the bias added and rounded once (attn_proj, fc_proj); the
+ * embedding's lookup is reduce-scattered and the slice's positions added. The backward runs the
+ * mirrors: a row-parallel GEMM's output gradient all-gathered, a column-parallel input gradient
+ * reduce-scattered. Every collective moves fp32 (bf16 widened exactly, rounded once after a sum).
+ * The layernorm gradients are then partial sums over this rank's tokens until
+ * mp_gpt_stage_gpu_finish_grads. With tp = 1 sequence parallelism is the identity: nothing changes.
  */
 #include "engine/gpt_stage_gpu.h"
 
@@ -40,19 +52,20 @@ typedef struct {
       *fcprojb;
 } block_grads;
 
-/* What one block's forward keeps for its backward (Cl = C/tp, Fl = F/tp, NHl = NH/tp). */
+/* What one block's forward keeps for its backward (Cl = C/tp, Fl = F/tp, NHl = NH/tp; BTl = BT/tp
+ * with sequence parallelism, else BT). */
 typedef struct {
-  mp_bf16 *ln1;               /* (BT, C) */
-  float *ln1_mean, *ln1_rstd; /* (BT) */
+  mp_bf16 *ln1;               /* (BT, C) the qkv GEMM's input (all-gathered with SP) */
+  float *ln1_mean, *ln1_rstd; /* (BTl) */
   mp_bf16 *qkv;               /* (BT, 3Cl) this rank's q, k, v */
   mp_bf16 *atty;              /* (BT, Cl) */
   mp_bf16 *att;               /* (B, NHl, T, T), cuBLAS attention only */
   float *lse;                 /* (B, NHl, T), fused attention only */
-  mp_bf16 *residual2;         /* (BT, C) */
-  mp_bf16 *ln2;               /* (BT, C) */
-  float *ln2_mean, *ln2_rstd; /* (BT) */
+  mp_bf16 *residual2;         /* (BTl, C) */
+  mp_bf16 *ln2;               /* (BT, C) the fc GEMM's input (all-gathered with SP) */
+  float *ln2_mean, *ln2_rstd; /* (BTl) */
   mp_bf16 *fch, *fch_gelu;    /* (BT, Fl) */
-  mp_bf16 *out;               /* (BT, C) */
+  mp_bf16 *out;               /* (BTl, C) */
 } block_acts;
 
 /* One micro-batch between its forward and its backward. */
@@ -60,10 +73,11 @@ typedef struct {
   bool in_use;
   int32_t *inputs, *targets;   /* (B, T) device */
   int32_t *inputs_host;        /* (B, T) for the embedding backward */
-  mp_bf16 *input;              /* (BT, C) the stage's input: embedding output or received */
+  mp_bf16 *input;              /* (BTl, C) the stage's input: embedding output or received */
   block_acts *acts;            /* (num_layers) */
-  mp_bf16 *lnf;                /* (BT, C) */
-  float *lnf_mean, *lnf_rstd;  /* (BT) */
+  mp_bf16 *lnf;                /* (BTl, C) */
+  float *lnf_mean, *lnf_rstd;  /* (BTl) */
+  mp_bf16 *head_input;         /* (BT, C) SP: the LM head's input all-gathered; else NULL */
   mp_bf16 *logits;             /* (BT, Vl), dlogits after the forward's cross-entropy */
 } slot_acts;
 
@@ -74,6 +88,8 @@ struct mp_gpt_stage_gpu {
   mp_tp_comm tp;
   int B, T, C, NH, NHl, HS, Cl, Fl, Vl, V, Vp, vocab_start;
   bool fused_attention;
+  bool sp;      /* sequence parallelism with tp > 1 */
+  int BTl, row0; /* this rank's token rows [row0, row0 + BTl): all BT rows without SP */
   size_t num_params, device_bytes;
   mp_cublas *cublas;
   float *master, *grads;                   /* (num_params) */
@@ -92,10 +108,12 @@ struct mp_gpt_stage_gpu {
   /* shared by every slot */
   mp_bf16 *projection;       /* (BT, C) a row-parallel GEMM's output */
   float *reduce;             /* (BT, C) fp32: what a collective sums, the embedding lookup */
+  float *slice;              /* (BTl, C) fp32, SP: a collective's slice of reduce */
+  mp_bf16 *dout_total;       /* (BT, C) SP: a row-parallel GEMM's all-gathered output gradient */
   float *losses;             /* (BT) */
   float *losses_host;        /* (BT) */
   float *row_max, *gathered_max, *ce_stats; /* (BT), (tp, BT), (2, BT) */
-  mp_bf16 *dresidual, *dnorm;              /* (BT, C) */
+  mp_bf16 *dresidual, *dnorm;              /* (BT, C); with SP a slice's in the first BTl rows */
   mp_bf16 *datty;                          /* (BT, Cl) */
   mp_bf16 *dqkv;                           /* (BT, 3Cl) */
   mp_bf16 *dfch, *dfch_gelu;               /* (BT, Fl) */
@@ -174,7 +192,7 @@ static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
 
 static mp_status alloc_slot(mp_gpt_stage_gpu *gpu, slot_acts *s, mp_error *err) {
   const size_t BT = (size_t)gpu->B * (size_t)gpu->T, C = (size_t)gpu->C;
-  const size_t Cl = (size_t)gpu->Cl, Fl = (size_t)gpu->Fl;
+  const size_t Cl = (size_t)gpu->Cl, Fl = (size_t)gpu->Fl, BTl = (size_t)gpu->BTl;
   const int L = gpu->stage.num_layers;
   s->acts = calloc((size_t)(L > 0 ? L : 1), sizeof *s->acts);
   s->inputs_host = calloc(BT, sizeof(int32_t));
@@ -183,12 +201,12 @@ static mp_status alloc_slot(mp_gpt_stage_gpu *gpu, slot_acts *s, mp_error *err) 
   }
   ALLOC(s->inputs, BT);
   ALLOC(s->targets, BT);
-  ALLOC(s->input, BT * C);
+  ALLOC(s->input, BTl * C);
   for (int l = 0; l < L; ++l) {
     block_acts *a = &s->acts[l];
     ALLOC(a->ln1, BT * C);
-    ALLOC(a->ln1_mean, BT);
-    ALLOC(a->ln1_rstd, BT);
+    ALLOC(a->ln1_mean, BTl);
+    ALLOC(a->ln1_rstd, BTl);
     ALLOC(a->qkv, BT * 3 * Cl);
     ALLOC(a->atty, BT * Cl);
     if (gpu->fused_attention) {
@@ -196,27 +214,29 @@ static mp_status alloc_slot(mp_gpt_stage_gpu *gpu, slot_acts *s, mp_error *err) 
     } else {
       ALLOC(a->att, (size_t)gpu->B * gpu->NHl * gpu->T * gpu->T);
     }
-    ALLOC(a->residual2, BT * C);
+    ALLOC(a->residual2, BTl * C);
     ALLOC(a->ln2, BT * C);
-    ALLOC(a->ln2_mean, BT);
-    ALLOC(a->ln2_rstd, BT);
+    ALLOC(a->ln2_mean, BTl);
+    ALLOC(a->ln2_rstd, BTl);
     ALLOC(a->fch, BT * Fl);
     ALLOC(a->fch_gelu, BT * Fl);
-    ALLOC(a->out, BT * C);
+    ALLOC(a->out, BTl * C);
   }
   if (gpu->stage.final_norm) {
-    ALLOC(s->lnf, BT * C);
-    ALLOC(s->lnf_mean, BT);
-    ALLOC(s->lnf_rstd, BT);
+    ALLOC(s->lnf, BTl * C);
+    ALLOC(s->lnf_mean, BTl);
+    ALLOC(s->lnf_rstd, BTl);
   }
   if (gpu->stage.head) ALLOC(s->logits, BT * (size_t)gpu->Vl);
+  if (gpu->stage.head && gpu->sp) ALLOC(s->head_input, BT * C);
   return MP_OK;
 fail:
   return err != NULL && err->status != MP_OK ? err->status : MP_ERR_RUNTIME;
 }
 
 static void free_slot(slot_acts *s, int num_layers) {
-  void *own[] = {s->inputs, s->targets, s->input, s->lnf, s->lnf_mean, s->lnf_rstd, s->logits};
+  void *own[] = {s->inputs,   s->targets,  s->input,      s->lnf,
+                 s->lnf_mean, s->lnf_rstd, s->head_input, s->logits};
   for (size_t i = 0; i < sizeof own / sizeof own[0]; ++i) mp_device_free(own[i]);
   for (int l = 0; s->acts != NULL && l < num_layers; ++l) {
     block_acts *a = &s->acts[l];
@@ -237,9 +257,9 @@ void mp_gpt_stage_gpu_free(mp_gpt_stage_gpu *gpu) {
     free_slot(&gpu->slots[s], gpu->stage.num_layers);
   }
   void *buffers[] = {gpu->master, gpu->grads, gpu->adam_m, gpu->adam_v, gpu->weights,
-                     gpu->projection, gpu->reduce, gpu->losses, gpu->row_max,
-                     gpu->gathered_max, gpu->ce_stats, gpu->dresidual, gpu->dnorm, gpu->datty,
-                     gpu->dqkv, gpu->dfch, gpu->dfch_gelu, gpu->layernorm_scratch,
+                     gpu->projection, gpu->reduce, gpu->slice, gpu->dout_total, gpu->losses,
+                     gpu->row_max, gpu->gathered_max, gpu->ce_stats, gpu->dresidual, gpu->dnorm,
+                     gpu->datty, gpu->dqkv, gpu->dfch, gpu->dfch_gelu, gpu->layernorm_scratch,
                      gpu->matmul_scratch, gpu->norm_scratch, gpu->attention_scratch,
                      gpu->embedding_workspace, gpu->dwte_rows, gpu->shard_tokens};
   for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; ++i) mp_device_free(buffers[i]);
@@ -258,11 +278,6 @@ mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, 
                                   int seq_len, int num_slots, bool deferred_weights,
                                   mp_recompute recompute, mp_gpt_stage_gpu **out, mp_error *err) {
   *out = NULL;
-  if (mp_gpt_tp_sequence_parallel(host)) {
-    return mp_fail(err, MP_ERR_INPUT,
-                   "the CUDA backend does not run sequence parallelism yet; set "
-                   "\"sequence_parallel\": false in the plan, or use --backend cpu");
-  }
   if (deferred_weights) {
     return mp_fail(err, MP_ERR_INPUT,
                    "the CUDA backend does not run the zero-bubble schedule (zb-h1) yet; choose "
@@ -278,12 +293,17 @@ mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, 
                    num_slots);
   }
   const size_t channels = (size_t)mp_gpt_layout_config(mp_gpt_tp_layout(host))->channels;
-  if (micro_batch < 1 || seq_len < 1 ||
-      mp_gpt_tp_boundary_floats(host) != (size_t)micro_batch * (size_t)seq_len * channels) {
+  /* With sequence parallelism the host stage's boundary is its token slice. */
+  const size_t split = mp_gpt_tp_sequence_parallel(host) ? (size_t)mp_gpt_tp_comm(host)->size : 1;
+  const size_t tokens = micro_batch < 1 || seq_len < 1 ? 0 : (size_t)micro_batch * (size_t)seq_len;
+  if (tokens == 0 || tokens % split != 0 ||
+      mp_gpt_tp_boundary_floats(host) != tokens / split * channels) {
     return mp_fail(err, MP_ERR_INPUT,
-                   "the GPU stage's micro-batch %d x %d tokens is not its host stage's (%zu "
+                   "the GPU stage's micro-batch %d x %d tokens%s is not its host stage's (%zu "
                    "boundary floats of %zu channels)",
-                   micro_batch, seq_len, mp_gpt_tp_boundary_floats(host), channels);
+                   micro_batch, seq_len,
+                   split > 1 ? " (over the tensor-parallel group, sequence parallel)" : "",
+                   mp_gpt_tp_boundary_floats(host), channels);
   }
   if (mp_device_count() == 0) {
     return mp_fail(err, MP_ERR_INPUT,
@@ -317,6 +337,9 @@ mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, 
   gpu->Vp = c->padded_vocab_size;
   gpu->Vl = c->padded_vocab_size / gpu->tp.size;
   gpu->vocab_start = gpu->tp.rank * gpu->Vl;
+  gpu->sp = mp_gpt_tp_sequence_parallel(host) && gpu->tp.size > 1;
+  gpu->BTl = gpu->sp ? micro_batch * seq_len / gpu->tp.size : micro_batch * seq_len;
+  gpu->row0 = gpu->sp ? gpu->tp.rank * gpu->BTl : 0;
   gpu->num_params = mp_gpt_tp_num_params(host);
   gpu->num_slots = num_slots;
   const int L = gpu->stage.num_layers;
@@ -370,6 +393,10 @@ mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, 
   const size_t Cl = (size_t)gpu->Cl, Fl = (size_t)gpu->Fl;
   ALLOC(gpu->projection, BT * C);
   ALLOC(gpu->reduce, BT * C);
+  if (gpu->sp) {
+    ALLOC(gpu->slice, (size_t)gpu->BTl * C);
+    ALLOC(gpu->dout_total, BT * C);
+  }
   ALLOC(gpu->losses, BT);
   ALLOC(gpu->row_max, BT);
   ALLOC(gpu->gathered_max, BT * (size_t)gpu->tp.size);
@@ -499,8 +526,34 @@ static mp_status sum_over_group(mp_gpt_stage_gpu *gpu, mp_bf16 *x, const mp_bf16
   return MP_OK;
 }
 
+/* Sequence parallelism into a tensor-parallel region (Megatron's gather_from_sequence_parallel_
+ * region): full (BT, C) = every rank's slice (BTl, C) in rank order, through fp32 (exact both
+ * ways). slice may be full's own rows [row0, row0 + BTl). */
+static mp_status gather_sequence(mp_gpt_stage_gpu *gpu, mp_bf16 *full, const mp_bf16 *slice,
+                                 mp_error *err) {
+  const size_t n_local = (size_t)gpu->BTl * (size_t)gpu->C;
+  mp_float_from_bf16_cuda(gpu->slice, slice, n_local, NULL);
+  MP_TRY(mp_tp_all_gather(&gpu->tp, gpu->slice, gpu->reduce, n_local, err));
+  mp_bf16_from_float_cuda(full, gpu->reduce, n_local * (size_t)gpu->tp.size, NULL);
+  return MP_OK;
+}
+
+/* Sequence parallelism out of a tensor-parallel region (reduce_scatter_to_sequence_parallel_
+ * region): slice (BTl, C) = this rank's rows of partial (BT, C), each rank's partial sum, summed
+ * over the group in fp32, + bias (or NULL), rounded once. slice may be partial's first rows
+ * (partial is widened whole before slice is written). */
+static mp_status scatter_sequence(mp_gpt_stage_gpu *gpu, mp_bf16 *slice, const mp_bf16 *partial,
+                                  const mp_bf16 *bias, mp_error *err) {
+  const size_t n_local = (size_t)gpu->BTl * (size_t)gpu->C;
+  mp_float_from_bf16_cuda(gpu->reduce, partial, n_local * (size_t)gpu->tp.size, NULL);
+  MP_TRY(mp_tp_reduce_scatter_sum(&gpu->tp, gpu->reduce, gpu->slice, n_local, err));
+  mp_bf16_from_float_bias_cuda(slice, gpu->slice, bias, gpu->BTl, gpu->C, NULL);
+  return MP_OK;
+}
+
 /* out (BT, OC) = inp (BT, Cl) @ weight^T summed over the group, + bias: a row-parallel linear
- * layer's forward (Megatron's RowParallelLinear). With tp = 1, the one-GPU model's call. */
+ * layer's forward (Megatron's RowParallelLinear). With sequence parallelism (OC = C) only this
+ * rank's rows of the sum, in out's first BTl rows. With tp = 1, the one-GPU model's call. */
 static mp_status row_parallel_forward(mp_gpt_stage_gpu *gpu, mp_bf16 *out, const mp_bf16 *inp,
                                       const mp_bf16 *weight, const mp_bf16 *bias, int Cl, int OC,
                                       mp_error *err) {
@@ -510,13 +563,16 @@ static mp_status row_parallel_forward(mp_gpt_stage_gpu *gpu, mp_bf16 *out, const
     return MP_OK;
   }
   mp_matmul_forward_cuda(gpu->cublas, out, inp, weight, NULL, BT, Cl, OC, NULL);
+  if (gpu->sp) return scatter_sequence(gpu, out, out, bias, err);
   return sum_over_group(gpu, out, bias, BT, OC, err);
 }
 
 /* The gradient of a column-parallel layer's replicated input (BT, C): each rank holds the part
- * through its output channels; summed over the group. */
+ * through its output channels; summed over the group. With sequence parallelism only this rank's
+ * rows of the sum, in dinp's first BTl rows (the gradient of its slice of the layernorm output). */
 static mp_status column_parallel_input_grad(mp_gpt_stage_gpu *gpu, mp_bf16 *dinp, mp_error *err) {
   if (gpu->tp.size == 1) return MP_OK;
+  if (gpu->sp) return scatter_sequence(gpu, dinp, dinp, NULL, err);
   return sum_over_group(gpu, dinp, NULL, gpu->B * gpu->T, gpu->C, err);
 }
 
@@ -543,6 +599,13 @@ static mp_status embedding_forward(mp_gpt_stage_gpu *gpu, slot_acts *s, mp_error
    * zeros elsewhere; the sum over the group is the whole lookup. */
   mp_vocab_embedding_lookup_cuda(gpu->reduce, s->inputs, gpu->wte, gpu->vocab_start, gpu->Vl,
                                  B * T, C, NULL);
+  if (gpu->sp) {
+    /* Summed onto this rank's token slice only, with the positions of its rows. */
+    MP_TRY(mp_tp_reduce_scatter_sum(&gpu->tp, gpu->reduce, gpu->slice, (size_t)gpu->BTl * C,
+                                    err));
+    mp_add_position_rows_cuda(s->input, gpu->slice, gpu->wpe, gpu->row0, gpu->BTl, T, C, NULL);
+    return MP_OK;
+  }
   MP_TRY(mp_tp_all_reduce_sum(&gpu->tp, gpu->reduce, (size_t)B * T * C, err));
   mp_add_position_cuda(s->input, gpu->reduce, gpu->wpe, B, T, C, NULL);
   return MP_OK;
@@ -556,7 +619,13 @@ static mp_status embedding_backward(mp_gpt_stage_gpu *gpu, const slot_acts *s, m
     return MP_OK;
   }
   /* The one-GPU kernel on rows of this rank's shard: a token of another rank's range goes to an
-   * extra row that is then dropped. wpe is replicated: every rank adds the whole gradient. */
+   * extra row that is then dropped. wpe is replicated: every rank adds the whole gradient (with
+   * sequence parallelism, of every rank's token slice, all-gathered). */
+  const mp_bf16 *dout = gpu->dresidual;
+  if (gpu->sp) {
+    MP_TRY(gather_sequence(gpu, gpu->dout_total, gpu->dresidual, err));
+    dout = gpu->dout_total;
+  }
   for (int i = 0; i < BT; ++i) {
     const int row = s->inputs_host[i] - gpu->vocab_start;
     gpu->shard_tokens_host[i] = row >= 0 && row < gpu->Vl ? row : gpu->Vl;
@@ -565,7 +634,7 @@ static mp_status embedding_backward(mp_gpt_stage_gpu *gpu, const slot_acts *s, m
                                   (size_t)BT * sizeof(int32_t), err));
   const size_t rows_floats = ((size_t)gpu->Vl + 1) * (size_t)C;
   MP_TRY(mp_device_memset(gpu->dwte_rows, 0, rows_floats * sizeof(float), err));
-  mp_embedding_backward_cuda(gpu->dwte_rows, gpu->dwpe, gpu->dresidual, gpu->shard_tokens,
+  mp_embedding_backward_cuda(gpu->dwte_rows, gpu->dwpe, dout, gpu->shard_tokens,
                              gpu->shard_tokens_host, gpu->embedding_workspace, B, T, C, NULL);
   mp_add_f32_cuda(gpu->dwte, gpu->dwte_rows, (size_t)gpu->Vl * (size_t)C, NULL);
   return MP_OK;
@@ -596,8 +665,12 @@ static mp_status cross_entropy(mp_gpt_stage_gpu *gpu, slot_acts *s, float dloss,
 static mp_status block_forward(mp_gpt_stage_gpu *gpu, int l, block_acts *a, const mp_bf16 *x,
                                mp_error *err) {
   const int B = gpu->B, T = gpu->T, C = gpu->C, BT = B * T, Cl = gpu->Cl, Fl = gpu->Fl;
+  const int BTl = gpu->BTl;
+  const size_t mine = (size_t)gpu->row0 * (size_t)C; /* this rank's rows of a (BT, C) input */
   const block_weights *w = &gpu->blocks[l];
-  mp_layernorm_forward_cuda(a->ln1, a->ln1_mean, a->ln1_rstd, x, w->ln1w, w->ln1b, B, T, C, NULL);
+  mp_layernorm_forward_cuda(a->ln1 + mine, a->ln1_mean, a->ln1_rstd, x, w->ln1w, w->ln1b, 1, BTl,
+                            C, NULL);
+  if (gpu->sp) MP_TRY(gather_sequence(gpu, a->ln1, a->ln1 + mine, err));
   mp_matmul_forward_cuda(gpu->cublas, a->qkv, a->ln1, w->qkvw, w->qkvb, BT, C, 3 * Cl, NULL);
   if (gpu->fused_attention) {
     mp_flash_attention_forward_cuda(a->atty, a->lse, a->qkv, B, T, gpu->NHl, gpu->HS, NULL);
@@ -607,14 +680,15 @@ static mp_status block_forward(mp_gpt_stage_gpu *gpu, int l, block_acts *a, cons
   }
   MP_TRY(row_parallel_forward(gpu, gpu->projection, a->atty, w->attprojw, w->attprojb, Cl, C,
                               err));
-  mp_residual_forward_cuda(a->residual2, x, gpu->projection, (size_t)BT * C, NULL);
-  mp_layernorm_forward_cuda(a->ln2, a->ln2_mean, a->ln2_rstd, a->residual2, w->ln2w, w->ln2b, B,
-                            T, C, NULL);
+  mp_residual_forward_cuda(a->residual2, x, gpu->projection, (size_t)BTl * C, NULL);
+  mp_layernorm_forward_cuda(a->ln2 + mine, a->ln2_mean, a->ln2_rstd, a->residual2, w->ln2w,
+                            w->ln2b, 1, BTl, C, NULL);
+  if (gpu->sp) MP_TRY(gather_sequence(gpu, a->ln2, a->ln2 + mine, err));
   mp_matmul_forward_cuda(gpu->cublas, a->fch, a->ln2, w->fcw, w->fcb, BT, C, Fl, NULL);
   mp_gelu_forward_cuda(a->fch_gelu, a->fch, (size_t)BT * Fl, NULL);
   MP_TRY(row_parallel_forward(gpu, gpu->projection, a->fch_gelu, w->fcprojw, w->fcprojb, Fl, C,
                               err));
-  mp_residual_forward_cuda(a->out, a->residual2, gpu->projection, (size_t)BT * C, NULL);
+  mp_residual_forward_cuda(a->out, a->residual2, gpu->projection, (size_t)BTl * C, NULL);
   return MP_OK;
 }
 
@@ -625,12 +699,20 @@ static mp_status block_backward(mp_gpt_stage_gpu *gpu, int l, const block_acts *
   const int B = gpu->B, T = gpu->T, C = gpu->C, BT = B * T, Cl = gpu->Cl, Fl = gpu->Fl;
   const block_weights *w = &gpu->blocks[l];
   const block_grads *g = &gpu->dblocks[l];
+  const int BTl = gpu->BTl;
   const size_t act_bytes = (size_t)BT * C * sizeof(mp_bf16);
   mp_cublas *cublas = gpu->cublas;
+  /* dout: the gradient of a row-parallel GEMM's output (BT, C), dresidual itself, or with
+   * sequence parallelism every rank's slice of it all-gathered. */
+  const mp_bf16 *dout = gpu->dresidual;
+  if (gpu->sp) {
+    MP_TRY(gather_sequence(gpu, gpu->dout_total, gpu->dresidual, err));
+    dout = gpu->dout_total;
+  }
   /* The MLP branch. fc_proj is row-parallel: its input gradient is this rank's channels, its
-   * bias gradient whole (dresidual is replicated). */
+   * bias gradient whole (dout is replicated). */
   MP_TRY(mp_device_memset(gpu->dfch_gelu, 0, (size_t)BT * Fl * sizeof(mp_bf16), err));
-  mp_matmul_backward_cuda(cublas, gpu->dfch_gelu, g->fcprojw, g->fcprojb, gpu->dresidual,
+  mp_matmul_backward_cuda(cublas, gpu->dfch_gelu, g->fcprojw, g->fcprojb, dout,
                           a->fch_gelu, w->fcprojw, gpu->matmul_scratch, BT, Fl, C, NULL);
   MP_TRY(mp_device_memset(gpu->dfch, 0, (size_t)BT * Fl * sizeof(mp_bf16), err));
   mp_gelu_backward_cuda(gpu->dfch, a->fch, gpu->dfch_gelu, (size_t)BT * Fl, NULL);
@@ -639,10 +721,11 @@ static mp_status block_backward(mp_gpt_stage_gpu *gpu, int l, const block_acts *
                           gpu->matmul_scratch, BT, C, Fl, NULL);
   MP_TRY(column_parallel_input_grad(gpu, gpu->dnorm, err));
   mp_layernorm_backward_cuda(gpu->dresidual, g->ln2w, g->ln2b, gpu->dnorm, a->residual2, w->ln2w,
-                             a->ln2_mean, a->ln2_rstd, gpu->layernorm_scratch, B, T, C, NULL);
+                             a->ln2_mean, a->ln2_rstd, gpu->layernorm_scratch, 1, BTl, C, NULL);
   /* The attention branch. */
+  if (gpu->sp) MP_TRY(gather_sequence(gpu, gpu->dout_total, gpu->dresidual, err));
   MP_TRY(mp_device_memset(gpu->datty, 0, (size_t)BT * Cl * sizeof(mp_bf16), err));
-  mp_matmul_backward_cuda(cublas, gpu->datty, g->attprojw, g->attprojb, gpu->dresidual, a->atty,
+  mp_matmul_backward_cuda(cublas, gpu->datty, g->attprojw, g->attprojb, dout, a->atty,
                           w->attprojw, gpu->matmul_scratch, BT, Cl, C, NULL);
   MP_TRY(mp_device_memset(gpu->dqkv, 0, (size_t)BT * 3 * Cl * sizeof(mp_bf16), err));
   if (gpu->fused_attention) {
@@ -657,7 +740,7 @@ static mp_status block_backward(mp_gpt_stage_gpu *gpu, int l, const block_acts *
                           gpu->matmul_scratch, BT, C, 3 * Cl, NULL);
   MP_TRY(column_parallel_input_grad(gpu, gpu->dnorm, err));
   mp_layernorm_backward_cuda(gpu->dresidual, g->ln1w, g->ln1b, gpu->dnorm, inp, w->ln1w,
-                             a->ln1_mean, a->ln1_rstd, gpu->layernorm_scratch, B, T, C, NULL);
+                             a->ln1_mean, a->ln1_rstd, gpu->layernorm_scratch, 1, BTl, C, NULL);
   return MP_OK;
 }
 
@@ -667,15 +750,15 @@ static const mp_bf16 *before_tail(const mp_gpt_stage_gpu *gpu, const slot_acts *
   return L > 0 ? s->acts[L - 1].out : s->input;
 }
 
-/* A stage boundary (BT, C) fp32 on the device -> dst bf16 (the one rounding a one-GPU model
+/* A stage boundary (BTl, C) fp32 on the device -> dst bf16 (the one rounding a one-GPU model
  * makes there too). */
 static void boundary_in(mp_gpt_stage_gpu *gpu, mp_bf16 *dst, const float *boundary) {
-  mp_bf16_from_float_cuda(dst, boundary, (size_t)gpu->B * gpu->T * gpu->C, NULL);
+  mp_bf16_from_float_cuda(dst, boundary, (size_t)gpu->BTl * gpu->C, NULL);
 }
 
-/* src bf16 -> a stage boundary (BT, C) fp32 on the device, exactly. */
+/* src bf16 -> a stage boundary (BTl, C) fp32 on the device, exactly. */
 static void boundary_out(mp_gpt_stage_gpu *gpu, float *boundary, const mp_bf16 *src) {
-  mp_float_from_bf16_cuda(boundary, src, (size_t)gpu->B * gpu->T * gpu->C, NULL);
+  mp_float_from_bf16_cuda(boundary, src, (size_t)gpu->BTl * gpu->C, NULL);
 }
 
 mp_status mp_gpt_stage_gpu_forward(mp_gpt_stage_gpu *gpu, int slot, const int32_t *inputs,
@@ -699,8 +782,8 @@ mp_status mp_gpt_stage_gpu_forward(mp_gpt_stage_gpu *gpu, int slot, const int32_
     x = s->acts[l].out;
   }
   if (st->final_norm) {
-    mp_layernorm_forward_cuda(s->lnf, s->lnf_mean, s->lnf_rstd, x, gpu->lnfw, gpu->lnfb, B, T, C,
-                              NULL);
+    mp_layernorm_forward_cuda(s->lnf, s->lnf_mean, s->lnf_rstd, x, gpu->lnfw, gpu->lnfb, 1,
+                              gpu->BTl, C, NULL);
     x = s->lnf;
   }
   if (!st->head) {
@@ -710,7 +793,12 @@ mp_status mp_gpt_stage_gpu_forward(mp_gpt_stage_gpu *gpu, int slot, const int32_
     return MP_OK;
   }
   MP_TRY(mp_device_copy_to_device(s->targets, targets, token_bytes, err));
-  /* The LM head, tied to this rank's rows of wte: the logits of its vocabulary range. */
+  /* The LM head, tied to this rank's rows of wte: the logits of its vocabulary range, for every
+   * token (with sequence parallelism its input all-gathered first). */
+  if (gpu->sp) {
+    MP_TRY(gather_sequence(gpu, s->head_input, x, err));
+    x = s->head_input;
+  }
   mp_matmul_forward_cuda(gpu->cublas, s->logits, x, gpu->wte, NULL, BT, C, gpu->Vl, NULL);
   MP_TRY(cross_entropy(gpu, s, dloss, err));
   MP_TRY(mp_cublas_check(gpu->cublas, err));
@@ -737,7 +825,7 @@ mp_status mp_gpt_stage_gpu_backward(mp_gpt_stage_gpu *gpu, int slot, const float
   /* g: the gradient of the stage's last activation (the final norm's output, or the blocks'). */
   mp_bf16 *g = st->final_norm ? gpu->dnorm : gpu->dresidual;
   if (st->head) {
-    const mp_bf16 *head_input = st->final_norm ? s->lnf : tail_input;
+    const mp_bf16 *head_input = gpu->sp ? s->head_input : st->final_norm ? s->lnf : tail_input;
     MP_TRY(mp_device_memset(g, 0, act_bytes, err));
     mp_matmul_backward_cuda(gpu->cublas, g, gpu->dwte, NULL, s->logits, head_input, gpu->wte,
                             gpu->matmul_scratch, BT, C, gpu->Vl, NULL);
@@ -748,8 +836,8 @@ mp_status mp_gpt_stage_gpu_backward(mp_gpt_stage_gpu *gpu, int slot, const float
   if (st->final_norm) {
     MP_TRY(mp_device_memset(gpu->dresidual, 0, act_bytes, err));
     mp_layernorm_backward_cuda(gpu->dresidual, gpu->dlnfw, gpu->dlnfb, gpu->dnorm, tail_input,
-                               gpu->lnfw, s->lnf_mean, s->lnf_rstd, gpu->layernorm_scratch, B, T,
-                               C, NULL);
+                               gpu->lnfw, s->lnf_mean, s->lnf_rstd, gpu->layernorm_scratch, 1,
+                               gpu->BTl, C, NULL);
   }
   for (int l = L - 1; l >= 0; --l) {
     const mp_bf16 *inp = l == 0 ? s->input : s->acts[l - 1].out;
@@ -766,6 +854,26 @@ mp_status mp_gpt_stage_gpu_backward(mp_gpt_stage_gpu *gpu, int slot, const float
   }
   boundary_out(gpu, dinput, gpu->dresidual);
   return mp_cublas_check(gpu->cublas, err);
+}
+
+/* w (C) and b (C) summed over the tensor-parallel group: one collective when b follows w (the
+ * layout keeps a layernorm's weight and bias next to each other). */
+static mp_status sum_norm_grads(mp_gpt_stage_gpu *gpu, float *w, float *b, mp_error *err) {
+  const size_t C = (size_t)gpu->C;
+  if (b == w + C) return mp_tp_all_reduce_sum(&gpu->tp, w, 2 * C, err);
+  MP_TRY(mp_tp_all_reduce_sum(&gpu->tp, w, C, err));
+  return mp_tp_all_reduce_sum(&gpu->tp, b, C, err);
+}
+
+mp_status mp_gpt_stage_gpu_finish_grads(mp_gpt_stage_gpu *gpu, mp_error *err) {
+  if (!gpu->sp) return MP_OK;
+  for (int l = 0; l < gpu->stage.num_layers; ++l) {
+    const block_grads *g = &gpu->dblocks[l];
+    MP_TRY(sum_norm_grads(gpu, g->ln1w, g->ln1b, err));
+    MP_TRY(sum_norm_grads(gpu, g->ln2w, g->ln2b, err));
+  }
+  if (gpu->stage.final_norm) MP_TRY(sum_norm_grads(gpu, gpu->dlnfw, gpu->dlnfb, err));
+  return MP_OK;
 }
 
 mp_status mp_gpt_stage_gpu_grad_norm_squared(mp_gpt_stage_gpu *gpu, double *out, mp_error *err) {

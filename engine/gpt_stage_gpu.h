@@ -17,12 +17,22 @@
  * so that several ranks may share one GPU. With tp = 1 no collective runs and the kernels are
  * exactly engine/gpt_model_gpu.h's.
  *
- * Boundaries between stages are fp32 (B*T, C) arrays in device memory (the stage worker's
- * buffers, which the trainer allocates on the GPU and sends over MPI or NCCL); the stage widens
- * its bf16 output into them exactly and rounds its input from them.
+ * Sequence parallelism (the host stage's; Korthikanti et al. 2022, as tensor_parallel/ does it on
+ * the CPU): with tp > 1 the layernorms, residual adds and stage boundaries hold this rank's token
+ * slice, rows [rank * B*T/tp, (rank + 1) * B*T/tp) of the micro-batch; the layernorm output is
+ * all-gathered before each column-parallel GEMM (qkv, fc, the LM head) and each row-parallel
+ * GEMM's partial product reduce-scattered to the slice (attn_proj, fc_proj, the embedding
+ * lookup), the backward running the mirrors. The layernorm weight gradients are then each rank's
+ * partial sums: mp_gpt_stage_gpu_finish_grads sums them once per step. Attention sees all B*T
+ * tokens of this rank's heads, as without it. With tp = 1 it changes nothing.
  *
- * Not (yet) on the GPU, refused by mp_gpt_stage_gpu_create with MP_ERR_INPUT: sequence
- * parallelism, the zero-bubble split (deferred weight gradients) and full recomputation.
+ * Boundaries between stages are fp32 arrays of mp_gpt_tp_boundary_floats(host) floats in device
+ * memory: (B*T, C), or with sequence parallelism (B*T/tp, C), this rank's token slice (the stage
+ * worker's buffers, which the trainer allocates on the GPU and sends over MPI or NCCL); the stage
+ * widens its bf16 output into them exactly and rounds its input from them.
+ *
+ * Not (yet) on the GPU, refused by mp_gpt_stage_gpu_create with MP_ERR_INPUT: the zero-bubble
+ * split (deferred weight gradients) and full recomputation.
  * Selective recomputation is what the fused attention does anyway (it keeps no T x T matrix).
  *
  * Every kernel runs on CUDA's default stream, in order; every call returns after its work is
@@ -54,9 +64,10 @@ typedef struct {
  * (micro_batch, seq_len) micro-batch each, on the current GPU. device_tp: the tensor-parallel
  * group for collectives on device buffers (engine/tp_comm_nccl.h), the same ranks in the same
  * order as the host stage's group, copied (its context must outlive the stage); NULL: the host
- * stage's table (MPI, which stages device buffers through the host). recompute is the plan's (full is
- * refused); deferred_weights and sequence parallelism (the host stage's) are refused, naming what
- * to change. Parameters start at zero: mp_gpt_stage_gpu_upload_params. */
+ * stage's table (MPI, which stages device buffers through the host). recompute is the plan's
+ * (full is refused); deferred_weights is refused, naming what to change. Sequence parallelism is
+ * the host stage's (mp_gpt_tp_sequence_parallel). Parameters start at zero:
+ * mp_gpt_stage_gpu_upload_params. */
 mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, int micro_batch,
                                   int seq_len, int num_slots, bool deferred_weights,
                                   mp_recompute recompute, mp_gpt_stage_gpu **out, mp_error *err);
@@ -100,6 +111,12 @@ void mp_gpt_stage_gpu_blocks_range(const mp_gpt_stage_gpu *gpu, size_t *first, s
 
 /* gradients *= scale (a data-parallel mean, a clip factor). */
 void mp_gpt_stage_gpu_scale_grads(mp_gpt_stage_gpu *gpu, float scale);
+
+/* mp_gpt_tp_finish_grads on the device: once per step, after the last micro-batch's backward (and
+ * the data-parallel sums) and before the norm, with sequence parallelism every layernorm gradient
+ * (each block's ln1 and ln2, the final norm's), partial over this rank's tokens, is summed over
+ * the tensor-parallel group; without it (or with tp = 1) nothing happens. Collective. */
+mp_status mp_gpt_stage_gpu_finish_grads(mp_gpt_stage_gpu *gpu, mp_error *err);
 
 /* Forward of one micro-batch through the stage into slot (arguments as
  * mp_gpt_tp_forward_stage's; inputs and targets are host arrays, input and output device ones). A head stage also leaves the

@@ -54,6 +54,10 @@ void mp_gpt_stage_gpu_blocks_range(const mp_gpt_stage_gpu *gpu, size_t *first, s
   *first = *end = 0;
 }
 void mp_gpt_stage_gpu_scale_grads(mp_gpt_stage_gpu *gpu, float scale) { (void)gpu, (void)scale; }
+mp_status mp_gpt_stage_gpu_finish_grads(mp_gpt_stage_gpu *gpu, mp_error *err) {
+  (void)gpu;
+  return unreachable(err);
+}
 mp_status mp_gpt_stage_gpu_forward(mp_gpt_stage_gpu *gpu, int slot, const int32_t *inputs,
                                    const int32_t *targets, const float *input, float *output,
                                    float dloss, double *loss, mp_error *err) {

@@ -86,9 +86,7 @@ mp_status mp_trainer_check_layout(const mp_plan *plan, mp_backend backend, mp_er
     /* What the GPU models (engine/gpt_model_gpu.h, gpt_stage_gpu.h) do not run yet. */
     const bool staged = plan->pp > 1 || plan->tp > 1;
     const char *missing = NULL;
-    if (staged && plan->sequence_parallel) {
-      missing = "sequence parallelism (set \"sequence_parallel\": false)";
-    } else if (staged && strcmp(plan->schedule, "zb-h1") == 0) {
+    if (staged && strcmp(plan->schedule, "zb-h1") == 0) {
       missing = "the zero-bubble schedule zb-h1 (choose 1f1b, interleaved or gpipe)";
     } else if (staged && plan->recompute == MP_RECOMPUTE_FULL) {
       missing = "full recomputation (set \"recompute\" to \"selective\" or \"none\")";
@@ -1090,6 +1088,10 @@ static mp_status finish_gpu_step(mp_trainer *trainer, double lr, double *grad_no
     for (int c = 0; c < trainer->num_chunks; ++c) {
       mp_gpt_stage_gpu_scale_grads(trainer->gpu_chunks[c], 1.0f / (float)plan->dp);
     }
+  }
+  /* Sequence parallelism: the layernorm gradients summed over tp (finish_parallel_step's order). */
+  for (int c = 0; c < trainer->num_chunks; ++c) {
+    MP_TRY(mp_gpt_stage_gpu_finish_grads(trainer->gpu_chunks[c], err));
   }
   MP_TRY(mp_device_synchronize(err));
   if (o->embedding != NULL && mp_comm_size(o->embedding) > 1) {

@@ -13,8 +13,9 @@
 #     (`bench comm --backend mpi --buffers device`), and NCCL's refusal of two ranks on one GPU,
 #     which must be an error, never a hang;
 #   - with the carried Open MPI: data parallelism (dp = 2) and pipeline and tensor parallelism
-#     ((pp, tp) = (2, 1), (1, 2), (2, 2)) on ranks sharing the GPU, against the one-rank GPU run
-#     and, for (2, 2), the CPU run of the same plan; one-rank training over NCCL;
+#     ((pp, tp) = (2, 1), (1, 2), (2, 2), and (2, 2) with sequence parallelism) on ranks sharing
+#     the GPU, against the one-rank GPU run and, for (2, 2), the CPU run of the same plan and the
+#     run without sequence parallelism; one-rank training over NCCL;
 #   - one-GPU training of tiny-gpt (loss against the entropy floor), a checkpoint resumed bit for
 #     bit, gpt2-124m and gpt2-1.5b (tokens/s, MFU), and PyTorch eager on the same model and batch
 #     for the tokens/s ratio.
@@ -199,6 +200,18 @@ JSON
   done
   compare_losses "GPU pp = 2, tp = 2 vs CPU pp = 2, tp = 2 (bf16 vs fp32)" \
     "$work/cpu-pp2tp2.jsonl" "$work/gpu-pp2tp2.jsonl" 2e-2
+  # Sequence parallelism: the same GEMMs on the same rows, only the layernorm gradients summed in
+  # another order, so close to the run without it.
+  section "sequence parallelism on the GPU: pp = 2, tp = 2 vs without it and vs one rank"
+  sed 's/"tp": 2}/"tp": 2, "sequence_parallel": true}/' "$work/pp2tp2.json" > "$work/pp2tp2sp.json"
+  timeout 240 env "${mpi_env[@]}" "$mpirun" -np 4 --bind-to none .device/bin/mpengine run \
+    --config "$work/pp2tp2sp.json" --backend cuda --gpu-comm mpi \
+    --metrics "$work/gpu-pp2tp2sp.jsonl" --comm-timeout 60 | grep -E "^plan|^step 20/|^done" \
+    || fail "pp = 2, tp = 2 with sequence parallelism on cuda"
+  compare_losses "GPU pp = 2, tp = 2 sequence parallel vs not" "$work/gpu-pp2tp2.jsonl" \
+    "$work/gpu-pp2tp2sp.jsonl" 1e-3
+  compare_losses "GPU pp = 2, tp = 2 sequence parallel vs GPU one rank" "$work/gpu-pp1tp1.jsonl" \
+    "$work/gpu-pp2tp2sp.jsonl" 1e-2
   rm -rf "$work"
 else
   section "two ranks sharing the GPU"

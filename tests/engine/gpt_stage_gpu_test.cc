@@ -2,8 +2,8 @@
 // stage, with tp = 1 on one process.
 //
 // Everywhere (no GPU needed): mp_gpt_stage_gpu_create refuses what the GPU stage does not run
-// (sequence parallelism, the zero-bubble split, full recomputation, no activation slot) with
-// MP_ERR_INPUT and a message naming what to change, before it looks for a GPU.
+// (the zero-bubble split, full recomputation, no activation slot) with MP_ERR_INPUT and a message
+// naming what to change, before it looks for a GPU.
 //
 // With a GPU (skipped, by name, without one), against the one-GPU model (gpt_model_gpu.h) on the
 // same parameters. The one-GPU model is itself the whole model as one stage at tp = 1, so these
@@ -13,7 +13,10 @@
 // tensor's largest element (noise only; there are no atomics in the kernels). Then a two-stage split of the
 // chain through a device boundary gives the whole stage's loss and gradients (wte's split between
 // the embedding and the LM head's tied copy), two activation slots in flight give what one slot
-// gives, and AdamW steps move the parameters as the one-GPU model's optimizer step does.
+// gives, AdamW steps move the parameters as the one-GPU model's optimizer step does, and a
+// sequence-parallel host stage at tp = 1 (where sequence parallelism is the identity: one token
+// slice of all B*T rows) gives the whole stage's numbers bit for bit, finish_grads included.
+// Sequence parallelism over tp > 1 ranks is checked by tests/tools/cuda_emulated_run_test.sh.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -125,8 +128,8 @@ struct Fixture {
   }
 
   // Host stage, its GPU twin with num_slots slots, parameters from kSeed uploaded.
-  bool Gpu(Stage *s, int first = 0, int end = kL + 3, int num_slots = 1) {
-    return Host(s, first, end) && mp_gpt_tp_init_params(s->host, kSeed, &err) == MP_OK &&
+  bool Gpu(Stage *s, int first = 0, int end = kL + 3, int num_slots = 1, bool sp = false) {
+    return Host(s, first, end, sp) && mp_gpt_tp_init_params(s->host, kSeed, &err) == MP_OK &&
            mp_gpt_stage_gpu_create(s->host, nullptr, kB, kT, num_slots, false,
                                    MP_RECOMPUTE_NONE, &s->gpu, &err) == MP_OK &&
            mp_gpt_stage_gpu_upload_params(s->gpu, &err) == MP_OK;
@@ -157,16 +160,6 @@ void ExpectRefusal(mp_gpt_tp *host, int num_slots, bool deferred, mp_recompute r
   for (const std::string &w : wanted) {
     EXPECT_NE(message.find(w), std::string::npos) << "wanted \"" << w << "\" in: " << message;
   }
-}
-
-TEST(GptStageGpuRefuses, SequenceParallelism) {
-  Fixture f;
-  Stage s;
-  // tp = 1 with sequence parallelism is a valid host stage (B*T divides over one rank).
-  ASSERT_TRUE(f.Host(&s, 0, kL + 3, /*sp=*/true)) << f.err.message;
-  ASSERT_TRUE(mp_gpt_tp_sequence_parallel(s.host));
-  ExpectRefusal(s.host, 1, false, MP_RECOMPUTE_NONE,
-                {"sequence parallelism", "\"sequence_parallel\": false", "--backend cpu"});
 }
 
 TEST(GptStageGpuRefuses, DeferredWeights) {
@@ -427,6 +420,79 @@ TEST(GptStageGpu, TwoStagesThroughAHostBoundaryMatchTheWholeStage) {
   double host_whole = 0.0;
   ASSERT_EQ(mp_gpt_tp_grad_norm_squared(whole.host, &host_whole, &f.err), MP_OK);
   EXPECT_NEAR(host_whole, nwhole, 1e-5 * nwhole);
+}
+
+TEST(GptStageGpu, SequenceParallelAtOneRankMatchesTheWholeStage) {
+  REQUIRE_GPU();
+  Fixture f;
+  Stage plain, sp, a, b;
+  const int k = 2;  // the split of TwoStagesThroughAHostBoundary, both stages sequence-parallel
+  ASSERT_TRUE(f.Gpu(&plain)) << f.err.message;
+  ASSERT_TRUE(f.Gpu(&sp, 0, kL + 3, 1, /*sp=*/true)) << f.err.message;
+  ASSERT_TRUE(f.Gpu(&a, 0, k, 1, /*sp=*/true)) << f.err.message;
+  ASSERT_TRUE(f.Gpu(&b, k, kL + 3, 1, /*sp=*/true)) << f.err.message;
+  ASSERT_TRUE(mp_gpt_tp_sequence_parallel(sp.host));
+  // One rank's token slice is all B*T tokens: the boundary is the whole micro-batch's.
+  ASSERT_EQ(mp_gpt_tp_boundary_floats(a.host), (size_t)kB * kT * 64);
+
+  StepResult expected, got;
+  ASSERT_TRUE(WholeStageStep(&f, &plain, &expected)) << f.err.message;
+  ASSERT_EQ(mp_gpt_stage_gpu_zero_grads(sp.gpu, &f.err), MP_OK);
+  for (int mb = 0; mb < 2; ++mb) {
+    const ivec in = Inputs(mb), tg = Targets(mb);
+    ASSERT_EQ(mp_gpt_stage_gpu_forward(sp.gpu, 0, in.data(), tg.data(), nullptr, nullptr, kDloss,
+                                       &got.loss[mb], &f.err),
+              MP_OK)
+        << f.err.message;
+    ASSERT_EQ(mp_gpt_stage_gpu_backward(sp.gpu, 0, nullptr, nullptr, &f.err), MP_OK)
+        << f.err.message;
+  }
+  // The once-per-step sum of the layernorm gradients over a group of one changes nothing.
+  ASSERT_EQ(mp_gpt_stage_gpu_finish_grads(sp.gpu, &f.err), MP_OK) << f.err.message;
+  ASSERT_EQ(mp_device_synchronize(&f.err), MP_OK) << f.err.message;
+  ASSERT_EQ(mp_gpt_stage_gpu_download_grads(sp.gpu, &f.err), MP_OK) << f.err.message;
+  got.grads.assign(expected.grads.size(), NAN);
+  ASSERT_EQ(mp_gpt_tp_gather_grads(sp.host, got.grads.data(), &f.err), MP_OK) << f.err.message;
+  printf("model gpu stage tp=1 with sequence parallelism vs without: losses %.6f %.6f vs %.6f "
+         "%.6f\n",
+         got.loss[0], got.loss[1], expected.loss[0], expected.loss[1]);
+  EXPECT_EQ(got.loss[0], expected.loss[0]);
+  EXPECT_EQ(got.loss[1], expected.loss[1]);
+  const mp_gpt_layout *layout = mp_gpt_tp_layout(plain.host);
+  ExpectSameGrads("gpu stage tp=1 sequence parallel vs not, gradients", layout, got.grads,
+                  expected.grads, 0.0);
+
+  // Two sequence-parallel stages through a device boundary: the same losses.
+  const size_t n = mp_gpt_tp_boundary_floats(a.host);
+  float *boundary = nullptr, *dboundary = nullptr;
+  ASSERT_EQ(mp_device_alloc((void **)&boundary, n * sizeof(float), &f.err), MP_OK);
+  ASSERT_EQ(mp_device_alloc((void **)&dboundary, n * sizeof(float), &f.err), MP_OK);
+  double loss[2] = {0.0, 0.0}, untouched = 0.0;
+  for (int mb = 0; mb < 2; ++mb) {
+    const ivec in = Inputs(mb), tg = Targets(mb);
+    ASSERT_EQ(mp_gpt_stage_gpu_forward(a.gpu, 0, in.data(), nullptr, nullptr, boundary, kDloss,
+                                       &untouched, &f.err),
+              MP_OK)
+        << f.err.message;
+    ASSERT_EQ(mp_gpt_stage_gpu_forward(b.gpu, 0, nullptr, tg.data(), boundary, nullptr, kDloss,
+                                       &loss[mb], &f.err),
+              MP_OK)
+        << f.err.message;
+    ASSERT_EQ(mp_gpt_stage_gpu_backward(b.gpu, 0, nullptr, dboundary, &f.err), MP_OK)
+        << f.err.message;
+    ASSERT_EQ(mp_gpt_stage_gpu_backward(a.gpu, 0, dboundary, nullptr, &f.err), MP_OK)
+        << f.err.message;
+  }
+  ASSERT_EQ(mp_gpt_stage_gpu_finish_grads(a.gpu, &f.err), MP_OK) << f.err.message;
+  ASSERT_EQ(mp_gpt_stage_gpu_finish_grads(b.gpu, &f.err), MP_OK) << f.err.message;
+  ASSERT_EQ(mp_device_synchronize(&f.err), MP_OK) << f.err.message;
+  mp_device_free(boundary);
+  mp_device_free(dboundary);
+  printf("model two sequence-parallel gpu stages at tp=1 vs whole stage: losses %.6f %.6f vs "
+         "%.6f %.6f\n",
+         loss[0], loss[1], expected.loss[0], expected.loss[1]);
+  EXPECT_EQ(loss[0], expected.loss[0]);
+  EXPECT_EQ(loss[1], expected.loss[1]);
 }
 
 TEST(GptStageGpu, TwoSlotsInFlightMatchOneSlotAtATime) {

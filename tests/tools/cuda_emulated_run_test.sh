@@ -13,8 +13,11 @@
 #     gradients over MPI) and dp = 2 x pp = 2: each within 1e-2 of the one-rank GPU run (the same
 #     bf16 kernels, other rounding points around the collectives), the 4-rank run also within 2e-2
 #     of the CPU run of the same plan, and its --save-weights within 1e-2 relative L2 of the CPU's;
-#   - pp = 2 x tp = 2, dp = 2 x pp = 2 and interleaved over the NCCL communicators (emulated on
-#     MPI, so the losses equal the MPI runs' within 1e-6);
+#   - sequence parallelism on the GPU (tp = 2, pp = 2 x tp = 2): each within 1e-2 of the one-rank
+#     GPU run and within 1e-6 of the same layout without it, the 4-rank one also within 2e-2 of
+#     the CPU run of the same plan;
+#   - pp = 2 x tp = 2 (with and without sequence parallelism), dp = 2 x pp = 2 and interleaved over
+#     the NCCL communicators (emulated on MPI, so the losses equal the MPI runs' within 1e-6);
 #   - the watchdog over NCCL: a hung pipeline or tensor-parallel rank makes its peer fail after
 #     --comm-timeout naming the action, group and peer, with the communicators aborted (exit 1);
 #   - ZeRO-1 on the GPU (dp = 2, dp = 2 x pp = 2): AdamW on this rank's part, parameters gathered;
@@ -107,7 +110,9 @@ plan dp2 2 1 1
 plan dp2pp2 2 2 1
 plan dp2zero1 2 1 1 1f1b 1 false 1
 plan dp2pp2zero1 2 2 1 1f1b 1 false 1
-for name in pp2 tp2 interleaved dp2 dp2pp2 dp2zero1 dp2pp2zero1; do
+plan tp2sp 1 1 2 1f1b 1 true
+plan pp2tp2sp 1 2 2 1f1b 1 true
+for name in pp2 tp2 interleaved dp2 dp2pp2 dp2zero1 dp2pp2zero1 tp2sp; do
   run $name cuda
   compare "$name on the GPU vs one rank" "$tmp/one-cuda.jsonl" "$tmp/$name-cuda.jsonl" 1e-2
 done
@@ -128,10 +133,23 @@ if [ -s "$tmp/pp2tp2-cuda.bin" ] && [ -s "$tmp/pp2tp2-cpu.bin" ]; then
 else
   fail "pp2tp2: --save-weights wrote no file"
 fi
+# Sequence parallelism: layernorms and residuals on each rank's token slice, the GEMM inputs
+# all-gathered and the row-parallel outputs reduce-scattered, the layernorm gradients summed over
+# tp once per step; the boundaries between the stages are token slices.
+run pp2tp2sp cuda
+run pp2tp2sp cpu
+compare "pp2tp2sp on the GPU vs one rank" "$tmp/one-cuda.jsonl" "$tmp/pp2tp2sp-cuda.jsonl" 1e-2
+compare "pp2tp2sp on the GPU vs on the CPU" "$tmp/pp2tp2sp-cpu.jsonl" "$tmp/pp2tp2sp-cuda.jsonl" 2e-2
+# Against the same layouts without it: the same bf16 roundings at the same points (a reduce-scatter
+# sums what the all-reduce sums), only the layernorm gradients' fp32 sums run in another order. So
+# 1e-6 (measured: equal in every printed digit), which a missing sum of the layernorm gradients over
+# tp (1e-4 in the loss, 1e-3 in the norm) would fail where the 1e-2 bounds above do not.
+compare "tp2sp vs tp2 on the GPU" "$tmp/tp2-cuda.jsonl" "$tmp/tp2sp-cuda.jsonl" 1e-6
+compare "pp2tp2sp vs pp2tp2 on the GPU" "$tmp/pp2tp2-cuda.jsonl" "$tmp/pp2tp2sp-cuda.jsonl" 1e-6
 
 # The same layouts over the NCCL communicators (emulated over MPI: the same sums, so the same
 # losses): the tensor-parallel table on NCCL, the pipeline's sends grouped with receives, dp.
-for name in pp2tp2 dp2pp2 interleaved dp2pp2zero1; do
+for name in pp2tp2 pp2tp2sp dp2pp2 interleaved dp2pp2zero1; do
   GPU_COMM=nccl run $name cuda
   compare "$name over NCCL vs over MPI" "$tmp/$name-cuda.jsonl" "$tmp/$name-cuda-nccl.jsonl" 1e-6
 done
