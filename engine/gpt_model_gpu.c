@@ -124,7 +124,7 @@ mp_status mp_gpt_gpu_forward(mp_gpt_gpu *gpt, const int32_t *inputs, const int32
 }
 
 mp_status mp_gpt_gpu_backward(mp_gpt_gpu *gpt, mp_error *err) {
-  return mp_gpt_stage_gpu_backward(gpt->stage, 0, NULL, NULL, err);
+  return mp_gpt_stage_gpu_backward(gpt->stage, 0, NULL, NULL, false, err);
 }
 
 mp_status mp_gpt_gpu_optimizer_step(mp_gpt_gpu *gpt, const mp_gpu_adamw *adamw,

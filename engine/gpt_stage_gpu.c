@@ -68,13 +68,29 @@ typedef struct {
   mp_bf16 *out;               /* (BTl, C) */
 } block_acts;
 
-/* One micro-batch between its forward and its backward. */
+/* Zero-bubble (deferred weights): what one block's W needs beyond its activations, kept by its B:
+ * the output gradients of the four GEMMs (Qi et al. 2023's split, as
+ * tensor_parallel/gpt_block.h's mp_tp_block_deferred keeps them on the CPU). */
+typedef struct {
+  mp_bf16 *dfcproj;  /* (BT, C) fc_proj's output gradient (all-gathered with SP) */
+  mp_bf16 *dfch;     /* (BT, Fl) fc's output gradient */
+  mp_bf16 *dattproj; /* (BT, C) attn_proj's output gradient (all-gathered with SP) */
+  mp_bf16 *dqkv;     /* (BT, 3Cl) qkv's output gradient */
+} block_deferred;
+
+/* One micro-batch between its forward and its backward (its W with deferred weights). With full
+ * recomputation a light slot owns only its tokens, targets and input; its activation pointers are
+ * the shared set's (gpu->shared), which the backward refills by running the forward again. */
 typedef struct {
   bool in_use;
+  bool weights_pending;        /* a deferred backward (B) ran; its W has not */
+  bool light;                  /* full recomputation: the activations are gpu->shared's */
+  float dloss;                 /* the head's loss scale, for the recomputed cross-entropy */
   int32_t *inputs, *targets;   /* (B, T) device */
   int32_t *inputs_host;        /* (B, T) for the embedding backward */
   mp_bf16 *input;              /* (BTl, C) the stage's input: embedding output or received */
   block_acts *acts;            /* (num_layers) */
+  block_deferred *deferred;    /* (num_layers) with deferred weights, else NULL */
   mp_bf16 *lnf;                /* (BTl, C) */
   float *lnf_mean, *lnf_rstd;  /* (BTl) */
   mp_bf16 *head_input;         /* (BT, C) SP: the LM head's input all-gathered; else NULL */
@@ -103,8 +119,11 @@ struct mp_gpt_stage_gpu {
   size_t *block_first, *block_count;       /* (num_layers) each block's gradient floats */
   mp_gpt_stage_gpu_grads_hook grads_hook;
   void *grads_hook_context;
+  bool deferred_weights;     /* zero-bubble: slots keep what W needs */
+  mp_recompute recompute;
   int num_slots;
   slot_acts *slots;
+  slot_acts shared;          /* full recomputation: the one set of activations; else unused */
   /* shared by every slot */
   mp_bf16 *projection;       /* (BT, C) a row-parallel GEMM's output */
   float *reduce;             /* (BT, C) fp32: what a collective sums, the embedding lookup */
@@ -229,15 +248,62 @@ static mp_status alloc_slot(mp_gpt_stage_gpu *gpu, slot_acts *s, mp_error *err) 
   }
   if (gpu->stage.head) ALLOC(s->logits, BT * (size_t)gpu->Vl);
   if (gpu->stage.head && gpu->sp) ALLOC(s->head_input, BT * C);
+  if (gpu->deferred_weights) {
+    s->deferred = calloc((size_t)(L > 0 ? L : 1), sizeof *s->deferred);
+    if (s->deferred == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of host memory");
+    for (int l = 0; l < L; ++l) {
+      block_deferred *d = &s->deferred[l];
+      ALLOC(d->dfcproj, BT * C);
+      ALLOC(d->dfch, BT * Fl);
+      ALLOC(d->dattproj, BT * C);
+      ALLOC(d->dqkv, BT * 3 * Cl);
+    }
+  }
+  return MP_OK;
+fail:
+  return err != NULL && err->status != MP_OK ? err->status : MP_ERR_RUNTIME;
+}
+
+/* Full recomputation: a slot that owns its tokens, targets and input (the embedding's output or
+ * the received boundary, (BTl, C) bf16) only; its activation pointers are gpu->shared's. */
+static mp_status alloc_light_slot(mp_gpt_stage_gpu *gpu, slot_acts *s, mp_error *err) {
+  const size_t BT = (size_t)gpu->B * (size_t)gpu->T, C = (size_t)gpu->C;
+  const int L = gpu->stage.num_layers;
+  *s = gpu->shared;
+  s->light = true;
+  s->inputs = s->targets = s->inputs_host = NULL;
+  s->input = NULL;
+  s->deferred = NULL;
+  s->acts = calloc((size_t)(L > 0 ? L : 1), sizeof *s->acts);
+  s->inputs_host = calloc(BT, sizeof(int32_t));
+  if (s->acts == NULL || s->inputs_host == NULL) {
+    return mp_fail(err, MP_ERR_RUNTIME, "out of host memory");
+  }
+  if (L > 0) memcpy(s->acts, gpu->shared.acts, (size_t)L * sizeof *s->acts);
+  ALLOC(s->inputs, BT);
+  ALLOC(s->targets, BT);
+  ALLOC(s->input, (size_t)gpu->BTl * C);
   return MP_OK;
 fail:
   return err != NULL && err->status != MP_OK ? err->status : MP_ERR_RUNTIME;
 }
 
 static void free_slot(slot_acts *s, int num_layers) {
-  void *own[] = {s->inputs,   s->targets,  s->input,      s->lnf,
-                 s->lnf_mean, s->lnf_rstd, s->head_input, s->logits};
+  void *own[] = {s->inputs, s->targets, s->input};
   for (size_t i = 0; i < sizeof own / sizeof own[0]; ++i) mp_device_free(own[i]);
+  if (s->light) { /* the rest is the shared set's */
+    free(s->acts);
+    free(s->inputs_host);
+    return;
+  }
+  void *tail[] = {s->lnf, s->lnf_mean, s->lnf_rstd, s->head_input, s->logits};
+  for (size_t i = 0; i < sizeof tail / sizeof tail[0]; ++i) mp_device_free(tail[i]);
+  for (int l = 0; s->deferred != NULL && l < num_layers; ++l) {
+    const block_deferred *d = &s->deferred[l];
+    void *kept[] = {d->dfcproj, d->dfch, d->dattproj, d->dqkv};
+    for (size_t i = 0; i < sizeof kept / sizeof kept[0]; ++i) mp_device_free(kept[i]);
+  }
+  free(s->deferred);
   for (int l = 0; s->acts != NULL && l < num_layers; ++l) {
     block_acts *a = &s->acts[l];
     void *per_layer[] = {a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->atty, a->att, a->lse,
@@ -256,6 +322,7 @@ void mp_gpt_stage_gpu_free(mp_gpt_stage_gpu *gpu) {
   for (int s = 0; gpu->slots != NULL && s < gpu->num_slots; ++s) {
     free_slot(&gpu->slots[s], gpu->stage.num_layers);
   }
+  free_slot(&gpu->shared, gpu->stage.num_layers);
   void *buffers[] = {gpu->master, gpu->grads, gpu->adam_m, gpu->adam_v, gpu->weights,
                      gpu->projection, gpu->reduce, gpu->slice, gpu->dout_total, gpu->losses,
                      gpu->row_max, gpu->gathered_max, gpu->ce_stats, gpu->dresidual, gpu->dnorm,
@@ -278,15 +345,11 @@ mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, 
                                   int seq_len, int num_slots, bool deferred_weights,
                                   mp_recompute recompute, mp_gpt_stage_gpu **out, mp_error *err) {
   *out = NULL;
-  if (deferred_weights) {
+  if (recompute == MP_RECOMPUTE_FULL && deferred_weights) {
     return mp_fail(err, MP_ERR_INPUT,
-                   "the CUDA backend does not run the zero-bubble schedule (zb-h1) yet; choose "
-                   "\"1f1b\", \"interleaved\" or \"gpipe\" in the plan, or use --backend cpu");
-  }
-  if (recompute == MP_RECOMPUTE_FULL) {
-    return mp_fail(err, MP_ERR_INPUT,
-                   "the CUDA backend does not run full recomputation yet; set \"recompute\" to "
-                   "\"selective\" or \"none\" in the plan, or use --backend cpu");
+                   "full recomputation cannot run a zero-bubble schedule: its weight pass needs "
+                   "activations that the recomputation of the next micro-batch overwrites; use "
+                   "recompute \"selective\" or \"none\", or another schedule");
   }
   if (num_slots < 1) {
     return mp_fail(err, MP_ERR_INPUT, "a stage needs at least one activation slot; got %d",
@@ -342,6 +405,8 @@ mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, 
   gpu->row0 = gpu->sp ? gpu->tp.rank * gpu->BTl : 0;
   gpu->num_params = mp_gpt_tp_num_params(host);
   gpu->num_slots = num_slots;
+  gpu->deferred_weights = deferred_weights;
+  gpu->recompute = recompute;
   const int L = gpu->stage.num_layers;
   const size_t BT = (size_t)micro_batch * (size_t)seq_len, C = (size_t)gpu->C;
   const size_t P = gpu->num_params;
@@ -387,8 +452,15 @@ mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, 
   gpu->dlnfw = grad_view(gpu, all - 2);
   gpu->dlnfb = grad_view(gpu, all - 1);
   for (int l = 0; l < L; ++l) point_block(gpu, l, gpu->stage.first_layer + l);
-  for (int s = 0; s < num_slots; ++s) {
-    if (alloc_slot(gpu, &gpu->slots[s], err) != MP_OK) goto fail;
+  if (recompute == MP_RECOMPUTE_FULL) {
+    if (alloc_slot(gpu, &gpu->shared, err) != MP_OK) goto fail;
+    for (int s = 0; s < num_slots; ++s) {
+      if (alloc_light_slot(gpu, &gpu->slots[s], err) != MP_OK) goto fail;
+    }
+  } else {
+    for (int s = 0; s < num_slots; ++s) {
+      if (alloc_slot(gpu, &gpu->slots[s], err) != MP_OK) goto fail;
+    }
   }
   const size_t Cl = (size_t)gpu->Cl, Fl = (size_t)gpu->Fl;
   ALLOC(gpu->projection, BT * C);
@@ -692,56 +764,96 @@ static mp_status block_forward(mp_gpt_stage_gpu *gpu, int l, block_acts *a, cons
   return MP_OK;
 }
 
+/* The gradient of a row-parallel GEMM's output (BT, C) into *out: dresidual itself, or with
+ * sequence parallelism every rank's slice of it all-gathered (into keep, or dout_total). keep
+ * (zero-bubble's deferral) receives it for the block's W: gathered there, or copied. */
+static mp_status row_parallel_output_grad(mp_gpt_stage_gpu *gpu, mp_bf16 *keep,
+                                          const mp_bf16 **out, mp_error *err) {
+  if (gpu->sp) {
+    mp_bf16 *total = keep != NULL ? keep : gpu->dout_total;
+    MP_TRY(gather_sequence(gpu, total, gpu->dresidual, err));
+    *out = total;
+    return MP_OK;
+  }
+  if (keep != NULL) {
+    MP_TRY(mp_device_copy_on_device(keep, gpu->dresidual,
+                                    (size_t)gpu->B * gpu->T * gpu->C * sizeof(mp_bf16), err));
+    *out = keep;
+    return MP_OK;
+  }
+  *out = gpu->dresidual;
+  return MP_OK;
+}
+
 /* Adds the block's parameter gradients and turns dresidual (the gradient of the block's output)
- * into the gradient of its input inp. */
+ * into the gradient of its input inp. With d (zero-bubble's B), the four GEMMs' weight gradients
+ * are left out and their output gradients kept in d for block_backward_weights; everything else
+ * (the input gradient, the layernorms', the biases') is added as the whole backward adds it, with
+ * the same kernels on the same numbers. */
 static mp_status block_backward(mp_gpt_stage_gpu *gpu, int l, const block_acts *a,
-                                const mp_bf16 *inp, mp_error *err) {
+                                const mp_bf16 *inp, block_deferred *d, mp_error *err) {
   const int B = gpu->B, T = gpu->T, C = gpu->C, BT = B * T, Cl = gpu->Cl, Fl = gpu->Fl;
   const block_weights *w = &gpu->blocks[l];
   const block_grads *g = &gpu->dblocks[l];
   const int BTl = gpu->BTl;
   const size_t act_bytes = (size_t)BT * C * sizeof(mp_bf16);
   mp_cublas *cublas = gpu->cublas;
-  /* dout: the gradient of a row-parallel GEMM's output (BT, C), dresidual itself, or with
-   * sequence parallelism every rank's slice of it all-gathered. */
-  const mp_bf16 *dout = gpu->dresidual;
-  if (gpu->sp) {
-    MP_TRY(gather_sequence(gpu, gpu->dout_total, gpu->dresidual, err));
-    dout = gpu->dout_total;
-  }
+  const bool defer = d != NULL;
+  mp_bf16 *dfch = defer ? d->dfch : gpu->dfch;
+  mp_bf16 *dqkv = defer ? d->dqkv : gpu->dqkv;
   /* The MLP branch. fc_proj is row-parallel: its input gradient is this rank's channels, its
    * bias gradient whole (dout is replicated). */
+  const mp_bf16 *dout = NULL;
+  MP_TRY(row_parallel_output_grad(gpu, defer ? d->dfcproj : NULL, &dout, err));
   MP_TRY(mp_device_memset(gpu->dfch_gelu, 0, (size_t)BT * Fl * sizeof(mp_bf16), err));
-  mp_matmul_backward_cuda(cublas, gpu->dfch_gelu, g->fcprojw, g->fcprojb, dout,
+  mp_matmul_backward_cuda(cublas, gpu->dfch_gelu, defer ? NULL : g->fcprojw, g->fcprojb, dout,
                           a->fch_gelu, w->fcprojw, gpu->matmul_scratch, BT, Fl, C, NULL);
-  MP_TRY(mp_device_memset(gpu->dfch, 0, (size_t)BT * Fl * sizeof(mp_bf16), err));
-  mp_gelu_backward_cuda(gpu->dfch, a->fch, gpu->dfch_gelu, (size_t)BT * Fl, NULL);
+  MP_TRY(mp_device_memset(dfch, 0, (size_t)BT * Fl * sizeof(mp_bf16), err));
+  mp_gelu_backward_cuda(dfch, a->fch, gpu->dfch_gelu, (size_t)BT * Fl, NULL);
   MP_TRY(mp_device_memset(gpu->dnorm, 0, act_bytes, err));
-  mp_matmul_backward_cuda(cublas, gpu->dnorm, g->fcw, g->fcb, gpu->dfch, a->ln2, w->fcw,
+  mp_matmul_backward_cuda(cublas, gpu->dnorm, defer ? NULL : g->fcw, g->fcb, dfch, a->ln2, w->fcw,
                           gpu->matmul_scratch, BT, C, Fl, NULL);
   MP_TRY(column_parallel_input_grad(gpu, gpu->dnorm, err));
   mp_layernorm_backward_cuda(gpu->dresidual, g->ln2w, g->ln2b, gpu->dnorm, a->residual2, w->ln2w,
                              a->ln2_mean, a->ln2_rstd, gpu->layernorm_scratch, 1, BTl, C, NULL);
   /* The attention branch. */
-  if (gpu->sp) MP_TRY(gather_sequence(gpu, gpu->dout_total, gpu->dresidual, err));
+  MP_TRY(row_parallel_output_grad(gpu, defer ? d->dattproj : NULL, &dout, err));
   MP_TRY(mp_device_memset(gpu->datty, 0, (size_t)BT * Cl * sizeof(mp_bf16), err));
-  mp_matmul_backward_cuda(cublas, gpu->datty, g->attprojw, g->attprojb, dout, a->atty,
-                          w->attprojw, gpu->matmul_scratch, BT, Cl, C, NULL);
-  MP_TRY(mp_device_memset(gpu->dqkv, 0, (size_t)BT * 3 * Cl * sizeof(mp_bf16), err));
+  mp_matmul_backward_cuda(cublas, gpu->datty, defer ? NULL : g->attprojw, g->attprojb, dout,
+                          a->atty, w->attprojw, gpu->matmul_scratch, BT, Cl, C, NULL);
+  MP_TRY(mp_device_memset(dqkv, 0, (size_t)BT * 3 * Cl * sizeof(mp_bf16), err));
   if (gpu->fused_attention) {
-    mp_flash_attention_backward_cuda(gpu->dqkv, gpu->datty, a->qkv, a->atty, a->lse,
+    mp_flash_attention_backward_cuda(dqkv, gpu->datty, a->qkv, a->atty, a->lse,
                                      gpu->attention_scratch, B, T, gpu->NHl, gpu->HS, NULL);
   } else {
-    mp_attention_backward_cuda(cublas, gpu->dqkv, gpu->datty, a->qkv, a->att,
-                               gpu->attention_scratch, B, T, gpu->NHl, gpu->HS, NULL);
+    mp_attention_backward_cuda(cublas, dqkv, gpu->datty, a->qkv, a->att, gpu->attention_scratch,
+                               B, T, gpu->NHl, gpu->HS, NULL);
   }
   MP_TRY(mp_device_memset(gpu->dnorm, 0, act_bytes, err));
-  mp_matmul_backward_cuda(cublas, gpu->dnorm, g->qkvw, g->qkvb, gpu->dqkv, a->ln1, w->qkvw,
-                          gpu->matmul_scratch, BT, C, 3 * Cl, NULL);
+  mp_matmul_backward_cuda(cublas, gpu->dnorm, defer ? NULL : g->qkvw, g->qkvb, dqkv, a->ln1,
+                          w->qkvw, gpu->matmul_scratch, BT, C, 3 * Cl, NULL);
   MP_TRY(column_parallel_input_grad(gpu, gpu->dnorm, err));
   mp_layernorm_backward_cuda(gpu->dresidual, g->ln1w, g->ln1b, gpu->dnorm, inp, w->ln1w,
                              a->ln1_mean, a->ln1_rstd, gpu->layernorm_scratch, 1, BTl, C, NULL);
   return MP_OK;
+}
+
+/* Zero-bubble's W of one block: the four GEMM weight gradients block_backward left out, from the
+ * output gradients it kept in d and the forward's activations; no collective (each rank's shard
+ * of a weight gradient is its own). */
+static void block_backward_weights(mp_gpt_stage_gpu *gpu, int l, const block_acts *a,
+                                   const block_deferred *d) {
+  const int BT = gpu->B * gpu->T, C = gpu->C, Cl = gpu->Cl, Fl = gpu->Fl;
+  const block_grads *g = &gpu->dblocks[l];
+  mp_cublas *cublas = gpu->cublas;
+  mp_matmul_backward_cuda(cublas, NULL, g->fcprojw, NULL, d->dfcproj, a->fch_gelu, NULL, NULL, BT,
+                          Fl, C, NULL);
+  mp_matmul_backward_cuda(cublas, NULL, g->fcw, NULL, d->dfch, a->ln2, NULL, NULL, BT, C, Fl,
+                          NULL);
+  mp_matmul_backward_cuda(cublas, NULL, g->attprojw, NULL, d->dattproj, a->atty, NULL, NULL, BT,
+                          Cl, C, NULL);
+  mp_matmul_backward_cuda(cublas, NULL, g->qkvw, NULL, d->dqkv, a->ln1, NULL, NULL, BT, C, 3 * Cl,
+                          NULL);
 }
 
 /* The last activation of the stage before its final norm or head. */
@@ -761,15 +873,20 @@ static void boundary_out(mp_gpt_stage_gpu *gpu, float *boundary, const mp_bf16 *
   mp_float_from_bf16_cuda(boundary, src, (size_t)gpu->BTl * gpu->C, NULL);
 }
 
-mp_status mp_gpt_stage_gpu_forward(mp_gpt_stage_gpu *gpu, int slot, const int32_t *inputs,
-                                   const int32_t *targets, const float *input, float *output,
-                                   float dloss, double *loss, mp_error *err) {
-  MP_TRY(check_slot(gpu, slot, false, err));
-  slot_acts *s = &gpu->slots[slot];
+/* The stage's forward of micro-batch s. Recomputing (full recomputation, at the backward): the
+ * slot already holds its tokens, targets, input and dloss; the embedding is not run again (its
+ * output is the slot's input), output is NULL and no loss is reported. The same kernels and
+ * collectives on the same numbers: the activations come back bit for bit, on every tp rank
+ * together. */
+static mp_status stage_forward(mp_gpt_stage_gpu *gpu, slot_acts *s, const int32_t *inputs,
+                               const int32_t *targets, const float *input, float *output,
+                               double *loss, bool recomputing, mp_error *err) {
   const mp_gpt_stage *st = &gpu->stage;
   const int B = gpu->B, T = gpu->T, C = gpu->C, BT = B * T;
   const size_t token_bytes = (size_t)BT * sizeof(int32_t);
-  if (st->embedding) {
+  if (recomputing) {
+    /* s->input holds the embedding's output or the received boundary */
+  } else if (st->embedding) {
     memcpy(s->inputs_host, inputs, token_bytes);
     MP_TRY(mp_device_copy_to_device(s->inputs, inputs, token_bytes, err));
     MP_TRY(embedding_forward(gpu, s, err));
@@ -787,12 +904,10 @@ mp_status mp_gpt_stage_gpu_forward(mp_gpt_stage_gpu *gpu, int slot, const int32_
     x = s->lnf;
   }
   if (!st->head) {
-    boundary_out(gpu, output, x);
-    MP_TRY(mp_cublas_check(gpu->cublas, err));
-    s->in_use = true;
-    return MP_OK;
+    if (output != NULL) boundary_out(gpu, output, x);
+    return mp_cublas_check(gpu->cublas, err);
   }
-  MP_TRY(mp_device_copy_to_device(s->targets, targets, token_bytes, err));
+  if (!recomputing) MP_TRY(mp_device_copy_to_device(s->targets, targets, token_bytes, err));
   /* The LM head, tied to this rank's rows of wte: the logits of its vocabulary range, for every
    * token (with sequence parallelism its input all-gathered first). */
   if (gpu->sp) {
@@ -800,27 +915,55 @@ mp_status mp_gpt_stage_gpu_forward(mp_gpt_stage_gpu *gpu, int slot, const int32_
     x = s->head_input;
   }
   mp_matmul_forward_cuda(gpu->cublas, s->logits, x, gpu->wte, NULL, BT, C, gpu->Vl, NULL);
-  MP_TRY(cross_entropy(gpu, s, dloss, err));
+  MP_TRY(cross_entropy(gpu, s, s->dloss, err));
   MP_TRY(mp_cublas_check(gpu->cublas, err));
+  if (recomputing) return MP_OK;
   MP_TRY(mp_device_copy_to_host(gpu->losses_host, gpu->losses, (size_t)BT * sizeof(float), err));
   double sum = 0.0;
   for (int i = 0; i < BT; ++i) sum += gpu->losses_host[i];
   *loss = sum / (double)BT;
+  return MP_OK;
+}
+
+mp_status mp_gpt_stage_gpu_forward(mp_gpt_stage_gpu *gpu, int slot, const int32_t *inputs,
+                                   const int32_t *targets, const float *input, float *output,
+                                   float dloss, double *loss, mp_error *err) {
+  MP_TRY(check_slot(gpu, slot, false, err));
+  slot_acts *s = &gpu->slots[slot];
+  s->dloss = dloss;
+  MP_TRY(stage_forward(gpu, s, inputs, targets, input, output, loss, false, err));
   s->in_use = true;
   return MP_OK;
 }
 
 void mp_gpt_stage_gpu_discard(mp_gpt_stage_gpu *gpu, int slot) {
-  if (slot >= 0 && slot < gpu->num_slots) gpu->slots[slot].in_use = false;
+  if (slot >= 0 && slot < gpu->num_slots) {
+    gpu->slots[slot].in_use = false;
+    gpu->slots[slot].weights_pending = false;
+  }
 }
 
 mp_status mp_gpt_stage_gpu_backward(mp_gpt_stage_gpu *gpu, int slot, const float *doutput,
-                                    float *dinput, mp_error *err) {
+                                    float *dinput, bool defer_weights, mp_error *err) {
   MP_TRY(check_slot(gpu, slot, true, err));
+  if (defer_weights && !gpu->deferred_weights) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "a deferred backward needs a stage created with deferred weights");
+  }
   slot_acts *s = &gpu->slots[slot];
+  if (s->weights_pending) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "activation slot %d already ran its backward; its weight gradients (W) are "
+                   "pending",
+                   slot);
+  }
   const mp_gpt_stage *st = &gpu->stage;
   const int B = gpu->B, T = gpu->T, C = gpu->C, BT = B * T, L = st->num_layers;
   const size_t act_bytes = (size_t)BT * C * sizeof(mp_bf16);
+  if (s->light) {
+    /* Full recomputation: the forward again into the shared activations (every tp rank does). */
+    MP_TRY(stage_forward(gpu, s, NULL, NULL, NULL, NULL, NULL, true, err));
+  }
   const mp_bf16 *tail_input = before_tail(gpu, s);
   /* g: the gradient of the stage's last activation (the final norm's output, or the blocks'). */
   mp_bf16 *g = st->final_norm ? gpu->dnorm : gpu->dresidual;
@@ -841,18 +984,42 @@ mp_status mp_gpt_stage_gpu_backward(mp_gpt_stage_gpu *gpu, int slot, const float
   }
   for (int l = L - 1; l >= 0; --l) {
     const mp_bf16 *inp = l == 0 ? s->input : s->acts[l - 1].out;
-    MP_TRY(block_backward(gpu, l, &s->acts[l], inp, err));
-    if (gpu->grads_hook != NULL) {
+    MP_TRY(block_backward(gpu, l, &s->acts[l], inp, defer_weights ? &s->deferred[l] : NULL,
+                          err));
+    if (gpu->grads_hook != NULL && !defer_weights) {
       MP_TRY(gpu->grads_hook(gpu->grads_hook_context, gpu->grads + gpu->block_first[l],
                              gpu->block_count[l], err));
     }
   }
-  s->in_use = false;
+  /* Zero-bubble: the slot's activations and kept gradients feed its W. */
+  s->weights_pending = defer_weights;
+  s->in_use = defer_weights;
   if (st->embedding) {
     MP_TRY(embedding_backward(gpu, s, err));
     return mp_cublas_check(gpu->cublas, err);
   }
   boundary_out(gpu, dinput, gpu->dresidual);
+  return mp_cublas_check(gpu->cublas, err);
+}
+
+mp_status mp_gpt_stage_gpu_backward_weights(mp_gpt_stage_gpu *gpu, int slot, mp_error *err) {
+  MP_TRY(check_slot(gpu, slot, true, err));
+  slot_acts *s = &gpu->slots[slot];
+  if (!s->weights_pending) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "activation slot %d has no deferred weight gradients (its backward was whole, "
+                   "or has not run)",
+                   slot);
+  }
+  for (int l = gpu->stage.num_layers - 1; l >= 0; --l) {
+    block_backward_weights(gpu, l, &s->acts[l], &s->deferred[l]);
+    if (gpu->grads_hook != NULL) {
+      MP_TRY(gpu->grads_hook(gpu->grads_hook_context, gpu->grads + gpu->block_first[l],
+                             gpu->block_count[l], err));
+    }
+  }
+  s->weights_pending = false;
+  s->in_use = false;
   return mp_cublas_check(gpu->cublas, err);
 }
 

@@ -31,8 +31,16 @@
  * worker's buffers, which the trainer allocates on the GPU and sends over MPI or NCCL); the stage
  * widens its bf16 output into them exactly and rounds its input from them.
  *
- * Not (yet) on the GPU, refused by mp_gpt_stage_gpu_create with MP_ERR_INPUT: the zero-bubble
- * split (deferred weight gradients) and full recomputation.
+ * Zero-bubble's split (Qi et al. 2023; the CPU twin's mp_gpt_tp_backward_stage with
+ * defer_weights): with deferred weights, a backward may leave the four GEMM weight gradients of
+ * every block (qkv, attn_proj, fc, fc_proj) to mp_gpt_stage_gpu_backward_weights, its slot keeping
+ * those GEMMs' output gradients (bf16) until then; B then W adds exactly what the whole backward
+ * adds, bit for bit (the same kernels on the same numbers, each gradient summed in the same order).
+ *
+ * Full recomputation: each slot keeps only its tokens, targets and input (the embedding's output
+ * or the received boundary); the activations live in one shared set, which the backward refills
+ * by running the slot's forward again (with its collectives, every tp rank together) before it
+ * runs. Not with deferred weights (W would need activations a later recomputation overwrote).
  * Selective recomputation is what the fused attention does anyway (it keeps no T x T matrix).
  *
  * Every kernel runs on CUDA's default stream, in order; every call returns after its work is
@@ -65,9 +73,10 @@ typedef struct {
  * group for collectives on device buffers (engine/tp_comm_nccl.h), the same ranks in the same
  * order as the host stage's group, copied (its context must outlive the stage); NULL: the host
  * stage's table (MPI, which stages device buffers through the host). recompute is the plan's
- * (full is refused); deferred_weights is refused, naming what to change. Sequence parallelism is
- * the host stage's (mp_gpt_tp_sequence_parallel). Parameters start at zero:
- * mp_gpt_stage_gpu_upload_params. */
+ * (selective changes nothing; full keeps the slots light, see above); deferred_weights: the slots
+ * also keep what a deferred backward's W needs (zero-bubble schedules). Both together are refused
+ * with MP_ERR_INPUT, as on the CPU. Sequence parallelism is the host stage's
+ * (mp_gpt_tp_sequence_parallel). Parameters start at zero: mp_gpt_stage_gpu_upload_params. */
 mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, int micro_batch,
                                   int seq_len, int num_slots, bool deferred_weights,
                                   mp_recompute recompute, mp_gpt_stage_gpu **out, mp_error *err);
@@ -96,11 +105,13 @@ mp_status mp_gpt_stage_gpu_download_grads(mp_gpt_stage_gpu *gpu, mp_error *err);
 float *mp_gpt_stage_gpu_device_grads(mp_gpt_stage_gpu *gpu);
 
 mp_status mp_gpt_stage_gpu_zero_grads(mp_gpt_stage_gpu *gpu, mp_error *err);
-/* Data-parallel overlap (Megatron's gradient buckets): with a hook set, mp_gpt_stage_gpu_backward
- * calls hook(context, grads, count) right after each block's backward kernels are enqueued, in
- * the order the blocks finish (the last block first); grads points at the block's count floats of
- * the device gradient array, complete once the default stream reaches that point. A failing hook
- * stops the backward with its error. NULL hook: none. */
+/* Data-parallel overlap (Megatron's gradient buckets): with a hook set, a whole
+ * mp_gpt_stage_gpu_backward and mp_gpt_stage_gpu_backward_weights call hook(context, grads, count)
+ * right after each block's kernels are enqueued, in the order the blocks finish (the last block
+ * first); grads points at the block's count floats of the device gradient array, complete once
+ * the default stream reaches that point (for the step: set it for the chunk's last whole backward
+ * or W). A deferred backward (B) does not call it: the block's weight gradients wait for W. A
+ * failing hook stops the backward with its error. NULL hook: none. */
 typedef mp_status (*mp_gpt_stage_gpu_grads_hook)(void *context, float *grads, size_t count,
                                                  mp_error *err);
 void mp_gpt_stage_gpu_set_grads_hook(mp_gpt_stage_gpu *gpu, mp_gpt_stage_gpu_grads_hook hook,
@@ -142,10 +153,18 @@ void mp_gpt_stage_gpu_refresh_weights(mp_gpt_stage_gpu *gpu);
 void mp_gpt_stage_gpu_discard(mp_gpt_stage_gpu *gpu, int slot);
 
 /* Backward of slot's micro-batch (as mp_gpt_tp_backward_stage's; doutput and dinput are device
- * arrays),
- * adding into the gradients; frees the slot. Collective. */
+ * arrays), adding into the gradients; frees the slot. With full recomputation it first runs the
+ * slot's forward again. defer_weights (zero-bubble's B; needs a stage created with deferred
+ * weights, else MP_ERR_INPUT): adds the input gradient and every parameter gradient but the four
+ * GEMM weights of each block, and keeps the slot until mp_gpt_stage_gpu_backward_weights.
+ * MP_ERR_INPUT for an empty slot or one whose W is pending. Collective. */
 mp_status mp_gpt_stage_gpu_backward(mp_gpt_stage_gpu *gpu, int slot, const float *doutput,
-                                    float *dinput, mp_error *err);
+                                    float *dinput, bool defer_weights, mp_error *err);
+
+/* Zero-bubble's W of slot: adds each block's qkv, attn_proj, fc and fc_proj weight gradients that
+ * its deferred backward left out, and frees the slot. No collective. MP_ERR_INPUT when the slot
+ * has no deferred backward pending. */
+mp_status mp_gpt_stage_gpu_backward_weights(mp_gpt_stage_gpu *gpu, int slot, mp_error *err);
 
 /* mp_gpt_tp_grad_norm_squared on the device's gradients: the same counting (sharded tensors
  * summed over the group, replicated ones once, a tied copy of wte not at all), bitwise the same

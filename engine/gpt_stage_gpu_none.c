@@ -74,8 +74,12 @@ float *mp_gpt_stage_gpu_device_params(mp_gpt_stage_gpu *gpu) { (void)gpu; return
 void mp_gpt_stage_gpu_refresh_weights(mp_gpt_stage_gpu *gpu) { (void)gpu; }
 void mp_gpt_stage_gpu_discard(mp_gpt_stage_gpu *gpu, int slot) { (void)gpu, (void)slot; }
 mp_status mp_gpt_stage_gpu_backward(mp_gpt_stage_gpu *gpu, int slot, const float *doutput,
-                                    float *dinput, mp_error *err) {
-  (void)gpu, (void)slot, (void)doutput, (void)dinput;
+                                    float *dinput, bool defer_weights, mp_error *err) {
+  (void)gpu, (void)slot, (void)doutput, (void)dinput, (void)defer_weights;
+  return unreachable(err);
+}
+mp_status mp_gpt_stage_gpu_backward_weights(mp_gpt_stage_gpu *gpu, int slot, mp_error *err) {
+  (void)gpu, (void)slot;
   return unreachable(err);
 }
 mp_status mp_gpt_stage_gpu_grad_norm_squared(mp_gpt_stage_gpu *gpu, double *out, mp_error *err) {

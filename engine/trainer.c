@@ -51,7 +51,8 @@ struct mp_trainer {
   size_t *dp_bytes;
   int num_dp_requests, dp_request_capacity;
   bool nccl_dp_posted;    /* dp all-reduces enqueued on options->nccl_dp, not yet waited for */
-  int *backwards_done;    /* (num_chunks) this step's backwards of each chunk so far (GPU) */
+  int *backwards_done;    /* (num_chunks) this step's whole backwards and Ws of each chunk (GPU) */
+  bool *blocks_posted;    /* (num_chunks) this step's block all-reduces were posted (GPU) */
   mp_nccl_p2p_op *nccl_sends; /* NCCL pipeline: sends posted but not yet enqueued, which go with
                                  this rank's next receive (or the step's end) in one group */
   int num_nccl_sends, nccl_send_capacity;
@@ -82,22 +83,8 @@ static double step_flops(const mp_plan *plan, const mp_model *model) {
 }
 
 mp_status mp_trainer_check_layout(const mp_plan *plan, mp_backend backend, mp_error *err) {
-  if (backend == MP_BACKEND_CUDA) {
-    /* What the GPU models (engine/gpt_model_gpu.h, gpt_stage_gpu.h) do not run yet. */
-    const bool staged = plan->pp > 1 || plan->tp > 1;
-    const char *missing = NULL;
-    if (staged && strcmp(plan->schedule, "zb-h1") == 0) {
-      missing = "the zero-bubble schedule zb-h1 (choose 1f1b, interleaved or gpipe)";
-    } else if (staged && plan->recompute == MP_RECOMPUTE_FULL) {
-      missing = "full recomputation (set \"recompute\" to \"selective\" or \"none\")";
-    }
-    if (missing != NULL) {
-      return mp_fail(err, MP_ERR_INPUT,
-                     "%s: dp x pp x tp = %d x %d x %d: the cuda backend does not run %s yet; "
-                     "change the plan, or use --backend cpu",
-                     plan->source, plan->dp, plan->pp, plan->tp, missing);
-    }
-  }
+  /* The GPU models (engine/gpt_model_gpu.h, gpt_stage_gpu.h) run every layout the CPU runs. */
+  (void)backend;
   if (plan->recompute == MP_RECOMPUTE_FULL && strcmp(plan->schedule, "zb-h1") == 0) {
     return mp_fail(err, MP_ERR_INPUT,
                    "%s: recompute \"full\" cannot run schedule zb-h1: its weight pass needs the "
@@ -174,20 +161,30 @@ static mp_status chunk_forward(void *context, int chunk, int micro_batch, int sl
 
 static mp_status block_grads_ready(void *context, float *grads, size_t count, mp_error *err);
 
+/* A GPU chunk's gradients are complete for the step at its last whole backward or W (a deferred
+ * backward leaves each block's GEMM weight gradients to its W, so it does not count): called for
+ * each of those, true when this one is that last and dp > 1 wants the blocks' all-reduces posted
+ * as they finish (block_grads_ready; post_chunk_all_reduce posts the rest). */
+static bool gpu_overlap_dp(mp_trainer *trainer, int chunk) {
+  const bool last = ++trainer->backwards_done[chunk] == (int)trainer->plan->num_micro_batches;
+  const bool overlap = last && trainer->options.dp != NULL && trainer->plan->dp > 1;
+  if (overlap) trainer->blocks_posted[chunk] = true;
+  return overlap;
+}
+
 static mp_status chunk_backward(void *context, int chunk, int micro_batch, int slot,
                                 const float *doutput, float *dinput, bool defer_weights,
                                 mp_error *err) {
   (void)micro_batch;
   mp_trainer *trainer = context;
   if (trainer->gpu_chunks != NULL) {
-    /* mp_gpt_stage_gpu_create refused the zero-bubble split: defer_weights is false here. The
-     * chunk's last backward of the step completes its gradients block by block: with dp > 1 each
-     * block's all-reduce starts as soon as its kernels are enqueued. */
+    /* The chunk's last whole backward of the step completes its gradients block by block: with
+     * dp > 1 each block's all-reduce starts as soon as its kernels are enqueued. */
     mp_gpt_stage_gpu *gpu = trainer->gpu_chunks[chunk];
-    const bool last = ++trainer->backwards_done[chunk] == (int)trainer->plan->num_micro_batches;
-    const bool overlap = last && trainer->options.dp != NULL && trainer->plan->dp > 1;
+    const bool overlap = !defer_weights && gpu_overlap_dp(trainer, chunk);
     if (overlap) mp_gpt_stage_gpu_set_grads_hook(gpu, block_grads_ready, trainer);
-    const mp_status status = mp_gpt_stage_gpu_backward(gpu, slot, doutput, dinput, err);
+    const mp_status status =
+        mp_gpt_stage_gpu_backward(gpu, slot, doutput, dinput, defer_weights, err);
     if (overlap) mp_gpt_stage_gpu_set_grads_hook(gpu, NULL, NULL);
     return status;
   }
@@ -200,6 +197,15 @@ static mp_status chunk_backward_weights(void *context, int chunk, int micro_batc
                                         mp_error *err) {
   (void)micro_batch;
   mp_trainer *trainer = context;
+  if (trainer->gpu_chunks != NULL) {
+    /* Zero-bubble's W: the chunk's last one of the step completes its blocks' gradients. */
+    mp_gpt_stage_gpu *gpu = trainer->gpu_chunks[chunk];
+    const bool overlap = gpu_overlap_dp(trainer, chunk);
+    if (overlap) mp_gpt_stage_gpu_set_grads_hook(gpu, block_grads_ready, trainer);
+    const mp_status status = mp_gpt_stage_gpu_backward_weights(gpu, slot, err);
+    if (overlap) mp_gpt_stage_gpu_set_grads_hook(gpu, NULL, NULL);
+    return status;
+  }
   return mp_gpt_tp_backward_weights(trainer->chunks[chunk], slot, err);
 }
 
@@ -384,9 +390,10 @@ static mp_status post_dp_all_reduce(mp_trainer *trainer, float *grads, size_t n,
   return MP_OK;
 }
 
-/* The stage worker's hook after a chunk's last backward: its dp all-reduce starts while the other
- * chunks' backwards run. On the GPU the blocks' gradients were posted one by one during that
- * backward (block_grads_ready): here only the tensors outside the blocks remain. */
+/* The stage worker's hook after a chunk's last backward (or W): its dp all-reduce starts while the
+ * other chunks' backwards run. On the GPU the blocks' gradients were normally posted one by one
+ * during that backward (block_grads_ready): then only the tensors outside the blocks remain; if
+ * they were not (blocks_posted), the whole chunk goes now. */
 static mp_status post_chunk_all_reduce(void *context, int chunk, mp_error *err) {
   mp_trainer *trainer = context;
   if (trainer->gpu_chunks == NULL) {
@@ -396,6 +403,7 @@ static mp_status post_chunk_all_reduce(void *context, int chunk, mp_error *err) 
   mp_gpt_stage_gpu *gpu = trainer->gpu_chunks[chunk];
   float *grads = mp_gpt_stage_gpu_device_grads(gpu);
   const size_t n = mp_gpt_tp_num_params(trainer->chunks[chunk]);
+  if (!trainer->blocks_posted[chunk]) return post_dp_all_reduce(trainer, grads, n, err);
   size_t first = 0, end = 0; /* the blocks' range */
   mp_gpt_stage_gpu_blocks_range(gpu, &first, &end);
   MP_TRY(post_dp_all_reduce(trainer, grads, first, err));
@@ -477,9 +485,11 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
   if (on_gpu) {
     trainer->gpu_chunks = calloc((size_t)v, sizeof *trainer->gpu_chunks);
     trainer->backwards_done = calloc((size_t)v, sizeof *trainer->backwards_done);
+    trainer->blocks_posted = calloc((size_t)v, sizeof *trainer->blocks_posted);
   }
   if (status == MP_OK && on_gpu &&
-      (trainer->gpu_chunks == NULL || trainer->backwards_done == NULL)) {
+      (trainer->gpu_chunks == NULL || trainer->backwards_done == NULL ||
+       trainer->blocks_posted == NULL)) {
     status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
   }
   if (status == MP_OK && (trainer->chunks == NULL || trainer->chunk_m == NULL ||
@@ -709,6 +719,7 @@ void mp_trainer_free(mp_trainer *trainer) {
   }
   free(trainer->gpu_chunks);
   free(trainer->backwards_done);
+  free(trainer->blocks_posted);
   free(trainer->nccl_sends);
   free(trainer->chunks);
   free(trainer->chunk_m);
@@ -1157,6 +1168,7 @@ mp_status mp_trainer_step(mp_trainer *trainer, int64_t step, mp_step_metrics *me
     for (int c = 0; c < trainer->num_chunks; ++c) {
       MP_TRY(mp_gpt_stage_gpu_zero_grads(trainer->gpu_chunks[c], err));
       trainer->backwards_done[c] = 0;
+      trainer->blocks_posted[c] = false;
     }
   } else if (trainer->parallel) {
     for (int c = 0; c < trainer->num_chunks; ++c) mp_gpt_tp_zero_grads(trainer->chunks[c]);

@@ -32,9 +32,9 @@
  * travel over NCCL (options->nccl_pp; a send waits in this rank's next group of point-to-point
  * operations, with its next receive, as Megatron batches send_forward_recv_backward) or MPI
  * staging; steps 2-5 run on device gradients, the dp all-reduce of each block posted during the
- * chunk's last backward (NCCL with options->nccl_dp, else non-blocking MPI staging), ZeRO-1
- * gathering the parameters on the device. Not there yet (mp_trainer_check_layout refuses them):
- * sequence parallelism, zb-h1, full recomputation.
+ * chunk's last backward or, with zb-h1, its last W (NCCL with options->nccl_dp, else non-blocking
+ * MPI staging), ZeRO-1 gathering the parameters on the device. Sequence parallelism, zb-h1 and
+ * full recomputation run as on the CPU.
  *
  * The caller (tools/cmd_run.c) owns the loop, so it decides what to print, when to stop, and
  * (later) when to save. Accumulation scales each micro-batch's loss by 1 / num_micro_batches, so
@@ -86,11 +86,10 @@ typedef struct mp_trainer mp_trainer;
 mp_status mp_trainer_create(const mp_plan *plan, const mp_model *model, mp_data_loader *data,
                             mp_backend backend, mp_trainer **out, mp_error *err);
 
-/* MP_OK when this trainer can run the plan's layout on `backend`; else MP_ERR_INPUT naming the
- * plan file and what to change (the CUDA backend does not run sequence parallelism, zb-h1 or full
- * recomputation yet).
- * mp_trainer_create_parallel
- * checks it too; `mpengine run` calls it before launching ranks. */
+/* MP_OK when this trainer can run the plan's layout on `backend` (both backends run the same
+ * layouts); else MP_ERR_INPUT naming the plan file and what to change (full recomputation with
+ * zb-h1, an unknown ZeRO stage). mp_trainer_create_parallel checks it too; `mpengine run` calls
+ * it before launching ranks. */
 mp_status mp_trainer_check_layout(const mp_plan *plan, mp_backend backend, mp_error *err);
 
 /* What a parallel run adds to mp_trainer_create. Start from MP_TRAINER_OPTIONS_INITIALIZER so

@@ -553,7 +553,7 @@ int cmd_run(int argc, char **argv) {
       {"np", "N", "ranks to start under mpirun (default: the plan's dp x pp x tp)", NULL},
       {"mpirun", "PATH", "the mpirun that starts the ranks (default: mpirun on PATH)", NULL},
       {"comm-timeout", "SECONDS", "a wait on a peer longer than this is an error (default 300)", NULL},
-      {"gpu-comm", "auto|nccl|mpi", "CUDA backend with dp > 1: gradients over NCCL, or over MPI through the host (default auto: NCCL when each rank of a node has its own GPU)", NULL},
+      {"gpu-comm", "auto|nccl|mpi", "CUDA backend: the groups (tp, pp, dp) over NCCL, or over MPI through the host, which lets ranks share a GPU (default auto: NCCL when each rank of a node has its own GPU)", NULL},
       {0},
   };
   cli_command command = {
@@ -632,14 +632,6 @@ int cmd_run(int argc, char **argv) {
   state.plan.training.steps = steps; /* the schedule decays over the steps actually run */
   state.rank = 0;
   state.world_size = 1;
-  /* auto falls back to the CPU for a plan the cuda backend does not run yet, and says so. */
-  if (strcmp(backend_name, "auto") == 0 && backend == MP_BACKEND_CUDA &&
-      mp_trainer_check_layout(&state.plan, MP_BACKEND_CUDA, &err) != MP_OK) {
-    backend = MP_BACKEND_CPU;
-    snprintf(backend_reason, sizeof backend_reason,
-             " (auto: a GPU is visible, but the cuda backend does not run this plan yet)");
-    mp_error_clear(&err);
-  }
   if (mp_trainer_check_layout(&state.plan, backend, &err) != MP_OK) {
     exit_code = cli_report(&command, &err);
     goto done;

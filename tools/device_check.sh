@@ -15,7 +15,8 @@
 #   - with the carried Open MPI: data parallelism (dp = 2) and pipeline and tensor parallelism
 #     ((pp, tp) = (2, 1), (1, 2), (2, 2), and (2, 2) with sequence parallelism) on ranks sharing
 #     the GPU, against the one-rank GPU run and, for (2, 2), the CPU run of the same plan and the
-#     run without sequence parallelism; one-rank training over NCCL;
+#     run without sequence parallelism, and pp = 2 on zb-h1 against pp = 2 on 1f1b; one-rank
+#     training over NCCL;
 #   - one-GPU training of tiny-gpt (loss against the entropy floor), a checkpoint resumed bit for
 #     bit, gpt2-124m and gpt2-1.5b (tokens/s, MFU), and PyTorch eager on the same model and batch
 #     for the tokens/s ratio.
@@ -212,6 +213,15 @@ JSON
     "$work/gpu-pp2tp2sp.jsonl" 1e-3
   compare_losses "GPU pp = 2, tp = 2 sequence parallel vs GPU one rank" "$work/gpu-pp1tp1.jsonl" \
     "$work/gpu-pp2tp2sp.jsonl" 1e-2
+  # Zero-bubble on the GPU: B and W split (each block's GEMM weight gradients deferred to W), which
+  # adds what the whole backward adds: the same run as 1f1b's up to the GPU's own noise.
+  section "zero-bubble zb-h1 on the GPU: pp = 2 vs pp = 2 on 1f1b"
+  sed 's/"schedule": "1f1b"/"schedule": "zb-h1"/' "$work/pp2tp1.json" > "$work/pp2zb.json"
+  timeout 240 env "${mpi_env[@]}" "$mpirun" -np 2 --bind-to none .device/bin/mpengine run \
+    --config "$work/pp2zb.json" --backend cuda --gpu-comm mpi \
+    --metrics "$work/gpu-pp2zb.jsonl" --comm-timeout 60 | grep -E "^plan|^step 20/|^done" \
+    || fail "pp = 2 zb-h1 on cuda"
+  compare_losses "GPU pp = 2 zb-h1 vs 1f1b" "$work/gpu-pp2tp1.jsonl" "$work/gpu-pp2zb.jsonl" 1e-3
   rm -rf "$work"
 else
   section "two ranks sharing the GPU"

@@ -1,9 +1,9 @@
 // tests/engine/gpt_stage_gpu_test.cc — engine/gpt_stage_gpu.h, the GPU twin of a host pipeline
 // stage, with tp = 1 on one process.
 //
-// Everywhere (no GPU needed): mp_gpt_stage_gpu_create refuses what the GPU stage does not run
-// (the zero-bubble split, full recomputation, no activation slot) with MP_ERR_INPUT and a message
-// naming what to change, before it looks for a GPU.
+// Everywhere (no GPU needed): mp_gpt_stage_gpu_create refuses what the GPU stage cannot run (no
+// activation slot; full recomputation with the zero-bubble split, as on the CPU) with MP_ERR_INPUT
+// and a message naming what to change, before it looks for a GPU.
 //
 // With a GPU (skipped, by name, without one), against the one-GPU model (gpt_model_gpu.h) on the
 // same parameters. The one-GPU model is itself the whole model as one stage at tp = 1, so these
@@ -16,6 +16,10 @@
 // gives, AdamW steps move the parameters as the one-GPU model's optimizer step does, and a
 // sequence-parallel host stage at tp = 1 (where sequence parallelism is the identity: one token
 // slice of all B*T rows) gives the whole stage's numbers bit for bit, finish_grads included.
+// Zero-bubble's split (B then W, in the order F0 F1 B0 B1 W0 W1) and full recomputation give the
+// whole backward's and the kept activations' numbers bit for bit (the same kernels on the same
+// numbers, each gradient summed in the same order; no tolerance), on the whole stage and on two
+// stages through device boundaries; B alone adds every gradient but the blocks' four GEMM weights.
 // Sequence parallelism over tp > 1 ranks is checked by tests/tools/cuda_emulated_run_test.sh.
 #include <gtest/gtest.h>
 
@@ -128,10 +132,11 @@ struct Fixture {
   }
 
   // Host stage, its GPU twin with num_slots slots, parameters from kSeed uploaded.
-  bool Gpu(Stage *s, int first = 0, int end = kL + 3, int num_slots = 1, bool sp = false) {
+  bool Gpu(Stage *s, int first = 0, int end = kL + 3, int num_slots = 1, bool sp = false,
+           bool deferred = false, mp_recompute recompute = MP_RECOMPUTE_NONE) {
     return Host(s, first, end, sp) && mp_gpt_tp_init_params(s->host, kSeed, &err) == MP_OK &&
-           mp_gpt_stage_gpu_create(s->host, nullptr, kB, kT, num_slots, false,
-                                   MP_RECOMPUTE_NONE, &s->gpu, &err) == MP_OK &&
+           mp_gpt_stage_gpu_create(s->host, nullptr, kB, kT, num_slots, deferred, recompute,
+                                   &s->gpu, &err) == MP_OK &&
            mp_gpt_stage_gpu_upload_params(s->gpu, &err) == MP_OK;
   }
 };
@@ -162,20 +167,13 @@ void ExpectRefusal(mp_gpt_tp *host, int num_slots, bool deferred, mp_recompute r
   }
 }
 
-TEST(GptStageGpuRefuses, DeferredWeights) {
+TEST(GptStageGpuRefuses, FullRecomputationWithDeferredWeights) {
   Fixture f;
   Stage s;
   ASSERT_TRUE(f.Host(&s)) << f.err.message;
-  ExpectRefusal(s.host, 2, true, MP_RECOMPUTE_NONE,
-                {"zero-bubble", "\"1f1b\"", "\"interleaved\"", "\"gpipe\"", "--backend cpu"});
-}
-
-TEST(GptStageGpuRefuses, FullRecomputation) {
-  Fixture f;
-  Stage s;
-  ASSERT_TRUE(f.Host(&s)) << f.err.message;
-  ExpectRefusal(s.host, 1, false, MP_RECOMPUTE_FULL,
-                {"full recomputation", "\"selective\"", "\"none\"", "--backend cpu"});
+  ExpectRefusal(s.host, 2, true, MP_RECOMPUTE_FULL,
+                {"full recomputation cannot run a zero-bubble schedule", "\"selective\"",
+                 "\"none\"", "another schedule"});
 }
 
 TEST(GptStageGpuRefuses, NoActivationSlot) {
@@ -220,7 +218,7 @@ bool WholeStageStep(Fixture *f, Stage *s, StepResult *r) {
     const ivec in = Inputs(mb), tg = Targets(mb);
     if (mp_gpt_stage_gpu_forward(s->gpu, 0, in.data(), tg.data(), nullptr, nullptr, kDloss,
                                  &r->loss[mb], &f->err) != MP_OK ||
-        mp_gpt_stage_gpu_backward(s->gpu, 0, nullptr, nullptr, &f->err) != MP_OK) {
+        mp_gpt_stage_gpu_backward(s->gpu, 0, nullptr, nullptr, false, &f->err) != MP_OK) {
       return false;
     }
   }
@@ -359,9 +357,9 @@ TEST(GptStageGpu, TwoStagesThroughAHostBoundaryMatchTheWholeStage) {
                                        &loss[mb], &f.err),
               MP_OK)
         << f.err.message;
-    ASSERT_EQ(mp_gpt_stage_gpu_backward(b.gpu, 0, nullptr, dboundary, &f.err), MP_OK)
+    ASSERT_EQ(mp_gpt_stage_gpu_backward(b.gpu, 0, nullptr, dboundary, false, &f.err), MP_OK)
         << f.err.message;
-    ASSERT_EQ(mp_gpt_stage_gpu_backward(a.gpu, 0, dboundary, nullptr, &f.err), MP_OK)
+    ASSERT_EQ(mp_gpt_stage_gpu_backward(a.gpu, 0, dboundary, nullptr, false, &f.err), MP_OK)
         << f.err.message;
     ASSERT_EQ(mp_device_copy_to_host(host.data(), boundary, n * sizeof(float), &f.err), MP_OK);
     ASSERT_EQ(mp_device_copy_to_host(dhost.data(), dboundary, n * sizeof(float), &f.err), MP_OK);
@@ -444,7 +442,7 @@ TEST(GptStageGpu, SequenceParallelAtOneRankMatchesTheWholeStage) {
                                        &got.loss[mb], &f.err),
               MP_OK)
         << f.err.message;
-    ASSERT_EQ(mp_gpt_stage_gpu_backward(sp.gpu, 0, nullptr, nullptr, &f.err), MP_OK)
+    ASSERT_EQ(mp_gpt_stage_gpu_backward(sp.gpu, 0, nullptr, nullptr, false, &f.err), MP_OK)
         << f.err.message;
   }
   // The once-per-step sum of the layernorm gradients over a group of one changes nothing.
@@ -478,9 +476,9 @@ TEST(GptStageGpu, SequenceParallelAtOneRankMatchesTheWholeStage) {
                                        &loss[mb], &f.err),
               MP_OK)
         << f.err.message;
-    ASSERT_EQ(mp_gpt_stage_gpu_backward(b.gpu, 0, nullptr, dboundary, &f.err), MP_OK)
+    ASSERT_EQ(mp_gpt_stage_gpu_backward(b.gpu, 0, nullptr, dboundary, false, &f.err), MP_OK)
         << f.err.message;
-    ASSERT_EQ(mp_gpt_stage_gpu_backward(a.gpu, 0, dboundary, nullptr, &f.err), MP_OK)
+    ASSERT_EQ(mp_gpt_stage_gpu_backward(a.gpu, 0, dboundary, nullptr, false, &f.err), MP_OK)
         << f.err.message;
   }
   ASSERT_EQ(mp_gpt_stage_gpu_finish_grads(a.gpu, &f.err), MP_OK) << f.err.message;
@@ -510,7 +508,7 @@ TEST(GptStageGpu, TwoSlotsInFlightMatchOneSlotAtATime) {
   const ivec in0 = Inputs(0), tg0 = Targets(0), in1 = Inputs(1), tg1 = Targets(1);
   mp_error e = MP_ERROR_INITIALIZER;
   ASSERT_EQ(mp_gpt_stage_gpu_zero_grads(two.gpu, &f.err), MP_OK);
-  EXPECT_EQ(mp_gpt_stage_gpu_backward(two.gpu, 0, nullptr, nullptr, &e), MP_ERR_INPUT);
+  EXPECT_EQ(mp_gpt_stage_gpu_backward(two.gpu, 0, nullptr, nullptr, false, &e), MP_ERR_INPUT);
   EXPECT_NE(std::string(e.message).find("activation slot 0 is empty"), std::string::npos)
       << e.message;
   ASSERT_EQ(mp_gpt_stage_gpu_forward(two.gpu, 0, in0.data(), tg0.data(), nullptr, nullptr, kDloss,
@@ -536,13 +534,13 @@ TEST(GptStageGpu, TwoSlotsInFlightMatchOneSlotAtATime) {
             MP_ERR_INPUT);
   EXPECT_NE(std::string(e.message).find("activation slot 2: the stage has 2"), std::string::npos)
       << e.message;
-  ASSERT_EQ(mp_gpt_stage_gpu_backward(two.gpu, 0, nullptr, nullptr, &f.err), MP_OK)
+  ASSERT_EQ(mp_gpt_stage_gpu_backward(two.gpu, 0, nullptr, nullptr, false, &f.err), MP_OK)
       << f.err.message;
   e = MP_ERROR_INITIALIZER;
-  EXPECT_EQ(mp_gpt_stage_gpu_backward(two.gpu, 0, nullptr, nullptr, &e), MP_ERR_INPUT)
+  EXPECT_EQ(mp_gpt_stage_gpu_backward(two.gpu, 0, nullptr, nullptr, false, &e), MP_ERR_INPUT)
       << "a slot's backward frees it";
   EXPECT_NE(std::string(e.message).find("empty"), std::string::npos) << e.message;
-  ASSERT_EQ(mp_gpt_stage_gpu_backward(two.gpu, 1, nullptr, nullptr, &f.err), MP_OK)
+  ASSERT_EQ(mp_gpt_stage_gpu_backward(two.gpu, 1, nullptr, nullptr, false, &f.err), MP_OK)
       << f.err.message;
   ASSERT_EQ(mp_device_synchronize(&f.err), MP_OK) << f.err.message;
   ASSERT_EQ(mp_gpt_stage_gpu_download_grads(two.gpu, &f.err), MP_OK) << f.err.message;
@@ -598,6 +596,250 @@ TEST(GptStageGpu, AdamWStepsMatchTheOneGpuModel) {
     mp_gpt_layout_init_params(layout, start.data(), kSeed);
     EXPECT_GT(Compare(stage_params.data(), start.data(), P).worst, 0.0);
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Zero-bubble's split and full recomputation.
+
+// Gradients of two GPU stages, bitwise: every float of the device gradient array.
+::testing::AssertionResult SameBits(const char *what, const fvec &actual, const fvec &expected) {
+  if (actual.size() != expected.size()) {
+    return ::testing::AssertionFailure() << what << ": " << actual.size() << " vs "
+                                         << expected.size() << " floats";
+  }
+  size_t differ = 0, first = 0;
+  for (size_t i = 0; i < actual.size(); ++i) {
+    if (std::memcmp(&actual[i], &expected[i], sizeof(float)) != 0 && differ++ == 0) first = i;
+  }
+  printf("model %s: %zu of %zu gradient floats differ (tolerance 0)\n", what, differ,
+         actual.size());
+  if (differ == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << what << ": " << differ << " floats differ, the first at "
+                                       << first << ": " << actual[first] << " vs "
+                                       << expected[first];
+}
+
+// The stage's device gradients, as the host's shard layout.
+bool Grads(Fixture *f, Stage *s, fvec *out) {
+  if (mp_device_synchronize(&f->err) != MP_OK ||
+      mp_gpt_stage_gpu_download_grads(s->gpu, &f->err) != MP_OK) {
+    return false;
+  }
+  const float *g = mp_gpt_tp_grads(s->host);
+  out->assign(g, g + mp_gpt_tp_num_params(s->host));
+  return true;
+}
+
+// What two micro-batches leave in two stages joined by device boundaries.
+struct SplitResult {
+  double loss[2] = {0.0, 0.0};
+  fvec a, b;  // each stage's gradients in its shard layout
+};
+
+// Two micro-batches through a (embedding side) and b (head side), two slots each, both in flight:
+// F0 F1 B0 B1, and with defer (zero-bubble's split) W0 W1 after, as zb-h1's tail orders them.
+bool SplitStep(Fixture *f, Stage *a, Stage *b, bool defer, SplitResult *r) {
+  const size_t n = mp_gpt_tp_boundary_floats(a->host);
+  std::vector<float *> buffers(4, nullptr);  // boundary 0, 1, dboundary 0, 1
+  bool ok = true;
+  for (float *&p : buffers) {
+    ok = ok && mp_device_alloc((void **)&p, n * sizeof(float), &f->err) == MP_OK;
+  }
+  ok = ok && mp_gpt_stage_gpu_zero_grads(a->gpu, &f->err) == MP_OK &&
+       mp_gpt_stage_gpu_zero_grads(b->gpu, &f->err) == MP_OK;
+  for (int mb = 0; ok && mb < 2; ++mb) {
+    const ivec in = Inputs(mb), tg = Targets(mb);
+    double untouched = 0.0;
+    ok = mp_gpt_stage_gpu_forward(a->gpu, mb, in.data(), nullptr, nullptr, buffers[mb], kDloss,
+                                  &untouched, &f->err) == MP_OK &&
+         mp_gpt_stage_gpu_forward(b->gpu, mb, nullptr, tg.data(), buffers[mb], nullptr, kDloss,
+                                  &r->loss[mb], &f->err) == MP_OK;
+  }
+  for (int mb = 0; ok && mb < 2; ++mb) {
+    ok = mp_gpt_stage_gpu_backward(b->gpu, mb, nullptr, buffers[2 + mb], defer, &f->err) ==
+             MP_OK &&
+         mp_gpt_stage_gpu_backward(a->gpu, mb, buffers[2 + mb], nullptr, defer, &f->err) == MP_OK;
+  }
+  for (int mb = 0; ok && defer && mb < 2; ++mb) {
+    ok = mp_gpt_stage_gpu_backward_weights(b->gpu, mb, &f->err) == MP_OK &&
+         mp_gpt_stage_gpu_backward_weights(a->gpu, mb, &f->err) == MP_OK;
+  }
+  ok = ok && Grads(f, a, &r->a) && Grads(f, b, &r->b);
+  for (float *p : buffers) mp_device_free(p);
+  return ok;
+}
+
+bool IsBlockGemmWeight(const std::string &name) {
+  for (const char *suffix : {".qkv.weight", ".attn_proj.weight", ".fc.weight", ".fc_proj.weight"}) {
+    const size_t k = std::strlen(suffix);
+    if (name.size() >= k && name.compare(name.size() - k, k, suffix) == 0) return true;
+  }
+  return false;
+}
+
+TEST(GptStageGpu, ZeroBubbleSplitMatchesTheWholeBackward) {
+  REQUIRE_GPU();
+  Fixture f;
+  Stage one, zb;
+  ASSERT_TRUE(f.Gpu(&one)) << f.err.message;
+  ASSERT_TRUE(f.Gpu(&zb, 0, kL + 3, 2, false, /*deferred=*/true)) << f.err.message;
+  StepResult expected;
+  ASSERT_TRUE(WholeStageStep(&f, &one, &expected)) << f.err.message;
+  fvec whole;
+  ASSERT_TRUE(Grads(&f, &one, &whole)) << f.err.message;
+
+  // F0 F1 B0 B1 on the whole stage: B adds everything but the blocks' four GEMM weights.
+  double loss[2] = {0.0, 0.0};
+  ASSERT_EQ(mp_gpt_stage_gpu_zero_grads(zb.gpu, &f.err), MP_OK);
+  for (int mb = 0; mb < 2; ++mb) {
+    const ivec in = Inputs(mb), tg = Targets(mb);
+    ASSERT_EQ(mp_gpt_stage_gpu_forward(zb.gpu, mb, in.data(), tg.data(), nullptr, nullptr, kDloss,
+                                       &loss[mb], &f.err),
+              MP_OK)
+        << f.err.message;
+  }
+  mp_error e = MP_ERROR_INITIALIZER;
+  EXPECT_EQ(mp_gpt_stage_gpu_backward_weights(zb.gpu, 0, &e), MP_ERR_INPUT);
+  EXPECT_NE(std::string(e.message).find("no deferred weight gradients"), std::string::npos)
+      << e.message;
+  for (int mb = 0; mb < 2; ++mb) {
+    ASSERT_EQ(mp_gpt_stage_gpu_backward(zb.gpu, mb, nullptr, nullptr, true, &f.err), MP_OK)
+        << f.err.message;
+  }
+  // Until its W a slot is held: no second backward, no forward into it.
+  e = MP_ERROR_INITIALIZER;
+  EXPECT_EQ(mp_gpt_stage_gpu_backward(zb.gpu, 0, nullptr, nullptr, false, &e), MP_ERR_INPUT);
+  EXPECT_NE(std::string(e.message).find("already ran its backward"), std::string::npos)
+      << e.message;
+  e = MP_ERROR_INITIALIZER;
+  double ignored = 0.0;
+  const ivec in0 = Inputs(0), tg0 = Targets(0);
+  EXPECT_EQ(mp_gpt_stage_gpu_forward(zb.gpu, 1, in0.data(), tg0.data(), nullptr, nullptr, kDloss,
+                                     &ignored, &e),
+            MP_ERR_INPUT);
+  EXPECT_NE(std::string(e.message).find("still holding a micro-batch"), std::string::npos)
+      << e.message;
+  fvec after_b;
+  ASSERT_TRUE(Grads(&f, &zb, &after_b)) << f.err.message;
+  size_t gemm = 0, rest = 0, wrong = 0;
+  for (int i = 0; i < mp_gpt_tp_num_tensors(zb.host); ++i) {
+    const mp_gpt_tp_tensor *t = mp_gpt_tp_tensor_at(zb.host, i);
+    const bool deferred = IsBlockGemmWeight(t->full->name);
+    for (size_t k = t->offset; k < t->offset + t->count; ++k) {
+      const float want = deferred ? 0.0f : whole[k];
+      if (std::memcmp(&after_b[k], &want, sizeof(float)) != 0) ++wrong;
+    }
+    (deferred ? gemm : rest) += t->count;
+  }
+  printf("model gpu stage after B0 B1: %zu GEMM weight gradient floats still zero, %zu others "
+         "final; %zu wrong\n",
+         gemm, rest, wrong);
+  EXPECT_GT(gemm, 0u);
+  EXPECT_EQ(wrong, 0u) << "B must add every gradient but the four GEMM weights', and those not";
+
+  for (int mb = 0; mb < 2; ++mb) {
+    ASSERT_EQ(mp_gpt_stage_gpu_backward_weights(zb.gpu, mb, &f.err), MP_OK) << f.err.message;
+  }
+  e = MP_ERROR_INITIALIZER;
+  EXPECT_EQ(mp_gpt_stage_gpu_backward_weights(zb.gpu, 0, &e), MP_ERR_INPUT) << "W frees the slot";
+  fvec got;
+  ASSERT_TRUE(Grads(&f, &zb, &got)) << f.err.message;
+  printf("model gpu stage F0 F1 B0 B1 W0 W1 vs whole backwards: losses %.6f %.6f vs %.6f %.6f\n",
+         loss[0], loss[1], expected.loss[0], expected.loss[1]);
+  EXPECT_EQ(loss[0], expected.loss[0]);
+  EXPECT_EQ(loss[1], expected.loss[1]);
+  EXPECT_TRUE(SameBits("gpu stage zero-bubble split vs whole backward", got, whole));
+
+  // A stage without deferred weights refuses a deferred backward.
+  ASSERT_EQ(mp_gpt_stage_gpu_forward(one.gpu, 0, in0.data(), tg0.data(), nullptr, nullptr, kDloss,
+                                     &ignored, &f.err),
+            MP_OK);
+  e = MP_ERROR_INITIALIZER;
+  EXPECT_EQ(mp_gpt_stage_gpu_backward(one.gpu, 0, nullptr, nullptr, true, &e), MP_ERR_INPUT);
+  EXPECT_NE(std::string(e.message).find("created with deferred weights"), std::string::npos)
+      << e.message;
+}
+
+TEST(GptStageGpu, ZeroBubbleSplitOverTwoStagesMatchesTheWholeBackward) {
+  REQUIRE_GPU();
+  Fixture f;
+  Stage a, b, za, zb;
+  const int k = 2;  // A: embedding and block 0; B: blocks 1 and 2, the final norm, the head
+  ASSERT_TRUE(f.Gpu(&a, 0, k, 2)) << f.err.message;
+  ASSERT_TRUE(f.Gpu(&b, k, kL + 3, 2)) << f.err.message;
+  ASSERT_TRUE(f.Gpu(&za, 0, k, 2, false, true)) << f.err.message;
+  ASSERT_TRUE(f.Gpu(&zb, k, kL + 3, 2, false, true)) << f.err.message;
+  SplitResult expected, got;
+  ASSERT_TRUE(SplitStep(&f, &a, &b, false, &expected)) << f.err.message;
+  ASSERT_TRUE(SplitStep(&f, &za, &zb, true, &got)) << f.err.message;
+  printf("model two gpu stages, zero-bubble split vs whole backwards: losses %.6f %.6f vs %.6f "
+         "%.6f\n",
+         got.loss[0], got.loss[1], expected.loss[0], expected.loss[1]);
+  EXPECT_EQ(got.loss[0], expected.loss[0]);
+  EXPECT_EQ(got.loss[1], expected.loss[1]);
+  EXPECT_TRUE(SameBits("embedding-side stage, zero-bubble vs whole", got.a, expected.a));
+  EXPECT_TRUE(SameBits("head-side stage, zero-bubble vs whole", got.b, expected.b));
+}
+
+TEST(GptStageGpu, FullRecomputationMatchesKeptActivations) {
+  REQUIRE_GPU();
+  Fixture f;
+  Stage one, full;
+  ASSERT_TRUE(f.Gpu(&one)) << f.err.message;
+  ASSERT_TRUE(f.Gpu(&full, 0, kL + 3, 2, false, false, MP_RECOMPUTE_FULL)) << f.err.message;
+  // The light slots keep their inputs only: less memory than the two slots of recompute none.
+  Stage kept;
+  ASSERT_TRUE(f.Gpu(&kept, 0, kL + 3, 2)) << f.err.message;
+  printf("model gpu stage device bytes, two slots: recompute none %zu, full %zu\n",
+         mp_gpt_stage_gpu_device_bytes(kept.gpu), mp_gpt_stage_gpu_device_bytes(full.gpu));
+  EXPECT_LT(mp_gpt_stage_gpu_device_bytes(full.gpu), mp_gpt_stage_gpu_device_bytes(kept.gpu));
+
+  StepResult expected;
+  ASSERT_TRUE(WholeStageStep(&f, &one, &expected)) << f.err.message;
+  fvec whole;
+  ASSERT_TRUE(Grads(&f, &one, &whole)) << f.err.message;
+  // Both micro-batches in flight, F0 F1 B0 B1: B0 recomputes over what F1 left in the shared set.
+  double loss[2] = {0.0, 0.0};
+  ASSERT_EQ(mp_gpt_stage_gpu_zero_grads(full.gpu, &f.err), MP_OK);
+  for (int mb = 0; mb < 2; ++mb) {
+    const ivec in = Inputs(mb), tg = Targets(mb);
+    ASSERT_EQ(mp_gpt_stage_gpu_forward(full.gpu, mb, in.data(), tg.data(), nullptr, nullptr,
+                                       kDloss, &loss[mb], &f.err),
+              MP_OK)
+        << f.err.message;
+  }
+  for (int mb = 0; mb < 2; ++mb) {
+    ASSERT_EQ(mp_gpt_stage_gpu_backward(full.gpu, mb, nullptr, nullptr, false, &f.err), MP_OK)
+        << f.err.message;
+  }
+  fvec got;
+  ASSERT_TRUE(Grads(&f, &full, &got)) << f.err.message;
+  printf("model gpu stage full recomputation vs kept activations: losses %.6f %.6f vs %.6f %.6f\n",
+         loss[0], loss[1], expected.loss[0], expected.loss[1]);
+  EXPECT_EQ(loss[0], expected.loss[0]);
+  EXPECT_EQ(loss[1], expected.loss[1]);
+  EXPECT_TRUE(SameBits("gpu stage full recomputation vs none", got, whole));
+}
+
+TEST(GptStageGpu, FullRecomputationOverTwoStagesMatchesKeptActivations) {
+  REQUIRE_GPU();
+  Fixture f;
+  Stage a, b, fa, fb;
+  const int k = 2;
+  ASSERT_TRUE(f.Gpu(&a, 0, k, 2)) << f.err.message;
+  ASSERT_TRUE(f.Gpu(&b, k, kL + 3, 2)) << f.err.message;
+  ASSERT_TRUE(f.Gpu(&fa, 0, k, 2, false, false, MP_RECOMPUTE_FULL)) << f.err.message;
+  ASSERT_TRUE(f.Gpu(&fb, k, kL + 3, 2, false, false, MP_RECOMPUTE_FULL)) << f.err.message;
+  SplitResult expected, got;
+  ASSERT_TRUE(SplitStep(&f, &a, &b, false, &expected)) << f.err.message;
+  ASSERT_TRUE(SplitStep(&f, &fa, &fb, false, &got)) << f.err.message;
+  printf("model two gpu stages, full recomputation vs kept activations: losses %.6f %.6f vs %.6f "
+         "%.6f\n",
+         got.loss[0], got.loss[1], expected.loss[0], expected.loss[1]);
+  EXPECT_EQ(got.loss[0], expected.loss[0]);
+  EXPECT_EQ(got.loss[1], expected.loss[1]);
+  EXPECT_TRUE(SameBits("embedding-side stage, full recomputation vs none", got.a, expected.a));
+  EXPECT_TRUE(SameBits("head-side stage, full recomputation vs none", got.b, expected.b));
 }
 
 }  // namespace

@@ -21,10 +21,16 @@
 #   - the watchdog over NCCL: a hung pipeline or tensor-parallel rank makes its peer fail after
 #     --comm-timeout naming the action, group and peer, with the communicators aborted (exit 1);
 #   - ZeRO-1 on the GPU (dp = 2, dp = 2 x pp = 2): AdamW on this rank's part, parameters gathered;
+#   - zero-bubble zb-h1 on the GPU (pp = 2, pp = 2 x tp = 2 with and without sequence parallelism,
+#     dp = 2 x pp = 2; the last two over NCCL too), B and W split (deferred weight gradients), and
+#     full recomputation (pp = 4): each within 1e-2 of the
+#     one-rank GPU run and within 1e-6 of the same layout on 1f1b / without recomputation (B then
+#     W adds what the whole backward adds, the recomputed forward gives the kept activations: the
+#     same numbers);
 #   - checkpoints: a GPU run resumed from its step-5 checkpoint continues bit for bit (one rank,
 #     pp = 2 x tp = 2, dp = 2 x pp = 2 with ZeRO-1), and the pp x tp checkpoint resumes on one CPU rank (within 2e-2);
-#   - refusals: zb-h1 on the cuda backend (exit 2, naming why); --backend auto with a plan the
-#     cuda backend does not run falls back to the CPU and says so.
+#   - refusals: full recomputation with zb-h1 on the cuda backend, as on the CPU (exit 2, naming
+#     why); --backend auto runs a zb-h1 plan on the (emulated) GPU.
 # Run by tools/test.sh in its emulated pass; built normally (no GPU) it fails, saying so.
 set -uo pipefail
 mpengine=${1:-${MPENGINE:-tools/mpengine}}
@@ -38,13 +44,13 @@ failures=0
 source "$(dirname "${BASH_SOURCE[0]}")/cli_expect.sh" || { echo "cannot load cli_expect.sh"; exit 1; }
 cp examples/models/tiny-gpt.json "$tmp/tiny-gpt.json"
 
-plan() { # plan NAME DP PP TP [SCHEDULE] [VIRTUAL] [SEQUENCE_PARALLEL] [ZERO_STAGE]
+plan() { # plan NAME DP PP TP [SCHEDULE] [VIRTUAL] [SEQUENCE_PARALLEL] [ZERO_STAGE] [RECOMPUTE]
   local dp=$2
   cat > "$tmp/$1.json" <<JSON
 {"model": "tiny-gpt.json", "cluster": "cpu-local",
  "parallel": {"dp": $dp, "pp": $3, "tp": $4, "virtual_stages": ${6:-1}, "sequence_parallel": ${7:-false}, "zero_stage": ${8:-0}},
  "batch": {"global_batch": 8, "micro_batch": 2, "num_micro_batches": $((4 / dp)), "seq_len": 32},
- "schedule": "${5:-1f1b}",
+ "schedule": "${5:-1f1b}", "recompute": "${9:-none}",
  "training": {"steps": 10, "learning_rate": 3e-3, "warmup_steps": 2, "seed": 5}}
 JSON
 }
@@ -147,9 +153,31 @@ compare "pp2tp2sp on the GPU vs on the CPU" "$tmp/pp2tp2sp-cpu.jsonl" "$tmp/pp2t
 compare "tp2sp vs tp2 on the GPU" "$tmp/tp2-cuda.jsonl" "$tmp/tp2sp-cuda.jsonl" 1e-6
 compare "pp2tp2sp vs pp2tp2 on the GPU" "$tmp/pp2tp2-cuda.jsonl" "$tmp/pp2tp2sp-cuda.jsonl" 1e-6
 
+# Zero-bubble (zb-h1: B and W split, each slot keeping the GEMMs' output gradients until its W) and
+# full recomputation (light slots, the forward rerun at each backward) on the GPU: close to the
+# one-rank run, and the same numbers as the same layout on 1f1b / keeping its activations (1e-6:
+# each gradient gets the same terms in the same order; measured equal in every printed digit).
+plan pp2zb 1 2 1 zb-h1
+plan pp2tp2zb 1 2 2 zb-h1
+plan pp2tp2spzb 1 2 2 zb-h1 1 true
+plan dp2pp2zb 2 2 1 zb-h1
+plan pp4 1 4 1
+plan pp4full 1 4 1 1f1b 1 false 0 full
+for name in pp2zb pp2tp2zb pp2tp2spzb dp2pp2zb pp4 pp4full; do
+  run $name cuda
+  compare "$name on the GPU vs one rank" "$tmp/one-cuda.jsonl" "$tmp/$name-cuda.jsonl" 1e-2
+done
+# dp2pp2zb: the blocks' all-reduces go during the chunk's last W (not its B), the rest after it.
+for twin in pp2:pp2zb pp2tp2:pp2tp2zb pp2tp2sp:pp2tp2spzb dp2pp2:dp2pp2zb; do
+  compare "${twin#*:} vs ${twin%:*} (1f1b) on the GPU" "$tmp/${twin%:*}-cuda.jsonl" \
+    "$tmp/${twin#*:}-cuda.jsonl" 1e-6
+done
+compare "pp4full vs pp4 (recompute none) on the GPU" "$tmp/pp4-cuda.jsonl" \
+  "$tmp/pp4full-cuda.jsonl" 1e-6
+
 # The same layouts over the NCCL communicators (emulated over MPI: the same sums, so the same
 # losses): the tensor-parallel table on NCCL, the pipeline's sends grouped with receives, dp.
-for name in pp2tp2 pp2tp2sp dp2pp2 interleaved dp2pp2zero1; do
+for name in pp2tp2 pp2tp2sp dp2pp2 interleaved dp2pp2zero1 pp2tp2zb dp2pp2zb; do
   GPU_COMM=nccl run $name cuda
   compare "$name over NCCL vs over MPI" "$tmp/$name-cuda.jsonl" "$tmp/$name-cuda-nccl.jsonl" 1e-6
 done
@@ -166,11 +194,10 @@ expect 1 "rank 0: pipeline rank 0, F micro-batch 0: " "in group tp (ranks 0,1)" 
   timeout 60 env MPENGINE_FAULT=hang:1:3 $mpengine run --config "$tmp/tp2.json" --backend cuda \
   --gpu-comm nccl --comm-timeout 2
 
-plan zb 1 2 1 zb-h1
-expect 2 "$tmp/zb.json: dp x pp x tp = 1 x 2 x 1: the cuda backend does not run the zero-bubble schedule zb-h1" \
-  -- $mpengine run --config "$tmp/zb.json" --backend cuda --steps 1
-expect 0 "backend: cpu (auto: a GPU is visible, but the cuda backend does not run this plan yet)" \
-  "done: 1 steps" -- $mpengine run --config "$tmp/zb.json" --steps 1
+plan fullzb 1 2 1 zb-h1 1 false 0 full
+expect 2 "$tmp/fullzb.json: recompute \"full\" cannot run schedule zb-h1" \
+  -- $mpengine run --config "$tmp/fullzb.json" --backend cuda --steps 1
+expect 0 "backend: cuda" "done: 1 steps" -- $mpengine run --config "$tmp/pp2zb.json" --steps 1
 
 # Checkpoints on the GPU: 10 steps saving at 5, against a resume from step 5 (bit for bit: the
 # emulation is deterministic, and the state goes to the host and back exactly), one rank and
