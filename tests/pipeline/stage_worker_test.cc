@@ -181,7 +181,9 @@ TEST_P(EveryKind, MessagesReachTheirStageInOrderAndEveryActionRunsOnce) {
     // Every boundary buffer came from the table's allocator and went back to it.
     EXPECT_EQ(ranks[r].foreign, 0) << "pipeline rank " << r;
     EXPECT_TRUE(ranks[r].live.empty()) << "pipeline rank " << r << ": buffers not freed";
-    if (c.pp > 1) EXPECT_GT(ranks[r].allocated, 0) << "pipeline rank " << r;
+    if (c.pp > 1) {
+      EXPECT_GT(ranks[r].allocated, 0) << "pipeline rank " << r;
+    }
     // The log of each step is the rank's list, in order.
     const mp_rank_actions &list = schedule.ranks[r];
     ASSERT_EQ(ranks[r].log.size(), 2u * (size_t)list.num_actions);
