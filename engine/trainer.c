@@ -970,26 +970,32 @@ static void adamw_range(mp_gpt_tp *chunk, size_t first, size_t count, float *m, 
   }
 }
 
-/* Steps 3-5 of the file comment, after the stage worker has run the step's actions (the dp
- * all-reduces already started inside it). */
-static mp_status finish_parallel_step(mp_trainer *trainer, double lr, double *grad_norm,
-                                      mp_error *err) {
+/* Steps 3-4 of the file comment, after the stage worker has run the step's actions (the dp
+ * all-reduces already started inside it), on the chunks' host or GPU gradients: the dp mean, the
+ * sequence-parallel layernorm sums, the tied embedding, and the global norm into *grad_norm. */
+static mp_status reduce_step_grads(mp_trainer *trainer, double *grad_norm, mp_error *err) {
   const mp_plan *plan = trainer->plan;
-  const mp_training_config *t = &plan->training;
   const mp_trainer_options *o = &trainer->options;
-  /* First the dp all-reduces the worker posted as each chunk's gradients completed: until they
-   * end, MPI may still write the gradients. */
+  mp_gpt_stage_gpu **gpu = trainer->gpu_chunks;
+  /* First the dp all-reduces posted as the chunks' gradients completed: until they end, MPI or
+   * NCCL may still write the gradients. */
   if (o->dp != NULL && plan->dp > 1) {
     MP_TRY(wait_dp_all_reduces(trainer, err));
     const float scale = 1.0f / (float)plan->dp;
     for (int c = 0; c < trainer->num_chunks; ++c) {
-      mp_grad_scale_cpu(mp_gpt_tp_grads(trainer->chunks[c]),
-                        mp_gpt_tp_num_params(trainer->chunks[c]), scale);
+      if (gpu != NULL) {
+        mp_gpt_stage_gpu_scale_grads(gpu[c], scale);
+      } else {
+        mp_grad_scale_cpu(mp_gpt_tp_grads(trainer->chunks[c]),
+                          mp_gpt_tp_num_params(trainer->chunks[c]), scale);
+      }
     }
   }
   for (int c = 0; c < trainer->num_chunks; ++c) {
-    MP_TRY(mp_gpt_tp_finish_grads(trainer->chunks[c], err));
+    MP_TRY(gpu != NULL ? mp_gpt_stage_gpu_finish_grads(gpu[c], err)
+                       : mp_gpt_tp_finish_grads(trainer->chunks[c], err));
   }
+  if (gpu != NULL) MP_TRY(mp_device_synchronize(err));
   /* The tied embedding: the first stage's wte gradient plus the last stage's copy's. */
   if (o->embedding != NULL && mp_comm_size(o->embedding) > 1) {
     for (int c = 0; c < trainer->num_chunks; ++c) {
@@ -999,18 +1005,29 @@ static mp_status finish_parallel_step(mp_trainer *trainer, double lr, double *gr
       const bool last = stage->head && c == trainer->num_chunks - 1;
       if (!first && !last) continue;
       const mp_gpt_tp_tensor *wte = mp_gpt_tp_tensor_at(chunk, 0);
-      MP_TRY(traced_all_reduce(trainer, o->embedding, mp_gpt_tp_grads(chunk) + wte->offset,
-                               wte->count, err));
+      float *grads = gpu != NULL ? mp_gpt_stage_gpu_device_grads(gpu[c]) : mp_gpt_tp_grads(chunk);
+      MP_TRY(traced_all_reduce(trainer, o->embedding, grads + wte->offset, wte->count, err));
     }
   }
   double squares = 0.0;
   for (int c = 0; c < trainer->num_chunks; ++c) {
     double chunk_squares = 0.0;
-    MP_TRY(mp_gpt_tp_grad_norm_squared(trainer->chunks[c], &chunk_squares, err));
+    MP_TRY(gpu != NULL ? mp_gpt_stage_gpu_grad_norm_squared(gpu[c], &chunk_squares, err)
+                       : mp_gpt_tp_grad_norm_squared(trainer->chunks[c], &chunk_squares, err));
     squares += chunk_squares;
   }
   if (o->pp != NULL) MP_TRY(sum_double_over(o->pp, &squares, err));
   *grad_norm = sqrt(squares);
+  return MP_OK;
+}
+
+/* Step 5 of the file comment after reduce_step_grads, on the CPU: clipping, AdamW, ZeRO-1. */
+static mp_status finish_parallel_step(mp_trainer *trainer, double lr, double *grad_norm,
+                                      mp_error *err) {
+  const mp_plan *plan = trainer->plan;
+  const mp_training_config *t = &plan->training;
+  const mp_trainer_options *o = &trainer->options;
+  MP_TRY(reduce_step_grads(trainer, grad_norm, err));
   const float scale = mp_clip_scale(*grad_norm, t->grad_clip);
   for (int c = 0; c < trainer->num_chunks; ++c) {
     mp_gpt_tp *chunk = trainer->chunks[c];
@@ -1087,43 +1104,13 @@ static mp_status reduce_gpu_grads(mp_trainer *trainer, double *loss, mp_error *e
   return MP_OK;
 }
 
-/* finish_parallel_step with the chunks on the GPU: the same steps on device gradients. */
+/* finish_parallel_step with the chunks on the GPU: clipping, AdamW and ZeRO-1 on the device. */
 static mp_status finish_gpu_step(mp_trainer *trainer, double lr, double *grad_norm,
                                  mp_error *err) {
   const mp_plan *plan = trainer->plan;
   const mp_training_config *t = &plan->training;
   const mp_trainer_options *o = &trainer->options;
-  if (o->dp != NULL && plan->dp > 1) {
-    /* The dp all-reduces posted during the step (block by block, then each chunk's rest). */
-    MP_TRY(wait_dp_all_reduces(trainer, err));
-    for (int c = 0; c < trainer->num_chunks; ++c) {
-      mp_gpt_stage_gpu_scale_grads(trainer->gpu_chunks[c], 1.0f / (float)plan->dp);
-    }
-  }
-  /* Sequence parallelism: the layernorm gradients summed over tp (finish_parallel_step's order). */
-  for (int c = 0; c < trainer->num_chunks; ++c) {
-    MP_TRY(mp_gpt_stage_gpu_finish_grads(trainer->gpu_chunks[c], err));
-  }
-  MP_TRY(mp_device_synchronize(err));
-  if (o->embedding != NULL && mp_comm_size(o->embedding) > 1) {
-    for (int c = 0; c < trainer->num_chunks; ++c) {
-      const mp_gpt_stage *stage = mp_gpt_tp_stage(trainer->chunks[c]);
-      const bool first = stage->embedding && c == 0;
-      const bool last = stage->head && c == trainer->num_chunks - 1;
-      if (!first && !last) continue;
-      const mp_gpt_tp_tensor *wte = mp_gpt_tp_tensor_at(trainer->chunks[c], 0);
-      float *grads = mp_gpt_stage_gpu_device_grads(trainer->gpu_chunks[c]);
-      MP_TRY(traced_all_reduce(trainer, o->embedding, grads + wte->offset, wte->count, err));
-    }
-  }
-  double squares = 0.0;
-  for (int c = 0; c < trainer->num_chunks; ++c) {
-    double chunk_squares = 0.0;
-    MP_TRY(mp_gpt_stage_gpu_grad_norm_squared(trainer->gpu_chunks[c], &chunk_squares, err));
-    squares += chunk_squares;
-  }
-  if (o->pp != NULL) MP_TRY(sum_double_over(o->pp, &squares, err));
-  *grad_norm = sqrt(squares);
+  MP_TRY(reduce_step_grads(trainer, grad_norm, err));
   const float scale = mp_clip_scale(*grad_norm, t->grad_clip);
   const mp_gpu_adamw adamw = {(float)lr, (float)t->beta1, (float)t->beta2, (float)t->eps,
                               (float)t->weight_decay, (int)(trainer->step + 1), t->grad_clip};
