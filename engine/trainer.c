@@ -224,7 +224,10 @@ static double trace_now(const mp_trainer *trainer) {
 
 /* NCCL pipeline: sends wait for this rank's next receive (or the step's end), and go with it in
  * one group: NCCL's send blocks until the peer receives, so a send enqueued alone could wait on a
- * peer that waits on our receive; in one group none waits for another (engine/comm_nccl.h). */
+ * peer that waits on our receive; in one group none waits for another (engine/comm_nccl.h). No
+ * deadlock: a rank blocks only in a flush, which holds every send it has pending, and messages
+ * between two ranks are matched in order (as over MPI), so whatever a blocked rank waits for is
+ * either posted or in the future of a rank that is not blocked. */
 static mp_status nccl_pp_pend(mp_trainer *trainer, const mp_nccl_p2p_op *op, mp_error *err) {
   if (trainer->num_nccl_sends == trainer->nccl_send_capacity) {
     const int capacity = trainer->nccl_send_capacity > 0 ? 2 * trainer->nccl_send_capacity : 8;
