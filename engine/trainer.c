@@ -51,8 +51,6 @@ struct mp_trainer {
   size_t *dp_bytes;
   int num_dp_requests, dp_request_capacity;
   bool nccl_dp_posted;    /* dp all-reduces enqueued on options->nccl_dp, not yet waited for */
-  int *backwards_done;    /* (num_chunks) this step's whole backwards and Ws of each chunk (GPU) */
-  bool *blocks_posted;    /* (num_chunks) this step's block all-reduces were posted (GPU) */
   mp_nccl_p2p_op *nccl_sends; /* NCCL pipeline: sends posted but not yet enqueued, which go with
                                  this rank's next receive (or the step's end) in one group */
   int num_nccl_sends, nccl_send_capacity;
@@ -161,14 +159,12 @@ static mp_status chunk_forward(void *context, int chunk, int micro_batch, int sl
 
 static mp_status block_grads_ready(void *context, float *grads, size_t count, mp_error *err);
 
-/* A GPU chunk's gradients are complete for the step at its last whole backward or W (a deferred
- * backward leaves each block's GEMM weight gradients to its W, so it does not count): called for
- * each of those, true when this one is that last and dp > 1 wants the blocks' all-reduces posted
- * as they finish (block_grads_ready; post_chunk_all_reduce posts the rest). */
+/* A GPU chunk's gradients complete inside its last gradient action of the step (the worker knows
+ * which: a whole backward, or with zb-h1 a W): true there when dp > 1 wants the blocks'
+ * all-reduces posted as they finish (block_grads_ready; post_chunk_all_reduce posts the rest). */
 static bool gpu_overlap_dp(mp_trainer *trainer, int chunk) {
-  const bool last = ++trainer->backwards_done[chunk] == (int)trainer->plan->num_micro_batches;
-  const bool overlap = last && trainer->options.dp != NULL && trainer->plan->dp > 1;
-  if (overlap) trainer->blocks_posted[chunk] = true;
+  const bool overlap = trainer->options.dp != NULL && trainer->plan->dp > 1 &&
+                       mp_stage_worker_completes_chunk(trainer->worker, chunk);
   return overlap;
 }
 
@@ -181,7 +177,7 @@ static mp_status chunk_backward(void *context, int chunk, int micro_batch, int s
     /* The chunk's last whole backward of the step completes its gradients block by block: with
      * dp > 1 each block's all-reduce starts as soon as its kernels are enqueued. */
     mp_gpt_stage_gpu *gpu = trainer->gpu_chunks[chunk];
-    const bool overlap = !defer_weights && gpu_overlap_dp(trainer, chunk);
+    const bool overlap = gpu_overlap_dp(trainer, chunk);
     if (overlap) mp_gpt_stage_gpu_set_grads_hook(gpu, block_grads_ready, trainer);
     const mp_status status =
         mp_gpt_stage_gpu_backward(gpu, slot, doutput, dinput, defer_weights, err);
@@ -394,9 +390,8 @@ static mp_status post_dp_all_reduce(mp_trainer *trainer, float *grads, size_t n,
 }
 
 /* The stage worker's hook after a chunk's last backward (or W): its dp all-reduce starts while the
- * other chunks' backwards run. On the GPU the blocks' gradients were normally posted one by one
- * during that backward (block_grads_ready): then only the tensors outside the blocks remain; if
- * they were not (blocks_posted), the whole chunk goes now. */
+ * other chunks' backwards run. On the GPU the blocks' gradients were posted one by one inside that
+ * action (gpu_overlap_dp, block_grads_ready): only the tensors outside the blocks remain. */
 static mp_status post_chunk_all_reduce(void *context, int chunk, mp_error *err) {
   mp_trainer *trainer = context;
   if (trainer->gpu_chunks == NULL) {
@@ -406,7 +401,6 @@ static mp_status post_chunk_all_reduce(void *context, int chunk, mp_error *err) 
   mp_gpt_stage_gpu *gpu = trainer->gpu_chunks[chunk];
   float *grads = mp_gpt_stage_gpu_device_grads(gpu);
   const size_t n = mp_gpt_tp_num_params(trainer->chunks[chunk]);
-  if (!trainer->blocks_posted[chunk]) return post_dp_all_reduce(trainer, grads, n, err);
   size_t first = 0, end = 0; /* the blocks' range */
   mp_gpt_stage_gpu_blocks_range(gpu, &first, &end);
   MP_TRY(post_dp_all_reduce(trainer, grads, first, err));
@@ -485,14 +479,8 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
   trainer->zero_first = calloc((size_t)v, sizeof *trainer->zero_first);
   trainer->zero_count = calloc((size_t)v, sizeof *trainer->zero_count);
   const bool on_gpu = trainer->backend == MP_BACKEND_CUDA;
-  if (on_gpu) {
-    trainer->gpu_chunks = calloc((size_t)v, sizeof *trainer->gpu_chunks);
-    trainer->backwards_done = calloc((size_t)v, sizeof *trainer->backwards_done);
-    trainer->blocks_posted = calloc((size_t)v, sizeof *trainer->blocks_posted);
-  }
-  if (status == MP_OK && on_gpu &&
-      (trainer->gpu_chunks == NULL || trainer->backwards_done == NULL ||
-       trainer->blocks_posted == NULL)) {
+  if (on_gpu) trainer->gpu_chunks = calloc((size_t)v, sizeof *trainer->gpu_chunks);
+  if (status == MP_OK && on_gpu && trainer->gpu_chunks == NULL) {
     status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
   }
   if (status == MP_OK && (trainer->chunks == NULL || trainer->chunk_m == NULL ||
@@ -721,8 +709,6 @@ void mp_trainer_free(mp_trainer *trainer) {
     if (trainer->chunk_v != NULL) free(trainer->chunk_v[c]);
   }
   free(trainer->gpu_chunks);
-  free(trainer->backwards_done);
-  free(trainer->blocks_posted);
   free(trainer->nccl_sends);
   free(trainer->chunks);
   free(trainer->chunk_m);
@@ -1070,41 +1056,14 @@ static mp_status parallel_step_loss(mp_trainer *trainer, double *loss, mp_error 
   return MP_OK;
 }
 
-static int dp_group_size(const mp_trainer *trainer) {
-  return trainer->options.dp != NULL ? mp_comm_size(trainer->options.dp) : 1;
-}
-
-/* CUDA backend: device gradients grads (n) summed over dp in buckets, on NCCL when the run has
- * the dp group there, else MPI through the host. Synchronises the device first (the backward's
- * kernels wrote the gradients). */
-static mp_status sum_device_grads_over_dp(mp_trainer *trainer, float *grads, size_t n,
-                                          mp_error *err) {
-  const mp_trainer_options *o = &trainer->options;
-  MP_TRY(mp_device_synchronize(err));
-  for (size_t offset = 0; offset < n; offset += MP_TRAINER_BUCKET_FLOATS) {
-    const size_t count = n - offset < MP_TRAINER_BUCKET_FLOATS ? n - offset
-                                                               : MP_TRAINER_BUCKET_FLOATS;
-    if (o->nccl_dp != NULL) {
-      MP_TRY(mp_nccl_all_reduce_sum(o->nccl_dp, grads + offset, count, MP_NCCL_FLOAT32, err));
-    } else {
-      MP_TRY(mp_comm_all_reduce_sum_f32(o->dp, grads + offset, count, err));
-    }
-  }
-  if (o->nccl_dp != NULL) MP_TRY(mp_nccl_comm_synchronize(o->nccl_dp, err));
-  return MP_OK;
-}
-
-/* CUDA backend, dp > 1: the gradients summed over dp and scaled to the mean, and the loss
- * averaged over dp. */
-static mp_status reduce_gpu_grads(mp_trainer *trainer, double *loss, mp_error *err) {
-  const mp_trainer_options *o = &trainer->options;
-  const int dp = mp_comm_size(o->dp);
-  MP_TRY(sum_device_grads_over_dp(trainer, mp_gpt_gpu_device_grads(trainer->gpu),
-                                  mp_gpt_layout_num_params(trainer->layout), err));
-  MP_TRY(mp_gpt_gpu_scale_grads(trainer->gpu, 1.0f / (float)dp, err));
-  MP_TRY(sum_double_over(o->dp, loss, err));
-  *loss /= (double)dp;
-  return MP_OK;
+/* `--gpu-comm nccl` on one rank: the one model's gradients through the one-rank NCCL
+ * communicator (a sum over one member leaves them as they are: a check of NCCL on one GPU). */
+static mp_status sum_grads_over_nccl_alone(mp_trainer *trainer, mp_error *err) {
+  mp_nccl_comm *nccl = trainer->options.nccl_dp;
+  MP_TRY(mp_nccl_comm_wait_stream(nccl, NULL, err));
+  MP_TRY(mp_nccl_all_reduce_sum(nccl, mp_gpt_gpu_device_grads(trainer->gpu),
+                                mp_gpt_layout_num_params(trainer->layout), MP_NCCL_FLOAT32, err));
+  return mp_nccl_comm_synchronize(nccl, err);
 }
 
 /* finish_parallel_step with the chunks on the GPU: clipping, AdamW and ZeRO-1 on the device. */
@@ -1157,8 +1116,6 @@ mp_status mp_trainer_step(mp_trainer *trainer, int64_t step, mp_step_metrics *me
   } else if (trainer->gpu_chunks != NULL) {
     for (int c = 0; c < trainer->num_chunks; ++c) {
       MP_TRY(mp_gpt_stage_gpu_zero_grads(trainer->gpu_chunks[c], err));
-      trainer->backwards_done[c] = 0;
-      trainer->blocks_posted[c] = false;
     }
   } else if (trainer->parallel) {
     for (int c = 0; c < trainer->num_chunks; ++c) mp_gpt_tp_zero_grads(trainer->chunks[c]);
@@ -1171,8 +1128,8 @@ mp_status mp_trainer_step(mp_trainer *trainer, int64_t step, mp_step_metrics *me
     MP_TRY(mp_stage_worker_run(trainer->worker, err));
     MP_TRY(parallel_step_loss(trainer, &loss, err));
   }
-  if (trainer->gpu != NULL && (dp_group_size(trainer) > 1 || trainer->options.nccl_dp != NULL)) {
-    MP_TRY(reduce_gpu_grads(trainer, &loss, err));
+  if (trainer->gpu != NULL && trainer->options.nccl_dp != NULL) {
+    MP_TRY(sum_grads_over_nccl_alone(trainer, err));
   }
   if (!isfinite(loss)) {
     return mp_fail(err, MP_ERR_RUNTIME,

@@ -103,9 +103,10 @@ typedef struct {
   mp_comm *embedding;   /* the first and last pipeline rank (topology/grid.h); NULL: pp = 1 */
   int dp_rank, pp_rank; /* this rank's coordinates (topology/grid.h) */
   mp_trace *trace;      /* records actions and communication (engine/trace.h); NULL: none */
-  mp_nccl_comm *nccl_dp; /* CUDA backend, dp > 1: the data-parallel group on NCCL; NULL: the
-                            gradients go through options->dp, which stages them through the host
-                            (several ranks may then share one GPU) */
+  mp_nccl_comm *nccl_dp; /* CUDA backend: the data-parallel group on NCCL (on one rank: the
+                            gradients still pass through it, a check of NCCL); NULL: they go
+                            through options->dp, which stages them through the host (several
+                            ranks may then share one GPU) */
   mp_nccl_comm *nccl_pp; /* CUDA backend, pp > 1: the pipeline group on NCCL (same members, same
                             order as options->pp) for the activations and their gradients; NULL:
                             over options->pp through the host */

@@ -27,6 +27,7 @@ struct mp_stage_worker {
   int *slots_per_chunk;  /* (v) */
   int *last_gradient_action; /* (v) index in the list of the chunk's last B or W, or -1 */
   mp_stage_chunk_done chunk_done;
+  int current;           /* the list index of the action being run, or -1 between steps */
   int *slot_of;          /* (v, m) the slot holding micro-batch mb on chunk c, or -1 */
   bool *slot_used;       /* (v, max_slots) */
   int max_slots;
@@ -96,6 +97,7 @@ mp_status mp_stage_worker_create(const mp_schedule *schedule, int pp_rank, size_
   if (worker == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
   worker->schedule = schedule;
   worker->pp_rank = pp_rank;
+  worker->current = -1;
   worker->boundary_floats = boundary_floats;
   worker->ops = *ops;
   worker->p2p = *p2p;
@@ -139,6 +141,12 @@ mp_status mp_stage_worker_create(const mp_schedule *schedule, int pp_rank, size_
 
 void mp_stage_worker_on_chunk_done(mp_stage_worker *worker, mp_stage_chunk_done hook) {
   worker->chunk_done = hook;
+}
+
+bool mp_stage_worker_completes_chunk(const mp_stage_worker *worker, int chunk) {
+  const int v = worker->schedule->virtual_stages;
+  return worker->current >= 0 && chunk >= 0 && chunk < v &&
+         worker->last_gradient_action[chunk] == worker->current;
 }
 
 /* ---- boundary buffers ---- */
@@ -385,6 +393,7 @@ mp_status mp_stage_worker_run(mp_stage_worker *worker, mp_error *err) {
   for (int i = 0; i < list->num_actions && status == MP_OK; ++i) {
     const mp_action *a = &list->actions[i];
     const int stage = mp_stage_index(schedule->pp, worker->pp_rank, a->chunk);
+    worker->current = i;
     double start = now(worker);
     switch (a->kind) {
       case MP_ACTION_FORWARD:
@@ -412,6 +421,7 @@ mp_status mp_stage_worker_run(mp_stage_worker *worker, mp_error *err) {
       status = worker->chunk_done(worker->ops.context, a->chunk, err);
     }
   }
+  worker->current = -1;
   mp_error send_err = MP_ERROR_INITIALIZER;
   const mp_status sends = wait_sends(worker, status == MP_OK ? err : &send_err);
   if (status == MP_OK) status = sends;

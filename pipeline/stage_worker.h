@@ -97,6 +97,11 @@ mp_status mp_stage_worker_create(const mp_schedule *schedule, int pp_rank, size_
 
 /* Sets the hook called as each chunk's gradients complete (context is ops->context). */
 void mp_stage_worker_on_chunk_done(mp_stage_worker *worker, mp_stage_chunk_done hook);
+
+/* True while the action being run (an ops->backward or ops->backward_weights call) is chunk's
+ * last gradient action of the step, the one the chunk-done hook follows: its gradients complete
+ * inside it, so a caller may start their communication part by part (on GPUs, block by block). */
+bool mp_stage_worker_completes_chunk(const mp_stage_worker *worker, int chunk);
 void mp_stage_worker_free(mp_stage_worker *worker);
 
 /* Runs the rank's whole list once (one optimizer step's forwards and backwards), then waits for

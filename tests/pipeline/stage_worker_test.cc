@@ -6,6 +6,7 @@
 // counts and the error for an action list that is out of order.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -41,7 +42,17 @@ struct Rank {
   // buffers the worker handed over that did not come from there (must stay 0).
   std::set<const float *> live;
   int allocated = 0, foreign = 0;
+  // The log entries (indices into log) during which mp_stage_worker_completes_chunk said yes.
+  mp_stage_worker *worker = nullptr;
+  std::vector<size_t> completing;
 };
+
+// Records whether the action being logged completes its chunk's gradients for the step.
+void note_completion(Rank *rank, int chunk) {
+  if (rank->worker != nullptr && mp_stage_worker_completes_chunk(rank->worker, chunk)) {
+    rank->completing.push_back(rank->log.size() - 1);
+  }
+}
 
 float *alloc_buffer(void *context, size_t count) {
   Rank *rank = static_cast<Rank *>(context);
@@ -122,6 +133,7 @@ mp_status backward(void *context, int chunk, int micro_batch, int, const float *
   if (dinput != nullptr) std::fill(dinput, dinput + kFloats, gradient(micro_batch, stage));
   rank->log.push_back(std::string(defer ? "b" : "B") + std::to_string(micro_batch) + "s" +
                       std::to_string(stage));
+  note_completion(rank, chunk);
   return MP_OK;
 }
 
@@ -129,6 +141,7 @@ mp_status weights(void *context, int chunk, int micro_batch, int, mp_error *) {
   Rank *rank = static_cast<Rank *>(context);
   const int stage = chunk * rank->pp + rank->pp_rank;
   rank->log.push_back("W" + std::to_string(micro_batch) + "s" + std::to_string(stage));
+  note_completion(rank, chunk);
   return MP_OK;
 }
 
@@ -152,9 +165,11 @@ std::vector<Rank> run_step(const mp_schedule &schedule, int steps = 1) {
         errors[r] = err.message;
         return;
       }
+      ranks[r].worker = worker;
       for (int s = 0; s < steps && errors[r].empty(); ++s) {
         if (mp_stage_worker_run(worker, &err) != MP_OK) errors[r] = err.message;
       }
+      ranks[r].worker = nullptr;
       mp_stage_worker_free(worker);
     });
   }
@@ -184,6 +199,29 @@ TEST_P(EveryKind, MessagesReachTheirStageInOrderAndEveryActionRunsOnce) {
     if (c.pp > 1) {
       EXPECT_GT(ranks[r].allocated, 0) << "pipeline rank " << r;
     }
+    // mp_stage_worker_completes_chunk says yes exactly once per chunk and step, during the
+    // chunk's last gradient action of the step (its last B, or its last W with zb-h1).
+    const size_t n = ranks[r].log.size() / 2;
+    std::vector<size_t> want;
+    for (size_t step = 0; step < 2; ++step) {
+      for (int chunk = 0; chunk < c.v; ++chunk) {
+        const std::string stage = "s" + std::to_string(mp_stage_index(c.pp, r, chunk));
+        size_t last = 0;
+        bool found = false;
+        for (size_t i = step * n; i < (step + 1) * n; ++i) {
+          const std::string &entry = ranks[r].log[i];
+          const bool gradient = entry[0] == 'B' || entry[0] == 'W';
+          if (gradient && entry.size() >= stage.size() &&
+              entry.compare(entry.size() - stage.size(), stage.size(), stage) == 0) {
+            last = i;
+            found = true;
+          }
+        }
+        if (found) want.push_back(last);
+      }
+    }
+    std::sort(want.begin(), want.end());
+    EXPECT_EQ(ranks[r].completing, want) << "pipeline rank " << r;
     // The log of each step is the rank's list, in order.
     const mp_rank_actions &list = schedule.ranks[r];
     ASSERT_EQ(ranks[r].log.size(), 2u * (size_t)list.num_actions);
