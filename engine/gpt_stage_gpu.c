@@ -1044,15 +1044,31 @@ mp_status mp_gpt_stage_gpu_finish_grads(mp_gpt_stage_gpu *gpu, mp_error *err) {
 }
 
 mp_status mp_gpt_stage_gpu_grad_norm_squared(mp_gpt_stage_gpu *gpu, double *out, mp_error *err) {
+  /* Each reduction waits for the GPU, so neighbouring tensors that count alike (replicated, or
+   * sharded; at tp = 1 all of them) are reduced as one run, its sum booked on the run's first
+   * tensor: mp_gpt_tp_norm_from_squares only adds them up by kind. */
   const int n = mp_gpt_tp_num_tensors(gpu->host);
   double *squares = calloc((size_t)(n > 0 ? n : 1), sizeof(double));
   if (squares == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of host memory");
   mp_status status = MP_OK;
-  for (int i = 0; i < n && status == MP_OK; ++i) {
-    const mp_gpt_tp_tensor *t = mp_gpt_tp_tensor_at(gpu->host, i);
-    if (t->tied_copy) continue;
-    status = mp_grad_norm_squared_cuda(gpu->grads + t->offset, t->count, gpu->norm_scratch,
+  for (int i = 0; i < n && status == MP_OK;) {
+    const mp_gpt_tp_tensor *first = mp_gpt_tp_tensor_at(gpu->host, i);
+    if (first->tied_copy) {
+      ++i;
+      continue;
+    }
+    const bool replicated = first->split == MP_TP_REPLICATED || gpu->tp.size == 1;
+    int end = i + 1;
+    size_t count = first->count;
+    for (; end < n; ++end) {
+      const mp_gpt_tp_tensor *t = mp_gpt_tp_tensor_at(gpu->host, end);
+      const bool same = t->split == MP_TP_REPLICATED || gpu->tp.size == 1;
+      if (t->tied_copy || same != replicated || t->offset != first->offset + count) break;
+      count += t->count;
+    }
+    status = mp_grad_norm_squared_cuda(gpu->grads + first->offset, count, gpu->norm_scratch,
                                        &squares[i], NULL, err);
+    i = end;
   }
   if (status == MP_OK) status = mp_gpt_tp_norm_from_squares(gpu->host, squares, out, err);
   free(squares);
