@@ -30,6 +30,16 @@ void mp_atomic_file_write(mp_atomic_file *file, const void *data, size_t bytes) 
   }
 }
 
+void mp_atomic_file_write_at(mp_atomic_file *file, long long offset, const void *data,
+                             size_t bytes) {
+  if (file->failed || bytes == 0) return;
+  if (fseeko(file->file, (off_t)offset, SEEK_SET) != 0 ||
+      fwrite(data, 1, bytes, file->file) != bytes) {
+    file->failed = true;
+    file->error = errno;
+  }
+}
+
 static void sync_directory_of(const char *path) {
   char copy[MP_ATOMIC_FILE_PATH_BYTES];
   snprintf(copy, sizeof copy, "%s", path);

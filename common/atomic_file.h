@@ -37,6 +37,12 @@ mp_status mp_atomic_file_open(mp_atomic_file *file, const char *path, mp_error *
 /* Appends bytes; a failure is remembered and reported by commit. */
 void mp_atomic_file_write(mp_atomic_file *file, const void *data, size_t bytes);
 
+/* Writes bytes at byte offset of the file (which grows as needed), for files assembled out of
+ * order from pieces; later appends continue after the last byte written. A failure is remembered
+ * and reported by commit. */
+void mp_atomic_file_write_at(mp_atomic_file *file, long long offset, const void *data,
+                             size_t bytes);
+
 /* Flushes, fsyncs, closes and renames into place, then syncs the directory. On any failure the
  * temporary is removed and MP_ERR_RUNTIME "<path>: cannot write: <reason>" is returned. */
 mp_status mp_atomic_file_commit(mp_atomic_file *file, mp_error *err);

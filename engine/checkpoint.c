@@ -1270,37 +1270,28 @@ static mp_status read_floats(shard_reader *reader, int f, int array, size_t offs
   return MP_OK;
 }
 
-/* dest (mp_tp_shard_floats(split, rows, cols, size) floats) = tp rank `rank` of `size`'s shard
- * of tensor i's array `array`: read directly when the checkpoint has the same tp (or the tensor
- * is replicated), else reassembled from every saved shard and cut again. */
-static mp_status read_shard(shard_reader *reader, int i, int array, int rank, int size,
+typedef struct {
+  shard_reader *reader;
+  const ck_tensor *tensor;
+  int array;
+} saved_source;
+
+static mp_status read_saved(void *context, int source_rank, size_t offset, size_t count,
                             float *dest, mp_error *err) {
+  const saved_source *s = context;
+  const ck_piece *piece = &s->tensor->pieces[source_rank];
+  return read_floats(s->reader, piece->file, s->array, piece->offset + offset, count, dest, err);
+}
+
+/* dest (count floats) = elements [first, first + count) of tp rank `rank` of `size`'s shard of
+ * tensor i's array `array`, read from the saved shards that hold them (any saved tp): only those
+ * elements' bytes are read, one read per run contiguous in both layouts. */
+static mp_status read_shard(shard_reader *reader, int i, int array, int rank, int size,
+                            size_t first, size_t count, float *dest, mp_error *err) {
   const ck_tensor *t = &reader->mf->tensors[i];
-  if (t->split == MP_TP_REPLICATED || t->tp == size) {
-    const ck_piece *piece = &t->pieces[t->split == MP_TP_REPLICATED ? 0 : rank];
-    return read_floats(reader, piece->file, array, piece->offset,
-                       mp_tp_shard_floats(t->split, t->rows, t->cols, size), dest, err);
-  }
-  const size_t piece_floats = mp_tp_shard_floats(t->split, t->rows, t->cols, t->tp);
-  float *full = malloc(t->rows * t->cols * sizeof(float));
-  float *piece = malloc((piece_floats > 0 ? piece_floats : 1) * sizeof(float));
-  mp_status status = MP_OK;
-  if (full == NULL || piece == NULL) {
-    status = mp_fail(err, MP_ERR_RUNTIME, "out of memory resharding %s", t->name);
-  }
-  for (int r = 0; r < t->tp && status == MP_OK; ++r) {
-    status = read_floats(reader, t->pieces[r].file, array, t->pieces[r].offset, piece_floats,
-                         piece, err);
-    if (status == MP_OK) {
-      status = mp_tp_shard_insert(full, piece, t->split, t->rows, t->cols, r, t->tp, err);
-    }
-  }
-  if (status == MP_OK) {
-    status = mp_tp_shard_extract(dest, full, t->split, t->rows, t->cols, rank, size, err);
-  }
-  free(piece);
-  free(full);
-  return status;
+  saved_source source = {reader, t, array};
+  return mp_tp_shard_read(dest, first, count, t->split, t->rows, t->cols, rank, size, t->tp,
+                          read_saved, &source, err);
 }
 
 /* Fills this rank's chunks: parameters, and the moments of the elements it keeps. */
@@ -1310,31 +1301,16 @@ static mp_status read_view(shard_reader *reader, const rank_view *view, mp_error
     const size_t lo = chunk->first, hi = chunk->first + chunk->moments;
     for (int j = 0; j < chunk->num_tensors; ++j) {
       const view_tensor *t = &chunk->tensors[j];
-      MP_TRY(read_shard(reader, t->global, 0, view->tp_rank, view->tp_size,
+      MP_TRY(read_shard(reader, t->global, 0, view->tp_rank, view->tp_size, 0, t->count,
                         chunk->params + t->offset, err));
+      /* The moments of the part of the tensor this dp rank keeps (all of it without ZeRO-1). */
       const size_t a = t->offset > lo ? t->offset : lo;
       const size_t b = t->offset + t->count < hi ? t->offset + t->count : hi;
       if (a >= b) continue;
-      if (a == t->offset && b == t->offset + t->count) {
-        MP_TRY(read_shard(reader, t->global, 1, view->tp_rank, view->tp_size, chunk->m + (a - lo),
-                          err));
-        MP_TRY(read_shard(reader, t->global, 2, view->tp_rank, view->tp_size, chunk->v + (a - lo),
-                          err));
-        continue;
-      }
-      /* ZeRO-1: a part of the tensor. */
-      float *whole = malloc(t->count * sizeof(float));
-      if (whole == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
-      mp_status status = MP_OK;
-      for (int array = 1; array <= 2 && status == MP_OK; ++array) {
-        status = read_shard(reader, t->global, array, view->tp_rank, view->tp_size, whole, err);
-        if (status == MP_OK) {
-          memcpy((array == 1 ? chunk->m : chunk->v) + (a - lo), whole + (a - t->offset),
-                 (b - a) * sizeof(float));
-        }
-      }
-      free(whole);
-      MP_TRY(status);
+      MP_TRY(read_shard(reader, t->global, 1, view->tp_rank, view->tp_size, a - t->offset, b - a,
+                        chunk->m + (a - lo), err));
+      MP_TRY(read_shard(reader, t->global, 2, view->tp_rank, view->tp_size, a - t->offset, b - a,
+                        chunk->v + (a - lo), err));
     }
   }
   return MP_OK;
@@ -1441,10 +1417,8 @@ mp_status mp_checkpoint_load(const char *path, const mp_checkpoint_context *ctx,
   return status;
 }
 
-mp_status mp_checkpoint_read_params(const char *path, mp_gpt_layout **layout, float **params,
-                                    int64_t *step, mp_error *err) {
-  *layout = NULL;
-  *params = NULL;
+mp_status mp_checkpoint_export_llmc(const char *path, const char *out, int64_t *step,
+                                    size_t *num_params, mp_error *err) {
   manifest mf;
   mp_status status = manifest_open(path, &mf, err);
   const cJSON *model = cJSON_GetObjectItemCaseSensitive(mf.root, "model");
@@ -1464,31 +1438,47 @@ mp_status mp_checkpoint_read_params(const char *path, mp_gpt_layout **layout, fl
                      path);
   }
   mp_model *parsed = NULL;
+  mp_gpt_layout *layout = NULL;
   char source[PATH_BYTES + 32];
   snprintf(source, sizeof source, "%s/manifest.json $.model.description", path);
   if (status == MP_OK) status = mp_model_parse_text(description->valuestring, source, &parsed, err);
-  if (status == MP_OK) status = mp_gpt_layout_create(parsed, (int)seq_len, layout, err);
-  if (status == MP_OK) status = check_model(&mf, *layout, source, err);
+  if (status == MP_OK) status = mp_gpt_layout_create(parsed, (int)seq_len, &layout, err);
+  if (status == MP_OK) status = check_model(&mf, layout, source, err);
   if (status == MP_OK) status = verify_files(&mf, 0, 1, err);
-  if (status == MP_OK) {
-    *params = malloc(mp_gpt_layout_num_params(*layout) * sizeof(float));
-    if (*params == NULL) status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  /* Tensor by tensor: one buffer of the largest tensor, never the whole model. */
+  size_t largest = 0;
+  for (int i = 0; status == MP_OK && i < mp_gpt_layout_num_tensors(layout); ++i) {
+    const mp_gpt_tensor *t = mp_gpt_layout_tensor(layout, i);
+    if (t->rows * t->cols > largest) largest = t->rows * t->cols;
   }
+  float *tensor = NULL;
+  if (status == MP_OK && (tensor = malloc((largest > 0 ? largest : 1) * sizeof(float))) == NULL) {
+    status = mp_fail(err, MP_ERR_RUNTIME, "out of memory for a tensor of %zu floats", largest);
+  }
+  mp_llmc_writer *writer = NULL;
+  if (status == MP_OK) status = mp_llmc_writer_open(layout, out, &writer, err);
   shard_reader reader = {NULL, NULL};
   if (status == MP_OK) status = reader_open(&mf, &reader, err);
-  for (int i = 0; status == MP_OK && i < mp_gpt_layout_num_tensors(*layout); ++i) {
+  for (int i = 0; status == MP_OK && i < mp_gpt_layout_num_tensors(layout); ++i) {
+    const mp_gpt_tensor *t = mp_gpt_layout_tensor(layout, i);
     /* The full tensor is tp rank 0's shard at tp = 1. */
-    status = read_shard(&reader, i, 0, 0, 1, *params + mp_gpt_layout_tensor(*layout, i)->offset,
-                        err);
+    status = read_shard(&reader, i, 0, 0, 1, 0, t->rows * t->cols, tensor, err);
+    if (status == MP_OK) mp_llmc_writer_write(writer, i, 0, tensor, t->rows * t->cols);
   }
   if (reader.handles != NULL) reader_close(&reader);
-  if (status == MP_OK) *step = mf.step;
-  if (status != MP_OK) {
-    free(*params);
-    *params = NULL;
-    mp_gpt_layout_free(*layout);
-    *layout = NULL;
+  if (writer != NULL) {
+    if (status == MP_OK) {
+      status = mp_llmc_writer_commit(writer, err);
+    } else {
+      mp_llmc_writer_abort(writer);
+    }
   }
+  if (status == MP_OK) {
+    *step = mf.step;
+    *num_params = mp_gpt_layout_num_params(layout);
+  }
+  free(tensor);
+  mp_gpt_layout_free(layout);
   mp_model_free(parsed);
   manifest_close(&mf);
   return status;

@@ -113,12 +113,13 @@ mp_status mp_checkpoint_find_latest(const char *dir, char *path, size_t path_byt
 mp_status mp_checkpoint_load(const char *path, const mp_checkpoint_context *ctx, int64_t *step,
                              mp_error *err);
 
-/* Export: reads checkpoint directory path whole (checksums verified), parses the model
- * description it carries and lays it out at the saved seq_len; *layout (free with
- * mp_gpt_layout_free) and *params (mp_gpt_layout_num_params floats, free with free()) get the
- * global fp32 parameters. MP_ERR_INPUT as mp_checkpoint_load. */
-mp_status mp_checkpoint_read_params(const char *path, mp_gpt_layout **layout, float **params,
-                                    int64_t *step, mp_error *err);
+/* Export: writes the global fp32 parameters of checkpoint directory path (checksums verified)
+ * as llm.c's GPT-2 file `out` (version 3), laid out from the model description the manifest
+ * carries at the saved seq_len; each tensor reassembled from its shards on its own, so the memory
+ * needed is one tensor. *step and *num_params describe what was written. MP_ERR_INPUT as
+ * mp_checkpoint_load; MP_ERR_RUNTIME (or MP_ERR_INPUT for a bad path) when out cannot be written. */
+mp_status mp_checkpoint_export_llmc(const char *path, const char *out, int64_t *step,
+                                    size_t *num_params, mp_error *err);
 
 /* Parses and checks a manifest's JSON text as a load does before it opens any shard file (format,
  * version, layout, file list, the tensor table and every shard's place in its file, batch, and,

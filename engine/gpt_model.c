@@ -3,6 +3,8 @@
 #include "engine/gpt_model.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +18,7 @@
 #include "layers/gpt_block.h"
 #include "layers/layernorm.h"
 #include "layers/matmul.h"
+#include "tensor_parallel/shard.h"
 
 enum {
   kVocabPadding = 64,
@@ -26,12 +29,6 @@ enum {
   kBlockTensors = 12,
 };
 
-/* llm.c's per-layer tensor names in its file order, as our tensor names' suffixes. */
-static const char *const kBlockTensorNames[kBlockTensors] = {
-    "ln1.weight",     "ln1.bias",     "qkv.weight", "qkv.bias", "attn_proj.weight",
-    "attn_proj.bias", "ln2.weight",   "ln2.bias",   "fc.weight", "fc.bias",
-    "fc_proj.weight", "fc_proj.bias",
-};
 
 struct mp_gpt_layout {
   mp_gpt_config config;
@@ -141,14 +138,43 @@ static mp_status read_config(const mp_model *model, int seq_len, mp_gpt_config *
   return MP_OK;
 }
 
+/* The block as data: every tensor of a transformer block, in the flat array's (and llm.c's file)
+ * order, with its shape in units of C and F, its tensor-parallel split and its initial values. The
+ * stage, shard slicing, checkpoints and llm.c files read the layout built from it. */
+typedef struct {
+  const char *suffix;         /* block.<l>.<suffix> */
+  int rows_c, rows_f;         /* rows = rows_c x C + rows_f x F */
+  int cols_c, cols_f;         /* cols likewise; 0 and 0: a vector (cols = 1) */
+  mp_tp_split split;
+  mp_gpt_init init;
+} block_tensor_spec;
+
+static const block_tensor_spec kBlockTable[kBlockTensors] = {
+    {"ln1.weight", 1, 0, 0, 0, MP_TP_REPLICATED, MP_GPT_INIT_ONE},
+    {"ln1.bias", 1, 0, 0, 0, MP_TP_REPLICATED, MP_GPT_INIT_ZERO},
+    {"qkv.weight", 3, 0, 1, 0, MP_TP_SPLIT_QKV, MP_GPT_INIT_NORMAL},
+    {"qkv.bias", 3, 0, 0, 0, MP_TP_SPLIT_QKV, MP_GPT_INIT_ZERO},
+    {"attn_proj.weight", 1, 0, 1, 0, MP_TP_SPLIT_COLS, MP_GPT_INIT_NORMAL_RESIDUAL},
+    {"attn_proj.bias", 1, 0, 0, 0, MP_TP_REPLICATED, MP_GPT_INIT_ZERO},
+    {"ln2.weight", 1, 0, 0, 0, MP_TP_REPLICATED, MP_GPT_INIT_ONE},
+    {"ln2.bias", 1, 0, 0, 0, MP_TP_REPLICATED, MP_GPT_INIT_ZERO},
+    {"fc.weight", 0, 1, 1, 0, MP_TP_SPLIT_ROWS, MP_GPT_INIT_NORMAL},
+    {"fc.bias", 0, 1, 0, 0, MP_TP_SPLIT_ROWS, MP_GPT_INIT_ZERO},
+    {"fc_proj.weight", 1, 0, 0, 1, MP_TP_SPLIT_COLS, MP_GPT_INIT_NORMAL_RESIDUAL},
+    {"fc_proj.bias", 1, 0, 0, 0, MP_TP_REPLICATED, MP_GPT_INIT_ZERO},
+};
+
 static void add_tensor(mp_gpt_layout *layout, const char *name, size_t *offset, size_t rows,
-                       size_t cols, bool weight_decay) {
+                       size_t cols, mp_tp_split split, mp_gpt_init init) {
   mp_gpt_tensor *tensor = &layout->tensors[layout->num_tensors++];
   snprintf(tensor->name, sizeof tensor->name, "%s", name);
   tensor->offset = *offset;
   tensor->rows = rows;
   tensor->cols = cols;
-  tensor->weight_decay = weight_decay;
+  /* Matrices and embeddings decay; biases and norms do not. */
+  tensor->weight_decay = cols > 1;
+  tensor->split = split;
+  tensor->init = init;
   *offset += rows * cols;
 }
 
@@ -158,19 +184,22 @@ static void build_tensor_table(mp_gpt_layout *layout) {
   const mp_gpt_config *c = &layout->config;
   const size_t C = (size_t)c->channels, F = (size_t)c->ffn_channels;
   size_t offset = 0;
-  add_tensor(layout, "embedding.wte", &offset, (size_t)c->padded_vocab_size, C, true);
-  add_tensor(layout, "embedding.wpe", &offset, (size_t)c->max_seq_len, C, true);
-  const size_t rows[kBlockTensors] = {C, C, 3 * C, 3 * C, C, C, C, C, F, F, C, C};
-  const size_t cols[kBlockTensors] = {1, 1, C, 1, C, 1, 1, 1, C, 1, F, 1};
+  add_tensor(layout, "embedding.wte", &offset, (size_t)c->padded_vocab_size, C, MP_TP_SPLIT_ROWS,
+             MP_GPT_INIT_NORMAL);
+  add_tensor(layout, "embedding.wpe", &offset, (size_t)c->max_seq_len, C, MP_TP_REPLICATED,
+             MP_GPT_INIT_NORMAL);
   for (int l = 0; l < c->num_layers; ++l) {
     for (int k = 0; k < kBlockTensors; ++k) {
+      const block_tensor_spec *spec = &kBlockTable[k];
       char name[MP_GPT_TENSOR_NAME_BYTES];
-      snprintf(name, sizeof name, "block.%d.%s", l, kBlockTensorNames[k]);
-      add_tensor(layout, name, &offset, rows[k], cols[k], cols[k] > 1);
+      snprintf(name, sizeof name, "block.%d.%s", l, spec->suffix);
+      const size_t rows = (size_t)spec->rows_c * C + (size_t)spec->rows_f * F;
+      const size_t cols = (size_t)spec->cols_c * C + (size_t)spec->cols_f * F;
+      add_tensor(layout, name, &offset, rows, cols > 0 ? cols : 1, spec->split, spec->init);
     }
   }
-  add_tensor(layout, "final_norm.weight", &offset, C, 1, false);
-  add_tensor(layout, "final_norm.bias", &offset, C, 1, false);
+  add_tensor(layout, "final_norm.weight", &offset, C, 1, MP_TP_REPLICATED, MP_GPT_INIT_ONE);
+  add_tensor(layout, "final_norm.bias", &offset, C, 1, MP_TP_REPLICATED, MP_GPT_INIT_ZERO);
   layout->num_params = offset;
 }
 
@@ -331,29 +360,36 @@ const mp_gpt_tensor *mp_gpt_find_tensor(const mp_gpt *gpt, const char *name) {
   return NULL;
 }
 
-static bool ends_with(const char *text, const char *suffix) {
-  size_t a = strlen(text), b = strlen(suffix);
-  return a >= b && strcmp(text + a - b, suffix) == 0;
+void mp_gpt_tensor_init_block(const mp_gpt_layout *layout, const mp_gpt_tensor *tensor,
+                              float *out, size_t rows, size_t cols, size_t row_offset,
+                              size_t col_offset, uint64_t seed) {
+  const float std = 0.02f;
+  switch (tensor->init) {
+    case MP_GPT_INIT_ZERO:
+    case MP_GPT_INIT_ONE:
+      mp_init_fill_constant(out, rows * cols, tensor->init == MP_GPT_INIT_ONE ? 1.0f : 0.0f);
+      return;
+    case MP_GPT_INIT_NORMAL:
+    case MP_GPT_INIT_NORMAL_RESIDUAL: {
+      const float s = tensor->init == MP_GPT_INIT_NORMAL
+                          ? std
+                          : std / sqrtf(2.0f * (float)layout->config.num_layers);
+      if (cols == tensor->cols) {
+        /* Whole rows are one contiguous run of the tensor's elements. */
+        mp_init_fill_normal(out, rows * cols, seed, tensor->name, row_offset * cols, s);
+      } else {
+        mp_init_fill_normal_block(out, rows, cols, row_offset, col_offset, tensor->cols, seed,
+                                  tensor->name, s);
+      }
+      return;
+    }
+  }
 }
 
 void mp_gpt_layout_init_params(const mp_gpt_layout *layout, float *params, uint64_t seed) {
-  const float std = 0.02f;
-  const float residual_std = std / sqrtf(2.0f * (float)layout->config.num_layers);
   for (int i = 0; i < layout->num_tensors; ++i) {
-    const mp_gpt_tensor *tensor = &layout->tensors[i];
-    float *data = params + tensor->offset;
-    const size_t count = tensor->rows * tensor->cols;
-    if (ends_with(tensor->name, ".bias")) {
-      mp_init_fill_constant(data, count, 0.0f);
-    } else if (ends_with(tensor->name, "ln1.weight") || ends_with(tensor->name, "ln2.weight") ||
-               ends_with(tensor->name, "final_norm.weight")) {
-      mp_init_fill_constant(data, count, 1.0f);
-    } else if (ends_with(tensor->name, "attn_proj.weight") ||
-               ends_with(tensor->name, "fc_proj.weight")) {
-      mp_init_fill_normal(data, count, seed, tensor->name, 0, residual_std);
-    } else {
-      mp_init_fill_normal(data, count, seed, tensor->name, 0, std);
-    }
+    const mp_gpt_tensor *t = &layout->tensors[i];
+    mp_gpt_tensor_init_block(layout, t, params + t->offset, t->rows, t->cols, 0, 0, seed);
   }
 }
 
@@ -433,34 +469,23 @@ static void for_each_in_llmc_order(const mp_gpt_layout *layout,
   visit(&layout->tensors[layout->num_tensors - 1], context);
 }
 
+/* Element offset (after the header) of every tensor in llm.c's file, indexed like the layout. */
 typedef struct {
-  float *params;
-  const unsigned char *file_data; /* after the header */
-  size_t cursor;                  /* elements consumed */
-  int bytes_per_element;          /* 4 fp32, 2 bf16 */
-  mp_atomic_file *out;
-} llmc_io;
+  size_t *offsets;
+  size_t cursor;
+  const mp_gpt_tensor *first;
+} llmc_offsets;
 
-static void load_tensor(const mp_gpt_tensor *tensor, void *context) {
-  llmc_io *io = context;
-  const size_t count = tensor->rows * tensor->cols;
-  float *dst = io->params + tensor->offset;
-  const unsigned char *src = io->file_data + io->cursor * (size_t)io->bytes_per_element;
-  if (io->bytes_per_element == 4) {
-    memcpy(dst, src, count * sizeof(float));
-  } else {
-    for (size_t i = 0; i < count; ++i) {
-      uint32_t bits = (uint32_t)(src[2 * i] | (src[2 * i + 1] << 8)) << 16;
-      memcpy(&dst[i], &bits, sizeof bits);
-    }
-  }
-  io->cursor += count;
+static void place_tensor(const mp_gpt_tensor *tensor, void *context) {
+  llmc_offsets *o = context;
+  o->offsets[tensor - o->first] = o->cursor;
+  o->cursor += tensor->rows * tensor->cols;
 }
 
-static void save_tensor(const mp_gpt_tensor *tensor, void *context) {
-  llmc_io *io = context;
-  mp_atomic_file_write(io->out, io->params + tensor->offset,
-                       tensor->rows * tensor->cols * sizeof(float));
+static size_t *llmc_file_offsets(const mp_gpt_layout *layout) {
+  llmc_offsets o = {calloc((size_t)layout->num_tensors, sizeof(size_t)), 0, layout->tensors};
+  if (o.offsets != NULL) for_each_in_llmc_order(layout, place_tensor, &o);
+  return o.offsets;
 }
 
 static void llmc_header(const mp_gpt_config *c, int32_t *header) {
@@ -475,31 +500,42 @@ static void llmc_header(const mp_gpt_config *c, int32_t *header) {
   header[7] = c->padded_vocab_size;
 }
 
-mp_status mp_gpt_layout_load_llmc(const mp_gpt_layout *layout, float *params, const char *path,
-                                  mp_error *err) {
+struct mp_llmc_reader {
+  const mp_gpt_layout *layout;
+  char path[MP_ATOMIC_FILE_PATH_BYTES];
+  int fd;
+  int bytes_per_element; /* 4 fp32, 2 bf16 */
+  size_t *offsets;
+};
+
+void mp_llmc_reader_close(mp_llmc_reader *reader) {
+  if (reader == NULL) return;
+  if (reader->fd >= 0) close(reader->fd);
+  free(reader->offsets);
+  free(reader);
+}
+
+/* Checks the header against the layout and the file's size against the header. */
+static mp_status check_llmc_file(mp_llmc_reader *r, mp_error *err) {
+  const mp_gpt_layout *layout = r->layout;
   const mp_gpt_config *c = &layout->config;
-  FILE *file = fopen(path, "rb");
-  if (file == NULL) return mp_fail(err, MP_ERR_INPUT, "%s: cannot open: %s", path, strerror(errno));
+  const char *path = r->path;
   int32_t header[kLlmcHeaderInts];
-  if (fread(header, sizeof(int32_t), kLlmcHeaderInts, file) != kLlmcHeaderInts) {
-    fclose(file);
+  if (pread(r->fd, header, sizeof header, 0) != (ssize_t)sizeof header) {
     return mp_fail(err, MP_ERR_INPUT,
                    "%s: shorter than llm.c's 1024-byte checkpoint header; not a GPT-2 checkpoint",
                    path);
   }
   if (header[0] != kLlmcMagic) {
-    fclose(file);
     return mp_fail(err, MP_ERR_INPUT,
                    "%s: bad magic %d (expected %d); not an llm.c GPT-2 checkpoint", path,
                    header[0], kLlmcMagic);
   }
   if (header[1] != kLlmcVersionFp32 && header[1] != kLlmcVersionBf16) {
-    fclose(file);
     return mp_fail(err, MP_ERR_INPUT,
                    "%s: version %d is not supported (3 = fp32 or 5 = bf16)", path, header[1]);
   }
   if (c->ffn_channels != 4 * c->channels) {
-    fclose(file);
     return mp_fail(err, MP_ERR_INPUT,
                    "%s: llm.c checkpoints have ffn_hidden = 4 x hidden, but the model (%s) has "
                    "ffn_hidden %d and hidden %d",
@@ -509,34 +545,159 @@ mp_status mp_gpt_layout_load_llmc(const mp_gpt_layout *layout, float *params, co
   llmc_header(c, expected);
   for (int i = 2; i < 8; ++i) {
     if (header[i] != expected[i]) {
-      fclose(file);
       return mp_fail(err, MP_ERR_INPUT,
                      "%s: %s is %d in the checkpoint but %d in the model description (%s); "
                      "give the description that matches the checkpoint",
                      path, kHeaderFields[i], header[i], expected[i], layout->model_source);
     }
   }
-  const int bytes_per_element = header[1] == kLlmcVersionFp32 ? 4 : 2;
-  const size_t payload = layout->num_params * (size_t)bytes_per_element;
-  unsigned char *data = malloc(payload + 1);
-  if (data == NULL) {
-    fclose(file);
-    return mp_fail(err, MP_ERR_RUNTIME, "%s: out of memory reading %zu bytes", path, payload);
+  r->bytes_per_element = header[1] == kLlmcVersionFp32 ? 4 : 2;
+  const size_t payload = layout->num_params * (size_t)r->bytes_per_element;
+  struct stat st;
+  if (fstat(r->fd, &st) != 0) {
+    return mp_fail(err, MP_ERR_INPUT, "%s: cannot stat: %s", path, strerror(errno));
   }
-  size_t got = fread(data, 1, payload + 1, file);
-  fclose(file);
+  const size_t got = (size_t)st.st_size - sizeof header;
   if (got != payload) {
-    free(data);
     return mp_fail(err, MP_ERR_INPUT,
                    "%s: holds %s%zu bytes of parameters, but the header's model needs %zu (%zu "
                    "parameters of %d bytes); the file is truncated or corrupt",
                    path, got > payload ? "more than " : "", got > payload ? payload : got, payload,
-                   layout->num_params, bytes_per_element);
+                   layout->num_params, r->bytes_per_element);
   }
-  llmc_io io = {.params = params, .file_data = data, .bytes_per_element = bytes_per_element};
-  for_each_in_llmc_order(layout, load_tensor, &io);
-  free(data);
   return MP_OK;
+}
+
+mp_status mp_llmc_reader_open(const mp_gpt_layout *layout, const char *path,
+                              mp_llmc_reader **out, mp_error *err) {
+  *out = NULL;
+  mp_llmc_reader *r = calloc(1, sizeof *r);
+  if (r == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  r->layout = layout;
+  snprintf(r->path, sizeof r->path, "%s", path);
+  r->fd = open(path, O_RDONLY);
+  if (r->fd < 0) {
+    const int e = errno;
+    mp_llmc_reader_close(r);
+    return mp_fail(err, MP_ERR_INPUT, "%s: cannot open: %s", path, strerror(e));
+  }
+  mp_status status = check_llmc_file(r, err);
+  if (status == MP_OK && (r->offsets = llmc_file_offsets(layout)) == NULL) {
+    status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  }
+  if (status != MP_OK) {
+    mp_llmc_reader_close(r);
+    return status;
+  }
+  *out = r;
+  return MP_OK;
+}
+
+/* count bytes at offset, or an error naming the file. */
+static mp_status pread_all(const mp_llmc_reader *r, void *dest, size_t count, off_t offset,
+                           mp_error *err) {
+  unsigned char *at = dest;
+  while (count > 0) {
+    const ssize_t got = pread(r->fd, at, count, offset);
+    if (got <= 0) {
+      return mp_fail(err, MP_ERR_INPUT, "%s: short read at byte %lld: %s", r->path,
+                     (long long)offset, got < 0 ? strerror(errno) : "end of file");
+    }
+    at += got;
+    count -= (size_t)got;
+    offset += got;
+  }
+  return MP_OK;
+}
+
+mp_status mp_llmc_reader_read(mp_llmc_reader *r, int tensor, size_t first, size_t count,
+                              float *dest, mp_error *err) {
+  const mp_gpt_tensor *t = mp_gpt_layout_tensor(r->layout, tensor);
+  if (t == NULL || first > t->rows * t->cols || count > t->rows * t->cols - first) {
+    return mp_fail(err, MP_ERR_RUNTIME, "%s: elements [%zu, +%zu) of tensor %d are outside it",
+                   r->path, first, count, tensor);
+  }
+  const size_t bpe = (size_t)r->bytes_per_element;
+  off_t at = (off_t)(kLlmcHeaderInts * sizeof(int32_t) + (r->offsets[tensor] + first) * bpe);
+  if (bpe == 4) return pread_all(r, dest, count * sizeof(float), at, err);
+  /* bf16: the high half of an fp32, widened through a bounded buffer. */
+  enum { kPiece = 1 << 15 };
+  uint16_t piece[kPiece];
+  while (count > 0) {
+    const size_t n = count < kPiece ? count : kPiece;
+    MP_TRY(pread_all(r, piece, n * 2, at, err));
+    for (size_t i = 0; i < n; ++i) {
+      const unsigned char *b = (const unsigned char *)&piece[i];
+      const uint32_t bits = (uint32_t)(b[0] | (b[1] << 8)) << 16;
+      memcpy(&dest[i], &bits, sizeof bits);
+    }
+    dest += n;
+    count -= n;
+    at += (off_t)(n * 2);
+  }
+  return MP_OK;
+}
+
+mp_status mp_gpt_layout_load_llmc(const mp_gpt_layout *layout, float *params, const char *path,
+                                  mp_error *err) {
+  mp_llmc_reader *reader = NULL;
+  MP_TRY(mp_llmc_reader_open(layout, path, &reader, err));
+  mp_status status = MP_OK;
+  for (int i = 0; i < layout->num_tensors && status == MP_OK; ++i) {
+    const mp_gpt_tensor *t = &layout->tensors[i];
+    status = mp_llmc_reader_read(reader, i, 0, t->rows * t->cols, params + t->offset, err);
+  }
+  mp_llmc_reader_close(reader);
+  return status;
+}
+
+struct mp_llmc_writer {
+  const mp_gpt_layout *layout;
+  mp_atomic_file file;
+  size_t *offsets;
+};
+
+mp_status mp_llmc_writer_open(const mp_gpt_layout *layout, const char *path,
+                              mp_llmc_writer **out, mp_error *err) {
+  *out = NULL;
+  mp_llmc_writer *w = calloc(1, sizeof *w);
+  if (w == NULL || (w->offsets = llmc_file_offsets(layout)) == NULL) {
+    free(w);
+    return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  }
+  w->layout = layout;
+  const mp_status status = mp_atomic_file_open(&w->file, path, err);
+  if (status != MP_OK) {
+    free(w->offsets);
+    free(w);
+    return status;
+  }
+  int32_t header[kLlmcHeaderInts];
+  llmc_header(&layout->config, header);
+  mp_atomic_file_write(&w->file, header, sizeof header);
+  *out = w;
+  return MP_OK;
+}
+
+void mp_llmc_writer_write(mp_llmc_writer *w, int tensor, size_t first, const float *data,
+                          size_t count) {
+  const long long at =
+      (long long)(kLlmcHeaderInts * sizeof(int32_t) + (w->offsets[tensor] + first) * sizeof(float));
+  mp_atomic_file_write_at(&w->file, at, data, count * sizeof(float));
+}
+
+mp_status mp_llmc_writer_commit(mp_llmc_writer *w, mp_error *err) {
+  const mp_status status = mp_atomic_file_commit(&w->file, err);
+  free(w->offsets);
+  free(w);
+  return status;
+}
+
+void mp_llmc_writer_abort(mp_llmc_writer *w) {
+  if (w == NULL) return;
+  mp_atomic_file_abort(&w->file);
+  free(w->offsets);
+  free(w);
 }
 
 mp_status mp_gpt_load_llmc(mp_gpt *gpt, const char *path, mp_error *err) {
@@ -547,14 +708,13 @@ mp_status mp_gpt_load_llmc(mp_gpt *gpt, const char *path, mp_error *err) {
  * tensor order, to a temporary name renamed into place: the parameters or their gradients. */
 mp_status mp_gpt_layout_save_llmc(const mp_gpt_layout *layout, const float *array,
                                   const char *path, mp_error *err) {
-  mp_atomic_file file;
-  MP_TRY(mp_atomic_file_open(&file, path, err));
-  int32_t header[kLlmcHeaderInts];
-  llmc_header(&layout->config, header);
-  mp_atomic_file_write(&file, header, sizeof header);
-  llmc_io io = {.params = (float *)array, .out = &file};
-  for_each_in_llmc_order(layout, save_tensor, &io);
-  return mp_atomic_file_commit(&file, err);
+  mp_llmc_writer *writer = NULL;
+  MP_TRY(mp_llmc_writer_open(layout, path, &writer, err));
+  for (int i = 0; i < layout->num_tensors; ++i) {
+    const mp_gpt_tensor *t = &layout->tensors[i];
+    mp_llmc_writer_write(writer, i, 0, array + t->offset, t->rows * t->cols);
+  }
+  return mp_llmc_writer_commit(writer, err);
 }
 
 mp_status mp_gpt_save_llmc(const mp_gpt *gpt, const char *path, mp_error *err) {

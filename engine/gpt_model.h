@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "common/error.h"
+#include "tensor_parallel/shard.h"
 #include "topology/model.h"
 
 #ifdef __cplusplus
@@ -40,12 +41,23 @@ typedef struct {
   int ffn_channels; /* F */
 } mp_gpt_config;
 
-/* One named parameter tensor inside the flat array. */
+/* A tensor's initial values (GPT-2's scheme). */
+typedef enum {
+  MP_GPT_INIT_ZERO = 0,         /* biases */
+  MP_GPT_INIT_ONE,              /* norm weights */
+  MP_GPT_INIT_NORMAL,           /* N(0, 0.02) */
+  MP_GPT_INIT_NORMAL_RESIDUAL,  /* N(0, 0.02 / sqrt(2 L)): projections into the residual */
+} mp_gpt_init;
+
+/* One named parameter tensor inside the flat array: a row of the model's tensor table, which the
+ * stages, shard slicing, initialisation, checkpoints and llm.c files all read. */
 typedef struct {
   char name[MP_GPT_TENSOR_NAME_BYTES]; /* "embedding.wte", "block.3.qkv.weight", ... */
   size_t offset;                       /* floats from the start of the flat array */
   size_t rows, cols;                   /* cols = 1 for vectors */
   bool weight_decay;                   /* matrices and embeddings decay; biases and norms not */
+  mp_tp_split split;                   /* how tensor parallelism cuts it (tensor_parallel/shard.h) */
+  mp_gpt_init init;
 } mp_gpt_tensor;
 
 /* The parameter layout of a model, without any memory: its config and tensor table. The CPU
@@ -65,11 +77,41 @@ const mp_gpt_tensor *mp_gpt_layout_tensor(const mp_gpt_layout *layout, int index
 /* GPT-2 initialisation of params (mp_gpt_layout_num_params floats) from seed. */
 void mp_gpt_layout_init_params(const mp_gpt_layout *layout, float *params, uint64_t seed);
 
+/* The initial values of the (rows, cols) block at (row_offset, col_offset) of tensor (a row of
+ * layout's table) into out (rows x cols, row-major): exactly the numbers
+ * mp_gpt_layout_init_params puts there, drawn without the rest of the tensor. */
+void mp_gpt_tensor_init_block(const mp_gpt_layout *layout, const mp_gpt_tensor *tensor,
+                              float *out, size_t rows, size_t cols, size_t row_offset,
+                              size_t col_offset, uint64_t seed);
+
 /* llm.c files into / out of a flat array in this layout (see mp_gpt_load_llmc). */
 mp_status mp_gpt_layout_load_llmc(const mp_gpt_layout *layout, float *params, const char *path,
                                   mp_error *err);
 mp_status mp_gpt_layout_save_llmc(const mp_gpt_layout *layout, const float *array,
                                   const char *path, mp_error *err);
+
+/* llm.c files in parts, so a rank of a parallel run reads only its shards' elements and a save
+ * is assembled tensor by tensor (or piece by piece) without the whole model in memory.
+ * mp_llmc_reader_open checks the header against the layout and the size against the header
+ * (errors as mp_gpt_load_llmc); mp_llmc_reader_read gets elements [first, first + count) of
+ * tensor `tensor` (layout index) as fp32, one pread per run (bf16 widened). */
+typedef struct mp_llmc_reader mp_llmc_reader;
+mp_status mp_llmc_reader_open(const mp_gpt_layout *layout, const char *path,
+                              mp_llmc_reader **out, mp_error *err);
+mp_status mp_llmc_reader_read(mp_llmc_reader *reader, int tensor, size_t first, size_t count,
+                              float *dest, mp_error *err);
+void mp_llmc_reader_close(mp_llmc_reader *reader);
+
+/* A version 3 (fp32) llm.c file written in any order: the header at open, then each element of
+ * every tensor exactly once through mp_llmc_writer_write; commit renames it into place (and
+ * frees the writer), abort removes it. The bytes equal mp_gpt_layout_save_llmc's. */
+typedef struct mp_llmc_writer mp_llmc_writer;
+mp_status mp_llmc_writer_open(const mp_gpt_layout *layout, const char *path,
+                              mp_llmc_writer **out, mp_error *err);
+void mp_llmc_writer_write(mp_llmc_writer *writer, int tensor, size_t first, const float *data,
+                          size_t count);
+mp_status mp_llmc_writer_commit(mp_llmc_writer *writer, mp_error *err);
+void mp_llmc_writer_abort(mp_llmc_writer *writer);
 
 typedef struct mp_gpt mp_gpt;
 

@@ -370,10 +370,7 @@ mp_status mp_gpt_tp_create_stage(const mp_model *model, int micro_batch, int seq
     mp_gpt_tp_tensor *t = &gpt->tensors[gpt->num_tensors++];
     t->full = mp_gpt_layout_tensor(gpt->layout, i);
     t->tied_copy = i == 0 && !stage->embedding;
-    if ((status = mp_tp_split_of(t->full->name, &t->split, err)) != MP_OK) {
-      mp_gpt_tp_free(gpt);
-      return status;
-    }
+    t->split = t->full->split;
     t->offset = offset;
     t->count = mp_tp_shard_floats(t->split, t->full->rows, t->full->cols, tp->size);
     offset += t->count;
@@ -431,31 +428,44 @@ const mp_gpt_tp_tensor *mp_gpt_tp_tensor_at(const mp_gpt_tp *gpt, int index) {
   return &gpt->tensors[index];
 }
 
-/* shard = this rank's part of every tensor of full. */
-static mp_status extract_all(const mp_gpt_tp *gpt, float *shard, const float *full,
-                             mp_error *err) {
+mp_status mp_gpt_tp_init_params(mp_gpt_tp *gpt, uint64_t seed, mp_error *err) {
+  /* Each block of each shard drawn on its own: no rank ever holds a full tensor. */
   for (int i = 0; i < gpt->num_tensors; ++i) {
     const mp_gpt_tp_tensor *t = &gpt->tensors[i];
-    MP_TRY(mp_tp_shard_extract(shard + t->offset, full + t->full->offset, t->split, t->full->rows,
-                               t->full->cols, gpt->tp.rank, gpt->tp.size, err));
+    mp_tp_shard_block blocks[MP_TP_SHARD_MAX_BLOCKS];
+    int count = 0;
+    MP_TRY(mp_tp_shard_blocks(t->split, t->full->rows, t->full->cols, gpt->tp.rank, gpt->tp.size,
+                              blocks, &count, err));
+    for (int k = 0; k < count; ++k) {
+      const mp_tp_shard_block *b = &blocks[k];
+      mp_gpt_tensor_init_block(gpt->layout, t->full, gpt->params + t->offset + b->shard_offset,
+                               b->rows, b->cols, b->row_offset, b->col_offset, seed);
+    }
   }
   return MP_OK;
 }
 
-mp_status mp_gpt_tp_set_full_params(mp_gpt_tp *gpt, const float *full, mp_error *err) {
-  return extract_all(gpt, gpt->params, full, err);
+typedef struct {
+  mp_llmc_reader *reader;
+  int tensor; /* layout index */
+} llmc_source;
+
+static mp_status read_llmc(void *context, int source_rank, size_t offset, size_t count,
+                           float *dest, mp_error *err) {
+  const llmc_source *s = context;
+  return mp_llmc_reader_read(s->reader, s->tensor, offset, count, dest, err);
 }
 
-mp_status mp_gpt_tp_init_params(mp_gpt_tp *gpt, uint64_t seed, mp_error *err) {
-  const size_t n = mp_gpt_layout_num_params(gpt->layout);
-  float *full = malloc(n * sizeof(float));
-  if (full == NULL) {
-    return mp_fail(err, MP_ERR_RUNTIME, "out of memory initialising %zu parameters", n);
+mp_status mp_gpt_tp_load_llmc(mp_gpt_tp *gpt, mp_llmc_reader *reader, mp_error *err) {
+  const mp_gpt_tensor *first = mp_gpt_layout_tensor(gpt->layout, 0);
+  for (int i = 0; i < gpt->num_tensors; ++i) {
+    const mp_gpt_tp_tensor *t = &gpt->tensors[i];
+    llmc_source source = {reader, (int)(t->full - first)};
+    MP_TRY(mp_tp_shard_read(gpt->params + t->offset, 0, t->count, t->split, t->full->rows,
+                            t->full->cols, gpt->tp.rank, gpt->tp.size, 1, read_llmc, &source,
+                            err));
   }
-  mp_gpt_layout_init_params(gpt->layout, full, seed);
-  const mp_status status = extract_all(gpt, gpt->params, full, err);
-  free(full);
-  return status;
+  return MP_OK;
 }
 
 /* full (one-rank layout) = every rank's shard of `shard` put back, on every rank. */

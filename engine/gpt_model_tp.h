@@ -7,8 +7,8 @@
  * (pipeline/stage_worker.h) drives a rank's stages through the trainer (engine/trainer.h); with
  * tp = 1 the group is mp_tp_comm_single.
  *
- * The shard is cut tensor by tensor from the one-rank layout (mp_gpt_layout) by
- * tensor_parallel/shard.h's splits (mp_tp_split_of): wte by vocabulary rows, qkv by heads,
+ * The shard is cut tensor by tensor from the one-rank layout (mp_gpt_layout) by each tensor's
+ * split in the layout's table (tensor_parallel/shard.h): wte by vocabulary rows, qkv by heads,
  * attn_proj and fc_proj weights by columns, fc by rows; wpe, layernorms and the row-parallel
  * biases replicated. The shard array holds the tensors in the layout's order, each one's shard
  * contiguous, so optimizer and clipping walk one buffer as on one rank.
@@ -20,10 +20,10 @@
  *   LM head     tied to the wte shard: the logits of this rank's vocabulary range only
  *   loss        vocab-parallel cross-entropy, never gathering the (BT, Vp) logits
  *
- * Initialisation cuts this rank's shard out of the one-rank initialisation
- * (mp_gpt_layout_init_params), so tp = 2 starts from exactly the numbers of tp = 1 (DESIGN.md,
- * principle 2). It materialises the full model once per rank at start-up; drawing each shard
- * directly (shard.h, mp_init_fill_normal_block) is the upgrade when models outgrow host memory.
+ * Shard-first (DESIGN.md, principle 6): a stage allocates, initialises and loads only its own
+ * shard. Initialisation draws each block of each shard directly from the pure function of (seed,
+ * tensor name, element index) (mp_gpt_tensor_init_block), so tp = 2 starts from exactly the
+ * numbers of tp = 1 (principle 2); an llm.c file is read in the byte ranges of the shard alone.
  *
  * Sequence parallelism: the layernorm gradients of a rank cover only its tokens. The backward
  * leaves them partial; mp_gpt_tp_finish_grads sums them (every block's ln1/ln2 and the final
@@ -129,18 +129,19 @@ float *mp_gpt_tp_grads(mp_gpt_tp *gpt);
 int mp_gpt_tp_num_tensors(const mp_gpt_tp *gpt);
 const mp_gpt_tp_tensor *mp_gpt_tp_tensor_at(const mp_gpt_tp *gpt, int index);
 
-/* GPT-2 initialisation from seed: this rank's shard of mp_gpt_layout_init_params. Cannot fail
- * on a model mp_gpt_tp_create accepted, except for memory (MP_ERR_RUNTIME). */
+/* GPT-2 initialisation from seed: this rank's shard of mp_gpt_layout_init_params, drawn block by
+ * block without the full tensors. Cannot fail on a model mp_gpt_tp_create accepted. */
 mp_status mp_gpt_tp_init_params(mp_gpt_tp *gpt, uint64_t seed, mp_error *err);
 
-/* Parameters from a full one-rank array (mp_gpt_layout_num_params floats, e.g. an llm.c file
- * loaded by mp_gpt_layout_load_llmc): this rank's shard of it. No communication. */
-mp_status mp_gpt_tp_set_full_params(mp_gpt_tp *gpt, const float *full, mp_error *err);
+/* Parameters from an llm.c file opened for the stage's layout (engine/gpt_model.h): this rank's
+ * shard of each of the stage's tensors, reading only those elements. Errors of the reader. */
+mp_status mp_gpt_tp_load_llmc(mp_gpt_tp *gpt, mp_llmc_reader *reader, mp_error *err);
 
 /* The full one-rank arrays from every rank's shard, written on every rank (all-gather per
  * tensor): full has mp_gpt_layout_num_params floats, of which the stage's tensors are written
- * (all of them for a whole-model stage; a tied copy of wte is not written). Collective. For
- * export and comparison. */
+ * (all of them for a whole-model stage; a tied copy of wte is not written). Collective. For tests
+ * that compare a shard with the one-rank model; a run never calls them (saves stream,
+ * mp_trainer_save_llmc). */
 mp_status mp_gpt_tp_gather_params(mp_gpt_tp *gpt, float *full, mp_error *err);
 mp_status mp_gpt_tp_gather_grads(mp_gpt_tp *gpt, float *full, mp_error *err);
 

@@ -746,46 +746,172 @@ const mp_gpt_layout *mp_trainer_layout(const mp_trainer *trainer) { return train
 
 mp_status mp_trainer_load_llmc(mp_trainer *trainer, const char *path, mp_error *err) {
   if (trainer->gpt != NULL) return mp_gpt_load_llmc(trainer->gpt, path, err);
-  const size_t n = mp_gpt_layout_num_params(trainer->layout);
-  float *host = malloc(n * sizeof(float));
-  if (host == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of host memory");
-  mp_status status = mp_gpt_layout_load_llmc(trainer->layout, host, path, err);
+  if (trainer->gpu != NULL) {
+    /* One GPU: its host copy is the whole model anyway. */
+    const size_t n = mp_gpt_layout_num_params(trainer->layout);
+    float *host = malloc(n * sizeof(float));
+    if (host == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of host memory");
+    mp_status status = mp_gpt_layout_load_llmc(trainer->layout, host, path, err);
+    if (status == MP_OK) status = mp_gpt_gpu_set_params(trainer->gpu, host, err);
+    free(host);
+    return status;
+  }
+  /* Shard-first: each chunk reads the byte ranges of its own shard. */
+  mp_llmc_reader *reader = NULL;
+  MP_TRY(mp_llmc_reader_open(trainer->layout, path, &reader, err));
+  mp_status status = MP_OK;
   for (int c = 0; c < trainer->num_chunks && status == MP_OK; ++c) {
-    status = mp_gpt_tp_set_full_params(trainer->chunks[c], host, err);
+    status = mp_gpt_tp_load_llmc(trainer->chunks[c], reader, err);
     if (status == MP_OK && trainer->gpu_chunks != NULL) {
       status = mp_gpt_stage_gpu_upload_params(trainer->gpu_chunks[c], err);
     }
   }
-  if (status == MP_OK && trainer->gpu != NULL) {
-    status = mp_gpt_gpu_set_params(trainer->gpu, host, err);
-  }
-  free(host);
+  mp_llmc_reader_close(reader);
   return status;
 }
 
-mp_status mp_trainer_get_params(mp_trainer *trainer, float *host_params, mp_error *err) {
-  const size_t n = mp_gpt_layout_num_params(trainer->layout);
-  if (trainer->gpt != NULL) {
-    memcpy(host_params, mp_gpt_params(trainer->gpt), n * sizeof(float));
-    return MP_OK;
-  }
-  if (!trainer->parallel) return mp_gpt_gpu_get_params(trainer->gpu, host_params, err);
-  /* Each tensor is written by exactly one stage (the tied copy of wte is skipped), so summing
-   * the zero-filled arrays over pp assembles the model exactly. */
-  memset(host_params, 0, n * sizeof(float));
-  for (int c = 0; c < trainer->num_chunks; ++c) {
-    if (trainer->gpu_chunks != NULL) {
-      MP_TRY(mp_gpt_stage_gpu_download_params(trainer->gpu_chunks[c], err));
-    }
-    MP_TRY(mp_gpt_tp_gather_params(trainer->chunks[c], host_params, err));
-  }
-  if (trainer->options.pp == NULL) return MP_OK;
-  for (size_t offset = 0; offset < n; offset += MP_TRAINER_BUCKET_FLOATS) {
-    const size_t count = n - offset < MP_TRAINER_BUCKET_FLOATS ? n - offset
-                                                               : MP_TRAINER_BUCKET_FLOATS;
-    MP_TRY(mp_comm_all_reduce_sum_f32(trainer->options.pp, host_params + offset, count, err));
+/* A streamed save moves each shard in pieces of at most this many floats per tp rank. */
+enum { SAVE_PIECE_FLOATS = 1 << 18 };
+
+/* What a pipeline rank sends world rank 0 before each piece: the tensor (layout index; -1 ends
+ * the rank's pieces), the first element of every tp rank's piece in its shard, and their floats
+ * (replicated tensors: tp rank 0's only). */
+typedef struct {
+  int64_t tensor, first, count, ranks;
+} save_piece;
+
+/* Writes piece (ranks x count floats, rank r's at r x count) of a tensor into the file: each tp
+ * rank's elements [first, first + count) of its shard, run by run. */
+typedef struct {
+  mp_llmc_writer *writer;
+  int tensor;
+  const float *data; /* element `first` of the rank's shard */
+  size_t first;
+} piece_sink;
+
+static mp_status write_run(void *context, size_t full_offset, size_t shard_offset, size_t count,
+                           mp_error *err) {
+  const piece_sink *sink = context;
+  mp_llmc_writer_write(sink->writer, sink->tensor, full_offset,
+                       sink->data + (shard_offset - sink->first), count);
+  return MP_OK;
+}
+
+static mp_status write_piece(mp_llmc_writer *writer, const mp_gpt_layout *layout,
+                             const save_piece *piece, const float *data, int tp_size,
+                             mp_error *err) {
+  if (writer == NULL) return MP_OK; /* the file could not be opened: pieces are drained */
+  const mp_gpt_tensor *t = mp_gpt_layout_tensor(layout, (int)piece->tensor);
+  for (int r = 0; r < (int)piece->ranks; ++r) {
+    const piece_sink sink = {writer, (int)piece->tensor, data + (size_t)r * (size_t)piece->count,
+                             (size_t)piece->first};
+    MP_TRY(mp_tp_shard_runs(t->split, t->rows, t->cols, r, piece->ranks == 1 ? 1 : tp_size,
+                            (size_t)piece->first, (size_t)piece->count, write_run, (void *)&sink,
+                            err));
   }
   return MP_OK;
+}
+
+/* The parallel save: every pipeline rank at dp rank 0 walks its chunks' tensors in pieces; the
+ * tp group all-gathers each piece of a split tensor; tp rank 0 writes it (pipeline rank 0, which
+ * is world rank 0) or sends it to pipeline rank 0, which takes the other pipeline ranks' pieces
+ * in turn. No rank holds more than its state and tp x SAVE_PIECE_FLOATS floats. */
+static mp_status save_parallel(mp_trainer *trainer, const char *path, mp_error *err) {
+  const mp_trainer_options *o = &trainer->options;
+  if (o->dp_rank != 0) return MP_OK; /* every dp replica holds the same parameters */
+  const mp_tp_comm *tp = &trainer->tp_table;
+  const int P = trainer->plan->pp;
+  const bool writer_rank = o->pp_rank == 0 && tp->rank == 0;
+  mp_status status = MP_OK, file_status = MP_OK;
+  mp_error file_err = MP_ERROR_INITIALIZER;
+  mp_llmc_writer *writer = NULL;
+  if (writer_rank) file_status = mp_llmc_writer_open(trainer->layout, path, &writer, &file_err);
+  float *gathered = malloc((size_t)tp->size * SAVE_PIECE_FLOATS * sizeof(float));
+  if (gathered == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory for a save's piece");
+  for (int c = 0; c < trainer->num_chunks && status == MP_OK; ++c) {
+    if (trainer->gpu_chunks != NULL) {
+      status = mp_gpt_stage_gpu_download_params(trainer->gpu_chunks[c], err);
+      if (status != MP_OK) break;
+    }
+    mp_gpt_tp *chunk = trainer->chunks[c];
+    const float *params = mp_gpt_tp_params(chunk);
+    /* Each chunk has its own copy of the layout: indices, not pointers, cross between them. */
+    const mp_gpt_tensor *first_tensor = mp_gpt_layout_tensor(mp_gpt_tp_layout(chunk), 0);
+    for (int j = 0; j < mp_gpt_tp_num_tensors(chunk) && status == MP_OK; ++j) {
+      const mp_gpt_tp_tensor *t = mp_gpt_tp_tensor_at(chunk, j);
+      if (t->tied_copy) continue; /* the first stage writes wte */
+      const bool replicated = t->split == MP_TP_REPLICATED;
+      for (size_t at = 0; at < t->count && status == MP_OK; at += SAVE_PIECE_FLOATS) {
+        const size_t n = t->count - at < SAVE_PIECE_FLOATS ? t->count - at : SAVE_PIECE_FLOATS;
+        const save_piece piece = {t->full - first_tensor, (int64_t)at, (int64_t)n,
+                                  replicated ? 1 : tp->size};
+        if (replicated) {
+          if (tp->rank == 0) memcpy(gathered, params + t->offset + at, n * sizeof(float));
+        } else {
+          status = mp_tp_all_gather(tp, params + t->offset + at, gathered, n, err);
+        }
+        if (status != MP_OK || tp->rank != 0) continue;
+        if (o->pp_rank == 0) {
+          status = write_piece(writer, trainer->layout, &piece, gathered, tp->size, err);
+        } else {
+          status = mp_comm_send(o->pp, &piece, sizeof piece, 0, err);
+          if (status == MP_OK) {
+            status = mp_comm_send(o->pp, gathered, (size_t)piece.ranks * n * sizeof(float), 0,
+                                  err);
+          }
+        }
+      }
+    }
+  }
+  if (status == MP_OK && tp->rank == 0 && o->pp_rank > 0) {
+    const save_piece end = {-1, 0, 0, 0};
+    status = mp_comm_send(o->pp, &end, sizeof end, 0, err);
+  }
+  /* Pipeline rank 0 takes the other pipeline ranks' pieces, in pipeline-rank order. */
+  for (int p = 1; p < P && writer_rank && status == MP_OK; ++p) {
+    for (;;) {
+      save_piece piece;
+      status = mp_comm_recv(o->pp, &piece, sizeof piece, p, err);
+      if (status != MP_OK || piece.tensor < 0) break;
+      const mp_gpt_tensor *t = mp_gpt_layout_tensor(trainer->layout, (int)piece.tensor);
+      if (t == NULL || piece.ranks < 1 || piece.ranks > tp->size || piece.count < 0 ||
+          piece.count > SAVE_PIECE_FLOATS) {
+        status = mp_fail(err, MP_ERR_RUNTIME, "pipeline rank %d sent a bad piece of a save", p);
+        break;
+      }
+      status = mp_comm_recv(o->pp, gathered, (size_t)(piece.ranks * piece.count) * sizeof(float),
+                            p, err);
+      if (status == MP_OK) {
+        status = write_piece(writer, trainer->layout, &piece, gathered, tp->size, err);
+      }
+    }
+  }
+  free(gathered);
+  if (writer != NULL) {
+    if (status == MP_OK) {
+      status = mp_llmc_writer_commit(writer, err);
+    } else {
+      mp_llmc_writer_abort(writer);
+    }
+  }
+  if (status == MP_OK && file_status != MP_OK) {
+    if (err != NULL) *err = file_err;
+    status = file_status;
+  }
+  return status;
+}
+
+mp_status mp_trainer_save_llmc(mp_trainer *trainer, const char *path, mp_error *err) {
+  if (trainer->gpt != NULL) return mp_gpt_save_llmc(trainer->gpt, path, err);
+  if (trainer->parallel) return save_parallel(trainer, path, err);
+  /* One GPU: the whole model is its host copy. */
+  const size_t n = mp_gpt_layout_num_params(trainer->layout);
+  float *host = malloc(n * sizeof(float));
+  if (host == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of host memory");
+  mp_status status = mp_gpt_gpu_get_params(trainer->gpu, host, err);
+  if (status == MP_OK) status = mp_gpt_layout_save_llmc(trainer->layout, host, path, err);
+  free(host);
+  return status;
 }
 
 mp_status mp_trainer_cpu_state(mp_trainer *trainer, float **params, float **adam_m,

@@ -150,14 +150,15 @@ int mp_trainer_tp(const mp_trainer *trainer);
 /* The parameter layout (config, tensors) of the model on any backend. */
 const mp_gpt_layout *mp_trainer_layout(const mp_trainer *trainer);
 
-/* Replaces the weights with llm.c's GPT-2 checkpoint (see mp_gpt_load_llmc); with tp > 1 every
- * rank reads the file and keeps its shard. */
+/* Replaces the weights with llm.c's GPT-2 checkpoint (see mp_gpt_load_llmc); in a parallel run
+ * each rank reads only the byte ranges of its own shards. */
 mp_status mp_trainer_load_llmc(mp_trainer *trainer, const char *path, mp_error *err);
 
-/* Copies the fp32 (master) weights to host, mp_gpt_layout_num_params floats: the full model in
- * the one-rank layout. In a parallel run it gathers the shards over tp and the stages over pp
- * (collective: every rank calls it, and every rank gets the full model). */
-mp_status mp_trainer_get_params(mp_trainer *trainer, float *host_params, mp_error *err);
+/* Writes the fp32 (master) weights as llm.c's GPT-2 checkpoint (version 3) at path. In a parallel
+ * run it is collective: the file is written by world rank 0 (dp, pp, tp = 0), the shards streamed
+ * to it tensor by tensor in bounded pieces (no rank holds the full model); the bytes equal the
+ * one-rank run's file at the same weights. */
+mp_status mp_trainer_save_llmc(mp_trainer *trainer, const char *path, mp_error *err);
 
 /* This rank's CPU training state, for checkpoints (engine/checkpoint.h): the flat fp32 parameter
  * array (this rank's shard in mp_gpt_tp's order with tp > 1, else the one-rank layout's array) and

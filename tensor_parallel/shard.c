@@ -134,3 +134,103 @@ mp_status mp_tp_shard_insert(float *full, const float *shard, mp_tp_split split,
                              size_t cols, int rank, int size, mp_error *err) {
   return copy_blocks((float *)shard, full, false, split, rows, cols, rank, size, err);
 }
+
+mp_status mp_tp_shard_runs(mp_tp_split split, size_t rows, size_t cols, int rank, int size,
+                           size_t first, size_t count, mp_tp_run_visitor visit, void *context,
+                           mp_error *err) {
+  mp_tp_shard_block blocks[MP_TP_SHARD_MAX_BLOCKS];
+  int num_blocks = 0;
+  MP_TRY(mp_tp_shard_blocks(split, rows, cols, rank, size, blocks, &num_blocks, err));
+  const size_t total = mp_tp_shard_floats(split, rows, cols, size);
+  if (first > total || count > total - first) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "elements [%zu, +%zu) are outside a shard of %zu of a (%zu, %zu) tensor",
+                   first, count, total, rows, cols);
+  }
+  const size_t end = first + count;
+  for (int k = 0; k < num_blocks; k++) {
+    const mp_tp_shard_block *b = &blocks[k];
+    const size_t b_end = b->shard_offset + b->rows * b->cols;
+    size_t at = first > b->shard_offset ? first : b->shard_offset;
+    const size_t stop = end < b_end ? end : b_end;
+    while (at < stop) {
+      const size_t i = (at - b->shard_offset) / b->cols, j = (at - b->shard_offset) % b->cols;
+      /* A block as wide as the tensor is contiguous in it: one run for all its rows. */
+      const size_t run_end = b->cols == cols ? stop : at + (b->cols - j < stop - at ? b->cols - j
+                                                                                    : stop - at);
+      const size_t full = (b->row_offset + i) * cols + b->col_offset + j;
+      MP_TRY(visit(context, full, at, run_end - at, err));
+      at = run_end;
+    }
+  }
+  return MP_OK;
+}
+
+typedef struct {
+  float *dest;      /* element `first` of the destination range */
+  size_t first;
+  mp_tp_split split;
+  size_t rows, cols;
+  int source_size;
+  mp_tp_source_reader read;
+  void *context;
+} shard_read;
+
+/* One destination run (contiguous in the full tensor) from the source shards that hold it. */
+static mp_status read_run(void *context, size_t full_offset, size_t shard_offset, size_t count,
+                          mp_error *err) {
+  const shard_read *r = context;
+  float *dest = r->dest + (shard_offset - r->first);
+  if (r->split == MP_TP_REPLICATED || r->source_size == 1) {
+    return r->read(r->context, 0, full_offset, count, dest, err);
+  }
+  while (count > 0) {
+    const size_t i = full_offset / r->cols, j = full_offset % r->cols;
+    size_t source_rank = 0, source_offset = 0, n = 0;
+    const size_t S = (size_t)r->source_size;
+    switch (r->split) {
+      case MP_TP_SPLIT_ROWS: {
+        const size_t per = r->rows / S;
+        source_rank = i / per;
+        source_offset = full_offset - source_rank * per * r->cols;
+        n = (source_rank + 1) * per * r->cols - full_offset;
+        break;
+      }
+      case MP_TP_SPLIT_COLS: {
+        const size_t per = r->cols / S;
+        source_rank = j / per;
+        source_offset = i * per + (j - source_rank * per);
+        n = per - (j - source_rank * per);
+        break;
+      }
+      case MP_TP_SPLIT_QKV: {
+        const size_t third = r->rows / 3, per = third / S, part = i / third, within = i % third;
+        source_rank = within / per;
+        source_offset = (part * per + within - source_rank * per) * r->cols + j;
+        n = (part * third + (source_rank + 1) * per) * r->cols - full_offset;
+        break;
+      }
+      case MP_TP_REPLICATED:
+        break;
+    }
+    if (n > count) n = count;
+    MP_TRY(r->read(r->context, (int)source_rank, source_offset, n, dest, err));
+    dest += n;
+    full_offset += n;
+    count -= n;
+  }
+  return MP_OK;
+}
+
+mp_status mp_tp_shard_read(float *dest, size_t first, size_t count, mp_tp_split split,
+                           size_t rows, size_t cols, int rank, int size, int source_size,
+                           mp_tp_source_reader read, void *context, mp_error *err) {
+  if (split != MP_TP_REPLICATED && source_size > 1) {
+    /* The source layout must exist: the same divisibility a shard of it needs. */
+    mp_tp_shard_block blocks[MP_TP_SHARD_MAX_BLOCKS];
+    int n = 0;
+    MP_TRY(mp_tp_shard_blocks(split, rows, cols, 0, source_size, blocks, &n, err));
+  }
+  shard_read r = {dest, first, split, rows, cols, source_size, read, context};
+  return mp_tp_shard_runs(split, rows, cols, rank, size, first, count, read_run, &r, err);
+}

@@ -78,6 +78,36 @@ mp_status mp_tp_shard_extract(float *shard, const float *full, mp_tp_split split
 mp_status mp_tp_shard_insert(float *full, const float *shard, mp_tp_split split, size_t rows,
                              size_t cols, int rank, int size, mp_error *err);
 
+/* Parts of a shard without the full tensor. A rank that loads, saves or reshards touches only its
+ * own elements and a bounded buffer: it walks a range of its shard as runs that are contiguous in
+ * the full tensor (mp_tp_shard_runs), or fills a range of its shard from wherever another layout
+ * keeps those elements (mp_tp_shard_read), one request per run contiguous on both sides.
+ *
+ * visit(context, full_offset, shard_offset, count): elements [shard_offset, shard_offset + count)
+ * of the shard are elements [full_offset, + count) of the row-major full tensor. */
+typedef mp_status (*mp_tp_run_visitor)(void *context, size_t full_offset, size_t shard_offset,
+                                       size_t count, mp_error *err);
+
+/* Calls visit for elements [first, first + count) of rank's shard (split over size ranks) of a
+ * (rows, cols) tensor, in shard order; stops at the first status that is not MP_OK and returns
+ * it. Errors as mp_tp_shard_blocks, and MP_ERR_INPUT when the range is outside the shard. */
+mp_status mp_tp_shard_runs(mp_tp_split split, size_t rows, size_t cols, int rank, int size,
+                           size_t first, size_t count, mp_tp_run_visitor visit, void *context,
+                           mp_error *err);
+
+/* read(context, source_rank, source_offset, count, dest): count floats from source_offset of
+ * source rank source_rank's shard (the source layout), into dest. */
+typedef mp_status (*mp_tp_source_reader)(void *context, int source_rank, size_t source_offset,
+                                         size_t count, float *dest, mp_error *err);
+
+/* dest (count floats) = elements [first, first + count) of rank's shard (split over size ranks)
+ * of a (rows, cols) tensor, read from a source that holds the same tensor split the same way over
+ * source_size ranks (source_size 1: the full tensor; a replicated tensor is read from source rank
+ * 0). Only the elements asked for are requested. Errors as mp_tp_shard_runs, or read's. */
+mp_status mp_tp_shard_read(float *dest, size_t first, size_t count, mp_tp_split split,
+                           size_t rows, size_t cols, int rank, int size, int source_size,
+                           mp_tp_source_reader read, void *context, mp_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -56,17 +56,13 @@ int cmd_export(int argc, char **argv) {
             dir);
     return cli_report(&command, &err);
   }
-  mp_gpt_layout *layout = NULL;
-  float *params = NULL;
+  size_t num_params = 0;
   int exit_code = CLI_EXIT_OK;
-  if (mp_checkpoint_read_params(path, &layout, &params, &step, &err) != MP_OK ||
-      mp_gpt_layout_save_llmc(layout, params, out, &err) != MP_OK) {
+  if (mp_checkpoint_export_llmc(path, out, &step, &num_params, &err) != MP_OK) {
     exit_code = cli_report(&command, &err);
   } else {
     printf("exported %s (step %lld, %zu parameters) to %s (llm.c GPT-2, version 3, fp32)\n",
-           path, (long long)step, mp_gpt_layout_num_params(layout), out);
+           path, (long long)step, num_params, out);
   }
-  free(params);
-  mp_gpt_layout_free(layout);
   return exit_code;
 }

@@ -994,15 +994,7 @@ int cmd_run(int argc, char **argv) {
   }
   const char *weights_path = cli_value(&command, "save-weights");
   if (weights_path != NULL) {
-    const size_t n = mp_gpt_layout_num_params(layout);
-    float *weights = malloc(n * sizeof(float));
-    mp_status saved = weights == NULL ? mp_fail(&err, MP_ERR_RUNTIME, "out of memory")
-                                      : mp_trainer_get_params(state.trainer, weights, &err);
-    if (saved == MP_OK && state.rank == 0) {
-      saved = mp_gpt_layout_save_llmc(layout, weights, weights_path, &err);
-    }
-    free(weights);
-    if (saved != MP_OK) {
+    if (mp_trainer_save_llmc(state.trainer, weights_path, &err) != MP_OK) {
       exit_code = rank_report(&command, &state, &err);
       goto done;
     }

@@ -107,7 +107,11 @@ TEST(Trainer, AccumulationEqualsTheWholeBatch) {
   const float *pb = mp_gpt_params(const_cast<mp_gpt *>(gb));
   double max_diff = 0;
   for (size_t i = 0; i < mp_gpt_num_params(ga); ++i) max_diff = std::fmax(max_diff, std::fabs(pa[i] - pb[i]));
-  EXPECT_LT(max_diff, 1e-5);
+  // AdamW divides each gradient element by its own running magnitude, so a weight whose
+  // gradient is round-off against its tensor's scale moves by a different fraction of the
+  // learning rate in the two runs (seen: 1.3e-5 on one CPU, below 1e-5 on another): bound single
+  // weights at 5% of the 3 steps' learning rate, as tests/tools/parallel_equals_serial_test.sh.
+  EXPECT_LT(max_diff, 0.05 * 1e-3 * 3);
 }
 
 TEST(Trainer, RefusesPlansForSeveralRanks) {
