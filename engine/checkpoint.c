@@ -311,9 +311,13 @@ static void put(hashed_file *out, const void *data, size_t bytes) {
   out->bytes += bytes;
 }
 
+/* ZeRO-1 moments travel to dp rank 0 in pieces of at most this many floats, so no rank holds
+ * more than its own part and one piece. */
+enum { MOMENT_PIECE_FLOATS = 1 << 18 };
+
 /* With ZeRO-1, every dp rank's part of chunk c's moments array (array 0: first moments, 1:
- * second) meets on dp rank 0: the others send (first, count) then the floats, in chunk order,
- * first moments of every chunk before second moments. */
+ * second) meets on dp rank 0: the others send (first, count), then the floats in pieces, in chunk
+ * order, first moments of every chunk before second moments. */
 static mp_status send_moments(const mp_checkpoint_context *ctx, const rank_view *view,
                               mp_error *err) {
   for (int a = 0; a < 2; ++a) {
@@ -321,31 +325,53 @@ static mp_status send_moments(const mp_checkpoint_context *ctx, const rank_view 
       const view_chunk *chunk = &view->chunks[c];
       const uint64_t part[2] = {chunk->first, chunk->moments};
       MP_TRY(mp_comm_send(ctx->dp, part, sizeof part, 0, err));
-      if (chunk->moments > 0) {
-        MP_TRY(mp_comm_send(ctx->dp, a == 0 ? chunk->m : chunk->v,
-                            chunk->moments * sizeof(float), 0, err));
+      const float *moments = a == 0 ? chunk->m : chunk->v;
+      for (size_t at = 0; at < chunk->moments; at += MOMENT_PIECE_FLOATS) {
+        const size_t n = chunk->moments - at < MOMENT_PIECE_FLOATS ? chunk->moments - at
+                                                                   : MOMENT_PIECE_FLOATS;
+        MP_TRY(mp_comm_send(ctx->dp, moments + at, n * sizeof(float), 0, err));
       }
     }
   }
   return MP_OK;
 }
 
-/* dp rank 0's side: full (chunk->count floats) = the whole moments array of chunk. */
-static mp_status gather_moments(const mp_checkpoint_context *ctx, const view_chunk *chunk,
-                                int array, float *full, mp_error *err) {
-  memcpy(full + chunk->first, array == 0 ? chunk->m : chunk->v, chunk->moments * sizeof(float));
-  size_t covered = chunk->moments;
-  for (int d = 1; d < ctx->plan->dp; ++d) {
-    uint64_t part[2] = {0, 0};
-    MP_TRY(mp_comm_recv(ctx->dp, part, sizeof part, d, err));
-    if (part[0] > chunk->count || part[1] > chunk->count - part[0]) {
+/* Writes elements [at, at + count) of a chunk's flat array (data) into the file, leaving out the
+ * tied copy of wte: called in increasing order over the whole array, it writes the chunk's saved
+ * tensors in order. */
+static void put_flat(hashed_file *out, const view_chunk *chunk, size_t at, const float *data,
+                     size_t count) {
+  for (int j = 0; j < chunk->num_tensors; ++j) {
+    const view_tensor *t = &chunk->tensors[j];
+    if (t->tied_copy) continue;
+    const size_t lo = t->offset > at ? t->offset : at;
+    const size_t hi = t->offset + t->count < at + count ? t->offset + t->count : at + count;
+    if (lo < hi) put(out, data + (lo - at), (hi - lo) * sizeof(float));
+  }
+}
+
+/* dp rank 0's side: writes chunk's whole moments array `array` into out, its own part from memory
+ * and every other dp rank's as it arrives, piece by piece (piece: MOMENT_PIECE_FLOATS floats). */
+static mp_status stream_moments(const mp_checkpoint_context *ctx, const view_chunk *chunk,
+                                int array, float *piece, hashed_file *out, mp_error *err) {
+  size_t covered = 0;
+  for (int d = 0; d < ctx->plan->dp; ++d) {
+    uint64_t part[2] = {chunk->first, chunk->moments};
+    if (d > 0) MP_TRY(mp_comm_recv(ctx->dp, part, sizeof part, d, err));
+    if (part[0] != covered || part[1] > chunk->count - covered) {
       return mp_fail(err, MP_ERR_RUNTIME,
                      "ZeRO-1 moments of dp rank %d: elements [%" PRIu64 ", +%" PRIu64
-                     ") outside a chunk of %zu",
-                     d, part[0], part[1], chunk->count);
+                     ") do not follow the %zu before them in a chunk of %zu",
+                     d, part[0], part[1], covered, chunk->count);
     }
-    if (part[1] > 0) {
-      MP_TRY(mp_comm_recv(ctx->dp, full + part[0], part[1] * sizeof(float), d, err));
+    for (size_t at = 0; at < part[1]; at += MOMENT_PIECE_FLOATS) {
+      const size_t n = part[1] - at < MOMENT_PIECE_FLOATS ? part[1] - at : MOMENT_PIECE_FLOATS;
+      const float *data = (array == 0 ? chunk->m : chunk->v) + at;
+      if (d > 0) {
+        MP_TRY(mp_comm_recv(ctx->dp, piece, n * sizeof(float), d, err));
+        data = piece;
+      }
+      put_flat(out, chunk, covered + at, data, n);
     }
     covered += part[1];
   }
@@ -410,31 +436,25 @@ static mp_status write_shard_file(const mp_checkpoint_context *ctx, const rank_v
   /* The moments. With ZeRO-1 the other dp ranks' sends must be received even when this file
    * cannot be written, or they would wait for nothing. */
   mp_status comm = MP_OK;
+  float *piece = NULL;
+  if (zero && (piece = malloc(MOMENT_PIECE_FLOATS * sizeof(float))) == NULL) {
+    comm = mp_fail(err, MP_ERR_RUNTIME, "out of memory gathering ZeRO-1 moments");
+  }
   for (int a = 0; a < 2 && comm == MP_OK; ++a) {
     for (int c = 0; c < view->num_chunks && comm == MP_OK; ++c) {
       const view_chunk *chunk = &view->chunks[c];
-      const float *full = a == 0 ? chunk->m : chunk->v;
-      float *gathered = NULL;
       if (zero) {
-        gathered = malloc((chunk->count > 0 ? chunk->count : 1) * sizeof(float));
-        if (gathered == NULL) {
-          comm = mp_fail(err, MP_ERR_RUNTIME, "out of memory gathering ZeRO-1 moments");
-          break;
-        }
-        comm = gather_moments(ctx, chunk, a, gathered, err);
-        full = gathered;
+        comm = stream_moments(ctx, chunk, a, piece, &out, err);
       } else if (chunk->first != 0 || chunk->moments != chunk->count) {
         comm = mp_fail(err, MP_ERR_RUNTIME,
                        "chunk %d keeps moments of elements [%zu, +%zu) of %zu without ZeRO-1", c,
                        chunk->first, chunk->moments, chunk->count);
+      } else {
+        put_flat(&out, chunk, 0, a == 0 ? chunk->m : chunk->v, chunk->count);
       }
-      for (int j = 0; j < chunk->num_tensors && comm == MP_OK && status == MP_OK; ++j) {
-        const view_tensor *t = &chunk->tensors[j];
-        if (!t->tied_copy) put(&out, full + t->offset, t->count * sizeof(float));
-      }
-      free(gathered);
     }
   }
+  free(piece);
   if (comm != MP_OK) {
     if (out.open) mp_atomic_file_abort(&out.file);
     status = comm;
