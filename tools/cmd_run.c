@@ -42,6 +42,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -148,6 +149,55 @@ static mp_status max_resident_bytes(run_state *state, double *out, mp_error *err
   }
   free(all);
   *out = (double)most * 1048576.0;
+  return status;
+}
+
+/* This process's peak resident memory in bytes (VmHWM of /proc/self/status), 0 when unknown. */
+static double peak_resident_bytes(void) {
+  FILE *file = fopen("/proc/self/status", "r");
+  if (file == NULL) return 0.0;
+  char line[256];
+  double kib = 0.0;
+  while (fgets(line, sizeof line, file) != NULL) {
+    if (strncmp(line, "VmHWM:", 6) == 0) {
+      kib = strtod(line + 6, NULL);
+      break;
+    }
+  }
+  fclose(file);
+  return kib * 1024.0;
+}
+
+static double monotonic_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Prints every rank's peak resident memory with its grid coordinates (collective over the world
+ * group when there is one): what a user compares with the plan's memory per rank. */
+static mp_status print_peak_memory(run_state *state, mp_error *err) {
+  const int n = state->world_size;
+  float mine[4] = {(float)(peak_resident_bytes() / 1048576.0), (float)state->coord.dp_rank,
+                   (float)state->coord.pp_rank, (float)state->coord.tp_rank};
+  float *all = malloc((size_t)n * sizeof mine);
+  if (all == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  mp_status status = MP_OK;
+  if (state->world_group == NULL) {
+    memcpy(all, mine, sizeof mine);
+  } else {
+    status = mp_comm_all_gather_f32(state->world_group, mine, all, 4, err);
+  }
+  if (status == MP_OK) {
+    printf("memory: peak resident per rank (VmHWM):");
+    for (int r = 0; r < n; ++r) {
+      const float *m = all + 4 * r;
+      printf("%s rank %d (dp %d, pp %d, tp %d) %.0f MiB", r > 0 ? "," : "", r, (int)m[1],
+             (int)m[2], (int)m[3], (double)m[0]);
+    }
+    printf("\n");
+  }
+  free(all);
   return status;
 }
 
@@ -809,6 +859,7 @@ int cmd_run(int argc, char **argv) {
   trainer_options.nccl_dp = state.nccl_dp;
   trainer_options.nccl_pp = state.nccl_pp;
   trainer_options.tp_device = state.nccl_tp != NULL ? &state.tp_device_table : NULL;
+  const double startup_began = monotonic_seconds();
   if (open_data(cli_value(&command, "data"), steps, &state, &err) != MP_OK ||
       mp_trainer_create_parallel(&state.plan, state.model, state.data, backend, &trainer_options,
                                  &state.trainer, &err) != MP_OK) {
@@ -934,6 +985,8 @@ int cmd_run(int argc, char **argv) {
     exit_code = rank_report(&command, &state, &err);
     goto done;
   }
+  const double startup_s = monotonic_seconds() - startup_began;
+  double saves_s = 0.0;
   int64_t saved_step = resume ? first_step : -1;
   int64_t step = first_step;
   bool stopped = false;
@@ -964,10 +1017,12 @@ int cmd_run(int argc, char **argv) {
     const bool due = (save_every > 0 && (step + 1) % save_every == 0) || step + 1 == steps;
     if (due || stopped) {
       if (terminal) printf("\n");
+      const double save_began = monotonic_seconds();
       if (mp_checkpoint_save(checkpoint_dir, step + 1, (int)keep, &checkpoint, &err) != MP_OK) {
         exit_code = rank_report(&command, &state, &err);
         goto done;
       }
+      saves_s += monotonic_seconds() - save_began;
       saved_step = step + 1;
       printf("checkpoint: saved %s/step-%lld\n", checkpoint_dir, (long long)(step + 1));
       fflush(stdout);
@@ -986,18 +1041,22 @@ int cmd_run(int argc, char **argv) {
     goto done;
   }
   if (checkpoint_dir != NULL && saved_step != steps) {
+    const double save_began = monotonic_seconds();
     if (mp_checkpoint_save(checkpoint_dir, steps, (int)keep, &checkpoint, &err) != MP_OK) {
       exit_code = rank_report(&command, &state, &err);
       goto done;
     }
+    saves_s += monotonic_seconds() - save_began;
     printf("checkpoint: saved %s/step-%lld\n", checkpoint_dir, (long long)steps);
   }
   const char *weights_path = cli_value(&command, "save-weights");
   if (weights_path != NULL) {
+    const double save_began = monotonic_seconds();
     if (mp_trainer_save_llmc(state.trainer, weights_path, &err) != MP_OK) {
       exit_code = rank_report(&command, &state, &err);
       goto done;
     }
+    saves_s += monotonic_seconds() - save_began;
     printf("weights: saved %s (llm.c GPT-2 checkpoint, fp32)\n", weights_path);
   }
   if (state.trace != NULL) {
@@ -1013,6 +1072,12 @@ int cmd_run(int argc, char **argv) {
            state.entropy_floor);
   }
   printf("\n");
+  printf("time: start-up %.2f s (data, model, initialisation%s), steps %.2f s, saves %.2f s\n",
+         startup_s, init_from != NULL || resume ? ", loading" : "", elapsed, saves_s);
+  if (print_peak_memory(&state, &err) != MP_OK) {
+    exit_code = rank_report(&command, &state, &err);
+    goto done;
+  }
 done:
   run_state_free(&state);
   if (state.world != NULL) {
