@@ -19,13 +19,12 @@ struct mp_trainer {
   const mp_plan *plan;
   mp_data_loader *data;
   mp_backend backend;
-  mp_gpt *gpt;            /* CPU backend */
-  mp_gpt_gpu *gpu;        /* CUDA backend */
+  mp_gpt_gpu *gpu;        /* CUDA backend, one rank (any other run is `parallel`) */
   const mp_gpt_layout *layout;
   double flops_per_step;  /* forward + backward over the global batch */
-  float *adam_m, *adam_v; /* (num_params,) first and second moments, CPU backend (of the shard
-                             with tp > 1); on the CUDA backend with one model, the host copies a
-                             checkpoint reads and writes (mp_trainer_state_to_host), with: */
+  float *adam_m, *adam_v; /* (num_params,) CUDA backend with one model: the host copies of the
+                             AdamW moments a checkpoint reads and writes (mp_trainer_state_to_host),
+                             with: */
   float *host_params;     /* (num_params,) CUDA backend, one model: the parameters' host copy */
   int32_t *inputs;        /* (num_micro_batches * micro_batch, T) this step's rows */
   int32_t *targets;       /* same shape */
@@ -641,9 +640,9 @@ mp_status mp_trainer_create_parallel(const mp_plan *plan, const mp_model *model,
     return mp_fail(err, MP_ERR_RUNTIME, "out of memory for the batch");
   }
   mp_status status;
-  /* One CPU rank with a trace runs through the stage worker too, so its actions are recorded. */
-  if ((backend == MP_BACKEND_CPU && (plan->dp * plan->pp * plan->tp > 1 || o.trace != NULL)) ||
-      (backend == MP_BACKEND_CUDA && plan->dp * plan->pp * plan->tp > 1)) {
+  /* The one-rank CPU model is the stage at dp = pp = tp = 1: every CPU run takes the same path
+   * (stage worker, schedule, chunk arrays). */
+  if (backend == MP_BACKEND_CPU || plan->dp * plan->pp * plan->tp > 1) {
     status = create_parallel(trainer, model, err);
     if (status != MP_OK) {
       mp_trainer_free(trainer);
@@ -652,43 +651,26 @@ mp_status mp_trainer_create_parallel(const mp_plan *plan, const mp_model *model,
     *out = trainer;
     return MP_OK;
   }
-  if (backend == MP_BACKEND_CUDA) {
-    status = mp_gpt_gpu_create(model, (int)plan->micro_batch, (int)plan->seq_len, &trainer->gpu,
-                               err);
-    if (status != MP_OK) {
-      mp_trainer_free(trainer);
-      return status;
-    }
-    trainer->layout = mp_gpt_gpu_layout(trainer->gpu);
-    const size_t n = mp_gpt_layout_num_params(trainer->layout);
-    float *host = malloc(n * sizeof(float));
-    if (host == NULL) {
-      mp_trainer_free(trainer);
-      return mp_fail(err, MP_ERR_RUNTIME, "out of host memory for %zu parameters", n);
-    }
-    mp_gpt_layout_init_params(trainer->layout, host, plan->training.seed);
-    status = mp_gpt_gpu_set_params(trainer->gpu, host, err);
-    free(host);
-    if (status != MP_OK) {
-      mp_trainer_free(trainer);
-      return status;
-    }
-    *out = trainer;
-    return MP_OK;
-  }
-  status = mp_gpt_create(model, (int)plan->micro_batch, (int)plan->seq_len, &trainer->gpt, err);
+  /* One GPU. */
+  status = mp_gpt_gpu_create(model, (int)plan->micro_batch, (int)plan->seq_len, &trainer->gpu,
+                             err);
   if (status != MP_OK) {
     mp_trainer_free(trainer);
     return status;
   }
-  trainer->layout = mp_gpt_get_layout(trainer->gpt);
-  mp_gpt_init_params(trainer->gpt, plan->training.seed);
-  const size_t n = mp_gpt_num_params(trainer->gpt);
-  trainer->adam_m = calloc(n, sizeof(float));
-  trainer->adam_v = calloc(n, sizeof(float));
-  if (trainer->adam_m == NULL || trainer->adam_v == NULL) {
+  trainer->layout = mp_gpt_gpu_layout(trainer->gpu);
+  const size_t n = mp_gpt_layout_num_params(trainer->layout);
+  float *host = malloc(n * sizeof(float));
+  if (host == NULL) {
     mp_trainer_free(trainer);
-    return mp_fail(err, MP_ERR_RUNTIME, "out of memory for optimizer state (%zu parameters)", n);
+    return mp_fail(err, MP_ERR_RUNTIME, "out of host memory for %zu parameters", n);
+  }
+  mp_gpt_layout_init_params(trainer->layout, host, plan->training.seed);
+  status = mp_gpt_gpu_set_params(trainer->gpu, host, err);
+  free(host);
+  if (status != MP_OK) {
+    mp_trainer_free(trainer);
+    return status;
   }
   *out = trainer;
   return MP_OK;
@@ -724,14 +706,13 @@ void mp_trainer_free(mp_trainer *trainer) {
   free(trainer->adam_m);
   free(trainer->host_params);
   mp_gpt_gpu_free(trainer->gpu);
-  mp_gpt_free(trainer->gpt);
   free(trainer);
 }
 
-mp_gpt *mp_trainer_model(mp_trainer *trainer) { return trainer->gpt; }
-
 mp_gpt_tp *mp_trainer_model_tp(mp_trainer *trainer) {
-  return trainer->parallel && trainer->plan->pp == 1 ? trainer->chunks[0] : NULL;
+  return trainer->parallel && trainer->plan->pp == 1 && trainer->plan->virtual_stages <= 1
+             ? trainer->chunks[0]
+             : NULL;
 }
 
 int mp_trainer_num_chunks(const mp_trainer *trainer) { return trainer->num_chunks; }
@@ -745,7 +726,6 @@ int mp_trainer_tp(const mp_trainer *trainer) { return trainer->plan->tp; }
 const mp_gpt_layout *mp_trainer_layout(const mp_trainer *trainer) { return trainer->layout; }
 
 mp_status mp_trainer_load_llmc(mp_trainer *trainer, const char *path, mp_error *err) {
-  if (trainer->gpt != NULL) return mp_gpt_load_llmc(trainer->gpt, path, err);
   if (trainer->gpu != NULL) {
     /* One GPU: its host copy is the whole model anyway. */
     const size_t n = mp_gpt_layout_num_params(trainer->layout);
@@ -902,7 +882,6 @@ static mp_status save_parallel(mp_trainer *trainer, const char *path, mp_error *
 }
 
 mp_status mp_trainer_save_llmc(mp_trainer *trainer, const char *path, mp_error *err) {
-  if (trainer->gpt != NULL) return mp_gpt_save_llmc(trainer->gpt, path, err);
   if (trainer->parallel) return save_parallel(trainer, path, err);
   /* One GPU: the whole model is its host copy. */
   const size_t n = mp_gpt_layout_num_params(trainer->layout);
@@ -928,13 +907,6 @@ mp_status mp_trainer_cpu_state(mp_trainer *trainer, float **params, float **adam
     }
     *params = trainer->host_params;
     *count = n;
-    *adam_m = trainer->adam_m;
-    *adam_v = trainer->adam_v;
-    return MP_OK;
-  }
-  if (trainer->gpt != NULL) {
-    *params = mp_gpt_params(trainer->gpt);
-    *count = mp_gpt_num_params(trainer->gpt);
     *adam_m = trainer->adam_m;
     *adam_v = trainer->adam_v;
     return MP_OK;
@@ -1031,11 +1003,8 @@ static mp_status run_micro_batches(mp_trainer *trainer, mp_data_loader *data, in
     if (trainer->gpu != NULL) {
       MP_TRY(mp_gpt_gpu_forward(trainer->gpu, inputs, targets, dloss, &one, err));
       if (train) MP_TRY(mp_gpt_gpu_backward(trainer->gpu, err));
-    } else if (trainer->parallel) {
-      MP_TRY(mp_gpt_tp_forward(trainer->chunks[0], inputs, targets, &one, err));
     } else {
-      one = mp_gpt_forward(trainer->gpt, inputs, targets);
-      if (train) mp_gpt_backward(trainer->gpt, dloss);
+      MP_TRY(mp_gpt_tp_forward(trainer->chunks[0], inputs, targets, &one, err));
     }
     loss_sum += one;
   }
@@ -1243,10 +1212,8 @@ mp_status mp_trainer_step(mp_trainer *trainer, int64_t step, mp_step_metrics *me
     for (int c = 0; c < trainer->num_chunks; ++c) {
       MP_TRY(mp_gpt_stage_gpu_zero_grads(trainer->gpu_chunks[c], err));
     }
-  } else if (trainer->parallel) {
-    for (int c = 0; c < trainer->num_chunks; ++c) mp_gpt_tp_zero_grads(trainer->chunks[c]);
   } else {
-    mp_gpt_zero_grads(trainer->gpt);
+    for (int c = 0; c < trainer->num_chunks; ++c) mp_gpt_tp_zero_grads(trainer->chunks[c]);
   }
   MP_TRY(run_micro_batches(trainer, trainer->data, step, true, &loss, err));
   if (trainer->parallel) {
@@ -1270,23 +1237,6 @@ mp_status mp_trainer_step(mp_trainer *trainer, int64_t step, mp_step_metrics *me
     const mp_gpu_adamw adamw = {(float)lr, (float)t->beta1, (float)t->beta2, (float)t->eps,
                                 (float)t->weight_decay, (int)(step + 1), t->grad_clip};
     MP_TRY(mp_gpt_gpu_optimizer_step(trainer->gpu, &adamw, &grad_norm, err));
-  } else {
-    mp_gpt *gpt = trainer->gpt;
-    float *params = mp_gpt_params(gpt);
-    float *grads = mp_gpt_grads(gpt);
-    const size_t n = mp_gpt_num_params(gpt);
-    grad_norm = sqrt(mp_grad_norm_squared_cpu(grads, n));
-    /* The clip factor multiplies each gradient inside AdamW: no separate scaling pass. */
-    const float scale = mp_clip_scale(grad_norm, t->grad_clip);
-    for (int i = 0; i < mp_gpt_num_tensors(gpt); ++i) {
-      const mp_gpt_tensor *tensor = mp_gpt_tensor_at(gpt, i);
-      const size_t offset = tensor->offset;
-      mp_adamw_update_scaled_cpu(params + offset, grads + offset, trainer->adam_m + offset,
-                                 trainer->adam_v + offset, tensor->rows * tensor->cols, (float)lr,
-                                 (float)t->beta1, (float)t->beta2, (float)t->eps,
-                                 tensor->weight_decay ? (float)t->weight_decay : 0.0f,
-                                 (int)(step + 1), scale);
-    }
   }
   const double seconds = now_seconds() - start;
   if (trainer->options.trace != NULL) {

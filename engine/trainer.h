@@ -26,6 +26,9 @@
  * The loss, averaged over the global batch, is known on every rank after the step. Every rank of
  * the job calls every function in the same order.
  *
+ * The one-rank CPU run is the same path at dp = pp = tp = 1: one chunk holding the whole chain,
+ * the stage worker running the schedule's actions on it.
+ *
  * The CUDA backend trains one rank on its GPU (engine/gpt_model_gpu.h); any other layout runs
  * each chunk on the rank's GPU (engine/gpt_stage_gpu.h, the twin of the CPU chunk, which keeps the
  * host copies) through the same stage worker and schedule. Boundary buffers live on the GPU and
@@ -133,14 +136,12 @@ mp_status mp_trainer_create_parallel(const mp_plan *plan, const mp_model *model,
                                      mp_error *err);
 void mp_trainer_free(mp_trainer *trainer);
 
-/* The one-rank CPU model being trained, or NULL on the CUDA backend or with tp > 1. */
-mp_gpt *mp_trainer_model(mp_trainer *trainer);
-
-/* The tensor-parallel shard being trained (a parallel run with pp = 1), or NULL. */
+/* The tensor-parallel shard being trained (a CPU run or a parallel run with pp = 1: the whole
+ * model's shard, on one rank the whole model in the one-rank layout's order), or NULL. */
 mp_gpt_tp *mp_trainer_model_tp(mp_trainer *trainer);
 
-/* This rank's model chunks in a parallel run (virtual_stages of them, chunk c holds stage
- * c x pp + pp_rank), or 0 and NULL. */
+/* This rank's model chunks (virtual_stages of them, chunk c holds stage c x pp + pp_rank; one on a
+ * one-rank CPU run), or 0 and NULL on one GPU. */
 int mp_trainer_num_chunks(const mp_trainer *trainer);
 mp_gpt_tp *mp_trainer_chunk(mp_trainer *trainer, int chunk);
 

@@ -264,11 +264,7 @@ void CheckTrainer(bool sp) {
     EXPECT_EQ(a.learning_rate, b.learning_rate);
   }
   mp_gpt_tp *shard = mp_trainer_model_tp(par.trainer);
-  if (g_tp.size == 1) {
-    EXPECT_EQ(nullptr, shard);
-  } else {
-    ASSERT_NE(nullptr, shard);
-  }
+  ASSERT_NE(nullptr, shard);
   for (int i = 0; shard != nullptr && i < mp_gpt_tp_num_tensors(shard); i++) {
     const mp_gpt_tp_tensor *t = mp_gpt_tp_tensor_at(shard, i);
     if (t->split != MP_TP_REPLICATED) continue;
@@ -282,10 +278,10 @@ void CheckTrainer(bool sp) {
                            std::to_string(g_tp.size) + (sp ? "_sp" : "") + ".bin";
   ASSERT_EQ(MP_OK, mp_trainer_save_llmc(par.trainer, path.c_str(), &par.err)) << par.err.message;
   if (g_tp.rank != 0) return;
-  const mp_gpt *one_model = mp_trainer_model(one.trainer);
+  mp_gpt_tp *one_model = mp_trainer_model_tp(one.trainer);
   ASSERT_NE(nullptr, one_model);
-  fvec pa(mp_gpt_params(const_cast<mp_gpt *>(one_model)),
-          mp_gpt_params(const_cast<mp_gpt *>(one_model)) + n);
+  ASSERT_EQ(n, mp_gpt_tp_num_params(one_model));
+  fvec pa(mp_gpt_tp_params(one_model), mp_gpt_tp_params(one_model) + n);
   fvec pb(n);
   ASSERT_EQ(MP_OK, mp_gpt_layout_load_llmc(mp_trainer_layout(one.trainer), pb.data(),
                                            path.c_str(), &one.err))
