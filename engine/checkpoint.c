@@ -213,7 +213,7 @@ static mp_status view_create(const mp_checkpoint_context *ctx, rank_view *view, 
       vt->global = i;
       vt->offset = t->offset;
       vt->count = t->rows * t->cols;
-      status = mp_tp_split_of(t->name, &vt->split, err);
+      vt->split = t->split;
     }
     chunk->stage = mp_gpt_stage_whole(mp_gpt_layout_config(layout)->num_layers);
     view->tp_rank = 0;
@@ -578,7 +578,7 @@ static mp_status build_manifest(const mp_checkpoint_context *ctx, const mp_gpt_l
         break;
       }
       const mp_gpt_tensor *t = mp_gpt_layout_tensor(layout, i);
-      status = mp_tp_split_of(t->name, &split, err);
+      split = t->split;
       mine[i] = offset;
       offset += mp_tp_shard_floats(split, t->rows, t->cols, tp);
     }
@@ -593,9 +593,7 @@ static mp_status build_manifest(const mp_checkpoint_context *ctx, const mp_gpt_l
   char name[FILE_NAME_BYTES];
   for (int i = 0; i < n && status == MP_OK; ++i) {
     const mp_gpt_tensor *t = mp_gpt_layout_tensor(layout, i);
-    mp_tp_split split;
-    status = mp_tp_split_of(t->name, &split, err);
-    if (status != MP_OK) break;
+    const mp_tp_split split = t->split;
     int holder = -1, holders = 0;
     for (int p = 0; p < pp; ++p) {
       int count = 0;

@@ -14,6 +14,8 @@
 #   tools/bench/memory.sh                      # after `bazel build //tools:mpengine`
 #   MPENGINE=/path/to/old/mpengine tools/bench/memory.sh   # a build without the per-rank line:
 #                                              # peaks from /usr/bin/time, rank order unknown
+#   LAYOUTS="1,1 2,2:13-14 4,1:5-8-8-6" tools/bench/memory.sh   # layers_per_stage of your own
+#                                              # (no prediction: the plan's is for its own split)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 bin=${MPENGINE:-bazel-bin/tools/mpengine}
@@ -34,10 +36,19 @@ cat > "$tmp/cluster.json" <<'JSON'
  "inter_node": {"bandwidth_gbytes_per_s": 5, "latency_us": 2}}
 JSON
 
-plan_for() { # plan_for PP TP OUT
+plan_for() { # plan_for PP TP OUT [SPLIT]: SPLIT (say 5-8-8-6) replaces the plan's layers_per_stage,
+  # and with it the prediction, which is for the planner's own split
   "$bin" plan "$model" --gpus $(($1 * $2)) --cluster "$tmp/cluster.json" --dp 1 --pp "$1" --tp "$2" \
     --micro-batch 1 --global-batch 4 --seq-len 64 --schedule 1f1b --virtual-stages 1 \
-    --recompute none --sequence-parallel off --zero 0 --out "$3" > /dev/null
+    --recompute none --sequence-parallel off --zero 0 --out "$3" > /dev/null || return 1
+  [ -n "${4:-}" ] || return 0
+  "$py" - "$3" "$4" <<'PY'
+import json, sys
+plan = json.load(open(sys.argv[1]))
+plan["layers_per_stage"] = [int(n) for n in sys.argv[2].split("-")]
+del plan["predicted"]
+json.dump(plan, open(sys.argv[1], "w"), indent=1)
+PY
 }
 
 # run_phase NAME PLAN ARGS...: runs, then prints "rank pp tp peak_mib" lines into $tmp/NAME.peaks
@@ -71,32 +82,34 @@ PY
 }
 
 printf '%s, plans for cpu-local with 6 GiB per rank, global batch 4 x 64 tokens, 1f1b, micro-batch 1\n' "$model"
-printf '%-8s %-7s %5s %4s %4s %10s %10s %7s %s\n' layout phase rank pp tp "peak MiB" "plan MiB" "peak/1r" target
+printf '%-18s %-7s %5s %4s %4s %10s %10s %7s %s\n' layout phase rank pp tp "peak MiB" "plan MiB" "peak/1r" target
 declare -A one_rank
 all_ok=1
 report() { # report PHASE PP TP PLAN
   local phase=$1 lp=$2 lt=$3 cur=$4
   while read -r rank rpp rtp mib; do
-    pred=$("$py" -c 'import json,sys; p=json.load(open(sys.argv[1]))["predicted"]["memory_bytes_per_pp_rank"]; r=sys.argv[2]; print(int(p[int(r)]/1048576) if r != "?" else 0)' "$cur" "$rpp")
+    pred=$("$py" -c 'import json,sys; p=json.load(open(sys.argv[1])).get("predicted"); r=sys.argv[2]; print(int(p["memory_bytes_per_pp_rank"][int(r)]/1048576) if p and r != "?" else 0)' "$cur" "$rpp")
     if [ "$lp,$lt" = "1,1" ]; then one_rank[$phase]=$mib; fi
     ratio="-"
     ok=yes
     if [ "$pred" -gt 0 ] && [ "$mib" -gt $((pred * 115 / 100 + 200)) ]; then ok="no (> 1.15 x plan + 200)"; fi
     if [ -n "${one_rank[$phase]:-}" ] && [ "$lp,$lt" != "1,1" ]; then
-      ratio=$("$py" -c "print(f'{$mib / ${one_rank[$phase]}:.2f}')")
+      ratio=$("$py" -c "print(f'{$mib / ${one_rank[$phase]}:.3f}')")
       if [ $((lp * lt)) -eq 4 ] && [ "$mib" -gt $((one_rank[$phase] * 35 / 100)) ]; then
         ok="no (> 35% of one rank)"
       fi
     fi
     [ "$ok" = yes ] || all_ok=0
-    printf '%-8s %-7s %5s %4s %4s %10s %10s %7s %s\n' "($lp,$lt)" "$phase" "$rank" "$rpp" "$rtp" "$mib" "$pred" "$ratio" "$ok"
+    printf '%-18s %-7s %5s %4s %4s %10s %10s %7s %s\n' "$label" "$phase" "$rank" "$rpp" "$rtp" "$mib" "$pred" "$ratio" "$ok"
   done < "$tmp/$phase.peaks"
-  printf '%-8s %-7s %s\n' "($lp,$lt)" "$phase" "$(sed -E 's/done: [^,]*, //' "$tmp/$phase.time")"
+  printf '%-18s %-7s %s\n' "$label" "$phase" "$(sed -E 's/done: [^,]*, //' "$tmp/$phase.time")"
 }
 n=${#layouts[@]}
 for i in "${!layouts[@]}"; do
-  IFS=, read -r pp tp <<< "${layouts[$i]}"
-  plan_for "$pp" "$tp" "$tmp/plan-$i.json" || exit 1
+  IFS=: read -r shape split <<< "${layouts[$i]}"
+  IFS=, read -r pp tp <<< "$shape"
+  label="($pp,$tp)${split:+ $split}"
+  plan_for "$pp" "$tp" "$tmp/plan-$i.json" "$split" || exit 1
   rm -rf "$tmp/w.bin"
   run_phase train "$tmp/plan-$i.json" --steps 1 --save-weights "$tmp/w.bin" --checkpoint-dir "$tmp/ck-$i" || exit 1
   report train "$pp" "$tp" "$tmp/plan-$i.json"
@@ -104,7 +117,9 @@ done
 rm -f "$tmp/w.bin"
 # Each layout resumes the checkpoint the layout before it saved (the first: the last one's).
 for i in "${!layouts[@]}"; do
-  IFS=, read -r pp tp <<< "${layouts[$i]}"
+  IFS=: read -r shape split <<< "${layouts[$i]}"
+  IFS=, read -r pp tp <<< "$shape"
+  label="($pp,$tp)${split:+ $split}"
   from=$(((i + n - 1) % n))
   run_phase resume "$tmp/plan-$i.json" --steps 2 --checkpoint-dir "$tmp/ck-$from" --resume || exit 1
   echo "(resumed the checkpoint of (${layouts[$from]}))"
