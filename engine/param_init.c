@@ -49,6 +49,8 @@ void mp_init_fill_normal_block(float *out, size_t rows, size_t cols, size_t row_
                                size_t col_offset, size_t full_cols, uint64_t seed,
                                const char *name, float std) {
   const uint64_t stream = stream_of(seed, name);
+  /* As mp_init_fill_normal: threads change the speed, never the numbers. */
+#pragma omp parallel for schedule(static) if (rows * cols > 65536)
   for (size_t r = 0; r < rows; ++r) {
     const uint64_t base = (uint64_t)(row_offset + r) * full_cols + col_offset;
     for (size_t c = 0; c < cols; ++c) {
