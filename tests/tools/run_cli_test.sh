@@ -63,6 +63,15 @@ expect 0 "checkpoint: saved $tmp/dp2-checkpoints/step-2" -- $mpengine run --conf
 expect 2 "--backend: expected auto, cpu or cuda, got 'tpu'" -- $mpengine run --config "$tmp/plan.json" --backend tpu
 expect 2 "--gpu-comm: expected auto, nccl or mpi, got 'gloo'" -- $mpengine run --config "$tmp/plan.json" --gpu-comm gloo --steps 1
 expect 2 "--resume needs --checkpoint-dir DIR" -- $mpengine run --config "$tmp/plan.json" --resume
+# A parallel run whose --save-weights file cannot be written stops on every rank with rank 0's
+# reason (the others must not wait for it in a later collective).
+cat > "$tmp/pp2.json" <<'JSON'
+{"model": "tiny-gpt.json", "parallel": {"dp": 1, "pp": 2, "tp": 1},
+ "batch": {"global_batch": 4, "micro_batch": 2, "num_micro_batches": 2, "seq_len": 16},
+ "training": {"steps": 1, "learning_rate": 1e-3}}
+JSON
+expect 2 "rank 0: $tmp/missing/w.bin: cannot create: No such file or directory" -- \
+  timeout 120 $mpengine run --config "$tmp/pp2.json" --save-weights "$tmp/missing/w.bin"
 
 if [ $failures -ne 0 ]; then
   echo "$failures check(s) failed"
