@@ -7,7 +7,6 @@
 #include <time.h>
 
 #include "engine/device.h"
-#include "engine/gpt_model_gpu.h"
 #include "engine/gpt_stage_gpu.h"
 #include "engine/tp_comm_mpi.h"
 #include "layers/adamw.h"
@@ -19,17 +18,11 @@ struct mp_trainer {
   const mp_plan *plan;
   mp_data_loader *data;
   mp_backend backend;
-  mp_gpt_gpu *gpu;        /* CUDA backend, one rank (any other run is `parallel`) */
   const mp_gpt_layout *layout;
   double flops_per_step;  /* forward + backward over the global batch */
-  float *adam_m, *adam_v; /* (num_params,) CUDA backend with one model: the host copies of the
-                             AdamW moments a checkpoint reads and writes (mp_trainer_state_to_host),
-                             with: */
-  float *host_params;     /* (num_params,) CUDA backend, one model: the parameters' host copy */
   int32_t *inputs;        /* (num_micro_batches * micro_batch, T) this step's rows */
   int32_t *targets;       /* same shape */
-  /* A parallel run (dp x pp x tp > 1): this rank's chunks and how a step drives them. */
-  bool parallel;
+  /* This rank's chunks (one on one rank) and how a step drives them. */
   mp_trainer_options options;
   mp_tp_comm tp_table;    /* options->tp, or the one-rank table */
   int num_chunks;         /* virtual_stages */
@@ -80,7 +73,7 @@ static double step_flops(const mp_plan *plan, const mp_model *model) {
 }
 
 mp_status mp_trainer_check_layout(const mp_plan *plan, mp_backend backend, mp_error *err) {
-  /* The GPU models (engine/gpt_model_gpu.h, gpt_stage_gpu.h) run every layout the CPU runs. */
+  /* The GPU stage (engine/gpt_stage_gpu.h) runs every layout the CPU runs. */
   (void)backend;
   if (plan->recompute == MP_RECOMPUTE_FULL && strcmp(plan->schedule, "zb-h1") == 0) {
     return mp_fail(err, MP_ERR_INPUT,
@@ -575,7 +568,6 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
 static mp_status create_parallel(mp_trainer *trainer, const mp_model *model, mp_error *err) {
   const mp_plan *plan = trainer->plan;
   mp_trainer_options *o = &trainer->options;
-  trainer->parallel = true;
   trainer->tp_table = o->tp != NULL ? *o->tp : mp_tp_comm_single();
   mp_schedule_kind kind;
   MP_TRY(mp_schedule_kind_parse(plan->schedule, &kind, err));
@@ -640,34 +632,9 @@ mp_status mp_trainer_create_parallel(const mp_plan *plan, const mp_model *model,
     return mp_fail(err, MP_ERR_RUNTIME, "out of memory for the batch");
   }
   mp_status status;
-  /* The one-rank CPU model is the stage at dp = pp = tp = 1: every CPU run takes the same path
-   * (stage worker, schedule, chunk arrays). */
-  if (backend == MP_BACKEND_CPU || plan->dp * plan->pp * plan->tp > 1) {
-    status = create_parallel(trainer, model, err);
-    if (status != MP_OK) {
-      mp_trainer_free(trainer);
-      return status;
-    }
-    *out = trainer;
-    return MP_OK;
-  }
-  /* One GPU. */
-  status = mp_gpt_gpu_create(model, (int)plan->micro_batch, (int)plan->seq_len, &trainer->gpu,
-                             err);
-  if (status != MP_OK) {
-    mp_trainer_free(trainer);
-    return status;
-  }
-  trainer->layout = mp_gpt_gpu_layout(trainer->gpu);
-  const size_t n = mp_gpt_layout_num_params(trainer->layout);
-  float *host = malloc(n * sizeof(float));
-  if (host == NULL) {
-    mp_trainer_free(trainer);
-    return mp_fail(err, MP_ERR_RUNTIME, "out of host memory for %zu parameters", n);
-  }
-  mp_gpt_layout_init_params(trainer->layout, host, plan->training.seed);
-  status = mp_gpt_gpu_set_params(trainer->gpu, host, err);
-  free(host);
+  /* The one-rank model is the stage at dp = pp = tp = 1: every run, on either backend, takes
+   * the same path (stage worker, schedule, chunk arrays). */
+  status = create_parallel(trainer, model, err);
   if (status != MP_OK) {
     mp_trainer_free(trainer);
     return status;
@@ -702,17 +669,12 @@ void mp_trainer_free(mp_trainer *trainer) {
   mp_schedule_free(&trainer->schedule);
   free(trainer->targets);
   free(trainer->inputs);
-  free(trainer->adam_v);
-  free(trainer->adam_m);
-  free(trainer->host_params);
-  mp_gpt_gpu_free(trainer->gpu);
   free(trainer);
 }
 
 mp_gpt_tp *mp_trainer_model_tp(mp_trainer *trainer) {
-  return trainer->parallel && trainer->plan->pp == 1 && trainer->plan->virtual_stages <= 1
-             ? trainer->chunks[0]
-             : NULL;
+  return trainer->plan->pp == 1 && trainer->plan->virtual_stages <= 1 ? trainer->chunks[0]
+                                                                         : NULL;
 }
 
 int mp_trainer_num_chunks(const mp_trainer *trainer) { return trainer->num_chunks; }
@@ -726,16 +688,6 @@ int mp_trainer_tp(const mp_trainer *trainer) { return trainer->plan->tp; }
 const mp_gpt_layout *mp_trainer_layout(const mp_trainer *trainer) { return trainer->layout; }
 
 mp_status mp_trainer_load_llmc(mp_trainer *trainer, const char *path, mp_error *err) {
-  if (trainer->gpu != NULL) {
-    /* One GPU: its host copy is the whole model anyway. */
-    const size_t n = mp_gpt_layout_num_params(trainer->layout);
-    float *host = malloc(n * sizeof(float));
-    if (host == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of host memory");
-    mp_status status = mp_gpt_layout_load_llmc(trainer->layout, host, path, err);
-    if (status == MP_OK) status = mp_gpt_gpu_set_params(trainer->gpu, host, err);
-    free(host);
-    return status;
-  }
   /* Shard-first: each chunk reads the byte ranges of its own shard. */
   mp_llmc_reader *reader = NULL;
   MP_TRY(mp_llmc_reader_open(trainer->layout, path, &reader, err));
@@ -882,35 +834,11 @@ static mp_status save_parallel(mp_trainer *trainer, const char *path, mp_error *
 }
 
 mp_status mp_trainer_save_llmc(mp_trainer *trainer, const char *path, mp_error *err) {
-  if (trainer->parallel) return save_parallel(trainer, path, err);
-  /* One GPU: the whole model is its host copy. */
-  const size_t n = mp_gpt_layout_num_params(trainer->layout);
-  float *host = malloc(n * sizeof(float));
-  if (host == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of host memory");
-  mp_status status = mp_gpt_gpu_get_params(trainer->gpu, host, err);
-  if (status == MP_OK) status = mp_gpt_layout_save_llmc(trainer->layout, host, path, err);
-  free(host);
-  return status;
+  return save_parallel(trainer, path, err);
 }
 
 mp_status mp_trainer_cpu_state(mp_trainer *trainer, float **params, float **adam_m,
                                float **adam_v, size_t *count, mp_error *err) {
-  if (trainer->gpu != NULL) {
-    /* Host copies, filled by mp_trainer_state_to_host. */
-    const size_t n = mp_gpt_layout_num_params(trainer->layout);
-    if (trainer->host_params == NULL) trainer->host_params = calloc(n, sizeof(float));
-    if (trainer->adam_m == NULL) trainer->adam_m = calloc(n, sizeof(float));
-    if (trainer->adam_v == NULL) trainer->adam_v = calloc(n, sizeof(float));
-    if (trainer->host_params == NULL || trainer->adam_m == NULL || trainer->adam_v == NULL) {
-      return mp_fail(err, MP_ERR_RUNTIME, "out of host memory for a checkpoint of %zu parameters",
-                     n);
-    }
-    *params = trainer->host_params;
-    *count = n;
-    *adam_m = trainer->adam_m;
-    *adam_v = trainer->adam_v;
-    return MP_OK;
-  }
   const mp_plan *plan = trainer->plan;
   if (trainer->num_chunks != 1 || plan->dp > 1 || plan->zero_stage != 0) {
     return mp_fail(err, MP_ERR_INPUT,
@@ -919,16 +847,19 @@ mp_status mp_trainer_cpu_state(mp_trainer *trainer, float **params, float **adam
                    plan->source, plan->dp, plan->pp, plan->tp, trainer->num_chunks,
                    plan->zero_stage);
   }
-  *params = mp_gpt_tp_params(trainer->chunks[0]);
-  *count = mp_gpt_tp_num_params(trainer->chunks[0]);
-  *adam_m = trainer->chunk_m[0];
-  *adam_v = trainer->chunk_v[0];
+  /* The one chunk's state (on the GPU: the host copies, made at the first call). */
+  mp_trainer_chunk_state state;
+  MP_TRY(mp_trainer_chunk_cpu_state(trainer, 0, &state, err));
+  *params = state.params;
+  *count = state.params_count;
+  *adam_m = state.adam_m;
+  *adam_v = state.adam_v;
   return MP_OK;
 }
 
 mp_status mp_trainer_chunk_cpu_state(mp_trainer *trainer, int chunk, mp_trainer_chunk_state *out,
                                      mp_error *err) {
-  if (!trainer->parallel || chunk < 0 || chunk >= trainer->num_chunks) {
+  if (chunk < 0 || chunk >= trainer->num_chunks) {
     return mp_fail(err, MP_ERR_INPUT, "chunk %d: the run has %d model chunks on this rank", chunk,
                    trainer->num_chunks);
   }
@@ -954,13 +885,6 @@ mp_status mp_trainer_chunk_cpu_state(mp_trainer *trainer, int chunk, mp_trainer_
 /* The host copies a checkpoint sees (mp_trainer_cpu_state, mp_trainer_chunk_cpu_state), from
  * the GPU or back; the CPU backend's state is on the host already. */
 static mp_status transfer_state(mp_trainer *trainer, bool to_host, mp_error *err) {
-  if (trainer->gpu != NULL) {
-    float *params = NULL, *m = NULL, *v = NULL;
-    size_t count = 0;
-    MP_TRY(mp_trainer_cpu_state(trainer, &params, &m, &v, &count, err));
-    return to_host ? mp_gpt_gpu_get_state(trainer->gpu, params, m, v, err)
-                   : mp_gpt_gpu_set_state(trainer->gpu, params, m, v, err);
-  }
   for (int c = 0; trainer->gpu_chunks != NULL && c < trainer->num_chunks; ++c) {
     mp_trainer_chunk_state state;
     MP_TRY(mp_trainer_chunk_cpu_state(trainer, c, &state, err));
@@ -993,16 +917,18 @@ static mp_status run_micro_batches(mp_trainer *trainer, mp_data_loader *data, in
   MP_TRY(mp_data_loader_batch(data, plan->training.seed, plan->seq_len,
                               plan->global_batch, step, first_row, rows, trainer->inputs,
                               trainer->targets, err));
-  if (trainer->parallel && train) return MP_OK; /* the stage worker drives the micro-batches */
+  if (train) return MP_OK; /* the stage worker drives the micro-batches */
   const float dloss = 1.0f / (float)plan->num_micro_batches;
   double loss_sum = 0.0;
   for (int m = 0; m < (int)plan->num_micro_batches; ++m) {
     const int32_t *inputs = micro_batch_rows(trainer, trainer->inputs, m);
     const int32_t *targets = micro_batch_rows(trainer, trainer->targets, m);
     double one = 0.0;
-    if (trainer->gpu != NULL) {
-      MP_TRY(mp_gpt_gpu_forward(trainer->gpu, inputs, targets, dloss, &one, err));
-      if (train) MP_TRY(mp_gpt_gpu_backward(trainer->gpu, err));
+    if (trainer->gpu_chunks != NULL) {
+      /* A forward whose backward will not run: the slot is discarded. */
+      MP_TRY(mp_gpt_stage_gpu_forward(trainer->gpu_chunks[0], 0, inputs, targets, NULL, NULL,
+                                      dloss, &one, err));
+      mp_gpt_stage_gpu_discard(trainer->gpu_chunks[0], 0);
     } else {
       MP_TRY(mp_gpt_tp_forward(trainer->chunks[0], inputs, targets, &one, err));
     }
@@ -1016,17 +942,12 @@ mp_status mp_trainer_evaluate(mp_trainer *trainer, mp_data_loader *data, int64_t
                               double *loss, mp_error *err) {
   if (data == NULL) data = trainer->data;
   MP_TRY(mp_data_loader_check(data, trainer->plan->seq_len, err));
-  if (trainer->parallel && trainer->plan->pp > 1) {
+  if (trainer->plan->pp > 1) {
     return mp_fail(err, MP_ERR_INPUT, "%s: evaluation with pp = %d is not implemented yet",
                    trainer->plan->source, trainer->plan->pp);
   }
-  if (trainer->gpu_chunks != NULL) {
-    return mp_fail(err, MP_ERR_INPUT,
-                   "%s: evaluation on the cuda backend with tp = %d is not implemented yet",
-                   trainer->plan->source, trainer->plan->tp);
-  }
   MP_TRY(run_micro_batches(trainer, data, step, false, loss, err));
-  if (trainer->parallel && trainer->options.dp != NULL) {
+  if (trainer->options.dp != NULL) {
     MP_TRY(sum_double_over(trainer->options.dp, loss, err));
     *loss /= (double)trainer->plan->dp;
   }
@@ -1151,13 +1072,17 @@ static mp_status parallel_step_loss(mp_trainer *trainer, double *loss, mp_error 
   return MP_OK;
 }
 
-/* `--gpu-comm nccl` on one rank: the one model's gradients through the one-rank NCCL
- * communicator (a sum over one member leaves them as they are: a check of NCCL on one GPU). */
+/* `--gpu-comm nccl` without data parallelism: the chunks' gradients through the dp group's NCCL
+ * communicator anyway (a sum over one member leaves them as they are: a check of NCCL on one
+ * GPU). */
 static mp_status sum_grads_over_nccl_alone(mp_trainer *trainer, mp_error *err) {
   mp_nccl_comm *nccl = trainer->options.nccl_dp;
   MP_TRY(mp_nccl_comm_wait_stream(nccl, NULL, err));
-  MP_TRY(mp_nccl_all_reduce_sum(nccl, mp_gpt_gpu_device_grads(trainer->gpu),
-                                mp_gpt_layout_num_params(trainer->layout), MP_NCCL_FLOAT32, err));
+  for (int c = 0; c < trainer->num_chunks; ++c) {
+    MP_TRY(mp_nccl_all_reduce_sum(nccl, mp_gpt_stage_gpu_device_grads(trainer->gpu_chunks[c]),
+                                  mp_gpt_tp_num_params(trainer->chunks[c]), MP_NCCL_FLOAT32,
+                                  err));
+  }
   return mp_nccl_comm_synchronize(nccl, err);
 }
 
@@ -1206,9 +1131,7 @@ mp_status mp_trainer_step(mp_trainer *trainer, int64_t step, mp_step_metrics *me
   const double lr = mp_training_learning_rate(t, step);
   double loss = 0.0, grad_norm = 0.0;
   trainer->step = step;
-  if (trainer->gpu != NULL) {
-    MP_TRY(mp_gpt_gpu_zero_grads(trainer->gpu, err));
-  } else if (trainer->gpu_chunks != NULL) {
+  if (trainer->gpu_chunks != NULL) {
     for (int c = 0; c < trainer->num_chunks; ++c) {
       MP_TRY(mp_gpt_stage_gpu_zero_grads(trainer->gpu_chunks[c], err));
     }
@@ -1216,12 +1139,10 @@ mp_status mp_trainer_step(mp_trainer *trainer, int64_t step, mp_step_metrics *me
     for (int c = 0; c < trainer->num_chunks; ++c) mp_gpt_tp_zero_grads(trainer->chunks[c]);
   }
   MP_TRY(run_micro_batches(trainer, trainer->data, step, true, &loss, err));
-  if (trainer->parallel) {
-    trainer->loss_sum = 0.0;
-    MP_TRY(mp_stage_worker_run(trainer->worker, err));
-    MP_TRY(parallel_step_loss(trainer, &loss, err));
-  }
-  if (trainer->gpu != NULL && trainer->options.nccl_dp != NULL) {
+  trainer->loss_sum = 0.0;
+  MP_TRY(mp_stage_worker_run(trainer->worker, err));
+  MP_TRY(parallel_step_loss(trainer, &loss, err));
+  if (trainer->gpu_chunks != NULL && trainer->options.nccl_dp != NULL && plan->dp == 1) {
     MP_TRY(sum_grads_over_nccl_alone(trainer, err));
   }
   if (!isfinite(loss)) {
@@ -1231,12 +1152,8 @@ mp_status mp_trainer_step(mp_trainer *trainer, int64_t step, mp_step_metrics *me
   }
   if (trainer->gpu_chunks != NULL) {
     MP_TRY(finish_gpu_step(trainer, lr, &grad_norm, err));
-  } else if (trainer->parallel) {
+  } else {
     MP_TRY(finish_parallel_step(trainer, lr, &grad_norm, err));
-  } else if (trainer->gpu != NULL) {
-    const mp_gpu_adamw adamw = {(float)lr, (float)t->beta1, (float)t->beta2, (float)t->eps,
-                                (float)t->weight_decay, (int)(step + 1), t->grad_clip};
-    MP_TRY(mp_gpt_gpu_optimizer_step(trainer->gpu, &adamw, &grad_norm, err));
   }
   const double seconds = now_seconds() - start;
   if (trainer->options.trace != NULL) {

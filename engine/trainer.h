@@ -26,12 +26,14 @@
  * The loss, averaged over the global batch, is known on every rank after the step. Every rank of
  * the job calls every function in the same order.
  *
- * The one-rank CPU run is the same path at dp = pp = tp = 1: one chunk holding the whole chain,
- * the stage worker running the schedule's actions on it.
+ * One step path for every layout and backend: the one-rank run is the same path at dp = pp =
+ * tp = 1 (one chunk holding the whole chain, the stage worker running the schedule's actions on
+ * it).
  *
- * The CUDA backend trains one rank on its GPU (engine/gpt_model_gpu.h); any other layout runs
- * each chunk on the rank's GPU (engine/gpt_stage_gpu.h, the twin of the CPU chunk, which keeps the
- * host copies) through the same stage worker and schedule. Boundary buffers live on the GPU and
+ * The CUDA backend runs each chunk on the rank's GPU (engine/gpt_stage_gpu.h, the twin of the CPU
+ * chunk, which keeps the host copies) through the same stage worker and schedule; on one GPU with
+ * options->nccl_dp the gradients still pass through that one-member communicator (a check of
+ * NCCL). Boundary buffers live on the GPU and
  * travel over NCCL (options->nccl_pp; a send waits in this rank's next group of point-to-point
  * operations, with its next receive, as Megatron batches send_forward_recv_backward) or MPI
  * staging; steps 2-5 run on device gradients, the dp all-reduce of each block posted during the
@@ -166,8 +168,8 @@ mp_status mp_trainer_save_llmc(mp_trainer *trainer, const char *path, mp_error *
  * AdamW's first and second moments in the same order, *count floats each. AdamW keeps no other
  * state: its bias correction is a function of the step. The caller may read or overwrite them
  * between steps. On the CUDA backend these are host copies of the GPU's state
- * (mp_trainer_state_to_host below). MP_ERR_INPUT for a parallel run with more than one chunk or
- * dp > 1 or ZeRO-1, whose state is per chunk: mp_trainer_chunk_cpu_state. */
+ * (mp_trainer_state_to_host below). MP_ERR_INPUT for a run with more than one chunk or dp > 1 or
+ * ZeRO-1, whose state is per chunk: mp_trainer_chunk_cpu_state. */
 mp_status mp_trainer_cpu_state(mp_trainer *trainer, float **params, float **adam_m,
                                float **adam_v, size_t *count, mp_error *err);
 
