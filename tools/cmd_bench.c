@@ -5,7 +5,8 @@
  *                       [--init-from GPT2.bin] [--source markov|uniform] [--steps N]
  *                       [--warmup W] [--dump DIR]
  *       times full one-rank training steps of the model on one fixed batch: zero the gradients,
- *       forward, backward, global-norm clipping, AdamW. With --dump it first writes what a peer
+ *       forward, backward, global-norm clipping, AdamW, on the stage `run` trains on one rank
+ *       (engine/gpt_model_tp.h at tp = 1, the whole chain). With --dump it first writes what a peer
  *       implementation needs to check our numbers (tools/bench/torch_compare.py loads it into a
  *       PyTorch GPT-2 and compares the loss and every gradient).
  *
@@ -34,6 +35,7 @@
 
 #include "common/json_reader.h"
 #include "engine/gpt_model.h"
+#include "engine/gpt_model_tp.h"
 #include "engine/markov_source.h"
 #include "layers/adamw.h"
 #include "topology/model.h"
@@ -130,7 +132,7 @@ static mp_status write_file(const char *path, int parts, const void *const *data
 
 /* One forward + backward (dloss 1) from zero gradients, then the four files of the file comment.
  * The weights are not changed. */
-static mp_status dump_step(mp_gpt *gpt, const char *dir, const int32_t *inputs,
+static mp_status dump_step(mp_gpt_tp *gpt, const char *dir, const int32_t *inputs,
                            const int32_t *targets, int B, int T, double *loss, mp_error *err) {
   if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
     return mp_fail(err, MP_ERR_INPUT, "--dump %s: cannot create the directory: %s", dir,
@@ -140,15 +142,17 @@ static mp_status dump_step(mp_gpt *gpt, const char *dir, const int32_t *inputs,
   if (stat(dir, &info) != 0 || !S_ISDIR(info.st_mode)) {
     return mp_fail(err, MP_ERR_INPUT, "--dump %s: exists and is not a directory", dir);
   }
-  mp_gpt_zero_grads(gpt);
-  *loss = mp_gpt_forward(gpt, inputs, targets);
-  mp_gpt_backward(gpt, 1.0f);
+  mp_gpt_tp_zero_grads(gpt);
+  MP_TRY(mp_gpt_tp_forward(gpt, inputs, targets, loss, err));
+  MP_TRY(mp_gpt_tp_backward(gpt, 1.0f, err));
 
+  /* At tp = 1 the whole-model stage's arrays are the one-rank layout's flat arrays. */
+  const mp_gpt_layout *layout = mp_gpt_tp_layout(gpt);
   char path[1024];
   snprintf(path, sizeof path, "%s/model.bin", dir);
-  MP_TRY(mp_gpt_save_llmc(gpt, path, err));
+  MP_TRY(mp_gpt_layout_save_llmc(layout, mp_gpt_tp_params(gpt), path, err));
   snprintf(path, sizeof path, "%s/grads.bin", dir);
-  MP_TRY(mp_gpt_save_llmc_gradients(gpt, path, err));
+  MP_TRY(mp_gpt_layout_save_llmc(layout, mp_gpt_tp_grads(gpt), path, err));
 
   const size_t tokens = (size_t)B * (size_t)T;
   const int32_t header[4] = {kTokensMagic, kTokensVersion, B, T};
@@ -173,27 +177,28 @@ typedef struct {
 
 /* One full training step (the pinned optimizer of the file comment) on the fixed batch; t is
  * AdamW's 1-based step count. Returns the loss. */
-static double train_step(mp_gpt *gpt, float *adam_m, float *adam_v, const int32_t *inputs,
-                         const int32_t *targets, int t, step_times *times) {
+static mp_status train_step(mp_gpt_tp *gpt, float *adam_m, float *adam_v,
+                            const int32_t *inputs, const int32_t *targets, int t,
+                            step_times *times, double *loss, mp_error *err) {
   const double cpu_start = cpu_seconds();
   const double start = now_seconds();
-  mp_gpt_zero_grads(gpt);
-  const double loss = mp_gpt_forward(gpt, inputs, targets);
+  mp_gpt_tp_zero_grads(gpt);
+  MP_TRY(mp_gpt_tp_forward(gpt, inputs, targets, loss, err));
   const double forward_done = now_seconds();
-  mp_gpt_backward(gpt, 1.0f);
+  MP_TRY(mp_gpt_tp_backward(gpt, 1.0f, err));
   const double backward_done = now_seconds();
-  float *params = mp_gpt_params(gpt);
-  float *grads = mp_gpt_grads(gpt);
-  const size_t n = mp_gpt_num_params(gpt);
+  float *params = mp_gpt_tp_params(gpt);
+  float *grads = mp_gpt_tp_grads(gpt);
+  const size_t n = mp_gpt_tp_num_params(gpt);
   /* The clip factor multiplies each gradient inside AdamW: no separate scaling pass. */
   const float scale = mp_clip_scale(sqrt(mp_grad_norm_squared_cpu(grads, n)), kGradClip);
-  for (int i = 0; i < mp_gpt_num_tensors(gpt); ++i) {
-    const mp_gpt_tensor *tensor = mp_gpt_tensor_at(gpt, i);
+  for (int i = 0; i < mp_gpt_tp_num_tensors(gpt); ++i) {
+    const mp_gpt_tp_tensor *tensor = mp_gpt_tp_tensor_at(gpt, i);
     const size_t offset = tensor->offset;
     mp_adamw_update_scaled_cpu(params + offset, grads + offset, adam_m + offset, adam_v + offset,
-                               tensor->rows * tensor->cols, (float)kLearningRate, (float)kBeta1,
+                               tensor->count, (float)kLearningRate, (float)kBeta1,
                                (float)kBeta2, (float)kAdamEps,
-                               tensor->weight_decay ? (float)kWeightDecay : 0.0f, t, scale);
+                               tensor->full->weight_decay ? (float)kWeightDecay : 0.0f, t, scale);
   }
   const double end = now_seconds();
   times->cpu = cpu_seconds() - cpu_start;
@@ -201,7 +206,7 @@ static double train_step(mp_gpt *gpt, float *adam_m, float *adam_v, const int32_
   times->forward = forward_done - start;
   times->backward = backward_done - forward_done;
   times->optimizer = end - backward_done;
-  return loss;
+  return MP_OK;
 }
 
 static int compare_doubles(const void *a, const void *b) {
@@ -218,7 +223,7 @@ static double median(double *values, int n) {
 /* Everything bench step allocates, freed in one place. */
 typedef struct {
   mp_model *model;
-  mp_gpt *gpt;
+  mp_gpt_tp *gpt;            /* the whole model as one stage at tp = 1 */
   int32_t *inputs, *targets; /* (B, T) */
   float *adam_m, *adam_v;    /* (num_params,) */
   double *times;             /* (5, steps): total, forward, backward, optimizer, cpu */
@@ -230,14 +235,14 @@ static void bench_state_free(bench_state *state) {
   free(state->adam_m);
   free(state->targets);
   free(state->inputs);
-  mp_gpt_free(state->gpt);
+  mp_gpt_tp_free(state->gpt);
   mp_model_free(state->model);
 }
 
 /* Runs warmup + steps training steps and prints the timing report. */
 static mp_status time_steps(bench_state *state, int B, int T, int64_t warmup, int64_t steps,
                             mp_error *err) {
-  const size_t n = mp_gpt_num_params(state->gpt);
+  const size_t n = mp_gpt_tp_num_params(state->gpt);
   state->adam_m = calloc(n, sizeof(float));
   state->adam_v = calloc(n, sizeof(float));
   state->times = calloc(5 * (size_t)steps, sizeof(double));
@@ -249,8 +254,9 @@ static mp_status time_steps(bench_state *state, int B, int T, int64_t warmup, in
   double first_loss = 0.0, last_loss = 0.0, sum = 0.0, fastest = INFINITY, slowest = 0.0;
   for (int64_t i = 0; i < warmup + steps; ++i) {
     step_times times;
-    const double loss = train_step(state->gpt, state->adam_m, state->adam_v, state->inputs,
-                                   state->targets, (int)(i + 1), &times);
+    double loss = 0.0;
+    MP_TRY(train_step(state->gpt, state->adam_m, state->adam_v, state->inputs, state->targets,
+                      (int)(i + 1), &times, &loss, err));
     if (!isfinite(loss)) {
       return mp_fail(err, MP_ERR_RUNTIME, "step %lld: the loss is %g", (long long)i + 1, loss);
     }
@@ -352,12 +358,13 @@ static int bench_step(int argc, char **argv) {
   memset(&state, 0, sizeof state);
   int exit_code = CLI_EXIT_OK;
   const int B = (int)micro_batch, T = (int)seq_len;
+  const mp_tp_comm single = mp_tp_comm_single();
   if (mp_model_load(command.positionals[0], &state.model, &err) != MP_OK ||
-      mp_gpt_create(state.model, B, T, &state.gpt, &err) != MP_OK) {
+      mp_gpt_tp_create(state.model, B, T, &single, false, &state.gpt, &err) != MP_OK) {
     exit_code = cli_report(&command, &err);
     goto done;
   }
-  const mp_gpt_config *c = mp_gpt_get_config(state.gpt);
+  const mp_gpt_config *c = mp_gpt_layout_config(mp_gpt_tp_layout(state.gpt));
   if (strcmp(source, "markov") == 0 && c->vocab_size > MP_MARKOV_MAX_VOCAB) {
     mp_fail(&err, MP_ERR_INPUT, "--source markov needs vocab_size <= %d (the model has %d); "
             "use --source uniform", MP_MARKOV_MAX_VOCAB, c->vocab_size);
@@ -366,12 +373,17 @@ static int bench_step(int argc, char **argv) {
   }
   const char *init_from = cli_value(&command, "init-from");
   if (init_from != NULL) {
-    if (mp_gpt_load_llmc(state.gpt, init_from, &err) != MP_OK) {
+    mp_llmc_reader *reader = NULL;
+    mp_status loaded = mp_llmc_reader_open(mp_gpt_tp_layout(state.gpt), init_from, &reader, &err);
+    if (loaded == MP_OK) loaded = mp_gpt_tp_load_llmc(state.gpt, reader, &err);
+    mp_llmc_reader_close(reader);
+    if (loaded != MP_OK) {
       exit_code = cli_report(&command, &err);
       goto done;
     }
-  } else {
-    mp_gpt_init_params(state.gpt, (uint64_t)seed);
+  } else if (mp_gpt_tp_init_params(state.gpt, (uint64_t)seed, &err) != MP_OK) {
+    exit_code = cli_report(&command, &err);
+    goto done;
   }
   state.inputs = malloc((size_t)B * T * sizeof(int32_t));
   state.targets = malloc((size_t)B * T * sizeof(int32_t));
@@ -388,7 +400,7 @@ static int bench_step(int argc, char **argv) {
 
   printf("model %s: %d layers, %d heads, %d channels, vocab %d (padded %d), %zu parameters\n",
          mp_model_name(state.model), c->num_layers, c->num_heads, c->channels, c->vocab_size,
-         c->padded_vocab_size, mp_gpt_num_params(state.gpt));
+         c->padded_vocab_size, mp_gpt_tp_num_params(state.gpt));
   printf("batch: %d x %d tokens from the %s source (seed %lld); weights from %s\n", B, T, source,
          (long long)seed, init_from != NULL ? init_from : "the seed");
   const char *coretype = getenv("OPENBLAS_CORETYPE");
