@@ -1,5 +1,5 @@
-/* engine/gpt_model.c — the one-rank GPT: parameter layout, init, forward, backward, llm.c I/O.
- * See gpt_model.h. */
+/* engine/gpt_model.c — the GPT's parameter layout (the tensor table), initialisation and llm.c
+ * files. See gpt_model.h. */
 #include "engine/gpt_model.h"
 
 #include <errno.h>
@@ -13,11 +13,6 @@
 
 #include "common/atomic_file.h"
 #include "engine/param_init.h"
-#include "layers/cross_entropy.h"
-#include "layers/embedding.h"
-#include "layers/gpt_block.h"
-#include "layers/layernorm.h"
-#include "layers/matmul.h"
 #include "tensor_parallel/shard.h"
 
 enum {
@@ -36,30 +31,6 @@ struct mp_gpt_layout {
   size_t num_params;
   int num_tensors;
   mp_gpt_tensor *tensors; /* (num_tensors,) in the order of the flat array */
-};
-
-struct mp_gpt {
-  mp_gpt_layout layout;
-  int B, T;
-  float *params; /* (num_params,) */
-  float *grads;  /* (num_params,) */
-  /* views into params and grads */
-  float *wte, *wpe, *lnfw, *lnfb;       /* (Vp, C), (maxT, C), (C), (C) */
-  float *dwte, *dwpe, *dlnfw, *dlnfb;
-  mp_gpt_block_params *blocks;          /* (L,) */
-  mp_gpt_block_params *dblocks;         /* (L,) */
-  /* activations of one micro-batch */
-  mp_gpt_block_shape shape;
-  float *activation_memory;
-  float *encoded;                       /* (B, T, C) */
-  mp_gpt_block_acts *acts;              /* (L,) */
-  float *lnf, *lnf_mean, *lnf_rstd;     /* (B, T, C), (B, T), (B, T) */
-  float *logits;                        /* (B, T, Vp): logits, then (in the forward's cross-
-                                           entropy) their softmax, then (in backward) dlogits */
-  float *dresidual, *dresidual_next;    /* (B, T, C) each */
-  float *dlnf;                          /* (B, T, C) */
-  mp_gpt_block_scratch scratch;
-  int32_t *inputs, *targets;            /* (B, T) copies of the last forward's tokens */
 };
 
 static mp_status unsupported(const mp_model *model, const mp_layer_spec *layer, const char *what,
@@ -203,19 +174,6 @@ static void build_tensor_table(mp_gpt_layout *layout) {
   layout->num_params = offset;
 }
 
-static void point_parameters(mp_gpt *gpt, float *base, float **wte, float **wpe,
-                             mp_gpt_block_params *blocks, float **lnfw, float **lnfb) {
-  const mp_gpt_config *c = &gpt->layout.config;
-  *wte = base + gpt->layout.tensors[0].offset;
-  *wpe = base + gpt->layout.tensors[1].offset;
-  for (int l = 0; l < c->num_layers; ++l) {
-    mp_gpt_block_params_point(&blocks[l], base + gpt->layout.tensors[2 + l * kBlockTensors].offset,
-                              c->channels, c->ffn_channels);
-  }
-  *lnfw = base + gpt->layout.tensors[gpt->layout.num_tensors - 2].offset;
-  *lnfb = base + gpt->layout.tensors[gpt->layout.num_tensors - 1].offset;
-}
-
 static mp_status layout_init(const mp_model *model, int seq_len, mp_gpt_layout *layout,
                              mp_error *err) {
   memset(layout, 0, sizeof *layout);
@@ -256,110 +214,6 @@ const mp_gpt_tensor *mp_gpt_layout_tensor(const mp_gpt_layout *layout, int index
   return index >= 0 && index < layout->num_tensors ? &layout->tensors[index] : NULL;
 }
 
-mp_status mp_gpt_create(const mp_model *model, int micro_batch, int seq_len, mp_gpt **out,
-                        mp_error *err) {
-  *out = NULL;
-  mp_gpt *gpt = calloc(1, sizeof *gpt);
-  if (gpt == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory creating the model");
-  mp_status status = layout_init(model, seq_len, &gpt->layout, err);
-  const mp_gpt_config config = gpt->layout.config;
-  const mp_gpt_block_shape shape = {micro_batch, seq_len, config.channels, config.num_heads,
-                                    config.ffn_channels};
-  if (status == MP_OK) status = mp_gpt_block_shape_check(&shape, err);
-  if (status != MP_OK) {
-    mp_gpt_free(gpt);
-    return status;
-  }
-  gpt->B = micro_batch;
-  gpt->T = seq_len;
-  const int L = config.num_layers;
-  gpt->blocks = calloc((size_t)L, sizeof *gpt->blocks);
-  gpt->dblocks = calloc((size_t)L, sizeof *gpt->dblocks);
-  gpt->acts = calloc((size_t)L, sizeof *gpt->acts);
-  if (gpt->blocks == NULL || gpt->dblocks == NULL || gpt->acts == NULL) {
-    mp_gpt_free(gpt);
-    return mp_fail(err, MP_ERR_RUNTIME, "out of memory creating the model");
-  }
-  gpt->params = calloc(gpt->layout.num_params, sizeof(float));
-  gpt->grads = calloc(gpt->layout.num_params, sizeof(float));
-
-  gpt->shape = shape;
-  const size_t BT = (size_t)micro_batch * (size_t)seq_len;
-  const size_t C = (size_t)config.channels, Vp = (size_t)config.padded_vocab_size;
-  const size_t per_block = mp_gpt_block_acts_count(&gpt->shape);
-  const size_t total = BT * C /* encoded */ + (size_t)L * per_block + BT * C + 2 * BT /* lnf */ +
-                       BT * Vp /* logits */ + 3 * BT * C /* dresidual x2, dlnf */ +
-                       mp_gpt_block_scratch_count(&gpt->shape);
-  gpt->activation_memory = calloc(total, sizeof(float));
-  gpt->inputs = calloc(BT, sizeof(int32_t));
-  gpt->targets = calloc(BT, sizeof(int32_t));
-  if (gpt->params == NULL || gpt->grads == NULL || gpt->activation_memory == NULL ||
-      gpt->inputs == NULL || gpt->targets == NULL) {
-    size_t bytes = (2 * gpt->layout.num_params + total) * sizeof(float);
-    mp_gpt_free(gpt);
-    return mp_fail(err, MP_ERR_RUNTIME,
-                   "out of memory: the model needs %.1f MiB for parameters, gradients and "
-                   "activations; lower micro_batch or seq_len",
-                   (double)bytes / (1024.0 * 1024.0));
-  }
-  point_parameters(gpt, gpt->params, &gpt->wte, &gpt->wpe, gpt->blocks, &gpt->lnfw, &gpt->lnfb);
-  point_parameters(gpt, gpt->grads, &gpt->dwte, &gpt->dwpe, gpt->dblocks, &gpt->dlnfw,
-                   &gpt->dlnfb);
-  float *cursor = gpt->activation_memory;
-  gpt->encoded = cursor;
-  cursor += BT * C;
-  for (int l = 0; l < L; ++l) cursor += mp_gpt_block_acts_point(&gpt->acts[l], cursor, &gpt->shape);
-  gpt->lnf = cursor;
-  cursor += BT * C;
-  gpt->lnf_mean = cursor;
-  cursor += BT;
-  gpt->lnf_rstd = cursor;
-  cursor += BT;
-  gpt->logits = cursor;
-  cursor += BT * Vp;
-  gpt->dresidual = cursor;
-  cursor += BT * C;
-  gpt->dresidual_next = cursor;
-  cursor += BT * C;
-  gpt->dlnf = cursor;
-  cursor += BT * C;
-  mp_gpt_block_scratch_point(&gpt->scratch, cursor, &gpt->shape);
-  *out = gpt;
-  return MP_OK;
-}
-
-void mp_gpt_free(mp_gpt *gpt) {
-  if (gpt == NULL) return;
-  free(gpt->targets);
-  free(gpt->inputs);
-  free(gpt->activation_memory);
-  free(gpt->grads);
-  free(gpt->params);
-  free(gpt->acts);
-  free(gpt->dblocks);
-  free(gpt->blocks);
-  free(gpt->layout.tensors);
-  free(gpt);
-}
-
-const mp_gpt_config *mp_gpt_get_config(const mp_gpt *gpt) { return &gpt->layout.config; }
-const mp_gpt_layout *mp_gpt_get_layout(const mp_gpt *gpt) { return &gpt->layout; }
-size_t mp_gpt_num_params(const mp_gpt *gpt) { return gpt->layout.num_params; }
-float *mp_gpt_params(mp_gpt *gpt) { return gpt->params; }
-float *mp_gpt_grads(mp_gpt *gpt) { return gpt->grads; }
-int mp_gpt_num_tensors(const mp_gpt *gpt) { return gpt->layout.num_tensors; }
-
-const mp_gpt_tensor *mp_gpt_tensor_at(const mp_gpt *gpt, int index) {
-  return index >= 0 && index < gpt->layout.num_tensors ? &gpt->layout.tensors[index] : NULL;
-}
-
-const mp_gpt_tensor *mp_gpt_find_tensor(const mp_gpt *gpt, const char *name) {
-  for (int i = 0; i < gpt->layout.num_tensors; ++i) {
-    if (strcmp(gpt->layout.tensors[i].name, name) == 0) return &gpt->layout.tensors[i];
-  }
-  return NULL;
-}
-
 void mp_gpt_tensor_init_block(const mp_gpt_layout *layout, const mp_gpt_tensor *tensor,
                               float *out, size_t rows, size_t cols, size_t row_offset,
                               size_t col_offset, uint64_t seed) {
@@ -391,60 +245,6 @@ void mp_gpt_layout_init_params(const mp_gpt_layout *layout, float *params, uint6
     const mp_gpt_tensor *t = &layout->tensors[i];
     mp_gpt_tensor_init_block(layout, t, params + t->offset, t->rows, t->cols, 0, 0, seed);
   }
-}
-
-void mp_gpt_init_params(mp_gpt *gpt, uint64_t seed) {
-  mp_gpt_layout_init_params(&gpt->layout, gpt->params, seed);
-}
-
-void mp_gpt_zero_grads(mp_gpt *gpt) { memset(gpt->grads, 0, gpt->layout.num_params * sizeof(float)); }
-
-double mp_gpt_forward(mp_gpt *gpt, const int32_t *inputs, const int32_t *targets) {
-  const mp_gpt_config *c = &gpt->layout.config;
-  const int B = gpt->B, T = gpt->T, C = c->channels;
-  const size_t BT = (size_t)B * (size_t)T;
-  memcpy(gpt->inputs, inputs, BT * sizeof(int32_t));
-  memcpy(gpt->targets, targets, BT * sizeof(int32_t));
-  mp_embedding_forward_cpu(gpt->encoded, inputs, gpt->wte, gpt->wpe, B, T, C);
-  const float *x = gpt->encoded;
-  for (int l = 0; l < c->num_layers; ++l) {
-    mp_gpt_block_forward_cpu(&gpt->shape, &gpt->blocks[l], &gpt->acts[l], x);
-    x = gpt->acts[l].out;
-  }
-  mp_layernorm_forward_cpu(gpt->lnf, gpt->lnf_mean, gpt->lnf_rstd, x, gpt->lnfw, gpt->lnfb, B, T,
-                           C);
-  mp_matmul_forward_cpu(gpt->logits, gpt->lnf, gpt->wte, NULL, (int)BT, C, c->padded_vocab_size);
-  /* The softmax overwrites the logits: only it is needed for the backward. */
-  return mp_cross_entropy_forward_cpu(NULL, gpt->logits, gpt->logits, targets, B, T,
-                                      c->vocab_size, c->padded_vocab_size);
-}
-
-/* Turns the forward's probabilities into dlogits in place, so each forward has one backward (as
- * gpt_model.h says: the backward of the last forward). */
-void mp_gpt_backward(mp_gpt *gpt, float dloss) {
-  const mp_gpt_config *c = &gpt->layout.config;
-  const int B = gpt->B, T = gpt->T, C = c->channels, L = c->num_layers;
-  const size_t BT = (size_t)B * (size_t)T;
-  float *dlogits = gpt->logits; /* the forward's probabilities, turned into dlogits in place */
-  mp_cross_entropy_backward_in_place_cpu(dlogits, gpt->targets, dloss, B, T, c->vocab_size,
-                                         c->padded_vocab_size);
-  memset(gpt->dlnf, 0, BT * (size_t)C * sizeof(float));
-  mp_matmul_backward_cpu(gpt->dlnf, gpt->dwte, NULL, dlogits, gpt->lnf, gpt->wte, (int)BT, C,
-                         c->padded_vocab_size);
-  const float *last = L > 0 ? gpt->acts[L - 1].out : gpt->encoded;
-  memset(gpt->dresidual, 0, BT * (size_t)C * sizeof(float));
-  mp_layernorm_backward_cpu(gpt->dresidual, gpt->dlnfw, gpt->dlnfb, gpt->dlnf, last, gpt->lnfw,
-                            gpt->lnf_mean, gpt->lnf_rstd, B, T, C);
-  for (int l = L - 1; l >= 0; --l) {
-    const float *inp = l == 0 ? gpt->encoded : gpt->acts[l - 1].out;
-    memset(gpt->dresidual_next, 0, BT * (size_t)C * sizeof(float));
-    mp_gpt_block_backward_cpu(&gpt->shape, gpt->dresidual_next, &gpt->dblocks[l], &gpt->scratch,
-                              gpt->dresidual, inp, &gpt->blocks[l], &gpt->acts[l]);
-    float *swap = gpt->dresidual;
-    gpt->dresidual = gpt->dresidual_next;
-    gpt->dresidual_next = swap;
-  }
-  mp_embedding_backward_cpu(gpt->dwte, gpt->dwpe, gpt->dresidual, gpt->inputs, B, T, C);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -700,10 +500,6 @@ void mp_llmc_writer_abort(mp_llmc_writer *w) {
   free(w);
 }
 
-mp_status mp_gpt_load_llmc(mp_gpt *gpt, const char *path, mp_error *err) {
-  return mp_gpt_layout_load_llmc(&gpt->layout, gpt->params, path, err);
-}
-
 /* Writes array (num_params floats, in our flat layout) under llm.c's version 3 header in llm.c's
  * tensor order, to a temporary name renamed into place: the parameters or their gradients. */
 mp_status mp_gpt_layout_save_llmc(const mp_gpt_layout *layout, const float *array,
@@ -715,12 +511,4 @@ mp_status mp_gpt_layout_save_llmc(const mp_gpt_layout *layout, const float *arra
     mp_llmc_writer_write(writer, i, 0, array + t->offset, t->rows * t->cols);
   }
   return mp_llmc_writer_commit(writer, err);
-}
-
-mp_status mp_gpt_save_llmc(const mp_gpt *gpt, const char *path, mp_error *err) {
-  return mp_gpt_layout_save_llmc(&gpt->layout, gpt->params, path, err);
-}
-
-mp_status mp_gpt_save_llmc_gradients(const mp_gpt *gpt, const char *path, mp_error *err) {
-  return mp_gpt_layout_save_llmc(&gpt->layout, gpt->grads, path, err);
 }

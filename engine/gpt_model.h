@@ -1,7 +1,9 @@
 /*
- * engine/gpt_model.h — a GPT-2-style model on one rank: its parameters in one flat array (so
- * the optimizer, clipping and checkpoints walk one buffer), its activations for one micro-batch,
- * and the forward and backward that chain the layers/ kernels.
+ * engine/gpt_model.h — a GPT-2-style model's parameters: the layout of its one flat array (so the
+ * optimizer, clipping and checkpoints walk one buffer), the tensor table every stage, shard,
+ * checkpoint and llm.c file reads (each tensor's shape, tensor-parallel split and init rule), the
+ * initialisation, and llm.c's checkpoint files. The forward and backward are the stage's
+ * (engine/gpt_model_tp.h); the one-rank model (mp_gpt there) is that stage at tp = 1.
  *
  * Built from a model description (topology/model.h) that the runtime can train: an embedding,
  * transformer blocks with layernorm, GELU, biases and full multi-head attention, a final
@@ -112,54 +114,6 @@ void mp_llmc_writer_write(mp_llmc_writer *writer, int tensor, size_t first, cons
                           size_t count);
 mp_status mp_llmc_writer_commit(mp_llmc_writer *writer, mp_error *err);
 void mp_llmc_writer_abort(mp_llmc_writer *writer);
-
-typedef struct mp_gpt mp_gpt;
-
-/* Checks that the runtime can train `model` and allocates parameters, gradients and the
- * activations of one micro-batch of (micro_batch, seq_len). MP_ERR_INPUT naming the model file
- * and the layer for models it cannot run, or a seq_len beyond the position table. */
-mp_status mp_gpt_create(const mp_model *model, int micro_batch, int seq_len, mp_gpt **out,
-                        mp_error *err);
-void mp_gpt_free(mp_gpt *gpt);
-
-const mp_gpt_config *mp_gpt_get_config(const mp_gpt *gpt);
-const mp_gpt_layout *mp_gpt_get_layout(const mp_gpt *gpt);
-
-/* The flat parameter and gradient arrays, mp_gpt_num_params floats each. */
-size_t mp_gpt_num_params(const mp_gpt *gpt);
-float *mp_gpt_params(mp_gpt *gpt);
-float *mp_gpt_grads(mp_gpt *gpt);
-int mp_gpt_num_tensors(const mp_gpt *gpt);
-const mp_gpt_tensor *mp_gpt_tensor_at(const mp_gpt *gpt, int index);
-/* The tensor called name, or NULL. */
-const mp_gpt_tensor *mp_gpt_find_tensor(const mp_gpt *gpt, const char *name);
-
-/* GPT-2 initialisation from seed; see the file comment. */
-void mp_gpt_init_params(mp_gpt *gpt, uint64_t seed);
-
-void mp_gpt_zero_grads(mp_gpt *gpt);
-
-/* Forward of one micro-batch. inputs and targets are (B, T) token ids in [0, V) (checked by the
- * data layer). Returns the mean cross-entropy over the B * T tokens, in nats. */
-double mp_gpt_forward(mp_gpt *gpt, const int32_t *inputs, const int32_t *targets);
-
-/* Backward of the last forward: adds d(dloss * mean loss)/d(params) into the gradients. dloss is
- * 1 for a lone micro-batch and 1 / num_micro_batches when micro-batches accumulate. */
-void mp_gpt_backward(mp_gpt *gpt, float dloss);
-
-/* Loads llm.c's GPT-2 checkpoint (version 3 fp32, or 5 bf16 converted to fp32). MP_ERR_INPUT
- * naming the file when it is not one, or when its header differs from the model (naming the
- * field and both values). */
-mp_status mp_gpt_load_llmc(mp_gpt *gpt, const char *path, mp_error *err);
-
-/* Writes the parameters as llm.c's version 3 (fp32) checkpoint, to a temporary name renamed into
- * place. */
-mp_status mp_gpt_save_llmc(const mp_gpt *gpt, const char *path, mp_error *err);
-
-/* Writes the gradients in the same file format, header and tensor order as mp_gpt_save_llmc
- * (d(loss)/d(wte) where the checkpoint holds wte, ...), so a peer implementation that loads the
- * checkpoint can compare its gradients tensor by tensor (tools/bench/torch_compare.py). */
-mp_status mp_gpt_save_llmc_gradients(const mp_gpt *gpt, const char *path, mp_error *err);
 
 #ifdef __cplusplus
 }

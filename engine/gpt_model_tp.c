@@ -2,6 +2,7 @@
  * The forward and backward chain the same calls as tests/tensor_parallel's whole-model check. */
 #include "engine/gpt_model_tp.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -740,4 +741,83 @@ mp_status mp_gpt_tp_grad_norm_squared(mp_gpt_tp *gpt, double *out, mp_error *err
   const mp_status status = mp_gpt_tp_norm_from_squares(gpt, squares, out, err);
   free(squares);
   return status;
+}
+
+/* ---- the one-rank model: the whole-model stage at tp = 1 ---- */
+
+struct mp_gpt {
+  mp_tp_comm single; /* the stage keeps a copy; it has no context to outlive */
+  mp_gpt_tp *stage;
+};
+
+mp_status mp_gpt_create(const mp_model *model, int micro_batch, int seq_len, mp_gpt **out,
+                        mp_error *err) {
+  *out = NULL;
+  mp_gpt *gpt = calloc(1, sizeof *gpt);
+  if (gpt == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory creating the model");
+  gpt->single = mp_tp_comm_single();
+  const mp_status status =
+      mp_gpt_tp_create(model, micro_batch, seq_len, &gpt->single, false, &gpt->stage, err);
+  if (status != MP_OK) {
+    free(gpt);
+    return status;
+  }
+  *out = gpt;
+  return MP_OK;
+}
+
+void mp_gpt_free(mp_gpt *gpt) {
+  if (gpt == NULL) return;
+  mp_gpt_tp_free(gpt->stage);
+  free(gpt);
+}
+
+const mp_gpt_layout *mp_gpt_get_layout(const mp_gpt *gpt) { return gpt->stage->layout; }
+const mp_gpt_config *mp_gpt_get_config(const mp_gpt *gpt) {
+  return mp_gpt_layout_config(gpt->stage->layout);
+}
+size_t mp_gpt_num_params(const mp_gpt *gpt) { return gpt->stage->num_params; }
+float *mp_gpt_params(mp_gpt *gpt) { return gpt->stage->params; }
+float *mp_gpt_grads(mp_gpt *gpt) { return gpt->stage->grads; }
+int mp_gpt_num_tensors(const mp_gpt *gpt) { return mp_gpt_layout_num_tensors(gpt->stage->layout); }
+
+const mp_gpt_tensor *mp_gpt_tensor_at(const mp_gpt *gpt, int index) {
+  return mp_gpt_layout_tensor(gpt->stage->layout, index);
+}
+
+const mp_gpt_tensor *mp_gpt_find_tensor(const mp_gpt *gpt, const char *name) {
+  for (int i = 0; i < mp_gpt_num_tensors(gpt); ++i) {
+    const mp_gpt_tensor *t = mp_gpt_tensor_at(gpt, i);
+    if (strcmp(t->name, name) == 0) return t;
+  }
+  return NULL;
+}
+
+void mp_gpt_init_params(mp_gpt *gpt, uint64_t seed) {
+  mp_gpt_layout_init_params(gpt->stage->layout, gpt->stage->params, seed);
+}
+
+void mp_gpt_zero_grads(mp_gpt *gpt) { mp_gpt_tp_zero_grads(gpt->stage); }
+
+double mp_gpt_forward(mp_gpt *gpt, const int32_t *inputs, const int32_t *targets) {
+  mp_error err = MP_ERROR_INITIALIZER;
+  double loss = 0.0;
+  return mp_gpt_tp_forward(gpt->stage, inputs, targets, &loss, &err) == MP_OK ? loss : NAN;
+}
+
+void mp_gpt_backward(mp_gpt *gpt, float dloss) {
+  mp_error err = MP_ERROR_INITIALIZER;
+  (void)mp_gpt_tp_backward(gpt->stage, dloss, &err);
+}
+
+mp_status mp_gpt_load_llmc(mp_gpt *gpt, const char *path, mp_error *err) {
+  return mp_gpt_layout_load_llmc(gpt->stage->layout, gpt->stage->params, path, err);
+}
+
+mp_status mp_gpt_save_llmc(const mp_gpt *gpt, const char *path, mp_error *err) {
+  return mp_gpt_layout_save_llmc(gpt->stage->layout, gpt->stage->params, path, err);
+}
+
+mp_status mp_gpt_save_llmc_gradients(const mp_gpt *gpt, const char *path, mp_error *err) {
+  return mp_gpt_layout_save_llmc(gpt->stage->layout, gpt->stage->grads, path, err);
 }

@@ -10,6 +10,7 @@
 
 #include "engine/device.h"
 #include "engine/gpt_model.h"
+#include "engine/gpt_model_tp.h"
 #include "engine/gpt_model_gpu.h"
 #include "topology/model.h"
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/gpt_model.h"
+#include "engine/gpt_model_tp.h"
 #include "engine/param_init.h"
 #include "topology/layer_cost.h"
 #include "topology/model.h"

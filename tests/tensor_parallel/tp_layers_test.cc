@@ -36,6 +36,7 @@
 
 #include "engine/comm.h"
 #include "engine/gpt_model.h"
+#include "engine/gpt_model_tp.h"
 #include "engine/param_init.h"
 #include "layers/cross_entropy.h"
 #include "layers/embedding.h"
