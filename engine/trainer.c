@@ -1011,7 +1011,13 @@ static mp_status reduce_step_grads(mp_trainer *trainer, double *grad_norm, mp_er
       if (!first && !last) continue;
       const mp_gpt_tp_tensor *wte = mp_gpt_tp_tensor_at(chunk, 0);
       float *grads = gpu != NULL ? mp_gpt_stage_gpu_device_grads(gpu[c]) : mp_gpt_tp_grads(chunk);
-      MP_TRY(traced_all_reduce(trainer, o->embedding, grads + wte->offset, wte->count, err));
+      /* In buckets: a transient buffer of the whole table (the collective's, or the staging's
+       * for device memory) would be the rank's largest allocation after its state. */
+      for (size_t at = 0; at < wte->count; at += MP_TRAINER_BUCKET_FLOATS) {
+        const size_t n = wte->count - at < MP_TRAINER_BUCKET_FLOATS ? wte->count - at
+                                                                    : MP_TRAINER_BUCKET_FLOATS;
+        MP_TRY(traced_all_reduce(trainer, o->embedding, grads + wte->offset + at, n, err));
+      }
     }
   }
   double squares = 0.0;
