@@ -33,17 +33,14 @@
  * A hung rank makes its peers fail with the --comm-timeout error, and mpirun ends it.
  * MPENGINE_FAULT (kill:RANK:STEP, hang:RANK:STEP) injects those faults, for tests only.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
 #include <limits.h>
 #include <math.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "engine/checkpoint.h"
@@ -64,6 +61,7 @@
 #include "tools/cli.h"
 #include "engine/tp_comm_nccl.h"
 #include "tools/launcher_env.h"
+#include "tools/run_launcher.h"
 #include "tools/commands.h"
 
 typedef struct {
@@ -217,216 +215,120 @@ static mp_status agree_with_rank0(run_state *state, mp_status status, const char
   return mp_fail(err, (mp_status)(int)code, "%s failed on rank 0 (its message says why)", what);
 }
 
-/* Sets an environment variable unless the user already set it. */
-static void default_env(const char *name, const char *value) {
-  if (getenv(name) == NULL) setenv(name, value, 1);
+/* Inside the MPI job: the world (every wait bounded by comm_timeout), then every group of the
+ * grid in one fixed order on every rank, this rank's coordinates; only world rank 0 keeps stdout.
+ * MP_ERR_INPUT when the job's size is not the plan's. */
+static mp_status join_job(run_state *state, const mp_grid_shape *grid, double comm_timeout,
+                          const char *config, mp_error *err) {
+  const int plan_world = grid->dp * grid->pp * grid->tp;
+  MP_TRY(mp_comm_world_init(NULL, NULL, comm_timeout, &state->world, err));
+  state->rank = mp_comm_world_rank(state->world);
+  state->world_size = mp_comm_world_size(state->world);
+  if (state->world_size != plan_world) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "the MPI job has %d rank%s but %s needs dp x pp x tp = %d x %d x %d = %d; "
+                   "start it with -np %d (or drop --np)",
+                   state->world_size, state->world_size == 1 ? "" : "s", config, state->plan.dp,
+                   state->plan.pp, state->plan.tp, plan_world, plan_world);
+  }
+  /* Every rank creates its groups in this one order (lazily created communicators in
+   * different orders are a known source of hangs). */
+  int *everyone = malloc((size_t)state->world_size * sizeof(int));
+  if (everyone == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  for (int r = 0; r < state->world_size; ++r) everyone[r] = r;
+  const mp_status groups =
+      create_group(state, grid, MP_GRID_TP, &state->tp_group, err) != MP_OK ||
+              create_group(state, grid, MP_GRID_DP, &state->dp_group, err) != MP_OK ||
+              create_group(state, grid, MP_GRID_PP, &state->pp_group, err) != MP_OK ||
+              create_group(state, grid, MP_GRID_EMBEDDING, &state->embedding_group, err) !=
+                  MP_OK ||
+              mp_comm_group_create(state->world, everyone, state->world_size, "world",
+                                   &state->world_group, err) != MP_OK
+          ? err->status
+          : MP_OK;
+  free(everyone);
+  MP_TRY(groups);
+  state->coord = mp_grid_coord_of(grid, state->rank);
+  state->tp_table = mp_tp_comm_over_group(state->tp_group);
+  /* Only world rank 0 speaks; the others' errors still reach stderr. */
+  if (state->rank != 0 && freopen("/dev/null", "w", stdout) == NULL) {
+    return mp_fail(err, MP_ERR_RUNTIME, "cannot silence stdout");
+  }
+  return MP_OK;
 }
 
-/* SIGTERM / SIGINT to the launcher while mpirun runs: the ranks (mpirun's children) get SIGTERM
- * directly, so they finish the step, save with --checkpoint-dir and exit 0 (signalling mpirun
- * itself would make it end the job with status 1). */
-static volatile sig_atomic_t launcher_signal = 0;
-
-static void on_launcher_signal(int signal_number) { launcher_signal = signal_number; }
-
-/* Sends SIGTERM to every process whose parent is `parent` (from /proc/<pid>/stat); returns how
- * many. */
-static int signal_children(pid_t parent) {
-  DIR *proc = opendir("/proc");
-  if (proc == NULL) return 0;
-  int count = 0;
-  struct dirent *entry;
-  while ((entry = readdir(proc)) != NULL) {
-    char *end = NULL;
-    const long pid = strtol(entry->d_name, &end, 10);
-    if (*end != '\0' || pid <= 0) continue;
-    char path[64], line[512];
-    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
-    FILE *file = fopen(path, "r");
-    if (file == NULL) continue;
-    const size_t got = fread(line, 1, sizeof line - 1, file);
-    fclose(file);
-    line[got] = '\0';
-    const char *close_paren = strrchr(line, ')'); /* the name may hold spaces */
-    char state = 0;
-    long ppid = 0;
-    if (close_paren != NULL && sscanf(close_paren + 1, " %c %ld", &state, &ppid) == 2 &&
-        ppid == (long)parent) {
-      kill((pid_t)pid, SIGTERM);
-      ++count;
+/* The CUDA backend in a job: this rank's GPU (its index on the node modulo the GPUs) and the
+ * groups' NCCL communicators when each rank of the node has a GPU of its own or gpu_comm is nccl
+ * (else the groups go over MPI through the host: several ranks may then share a GPU); text gets
+ * what the backend line says about it. */
+static mp_status open_gpu_comms(run_state *state, mp_backend backend, const char *gpu_comm,
+                                char *text, size_t text_bytes, mp_error *err) {
+  text[0] = '\0';
+  if (backend != MP_BACKEND_CUDA || state->world == NULL) return MP_OK;
+  const int gpus = mp_device_count();
+  const int device = gpus > 0 ? launcher_local_rank() % gpus : 0;
+  const bool own_gpu = launcher_local_size() <= gpus;
+  const bool use_nccl =
+      strcmp(gpu_comm, "nccl") == 0 || (strcmp(gpu_comm, "auto") == 0 && own_gpu);
+  MP_TRY(mp_device_select(device, err));
+  /* The NCCL communicators, in one fixed order on every rank (tp, pp, dp) so that no rank
+   * waits in one group's creation for a peer that waits in another's. --gpu-comm nccl asks for
+   * NCCL even with dp = 1: the gradients then go through a one-rank communicator, which checks
+   * NCCL on one GPU. */
+  const bool want_dp = state->plan.dp > 1 || strcmp(gpu_comm, "nccl") == 0;
+  if (use_nccl && (state->plan.tp > 1 || state->plan.pp > 1 || want_dp)) {
+    if (mp_nccl_world_create(state->world, device, &state->nccl_world, err) != MP_OK ||
+        (state->plan.tp > 1 &&
+         mp_nccl_comm_create(state->nccl_world, state->tp_group, &state->nccl_tp, err) !=
+            MP_OK) ||
+        (state->plan.pp > 1 &&
+         mp_nccl_comm_create(state->nccl_world, state->pp_group, &state->nccl_pp, err) !=
+            MP_OK) ||
+        (want_dp &&
+         mp_nccl_comm_create(state->nccl_world, state->dp_group, &state->nccl_dp, err) !=
+            MP_OK)) {
+      return err->status;
     }
+    if (state->nccl_tp != NULL) state->tp_device_table = mp_tp_comm_over_nccl(state->nccl_tp);
   }
-  closedir(proc);
-  return count;
+  if (state->plan.dp * state->plan.pp * state->plan.tp > 1 || state->nccl_world != NULL) {
+    snprintf(text, text_bytes, "; communication over %s",
+             state->nccl_world != NULL ? "NCCL" : "MPI through the host");
+  }
+  return MP_OK;
 }
 
-/* mpirun's stderr as it passes through the launcher: forwarded as is, and scanned line by line
- * for Open MPI's report of a rank that died,
- *   "mpirun noticed that process rank 1 with PID 0 on node vm exited on signal 9 (Killed)." */
-typedef struct {
-  char line[1024];
-  size_t length;
-  int lost_rank; /* -1 until a rank's death is seen */
-  int lost_signal;
-} stderr_watch;
-
-static void stderr_watch_line(stderr_watch *watch) {
-  watch->line[watch->length] = '\0';
-  const char *noticed = strstr(watch->line, "mpirun noticed that process rank ");
-  int rank = -1, signal_number = 0;
-  if (noticed != NULL && watch->lost_rank < 0 &&
-      sscanf(noticed, "mpirun noticed that process rank %d with PID %*d on node %*s exited on "
-                      "signal %d",
-             &rank, &signal_number) == 2 &&
-      rank >= 0) {
-    watch->lost_rank = rank;
-    watch->lost_signal = signal_number;
-  }
-  watch->length = 0;
+/* The trace recorder of this rank (engine/trace.h), for --trace. */
+static mp_status open_trace(run_state *state, const char *config, mp_error *err) {
+  mp_trace_layout layout;
+  memset(&layout, 0, sizeof layout);
+  snprintf(layout.plan, sizeof layout.plan, "%s", config);
+  snprintf(layout.schedule, sizeof layout.schedule, "%s", state->plan.schedule);
+  layout.dp = state->plan.dp;
+  layout.pp = state->plan.pp;
+  layout.tp = state->plan.tp;
+  layout.virtual_stages = state->plan.virtual_stages;
+  layout.num_micro_batches = (int)state->plan.num_micro_batches;
+  return mp_trace_create(&layout, state->rank, state->coord.dp_rank, state->coord.pp_rank,
+                         state->coord.tp_rank, &state->trace, err);
 }
 
-static void stderr_watch_feed(stderr_watch *watch, const char *data, size_t size) {
-  size_t done = 0;
-  while (done < size) {
-    const ssize_t n = write(STDERR_FILENO, data + done, size - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    done += (size_t)n;
+/* What the trainer needs of the job: its groups, coordinates, trace and NCCL communicators. */
+static mp_trainer_options trainer_options_of(run_state *state) {
+  mp_trainer_options options = MP_TRAINER_OPTIONS_INITIALIZER;
+  if (state->world != NULL) {
+    options.tp = &state->tp_table;
+    options.dp = state->dp_group;
+    options.pp = state->pp_group;
+    options.embedding = state->embedding_group;
+    options.dp_rank = state->coord.dp_rank;
+    options.pp_rank = state->coord.pp_rank;
   }
-  for (size_t i = 0; i < size; ++i) {
-    if (data[i] == '\n' || watch->length == sizeof watch->line - 1) stderr_watch_line(watch);
-    if (data[i] != '\n') watch->line[watch->length++] = data[i];
-  }
-}
-
-/* Runs `mpirun -np np ... <this binary> run <argv[1..]>` and returns the exit code to exit with:
- * mpirun's own, or 1 when it could not be started (the message names what to install). */
-static int relaunch(cli_command *command, int argc, char **argv, int np, const char *mpirun) {
-  mp_error err = MP_ERROR_INITIALIZER;
-  char self[PATH_MAX];
-  /* The path itself: /proc/self/exe in mpirun's arguments would name mpirun's own child. */
-  const ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (len <= 0) {
-    mp_fail(&err, MP_ERR_RUNTIME, "cannot find this binary (/proc/self/exe): %s", strerror(errno));
-    return cli_report(command, &err);
-  }
-  self[len] = '\0';
-  char np_text[16];
-  snprintf(np_text, sizeof np_text, "%d", np);
-  char **args = calloc((size_t)argc + 16, sizeof *args);
-  if (args == NULL) {
-    mp_fail(&err, MP_ERR_RUNTIME, "out of memory");
-    return cli_report(command, &err);
-  }
-  int n = 0;
-  args[n++] = (char *)mpirun;
-  args[n++] = "-np";
-  args[n++] = np_text;
-  args[n++] = "--oversubscribe"; /* more ranks than cores is allowed (and slow) */
-  if (geteuid() == 0) args[n++] = "--allow-run-as-root";
-  args[n++] = self;
-  for (int i = 0; i < argc; ++i) args[n++] = argv[i]; /* argv[0] is "run" */
-  args[n] = NULL;
-  /* One machine: shared memory and self transports, no ssh agent needed; one BLAS thread per
-   * core's share, so the ranks do not fight over the cores. The user's settings win. */
-  default_env("OMPI_MCA_btl", "self,vader");
-  default_env("OMPI_MCA_plm_rsh_agent", "");
-  default_env("OMPI_MCA_rmaps_base_oversubscribe", "1");
-  long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  if (cores < 1) cores = 1;
-  char threads[16];
-  snprintf(threads, sizeof threads, "%ld", cores / np > 1 ? cores / np : 1);
-  default_env("OPENBLAS_NUM_THREADS", threads);
-  default_env("OMP_NUM_THREADS", threads);
-  setenv("MPENGINE_STDOUT_TTY", isatty(STDOUT_FILENO) ? "1" : "0", 1);
-  fflush(stdout);
-  fflush(stderr);
-  /* mpirun's stderr (which carries the ranks' too) comes through a pipe: the launcher forwards
-   * every byte and watches for mpirun's line about a rank that died. */
-  int err_pipe[2];
-  if (pipe(err_pipe) != 0) {
-    free(args);
-    mp_fail(&err, MP_ERR_RUNTIME, "cannot start %s: pipe failed: %s", mpirun, strerror(errno));
-    return cli_report(command, &err);
-  }
-  const pid_t pid = fork();
-  if (pid < 0) {
-    free(args);
-    close(err_pipe[0]);
-    close(err_pipe[1]);
-    mp_fail(&err, MP_ERR_RUNTIME, "cannot start %s: fork failed: %s", mpirun, strerror(errno));
-    return cli_report(command, &err);
-  }
-  if (pid == 0) {
-    close(err_pipe[0]);
-    dup2(err_pipe[1], STDERR_FILENO);
-    close(err_pipe[1]);
-    execvp(mpirun, args);
-    fprintf(stderr,
-            "mpengine run: cannot run %s to start %d ranks: %s; install Open MPI "
-            "(tools/setup.sh) or give its path with --mpirun PATH\n",
-            mpirun, np, strerror(errno));
-    _exit(127);
-  }
-  free(args);
-  close(err_pipe[1]);
-  struct sigaction action;
-  memset(&action, 0, sizeof action);
-  action.sa_handler = on_launcher_signal; /* no SA_RESTART: poll returns EINTR */
-  sigemptyset(&action.sa_mask);
-  sigaction(SIGTERM, &action, NULL);
-  sigaction(SIGINT, &action, NULL);
-  stderr_watch watch = {.lost_rank = -1};
-  int status = 0;
-  bool exited = false, eof = false;
-  /* Until mpirun has exited and its stderr is drained (a process that kept the pipe open past
-   * mpirun's end must not keep the launcher waiting, so after the exit reads stop at EAGAIN). */
-  while (!exited || !eof) {
-    struct pollfd fd = {.fd = err_pipe[0], .events = POLLIN};
-    const int ready = eof ? 0 : poll(&fd, 1, exited ? 0 : 200);
-    if (launcher_signal != 0 && !exited) { /* arrived in poll or anywhere else in the loop */
-      launcher_signal = 0;
-      if (signal_children(pid) == 0) kill(pid, SIGTERM);
-    }
-    if (ready > 0) {
-      char buffer[4096];
-      const ssize_t got = read(err_pipe[0], buffer, sizeof buffer);
-      if (got > 0) {
-        stderr_watch_feed(&watch, buffer, (size_t)got);
-      } else if (got == 0 || errno != EINTR) {
-        eof = true;
-      }
-    } else if (ready == 0 && exited) {
-      eof = true;
-    }
-    if (!exited) {
-      const pid_t done = waitpid(pid, &status, WNOHANG);
-      if (done == pid) {
-        exited = true;
-      } else if (done < 0 && errno != EINTR) {
-        close(err_pipe[0]);
-        mp_fail(&err, MP_ERR_RUNTIME, "waiting for %s: %s", mpirun, strerror(errno));
-        return cli_report(command, &err);
-      }
-    }
-  }
-  close(err_pipe[0]);
-  if (watch.lost_rank >= 0) {
-    fprintf(stderr,
-            "mpengine run: rank %d was lost: its process died (signal %d) during the run; "
-            "mpirun stopped the other ranks\n",
-            watch.lost_rank, watch.lost_signal);
-    return CLI_EXIT_FAILURE;
-  }
-  if (WIFEXITED(status)) {
-    const int code = WEXITSTATUS(status);
-    /* The ranks exit 0, 1 or 2; anything else (127: no mpirun, 128 + N: a rank ended by
-     * signal N) is a failure of the run. */
-    return code <= CLI_EXIT_USAGE ? code : CLI_EXIT_FAILURE;
-  }
-  fprintf(stderr, "mpengine run: %s ended by signal %d\n", mpirun,
-          WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-  return CLI_EXIT_FAILURE;
+  options.trace = state->trace;
+  options.nccl_dp = state->nccl_dp;
+  options.nccl_pp = state->nccl_pp;
+  options.tp_device = state->nccl_tp != NULL ? &state->tp_device_table : NULL;
+  return options;
 }
 
 /* cli_report from a rank of a parallel run: runtime errors are printed by the rank that met
@@ -735,57 +637,12 @@ int cmd_run(int argc, char **argv) {
   }
   if (!launcher_inside_job() && np > 1) {
     const char *mpirun = cli_value(&command, "mpirun") ? cli_value(&command, "mpirun") : "mpirun";
-    exit_code = relaunch(&command, argc, argv, (int)np, mpirun);
+    exit_code = run_relaunch(&command, argc, argv, (int)np, mpirun);
     goto done;
   }
-  if (launcher_inside_job()) {
-    if (mp_comm_world_init(NULL, NULL, comm_timeout, &state.world, &err) != MP_OK) {
-      exit_code = cli_report(&command, &err);
-      goto done;
-    }
-    state.rank = mp_comm_world_rank(state.world);
-    state.world_size = mp_comm_world_size(state.world);
-    if (state.world_size != plan_world) {
-      mp_fail(&err, MP_ERR_INPUT,
-              "the MPI job has %d rank%s but %s needs dp x pp x tp = %d x %d x %d = %d; start it "
-              "with -np %d (or drop --np)",
-              state.world_size, state.world_size == 1 ? "" : "s", config, state.plan.dp,
-              state.plan.pp, state.plan.tp, plan_world, plan_world);
-      exit_code = rank_report(&command, &state, &err);
-      goto done;
-    }
-    /* Every rank creates its groups in this one order (lazily created communicators in
-     * different orders are a known source of hangs). */
-    int *everyone = malloc((size_t)state.world_size * sizeof(int));
-    if (everyone == NULL) {
-      mp_fail(&err, MP_ERR_RUNTIME, "out of memory");
-      exit_code = rank_report(&command, &state, &err);
-      goto done;
-    }
-    for (int r = 0; r < state.world_size; ++r) everyone[r] = r;
-    const mp_status groups =
-        create_group(&state, &grid, MP_GRID_TP, &state.tp_group, &err) != MP_OK ||
-                create_group(&state, &grid, MP_GRID_DP, &state.dp_group, &err) != MP_OK ||
-                create_group(&state, &grid, MP_GRID_PP, &state.pp_group, &err) != MP_OK ||
-                create_group(&state, &grid, MP_GRID_EMBEDDING, &state.embedding_group, &err) !=
-                    MP_OK ||
-                mp_comm_group_create(state.world, everyone, state.world_size, "world",
-                                     &state.world_group, &err) != MP_OK
-            ? err.status
-            : MP_OK;
-    free(everyone);
-    if (groups != MP_OK) {
-      exit_code = rank_report(&command, &state, &err);
-      goto done;
-    }
-    state.coord = mp_grid_coord_of(&grid, state.rank);
-    state.tp_table = mp_tp_comm_over_group(state.tp_group);
-    /* Only world rank 0 speaks; the others' errors still reach stderr. */
-    if (state.rank != 0 && freopen("/dev/null", "w", stdout) == NULL) {
-      mp_fail(&err, MP_ERR_RUNTIME, "cannot silence stdout");
-      exit_code = rank_report(&command, &state, &err);
-      goto done;
-    }
+  if (launcher_inside_job() && join_job(&state, &grid, comm_timeout, config, &err) != MP_OK) {
+    exit_code = rank_report(&command, &state, &err);
+    goto done;
   }
   /* Data parallelism on GPUs: each rank takes the GPU of its index on the node, and the gradients
    * go over NCCL when every rank of the node has a GPU of its own, else through the host over
@@ -799,37 +656,10 @@ int cmd_run(int argc, char **argv) {
     goto done;
   }
   char gpu_comm_text[96] = "";
-  if (backend == MP_BACKEND_CUDA && state.world != NULL) {
-    const int gpus = mp_device_count();
-    const int device = gpus > 0 ? launcher_local_rank() % gpus : 0;
-    const bool own_gpu = launcher_local_size() <= gpus;
-    const bool use_nccl = strcmp(gpu_comm, "nccl") == 0 || (strcmp(gpu_comm, "auto") == 0 && own_gpu);
-    if (mp_device_select(device, &err) != MP_OK) {
-      exit_code = rank_report(&command, &state, &err);
-      goto done;
-    }
-    /* The NCCL communicators, in one fixed order on every rank (tp, pp, dp) so that no rank
-     * waits in one group's creation for a peer that waits in another's. --gpu-comm nccl asks for
-     * NCCL even with dp = 1: the gradients then go through a one-rank communicator, which checks
-     * NCCL on one GPU. */
-    const bool want_dp = state.plan.dp > 1 || strcmp(gpu_comm, "nccl") == 0;
-    if (use_nccl && (state.plan.tp > 1 || state.plan.pp > 1 || want_dp)) {
-      if (mp_nccl_world_create(state.world, device, &state.nccl_world, &err) != MP_OK ||
-          (state.plan.tp > 1 &&
-           mp_nccl_comm_create(state.nccl_world, state.tp_group, &state.nccl_tp, &err) != MP_OK) ||
-          (state.plan.pp > 1 &&
-           mp_nccl_comm_create(state.nccl_world, state.pp_group, &state.nccl_pp, &err) != MP_OK) ||
-          (want_dp &&
-           mp_nccl_comm_create(state.nccl_world, state.dp_group, &state.nccl_dp, &err) != MP_OK)) {
-        exit_code = rank_report(&command, &state, &err);
-        goto done;
-      }
-      if (state.nccl_tp != NULL) state.tp_device_table = mp_tp_comm_over_nccl(state.nccl_tp);
-    }
-    if (state.plan.dp * state.plan.pp * state.plan.tp > 1 || state.nccl_world != NULL) {
-      snprintf(gpu_comm_text, sizeof gpu_comm_text, "; communication over %s",
-               state.nccl_world != NULL ? "NCCL" : "MPI through the host");
-    }
+  if (open_gpu_comms(&state, backend, gpu_comm, gpu_comm_text, sizeof gpu_comm_text, &err) !=
+      MP_OK) {
+    exit_code = rank_report(&command, &state, &err);
+    goto done;
   }
   if (state.plan.seq_len > mp_model_seq_len(state.model)) {
     mp_fail(&err, MP_ERR_INPUT, "%s: $.batch.seq_len %lld exceeds the model's seq_len %lld (%s)",
@@ -846,35 +676,11 @@ int cmd_run(int argc, char **argv) {
     exit_code = rank_report(&command, &state, &err);
     goto done;
   }
-  if (trace_path != NULL) {
-    mp_trace_layout trace_layout;
-    memset(&trace_layout, 0, sizeof trace_layout);
-    snprintf(trace_layout.plan, sizeof trace_layout.plan, "%s", config);
-    snprintf(trace_layout.schedule, sizeof trace_layout.schedule, "%s", state.plan.schedule);
-    trace_layout.dp = state.plan.dp;
-    trace_layout.pp = state.plan.pp;
-    trace_layout.tp = state.plan.tp;
-    trace_layout.virtual_stages = state.plan.virtual_stages;
-    trace_layout.num_micro_batches = (int)state.plan.num_micro_batches;
-    if (mp_trace_create(&trace_layout, state.rank, state.coord.dp_rank, state.coord.pp_rank,
-                        state.coord.tp_rank, &state.trace, &err) != MP_OK) {
-      exit_code = rank_report(&command, &state, &err);
-      goto done;
-    }
+  if (trace_path != NULL && open_trace(&state, config, &err) != MP_OK) {
+    exit_code = rank_report(&command, &state, &err);
+    goto done;
   }
-  mp_trainer_options trainer_options = MP_TRAINER_OPTIONS_INITIALIZER;
-  if (state.world != NULL) {
-    trainer_options.tp = &state.tp_table;
-    trainer_options.dp = state.dp_group;
-    trainer_options.pp = state.pp_group;
-    trainer_options.embedding = state.embedding_group;
-    trainer_options.dp_rank = state.coord.dp_rank;
-    trainer_options.pp_rank = state.coord.pp_rank;
-  }
-  trainer_options.trace = state.trace;
-  trainer_options.nccl_dp = state.nccl_dp;
-  trainer_options.nccl_pp = state.nccl_pp;
-  trainer_options.tp_device = state.nccl_tp != NULL ? &state.tp_device_table : NULL;
+  const mp_trainer_options trainer_options = trainer_options_of(&state);
   const double startup_began = monotonic_seconds();
   if (open_data(cli_value(&command, "data"), steps, &state, &err) != MP_OK ||
       mp_trainer_create_parallel(&state.plan, state.model, state.data, backend, &trainer_options,

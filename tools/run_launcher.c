@@ -1,0 +1,227 @@
+/* tools/run_launcher.c — `mpengine run` re-launched under mpirun; see run_launcher.h. */
+#include "tools/run_launcher.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/error.h"
+
+/* Sets an environment variable unless the user already set it. */
+static void default_env(const char *name, const char *value) {
+  if (getenv(name) == NULL) setenv(name, value, 1);
+}
+
+/* SIGTERM / SIGINT to the launcher while mpirun runs: the ranks (mpirun's children) get SIGTERM
+ * directly, so they finish the step, save with --checkpoint-dir and exit 0 (signalling mpirun
+ * itself would make it end the job with status 1). */
+static volatile sig_atomic_t launcher_signal = 0;
+
+static void on_launcher_signal(int signal_number) { launcher_signal = signal_number; }
+
+/* Sends SIGTERM to every process whose parent is `parent` (from /proc/<pid>/stat); returns how
+ * many. */
+static int signal_children(pid_t parent) {
+  DIR *proc = opendir("/proc");
+  if (proc == NULL) return 0;
+  int count = 0;
+  struct dirent *entry;
+  while ((entry = readdir(proc)) != NULL) {
+    char *end = NULL;
+    const long pid = strtol(entry->d_name, &end, 10);
+    if (*end != '\0' || pid <= 0) continue;
+    char path[64], line[512];
+    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+    FILE *file = fopen(path, "r");
+    if (file == NULL) continue;
+    const size_t got = fread(line, 1, sizeof line - 1, file);
+    fclose(file);
+    line[got] = '\0';
+    const char *close_paren = strrchr(line, ')'); /* the name may hold spaces */
+    char state = 0;
+    long ppid = 0;
+    if (close_paren != NULL && sscanf(close_paren + 1, " %c %ld", &state, &ppid) == 2 &&
+        ppid == (long)parent) {
+      kill((pid_t)pid, SIGTERM);
+      ++count;
+    }
+  }
+  closedir(proc);
+  return count;
+}
+
+/* mpirun's stderr as it passes through the launcher: forwarded as is, and scanned line by line
+ * for Open MPI's report of a rank that died,
+ *   "mpirun noticed that process rank 1 with PID 0 on node vm exited on signal 9 (Killed)." */
+typedef struct {
+  char line[1024];
+  size_t length;
+  int lost_rank; /* -1 until a rank's death is seen */
+  int lost_signal;
+} stderr_watch;
+
+static void stderr_watch_line(stderr_watch *watch) {
+  watch->line[watch->length] = '\0';
+  const char *noticed = strstr(watch->line, "mpirun noticed that process rank ");
+  int rank = -1, signal_number = 0;
+  if (noticed != NULL && watch->lost_rank < 0 &&
+      sscanf(noticed, "mpirun noticed that process rank %d with PID %*d on node %*s exited on "
+                      "signal %d",
+             &rank, &signal_number) == 2 &&
+      rank >= 0) {
+    watch->lost_rank = rank;
+    watch->lost_signal = signal_number;
+  }
+  watch->length = 0;
+}
+
+static void stderr_watch_feed(stderr_watch *watch, const char *data, size_t size) {
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = write(STDERR_FILENO, data + done, size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += (size_t)n;
+  }
+  for (size_t i = 0; i < size; ++i) {
+    if (data[i] == '\n' || watch->length == sizeof watch->line - 1) stderr_watch_line(watch);
+    if (data[i] != '\n') watch->line[watch->length++] = data[i];
+  }
+}
+
+int run_relaunch(cli_command *command, int argc, char **argv, int np, const char *mpirun) {
+  mp_error err = MP_ERROR_INITIALIZER;
+  char self[PATH_MAX];
+  /* The path itself: /proc/self/exe in mpirun's arguments would name mpirun's own child. */
+  const ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (len <= 0) {
+    mp_fail(&err, MP_ERR_RUNTIME, "cannot find this binary (/proc/self/exe): %s", strerror(errno));
+    return cli_report(command, &err);
+  }
+  self[len] = '\0';
+  char np_text[16];
+  snprintf(np_text, sizeof np_text, "%d", np);
+  char **args = calloc((size_t)argc + 16, sizeof *args);
+  if (args == NULL) {
+    mp_fail(&err, MP_ERR_RUNTIME, "out of memory");
+    return cli_report(command, &err);
+  }
+  int n = 0;
+  args[n++] = (char *)mpirun;
+  args[n++] = "-np";
+  args[n++] = np_text;
+  args[n++] = "--oversubscribe"; /* more ranks than cores is allowed (and slow) */
+  if (geteuid() == 0) args[n++] = "--allow-run-as-root";
+  args[n++] = self;
+  for (int i = 0; i < argc; ++i) args[n++] = argv[i]; /* argv[0] is "run" */
+  args[n] = NULL;
+  /* One machine: shared memory and self transports, no ssh agent needed; one BLAS thread per
+   * core's share, so the ranks do not fight over the cores. The user's settings win. */
+  default_env("OMPI_MCA_btl", "self,vader");
+  default_env("OMPI_MCA_plm_rsh_agent", "");
+  default_env("OMPI_MCA_rmaps_base_oversubscribe", "1");
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  if (cores < 1) cores = 1;
+  char threads[16];
+  snprintf(threads, sizeof threads, "%ld", cores / np > 1 ? cores / np : 1);
+  default_env("OPENBLAS_NUM_THREADS", threads);
+  default_env("OMP_NUM_THREADS", threads);
+  setenv("MPENGINE_STDOUT_TTY", isatty(STDOUT_FILENO) ? "1" : "0", 1);
+  fflush(stdout);
+  fflush(stderr);
+  /* mpirun's stderr (which carries the ranks' too) comes through a pipe: the launcher forwards
+   * every byte and watches for mpirun's line about a rank that died. */
+  int err_pipe[2];
+  if (pipe(err_pipe) != 0) {
+    free(args);
+    mp_fail(&err, MP_ERR_RUNTIME, "cannot start %s: pipe failed: %s", mpirun, strerror(errno));
+    return cli_report(command, &err);
+  }
+  const pid_t pid = fork();
+  if (pid < 0) {
+    free(args);
+    close(err_pipe[0]);
+    close(err_pipe[1]);
+    mp_fail(&err, MP_ERR_RUNTIME, "cannot start %s: fork failed: %s", mpirun, strerror(errno));
+    return cli_report(command, &err);
+  }
+  if (pid == 0) {
+    close(err_pipe[0]);
+    dup2(err_pipe[1], STDERR_FILENO);
+    close(err_pipe[1]);
+    execvp(mpirun, args);
+    fprintf(stderr,
+            "mpengine run: cannot run %s to start %d ranks: %s; install Open MPI "
+            "(tools/setup.sh) or give its path with --mpirun PATH\n",
+            mpirun, np, strerror(errno));
+    _exit(127);
+  }
+  free(args);
+  close(err_pipe[1]);
+  struct sigaction action;
+  memset(&action, 0, sizeof action);
+  action.sa_handler = on_launcher_signal; /* no SA_RESTART: poll returns EINTR */
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGTERM, &action, NULL);
+  sigaction(SIGINT, &action, NULL);
+  stderr_watch watch = {.lost_rank = -1};
+  int status = 0;
+  bool exited = false, eof = false;
+  /* Until mpirun has exited and its stderr is drained (a process that kept the pipe open past
+   * mpirun's end must not keep the launcher waiting, so after the exit reads stop at EAGAIN). */
+  while (!exited || !eof) {
+    struct pollfd fd = {.fd = err_pipe[0], .events = POLLIN};
+    const int ready = eof ? 0 : poll(&fd, 1, exited ? 0 : 200);
+    if (launcher_signal != 0 && !exited) { /* arrived in poll or anywhere else in the loop */
+      launcher_signal = 0;
+      if (signal_children(pid) == 0) kill(pid, SIGTERM);
+    }
+    if (ready > 0) {
+      char buffer[4096];
+      const ssize_t got = read(err_pipe[0], buffer, sizeof buffer);
+      if (got > 0) {
+        stderr_watch_feed(&watch, buffer, (size_t)got);
+      } else if (got == 0 || errno != EINTR) {
+        eof = true;
+      }
+    } else if (ready == 0 && exited) {
+      eof = true;
+    }
+    if (!exited) {
+      const pid_t done = waitpid(pid, &status, WNOHANG);
+      if (done == pid) {
+        exited = true;
+      } else if (done < 0 && errno != EINTR) {
+        close(err_pipe[0]);
+        mp_fail(&err, MP_ERR_RUNTIME, "waiting for %s: %s", mpirun, strerror(errno));
+        return cli_report(command, &err);
+      }
+    }
+  }
+  close(err_pipe[0]);
+  if (watch.lost_rank >= 0) {
+    fprintf(stderr,
+            "mpengine run: rank %d was lost: its process died (signal %d) during the run; "
+            "mpirun stopped the other ranks\n",
+            watch.lost_rank, watch.lost_signal);
+    return CLI_EXIT_FAILURE;
+  }
+  if (WIFEXITED(status)) {
+    const int code = WEXITSTATUS(status);
+    /* The ranks exit 0, 1 or 2; anything else (127: no mpirun, 128 + N: a rank ended by
+     * signal N) is a failure of the run. */
+    return code <= CLI_EXIT_USAGE ? code : CLI_EXIT_FAILURE;
+  }
+  fprintf(stderr, "mpengine run: %s ended by signal %d\n", mpirun,
+          WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  return CLI_EXIT_FAILURE;
+}
+
