@@ -1,6 +1,7 @@
-/* engine/checkpoint.c — sharded checkpoints of any dp x pp x tp layout: crash-safe saves, exact
- * resume, resharding to any other layout, and the global parameters for export; see
- * checkpoint.h. */
+/* engine/checkpoint.c — sharded checkpoints of any dp x pp x tp layout: the ranks' agreement,
+ * each rank's view of its state, crash-safe saves (shard files, the manifest written last) and
+ * loads under any layout (resharded); see checkpoint.h. The format itself (manifest parsing and
+ * checks, reading shard ranges, export) is engine/checkpoint_format.c. */
 #include "engine/checkpoint.h"
 
 #include "common/atomic_file.h"
@@ -18,54 +19,10 @@
 #include <unistd.h>
 
 #include "engine/gpt_model_tp.h"
+#include "engine/checkpoint_format.h"
 #include "tensor_parallel/shard.h"
 
-#define SHARD_MAGIC_V1 "MPCKSHD1"
-#define SHARD_MAGIC_V2 "MPCKSHD2"
-enum {
-  SHARD_HEADER_BYTES = 32,
-  PATH_BYTES = 4096,
-  FORMAT_VERSION = 2,
-  MAX_GRID = 4096,       /* dp, pp, tp each at most this in a manifest */
-  MAX_FILES = 1 << 16,   /* pp x tp files at most */
-  FILE_NAME_BYTES = 256, /* a shard file's name */
-};
-static const char *const FORMAT_NAME = "mpengine-checkpoint";
 static const size_t NOT_HELD = (size_t)-1;
-
-/* ---- files ---- */
-
-/* FNV-1a 64, continued over bytes. */
-static uint64_t fnv1a64(uint64_t hash, const unsigned char *bytes, size_t count) {
-  for (size_t i = 0; i < count; ++i) {
-    hash ^= bytes[i];
-    hash *= 1099511628211ull;
-  }
-  return hash;
-}
-static const uint64_t FNV_OFFSET = 14695981039346656037ull;
-
-mp_status mp_checkpoint_file_checksum(const char *path, uint64_t *checksum, uint64_t *bytes,
-                                      mp_error *err) {
-  FILE *file = fopen(path, "rb");
-  if (file == NULL) {
-    return mp_fail(err, MP_ERR_INPUT, "%s: cannot open the shard file: %s", path,
-                   strerror(errno));
-  }
-  uint64_t hash = FNV_OFFSET, total = 0;
-  unsigned char buffer[1 << 16];
-  size_t got;
-  while ((got = fread(buffer, 1, sizeof buffer, file)) > 0) {
-    hash = fnv1a64(hash, buffer, got);
-    total += got;
-  }
-  const int failed = ferror(file);
-  fclose(file);
-  if (failed) return mp_fail(err, MP_ERR_INPUT, "%s: read error", path);
-  *checksum = hash;
-  *bytes = total;
-  return MP_OK;
-}
 
 static mp_status sync_dir(const char *dir, mp_error *err) {
   const int fd = open(dir, O_RDONLY | O_DIRECTORY);
@@ -81,7 +38,7 @@ static void remove_dir(const char *path) {
   DIR *dir = opendir(path);
   if (dir == NULL) return;
   struct dirent *entry;
-  char file[PATH_BYTES];
+  char file[CK_PATH_BYTES];
   while ((entry = readdir(dir)) != NULL) {
     if (strcmp(entry->d_name, ".") == 0 || strcmp(entry->d_name, "..") == 0) continue;
     snprintf(file, sizeof file, "%s/%s", path, entry->d_name);
@@ -89,34 +46,6 @@ static void remove_dir(const char *path) {
   }
   closedir(dir);
   rmdir(path);
-}
-
-static char *read_text(const char *path) {
-  FILE *file = fopen(path, "rb");
-  if (file == NULL) return NULL;
-  char *text = NULL;
-  if (fseek(file, 0, SEEK_END) == 0) {
-    const long size = ftell(file);
-    if (size >= 0 && size < (64L << 20) && fseek(file, 0, SEEK_SET) == 0) {
-      text = malloc((size_t)size + 1);
-      if (text != NULL && fread(text, 1, (size_t)size, file) != (size_t)size) {
-        free(text);
-        text = NULL;
-      }
-      if (text != NULL) text[size] = '\0';
-    }
-  }
-  fclose(file);
-  return text;
-}
-
-static char *hex64(char out[17], uint64_t value) {
-  snprintf(out, 17, "%016" PRIx64, value);
-  return out;
-}
-
-static void shard_file_name(char *out, size_t bytes, int pp_rank, int tp_rank) {
-  snprintf(out, bytes, "pp-%05d-tp-%05d.bin", pp_rank, tp_rank);
 }
 
 /* ---- agreement over the world ---- */
@@ -307,7 +236,7 @@ typedef struct {
 static void put(hashed_file *out, const void *data, size_t bytes) {
   if (!out->open) return;
   mp_atomic_file_write(&out->file, data, bytes);
-  out->hash = fnv1a64(out->hash, data, bytes);
+  out->hash = ck_fnv1a64(out->hash, data, bytes);
   out->bytes += bytes;
 }
 
@@ -388,8 +317,8 @@ static mp_status stream_moments(const mp_checkpoint_context *ctx, const view_chu
 static mp_status write_shard_file(const mp_checkpoint_context *ctx, const rank_view *view,
                                   const char *tmp_dir, int64_t step, bool zero,
                                   file_record *record, mp_error *err) {
-  char name[FILE_NAME_BYTES], path[PATH_BYTES];
-  shard_file_name(name, sizeof name, ctx->pp_rank, view->tp_rank);
+  char name[CK_FILE_NAME_BYTES], path[CK_PATH_BYTES];
+  ck_shard_file_name(name, sizeof name, ctx->pp_rank, view->tp_rank);
   snprintf(path, sizeof path, "%s/%s", tmp_dir, name);
   int32_t *tensors = record_tensors(record);
   uint64_t floats = 0;
@@ -414,11 +343,11 @@ static mp_status write_shard_file(const mp_checkpoint_context *ctx, const rank_v
     out[3] = s->num_layers;
     out[4] = (s->final_norm ? 1 : 0) | (s->head ? 2 : 0);
   }
-  hashed_file out = {.hash = FNV_OFFSET};
+  hashed_file out = {.hash = CK_FNV_OFFSET};
   mp_status status = mp_atomic_file_open(&out.file, path, err);
   out.open = status == MP_OK;
-  unsigned char header[SHARD_HEADER_BYTES] = {0};
-  memcpy(header, SHARD_MAGIC_V2, 8);
+  unsigned char header[CK_SHARD_HEADER_BYTES] = {0};
+  memcpy(header, CK_SHARD_MAGIC_V2, 8);
   const uint32_t pp32 = (uint32_t)ctx->pp_rank, tp32 = (uint32_t)view->tp_rank;
   const uint64_t step64 = (uint64_t)step;
   memcpy(header + 8, &pp32, 4);
@@ -483,8 +412,8 @@ static void config_json(cJSON *object, const mp_gpt_config *c) {
 static void manifest_header(cJSON *root, const mp_checkpoint_context *ctx,
                             const mp_gpt_layout *layout, int64_t step) {
   const mp_plan *plan = ctx->plan;
-  cJSON_AddStringToObject(root, "format", FORMAT_NAME);
-  cJSON_AddNumberToObject(root, "version", FORMAT_VERSION);
+  cJSON_AddStringToObject(root, "format", CK_FORMAT_NAME);
+  cJSON_AddNumberToObject(root, "version", CK_FORMAT_VERSION);
   cJSON_AddNumberToObject(root, "step", (double)step);
 
   cJSON *p = cJSON_AddObjectToObject(root, "plan");
@@ -525,7 +454,7 @@ static void manifest_header(cJSON *root, const mp_checkpoint_context *ctx,
   cJSON_AddStringToObject(model, "source", mp_model_source(ctx->model));
   cJSON_AddNumberToObject(model, "num_params", (double)mp_gpt_layout_num_params(layout));
   config_json(cJSON_AddObjectToObject(model, "config"), mp_gpt_layout_config(layout));
-  char *description = read_text(mp_model_source(ctx->model));
+  char *description = ck_read_text(mp_model_source(ctx->model));
   if (description != NULL) {
     cJSON_AddStringToObject(model, "description", description);
     free(description);
@@ -590,7 +519,7 @@ static mp_status build_manifest(const mp_checkpoint_context *ctx, const mp_gpt_l
   cJSON *root = cJSON_CreateObject();
   manifest_header(root, ctx, layout, step);
   cJSON *tensors = cJSON_AddArrayToObject(root, "tensors");
-  char name[FILE_NAME_BYTES];
+  char name[CK_FILE_NAME_BYTES];
   for (int i = 0; i < n && status == MP_OK; ++i) {
     const mp_gpt_tensor *t = mp_gpt_layout_tensor(layout, i);
     const mp_tp_split split = t->split;
@@ -625,7 +554,7 @@ static mp_status build_manifest(const mp_checkpoint_context *ctx, const mp_gpt_l
       if (status != MP_OK) break;
       cJSON *shard = cJSON_CreateObject();
       cJSON_AddItemToArray(shards, shard);
-      shard_file_name(name, sizeof name, holder, r);
+      ck_shard_file_name(name, sizeof name, holder, r);
       cJSON_AddStringToObject(shard, "file", name);
       cJSON_AddNumberToObject(shard, "tp_rank", r);
       cJSON_AddNumberToObject(shard, "float_offset",
@@ -644,7 +573,7 @@ static mp_status build_manifest(const mp_checkpoint_context *ctx, const mp_gpt_l
     const file_record *record = records[f];
     const int p = f / tp, r = f % tp;
     char hex[17];
-    shard_file_name(name, sizeof name, p, r);
+    ck_shard_file_name(name, sizeof name, p, r);
     cJSON *file = cJSON_CreateObject();
     cJSON_AddItemToArray(files, file);
     cJSON_AddStringToObject(file, "file", name);
@@ -668,7 +597,7 @@ static mp_status build_manifest(const mp_checkpoint_context *ctx, const mp_gpt_l
     cJSON_AddNumberToObject(file, "floats_per_array", (double)record->floats);
     cJSON_AddStringToObject(file, "arrays", "params, adam_m, adam_v (fp32, little-endian)");
     cJSON_AddNumberToObject(file, "bytes", (double)record->bytes);
-    cJSON_AddStringToObject(file, "fnv1a64", hex64(hex, record->checksum));
+    cJSON_AddStringToObject(file, "fnv1a64", ck_hex64(hex, record->checksum));
   }
   free(offsets);
   if (status != MP_OK) {
@@ -708,14 +637,14 @@ static int list_checkpoints(const char *dir, int64_t *steps, int max) {
 
 /* True when path/manifest.json is a checkpoint manifest. */
 static bool has_manifest(const char *path) {
-  char file[PATH_BYTES];
+  char file[CK_PATH_BYTES];
   snprintf(file, sizeof file, "%s/manifest.json", path);
-  char *text = read_text(file);
+  char *text = ck_read_text(file);
   if (text == NULL) return false;
   cJSON *root = cJSON_Parse(text);
   free(text);
   const cJSON *format = cJSON_GetObjectItemCaseSensitive(root, "format");
-  const bool ok = cJSON_IsString(format) && strcmp(format->valuestring, FORMAT_NAME) == 0;
+  const bool ok = cJSON_IsString(format) && strcmp(format->valuestring, CK_FORMAT_NAME) == 0;
   cJSON_Delete(root);
   return ok;
 }
@@ -739,7 +668,7 @@ static mp_status finish_save(const mp_checkpoint_context *ctx, const mp_gpt_layo
   char *text = cJSON_Print(manifest);
   cJSON_Delete(manifest);
   if (text == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory writing the manifest");
-  char path[PATH_BYTES];
+  char path[CK_PATH_BYTES];
   snprintf(path, sizeof path, "%s/manifest.json", tmp_dir);
   mp_atomic_file file;
   mp_status status = mp_atomic_file_open(&file, path, err);
@@ -754,7 +683,7 @@ static mp_status finish_save(const mp_checkpoint_context *ctx, const mp_gpt_layo
   struct stat info;
   if (stat(final_dir, &info) == 0) {
     /* Replacing step-N (a resumed run saving the step it resumed from): move it aside first. */
-    char old[PATH_BYTES];
+    char old[CK_PATH_BYTES];
     snprintf(old, sizeof old, "%s.old-%d", final_dir, (int)pid);
     if (rename(final_dir, old) != 0) {
       return mp_fail(err, MP_ERR_RUNTIME, "%s: cannot replace: %s", final_dir, strerror(errno));
@@ -772,7 +701,7 @@ static mp_status finish_save(const mp_checkpoint_context *ctx, const mp_gpt_layo
     const int n = list_checkpoints(dir, steps, MAX_LISTED);
     int complete = 0;
     for (int i = 0; i < n; ++i) {
-      char candidate[PATH_BYTES];
+      char candidate[CK_PATH_BYTES];
       snprintf(candidate, sizeof candidate, "%s/step-%lld", dir, (long long)steps[i]);
       if (!has_manifest(candidate)) continue;
       if (++complete > keep) remove_dir(candidate);
@@ -799,7 +728,7 @@ mp_status mp_checkpoint_save(const char *dir, int64_t step, int keep,
   /* World rank 0 creates the temporary directory and tells the others its name. */
   int32_t pid = (int32_t)getpid();
   if (world != NULL) status = mp_comm_broadcast(world, &pid, sizeof pid, 0, err);
-  char tmp_dir[PATH_BYTES], final_dir[PATH_BYTES];
+  char tmp_dir[CK_PATH_BYTES], final_dir[CK_PATH_BYTES];
   snprintf(tmp_dir, sizeof tmp_dir, "%s/step-%lld.tmp-%d", dir, (long long)step, (int)pid);
   snprintf(final_dir, sizeof final_dir, "%s/step-%lld", dir, (long long)step);
   if (status == MP_OK && world_rank == 0) {
@@ -888,504 +817,35 @@ mp_status mp_checkpoint_find_latest(const char *dir, char *path, size_t path_byt
                  dir);
 }
 
-/* ---- loading ---- */
-
-typedef struct {
-  char name[FILE_NAME_BYTES];
-  char checksum[17]; /* FNV-1a 64, hex */
-  int pp_rank, tp_rank, tp_size;
-  size_t floats;     /* per array */
-} ck_file;
-
-typedef struct {
-  int file;          /* index into the files */
-  size_t offset;     /* floats from the start of each array of the file */
-} ck_piece;
-
-typedef struct {
-  char name[MP_GPT_TENSOR_NAME_BYTES];
-  size_t rows, cols;
-  mp_tp_split split;
-  int tp;            /* shards it was saved in */
-  ck_piece *pieces;  /* (tp) by tp rank */
-} ck_tensor;
-
-typedef struct {
-  char path[PATH_BYTES]; /* the checkpoint directory */
-  char file[PATH_BYTES]; /* the manifest, as messages name it */
-  cJSON *root;
-  int version;
-  int64_t step;
-  int num_files;
-  ck_file *files;
-  int num_tensors;
-  ck_tensor *tensors;
-} manifest;
-
-static mp_status manifest_int(const manifest *mf, const cJSON *object, const char *where,
-                              const char *key, int64_t *out, mp_error *err) {
-  const cJSON *item = cJSON_GetObjectItemCaseSensitive(object, key);
-  /* Whole numbers within +-2^53 only: casting NaN, an infinity or 1e300 to int64_t is undefined
-   * behaviour, and a fraction would be silently cut. */
-  const double limit = 9007199254740992.0;
-  if (!cJSON_IsNumber(item) || !(item->valuedouble >= -limit && item->valuedouble <= limit) ||
-      item->valuedouble != (double)(int64_t)item->valuedouble) {
-    return mp_fail(err, MP_ERR_INPUT,
-                   "%s: %s.%s is missing or not a whole number; the manifest is damaged",
-                   mf->file, where, key);
-  }
-  *out = (int64_t)item->valuedouble;
-  return MP_OK;
-}
-
-/* manifest_int within [lo, hi]. */
-static mp_status manifest_range(const manifest *mf, const cJSON *object, const char *where,
-                                const char *key, int64_t lo, int64_t hi, int64_t *out,
-                                mp_error *err) {
-  MP_TRY(manifest_int(mf, object, where, key, out, err));
-  if (*out < lo || *out > hi) {
-    return mp_fail(err, MP_ERR_INPUT, "%s: %s.%s is %lld; want %lld to %lld", mf->file, where,
-                   key, (long long)*out, (long long)lo, (long long)hi);
-  }
-  return MP_OK;
-}
-
-/* The largest floats per array a file may declare: three arrays and the header must have a
- * size_t byte count (and an off_t offset). */
-static const int64_t MAX_FILE_FLOATS = ((int64_t)1 << 60) / (3 * (int64_t)sizeof(float));
-
-/* $.shards: the files. Version 1: one per tp rank, floats_per_array of the first for all. */
-static mp_status parse_files(manifest *mf, int pp, int tp, mp_error *err) {
-  const cJSON *shards = cJSON_GetObjectItemCaseSensitive(mf->root, "shards");
-  const int want = pp * tp;
-  if (!cJSON_IsArray(shards) || cJSON_GetArraySize(shards) != want) {
-    return mp_fail(err, MP_ERR_INPUT, "%s: $.shards must list %d shard files (pp %d x tp %d)",
-                   mf->file, want, pp, tp);
-  }
-  mf->files = calloc((size_t)want, sizeof *mf->files);
-  if (mf->files == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
-  mf->num_files = want;
-  int64_t shared_floats = 0;
-  for (int f = 0; f < want; ++f) {
-    const cJSON *entry = cJSON_GetArrayItem(shards, f);
-    char where[64];
-    snprintf(where, sizeof where, "$.shards[%d]", f);
-    const cJSON *name = cJSON_GetObjectItemCaseSensitive(entry, "file");
-    const cJSON *sum = cJSON_GetObjectItemCaseSensitive(entry, "fnv1a64");
-    if (!cJSON_IsString(name) || !cJSON_IsString(sum) || strchr(name->valuestring, '/') ||
-        name->valuestring[0] == '\0' || strcmp(name->valuestring, "..") == 0 ||
-        strcmp(name->valuestring, ".") == 0 || strlen(name->valuestring) >= FILE_NAME_BYTES ||
-        strlen(sum->valuestring) != 16) {
-      return mp_fail(err, MP_ERR_INPUT,
-                     "%s: %s needs file (a plain name) and fnv1a64 (16 hex digits)", mf->file,
-                     where);
-    }
-    ck_file *file = &mf->files[f];
-    snprintf(file->name, sizeof file->name, "%s", name->valuestring);
-    snprintf(file->checksum, sizeof file->checksum, "%s", sum->valuestring);
-    for (int g = 0; g < f; ++g) {
-      if (strcmp(mf->files[g].name, file->name) == 0) {
-        return mp_fail(err, MP_ERR_INPUT, "%s: %s names %s twice", mf->file, where, file->name);
-      }
-    }
-    int64_t floats = 0, pp_rank = 0, tp_rank = f;
-    if (mf->version == 1) {
-      if (f == 0) {
-        MP_TRY(manifest_range(mf, entry, where, "floats_per_array", 0, MAX_FILE_FLOATS,
-                              &shared_floats, err));
-      }
-      floats = shared_floats;
-    } else {
-      MP_TRY(manifest_range(mf, entry, where, "floats_per_array", 0, MAX_FILE_FLOATS, &floats,
-                            err));
-      MP_TRY(manifest_range(mf, entry, where, "pp_rank", 0, pp - 1, &pp_rank, err));
-      MP_TRY(manifest_range(mf, entry, where, "tp_rank", 0, tp - 1, &tp_rank, err));
-    }
-    file->floats = (size_t)floats;
-    file->pp_rank = (int)pp_rank;
-    file->tp_rank = (int)tp_rank;
-    file->tp_size = tp;
-  }
-  return MP_OK;
-}
-
-/* $.tensors: every tensor's shape and split (from its name), and where each tp shard sits. */
-static mp_status parse_tensors(manifest *mf, mp_error *err) {
-  const cJSON *tensors = cJSON_GetObjectItemCaseSensitive(mf->root, "tensors");
-  if (!cJSON_IsArray(tensors) || cJSON_GetArraySize(tensors) < 1) {
-    return mp_fail(err, MP_ERR_INPUT, "%s: $.tensors must be a non-empty array", mf->file);
-  }
-  const int n = cJSON_GetArraySize(tensors);
-  mf->tensors = calloc((size_t)n, sizeof *mf->tensors);
-  if (mf->tensors == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
-  mf->num_tensors = n;
-  for (int i = 0; i < n; ++i) {
-    const cJSON *item = cJSON_GetArrayItem(tensors, i);
-    ck_tensor *t = &mf->tensors[i];
-    char where[64];
-    snprintf(where, sizeof where, "$.tensors[%d]", i);
-    const cJSON *name = cJSON_GetObjectItemCaseSensitive(item, "name");
-    const cJSON *shape = cJSON_GetObjectItemCaseSensitive(item, "shape");
-    const cJSON *shards = cJSON_GetObjectItemCaseSensitive(item, "shards");
-    const double limit = 2147483647.0;
-    const cJSON *rows = cJSON_GetArrayItem(shape, 0), *cols = cJSON_GetArrayItem(shape, 1);
-    if (!cJSON_IsString(name) || strlen(name->valuestring) >= sizeof t->name ||
-        !cJSON_IsArray(shape) || cJSON_GetArraySize(shape) != 2 || !cJSON_IsNumber(rows) ||
-        !cJSON_IsNumber(cols) || !(rows->valuedouble >= 1 && rows->valuedouble <= limit) ||
-        !(cols->valuedouble >= 1 && cols->valuedouble <= limit) ||
-        rows->valuedouble != (double)(int64_t)rows->valuedouble ||
-        cols->valuedouble != (double)(int64_t)cols->valuedouble || !cJSON_IsArray(shards)) {
-      return mp_fail(err, MP_ERR_INPUT,
-                     "%s: %s needs name, shape [rows, cols] (whole numbers >= 1) and shards",
-                     mf->file, where);
-    }
-    snprintf(t->name, sizeof t->name, "%s", name->valuestring);
-    t->rows = (size_t)rows->valuedouble;
-    t->cols = (size_t)cols->valuedouble;
-    mp_status status = mp_tp_split_of(t->name, &t->split, err);
-    if (status != MP_OK) {
-      return mp_fail(err, status, "%s: %s: not a tensor of the GPT model (%s)", mf->file, where,
-                     t->name);
-    }
-    const int tp = cJSON_GetArraySize(shards);
-    if (tp < 1 || tp > MAX_GRID) {
-      return mp_fail(err, MP_ERR_INPUT, "%s: %s.shards must list 1 to %d shards", mf->file,
-                     where, MAX_GRID);
-    }
-    t->tp = tp;
-    t->pieces = calloc((size_t)tp, sizeof *t->pieces);
-    if (t->pieces == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
-    for (int r = 0; r < tp; ++r) t->pieces[r].file = -1;
-    const size_t want = mp_tp_shard_floats(t->split, t->rows, t->cols, tp);
-    for (int s = 0; s < tp; ++s) {
-      const cJSON *shard = cJSON_GetArrayItem(shards, s);
-      char at[96];
-      snprintf(at, sizeof at, "%s.shards[%d]", where, s);
-      int64_t rank = 0, offset = 0, floats = 0;
-      MP_TRY(manifest_range(mf, shard, at, "tp_rank", 0, tp - 1, &rank, err));
-      MP_TRY(manifest_range(mf, shard, at, "float_offset", 0, MAX_FILE_FLOATS, &offset, err));
-      MP_TRY(manifest_range(mf, shard, at, "floats", 0, MAX_FILE_FLOATS, &floats, err));
-      int file = -1;
-      if (mf->version == 1) {
-        file = (int)rank < mf->num_files ? (int)rank : -1;
-      } else {
-        const cJSON *fname = cJSON_GetObjectItemCaseSensitive(shard, "file");
-        for (int f = 0; cJSON_IsString(fname) && f < mf->num_files && file < 0; ++f) {
-          if (strcmp(mf->files[f].name, fname->valuestring) == 0) file = f;
-        }
-      }
-      if (file < 0) {
-        return mp_fail(err, MP_ERR_INPUT, "%s: %s names no file of $.shards", mf->file, at);
-      }
-      if (t->pieces[rank].file >= 0) {
-        return mp_fail(err, MP_ERR_INPUT, "%s: %s: tp rank %lld appears twice", mf->file, at,
-                       (long long)rank);
-      }
-      mp_tp_shard_block blocks[MP_TP_SHARD_MAX_BLOCKS];
-      int num_blocks = 0;
-      mp_error inner = MP_ERROR_INITIALIZER;
-      if (mp_tp_shard_blocks(t->split, t->rows, t->cols, (int)rank, tp, blocks, &num_blocks,
-                             &inner) != MP_OK ||
-          (size_t)floats != want) {
-        return mp_fail(err, MP_ERR_INPUT,
-                       "%s: %s: %s (%zu x %zu, split %s) cannot be cut into %d shards of %lld "
-                       "floats",
-                       mf->file, at, t->name, t->rows, t->cols, mp_tp_split_name(t->split), tp,
-                       (long long)floats);
-      }
-      const ck_file *holder = &mf->files[file];
-      if (holder->tp_rank != (int)rank || (size_t)offset > holder->floats ||
-          (size_t)floats > holder->floats - (size_t)offset) {
-        return mp_fail(err, MP_ERR_INPUT,
-                       "%s: %s: the shard of tp rank %lld does not fit in %s (tp rank %d, %zu "
-                       "floats per array)",
-                       mf->file, at, (long long)rank, holder->name, holder->tp_rank,
-                       holder->floats);
-      }
-      t->pieces[rank].file = file;
-      t->pieces[rank].offset = (size_t)offset;
-    }
-  }
-  return MP_OK;
-}
-
-/* Parses a manifest's text into mf (mf->path and mf->file set by the caller) and checks it:
- * format, version, step, layout, the files and the tensor table. */
-static mp_status manifest_parse(const char *text, manifest *mf, mp_error *err) {
-  const char *file = mf->file;
-  mf->root = cJSON_Parse(text);
-  const cJSON *format = cJSON_GetObjectItemCaseSensitive(mf->root, "format");
-  if (!cJSON_IsObject(mf->root) || !cJSON_IsString(format) ||
-      strcmp(format->valuestring, FORMAT_NAME) != 0) {
-    return mp_fail(err, MP_ERR_INPUT,
-                   "%s: not a checkpoint manifest (want an object with \"format\": \"%s\")",
-                   file, FORMAT_NAME);
-  }
-  int64_t version = 0, tp = 0, dp = 0, pp = 0;
-  MP_TRY(manifest_int(mf, mf->root, "$", "version", &version, err));
-  if (version != 1 && version != FORMAT_VERSION) {
-    return mp_fail(err, MP_ERR_INPUT,
-                   "%s: checkpoint format version %lld; this mpengine reads versions 1 and %d",
-                   file, (long long)version, FORMAT_VERSION);
-  }
-  mf->version = (int)version;
-  MP_TRY(manifest_int(mf, mf->root, "$", "step", &mf->step, err));
-  const cJSON *plan = cJSON_GetObjectItemCaseSensitive(mf->root, "plan");
-  MP_TRY(manifest_range(mf, plan, "$.plan", "dp", 1, MAX_GRID, &dp, err));
-  MP_TRY(manifest_range(mf, plan, "$.plan", "pp", 1, MAX_GRID, &pp, err));
-  MP_TRY(manifest_range(mf, plan, "$.plan", "tp", 1, MAX_GRID, &tp, err));
-  if (version == 1 && (dp != 1 || pp != 1)) {
-    return mp_fail(err, MP_ERR_INPUT,
-                   "%s: a version-1 checkpoint saved with dp x pp x tp = %lld x %lld x %lld; "
-                   "version 1 holds dp = pp = 1 only",
-                   file, (long long)dp, (long long)pp, (long long)tp);
-  }
-  if (pp * tp > MAX_FILES) {
-    return mp_fail(err, MP_ERR_INPUT, "%s: pp x tp = %lld x %lld is more than %d files", file,
-                   (long long)pp, (long long)tp, MAX_FILES);
-  }
-  MP_TRY(parse_files(mf, (int)pp, (int)tp, err));
-  return parse_tensors(mf, err);
-}
-
-static mp_status manifest_open(const char *path, manifest *mf, mp_error *err) {
-  memset(mf, 0, sizeof *mf);
-  snprintf(mf->path, sizeof mf->path, "%s", path);
-  snprintf(mf->file, sizeof mf->file, "%s/manifest.json", path);
-  char *text = read_text(mf->file);
-  if (text == NULL) {
-    return mp_fail(err, MP_ERR_INPUT, "%s: cannot read it (%s); not a checkpoint directory",
-                   mf->file, strerror(errno));
-  }
-  mp_status status = manifest_parse(text, mf, err);
-  free(text);
-  return status;
-}
-
-static void manifest_close(manifest *mf) {
-  for (int i = 0; i < mf->num_tensors && mf->tensors != NULL; ++i) free(mf->tensors[i].pieces);
-  free(mf->tensors);
-  free(mf->files);
-  cJSON_Delete(mf->root);
-  memset(mf, 0, sizeof *mf);
-}
-
-static void describe_file(char *out, size_t bytes, const manifest *mf, const ck_file *file) {
-  if (mf->version == 1) {
-    snprintf(out, bytes, "tp rank %d", file->tp_rank);
-  } else {
-    snprintf(out, bytes, "pp rank %d, tp rank %d", file->pp_rank, file->tp_rank);
-  }
-}
-
-/* Opens file f and checks its header: magic, coordinates, floats per array. */
-static mp_status open_shard(const manifest *mf, int f, FILE **out, mp_error *err) {
-  const ck_file *file = &mf->files[f];
-  char path[PATH_BYTES], who[64];
-  snprintf(path, sizeof path, "%s/%s", mf->path, file->name);
-  describe_file(who, sizeof who, mf, file);
-  *out = fopen(path, "rb");
-  if (*out == NULL) {
-    return mp_fail(err, MP_ERR_INPUT, "%s: cannot open: %s", path, strerror(errno));
-  }
-  unsigned char header[SHARD_HEADER_BYTES];
-  bool ok = fread(header, 1, sizeof header, *out) == sizeof header;
-  uint32_t a = 0, b = 0;
-  uint64_t floats = 0;
-  memcpy(&a, header + 8, 4);
-  memcpy(&b, header + 12, 4);
-  memcpy(&floats, header + 16, 8);
-  if (mf->version == 1) {
-    ok = ok && memcmp(header, SHARD_MAGIC_V1, 8) == 0 && a == (uint32_t)file->tp_rank &&
-         b == (uint32_t)file->tp_size;
-  } else {
-    ok = ok && memcmp(header, SHARD_MAGIC_V2, 8) == 0 && a == (uint32_t)file->pp_rank &&
-         b == (uint32_t)file->tp_rank;
-  }
-  ok = ok && floats == file->floats;
-  if (!ok) {
-    fclose(*out);
-    *out = NULL;
-    return mp_fail(err, MP_ERR_INPUT, "%s: not the shard file of %s (bad header)", path, who);
-  }
-  return MP_OK;
-}
-
-/* Checks file f against the manifest: present, checksum, size, header. */
-static mp_status verify_file(const manifest *mf, int f, mp_error *err) {
-  const ck_file *file = &mf->files[f];
-  char path[PATH_BYTES], who[64];
-  snprintf(path, sizeof path, "%s/%s", mf->path, file->name);
-  describe_file(who, sizeof who, mf, file);
-  if (access(path, F_OK) != 0) {
-    return mp_fail(err, MP_ERR_INPUT,
-                   "%s: missing shard file of %s (the checkpoint is incomplete; resume from "
-                   "another step-<N>)",
-                   path, who);
-  }
-  uint64_t checksum = 0, bytes = 0;
-  MP_TRY(mp_checkpoint_file_checksum(path, &checksum, &bytes, err));
-  char hex[17];
-  hex64(hex, checksum);
-  if (strcmp(hex, file->checksum) != 0) {
-    return mp_fail(err, MP_ERR_INPUT,
-                   "%s: checksum mismatch (FNV-1a 64 %s, the manifest says %s): the shard is "
-                   "corrupted; resume from another step-<N>",
-                   path, hex, file->checksum);
-  }
-  const uint64_t want = SHARD_HEADER_BYTES + 3 * (uint64_t)file->floats * sizeof(float);
-  if (bytes != want) {
-    return mp_fail(err, MP_ERR_INPUT, "%s: %llu bytes, want %llu", path,
-                   (unsigned long long)bytes, (unsigned long long)want);
-  }
-  FILE *handle = NULL;
-  MP_TRY(open_shard(mf, f, &handle, err));
-  fclose(handle);
-  return MP_OK;
-}
-
-/* Verifies files f = first, first + stride, ... (every file: 0, 1). */
-static mp_status verify_files(const manifest *mf, int first, int stride, mp_error *err) {
-  for (int f = first; f < mf->num_files; f += stride) MP_TRY(verify_file(mf, f, err));
-  return MP_OK;
-}
-
-/* The shard files a load reads, opened on first use. */
-typedef struct {
-  const manifest *mf;
-  FILE **handles; /* (num_files) */
-} shard_reader;
-
-static mp_status reader_open(const manifest *mf, shard_reader *reader, mp_error *err) {
-  reader->mf = mf;
-  reader->handles = calloc((size_t)(mf->num_files > 0 ? mf->num_files : 1), sizeof(FILE *));
-  if (reader->handles == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
-  return MP_OK;
-}
-
-static void reader_close(shard_reader *reader) {
-  for (int f = 0; reader->handles != NULL && f < reader->mf->num_files; ++f) {
-    if (reader->handles[f] != NULL) fclose(reader->handles[f]);
-  }
-  free(reader->handles);
-  reader->handles = NULL;
-}
-
-/* dest (count floats) = array `array` (0 params, 1 first moments, 2 second moments) of file f
- * from float `offset`. */
-static mp_status read_floats(shard_reader *reader, int f, int array, size_t offset, size_t count,
-                             float *dest, mp_error *err) {
-  const manifest *mf = reader->mf;
-  if (reader->handles[f] == NULL) MP_TRY(open_shard(mf, f, &reader->handles[f], err));
-  const ck_file *file = &mf->files[f];
-  const off_t at = (off_t)SHARD_HEADER_BYTES +
-                   ((off_t)array * (off_t)file->floats + (off_t)offset) * (off_t)sizeof(float);
-  if (fseeko(reader->handles[f], at, SEEK_SET) != 0 ||
-      fread(dest, sizeof(float), count, reader->handles[f]) != count) {
-    return mp_fail(err, MP_ERR_INPUT, "%s/%s: short read at byte %lld (truncated?)", mf->path,
-                   file->name, (long long)at);
-  }
-  return MP_OK;
-}
-
-typedef struct {
-  shard_reader *reader;
-  const ck_tensor *tensor;
-  int array;
-} saved_source;
-
-static mp_status read_saved(void *context, int source_rank, size_t offset, size_t count,
-                            float *dest, mp_error *err) {
-  const saved_source *s = context;
-  const ck_piece *piece = &s->tensor->pieces[source_rank];
-  return read_floats(s->reader, piece->file, s->array, piece->offset + offset, count, dest, err);
-}
-
-/* dest (count floats) = elements [first, first + count) of tp rank `rank` of `size`'s shard of
- * tensor i's array `array`, read from the saved shards that hold them (any saved tp): only those
- * elements' bytes are read, one read per run contiguous in both layouts. */
-static mp_status read_shard(shard_reader *reader, int i, int array, int rank, int size,
-                            size_t first, size_t count, float *dest, mp_error *err) {
-  const ck_tensor *t = &reader->mf->tensors[i];
-  saved_source source = {reader, t, array};
-  return mp_tp_shard_read(dest, first, count, t->split, t->rows, t->cols, rank, size, t->tp,
-                          read_saved, &source, err);
-}
-
 /* Fills this rank's chunks: parameters, and the moments of the elements it keeps. */
-static mp_status read_view(shard_reader *reader, const rank_view *view, mp_error *err) {
+static mp_status read_view(ck_shard_reader *reader, const rank_view *view, mp_error *err) {
   for (int c = 0; c < view->num_chunks; ++c) {
     const view_chunk *chunk = &view->chunks[c];
     const size_t lo = chunk->first, hi = chunk->first + chunk->moments;
     for (int j = 0; j < chunk->num_tensors; ++j) {
       const view_tensor *t = &chunk->tensors[j];
-      MP_TRY(read_shard(reader, t->global, 0, view->tp_rank, view->tp_size, 0, t->count,
+      MP_TRY(ck_read_shard(reader, t->global, 0, view->tp_rank, view->tp_size, 0, t->count,
                         chunk->params + t->offset, err));
       /* The moments of the part of the tensor this dp rank keeps (all of it without ZeRO-1). */
       const size_t a = t->offset > lo ? t->offset : lo;
       const size_t b = t->offset + t->count < hi ? t->offset + t->count : hi;
       if (a >= b) continue;
-      MP_TRY(read_shard(reader, t->global, 1, view->tp_rank, view->tp_size, a - t->offset, b - a,
+      MP_TRY(ck_read_shard(reader, t->global, 1, view->tp_rank, view->tp_size, a - t->offset, b - a,
                         chunk->m + (a - lo), err));
-      MP_TRY(read_shard(reader, t->global, 2, view->tp_rank, view->tp_size, a - t->offset, b - a,
+      MP_TRY(ck_read_shard(reader, t->global, 2, view->tp_rank, view->tp_size, a - t->offset, b - a,
                         chunk->v + (a - lo), err));
     }
   }
   return MP_OK;
 }
 
-/* Checks that the manifest's model is `layout` (naming the first difference). */
-static mp_status check_model(const manifest *mf, const mp_gpt_layout *layout,
-                             const char *model_source, mp_error *err) {
-  const cJSON *model = cJSON_GetObjectItemCaseSensitive(mf->root, "model");
-  const cJSON *config = cJSON_GetObjectItemCaseSensitive(model, "config");
-  const cJSON *name = cJSON_GetObjectItemCaseSensitive(model, "name");
-  const mp_gpt_config *c = mp_gpt_layout_config(layout);
-  const struct {
-    const char *key;
-    int value;
-  } fields[] = {{"num_layers", c->num_layers},   {"num_heads", c->num_heads},
-                {"channels", c->channels},       {"ffn_channels", c->ffn_channels},
-                {"vocab_size", c->vocab_size},   {"padded_vocab_size", c->padded_vocab_size},
-                {"max_seq_len", c->max_seq_len}};
-  for (size_t i = 0; i < sizeof fields / sizeof fields[0]; ++i) {
-    int64_t saved = 0;
-    MP_TRY(manifest_int(mf, config, "$.model.config", fields[i].key, &saved, err));
-    if (saved != fields[i].value) {
-      return mp_fail(err, MP_ERR_INPUT,
-                     "%s is a checkpoint of another model: %s %lld in the checkpoint (model "
-                     "'%s'), %d in %s",
-                     mf->path, fields[i].key, (long long)saved,
-                     cJSON_IsString(name) ? name->valuestring : "?", fields[i].value,
-                     model_source);
-    }
-  }
-  const int n = mp_gpt_layout_num_tensors(layout);
-  if (mf->num_tensors != n) {
-    return mp_fail(err, MP_ERR_INPUT,
-                   "%s is a checkpoint of another model: %d tensors in the checkpoint, %d in %s",
-                   mf->path, mf->num_tensors, n, model_source);
-  }
-  for (int i = 0; i < n; ++i) {
-    const mp_gpt_tensor *t = mp_gpt_layout_tensor(layout, i);
-    const ck_tensor *saved = &mf->tensors[i];
-    if (strcmp(saved->name, t->name) != 0 || saved->rows != t->rows || saved->cols != t->cols) {
-      return mp_fail(err, MP_ERR_INPUT,
-                     "%s is a checkpoint of another model: tensor %d is not %s (%zu x %zu) as "
-                     "in %s",
-                     mf->path, i, t->name, t->rows, t->cols, model_source);
-    }
-  }
-  return MP_OK;
-}
-
-static mp_status check_run(const manifest *mf, const mp_plan *plan, mp_error *err) {
+static mp_status check_run(const ck_manifest *mf, const mp_plan *plan, mp_error *err) {
   const cJSON *p = cJSON_GetObjectItemCaseSensitive(mf->root, "plan");
   const cJSON *batch = cJSON_GetObjectItemCaseSensitive(p, "batch");
   const cJSON *training = cJSON_GetObjectItemCaseSensitive(p, "training");
   int64_t global_batch = 0, seq_len = 0;
-  MP_TRY(manifest_int(mf, batch, "$.plan.batch", "global_batch", &global_batch, err));
-  MP_TRY(manifest_int(mf, batch, "$.plan.batch", "seq_len", &seq_len, err));
+  MP_TRY(ck_manifest_int(mf, batch, "$.plan.batch", "global_batch", &global_batch, err));
+  MP_TRY(ck_manifest_int(mf, batch, "$.plan.batch", "seq_len", &seq_len, err));
   const cJSON *seed = cJSON_GetObjectItemCaseSensitive(training, "seed");
   char want[32];
   snprintf(want, sizeof want, "%" PRIu64, (uint64_t)plan->training.seed);
@@ -1411,129 +871,27 @@ mp_status mp_checkpoint_load(const char *path, const mp_checkpoint_context *ctx,
   const int world_rank = world != NULL ? mp_comm_rank(world) : 0;
   const int world_size = world != NULL ? mp_comm_size(world) : 1;
   rank_view view;
-  manifest mf;
+  ck_manifest mf;
   memset(&mf, 0, sizeof mf);
   mp_status status = view_create(ctx, &view, err);
   const bool have_view = status == MP_OK;
-  if (status == MP_OK) status = manifest_open(path, &mf, err);
-  if (status == MP_OK) status = check_model(&mf, view.layout, mp_model_source(ctx->model), err);
+  if (status == MP_OK) status = ck_manifest_open(path, &mf, err);
+  if (status == MP_OK) status = ck_check_model(&mf, view.layout, mp_model_source(ctx->model), err);
   if (status == MP_OK) status = check_run(&mf, ctx->plan, err);
   status = agree(world, status, err);
   /* The files' checksums, spread over the ranks. */
-  if (status == MP_OK) status = verify_files(&mf, world_rank, world_size, err);
+  if (status == MP_OK) status = ck_verify_files(&mf, world_rank, world_size, err);
   status = agree(world, status, err);
-  shard_reader reader = {NULL, NULL};
-  if (status == MP_OK) status = reader_open(&mf, &reader, err);
+  ck_shard_reader reader = {NULL, NULL};
+  if (status == MP_OK) status = ck_reader_open(&mf, &reader, err);
   if (status == MP_OK) status = read_view(&reader, &view, err);
-  if (reader.handles != NULL) reader_close(&reader);
+  if (reader.handles != NULL) ck_reader_close(&reader);
   /* The CUDA backend's state goes from the host arrays the view wrote back to the GPU. */
   if (status == MP_OK) status = mp_trainer_state_to_device(ctx->trainer, err);
   status = agree(world, status, err);
   if (status == MP_OK) *step = mf.step;
-  manifest_close(&mf);
+  ck_manifest_close(&mf);
   if (have_view) view_free(&view);
   return status;
 }
 
-mp_status mp_checkpoint_export_llmc(const char *path, const char *out, int64_t *step,
-                                    size_t *num_params, mp_error *err) {
-  manifest mf;
-  mp_status status = manifest_open(path, &mf, err);
-  const cJSON *model = cJSON_GetObjectItemCaseSensitive(mf.root, "model");
-  const cJSON *description = cJSON_GetObjectItemCaseSensitive(model, "description");
-  const cJSON *batch =
-      cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(mf.root, "plan"), "batch");
-  int64_t seq_len = 0;
-  if (status == MP_OK) status = manifest_int(&mf, batch, "$.plan.batch", "seq_len", &seq_len, err);
-  if (status == MP_OK && (seq_len < 1 || seq_len > INT32_MAX)) {
-    status = mp_fail(err, MP_ERR_INPUT, "%s: $.plan.batch.seq_len %lld is out of range", mf.file,
-                     (long long)seq_len);
-  }
-  if (status == MP_OK && !cJSON_IsString(description)) {
-    status = mp_fail(err, MP_ERR_INPUT,
-                     "%s/manifest.json: $.model.description is missing (the model file could "
-                     "not be read when it was saved)",
-                     path);
-  }
-  mp_model *parsed = NULL;
-  mp_gpt_layout *layout = NULL;
-  char source[PATH_BYTES + 32];
-  snprintf(source, sizeof source, "%s/manifest.json $.model.description", path);
-  if (status == MP_OK) status = mp_model_parse_text(description->valuestring, source, &parsed, err);
-  if (status == MP_OK) status = mp_gpt_layout_create(parsed, (int)seq_len, &layout, err);
-  if (status == MP_OK) status = check_model(&mf, layout, source, err);
-  if (status == MP_OK) status = verify_files(&mf, 0, 1, err);
-  /* Tensor by tensor: one buffer of the largest tensor, never the whole model. */
-  size_t largest = 0;
-  for (int i = 0; status == MP_OK && i < mp_gpt_layout_num_tensors(layout); ++i) {
-    const mp_gpt_tensor *t = mp_gpt_layout_tensor(layout, i);
-    if (t->rows * t->cols > largest) largest = t->rows * t->cols;
-  }
-  float *tensor = NULL;
-  if (status == MP_OK && (tensor = malloc((largest > 0 ? largest : 1) * sizeof(float))) == NULL) {
-    status = mp_fail(err, MP_ERR_RUNTIME, "out of memory for a tensor of %zu floats", largest);
-  }
-  mp_llmc_writer *writer = NULL;
-  if (status == MP_OK) status = mp_llmc_writer_open(layout, out, &writer, err);
-  shard_reader reader = {NULL, NULL};
-  if (status == MP_OK) status = reader_open(&mf, &reader, err);
-  for (int i = 0; status == MP_OK && i < mp_gpt_layout_num_tensors(layout); ++i) {
-    const mp_gpt_tensor *t = mp_gpt_layout_tensor(layout, i);
-    /* The full tensor is tp rank 0's shard at tp = 1. */
-    status = read_shard(&reader, i, 0, 0, 1, 0, t->rows * t->cols, tensor, err);
-    if (status == MP_OK) mp_llmc_writer_write(writer, i, 0, tensor, t->rows * t->cols);
-  }
-  if (reader.handles != NULL) reader_close(&reader);
-  if (writer != NULL) {
-    if (status == MP_OK) {
-      status = mp_llmc_writer_commit(writer, err);
-    } else {
-      mp_llmc_writer_abort(writer);
-    }
-  }
-  if (status == MP_OK) {
-    *step = mf.step;
-    *num_params = mp_gpt_layout_num_params(layout);
-  }
-  free(tensor);
-  mp_gpt_layout_free(layout);
-  mp_model_free(parsed);
-  manifest_close(&mf);
-  return status;
-}
-
-mp_status mp_checkpoint_manifest_check_text(const char *text, const char *source, mp_error *err) {
-  manifest mf;
-  memset(&mf, 0, sizeof mf);
-  snprintf(mf.path, sizeof mf.path, "%s", source);
-  snprintf(mf.file, sizeof mf.file, "%s", source);
-  mp_status status = manifest_parse(text, &mf, err);
-  const cJSON *plan = cJSON_GetObjectItemCaseSensitive(mf.root, "plan");
-  const cJSON *batch = cJSON_GetObjectItemCaseSensitive(plan, "batch");
-  int64_t global_batch = 0, seq_len = 0;
-  if (status == MP_OK) {
-    status = manifest_int(&mf, batch, "$.plan.batch", "global_batch", &global_batch, err);
-  }
-  if (status == MP_OK) status = manifest_int(&mf, batch, "$.plan.batch", "seq_len", &seq_len, err);
-  if (status == MP_OK && (seq_len < 1 || seq_len > INT32_MAX)) {
-    status = mp_fail(err, MP_ERR_INPUT, "%s: $.plan.batch.seq_len %lld is out of range", source,
-                     (long long)seq_len);
-  }
-  /* The model: its description (when saved) must parse, and the shape and tensor table must be
-   * those of the model it describes laid out at the saved seq_len, as export checks them. */
-  const cJSON *model = cJSON_GetObjectItemCaseSensitive(mf.root, "model");
-  const cJSON *description = cJSON_GetObjectItemCaseSensitive(model, "description");
-  mp_model *parsed = NULL;
-  mp_gpt_layout *layout = NULL;
-  char where[PATH_BYTES + 32];
-  snprintf(where, sizeof where, "%s $.model.description", source);
-  if (status == MP_OK && cJSON_IsString(description)) {
-    status = mp_model_parse_text(description->valuestring, where, &parsed, err);
-    if (status == MP_OK) status = mp_gpt_layout_create(parsed, (int)seq_len, &layout, err);
-    if (status == MP_OK) status = check_model(&mf, layout, where, err);
-  }
-  mp_gpt_layout_free(layout);
-  mp_model_free(parsed);
-  manifest_close(&mf);
-  return status;
-}

@@ -69,7 +69,8 @@ sources_llmc_checkpoint=("${json[@]}" topology/model.c engine/gpt_model.c engine
 # call neither, so the target links tests/fuzz/checkpoint_manifest_stubs.c (stand-ins that abort)
 # instead of their whole closure.
 sources_checkpoint_manifest=("${sources_llmc_checkpoint[@]}" topology/plan.c topology/layer_cost.c
-  tensor_parallel/shard.c engine/checkpoint.c tests/fuzz/checkpoint_manifest_stubs.c)
+  tensor_parallel/shard.c engine/checkpoint.c engine/checkpoint_format.c
+  tests/fuzz/checkpoint_manifest_stubs.c)
 # The trace reader checks steps with the schedule checker and the target draws them: schedules/.
 sources_trace_json=("${json[@]}" engine/trace_reader.c schedules/schedule.c schedules/generate.c
   schedules/p2p.c schedules/checker.c schedules/simulator.c schedules/text.c schedules/timeline.c
