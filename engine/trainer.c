@@ -32,9 +32,10 @@ struct mp_trainer {
   float **chunk_m, **chunk_v; /* AdamW moments per chunk: its whole array, or with ZeRO-1 this
                                  dp rank's part [zero_first, zero_first + zero_count) */
   size_t *zero_first, *zero_count; /* (num_chunks) */
-  float *zero_gather;     /* ZeRO-1: room for a chunk's parameters padded to dp parts, then
-                             for this rank's part (zero_part) */
+  float *zero_gather;     /* ZeRO-1: the parameter all-gather's output, dp pieces of zero_piece
+                             floats, then its input (zero_part), one piece */
   float *zero_part;
+  size_t zero_piece;
   float *zero_gather_device; /* the same on the GPU, for a GPU run */
   mp_schedule schedule;
   mp_stage_worker *worker;
@@ -443,6 +444,86 @@ static mp_status check_group(const mp_plan *plan, const char *name, mp_comm *com
                  plan->dp * plan->pp * plan->tp);
 }
 
+/* Floats per dp rank in one piece of ZeRO-1's parameter all-gather: all of a part when it is
+ * small, else a bucket's share, so the gathered piece is at most MP_TRAINER_BUCKET_FLOATS. */
+static size_t zero_piece_floats(size_t part, int dp) {
+  size_t piece = MP_TRAINER_BUCKET_FLOATS / (size_t)dp;
+  if (piece < 1) piece = 1;
+  return part < piece ? part : piece;
+}
+
+/* ZeRO-1, after each dp rank updated its part of a chunk's n parameters (dp parts of `part`
+ * floats, the last one shorter): the whole array on every rank, gathered piece by piece.
+ * gather(context, input, output, count) all-gathers count floats per rank; copy(context, dest,
+ * source, count) copies floats (host or device memory). */
+typedef mp_status (*zero_gather_fn)(void *context, const float *input, float *output,
+                                    size_t count, mp_error *err);
+typedef mp_status (*zero_copy_fn)(void *context, float *dest, const float *source, size_t count,
+                                  mp_error *err);
+
+static mp_status zero_gather_params(float *params, size_t n, size_t part, int dp, int dp_rank,
+                                    float *gathered, float *mine, size_t piece,
+                                    zero_gather_fn gather, zero_copy_fn copy, zero_copy_fn zero,
+                                    void *context, mp_error *err) {
+  const size_t first = part * (size_t)dp_rank < n ? part * (size_t)dp_rank : n;
+  for (size_t at = 0; at < part; at += piece) {
+    const size_t count = part - at < piece ? part - at : piece;
+    /* This rank's floats [first + at, + count), zero-padded past the end of the array. */
+    const size_t own = first + at < n ? (n - (first + at) < count ? n - (first + at) : count) : 0;
+    if (own < count) MP_TRY(zero(context, mine + own, NULL, count - own, err));
+    if (own > 0) MP_TRY(copy(context, mine, params + first + at, own, err));
+    MP_TRY(gather(context, mine, gathered, count, err));
+    for (int d = 0; d < dp; ++d) {
+      const size_t to = (size_t)d * part + at;
+      if (to >= n) continue;
+      const size_t len = n - to < count ? n - to : count;
+      MP_TRY(copy(context, params + to, gathered + (size_t)d * count, len, err));
+    }
+  }
+  return MP_OK;
+}
+
+typedef struct {
+  mp_comm *dp;
+  mp_nccl_comm *nccl;
+} zero_comms;
+
+static mp_status host_gather(void *context, const float *input, float *output, size_t count,
+                             mp_error *err) {
+  return mp_comm_all_gather_f32(((const zero_comms *)context)->dp, input, output, count, err);
+}
+
+static mp_status host_copy(void *context, float *dest, const float *source, size_t count,
+                           mp_error *err) {
+  memcpy(dest, source, count * sizeof(float));
+  return MP_OK;
+}
+
+static mp_status host_zero(void *context, float *dest, const float *source, size_t count,
+                           mp_error *err) {
+  memset(dest, 0, count * sizeof(float));
+  return MP_OK;
+}
+
+static mp_status device_gather(void *context, const float *input, float *output, size_t count,
+                               mp_error *err) {
+  const zero_comms *comms = context;
+  if (comms->nccl == NULL) return mp_comm_all_gather_f32(comms->dp, input, output, count, err);
+  MP_TRY(mp_nccl_comm_wait_stream(comms->nccl, NULL, err));
+  MP_TRY(mp_nccl_all_gather(comms->nccl, input, output, count, MP_NCCL_FLOAT32, err));
+  return mp_nccl_comm_synchronize(comms->nccl, err);
+}
+
+static mp_status device_copy(void *context, float *dest, const float *source, size_t count,
+                             mp_error *err) {
+  return mp_device_copy_on_device(dest, source, count * sizeof(float), err);
+}
+
+static mp_status device_zero(void *context, float *dest, const float *source, size_t count,
+                             mp_error *err) {
+  return mp_device_memset(dest, 0, count * sizeof(float), err);
+}
+
 static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_error *err) {
   const mp_plan *plan = trainer->plan;
   const int pp = plan->pp, v = plan->virtual_stages, stages = pp * v;
@@ -547,19 +628,21 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
     }
   }
   if (status == MP_OK && largest > 0) {
-    /* The largest chunk's dp parts, then one part: the all-gather's output and input (on the
-     * GPU for a GPU run). */
+    /* The parameter all-gather goes in pieces: dp pieces of at most zero_piece floats (its
+     * output), then one (its input), on the GPU for a GPU run: a bounded buffer, not a chunk. */
     const size_t largest_part = largest / (size_t)dp;
+    trainer->zero_piece = zero_piece_floats(largest_part, dp);
+    const size_t floats = trainer->zero_piece * ((size_t)dp + 1);
     if (on_gpu) {
       void *memory = NULL;
-      status = mp_device_alloc(&memory, (largest + largest_part) * sizeof(float), err);
+      status = mp_device_alloc(&memory, floats * sizeof(float), err);
       trainer->zero_gather_device = memory;
     } else {
-      trainer->zero_gather = calloc(largest + largest_part, sizeof(float));
+      trainer->zero_gather = calloc(floats, sizeof(float));
       if (trainer->zero_gather == NULL) status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
     }
     float *gather = on_gpu ? trainer->zero_gather_device : trainer->zero_gather;
-    if (gather != NULL) trainer->zero_part = gather + largest;
+    if (gather != NULL) trainer->zero_part = gather + trainer->zero_piece * (size_t)dp;
   }
   free(counts);
   return status;
@@ -1050,13 +1133,10 @@ static mp_status finish_parallel_step(mp_trainer *trainer, double lr, double *gr
     if (plan->zero_stage != 1 || o->dp == NULL || plan->dp == 1) continue;
     /* ZeRO-1: every dp rank updated its part; gather the whole array. */
     const size_t part = (n + (size_t)plan->dp - 1) / (size_t)plan->dp;
-    float *params = mp_gpt_tp_params(chunk);
-    float *mine = trainer->zero_part; /* this rank's part, zero-padded for the last rank */
-    memset(mine, 0, part * sizeof(float));
-    memcpy(mine, params + first, count * sizeof(float));
-    const mp_status status = mp_comm_all_gather_f32(o->dp, mine, trainer->zero_gather, part, err);
-    MP_TRY(status);
-    memcpy(params, trainer->zero_gather, n * sizeof(float));
+    zero_comms comms = {o->dp, NULL};
+    MP_TRY(zero_gather_params(mp_gpt_tp_params(chunk), n, part, plan->dp, o->dp_rank,
+                              trainer->zero_gather, trainer->zero_part, trainer->zero_piece,
+                              host_gather, host_copy, host_zero, &comms, err));
   }
   return MP_OK;
 }
@@ -1111,19 +1191,11 @@ static mp_status finish_gpu_step(mp_trainer *trainer, double lr, double *grad_no
      * the device (NCCL, or MPI through the host), then refresh the bf16 copy. */
     const size_t n = mp_gpt_tp_num_params(trainer->chunks[c]);
     const size_t part = (n + (size_t)plan->dp - 1) / (size_t)plan->dp;
-    const size_t first = trainer->zero_first[c], count = trainer->zero_count[c];
-    float *params = mp_gpt_stage_gpu_device_params(gpu);
-    float *mine = trainer->zero_part, *gathered = trainer->zero_gather_device;
-    MP_TRY(mp_device_memset(mine, 0, part * sizeof(float), err));
-    MP_TRY(mp_device_copy_on_device(mine, params + first, count * sizeof(float), err));
-    if (o->nccl_dp != NULL) {
-      MP_TRY(mp_nccl_comm_wait_stream(o->nccl_dp, NULL, err));
-      MP_TRY(mp_nccl_all_gather(o->nccl_dp, mine, gathered, part, MP_NCCL_FLOAT32, err));
-      MP_TRY(mp_nccl_comm_synchronize(o->nccl_dp, err));
-    } else {
-      MP_TRY(mp_comm_all_gather_f32(o->dp, mine, gathered, part, err));
-    }
-    MP_TRY(mp_device_copy_on_device(params, gathered, n * sizeof(float), err));
+    zero_comms comms = {o->dp, o->nccl_dp};
+    MP_TRY(zero_gather_params(mp_gpt_stage_gpu_device_params(gpu), n, part, plan->dp, o->dp_rank,
+                              trainer->zero_gather_device, trainer->zero_part,
+                              trainer->zero_piece, device_gather, device_copy, device_zero,
+                              &comms, err));
     mp_gpt_stage_gpu_refresh_weights(gpu);
   }
   return MP_OK;
