@@ -444,10 +444,14 @@ static mp_status check_group(const mp_plan *plan, const char *name, mp_comm *com
                  plan->dp * plan->pp * plan->tp);
 }
 
+/* ZeRO-1's parameter all-gather moves at most this many floats (over all dp ranks) a call: 4 MiB,
+ * large enough for the links' bandwidth, small beside any rank's state. */
+enum { ZERO_GATHER_PIECE_FLOATS = 1 << 20 };
+
 /* Floats per dp rank in one piece of ZeRO-1's parameter all-gather: all of a part when it is
- * small, else a bucket's share, so the gathered piece is at most MP_TRAINER_BUCKET_FLOATS. */
+ * small, else its share of ZERO_GATHER_PIECE_FLOATS. */
 static size_t zero_piece_floats(size_t part, int dp) {
-  size_t piece = MP_TRAINER_BUCKET_FLOATS / (size_t)dp;
+  size_t piece = ZERO_GATHER_PIECE_FLOATS / (size_t)dp;
   if (piece < 1) piece = 1;
   return part < piece ? part : piece;
 }

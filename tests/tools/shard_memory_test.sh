@@ -4,7 +4,7 @@
 # large as one rank's whole training state (params, gradients, AdamW m and v of its shard: about
 # 96 MiB at pp x tp = 4) runs on 4 ranks: initialised, trained a step, saved (--save-weights and a
 # checkpoint), loaded from the llm.c file (--init-from), and resumed resharded from (pp, tp) =
-# (2, 2) to (4, 1). Each rank's peak resident memory (VmHWM, from run's "memory:" line) minus the
+# (2, 2) to (4, 1), and with ZeRO-1 over dp = 2. Each rank's peak resident memory (VmHWM, from run's "memory:" line) minus the
 # same rank's peak in the same run of tiny-gpt (the process's own baseline: libraries, MPI,
 # BLAS) must stay within its shard's state + 40 MiB. Materialising the full model on a rank, even
 # one fp32 copy of the weights, would add 96 MiB and fail.
@@ -30,11 +30,11 @@ cat > "$tmp/wide.json" <<'JSON'
 JSON
 sed 's/"repeat": 4/"repeat": 8/' examples/models/tiny-gpt.json > "$tmp/tiny.json"
 
-plan() { # plan FILE MODEL PP TP LAYERS_PER_STAGE: every rank holds 4 blocks' worth of shards
+plan() { # plan FILE MODEL PP TP LAYERS_PER_STAGE [DP ZERO_STAGE]
   cat > "$1" <<JSON
 {"model": "$2", "cluster": "cpu-local",
- "parallel": {"dp": 1, "pp": $3, "tp": $4},
- "batch": {"global_batch": 2, "micro_batch": 1, "num_micro_batches": 2, "seq_len": 32},
+ "parallel": {"dp": ${6:-1}, "pp": $3, "tp": $4, "zero_stage": ${7:-0}},
+ "batch": {"global_batch": $((2 * ${6:-1})), "micro_batch": 1, "num_micro_batches": 2, "seq_len": 32},
  "schedule": "1f1b", "layers_per_stage": $5,
  "training": {"steps": 2, "learning_rate": 1e-3}}
 JSON
@@ -42,18 +42,20 @@ JSON
 for m in wide tiny; do
   plan "$tmp/$m-pp2-tp2.json" "$m.json" 2 2 "[5, 6]"
   plan "$tmp/$m-pp4.json" "$m.json" 4 1 "[3, 2, 2, 4]"
+  plan "$tmp/$m-dp2-tp2-zero1.json" "$m.json" 1 2 "[11]" 2 1
 done
 
-# One rank's state: its blocks x (sharded / tp + replicated) parameters x 16 bytes, plus the
+# One rank's state: its blocks x (sharded / tp + replicated) parameters x bytes per parameter (16:
+# weights, gradients, AdamW m and v; 12 with ZeRO-1 over dp = 2, which halves m and v), plus the
 # embedding or head shard (at most 128 x 512 / tp + 64 x 512 + 2 x 512 parameters): 4 blocks at
-# (pp, tp) = (2, 2), 2 at (4, 1).
+# (pp, tp) = (2, 2), 2 at (4, 1), all 8 at dp 2 x tp 2.
 C=512 F=2048
 block_sharded=$((4 * C * C + 2 * C * F + 3 * C + F)) # qkv, projections, fc; their split biases
 block_replicated=$((6 * C))                          # layernorms, the row-parallel biases
 edge=$((128 * C + 64 * C + 2 * C))
-state_mib() { # state_mib TP: the rank holds 8 / (pp x tp) x tp = 8 / pp blocks, pp = 4 / tp
-  local blocks=$((8 * $1 / 4))
-  echo $(((16 * (blocks * (block_sharded / $1 + block_replicated) + edge)) / 1048576))
+state_mib() { # state_mib TP [BLOCKS BYTES]: by default 8 / pp blocks with pp = 4 / tp, 16 bytes
+  local blocks=${2:-$((8 * $1 / 4))} bytes=${3:-16}
+  echo $(((bytes * (blocks * (block_sharded / $1 + block_replicated) + edge)) / 1048576))
 }
 margin=40
 
@@ -61,9 +63,9 @@ margin=40
 peaks() { grep '^memory: peak resident per rank' "$1" | grep -o 'rank [0-9]* ([^)]*) [0-9]* MiB' |
           sed 's/^rank \([0-9]*\) ([^)]*) \([0-9]*\) MiB/\1 \2/'; }
 
-# phase FILE NAME TP ARGS_WIDE -- ARGS_TINY: both runs, then each rank's peak difference.
+# phase FILE NAME STATE_MIB ARGS_WIDE -- ARGS_TINY: both runs, then each rank's peak difference.
 phase() {
-  local file=$1 name=$2 tp=$3
+  local file=$1 name=$2 state=$3
   shift 3
   local wide=() tiny=()
   while [ "$1" != "--" ]; do wide+=("$1"); shift; done
@@ -73,7 +75,7 @@ phase() {
     fail "$name: wide run failed:"; tail -5 "$tmp/$file-wide.out"; return; }
   "$mpengine" run "${tiny[@]}" > "$tmp/$file-tiny.out" 2>&1 || {
     fail "$name: tiny run failed:"; tail -5 "$tmp/$file-tiny.out"; return; }
-  local bound=$(($(state_mib "$tp") + margin))
+  local bound=$((state + margin))
   local lines
   lines=$(join <(peaks "$tmp/$file-wide.out" | sort) <(peaks "$tmp/$file-tiny.out" | sort))
   if [ "$(wc -l <<< "$lines")" -ne 4 ]; then
@@ -82,22 +84,27 @@ phase() {
   fi
   while read -r rank wide_mib tiny_mib; do
     local extra=$((wide_mib - tiny_mib))
-    echo "$name: rank $rank peak $wide_mib MiB, baseline $tiny_mib MiB: +$extra MiB (bound $bound: state $(state_mib "$tp") + $margin)"
+    echo "$name: rank $rank peak $wide_mib MiB, baseline $tiny_mib MiB: +$extra MiB (bound $bound: state $state + $margin)"
     if [ "$extra" -gt "$bound" ]; then
-      fail "$name: rank $rank holds $extra MiB over its baseline, more than its shard's state $(state_mib "$tp") MiB + $margin: something built more than the rank's part"
+      fail "$name: rank $rank holds $extra MiB over its baseline, more than its shard's state $state MiB + $margin: something built more than the rank's part"
     fi
   done <<< "$lines"
 }
 
-phase init "init, step, --save-weights, checkpoint (pp 2, tp 2)" 2 \
+phase init "init, step, --save-weights, checkpoint (pp 2, tp 2)" "$(state_mib 2)" \
   --config "$tmp/wide-pp2-tp2.json" --steps 1 --save-weights "$tmp/wide.bin" --checkpoint-dir "$tmp/ck-wide" -- \
   --config "$tmp/tiny-pp2-tp2.json" --steps 1 --save-weights "$tmp/tiny.bin" --checkpoint-dir "$tmp/ck-tiny"
-phase load "--init-from the llm.c file (pp 2, tp 2)" 2 \
+phase load "--init-from the llm.c file (pp 2, tp 2)" "$(state_mib 2)" \
   --config "$tmp/wide-pp2-tp2.json" --steps 1 --init-from "$tmp/wide.bin" -- \
   --config "$tmp/tiny-pp2-tp2.json" --steps 1 --init-from "$tmp/tiny.bin"
-phase resume "resume resharded (2, 2) -> (4, 1)" 1 \
+phase resume "resume resharded (2, 2) -> (4, 1)" "$(state_mib 1)" \
   --config "$tmp/wide-pp4.json" --steps 2 --checkpoint-dir "$tmp/ck-wide" --resume -- \
   --config "$tmp/tiny-pp4.json" --steps 2 --checkpoint-dir "$tmp/ck-tiny" --resume
+# ZeRO-1: AdamW's moments of half the parameters on each dp rank, the parameters gathered back
+# in pieces (a buffer of the whole chunk would add 72 MiB), the moments streamed to the writer.
+phase zero "ZeRO-1 over dp 2 x tp 2: a step, --save-weights, checkpoint" "$(state_mib 2 8 12)" \
+  --config "$tmp/wide-dp2-tp2-zero1.json" --steps 1 --save-weights "$tmp/wide-z.bin" --checkpoint-dir "$tmp/ckz-wide" -- \
+  --config "$tmp/tiny-dp2-tp2-zero1.json" --steps 1 --save-weights "$tmp/tiny-z.bin" --checkpoint-dir "$tmp/ckz-tiny"
 
 if [ "$failures" -ne 0 ]; then
   echo "$failures check(s) failed"
