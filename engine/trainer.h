@@ -22,7 +22,8 @@
  *   4. the global gradient norm: every stage's squares (tp shards summed, replicated tensors and
  *      the tied copy counted once) summed over pp in rank order, identical on every rank;
  *   5. clipping and AdamW; with zero_stage 1 (ZeRO-1) dp rank d keeps AdamW's moments of its
- *      1/dp of each chunk's parameters only, updates that part and all-gathers the parameters.
+ *      1/dp of each chunk's parameters only, updates that part and all-gathers the parameters
+ *      in pieces (a bounded buffer, not one of the chunk).
  * The loss, averaged over the global batch, is known on every rank after the step. Every rank of
  * the job calls every function in the same order.
  *
