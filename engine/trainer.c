@@ -459,7 +459,8 @@ static size_t zero_piece_floats(size_t part, int dp) {
 /* ZeRO-1, after each dp rank updated its part of a chunk's n parameters (dp parts of `part`
  * floats, the last one shorter): the whole array on every rank, gathered piece by piece.
  * gather(context, input, output, count) all-gathers count floats per rank; copy(context, dest,
- * source, count) copies floats (host or device memory). */
+ * source, count) copies floats and zero(context, dest, NULL, count) clears them (host or device
+ * memory). */
 typedef mp_status (*zero_gather_fn)(void *context, const float *input, float *output,
                                     size_t count, mp_error *err);
 typedef mp_status (*zero_copy_fn)(void *context, float *dest, const float *source, size_t count,
