@@ -95,8 +95,27 @@ phase init "init, step, --save-weights, checkpoint (pp 2, tp 2)" "$(state_mib 2)
   --config "$tmp/wide-pp2-tp2.json" --steps 1 --save-weights "$tmp/wide.bin" --checkpoint-dir "$tmp/ck-wide" -- \
   --config "$tmp/tiny-pp2-tp2.json" --steps 1 --save-weights "$tmp/tiny.bin" --checkpoint-dir "$tmp/ck-tiny"
 phase load "--init-from the llm.c file (pp 2, tp 2)" "$(state_mib 2)" \
-  --config "$tmp/wide-pp2-tp2.json" --steps 1 --init-from "$tmp/wide.bin" -- \
+  --config "$tmp/wide-pp2-tp2.json" --steps 1 --init-from "$tmp/wide.bin" --metrics "$tmp/load.jsonl" -- \
   --config "$tmp/tiny-pp2-tp2.json" --steps 1 --init-from "$tmp/tiny.bin"
+# Each rank read only its shards' bytes of the file, and together they are the whole model: the
+# first step's loss equals one rank's from the same file.
+cat > "$tmp/wide-1.json" <<JSON
+{"model": "wide.json", "cluster": "cpu-local", "parallel": {"dp": 1, "pp": 1, "tp": 1},
+ "batch": {"global_batch": 2, "micro_batch": 1, "num_micro_batches": 2, "seq_len": 32},
+ "training": {"steps": 2, "learning_rate": 1e-3}}
+JSON
+if "$mpengine" run --config "$tmp/wide-1.json" --steps 1 --init-from "$tmp/wide.bin" \
+     --metrics "$tmp/load-1.jsonl" > "$tmp/load-1.out" 2>&1; then
+  loss() { sed -n 's/.*"loss": \([^,]*\),.*/\1/p' "$1" | head -1; }
+  if ! awk -v a="$(loss "$tmp/load.jsonl")" -v b="$(loss "$tmp/load-1.jsonl")" \
+       'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && d <= 1e-5 * b) }'; then
+    fail "--init-from on (pp, tp) = (2, 2): first loss $(loss "$tmp/load.jsonl"), one rank's $(loss "$tmp/load-1.jsonl")"
+  else
+    echo "--init-from on (pp, tp) = (2, 2): first loss $(loss "$tmp/load.jsonl") = one rank's $(loss "$tmp/load-1.jsonl")"
+  fi
+else
+  fail "one-rank --init-from run failed:"; tail -5 "$tmp/load-1.out"
+fi
 phase resume "resume resharded (2, 2) -> (4, 1)" "$(state_mib 1)" \
   --config "$tmp/wide-pp4.json" --steps 2 --checkpoint-dir "$tmp/ck-wide" --resume -- \
   --config "$tmp/tiny-pp4.json" --steps 2 --checkpoint-dir "$tmp/ck-tiny" --resume
