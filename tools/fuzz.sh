@@ -62,15 +62,11 @@ sources_cluster_json=("${json[@]}" topology/cluster.c topology/cluster_presets.c
 sources_plan_json=("${json[@]}" topology/plan.c topology/layer_cost.c topology/model.c)
 sources_token_shard=(common/error.c engine/token_shard.c)
 sources_llmc_checkpoint=("${json[@]}" topology/model.c engine/gpt_model.c engine/param_init.c
-  common/rng.c layers/matmul.c layers/layernorm.c layers/gelu.c layers/attention.c
-  layers/residual.c layers/embedding.c layers/cross_entropy.c layers/gpt_block.c layers/bf16.c
-  common/atomic_file.c)
-# checkpoint.c also holds saving and loading, which call the trainer and MPI; the manifest checks
-# call neither, so the target links tests/fuzz/checkpoint_manifest_stubs.c (stand-ins that abort)
-# instead of their whole closure.
+  common/rng.c common/atomic_file.c)
+# The manifest checks live with the rest of the on-disk format in checkpoint_format.c, which calls
+# neither the trainer nor MPI (saving and loading, in checkpoint.c, do).
 sources_checkpoint_manifest=("${sources_llmc_checkpoint[@]}" topology/plan.c topology/layer_cost.c
-  tensor_parallel/shard.c engine/checkpoint.c engine/checkpoint_format.c
-  tests/fuzz/checkpoint_manifest_stubs.c)
+  tensor_parallel/shard.c engine/checkpoint_format.c)
 # The trace reader checks steps with the schedule checker and the target draws them: schedules/.
 sources_trace_json=("${json[@]}" engine/trace_reader.c schedules/schedule.c schedules/generate.c
   schedules/p2p.c schedules/checker.c schedules/simulator.c schedules/text.c schedules/timeline.c
