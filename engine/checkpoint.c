@@ -1,5 +1,5 @@
-/* engine/checkpoint.c — sharded checkpoints of any dp x pp x tp layout: the ranks' agreement,
- * each rank's view of its state, crash-safe saves (shard files, the manifest written last) and
+/* engine/checkpoint.c — sharded checkpoints of any dp x pp x tp layout: each rank's view of its
+ * state, crash-safe saves (shard files, the manifest written last) and
  * loads under any layout (resharded); see checkpoint.h. The format itself (manifest parsing and
  * checks, reading shard ranges, export) is engine/checkpoint_format.c. */
 #include "engine/checkpoint.h"
@@ -46,36 +46,6 @@ static void remove_dir(const char *path) {
   }
   closedir(dir);
   rmdir(path);
-}
-
-/* ---- agreement over the world ---- */
-
-/* Every rank returns the status and message of the lowest world rank whose status is not MP_OK,
- * or MP_OK when there is none, so all ranks stop (or go on) together and rank 0 can print the
- * reason. Collective over world; with world NULL returns status. */
-static mp_status agree(mp_comm *world, mp_status status, mp_error *err) {
-  if (world == NULL) return status;
-  const int size = mp_comm_size(world);
-  float *flags = malloc((size_t)size * sizeof(float));
-  mp_error mine = MP_ERROR_INITIALIZER;
-  if (status != MP_OK) {
-    if (err != NULL) mine = *err;
-    mine.status = status;
-  }
-  if (flags == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
-  const float flag = status != MP_OK ? 1.0f : 0.0f;
-  mp_status comm = mp_comm_all_gather_f32(world, &flag, flags, 1, err);
-  int first = -1;
-  for (int r = 0; r < size && comm == MP_OK && first < 0; ++r) {
-    if (flags[r] != 0.0f) first = r;
-  }
-  free(flags);
-  if (comm != MP_OK) return comm;
-  if (first < 0) return MP_OK;
-  comm = mp_comm_broadcast(world, &mine, sizeof mine, first, err);
-  if (comm != MP_OK) return comm;
-  if (err != NULL) *err = mine;
-  return mine.status != MP_OK ? mine.status : MP_ERR_RUNTIME;
 }
 
 /* ---- this rank's state: its chunks and their tensors ---- */
@@ -720,7 +690,7 @@ mp_status mp_checkpoint_save(const char *dir, int64_t step, int keep,
   /* The CUDA backend's state comes from the GPU into the host arrays the view reads. */
   mp_status status = mp_trainer_state_to_host(ctx->trainer, err);
   if (status == MP_OK) status = view_create(ctx, &view, err);
-  status = agree(world, status, err);
+  status = mp_comm_agree(world, status, err);
   if (status != MP_OK) {
     if (view.chunks != NULL) view_free(&view);
     return status;
@@ -742,7 +712,7 @@ mp_status mp_checkpoint_save(const char *dir, int64_t step, int keep,
       }
     }
   }
-  status = agree(world, status, err);
+  status = mp_comm_agree(world, status, err);
   if (status != MP_OK) {
     view_free(&view);
     return status;
@@ -793,7 +763,7 @@ mp_status mp_checkpoint_save(const char *dir, int64_t step, int keep,
   }
   free(mine);
   view_free(&view);
-  return agree(world, status, err);
+  return mp_comm_agree(world, status, err);
 }
 
 mp_status mp_checkpoint_find_latest(const char *dir, char *path, size_t path_bytes,
@@ -878,17 +848,17 @@ mp_status mp_checkpoint_load(const char *path, const mp_checkpoint_context *ctx,
   if (status == MP_OK) status = ck_manifest_open(path, &mf, err);
   if (status == MP_OK) status = ck_check_model(&mf, view.layout, mp_model_source(ctx->model), err);
   if (status == MP_OK) status = check_run(&mf, ctx->plan, err);
-  status = agree(world, status, err);
+  status = mp_comm_agree(world, status, err);
   /* The files' checksums, spread over the ranks. */
   if (status == MP_OK) status = ck_verify_files(&mf, world_rank, world_size, err);
-  status = agree(world, status, err);
+  status = mp_comm_agree(world, status, err);
   ck_shard_reader reader = {NULL, NULL};
   if (status == MP_OK) status = ck_reader_open(&mf, &reader, err);
   if (status == MP_OK) status = read_view(&reader, &view, err);
   if (reader.handles != NULL) ck_reader_close(&reader);
   /* The CUDA backend's state goes from the host arrays the view wrote back to the GPU. */
   if (status == MP_OK) status = mp_trainer_state_to_device(ctx->trainer, err);
-  status = agree(world, status, err);
+  status = mp_comm_agree(world, status, err);
   if (status == MP_OK) *step = mf.step;
   ck_manifest_close(&mf);
   if (have_view) view_free(&view);

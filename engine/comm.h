@@ -145,6 +145,13 @@ mp_status mp_comm_broadcast(mp_comm *comm, void *buffer, size_t bytes, int root,
 
 mp_status mp_comm_barrier(mp_comm *comm, mp_error *err);
 
+/* One outcome for the whole group: every member returns the status and message of the lowest
+ * group rank whose status is not MP_OK, or MP_OK when there is none, so all members stop (or go
+ * on) together and rank 0 can print the reason. Allocates nothing, so a member short of memory
+ * still reaches every collective: one one-float all-reduce when all succeeded, and a binary
+ * search of one-float all-reduces for the first failure. comm NULL returns status. */
+mp_status mp_comm_agree(mp_comm *comm, mp_status status, mp_error *err);
+
 #ifdef __cplusplus
 }
 #endif

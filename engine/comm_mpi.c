@@ -850,3 +850,31 @@ mp_status mp_comm_barrier(mp_comm *comm, mp_error *err) {
   MP_TRY(MPI_CALL(comm->world->rank, MPI_Ibarrier, (comm->comm, &request), err));
   return comm_wait(comm, &request, &op, err);
 }
+
+mp_status mp_comm_agree(mp_comm *comm, mp_status status, mp_error *err) {
+  if (comm == NULL) return status;
+  mp_error mine = MP_ERROR_INITIALIZER;
+  if (status != MP_OK) {
+    if (err != NULL) mine = *err;
+    mine.status = status;
+  }
+  const bool failed = status != MP_OK;
+  float failures = failed ? 1.0f : 0.0f;
+  MP_TRY(mp_comm_all_reduce_sum_f32(comm, &failures, 1, err));
+  if (failures == 0.0f) return MP_OK;
+  /* The lowest failing rank lies in [lo, hi): halve by counting the failures below the middle. */
+  int lo = 0, hi = mp_comm_size(comm);
+  while (hi - lo > 1) {
+    const int mid = lo + (hi - lo) / 2;
+    float below = failed && mp_comm_rank(comm) < mid ? 1.0f : 0.0f;
+    MP_TRY(mp_comm_all_reduce_sum_f32(comm, &below, 1, err));
+    if (below > 0.0f) {
+      hi = mid;
+    } else {
+      lo = mid;
+    }
+  }
+  MP_TRY(mp_comm_broadcast(comm, &mine, sizeof mine, lo, err));
+  if (err != NULL) *err = mine;
+  return mine.status != MP_OK ? mine.status : MP_ERR_RUNTIME;
+}

@@ -199,22 +199,6 @@ static mp_status print_peak_memory(run_state *state, mp_error *err) {
   return status;
 }
 
-/* What rank 0 alone did (a file it writes), made every rank's outcome, so that all stop or go
- * on together: the others get rank 0's status with a message pointing at rank 0's (which it
- * prints). Collective over the world group when there is one. */
-static mp_status agree_with_rank0(run_state *state, mp_status status, const char *what,
-                                  mp_error *err) {
-  if (state->world_group == NULL) return status;
-  float code = state->rank == 0 ? (float)status : 0.0f;
-  mp_error comm_err = MP_ERROR_INITIALIZER;
-  if (mp_comm_all_reduce_sum_f32(state->world_group, &code, 1, &comm_err) != MP_OK) {
-    *err = comm_err;
-    return comm_err.status;
-  }
-  if (state->rank == 0 || code == 0.0f) return status;
-  return mp_fail(err, (mp_status)(int)code, "%s failed on rank 0 (its message says why)", what);
-}
-
 /* Inside the MPI job: the world (every wait bounded by comm_timeout), then every group of the
  * grid in one fixed order on every rank, this rank's coordinates; only world rank 0 keeps stdout.
  * MP_ERR_INPUT when the job's size is not the plan's. */
@@ -875,7 +859,8 @@ int cmd_run(int argc, char **argv) {
   if (weights_path != NULL) {
     const double save_began = monotonic_seconds();
     mp_status saved = mp_trainer_save_llmc(state.trainer, weights_path, &err);
-    saved = agree_with_rank0(&state, saved, "--save-weights", &err);
+    /* Only rank 0 writes: its outcome becomes every rank's, so none waits for it later. */
+    saved = mp_comm_agree(state.world_group, saved, &err);
     if (saved != MP_OK) {
       exit_code = rank_report(&command, &state, &err);
       goto done;

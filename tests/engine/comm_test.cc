@@ -271,6 +271,31 @@ TEST(Comm, AllReduceGivesTheSameBitsOnEveryMember) {
   }
 }
 
+// mp_comm_agree: every member gets the lowest failing rank's status and message, whichever ranks
+// fail, and MP_OK only when none does.
+TEST(Comm, AgreeGivesEveryMemberTheFirstFailure) {
+  Comm world = make_world_group();
+  const int n = world_size(), me = world_rank();
+  mp_error err = MP_ERROR_INITIALIZER;
+  EXPECT_EQ(MP_OK, mp_comm_agree(world.get(), MP_OK, &err)) << err.message;
+  // Each subset of failing ranks given by a bit mask (all of them for n <= 4).
+  for (int mask = 1; mask < (1 << n) && mask < 64; ++mask) {
+    const bool fails = (mask >> me) & 1;
+    mp_error mine = MP_ERROR_INITIALIZER;
+    mp_status status = MP_OK;
+    if (fails) {
+      status = mp_fail(&mine, me % 2 == 0 ? MP_ERR_INPUT : MP_ERR_RUNTIME, "rank %d failed", me);
+    }
+    int first = 0;
+    while (!((mask >> first) & 1)) ++first;
+    const mp_status agreed = mp_comm_agree(world.get(), status, &mine);
+    EXPECT_EQ(first % 2 == 0 ? MP_ERR_INPUT : MP_ERR_RUNTIME, agreed) << "mask " << mask;
+    EXPECT_EQ("rank " + std::to_string(first) + " failed", std::string(mine.message))
+        << "mask " << mask;
+  }
+  EXPECT_EQ(MP_ERR_RUNTIME, mp_comm_agree(nullptr, MP_ERR_RUNTIME, &err));
+}
+
 TEST(Comm, GroupCreateRefusesBadListsOnEveryRank) {
   mp_error err = MP_ERROR_INITIALIZER;
   mp_comm *comm = nullptr;
