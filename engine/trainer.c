@@ -514,9 +514,11 @@ static mp_status device_gather(void *context, const float *input, float *output,
                                mp_error *err) {
   const zero_comms *comms = context;
   if (comms->nccl == NULL) return mp_comm_all_gather_f32(comms->dp, input, output, count, err);
+  /* Ordered by events on the GPU, the host going on: the gather after the copy into input, the
+   * copies out of output after the gather; the caller waits once, after the last piece. */
   MP_TRY(mp_nccl_comm_wait_stream(comms->nccl, NULL, err));
   MP_TRY(mp_nccl_all_gather(comms->nccl, input, output, count, MP_NCCL_FLOAT32, err));
-  return mp_nccl_comm_synchronize(comms->nccl, err);
+  return mp_nccl_stream_wait_comm(NULL, comms->nccl, err);
 }
 
 static mp_status device_copy(void *context, float *dest, const float *source, size_t count,
@@ -1201,6 +1203,7 @@ static mp_status finish_gpu_step(mp_trainer *trainer, double lr, double *grad_no
                               trainer->zero_gather_device, trainer->zero_part,
                               trainer->zero_piece, device_gather, device_copy, device_zero,
                               &comms, err));
+    if (o->nccl_dp != NULL) MP_TRY(mp_nccl_comm_synchronize(o->nccl_dp, err));
     mp_gpt_stage_gpu_refresh_weights(gpu);
   }
   return MP_OK;
