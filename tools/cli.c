@@ -1,6 +1,8 @@
 /* tools/cli.c — option parsing and error reporting shared by the subcommands; see cli.h. */
 #include "tools/cli.h"
 
+#include <time.h>
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -150,4 +152,10 @@ int cli_begin(cli_command *command, int argc, char **argv) {
     return CLI_EXIT_OK;
   }
   return -1;
+}
+
+double cli_now_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }

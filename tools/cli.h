@@ -54,4 +54,7 @@ int cli_report(const cli_command *command, const mp_error *err);
 /* Parses argv, prints help when asked; returns -1 to continue, or the exit code to return now. */
 int cli_begin(cli_command *command, int argc, char **argv);
 
+/* Seconds on the monotonic clock, for the commands' timings. */
+double cli_now_seconds(void);
+
 #endif /* MPENGINE_TOOLS_CLI_H */

@@ -94,12 +94,6 @@ typedef struct {
   long long wrong; /* summed over ranks */
 } bench_row;
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* "1024", "64K", "16M", "1G" (binary multiples) to bytes. */
 static mp_status parse_bytes(const char *name, const char *text, int64_t fallback, int64_t *out,
                              mp_error *err) {
@@ -353,14 +347,14 @@ static mp_status bench_one(const bench_context *context, bench_op op, int64_t si
     status = call(context, op, &buffers, count, err);
   }
   if (status == MP_OK) status = settle(context, err);
-  double start = now_s();
+  double start = cli_now_seconds();
   for (int i = 0; i < context->iters && status == MP_OK; ++i) {
     status = call(context, op, &buffers, count, err);
   }
   if (status == MP_OK && context->nccl != NULL) {
     status = mp_nccl_comm_synchronize(context->nccl, err);
   }
-  double seconds = (now_s() - start) / context->iters;
+  double seconds = (cli_now_seconds() - start) / context->iters;
   if (op == OP_SENDRECV && context->backend == BACKEND_MPI) seconds /= 2; /* one way */
   long long wrong = 0;
   if (status == MP_OK) status = fill(context, op, &buffers, err);

@@ -24,12 +24,6 @@
 #include "tools/cli.h"
 #include "tools/commands.h"
 
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 /* FLOP/s of an n x n x n sgemm on this thread. */
 static double time_sgemm(int n, double min_seconds) {
   float *a = malloc(sizeof(float) * (size_t)n * (size_t)n);
@@ -47,13 +41,13 @@ static double time_sgemm(int n, double min_seconds) {
   }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
   long reps = 0;
-  const double start = now_s();
+  const double start = cli_now_seconds();
   double elapsed = 0.0;
   do {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c,
                 n);
     ++reps;
-    elapsed = now_s() - start;
+    elapsed = cli_now_seconds() - start;
   } while (elapsed < min_seconds);
   free(a);
   free(b);

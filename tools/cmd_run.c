@@ -166,12 +166,6 @@ static double peak_resident_bytes(void) {
   return kib * 1024.0;
 }
 
-static double monotonic_seconds(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Prints every rank's peak resident memory with its grid coordinates (collective over the world
  * group when there is one): what a user compares with the plan's memory per rank. */
 static mp_status print_peak_memory(run_state *state, mp_error *err) {
@@ -665,7 +659,7 @@ int cmd_run(int argc, char **argv) {
     goto done;
   }
   const mp_trainer_options trainer_options = trainer_options_of(&state);
-  const double startup_began = monotonic_seconds();
+  const double startup_began = cli_now_seconds();
   if (open_data(cli_value(&command, "data"), steps, &state, &err) != MP_OK ||
       mp_trainer_create_parallel(&state.plan, state.model, state.data, backend, &trainer_options,
                                  &state.trainer, &err) != MP_OK) {
@@ -791,7 +785,7 @@ int cmd_run(int argc, char **argv) {
     exit_code = rank_report(&command, &state, &err);
     goto done;
   }
-  const double startup_s = monotonic_seconds() - startup_began;
+  const double startup_s = cli_now_seconds() - startup_began;
   double saves_s = 0.0;
   int64_t saved_step = resume ? first_step : -1;
   int64_t step = first_step;
@@ -823,12 +817,12 @@ int cmd_run(int argc, char **argv) {
     const bool due = (save_every > 0 && (step + 1) % save_every == 0) || step + 1 == steps;
     if (due || stopped) {
       if (terminal) printf("\n");
-      const double save_began = monotonic_seconds();
+      const double save_began = cli_now_seconds();
       if (mp_checkpoint_save(checkpoint_dir, step + 1, (int)keep, &checkpoint, &err) != MP_OK) {
         exit_code = rank_report(&command, &state, &err);
         goto done;
       }
-      saves_s += monotonic_seconds() - save_began;
+      saves_s += cli_now_seconds() - save_began;
       saved_step = step + 1;
       printf("checkpoint: saved %s/step-%lld\n", checkpoint_dir, (long long)(step + 1));
       fflush(stdout);
@@ -847,17 +841,17 @@ int cmd_run(int argc, char **argv) {
     goto done;
   }
   if (checkpoint_dir != NULL && saved_step != steps) {
-    const double save_began = monotonic_seconds();
+    const double save_began = cli_now_seconds();
     if (mp_checkpoint_save(checkpoint_dir, steps, (int)keep, &checkpoint, &err) != MP_OK) {
       exit_code = rank_report(&command, &state, &err);
       goto done;
     }
-    saves_s += monotonic_seconds() - save_began;
+    saves_s += cli_now_seconds() - save_began;
     printf("checkpoint: saved %s/step-%lld\n", checkpoint_dir, (long long)steps);
   }
   const char *weights_path = cli_value(&command, "save-weights");
   if (weights_path != NULL) {
-    const double save_began = monotonic_seconds();
+    const double save_began = cli_now_seconds();
     mp_status saved = mp_trainer_save_llmc(state.trainer, weights_path, &err);
     /* Only rank 0 writes: its outcome becomes every rank's, so none waits for it later. */
     saved = mp_comm_agree(state.world_group, saved, &err);
@@ -865,7 +859,7 @@ int cmd_run(int argc, char **argv) {
       exit_code = rank_report(&command, &state, &err);
       goto done;
     }
-    saves_s += monotonic_seconds() - save_began;
+    saves_s += cli_now_seconds() - save_began;
     printf("weights: saved %s (llm.c GPT-2 checkpoint, fp32)\n", weights_path);
   }
   if (state.trace != NULL) {
