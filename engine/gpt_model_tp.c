@@ -7,7 +7,6 @@
 #include <string.h>
 
 #include "layers/adamw.h"
-#include "layers/cross_entropy.h"
 #include "layers/layernorm.h"
 #include "tensor_parallel/column_parallel_linear.h"
 #include "tensor_parallel/gpt_block.h"
@@ -28,7 +27,6 @@ typedef struct {
   float *lnf, *lnf_mean, *lnf_rstd;  /* (BTl, C), (BTl), (BTl) final norm */
   float *lnf_total;                  /* (BT, C) SP: the all-gathered LM-head input */
   float *logits;                     /* (BT, Vl), reused as dlogits in backward */
-  float *probs;                      /* (BT, Vl) */
   int32_t *inputs, *targets;         /* (B, T) copies of the micro-batch's tokens */
 } activation_slot;
 
@@ -190,9 +188,8 @@ static size_t point_slot(const mp_gpt_tp *gpt, activation_slot *slot, float *mem
   slot->lnf_mean = carve(&k, norm * BTl);
   slot->lnf_rstd = carve(&k, norm * BTl);
   slot->lnf_total = carve(&k, gpt->sp ? head * BT * C : 0);
+  /* The logits, then (the softmax writes over them) the probabilities, then dlogits. */
   slot->logits = carve(&k, head * BT * Vl);
-  /* At tp = 1 the softmax overwrites the logits in place (the one-rank kernel): no probs. */
-  slot->probs = carve(&k, gpt->tp.size > 1 ? head * BT * Vl : 0);
   return k.used;
 }
 
@@ -561,14 +558,7 @@ static mp_status stage_forward(mp_gpt_tp *gpt, activation_slot *slot, const int3
   double ignored = 0.0;
   MP_TRY(mp_tp_lm_head_forward(tp, sp, slot->logits, sp ? slot->lnf_total : NULL, x, gpt->wte,
                                BT, C, Vp, err));
-  if (tp->size == 1) {
-    /* One rank holds the whole vocabulary: the fused in-place softmax cross-entropy. */
-    const double mean = mp_cross_entropy_forward_cpu(NULL, slot->logits, slot->logits,
-                                                     slot->targets, 1, BT, c->vocab_size, Vp);
-    if (!recomputing) *loss = mean;
-    return MP_OK;
-  }
-  return mp_tp_vocab_cross_entropy_forward(tp, recomputing ? &ignored : loss, NULL, slot->probs,
+  return mp_tp_vocab_cross_entropy_forward(tp, recomputing ? &ignored : loss, NULL, slot->logits,
                                            slot->logits, slot->targets, gpt->ce_work, BT,
                                            c->vocab_size, Vp, err);
 }
@@ -618,16 +608,9 @@ mp_status mp_gpt_tp_backward_stage(mp_gpt_tp *gpt, int slot_index, float dloss,
   const float *tail_input = before_tail(gpt, slot);
   const float *g = doutput;
   if (st->head) {
-    float *dlogits = slot->logits; /* the logits are not needed once probs exist */
-    if (tp->size == 1) {
-      /* The forward left the probabilities in place of the logits. */
-      mp_cross_entropy_backward_in_place_cpu(dlogits, slot->targets, dloss, 1, BT, c->vocab_size,
-                                             Vp);
-    } else {
-      memset(dlogits, 0, (size_t)BT * (size_t)gpt->Vl * sizeof(float));
-      mp_tp_vocab_cross_entropy_backward(tp, dlogits, slot->probs, slot->targets, dloss, BT,
-                                         c->vocab_size, Vp);
-    }
+    float *dlogits = slot->logits; /* the forward's probabilities, turned into dlogits */
+    mp_tp_vocab_cross_entropy_backward_in_place(tp, dlogits, slot->targets, dloss, BT,
+                                                c->vocab_size, Vp);
     const float *head_input = st->final_norm ? slot->lnf : tail_input;
     memset(gpt->dlnf, 0, local * sizeof(float));
     MP_TRY(mp_tp_lm_head_backward(tp, sp, gpt->dlnf, gpt->dwte, dlogits,

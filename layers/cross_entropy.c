@@ -19,16 +19,11 @@
 #include <stddef.h>
 #include <string.h>
 
-/* One row: softmax of logits[0, V) into probs (which may be logits), 0 in [V, Vp); returns the
- * row's loss. */
-MP_INLINE float forward_row(float *probs, const float *logits, int target, int V, int Vp) {
-  /* Read before probs is written: probs may be the logits' own buffer. */
-  const float target_logit = logits[target];
-  const int full = V - V % kLanes;
+/* The maximum of logits[0, n): lane maxima (x - max < 0 picks x), then the lanes and the tail in
+ * order; -inf for n = 0. A NaN logit can leave a lane's maximum NaN; the loss is NaN either way. */
+MP_INLINE float row_max(const float *logits, int n) {
+  const int full = n - n % kLanes;
   mp_vf x;
-
-  /* The maximum of the real columns: lane maxima (x - max < 0 picks x), then the lanes and the
-   * tail in order. A NaN logit can leave a lane's maximum NaN; the loss is NaN either way. */
   mp_vf lane_max = (mp_vf){0} - INFINITY;
   for (int i = 0; i < full; i += kLanes) {
     memcpy(&x, logits + i, sizeof x);
@@ -38,12 +33,18 @@ MP_INLINE float forward_row(float *probs, const float *logits, int target, int V
   for (int lane = 0; lane < kLanes; lane++) {
     if (lane_max[lane] > maxval) maxval = lane_max[lane];
   }
-  for (int i = full; i < V; i++) {
+  for (int i = full; i < n; i++) {
     if (logits[i] > maxval) maxval = logits[i];
   }
+  return maxval;
+}
 
-  /* Exponentials into probs, summed in sixteen lanes; the tail through a padded vector whose
-   * extra lanes are masked to 0. */
+/* probs[i] = e^(logits[i] - maxval) for i < n (probs may be logits); returns their sum, kept in
+ * sixteen lanes added in a fixed order; the tail through a padded vector whose extra lanes are
+ * masked to 0. */
+MP_INLINE float row_exp_sum(float *probs, const float *logits, int n, float maxval) {
+  const int full = n - n % kLanes;
+  mp_vf x;
   mp_vf lane_sum = (mp_vf){0};
   for (int i = 0; i < full; i += kLanes) {
     memcpy(&x, logits + i, sizeof x);
@@ -52,8 +53,8 @@ MP_INLINE float forward_row(float *probs, const float *logits, int target, int V
     memcpy(probs + i, &x, sizeof x);
     lane_sum += x;
   }
-  if (full < V) {
-    const int k = V - full;
+  if (full < n) {
+    const int k = n - full;
     x = (mp_vf){0};
     memcpy(&x, logits + full, (size_t)k * sizeof(float));
     x = x - maxval;
@@ -65,17 +66,61 @@ MP_INLINE float forward_row(float *probs, const float *logits, int target, int V
   }
   float sum = 0.0f;
   for (int lane = 0; lane < kLanes; lane++) sum += lane_sum[lane];
+  return sum;
+}
 
-  const float sum_inv = 1.0f / sum;
+/* probs[i] *= scale for i < n. */
+MP_INLINE void row_scale(float *probs, int n, float scale) {
+  const int full = n - n % kLanes;
+  mp_vf x;
   for (int i = 0; i < full; i += kLanes) {
     memcpy(&x, probs + i, sizeof x);
-    x = x * sum_inv;
+    x = x * scale;
     memcpy(probs + i, &x, sizeof x);
   }
-  for (int i = full; i < V; i++) probs[i] *= sum_inv;
+  for (int i = full; i < n; i++) probs[i] *= scale;
+}
+
+/* One row: softmax of logits[0, V) into probs (which may be logits), 0 in [V, Vp); returns the
+ * row's loss. */
+MP_INLINE float forward_row(float *probs, const float *logits, int target, int V, int Vp) {
+  /* Read before probs is written: probs may be the logits' own buffer. */
+  const float target_logit = logits[target];
+  const float maxval = row_max(logits, V);
+  const float sum = row_exp_sum(probs, logits, V, maxval);
+  row_scale(probs, V, 1.0f / sum);
   for (int i = V; i < Vp; i++) probs[i] = 0.0f;
   return logf(sum) - (target_logit - maxval);
 }
+
+/* The row pieces on their own, one build per instruction set like the forward. */
+static MP_AVX512 float row_max_avx512(const float *l, int n) { return row_max(l, n); }
+static MP_AVX2 float row_max_avx2(const float *l, int n) { return row_max(l, n); }
+static float row_max_x86_64(const float *l, int n) { return row_max(l, n); }
+static MP_AVX512 float row_exp_avx512(float *p, const float *l, int n, float m) {
+  return row_exp_sum(p, l, n, m);
+}
+static MP_AVX2 float row_exp_avx2(float *p, const float *l, int n, float m) {
+  return row_exp_sum(p, l, n, m);
+}
+static float row_exp_x86_64(float *p, const float *l, int n, float m) {
+  return row_exp_sum(p, l, n, m);
+}
+
+float mp_softmax_row_max_cpu(const float *logits, int n) {
+  if (__builtin_cpu_supports("avx512f")) return row_max_avx512(logits, n);
+  if (__builtin_cpu_supports("avx2")) return row_max_avx2(logits, n);
+  return row_max_x86_64(logits, n);
+}
+
+float mp_softmax_row_exp_cpu(float *probs, const float *logits, int n, float max) {
+  if (__builtin_cpu_supports("avx512f")) return row_exp_avx512(probs, logits, n, max);
+  if (__builtin_cpu_supports("avx2")) return row_exp_avx2(probs, logits, n, max);
+  return row_exp_x86_64(probs, logits, n, max);
+}
+
+/* A multiply per element, bound by memory: one plain build (as the backward passes below). */
+void mp_softmax_row_scale_cpu(float *probs, int n, float scale) { row_scale(probs, n, scale); }
 
 MP_INLINE double forward_kernel(float *losses, float *probs, const float *logits,
                                 const int32_t *targets, int B, int T, int V, int Vp) {
@@ -140,23 +185,27 @@ void mp_cross_entropy_backward_cpu(float *dlogits, const float *probs, const int
   }
 }
 
+void mp_cross_entropy_row_backward_in_place_cpu(float *row, int n, int width, int target,
+                                                float dloss_token) {
+  const float target_prob = target >= 0 ? row[target] : 0.0f;
+  const int full = n - n % kLanes;
+  for (int i = 0; i < full; i += kLanes) {
+    mp_vf p;
+    memcpy(&p, row + i, sizeof p);
+    p = p * dloss_token;
+    memcpy(row + i, &p, sizeof p);
+  }
+  for (int i = full; i < n; i++) row[i] *= dloss_token;
+  for (int i = n; i < width; i++) row[i] = 0.0f;
+  if (target >= 0) row[target] = (target_prob - 1.0f) * dloss_token;
+}
+
 void mp_cross_entropy_backward_in_place_cpu(float *probs_dlogits, const int32_t *targets,
                                             float dloss, int B, int T, int V, int Vp) {
   const size_t rows = (size_t)B * T;
   const float dloss_token = dloss / (float)rows;
-  const int full = V - V % kLanes;
   for (size_t r = 0; r < rows; r++) {
-    float *row = probs_dlogits + r * Vp;
-    const int target = targets[r];
-    const float target_prob = row[target];
-    for (int i = 0; i < full; i += kLanes) {
-      mp_vf p;
-      memcpy(&p, row + i, sizeof p);
-      p = p * dloss_token;
-      memcpy(row + i, &p, sizeof p);
-    }
-    for (int i = full; i < V; i++) row[i] *= dloss_token;
-    for (int i = V; i < Vp; i++) row[i] = 0.0f;
-    row[target] = (target_prob - 1.0f) * dloss_token;
+    mp_cross_entropy_row_backward_in_place_cpu(probs_dlogits + r * Vp, V, Vp, targets[r],
+                                               dloss_token);
   }
 }

@@ -52,6 +52,22 @@ void mp_cross_entropy_backward_cpu(float *dlogits, const float *probs, const int
 void mp_cross_entropy_backward_in_place_cpu(float *probs_dlogits, const int32_t *targets,
                                             float dloss, int B, int T, int V, int Vp);
 
+/* The pieces of one row's softmax and its in-place backward, for a softmax whose maximum and sum
+ * span several ranks (tensor_parallel/vocab_parallel_cross_entropy.h combines them between the
+ * pieces); over a whole row they are the forward and the in-place backward above, bit for bit.
+ *   mp_softmax_row_max_cpu    the maximum of logits[0, n) (-inf for n = 0)
+ *   mp_softmax_row_exp_cpu    probs[i] = e^(logits[i] - max) for i < n (probs may be logits);
+ *                             returns their sum
+ *   mp_softmax_row_scale_cpu  probs[i] *= scale for i < n
+ *   mp_cross_entropy_row_backward_in_place_cpu
+ *                             row[i] = (p[i] - [i == target]) * dloss_token for i < n, 0 for
+ *                             n <= i < width; target -1 when it is not in this row's columns */
+float mp_softmax_row_max_cpu(const float *logits, int n);
+float mp_softmax_row_exp_cpu(float *probs, const float *logits, int n, float max);
+void mp_softmax_row_scale_cpu(float *probs, int n, float scale);
+void mp_cross_entropy_row_backward_in_place_cpu(float *row, int n, int width, int target,
+                                                float dloss_token);
+
 /* ---------------------------------------------------------------------------------------------
  * CUDA twin (layers/cross_entropy_cuda.cu, Bazel target //layers:cuda_elementwise).
  *

@@ -4,6 +4,8 @@
 
 #include <math.h>
 
+#include "layers/cross_entropy.h"
+
 #include "tensor_parallel/vocab_parallel_embedding.h"
 
 size_t mp_tp_vocab_cross_entropy_work_floats(const mp_tp_comm *tp, int BT) {
@@ -30,36 +32,23 @@ mp_status mp_tp_vocab_cross_entropy_forward(const mp_tp_comm *tp, double *mean_l
   float *sums = work + rows;         /* (BT, 2): sum of exp, target logit - max */
   float *gathered = work + 3 * rows; /* (tp, BT) */
 
-  for (size_t r = 0; r < rows; r++) {
-    const float *row = logits + r * Vl;
-    float m = -INFINITY;
-    for (int i = 0; i < real; i++) {
-      if (row[i] > m) m = row[i];
-    }
-    maxes[r] = m;
-  }
+  for (size_t r = 0; r < rows; r++) maxes[r] = mp_softmax_row_max_cpu(logits + r * Vl, real);
   MP_TRY(mp_tp_all_reduce_max(tp, maxes, gathered, rows, err));
 
   for (size_t r = 0; r < rows; r++) {
     const float *row = logits + r * Vl;
     float *prow = probs + r * Vl;
-    float sum = 0.0f;
-    for (int i = 0; i < real; i++) {
-      prow[i] = expf(row[i] - maxes[r]);
-      sum += prow[i];
-    }
-    for (int i = real; i < Vl; i++) prow[i] = 0.0f;
     const int local = targets[r] - start;
-    sums[2 * r] = sum;
+    /* Read before probs is written: probs may be the logits' own buffer. */
     sums[2 * r + 1] = local >= 0 && local < real ? row[local] - maxes[r] : 0.0f;
+    sums[2 * r] = mp_softmax_row_exp_cpu(prow, row, real, maxes[r]);
+    for (int i = real; i < Vl; i++) prow[i] = 0.0f;
   }
   MP_TRY(mp_tp_all_reduce_sum(tp, sums, 2 * rows, err));
 
   double loss_sum = 0.0;
   for (size_t r = 0; r < rows; r++) {
-    float *prow = probs + r * Vl;
-    const float sum_inv = 1.0f / sums[2 * r];
-    for (int i = 0; i < real; i++) prow[i] *= sum_inv;
+    mp_softmax_row_scale_cpu(probs + r * Vl, real, 1.0f / sums[2 * r]);
     const float loss = logf(sums[2 * r]) - sums[2 * r + 1];
     if (losses != NULL) losses[r] = loss;
     loss_sum += loss;
@@ -82,5 +71,19 @@ void mp_tp_vocab_cross_entropy_backward(const mp_tp_comm *tp, float *dlogits, co
       const float indicator = i == local ? 1.0f : 0.0f;
       drow[i] += (prow[i] - indicator) * dloss_token;
     }
+  }
+}
+
+void mp_tp_vocab_cross_entropy_backward_in_place(const mp_tp_comm *tp, float *probs_dlogits,
+                                                 const int32_t *targets, float dloss, int BT,
+                                                 int V, int Vp) {
+  const int Vl = Vp / tp->size, start = mp_tp_vocab_start(Vp, tp->size, tp->rank);
+  const int real = local_real_columns(V, start, Vl);
+  const float dloss_token = dloss / (float)BT;
+  for (size_t r = 0; r < (size_t)BT; r++) {
+    const int local = targets[r] - start;
+    mp_cross_entropy_row_backward_in_place_cpu(probs_dlogits + r * Vl, real, Vl,
+                                               local >= 0 && local < real ? local : -1,
+                                               dloss_token);
   }
 }

@@ -11,7 +11,9 @@
  *   2. the sum of exp(logit - max): each rank's partial sum, all-reduced;
  *   3. the target's logit: its owner contributes logit - max, the others 0, all-reduced (2 and 3
  *      travel in one all-reduce of 2 BT floats).
- * loss = log(sum) - (logit[target] - max), as in layers/cross_entropy.c, identical on every rank.
+ * loss = log(sum) - (logit[target] - max), as in layers/cross_entropy.c, identical on every rank;
+ * each row's pieces are layers/cross_entropy.h's (sixteen lanes, the polynomial exponential), so
+ * at tp = 1 the loss and probabilities are that one-rank kernel's bits.
  * The backward needs no communication: dlogits = (softmax - onehot(target)) * dloss / BT on the
  * local columns, the onehot only on the target's owner.
  */
@@ -35,7 +37,8 @@ size_t mp_tp_vocab_cross_entropy_work_floats(const mp_tp_comm *tp, int BT);
  *   mean_loss  written: the mean loss over the BT tokens (summed in double in token order; the
  *              same on every rank)
  *   losses     (BT) written: each token's loss, or NULL
- *   probs      (BT, Vl) written: softmax probabilities of the local columns, 0 for padding
+ *   probs      (BT, Vl) written: softmax probabilities of the local columns, 0 for padding; may
+ *              be the logits' own buffer (then the logits are overwritten)
  *   logits     (BT, Vl) this rank's columns
  *   targets    (BT) each in [0, V)
  *   work       mp_tp_vocab_cross_entropy_work_floats floats of scratch
@@ -53,6 +56,13 @@ mp_status mp_tp_vocab_cross_entropy_forward(const mp_tp_comm *tp, double *mean_l
  *   targets (BT) */
 void mp_tp_vocab_cross_entropy_backward(const mp_tp_comm *tp, float *dlogits, const float *probs,
                                         const int32_t *targets, float dloss, int BT, int V, int Vp);
+
+/* The same written over the forward's probabilities in place (probs_dlogits (BT, Vl): the
+ * probabilities in, dlogits out, padded columns 0), as layers/cross_entropy.h's in-place backward
+ * does on one rank: at tp = 1 both give the same bits. No communication. */
+void mp_tp_vocab_cross_entropy_backward_in_place(const mp_tp_comm *tp, float *probs_dlogits,
+                                                 const int32_t *targets, float dloss, int BT,
+                                                 int V, int Vp);
 
 #ifdef __cplusplus
 }
