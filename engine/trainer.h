@@ -139,12 +139,12 @@ mp_status mp_trainer_create_parallel(const mp_plan *plan, const mp_model *model,
                                      mp_error *err);
 void mp_trainer_free(mp_trainer *trainer);
 
-/* The tensor-parallel shard being trained (a CPU run or a parallel run with pp = 1: the whole
- * model's shard, on one rank the whole model in the one-rank layout's order), or NULL. */
+/* The shard of the whole model being trained (pp = 1, one chunk; on one rank the whole model in
+ * the one-rank layout's order; on the GPU its host copy), or NULL. */
 mp_gpt_tp *mp_trainer_model_tp(mp_trainer *trainer);
 
-/* This rank's model chunks (virtual_stages of them, chunk c holds stage c x pp + pp_rank; one on a
- * one-rank CPU run), or 0 and NULL on one GPU. */
+/* This rank's model chunks (virtual_stages of them, chunk c holds stage c x pp + pp_rank; one on
+ * one rank, on either backend: on the GPU each is the host copy of its GPU twin). */
 int mp_trainer_num_chunks(const mp_trainer *trainer);
 mp_gpt_tp *mp_trainer_chunk(mp_trainer *trainer, int chunk);
 
