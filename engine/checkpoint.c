@@ -16,13 +16,18 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <time.h>
+#include <sys/syscall.h>
 #include <unistd.h>
+#include <linux/fs.h> /* RENAME_EXCHANGE */
 
 #include "engine/gpt_model_tp.h"
 #include "engine/checkpoint_format.h"
 #include "tensor_parallel/shard.h"
 
 static const size_t NOT_HELD = (size_t)-1;
+
+enum { MAX_UNFINISHED = 1024 };
 
 static mp_status sync_dir(const char *dir, mp_error *err) {
   const int fd = open(dir, O_RDONLY | O_DIRECTORY);
@@ -385,6 +390,10 @@ static void manifest_header(cJSON *root, const mp_checkpoint_context *ctx,
   cJSON_AddStringToObject(root, "format", CK_FORMAT_NAME);
   cJSON_AddNumberToObject(root, "version", CK_FORMAT_VERSION);
   cJSON_AddNumberToObject(root, "step", (double)step);
+  /* Which run saved it: a fresh run refuses a directory of another run's checkpoints, and
+   * --keep prunes only its own (mp_checkpoint_check_dir). */
+  cJSON *run = cJSON_AddObjectToObject(root, "run");
+  cJSON_AddStringToObject(run, "id", ctx->run_id != NULL ? ctx->run_id : "");
 
   cJSON *p = cJSON_AddObjectToObject(root, "plan");
   cJSON_AddStringToObject(p, "source", plan->source);
@@ -605,18 +614,51 @@ static int list_checkpoints(const char *dir, int64_t *steps, int max) {
   return count;
 }
 
-/* True when path/manifest.json is a checkpoint manifest. */
-static bool has_manifest(const char *path) {
+/* True when path/manifest.json is a checkpoint manifest; run_id (run_id_bytes) gets the id of
+ * the run that saved it, "" for a manifest older than run ids. */
+static bool read_manifest_run(const char *path, char *run_id, size_t run_id_bytes) {
   char file[CK_PATH_BYTES];
   snprintf(file, sizeof file, "%s/manifest.json", path);
+  if (run_id_bytes > 0) run_id[0] = '\0';
   char *text = ck_read_text(file);
   if (text == NULL) return false;
   cJSON *root = cJSON_Parse(text);
   free(text);
   const cJSON *format = cJSON_GetObjectItemCaseSensitive(root, "format");
   const bool ok = cJSON_IsString(format) && strcmp(format->valuestring, CK_FORMAT_NAME) == 0;
+  const cJSON *run = cJSON_GetObjectItemCaseSensitive(root, "run");
+  const cJSON *id = cJSON_GetObjectItemCaseSensitive(run, "id");
+  if (ok && cJSON_IsString(id) && run_id_bytes > 0) {
+    snprintf(run_id, run_id_bytes, "%s", id->valuestring);
+  }
   cJSON_Delete(root);
   return ok;
+}
+
+static bool has_manifest(const char *path) { return read_manifest_run(path, NULL, 0); }
+
+/* Left-overs of saves that did not finish (a kill between mkdir and the rename into place):
+ * DIR/step-<N>.tmp-<pid> and DIR/step-<N>.old-<pid>, other than `keep_path`. No run resumes
+ * from them (they have no manifest, or are a replaced copy), so the next save removes them. */
+static void remove_unfinished_saves(const char *dir, const char *keep_path) {
+  /* One at a time: a directory is not changed while it is being listed. */
+  for (int removed = 0; removed < MAX_UNFINISHED; ++removed) {
+    DIR *handle = opendir(dir);
+    if (handle == NULL) return;
+    char found[CK_PATH_BYTES] = "";
+    struct dirent *entry;
+    while ((entry = readdir(handle)) != NULL) {
+      const char *name = entry->d_name;
+      if (strncmp(name, "step-", 5) != 0) continue;
+      if (strstr(name, ".tmp-") == NULL && strstr(name, ".old-") == NULL) continue;
+      snprintf(found, sizeof found, "%s/%s", dir, name);
+      if (strcmp(found, keep_path) != 0) break;
+      found[0] = '\0';
+    }
+    closedir(handle);
+    if (found[0] == '\0') return;
+    remove_dir(found);
+  }
 }
 
 enum { MAX_LISTED = 4096 };
@@ -652,15 +694,30 @@ static mp_status finish_save(const mp_checkpoint_context *ctx, const mp_gpt_layo
   MP_TRY(sync_dir(tmp_dir, err));
   struct stat info;
   if (stat(final_dir, &info) == 0) {
-    /* Replacing step-N (a resumed run saving the step it resumed from): move it aside first. */
-    char old[CK_PATH_BYTES];
-    snprintf(old, sizeof old, "%s.old-%d", final_dir, (int)pid);
-    if (rename(final_dir, old) != 0) {
-      return mp_fail(err, MP_ERR_RUNTIME, "%s: cannot replace: %s", final_dir, strerror(errno));
+    /* Replacing step-N (a resumed run saving the step it resumed from): the two directories
+     * swap names in one step, so step-N is whole at every moment; the old one goes after. */
+    if (syscall(SYS_renameat2, AT_FDCWD, tmp_dir, AT_FDCWD, final_dir, RENAME_EXCHANGE) == 0) {
+      MP_TRY(sync_dir(dir, err));
+      remove_dir(tmp_dir);
+    } else {
+      /* A file system without the exchange: the old copy is moved aside and removed only once
+       * the new one is in place (a kill in between leaves step-N.old-PID whole). */
+      char old[CK_PATH_BYTES];
+      snprintf(old, sizeof old, "%s.old-%d", final_dir, (int)pid);
+      if (rename(final_dir, old) != 0) {
+        return mp_fail(err, MP_ERR_RUNTIME, "%s: cannot replace: %s", final_dir,
+                       strerror(errno));
+      }
+      if (rename(tmp_dir, final_dir) != 0) {
+        const int saved = errno;
+        rename(old, final_dir);
+        return mp_fail(err, MP_ERR_RUNTIME, "%s: cannot rename into place: %s", final_dir,
+                       strerror(saved));
+      }
+      MP_TRY(sync_dir(dir, err));
+      remove_dir(old);
     }
-    remove_dir(old);
-  }
-  if (rename(tmp_dir, final_dir) != 0) {
+  } else if (rename(tmp_dir, final_dir) != 0) {
     return mp_fail(err, MP_ERR_RUNTIME, "%s: cannot rename into place: %s", final_dir,
                    strerror(errno));
   }
@@ -673,7 +730,10 @@ static mp_status finish_save(const mp_checkpoint_context *ctx, const mp_gpt_layo
     for (int i = 0; i < n; ++i) {
       char candidate[CK_PATH_BYTES];
       snprintf(candidate, sizeof candidate, "%s/step-%lld", dir, (long long)steps[i]);
-      if (!has_manifest(candidate)) continue;
+      /* Only this run's checkpoints count and go: another run's are not ours to remove. */
+      char run_id[MP_CHECKPOINT_RUN_ID_BYTES];
+      if (!read_manifest_run(candidate, run_id, sizeof run_id)) continue;
+      if (ctx->run_id == NULL || strcmp(run_id, ctx->run_id) != 0) continue;
       if (++complete > keep) remove_dir(candidate);
     }
     free(steps);
@@ -687,6 +747,7 @@ mp_status mp_checkpoint_save(const char *dir, int64_t step, int keep,
   mp_comm *world = ctx->world;
   const int world_rank = world != NULL ? mp_comm_rank(world) : 0;
   rank_view view;
+  memset(&view, 0, sizeof view); /* view_create may not run */
   /* The CUDA backend's state comes from the GPU into the host arrays the view reads. */
   mp_status status = mp_trainer_state_to_host(ctx->trainer, err);
   if (status == MP_OK) status = view_create(ctx, &view, err);
@@ -707,6 +768,7 @@ mp_status mp_checkpoint_save(const char *dir, int64_t step, int keep,
                        strerror(errno));
     } else {
       remove_dir(tmp_dir);
+      remove_unfinished_saves(dir, tmp_dir);
       if (mkdir(tmp_dir, 0777) != 0) {
         status = mp_fail(err, MP_ERR_RUNTIME, "%s: cannot create: %s", tmp_dir, strerror(errno));
       }
@@ -809,7 +871,28 @@ static mp_status read_view(ck_shard_reader *reader, const rank_view *view, mp_er
   return MP_OK;
 }
 
-static mp_status check_run(const ck_manifest *mf, const mp_plan *plan, mp_error *err) {
+/* The training settings that shape the rest of the run (the learning-rate curve over the steps
+ * and the optimizer), as the manifest writes them under plan.training. */
+typedef struct {
+  const char *key;
+  double value;
+} training_field;
+
+static int training_fields(const mp_training_config *t, training_field *out) {
+  const training_field fields[] = {
+      {"steps", (double)t->steps},          {"learning_rate", t->learning_rate},
+      {"warmup_steps", (double)t->warmup_steps}, {"min_lr_ratio", t->min_lr_ratio},
+      {"weight_decay", t->weight_decay},    {"beta1", t->beta1},
+      {"beta2", t->beta2},                  {"eps", t->eps},
+      {"grad_clip", t->grad_clip},
+  };
+  const int n = (int)(sizeof fields / sizeof fields[0]);
+  memcpy(out, fields, sizeof fields);
+  return n;
+}
+
+static mp_status check_run(const ck_manifest *mf, const mp_plan *plan, bool override_training,
+                           mp_error *err) {
   const cJSON *p = cJSON_GetObjectItemCaseSensitive(mf->root, "plan");
   const cJSON *batch = cJSON_GetObjectItemCaseSensitive(p, "batch");
   const cJSON *training = cJSON_GetObjectItemCaseSensitive(p, "training");
@@ -832,7 +915,87 @@ static mp_status check_run(const ck_manifest *mf, const mp_plan *plan, mp_error 
                    "data order depends on it)",
                    mf->path, cJSON_IsString(seed) ? seed->valuestring : "?", plan->source, want);
   }
+  if (override_training) return MP_OK;
+  /* Every field that differs, with both values: a changed --steps or learning rate silently
+   * bends the learning-rate curve of a resumed run. */
+  training_field fields[16];
+  const int n = training_fields(&plan->training, fields);
+  char differs[MP_ERROR_MESSAGE_BYTES / 2] = "";
+  size_t used = 0;
+  int count = 0;
+  for (int i = 0; i < n; ++i) {
+    const cJSON *saved = cJSON_GetObjectItemCaseSensitive(training, fields[i].key);
+    if (!cJSON_IsNumber(saved)) continue; /* an older manifest without it */
+    if (saved->valuedouble == fields[i].value) continue;
+    const int wrote = snprintf(differs + used, sizeof differs - used, "%s%s %.9g (now %.9g)",
+                               count > 0 ? ", " : "", fields[i].key, saved->valuedouble,
+                               fields[i].value);
+    if (wrote > 0 && (size_t)wrote < sizeof differs - used) used += (size_t)wrote;
+    ++count;
+  }
+  if (count > 0) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "%s was saved with other training settings than %s (with --steps): %s; "
+                   "resume with the same settings, or give --override-training to continue "
+                   "with the new ones (the learning-rate curve changes from here on)",
+                   mf->path, plan->source, differs);
+  }
   return MP_OK;
+}
+
+void mp_checkpoint_new_run_id(char *out, size_t out_bytes) {
+  uint64_t bits = 0;
+  const int fd = open("/dev/urandom", O_RDONLY);
+  const bool got = fd >= 0 && read(fd, &bits, sizeof bits) == (ssize_t)sizeof bits;
+  if (fd >= 0) close(fd);
+  if (!got) {
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    bits = ((uint64_t)now.tv_sec << 32) ^ (uint64_t)now.tv_nsec ^ ((uint64_t)getpid() << 16);
+  }
+  snprintf(out, out_bytes, "%016" PRIx64, bits);
+}
+
+mp_status mp_checkpoint_run_id(const char *path, char *out, size_t out_bytes, mp_error *err) {
+  if (!read_manifest_run(path, out, out_bytes)) {
+    return mp_fail(err, MP_ERR_INPUT, "%s: no checkpoint manifest (manifest.json)", path);
+  }
+  return MP_OK;
+}
+
+mp_status mp_checkpoint_check_dir(const char *dir, mp_error *err) {
+  int64_t *steps = malloc(MAX_LISTED * sizeof *steps);
+  if (steps == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  const int n = list_checkpoints(dir, steps, MAX_LISTED);
+  char names[512] = "";
+  size_t used = 0;
+  int complete = 0;
+  bool truncated = false;
+  char run_id[MP_CHECKPOINT_RUN_ID_BYTES] = "";
+  for (int i = n - 1; i >= 0; --i) { /* oldest first */
+    char path[CK_PATH_BYTES];
+    snprintf(path, sizeof path, "%s/step-%lld", dir, (long long)steps[i]);
+    char id[MP_CHECKPOINT_RUN_ID_BYTES];
+    if (!read_manifest_run(path, id, sizeof id)) continue;
+    if (complete++ == 0) snprintf(run_id, sizeof run_id, "%s", id);
+    /* Names while they fit, then one ", ...". */
+    const bool room = used + 40 < sizeof names;
+    if (room || !truncated) {
+      const int wrote = room ? snprintf(names + used, sizeof names - used, "%sstep-%lld",
+                                        used > 0 ? ", " : "", (long long)steps[i])
+                             : snprintf(names + used, sizeof names - used, ", ...");
+      if (wrote > 0 && (size_t)wrote < sizeof names - used) used += (size_t)wrote;
+      truncated = !room;
+    }
+  }
+  free(steps);
+  if (complete == 0) return MP_OK;
+  return mp_fail(err, MP_ERR_INPUT,
+                 "--checkpoint-dir %s holds %d checkpoint%s of another run (%s%s%s); a new run "
+                 "would replace some and leave the others. Continue that run with --resume, or "
+                 "choose another --checkpoint-dir",
+                 dir, complete, complete == 1 ? "" : "s", names,
+                 run_id[0] != '\0' ? ", run " : "", run_id);
 }
 
 mp_status mp_checkpoint_load(const char *path, const mp_checkpoint_context *ctx, int64_t *step,
@@ -847,7 +1010,7 @@ mp_status mp_checkpoint_load(const char *path, const mp_checkpoint_context *ctx,
   const bool have_view = status == MP_OK;
   if (status == MP_OK) status = ck_manifest_open(path, &mf, err);
   if (status == MP_OK) status = ck_check_model(&mf, view.layout, mp_model_source(ctx->model), err);
-  if (status == MP_OK) status = check_run(&mf, ctx->plan, err);
+  if (status == MP_OK) status = check_run(&mf, ctx->plan, ctx->override_training, err);
   status = mp_comm_agree(world, status, err);
   /* The files' checksums, spread over the ranks. */
   if (status == MP_OK) status = ck_verify_files(&mf, world_rank, world_size, err);

@@ -61,6 +61,7 @@
 #ifndef MPENGINE_ENGINE_CHECKPOINT_H
 #define MPENGINE_ENGINE_CHECKPOINT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -83,7 +84,31 @@ typedef struct {
   mp_comm *world; /* every rank of the job, group rank = world rank; NULL on one rank */
   mp_comm *dp;    /* this rank's data-parallel group (group rank = dp rank); NULL when dp = 1 */
   int dp_rank, pp_rank, tp_rank; /* this rank's coordinates; 0 on one rank */
+  /* The run a save belongs to (the manifest's "run": {"id"}), the same on every rank: a fresh
+   * run's new id, or on --resume the id of the checkpoint it continues. --keep prunes only
+   * checkpoints of this id. NULL or "" for none. */
+  const char *run_id;
+  /* A load accepts training settings that differ from the checkpoint's (steps, learning rate,
+   * warmup, decay, the optimizer's): Megatron's --override-opt_param-scheduler. Otherwise it
+   * refuses them, naming each. */
+  bool override_training;
 } mp_checkpoint_context;
+
+/* Bytes of a run id with its NUL; mp_checkpoint_new_run_id writes 16 hex digits. */
+enum { MP_CHECKPOINT_RUN_ID_BYTES = 64 };
+
+/* A new run id (16 hex digits from /dev/urandom, or the clock and pid without it). */
+void mp_checkpoint_new_run_id(char *out, size_t out_bytes);
+
+/* The run id of checkpoint directory path (its manifest), "" for a checkpoint older than run
+ * ids. MP_ERR_INPUT when path holds no checkpoint manifest. */
+mp_status mp_checkpoint_run_id(const char *path, char *out, size_t out_bytes, mp_error *err);
+
+/* For a run that does not resume: MP_OK when dir is missing or holds no complete checkpoint;
+ * otherwise MP_ERR_INPUT naming dir and its checkpoints (another run's: saving into dir would
+ * replace some of them and leave the others, and a later --resume would mix the two runs) and
+ * saying how to continue that run (--resume) or to choose another directory. Reads dir only. */
+mp_status mp_checkpoint_check_dir(const char *dir, mp_error *err);
 
 /* MP_OK when the trainer's state can be checkpointed (any layout, either backend); MP_ERR_INPUT
  * saying what to change otherwise. No communication: `mpengine run` calls it before the first
@@ -91,8 +116,10 @@ typedef struct {
 mp_status mp_checkpoint_check_trainer(const mp_checkpoint_context *ctx, mp_error *err);
 
 /* Saves the state after `step` completed steps as DIR/step-<step>/ (created with DIR when
- * missing; an existing step-<step> is replaced), then, on world rank 0 and when keep > 0, removes
- * all but the `keep` newest complete checkpoints. Collective over ctx->world (and ctx->dp with
+ * missing; an existing step-<step> is replaced by swapping the two in one rename, so it is whole
+ * at every moment), then, on world rank 0 and when keep > 0, removes all but the `keep` newest
+ * complete checkpoints of ctx->run_id (another run's are left alone). Left-overs of saves that
+ * were killed (step-<N>.tmp-<pid>, step-<N>.old-<pid>) are removed first. Collective over ctx->world (and ctx->dp with
  * ZeRO-1); every rank returns the same status. MP_ERR_RUNTIME naming the path when a file cannot
  * be written. */
 mp_status mp_checkpoint_save(const char *dir, int64_t step, int keep,
@@ -106,7 +133,8 @@ mp_status mp_checkpoint_find_latest(const char *dir, char *path, size_t path_byt
 
 /* Loads checkpoint directory path (saved under any layout, version 1 or 2) into ctx->trainer:
  * checks the manifest, that it is of the same model (naming the first difference), batch and
- * seed, that every shard file is there with its checksum (spread over the ranks), then fills
+ * seed, the training settings (each one that differs, with both values, unless
+ * ctx->override_training), that every shard file is there with its checksum (spread over the ranks), then fills
  * each of this rank's chunks: parameters and the AdamW moments it keeps, read from the files
  * that hold them (see the file comment). Collective over ctx->world; every rank returns the
  * same status. *step = the completed steps. MP_ERR_INPUT naming the file and what is wrong. */

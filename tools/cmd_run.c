@@ -34,12 +34,14 @@
  * MPENGINE_FAULT (kill:RANK:STEP, hang:RANK:STEP) injects those faults, for tests only.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -83,13 +85,13 @@ typedef struct {
   mp_grid_coord coord;      /* this rank's place in the grid */
   mp_trace *trace;          /* with --trace */
   int rank, world_size;     /* 0 and 1 without a world */
-  FILE *metrics;
+  int metrics_fd;           /* --metrics, world rank 0 only; -1 otherwise */
   double entropy_floor;     /* nats per token, synthetic source only; NAN otherwise */
   double peak_flops_per_s;  /* the cluster's peak for the backend's dtype; 0 when unknown */
 } run_state;
 
 static void run_state_free(run_state *state) {
-  if (state->metrics != NULL) fclose(state->metrics);
+  if (state->metrics_fd >= 0) close(state->metrics_fd);
   mp_trainer_free(state->trainer);
   mp_data_loader_free(state->data);
   free(state->synthetic_tokens);
@@ -413,13 +415,47 @@ static void print_step(const mp_step_metrics *m, int64_t steps, double floor, bo
   fflush(stdout);
 }
 
-static void write_metrics(FILE *file, const mp_step_metrics *m) {
-  fprintf(file,
-          "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.6g, "
-          "\"tokens_per_s\": %.6g, \"tflops_per_s\": %.6g}\n",
-          (long long)m->step, m->loss, m->learning_rate, m->grad_norm, m->seconds * 1e3,
-          m->tokens_per_s, m->flops / m->seconds / 1e12);
-  fflush(file);
+/* One JSON object per line, each written by one write() of the whole line to a file opened
+ * O_APPEND: a kill leaves whole lines only, and a resumed run's lines follow the earlier ones. */
+static void write_metrics_line(int fd, const char *line) {
+  const size_t length = strlen(line);
+  if (write(fd, line, length) != (ssize_t)length) {
+    fprintf(stderr, "mpengine run: warning: --metrics: a line could not be written whole: %s\n",
+            strerror(errno));
+  }
+}
+
+static void write_metrics(int fd, const mp_step_metrics *m) {
+  char line[512];
+  snprintf(line, sizeof line,
+           "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.6g, "
+           "\"tokens_per_s\": %.6g, \"tflops_per_s\": %.6g}\n",
+           (long long)m->step, m->loss, m->learning_rate, m->grad_norm, m->seconds * 1e3,
+           m->tokens_per_s, m->flops / m->seconds / 1e12);
+  write_metrics_line(fd, line);
+}
+
+/* --metrics FILE before anything runs: a run that does not resume never truncates a file that
+ * holds lines (another run's metrics) unless --overwrite-metrics says so; a resume appends. */
+static mp_status check_metrics_file(const char *path, bool resume, bool overwrite,
+                                    mp_error *err) {
+  struct stat info;
+  if (resume || overwrite || stat(path, &info) != 0 || info.st_size == 0) return MP_OK;
+  return mp_fail(err, MP_ERR_INPUT,
+                 "--metrics %s already holds %lld bytes of another run's metrics; give "
+                 "--resume to continue that run and append to it, --overwrite-metrics to "
+                 "replace it, or another file",
+                 path, (long long)info.st_size);
+}
+
+static mp_status open_metrics_file(const char *path, bool resume, int *fd, mp_error *err) {
+  const int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (resume ? O_APPEND : O_TRUNC | O_APPEND);
+  *fd = open(path, flags, 0666);
+  if (*fd < 0) {
+    return mp_fail(err, MP_ERR_INPUT, "--metrics %s: cannot %s the file: %s", path,
+                   resume ? "open" : "create", strerror(errno));
+  }
+  return MP_OK;
 }
 
 /* Fault injection, for the failure tests only (tests/tools/failure_test.sh):
@@ -493,7 +529,9 @@ int cmd_run(int argc, char **argv) {
       {"checkpoint-dir", "DIR", "save sharded checkpoints under DIR/step-<N>/ (every --save-every steps, at the end, and on SIGTERM/SIGINT)", NULL},
       {"save-every", "K", "with --checkpoint-dir: save every K steps (default: only at the end)", NULL},
       {"keep", "N", "with --checkpoint-dir: keep the N newest checkpoints (default: all)", NULL},
-      {"resume", NULL, "continue from the newest checkpoint in --checkpoint-dir (saved under any layout)", NULL},
+      {"resume", NULL, "continue from the newest checkpoint in --checkpoint-dir (saved under any layout); --metrics appends", NULL},
+      {"override-training", NULL, "with --resume: continue with this plan's training settings (steps, learning rate, warmup, decay, optimizer) where they differ from the checkpoint's", NULL},
+      {"overwrite-metrics", NULL, "replace a --metrics FILE that holds another run's metrics", NULL},
       {"trace", "TRACE.json", "record every action and communication of every rank as a Chrome trace (draw it with mpengine timeline)", NULL},
       {"save-weights", "FILE.bin", "at the end, write the trained weights as an llm.c GPT-2 checkpoint (fp32)", NULL},
       {"np", "N", "ranks to start under mpirun (default: the plan's dp x pp x tp)", NULL},
@@ -506,7 +544,8 @@ int cmd_run(int argc, char **argv) {
       .command = "run",
       .usage = "mpengine run --config PLAN.json [--steps N] [--data GLOB] "
                "[--backend auto|cpu|cuda] [--init-from GPT2.bin] [--metrics FILE] "
-               "[--checkpoint-dir DIR [--save-every K] [--keep N] [--resume]] "
+               "[--checkpoint-dir DIR [--save-every K] [--keep N] [--resume [--override-training]]] "
+               "[--overwrite-metrics] "
                "[--trace TRACE.json] [--save-weights FILE.bin] [--np N] [--mpirun PATH] "
                "[--comm-timeout SECONDS] [--gpu-comm auto|nccl|mpi]",
       .summary = "Train the model of a parallelism config on one rank or on its dp x pp x tp "
@@ -565,6 +604,7 @@ int cmd_run(int argc, char **argv) {
 
   run_state state;
   memset(&state, 0, sizeof state);
+  state.metrics_fd = -1;
   int exit_code = CLI_EXIT_OK;
   int64_t steps = 0, save_every = 0, keep = 0;
   if (mp_plan_load(config, &state.plan, &err) != MP_OK ||
@@ -607,6 +647,16 @@ int cmd_run(int argc, char **argv) {
       exit_code = cli_report(&command, &err);
       goto done;
     }
+  }
+  /* What a user wrote before is checked before any rank starts (the launcher checks, and each
+   * rank again: the same files give every rank the same answer). */
+  const char *metrics_path = cli_value(&command, "metrics");
+  if ((metrics_path != NULL &&
+       check_metrics_file(metrics_path, resume, cli_flag(&command, "overwrite-metrics"), &err) !=
+           MP_OK) ||
+      (checkpoint_dir != NULL && !resume && mp_checkpoint_check_dir(checkpoint_dir, &err) != MP_OK)) {
+    exit_code = cli_report(&command, &err);
+    goto done;
   }
   run_fault fault;
   if (parse_fault(&fault, &err) != MP_OK) {
@@ -671,17 +721,31 @@ int cmd_run(int argc, char **argv) {
     exit_code = rank_report(&command, &state, &err);
     goto done;
   }
+  /* The run's id goes into every checkpoint it saves: a fresh run's new one (world rank 0's),
+   * or on --resume the id of the run it continues. */
+  char run_id[MP_CHECKPOINT_RUN_ID_BYTES] = "";
+  char resumed_from[4096] = "";
+  int64_t found = 0;
+  if (resume && (mp_checkpoint_find_latest(checkpoint_dir, resumed_from, sizeof resumed_from,
+                                           &found, &err) != MP_OK ||
+                 mp_checkpoint_run_id(resumed_from, run_id, sizeof run_id, &err) != MP_OK)) {
+    exit_code = rank_report(&command, &state, &err);
+    goto done;
+  }
+  if (run_id[0] == '\0') mp_checkpoint_new_run_id(run_id, sizeof run_id);
+  if (state.world_group != NULL &&
+      mp_comm_broadcast(state.world_group, run_id, sizeof run_id, 0, &err) != MP_OK) {
+    exit_code = rank_report(&command, &state, &err);
+    goto done;
+  }
   const mp_checkpoint_context checkpoint = {
       .plan = &state.plan, .model = state.model, .trainer = state.trainer,
       .world = state.world_group, .dp = state.dp_group, .dp_rank = state.coord.dp_rank,
-      .pp_rank = state.coord.pp_rank, .tp_rank = state.coord.tp_rank};
+      .pp_rank = state.coord.pp_rank, .tp_rank = state.coord.tp_rank, .run_id = run_id,
+      .override_training = cli_flag(&command, "override-training")};
   int64_t first_step = 0;
-  char resumed_from[4096] = "";
   if (resume) {
-    int64_t found = 0;
-    if (mp_checkpoint_find_latest(checkpoint_dir, resumed_from, sizeof resumed_from, &found,
-                                  &err) != MP_OK ||
-        mp_checkpoint_load(resumed_from, &checkpoint, &first_step, &err) != MP_OK) {
+    if (mp_checkpoint_load(resumed_from, &checkpoint, &first_step, &err) != MP_OK) {
       exit_code = rank_report(&command, &state, &err);
       goto done;
     }
@@ -699,10 +763,8 @@ int cmd_run(int argc, char **argv) {
       goto done;
     }
   }
-  const char *metrics_path = cli_value(&command, "metrics");
   if (state.rank == 0 && metrics_path != NULL &&
-      (state.metrics = fopen(metrics_path, "w")) == NULL) {
-    mp_fail(&err, MP_ERR_INPUT, "--metrics %s: cannot create the file", metrics_path);
+      open_metrics_file(metrics_path, resume, &state.metrics_fd, &err) != MP_OK) {
     exit_code = rank_report(&command, &state, &err);
     goto done;
   }
@@ -805,7 +867,7 @@ int cmd_run(int argc, char **argv) {
     }
     print_step(&metrics, steps, state.entropy_floor, terminal, elapsed, state.peak_flops_per_s,
                state.world_size, memory_bytes);
-    if (state.metrics != NULL) write_metrics(state.metrics, &metrics);
+    if (state.metrics_fd >= 0) write_metrics(state.metrics_fd, &metrics);
     if (checkpoint_dir == NULL) continue;
     float stop = stop_signal != 0 ? 1.0f : 0.0f;
     if (state.world_group != NULL &&

@@ -7,6 +7,7 @@
 // Layouts of several ranks are covered by tests/tools/checkpoint_test.sh.
 #include <gtest/gtest.h>
 
+#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -53,13 +54,14 @@ struct Job {
   }
   // chunked: the trainer of parallel runs (one chunk of the whole model at tp = 1), which a
   // one-rank CPU run with a trace uses.
-  bool make(const char *model_path, bool chunked = false) {
+  bool make(const char *model_path, bool chunked = false, double learning_rate = 3e-3,
+            int steps = 8) {
     char text[1024];
     snprintf(text, sizeof text,
              "{\"model\": \"%s\", \"parallel\": {\"dp\": 1, \"pp\": 1, \"tp\": 1}, \"batch\": "
              "{\"global_batch\": 4, \"micro_batch\": 2, \"num_micro_batches\": 2, \"seq_len\": "
-             "32}, \"training\": {\"steps\": 8, \"learning_rate\": 3e-3}}",
-             model_path);
+             "32}, \"training\": {\"steps\": %d, \"learning_rate\": %g}}",
+             model_path, steps, learning_rate);
     mp_markov_source *source = nullptr;
     if (mp_plan_parse_text(text, "plan.json", ".", &plan, &err) != MP_OK ||
         mp_model_load(plan.model_path, &model, &err) != MP_OK ||
@@ -86,7 +88,9 @@ struct Job {
     return mp_trainer_create_parallel(&plan, model, data, MP_BACKEND_CPU, &options, &trainer,
                                       &err) == MP_OK;
   }
-  mp_checkpoint_context context() { return {&plan, model, trainer, nullptr, nullptr, 0, 0, 0}; }
+  mp_checkpoint_context context() {
+    return {&plan, model, trainer, nullptr, nullptr, 0, 0, 0, nullptr, false};
+  }
   // Parameters, first and second moments, concatenated (the one-rank layout's order).
   std::vector<float> state() {
     float *p, *m, *v;
@@ -209,6 +213,114 @@ TEST(Checkpoint, RefusalsNameTheFile) {
             MP_ERR_INPUT);
   EXPECT_NE(std::string(a.err.message).find("--resume: no checkpoint in " + dir),
             std::string::npos);
+}
+
+bool exists(const std::string &path) {
+  struct stat info;
+  return stat(path.c_str(), &info) == 0;
+}
+
+// Saving a step that exists (a resumed run saving the step it resumed from) swaps the two
+// directories: step-N afterwards is the new state, and no copy of the old one is left behind.
+TEST(Checkpoint, ReplacingAStepLeavesTheNewStateAndNoCopies) {
+  const std::string dir = temp_dir();
+  Job a, b;
+  ASSERT_TRUE(a.make(kTiny)) << a.err.message;
+  ASSERT_TRUE(b.make(kTiny)) << b.err.message;
+  mp_checkpoint_context ctx = a.context();
+  ASSERT_EQ(mp_checkpoint_save(dir.c_str(), 3, 0, &ctx, &a.err), MP_OK) << a.err.message;
+  mp_step_metrics m;
+  ASSERT_EQ(mp_trainer_step(a.trainer, 0, &m, &a.err), MP_OK);
+  ASSERT_EQ(mp_checkpoint_save(dir.c_str(), 3, 0, &ctx, &a.err), MP_OK) << a.err.message;
+  int64_t step = 0;
+  mp_checkpoint_context ctx_b = b.context();
+  ASSERT_EQ(mp_checkpoint_load((dir + "/step-3").c_str(), &ctx_b, &step, &b.err), MP_OK)
+      << b.err.message;
+  EXPECT_EQ(a.state(), b.state()) << "step-3 still holds the first save";
+  std::vector<std::string> names;
+  DIR *handle = opendir(dir.c_str());
+  ASSERT_NE(handle, nullptr);
+  for (dirent *e; (e = readdir(handle)) != nullptr;) {
+    if (e->d_name[0] != '.') names.push_back(e->d_name);
+  }
+  closedir(handle);
+  EXPECT_EQ(names, std::vector<std::string>{"step-3"});
+}
+
+// A save killed half-way leaves step-<N>.tmp-<pid> (or a replaced step-<N>.old-<pid>): the next
+// save removes them; complete checkpoints stay.
+TEST(Checkpoint, TheNextSaveRemovesLeftOversOfKilledSaves) {
+  const std::string dir = temp_dir();
+  Job a;
+  ASSERT_TRUE(a.make(kTiny)) << a.err.message;
+  mp_checkpoint_context ctx = a.context();
+  ASSERT_EQ(mp_checkpoint_save(dir.c_str(), 1, 0, &ctx, &a.err), MP_OK) << a.err.message;
+  for (const char *name : {"/step-5.tmp-4242", "/step-2.old-99"}) {
+    ASSERT_EQ(mkdir((dir + name).c_str(), 0777), 0);
+    write_file(dir + name + "/pp-00000-tp-00000.bin", "half a shard");
+  }
+  ASSERT_EQ(mp_checkpoint_save(dir.c_str(), 2, 0, &ctx, &a.err), MP_OK) << a.err.message;
+  EXPECT_FALSE(exists(dir + "/step-5.tmp-4242"));
+  EXPECT_FALSE(exists(dir + "/step-2.old-99"));
+  EXPECT_TRUE(exists(dir + "/step-1/manifest.json"));
+  EXPECT_TRUE(exists(dir + "/step-2/manifest.json"));
+}
+
+// --keep counts and removes only the checkpoints of the run that saves; a fresh run is refused
+// a directory that holds any run's checkpoints, naming them.
+TEST(Checkpoint, KeepPrunesOnlyThisRunsAndAFreshRunIsRefusedAUsedDirectory) {
+  const std::string dir = temp_dir();
+  Job a;
+  ASSERT_TRUE(a.make(kTiny)) << a.err.message;
+  EXPECT_EQ(mp_checkpoint_check_dir(dir.c_str(), &a.err), MP_OK) << a.err.message;
+  EXPECT_EQ(mp_checkpoint_check_dir((dir + "/missing").c_str(), &a.err), MP_OK);
+  mp_checkpoint_context first = a.context(), second = a.context();
+  first.run_id = "1111111111111111";
+  second.run_id = "2222222222222222";
+  ASSERT_EQ(mp_checkpoint_save(dir.c_str(), 1, 1, &first, &a.err), MP_OK) << a.err.message;
+  ASSERT_EQ(mp_checkpoint_save(dir.c_str(), 2, 1, &first, &a.err), MP_OK) << a.err.message;
+  ASSERT_EQ(mp_checkpoint_save(dir.c_str(), 3, 1, &second, &a.err), MP_OK) << a.err.message;
+  ASSERT_EQ(mp_checkpoint_save(dir.c_str(), 4, 1, &second, &a.err), MP_OK) << a.err.message;
+  EXPECT_FALSE(exists(dir + "/step-1"));
+  EXPECT_TRUE(exists(dir + "/step-2")) << "--keep of run 2222 removed run 1111's checkpoint";
+  EXPECT_FALSE(exists(dir + "/step-3"));
+  EXPECT_TRUE(exists(dir + "/step-4"));
+  char id[MP_CHECKPOINT_RUN_ID_BYTES];
+  ASSERT_EQ(mp_checkpoint_run_id((dir + "/step-2").c_str(), id, sizeof id, &a.err), MP_OK);
+  EXPECT_STREQ(id, "1111111111111111");
+  EXPECT_EQ(mp_checkpoint_check_dir(dir.c_str(), &a.err), MP_ERR_INPUT);
+  EXPECT_EQ(std::string(a.err.message),
+            "--checkpoint-dir " + dir + " holds 2 checkpoints of another run (step-2, step-4, "
+            "run 1111111111111111); a new run would replace some and leave the others. Continue "
+            "that run with --resume, or choose another --checkpoint-dir");
+  char fresh[MP_CHECKPOINT_RUN_ID_BYTES], other[MP_CHECKPOINT_RUN_ID_BYTES];
+  mp_checkpoint_new_run_id(fresh, sizeof fresh);
+  mp_checkpoint_new_run_id(other, sizeof other);
+  EXPECT_EQ(strlen(fresh), 16u);
+  EXPECT_STRNE(fresh, other);
+}
+
+// A resume under changed training settings (the learning-rate curve, the optimizer) is refused,
+// naming every field with both values, unless the override is asked for.
+TEST(Checkpoint, ResumeRefusesChangedTrainingSettingsUnlessOverridden) {
+  const std::string dir = temp_dir();
+  Job a, b;
+  ASSERT_TRUE(a.make(kTiny)) << a.err.message;
+  ASSERT_TRUE(b.make(kTiny, false, 1e-3, 12)) << b.err.message;
+  mp_checkpoint_context ctx = a.context();
+  ASSERT_EQ(mp_checkpoint_save(dir.c_str(), 2, 0, &ctx, &a.err), MP_OK) << a.err.message;
+  mp_checkpoint_context ctx_b = b.context();
+  int64_t step = 0;
+  const std::string ck = dir + "/step-2";
+  EXPECT_EQ(mp_checkpoint_load(ck.c_str(), &ctx_b, &step, &b.err), MP_ERR_INPUT);
+  EXPECT_EQ(std::string(b.err.message),
+            ck + " was saved with other training settings than plan.json (with --steps): steps "
+                 "8 (now 12), learning_rate 0.003 (now 0.001); resume with the same settings, or "
+                 "give --override-training to continue with the new ones (the learning-rate "
+                 "curve changes from here on)");
+  ctx_b.override_training = true;
+  EXPECT_EQ(mp_checkpoint_load(ck.c_str(), &ctx_b, &step, &b.err), MP_OK) << b.err.message;
+  EXPECT_EQ(step, 2);
 }
 
 TEST(Checkpoint, ChunkedAndWholeModelTrainersReadEachOther) {
