@@ -8,7 +8,9 @@
 # relative; --keep, SIGTERM (finish the step, save, exit 0), export to llm.c's format (of a pp = 2
 # checkpoint: the very weights --save-weights wrote) and --init-from of it, and the refusals (exit
 # 2 with the reason): no checkpoint to resume, a corrupted shard, a missing shard, a checkpoint of
-# another model, a manifest that is not a checkpoint manifest.
+# another model, a manifest that is not a checkpoint manifest; a used --checkpoint-dir refused to
+# a fresh run, --metrics appended on resume and never truncated, changed training settings refused
+# on resume (issue 18).
 set -uo pipefail
 mpengine=${1:-${MPENGINE:-tools/mpengine}}
 tmp=${TEST_TMPDIR:-$(mktemp -d)}/checkpoint
@@ -155,7 +157,7 @@ fi
 saved=$(ls "$tmp/sig" | sed -n 's/^step-\([0-9]*\)$/\1/p' | head -1)
 [ -n "$saved" ] || fail "SIGTERM: no checkpoint saved"
 [ -n "$saved" ] && expect 0 "resumed from $tmp/sig/step-$saved: $saved of $((saved + 1)) steps done" "done: $((saved + 1)) steps" -- \
-  run --config "$tmp/tp1.json" --steps $((saved + 1)) --checkpoint-dir "$tmp/sig" --resume
+  run --config "$tmp/tp1.json" --steps $((saved + 1)) --checkpoint-dir "$tmp/sig" --resume --override-training
 
 # Under tp = 2, SIGTERM to `mpengine run` (the launcher) reaches every rank: they finish the same
 # step (agreeing through an all-reduce), save, and the run exits 0.
@@ -213,7 +215,34 @@ sed 's/"global_batch": 8, "micro_batch": 2, "num_micro_batches": 4/"global_batch
 expect 2 "$tmp/one/step-20 was saved with global batch 8 x seq_len 32, $tmp/batch4.json has 4 x 32" -- \
   run --config "$tmp/batch4.json" --checkpoint-dir "$tmp/one" --resume
 expect 0 "done: $tmp/one/step-20 already has all 20 steps; nothing to run" -- run --config "$tmp/tp1.json" --checkpoint-dir "$tmp/one" --resume
-expect 2 "has 20 steps done, more than --steps 5" -- run --config "$tmp/tp1.json" --steps 5 --checkpoint-dir "$tmp/one" --resume
+expect 2 "has 20 steps done, more than --steps 5" -- run --config "$tmp/tp1.json" --steps 5 --checkpoint-dir "$tmp/one" --resume --override-training
+
+# A user's files (issue 18). A second run into a directory of another run's checkpoints is
+# refused before anything is written: a 30-step run saving at 10, 20, 30, then a 20-step run.
+expect 0 "checkpoint: saved $tmp/used/step-30" -- run --config "$tmp/tp1.json" --steps 30 --checkpoint-dir "$tmp/used" --save-every 10
+before=$(cat "$tmp"/used/step-*/manifest.json | md5sum)
+expect 2 "--checkpoint-dir $tmp/used holds 3 checkpoints of another run (step-10, step-20, step-30, run " \
+  "Continue that run with --resume, or choose another --checkpoint-dir" -- \
+  run --config "$tmp/tp1.json" --steps 20 --checkpoint-dir "$tmp/used" --save-every 10
+[ "$(cat "$tmp"/used/step-*/manifest.json | md5sum)" = "$before" ] || fail "the refused run changed $tmp/used"
+# The killed save's left-over of the crash test above is gone after that run's save.
+[ -e "$tmp/crash/step-15.tmp-4242" ] && fail "step-15.tmp-4242 of a killed save is still in $tmp/crash"
+# --metrics: a fresh run refuses a file that holds lines; a resume appends, so the 10 + 10 lines
+# of a run stopped at step 10 and resumed equal the uninterrupted run's 20.
+expect 2 "--metrics $tmp/one.jsonl already holds" "--overwrite-metrics to replace it" -- \
+  run --config "$tmp/tp1.json" --steps 2 --metrics "$tmp/one.jsonl"
+[ "$(wc -l < "$tmp/one.jsonl")" -eq 20 ] || fail "the refused run changed $tmp/one.jsonl"
+expect 0 "done: 10 steps" -- run --config "$tmp/tp1.json" --steps 10 --checkpoint-dir "$tmp/app" --metrics "$tmp/app.jsonl"
+expect 0 "resumed from $tmp/app/step-10: 10 of 20 steps done" -- \
+  run --config "$tmp/tp1.json" --checkpoint-dir "$tmp/app" --resume --override-training --metrics "$tmp/app.jsonl"
+[ "$(wc -l < "$tmp/app.jsonl")" -eq 20 ] || fail "--resume did not append to --metrics: $(wc -l < "$tmp/app.jsonl") lines, want 20"
+expect 0 "done: 2 steps" -- run --config "$tmp/tp1.json" --steps 2 --metrics "$tmp/app.jsonl" --overwrite-metrics
+[ "$(wc -l < "$tmp/app.jsonl")" -eq 2 ] || fail "--overwrite-metrics: $(wc -l < "$tmp/app.jsonl") lines, want 2"
+# A resume under another learning rate or step count is refused naming both values of each.
+sed 's/"learning_rate": 3e-3/"learning_rate": 1e-3/' "$tmp/tp1.json" > "$tmp/lr.json"
+expect 2 "$tmp/one/step-20 was saved with other training settings than $tmp/lr.json (with --steps): steps 20 (now 30), learning_rate 0.003 (now 0.001)" \
+  "give --override-training to continue with the new ones" -- \
+  run --config "$tmp/lr.json" --steps 30 --checkpoint-dir "$tmp/one" --resume
 
 if [ $failures -ne 0 ]; then
   echo "$failures check(s) failed"
