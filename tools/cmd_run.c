@@ -672,6 +672,7 @@ int cmd_run(int argc, char **argv) {
     exit_code = rank_report(&command, &state, &err);
     goto done;
   }
+  if (state.world != NULL) run_rank_joined(state.rank);
   /* Data parallelism on GPUs: each rank takes the GPU of its index on the node, and the gradients
    * go over NCCL when every rank of the node has a GPU of its own, else through the host over
    * MPI (several ranks sharing one GPU: NCCL refuses that). */
@@ -945,6 +946,7 @@ int cmd_run(int argc, char **argv) {
   }
 done:
   run_state_free(&state);
+  run_rank_leaving(); /* whatever happened, this rank said it (the launcher names silent ones) */
   if (state.world != NULL) {
     if (exit_code == CLI_EXIT_FAILURE) {
       /* A runtime failure may be this rank's alone (a lost peer, a timeout): the others could be

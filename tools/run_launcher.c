@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -59,8 +60,9 @@ static int signal_children(pid_t parent) {
 }
 
 /* mpirun's stderr as it passes through the launcher: forwarded as is, and scanned line by line
- * for Open MPI's report of a rank that died,
- *   "mpirun noticed that process rank 1 with PID 0 on node vm exited on signal 9 (Killed)." */
+ * for the launcher's report of a rank that died, in Open MPI 4's words and PRRTE's (Open MPI 5):
+ *   "mpirun noticed that process rank 1 with PID 0 on node vm exited on signal 9 (Killed)."
+ *   "prterun noticed that process rank 1 with PID 4242 on node vm exited on signal 9 (Killed)." */
 typedef struct {
   char line[1024];
   size_t length;
@@ -70,10 +72,10 @@ typedef struct {
 
 static void stderr_watch_line(stderr_watch *watch) {
   watch->line[watch->length] = '\0';
-  const char *noticed = strstr(watch->line, "mpirun noticed that process rank ");
+  const char *noticed = strstr(watch->line, " noticed that process rank ");
   int rank = -1, signal_number = 0;
   if (noticed != NULL && watch->lost_rank < 0 &&
-      sscanf(noticed, "mpirun noticed that process rank %d with PID %*d on node %*s exited on "
+      sscanf(noticed, " noticed that process rank %d with PID %*d on node %*s exited on "
                       "signal %d",
              &rank, &signal_number) == 2 &&
       rank >= 0) {
@@ -81,6 +83,79 @@ static void stderr_watch_line(stderr_watch *watch) {
     watch->lost_signal = signal_number;
   }
   watch->length = 0;
+}
+
+/* The ranks' own word, whatever mpirun prints: each rank of a job the launcher started creates
+ * MPENGINE_RANK_DIR/rank-<world rank> holding its pid as it joins, and removes it when it exits
+ * through mpengine's code (a clean end or a reported error). The launcher watches the pids
+ * (pidfd_open, Linux 5.3): the first rank whose process ends while its file is still there died
+ * without a word (a signal, a crash) and is the lost one. */
+typedef struct {
+  char dir[PATH_MAX];
+  int np;
+  int *pidfds;   /* (np) -1 until the rank's file is seen */
+  bool *ended;   /* (np) */
+  int lost_rank; /* -1 until seen */
+} rank_watch;
+
+static char rank_file_path[PATH_MAX];
+
+static void remove_rank_file(void) {
+  if (rank_file_path[0] != '\0') unlink(rank_file_path);
+}
+
+void run_rank_joined(int world_rank) {
+  const char *dir = getenv("MPENGINE_RANK_DIR");
+  if (dir == NULL || dir[0] == '\0' || rank_file_path[0] != '\0') return;
+  snprintf(rank_file_path, sizeof rank_file_path, "%s/rank-%d", dir, world_rank);
+  FILE *file = fopen(rank_file_path, "w");
+  if (file == NULL) {
+    rank_file_path[0] = '\0';
+    return;
+  }
+  fprintf(file, "%ld\n", (long)getpid());
+  fclose(file);
+  atexit(remove_rank_file);
+}
+
+void run_rank_leaving(void) { remove_rank_file(); }
+
+static void rank_watch_scan(rank_watch *watch) {
+  for (int r = 0; r < watch->np; ++r) {
+    if (watch->pidfds[r] >= 0 || watch->ended[r]) continue;
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/rank-%d", watch->dir, r);
+    FILE *file = fopen(path, "r");
+    if (file == NULL) continue;
+    long pid = 0;
+    const bool ok = fscanf(file, "%ld", &pid) == 1 && pid > 0;
+    fclose(file);
+    if (!ok) continue;
+    watch->pidfds[r] = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
+    if (watch->pidfds[r] < 0) watch->ended[r] = true; /* gone already, or no pidfd_open */
+  }
+}
+
+/* A rank's process ended: lost when its file is still there. */
+static void rank_watch_ended(rank_watch *watch, int r) {
+  close(watch->pidfds[r]);
+  watch->pidfds[r] = -1;
+  watch->ended[r] = true;
+  char path[PATH_MAX + 32];
+  snprintf(path, sizeof path, "%s/rank-%d", watch->dir, r);
+  if (watch->lost_rank < 0 && access(path, F_OK) == 0) watch->lost_rank = r;
+}
+
+static void rank_watch_free(rank_watch *watch) {
+  for (int r = 0; r < watch->np && watch->pidfds != NULL; ++r) {
+    if (watch->pidfds[r] >= 0) close(watch->pidfds[r]);
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/rank-%d", watch->dir, r);
+    unlink(path);
+  }
+  free(watch->pidfds);
+  free(watch->ended);
+  if (watch->dir[0] != '\0') rmdir(watch->dir);
 }
 
 static void stderr_watch_feed(stderr_watch *watch, const char *data, size_t size) {
@@ -135,6 +210,18 @@ int run_relaunch(cli_command *command, int argc, char **argv, int np, const char
   default_env("OPENBLAS_NUM_THREADS", threads);
   default_env("OMP_NUM_THREADS", threads);
   setenv("MPENGINE_STDOUT_TTY", isatty(STDOUT_FILENO) ? "1" : "0", 1);
+  rank_watch ranks = {.np = np, .lost_rank = -1};
+  ranks.pidfds = malloc((size_t)np * sizeof *ranks.pidfds);
+  ranks.ended = calloc((size_t)np, sizeof *ranks.ended);
+  const char *tmp = getenv("TMPDIR") != NULL ? getenv("TMPDIR") : "/tmp";
+  snprintf(ranks.dir, sizeof ranks.dir, "%s/mpengine-ranks-XXXXXX", tmp);
+  if (ranks.pidfds == NULL || ranks.ended == NULL || mkdtemp(ranks.dir) == NULL) {
+    ranks.dir[0] = '\0'; /* the text of mpirun's report is then the only source */
+    ranks.np = 0;
+  } else {
+    for (int r = 0; r < np; ++r) ranks.pidfds[r] = -1;
+    setenv("MPENGINE_RANK_DIR", ranks.dir, 1);
+  }
   fflush(stdout);
   fflush(stderr);
   /* mpirun's stderr (which carries the ranks' too) comes through a pipe: the launcher forwards
@@ -177,9 +264,24 @@ int run_relaunch(cli_command *command, int argc, char **argv, int np, const char
   bool exited = false, eof = false;
   /* Until mpirun has exited and its stderr is drained (a process that kept the pipe open past
    * mpirun's end must not keep the launcher waiting, so after the exit reads stop at EAGAIN). */
-  while (!exited || !eof) {
-    struct pollfd fd = {.fd = err_pipe[0], .events = POLLIN};
-    const int ready = eof ? 0 : poll(&fd, 1, exited ? 0 : 200);
+  struct pollfd *fds = calloc((size_t)np + 1, sizeof *fds);
+  int *fd_rank = calloc((size_t)np + 1, sizeof *fd_rank);
+  while ((!exited || !eof) && fds != NULL && fd_rank != NULL) {
+    /* The stderr pipe, and the pidfds of the ranks seen so far. */
+    rank_watch_scan(&ranks);
+    int nfds = 0;
+    if (!eof) fds[nfds++] = (struct pollfd){.fd = err_pipe[0], .events = POLLIN};
+    for (int r = 0; r < ranks.np; ++r) {
+      if (ranks.pidfds[r] < 0) continue;
+      fd_rank[nfds] = r;
+      fds[nfds++] = (struct pollfd){.fd = ranks.pidfds[r], .events = POLLIN};
+    }
+    const int polled = nfds == 0 ? 0 : poll(fds, (nfds_t)nfds, exited ? 0 : 200);
+    for (int i = eof ? 0 : 1; polled > 0 && i < nfds; ++i) {
+      if (fds[i].revents != 0) rank_watch_ended(&ranks, fd_rank[i]);
+    }
+    const int ready = eof ? 0 : polled < 0 ? polled : fds[0].revents != 0 ? 1 : 0;
+    if (nfds == 0 && !exited) usleep(200 * 1000);
     if (launcher_signal != 0 && !exited) { /* arrived in poll or anywhere else in the loop */
       launcher_signal = 0;
       if (signal_children(pid) == 0) kill(pid, SIGTERM);
@@ -207,11 +309,23 @@ int run_relaunch(cli_command *command, int argc, char **argv, int np, const char
     }
   }
   close(err_pipe[0]);
+  free(fds);
+  free(fd_rank);
+  rank_watch_scan(&ranks);
+  const int silent_rank = ranks.lost_rank;
+  rank_watch_free(&ranks);
   if (watch.lost_rank >= 0) {
     fprintf(stderr,
             "mpengine run: rank %d was lost: its process died (signal %d) during the run; "
             "mpirun stopped the other ranks\n",
             watch.lost_rank, watch.lost_signal);
+    return CLI_EXIT_FAILURE;
+  }
+  if (silent_rank >= 0 && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+    fprintf(stderr,
+            "mpengine run: rank %d was lost: its process ended without a word from mpengine "
+            "(killed by a signal, or crashed) during the run; mpirun stopped the other ranks\n",
+            silent_rank);
     return CLI_EXIT_FAILURE;
   }
   if (WIFEXITED(status)) {

@@ -5,8 +5,10 @@
  * It runs `mpirun -np N --oversubscribe [--allow-run-as-root] <this binary> run <same args>` with
  * one machine's defaults unless the user set them (shared-memory transport, no ssh agent, one
  * BLAS / OpenMP thread per core's share), forwards mpirun's stderr byte for byte while reading
- * from it which rank died (Open MPI's "mpirun noticed that process rank N ... exited on signal
- * S"), names that rank in one line, and passes SIGTERM / SIGINT it receives to the ranks as
+ * from it which rank died (Open MPI 4's "mpirun noticed that process rank N ... exited on signal
+ * S", PRRTE's "prterun noticed ..."; and, whatever mpirun prints, the first rank whose process
+ * ended without leaving through mpengine's code: run_rank_joined below), names that rank in one
+ * line, and passes SIGTERM / SIGINT it receives to the ranks as
  * SIGTERM (so they finish the step and save; signalling mpirun would end the job with status 1).
  */
 #ifndef MPENGINE_TOOLS_RUN_LAUNCHER_H
@@ -18,5 +20,12 @@
  * returns the exit code to exit with: mpirun's own (0, 1 or 2), 1 for a lost rank or any other
  * failure, after printing why (a missing mpirun names what to install). */
 int run_relaunch(cli_command *command, int argc, char **argv, int np, const char *mpirun);
+
+/* A rank of a job the launcher started says it joined (world_rank) and, at any exit through
+ * mpengine's code (exit or return from main; also run at exit), that it is leaving: a process
+ * that ends between the two died without a word, and the launcher names it. Nothing outside
+ * such a job (no MPENGINE_RANK_DIR). */
+void run_rank_joined(int world_rank);
+void run_rank_leaving(void);
 
 #endif /* MPENGINE_TOOLS_RUN_LAUNCHER_H */

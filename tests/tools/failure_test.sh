@@ -68,6 +68,25 @@ no_leftovers "rank 1 killed"
 timed "rank 0 killed" 30 1 "mpengine run: rank 0 was lost: its process died (signal 9)" -- \
   timeout 60 env MPENGINE_FAULT=kill:0:2 $mpengine run --backend cpu --config "$tmp/tp2.json"
 no_leftovers "rank 0 killed"
+# Open MPI 5's launcher (PRRTE) words its report "prterun noticed ..."; and whatever mpirun
+# prints, or if it prints nothing, the ranks' own word names the lost one: an mpirun whose report
+# is reworded, and one whose report is dropped.
+cat > "$tmp/mpirun-prrte" <<'SH'
+#!/usr/bin/env bash
+mpirun "$@" 2> >(sed -u 's/^mpirun noticed/prterun noticed/' >&2)
+SH
+cat > "$tmp/mpirun-silent" <<'SH'
+#!/usr/bin/env bash
+mpirun "$@" 2> >(grep --line-buffered -v 'noticed that process rank' >&2)
+SH
+chmod +x "$tmp/mpirun-prrte" "$tmp/mpirun-silent"
+timed "rank 1 killed, PRRTE's words" 30 1 "mpengine run: rank 1 was lost: its process died (signal 9)" -- \
+  timeout 60 env MPENGINE_FAULT=kill:1:3 $mpengine run --backend cpu --config "$tmp/tp2.json" --mpirun "$tmp/mpirun-prrte"
+no_leftovers "rank 1 killed, PRRTE's words"
+timed "rank 1 killed, no report from mpirun" 30 1 \
+  "mpengine run: rank 1 was lost: its process ended without a word from mpengine (killed by a signal, or crashed)" -- \
+  timeout 60 env MPENGINE_FAULT=kill:1:3 $mpengine run --backend cpu --config "$tmp/tp2.json" --mpirun "$tmp/mpirun-silent"
+no_leftovers "rank 1 killed, no report from mpirun"
 
 # The same with a real kill -9 from outside, while the run trains: rank 1's process is found by
 # its OMPI_COMM_WORLD_RANK.
