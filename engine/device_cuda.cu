@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include "engine/cuda_check.cuh"
+#include "layers/cuda_launch.h"
 #include "engine/device.h"
 
 struct mp_device_timer {
@@ -67,6 +68,7 @@ extern "C" mp_status mp_device_memset(void *device_dst, int value, size_t bytes,
 }
 
 extern "C" mp_status mp_device_synchronize(mp_error *err) {
+  MP_TRY(mp_cuda_take_launch_failure(err)); /* it names the kernel; the wait below would not */
   MP_CUDA_CHECK(cudaDeviceSynchronize());
   MP_CUDA_CHECK(cudaGetLastError());
   return MP_OK;

@@ -9,6 +9,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "engine/device.h"
+#include "layers/cuda_launch.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -63,8 +64,7 @@ mp_status mp_device_memset(void *device_dst, int value, size_t bytes, mp_error *
 }
 
 mp_status mp_device_synchronize(mp_error *err) {
-  (void)err;
-  return MP_OK;
+  return mp_cuda_take_launch_failure(err); /* as on a GPU: a recorded failed launch first */
 }
 
 mp_status mp_device_stream_create(mp_cuda_stream *out, mp_error *err) {

@@ -31,6 +31,7 @@
 #include "layers/adamw.h"
 #include "layers/attention.h"
 #include "layers/cross_entropy.h"
+#include "layers/cuda_launch.h"
 #include "layers/cuda_types.h"
 #include "layers/embedding.h"
 #include "layers/gelu.h"
@@ -873,6 +874,13 @@ static void boundary_out(mp_gpt_stage_gpu *gpu, float *boundary, const mp_bf16 *
   mp_float_from_bf16_cuda(boundary, src, (size_t)gpu->BTl * gpu->C, NULL);
 }
 
+/* The enqueued work's errors that no call returned: a failed cuBLAS call, a failed launch (each
+ * named where it happened; layers/cuda_launch.h). */
+static mp_status kernels_check(mp_gpt_stage_gpu *gpu, mp_error *err) {
+  MP_TRY(mp_cublas_check(gpu->cublas, err));
+  return mp_cuda_take_launch_failure(err);
+}
+
 /* The stage's forward of micro-batch s. Recomputing (full recomputation, at the backward): the
  * slot already holds its tokens, targets, input and dloss; the embedding is not run again (its
  * output is the slot's input), output is NULL and no loss is reported. The same kernels and
@@ -905,7 +913,7 @@ static mp_status stage_forward(mp_gpt_stage_gpu *gpu, slot_acts *s, const int32_
   }
   if (!st->head) {
     if (output != NULL) boundary_out(gpu, output, x);
-    return mp_cublas_check(gpu->cublas, err);
+    return kernels_check(gpu, err);
   }
   if (!recomputing) MP_TRY(mp_device_copy_to_device(s->targets, targets, token_bytes, err));
   /* The LM head, tied to this rank's rows of wte: the logits of its vocabulary range, for every
@@ -933,7 +941,7 @@ mp_status mp_gpt_stage_gpu_forward(mp_gpt_stage_gpu *gpu, int slot, const int32_
   s->dloss = dloss;
   MP_TRY(stage_forward(gpu, s, inputs, targets, input, output, loss, false, err));
   s->in_use = true;
-  return MP_OK;
+  return kernels_check(gpu, err);
 }
 
 void mp_gpt_stage_gpu_discard(mp_gpt_stage_gpu *gpu, int slot) {
@@ -996,10 +1004,10 @@ mp_status mp_gpt_stage_gpu_backward(mp_gpt_stage_gpu *gpu, int slot, const float
   s->in_use = defer_weights;
   if (st->embedding) {
     MP_TRY(embedding_backward(gpu, s, err));
-    return mp_cublas_check(gpu->cublas, err);
+    return kernels_check(gpu, err);
   }
   boundary_out(gpu, dinput, gpu->dresidual);
-  return mp_cublas_check(gpu->cublas, err);
+  return kernels_check(gpu, err);
 }
 
 mp_status mp_gpt_stage_gpu_backward_weights(mp_gpt_stage_gpu *gpu, int slot, mp_error *err) {
@@ -1020,7 +1028,7 @@ mp_status mp_gpt_stage_gpu_backward_weights(mp_gpt_stage_gpu *gpu, int slot, mp_
   }
   s->weights_pending = false;
   s->in_use = false;
-  return mp_cublas_check(gpu->cublas, err);
+  return kernels_check(gpu, err);
 }
 
 /* w (C) and b (C) summed over the tensor-parallel group: one collective when b follows w (the

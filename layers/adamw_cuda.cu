@@ -19,6 +19,7 @@
 #include "engine/cuda_check.cuh"
 #include "layers/adamw.h"
 #include "layers/cuda_common.cuh"
+#include "layers/cuda_launch.h"
 
 static constexpr int kElementwiseThreads = 256;
 static constexpr int kNormThreads = 256;
@@ -131,11 +132,13 @@ extern "C" void mp_adamw_update_cuda(float *params, mp_bf16 *params_bf16, const 
     adamw_update_kernel<4><<<(unsigned)blocks, kElementwiseThreads, 0, stream>>>(
         params, params_bf16, grads, m, v, n, lr, beta1, beta2, beta1_correction, beta2_correction,
         eps, weight_decay);
+    MP_CUDA_CHECK_LAUNCH("adamw_update_kernel");
   } else {
     const size_t blocks = mp_ceil_div(n, kElementwiseThreads);
     adamw_update_kernel<1><<<(unsigned)blocks, kElementwiseThreads, 0, stream>>>(
         params, params_bf16, grads, m, v, n, lr, beta1, beta2, beta1_correction, beta2_correction,
         eps, weight_decay);
+    MP_CUDA_CHECK_LAUNCH("adamw_update_kernel");
   }
 }
 
@@ -169,11 +172,14 @@ extern "C" mp_status mp_grad_norm_squared_cuda(const float *grads, size_t n, flo
   // The vector path is taken for aligned grads with n % 4 == 0; each path is deterministic.
   if (n % 4 == 0 && mp_aligned16(grads)) {
     grad_norm_partial_kernel<4><<<(unsigned)blocks, kNormThreads, 0, stream>>>(partials, grads, n);
+    MP_CUDA_CHECK_LAUNCH("grad_norm_partial_kernel");
   } else {
     grad_norm_partial_kernel<1><<<(unsigned)blocks, kNormThreads, 0, stream>>>(partials, grads, n);
+    MP_CUDA_CHECK_LAUNCH("grad_norm_partial_kernel");
   }
   MP_CUDA_CHECK(cudaGetLastError());
   grad_norm_final_kernel<<<1, kNormThreads, 0, stream>>>(total, partials, (int)blocks);
+  MP_CUDA_CHECK_LAUNCH("grad_norm_final_kernel");
   MP_CUDA_CHECK(cudaGetLastError());
   double result = 0.0;
   MP_CUDA_CHECK(cudaMemcpyAsync(&result, total, sizeof result, cudaMemcpyDeviceToHost, stream));
@@ -187,9 +193,11 @@ extern "C" void mp_grad_scale_cuda(float *grads, size_t n, float scale, mp_cuda_
   if (n % 4 == 0 && mp_aligned16(grads)) {
     const size_t blocks = mp_ceil_div(n / 4, kElementwiseThreads);
     grad_scale_kernel<4><<<(unsigned)blocks, kElementwiseThreads, 0, stream>>>(grads, n, scale);
+    MP_CUDA_CHECK_LAUNCH("grad_scale_kernel");
   } else {
     const size_t blocks = mp_ceil_div(n, kElementwiseThreads);
     grad_scale_kernel<1><<<(unsigned)blocks, kElementwiseThreads, 0, stream>>>(grads, n, scale);
+    MP_CUDA_CHECK_LAUNCH("grad_scale_kernel");
   }
 }
 
@@ -199,8 +207,10 @@ extern "C" void mp_bf16_from_float_cuda(mp_bf16 *out, const float *in, size_t n,
   if (n % 4 == 0 && mp_aligned16(in)) {
     const size_t blocks = mp_ceil_div(n / 4, kElementwiseThreads);
     bf16_from_float_kernel<4><<<(unsigned)blocks, kElementwiseThreads, 0, stream>>>(out, in, n);
+    MP_CUDA_CHECK_LAUNCH("bf16_from_float_kernel");
   } else {
     const size_t blocks = mp_ceil_div(n, kElementwiseThreads);
     bf16_from_float_kernel<1><<<(unsigned)blocks, kElementwiseThreads, 0, stream>>>(out, in, n);
+    MP_CUDA_CHECK_LAUNCH("bf16_from_float_kernel");
   }
 }

@@ -30,6 +30,7 @@
 #include "layers/cuda_gemm_internal.cuh"
 #include "layers/cuda_gemm_layout.h"
 #include "layers/cuda_types.h"
+#include "layers/cuda_launch.h"
 
 // ---------------------------------------------------------------------------------------------
 // kernels
@@ -194,18 +195,21 @@ extern "C" void mp_attention_forward_cuda(mp_cublas *cublas, mp_bf16 *out, mp_bf
 
   permute_qkv_kernel<<<mp_gemm_ceil_div(n, block), block, 0, stream>>>(
       q, k, v, (const __nv_bfloat16 *)qkv, B, T, NH, HS);
+  MP_CUDA_CHECK_LAUNCH("permute_qkv_kernel");
   MP_CUDA_RECORD_LAUNCH(cublas, "permute_qkv_kernel");
   // att[t][t2] = scale * q_t . k_t2, for all t2 (the softmax masks).
   batched_gemm(cublas, true, false, T, T, HS, scale, k, HS, head_stride, q, HS, head_stride, att_,
                CUDA_R_16BF, T, att_stride, heads);
   causal_softmax_kernel<<<mp_gemm_ceil_div((size_t)rows * 32, block), block, 0, stream>>>(
       att_, rows, T);
+  MP_CUDA_CHECK_LAUNCH("causal_softmax_kernel");
   MP_CUDA_RECORD_LAUNCH(cublas, "causal_softmax_kernel");
   // y[t] = sum_t2 att[t][t2] v_t2 (masked probabilities are exactly 0).
   batched_gemm(cublas, false, false, HS, T, T, 1.0f, v, HS, head_stride, att_, T, att_stride, y,
                CUDA_R_16BF, HS, head_stride, heads);
   heads_to_tokens_kernel<<<mp_gemm_ceil_div(n, block), block, 0, stream>>>(
       (__nv_bfloat16 *)out, y, B, T, NH, HS);
+  MP_CUDA_CHECK_LAUNCH("heads_to_tokens_kernel");
   MP_CUDA_RECORD_LAUNCH(cublas, "heads_to_tokens_kernel");
 }
 
@@ -233,9 +237,11 @@ extern "C" void mp_attention_backward_cuda(mp_cublas *cublas, mp_bf16 *dqkv, con
 
   permute_qkv_kernel<<<mp_gemm_ceil_div(n, block), block, 0, stream>>>(
       q, k, v, (const __nv_bfloat16 *)qkv, B, T, NH, HS);
+  MP_CUDA_CHECK_LAUNCH("permute_qkv_kernel");
   MP_CUDA_RECORD_LAUNCH(cublas, "permute_qkv_kernel");
   tokens_to_heads_kernel<<<mp_gemm_ceil_div(n, block), block, 0, stream>>>(
       dy, (const __nv_bfloat16 *)dout, B, T, NH, HS);
+  MP_CUDA_CHECK_LAUNCH("tokens_to_heads_kernel");
   MP_CUDA_RECORD_LAUNCH(cublas, "tokens_to_heads_kernel");
   // datt[t][t2] = dy_t . v_t2
   batched_gemm(cublas, true, false, T, T, HS, 1.0f, v, HS, head_stride, dy, HS, head_stride, datt,
@@ -245,6 +251,7 @@ extern "C" void mp_attention_backward_cuda(mp_cublas *cublas, mp_bf16 *dqkv, con
                CUDA_R_32F, HS, head_stride, heads);
   causal_softmax_backward_kernel<<<mp_gemm_ceil_div((size_t)rows * 32, block), block, 0, stream>>>(
       datt, att_, rows, T);
+  MP_CUDA_CHECK_LAUNCH("causal_softmax_backward_kernel");
   MP_CUDA_RECORD_LAUNCH(cublas, "causal_softmax_backward_kernel");
   // dq[t] = scale * sum_t2 dpreatt[t][t2] k_t2
   batched_gemm(cublas, false, false, HS, T, T, scale, k, HS, head_stride, datt, T, att_stride, dq,
@@ -254,5 +261,6 @@ extern "C" void mp_attention_backward_cuda(mp_cublas *cublas, mp_bf16 *dqkv, con
                CUDA_R_32F, HS, head_stride, heads);
   accumulate_dqkv_kernel<<<mp_gemm_ceil_div(3 * n, block), block, 0, stream>>>(
       (__nv_bfloat16 *)dqkv, dq, dk, dv, B, T, NH, HS);
+  MP_CUDA_CHECK_LAUNCH("accumulate_dqkv_kernel");
   MP_CUDA_RECORD_LAUNCH(cublas, "accumulate_dqkv_kernel");
 }

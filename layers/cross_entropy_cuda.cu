@@ -13,6 +13,7 @@
 
 #include "layers/cross_entropy.h"
 #include "layers/cuda_common.cuh"
+#include "layers/cuda_launch.h"
 
 static constexpr int kCrossEntropyThreads = 1024;
 
@@ -83,8 +84,10 @@ extern "C" void mp_cross_entropy_fused_cuda(float *losses, mp_bf16 *logits, cons
   if (Vp % 8 == 0 && mp_aligned16(logits)) {
     cross_entropy_fused_kernel<8><<<(unsigned)rows, kCrossEntropyThreads, 0, stream>>>(
         losses, logits, targets, dloss_per_token, V, Vp);
+    MP_CUDA_CHECK_LAUNCH("cross_entropy_fused_kernel");
   } else {
     cross_entropy_fused_kernel<1><<<(unsigned)rows, kCrossEntropyThreads, 0, stream>>>(
         losses, logits, targets, dloss_per_token, V, Vp);
+    MP_CUDA_CHECK_LAUNCH("cross_entropy_fused_kernel");
   }
 }

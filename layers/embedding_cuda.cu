@@ -20,6 +20,7 @@
 
 #include "layers/cuda_common.cuh"
 #include "layers/embedding.h"
+#include "layers/cuda_launch.h"
 
 // ---------------------------------------------------------------------------------------------
 // kernels
@@ -101,10 +102,12 @@ extern "C" void mp_embedding_forward_cuda(mp_bf16 *out, const int32_t *tokens, c
     const size_t blocks = mp_ceil_div((size_t)BT * (C / 8), kEmbeddingThreads);
     embedding_forward_kernel<8>
         <<<(unsigned)blocks, kEmbeddingThreads, 0, stream>>>(out, tokens, wte, wpe, BT, T, C);
+    MP_CUDA_CHECK_LAUNCH("embedding_forward_kernel");
   } else {
     const size_t blocks = mp_ceil_div((size_t)BT * C, kEmbeddingThreads);
     embedding_forward_kernel<1>
         <<<(unsigned)blocks, kEmbeddingThreads, 0, stream>>>(out, tokens, wte, wpe, BT, T, C);
+    MP_CUDA_CHECK_LAUNCH("embedding_forward_kernel");
   }
 }
 
@@ -123,6 +126,7 @@ extern "C" void mp_embedding_backward_cuda(float *dwte, float *dwpe, const mp_bf
   const size_t wpe_blocks = mp_ceil_div((size_t)T * C, kEmbeddingThreads);
   embedding_backward_wpe_kernel<<<(unsigned)wpe_blocks, kEmbeddingThreads, 0, stream>>>(dwpe, dout,
                                                                                         B, T, C);
+  MP_CUDA_CHECK_LAUNCH("embedding_backward_wpe_kernel");
 
   // Stable counting sort of the positions by token, on the host. Token ids are trusted to lie in
   // [0, Vp) (mp_embedding_check_tokens checks them where data enters).
@@ -140,6 +144,7 @@ extern "C" void mp_embedding_backward_cuda(float *dwte, float *dwpe, const mp_bf
     const size_t blocks = mp_ceil_div((size_t)BT * C, kEmbeddingThreads);
     embedding_backward_wte_poison_kernel<<<(unsigned)blocks, kEmbeddingThreads, 0, stream>>>(
         dwte, tokens, BT, C);
+    MP_CUDA_CHECK_LAUNCH("embedding_backward_wte_poison_kernel");
     return;
   }
   int32_t *starts = host;                // (max_token + 2)
@@ -170,6 +175,7 @@ extern "C" void mp_embedding_backward_cuda(float *dwte, float *dwpe, const mp_bf
   const dim3 wte_grid((unsigned)buckets, (unsigned)mp_ceil_div((size_t)C, kEmbeddingThreads));
   embedding_backward_wte_kernel<<<wte_grid, kEmbeddingThreads, 0, stream>>>(
       dwte, dout, workspace + BT + buckets + 1, workspace + BT, workspace, C);
+  MP_CUDA_CHECK_LAUNCH("embedding_backward_wte_kernel");
   // Free the host buffer once the stream has passed the copy; if no callback can be queued, wait.
   if (cudaLaunchHostFunc(stream, free_host_buffer, host) != cudaSuccess) {
     cudaStreamSynchronize(stream);

@@ -47,6 +47,7 @@
 #include "layers/attention.h"
 #include "layers/cuda_types.h"
 #include "layers/flash_attention_ptx.cuh"
+#include "layers/cuda_launch.h"
 
 static_assert(sizeof(mp_bf16) == sizeof(__nv_bfloat16), "mp_bf16 must be the 16 bits of a bf16");
 
@@ -645,6 +646,7 @@ static void forward(mp_bf16 *out, float *lse, const mp_bf16 *qkv, int B, int T, 
   flash_forward_kernel<HS><<<grid, kThreads, ForwardSharedBytes<HS>(), stream>>>(
       reinterpret_cast<__nv_bfloat16 *>(out), lse,
       reinterpret_cast<const __nv_bfloat16 *>(qkv), T, NH, scale, scale * kLog2e);
+  MP_CUDA_CHECK_LAUNCH("flash_forward_kernel");
 }
 
 template <int HS>
@@ -657,13 +659,16 @@ static void backward(mp_bf16 *dqkv, const mp_bf16 *dout, const mp_bf16 *qkv, con
   const size_t rows = (size_t)B * T * NH;
   flash_backward_dot_kernel<HS><<<ceil_div(rows, 256), 256, 0, stream>>>(
       D, dout_, reinterpret_cast<const __nv_bfloat16 *>(out), B, T, NH);
+  MP_CUDA_CHECK_LAUNCH("flash_backward_dot_kernel");
   const dim3 grid((unsigned)(B * NH), ceil_div((size_t)T, kKeys));
   allow_shared_bytes(flash_backward_dkv_kernel<HS>, DkvSharedBytes<HS>());
   flash_backward_dkv_kernel<HS><<<grid, kThreads, DkvSharedBytes<HS>(), stream>>>(
       dqkv_, dout_, qkv_, lse, D, T, NH, scale, scale * kLog2e);
+  MP_CUDA_CHECK_LAUNCH("flash_backward_dkv_kernel");
   allow_shared_bytes(flash_backward_dq_kernel<HS>, DqSharedBytes<HS>());
   flash_backward_dq_kernel<HS><<<grid, kThreads, DqSharedBytes<HS>(), stream>>>(
       dqkv_, dout_, qkv_, lse, D, T, NH, scale, scale * kLog2e);
+  MP_CUDA_CHECK_LAUNCH("flash_backward_dq_kernel");
 }
 
 extern "C" void mp_flash_attention_forward_cuda(mp_bf16 *out, float *lse, const mp_bf16 *qkv,

@@ -10,6 +10,7 @@
 
 #include "layers/cuda_common.cuh"
 #include "layers/gelu.h"
+#include "layers/cuda_launch.h"
 
 #define MP_GELU_SCALE 0.7978845608028654f /* sqrt(2 / pi), as in gelu.c */
 #define MP_GELU_CUBE 0.044715f
@@ -70,9 +71,11 @@ extern "C" void mp_gelu_forward_cuda(mp_bf16 *out, const mp_bf16 *inp, size_t n,
   if (n % 8 == 0 && mp_aligned16(out) && mp_aligned16(inp)) {
     const size_t blocks = mp_ceil_div(n / 8, kGeluThreads);
     gelu_forward_kernel<8><<<(unsigned)blocks, kGeluThreads, 0, stream>>>(out, inp, n);
+    MP_CUDA_CHECK_LAUNCH("gelu_forward_kernel");
   } else {
     const size_t blocks = mp_ceil_div(n, kGeluThreads);
     gelu_forward_kernel<1><<<(unsigned)blocks, kGeluThreads, 0, stream>>>(out, inp, n);
+    MP_CUDA_CHECK_LAUNCH("gelu_forward_kernel");
   }
 }
 
@@ -82,8 +85,10 @@ extern "C" void mp_gelu_backward_cuda(mp_bf16 *dinp, const mp_bf16 *inp, const m
   if (n % 8 == 0 && mp_aligned16(dinp) && mp_aligned16(inp) && mp_aligned16(dout)) {
     const size_t blocks = mp_ceil_div(n / 8, kGeluThreads);
     gelu_backward_kernel<8><<<(unsigned)blocks, kGeluThreads, 0, stream>>>(dinp, inp, dout, n);
+    MP_CUDA_CHECK_LAUNCH("gelu_backward_kernel");
   } else {
     const size_t blocks = mp_ceil_div(n, kGeluThreads);
     gelu_backward_kernel<1><<<(unsigned)blocks, kGeluThreads, 0, stream>>>(dinp, inp, dout, n);
+    MP_CUDA_CHECK_LAUNCH("gelu_backward_kernel");
   }
 }

@@ -17,6 +17,7 @@
 
 #include "layers/cuda_common.cuh"
 #include "layers/layernorm.h"
+#include "layers/cuda_launch.h"
 
 static constexpr int kWarp = 32;
 static constexpr int kForwardThreads = 256;   // 8 rows per block, one per warp
@@ -176,9 +177,11 @@ extern "C" void mp_layernorm_forward_cuda(mp_bf16 *out, float *mean, float *rstd
       mp_aligned16(bias)) {
     layernorm_forward_kernel<8><<<(unsigned)blocks, kForwardThreads, 0, stream>>>(
         out, mean, rstd, inp, weight, bias, rows, C);
+    MP_CUDA_CHECK_LAUNCH("layernorm_forward_kernel");
   } else {
     layernorm_forward_kernel<1><<<(unsigned)blocks, kForwardThreads, 0, stream>>>(
         out, mean, rstd, inp, weight, bias, rows, C);
+    MP_CUDA_CHECK_LAUNCH("layernorm_forward_kernel");
   }
 }
 
@@ -198,11 +201,14 @@ extern "C" void mp_layernorm_backward_cuda(mp_bf16 *dinp, float *dweight, float 
       mp_aligned16(weight)) {
     layernorm_backward_kernel<8><<<(unsigned)tiles, kBackwardThreads, 0, stream>>>(
         dinp, scratch, dout, inp, weight, mean, rstd, rows, C);
+    MP_CUDA_CHECK_LAUNCH("layernorm_backward_kernel");
   } else {
     layernorm_backward_kernel<1><<<(unsigned)tiles, kBackwardThreads, 0, stream>>>(
         dinp, scratch, dout, inp, weight, mean, rstd, rows, C);
+    MP_CUDA_CHECK_LAUNCH("layernorm_backward_kernel");
   }
   const size_t reduce_blocks = mp_ceil_div(C, kReduceThreads);
   layernorm_param_grad_kernel<<<(unsigned)reduce_blocks, kReduceThreads, 0, stream>>>(
       dweight, dbias, scratch, tiles, C);
+  MP_CUDA_CHECK_LAUNCH("layernorm_param_grad_kernel");
 }

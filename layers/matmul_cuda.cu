@@ -32,6 +32,7 @@
 #include "layers/cuda_gemm_layout.h"
 #include "layers/cuda_types.h"
 #include "layers/matmul.h"
+#include "layers/cuda_launch.h"
 
 // ---------------------------------------------------------------------------------------------
 // kernels
@@ -285,6 +286,7 @@ static void matmul(mp_cublas *cublas, cudaStream_t stream, bool trans_a, bool tr
     const int block = 256;
     broadcast_bias_kernel<<<mp_gemm_ceil_div((size_t)m * n, block), block, 0, stream>>>(
         (__nv_bfloat16 *)D, bias, n, m);
+    MP_CUDA_CHECK_LAUNCH("broadcast_bias_kernel");
     MP_CUDA_RECORD_LAUNCH(cublas, "broadcast_bias_kernel");
     beta = 1.0f;
   }
@@ -311,6 +313,7 @@ extern "C" void mp_matmul_forward_cuda(mp_cublas *cublas, mp_bf16 *out, const mp
       const int block = 256;
       broadcast_bias_kernel<<<mp_gemm_ceil_div((size_t)BT * OC, block), block, 0, stream>>>(
           out_, bias_, BT, OC);
+      MP_CUDA_CHECK_LAUNCH("broadcast_bias_kernel");
       MP_CUDA_RECORD_LAUNCH(cublas, "broadcast_bias_kernel");
     } else {
       const cudaError_t status = cudaMemsetAsync(out_, 0, (size_t)BT * OC * sizeof *out_, stream);
@@ -366,10 +369,12 @@ extern "C" void mp_matmul_backward_cuda(mp_cublas *cublas, mp_bf16 *dinp, float 
     const int row_blocks = (int)mp_matmul_dbias_row_blocks(BT);
     const dim3 partial_grid(mp_gemm_ceil_div((size_t)OC, 32), (unsigned)row_blocks);
     dbias_partial_kernel<<<partial_grid, dim3(32, 8), 0, stream>>>(scratch, dout_, BT, OC);
+    MP_CUDA_CHECK_LAUNCH("dbias_partial_kernel");
     MP_CUDA_RECORD_LAUNCH(cublas, "dbias_partial_kernel");
     const int block = 256;
     dbias_reduce_kernel<<<mp_gemm_ceil_div((size_t)OC, block), block, 0, stream>>>(dbias, scratch,
                                                                              row_blocks, OC);
+    MP_CUDA_CHECK_LAUNCH("dbias_reduce_kernel");
     MP_CUDA_RECORD_LAUNCH(cublas, "dbias_reduce_kernel");
   }
 }

@@ -7,6 +7,7 @@
  */
 #include "layers/cuda_common.cuh"
 #include "layers/residual.h"
+#include "layers/cuda_launch.h"
 
 // ---------------------------------------------------------------------------------------------
 // kernels
@@ -56,10 +57,12 @@ extern "C" void mp_residual_forward_cuda(mp_bf16 *out, const mp_bf16 *inp1, cons
     const size_t blocks = mp_ceil_div(n / 8, kResidualThreads);
     residual_forward_kernel<8>
         <<<(unsigned)blocks, kResidualThreads, 0, stream>>>(out, inp1, inp2, n);
+    MP_CUDA_CHECK_LAUNCH("residual_forward_kernel");
   } else {
     const size_t blocks = mp_ceil_div(n, kResidualThreads);
     residual_forward_kernel<1>
         <<<(unsigned)blocks, kResidualThreads, 0, stream>>>(out, inp1, inp2, n);
+    MP_CUDA_CHECK_LAUNCH("residual_forward_kernel");
   }
 }
 
@@ -70,9 +73,11 @@ extern "C" void mp_residual_backward_cuda(mp_bf16 *dinp1, mp_bf16 *dinp2, const 
     const size_t blocks = mp_ceil_div(n / 8, kResidualThreads);
     residual_backward_kernel<8>
         <<<(unsigned)blocks, kResidualThreads, 0, stream>>>(dinp1, dinp2, dout, n);
+    MP_CUDA_CHECK_LAUNCH("residual_backward_kernel");
   } else {
     const size_t blocks = mp_ceil_div(n, kResidualThreads);
     residual_backward_kernel<1>
         <<<(unsigned)blocks, kResidualThreads, 0, stream>>>(dinp1, dinp2, dout, n);
+    MP_CUDA_CHECK_LAUNCH("residual_backward_kernel");
   }
 }

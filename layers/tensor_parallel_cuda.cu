@@ -19,6 +19,7 @@
 
 #include "layers/cuda_common.cuh"
 #include "layers/tensor_parallel_cuda.h"
+#include "layers/cuda_launch.h"
 
 static constexpr int kElementwiseThreads = 256;
 // Grid-stride loops cover larger sizes; 8192 blocks of 256 threads fill any sm_80/sm_90 part.
@@ -266,9 +267,11 @@ extern "C" void mp_float_from_bf16_cuda(float *out, const mp_bf16 *in, size_t n,
   if (n % 8 == 0 && mp_aligned16(out) && mp_aligned16(in)) {
     float_from_bf16_kernel<8>
         <<<elementwise_blocks(n / 8), kElementwiseThreads, 0, stream>>>(out, in, n);
+    MP_CUDA_CHECK_LAUNCH("float_from_bf16_kernel");
   } else {
     float_from_bf16_kernel<1>
         <<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(out, in, n);
+    MP_CUDA_CHECK_LAUNCH("float_from_bf16_kernel");
   }
 }
 
@@ -280,9 +283,11 @@ extern "C" void mp_bf16_from_float_bias_cuda(mp_bf16 *out, const float *sum, con
       (bias == NULL || mp_aligned16(bias))) {
     bf16_from_float_bias_kernel<8>
         <<<elementwise_blocks(n / 8), kElementwiseThreads, 0, stream>>>(out, sum, bias, n, cols);
+    MP_CUDA_CHECK_LAUNCH("bf16_from_float_bias_kernel");
   } else {
     bf16_from_float_bias_kernel<1>
         <<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(out, sum, bias, n, cols);
+    MP_CUDA_CHECK_LAUNCH("bf16_from_float_bias_kernel");
   }
 }
 
@@ -290,8 +295,10 @@ extern "C" void mp_add_f32_cuda(float *out, const float *in, size_t n, mp_cuda_s
   if (n == 0) return;
   if (n % 4 == 0 && mp_aligned16(out) && mp_aligned16(in)) {
     add_f32_kernel<4><<<elementwise_blocks(n / 4), kElementwiseThreads, 0, stream>>>(out, in, n);
+    MP_CUDA_CHECK_LAUNCH("add_f32_kernel");
   } else {
     add_f32_kernel<1><<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(out, in, n);
+    MP_CUDA_CHECK_LAUNCH("add_f32_kernel");
   }
 }
 
@@ -303,9 +310,11 @@ extern "C" void mp_vocab_embedding_lookup_cuda(float *out, const int32_t *tokens
   if (C % 8 == 0 && mp_aligned16(out) && mp_aligned16(wte_shard)) {
     vocab_embedding_lookup_kernel<8><<<elementwise_blocks(n / 8), kElementwiseThreads, 0, stream>>>(
         out, tokens, wte_shard, vocab_start, Vl, n, C);
+    MP_CUDA_CHECK_LAUNCH("vocab_embedding_lookup_kernel");
   } else {
     vocab_embedding_lookup_kernel<1><<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(
         out, tokens, wte_shard, vocab_start, Vl, n, C);
+    MP_CUDA_CHECK_LAUNCH("vocab_embedding_lookup_kernel");
   }
 }
 
@@ -317,9 +326,11 @@ extern "C" void mp_add_position_rows_cuda(mp_bf16 *out, const float *sum, const 
   if (C % 8 == 0 && mp_aligned16(out) && mp_aligned16(sum) && mp_aligned16(wpe)) {
     add_position_kernel<8><<<elementwise_blocks(n / 8), kElementwiseThreads, 0, stream>>>(
         out, sum, wpe, n, (size_t)first_row, T, C);
+    MP_CUDA_CHECK_LAUNCH("add_position_kernel");
   } else {
     add_position_kernel<1><<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(
         out, sum, wpe, n, (size_t)first_row, T, C);
+    MP_CUDA_CHECK_LAUNCH("add_position_kernel");
   }
 }
 
@@ -335,8 +346,10 @@ extern "C" void mp_vocab_ce_max_cuda(float *row_max, const mp_bf16 *logits, int 
   const int valid = valid_columns(Vl, vocab_start, V);
   if (Vl % 8 == 0 && mp_aligned16(logits)) {
     vocab_ce_max_kernel<8><<<(unsigned)BT, kRowThreads, 0, stream>>>(row_max, logits, Vl, valid);
+    MP_CUDA_CHECK_LAUNCH("vocab_ce_max_kernel");
   } else {
     vocab_ce_max_kernel<1><<<(unsigned)BT, kRowThreads, 0, stream>>>(row_max, logits, Vl, valid);
+    MP_CUDA_CHECK_LAUNCH("vocab_ce_max_kernel");
   }
 }
 
@@ -345,6 +358,7 @@ extern "C" void mp_max_over_ranks_cuda(float *row_max, const float *gathered, in
   if (BT <= 0) return;
   max_over_ranks_kernel<<<elementwise_blocks((size_t)BT), kElementwiseThreads, 0, stream>>>(
       row_max, gathered, ranks, BT);
+  MP_CUDA_CHECK_LAUNCH("max_over_ranks_kernel");
 }
 
 extern "C" void mp_vocab_ce_partials_cuda(float *stats, const mp_bf16 *logits,
@@ -355,9 +369,11 @@ extern "C" void mp_vocab_ce_partials_cuda(float *stats, const mp_bf16 *logits,
   if (Vl % 8 == 0 && mp_aligned16(logits)) {
     vocab_ce_partials_kernel<8><<<(unsigned)BT, kRowThreads, 0, stream>>>(
         stats, logits, targets, row_max, Vl, vocab_start, valid);
+    MP_CUDA_CHECK_LAUNCH("vocab_ce_partials_kernel");
   } else {
     vocab_ce_partials_kernel<1><<<(unsigned)BT, kRowThreads, 0, stream>>>(
         stats, logits, targets, row_max, Vl, vocab_start, valid);
+    MP_CUDA_CHECK_LAUNCH("vocab_ce_partials_kernel");
   }
 }
 
@@ -371,8 +387,10 @@ extern "C" void mp_vocab_ce_finish_cuda(float *losses, mp_bf16 *logits, const in
   if (Vl % 8 == 0 && mp_aligned16(logits)) {
     vocab_ce_finish_kernel<8><<<(unsigned)BT, kRowThreads, 0, stream>>>(
         losses, logits, targets, row_max, stats, dloss_per_token, Vl, vocab_start, valid);
+    MP_CUDA_CHECK_LAUNCH("vocab_ce_finish_kernel");
   } else {
     vocab_ce_finish_kernel<1><<<(unsigned)BT, kRowThreads, 0, stream>>>(
         losses, logits, targets, row_max, stats, dloss_per_token, Vl, vocab_start, valid);
+    MP_CUDA_CHECK_LAUNCH("vocab_ce_finish_kernel");
   }
 }
