@@ -162,6 +162,35 @@ mp_status mp_data_loader_from_tokens(const uint16_t *tokens, int64_t count, int6
   return MP_OK;
 }
 
+mp_status mp_data_loader_hold_out(mp_data_loader *loader, int64_t count, mp_data_loader **out,
+                                  mp_error *err) {
+  *out = NULL;
+  if (count < 1 || count >= loader->num_tokens) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "%s: cannot hold out %lld of its %lld tokens for evaluation; give held-out "
+                   "token shards with --val-data, or fewer --eval-batches",
+                   loader->name, (long long)count, (long long)loader->num_tokens);
+  }
+  char name[512];
+  snprintf(name, sizeof name, "%s, its last %lld tokens (held out)", loader->name,
+           (long long)count);
+  /* The tokens were checked when the loader was made: copy them as they are. */
+  mp_data_loader *held = calloc(1, sizeof *held);
+  if (held == NULL || (held->name = copy_string(name)) == NULL ||
+      (held->tokens = malloc((size_t)count * sizeof *held->tokens)) == NULL) {
+    mp_data_loader_free(held);
+    return out_of_memory(loader->name, err);
+  }
+  memcpy(held->tokens, loader->tokens + (loader->num_tokens - count),
+         (size_t)count * sizeof *held->tokens);
+  held->num_tokens = count;
+  loader->num_tokens -= count;
+  free(loader->permutation); /* S changed: every epoch's order is drawn again */
+  loader->permutation = NULL;
+  *out = held;
+  return MP_OK;
+}
+
 /* ---- queries ---- */
 
 const char *mp_data_loader_name(const mp_data_loader *loader) { return loader->name; }

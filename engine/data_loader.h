@@ -52,6 +52,13 @@ mp_status mp_data_loader_from_tokens(const uint16_t *tokens, int64_t count, int6
 
 void mp_data_loader_free(mp_data_loader *loader);
 
+/* Splits the last `count` tokens off the stream into a loader of their own (*out, a copy), for a
+ * held-out loss: `loader` keeps the first N - count tokens, so no training batch ever reads one
+ * of them (a window never crosses the cut: the held-out part is a stream of its own). MP_ERR_INPUT
+ * when count is not in 1 .. N - 1. */
+mp_status mp_data_loader_hold_out(mp_data_loader *loader, int64_t count, mp_data_loader **out,
+                                  mp_error *err);
+
 /* What the tokens came from: the glob pattern, or the name given to from_tokens. */
 const char *mp_data_loader_name(const mp_data_loader *loader);
 

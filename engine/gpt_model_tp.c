@@ -675,9 +675,15 @@ mp_status mp_gpt_tp_backward_weights(mp_gpt_tp *gpt, int slot_index, mp_error *e
   return MP_OK;
 }
 
+void mp_gpt_tp_discard(mp_gpt_tp *gpt, int slot) {
+  if (slot < 0 || slot >= gpt->num_slots) return;
+  gpt->slots[slot].in_use = false;
+  gpt->slots[slot].weights_pending = false;
+}
+
 mp_status mp_gpt_tp_forward(mp_gpt_tp *gpt, const int32_t *inputs, const int32_t *targets,
                             double *loss, mp_error *err) {
-  if (gpt->num_slots > 0) gpt->slots[0].in_use = false; /* an evaluation's forward starts over */
+  mp_gpt_tp_discard(gpt, 0); /* an evaluation's forward starts over */
   return mp_gpt_tp_forward_stage(gpt, 0, inputs, targets, NULL, NULL, loss, err);
 }
 

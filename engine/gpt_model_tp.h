@@ -170,6 +170,10 @@ mp_status mp_gpt_tp_forward_stage(mp_gpt_tp *gpt, int slot, const int32_t *input
                                   const int32_t *targets, const float *input, float *output,
                                   double *loss, mp_error *err);
 
+/* Frees activation slot `slot` without a backward (a forward for a held-out loss); its next
+ * forward starts over. Out-of-range slots are ignored. */
+void mp_gpt_tp_discard(mp_gpt_tp *gpt, int slot);
+
 /* Backward of slot's micro-batch.
  *   dloss            the loss's weight (a head stage; 1 / micro-batches of the step)
  *   doutput (boundary)  the next stage's input gradient; NULL on a head stage

@@ -39,6 +39,9 @@ struct mp_trainer {
   float *zero_gather_device; /* the same on the GPU, for a GPU run */
   mp_schedule schedule;
   mp_stage_worker *worker;
+  mp_schedule eval_schedule;  /* the same layout's forward-only list (a held-out loss) */
+  mp_stage_worker *eval_worker;
+  bool evaluating;            /* the eval worker runs: its messages stay out of the trace */
   mp_comm_request **dp_requests; /* this step's posted dp all-reduces, one per bucket */
   double *dp_posted_s;    /* when each was posted, for the trace */
   size_t *dp_bytes;
@@ -148,6 +151,14 @@ static mp_status chunk_forward(void *context, int chunk, int micro_batch, int sl
   }
   if (mp_gpt_tp_stage(trainer->chunks[chunk])->head) trainer->loss_sum += loss;
   return MP_OK;
+}
+
+/* A forward-only schedule's F is done with its slot: no backward will read it. */
+static void chunk_release(void *context, int chunk, int micro_batch, int slot) {
+  (void)micro_batch;
+  mp_trainer *trainer = context;
+  if (trainer->gpu_chunks != NULL) mp_gpt_stage_gpu_discard(trainer->gpu_chunks[chunk], slot);
+  mp_gpt_tp_discard(trainer->chunks[chunk], slot);
 }
 
 static mp_status block_grads_ready(void *context, float *grads, size_t count, mp_error *err);
@@ -273,7 +284,7 @@ static mp_status pp_wait_send(void *context, void *request, mp_error *err) {
   posted_send *send = request;
   const mp_status status = trainer->options.nccl_pp != NULL ? nccl_pp_flush(trainer, err)
                                                             : mp_comm_wait(send->request, err);
-  if (trainer->options.trace != NULL) {
+  if (trainer->options.trace != NULL && !trainer->evaluating) {
     mp_trace_comm(trainer->options.trace, trainer->step, "send", "pp",
                   mp_comm_member(trainer->options.pp, send->peer), send->bytes, &send->message,
                   send->posted_s, trace_now(trainer));
@@ -293,7 +304,7 @@ static mp_status pp_recv(void *context, float *buffer, size_t count, int peer,
   } else {
     MP_TRY(mp_comm_recv(trainer->options.pp, buffer, count * sizeof(float), peer, err));
   }
-  if (trainer->options.trace != NULL) {
+  if (trainer->options.trace != NULL && !trainer->evaluating) {
     mp_trace_comm(trainer->options.trace, trainer->step, "recv", "pp",
                   mp_comm_member(trainer->options.pp, peer), count * sizeof(float), message,
                   start, trace_now(trainer));
@@ -671,18 +682,30 @@ static mp_status create_parallel(mp_trainer *trainer, const mp_model *model, mp_
   /* The layout (config, tensor table) every chunk is cut from. */
   MP_TRY(create_chunks(trainer, model, err));
   trainer->layout = mp_gpt_tp_layout(trainer->chunks[0]);
-  const mp_stage_ops ops = {trainer, chunk_forward, chunk_backward, chunk_backward_weights};
+  const mp_stage_ops ops = {trainer, chunk_forward, chunk_backward, chunk_backward_weights,
+                            chunk_release};
   mp_stage_p2p p2p = {trainer, pp_post_send, pp_wait_send, pp_recv, NULL, NULL};
   if (trainer->gpu_chunks != NULL) {
     p2p.alloc_buffer = device_buffer_alloc;
     p2p.free_buffer = device_buffer_free;
   }
   const mp_stage_observer observer = {trainer, observer_now, observer_action_done};
-  status = mp_stage_worker_create(&trainer->schedule, o->pp_rank,
-                                  mp_gpt_tp_boundary_floats(trainer->chunks[0]), &ops, &p2p,
+  const size_t boundary = mp_gpt_tp_boundary_floats(trainer->chunks[0]);
+  status = mp_stage_worker_create(&trainer->schedule, o->pp_rank, boundary, &ops, &p2p,
                                   o->trace != NULL ? &observer : NULL, &trainer->worker, err);
   if (status == MP_OK && o->dp != NULL && plan->dp > 1) {
     mp_stage_worker_on_chunk_done(trainer->worker, post_chunk_all_reduce);
+  }
+  /* Evaluation runs the same stages through the same worker code, forwards only (untraced: the
+   * trace holds training steps). */
+  if (status == MP_OK) {
+    status = mp_schedule_generate_forward_only(kind, plan->pp, (int)plan->num_micro_batches,
+                                               plan->virtual_stages, &trainer->eval_schedule,
+                                               err);
+  }
+  if (status == MP_OK) {
+    status = mp_stage_worker_create(&trainer->eval_schedule, o->pp_rank, boundary, &ops, &p2p,
+                                    NULL, &trainer->eval_worker, err);
   }
   return status;
 }
@@ -741,6 +764,8 @@ void mp_trainer_free(mp_trainer *trainer) {
   free(trainer->dp_posted_s);
   free(trainer->dp_bytes);
   mp_stage_worker_free(trainer->worker);
+  mp_stage_worker_free(trainer->eval_worker);
+  mp_schedule_free(&trainer->eval_schedule);
   for (int c = 0; c < trainer->num_chunks; ++c) {
     if (trainer->gpu_chunks != NULL) mp_gpt_stage_gpu_free(trainer->gpu_chunks[c]);
     if (trainer->chunks != NULL) mp_gpt_tp_free(trainer->chunks[c]);
@@ -997,51 +1022,30 @@ mp_status mp_trainer_state_to_device(mp_trainer *trainer, mp_error *err) {
   return transfer_state(trainer, false, err);
 }
 
-/* Forward (and backward when `train`) over every micro-batch of the step on one rank; returns
- * the mean loss. */
-static mp_status run_micro_batches(mp_trainer *trainer, mp_data_loader *data, int64_t step,
-                                   bool train, double *loss, mp_error *err) {
+/* This dp rank's rows of the global batch of `step` from data, for the stage worker's
+ * micro-batches. */
+static mp_status load_batch(mp_trainer *trainer, mp_data_loader *data, int64_t step,
+                            mp_error *err) {
   const mp_plan *plan = trainer->plan;
   const int64_t rows = plan->num_micro_batches * plan->micro_batch;
   const int64_t first_row = (int64_t)trainer->options.dp_rank * rows;
-  MP_TRY(mp_data_loader_batch(data, plan->training.seed, plan->seq_len,
-                              plan->global_batch, step, first_row, rows, trainer->inputs,
-                              trainer->targets, err));
-  if (train) return MP_OK; /* the stage worker drives the micro-batches */
-  const float dloss = 1.0f / (float)plan->num_micro_batches;
-  double loss_sum = 0.0;
-  for (int m = 0; m < (int)plan->num_micro_batches; ++m) {
-    const int32_t *inputs = micro_batch_rows(trainer, trainer->inputs, m);
-    const int32_t *targets = micro_batch_rows(trainer, trainer->targets, m);
-    double one = 0.0;
-    if (trainer->gpu_chunks != NULL) {
-      /* A forward whose backward will not run: the slot is discarded. */
-      MP_TRY(mp_gpt_stage_gpu_forward(trainer->gpu_chunks[0], 0, inputs, targets, NULL, NULL,
-                                      dloss, &one, err));
-      mp_gpt_stage_gpu_discard(trainer->gpu_chunks[0], 0);
-    } else {
-      MP_TRY(mp_gpt_tp_forward(trainer->chunks[0], inputs, targets, &one, err));
-    }
-    loss_sum += one;
-  }
-  *loss = loss_sum / (double)plan->num_micro_batches;
-  return MP_OK;
+  return mp_data_loader_batch(data, plan->training.seed, plan->seq_len, plan->global_batch, step,
+                              first_row, rows, trainer->inputs, trainer->targets, err);
 }
 
-mp_status mp_trainer_evaluate(mp_trainer *trainer, mp_data_loader *data, int64_t step,
+static mp_status parallel_step_loss(mp_trainer *trainer, double *loss, mp_error *err);
+
+mp_status mp_trainer_evaluate(mp_trainer *trainer, mp_data_loader *data, int64_t batch,
                               double *loss, mp_error *err) {
   if (data == NULL) data = trainer->data;
   MP_TRY(mp_data_loader_check(data, trainer->plan->seq_len, err));
-  if (trainer->plan->pp > 1) {
-    return mp_fail(err, MP_ERR_INPUT, "%s: evaluation with pp = %d is not implemented yet",
-                   trainer->plan->source, trainer->plan->pp);
-  }
-  MP_TRY(run_micro_batches(trainer, data, step, false, loss, err));
-  if (trainer->options.dp != NULL) {
-    MP_TRY(sum_double_over(trainer->options.dp, loss, err));
-    *loss /= (double)trainer->plan->dp;
-  }
-  return MP_OK;
+  MP_TRY(load_batch(trainer, data, batch, err));
+  trainer->loss_sum = 0.0;
+  trainer->evaluating = true;
+  const mp_status status = mp_stage_worker_run(trainer->eval_worker, err);
+  trainer->evaluating = false;
+  MP_TRY(status);
+  return parallel_step_loss(trainer, loss, err);
 }
 
 /* AdamW over elements [first, first + count) of a chunk's arrays, tensor by tensor (weight
@@ -1224,7 +1228,7 @@ mp_status mp_trainer_step(mp_trainer *trainer, int64_t step, mp_step_metrics *me
   } else {
     for (int c = 0; c < trainer->num_chunks; ++c) mp_gpt_tp_zero_grads(trainer->chunks[c]);
   }
-  MP_TRY(run_micro_batches(trainer, trainer->data, step, true, &loss, err));
+  MP_TRY(load_batch(trainer, trainer->data, step, err));
   trainer->loss_sum = 0.0;
   MP_TRY(mp_stage_worker_run(trainer->worker, err));
   MP_TRY(parallel_step_loss(trainer, &loss, err));

@@ -201,10 +201,13 @@ mp_status mp_trainer_state_to_device(mp_trainer *trainer, mp_error *err);
 mp_status mp_trainer_step(mp_trainer *trainer, int64_t step, mp_step_metrics *metrics,
                           mp_error *err);
 
-/* Mean loss of the model, without updating it, over the global batch of `step` drawn from data
- * (NULL: the training data). A held-out loader measures generalisation. Runs with pp = 1;
- * MP_ERR_INPUT with pp > 1. */
-mp_status mp_trainer_evaluate(mp_trainer *trainer, mp_data_loader *data, int64_t step,
+/* Mean loss of the model, without updating it, over global batch number `batch` of data (NULL:
+ * the training data; a held-out loader measures generalisation): the same layout's forward-only
+ * schedule (schedules/schedule.h, mp_schedule_generate_forward_only) run by the same stage
+ * worker, the head stage's losses broadcast over pp and averaged over dp, so every rank of every
+ * layout returns the one-rank run's number (to float round-off of the dp mean). Collective over
+ * every group, like a step; leaves the weights, gradients and optimizer state as they were. */
+mp_status mp_trainer_evaluate(mp_trainer *trainer, mp_data_loader *data, int64_t batch,
                               double *loss, mp_error *err);
 
 #ifdef __cplusplus

@@ -42,6 +42,7 @@ struct mp_stage_worker {
 int mp_stage_worker_slots(const mp_schedule *schedule, int pp_rank, int chunk) {
   const mp_rank_actions *list = &schedule->ranks[pp_rank];
   const bool zero_bubble = schedule->kind == MP_SCHEDULE_ZB_H1;
+  if (schedule->forward_only) return 1; /* each F's slot is free again when it ends */
   int alive = 0, most = 0;
   for (int i = 0; i < list->num_actions; ++i) {
     const mp_action *a = &list->actions[i];
@@ -320,6 +321,13 @@ static mp_status run_forward(mp_stage_worker *worker, const mp_action *a, int st
   if (status != MP_OK) {
     give_buffer(worker, output);
     return status;
+  }
+  if (schedule->forward_only) {
+    /* No backward will read the activations: the slot is free for the next micro-batch. */
+    if (worker->ops.release != NULL) {
+      worker->ops.release(worker->ops.context, a->chunk, a->micro_batch, slot);
+    }
+    release_slot(worker, a->chunk, a->micro_batch);
   }
   if (!has_output) return MP_OK;
   mp_action_sent_message(schedule, worker->pp_rank, a, &out_message);

@@ -10,6 +10,8 @@
  *      micro-batch's slot, post the input gradient to the previous stage (unless first); a
  *      whole B frees the slot;
  *   W  (zero-bubble) the weight gradients the B of that micro-batch deferred; frees the slot.
+ * A forward-only list (evaluation, mp_schedule_generate_forward_only) has F's alone: each frees
+ * its slot when it ends (ops->release), so one slot per chunk serves every micro-batch.
  * Sends are eager (schedules/p2p.h, MP_P2P_EAGER): posted when the action ends, never waited on
  * until the end of the step, so neighbours never wait on each other; a receive blocks only its
  * own action. A message whose neighbouring stage is on this same rank is handed over locally.
@@ -48,6 +50,9 @@ typedef struct {
                         const float *doutput, float *dinput, bool defer_weights, mp_error *err);
   mp_status (*backward_weights)(void *context, int chunk, int micro_batch, int slot,
                                 mp_error *err);
+  /* A forward-only schedule (evaluation): called after each F, whose slot no backward will read;
+   * the slot is free for the next F. May be NULL. */
+  void (*release)(void *context, int chunk, int micro_batch, int slot);
 } mp_stage_ops;
 
 /* Point-to-point on the pipeline group; peers are pipeline ranks. message says what travels

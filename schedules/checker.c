@@ -96,6 +96,17 @@ static mp_status check_complete(const mp_schedule *s, int r, const unit_actions 
       }
       int whole = u->count[MP_ACTION_BACKWARD], input = u->count[MP_ACTION_BACKWARD_INPUT];
       int weight = u->count[MP_ACTION_BACKWARD_WEIGHT];
+      if (s->forward_only) {
+        if (whole + input + weight == 0) continue;
+        const int a = whole > 0 ? u->first[MP_ACTION_BACKWARD]
+                      : input > 0 ? u->first[MP_ACTION_BACKWARD_INPUT]
+                                  : u->first[MP_ACTION_BACKWARD_WEIGHT];
+        return mp_fail(err, MP_ERR_INPUT,
+                       "rank %d: micro-batch %d%s has a backward (action %d) in a forward-only "
+                       "schedule; evaluation runs every micro-batch forward through every chunk "
+                       "once, and nothing backward",
+                       r, mb, suffix, a);
+      }
       if (whole + input == 0) {
         return mp_fail(err, MP_ERR_INPUT, "rank %d: B of micro-batch %d%s is missing; %s", r, mb,
                        suffix, once);
@@ -246,6 +257,8 @@ mp_status mp_schedule_check(const mp_schedule *schedule, mp_p2p_model model, mp_
 int mp_schedule_peak_live(const mp_schedule *schedule, int pp_rank) {
   if (pp_rank < 0 || pp_rank >= schedule->pp) return 0;
   const mp_rank_actions *list = &schedule->ranks[pp_rank];
+  /* An F of a forward-only list drops its activations as it ends. */
+  if (schedule->forward_only) return list->num_actions > 0 ? 1 : 0;
   int live = 0, peak = 0;
   for (int a = 0; a < list->num_actions; ++a) {
     switch (list->actions[a].kind) {

@@ -178,3 +178,20 @@ mp_status mp_schedule_generate(mp_schedule_kind kind, int pp, int num_micro_batc
   if (status != MP_OK) mp_schedule_free(out);
   return status;
 }
+
+mp_status mp_schedule_generate_forward_only(mp_schedule_kind kind, int pp, int num_micro_batches,
+                                            int virtual_stages, mp_schedule *out, mp_error *err) {
+  *out = (mp_schedule)MP_SCHEDULE_INITIALIZER;
+  MP_TRY(mp_schedule_init(out, kind, pp, num_micro_batches, virtual_stages, err));
+  out->forward_only = true;
+  mp_status status = MP_OK;
+  for (int r = 0; r < pp && status == MP_OK; ++r) {
+    for (int mb = 0; mb < num_micro_batches && status == MP_OK; ++mb) {
+      for (int c = 0; c < virtual_stages && status == MP_OK; ++c) {
+        status = mp_schedule_append(out, r, MP_ACTION_FORWARD, mb, c, err);
+      }
+    }
+  }
+  if (status != MP_OK) mp_schedule_free(out);
+  return status;
+}

@@ -87,9 +87,11 @@ typedef struct {
   int num_micro_batches; /* per optimizer step */
   int virtual_stages;    /* model chunks per rank (1 unless interleaved) */
   mp_rank_actions *ranks; /* (pp) */
+  bool forward_only;     /* forwards only (evaluation): an F's activations are dropped when it
+                            ends, no micro-batch goes backward (mp_schedule_generate_forward_only) */
 } mp_schedule;
 
-#define MP_SCHEDULE_INITIALIZER {MP_SCHEDULE_CUSTOM, 0, 0, 0, NULL}
+#define MP_SCHEDULE_INITIALIZER {MP_SCHEDULE_CUSTOM, 0, 0, 0, NULL, false}
 
 /* "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "custom". */
 const char *mp_schedule_kind_name(mp_schedule_kind kind);
@@ -157,6 +159,19 @@ void mp_schedule_free(mp_schedule *schedule);
  */
 mp_status mp_schedule_generate(mp_schedule_kind kind, int pp, int num_micro_batches,
                                int virtual_stages, mp_schedule *out, mp_error *err);
+
+/*
+ * The forward-only list of the same layout, for a held-out loss: every rank runs F of every
+ * micro-batch through each of its chunks, micro-batch by micro-batch (chunk 0 .. v - 1 of
+ * micro-batch 0, then of micro-batch 1, ...). Each F depends only on F's earlier in that order on
+ * earlier stages, so with eager sends the ranks work on neighbouring micro-batches at once (a
+ * pipeline fill, no drain of backwards) and one activation slot per chunk is enough. `kind` is
+ * the training schedule it goes with (for names; the list is the same for every kind); the kind's
+ * own conditions do not apply (evaluation has no interleaving constraint on m). forward_only is
+ * set. On failure *out is left empty.
+ */
+mp_status mp_schedule_generate_forward_only(mp_schedule_kind kind, int pp, int num_micro_batches,
+                                            int virtual_stages, mp_schedule *out, mp_error *err);
 
 #ifdef __cplusplus
 }

@@ -70,6 +70,7 @@ typedef struct {
   mp_plan plan;
   mp_model *model;
   mp_data_loader *data;
+  mp_data_loader *val_data; /* with --eval-every: the held-out batches */
   mp_markov_source *source; /* the synthetic default, or NULL with --data */
   uint16_t *synthetic_tokens;
   mp_trainer *trainer;
@@ -94,6 +95,7 @@ static void run_state_free(run_state *state) {
   if (state->metrics_fd >= 0) close(state->metrics_fd);
   mp_trainer_free(state->trainer);
   mp_data_loader_free(state->data);
+  mp_data_loader_free(state->val_data);
   free(state->synthetic_tokens);
   mp_markov_source_free(state->source);
   mp_model_free(state->model);
@@ -364,6 +366,52 @@ static mp_status open_data(const char *data_glob, int64_t steps, run_state *stat
                                     err);
 }
 
+/* The held-out data of --eval-every: --val-data's shards; else the last tokens of --data's
+ * stream (cut off the training data, so no step trains on them); else a sample of the synthetic
+ * source of its own (another seed: tokens training never draws). Enough for `batches` global
+ * batches without repeating a sample where the data allows. */
+static mp_status open_val_data(const char *val_glob, const char *data_glob, int64_t batches,
+                               run_state *state, mp_error *err) {
+  const mp_plan *plan = &state->plan;
+  const int64_t vocab = mp_model_vocab_size(state->model);
+  const int64_t wanted = batches * plan->global_batch * plan->seq_len + 1;
+  if (val_glob != NULL) {
+    MP_TRY(mp_data_loader_open_glob(val_glob, vocab, &state->val_data, err));
+  } else if (data_glob != NULL) {
+    const int64_t tenth = mp_data_loader_num_tokens(state->data) / 10;
+    MP_TRY(mp_data_loader_hold_out(state->data, wanted < tenth ? wanted : tenth,
+                                   &state->val_data, err));
+  } else {
+    uint16_t *tokens = malloc((size_t)wanted * sizeof(uint16_t));
+    if (tokens == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory for held-out tokens");
+    const uint64_t kValidationStream = 0x56414C4944415445ull; /* "VALIDATE" */
+    mp_markov_source_sample(state->source, plan->training.seed ^ kValidationStream, wanted,
+                            tokens);
+    char name[160];
+    snprintf(name, sizeof name, "held-out sample of the synthetic Markov source (%lld tokens)",
+             (long long)wanted);
+    const mp_status status =
+        mp_data_loader_from_tokens(tokens, wanted, vocab, name, &state->val_data, err);
+    free(tokens);
+    MP_TRY(status);
+  }
+  return mp_data_loader_check(state->val_data, plan->seq_len, err);
+}
+
+/* The held-out loss: the mean over `batches` global batches of the held-out data (the same
+ * batches at every evaluation), every rank taking part. */
+static mp_status evaluate_held_out(run_state *state, int64_t batches, double *loss,
+                                   mp_error *err) {
+  double sum = 0.0;
+  for (int64_t b = 0; b < batches; ++b) {
+    double one = 0.0;
+    MP_TRY(mp_trainer_evaluate(state->trainer, state->val_data, b, &one, err));
+    sum += one;
+  }
+  *loss = sum / (double)batches;
+  return MP_OK;
+}
+
 static void format_duration(double seconds, char *out, size_t out_bytes) {
   if (seconds < 0 || !isfinite(seconds)) seconds = 0;
   int total = (int)(seconds + 0.5);
@@ -523,6 +571,9 @@ int cmd_run(int argc, char **argv) {
       {"config", "PLAN.json", "the parallelism config to train (required)", NULL},
       {"steps", "N", "optimizer steps (default: the plan's training.steps)", NULL},
       {"data", "GLOB", "llm.c token shards (default: a synthetic Markov source in memory)", NULL},
+      {"eval-every", "K", "every K steps and after the last, print and log the held-out loss", NULL},
+      {"eval-batches", "N", "with --eval-every: global batches of held-out data per evaluation (default 4)", NULL},
+      {"val-data", "GLOB", "with --eval-every: held-out llm.c token shards (default: the last tokens of --data, cut off the training data, or a held-out sample of the synthetic source)", NULL},
       {"backend", "auto|cpu|cuda", "where to compute (default auto: CUDA when a GPU is visible, else CPU)", NULL},
       {"init-from", "GPT2.bin", "start from llm.c's GPT-2 checkpoint (fp32 or bf16)", NULL},
       {"metrics", "FILE", "also write one JSON object per step to FILE", NULL},
@@ -545,7 +596,7 @@ int cmd_run(int argc, char **argv) {
       .usage = "mpengine run --config PLAN.json [--steps N] [--data GLOB] "
                "[--backend auto|cpu|cuda] [--init-from GPT2.bin] [--metrics FILE] "
                "[--checkpoint-dir DIR [--save-every K] [--keep N] [--resume [--override-training]]] "
-               "[--overwrite-metrics] "
+               "[--overwrite-metrics] [--eval-every K [--eval-batches N] [--val-data GLOB]] "
                "[--trace TRACE.json] [--save-weights FILE.bin] [--np N] [--mpirun PATH] "
                "[--comm-timeout SECONDS] [--gpu-comm auto|nccl|mpi]",
       .summary = "Train the model of a parallelism config on one rank or on its dp x pp x tp "
@@ -565,6 +616,13 @@ int cmd_run(int argc, char **argv) {
     mp_error usage = MP_ERROR_INITIALIZER;
     mp_fail(&usage, MP_ERR_INPUT, "--%s needs --checkpoint-dir DIR",
             resume ? "resume" : cli_value(&command, "save-every") ? "save-every" : "keep");
+    return cli_report(&command, &usage);
+  }
+  if (cli_value(&command, "eval-every") == NULL &&
+      (cli_value(&command, "eval-batches") || cli_value(&command, "val-data"))) {
+    mp_error usage = MP_ERROR_INITIALIZER;
+    mp_fail(&usage, MP_ERR_INPUT, "--%s needs --eval-every K",
+            cli_value(&command, "eval-batches") ? "eval-batches" : "val-data");
     return cli_report(&command, &usage);
   }
   if (resume && cli_value(&command, "init-from")) {
@@ -606,11 +664,13 @@ int cmd_run(int argc, char **argv) {
   memset(&state, 0, sizeof state);
   state.metrics_fd = -1;
   int exit_code = CLI_EXIT_OK;
-  int64_t steps = 0, save_every = 0, keep = 0;
+  int64_t steps = 0, save_every = 0, keep = 0, eval_every = 0, eval_batches = 0;
   if (mp_plan_load(config, &state.plan, &err) != MP_OK ||
       cli_int(&command, "steps", 1, state.plan.training.steps, &steps, &err) != MP_OK ||
       cli_int(&command, "save-every", 1, 0, &save_every, &err) != MP_OK ||
       cli_int(&command, "keep", 1, 0, &keep, &err) != MP_OK ||
+      cli_int(&command, "eval-every", 1, 0, &eval_every, &err) != MP_OK ||
+      cli_int(&command, "eval-batches", 1, 4, &eval_batches, &err) != MP_OK ||
       mp_model_load(state.plan.model_path, &state.model, &err) != MP_OK) {
     exit_code = cli_report(&command, &err);
     goto done;
@@ -712,6 +772,8 @@ int cmd_run(int argc, char **argv) {
   const mp_trainer_options trainer_options = trainer_options_of(&state);
   const double startup_began = cli_now_seconds();
   if (open_data(cli_value(&command, "data"), steps, &state, &err) != MP_OK ||
+      (eval_every > 0 && open_val_data(cli_value(&command, "val-data"), cli_value(&command, "data"),
+                                       eval_batches, &state, &err) != MP_OK) ||
       mp_trainer_create_parallel(&state.plan, state.model, state.data, backend, &trainer_options,
                                  &state.trainer, &err) != MP_OK) {
     exit_code = rank_report(&command, &state, &err);
@@ -849,7 +911,7 @@ int cmd_run(int argc, char **argv) {
     goto done;
   }
   const double startup_s = cli_now_seconds() - startup_began;
-  double saves_s = 0.0;
+  double saves_s = 0.0, evals_s = 0.0;
   int64_t saved_step = resume ? first_step : -1;
   int64_t step = first_step;
   bool stopped = false;
@@ -869,6 +931,27 @@ int cmd_run(int argc, char **argv) {
     print_step(&metrics, steps, state.entropy_floor, terminal, elapsed, state.peak_flops_per_s,
                state.world_size, memory_bytes);
     if (state.metrics_fd >= 0) write_metrics(state.metrics_fd, &metrics);
+    if (eval_every > 0 && ((step + 1) % eval_every == 0 || step + 1 == steps)) {
+      double held_out = 0.0;
+      const double eval_began = cli_now_seconds();
+      if (evaluate_held_out(&state, eval_batches, &held_out, &err) != MP_OK) {
+        if (terminal) printf("\n");
+        exit_code = rank_report(&command, &state, &err);
+        goto done;
+      }
+      evals_s += cli_now_seconds() - eval_began;
+      if (terminal) printf("\n");
+      printf("eval after step %lld/%lld | held-out loss %.6f | %lld batches x %lld sequences\n",
+             (long long)step + 1, (long long)steps, held_out, (long long)eval_batches,
+             (long long)state.plan.global_batch);
+      fflush(stdout);
+      if (state.metrics_fd >= 0) {
+        char line[160];
+        snprintf(line, sizeof line, "{\"step\": %lld, \"val_loss\": %.9g, \"val_batches\": %lld}\n",
+                 (long long)step, held_out, (long long)eval_batches);
+        write_metrics_line(state.metrics_fd, line);
+      }
+    }
     if (checkpoint_dir == NULL) continue;
     float stop = stop_signal != 0 ? 1.0f : 0.0f;
     if (state.world_group != NULL &&
@@ -938,8 +1021,10 @@ int cmd_run(int argc, char **argv) {
            state.entropy_floor);
   }
   printf("\n");
-  printf("time: start-up %.2f s (data, model, initialisation%s), steps %.2f s, saves %.2f s\n",
+  printf("time: start-up %.2f s (data, model, initialisation%s), steps %.2f s, saves %.2f s",
          startup_s, init_from != NULL || resume ? ", loading" : "", elapsed, saves_s);
+  if (eval_every > 0) printf(", held-out evaluation %.2f s", evals_s);
+  printf("\n");
   if (print_peak_memory(&state, &err) != MP_OK) {
     exit_code = rank_report(&command, &state, &err);
     goto done;

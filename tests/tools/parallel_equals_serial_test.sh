@@ -9,7 +9,9 @@
 # lr x m / sqrt(v) whatever the gradient's size, so a weight whose gradient is float round-off
 # (sums taken in another order on another layout) moves by a different fraction of lr in each
 # run; measured, one weight in 212,352 differs by up to 1.5e-5 after 20 steps, the rest by less
-# than 1e-5. Every run has the same global batch of 8 sequences; micro-batches per dp rank =
+# than 1e-5. The held-out loss (--eval-every 10, 2 batches of a held-out sample: the forward-only
+# schedule of each layout, issue 18) equals the one-rank run's within 1e-5 relative at both
+# evaluations. Every run has the same global batch of 8 sequences; micro-batches per dp rank =
 # 8 / (dp x 2). The stage split of pp > 1 plans is the cost model's (no layers_per_stage).
 set -uo pipefail
 mpengine=${1:-${MPENGINE:-tools/mpengine}}
@@ -35,17 +37,25 @@ plan() { # plan NAME DP PP TP SCHEDULE [VIRTUAL] [SEQUENCE_PARALLEL] [ZERO] [REC
 JSON
 }
 
-losses() { awk -F'"loss": ' '{ split($2, a, ","); print a[1] }' "$1"; }
+losses() { grep -v '"val_loss"' "$1" | awk -F'"loss": ' '{ split($2, a, ","); print a[1] }'; }
+val_losses() { grep '"val_loss"' "$1" | awk -F'"val_loss": ' '{ split($2, a, ","); print a[1] }'; }
 # The floats of an llm.c checkpoint after its 1024-byte header, one per line.
 floats() { od -An -v -f -j 1024 "$1" | tr -s ' ' '\n' | sed '/^$/d'; }
 
 # compare NAME: its losses and final weights against the one-rank run's.
 compare() {
   local name=$1 verdict
-  if [ "$(wc -l < "$tmp/$name.jsonl" 2>/dev/null)" != 20 ]; then
-    fail "$name: want 20 lines of --metrics"
+  if [ "$(grep -c '"loss"' "$tmp/$name.jsonl" 2>/dev/null)" != 20 ] ||
+     [ "$(grep -c '"val_loss"' "$tmp/$name.jsonl" 2>/dev/null)" != 2 ]; then
+    fail "$name: want 20 step lines and 2 held-out lines of --metrics"
     return
   fi
+  local held_out
+  held_out=$(paste -d' ' <(val_losses "$tmp/serial.jsonl") <(val_losses "$tmp/$name.jsonl") | awk '
+    NF != 2 { bad = 1 }
+    { d = $2 - $1; if (d < 0) d = -d; r = d / ($1 < 0 ? -$1 : $1); if (r > worst) worst = r; n++ }
+    END { printf "%s %.3g", (!bad && n == 2 && worst <= 1e-5 ? "ok" : "bad"), worst }')
+  [ "${held_out%% *}" = ok ] || fail "$name: held-out loss differs from one rank by more than 1e-5 relative (${held_out#* })"
   verdict=$(paste -d' ' <(losses "$tmp/serial.jsonl") <(losses "$tmp/$name.jsonl") | awk '
     { d = $2 - $1; if (d < 0) d = -d; r = d / ($1 < 0 ? -$1 : $1); if (r > worst) { worst = r; at = NR } }
     END { printf "%s %.3g %d", (worst <= 1e-5 ? "ok" : "bad"), worst, at }')
@@ -57,15 +67,15 @@ compare() {
     END { l2 = norm > 0 ? sqrt(squares / norm) : 1
           printf "%s relative L2 %.3g, max %.3g, %d of %d over 1e-5",
                  (!bad && n > 0 && l2 <= 1e-5 && worst <= 1.5e-4 ? "ok" : "bad"), l2, worst, over, n }')
-  echo "$name: loss max rel diff ${verdict#* } (step); weights ${weights#* }"
+  echo "$name: loss max rel diff ${verdict#* } (step); held-out ${held_out#* }; weights ${weights#* }"
   [ "${verdict%% *}" = ok ] || fail "$name: loss differs from one rank by more than 1e-5 relative (${verdict#* })"
   [ "${weights%% *}" = ok ] || fail "$name: final weights differ from one rank: ${weights#* }"
 }
 
 run() { # run NAME: trains the plan NAME, keeping metrics and weights
   local name=$1 out code
-  out=$($mpengine run --config "$tmp/$name.json" --metrics "$tmp/$name.jsonl" \
-        --save-weights "$tmp/$name.bin" --comm-timeout 120 2>&1)
+  out=$($mpengine run --config "$tmp/$name.json" --metrics "$tmp/$name.jsonl" --overwrite-metrics \
+        --save-weights "$tmp/$name.bin" --comm-timeout 120 --eval-every 10 --eval-batches 2 2>&1)
   code=$?
   if [ $code -ne 0 ] || ! grep -q "^done: 20 steps" <<<"$out"; then
     fail "$name: exit $code, output:"; echo "$out" | tail -15
