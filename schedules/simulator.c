@@ -165,6 +165,8 @@ mp_status mp_schedule_simulate(const mp_schedule *schedule, const mp_sim_costs *
       if (action->kind == MP_ACTION_FORWARD) {
         memory += costs->activation_memory[stage];
         if (memory > peak) peak = memory;
+        /* A forward-only list drops an F's activations as it ends. */
+        if (schedule->forward_only) memory -= costs->activation_memory[stage];
       } else if (action->kind != MP_ACTION_BACKWARD_INPUT) {
         memory -= costs->activation_memory[stage];
       }

@@ -52,12 +52,16 @@ const char *timeline_title(const mp_schedule *schedule, const mp_timeline_option
                            char *out, size_t out_bytes) {
   if (options != NULL && options->title != NULL) {
     snprintf(out, out_bytes, "%s", options->title);
-  } else if (schedule->virtual_stages > 1) {
-    snprintf(out, out_bytes, "%s, pp = %d, m = %d, v = %d", mp_schedule_kind_name(schedule->kind),
-             schedule->pp, schedule->num_micro_batches, schedule->virtual_stages);
   } else {
-    snprintf(out, out_bytes, "%s, pp = %d, m = %d", mp_schedule_kind_name(schedule->kind),
-             schedule->pp, schedule->num_micro_batches);
+    const char *only = schedule->forward_only ? " forward only (evaluation)" : "";
+    if (schedule->virtual_stages > 1) {
+      snprintf(out, out_bytes, "%s%s, pp = %d, m = %d, v = %d",
+               mp_schedule_kind_name(schedule->kind), only, schedule->pp,
+               schedule->num_micro_batches, schedule->virtual_stages);
+    } else {
+      snprintf(out, out_bytes, "%s%s, pp = %d, m = %d", mp_schedule_kind_name(schedule->kind),
+               only, schedule->pp, schedule->num_micro_batches);
+    }
   }
   return out;
 }

@@ -4,6 +4,7 @@
  *
  *   mpengine schedule --config PLAN.json
  *   mpengine schedule --pp P --micro-batches M [--virtual V] --kind K
+ *   ... --eval   the forward-only list of the same layout (a held-out loss, run --eval-every)
  *
  * With --config the durations are the cost model's for the plan (topology/cost_model.h: each
  * stage's forward, backward and zero-bubble weight-gradient seconds on the plan's cluster, with
@@ -132,13 +133,14 @@ int cmd_schedule(int argc, char **argv) {
        NULL},
       {"unit-costs", NULL, "with --config: unit costs (F = 1, B = 2) instead of the cost model's",
        NULL},
+      {"eval", NULL, "the forward-only list the same layout runs for a held-out loss (mpengine run --eval-every)", NULL},
       {0},
   };
   cli_command command = {
       .command = "schedule",
       .usage = "mpengine schedule --config PLAN.json | --pp P --micro-batches M [--virtual V] "
                "--kind gpipe|1f1b|interleaved-1f1b|zb-h1 [--format ascii|svg|chrome] "
-               "[--out FILE]",
+               "[--out FILE] [--eval]",
       .summary =
           "Show the timeline a pipeline schedule will execute. The schedule is generated as "
           "data, checked (every micro-batch forward and backward through every chunk once, in "
@@ -178,8 +180,13 @@ int cmd_schedule(int argc, char **argv) {
   mp_text text = MP_TEXT_INITIALIZER;
   memset(&costs, 0, sizeof costs);
   memset(&simulation, 0, sizeof simulation);
-  mp_status status = mp_schedule_generate(request.kind, request.pp, request.num_micro_batches,
-                                          request.virtual_stages, &schedule, &err);
+  mp_status status =
+      cli_flag(&command, "eval")
+          ? mp_schedule_generate_forward_only(request.kind, request.pp,
+                                              request.num_micro_batches, request.virtual_stages,
+                                              &schedule, &err)
+          : mp_schedule_generate(request.kind, request.pp, request.num_micro_batches,
+                                 request.virtual_stages, &schedule, &err);
   const char *config = cli_value(&command, "config");
   if (status != MP_OK && config != NULL) mp_error_prefix(&err, "%s", config);
   const bool predicted = request.has_plan && !cli_flag(&command, "unit-costs");

@@ -34,6 +34,11 @@ expect 0 "bubble fraction: 0.1579" "step time: 28.5 time units" -- \
   $mpengine schedule --pp 4 --micro-batches 8 --virtual 2 --kind interleaved-1f1b
 expect 0 "bubble fraction: 0.1111" "step time: 27 time units" "W weight-gradient backward" -- \
   $mpengine schedule --pp 4 --micro-batches 8 --kind zb-h1
+# --eval: the forward-only list a held-out loss runs on the same layout (a fill, no drain).
+expect 0 "1f1b forward only (evaluation), pp = 4, m = 8" "rank 0 | F0 F1 F2 F3 F4 F5 F6 F7 .. .. .." \
+  "rank 3 | .. .. .. F0 F1 F2 F3 F4 F5 F6 F7" "step time: 11 time units" \
+  "peak micro-batches alive: rank 0: 1, rank 1: 1, rank 2: 1, rank 3: 1" -- \
+  $mpengine schedule --pp 4 --micro-batches 8 --kind 1f1b --eval
 expect 0 "bubble fraction: 0.0000" "rank 0 | F0 B0---" -- \
   $mpengine schedule --pp 1 --micro-batches 1 --kind 1f1b
 expect 0 "bubble fraction: 0.7500" -- $mpengine schedule --pp 4 --micro-batches 1 --kind 1f1b
