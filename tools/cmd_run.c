@@ -871,6 +871,11 @@ int cmd_run(int argc, char **argv) {
     printf("data: %s, %lld tokens\n", mp_data_loader_name(state.data),
            (long long)mp_data_loader_num_tokens(state.data));
   }
+  if (state.val_data != NULL) {
+    printf("held-out data: %s, %lld tokens (evaluated every %lld steps over %lld batches)\n",
+           mp_data_loader_name(state.val_data), (long long)mp_data_loader_num_tokens(state.val_data),
+           (long long)eval_every, (long long)eval_batches);
+  }
   if (isfinite(state.entropy_floor)) {
     printf("entropy floor of the source: %.4f nats/token (the lowest loss any model can "
            "reach)\n",

@@ -35,6 +35,21 @@ fi
 # Token shards.
 $mpengine data synth --out "$tmp/train.bin" --vocab 128 --tokens 5000 > /dev/null
 expect 0 "data: $tmp/train*.bin (1 file), 5000 tokens" -- $mpengine run --config "$tmp/plan.json" --data "$tmp/train*.bin"
+# --eval-every: the held-out part of --data is cut off the training stream (4871 + 129 tokens:
+# 2 batches of 4 x 16-token samples, a tenth of the stream at most), or --val-data's shards; the held-out loss is printed and logged.
+expect 0 "data: $tmp/train*.bin (1 file), 4871 tokens" \
+  "held-out data: $tmp/train*.bin, its last 129 tokens (held out), 129 tokens (evaluated every 2 steps over 2 batches)" \
+  "eval after step 2/" "| held-out loss " -- \
+  $mpengine run --config "$tmp/plan.json" --data "$tmp/train*.bin" --eval-every 2 --eval-batches 2 --metrics "$tmp/eval.jsonl"
+grep -q '^{"step": 1, "val_loss": [0-9.]*, "val_batches": 2}$' "$tmp/eval.jsonl" ||
+  fail "--metrics has no held-out line for step 2: $(head -3 "$tmp/eval.jsonl")"
+$mpengine data synth --out "$tmp/val.bin" --vocab 128 --tokens 3000 --seed 9 > /dev/null
+expect 0 "data: $tmp/train*.bin (1 file), 5000 tokens" "held-out data: $tmp/val.bin, 3000 tokens" -- \
+  $mpengine run --config "$tmp/plan.json" --data "$tmp/train*.bin" --eval-every 2 --val-data "$tmp/val.bin"
+expect 0 "held-out data: held-out sample of the synthetic Markov source" "| held-out loss " -- \
+  $mpengine run --config "$tmp/plan.json" --steps 2 --eval-every 1
+expect 2 "--eval-batches needs --eval-every K" -- $mpengine run --config "$tmp/plan.json" --eval-batches 3
+expect 2 "--val-data needs --eval-every K" -- $mpengine run --config "$tmp/plan.json" --val-data "$tmp/val.bin"
 expect 2 "$tmp/nothing*.bin: no file matches this pattern" -- $mpengine run --config "$tmp/plan.json" --data "$tmp/nothing*.bin"
 $mpengine data synth --out "$tmp/wide.bin" --vocab 300 --tokens 5000 > /dev/null
 expect 2 "$tmp/wide.bin: token" -- $mpengine run --config "$tmp/plan.json" --data "$tmp/wide.bin"
