@@ -117,8 +117,8 @@ else
   fail "one-rank --init-from run failed:"; tail -5 "$tmp/load-1.out"
 fi
 phase resume "resume resharded (2, 2) -> (4, 1)" "$(state_mib 1)" \
-  --config "$tmp/wide-pp4.json" --steps 2 --checkpoint-dir "$tmp/ck-wide" --resume -- \
-  --config "$tmp/tiny-pp4.json" --steps 2 --checkpoint-dir "$tmp/ck-tiny" --resume
+  --config "$tmp/wide-pp4.json" --steps 2 --checkpoint-dir "$tmp/ck-wide" --resume --override-training -- \
+  --config "$tmp/tiny-pp4.json" --steps 2 --checkpoint-dir "$tmp/ck-tiny" --resume --override-training
 # ZeRO-1: AdamW's moments of half the parameters on each dp rank, the parameters gathered back
 # in pieces (a buffer of the whole chunk would add 72 MiB), the moments streamed to the writer.
 phase zero "ZeRO-1 over dp 2 x tp 2: a step, --save-weights, checkpoint" "$(state_mib 2 8 12)" \

@@ -121,7 +121,8 @@ for i in "${!layouts[@]}"; do
   IFS=, read -r pp tp <<< "$shape"
   label="($pp,$tp)${split:+ $split}"
   from=$(((i + n - 1) % n))
-  run_phase resume "$tmp/plan-$i.json" --steps 2 --checkpoint-dir "$tmp/ck-$from" --resume || exit 1
+  run_phase resume "$tmp/plan-$i.json" --steps 2 --checkpoint-dir "$tmp/ck-$from" --resume \
+    --override-training || exit 1
   echo "(resumed the checkpoint of (${layouts[$from]}))"
   report resume "$pp" "$tp" "$tmp/plan-$i.json"
 done
