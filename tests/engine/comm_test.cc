@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "engine/comm.h"
+#include "tests/support/mpi_gtest_main.h"
 #include "topology/grid.h"
 
 namespace {
@@ -447,12 +448,9 @@ int main(int argc, char **argv) {
     if (std::strcmp(argv[i], "--collective-timeout-demo") == 0) return collective_timeout_demo();
   }
   int rank = world_rank();
+  mp_test_xml_on_rank_zero_only(rank);
   testing::InitGoogleTest(&argc, argv);
-  if (rank == 0) {
-    const char *xml = std::getenv("XML_OUTPUT_FILE");
-    if (xml != nullptr && xml[0] != '\0') GTEST_FLAG_SET(output, std::string("xml:") + xml);
-  } else {
-    GTEST_FLAG_SET(output, "");
+  if (rank != 0) {
     testing::TestEventListeners &listeners = testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());
     listeners.Append(new RankFailurePrinter(rank));
@@ -463,6 +461,9 @@ int main(int argc, char **argv) {
   float any_failed = (float)failed;
   {
     Comm world = make_world_group();
+    if (world && !mp_test_report_every_rank(world.get(), rank, world_size(), "comm_test")) {
+      any_failed += 1;
+    }
     if (!world || mp_comm_all_reduce_sum_f32(world.get(), &any_failed, 1, &err) != MP_OK) {
       std::fprintf(stderr, "[rank %d] could not agree on the result: %s\n", rank, err.message);
       any_failed = 1;

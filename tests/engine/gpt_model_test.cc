@@ -171,8 +171,7 @@ TEST(GptModel, LlmcCheckpointRoundTrip) {
   EXPECT_EQ(std::memcmp(mp_gpt_params(a.gpt), mp_gpt_params(b.gpt),
                         mp_gpt_num_params(a.gpt) * sizeof(float)),
             0);
-  // llm.c's layout: wte first, then every layer's ln1.weight, so block.1.ln1.weight (all ones)
-  // sits right after block.0's.
+  // The header's fields; the tensors' order is LlmcFileIsWhatLlmcWrites's business.
   FILE *file = fopen(path.c_str(), "rb");
   ASSERT_NE(file, nullptr);
   std::vector<int32_t> header(256);
@@ -181,6 +180,91 @@ TEST(GptModel, LlmcCheckpointRoundTrip) {
   EXPECT_EQ(header[1], 3);
   EXPECT_EQ(header[7], 64);
   fclose(file);
+}
+
+// llm.c's tensor of each of ours: its index in llm.c's file order and the layer (-1: none).
+struct LlmcPlace {
+  int index;
+  int layer;
+};
+
+LlmcPlace llmc_place(const std::string &name) {
+  static const char *const kBlock[] = {"ln1.weight",     "ln1.bias",       "qkv.weight",
+                                       "qkv.bias",       "attn_proj.weight", "attn_proj.bias",
+                                       "ln2.weight",     "ln2.bias",       "fc.weight",
+                                       "fc.bias",        "fc_proj.weight", "fc_proj.bias"};
+  if (name == "embedding.wte") return {0, -1};
+  if (name == "embedding.wpe") return {1, -1};
+  if (name == "final_norm.weight") return {14, -1};
+  if (name == "final_norm.bias") return {15, -1};
+  int layer = -1, consumed = 0;
+  if (std::sscanf(name.c_str(), "block.%d.%n", &layer, &consumed) == 1 && consumed > 0) {
+    for (int k = 0; k < 12; ++k) {
+      if (name.substr((size_t)consumed) == kBlock[k]) return {2 + k, layer};
+    }
+  }
+  return {-1, -1};
+}
+
+// The file mpengine writes for llm.c is the one llm.c's own train_gpt2.py write_model writes:
+// tests/engine/testdata/llmc_tiny_gpt2.bin comes from tools/bench/llmc_golden.py, which follows
+// write_model with no knowledge of mpengine (element j of llm.c's k-th tensor, stacked over the
+// layers, is (k + 1) * 1000 + j; wte's padding rows are zero). Here the same numbers go into
+// the flat array by tensor name through the tensor table, and the writer must produce those
+// very bytes (a tensor or a layer out of llm.c's order, a wrong header field: different bytes),
+// and the reader must put the golden file's numbers back under the right names.
+TEST(GptModel, LlmcFileIsWhatLlmcWrites) {
+  mp_model *model = nullptr;
+  mp_gpt_layout *layout = nullptr;
+  mp_error err = MP_ERROR_INITIALIZER;
+  ASSERT_EQ(mp_model_parse_text(model_json(10, 4, 8, 2, 2).c_str(), "m.json", &model, &err), MP_OK)
+      << err.message;
+  ASSERT_EQ(mp_gpt_layout_create(model, 4, &layout, &err), MP_OK) << err.message;
+  const mp_gpt_config *c = mp_gpt_layout_config(layout);
+  ASSERT_EQ(c->padded_vocab_size, 64);
+  std::vector<float> params(mp_gpt_layout_num_params(layout), -1.0f);
+  for (int i = 0; i < mp_gpt_layout_num_tensors(layout); ++i) {
+    const mp_gpt_tensor *t = mp_gpt_layout_tensor(layout, i);
+    const LlmcPlace place = llmc_place(t->name);
+    ASSERT_GE(place.index, 0) << "no llm.c tensor for " << t->name;
+    const size_t n = t->rows * t->cols;
+    for (size_t e = 0; e < n; ++e) {
+      const size_t j = (place.layer >= 0 ? (size_t)place.layer * n : 0) + e;
+      const bool padding = place.index == 0 && e >= (size_t)c->vocab_size * t->cols;
+      params[t->offset + e] = padding ? 0.0f : (float)((place.index + 1) * 1000 + (int)j);
+    }
+  }
+  const std::string path = temp_path("mpengine_llmc.bin");
+  ASSERT_EQ(mp_gpt_layout_save_llmc(layout, params.data(), path.c_str(), &err), MP_OK)
+      << err.message;
+  auto read_all = [](const std::string &file_path) {
+    std::vector<unsigned char> bytes;
+    FILE *file = fopen(file_path.c_str(), "rb");
+    if (file == nullptr) return bytes;
+    for (int ch; (ch = fgetc(file)) != EOF;) bytes.push_back((unsigned char)ch);
+    fclose(file);
+    return bytes;
+  };
+  const std::string golden_path = "tests/engine/testdata/llmc_tiny_gpt2.bin";
+  const std::vector<unsigned char> golden = read_all(golden_path);
+  const std::vector<unsigned char> ours = read_all(path);
+  ASSERT_EQ(golden.size(), 1024 + 4 * params.size()) << golden_path;
+  ASSERT_EQ(ours.size(), golden.size());
+  for (size_t b = 0; b < golden.size(); ++b) {
+    ASSERT_EQ(ours[b], golden[b]) << "first different byte at " << b << " (float "
+                                  << ((long)b - 1024) / 4 << " after the header)";
+  }
+  std::vector<float> loaded(params.size(), -1.0f);
+  ASSERT_EQ(mp_gpt_layout_load_llmc(layout, loaded.data(), golden_path.c_str(), &err), MP_OK)
+      << err.message;
+  for (int i = 0; i < mp_gpt_layout_num_tensors(layout); ++i) {
+    const mp_gpt_tensor *t = mp_gpt_layout_tensor(layout, i);
+    for (size_t e = 0; e < t->rows * t->cols; ++e) {
+      ASSERT_EQ(loaded[t->offset + e], params[t->offset + e]) << t->name << "[" << e << "]";
+    }
+  }
+  mp_gpt_layout_free(layout);
+  mp_model_free(model);
 }
 
 TEST(GptModel, Bf16CheckpointLoads) {

@@ -258,10 +258,26 @@ TEST(StageWorker, SlotsAreThePeakOfLiveMicroBatches) {
   ASSERT_EQ(mp_schedule_generate(MP_SCHEDULE_GPIPE, 4, 8, 1, &schedule, &err), MP_OK);
   EXPECT_EQ(mp_stage_worker_slots(&schedule, 3, 0), 8);  // GPipe: every micro-batch
   mp_schedule_free(&schedule);
+  mp_schedule_free(&schedule);
+}
+
+// zb-h1 (schedules/schedule.h): rank r's step x runs F of x, B of x - (pp - 1 - r) and W of
+// x - (pp - 1), and a micro-batch keeps its slot from its F until its W, not its B. By hand for
+// pp = 4, m = 8: from step 3 on every rank has done F of 0..x and W of 0..x-4 when F of x runs,
+// so x - (x - 4) = 4 are alive on every rank (1F1B's 4, 3, 2, 1 would free the slot at B and
+// overwrite activations that W still reads). With m < pp the m forwards all come before the
+// first W: m slots.
+TEST(StageWorker, ZeroBubbleH1KeepsPpSlotsOnEveryRankUntilTheW) {
+  mp_schedule schedule = MP_SCHEDULE_INITIALIZER;
+  mp_error err = MP_ERROR_INITIALIZER;
   ASSERT_EQ(mp_schedule_generate(MP_SCHEDULE_ZB_H1, 4, 8, 1, &schedule, &err), MP_OK);
-  // zb-h1 holds a micro-batch until its W: at most pp alive (1F1B's memory).
-  EXPECT_LE(mp_stage_worker_slots(&schedule, 0, 0), 4);
-  EXPECT_GE(mp_stage_worker_slots(&schedule, 3, 0), 1);
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(mp_stage_worker_slots(&schedule, r, 0), 4) << "rank " << r;
+  mp_schedule_free(&schedule);
+  ASSERT_EQ(mp_schedule_generate(MP_SCHEDULE_ZB_H1, 4, 2, 1, &schedule, &err), MP_OK);
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(mp_stage_worker_slots(&schedule, r, 0), 2) << "rank " << r;
+  mp_schedule_free(&schedule);
+  ASSERT_EQ(mp_schedule_generate(MP_SCHEDULE_ZB_H1, 2, 1, 1, &schedule, &err), MP_OK);
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(mp_stage_worker_slots(&schedule, r, 0), 1) << "rank " << r;
   mp_schedule_free(&schedule);
 }
 

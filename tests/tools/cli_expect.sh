@@ -5,23 +5,43 @@
 #                                               strings); on a mismatch prints the output
 #   fail MESSAGE                                records a failed check
 # Both count into $failures, which the script reports at its end.
+#
+# expect needs at least one PATTERN: a call with none used to check nothing at all, exit code
+# included (the check lived inside the loop over patterns), so it is refused as a failed check,
+# and the exit code is checked on its own, before the patterns.
 failures=${failures:-0}
 
 expect() {
   local want_code=$1
   shift
   local patterns=()
-  while [ "$1" != "--" ]; do
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do
     patterns+=("$1")
     shift
   done
+  if [ $# -eq 0 ]; then
+    echo "FAIL: expect $want_code ${patterns[*]}: no '--' before the command"
+    failures=$((failures + 1))
+    return
+  fi
   shift
+  if [ ${#patterns[@]} -eq 0 ]; then
+    echo "FAIL: expect $want_code -- $*: no pattern to expect in the output (give at least one)"
+    failures=$((failures + 1))
+    return
+  fi
   local output code pattern
   output=$("$@" 2>&1)
   code=$?
+  if [ "$code" -ne "$want_code" ]; then
+    echo "FAIL: $* -> exit $code (want $want_code), output:"
+    echo "$output" | head -20
+    failures=$((failures + 1))
+    return
+  fi
   for pattern in "${patterns[@]}"; do
-    if [ "$code" -ne "$want_code" ] || ! grep -qF -- "$pattern" <<<"$output"; then
-      echo "FAIL: $* -> exit $code (want $want_code), output:"
+    if ! grep -qF -- "$pattern" <<<"$output"; then
+      echo "FAIL: $* -> exit $code, output:"
       echo "$output" | head -20
       echo "  (wanted to contain: $pattern)"
       failures=$((failures + 1))
