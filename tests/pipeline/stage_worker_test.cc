@@ -157,7 +157,7 @@ std::vector<Rank> run_step(const mp_schedule &schedule, int steps = 1) {
     ranks[r].pp_rank = r;
     threads.emplace_back([&, r] {
       mp_error err = MP_ERROR_INITIALIZER;
-      const mp_stage_ops ops = {&ranks[r], forward, backward, weights};
+      const mp_stage_ops ops = {&ranks[r], forward, backward, weights, nullptr};
       const mp_stage_p2p p2p = {&ranks[r], post_send, wait_send, recv, alloc_buffer, free_buffer};
       mp_stage_worker *worker = nullptr;
       if (mp_stage_worker_create(&schedule, r, kFloats, &ops, &p2p, nullptr, &worker, &err) !=
@@ -292,7 +292,7 @@ TEST(StageWorker, ABackwardBeforeItsForwardNamesTheAction) {
   rank.network = &network;
   rank.pp = 1;
   rank.pp_rank = 0;
-  const mp_stage_ops ops = {&rank, forward, backward, weights};
+  const mp_stage_ops ops = {&rank, forward, backward, weights, nullptr};
   const mp_stage_p2p p2p = {&rank, post_send, wait_send, recv, nullptr, nullptr};
   mp_stage_worker *worker = nullptr;
   ASSERT_EQ(mp_stage_worker_create(&schedule, 0, kFloats, &ops, &p2p, nullptr, &worker, &err),
