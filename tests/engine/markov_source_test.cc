@@ -146,13 +146,20 @@ TEST(MarkovSource, SmallVocabularies) {
   EXPECT_LT(mp_markov_source_entropy_rate(three.source), std::log(3.0));
 }
 
+// AddressSanitizer's instrumented build (bazel test --config=asan) runs this several times slower.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr double kBuildSecondsLimit = 10.0;
+#else
+constexpr double kBuildSecondsLimit = 1.0;
+#endif
+
 TEST(MarkovSource, Gpt2SizedVocabularyBuildsQuickly) {
   const auto start = std::chrono::steady_clock::now();
   Source s;
   ASSERT_EQ(s.build(50257, 4, 1337), MP_OK) << s.err.message;
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  EXPECT_LT(seconds, 1.0);
+  EXPECT_LT(seconds, kBuildSecondsLimit);
   EXPECT_GT(mp_markov_source_unigram_entropy(s.source), 10.0);  // close to ln 50257 = 10.8
   EXPECT_LT(mp_markov_source_entropy_rate(s.source), std::log(4.0));
 }
