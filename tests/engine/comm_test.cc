@@ -431,7 +431,7 @@ int collective_timeout_demo() {
     std::fprintf(stderr, "%s\n", err.message);
     if (mp_comm_barrier(world.get(), &err) != MP_OK) std::fprintf(stderr, "%s\n", err.message);
   }
-  world.release();  // a broken group is left to MPI
+  world.reset();  // mp_comm_free leaves a broken group's communicator to MPI and frees the rest
   mp_comm_world_finalize(g_world);
   return 1;
 }
