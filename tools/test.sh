@@ -5,9 +5,19 @@
 # reports hold every rank's failures, tests/support/mpi_gtest_main.h; a target Bazel failed with
 # no failed case in its report counts as one failure). Exits non-zero
 # when anything fails to build or any test fails. Extra arguments go to `bazel test` (a target
-# pattern, say: tools/test.sh //topology/...).
+# pattern, say: tools/test.sh //topology/...). A first argument --asan runs the same under
+# AddressSanitizer + UndefinedBehaviorSanitizer (.bazelrc's configs "asan" and "asan_emulated",
+# in output trees of their own): what tools/test_asan.sh does.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+
+config=()
+emulated_config=(--config=emulated --symlink_prefix=/)
+if [ "${1:-}" = "--asan" ]; then
+  shift
+  config=(--config=asan)
+  emulated_config=(--config=asan_emulated)
+fi
 
 tools/setup.sh || { echo "0 passed, 1 failed"; exit 1; }
 
@@ -27,7 +37,7 @@ if [ ${#targets[@]} -eq 0 ]; then targets=(//...); fi
 bazel_log=$(mktemp)
 at_exit+=("rm -f '$bazel_log'")
 trap 'for c in "${at_exit[@]}"; do eval "$c"; done' EXIT
-bazel test --keep_going "${targets[@]}" 2>&1 | tee "$bazel_log"
+bazel test "${config[@]}" --keep_going "${targets[@]}" 2>&1 | tee "$bazel_log"
 test_status=${PIPESTATUS[0]}
 build_status=0
 if [ $test_status -ne 0 ] && [ $test_status -ne 3 ]; then build_status=$test_status; fi
@@ -39,7 +49,7 @@ emulated=()
 if [ "$#" -eq 0 ]; then
   emulated=(//tests/engine:gpt_model_gpu_test //tests/engine:gpt_stage_gpu_test
             //tests/engine:comm_nccl_emulated_test //tests/tools:cuda_emulated_run_test)
-  bazel test --config=emulated --symlink_prefix=/ --keep_going "${emulated[@]}" 2>&1 |
+  bazel test "${emulated_config[@]}" --keep_going "${emulated[@]}" 2>&1 |
     tee -a "$bazel_log"
   emulated_status=${PIPESTATUS[0]}
   if [ $emulated_status -ne 0 ] && [ $emulated_status -ne 3 ]; then build_status=$emulated_status; fi
@@ -51,8 +61,8 @@ fi
 passed=0 failed=0 skipped=0
 failed_names=()
 tests=$(bazel query "tests(set(${targets[*]}))" 2>/dev/null)
-testlogs=$(bazel info bazel-testlogs 2>/dev/null)
-emulated_testlogs=$(bazel info --config=emulated bazel-testlogs 2>/dev/null)
+testlogs=$(bazel info "${config[@]}" bazel-testlogs 2>/dev/null)
+emulated_testlogs=$(bazel info "${emulated_config[@]}" bazel-testlogs 2>/dev/null)
 for target in $tests; do
   xml_root=$testlogs
   for e in "${emulated[@]}"; do [ "$e" = "$target" ] && xml_root=$emulated_testlogs; done
