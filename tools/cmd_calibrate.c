@@ -1,6 +1,8 @@
 /*
- * tools/cmd_calibrate.c — `mpengine calibrate [--out CLUSTER.json]`: measure this machine for the
- * cost model and write a cluster description `plan --cluster FILE` accepts.
+ * tools/cmd_calibrate.c — `mpengine calibrate [--out CLUSTER.json|-]`: measure this machine for
+ * the cost model and write a cluster description: by default the calibration file that
+ * mp_cluster_load("cpu-local") returns from then on (topology/cluster.h), else --out's file, which
+ * `plan --cluster FILE` accepts.
  *
  * Today it measures one rank's fp32 GEMM throughput on the CPU (OpenBLAS sgemm on one thread,
  * square shapes from 32 to 1024, each timed for at least 0.1 s after a warm-up) and writes the
@@ -15,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -98,19 +101,21 @@ static bool measure_links(double *latency_s, double *bandwidth_bytes_per_s) {
 
 int cmd_calibrate(int argc, char **argv) {
   cli_option options[] = {
-      {"out", "CLUSTER.json", "write the description to a file (default: stdout)", NULL},
+      {"out", "CLUSTER.json", "write the description to this file, - for stdout (default: the calibration file plan and run use for cpu-local, ~/.cache/mpengine/cpu-local.json)", NULL},
       {"quick", NULL, "time each shape for 0.02 s instead of 0.1 s (for tests)", NULL},
       {"no-comm", NULL, "skip the point-to-point measurement (mpirun -np 2 bench comm)", NULL},
       {0},
   };
   cli_command command = {
       .command = argv[0],
-      .usage = "mpengine calibrate [--out CLUSTER.json] [--quick] [--no-comm]",
+      .usage = "mpengine calibrate [--out CLUSTER.json|-] [--quick] [--no-comm]",
       .summary = "Measure this machine's fp32 GEMM throughput on one thread (OpenBLAS sgemm over "
                  "square shapes) and write the cpu-local cluster description with the measured "
                  "peak and efficiency curve, and the point-to-point latency and bandwidth between "
-                 "two ranks (mpirun -np 2 mpengine bench comm), for `mpengine plan --cluster "
-                 "FILE`. Without mpirun the link figures stay cpu-local's, and the notes say so.",
+                 "two ranks (mpirun -np 2 mpengine bench comm). By default it is kept as this "
+                 "machine's cpu-local (~/.cache/mpengine/cpu-local.json, or $MPENGINE_CALIBRATION),"
+                 " which plan and run then use; run it again to refresh it. Without mpirun the "
+                 "link figures stay cpu-local's, and the notes say so.",
       .max_positionals = 0,
       .options = options,
   };
@@ -175,8 +180,27 @@ int cmd_calibrate(int argc, char **argv) {
     return cli_report(&command, &err);
   }
   const char *out = cli_value(&command, "out");
-  int code = CLI_EXIT_OK;
+  char calibration[4096];
   if (out == NULL) {
+    /* This machine's cpu-local from now on (topology/cluster.h). */
+    if (!mp_cluster_calibration_path(calibration, sizeof calibration)) {
+      free(text);
+      mp_fail(&err, MP_ERR_INPUT,
+              "no calibration file to write (MPENGINE_CALIBRATION is empty, or no HOME); give "
+              "--out FILE, or --out - for stdout");
+      return cli_report(&command, &err);
+    }
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", calibration);
+    for (char *slash = strchr(dir + 1, '/'); slash != NULL; slash = strchr(slash + 1, '/')) {
+      *slash = '\0';
+      mkdir(dir, 0777); /* each parent; an existing one is fine, a failure shows at the write */
+      *slash = '/';
+    }
+    out = calibration;
+  }
+  int code = CLI_EXIT_OK;
+  if (strcmp(out, "-") == 0) {
     printf("%s\n", text);
   } else {
     const size_t length = strlen(text);
@@ -190,7 +214,10 @@ int cmd_calibrate(int argc, char **argv) {
     if (status != MP_OK) {
       code = cli_report(&command, &err);
     } else {
-      fprintf(stderr, "mpengine calibrate: wrote %s (fp32 peak %.1f GFLOP/s)\n", out, peak / 1e9);
+      fprintf(stderr, "mpengine calibrate: wrote %s (fp32 peak %.1f GFLOP/s)%s\n", out, peak / 1e9,
+              out == calibration ? "; plan and run use it for cpu-local from now on (run "
+                                   "calibrate again to refresh it)"
+                                 : "");
     }
   }
   free(text);

@@ -83,6 +83,11 @@ static void print_table(const mp_planner_result *r, const mp_cluster *cluster,
          mp_model_name(model), gpus, cluster->name, cluster->devices_per_node,
          (double)cluster->device_memory_bytes / kGiB, (long long)r->global_batch,
          (long long)r->seq_len);
+  if (cluster->placeholder) {
+    printf("%s is uncalibrated: its figures are placeholders, not this machine's; `mpengine "
+           "calibrate` measures them\n",
+           cluster->name);
+  }
   printf("searched %ld layouts, simulated %ld; best %d that fit:\n\n", r->candidates,
          r->simulated, r->num_results);
   printf("%4s %4s %4s %4s %4s %-12s %2s %-9s %3s %4s %10s %11s %8s %6s %7s %15s\n", "rank", "dp",

@@ -436,8 +436,12 @@ static void print_step(const mp_step_metrics *m, int64_t steps, double floor, bo
              ranks > 1 ? "/rank max" : "");
   }
   char mfu_text[48] = "";
-  if (peak_flops_per_s > 0) {
-    snprintf(mfu_text, sizeof mfu_text, " | MFU %.1f%%", 100.0 * flops_per_s / peak_flops_per_s);
+  const double mfu = peak_flops_per_s > 0 ? flops_per_s / peak_flops_per_s : 0.0;
+  if (mfu > 1.0) {
+    /* Faster than the peak it is measured against: the peak is wrong, not the run. */
+    snprintf(mfu_text, sizeof mfu_text, " | MFU n/a (above the peak)");
+  } else if (peak_flops_per_s > 0) {
+    snprintf(mfu_text, sizeof mfu_text, " | MFU %.1f%%", 100.0 * mfu);
   }
   if (!terminal) {
     printf("step %lld/%lld | loss %.6f%s | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | %.3f "
@@ -860,9 +864,11 @@ int cmd_run(int argc, char **argv) {
          (long long)state.plan.micro_batch, (long long)state.plan.seq_len, (long long)steps);
   char ranks_times[32] = "";
   if (state.world_size > 1) snprintf(ranks_times, sizeof ranks_times, "%d x ", state.world_size);
-  printf("backend: %s%s%s; MFU against %s%s's %s peak of %.1f TFLOP/s\n",
+  printf("backend: %s%s%s; MFU against %s%s's %s peak of %.2f TFLOP/s%s\n",
          mp_backend_name(backend), backend_reason, gpu_comm_text, ranks_times, cluster.name,
-         backend == MP_BACKEND_CUDA ? "bf16" : "fp32", state.peak_flops_per_s / 1e12);
+         backend == MP_BACKEND_CUDA ? "bf16" : "fp32", state.peak_flops_per_s / 1e12,
+         cluster.placeholder ? " (uncalibrated placeholder: `mpengine calibrate` measures it)"
+                             : "");
   const int num_files = mp_data_loader_num_files(state.data);
   if (num_files > 0) {
     printf("data: %s (%d file%s), %lld tokens\n", mp_data_loader_name(state.data), num_files,

@@ -11,6 +11,7 @@
 #include <ctype.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -359,7 +360,9 @@ mp_status mp_cluster_preset(const char *name, mp_cluster *out, mp_error *err) {
   }
   char source[MP_CLUSTER_NAME_BYTES + 16];
   snprintf(source, sizeof source, "preset %s", name);
-  return mp_cluster_parse_text(text, source, out, err);
+  MP_TRY(mp_cluster_parse_text(text, source, out, err));
+  out->placeholder = strcmp(name, "cpu-local") == 0;
+  return MP_OK;
 }
 
 static bool looks_like_path(const char *argument) {
@@ -370,9 +373,34 @@ static bool looks_like_path(const char *argument) {
   return stat(argument, &info) == 0;
 }
 
+bool mp_cluster_calibration_path(char *out, size_t out_bytes) {
+  const char *explicit_path = getenv("MPENGINE_CALIBRATION");
+  if (explicit_path != NULL) {
+    if (explicit_path[0] == '\0') return false;
+    snprintf(out, out_bytes, "%s", explicit_path);
+    return true;
+  }
+  const char *cache = getenv("XDG_CACHE_HOME");
+  if (cache != NULL && cache[0] != '\0') {
+    snprintf(out, out_bytes, "%s/mpengine/cpu-local.json", cache);
+    return true;
+  }
+  const char *home = getenv("HOME");
+  if (home == NULL || home[0] == '\0') return false;
+  snprintf(out, out_bytes, "%s/.cache/mpengine/cpu-local.json", home);
+  return true;
+}
+
 mp_status mp_cluster_load(const char *name_or_path, mp_cluster *out, mp_error *err) {
   if (name_or_path == NULL) name_or_path = "";
-  if (mp_cluster_preset_json(name_or_path) != NULL) {
+  /* cpu-local is this machine: its measured figures when `mpengine calibrate` kept them. */
+  char calibration[4096];
+  struct stat calibrated;
+  if (strcmp(name_or_path, "cpu-local") == 0 &&
+      mp_cluster_calibration_path(calibration, sizeof calibration) &&
+      stat(calibration, &calibrated) == 0) {
+    name_or_path = calibration;
+  } else if (mp_cluster_preset_json(name_or_path) != NULL) {
     return mp_cluster_preset(name_or_path, out, err);
   }
   if (name_or_path[0] != '\0' && looks_like_path(name_or_path)) {

@@ -114,7 +114,16 @@ typedef struct {
   bool gemm_efficiency_given; /* false: the points below are the default curve */
   int gemm_efficiency_points;
   mp_gemm_efficiency_point gemm_efficiency[MP_CLUSTER_MAX_EFFICIENCY_POINTS]; /* ascending */
+  bool placeholder; /* cpu-local's built-in figures, not this machine's (no calibration file) */
 } mp_cluster;
+
+/* Where `mpengine calibrate` keeps this machine's measured cpu-local description, which
+ * mp_cluster_load("cpu-local") then returns instead of the placeholder preset:
+ * $MPENGINE_CALIBRATION when it is set (set and empty: none, the preset always; the tests run so),
+ * else $XDG_CACHE_HOME/mpengine/cpu-local.json, else $HOME/.cache/mpengine/cpu-local.json.
+ * Writes the path into out and returns true; false when there is none (no HOME, or disabled).
+ * Refresh it by running `mpengine calibrate` again. */
+bool mp_cluster_calibration_path(char *out, size_t out_bytes);
 
 /* "fp32", "tf32", "bf16", "fp16", "fp8" (the keys of "peak_tflops"); "?" for other values. */
 const char *mp_dtype_name(mp_dtype dtype);

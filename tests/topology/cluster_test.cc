@@ -605,3 +605,43 @@ TEST(ClusterErrors, LongStringsAndSyntax) {
 }
 
 }  // namespace
+
+// Where this machine's measured cpu-local is kept: $MPENGINE_CALIBRATION (set and empty: nowhere),
+// else under $XDG_CACHE_HOME, else under $HOME/.cache; cpu-local is that file when it exists, the
+// placeholder preset (marked so) when it does not, and another preset is never replaced.
+TEST(ClusterCalibration, CpuLocalIsTheCalibrationFileWhenThereIsOne) {
+  char path[4096];
+  unsetenv("MPENGINE_CALIBRATION");
+  setenv("XDG_CACHE_HOME", "/x/cache", 1);
+  ASSERT_TRUE(mp_cluster_calibration_path(path, sizeof path));
+  EXPECT_STREQ(path, "/x/cache/mpengine/cpu-local.json");
+  unsetenv("XDG_CACHE_HOME");
+  setenv("HOME", "/x/home", 1);
+  ASSERT_TRUE(mp_cluster_calibration_path(path, sizeof path));
+  EXPECT_STREQ(path, "/x/home/.cache/mpengine/cpu-local.json");
+  setenv("MPENGINE_CALIBRATION", "", 1);
+  EXPECT_FALSE(mp_cluster_calibration_path(path, sizeof path));
+
+  const char *base = getenv("TEST_TMPDIR");
+  const std::string file = std::string(base != nullptr ? base : "/tmp") + "/calibrated.json";
+  setenv("MPENGINE_CALIBRATION", file.c_str(), 1);
+  std::remove(file.c_str());
+  mp_cluster cluster;
+  mp_error err = MP_ERROR_INITIALIZER;
+  ASSERT_EQ(mp_cluster_load("cpu-local", &cluster, &err), MP_OK) << err.message;
+  EXPECT_TRUE(cluster.placeholder);
+  EXPECT_STREQ(cluster.name, "cpu-local");
+  std::ofstream(file) << "{\"name\": \"cpu-local-calibrated\", \"devices_per_node\": 2, "
+                         "\"device_memory_gib\": 4, \"memory_bandwidth_gbytes_per_s\": 20, "
+                         "\"peak_tflops\": {\"fp32\": 0.14}, \"intra_node\": "
+                         "{\"bandwidth_gbytes_per_s\": 5, \"latency_us\": 2}, \"inter_node\": "
+                         "{\"bandwidth_gbytes_per_s\": 5, \"latency_us\": 2}}";
+  ASSERT_EQ(mp_cluster_load("cpu-local", &cluster, &err), MP_OK) << err.message;
+  EXPECT_FALSE(cluster.placeholder);
+  EXPECT_STREQ(cluster.name, "cpu-local-calibrated");
+  EXPECT_DOUBLE_EQ(cluster.peak_flops_per_s[MP_DTYPE_FP32], 0.14e12);
+  ASSERT_EQ(mp_cluster_load("h100-sxm", &cluster, &err), MP_OK);
+  EXPECT_FALSE(cluster.placeholder);
+  EXPECT_STREQ(cluster.name, "h100-sxm");
+  unsetenv("MPENGINE_CALIBRATION");
+}
