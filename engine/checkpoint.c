@@ -638,9 +638,9 @@ static bool read_manifest_run(const char *path, char *run_id, size_t run_id_byte
 static bool has_manifest(const char *path) { return read_manifest_run(path, NULL, 0); }
 
 /* Left-overs of saves that did not finish (a kill between mkdir and the rename into place):
- * DIR/step-<N>.tmp-<pid> and DIR/step-<N>.old-<pid>, other than `keep_path`. No run resumes
- * from them (they have no manifest, or are a replaced copy), so the next save removes them. */
-static void remove_unfinished_saves(const char *dir, const char *keep_path) {
+ * DIR/step-<N>.tmp-<pid> and DIR/step-<N>.old-<pid>. No run resumes from them (they have no
+ * manifest, or are a replaced copy), so the next save removes them before it starts. */
+static void remove_unfinished_saves(const char *dir) {
   /* One at a time: a directory is not changed while it is being listed. */
   for (int removed = 0; removed < MAX_UNFINISHED; ++removed) {
     DIR *handle = opendir(dir);
@@ -652,8 +652,7 @@ static void remove_unfinished_saves(const char *dir, const char *keep_path) {
       if (strncmp(name, "step-", 5) != 0) continue;
       if (strstr(name, ".tmp-") == NULL && strstr(name, ".old-") == NULL) continue;
       snprintf(found, sizeof found, "%s/%s", dir, name);
-      if (strcmp(found, keep_path) != 0) break;
-      found[0] = '\0';
+      break;
     }
     closedir(handle);
     if (found[0] == '\0') return;
@@ -767,8 +766,7 @@ mp_status mp_checkpoint_save(const char *dir, int64_t step, int keep,
       status = mp_fail(err, MP_ERR_RUNTIME, "--checkpoint-dir %s: cannot create: %s", dir,
                        strerror(errno));
     } else {
-      remove_dir(tmp_dir);
-      remove_unfinished_saves(dir, tmp_dir);
+      remove_unfinished_saves(dir); /* this save's own tmp_dir too, should it exist */
       if (mkdir(tmp_dir, 0777) != 0) {
         status = mp_fail(err, MP_ERR_RUNTIME, "%s: cannot create: %s", tmp_dir, strerror(errno));
       }
@@ -871,25 +869,12 @@ static mp_status read_view(ck_shard_reader *reader, const rank_view *view, mp_er
   return MP_OK;
 }
 
-/* The training settings that shape the rest of the run (the learning-rate curve over the steps
- * and the optimizer), as the manifest writes them under plan.training. */
+/* A training setting that shapes the rest of the run, as the manifest writes it under
+ * plan.training. */
 typedef struct {
   const char *key;
   double value;
 } training_field;
-
-static int training_fields(const mp_training_config *t, training_field *out) {
-  const training_field fields[] = {
-      {"steps", (double)t->steps},          {"learning_rate", t->learning_rate},
-      {"warmup_steps", (double)t->warmup_steps}, {"min_lr_ratio", t->min_lr_ratio},
-      {"weight_decay", t->weight_decay},    {"beta1", t->beta1},
-      {"beta2", t->beta2},                  {"eps", t->eps},
-      {"grad_clip", t->grad_clip},
-  };
-  const int n = (int)(sizeof fields / sizeof fields[0]);
-  memcpy(out, fields, sizeof fields);
-  return n;
-}
 
 static mp_status check_run(const ck_manifest *mf, const mp_plan *plan, bool override_training,
                            mp_error *err) {
@@ -918,8 +903,15 @@ static mp_status check_run(const ck_manifest *mf, const mp_plan *plan, bool over
   if (override_training) return MP_OK;
   /* Every field that differs, with both values: a changed --steps or learning rate silently
    * bends the learning-rate curve of a resumed run. */
-  training_field fields[16];
-  const int n = training_fields(&plan->training, fields);
+  const mp_training_config *t = &plan->training;
+  const training_field fields[] = {
+      {"steps", (double)t->steps},               {"learning_rate", t->learning_rate},
+      {"warmup_steps", (double)t->warmup_steps}, {"min_lr_ratio", t->min_lr_ratio},
+      {"weight_decay", t->weight_decay},         {"beta1", t->beta1},
+      {"beta2", t->beta2},                       {"eps", t->eps},
+      {"grad_clip", t->grad_clip},
+  };
+  const int n = (int)(sizeof fields / sizeof fields[0]);
   char differs[MP_ERROR_MESSAGE_BYTES / 2] = "";
   size_t used = 0;
   int count = 0;
@@ -967,26 +959,25 @@ mp_status mp_checkpoint_check_dir(const char *dir, mp_error *err) {
   int64_t *steps = malloc(MAX_LISTED * sizeof *steps);
   if (steps == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
   const int n = list_checkpoints(dir, steps, MAX_LISTED);
-  char names[512] = "";
+  /* The oldest few by name, and the run of the oldest. */
+  enum { NAMED = 8 };
+  char names[NAMED * 32 + 8] = "";
   size_t used = 0;
   int complete = 0;
-  bool truncated = false;
   char run_id[MP_CHECKPOINT_RUN_ID_BYTES] = "";
   for (int i = n - 1; i >= 0; --i) { /* oldest first */
     char path[CK_PATH_BYTES];
     snprintf(path, sizeof path, "%s/step-%lld", dir, (long long)steps[i]);
     char id[MP_CHECKPOINT_RUN_ID_BYTES];
     if (!read_manifest_run(path, id, sizeof id)) continue;
-    if (complete++ == 0) snprintf(run_id, sizeof run_id, "%s", id);
-    /* Names while they fit, then one ", ...". */
-    const bool room = used + 40 < sizeof names;
-    if (room || !truncated) {
-      const int wrote = room ? snprintf(names + used, sizeof names - used, "%sstep-%lld",
-                                        used > 0 ? ", " : "", (long long)steps[i])
-                             : snprintf(names + used, sizeof names - used, ", ...");
-      if (wrote > 0 && (size_t)wrote < sizeof names - used) used += (size_t)wrote;
-      truncated = !room;
+    if (complete == 0) snprintf(run_id, sizeof run_id, "%s", id);
+    if (complete < NAMED) {
+      used += (size_t)snprintf(names + used, sizeof names - used, "%sstep-%lld",
+                               complete > 0 ? ", " : "", (long long)steps[i]);
+    } else if (complete == NAMED) {
+      used += (size_t)snprintf(names + used, sizeof names - used, ", ...");
     }
+    ++complete;
   }
   free(steps);
   if (complete == 0) return MP_OK;

@@ -788,8 +788,9 @@ int cmd_run(int argc, char **argv) {
     exit_code = rank_report(&command, &state, &err);
     goto done;
   }
-  /* The run's id goes into every checkpoint it saves: a fresh run's new one (world rank 0's),
-   * or on --resume the id of the run it continues. */
+  /* The run's id goes into every checkpoint it saves: a fresh run's new one (world rank 0's,
+   * broadcast only when there are checkpoints to name), or on --resume the id of the run it
+   * continues. */
   char run_id[MP_CHECKPOINT_RUN_ID_BYTES] = "";
   char resumed_from[4096] = "";
   int64_t found = 0;
@@ -800,7 +801,7 @@ int cmd_run(int argc, char **argv) {
     goto done;
   }
   if (run_id[0] == '\0') mp_checkpoint_new_run_id(run_id, sizeof run_id);
-  if (state.world_group != NULL &&
+  if (checkpoint_dir != NULL && state.world_group != NULL &&
       mp_comm_broadcast(state.world_group, run_id, sizeof run_id, 0, &err) != MP_OK) {
     exit_code = rank_report(&command, &state, &err);
     goto done;
