@@ -376,7 +376,9 @@ static mp_status open_val_data(const char *val_glob, const char *data_glob, int6
   const int64_t vocab = mp_model_vocab_size(state->model);
   const int64_t wanted = batches * plan->global_batch * plan->seq_len + 1;
   if (val_glob != NULL) {
-    MP_TRY(mp_data_loader_open_glob(val_glob, vocab, &state->val_data, err));
+    if (mp_data_loader_open_glob(val_glob, vocab, &state->val_data, err) != MP_OK) {
+      return mp_error_prefix(err, "--val-data");
+    }
   } else if (data_glob != NULL) {
     const int64_t tenth = mp_data_loader_num_tokens(state->data) / 10;
     MP_TRY(mp_data_loader_hold_out(state->data, wanted < tenth ? wanted : tenth,

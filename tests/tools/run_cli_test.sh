@@ -49,6 +49,8 @@ expect 0 "data: $tmp/train*.bin (1 file), 5000 tokens" "held-out data: $tmp/val.
 expect 0 "held-out data: held-out sample of the synthetic Markov source" "| held-out loss " -- \
   $mpengine run --config "$tmp/plan.json" --steps 2 --eval-every 1
 expect 2 "--eval-batches needs --eval-every K" -- $mpengine run --config "$tmp/plan.json" --eval-batches 3
+expect 2 "--val-data: $tmp/nothing*.bin: no file matches this pattern" -- \
+  $mpengine run --config "$tmp/plan.json" --eval-every 1 --val-data "$tmp/nothing*.bin"
 expect 2 "--val-data needs --eval-every K" -- $mpengine run --config "$tmp/plan.json" --val-data "$tmp/val.bin"
 expect 2 "$tmp/nothing*.bin: no file matches this pattern" -- $mpengine run --config "$tmp/plan.json" --data "$tmp/nothing*.bin"
 $mpengine data synth --out "$tmp/wide.bin" --vocab 300 --tokens 5000 > /dev/null
