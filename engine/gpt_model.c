@@ -67,6 +67,9 @@ static mp_status read_config(const mp_model *model, int seq_len, mp_gpt_config *
     if (block->norm != MP_NORM_LAYERNORM) return unsupported(model, block, "rmsnorm", err);
     if (block->activation != MP_ACTIVATION_GELU) return unsupported(model, block, "swiglu", err);
     if (!block->bias) return unsupported(model, block, "bias false", err);
+    if (block->dropout > 0.0) {
+      return unsupported(model, block, "dropout > 0 (the runtime trains without dropout)", err);
+    }
     if (block->kv_heads != block->heads) {
       return unsupported(model, block, "grouped-query attention (kv_heads < heads)", err);
     }

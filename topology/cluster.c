@@ -37,10 +37,11 @@ static const char *const kDtypeNames[MP_DTYPE_COUNT] = {"fp32", "tf32", "bf16", 
 
 static const char *const kClusterKeys[] = {
     "name", "notes", "device", "nodes", "devices_per_node", "device_memory_gib",
-    "memory_bandwidth_gbytes_per_s", "peak_tflops", "intra_node", "inter_node",
-    "gemm_efficiency", NULL};
+    "memory_bandwidth_gbytes_per_s", "memory_efficiency", "peak_tflops", "intra_node",
+    "inter_node", "gemm_efficiency", NULL};
 static const char *const kPeakKeys[] = {"fp32", "tf32", "bf16", "fp16", "fp8", NULL};
-static const char *const kLinkKeys[] = {"bandwidth_gbytes_per_s", "latency_us", NULL};
+static const char *const kLinkKeys[] = {"bandwidth_gbytes_per_s", "latency_us", "efficiency",
+                                        NULL};
 static const char *const kPointKeys[] = {"gemm_flops", "efficiency", NULL};
 
 static double to_si_units(double value, unit_conversion unit) {
@@ -172,8 +173,22 @@ static mp_status read_peaks(const mp_json_reader *reader, const cJSON *root, con
   return MP_OK;
 }
 
+/* An optional fraction in (0, 1] under key; default_value when absent. */
+static mp_status read_fraction(const mp_json_reader *reader, const cJSON *object,
+                               const char *path, const char *key, double default_value,
+                               double *out) {
+  MP_TRY(mp_json_optional_number(reader, object, path, key, MP_JSON_ANY, default_value, out));
+  if (!(*out > 0 && *out <= 1)) {
+    return mp_fail(reader->err, MP_ERR_INPUT,
+                   "%s: %s.%s: must be in (0, 1] (a fraction of the figure above), got %.17g",
+                   reader->source, path, key, *out);
+  }
+  return MP_OK;
+}
+
 static mp_status read_link(const mp_json_reader *reader, const cJSON *root, const char *path,
-                           const char *key, double *bandwidth_bytes_per_s, double *latency_s) {
+                           const char *key, double *bandwidth_bytes_per_s, double *latency_s,
+                           double *efficiency) {
   const cJSON *link = NULL;
   char link_path[MP_JSON_PATH_BYTES];
   MP_TRY(require_object(reader, root, path, key,
@@ -188,6 +203,7 @@ static mp_status read_link(const mp_json_reader *reader, const cJSON *root, cons
   MP_TRY(to_si_checked(reader, link_path, "bandwidth_gbytes_per_s", gbytes_per_s, kGiga,
                        bandwidth_bytes_per_s));
   MP_TRY(to_si_checked(reader, link_path, "latency_us", latency_us, kMicro, latency_s));
+  MP_TRY(read_fraction(reader, link, link_path, "efficiency", 1.0, efficiency));
   return MP_OK;
 }
 
@@ -291,10 +307,12 @@ mp_status mp_cluster_from_json(const cJSON *object, const char *source, const ch
                        &cluster.memory_bandwidth_bytes_per_s));
 
   MP_TRY(read_peaks(&reader, object, path, &cluster));
+  MP_TRY(read_fraction(&reader, object, path, "memory_efficiency", 1.0,
+                       &cluster.memory_efficiency));
   MP_TRY(read_link(&reader, object, path, "intra_node", &cluster.intra_node_bandwidth_bytes_per_s,
-                   &cluster.intra_node_latency_s));
+                   &cluster.intra_node_latency_s, &cluster.intra_node_efficiency));
   MP_TRY(read_link(&reader, object, path, "inter_node", &cluster.inter_node_bandwidth_bytes_per_s,
-                   &cluster.inter_node_latency_s));
+                   &cluster.inter_node_latency_s, &cluster.inter_node_efficiency));
   if (cJSON_GetObjectItemCaseSensitive(object, "gemm_efficiency") != NULL) {
     MP_TRY(read_gemm_efficiency(&reader, object, path, &cluster));
   } else {
@@ -431,11 +449,12 @@ static bool add_number(cJSON *object, const char *key, double value) {
   return cJSON_AddNumberToObject(object, key, value) != NULL;
 }
 
-static cJSON *link_to_json(double bandwidth_bytes_per_s, double latency_s) {
+static cJSON *link_to_json(double bandwidth_bytes_per_s, double latency_s, double efficiency) {
   cJSON *link = cJSON_CreateObject();
   if (link == NULL) return NULL;
   if (!add_number(link, "bandwidth_gbytes_per_s", from_si_units(bandwidth_bytes_per_s, kGiga)) ||
-      !add_number(link, "latency_us", from_si_units(latency_s, kMicro))) {
+      !add_number(link, "latency_us", from_si_units(latency_s, kMicro)) ||
+      (efficiency != 1.0 && !add_number(link, "efficiency", efficiency))) {
     cJSON_Delete(link);
     return NULL;
   }
@@ -459,6 +478,9 @@ static cJSON *build_json(const mp_cluster *cluster) {
                         from_si_units((double)cluster->device_memory_bytes, kGibi));
   ok = ok && add_number(root, "memory_bandwidth_gbytes_per_s",
                         from_si_units(cluster->memory_bandwidth_bytes_per_s, kGiga));
+  if (ok && cluster->memory_efficiency != 1.0) {
+    ok = add_number(root, "memory_efficiency", cluster->memory_efficiency);
+  }
   cJSON *peaks = ok ? cJSON_AddObjectToObject(root, "peak_tflops") : NULL;
   ok = peaks != NULL;
   for (int dtype = 0; ok && dtype < MP_DTYPE_COUNT; ++dtype) {
@@ -468,11 +490,11 @@ static cJSON *build_json(const mp_cluster *cluster) {
     }
   }
   cJSON *intra = ok ? link_to_json(cluster->intra_node_bandwidth_bytes_per_s,
-                                   cluster->intra_node_latency_s)
+                                   cluster->intra_node_latency_s, cluster->intra_node_efficiency)
                     : NULL;
   ok = intra != NULL && cJSON_AddItemToObject(root, "intra_node", intra);
   cJSON *inter = ok ? link_to_json(cluster->inter_node_bandwidth_bytes_per_s,
-                                   cluster->inter_node_latency_s)
+                                   cluster->inter_node_latency_s, cluster->inter_node_efficiency)
                     : NULL;
   ok = inter != NULL && cJSON_AddItemToObject(root, "inter_node", inter);
   if (ok && cluster->gemm_efficiency_given) {
@@ -524,10 +546,25 @@ double mp_cluster_gemm_seconds(const mp_cluster *cluster, mp_dtype dtype, double
   return gemm_flops / (peak_flops_per_s * mp_cluster_gemm_efficiency(cluster, gemm_flops));
 }
 
+/* A hand-built struct leaves the efficiencies 0: the figure as given. */
+static double effective(double figure, double efficiency) {
+  return efficiency > 0 ? figure * efficiency : figure;
+}
+
+double mp_cluster_memory_bandwidth(const mp_cluster *cluster) {
+  return effective(cluster->memory_bandwidth_bytes_per_s, cluster->memory_efficiency);
+}
+
+double mp_cluster_link_bandwidth(const mp_cluster *cluster, bool same_node) {
+  return same_node ? effective(cluster->intra_node_bandwidth_bytes_per_s,
+                               cluster->intra_node_efficiency)
+                   : effective(cluster->inter_node_bandwidth_bytes_per_s,
+                               cluster->inter_node_efficiency);
+}
+
 double mp_cluster_p2p_seconds(const mp_cluster *cluster, bool same_node, double bytes) {
   if (!(bytes > 0)) return 0.0;
-  double bandwidth_bytes_per_s = same_node ? cluster->intra_node_bandwidth_bytes_per_s
-                                           : cluster->inter_node_bandwidth_bytes_per_s;
+  double bandwidth_bytes_per_s = mp_cluster_link_bandwidth(cluster, same_node);
   double latency_s = same_node ? cluster->intra_node_latency_s : cluster->inter_node_latency_s;
   if (!(bandwidth_bytes_per_s > 0)) return INFINITY;
   return latency_s + bytes / bandwidth_bytes_per_s;

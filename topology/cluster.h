@@ -19,6 +19,8 @@
  *     "devices_per_node": 8,
  *     "device_memory_gib": 80,               per device
  *     "memory_bandwidth_gbytes_per_s": 3350, per device (HBM; DRAM per rank for cpu-local)
+ *     "memory_efficiency": 0.85,             optional, default 1: the fraction of that bandwidth
+ *                                            a streaming kernel reaches (STREAM / BabelStream)
  *     "peak_tflops": {                       dense (no sparsity) peak per device; each key is
  *       "fp32": 67, "tf32": 494,             optional, an absent one means "not supported",
  *       "bf16": 989, "fp16": 989,            and bf16 or fp32 must be given
@@ -26,7 +28,10 @@
  *     },
  *     "intra_node": {                        device to device inside a node (NVLink, shared
  *       "bandwidth_gbytes_per_s": 450,       memory): per device, per direction
- *       "latency_us": 3
+ *       "latency_us": 3,                     one step of a ring collective (NCCL's small-message
+ *                                            time / the ring's steps)
+ *       "efficiency": 0.8                    optional, default 1: the bus bandwidth a large
+ *                                            collective reaches (nccl-tests' busbw) / bandwidth
  *     },
  *     "inter_node": {                        device to device across nodes: the device's share
  *       "bandwidth_gbytes_per_s": 50,        of the network (its NIC), per direction
@@ -109,8 +114,11 @@ typedef struct {
   double peak_flops_per_s[MP_DTYPE_COUNT]; /* dense; 0 when the device lacks the dtype */
   double intra_node_bandwidth_bytes_per_s; /* per device, per direction */
   double intra_node_latency_s;
+  double intra_node_efficiency;            /* of the bandwidth a large collective reaches */
   double inter_node_bandwidth_bytes_per_s; /* per device, per direction */
   double inter_node_latency_s;
+  double inter_node_efficiency;
+  double memory_efficiency;                /* of the memory bandwidth streaming kernels reach */
   bool gemm_efficiency_given; /* false: the points below are the default curve */
   int gemm_efficiency_points;
   mp_gemm_efficiency_point gemm_efficiency[MP_CLUSTER_MAX_EFFICIENCY_POINTS]; /* ascending */
@@ -173,8 +181,15 @@ double mp_cluster_gemm_efficiency(const mp_cluster *cluster, double gemm_flops);
  * gemm_flops <= 0; +infinity when the device has no peak for dtype. */
 double mp_cluster_gemm_seconds(const mp_cluster *cluster, mp_dtype dtype, double gemm_flops);
 
-/* Seconds to send bytes from one device to another: latency + bytes / bandwidth over the
- * intra-node link when same_node, else the inter-node one. 0 for bytes <= 0. */
+/* The bandwidth streaming kernels reach: memory_bandwidth x memory_efficiency, bytes/s. */
+double mp_cluster_memory_bandwidth(const mp_cluster *cluster);
+
+/* The bandwidth a large transfer or collective reaches on the intra-node link (same_node) or the
+ * inter-node one: bandwidth x efficiency, bytes/s per device per direction. */
+double mp_cluster_link_bandwidth(const mp_cluster *cluster, bool same_node);
+
+/* Seconds to send bytes from one device to another: latency + bytes / mp_cluster_link_bandwidth
+ * over the intra-node link when same_node, else the inter-node one. 0 for bytes <= 0. */
 double mp_cluster_p2p_seconds(const mp_cluster *cluster, bool same_node, double bytes);
 
 /* How many devices a plan gets when it asks for requested: requested itself when the cluster

@@ -33,12 +33,33 @@ double mp_cost_allreduce_seconds(double bytes, int ranks, double bandwidth, doub
   return 2.0 * (n - 1.0) / n * bytes / bandwidth + 2.0 * (n - 1.0) * latency;
 }
 
-static double gemm_seconds(const mp_cluster *cluster, double flops, int gemms) {
-  if (flops <= 0.0) return 0.0;
+/* Seconds of one GEMM shape on one tp rank: the roofline of its FLOPs, at peak x the efficiency
+ * of one launch of that many FLOPs (a batched product is one launch), and of its bytes (both
+ * operands and the result, in activation elements) at the memory bandwidth. A thin product (the
+ * attention ones, whose K or N is the head size) is memory-bound on a GPU. */
+static double gemm_shape_seconds(const mp_cluster *cluster, const mp_gemm_shape *g, double tp,
+                                 int elem) {
+  double n = g->n, k = g->k, batch = g->batch;
+  switch (g->split) {
+    case MP_GEMM_SPLIT_N: n /= tp; break;
+    case MP_GEMM_SPLIT_K: k /= tp; break;
+    case MP_GEMM_SPLIT_BATCH: batch /= tp; break;
+    case MP_GEMM_SPLIT_NONE: break;
+  }
+  const double flops = 2.0 * g->m * n * k * batch;
+  if (!(flops > 0.0)) return 0.0;
   const mp_dtype dtype = mp_cluster_training_dtype(cluster);
-  const double per_gemm = flops / gemms;
-  return flops / (cluster->peak_flops_per_s[dtype] *
-                  mp_cluster_gemm_efficiency(cluster, per_gemm));
+  const double compute =
+      flops / (cluster->peak_flops_per_s[dtype] * mp_cluster_gemm_efficiency(cluster, flops));
+  const double bytes = batch * (g->m * k + k * n + g->m * n) * elem;
+  return fmax(compute, bytes / mp_cluster_memory_bandwidth(cluster));
+}
+
+/* A layer known only by its FLOPs (custom): one GEMM of them. */
+static double flops_seconds(const mp_cluster *cluster, double flops) {
+  if (!(flops > 0.0)) return 0.0;
+  const mp_dtype dtype = mp_cluster_training_dtype(cluster);
+  return flops / (cluster->peak_flops_per_s[dtype] * mp_cluster_gemm_efficiency(cluster, flops));
 }
 
 void mp_cost_layer(const mp_cluster *cluster, const mp_layer_spec *layer, const mp_layout *layout,
@@ -49,53 +70,64 @@ void mp_cost_layer(const mp_cluster *cluster, const mp_layer_spec *layer, const 
   mp_layer_cost cost;
   mp_layer_cost_compute(layer, &shape, &cost);
   const double t = (double)layout->tp;
+  const bool sp = layout->sequence_parallel;
   const double tokens = (double)layout->micro_batch * (double)layout->seq_len;
   const double bsh = tokens * (double)layer->hidden * elem; /* one (B, T, C) tensor */
-  const int gemms = layer->kind == MP_LAYER_TRANSFORMER ? 4 : 1;
-  const double elementwise = MP_COST_ELEMENTWISE_PASSES * cost.activation_bytes[MP_RECOMPUTE_NONE] / t /
-                             cluster->memory_bandwidth_bytes_per_s;
-  const double forward_gemm = gemm_seconds(cluster, cost.forward_flops / t, gemms);
-  const double backward_gemm = gemm_seconds(cluster, cost.backward_flops / t, gemms);
-  const double recompute_flops = cost.recompute_flops[layout->recompute];
-  out->recompute_s = gemm_seconds(cluster, recompute_flops / t, gemms);
-  if (layout->recompute == MP_RECOMPUTE_FULL) out->recompute_s += elementwise;
-  out->forward_compute_s = forward_gemm + elementwise;
-  out->backward_compute_s = backward_gemm + 2.0 * elementwise + out->recompute_s;
+  const double memory_bw = mp_cluster_memory_bandwidth(cluster);
+
+  /* GEMMs: the backward's input and weight gradients are each a product of the forward's size. */
+  double forward_gemm = 0.0, attention_gemm = 0.0;
+  for (int i = 0; i < cost.num_gemms; ++i) {
+    const double seconds = gemm_shape_seconds(cluster, &cost.gemms[i], t, elem);
+    forward_gemm += seconds;
+    if (cost.gemms[i].attention_core) attention_gemm += seconds;
+  }
+  if (cost.num_gemms == 0) forward_gemm = flops_seconds(cluster, cost.forward_flops / t);
+  const double backward_gemm = cost.num_gemms == 0
+                                   ? flops_seconds(cluster, cost.backward_flops / t)
+                                   : 2.0 * forward_gemm;
+  /* Memory-bound kernels: tp splits one part, sequence parallelism the other too. */
+  const double replicated_share = sp ? 1.0 / t : 1.0;
+  const double forward_memory = (cost.forward_memory_bytes[MP_TRAFFIC_REPLICATED] * replicated_share +
+                                 cost.forward_memory_bytes[MP_TRAFFIC_SPLIT] / t) / memory_bw;
+  const double backward_memory =
+      (cost.backward_memory_bytes[MP_TRAFFIC_REPLICATED] * replicated_share +
+       cost.backward_memory_bytes[MP_TRAFFIC_SPLIT] / t) / memory_bw;
+  out->forward_compute_s = forward_gemm + forward_memory;
+  switch (layout->recompute) {
+    case MP_RECOMPUTE_NONE: out->recompute_s = 0.0; break;
+    case MP_RECOMPUTE_SELECTIVE:
+      out->recompute_s = attention_gemm + cost.attention_memory_bytes / t / memory_bw;
+      break;
+    case MP_RECOMPUTE_FULL: out->recompute_s = out->forward_compute_s; break;
+    case MP_RECOMPUTE_COUNT: break;
+  }
+  out->backward_compute_s = backward_gemm + backward_memory + out->recompute_s;
   out->model_flops = cost.forward_flops + cost.backward_flops;
   out->params = (double)cost.params / t;
 
   const double ar = mp_cost_allreduce_seconds(bsh, layout->tp,
-                                              cluster->intra_node_bandwidth_bytes_per_s,
+                                              mp_cluster_link_bandwidth(cluster, true),
                                               cluster->intra_node_latency_s);
-  double kept = cost.activation_bytes[layout->recompute];
+  const double kept = cost.activation_bytes[layout->recompute];
+  const double replicated = cost.activation_replicated_bytes[layout->recompute];
+  out->activation_bytes = (kept - replicated) / t + replicated * replicated_share;
   switch (layer->kind) {
-    case MP_LAYER_TRANSFORMER: {
+    case MP_LAYER_TRANSFORMER:
       out->forward_tp_s = 2.0 * ar;
       out->backward_tp_s = 2.0 * ar;
-      if (layout->recompute == MP_RECOMPUTE_FULL) out->backward_tp_s += 2.0 * ar;
-      const double replicated = (layout->recompute == MP_RECOMPUTE_FULL ? 1.0 : 4.0) * bsh;
-      const double split = kept - replicated;
-      out->activation_bytes =
-          split / t + (layout->sequence_parallel ? replicated / t : replicated);
+      if (layout->recompute == MP_RECOMPUTE_FULL) {
+        out->backward_tp_s += 2.0 * ar;
+      } else if (sp) {
+        /* Sequence parallelism keeps only this rank's slice of the column-parallel linears'
+         * inputs, so backward all-gathers both again for the weight gradients (Megatron-LM). */
+        out->backward_tp_s += ar;
+      }
       break;
-    }
-    case MP_LAYER_EMBEDDING:
-      out->forward_tp_s = ar;
-      out->activation_bytes = kept;
-      break;
-    case MP_LAYER_LM_HEAD: {
-      out->backward_tp_s = ar;
-      const double input = bsh;
-      out->activation_bytes =
-          (kept - input) / t + (layout->sequence_parallel ? input / t : input);
-      break;
-    }
+    case MP_LAYER_EMBEDDING: out->forward_tp_s = ar; break;
+    case MP_LAYER_LM_HEAD: out->backward_tp_s = ar; break;
     case MP_LAYER_LAYERNORM:
-      out->activation_bytes = layout->sequence_parallel ? kept / t : kept;
-      break;
-    case MP_LAYER_CUSTOM:
-      out->activation_bytes = kept / t;
-      break;
+    case MP_LAYER_CUSTOM: break;
   }
 }
 
@@ -289,8 +321,7 @@ mp_status mp_cost_estimate(const mp_cluster *cluster, const mp_model *model,
   const mp_state_bytes state = mp_cost_state_bytes(cluster);
   const int d = layout->dp;
   const bool dp_intra = mp_cluster_same_node(cluster, 0, block - 1);
-  const double dp_bw = dp_intra ? cluster->intra_node_bandwidth_bytes_per_s
-                                : cluster->inter_node_bandwidth_bytes_per_s;
+  const double dp_bw = mp_cluster_link_bandwidth(cluster, dp_intra);
   const double dp_lat = dp_intra ? cluster->intra_node_latency_s : cluster->inter_node_latency_s;
   out->capacity_bytes = (double)cluster->device_memory_bytes;
   double tail = 0.0;
@@ -323,7 +354,7 @@ mp_status mp_cost_estimate(const mp_cluster *cluster, const mp_model *model,
     const double opt_bytes =
         params * (MP_COST_OPTIMIZER_BYTES_PER_PARAM -
                   (layout->zero_stage == 1 ? state.optimizer * 2.0 * (1.0 - 1.0 / d) : 0.0));
-    rank->optimizer_s = opt_bytes / cluster->memory_bandwidth_bytes_per_s;
+    rank->optimizer_s = opt_bytes / mp_cluster_memory_bandwidth(cluster);
     if (rank->dp_exposed_s + rank->optimizer_s > tail) tail = rank->dp_exposed_s + rank->optimizer_s;
 
     rank->weights_bytes = params * state.weights;

@@ -58,37 +58,85 @@ int64_t mp_model_params(const mp_model *model) {
   return total;
 }
 
+static void add_gemm(mp_layer_cost *out, double m, double n, double k, double batch,
+                     mp_gemm_split split, bool attention_core) {
+  mp_gemm_shape *g = &out->gemms[out->num_gemms++];
+  g->m = m;
+  g->n = n;
+  g->k = k;
+  g->batch = batch;
+  g->split = split;
+  g->attention_core = attention_core;
+  out->forward_flops += 2.0 * m * n * k * batch;
+}
+
 static void transformer_cost(const mp_layer_spec *layer, const mp_cost_shape *shape,
                              mp_layer_cost *out) {
   const double tokens = (double)shape->micro_batch * (double)shape->seq_len; /* B * T */
   const double t = (double)shape->seq_len;
   const double h = (double)layer->hidden;
   const double heads = (double)layer->heads;
-  const double kv_width = (double)layer->kv_heads * (double)(layer->hidden / layer->heads);
+  const double head_size = (double)(layer->hidden / layer->heads);
+  const double kv_width = (double)layer->kv_heads * head_size;
   const double f = (double)layer->ffn_hidden;
   const double elem = (double)shape->bytes_per_element;
-  const double mlp_matrices = layer->activation == MP_ACTIVATION_SWIGLU ? 3.0 : 2.0;
+  const bool swiglu = layer->activation == MP_ACTIVATION_SWIGLU;
+  const double mask = layer->dropout > 0.0 ? 1.0 : 0.0; /* bytes per masked element */
+  const double sequences_x_heads = (double)shape->micro_batch * heads;
 
-  const double qkv_flops = 2.0 * tokens * h * (h + 2.0 * kv_width);
-  const double attention_core_flops = 2.0 * 2.0 * tokens * t * h; /* Q K^T and probs V */
-  const double projection_flops = 2.0 * tokens * h * h;
-  const double mlp_flops = mlp_matrices * 2.0 * tokens * h * f;
-  out->forward_flops = qkv_flops + attention_core_flops + projection_flops + mlp_flops;
+  add_gemm(out, tokens, h + 2.0 * kv_width, h, 1.0, MP_GEMM_SPLIT_N, false); /* qkv */
+  add_gemm(out, t, t, head_size, sequences_x_heads, MP_GEMM_SPLIT_BATCH, true); /* Q K^T */
+  add_gemm(out, t, head_size, t, sequences_x_heads, MP_GEMM_SPLIT_BATCH, true); /* P V */
+  add_gemm(out, tokens, h, h, 1.0, MP_GEMM_SPLIT_K, false);                      /* projection */
+  add_gemm(out, tokens, swiglu ? 2.0 * f : f, h, 1.0, MP_GEMM_SPLIT_N, false);  /* fc1 / gate+up */
+  add_gemm(out, tokens, h, f, 1.0, MP_GEMM_SPLIT_K, false);                      /* fc2 / down */
+  const double attention_core_flops = 2.0 * 2.0 * tokens * t * h;
   out->backward_flops = 2.0 * out->forward_flops;
   out->recompute_flops[MP_RECOMPUTE_NONE] = 0.0;
   out->recompute_flops[MP_RECOMPUTE_SELECTIVE] = attention_core_flops;
   out->recompute_flops[MP_RECOMPUTE_FULL] = out->forward_flops;
 
-  const double mlp_tensors = layer->activation == MP_ACTIVATION_SWIGLU ? 3.0 * f : 2.0 * f;
+  /* Memory traffic per token (layer_cost.h). */
+  const double norm_stats = (double)norm_stats_per_token(layer->norm) * kStatBytes;
+  const double norm_forward = 2.0 * h * elem + norm_stats;
+  const double residual_forward = 3.0 * h * elem + mask * h;
+  const double scores = heads * t; /* (B, NH, T, T) elements per token */
+  const double softmax_forward = 2.0 * scores * elem;
+  const double attention_dropout_forward = mask * scores * (2.0 * elem + 1.0);
+  const double activation_forward = (swiglu ? 3.0 : 2.0) * f * elem;
+  out->forward_memory_bytes[MP_TRAFFIC_REPLICATED] =
+      tokens * 2.0 * (norm_forward + residual_forward);
+  out->attention_memory_bytes = tokens * (softmax_forward + attention_dropout_forward);
+  out->forward_memory_bytes[MP_TRAFFIC_SPLIT] =
+      out->attention_memory_bytes + tokens * activation_forward;
+  const double norm_backward = 3.0 * h * elem + norm_stats;
+  const double residual_backward = 3.0 * h * elem + mask * (2.0 * h * elem + h);
+  const double softmax_backward = 3.0 * scores * elem;
+  const double attention_dropout_backward = mask * scores * (2.0 * elem + 1.0);
+  const double activation_backward = (swiglu ? 5.0 : 3.0) * f * elem;
+  out->backward_memory_bytes[MP_TRAFFIC_REPLICATED] =
+      tokens * 2.0 * (norm_backward + residual_backward);
+  out->backward_memory_bytes[MP_TRAFFIC_SPLIT] =
+      tokens * (softmax_backward + attention_dropout_backward + activation_backward);
+
+  const double mlp_tensors = swiglu ? 3.0 * f : 2.0 * f;
   /* norm1 in, norm1 out, attention out, norm2 in, norm2 out: 5h; qkv: h + 2 kv_width. */
   const double dense_elements = 6.0 * h + 2.0 * kv_width + mlp_tensors;
-  const double stats = 2.0 * (double)norm_stats_per_token(layer->norm) * kStatBytes;
-  const double probabilities = heads * t * elem;        /* (B, NH, T, T) per token */
+  const double stats = 2.0 * norm_stats;
+  const double residual_masks = 2.0 * mask * h;
+  const double probabilities = scores * elem * (1.0 + mask) + scores * mask; /* + dropout's */
   const double softmax_stats = heads * kStatBytes;      /* (B, NH, T) per token */
-  out->activation_bytes[MP_RECOMPUTE_NONE] = tokens * (dense_elements * elem + stats + probabilities);
+  out->activation_bytes[MP_RECOMPUTE_NONE] =
+      tokens * (dense_elements * elem + stats + residual_masks + probabilities);
   out->activation_bytes[MP_RECOMPUTE_SELECTIVE] =
-      tokens * (dense_elements * elem + stats + softmax_stats);
+      tokens * (dense_elements * elem + stats + residual_masks + softmax_stats);
   out->activation_bytes[MP_RECOMPUTE_FULL] = tokens * h * elem;
+  /* The 4 (B, T, C) norm inputs and outputs (the norm outputs are the column-parallel linears'
+   * inputs) and the residual masks; with full recomputation the layer's input. */
+  const double replicated = tokens * (4.0 * h * elem + residual_masks);
+  out->activation_replicated_bytes[MP_RECOMPUTE_NONE] = replicated;
+  out->activation_replicated_bytes[MP_RECOMPUTE_SELECTIVE] = replicated;
+  out->activation_replicated_bytes[MP_RECOMPUTE_FULL] = tokens * h * elem;
   out->output_bytes = tokens * h * elem;
 }
 
@@ -98,25 +146,41 @@ void mp_layer_cost_compute(const mp_layer_spec *layer, const mp_cost_shape *shap
   out->params = mp_layer_params(layer);
   const double tokens = (double)shape->micro_batch * (double)shape->seq_len;
   const double elem = (double)shape->bytes_per_element;
-  double kept = 0.0;
+  const double h = (double)layer->hidden;
+  double kept = 0.0, replicated = 0.0;
   switch (layer->kind) {
     case MP_LAYER_TRANSFORMER:
       transformer_cost(layer, shape, out);
       return;
-    case MP_LAYER_EMBEDDING:
+    case MP_LAYER_EMBEDDING: {
       kept = tokens * 4.0; /* int32 token ids, to scatter the gradient into the table */
-      out->output_bytes = tokens * (double)layer->hidden * elem;
+      replicated = kept;
+      out->output_bytes = tokens * h * elem;
+      const double tables = layer->max_positions > 0 ? 2.0 : 1.0;
+      out->forward_memory_bytes[MP_TRAFFIC_REPLICATED] = tokens * (tables + 1.0) * h * elem;
+      /* The gradient read once per table and added into its fp32 rows. */
+      out->backward_memory_bytes[MP_TRAFFIC_REPLICATED] =
+          tokens * tables * (h * elem + 2.0 * h * 4.0);
       break;
+    }
     case MP_LAYER_LAYERNORM:
-      kept = tokens * ((double)layer->hidden * elem + 2.0 * kStatBytes);
-      out->output_bytes = tokens * (double)layer->hidden * elem;
+      kept = tokens * (h * elem + 2.0 * kStatBytes);
+      replicated = kept;
+      out->output_bytes = tokens * h * elem;
+      out->forward_memory_bytes[MP_TRAFFIC_REPLICATED] = tokens * (2.0 * h * elem + 2.0 * kStatBytes);
+      out->backward_memory_bytes[MP_TRAFFIC_REPLICATED] = tokens * (3.0 * h * elem + 2.0 * kStatBytes);
       break;
-    case MP_LAYER_LM_HEAD:
-      out->forward_flops = 2.0 * tokens * (double)layer->hidden * (double)layer->vocab;
+    case MP_LAYER_LM_HEAD: {
+      const double v = (double)layer->vocab;
+      add_gemm(out, tokens, v, h, 1.0, MP_GEMM_SPLIT_N, false);
       out->backward_flops = 2.0 * out->forward_flops;
-      kept = tokens * ((double)layer->hidden + (double)layer->vocab) * elem;
-      out->output_bytes = tokens * (double)layer->vocab * elem;
+      kept = tokens * (h + v) * elem;
+      replicated = tokens * h * elem;
+      out->output_bytes = tokens * v * elem;
+      out->forward_memory_bytes[MP_TRAFFIC_SPLIT] = tokens * 4.0 * v * elem;
+      out->backward_memory_bytes[MP_TRAFFIC_SPLIT] = tokens * 2.0 * v * elem;
       break;
+    }
     case MP_LAYER_CUSTOM:
       out->forward_flops = tokens * layer->custom_forward_flops_per_token;
       out->backward_flops = 2.0 * out->forward_flops;
@@ -124,5 +188,8 @@ void mp_layer_cost_compute(const mp_layer_spec *layer, const mp_cost_shape *shap
       out->output_bytes = tokens * layer->custom_output_bytes_per_token;
       break;
   }
-  for (int mode = 0; mode < MP_RECOMPUTE_COUNT; ++mode) out->activation_bytes[mode] = kept;
+  for (int mode = 0; mode < MP_RECOMPUTE_COUNT; ++mode) {
+    out->activation_bytes[mode] = kept;
+    out->activation_replicated_bytes[mode] = replicated;
+  }
 }

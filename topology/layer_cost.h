@@ -6,22 +6,52 @@
  * model. Conventions (Megatron-LM's, so MFU figures compare with theirs):
  *   - FLOPs count matrix products only, 2 per multiply-add; the attention score and value products
  *     count the full T x T square (no causal halving). Backward = 2 x forward (input gradient and
- *     weight gradient). Elementwise work (norms, GELU, softmax) is left to the memory-bandwidth
- *     term of the cost model.
+ *     weight gradient). For the Llama family this is Megatron-Core's num_floating_point_operations:
+ *     the query-group term (kv_heads / heads of the q projection's width for k and v) and the
+ *     gated linear unit's 3/2 (SwiGLU's gate, up and down matrices).
+ *   - The matrix products are also listed by shape (gemms), so that a cost model can see a small
+ *     or thin GEMM (the attention products' K is the head size) for what it is.
+ *   - Memory-bound work between the GEMMs is counted in bytes read and written
+ *     (forward_memory_bytes, backward_memory_bytes), per kernel as a fused Megatron-style runtime
+ *     runs it, with bytes_per_element activations, 1-byte dropout masks and fp32 statistics:
+ *       forward, per token: each norm reads and writes (B, T, C) (plus its fp32 statistics: 2 for
+ *         layernorm, 1 for RMSNorm); each residual add (bias, dropout and add fused) reads 2 and
+ *         writes 1 (B, T, C) and writes a mask when dropout > 0; the softmax reads the scores and
+ *         writes the probabilities (heads x T per token), the attention dropout reads them and
+ *         writes its output and mask; GELU reads and writes the MLP width, SwiGLU reads 2 and
+ *         writes 1;
+ *       backward: each norm reads x and dy and writes dx, each residual gradient add reads 2 and
+ *         writes 1, each dropout reads dy and its mask and writes dx, the softmax reads y and dy
+ *         and writes dx, GELU reads x and dy and writes dx, SwiGLU reads gate, up and dy and
+ *         writes both gradients;
+ *       the embedding reads its rows and writes (B, T, C) (the position table too), and adds its
+ *         gradient into the fp32 table; the LM head's cross-entropy reads the (T, V) logits 3 times
+ *         and writes them once forward (max, exp-sum, the target's logit, the probabilities), and
+ *         reads and writes them once backward.
+ *     Of these bytes, tp splits what lies between a column- and a row-parallel linear (softmax,
+ *     dropout over the probabilities, the activation function, the logits); the (B, T, C) work
+ *     outside (norms, residual adds, their dropout) is replicated on every tp rank unless sequence
+ *     parallelism splits it: index [MP_TRAFFIC_SPLIT] and [MP_TRAFFIC_REPLICATED].
  *   - Activations are what our runtime keeps for backward, per token, in elements of
  *     bytes_per_element (2 for bf16) plus fp32 norm and softmax statistics:
  *       transformer, none: norm1 in, norm1 out, qkv, attention probabilities (heads x T), attention
- *         out, norm2 in, norm2 out, MLP pre-activation and post-activation (3 tensors for SwiGLU);
- *       selective: the same without the heads x T probabilities, which are recomputed from qkv
+ *         out, norm2 in, norm2 out, MLP pre-activation and post-activation (3 tensors for SwiGLU),
+ *         and with dropout > 0 the two residual dropout masks (1 byte per element), the attention
+ *         dropout's mask and output (heads x T): Korthikanti et al. 2022's 34sbh + 5as^2b bytes
+ *         per layer with dropout, 32sbh + 2as^2b without;
+ *       selective: the same without the heads x T tensors, which are recomputed from qkv
  *         (only their per-head softmax statistics are kept);
  *       full: only the layer's input; the whole layer forward is recomputed in backward.
  *     Embedding keeps the token ids (int32), a norm its input and statistics, the LM head its
  *     input and the (T, V) logits for the loss gradient, in every mode; custom layers keep what
- *     their description says in every mode.
+ *     their description says in every mode. activation_replicated_bytes is the part tp does not
+ *     split (the norms' inputs and outputs and the masks; the LM head's input), which only sequence
+ *     parallelism divides.
  */
 #ifndef MPENGINE_TOPOLOGY_LAYER_COST_H
 #define MPENGINE_TOPOLOGY_LAYER_COST_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "topology/model.h"
@@ -46,13 +76,41 @@ typedef struct {
   int bytes_per_element; /* activation element size: 2 for bf16, 4 for fp32 */
 } mp_cost_shape;
 
+/* Which dimension of a GEMM the tensor-parallel group splits. */
+typedef enum {
+  MP_GEMM_SPLIT_NONE = 0,
+  MP_GEMM_SPLIT_N,     /* column-parallel: the output features */
+  MP_GEMM_SPLIT_K,     /* row-parallel: the input features (the partial sums are all-reduced) */
+  MP_GEMM_SPLIT_BATCH, /* attention's per-head products: the heads */
+} mp_gemm_split;
+
+/* batch independent products (m, k) @ (k, n), all of one shape. */
+typedef struct {
+  double m, n, k, batch;
+  mp_gemm_split split;
+  bool attention_core; /* Q K^T or P V: what selective recomputation repeats */
+} mp_gemm_shape;
+
+enum {
+  MP_LAYER_MAX_GEMMS = 6,
+  MP_TRAFFIC_REPLICATED = 0, /* index of the memory-traffic arrays: replicated over tp unless SP */
+  MP_TRAFFIC_SPLIT = 1,      /* divided by tp */
+};
+
 typedef struct {
   int64_t params;                               /* 0 for a tied LM head */
   double forward_flops;                         /* for (B, T) */
   double backward_flops;                        /* input + weight gradients */
   double recompute_flops[MP_RECOMPUTE_COUNT];   /* extra forward work done during backward */
   double activation_bytes[MP_RECOMPUTE_COUNT];  /* kept from forward until backward */
+  double activation_replicated_bytes[MP_RECOMPUTE_COUNT]; /* of activation_bytes: not tp-split */
   double output_bytes;                          /* tensor handed to the next layer, (B, T, C) */
+  int num_gemms;                                /* 0 for a custom layer (FLOPs only) */
+  mp_gemm_shape gemms[MP_LAYER_MAX_GEMMS];      /* the forward's; backward repeats each twice */
+  double forward_memory_bytes[2];               /* [MP_TRAFFIC_*], read + written */
+  double backward_memory_bytes[2];
+  double attention_memory_bytes;                /* of forward_memory_bytes[SPLIT]: softmax and
+                                                   attention dropout, repeated by selective */
 } mp_layer_cost;
 
 /* Parameters of one layer (weights and biases); a tied LM head owns none. */

@@ -48,7 +48,7 @@ static const char *const kTopKeys[] = {"name", "vocab_size", "seq_len", "layers"
 static const char *const kEmbeddingKeys[] = {"type", "hidden", "vocab", "max_positions", NULL};
 static const char *const kTransformerKeys[] = {"type", "hidden", "heads", "kv_heads",
                                                "ffn_hidden", "norm", "activation", "bias",
-                                               "repeat", NULL};
+                                               "dropout", "repeat", NULL};
 static const char *const kLayernormKeys[] = {"type", "hidden", NULL};
 static const char *const kLmHeadKeys[] = {"type", "hidden", "vocab", "tie_embedding", NULL};
 static const char *const kCustomKeys[] = {"type", "name", "params", "forward_flops_per_token",
@@ -128,6 +128,13 @@ static mp_status parse_node(const mp_json_reader *reader, const cJSON *node, con
       spec->norm = (mp_norm_kind)norm;
       spec->activation = (mp_activation_kind)activation;
       MP_TRY(mp_json_optional_bool(reader, node, path, "bias", true, &spec->bias));
+      MP_TRY(mp_json_optional_number(reader, node, path, "dropout", MP_JSON_ANY, 0.0,
+                                     &spec->dropout));
+      if (!(spec->dropout >= 0.0 && spec->dropout < 1.0)) {
+        return mp_fail(reader->err, MP_ERR_INPUT,
+                       "%s: %s.dropout: %g is not a probability in [0, 1)", reader->source, path,
+                       spec->dropout);
+      }
       MP_TRY(read_size(reader, node, path, "repeat", false, 1, kMaxRepeat, repeat));
       if (spec->hidden % spec->heads != 0) {
         return mp_fail(reader->err, MP_ERR_INPUT,

@@ -13,7 +13,8 @@
  *     "layers": [
  *       {"type": "embedding", "hidden": 768, "vocab": 50257, "max_positions": 1024},
  *       {"type": "transformer", "hidden": 768, "heads": 12, "ffn_hidden": 3072, "repeat": 12,
- *        "kv_heads": 12, "norm": "layernorm", "activation": "gelu", "bias": true},
+ *        "kv_heads": 12, "norm": "layernorm", "activation": "gelu", "bias": true,
+ *        "dropout": 0},
  *       {"type": "layernorm", "hidden": 768},
  *       {"type": "lm_head", "hidden": 768, "vocab": 50257, "tie_embedding": true},
  *       {"type": "custom", "name": "moe-router", "params": 1000, "forward_flops_per_token": 2e3,
@@ -22,7 +23,10 @@
  *   }
  * Defaults: embedding.vocab and lm_head.vocab = vocab_size; max_positions = seq_len (0 for no
  * learned position table); ffn_hidden = 4 * hidden; kv_heads = heads; norm layernorm;
- * activation gelu; bias true; repeat 1; tie_embedding true. A `custom` node lets the planner plan
+ * activation gelu; bias true; dropout 0; repeat 1; tie_embedding true. "dropout" is the probability
+ * of Megatron-LM's hidden and attention dropout (GPT-3-style runs use 0.1): it costs memory
+ * traffic and 1-byte masks, which the planner counts; the runtime trains without dropout and
+ * refuses a model with dropout > 0. A `custom` node lets the planner plan
  * a layer the runtime cannot run: its costs are given, not derived.
  */
 #ifndef MPENGINE_TOPOLOGY_MODEL_H
@@ -65,6 +69,7 @@ typedef struct {
   mp_norm_kind norm;
   mp_activation_kind activation;
   bool bias;                      /* transformer linear layers carry biases */
+  double dropout;                 /* transformer: hidden and attention dropout probability */
   bool tie_embedding;             /* lm_head shares the embedding's token table */
   /* custom only */
   int64_t custom_params;

@@ -34,6 +34,9 @@ void ExpectSameCluster(const mp_cluster &a, const mp_cluster &b) {
   EXPECT_EQ(a.intra_node_latency_s, b.intra_node_latency_s);
   EXPECT_EQ(a.inter_node_bandwidth_bytes_per_s, b.inter_node_bandwidth_bytes_per_s);
   EXPECT_EQ(a.inter_node_latency_s, b.inter_node_latency_s);
+  EXPECT_EQ(a.memory_efficiency, b.memory_efficiency);
+  EXPECT_EQ(a.intra_node_efficiency, b.intra_node_efficiency);
+  EXPECT_EQ(a.inter_node_efficiency, b.inter_node_efficiency);
   EXPECT_EQ(a.gemm_efficiency_given, b.gemm_efficiency_given);
   ASSERT_EQ(a.gemm_efficiency_points, b.gemm_efficiency_points);
   for (int i = 0; i < a.gemm_efficiency_points; ++i) {
@@ -245,9 +248,10 @@ TEST(ClusterJson, RoundTripKeepsEveryValueExactly) {
       {"nodes", "3"},
       {"device_memory_gib", "1.3"},
       {"memory_bandwidth_gbytes_per_s", "0.7"},
+      {"memory_efficiency", "0.61"},
       {"peak_tflops", "{\"fp32\": 0.1, \"tf32\": 0.3, \"bf16\": 123.456, \"fp16\": 7e-3, "
                       "\"fp8\": 1e3}"},
-      {"intra_node", "{\"bandwidth_gbytes_per_s\": 0.3, \"latency_us\": 0.7}"},
+      {"intra_node", "{\"bandwidth_gbytes_per_s\": 0.3, \"latency_us\": 0.7, \"efficiency\": 0.7}"},
       {"inter_node", "{\"bandwidth_gbytes_per_s\": 12.5, \"latency_us\": 0}"},
       {"gemm_efficiency", "[{\"gemm_flops\": 1e6, \"efficiency\": 0.1},"
                           " {\"gemm_flops\": 3.3e9, \"efficiency\": 0.45},"
@@ -259,6 +263,9 @@ TEST(ClusterJson, RoundTripKeepsEveryValueExactly) {
   EXPECT_EQ(c.device_memory_bytes, std::llround(1.3 * kGib));
   EXPECT_EQ(c.intra_node_latency_s, 0.7e-6);
   EXPECT_EQ(c.inter_node_latency_s, 0.0);
+  EXPECT_EQ(c.memory_efficiency, 0.61);
+  EXPECT_EQ(c.intra_node_efficiency, 0.7);
+  EXPECT_EQ(c.inter_node_efficiency, 1.0);  // absent: the bandwidth as given
   EXPECT_TRUE(c.gemm_efficiency_given);
   EXPECT_EQ(c.gemm_efficiency_points, 3);
   ExpectSameCluster(RoundTrip(c), c);
@@ -356,12 +363,23 @@ TEST(ClusterGemm, EmptyCurveMeansPeak) {
 
 // ---- transfers, devices and nodes ----------------------------------------------------------
 
-TEST(ClusterLinks, P2pSecondsAreLatencyPlusBytesOverBandwidth) {
+TEST(ClusterLinks, P2pSecondsAreLatencyPlusBytesOverTheBandwidthReached) {
   mp_cluster c = Preset("h100-sxm");
-  EXPECT_DOUBLE_EQ(mp_cluster_p2p_seconds(&c, true, 450e6), 3e-6 + 1e-3);   // NVLink
-  EXPECT_DOUBLE_EQ(mp_cluster_p2p_seconds(&c, false, 450e6), 8e-6 + 9e-3);  // InfiniBand
-  EXPECT_DOUBLE_EQ(mp_cluster_p2p_seconds(&c, true, 1), 3e-6 + 1 / 450e9);
+  // NVLink reaches 80% of 450 GB/s, InfiniBand 90% of 50 GB/s (the preset's efficiencies).
+  EXPECT_DOUBLE_EQ(mp_cluster_link_bandwidth(&c, true), 360e9);
+  EXPECT_DOUBLE_EQ(mp_cluster_link_bandwidth(&c, false), 45e9);
+  EXPECT_DOUBLE_EQ(mp_cluster_p2p_seconds(&c, true, 360e6), 3e-6 + 1e-3);   // NVLink
+  EXPECT_DOUBLE_EQ(mp_cluster_p2p_seconds(&c, false, 450e6), 8e-6 + 1e-2);  // InfiniBand
+  EXPECT_DOUBLE_EQ(mp_cluster_p2p_seconds(&c, true, 1), 3e-6 + 1 / 360e9);
   EXPECT_EQ(mp_cluster_p2p_seconds(&c, false, 0), 0.0);
+  EXPECT_DOUBLE_EQ(mp_cluster_memory_bandwidth(&c), 0.85 * 3350e9);
+  // A hand-built struct (efficiencies left 0) means the figures as given.
+  mp_cluster hand;
+  memset(&hand, 0, sizeof hand);
+  hand.intra_node_bandwidth_bytes_per_s = 1e9;
+  hand.memory_bandwidth_bytes_per_s = 2e9;
+  EXPECT_EQ(mp_cluster_link_bandwidth(&hand, true), 1e9);
+  EXPECT_EQ(mp_cluster_memory_bandwidth(&hand), 2e9);
 }
 
 TEST(ClusterDevices, TotalDevicesNodesUsedAndSameNode) {
@@ -451,7 +469,7 @@ TEST(ClusterLoad, FileErrorsNameTheFile) {
   EXPECT_EQ(mp_cluster_load(path.c_str(), &c, &err), MP_ERR_INPUT);
   EXPECT_EQ(std::string(err.message),
             path + ": $.intra_node: unknown key \"latncy_us\"; did you mean \"latency_us\"? "
-                   "(known keys: bandwidth_gbytes_per_s, latency_us)");
+                   "(known keys: bandwidth_gbytes_per_s, latency_us, efficiency)");
   {
     std::ofstream file(path);
     file << Description({{"nodes", "2"}});
@@ -467,8 +485,22 @@ TEST(ClusterErrors, UnknownTopLevelKeySuggestsClosest) {
   EXPECT_EQ(ParseError(Description({{"devices_per_nod", "8"}})),
             "c.json: $: unknown key \"devices_per_nod\"; did you mean \"devices_per_node\"? "
             "(known keys: name, notes, device, nodes, devices_per_node, device_memory_gib, "
-            "memory_bandwidth_gbytes_per_s, peak_tflops, intra_node, inter_node, "
-            "gemm_efficiency)");
+            "memory_bandwidth_gbytes_per_s, memory_efficiency, peak_tflops, intra_node, "
+            "inter_node, gemm_efficiency)");
+}
+
+TEST(ClusterErrors, EfficienciesAreFractions) {
+  EXPECT_EQ(ParseError(Description({{"memory_efficiency", "85"}})),
+            "c.json: $.memory_efficiency: must be in (0, 1] (a fraction of the figure above), "
+            "got 85");
+  EXPECT_EQ(ParseError(Description(
+                {{"inter_node", "{\"bandwidth_gbytes_per_s\": 50, \"latency_us\": 8, "
+                                "\"efficiency\": 0}"}})),
+            "c.json: $.inter_node.efficiency: must be in (0, 1] (a fraction of the figure "
+            "above), got 0");
+  EXPECT_EQ(ParseError(Description({{"memory_efficiency", "\"0.8\""}})),
+            "c.json: $.memory_efficiency: must be a number, got a string (\"0.8\"); drop the "
+            "quotes");
 }
 
 TEST(ClusterErrors, UnknownDtypeSuggestsClosest) {

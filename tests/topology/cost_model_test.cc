@@ -73,6 +73,12 @@ TEST(CostModel, StateBytesFollowMixedPrecision) {
   EXPECT_EQ(b.weights + b.grads + b.optimizer, 16.0);
 }
 
+// One GEMM on the hand cluster: the roofline of FLOPs at 1e12 FLOP/s (efficiency 1) and bytes
+// (both operands and the result, bf16) at 1e11 B/s.
+double roofline(double m, double n, double k, double batch = 1) {
+  return std::fmax(2 * m * n * k * batch / 1e12, batch * (m * k + k * n + m * n) * 2 / 1e11);
+}
+
 TEST(CostModel, TransformerLayerByHand) {
   Model m;
   mp_cluster c = hand_cluster();
@@ -85,21 +91,67 @@ TEST(CostModel, TransformerLayerByHand) {
   mp_layer_cost cost;
   mp_layer_cost_compute(block, &shape, &cost);
   ASSERT_DOUBLE_EQ(cost.forward_flops, 1605632.0);
-  const double act_none = cost.activation_bytes[MP_RECOMPUTE_NONE];
-  // Compute on one of 2 tp ranks at 1e12 FLOP/s, plus 4 passes over the activations at 1e11 B/s.
-  EXPECT_DOUBLE_EQ(t.forward_compute_s, 1605632.0 / 2 / 1e12 + 4.0 * act_none / 2 / 1e11);
+  // On one of 2 tp ranks, 16 tokens: qkv (16 x 96 x 64), Q K^T and P V over 2 x 4 / 2 heads of
+  // size 16 (8 x 8 x 16 and 8 x 16 x 8), the projection (16 x 64 x 32), fc1 (16 x 128 x 64),
+  // fc2 (16 x 64 x 128).
+  const double attention = roofline(8, 8, 16, 4) + roofline(8, 16, 8, 4);
+  const double gemms = roofline(16, 96, 64) + attention + roofline(16, 64, 32) +
+                       roofline(16, 128, 64) + roofline(16, 64, 128);
+  // Memory-bound kernels per token (layer_cost.h), bf16: two layernorms (read and write 64, two
+  // fp32 statistics) and two residual adds (read 2 x 64, write 64) on every rank; the softmax
+  // (read and write 4 heads x 8) and GELU (read and write 256) split over the 2 ranks.
+  const double replicated = 16 * 2 * ((2 * 64 * 2 + 8) + 3 * 64 * 2);
+  const double split = 16 * (2 * 4 * 8 * 2 + 2 * 256 * 2);
+  EXPECT_DOUBLE_EQ(t.forward_compute_s, gemms + (replicated + split / 2) / 1e11);
+  // Backward: each product twice; norms read x and dy and write dx, residual gradients read 2
+  // and write 1, the softmax reads y and dy and writes dx, GELU reads x and dy and writes dx.
+  const double replicated_b = 16 * 2 * ((3 * 64 * 2 + 8) + 3 * 64 * 2);
+  const double split_b = 16 * (3 * 4 * 8 * 2 + 3 * 256 * 2);
+  EXPECT_DOUBLE_EQ(t.backward_compute_s, 2 * gemms + (replicated_b + split_b / 2) / 1e11);
+  EXPECT_EQ(t.recompute_s, 0.0);
   // Two all-reduces of B*T*C bf16 = 2048 bytes over 2 ranks: 2 * (2*(1/2)*2048/1e9).
   EXPECT_DOUBLE_EQ(t.forward_tp_s, 4.096e-6);
   EXPECT_DOUBLE_EQ(t.backward_tp_s, 4.096e-6);
+  const double act_none = cost.activation_bytes[MP_RECOMPUTE_NONE];
   // Without sequence parallelism the 4 norm tensors (4 * 2048 bytes) stay whole on each rank.
   EXPECT_DOUBLE_EQ(t.activation_bytes, (act_none - 8192.0) / 2 + 8192.0);
+
+  l.recompute = MP_RECOMPUTE_SELECTIVE;
+  mp_cost_layer(&c, block, &l, &t);
+  // The attention products again, and the softmax's forward over this rank's 2 heads.
+  EXPECT_DOUBLE_EQ(t.recompute_s, attention + 16 * 2 * 8 * 2 * 2 / 1e11);
   l.sequence_parallel = true;
+  mp_cost_layer(&c, block, &l, &t);
+  // Sequence parallelism splits the (B, T, C) kernels too, and backward all-gathers both
+  // column-parallel inputs again: one all-reduce's worth more.
+  EXPECT_DOUBLE_EQ(t.forward_compute_s, gemms + (replicated + split) / 2 / 1e11);
+  EXPECT_DOUBLE_EQ(t.backward_tp_s, 3 * 2.048e-6);
+  l.recompute = MP_RECOMPUTE_NONE;
   mp_cost_layer(&c, block, &l, &t);
   EXPECT_DOUBLE_EQ(t.activation_bytes, act_none / 2);
   l.recompute = MP_RECOMPUTE_FULL;
   mp_cost_layer(&c, block, &l, &t);
+  EXPECT_DOUBLE_EQ(t.recompute_s, t.forward_compute_s);
   EXPECT_DOUBLE_EQ(t.backward_tp_s, 8.192e-6);  // the forward's all-reduces again
   EXPECT_DOUBLE_EQ(t.activation_bytes, 2048.0 / 2);  // only the input, split by SP
+}
+
+// The fraction of a link's or of memory's bandwidth the cluster says is reached scales the
+// collectives and the memory-bound kernels, not the compute-bound GEMMs.
+TEST(CostModel, EfficienciesScaleTheirOwnTerms) {
+  Model m;
+  mp_cluster c = hand_cluster();
+  c.memory_bandwidth_bytes_per_s = 1e13;  // every GEMM compute-bound
+  const mp_layer_spec *block = mp_model_layer(m.model, 1);
+  mp_layout l = layout(1, 1, 2, 2, 1);
+  mp_layer_time full, reduced;
+  mp_cost_layer(&c, block, &l, &full);
+  c.intra_node_efficiency = 0.5;
+  c.memory_efficiency = 0.25;
+  mp_cost_layer(&c, block, &l, &reduced);
+  EXPECT_DOUBLE_EQ(reduced.forward_tp_s, 2 * full.forward_tp_s);
+  const double gemms = 1605632.0 / 2 / 1e12;
+  EXPECT_NEAR(reduced.forward_compute_s - gemms, 4 * (full.forward_compute_s - gemms), 1e-18);
 }
 
 TEST(CostModel, OneStageStepAndMemoryByHand) {

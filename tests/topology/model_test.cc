@@ -89,6 +89,85 @@ TEST(LayerCost, TransformerFlopsMatchMegatron) {
   EXPECT_DOUBLE_EQ(cost.output_bytes, b * s * h * 2);
 }
 
+// Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
+// section 4.1: with dropout a layer keeps 34sbh + 5as^2b bytes in 16-bit activations (s sequence,
+// b micro-batch, h hidden, a heads): 11sbh + 5as^2b for attention, 19sbh for the MLP, 4sbh for
+// the two layernorms. Table 2: selective recomputation keeps 34sbh, and with tensor parallelism
+// sbh(10 + 24/t) of it stays whole on each rank (the layernorms, the two linears' inputs they
+// feed, the two dropout masks). Our count adds the fp32 norm and softmax statistics.
+TEST(LayerCost, ActivationsWithDropoutAreKorthikantisFormula) {
+  Loaded m;
+  ASSERT_NE(parse("{\"type\": \"transformer\", \"hidden\": 64, \"heads\": 4, \"dropout\": 0.1}",
+                  &m),
+            nullptr)
+      << m.err.message;
+  mp_cost_shape shape = {3, 16, 2};
+  mp_layer_cost cost;
+  mp_layer_cost_compute(mp_model_layer(m.model, 0), &shape, &cost);
+  const double b = 3, s = 16, h = 64, a = 4;
+  const double stats = b * s * 4 * 4;  // mean and rstd of both layernorms
+  EXPECT_DOUBLE_EQ(cost.activation_bytes[MP_RECOMPUTE_NONE],
+                   34 * s * b * h + 5 * a * s * s * b + stats);
+  EXPECT_DOUBLE_EQ(cost.activation_bytes[MP_RECOMPUTE_SELECTIVE],
+                   34 * s * b * h + stats + b * s * a * 4);
+  EXPECT_DOUBLE_EQ(cost.activation_replicated_bytes[MP_RECOMPUTE_SELECTIVE], 10 * s * b * h);
+  // Dropout costs memory traffic: a 1-byte mask written by each residual add and by the
+  // attention dropout, which also reads the probabilities and writes its output.
+  Loaded plain;
+  ASSERT_NE(parse("{\"type\": \"transformer\", \"hidden\": 64, \"heads\": 4}", &plain), nullptr);
+  mp_layer_cost without;
+  mp_layer_cost_compute(mp_model_layer(plain.model, 0), &shape, &without);
+  EXPECT_DOUBLE_EQ(cost.forward_memory_bytes[MP_TRAFFIC_REPLICATED] -
+                       without.forward_memory_bytes[MP_TRAFFIC_REPLICATED],
+                   b * s * 2 * h);
+  EXPECT_DOUBLE_EQ(cost.forward_memory_bytes[MP_TRAFFIC_SPLIT] -
+                       without.forward_memory_bytes[MP_TRAFFIC_SPLIT],
+                   b * s * a * s * 5);
+  EXPECT_DOUBLE_EQ(cost.forward_flops, without.forward_flops);
+}
+
+// Megatron-Core's num_floating_point_operations (megatron/training/training.py) for a
+// Llama-family model, without MoE or MTP: per layer and token, forward + backward,
+//   12 h^2 (1 + kv_heads / heads + s / h)            attention (query groups, full square)
+//   + 12 h^2 (f / h) x 3/2                           SwiGLU's gated MLP
+// and 6 h V for the untied LM head; llama3-8b's shape.
+TEST(LayerCost, LlamaFlopsAreMegatronCoresFormula) {
+  Loaded m;
+  ASSERT_NE(parse("{\"type\": \"transformer\", \"hidden\": 4096, \"heads\": 32, \"kv_heads\": 8, "
+                  "\"ffn_hidden\": 14336, \"activation\": \"swiglu\", \"norm\": \"rmsnorm\", "
+                  "\"bias\": false},"
+                  "{\"type\": \"lm_head\", \"hidden\": 4096, \"vocab\": 128256, "
+                  "\"tie_embedding\": false}",
+                  &m),
+            nullptr)
+      << m.err.message;
+  const double b = 2, s = 8192, h = 4096, heads = 32, groups = 8, f = 14336, v = 128256;
+  mp_cost_shape shape = {2, 8192, 2};
+  mp_layer_cost block, head;
+  mp_layer_cost_compute(mp_model_layer(m.model, 0), &shape, &block);
+  mp_layer_cost_compute(mp_model_layer(m.model, 1), &shape, &head);
+  const double megatron_core_block =
+      12 * b * s * h * h * ((1 + groups / heads + s / h) + (f / h) * 1.5);
+  EXPECT_NEAR(block.forward_flops + block.backward_flops, megatron_core_block,
+              1e-12 * megatron_core_block);
+  EXPECT_NEAR(head.forward_flops + head.backward_flops, 6 * b * s * h * v, 1.0);
+  EXPECT_EQ(head.params, 128256 * 4096);  // untied: the last stage owns and updates it
+  // RMSNorm keeps and writes one fp32 statistic per token where layernorm has two.
+  Loaded ln;
+  ASSERT_NE(parse("{\"type\": \"transformer\", \"hidden\": 4096, \"heads\": 32, \"kv_heads\": 8, "
+                  "\"ffn_hidden\": 14336, \"activation\": \"swiglu\", \"bias\": false}",
+                  &ln),
+            nullptr);
+  mp_layer_cost with_layernorm;
+  mp_layer_cost_compute(mp_model_layer(ln.model, 0), &shape, &with_layernorm);
+  EXPECT_DOUBLE_EQ(with_layernorm.forward_memory_bytes[MP_TRAFFIC_REPLICATED] -
+                       block.forward_memory_bytes[MP_TRAFFIC_REPLICATED],
+                   b * s * 2 * 4);
+  EXPECT_DOUBLE_EQ(with_layernorm.activation_bytes[MP_RECOMPUTE_NONE] -
+                       block.activation_bytes[MP_RECOMPUTE_NONE],
+                   b * s * 2 * 4);
+}
+
 TEST(LayerCost, SwigluGroupedQueryRmsnormWithoutBias) {
   Loaded m;
   ASSERT_NE(parse("{\"type\": \"transformer\", \"hidden\": 64, \"heads\": 8, \"kv_heads\": 2, "
@@ -159,7 +238,11 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"{\"type\": \"transformer\", \"hiden\": 64, \"heads\": 4}", "",
                  "m.json: $.layers[0]: unknown key \"hiden\"; did you mean \"hidden\"? (known "
                  "keys: type, hidden, heads, kv_heads, ffn_hidden, norm, activation, bias, "
-                 "repeat)"},
+                 "dropout, repeat)"},
+        BadInput{"{\"type\": \"transformer\", \"hidden\": 64, \"heads\": 4, \"dropout\": 1}", "",
+                 "m.json: $.layers[0].dropout: 1 is not a probability in [0, 1)"},
+        BadInput{"{\"type\": \"transformer\", \"hidden\": 64, \"heads\": 4, \"dropout\": -0.1}",
+                 "", "m.json: $.layers[0].dropout: -0.1 is not a probability in [0, 1)"},
         BadInput{"{\"type\": \"transformer\", \"hidden\": \"64\", \"heads\": 4}", "",
                  "m.json: $.layers[0].hidden: must be a positive integer, got a string "
                  "(\"64\"); drop the quotes"},
