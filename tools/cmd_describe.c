@@ -196,7 +196,9 @@ int cmd_describe(int argc, char **argv) {
   if (mp_model_load(command.positionals[0], &model, &err) != MP_OK) {
     return cli_report(&command, &err);
   }
-  mp_cost_shape shape = {.bytes_per_element = strcmp(dtype, "bf16") == 0 ? 2 : 4};
+  /* As the planner costs it: bf16 is the CUDA backend, which runs flash attention. */
+  const bool bf16 = strcmp(dtype, "bf16") == 0;
+  mp_cost_shape shape = {.bytes_per_element = bf16 ? 2 : 4, .backend_flash = bf16};
   int exit_code = CLI_EXIT_OK;
   if (cli_int(&command, "seq-len", 1, mp_model_seq_len(model), &shape.seq_len, &err) != MP_OK ||
       cli_int(&command, "micro-batch", 1, 1, &shape.micro_batch, &err) != MP_OK) {

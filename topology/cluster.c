@@ -38,7 +38,7 @@ static const char *const kDtypeNames[MP_DTYPE_COUNT] = {"fp32", "tf32", "bf16", 
 static const char *const kClusterKeys[] = {
     "name", "notes", "device", "nodes", "devices_per_node", "device_memory_gib",
     "memory_bandwidth_gbytes_per_s", "memory_efficiency", "peak_tflops", "intra_node",
-    "inter_node", "gemm_efficiency", NULL};
+    "inter_node", "gemm_efficiency", "flash_attention_efficiency", NULL};
 static const char *const kPeakKeys[] = {"fp32", "tf32", "bf16", "fp16", "fp8", NULL};
 static const char *const kLinkKeys[] = {"bandwidth_gbytes_per_s", "latency_us", "efficiency",
                                         NULL};
@@ -313,6 +313,11 @@ mp_status mp_cluster_from_json(const cJSON *object, const char *source, const ch
                    &cluster.intra_node_latency_s, &cluster.intra_node_efficiency));
   MP_TRY(read_link(&reader, object, path, "inter_node", &cluster.inter_node_bandwidth_bytes_per_s,
                    &cluster.inter_node_latency_s, &cluster.inter_node_efficiency));
+  MP_TRY(read_fraction(&reader, object, path, "flash_attention_efficiency",
+                       MP_CLUSTER_DEFAULT_FLASH_ATTENTION_EFFICIENCY,
+                       &cluster.flash_attention_efficiency));
+  cluster.flash_attention_efficiency_given =
+      cJSON_GetObjectItemCaseSensitive(object, "flash_attention_efficiency") != NULL;
   if (cJSON_GetObjectItemCaseSensitive(object, "gemm_efficiency") != NULL) {
     MP_TRY(read_gemm_efficiency(&reader, object, path, &cluster));
   } else {
@@ -507,6 +512,9 @@ static cJSON *build_json(const mp_cluster *cluster) {
            add_number(point, "efficiency", cluster->gemm_efficiency[i].efficiency);
     }
   }
+  if (ok && cluster->flash_attention_efficiency_given) {
+    ok = add_number(root, "flash_attention_efficiency", cluster->flash_attention_efficiency);
+  }
   if (!ok) {
     cJSON_Delete(root);
     return NULL;
@@ -553,6 +561,11 @@ static double effective(double figure, double efficiency) {
 
 double mp_cluster_memory_bandwidth(const mp_cluster *cluster) {
   return effective(cluster->memory_bandwidth_bytes_per_s, cluster->memory_efficiency);
+}
+
+double mp_cluster_flash_attention_flops_per_s(const mp_cluster *cluster) {
+  return effective(cluster->peak_flops_per_s[mp_cluster_training_dtype(cluster)],
+                   cluster->flash_attention_efficiency);
 }
 
 double mp_cluster_link_bandwidth(const mp_cluster *cluster, bool same_node) {

@@ -40,7 +40,10 @@
  *     "gemm_efficiency": [                   optional: fraction of peak a GEMM of that many
  *       {"gemm_flops": 1e6, "efficiency": 0.01},   FLOPs reaches; at most 32 points, gemm_flops
  *       {"gemm_flops": 1e12, "efficiency": 0.8}    strictly ascending, efficiency in (0, 1]
- *     ]
+ *     ],
+ *     "flash_attention_efficiency": 0.35     optional: the fraction of peak a fused (flash)
+ *                                            attention kernel reaches, forward and backward;
+ *                                            default MP_CLUSTER_DEFAULT_FLASH_ATTENTION_EFFICIENCY
  *   }
  *
  * GB and TFLOP are decimal (1e9 bytes, 1e12 FLOP), GiB is 2^30 bytes. In mp_cluster every value
@@ -96,6 +99,9 @@ enum {
 /* The default GEMM efficiency curve; see the comment at the top of this file. */
 #define MP_CLUSTER_DEFAULT_GEMM_OVERHEAD_S 5e-6
 #define MP_CLUSTER_DEFAULT_GEMM_MAX_EFFICIENCY 0.75
+/* An assumption for a device nobody measured: FlashAttention-2 (Dao 2023) reaches 50-70% of
+ * A100's dense peak and about 35% of H100's, forward and backward, at head size 128. */
+#define MP_CLUSTER_DEFAULT_FLASH_ATTENTION_EFFICIENCY 0.5
 
 typedef struct {
   double gemm_flops; /* FLOPs of one GEMM (2 * m * n * k) */
@@ -122,6 +128,8 @@ typedef struct {
   bool gemm_efficiency_given; /* false: the points below are the default curve */
   int gemm_efficiency_points;
   mp_gemm_efficiency_point gemm_efficiency[MP_CLUSTER_MAX_EFFICIENCY_POINTS]; /* ascending */
+  double flash_attention_efficiency;    /* of peak, a fused attention kernel */
+  bool flash_attention_efficiency_given; /* false: the default, and to_json leaves it out */
   bool placeholder; /* cpu-local's built-in figures, not this machine's (no calibration file) */
 } mp_cluster;
 
@@ -183,6 +191,10 @@ double mp_cluster_gemm_seconds(const mp_cluster *cluster, mp_dtype dtype, double
 
 /* The bandwidth streaming kernels reach: memory_bandwidth x memory_efficiency, bytes/s. */
 double mp_cluster_memory_bandwidth(const mp_cluster *cluster);
+
+/* FLOP/s of a fused (flash) attention kernel: the training dtype's peak x
+ * flash_attention_efficiency. */
+double mp_cluster_flash_attention_flops_per_s(const mp_cluster *cluster);
 
 /* The bandwidth a large transfer or collective reaches on the intra-node link (same_node) or the
  * inter-node one: bandwidth x efficiency, bytes/s per device per direction. */

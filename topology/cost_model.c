@@ -66,7 +66,9 @@ void mp_cost_layer(const mp_cluster *cluster, const mp_layer_spec *layer, const 
                    mp_layer_time *out) {
   memset(out, 0, sizeof *out);
   const int elem = mp_cost_activation_bytes_per_element(cluster);
-  const mp_cost_shape shape = {layout->micro_batch, layout->seq_len, elem};
+  /* Our CUDA backend (bf16) runs flash attention, the CPU backend (fp32) the unfused products. */
+  const mp_cost_shape shape = {layout->micro_batch, layout->seq_len, elem,
+                               mp_cluster_training_dtype(cluster) == MP_DTYPE_BF16};
   mp_layer_cost cost;
   mp_layer_cost_compute(layer, &shape, &cost);
   const double t = (double)layout->tp;
@@ -83,9 +85,14 @@ void mp_cost_layer(const mp_cluster *cluster, const mp_layer_spec *layer, const 
     if (cost.gemms[i].attention_core) attention_gemm += seconds;
   }
   if (cost.num_gemms == 0) forward_gemm = flops_seconds(cluster, cost.forward_flops / t);
-  const double backward_gemm = cost.num_gemms == 0
-                                   ? flops_seconds(cluster, cost.backward_flops / t)
-                                   : 2.0 * forward_gemm;
+  double backward_gemm = cost.num_gemms == 0 ? flops_seconds(cluster, cost.backward_flops / t)
+                                             : 2.0 * forward_gemm;
+  /* Flash attention: its backward recomputes the scores and does 4 products, 2.5 x the forward's
+   * FLOPs (Dao 2023); the heads are split over tp. */
+  const double flash_forward =
+      cost.flash_attention_flops / t / mp_cluster_flash_attention_flops_per_s(cluster);
+  forward_gemm += flash_forward;
+  backward_gemm += 2.5 * flash_forward;
   /* Memory-bound kernels: tp splits one part, sequence parallelism the other too. */
   const double replicated_share = sp ? 1.0 / t : 1.0;
   const double forward_memory = (cost.forward_memory_bytes[MP_TRAFFIC_REPLICATED] * replicated_share +

@@ -70,6 +70,12 @@ static void add_gemm(mp_layer_cost *out, double m, double n, double k, double ba
   out->forward_flops += 2.0 * m * n * k * batch;
 }
 
+bool mp_layer_flash_attention(const mp_layer_spec *layer, const mp_cost_shape *shape) {
+  if (layer->kind != MP_LAYER_TRANSFORMER) return false;
+  return layer->attention == MP_ATTENTION_FLASH ||
+         (layer->attention == MP_ATTENTION_BACKEND && shape->backend_flash);
+}
+
 static void transformer_cost(const mp_layer_spec *layer, const mp_cost_shape *shape,
                              mp_layer_cost *out) {
   const double tokens = (double)shape->micro_batch * (double)shape->seq_len; /* B * T */
@@ -83,24 +89,30 @@ static void transformer_cost(const mp_layer_spec *layer, const mp_cost_shape *sh
   const bool swiglu = layer->activation == MP_ACTIVATION_SWIGLU;
   const double mask = layer->dropout > 0.0 ? 1.0 : 0.0; /* bytes per masked element */
   const double sequences_x_heads = (double)shape->micro_batch * heads;
+  const bool flash = mp_layer_flash_attention(layer, shape);
+  const double attention_core_flops = 2.0 * 2.0 * tokens * t * h;
 
   add_gemm(out, tokens, h + 2.0 * kv_width, h, 1.0, MP_GEMM_SPLIT_N, false); /* qkv */
-  add_gemm(out, t, t, head_size, sequences_x_heads, MP_GEMM_SPLIT_BATCH, true); /* Q K^T */
-  add_gemm(out, t, head_size, t, sequences_x_heads, MP_GEMM_SPLIT_BATCH, true); /* P V */
+  if (flash) {
+    out->flash_attention_flops = attention_core_flops;
+    out->forward_flops += attention_core_flops;
+  } else {
+    add_gemm(out, t, t, head_size, sequences_x_heads, MP_GEMM_SPLIT_BATCH, true); /* Q K^T */
+    add_gemm(out, t, head_size, t, sequences_x_heads, MP_GEMM_SPLIT_BATCH, true); /* P V */
+  }
   add_gemm(out, tokens, h, h, 1.0, MP_GEMM_SPLIT_K, false);                      /* projection */
   add_gemm(out, tokens, swiglu ? 2.0 * f : f, h, 1.0, MP_GEMM_SPLIT_N, false);  /* fc1 / gate+up */
   add_gemm(out, tokens, h, f, 1.0, MP_GEMM_SPLIT_K, false);                      /* fc2 / down */
-  const double attention_core_flops = 2.0 * 2.0 * tokens * t * h;
   out->backward_flops = 2.0 * out->forward_flops;
   out->recompute_flops[MP_RECOMPUTE_NONE] = 0.0;
-  out->recompute_flops[MP_RECOMPUTE_SELECTIVE] = attention_core_flops;
+  out->recompute_flops[MP_RECOMPUTE_SELECTIVE] = flash ? 0.0 : attention_core_flops;
   out->recompute_flops[MP_RECOMPUTE_FULL] = out->forward_flops;
 
   /* Memory traffic per token (layer_cost.h). */
   const double norm_stats = (double)norm_stats_per_token(layer->norm) * kStatBytes;
   const double norm_forward = 2.0 * h * elem + norm_stats;
   const double residual_forward = 3.0 * h * elem + mask * h;
-  const double scores = heads * t; /* (B, NH, T, T) elements per token */
+  const double scores = flash ? 0.0 : heads * t; /* (B, NH, T, T) elements per token in memory */
   const double softmax_forward = 2.0 * scores * elem;
   const double attention_dropout_forward = mask * scores * (2.0 * elem + 1.0);
   const double activation_forward = (swiglu ? 3.0 : 2.0) * f * elem;
@@ -127,7 +139,8 @@ static void transformer_cost(const mp_layer_spec *layer, const mp_cost_shape *sh
   const double probabilities = scores * elem * (1.0 + mask) + scores * mask; /* + dropout's */
   const double softmax_stats = heads * kStatBytes;      /* (B, NH, T) per token */
   out->activation_bytes[MP_RECOMPUTE_NONE] =
-      tokens * (dense_elements * elem + stats + residual_masks + probabilities);
+      tokens * (dense_elements * elem + stats + residual_masks +
+                (flash ? softmax_stats : probabilities));
   out->activation_bytes[MP_RECOMPUTE_SELECTIVE] =
       tokens * (dense_elements * elem + stats + residual_masks + softmax_stats);
   out->activation_bytes[MP_RECOMPUTE_FULL] = tokens * h * elem;

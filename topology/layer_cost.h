@@ -32,6 +32,10 @@
  *     dropout over the probabilities, the activation function, the logits); the (B, T, C) work
  *     outside (norms, residual adds, their dropout) is replicated on every tp rank unless sequence
  *     parallelism splits it: index [MP_TRAFFIC_SPLIT] and [MP_TRAFFIC_REPLICATED].
+ *   - Flash attention (mp_layer_flash_attention) is one kernel: Q K^T and P V are not GEMMs but
+ *     flash_attention_flops (the same 4 B T^2 h), no (B, NH, T, T) tensor is read, written or kept
+ *     (the dropout happens inside), only the per-row log-sum-exp statistics are kept, and
+ *     selective recomputation has nothing left to recompute.
  *   - Activations are what our runtime keeps for backward, per token, in elements of
  *     bytes_per_element (2 for bf16) plus fp32 norm and softmax statistics:
  *       transformer, none: norm1 in, norm1 out, qkv, attention probabilities (heads x T), attention
@@ -74,6 +78,7 @@ typedef struct {
   int64_t micro_batch;   /* B, sequences per micro-batch */
   int64_t seq_len;       /* T, tokens per sequence */
   int bytes_per_element; /* activation element size: 2 for bf16, 4 for fp32 */
+  bool backend_flash;    /* the backend runs flash attention where the layer does not say */
 } mp_cost_shape;
 
 /* Which dimension of a GEMM the tensor-parallel group splits. */
@@ -111,7 +116,13 @@ typedef struct {
   double backward_memory_bytes[2];
   double attention_memory_bytes;                /* of forward_memory_bytes[SPLIT]: softmax and
                                                    attention dropout, repeated by selective */
+  double flash_attention_flops;                 /* the fused attention kernel's forward FLOPs (in
+                                                   forward_flops; its products are not in gemms);
+                                                   0 when the attention is unfused */
 } mp_layer_cost;
+
+/* Whether a transformer layer's attention runs as one fused (flash) kernel under shape. */
+bool mp_layer_flash_attention(const mp_layer_spec *layer, const mp_cost_shape *shape);
 
 /* Parameters of one layer (weights and biases); a tied LM head owns none. */
 int64_t mp_layer_params(const mp_layer_spec *layer);

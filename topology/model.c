@@ -43,12 +43,13 @@ static const char *const kTypeNames[] = {"embedding", "transformer", "layernorm"
                                          "custom", NULL};
 static const char *const kNormNames[] = {"layernorm", "rmsnorm", NULL};
 static const char *const kActivationNames[] = {"gelu", "swiglu", NULL};
+static const char *const kAttentionNames[] = {"backend", "unfused", "flash", NULL};
 
 static const char *const kTopKeys[] = {"name", "vocab_size", "seq_len", "layers", NULL};
 static const char *const kEmbeddingKeys[] = {"type", "hidden", "vocab", "max_positions", NULL};
 static const char *const kTransformerKeys[] = {"type", "hidden", "heads", "kv_heads",
                                                "ffn_hidden", "norm", "activation", "bias",
-                                               "dropout", "repeat", NULL};
+                                               "dropout", "attention", "repeat", NULL};
 static const char *const kLayernormKeys[] = {"type", "hidden", NULL};
 static const char *const kLmHeadKeys[] = {"type", "hidden", "vocab", "tie_embedding", NULL};
 static const char *const kCustomKeys[] = {"type", "name", "params", "forward_flops_per_token",
@@ -135,6 +136,10 @@ static mp_status parse_node(const mp_json_reader *reader, const cJSON *node, con
                        "%s: %s.dropout: %g is not a probability in [0, 1)", reader->source, path,
                        spec->dropout);
       }
+      int attention = 0;
+      MP_TRY(mp_json_optional_choice(reader, node, path, "attention", kAttentionNames, 0,
+                                     &attention));
+      spec->attention = (mp_attention_kind)attention;
       MP_TRY(read_size(reader, node, path, "repeat", false, 1, kMaxRepeat, repeat));
       if (spec->hidden % spec->heads != 0) {
         return mp_fail(reader->err, MP_ERR_INPUT,

@@ -14,7 +14,7 @@
  *       {"type": "embedding", "hidden": 768, "vocab": 50257, "max_positions": 1024},
  *       {"type": "transformer", "hidden": 768, "heads": 12, "ffn_hidden": 3072, "repeat": 12,
  *        "kv_heads": 12, "norm": "layernorm", "activation": "gelu", "bias": true,
- *        "dropout": 0},
+ *        "dropout": 0, "attention": "flash"},
  *       {"type": "layernorm", "hidden": 768},
  *       {"type": "lm_head", "hidden": 768, "vocab": 50257, "tie_embedding": true},
  *       {"type": "custom", "name": "moe-router", "params": 1000, "forward_flops_per_token": 2e3,
@@ -26,7 +26,11 @@
  * activation gelu; bias true; dropout 0; repeat 1; tie_embedding true. "dropout" is the probability
  * of Megatron-LM's hidden and attention dropout (GPT-3-style runs use 0.1): it costs memory
  * traffic and 1-byte masks, which the planner counts; the runtime trains without dropout and
- * refuses a model with dropout > 0. A `custom` node lets the planner plan
+ * refuses a model with dropout > 0. "attention" is how the attention core runs, for the costs:
+ * "unfused" (batched Q K^T and P V GEMMs with the (B, NH, T, T) probabilities in memory, as
+ * Megatron-LM ran in 2022 and our CPU backend runs), "flash" (one fused kernel that keeps only
+ * per-row statistics, as our CUDA backend runs), or absent: the backend's own (flash on a bf16
+ * device, unfused on an fp32 one). A `custom` node lets the planner plan
  * a layer the runtime cannot run: its costs are given, not derived.
  */
 #ifndef MPENGINE_TOPOLOGY_MODEL_H
@@ -51,6 +55,11 @@ typedef enum {
 
 typedef enum { MP_NORM_LAYERNORM = 0, MP_NORM_RMSNORM } mp_norm_kind;
 typedef enum { MP_ACTIVATION_GELU = 0, MP_ACTIVATION_SWIGLU } mp_activation_kind;
+typedef enum {
+  MP_ATTENTION_BACKEND = 0, /* the backend's own: flash on a bf16 device, unfused on fp32 */
+  MP_ATTENTION_UNFUSED,
+  MP_ATTENTION_FLASH,
+} mp_attention_kind;
 
 enum { MP_MODEL_NAME_BYTES = 128 };
 
@@ -70,6 +79,7 @@ typedef struct {
   mp_activation_kind activation;
   bool bias;                      /* transformer linear layers carry biases */
   double dropout;                 /* transformer: hidden and attention dropout probability */
+  mp_attention_kind attention;
   bool tie_embedding;             /* lm_head shares the embedding's token table */
   /* custom only */
   int64_t custom_params;

@@ -15,7 +15,8 @@ namespace {
 const char *kModel =
     "{\"name\": \"hand\", \"vocab_size\": 128, \"seq_len\": 8, \"layers\": ["
     "{\"type\": \"embedding\", \"hidden\": 64, \"max_positions\": 8},"
-    "{\"type\": \"transformer\", \"hidden\": 64, \"heads\": 4, \"ffn_hidden\": 256, \"repeat\": 2},"
+    "{\"type\": \"transformer\", \"hidden\": 64, \"heads\": 4, \"ffn_hidden\": 256, \"repeat\": 2,"
+    " \"attention\": \"unfused\"},"
     "{\"type\": \"layernorm\", \"hidden\": 64},"
     "{\"type\": \"lm_head\", \"hidden\": 64, \"tie_embedding\": true}]}";
 
@@ -41,6 +42,11 @@ struct Model {
     EXPECT_EQ(mp_model_parse_text(kModel, "hand.json", &model, &err), MP_OK) << err.message;
   }
   ~Model() { mp_model_free(model); }
+};
+
+struct Loaded {
+  mp_model *model = nullptr;
+  ~Loaded() { mp_model_free(model); }
 };
 
 mp_layout layout(int dp, int pp, int tp, int64_t mb, int64_t m) {
@@ -152,6 +158,48 @@ TEST(CostModel, EfficienciesScaleTheirOwnTerms) {
   EXPECT_DOUBLE_EQ(reduced.forward_tp_s, 2 * full.forward_tp_s);
   const double gemms = 1605632.0 / 2 / 1e12;
   EXPECT_NEAR(reduced.forward_compute_s - gemms, 4 * (full.forward_compute_s - gemms), 1e-18);
+}
+
+// Flash attention (the CUDA backend's, so the default on a bf16 device): Q K^T and P V become one
+// kernel at flash_attention_efficiency of peak, 2.5 x its FLOPs in backward; no (B, NH, T, T)
+// tensor is moved or kept; selective recomputation has nothing to redo.
+TEST(CostModel, FlashAttentionIsOneKernelWithoutTheProbabilities) {
+  Model unfused_model;
+  Loaded flash_model;  // the hand model without "attention": the backend's own
+  std::string text = kModel;
+  const std::string key = ", \"attention\": \"unfused\"";
+  text.erase(text.find(key), key.size());
+  mp_error err = MP_ERROR_INITIALIZER;
+  ASSERT_EQ(mp_model_parse_text(text.c_str(), "hand.json", &flash_model.model, &err), MP_OK)
+      << err.message;
+  mp_cluster c = hand_cluster();
+  c.flash_attention_efficiency = 0.5;
+  mp_layout l = layout(1, 1, 2, 2, 1);
+  mp_layer_time unfused, flash;
+  mp_cost_layer(&c, mp_model_layer(unfused_model.model, 1), &l, &unfused);
+  mp_cost_layer(&c, mp_model_layer(flash_model.model, 1), &l, &flash);
+  // This rank's half of 4 B T^2 h = 4*2*64*64 FLOPs at half of 1e12 FLOP/s.
+  const double kernel = 4.0 * 2 * 64 * 64 / 2 / 0.5e12;
+  const double attention = roofline(8, 8, 16, 4) + roofline(8, 16, 8, 4);
+  const double softmax = 16 * 2 * 4 * 8 * 2 / 2 / 1e11;          // read and write this rank's half
+  const double softmax_backward = 16 * 3 * 4 * 8 * 2 / 2 / 1e11;  // read y and dy, write dx
+  EXPECT_DOUBLE_EQ(flash.forward_compute_s, unfused.forward_compute_s - attention - softmax + kernel);
+  EXPECT_DOUBLE_EQ(flash.backward_compute_s,
+                   unfused.backward_compute_s - 2 * attention - softmax_backward + 2.5 * kernel);
+  // Kept: not the 4 x 8 bf16 probabilities per token but 4 fp32 log-sum-exps; split by tp.
+  EXPECT_DOUBLE_EQ(unfused.activation_bytes - flash.activation_bytes, 16 * (4 * 8 * 2 - 4 * 4) / 2.0);
+  l.recompute = MP_RECOMPUTE_SELECTIVE;
+  mp_cost_layer(&c, mp_model_layer(flash_model.model, 1), &l, &flash);
+  EXPECT_EQ(flash.recompute_s, 0.0);
+  // On an fp32 device (the CPU backend) the same model runs unfused.
+  mp_cluster cpu = hand_cluster();
+  cpu.peak_flops_per_s[MP_DTYPE_BF16] = 0;
+  cpu.peak_flops_per_s[MP_DTYPE_FP32] = 1e12;
+  mp_layer_time cpu_default, cpu_unfused;
+  mp_cost_layer(&cpu, mp_model_layer(flash_model.model, 1), &l, &cpu_default);
+  mp_cost_layer(&cpu, mp_model_layer(unfused_model.model, 1), &l, &cpu_unfused);
+  EXPECT_EQ(cpu_default.backward_compute_s, cpu_unfused.backward_compute_s);
+  EXPECT_GT(cpu_default.recompute_s, 0.0);
 }
 
 TEST(CostModel, OneStageStepAndMemoryByHand) {

@@ -238,7 +238,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"{\"type\": \"transformer\", \"hiden\": 64, \"heads\": 4}", "",
                  "m.json: $.layers[0]: unknown key \"hiden\"; did you mean \"hidden\"? (known "
                  "keys: type, hidden, heads, kv_heads, ffn_hidden, norm, activation, bias, "
-                 "dropout, repeat)"},
+                 "dropout, attention, repeat)"},
         BadInput{"{\"type\": \"transformer\", \"hidden\": 64, \"heads\": 4, \"dropout\": 1}", "",
                  "m.json: $.layers[0].dropout: 1 is not a probability in [0, 1)"},
         BadInput{"{\"type\": \"transformer\", \"hidden\": 64, \"heads\": 4, \"dropout\": -0.1}",
