@@ -4,24 +4,36 @@
  *
  * The model, stated so it can be checked by hand (tests/topology/cost_model_test.cc does):
  *
- * Compute. A layer's FLOPs (layer_cost.h, Megatron's convention) are split evenly over the tp
- * ranks and run at peak x efficiency(GEMM size) of the cluster's training dtype (bf16 when the
- * device has it, else fp32), where the GEMM size is the layer's forward FLOPs per tp rank divided
- * by its number of big GEMMs (4 for a transformer block: qkv, projection, fc1, fc2; 1 for the LM
- * head). Backward = the backward FLOPs plus the recomputation FLOPs of the recompute mode.
- * Elementwise work (norms, softmax, dropout-free masking, GELU, bias and residual adds) adds a
- * memory-bandwidth term: MP_COST_ELEMENTWISE_PASSES x the layer's activation bytes without
- * recomputation, per tp rank, over the device's memory bandwidth, in forward, and twice that in
- * backward (an assumption: each kept tensor is written once and read about three times by the
- * unfused elementwise kernels around it, the T x T attention probabilities included; a fused or
- * flash-attention runtime moves less).
+ * Every figure below is a physical quantity of the cluster (topology/cluster.h: datasheet peaks
+ * and bandwidths, and the efficiencies measured by public benchmarks that each preset names) or of
+ * the model (topology/layer_cost.h); nothing is fitted per model or per case. How well it matches
+ * published runs: tests/topology/fidelity_test.cc and tools/bench/plan_fidelity.sh (Korthikanti
+ * et al. 2022, Table 5 on A100: 3.6% mean, 5.5% largest error).
+ *
+ * Compute. Each of a layer's GEMMs (layer_cost.h lists them by shape) runs on one tp rank at its
+ * roofline: the slower of its FLOPs at peak x efficiency(FLOPs of the launch) in the cluster's
+ * training dtype (bf16 when the device has it, else fp32) and its bytes (both operands and the
+ * result) at the memory bandwidth that streaming kernels reach (memory_bandwidth x
+ * memory_efficiency). The attention products' K or N is the head size, so on a GPU they are
+ * memory-bound. Backward runs each GEMM twice (input and weight gradients). Flash attention (the
+ * CUDA backend's, layer_cost.h) is one kernel at peak x flash_attention_efficiency, 2.5 x its
+ * forward time in backward (it recomputes the scores; Dao 2023). The memory-bound kernels between
+ * the GEMMs (norms, residual adds, softmax, dropout, GELU/SwiGLU, embedding gathers,
+ * cross-entropy) cost their bytes read and written (layer_cost.h) at the same reachable
+ * bandwidth; tp divides the part inside the split regions, sequence parallelism the rest too.
+ * Recomputation adds, in backward: selective, the attention products and the softmax and dropout
+ * forward; full, the whole forward. Not modelled: kernel launch gaps beyond the GEMM curve's
+ * fixed cost, GEMM shapes that tile badly, and compute slowed by concurrent communication kernels.
  *
  * Tensor parallelism (tp > 1, always inside one node). A transformer block does 2 all-reduces of
  * its (B, T, C) output in forward and 2 in backward, each a ring costing
- * 2(t-1)/t x bytes / intra-node bandwidth + 2(t-1) x latency; with sequence parallelism the same
- * bytes move as 2 all-gathers and 2 reduce-scatters ((t-1)/t each), so the time is the same and
- * the saving is memory. Full recomputation repeats the forward's 2 in backward. The vocab-parallel
- * embedding does 1 all-reduce forward, the LM head 1 backward. Not overlapped with compute.
+ * 2(t-1)/t x bytes / (intra-node bandwidth x efficiency) + 2(t-1) x latency (so small messages
+ * reach a lower bus bandwidth, as nccl-tests shows); with sequence parallelism the same bytes move
+ * as 2 all-gathers and 2 reduce-scatters ((t-1)/t each), and backward all-gathers the two
+ * column-parallel inputs once more, since only this rank's slice of them is kept (Megatron-LM's
+ * sequence parallelism; the memory below assumes it). Full recomputation repeats the forward's 2
+ * in backward instead. The vocab-parallel embedding does 1 all-reduce forward, the LM head 1
+ * backward. Not overlapped with compute.
  *
  * Pipeline. Each stage boundary sends B x T x C activations (divided by tp with sequence
  * parallelism, which scatters them over the tp ranks) in forward and the same gradient back;
@@ -36,8 +48,8 @@
  * sits in one node. Overlap assumption: gradients are bucketed and reduced as the last
  * micro-batch's backward produces them, so the duration of the rank's last backward (all its
  * chunks) is hidden, and so is the time the rank idles after its last action while other ranks
- * finish the pipeline; the rest is exposed. Then the optimizer step, memory-bound: 30 bytes per
- * parameter (fp32 gradient, master weight, Adam m and v read, the three written back, bf16 weights
+ * finish the pipeline; the rest is exposed. Links reach bandwidth x efficiency here too. Then the
+ * optimizer step, memory-bound at the reachable bandwidth: 30 bytes per parameter (fp32 gradient, master weight, Adam m and v read, the three written back, bf16 weights
  * written), the optimizer part divided by dp with ZeRO-1.
  * Step time = pipeline time + the largest (exposed dp + optimizer) over pipeline ranks.
  *
@@ -48,8 +60,9 @@
  * gradients and optimizer state (Megatron's). Activations: layer_cost's bytes for the recompute
  * mode; of a block's, the 4 (B, T, C) norm inputs and outputs (with full recomputation the one
  * input kept) are replicated over tp unless sequence parallelism splits them, the rest is split by
- * tp; the LM head's logits are split by tp (vocab-parallel). The simulator's peak activation
- * memory per rank (the schedule's live micro-batches times each stage's bytes) is used. Workspace:
+ * tp (with dropout, the two residual masks are replicated too; layer_cost.h's
+ * activation_replicated_bytes); the LM head's logits are split by tp (vocab-parallel). The
+ * simulator's peak activation memory per rank (the schedule's live micro-batches times each stage's bytes) is used. Workspace:
  * 5% of device memory (CUDA context, communication buffers, allocator fragmentation).
  */
 #ifndef MPENGINE_TOPOLOGY_COST_MODEL_H
@@ -73,7 +86,6 @@ extern "C" {
 enum { MP_COST_MAX_STAGES = 1024 };
 
 #define MP_COST_WORKSPACE_FRACTION 0.05
-#define MP_COST_ELEMENTWISE_PASSES 4.0
 #define MP_COST_OPTIMIZER_BYTES_PER_PARAM 30.0
 
 /* One parallel layout: everything but the stage split. */
