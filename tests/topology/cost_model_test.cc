@@ -264,4 +264,28 @@ TEST(CostModel, PipelineMemoryAndTheTiedHead) {
                "final norm and LM head each count one)");
 }
 
+// An untied head (the Llama family's) is the last stage's own (V, C) matrix with its gradient and
+// optimizer state, split over tp; the first stage keeps only the embedding's table.
+TEST(CostModel, AnUntiedHeadLivesOnTheLastStage) {
+  std::string text = kModel;
+  const std::string tied = "\"tie_embedding\": true";
+  text.replace(text.find(tied), tied.size(), "\"tie_embedding\": false");
+  Loaded untied;
+  mp_error err = MP_ERROR_INITIALIZER;
+  ASSERT_EQ(mp_model_parse_text(text.c_str(), "hand.json", &untied.model, &err), MP_OK)
+      << err.message;
+  mp_cluster c = hand_cluster();
+  mp_layout l = layout(1, 2, 2, 1, 4);
+  auto e = std::make_unique<mp_estimate>();
+  const int split[2] = {2, 3};
+  ASSERT_EQ(mp_cost_estimate(&c, untied.model, &l, split, e.get(), &err), MP_OK) << err.message;
+  const double block = 12 * 64 * 64 + 13 * 64;
+  const double first = (128 * 64 + 8 * 64 + block) / 2;
+  const double last = (block + 128 + 128 * 64) / 2;
+  EXPECT_DOUBLE_EQ(e->ranks[0].weights_bytes, 2 * first);
+  EXPECT_DOUBLE_EQ(e->ranks[1].weights_bytes, 2 * last);
+  EXPECT_DOUBLE_EQ(e->ranks[1].grads_bytes, 4 * last);
+  EXPECT_DOUBLE_EQ(e->ranks[1].optimizer_bytes, 12 * last);
+}
+
 }  // namespace
