@@ -66,7 +66,12 @@ static mp_status read_config(const mp_model *model, int seq_len, mp_gpt_config *
     const mp_layer_spec *block = mp_model_layer(model, index);
     if (block->norm != MP_NORM_LAYERNORM) return unsupported(model, block, "rmsnorm", err);
     if (block->activation != MP_ACTIVATION_GELU) return unsupported(model, block, "swiglu", err);
-    if (!block->bias) return unsupported(model, block, "bias false", err);
+    if (block->bias == MP_BIAS_NONE) return unsupported(model, block, "bias false", err);
+    if (block->bias == MP_BIAS_QKV) return unsupported(model, block, "q-k-v biases only", err);
+    if (block->norm_eps != 1e-5) return unsupported(model, block, "norm_eps other than 1e-5", err);
+    if (block->rope_theta > 0.0) {
+      return unsupported(model, block, "rotary position embeddings (rope_theta)", err);
+    }
     if (block->dropout > 0.0) {
       return unsupported(model, block, "dropout > 0 (the runtime trains without dropout)", err);
     }
@@ -90,6 +95,12 @@ static mp_status read_config(const mp_model *model, int seq_len, mp_gpt_config *
   if (index >= n || mp_model_layer(model, index)->kind != MP_LAYER_LAYERNORM) {
     const mp_layer_spec *layer = mp_model_layer(model, index < n ? index : n - 1);
     return unsupported(model, layer, "a final layernorm must follow the blocks", err);
+  }
+  if (mp_model_layer(model, index)->norm != MP_NORM_LAYERNORM) {
+    return unsupported(model, mp_model_layer(model, index), "a final rmsnorm", err);
+  }
+  if (mp_model_layer(model, index)->norm_eps != 1e-5) {
+    return unsupported(model, mp_model_layer(model, index), "norm_eps other than 1e-5", err);
   }
   ++index;
   if (index >= n || mp_model_layer(model, index)->kind != MP_LAYER_LM_HEAD) {

@@ -27,9 +27,10 @@ static int64_t transformer_params(const mp_layer_spec *layer) {
   const int64_t h = layer->hidden;
   const int64_t kv_width = layer->kv_heads * (h / layer->heads);
   const int64_t f = layer->ffn_hidden;
-  const int64_t bias = layer->bias ? 1 : 0;
-  int64_t attention = h * (h + 2 * kv_width) + bias * (h + 2 * kv_width) /* qkv */
-                      + h * h + bias * h;                                 /* output projection */
+  const int64_t qkv_bias = layer->bias != MP_BIAS_NONE ? 1 : 0;
+  const int64_t bias = layer->bias == MP_BIAS_ALL ? 1 : 0;
+  int64_t attention = h * (h + 2 * kv_width) + qkv_bias * (h + 2 * kv_width) /* qkv */
+                      + h * h + bias * h;                                     /* projection */
   int64_t mlp;
   if (layer->activation == MP_ACTIVATION_SWIGLU) {
     mlp = 2 * h * f + bias * 2 * f /* gate and up */ + f * h + bias * h /* down */;
@@ -43,7 +44,7 @@ int64_t mp_layer_params(const mp_layer_spec *layer) {
   switch (layer->kind) {
     case MP_LAYER_EMBEDDING: return layer->vocab * layer->hidden + layer->max_positions * layer->hidden;
     case MP_LAYER_TRANSFORMER: return transformer_params(layer);
-    case MP_LAYER_LAYERNORM: return 2 * layer->hidden;
+    case MP_LAYER_LAYERNORM: return norm_params(layer->norm, layer->hidden);
     case MP_LAYER_LM_HEAD: return layer->tie_embedding ? 0 : layer->vocab * layer->hidden;
     case MP_LAYER_CUSTOM: return layer->custom_params;
   }
@@ -116,11 +117,13 @@ static void transformer_cost(const mp_layer_spec *layer, const mp_cost_shape *sh
   const double softmax_forward = 2.0 * scores * elem;
   const double attention_dropout_forward = mask * scores * (2.0 * elem + 1.0);
   const double activation_forward = (swiglu ? 3.0 : 2.0) * f * elem;
+  /* Rotary embeddings read and rewrite the queries and keys, forward and backward. */
+  const double rope = layer->rope_theta > 0.0 ? 2.0 * (h + kv_width) * elem : 0.0;
   out->forward_memory_bytes[MP_TRAFFIC_REPLICATED] =
       tokens * 2.0 * (norm_forward + residual_forward);
   out->attention_memory_bytes = tokens * (softmax_forward + attention_dropout_forward);
   out->forward_memory_bytes[MP_TRAFFIC_SPLIT] =
-      out->attention_memory_bytes + tokens * activation_forward;
+      out->attention_memory_bytes + tokens * (activation_forward + rope);
   const double norm_backward = 3.0 * h * elem + norm_stats;
   const double residual_backward = 3.0 * h * elem + mask * (2.0 * h * elem + h);
   const double softmax_backward = 3.0 * scores * elem;
@@ -129,7 +132,7 @@ static void transformer_cost(const mp_layer_spec *layer, const mp_cost_shape *sh
   out->backward_memory_bytes[MP_TRAFFIC_REPLICATED] =
       tokens * 2.0 * (norm_backward + residual_backward);
   out->backward_memory_bytes[MP_TRAFFIC_SPLIT] =
-      tokens * (softmax_backward + attention_dropout_backward + activation_backward);
+      tokens * (softmax_backward + attention_dropout_backward + activation_backward + rope);
 
   const double mlp_tensors = swiglu ? 3.0 * f : 2.0 * f;
   /* norm1 in, norm1 out, attention out, norm2 in, norm2 out: 5h; qkv: h + 2 kv_width. */

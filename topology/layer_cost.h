@@ -19,11 +19,11 @@
  *         writes 1 (B, T, C) and writes a mask when dropout > 0; the softmax reads the scores and
  *         writes the probabilities (heads x T per token), the attention dropout reads them and
  *         writes its output and mask; GELU reads and writes the MLP width, SwiGLU reads 2 and
- *         writes 1;
+ *         writes 1; rotary embeddings read and write the queries and keys;
  *       backward: each norm reads x and dy and writes dx, each residual gradient add reads 2 and
  *         writes 1, each dropout reads dy and its mask and writes dx, the softmax reads y and dy
  *         and writes dx, GELU reads x and dy and writes dx, SwiGLU reads gate, up and dy and
- *         writes both gradients;
+ *         writes both gradients, rotary embeddings rotate the query and key gradients back;
  *       the embedding reads its rows and writes (B, T, C) (the position table too), and adds its
  *         gradient into the fp32 table; the LM head's cross-entropy reads the (T, V) logits 3 times
  *         and writes them once forward (max, exp-sum, the target's logit, the probabilities), and

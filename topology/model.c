@@ -49,8 +49,14 @@ static const char *const kTopKeys[] = {"name", "vocab_size", "seq_len", "layers"
 static const char *const kEmbeddingKeys[] = {"type", "hidden", "vocab", "max_positions", NULL};
 static const char *const kTransformerKeys[] = {"type", "hidden", "heads", "kv_heads",
                                                "ffn_hidden", "norm", "activation", "bias",
-                                               "dropout", "attention", "repeat", NULL};
-static const char *const kLayernormKeys[] = {"type", "hidden", NULL};
+                                               "dropout", "attention", "norm_eps", "rope_theta",
+                                               "rope_scaling", "repeat", NULL};
+static const char *const kLayernormKeys[] = {"type", "hidden", "norm", "norm_eps", NULL};
+static const char *const kRopeScalingKeys[] = {"rope_type", "factor", "low_freq_factor",
+                                               "high_freq_factor",
+                                               "original_max_position_embeddings", NULL};
+static const char *const kRopeTypes[] = {"llama3", NULL};
+static const char *const kBiasNames[] = {"none", "qkv", "all", NULL};
 static const char *const kLmHeadKeys[] = {"type", "hidden", "vocab", "tie_embedding", NULL};
 static const char *const kCustomKeys[] = {"type", "name", "params", "forward_flops_per_token",
                                           "activation_bytes_per_token",
@@ -72,6 +78,79 @@ static mp_status read_size(const mp_json_reader *reader, const cJSON *node, cons
     MP_TRY(mp_json_optional_int(reader, node, path, key, MP_JSON_POSITIVE, default_value, out));
   }
   return at_most(reader, path, key, *out, limit);
+}
+
+/* "bias": true, false, or one of kBiasNames. */
+static mp_status read_bias(const mp_json_reader *reader, const cJSON *node, const char *path,
+                           mp_bias_kind *out) {
+  const cJSON *item = cJSON_GetObjectItemCaseSensitive(node, "bias");
+  *out = MP_BIAS_ALL;
+  if (item == NULL) return MP_OK;
+  if (cJSON_IsBool(item)) {
+    *out = cJSON_IsTrue(item) ? MP_BIAS_ALL : MP_BIAS_NONE;
+    return MP_OK;
+  }
+  if (!cJSON_IsString(item)) {
+    return mp_fail(reader->err, MP_ERR_INPUT,
+                   "%s: %s.bias: must be true, false or one of \"none\", \"qkv\", \"all\"",
+                   reader->source, path);
+  }
+  int choice = 0;
+  MP_TRY(mp_json_optional_choice(reader, node, path, "bias", kBiasNames, 2, &choice));
+  *out = (mp_bias_kind)choice;
+  return MP_OK;
+}
+
+static mp_status read_norm(const mp_json_reader *reader, const cJSON *node, const char *path,
+                           mp_layer_spec *spec) {
+  int norm = 0;
+  MP_TRY(mp_json_optional_choice(reader, node, path, "norm", kNormNames, 0, &norm));
+  spec->norm = (mp_norm_kind)norm;
+  MP_TRY(mp_json_optional_number(reader, node, path, "norm_eps", MP_JSON_POSITIVE, 1e-5,
+                                 &spec->norm_eps));
+  return MP_OK;
+}
+
+static mp_status read_rope(const mp_json_reader *reader, const cJSON *node, const char *path,
+                           mp_layer_spec *spec) {
+  MP_TRY(mp_json_optional_number(reader, node, path, "rope_theta", MP_JSON_POSITIVE, 0.0,
+                                 &spec->rope_theta));
+  const cJSON *scaling = cJSON_GetObjectItemCaseSensitive(node, "rope_scaling");
+  if (scaling == NULL) return MP_OK;
+  char scaling_path[MP_JSON_PATH_BYTES];
+  mp_json_path_key(scaling_path, sizeof scaling_path, path, "rope_scaling");
+  if (spec->rope_theta <= 0.0) {
+    return mp_fail(reader->err, MP_ERR_INPUT,
+                   "%s: %s: rope_scaling needs rope_theta (the rotary base it scales)",
+                   reader->source, path);
+  }
+  MP_TRY(mp_json_expect_object(reader, scaling, scaling_path, "a rope_scaling object"));
+  MP_TRY(mp_json_check_keys(reader, scaling, scaling_path, kRopeScalingKeys));
+  const cJSON *type = cJSON_GetObjectItemCaseSensitive(scaling, "rope_type");
+  if (type == NULL) {
+    return mp_fail(reader->err, MP_ERR_INPUT,
+                   "%s: %s: missing required key \"rope_type\" (\"llama3\")", reader->source,
+                   scaling_path);
+  }
+  int rope_type = 0;
+  MP_TRY(mp_json_optional_choice(reader, scaling, scaling_path, "rope_type", kRopeTypes, 0,
+                                 &rope_type));
+  mp_rope_scaling *r = &spec->rope_scaling;
+  r->llama3 = true;
+  MP_TRY(mp_json_require_number(reader, scaling, scaling_path, "factor", MP_JSON_POSITIVE,
+                                &r->factor));
+  MP_TRY(mp_json_require_number(reader, scaling, scaling_path, "low_freq_factor",
+                                MP_JSON_POSITIVE, &r->low_freq_factor));
+  MP_TRY(mp_json_require_number(reader, scaling, scaling_path, "high_freq_factor",
+                                MP_JSON_POSITIVE, &r->high_freq_factor));
+  MP_TRY(mp_json_require_int(reader, scaling, scaling_path, "original_max_position_embeddings",
+                             MP_JSON_POSITIVE, &r->original_max_positions));
+  if (!(r->high_freq_factor > r->low_freq_factor)) {
+    return mp_fail(reader->err, MP_ERR_INPUT,
+                   "%s: %s: high_freq_factor %g must be above low_freq_factor %g",
+                   reader->source, scaling_path, r->high_freq_factor, r->low_freq_factor);
+  }
+  return MP_OK;
 }
 
 /* Parses one node of $.layers into spec (repeat not yet expanded). */
@@ -122,13 +201,13 @@ static mp_status parse_node(const mp_json_reader *reader, const cJSON *node, con
                        &spec->kv_heads));
       MP_TRY(read_size(reader, node, path, "ffn_hidden", false, 4 * spec->hidden, kMaxFfnHidden,
                        &spec->ffn_hidden));
-      int norm = 0, activation = 0;
-      MP_TRY(mp_json_optional_choice(reader, node, path, "norm", kNormNames, 0, &norm));
+      int activation = 0;
+      MP_TRY(read_norm(reader, node, path, spec));
       MP_TRY(mp_json_optional_choice(reader, node, path, "activation", kActivationNames, 0,
                                      &activation));
-      spec->norm = (mp_norm_kind)norm;
       spec->activation = (mp_activation_kind)activation;
-      MP_TRY(mp_json_optional_bool(reader, node, path, "bias", true, &spec->bias));
+      MP_TRY(read_bias(reader, node, path, &spec->bias));
+      MP_TRY(read_rope(reader, node, path, spec));
       MP_TRY(mp_json_optional_number(reader, node, path, "dropout", MP_JSON_ANY, 0.0,
                                      &spec->dropout));
       if (!(spec->dropout >= 0.0 && spec->dropout < 1.0)) {
@@ -158,6 +237,7 @@ static mp_status parse_node(const mp_json_reader *reader, const cJSON *node, con
     case MP_LAYER_LAYERNORM:
       MP_TRY(mp_json_check_keys(reader, node, path, kLayernormKeys));
       MP_TRY(read_size(reader, node, path, "hidden", true, 0, kMaxHidden, &spec->hidden));
+      MP_TRY(read_norm(reader, node, path, spec));
       break;
     case MP_LAYER_LM_HEAD:
       MP_TRY(mp_json_check_keys(reader, node, path, kLmHeadKeys));

@@ -14,8 +14,10 @@
  *       {"type": "embedding", "hidden": 768, "vocab": 50257, "max_positions": 1024},
  *       {"type": "transformer", "hidden": 768, "heads": 12, "ffn_hidden": 3072, "repeat": 12,
  *        "kv_heads": 12, "norm": "layernorm", "activation": "gelu", "bias": true,
- *        "dropout": 0, "attention": "flash"},
- *       {"type": "layernorm", "hidden": 768},
+ *        "dropout": 0, "attention": "flash", "norm_eps": 1e-5, "rope_theta": 500000,
+ *        "rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 1,
+ *                         "high_freq_factor": 4, "original_max_position_embeddings": 8192}},
+ *       {"type": "layernorm", "hidden": 768, "norm": "layernorm", "norm_eps": 1e-5},
  *       {"type": "lm_head", "hidden": 768, "vocab": 50257, "tie_embedding": true},
  *       {"type": "custom", "name": "moe-router", "params": 1000, "forward_flops_per_token": 2e3,
  *        "activation_bytes_per_token": 64, "output_bytes_per_token": 1536}
@@ -23,7 +25,13 @@
  *   }
  * Defaults: embedding.vocab and lm_head.vocab = vocab_size; max_positions = seq_len (0 for no
  * learned position table); ffn_hidden = 4 * hidden; kv_heads = heads; norm layernorm;
- * activation gelu; bias true; dropout 0; repeat 1; tie_embedding true. "dropout" is the probability
+ * activation gelu; bias true; dropout 0; norm_eps 1e-5; no rotary embedding (rope_theta absent);
+ * repeat 1; tie_embedding true. "bias" is true (every linear layer), false (none: Llama,
+ * Mistral) or "qkv" (only the query, key and value projections: Qwen2). "rope_theta" gives the
+ * block rotary position embeddings in Hugging Face's rotate-half convention (a model with them
+ * normally has no learned position table: "max_positions": 0 on the embedding), "rope_scaling"
+ * Llama 3.1's frequency scaling (mp_rope_scaling; no other rope_type is known). The layernorm
+ * node (the final norm) takes "norm" and "norm_eps" like a block. "dropout" is the probability
  * of Megatron-LM's hidden and attention dropout (GPT-3-style runs use 0.1): it costs memory
  * traffic and 1-byte masks, which the planner counts; the runtime trains without dropout and
  * refuses a model with dropout > 0. "attention" is how the attention core runs, for the costs:
@@ -55,6 +63,17 @@ typedef enum {
 
 typedef enum { MP_NORM_LAYERNORM = 0, MP_NORM_RMSNORM } mp_norm_kind;
 typedef enum { MP_ACTIVATION_GELU = 0, MP_ACTIVATION_SWIGLU } mp_activation_kind;
+typedef enum { MP_BIAS_NONE = 0, MP_BIAS_QKV, MP_BIAS_ALL } mp_bias_kind;
+
+/* Llama 3.1's rotary frequency scaling (Hugging Face's rope_scaling with rope_type "llama3"):
+ * wavelengths above original_max_positions / low_freq_factor are divided by factor, those below
+ * original_max_positions / high_freq_factor kept, and those between interpolated. */
+typedef struct {
+  bool llama3; /* false: no scaling */
+  double factor, low_freq_factor, high_freq_factor;
+  int64_t original_max_positions;
+} mp_rope_scaling;
+
 typedef enum {
   MP_ATTENTION_BACKEND = 0, /* the backend's own: flash on a bf16 device, unfused on fp32 */
   MP_ATTENTION_UNFUSED,
@@ -77,7 +96,10 @@ typedef struct {
   int64_t max_positions;          /* learned position table rows, embedding only */
   mp_norm_kind norm;
   mp_activation_kind activation;
-  bool bias;                      /* transformer linear layers carry biases */
+  mp_bias_kind bias;              /* transformer: which linear layers carry biases */
+  double norm_eps;                /* transformer and layernorm nodes: the norm's epsilon */
+  double rope_theta;              /* transformer: rotary embedding base; 0 for none */
+  mp_rope_scaling rope_scaling;   /* transformer, with rope_theta */
   double dropout;                 /* transformer: hidden and attention dropout probability */
   mp_attention_kind attention;
   bool tie_embedding;             /* lm_head shares the embedding's token table */

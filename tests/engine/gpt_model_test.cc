@@ -327,6 +327,20 @@ TEST(GptModel, RefusesModelsTheRuntimeCannotRun) {
   EXPECT_FALSE(f.make(model_json(50, 8, 16, 2, 2, ", \"activation\": \"swiglu\""), 1, 8));
   EXPECT_EQ(std::string(f.err.message).substr(0, 55),
             "m.json: $.layers[1] (block.0): swiglu; the runtime trai");
+  // Each Llama-family feature the planner costs is named when the runtime refuses it.
+  const std::pair<const char *, const char *> refused[] = {
+      {", \"rope_theta\": 10000", "rotary position embeddings (rope_theta)"},
+      {", \"bias\": \"qkv\"", "q-k-v biases only"},
+      {", \"dropout\": 0.1", "dropout > 0 (the runtime trains without dropout)"},
+      {", \"norm_eps\": 1e-6", "norm_eps other than 1e-5"},
+  };
+  for (const auto &[key, what] : refused) {
+    Fixture r;
+    EXPECT_FALSE(r.make(model_json(50, 8, 16, 2, 2, key), 1, 8)) << key;
+    EXPECT_EQ(std::string(r.err.message).substr(0, 38 + std::strlen(what)),
+              std::string("m.json: $.layers[1] (block.0): ") + what + "; the r")
+        << key;
+  }
   Fixture g;
   EXPECT_FALSE(g.make(model_json(50, 8, 16, 2, 2), 1, 16));
   EXPECT_EQ(std::string(g.err.message),

@@ -168,6 +168,33 @@ TEST(LayerCost, LlamaFlopsAreMegatronCoresFormula) {
                    b * s * 2 * 4);
 }
 
+// The published parameter counts of the Llama-family examples (Meta's model cards, Hugging Face's
+// num_parameters()): embedding and untied head of 128256 x C, RMSNorm (one vector per norm), no
+// biases; Qwen2.5-0.5B ties its head and has q, k and v biases.
+TEST(Model, LlamaFamilyExamplesHaveTheirPublishedParameterCounts) {
+  const std::pair<const char *, int64_t> examples[] = {
+      {"examples/models/llama3-8b.json", 8030261248},
+      {"examples/models/llama3-70b.json", 70553706496},
+      {"examples/models/llama3-405b.json", 405853388800},
+      {"examples/models/qwen2.5-0.5b.json", 494032768},
+  };
+  for (const auto &[path, params] : examples) {
+    Loaded m;
+    ASSERT_EQ(mp_model_load(path, &m.model, &m.err), MP_OK) << m.err.message;
+    EXPECT_EQ(mp_model_params(m.model), params) << path;
+  }
+  Loaded llama;
+  ASSERT_EQ(mp_model_load("examples/models/llama3-8b.json", &llama.model, &llama.err), MP_OK);
+  const mp_layer_spec *block = mp_model_layer(llama.model, 1);
+  EXPECT_EQ(block->rope_theta, 500000.0);
+  EXPECT_TRUE(block->rope_scaling.llama3);
+  EXPECT_EQ(block->rope_scaling.factor, 8.0);
+  EXPECT_EQ(block->rope_scaling.original_max_positions, 8192);
+  EXPECT_EQ(block->bias, MP_BIAS_NONE);
+  EXPECT_EQ(mp_model_layer(llama.model, 33)->norm, MP_NORM_RMSNORM);
+  EXPECT_EQ(mp_model_layer(llama.model, 0)->max_positions, 0);
+}
+
 TEST(LayerCost, SwigluGroupedQueryRmsnormWithoutBias) {
   Loaded m;
   ASSERT_NE(parse("{\"type\": \"transformer\", \"hidden\": 64, \"heads\": 8, \"kv_heads\": 2, "
@@ -238,7 +265,32 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"{\"type\": \"transformer\", \"hiden\": 64, \"heads\": 4}", "",
                  "m.json: $.layers[0]: unknown key \"hiden\"; did you mean \"hidden\"? (known "
                  "keys: type, hidden, heads, kv_heads, ffn_hidden, norm, activation, bias, "
-                 "dropout, attention, repeat)"},
+                 "dropout, attention, norm_eps, rope_theta, rope_scaling, repeat)"},
+        BadInput{"{\"type\": \"transformer\", \"hidden\": 64, \"heads\": 4, \"bias\": \"kv\"}", "",
+                 "m.json: $.layers[0].bias: \"kv\" is not one of \"none\", \"qkv\", \"all\"; "
+                 "did you mean \"qkv\"?"},
+        BadInput{"{\"type\": \"transformer\", \"hidden\": 64, \"heads\": 4, \"bias\": 1}", "",
+                 "m.json: $.layers[0].bias: must be true, false or one of \"none\", \"qkv\", "
+                 "\"all\""},
+        BadInput{"{\"type\": \"transformer\", \"hidden\": 64, \"heads\": 4, \"rope_theta\": 1e4, "
+                 "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4}}",
+                 "",
+                 "m.json: $.layers[0].rope_scaling.rope_type: \"yarn\" is not one of "
+                 "\"llama3\""},
+        BadInput{"{\"type\": \"transformer\", \"hidden\": 64, \"heads\": 4, "
+                 "\"rope_scaling\": {\"rope_type\": \"llama3\"}}",
+                 "",
+                 "m.json: $.layers[0]: rope_scaling needs rope_theta (the rotary base it "
+                 "scales)"},
+        BadInput{"{\"type\": \"transformer\", \"hidden\": 64, \"heads\": 4, \"rope_theta\": 1e4, "
+                 "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8, "
+                 "\"low_freq_factor\": 4, \"high_freq_factor\": 1, "
+                 "\"original_max_position_embeddings\": 8192}}",
+                 "",
+                 "m.json: $.layers[0].rope_scaling: high_freq_factor 1 must be above "
+                 "low_freq_factor 4"},
+        BadInput{"{\"type\": \"layernorm\", \"hidden\": 64, \"norm_eps\": 0}", "",
+                 "m.json: $.layers[0].norm_eps: must be a positive number, got 0"},
         BadInput{"{\"type\": \"transformer\", \"hidden\": 64, \"heads\": 4, \"dropout\": 1}", "",
                  "m.json: $.layers[0].dropout: 1 is not a probability in [0, 1)"},
         BadInput{"{\"type\": \"transformer\", \"hidden\": 64, \"heads\": 4, \"dropout\": -0.1}",
