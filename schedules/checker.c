@@ -228,7 +228,9 @@ static mp_status check_peers(const mp_schedule *s, int r, mp_error *err) {
   return MP_OK;
 }
 
-mp_status mp_schedule_check(const mp_schedule *schedule, mp_p2p_model model, mp_error *err) {
+mp_status mp_schedule_check_matched(const mp_schedule *schedule, mp_p2p_model model,
+                                    mp_p2p_matching *matching, mp_error *err) {
+  memset(matching, 0, sizeof *matching);
   MP_TRY(check_shape(schedule, err));
   size_t num_units = (size_t)schedule->num_micro_batches * (size_t)schedule->virtual_stages;
   unit_actions *units = malloc(num_units * sizeof *units);
@@ -247,9 +249,15 @@ mp_status mp_schedule_check(const mp_schedule *schedule, mp_p2p_model model, mp_
     status = check_peers(schedule, r, err);
   }
   if (status != MP_OK) return status;
+  MP_TRY(mp_p2p_match(schedule, matching, err));
+  status = mp_p2p_replay(schedule, matching, model, NULL, err);
+  if (status != MP_OK) mp_p2p_matching_free(matching);
+  return status;
+}
+
+mp_status mp_schedule_check(const mp_schedule *schedule, mp_p2p_model model, mp_error *err) {
   mp_p2p_matching matching;
-  MP_TRY(mp_p2p_match(schedule, &matching, err));
-  status = mp_p2p_replay(schedule, &matching, model, NULL, err);
+  const mp_status status = mp_schedule_check_matched(schedule, model, &matching, err);
   mp_p2p_matching_free(&matching);
   return status;
 }

@@ -35,6 +35,12 @@ extern "C" {
  *    gradient of micro-batch 0 that rank 1 sends after its action 2 (B micro-batch 0); ..." */
 mp_status mp_schedule_check(const mp_schedule *schedule, mp_p2p_model model, mp_error *err);
 
+/* mp_schedule_check that also hands back the message matching it proved (mp_p2p_match), for a
+ * caller that times the schedule next (the simulator) and would otherwise match it again. On
+ * failure *matching is left empty; free it with mp_p2p_matching_free. */
+mp_status mp_schedule_check_matched(const mp_schedule *schedule, mp_p2p_model model,
+                                    mp_p2p_matching *matching, mp_error *err);
+
 /* The largest number of (micro-batch, chunk) activation sets alive at once on pp_rank: one is
  * alive from the start of its F to the end of its last backward action (B, or W when the backward
  * is split, since W still reads the inputs). Counted along the rank's list. */

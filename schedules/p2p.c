@@ -236,10 +236,18 @@ mp_status mp_p2p_match(const mp_schedule *schedule, mp_p2p_matching *out, mp_err
     mp_p2p_matching_free(out);
     return mp_fail(err, MP_ERR_RUNTIME, "out of memory matching %ld actions", total);
   }
+  /* seen[side * pp + peer]: rank r already collected that pair; reset after each rank. */
+  unsigned char *seen = calloc((size_t)2 * (size_t)pp, 1);
+  if (seen == NULL) {
+    free(pairs);
+    mp_p2p_matching_free(out);
+    return mp_fail(err, MP_ERR_RUNTIME, "out of memory matching %ld actions", total);
+  }
   long num_pairs = 0;
   char text[96];
   for (int r = 0; r < pp; ++r) {
     const mp_rank_actions *list = &schedule->ranks[r];
+    const long rank_first = num_pairs;
     for (int a = 0; a < list->num_actions; ++a) {
       const mp_action *action = &list->actions[a];
       int peers[2] = {action->send_to, action->recv_from};
@@ -247,6 +255,7 @@ mp_status mp_p2p_match(const mp_schedule *schedule, mp_p2p_matching *out, mp_err
         int peer = peers[side];
         if (peer == MP_NO_PEER) continue;
         if (peer < 0 || peer >= pp || peer == r) {
+          free(seen);
           free(pairs);
           mp_p2p_matching_free(out);
           return mp_fail(err, MP_ERR_INPUT,
@@ -255,10 +264,20 @@ mp_status mp_p2p_match(const mp_schedule *schedule, mp_p2p_matching *out, mp_err
                          r, a, mp_action_describe(schedule, action, text, sizeof text), peer,
                          side == 0 ? "send to" : "receive from", pp - 1);
         }
+        /* A rank names the same few neighbours over and over: collect each pair once, so the
+         * sort below sees a handful of entries rather than two per action. */
+        if (seen[side * pp + peer]) continue;
+        seen[side * pp + peer] = 1;
         pairs[num_pairs++] = side == 0 ? (long)r * pp + peer : (long)peer * pp + r;
       }
     }
+    for (long i = rank_first; i < num_pairs; ++i) {
+      const int from = (int)(pairs[i] / pp), to = (int)(pairs[i] % pp);
+      if (from == r) seen[to] = 0;
+      else seen[pp + from] = 0;
+    }
   }
+  free(seen);
   qsort(pairs, (size_t)num_pairs, sizeof *pairs, compare_longs);
   mp_status status = MP_OK;
   for (long i = 0; i < num_pairs && status == MP_OK; ++i) {

@@ -106,10 +106,46 @@ static bool alloc_table(const mp_schedule *schedule, double ***rows) {
   return true;
 }
 
+void mp_sim_prepared_free(mp_sim_prepared *prepared) {
+  mp_p2p_matching_free(&prepared->matching);
+  free(prepared->peak_live);
+  memset(prepared, 0, sizeof *prepared);
+}
+
+mp_status mp_sim_prepare(const mp_schedule *schedule, mp_p2p_model model, mp_sim_prepared *out,
+                         mp_error *err) {
+  memset(out, 0, sizeof *out);
+  MP_TRY(mp_schedule_check_matched(schedule, model, &out->matching, err));
+  out->schedule = schedule;
+  out->p2p_model = model;
+  out->peak_live = calloc((size_t)schedule->pp, sizeof *out->peak_live);
+  if (out->peak_live == NULL) {
+    return mp_fail(err, MP_ERR_RUNTIME, "out of memory preparing a schedule of %d ranks",
+                   schedule->pp);
+  }
+  for (int r = 0; r < schedule->pp; ++r) out->peak_live[r] = mp_schedule_peak_live(schedule, r);
+  return MP_OK;
+}
+
 mp_status mp_schedule_simulate(const mp_schedule *schedule, const mp_sim_costs *costs,
                                mp_simulation *out, mp_error *err) {
   memset(out, 0, sizeof *out);
-  MP_TRY(mp_schedule_check(schedule, costs->p2p_model, err));
+  mp_sim_prepared prepared;
+  mp_status status = mp_sim_prepare(schedule, costs->p2p_model, &prepared, err);
+  if (status == MP_OK) status = mp_schedule_simulate_prepared(&prepared, costs, out, err);
+  mp_sim_prepared_free(&prepared);
+  return status;
+}
+
+mp_status mp_schedule_simulate_prepared(const mp_sim_prepared *prepared, const mp_sim_costs *costs,
+                                        mp_simulation *out, mp_error *err) {
+  memset(out, 0, sizeof *out);
+  const mp_schedule *schedule = prepared->schedule;
+  if (costs->p2p_model != prepared->p2p_model) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "the costs ask for %s point-to-point, but the schedule was checked under %s",
+                   mp_p2p_model_name(costs->p2p_model), mp_p2p_model_name(prepared->p2p_model));
+  }
   MP_TRY(check_costs(schedule, costs, err));
   int pp = schedule->pp;
   out->pp = pp;
@@ -139,14 +175,9 @@ mp_status mp_schedule_simulate(const mp_schedule *schedule, const mp_sim_costs *
         durations[r][a] = costs->duration[action->kind][stage];
       }
     }
-    mp_p2p_matching matching;
-    status = mp_p2p_match(schedule, &matching, err);
-    if (status == MP_OK) {
-      mp_p2p_timing timing = {(const double *const *)durations, costs->p2p_latency, out->start,
-                              out->end};
-      status = mp_p2p_replay(schedule, &matching, costs->p2p_model, &timing, err);
-      mp_p2p_matching_free(&matching);
-    }
+    mp_p2p_timing timing = {(const double *const *)durations, costs->p2p_latency, out->start,
+                            out->end};
+    status = mp_p2p_replay(schedule, &prepared->matching, costs->p2p_model, &timing, err);
   }
   if (durations != NULL) {
     for (int r = 0; r < pp; ++r) free(durations[r]);
@@ -173,7 +204,7 @@ mp_status mp_schedule_simulate(const mp_schedule *schedule, const mp_sim_costs *
     }
     out->peak_activation_memory[r] = peak;
     if (peak > out->max_peak_activation_memory) out->max_peak_activation_memory = peak;
-    out->peak_live[r] = mp_schedule_peak_live(schedule, r);
+    out->peak_live[r] = prepared->peak_live[r];
   }
   double sum = 0;
   for (int r = 0; r < pp; ++r) {

@@ -83,6 +83,31 @@ mp_status mp_schedule_simulate(const mp_schedule *schedule, const mp_sim_costs *
                                mp_simulation *out, mp_error *err);
 void mp_simulation_free(mp_simulation *simulation);
 
+/* A schedule checked and its messages matched once, so that it can be timed under many sets of
+ * costs without repeating that work: the planner simulates one (kind, pp, micro-batches, virtual
+ * stages) schedule for every layout that shares it, and checking and matching cost more than the
+ * timing itself. It points at the schedule, which must outlive it and stay unchanged. */
+typedef struct {
+  const mp_schedule *schedule;
+  mp_p2p_model p2p_model;   /* the model it was checked under; the costs must name the same */
+  mp_p2p_matching matching; /* mp_p2p_match of the schedule */
+  int *peak_live;           /* (pp) mp_schedule_peak_live of each rank */
+} mp_sim_prepared;
+
+/* Checks the schedule under `model` (mp_schedule_check; its failure is returned as is) and matches
+ * its messages. MP_ERR_RUNTIME when out of memory. Free *out with mp_sim_prepared_free, also after
+ * a failure. */
+mp_status mp_sim_prepare(const mp_schedule *schedule, mp_p2p_model model, mp_sim_prepared *out,
+                         mp_error *err);
+void mp_sim_prepared_free(mp_sim_prepared *prepared);
+
+/* mp_schedule_simulate of prepared->schedule, without checking it again: the same *out, to the
+ * bit. Fails with MP_ERR_INPUT as mp_schedule_simulate does on costs that do not fit the schedule,
+ * and when costs->p2p_model is not the model the schedule was prepared under. Free *out with
+ * mp_simulation_free, also after a failure. */
+mp_status mp_schedule_simulate_prepared(const mp_sim_prepared *prepared, const mp_sim_costs *costs,
+                                        mp_simulation *out, mp_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -69,6 +69,7 @@ static mp_status read_options(const cli_command *command, mp_planner_options *o,
   MP_TRY(parse_choice(command, "recompute", kRecompute, &o->recompute, err));
   MP_TRY(parse_choice(command, "sequence-parallel", kBool, &o->sequence_parallel, err));
   MP_TRY(parse_choice(command, "zero", kZero, &o->zero_stage, err));
+  o->exhaustive = cli_flag(command, "exhaustive");
   return MP_OK;
 }
 
@@ -88,8 +89,9 @@ static void print_table(const mp_planner_result *r, const mp_cluster *cluster,
            "calibrate` measures them\n",
            cluster->name);
   }
-  printf("searched %ld layouts, simulated %ld; best %d that fit:\n\n", r->candidates,
-         r->simulated, r->num_results);
+  printf("searched %ld layouts, simulated %ld (bounds ruled out %ld, %ld by memory); best %d "
+         "that fit:\n\n",
+         r->candidates, r->simulated, r->pruned, r->pruned_by_memory, r->num_results);
   printf("%4s %4s %4s %4s %4s %-12s %2s %-9s %3s %4s %10s %11s %8s %6s %7s %15s\n", "rank", "dp",
          "pp", "tp", "mb", "schedule", "v", "recompute", "sp", "zero", "step s", "tokens/s",
          "TFLOP/s", "MFU", "bubble", "memory GiB");
@@ -187,6 +189,8 @@ static void print_json(const mp_planner_result *r, const mp_model *model,
   cJSON_AddNumberToObject(root, "seq_len", (double)r->seq_len);
   cJSON_AddNumberToObject(root, "candidates", (double)r->candidates);
   cJSON_AddNumberToObject(root, "simulated", (double)r->simulated);
+  cJSON_AddNumberToObject(root, "pruned", (double)r->pruned);
+  cJSON_AddNumberToObject(root, "pruned_by_memory", (double)r->pruned_by_memory);
   cJSON_AddNumberToObject(root, "search_seconds", seconds);
   cJSON *rows = cJSON_AddArrayToObject(root, "plans");
   for (int i = 0; i < r->num_results; ++i) {
@@ -266,6 +270,8 @@ int cmd_plan(int argc, char **argv) {
       {"recompute", "MODE", "fix recomputation: none, selective, full", NULL},
       {"sequence-parallel", "on|off", "fix sequence parallelism", NULL},
       {"zero", "0|1", "fix the ZeRO stage (1: optimizer state sharded over dp)", NULL},
+      {"exhaustive", NULL, "simulate every layout instead of skipping those a bound shows cannot "
+       "make the top K (the same ranking, slower)", NULL},
       {0},
   };
   cli_command command = {

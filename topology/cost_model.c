@@ -194,9 +194,12 @@ mp_status mp_cost_sim_costs(const mp_estimate *estimate, mp_sim_costs *out, mp_e
   return MP_OK;
 }
 
-mp_status mp_cost_estimate(const mp_cluster *cluster, const mp_model *model,
-                           const mp_layout *layout, const int *layers_per_stage,
-                           mp_estimate *out, mp_error *err) {
+/* mp_cost_estimate, timing `prepared` (the layout's schedule, checked) when it is not NULL, else
+ * generating and checking the schedule itself. */
+static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *model,
+                                 const mp_layout *layout, const int *layers_per_stage,
+                                 const mp_sim_prepared *prepared, mp_estimate *out,
+                                 mp_error *err) {
   memset(out, 0, sizeof *out);
   MP_TRY(check_layout(model, layout, err));
   const int n = mp_model_num_layers(model);
@@ -294,13 +297,21 @@ mp_status mp_cost_estimate(const mp_cluster *cluster, const mp_model *model,
   out->p2p_s = pp > 1 ? mp_cluster_p2p_seconds(cluster, !inter, boundary_bytes) : 0.0;
 
   /* The schedule, simulated with these durations. */
-  mp_schedule schedule = MP_SCHEDULE_INITIALIZER;
-  status = mp_schedule_generate(layout->schedule, pp, (int)layout->num_micro_batches, v,
-                                &schedule, err);
-  if (status != MP_OK) {
-    mp_schedule_free(&schedule);
-    return status;
+  mp_schedule generated = MP_SCHEDULE_INITIALIZER;
+  mp_sim_prepared own;
+  memset(&own, 0, sizeof own);
+  if (prepared == NULL) {
+    status = mp_schedule_generate(layout->schedule, pp, (int)layout->num_micro_batches, v,
+                                  &generated, err);
+    if (status == MP_OK) status = mp_sim_prepare(&generated, MP_P2P_EAGER, &own, err);
+    if (status != MP_OK) {
+      mp_sim_prepared_free(&own);
+      mp_schedule_free(&generated);
+      return status;
+    }
+    prepared = &own;
   }
+  const mp_schedule *schedule = prepared->schedule;
   for (int s = 0; s < stages; ++s) {
     /* Zero-bubble: the input gradient carries the recomputation and the tp collectives, the
      * weight gradient half of the backward GEMMs. */
@@ -313,12 +324,13 @@ mp_status mp_cost_estimate(const mp_cluster *cluster, const mp_model *model,
   memset(&sim, 0, sizeof sim);
   status = mp_cost_sim_costs(out, &sim_costs, err);
   if (status == MP_OK) {
-    status = mp_schedule_simulate(&schedule, &sim_costs, &sim, err);
+    status = mp_schedule_simulate_prepared(prepared, &sim_costs, &sim, err);
   }
   if (status != MP_OK) {
     mp_simulation_free(&sim);
     mp_sim_costs_free(&sim_costs);
-    mp_schedule_free(&schedule);
+    mp_sim_prepared_free(&own);
+    mp_schedule_free(&generated);
     return status;
   }
   out->pipeline_s = sim.step_time;
@@ -355,7 +367,7 @@ mp_status mp_cost_estimate(const mp_cluster *cluster, const mp_model *model,
         rank->dp_comm_s = mp_cost_allreduce_seconds(grad_bytes, d, dp_bw, dp_lat);
       }
     }
-    const int last = schedule.ranks[r].num_actions - 1;
+    const int last = schedule->ranks[r].num_actions - 1;
     const double idle_after = last >= 0 ? sim.step_time - sim.end[r][last] : 0.0;
     rank->dp_exposed_s = fmax(0.0, rank->dp_comm_s - last_backward - idle_after);
     const double opt_bytes =
@@ -388,7 +400,8 @@ mp_status mp_cost_estimate(const mp_cluster *cluster, const mp_model *model,
   out->fits = out->memory_bytes <= out->capacity_bytes;
   mp_simulation_free(&sim);
   mp_sim_costs_free(&sim_costs);
-  mp_schedule_free(&schedule);
+  mp_sim_prepared_free(&own);
+  mp_schedule_free(&generated);
   return MP_OK;
 }
 
@@ -424,4 +437,29 @@ mp_status mp_cost_estimate_plan(const mp_plan *plan, const mp_model *model, mp_e
   mp_model_free(loaded);
   if (status != MP_OK) mp_error_prefix(err, "%s", plan->source);
   return status;
+}
+
+mp_status mp_cost_estimate(const mp_cluster *cluster, const mp_model *model,
+                           const mp_layout *layout, const int *layers_per_stage,
+                           mp_estimate *out, mp_error *err) {
+  return estimate_layout(cluster, model, layout, layers_per_stage, NULL, out, err);
+}
+
+mp_status mp_cost_estimate_prepared(const mp_cluster *cluster, const mp_model *model,
+                                    const mp_layout *layout, const int *layers_per_stage,
+                                    const mp_sim_prepared *prepared, mp_estimate *out,
+                                    mp_error *err) {
+  const mp_schedule *schedule = prepared->schedule;
+  if (schedule == NULL || schedule->kind != layout->schedule || schedule->pp != layout->pp ||
+      schedule->num_micro_batches != layout->num_micro_batches ||
+      schedule->virtual_stages != layout->virtual_stages || schedule->forward_only ||
+      prepared->p2p_model != MP_P2P_EAGER) {
+    memset(out, 0, sizeof *out);
+    return mp_fail(err, MP_ERR_INPUT,
+                   "the prepared schedule is not the layout's: it must be the eager-checked "
+                   "training schedule %s for pp %d, %lld micro-batches, %d virtual stages",
+                   mp_schedule_kind_name(layout->schedule), layout->pp,
+                   (long long)layout->num_micro_batches, layout->virtual_stages);
+  }
+  return estimate_layout(cluster, model, layout, layers_per_stage, prepared, out, err);
 }

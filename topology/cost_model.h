@@ -196,6 +196,17 @@ mp_status mp_cost_estimate(const mp_cluster *cluster, const mp_model *model,
                            const mp_layout *layout, const int *layers_per_stage,
                            mp_estimate *out, mp_error *err);
 
+/* mp_cost_estimate with the layout's schedule already generated and checked once (the planner
+ * times one schedule for every layout that shares its kind, pp, micro-batches and virtual
+ * stages): prepared is mp_sim_prepare (schedules/simulator.h, eager point-to-point) of
+ * mp_schedule_generate(layout->schedule, pp, num_micro_batches, virtual_stages). The same *out, to
+ * the bit. Fails with MP_ERR_INPUT as mp_cost_estimate does, and when prepared is another
+ * schedule. */
+mp_status mp_cost_estimate_prepared(const mp_cluster *cluster, const mp_model *model,
+                                    const mp_layout *layout, const int *layers_per_stage,
+                                    const mp_sim_prepared *prepared, mp_estimate *out,
+                                    mp_error *err);
+
 #ifdef __cplusplus
 }
 #endif

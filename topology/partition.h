@@ -9,7 +9,8 @@
  * partition problem, solved exactly by dynamic programming over the chain:
  *   best[j][i] = min over s of max(best[j-1][s], cost(s..i-1))
  * best[j-1][s] grows with s and cost(s..i-1) shrinks with s, so the minimum sits where the two
- * cross and is found by bisection: O(k n log n) for n layers and k stages.
+ * cross; the crossing moves right as i grows, so one pointer per row finds every one: O(k n) for
+ * n layers and k stages.
  */
 #ifndef MPENGINE_TOPOLOGY_PARTITION_H
 #define MPENGINE_TOPOLOGY_PARTITION_H
@@ -27,6 +28,14 @@ extern "C" {
  * needs a layer), or a cost is negative or not finite; MP_ERR_RUNTIME when out of memory. */
 mp_status mp_partition_chain(const double *costs, int n, int k, int *counts, double *bottleneck,
                              mp_error *err);
+
+/* mp_partition_chain for every k in 1 .. max_parts from one dynamic programme, which costs what
+ * the largest k alone costs (the planner needs many k for one chain). The split of k parts goes to
+ * counts + k (k - 1) / 2 (counts holds max_parts (max_parts + 1) / 2 entries) and is the split
+ * mp_partition_chain gives for k, to the bit; its bottleneck to bottlenecks[k] when bottlenecks is
+ * not NULL ((max_parts + 1) entries). Fails as mp_partition_chain does for k = max_parts. */
+mp_status mp_partition_chain_all(const double *costs, int n, int max_parts, int *counts,
+                                 double *bottlenecks, mp_error *err);
 
 #ifdef __cplusplus
 }

@@ -21,61 +21,265 @@ const char *mp_layout_describe(const mp_layout *l, char *out, int out_bytes) {
   return out;
 }
 
-/* Per-layer costs of one (tp, micro-batch, recompute, sp), as prefix sums, and the stage splits
- * computed for it so far (by number of stages). */
+/* Bounds are compared with the estimate's own sums, which add the same numbers in another order:
+ * a bound prunes only when it is above the limit by more than this relative round-off, so a
+ * layout whose bound ties with the limit is simulated rather than lost. */
+#define BOUND_SLACK 1e-9
+
+static bool exceeds(double bound, double limit) {
+  return !(bound <= limit * (1.0 + BOUND_SLACK));
+}
+
+/* Per-layer costs of one (tp, micro-batch, recompute, sp) from mp_cost_layer, as prefix sums, and
+ * the stage splits its candidates use. */
 typedef struct {
   int tp;
   int64_t micro_batch;
   int recompute, sp;
-  double *fwd, *bwd, *params, *act, *opt; /* prefix sums, (n + 1) */
-  double *cost;                            /* (n) per-layer partition cost */
-  int **counts;                            /* (n + 1) lazily: counts[k] has k entries */
-  bool shares_counts;                      /* counts belongs to the twin without sequence
-                                              parallelism (same durations, same splits) */
+  double *fwd, *bwd, *params, *act; /* prefix sums, (n + 1): the simulator's F and B (compute and
+                                       tp collectives), parameters and kept activation bytes */
+  double *cost;                     /* (n) forward + backward: what the partitioner balances */
+  double max_cost;                  /* the largest entry of cost */
+  bool may_fit;                     /* some candidate's quick memory bound is within capacity;
+                                       without one the table is never split (see quick_bounds) */
+  int max_stages;                   /* the most stages (pp x v) of a candidate using the table */
+  uint64_t wanted[MP_COST_MAX_STAGES / 64 + 1]; /* bit k: a candidate cuts k stages */
+  int *split_at;                    /* NULL until needed, then (max_stages + 1): where the split
+                                       of k stages starts in splits, -1 for k not wanted */
+  int *splits;                      /* the wanted splits, one after another */
+  bool shares_splits;               /* split_at and splits belong to the twin (the other sp),
+                                       whose per-layer costs are the same to the bit */
 } layer_table;
+
+/* Fills t (whose tp, micro_batch, recompute and sp are set) for layout from mp_cost_layer. false
+ * when out of memory; t's arrays are freed by free_table either way. */
+static bool fill_table(const mp_cluster *cluster, const mp_model *model, const mp_layout *layout,
+                       layer_table *t) {
+  const int n = mp_model_num_layers(model);
+  const size_t n1 = (size_t)n + 1;
+  t->fwd = calloc(n1, sizeof(double));
+  t->bwd = calloc(n1, sizeof(double));
+  t->params = calloc(n1, sizeof(double));
+  t->act = calloc(n1, sizeof(double));
+  t->cost = calloc(n1, sizeof(double));
+  if (!t->fwd || !t->bwd || !t->params || !t->act || !t->cost) return false;
+  t->max_cost = 0.0;
+  for (int i = 0; i < n; ++i) {
+    mp_layer_time time;
+    mp_cost_layer(cluster, mp_model_layer(model, i), layout, &time);
+    const double f = time.forward_compute_s + time.forward_tp_s;
+    const double b = time.backward_compute_s + time.backward_tp_s;
+    /* The partition cost exactly as mp_cost_estimate sums it, so the splits are its splits. */
+    t->cost[i] = time.forward_compute_s + time.backward_compute_s + time.forward_tp_s +
+                 time.backward_tp_s;
+    if (t->cost[i] > t->max_cost) t->max_cost = t->cost[i];
+    t->fwd[i + 1] = t->fwd[i] + f;
+    t->bwd[i + 1] = t->bwd[i] + b;
+    t->params[i + 1] = t->params[i] + time.params;
+    t->act[i + 1] = t->act[i] + time.activation_bytes;
+  }
+  return true;
+}
+
+static void free_table(layer_table *t) {
+  free(t->fwd);
+  free(t->bwd);
+  free(t->params);
+  free(t->act);
+  free(t->cost);
+  if (!t->shares_splits) {
+    free(t->split_at);
+    free(t->splits);
+  }
+  memset(t, 0, sizeof *t);
+}
+
+/* The per-parameter optimizer traffic mp_cost_estimate charges, in bytes. */
+static double optimizer_bytes_per_param(const mp_state_bytes *state, const mp_layout *l) {
+  return MP_COST_OPTIMIZER_BYTES_PER_PARAM -
+         (l->zero_stage ? state->optimizer * 2.0 * (1.0 - 1.0 / l->dp) : 0.0);
+}
+
+/* Lower bounds of the step time and memory of layout whatever its stage split, which cost no
+ * partition: the busiest pipeline rank does at least the average rank's work and the work of the
+ * costliest layer; the fullest rank holds at least the average parameters' state, and the slowest
+ * optimizer step is at least the average one. Each is at most split_bounds' (which takes the
+ * largest over ranks of terms at least these). */
+static void quick_bounds(const mp_cluster *cluster, const layer_table *t, int n,
+                         const mp_layout *l, double tied_params, double *time, double *memory) {
+  const mp_state_bytes state = mp_cost_state_bytes(cluster);
+  const double pp = l->pp, m = (double)l->num_micro_batches;
+  double params = t->params[n];
+  if (l->pp > 1) params += tied_params / l->tp;
+  const double work = t->fwd[n] + t->bwd[n];
+  const double busiest = m * (work / pp > t->max_cost ? work / pp : t->max_cost);
+  *time = busiest + params / pp * optimizer_bytes_per_param(&state, l) /
+                        mp_cluster_memory_bandwidth(cluster);
+  const double per_param_optimizer = state.optimizer / (l->zero_stage ? (double)l->dp : 1.0);
+  *memory = params / pp * (state.weights + state.grads + per_param_optimizer) +
+            MP_COST_WORKSPACE_FRACTION * (double)cluster->device_memory_bytes;
+}
+
+/* The fewest (micro-batch, chunk) activation sets alive at once on pp rank r of the schedule: the
+ * forwards it runs before its first backward, plus the one after them (all of them for GPipe). */
+static int fewest_live(const mp_layout *l, int r) {
+  const int pp = l->pp, v = l->virtual_stages, m = (int)l->num_micro_batches;
+  int live;
+  if (l->schedule == MP_SCHEDULE_GPIPE) {
+    live = m;
+  } else if (l->schedule == MP_SCHEDULE_INTERLEAVED_1F1B) {
+    live = (pp - r - 1) * 2 + (v - 1) * pp + 1;
+    if (live > m * v) live = m * v;
+  } else {
+    live = pp - r < m ? pp - r : m;
+  }
+  return live;
+}
+
+/* Lower bounds of the step time and memory of layout cut by counts (pp x v stage sizes); see
+ * planner.h for why each term is one. */
+static void split_bounds(const mp_cluster *cluster, const layer_table *t, const int *counts,
+                         const mp_layout *l, double tied_params, double *time, double *memory) {
+  const int pp = l->pp, v = l->virtual_stages, k = pp * v;
+  int start[MP_COST_MAX_STAGES + 1];
+  start[0] = 0;
+  for (int i = 0; i < k; ++i) start[i + 1] = start[i] + counts[i];
+  const mp_state_bytes state = mp_cost_state_bytes(cluster);
+  const double m = (double)l->num_micro_batches;
+  const double capacity = (double)cluster->device_memory_bytes;
+  const double per_param_optimizer = state.optimizer / (l->zero_stage ? (double)l->dp : 1.0);
+  const double optimizer_per_param = optimizer_bytes_per_param(&state, l);
+  /* zb-h1 runs weight gradients after a rank's last input gradient; the others end each rank
+   * with the backward of the last micro-batch through its first chunk. */
+  const bool backward_tail = l->schedule != MP_SCHEDULE_ZB_H1;
+  double pipeline = 0.0, fullest = 0.0, slowest_optimizer = 0.0;
+  for (int r = 0; r < pp; ++r) {
+    double busy = 0.0, params = 0.0, least_activations = INFINITY;
+    for (int ch = 0; ch < v; ++ch) {
+      const int st = ch * pp + r;
+      const double f = t->fwd[start[st + 1]] - t->fwd[start[st]];
+      const double b = t->bwd[start[st + 1]] - t->bwd[start[st]];
+      busy += m * (f + b);
+      params += t->params[start[st + 1]] - t->params[start[st]];
+      const double act = t->act[start[st + 1]] - t->act[start[st]];
+      if (act < least_activations) least_activations = act;
+    }
+    if (r == pp - 1 && pp > 1) params += tied_params / l->tp;
+    /* Rank r starts after micro-batch 0's forward through stages 0 .. r - 1 (chunk 0, layers
+     * [0, start[r])), runs its actions one at a time, and after its last one the gradient still
+     * goes back through those stages. */
+    const double chain = t->fwd[start[r]] + (backward_tail ? t->bwd[start[r]] : 0.0);
+    if (chain + busy > pipeline) pipeline = chain + busy;
+    const double rank_memory = params * (state.weights + state.grads + per_param_optimizer) +
+                               fewest_live(l, r) * least_activations +
+                               MP_COST_WORKSPACE_FRACTION * capacity;
+    if (rank_memory > fullest) fullest = rank_memory;
+    const double optimizer =
+        params * optimizer_per_param / mp_cluster_memory_bandwidth(cluster);
+    if (optimizer > slowest_optimizer) slowest_optimizer = optimizer;
+  }
+  *time = pipeline + slowest_optimizer;
+  *memory = fullest;
+}
 
 typedef struct {
   mp_layout layout;
   int table;
-  double time_bound, memory_bound;
+  long id;             /* enumeration order: among equal step times the lower id ranks first, so
+                          the ranking does not depend on the order layouts are simulated in */
+  double time_bound;   /* split_bounds under the table's split */
+  double memory_bound;
 } candidate;
+
+/* A generated schedule, checked and matched once, timed for every layout that shares it. */
+typedef struct {
+  mp_schedule_kind kind;
+  int pp, num_micro_batches, virtual_stages;
+  mp_schedule schedule;
+  mp_sim_prepared prepared; /* points at schedule: entries stay where they are allocated */
+  long actions;
+  long last_used;
+} cached_schedule;
+
+/* Cached schedules hold at most this many actions in all (about 30 bytes each with their
+ * matching): the largest are evicted least recently used first, and one larger than this alone is
+ * generated per layout instead. */
+enum { kScheduleCacheActions = 1 << 21 };
 
 typedef struct {
   const mp_cluster *cluster;
   const mp_model *model;
   int n;
+  double tied_params;
   layer_table *tables;
   int num_tables, cap_tables;
+  int *table_slots; /* open addressing over (tp, micro-batch, recompute, sp): table index or -1 */
+  int num_slots;    /* a power of two, at least twice num_tables */
   candidate *candidates;
   long num_candidates, cap_candidates;
+  int *all_splits; /* scratch for mp_partition_chain_all, (MP_COST_MAX_STAGES + 1) x
+                      MP_COST_MAX_STAGES / 2 entries at most, as the largest table needs */
+  long all_splits_entries;
+  cached_schedule **schedules;
+  int num_schedules, cap_schedules;
+  long cached_actions, clock;
 } search;
 
 static void free_search(search *s) {
-  for (int i = 0; i < s->num_tables; ++i) {
-    layer_table *t = &s->tables[i];
-    free(t->fwd);
-    free(t->bwd);
-    free(t->params);
-    free(t->act);
-    free(t->opt);
-    free(t->cost);
-    if (t->counts != NULL && !t->shares_counts) {
-      for (int k = 0; k <= s->n; ++k) free(t->counts[k]);
-      free(t->counts);
-    }
-  }
+  for (int i = 0; i < s->num_tables; ++i) free_table(&s->tables[i]);
   free(s->tables);
+  free(s->table_slots);
   free(s->candidates);
+  free(s->all_splits);
+  for (int i = 0; i < s->num_schedules; ++i) {
+    mp_sim_prepared_free(&s->schedules[i]->prepared);
+    mp_schedule_free(&s->schedules[i]->schedule);
+    free(s->schedules[i]);
+  }
+  free(s->schedules);
 }
 
-static int get_table(search *s, const mp_layout *layout) {
-  for (int i = 0; i < s->num_tables; ++i) {
-    const layer_table *t = &s->tables[i];
-    if (t->tp == layout->tp && t->micro_batch == layout->micro_batch &&
-        t->recompute == (int)layout->recompute && t->sp == (int)layout->sequence_parallel) {
-      return i;
+static unsigned table_hash(int tp, int64_t micro_batch, int recompute, int sp) {
+  uint64_t h = (uint64_t)micro_batch * 0x9E3779B97F4A7C15ull;
+  h ^= ((uint64_t)tp << 8 | (uint64_t)recompute << 1 | (uint64_t)sp) * 0xC2B2AE3D27D4EB4Full;
+  return (unsigned)(h ^ (h >> 29));
+}
+
+/* The slot of the key: its table's or the empty one where it would go. */
+static int find_slot(const search *s, int tp, int64_t micro_batch, int recompute, int sp) {
+  const unsigned mask = (unsigned)s->num_slots - 1;
+  for (unsigned i = table_hash(tp, micro_batch, recompute, sp) & mask;; i = (i + 1) & mask) {
+    const int index = s->table_slots[i];
+    if (index < 0) return (int)i;
+    const layer_table *t = &s->tables[index];
+    if (t->tp == tp && t->micro_batch == micro_batch && t->recompute == recompute && t->sp == sp) {
+      return (int)i;
     }
   }
+}
+
+static bool grow_slots(search *s) {
+  const int slots = s->num_slots ? 2 * s->num_slots : 256;
+  int *grown = malloc(sizeof(int) * (size_t)slots);
+  if (grown == NULL) return false;
+  for (int i = 0; i < slots; ++i) grown[i] = -1;
+  free(s->table_slots);
+  s->table_slots = grown;
+  s->num_slots = slots;
+  for (int index = 0; index < s->num_tables; ++index) {
+    const layer_table *t = &s->tables[index];
+    s->table_slots[find_slot(s, t->tp, t->micro_batch, t->recompute, t->sp)] = index;
+  }
+  return true;
+}
+
+/* The table of the layout's (tp, micro-batch, recompute, sp), made on first use; -1 when out of
+ * memory. */
+static int get_table(search *s, const mp_layout *layout) {
+  const int rc = (int)layout->recompute, sp = layout->sequence_parallel ? 1 : 0;
+  if (2 * (s->num_tables + 1) > s->num_slots && !grow_slots(s)) return -1;
+  const int slot = find_slot(s, layout->tp, layout->micro_batch, rc, sp);
+  if (s->table_slots[slot] >= 0) return s->table_slots[slot];
   if (s->num_tables == s->cap_tables) {
     const int cap = s->cap_tables ? 2 * s->cap_tables : 64;
     layer_table *grown = realloc(s->tables, sizeof(layer_table) * (size_t)cap);
@@ -87,110 +291,165 @@ static int get_table(search *s, const mp_layout *layout) {
   memset(t, 0, sizeof *t);
   t->tp = layout->tp;
   t->micro_batch = layout->micro_batch;
-  t->recompute = (int)layout->recompute;
-  t->sp = layout->sequence_parallel;
-  const size_t n1 = (size_t)s->n + 1;
-  t->fwd = calloc(n1, sizeof(double));
-  t->bwd = calloc(n1, sizeof(double));
-  t->params = calloc(n1, sizeof(double));
-  t->act = calloc(n1, sizeof(double));
-  t->opt = calloc(n1, sizeof(double));
-  t->cost = calloc(n1, sizeof(double));
-  /* Sequence parallelism changes memory, not durations: share the twin's stage splits. */
-  for (int i = 0; i < s->num_tables && layout->sequence_parallel; ++i) {
-    const layer_table *twin = &s->tables[i];
-    if (twin->tp == t->tp && twin->micro_batch == t->micro_batch &&
-        twin->recompute == t->recompute && !twin->sp && twin->counts != NULL) {
-      t->counts = twin->counts;
-      t->shares_counts = true;
-      break;
-    }
-  }
-  if (t->counts == NULL) t->counts = calloc(n1, sizeof(int *));
+  t->recompute = rc;
+  t->sp = sp;
   ++s->num_tables;
-  if (!t->fwd || !t->bwd || !t->params || !t->act || !t->opt || !t->cost || !t->counts) return -1;
-  for (int i = 0; i < s->n; ++i) {
-    mp_layer_time time;
-    mp_cost_layer(s->cluster, mp_model_layer(s->model, i), layout, &time);
-    const double f = time.forward_compute_s + time.forward_tp_s;
-    const double b = time.backward_compute_s + time.backward_tp_s;
-    t->cost[i] = f + b;
-    t->fwd[i + 1] = t->fwd[i] + f;
-    t->bwd[i + 1] = t->bwd[i] + b;
-    t->params[i + 1] = t->params[i] + time.params;
-    t->act[i + 1] = t->act[i] + time.activation_bytes;
-  }
+  if (!fill_table(s->cluster, s->model, layout, t)) return -1;
+  s->table_slots[slot] = s->num_tables - 1;
   return s->num_tables - 1;
 }
 
+static bool wants(const layer_table *t, int k) { return (t->wanted[k / 64] >> (k % 64)) & 1u; }
+
+/* The partitioner's split of table t into k stages (a wanted k), or NULL when out of memory. All
+ * the table's splits come from one dynamic programme the first time one is needed, and only the
+ * wanted ones are kept. Sequence parallelism usually leaves durations alone, so the twin's splits
+ * are reused when its per-layer costs are the same to the bit and it keeps every split this table
+ * wants. */
 static const int *get_counts(search *s, layer_table *t, int k) {
-  if (t->counts[k] == NULL) {
-    int *counts = malloc(sizeof(int) * (size_t)k);
-    double bottleneck;
-    if (counts == NULL || mp_partition_chain(t->cost, s->n, k, counts, &bottleneck, NULL) != MP_OK) {
-      free(counts);
+  if (t->splits == NULL) {
+    const int twin_slot = find_slot(s, t->tp, t->micro_batch, t->recompute, 1 - t->sp);
+    if (s->table_slots[twin_slot] >= 0) {
+      const layer_table *twin = &s->tables[s->table_slots[twin_slot]];
+      bool covered = twin->splits != NULL;
+      for (size_t w = 0; covered && w < sizeof t->wanted / sizeof t->wanted[0]; ++w) {
+        covered = (t->wanted[w] & ~twin->wanted[w]) == 0;
+      }
+      if (covered && memcmp(twin->cost, t->cost, sizeof(double) * (size_t)s->n) == 0) {
+        t->split_at = twin->split_at;
+        t->splits = twin->splits;
+        t->shares_splits = true;
+      }
+    }
+  }
+  if (t->splits == NULL) {
+    const int most = t->max_stages;
+    const long entries = (long)most * (most + 1) / 2;
+    if (entries > s->all_splits_entries) {
+      int *grown = realloc(s->all_splits, sizeof(int) * (size_t)entries);
+      if (grown == NULL) return NULL;
+      s->all_splits = grown;
+      s->all_splits_entries = entries;
+    }
+    mp_error ignored = MP_ERROR_INITIALIZER;
+    if (mp_partition_chain_all(t->cost, s->n, most, s->all_splits, NULL, &ignored) != MP_OK) {
       return NULL;
     }
-    t->counts[k] = counts;
+    long kept = 0;
+    for (int j = 1; j <= most; ++j) kept += wants(t, j) ? j : 0;
+    t->split_at = malloc(sizeof(int) * (size_t)(most + 1));
+    t->splits = malloc(sizeof(int) * (size_t)(kept > 0 ? kept : 1));
+    if (t->split_at == NULL || t->splits == NULL) {
+      free(t->split_at);
+      free(t->splits);
+      t->split_at = t->splits = NULL;
+      return NULL;
+    }
+    int at = 0;
+    for (int j = 0; j <= most; ++j) {
+      t->split_at[j] = -1;
+      if (j == 0 || !wants(t, j)) continue;
+      t->split_at[j] = at;
+      memcpy(t->splits + at, s->all_splits + (size_t)j * (size_t)(j - 1) / 2,
+             sizeof(int) * (size_t)j);
+      at += j;
+    }
   }
-  return t->counts[k];
+  if (k < 1 || k > t->max_stages || t->split_at[k] < 0) return NULL;
+  return t->splits + t->split_at[k];
 }
 
-/* Lower bounds of step time and memory of a candidate (see planner.h). */
-static void bound(search *s, candidate *c, double tied_params) {
+/* The checked schedule of the layout from the cache, generating it on first use; NULL when it is
+ * too large to keep or cannot be made (the caller then estimates without the cache, which reports
+ * any error). */
+static const mp_sim_prepared *get_schedule(search *s, const mp_layout *l) {
+  ++s->clock;
+  for (int i = 0; i < s->num_schedules; ++i) {
+    cached_schedule *c = s->schedules[i];
+    if (c->kind == l->schedule && c->pp == l->pp && c->num_micro_batches == l->num_micro_batches &&
+        c->virtual_stages == l->virtual_stages) {
+      c->last_used = s->clock;
+      return &c->prepared;
+    }
+  }
+  const long work = (long)l->pp * (long)l->num_micro_batches * l->virtual_stages;
+  const long actions = work * (l->schedule == MP_SCHEDULE_ZB_H1 ? 3 : 2);
+  if (actions > kScheduleCacheActions) return NULL;
+  while (s->cached_actions + actions > kScheduleCacheActions && s->num_schedules > 0) {
+    int oldest = 0;
+    for (int i = 1; i < s->num_schedules; ++i) {
+      if (s->schedules[i]->last_used < s->schedules[oldest]->last_used) oldest = i;
+    }
+    cached_schedule *evicted = s->schedules[oldest];
+    s->cached_actions -= evicted->actions;
+    mp_sim_prepared_free(&evicted->prepared);
+    mp_schedule_free(&evicted->schedule);
+    free(evicted);
+    s->schedules[oldest] = s->schedules[--s->num_schedules];
+  }
+  if (s->num_schedules == s->cap_schedules) {
+    const int cap = s->cap_schedules ? 2 * s->cap_schedules : 64;
+    cached_schedule **grown = realloc(s->schedules, sizeof *grown * (size_t)cap);
+    if (grown == NULL) return NULL;
+    s->schedules = grown;
+    s->cap_schedules = cap;
+  }
+  cached_schedule *c = calloc(1, sizeof *c);
+  if (c == NULL) return NULL;
+  mp_error ignored = MP_ERROR_INITIALIZER;
+  if (mp_schedule_generate(l->schedule, l->pp, (int)l->num_micro_batches, l->virtual_stages,
+                           &c->schedule, &ignored) != MP_OK ||
+      mp_sim_prepare(&c->schedule, MP_P2P_EAGER, &c->prepared, &ignored) != MP_OK) {
+    mp_sim_prepared_free(&c->prepared);
+    mp_schedule_free(&c->schedule);
+    free(c);
+    return NULL;
+  }
+  c->kind = l->schedule;
+  c->pp = l->pp;
+  c->num_micro_batches = (int)l->num_micro_batches;
+  c->virtual_stages = l->virtual_stages;
+  c->actions = mp_schedule_total_actions(&c->schedule);
+  c->last_used = s->clock;
+  s->cached_actions += c->actions;
+  s->schedules[s->num_schedules++] = c;
+  return &c->prepared;
+}
+
+/* mp_cost_estimate of the candidate with its table's split, through the schedule cache. */
+static mp_status estimate(search *s, const candidate *c, mp_estimate *out) {
   layer_table *t = &s->tables[c->table];
-  const mp_layout *l = &c->layout;
-  const int pp = l->pp, v = l->virtual_stages, k = pp * v;
-  const int *counts = get_counts(s, t, k);
+  const int *counts = get_counts(s, t, c->layout.pp * c->layout.virtual_stages);
+  if (counts == NULL) return MP_ERR_RUNTIME;
+  mp_error ignored = MP_ERROR_INITIALIZER;
+  const mp_sim_prepared *prepared = get_schedule(s, &c->layout);
+  if (prepared != NULL) {
+    return mp_cost_estimate_prepared(s->cluster, s->model, &c->layout, counts, prepared, out,
+                                     &ignored);
+  }
+  return mp_cost_estimate(s->cluster, s->model, &c->layout, counts, out, &ignored);
+}
+
+/* Bounds of the candidate under its split; infinite when the split cannot be made. When no
+ * candidate of its table can fit by the quick memory bound and `quick` is set, the quick bounds
+ * instead: such a table is never split unless one of them is estimated. */
+static void candidate_bounds(search *s, candidate *c, bool quick) {
+  layer_table *t = &s->tables[c->table];
+  if (quick && !t->may_fit) {
+    quick_bounds(s->cluster, t, s->n, &c->layout, s->tied_params, &c->time_bound,
+                 &c->memory_bound);
+    return;
+  }
+  const int *counts = get_counts(s, t, c->layout.pp * c->layout.virtual_stages);
   if (counts == NULL) {
     c->time_bound = c->memory_bound = INFINITY;
     return;
   }
-  int start[MP_COST_MAX_STAGES + 1];
-  start[0] = 0;
-  for (int i = 0; i < k; ++i) start[i + 1] = start[i] + counts[i];
-  const mp_state_bytes state = mp_cost_state_bytes(s->cluster);
-  const double m = (double)l->num_micro_batches, d = l->dp;
-  const double capacity = (double)s->cluster->device_memory_bytes;
-  double head = 0.0, best_time = 0.0, best_memory = 0.0, opt_tail = 0.0;
-  const double per_param_opt = state.optimizer / (l->zero_stage ? d : 1.0);
-  for (int r = 0; r < pp; ++r) {
-    double busy = 0.0, params = 0.0, min_act = INFINITY;
-    for (int ch = 0; ch < v; ++ch) {
-      const int st = ch * pp + r;
-      const double f = t->fwd[start[st + 1]] - t->fwd[start[st]];
-      const double b = t->bwd[start[st + 1]] - t->bwd[start[st]];
-      busy += m * (f + b);
-      params += t->params[start[st + 1]] - t->params[start[st]];
-      const double act = t->act[start[st + 1]] - t->act[start[st]];
-      if (act < min_act) min_act = act;
-    }
-    if (r == pp - 1 && pp > 1) params += tied_params / l->tp;
-    if (head + busy > best_time) best_time = head + busy;
-    head += t->fwd[start[r + 1]] - t->fwd[start[r]];
-    int live;
-    if (l->schedule == MP_SCHEDULE_GPIPE) {
-      live = (int)m;
-    } else if (l->schedule == MP_SCHEDULE_INTERLEAVED_1F1B) {
-      live = (pp - r - 1) * 2 + (v - 1) * pp + 1;
-      if (live > (int)m * v) live = (int)m * v;
-    } else {
-      live = pp - r < (int)m ? pp - r : (int)m;
-    }
-    const double memory = params * (state.weights + state.grads + per_param_opt) +
-                          live * min_act + MP_COST_WORKSPACE_FRACTION * capacity;
-    if (memory > best_memory) best_memory = memory;
-    const double opt =
-        params * (MP_COST_OPTIMIZER_BYTES_PER_PARAM -
-                  (l->zero_stage ? state.optimizer * 2.0 * (1.0 - 1.0 / d) : 0.0)) /
-        s->cluster->memory_bandwidth_bytes_per_s;
-    if (opt > opt_tail) opt_tail = opt;
-  }
-  c->time_bound = best_time + opt_tail;
-  c->memory_bound = best_memory;
+  split_bounds(s->cluster, t, counts, &c->layout, s->tied_params, &c->time_bound,
+               &c->memory_bound);
 }
 
-static int add_candidate(search *s, const mp_layout *layout, double tied_params) {
+static int add_candidate(search *s, const mp_layout *layout) {
   if (s->num_candidates == s->cap_candidates) {
     const long cap = s->cap_candidates ? 2 * s->cap_candidates : 4096;
     candidate *grown = realloc(s->candidates, sizeof(candidate) * (size_t)cap);
@@ -200,16 +459,35 @@ static int add_candidate(search *s, const mp_layout *layout, double tied_params)
   }
   candidate *c = &s->candidates[s->num_candidates];
   c->layout = *layout;
+  c->id = s->num_candidates;
   c->table = get_table(s, layout);
   if (c->table < 0) return -1;
-  bound(s, c, tied_params);
+  layer_table *t = &s->tables[c->table];
+  const int stages = layout->pp * layout->virtual_stages;
+  if (stages > t->max_stages) t->max_stages = stages;
+  t->wanted[stages / 64] |= (uint64_t)1 << (stages % 64);
+  double quick_time, quick_memory;
+  quick_bounds(s->cluster, t, s->n, layout, s->tied_params, &quick_time, &quick_memory);
+  if (!exceeds(quick_memory, (double)s->cluster->device_memory_bytes)) t->may_fit = true;
   ++s->num_candidates;
   return 0;
 }
 
+/* What the candidates are sorted by: small, so that sorting 20 000 of them moves little. */
+typedef struct {
+  double time_bound;
+  long id; /* the candidate's index */
+} bound_order;
+
 static int by_time_bound(const void *a, const void *b) {
-  const double x = ((const candidate *)a)->time_bound, y = ((const candidate *)b)->time_bound;
-  return x < y ? -1 : x > y ? 1 : 0;
+  const bound_order *x = a, *y = b;
+  if (x->time_bound != y->time_bound) return x->time_bound < y->time_bound ? -1 : 1;
+  return x->id < y->id ? -1 : x->id > y->id ? 1 : 0;
+}
+
+/* Whether (step, id) ranks before (other_step, other_id). */
+static bool ranks_before(double step, long id, double other_step, long other_id) {
+  return step < other_step || (step == other_step && id < other_id);
 }
 
 /* Why tp = value cannot be used, or NULL. */
@@ -287,7 +565,6 @@ static mp_status check_fixed(const mp_planner_options *o, int64_t global_batch, 
 static void enumerate(search *s, const mp_planner_options *o, int64_t global_batch,
                       int64_t seq_len, long *layouts, bool *oom) {
   const int n = o->gpus, layers = s->n;
-  const double tied = tied_table(s->model);
   for (int tp = 1; tp <= n; ++tp) {
     if (n % tp != 0 || (o->tp && tp != o->tp) || tp_refusal(s->cluster, s->model, tp)) continue;
     for (int pp = 1; pp <= n / tp; ++pp) {
@@ -308,7 +585,10 @@ static void enumerate(search *s, const mp_planner_options *o, int64_t global_bat
           if (interleaved && (pp < 2 || m % pp != 0)) continue;
           for (int v = interleaved ? 2 : 1; v <= (interleaved ? kMaxVirtual : 1); ++v) {
             if (o->virtual_stages && v != o->virtual_stages) continue;
-            if (pp * v > layers || (int64_t)pp * m * v > MP_SCHEDULE_MAX_WORK) continue;
+            if (pp * v > layers || pp * v > MP_COST_MAX_STAGES ||
+                (int64_t)pp * m * v > MP_SCHEDULE_MAX_WORK) {
+              continue;
+            }
             for (int rc = 0; rc < MP_RECOMPUTE_COUNT; ++rc) {
               if (o->recompute >= 0 && rc != o->recompute) continue;
               for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
@@ -317,7 +597,7 @@ static void enumerate(search *s, const mp_planner_options *o, int64_t global_bat
                   if (o->zero_stage >= 0 && zero != o->zero_stage) continue;
                   mp_layout layout = {dp, pp, tp, v, mb, m, seq_len, (mp_schedule_kind)kind,
                                       (mp_recompute)rc, sp == 1, zero};
-                  if (add_candidate(s, &layout, tied) != 0) *oom = true;
+                  if (add_candidate(s, &layout) != 0) *oom = true;
                 }
               }
             }
@@ -351,6 +631,41 @@ static mp_status no_layout(const mp_cluster *cluster, const mp_model *model,
                  used ? reasons : "", used ? ")" : "", cluster->devices_per_node);
 }
 
+/* The top K so far. Estimates (about 150 KB each) stay in a pool of top + 1 slots and only slot
+ * numbers move as the list changes: one slot is always free for the next estimate. */
+typedef struct {
+  mp_estimate *pool;            /* (top + 1) */
+  int slot[MP_PLANNER_MAX_TOP]; /* (count) pool slots, fastest first */
+  long id[MP_PLANNER_MAX_TOP];  /* (count) their candidates' ids, for ties */
+  int count, top, next_unused;
+} ranking;
+
+/* Ranks the estimate in pool slot `scratch` (of candidate id) into the list; returns the slot
+ * free for the next estimate (scratch itself when it did not make the list). */
+static int rank_estimate(ranking *r, int scratch, long id) {
+  const double step = r->pool[scratch].step_s;
+  int at = r->count;
+  while (at > 0 && ranks_before(step, id, r->pool[r->slot[at - 1]].step_s, r->id[at - 1])) --at;
+  if (at >= r->top) return scratch;
+  int free_slot;
+  if (r->count < r->top) {
+    free_slot = r->next_unused++;
+    ++r->count;
+  } else {
+    free_slot = r->slot[r->top - 1];
+  }
+  for (int i = r->count - 1; i > at; --i) {
+    r->slot[i] = r->slot[i - 1];
+    r->id[i] = r->id[i - 1];
+  }
+  r->slot[at] = scratch;
+  r->id[at] = id;
+  return free_slot;
+}
+
+/* The step time of the last of the top K, once there are K. */
+static double kth_step(const ranking *r) { return r->pool[r->slot[r->top - 1]].step_s; }
+
 mp_status mp_plan_search(const mp_cluster *cluster, const mp_model *model,
                          const mp_planner_options *options, mp_planner_result *out,
                          mp_error *err) {
@@ -377,7 +692,12 @@ mp_status mp_plan_search(const mp_cluster *cluster, const mp_model *model,
                      mp_model_name(model));
     }
   }
-  search s = {cluster, model, mp_model_num_layers(model), NULL, 0, 0, NULL, 0, 0};
+  search s;
+  memset(&s, 0, sizeof s);
+  s.cluster = cluster;
+  s.model = model;
+  s.n = mp_model_num_layers(model);
+  s.tied_params = tied_table(model);
   long layouts = 0;
   bool oom = false;
   enumerate(&s, options, global_batch, seq_len, &layouts, &oom);
@@ -397,63 +717,76 @@ mp_status mp_plan_search(const mp_cluster *cluster, const mp_model *model,
                    mp_model_num_layers(model));
   }
   out->candidates = s.num_candidates;
-  qsort(s.candidates, (size_t)s.num_candidates, sizeof(candidate), by_time_bound);
-  out->results = calloc((size_t)top + 1, sizeof(mp_estimate));
-  out->overflow = calloc(1, sizeof(mp_estimate));
-  mp_estimate *scratch = calloc(1, sizeof(mp_estimate));
-  if (out->results == NULL || out->overflow == NULL || scratch == NULL) {
-    free(scratch);
+  bound_order *order = malloc(sizeof(bound_order) * (size_t)s.num_candidates);
+  if (order == NULL) {
     free_search(&s);
     return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
   }
-  const double capacity = (double)cluster->device_memory_bytes;
-  long least_memory = -1, first_pruned = -1;
-  mp_status status = MP_OK;
   for (long i = 0; i < s.num_candidates; ++i) {
-    candidate *c = &s.candidates[i];
-    if (least_memory < 0 || c->memory_bound < s.candidates[least_memory].memory_bound) {
-      least_memory = i;
+    candidate_bounds(&s, &s.candidates[i], true);
+    order[i] = (bound_order){s.candidates[i].time_bound, i};
+  }
+  qsort(order, (size_t)s.num_candidates, sizeof *order, by_time_bound);
+  ranking rank;
+  memset(&rank, 0, sizeof rank);
+  rank.top = top;
+  rank.next_unused = 1;
+  rank.pool = calloc((size_t)top + 1, sizeof(mp_estimate));
+  out->results = calloc((size_t)top, sizeof(mp_estimate));
+  out->overflow = calloc(1, sizeof(mp_estimate));
+  if (rank.pool == NULL || out->results == NULL || out->overflow == NULL) {
+    free(rank.pool);
+    free(order);
+    free_search(&s);
+    return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  }
+  const bool prune = !options->exhaustive;
+  const double capacity = (double)cluster->device_memory_bytes;
+  int scratch = 0;
+  long overflow_id = -1;
+  /* The layout with the smallest time bound that its memory bound ruled out (for --explain): the
+   * first one met, in the order of the bounds. */
+  long ruled_out = -1;
+  for (long i = 0; i < s.num_candidates; ++i) {
+    const candidate *c = &s.candidates[order[i].id];
+    if (prune && rank.count == top && exceeds(c->time_bound, kth_step(&rank))) {
+      /* In the order of the bounds: every layout left is slower than the K-th best. */
+      out->pruned += s.num_candidates - i;
+      break;
     }
-    if (out->num_results == top && c->time_bound >= out->results[top - 1].step_s) break;
-    if (c->memory_bound > capacity) {
-      if (first_pruned < 0) first_pruned = i; /* the fastest bound ruled out by memory */
+    if (prune && exceeds(c->memory_bound, capacity)) {
+      ++out->pruned;
+      ++out->pruned_by_memory;
+      if (ruled_out < 0) ruled_out = c->id;
       continue;
     }
-    layer_table *t = &s.tables[c->table];
-    const int *counts = get_counts(&s, t, c->layout.pp * c->layout.virtual_stages);
-    mp_error ignored = MP_ERROR_INITIALIZER;
-    if (counts == NULL ||
-        mp_cost_estimate(cluster, model, &c->layout, counts, scratch, &ignored) != MP_OK) {
-      continue;
-    }
+    mp_estimate *e = &rank.pool[scratch];
+    if (estimate(&s, c, e) != MP_OK) continue;
     ++out->simulated;
-    if (!scratch->fits) {
-      if (!out->have_overflow || scratch->step_s < out->overflow->step_s) {
-        memcpy(out->overflow, scratch, sizeof *scratch);
+    if (!e->fits) {
+      if (!out->have_overflow || ranks_before(e->step_s, c->id, out->overflow->step_s,
+                                              overflow_id)) {
+        memcpy(out->overflow, e, sizeof *e);
         out->have_overflow = true;
+        overflow_id = c->id;
       }
       continue;
     }
-    /* Insert into the sorted top list. */
-    int at = out->num_results;
-    while (at > 0 && out->results[at - 1].step_s > scratch->step_s) --at;
-    if (at >= top) continue;
-    const int keep = out->num_results < top ? out->num_results : top - 1;
-    memmove(&out->results[at + 1], &out->results[at], sizeof(mp_estimate) * (size_t)(keep - at));
-    memcpy(&out->results[at], scratch, sizeof *scratch);
-    if (out->num_results < top) ++out->num_results;
+    scratch = rank_estimate(&rank, scratch, c->id);
   }
-  if (out->num_results > 0 && first_pruned >= 0 &&
-      s.candidates[first_pruned].time_bound < out->results[0].step_s) {
+  out->num_results = rank.count;
+  for (int i = 0; i < rank.count; ++i) {
+    memcpy(&out->results[i], &rank.pool[rank.slot[i]], sizeof(mp_estimate));
+  }
+  mp_estimate *spare = &rank.pool[scratch];
+  if (out->num_results > 0 && ruled_out >= 0 &&
+      s.candidates[ruled_out].time_bound < out->results[0].step_s) {
     /* A layout ruled out by its memory bound might have been faster: measure it for --explain. */
-    candidate *c = &s.candidates[first_pruned];
-    const int *counts =
-        get_counts(&s, &s.tables[c->table], c->layout.pp * c->layout.virtual_stages);
-    mp_error ignored = MP_ERROR_INITIALIZER;
-    if (counts != NULL &&
-        mp_cost_estimate(cluster, model, &c->layout, counts, scratch, &ignored) == MP_OK &&
-        !scratch->fits && (!out->have_overflow || scratch->step_s < out->overflow->step_s)) {
-      memcpy(out->overflow, scratch, sizeof *scratch);
+    const candidate *c = &s.candidates[ruled_out];
+    if (estimate(&s, c, spare) == MP_OK && !spare->fits &&
+        (!out->have_overflow ||
+         ranks_before(spare->step_s, c->id, out->overflow->step_s, overflow_id))) {
+      memcpy(out->overflow, spare, sizeof *spare);
       out->have_overflow = true;
     }
   }
@@ -461,17 +794,25 @@ mp_status mp_plan_search(const mp_cluster *cluster, const mp_model *model,
       out->overflow->step_s >= out->results[0].step_s) {
     out->have_overflow = false;
   }
+  mp_status status = MP_OK;
   if (out->num_results == 0) {
-    /* Nothing fits: measure the candidate with the least memory exactly and report it. */
-    candidate *c = &s.candidates[least_memory];
-    const int *counts =
-        get_counts(&s, &s.tables[c->table], c->layout.pp * c->layout.virtual_stages);
-    mp_error ignored = MP_ERROR_INITIALIZER;
+    /* Nothing fits: measure the candidate with the least memory bound exactly and report it. */
+    for (long i = 0; i < s.num_candidates; ++i) {
+      if (!s.tables[s.candidates[i].table].may_fit) candidate_bounds(&s, &s.candidates[i], false);
+    }
+    long least = 0;
+    for (long i = 1; i < s.num_candidates; ++i) {
+      const candidate *c = &s.candidates[i], *l = &s.candidates[least];
+      if (c->memory_bound < l->memory_bound ||
+          (c->memory_bound == l->memory_bound && c->id < l->id)) {
+        least = i;
+      }
+    }
+    const candidate *c = &s.candidates[least];
     char text[200];
     mp_layout_describe(&c->layout, text, sizeof text);
     double need = c->memory_bound;
-    if (counts != NULL &&
-        mp_cost_estimate(cluster, model, &c->layout, counts, out->overflow, &ignored) == MP_OK) {
+    if (estimate(&s, c, out->overflow) == MP_OK) {
       need = out->overflow->memory_bytes;
       out->have_overflow = true;
     }
@@ -483,8 +824,56 @@ mp_status mp_plan_search(const mp_cluster *cluster, const mp_model *model,
                      mp_model_name(model), options->gpus, cluster->name, need / gib, text,
                      (need - capacity) / gib, capacity / gib);
   }
-  free(scratch);
+  free(rank.pool);
+  free(order);
   free_search(&s);
+  return status;
+}
+
+mp_status mp_planner_layout_bounds(const mp_cluster *cluster, const mp_model *model,
+                                   const mp_layout *layout, const int *layers_per_stage,
+                                   mp_planner_bounds *out, mp_error *err) {
+  memset(out, 0, sizeof *out);
+  const int n = mp_model_num_layers(model), stages = layout->pp * layout->virtual_stages;
+  if (layout->pp < 1 || layout->virtual_stages < 1 || layout->tp < 1 || layout->dp < 1 ||
+      layout->num_micro_batches < 1 || stages > n || stages > MP_COST_MAX_STAGES) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "bounds need dp, pp, tp, virtual stages and micro-batches of at least 1 and "
+                   "pp x virtual stages (%d) at most the %d layers", stages, n);
+  }
+  layer_table t;
+  memset(&t, 0, sizeof t);
+  int *counts = malloc(sizeof(int) * (size_t)stages);
+  mp_status status = MP_OK;
+  if (counts == NULL || !fill_table(cluster, model, layout, &t)) {
+    status = mp_fail(err, MP_ERR_RUNTIME, "out of memory bounding a layout");
+  }
+  if (status == MP_OK && layers_per_stage != NULL) {
+    int sum = 0;
+    for (int i = 0; i < stages; ++i) {
+      counts[i] = layers_per_stage[i];
+      if (counts[i] < 1) {
+        status = mp_fail(err, MP_ERR_INPUT, "layers_per_stage[%d] is %d; every stage needs a "
+                         "layer", i, counts[i]);
+        break;
+      }
+      sum += counts[i];
+    }
+    if (status == MP_OK && sum != n) {
+      status = mp_fail(err, MP_ERR_INPUT, "layers_per_stage sums to %d, not the %d layers", sum,
+                       n);
+    }
+  } else if (status == MP_OK) {
+    double bottleneck;
+    status = mp_partition_chain(t.cost, n, stages, counts, &bottleneck, err);
+  }
+  if (status == MP_OK) {
+    const double tied = tied_table(model);
+    split_bounds(cluster, &t, counts, layout, tied, &out->step_s, &out->memory_bytes);
+    quick_bounds(cluster, &t, n, layout, tied, &out->quick_step_s, &out->quick_memory_bytes);
+  }
+  free(counts);
+  free_table(&t);
   return status;
 }
 

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <random>
 #include <string>
 
 #include "schedules/checker.h"
@@ -217,6 +218,87 @@ TEST(Simulator, RefusesCostsThatDoNotFit) {
             "the backward duration of stage 3 is -1; durations must be finite and >= 0");
   mp_simulation_free(&sim);
   mp_sim_costs_free(&costs);
+}
+
+// A prepared schedule (checked and matched once) timed under many costs gives what
+// mp_schedule_simulate gives each time, to the bit: the planner relies on it.
+TEST(Simulator, APreparedScheduleTimesAsTheSimulatorDoes) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> duration(0.0, 3.0);
+  struct Case {
+    mp_schedule_kind kind;
+    int pp, m, v;
+  } cases[] = {{MP_SCHEDULE_GPIPE, 3, 5, 1},       {MP_SCHEDULE_1F1B, 4, 9, 1},
+               {MP_SCHEDULE_1F1B, 4, 2, 1},        {MP_SCHEDULE_INTERLEAVED_1F1B, 2, 4, 3},
+               {MP_SCHEDULE_INTERLEAVED_1F1B, 4, 8, 2}, {MP_SCHEDULE_ZB_H1, 4, 7, 1}};
+  for (const Case &c : cases) {
+    for (mp_p2p_model model : {MP_P2P_EAGER, MP_P2P_RENDEZVOUS}) {
+      SCOPED_TRACE(Name(mp_schedule_kind_name(c.kind), c.pp, c.m, c.v) + " " +
+                   mp_p2p_model_name(model));
+      OwnedSchedule g;
+      mp_error err = MP_ERROR_INITIALIZER;
+      ASSERT_EQ(mp_schedule_generate(c.kind, c.pp, c.m, c.v, &g.s, &err), MP_OK);
+      mp_sim_prepared prepared;
+      const mp_status prepared_status = mp_sim_prepare(&g.s, model, &prepared, &err);
+      const std::string prepare_message = err.message;
+      for (int trial = 0; trial < 3; ++trial) {
+        mp_sim_costs costs;
+        ASSERT_EQ(mp_sim_costs_init_unit(&costs, c.pp, c.v, &err), MP_OK);
+        costs.p2p_model = model;
+        costs.p2p_latency = trial * 0.25;
+        for (int k = 0; k < MP_NUM_ACTION_KINDS; ++k) {
+          for (int st = 0; st < c.pp * c.v; ++st) costs.duration[k][st] = duration(rng);
+        }
+        for (int st = 0; st < c.pp * c.v; ++st) costs.activation_memory[st] = duration(rng);
+        mp_simulation plain, timed;
+        const mp_status plain_status = mp_schedule_simulate(&g.s, &costs, &plain, &err);
+        if (prepared_status != MP_OK) {
+          // interleaved-1f1b deadlocks under rendezvous: both refuse it with the checker's words.
+          EXPECT_EQ(plain_status, prepared_status);
+          EXPECT_EQ(std::string(err.message), prepare_message);
+        } else {
+          ASSERT_EQ(plain_status, MP_OK) << err.message;
+          ASSERT_EQ(mp_schedule_simulate_prepared(&prepared, &costs, &timed, &err), MP_OK)
+              << err.message;
+          EXPECT_EQ(timed.step_time, plain.step_time);
+          EXPECT_EQ(timed.bubble_fraction, plain.bubble_fraction);
+          EXPECT_EQ(timed.max_peak_activation_memory, plain.max_peak_activation_memory);
+          for (int r = 0; r < c.pp; ++r) {
+            EXPECT_EQ(timed.busy_time[r], plain.busy_time[r]);
+            EXPECT_EQ(timed.peak_activation_memory[r], plain.peak_activation_memory[r]);
+            EXPECT_EQ(timed.peak_live[r], plain.peak_live[r]);
+            for (int a = 0; a < g.s.ranks[r].num_actions; ++a) {
+              EXPECT_EQ(timed.start[r][a], plain.start[r][a]);
+              EXPECT_EQ(timed.end[r][a], plain.end[r][a]);
+            }
+          }
+        }
+        mp_simulation_free(&timed);
+        mp_simulation_free(&plain);
+        mp_sim_costs_free(&costs);
+      }
+      mp_sim_prepared_free(&prepared);
+    }
+  }
+}
+
+TEST(Simulator, APreparedScheduleRefusesAnotherPointToPointModel) {
+  OwnedSchedule g;
+  mp_error err = MP_ERROR_INITIALIZER;
+  ASSERT_EQ(mp_schedule_generate(MP_SCHEDULE_1F1B, 2, 4, 1, &g.s, &err), MP_OK);
+  mp_sim_prepared prepared;
+  ASSERT_EQ(mp_sim_prepare(&g.s, MP_P2P_EAGER, &prepared, &err), MP_OK) << err.message;
+  mp_sim_costs costs;
+  ASSERT_EQ(mp_sim_costs_init_unit(&costs, 2, 1, &err), MP_OK);
+  costs.p2p_model = MP_P2P_RENDEZVOUS;
+  mp_simulation sim;
+  EXPECT_EQ(mp_schedule_simulate_prepared(&prepared, &costs, &sim, &err), MP_ERR_INPUT);
+  EXPECT_EQ(std::string(err.message),
+            "the costs ask for rendezvous point-to-point, but the schedule was checked under "
+            "eager");
+  mp_simulation_free(&sim);
+  mp_sim_costs_free(&costs);
+  mp_sim_prepared_free(&prepared);
 }
 
 TEST(Simulator, UsesPerStageDurations) {

@@ -16,6 +16,17 @@ expect 0 "each row sums to the step time" -- $mpengine plan $tiny --gpus 8 --exp
 expect 0 "memory per GPU of each pipeline rank" -- $mpengine plan $tiny --gpus 8 --explain
 expect 0 "interleaved" -- $mpengine plan $tiny --gpus 8 --global-batch 16 --pp 2 --schedule interleaved-1f1b --top 1
 
+# The bounds rule layouts out without simulating them (counted in the table and the JSON);
+# --exhaustive simulates every one and ranks them the same.
+expect 0 "simulated 8 (bounds ruled out 682, 0 by memory); best 5 that fit" -- $mpengine plan $tiny --gpus 8 --global-batch 16
+expect 0 '"pruned":	682' '"pruned_by_memory":	0' -- $mpengine plan $tiny --gpus 8 --global-batch 16 --json
+expect 0 "simulated 690 (bounds ruled out 0, 0 by memory)" -- $mpengine plan $tiny --gpus 8 --global-batch 16 --exhaustive
+ranked() { "$@" --json | grep -v -E '"(simulated|pruned|pruned_by_memory|search_seconds)"'; }
+if [ "$(ranked $mpengine plan $tiny --gpus 8 --global-batch 16 --top 10)" != \
+     "$(ranked $mpengine plan $tiny --gpus 8 --global-batch 16 --top 10 --exhaustive)" ]; then
+  fail "plan --exhaustive ranks tiny-gpt on 8 GPUs differently from the pruned search"
+fi
+
 # --out writes a plan that schedule (and run) read back, with layers_per_stage and predictions.
 expect 0 "wrote the winner to $tmp/p.json" -- $mpengine plan $tiny --gpus 4 --global-batch 16 --pp 4 --out "$tmp/p.json"
 expect 0 '"layers_per_stage"' -- cat "$tmp/p.json"

@@ -288,4 +288,48 @@ TEST(CostModel, AnUntiedHeadLivesOnTheLastStage) {
   EXPECT_DOUBLE_EQ(e->ranks[1].optimizer_bytes, 12 * last);
 }
 
+// With the schedule generated and checked once (what the planner does for every layout sharing
+// it), the estimate is the one mp_cost_estimate makes, to the bit; another schedule is refused.
+TEST(CostModel, APreparedScheduleEstimatesTheSame) {
+  Model m;
+  mp_cluster c = hand_cluster();
+  mp_layout l = layout(1, 2, 1, 1, 4);
+  l.schedule = MP_SCHEDULE_INTERLEAVED_1F1B;
+  l.virtual_stages = 2;
+  l.num_micro_batches = 6;
+  mp_error err = MP_ERROR_INITIALIZER;
+  mp_schedule schedule = MP_SCHEDULE_INITIALIZER;
+  ASSERT_EQ(mp_schedule_generate(l.schedule, 2, 6, 2, &schedule, &err), MP_OK) << err.message;
+  mp_sim_prepared prepared;
+  ASSERT_EQ(mp_sim_prepare(&schedule, MP_P2P_EAGER, &prepared, &err), MP_OK) << err.message;
+  auto plain = std::make_unique<mp_estimate>();
+  auto timed = std::make_unique<mp_estimate>();
+  for (int dp : {1, 2}) {
+    l.dp = dp;
+    l.zero_stage = dp - 1;
+    ASSERT_EQ(mp_cost_estimate(&c, m.model, &l, nullptr, plain.get(), &err), MP_OK)
+        << err.message;
+    ASSERT_EQ(mp_cost_estimate_prepared(&c, m.model, &l, nullptr, &prepared, timed.get(), &err),
+              MP_OK)
+        << err.message;
+    EXPECT_EQ(timed->step_s, plain->step_s);
+    EXPECT_EQ(timed->pipeline_s, plain->pipeline_s);
+    EXPECT_EQ(timed->bubble_fraction, plain->bubble_fraction);
+    EXPECT_EQ(timed->memory_bytes, plain->memory_bytes);
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(timed->ranks[r].dp_exposed_s, plain->ranks[r].dp_exposed_s);
+      EXPECT_EQ(timed->ranks[r].activation_bytes, plain->ranks[r].activation_bytes);
+      EXPECT_EQ(timed->ranks[r].peak_live, plain->ranks[r].peak_live);
+    }
+  }
+  l.num_micro_batches = 4;
+  EXPECT_EQ(mp_cost_estimate_prepared(&c, m.model, &l, nullptr, &prepared, timed.get(), &err),
+            MP_ERR_INPUT);
+  EXPECT_STREQ(err.message,
+               "the prepared schedule is not the layout's: it must be the eager-checked "
+               "training schedule interleaved-1f1b for pp 2, 4 micro-batches, 2 virtual stages");
+  mp_sim_prepared_free(&prepared);
+  mp_schedule_free(&schedule);
+}
+
 }  // namespace

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "topology/partition.h"
@@ -68,6 +69,84 @@ TEST(Partition, GivesTheHeavyEndsFewerBlocks) {
   // stage slowest; the best gives it no block at all.
   EXPECT_NEAR(bottleneck, 3.0, 1e-12);
   EXPECT_EQ(counts, (std::vector<int>{3, 3, 3, 2}));
+}
+
+// The partitioner as it was before the pointer walk replaced the bisection (one k per call, each
+// row only over the prefixes a k-part split can use): the splits it gives are the ones plans hold,
+// so the faster walk must give the same ones, ties included.
+std::vector<int> bisection_split(const std::vector<double> &costs, int k, double *bottleneck) {
+  const int n = (int)costs.size();
+  std::vector<double> prefix(n + 1, 0.0), best((size_t)(k + 1) * (n + 1), 0.0);
+  std::vector<int> cut((size_t)(k + 1) * (n + 1), 0);
+  for (int i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + costs[i];
+  auto B = [&](int j, int i) -> double & { return best[(size_t)j * (n + 1) + i]; };
+  auto C = [&](int j, int i) -> int & { return cut[(size_t)j * (n + 1) + i]; };
+  for (int i = 1; i <= n; ++i) B(1, i) = prefix[i];
+  for (int j = 2; j <= k; ++j) {
+    for (int i = j; i <= n - (k - j); ++i) {
+      int lo = j - 1, hi = i - 1;
+      while (lo < hi) {
+        const int mid = lo + (hi - lo) / 2;
+        if (B(j - 1, mid) >= prefix[i] - prefix[mid]) {
+          hi = mid;
+        } else {
+          lo = mid + 1;
+        }
+      }
+      int best_s = lo;
+      double best_value = std::fmax(B(j - 1, lo), prefix[i] - prefix[lo]);
+      if (lo - 1 >= j - 1) {
+        const double value = std::fmax(B(j - 1, lo - 1), prefix[i] - prefix[lo - 1]);
+        if (value <= best_value) {
+          best_value = value;
+          best_s = lo - 1;
+        }
+      }
+      B(j, i) = best_value;
+      C(j, i) = best_s;
+    }
+  }
+  *bottleneck = B(k, n);
+  std::vector<int> counts(k);
+  int end = n;
+  for (int j = k; j >= 1; --j) {
+    counts[j - 1] = end - C(j, end);
+    end = C(j, end);
+  }
+  return counts;
+}
+
+TEST(Partition, AllSplitsAtOnceAreEachSplitAlone) {
+  // Random chains, some of small integers (many ties between splits), some with a heavy end.
+  std::mt19937 rng(20240521);
+  std::uniform_real_distribution<double> cost(0.0, 10.0);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int n = 1 + (int)(rng() % 140);
+    std::vector<double> costs(n);
+    for (double &c : costs) c = (trial % 3 == 0) ? (double)(rng() % 3) : cost(rng);
+    if (trial % 5 == 1) costs.back() = 40.0;
+    const int most = 1 + (int)(rng() % n);
+    std::vector<int> all((size_t)most * (most + 1) / 2);
+    std::vector<double> bottlenecks(most + 1);
+    mp_error err = MP_ERROR_INITIALIZER;
+    ASSERT_EQ(mp_partition_chain_all(costs.data(), n, most, all.data(), bottlenecks.data(), &err),
+              MP_OK)
+        << err.message;
+    for (int k = 1; k <= most; ++k) {
+      SCOPED_TRACE("trial " + std::to_string(trial) + ", n " + std::to_string(n) + ", k " +
+                   std::to_string(k));
+      std::vector<int> alone(k);
+      double bottleneck = -1;
+      ASSERT_EQ(mp_partition_chain(costs.data(), n, k, alone.data(), &bottleneck, &err), MP_OK);
+      const std::vector<int> together(all.begin() + (size_t)k * (k - 1) / 2,
+                                      all.begin() + (size_t)k * (k + 1) / 2);
+      EXPECT_EQ(together, alone);
+      EXPECT_EQ(bottlenecks[k], bottleneck);
+      double reference_bottleneck = -1;
+      EXPECT_EQ(alone, bisection_split(costs, k, &reference_bottleneck));
+      EXPECT_EQ(bottleneck, reference_bottleneck);
+    }
+  }
 }
 
 TEST(Partition, RefusesMoreStagesThanLayers) {

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "topology/cluster.h"
+#include "topology/cost_model.h"
 #include "topology/model.h"
 #include "topology/planner.h"
 
@@ -169,6 +170,185 @@ TEST(Planner, RefusesContradictoryFixedOptions) {
                "check --micro-batch, --schedule and --virtual-stages (interleaving needs pp >= 2 "
                "and micro-batches a multiple of pp; pp x virtual stages must be at most the 7 "
                "layers)");
+}
+
+bool SameLayout(const mp_layout &a, const mp_layout &b) {
+  return a.dp == b.dp && a.pp == b.pp && a.tp == b.tp && a.virtual_stages == b.virtual_stages &&
+         a.micro_batch == b.micro_batch && a.num_micro_batches == b.num_micro_batches &&
+         a.seq_len == b.seq_len && a.schedule == b.schedule && a.recompute == b.recompute &&
+         a.sequence_parallel == b.sequence_parallel && a.zero_stage == b.zero_stage;
+}
+
+// The pruned search's top K against the exhaustive one's (options.exhaustive: every layout
+// simulated, no bound consulted): the same layouts, splits and step times, to the bit, in the
+// same order. Bounds that were not lower bounds would drop a layout that belongs in the list, and
+// a wrong tie-break would reorder equal step times; either fails here.
+void ExpectSameRanking(const char *model, const char *cluster, const mp_planner_options &base,
+                       long *pruned, long *pruned_by_memory) {
+  std::string what = std::string(model) + " on " + std::to_string(base.gpus) + " " + cluster +
+                     ", global batch " + std::to_string(base.global_batch) + ", top " +
+                     std::to_string(base.top_k ? base.top_k : 5);
+  SCOPED_TRACE(what);
+  Fixture pruned_search((std::string("examples/models/") + model + ".json").c_str(), cluster);
+  Fixture full_search((std::string("examples/models/") + model + ".json").c_str(), cluster);
+  mp_planner_options o = base;
+  o.exhaustive = false;
+  const mp_status pruned_status = pruned_search.search(o);
+  o.exhaustive = true;
+  const mp_status full_status = full_search.search(o);
+  ASSERT_EQ(pruned_status, full_status) << pruned_search.err.message << " / "
+                                        << full_search.err.message;
+  if (full_status != MP_OK) {
+    EXPECT_STREQ(pruned_search.err.message, full_search.err.message);
+    return;
+  }
+  const mp_planner_result &a = pruned_search.result, &b = full_search.result;
+  EXPECT_EQ(a.candidates, b.candidates);
+  EXPECT_EQ(b.simulated, b.candidates);
+  EXPECT_EQ(b.pruned, 0);
+  EXPECT_EQ(a.simulated + a.pruned, a.candidates);
+  ASSERT_EQ(a.num_results, b.num_results);
+  for (int i = 0; i < a.num_results; ++i) {
+    const mp_estimate &x = a.results[i], &y = b.results[i];
+    char text[200];
+    SCOPED_TRACE("rank " + std::to_string(i + 1) + ": " +
+                 mp_layout_describe(&y.layout, text, sizeof text));
+    EXPECT_TRUE(SameLayout(x.layout, y.layout)) << mp_layout_describe(&x.layout, text,
+                                                                       sizeof text);
+    EXPECT_EQ(x.step_s, y.step_s);
+    EXPECT_EQ(x.memory_bytes, y.memory_bytes);
+    ASSERT_EQ(x.num_stages, y.num_stages);
+    for (int s = 0; s < x.num_stages; ++s) {
+      EXPECT_EQ(x.layers_per_stage[s], y.layers_per_stage[s]) << "stage " << s;
+    }
+  }
+  *pruned += a.pruned;
+  *pruned_by_memory += a.pruned_by_memory;
+}
+
+TEST(Planner, PrunedSearchRanksAsTheExhaustiveOne) {
+  long pruned = 0, pruned_by_memory = 0;
+  struct Case {
+    const char *model;
+    int gpus;
+    int64_t global_batch;
+  } cases[] = {
+      {"tiny-gpt", 8, 16},    {"tiny-gpt", 16, 64},    {"gpt2-124m", 8, 32},
+      {"gpt2-124m", 16, 64},  {"gpt2-124m", 32, 96},   {"gpt2-350m", 8, 64},
+      {"gpt2-350m", 16, 16},  {"gpt2-350m", 32, 128},  {"gpt2-350m", 64, 256},
+  };
+  // cpu-local's 2 GiB make memory rule out many layouts of the GPT-2 models; the GPUs' 80 and
+  // 141 GiB leave time alone to prune.
+  for (const char *cluster : {"cpu-local", "a100-80g", "h100-sxm", "h200-sxm"}) {
+    for (const Case &c : cases) {
+      mp_planner_options o = MP_PLANNER_OPTIONS_INITIALIZER;
+      o.gpus = c.gpus;
+      o.global_batch = c.global_batch;
+      o.top_k = c.gpus == 16 ? 10 : 5;
+      ExpectSameRanking(c.model, cluster, o, &pruned, &pruned_by_memory);
+    }
+  }
+  // The bounds do prune, by time and by memory: the comparison is not between two full searches.
+  EXPECT_GT(pruned, 0);
+  EXPECT_GT(pruned_by_memory, 0);
+}
+
+TEST(Planner, PrunedSearchRanksAsTheExhaustiveOneWithFixedOptions) {
+  long pruned = 0, pruned_by_memory = 0;
+  for (const char *cluster : {"cpu-local", "a100-80g"}) {
+    for (const char *model : {"gpt2-124m", "gpt2-350m"}) {
+      for (int fixed = 0; fixed < 10; ++fixed) {
+        mp_planner_options o = MP_PLANNER_OPTIONS_INITIALIZER;
+        o.gpus = 16;
+        o.global_batch = 64;
+        switch (fixed) {
+          case 0: o.pp = 4; break;
+          case 1: o.pp = 2; o.schedule = MP_SCHEDULE_INTERLEAVED_1F1B; break;
+          case 2: o.schedule = MP_SCHEDULE_ZB_H1; break;
+          case 3: o.schedule = MP_SCHEDULE_GPIPE; break;
+          case 4: o.recompute = MP_RECOMPUTE_FULL; break;
+          case 5: o.sequence_parallel = 1; o.tp = 4; break;
+          case 6: o.zero_stage = 0; o.micro_batch = 2; break;
+          case 7: o.tp = 2; o.top_k = 1; break;
+          case 8: o.seq_len = 2048; o.top_k = 20; break;
+          case 9: o.dp = 2; o.virtual_stages = 2; break;
+        }
+        ExpectSameRanking(model, cluster, o, &pruned, &pruned_by_memory);
+      }
+    }
+  }
+  EXPECT_GT(pruned, 0);
+  EXPECT_GT(pruned_by_memory, 0);
+}
+
+// The bounds the search prunes with, against mp_cost_estimate on every layout of small searches:
+// never above it (the rounding slack the search allows is far wider than the 1e-12 here), and
+// equal to it where the estimate has nothing the bound leaves out (one stage, one data-parallel
+// rank, no pipeline to fill, no gradient to reduce), so a bound weakened to nothing fails too.
+TEST(Planner, BoundsNeverExceedTheEstimate) {
+  long layouts = 0, exact = 0;
+  struct Case {
+    const char *model, *cluster;
+    int gpus;
+    int64_t global_batch;
+  } cases[] = {
+      {"tiny-gpt", "cpu-local", 8, 16},   {"gpt2-124m", "a100-80g", 16, 64},
+      {"gpt2-350m", "cpu-local", 8, 32},  {"gpt2-350m", "h100-sxm", 32, 64},
+  };
+  auto estimate = std::make_unique<mp_estimate>();
+  for (const Case &c : cases) {
+    Fixture f((std::string("examples/models/") + c.model + ".json").c_str(), c.cluster);
+    const int n = mp_model_num_layers(f.model);
+    for (int tp = 1; tp <= 8 && tp <= c.gpus; tp *= 2) {
+      for (int pp = 1; pp * tp <= c.gpus; pp *= 2) {
+        const int dp = c.gpus / tp / pp;
+        if (c.global_batch % dp != 0 || pp > n) continue;
+        const int64_t per_dp = c.global_batch / dp;
+        for (int64_t mb = 1; mb <= per_dp; mb *= 2) {
+          if (per_dp % mb != 0) continue;
+          for (int kind = 0; kind < MP_SCHEDULE_CUSTOM; ++kind) {
+            for (int v = 1; v <= (kind == MP_SCHEDULE_INTERLEAVED_1F1B ? 4 : 1); ++v) {
+              for (int rc = 0; rc < MP_RECOMPUTE_COUNT; ++rc) {
+                for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
+                  for (int zero = 0; zero <= (dp > 1 ? 1 : 0); ++zero) {
+                    mp_layout l = {dp, pp, tp, v, mb, per_dp / mb, mp_model_seq_len(f.model),
+                                   (mp_schedule_kind)kind, (mp_recompute)rc, sp == 1, zero};
+                    if (mp_cost_estimate(&f.cluster, f.model, &l, nullptr, estimate.get(),
+                                         &f.err) != MP_OK) {
+                      continue;  // a schedule that cannot run these numbers
+                    }
+                    mp_planner_bounds bounds;
+                    ASSERT_EQ(mp_planner_layout_bounds(&f.cluster, f.model, &l, nullptr, &bounds,
+                                                       &f.err),
+                              MP_OK)
+                        << f.err.message;
+                    char text[200];
+                    SCOPED_TRACE(std::string(c.model) + " on " + c.cluster + ": " +
+                                 mp_layout_describe(&l, text, sizeof text));
+                    const double step = estimate->step_s, memory = estimate->memory_bytes;
+                    EXPECT_LE(bounds.quick_step_s, bounds.step_s * (1 + 1e-12));
+                    EXPECT_LE(bounds.step_s, step * (1 + 1e-12));
+                    EXPECT_LE(bounds.quick_memory_bytes, bounds.memory_bytes * (1 + 1e-12));
+                    EXPECT_LE(bounds.memory_bytes, memory * (1 + 1e-12));
+                    EXPECT_GT(bounds.quick_step_s, 0.0);
+                    EXPECT_GT(bounds.quick_memory_bytes, 0.0);
+                    if (pp == 1 && dp == 1) {
+                      EXPECT_NEAR(bounds.step_s, step, 1e-12 * step);
+                      EXPECT_NEAR(bounds.memory_bytes, memory, 1e-12 * memory);
+                      ++exact;
+                    }
+                    ++layouts;
+                  }
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(layouts, 1000);
+  EXPECT_GT(exact, 10);
 }
 
 }  // namespace
