@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "common/error.h"
+#include "tools/launcher_env.h"
 
 /* Sets an environment variable unless the user already set it. */
 static void default_env(const char *name, const char *value) {
@@ -203,10 +204,10 @@ int run_relaunch(cli_command *command, int argc, char **argv, int np, const char
   default_env("OMPI_MCA_btl", "self,vader");
   default_env("OMPI_MCA_plm_rsh_agent", "");
   default_env("OMPI_MCA_rmaps_base_oversubscribe", "1");
-  long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  if (cores < 1) cores = 1;
+  /* The cost model assumes these threads (topology/cluster.h, mp_cluster_threads_per_device). */
+  const int cores = launcher_usable_cores();
   char threads[16];
-  snprintf(threads, sizeof threads, "%ld", cores / np > 1 ? cores / np : 1);
+  snprintf(threads, sizeof threads, "%d", cores / np > 1 ? cores / np : 1);
   default_env("OPENBLAS_NUM_THREADS", threads);
   default_env("OMP_NUM_THREADS", threads);
   setenv("MPENGINE_STDOUT_TTY", isatty(STDOUT_FILENO) ? "1" : "0", 1);

@@ -111,7 +111,8 @@ static int get_table(search *s, const mp_layout *layout) {
   if (!t->fwd || !t->bwd || !t->params || !t->act || !t->opt || !t->cost || !t->counts) return -1;
   for (int i = 0; i < s->n; ++i) {
     mp_layer_time time;
-    mp_cost_layer(s->cluster, mp_model_layer(s->model, i), layout, &time);
+    /* On the node: every candidate has dp x pp x tp = --gpus, so the table may ignore dp, pp. */
+    mp_cost_layer_on_node(s->cluster, mp_model_layer(s->model, i), layout, &time);
     const double f = time.forward_compute_s + time.forward_tp_s;
     const double b = time.backward_compute_s + time.backward_tp_s;
     t->cost[i] = f + b;
@@ -151,7 +152,6 @@ static void bound(search *s, candidate *c, double tied_params) {
   for (int i = 0; i < k; ++i) start[i + 1] = start[i] + counts[i];
   const mp_state_bytes state = mp_cost_state_bytes(s->cluster);
   const double m = (double)l->num_micro_batches, d = l->dp;
-  const double capacity = (double)s->cluster->device_memory_bytes;
   double head = 0.0, best_time = 0.0, best_memory = 0.0, opt_tail = 0.0;
   const double per_param_opt = state.optimizer / (l->zero_stage ? d : 1.0);
   for (int r = 0; r < pp; ++r) {
@@ -178,7 +178,7 @@ static void bound(search *s, candidate *c, double tied_params) {
       live = pp - r < (int)m ? pp - r : (int)m;
     }
     const double memory = params * (state.weights + state.grads + per_param_opt) +
-                          live * min_act + MP_COST_WORKSPACE_FRACTION * capacity;
+                          live * min_act + mp_cost_workspace_bytes(s->cluster);
     if (memory > best_memory) best_memory = memory;
     const double opt =
         params * (MP_COST_OPTIMIZER_BYTES_PER_PARAM -
@@ -186,7 +186,7 @@ static void bound(search *s, candidate *c, double tied_params) {
         s->cluster->memory_bandwidth_bytes_per_s;
     if (opt > opt_tail) opt_tail = opt;
   }
-  c->time_bound = best_time + opt_tail;
+  c->time_bound = best_time + opt_tail * mp_cost_compute_slowdown(s->cluster, l);
   c->memory_bound = best_memory;
 }
 
