@@ -264,19 +264,21 @@ static mp_status read_shared_cores(const mp_json_reader *reader, const cJSON *ob
   MP_TRY(mp_json_optional_number(reader, object, path, "workspace_gib", MP_JSON_POSITIVE, 0,
                                  &workspace_gib));
   if (workspace_gib <= 0) return MP_OK;
-  const double memory_gib = from_si_units((double)cluster->device_memory_bytes, kGibi);
-  if (!(workspace_gib < memory_gib)) {
+  /* Compared in bytes, as stored, so that a written description reads back. */
+  const double bytes = llround(to_si_units(fmin(workspace_gib, kMaxDeviceMemoryGib), kGibi));
+  if (!(bytes < (double)cluster->device_memory_bytes)) {
     return mp_fail(reader->err, MP_ERR_INPUT,
                    "%s: %s.workspace_gib: %.17g GiB leaves nothing of the device's %.17g GiB "
                    "(device_memory_gib); it must be less",
-                   reader->source, path, workspace_gib, memory_gib);
+                   reader->source, path, workspace_gib,
+                   from_si_units((double)cluster->device_memory_bytes, kGibi));
   }
-  cluster->workspace_bytes = (int64_t)llround(to_si_units(workspace_gib, kGibi));
-  if (cluster->workspace_bytes <= 0) {
+  if (bytes <= 0) {
     return mp_fail(reader->err, MP_ERR_INPUT,
                    "%s: %s.workspace_gib: %.17g GiB is less than one byte", reader->source, path,
                    workspace_gib);
   }
+  cluster->workspace_bytes = (int64_t)bytes;
   return MP_OK;
 }
 

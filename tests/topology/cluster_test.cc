@@ -651,6 +651,15 @@ TEST(ClusterSharedCores, BadValuesNameFileAndPath) {
   EXPECT_EQ(ParseError(Description({{"workspace_gib", "80"}})),
             "c.json: $.workspace_gib: 80 GiB leaves nothing of the device's 80 GiB "
             "(device_memory_gib); it must be less");
+  // Compared as stored (bytes): a value that rounds to the whole device is refused too, so that
+  // every accepted description reads back (tests/fuzz/corpus/cluster_json/regress_workspace_*).
+  EXPECT_EQ(ParseError(Description({{"device_memory_gib", "1"},
+                                    {"workspace_gib", "0.9999999999999"}})),
+            "c.json: $.workspace_gib: 0.99999999999989997 GiB leaves nothing of the device's 1 "
+            "GiB (device_memory_gib); it must be less");
+  EXPECT_EQ(ParseError(Description({{"workspace_gib", "1e300"}})),
+            "c.json: $.workspace_gib: 1.0000000000000001e+300 GiB leaves nothing of the device's "
+            "80 GiB (device_memory_gib); it must be less");
   EXPECT_EQ(ParseError(Description({{"workspace_gib", "1e-12"}})),
             "c.json: $.workspace_gib: 9.9999999999999998e-13 GiB is less than one byte");
   EXPECT_EQ(ParseError(Description({{"cores_per_nodes", "2"}})).rfind(
