@@ -4,11 +4,17 @@
  * mp_cluster_load("cpu-local") returns from then on (topology/cluster.h), else --out's file, which
  * `plan --cluster FILE` accepts.
  *
- * Today it measures one rank's fp32 GEMM throughput on the CPU (OpenBLAS sgemm on one thread,
- * square shapes from 32 to 1024, each timed for at least 0.1 s after a warm-up) and writes the
- * cpu-local description with the measured peak (the fastest shape) and the efficiency curve
- * (each shape's throughput over that peak, by its FLOPs). Communicator bandwidth and latency are
- * measured with `mpirun -np 2 mpengine bench comm` when mpirun is there; otherwise the notes say so.
+ * It measures one rank's fp32 GEMM throughput on the CPU (OpenBLAS sgemm on one thread, square
+ * shapes from 32 to 1024 in the three layouts of a linear layer's forward and backward, each timed
+ * for at least 0.1 s after a warm-up) and writes the cpu-local
+ * description with the measured peak (the fastest shape) and the efficiency curve (each shape's
+ * throughput over that peak, by its FLOPs); one thread's memory bandwidth (an in-place update
+ * over 64 MiB arrays, the pattern of the optimizer); the cores this process may run on
+ * (cores_per_node: the ranks of `run` share them, topology/cluster.h "Shared cores"); the
+ * machine's memory over those cores as each rank's device memory; and the resident memory of this
+ * process after loading its libraries and OpenBLAS, before any big allocation, as the workspace
+ * every rank holds (workspace_gib). Communicator bandwidth and latency are measured with
+ * `mpirun -np 2 mpengine bench comm` when mpirun is there; otherwise the notes say so.
  */
 #include <cblas.h>
 #include <errno.h>
@@ -26,8 +32,18 @@
 #include "common/atomic_file.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
+#include "tools/launcher_env.h"
 
-/* FLOP/s of an n x n x n sgemm on this thread. */
+/* The three GEMMs of a linear layer's training step on n x n x n, as layers/matmul.c calls them:
+ * forward out = in W^T, input gradient din = dout W, weight gradient dW = dout^T in. Square NN
+ * alone flatters small shapes (64^3 NN ran at 157 GFLOP/s, NT at 97, on a Xeon core). */
+static void linear_gemms(int n, const float *a, const float *b, float *c) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 1.0f, c, n);
+}
+
+/* FLOP/s of a linear layer's three n x n x n sgemms (linear_gemms) on this thread. */
 static double time_sgemm(int n, double min_seconds) {
   float *a = malloc(sizeof(float) * (size_t)n * (size_t)n);
   float *b = malloc(sizeof(float) * (size_t)n * (size_t)n);
@@ -42,20 +58,71 @@ static double time_sgemm(int n, double min_seconds) {
     a[i] = (float)((i * 7) % 13) * 0.01f;
     b[i] = (float)((i * 5) % 11) * 0.01f;
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+  linear_gemms(n, a, b, c);
   long reps = 0;
   const double start = cli_now_seconds();
   double elapsed = 0.0;
   do {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c,
-                n);
+    linear_gemms(n, a, b, c);
     ++reps;
     elapsed = cli_now_seconds() - start;
   } while (elapsed < min_seconds);
   free(a);
   free(b);
   free(c);
-  return 2.0 * (double)n * n * n * (double)reps / elapsed;
+  return 3.0 * 2.0 * (double)n * n * n * (double)reps / elapsed;
+}
+
+/* Bytes per second one thread moves updating an array in place from another, a[i] = 0.999 a[i] +
+ * b[i] over two arrays of 64 MiB (well beyond the caches): 12 bytes per element (two reads, one
+ * write back to the line just read), the pattern of the optimizer and the elementwise kernels.
+ * The fastest of the passes timed for min_seconds. 0 when out of memory. */
+static double time_memory_bandwidth(double min_seconds) {
+  const size_t count = (size_t)16 << 20;
+  float *a = malloc(sizeof(float) * count);
+  float *b = malloc(sizeof(float) * count);
+  if (a == NULL || b == NULL) {
+    free(a);
+    free(b);
+    return 0.0;
+  }
+  for (size_t i = 0; i < count; ++i) {
+    a[i] = 1.0f;
+    b[i] = (float)(i % 7) * 0.01f;
+  }
+  double best = 0.0;
+  const double start = cli_now_seconds();
+  int passes = 0;
+  do {
+    const double pass_start = cli_now_seconds();
+    for (size_t i = 0; i < count; ++i) a[i] = 0.999f * a[i] + b[i];
+    const double seconds = cli_now_seconds() - pass_start;
+    const double rate = 12.0 * (double)count / seconds;
+    if (seconds > 0 && rate > best) best = rate;
+    ++passes;
+  } while (passes < 3 || cli_now_seconds() - start < min_seconds);
+  volatile float sink = a[count / 2]; /* keeps the loop */
+  (void)sink;
+  free(a);
+  free(b);
+  return best;
+}
+
+/* A field of /proc/self/status or /proc/meminfo ("VmRSS:", "MemTotal:"), in KiB; 0 when absent. */
+static long long proc_kib(const char *file, const char *field) {
+  FILE *stream = fopen(file, "r");
+  if (stream == NULL) return 0;
+  char line[256];
+  long long kib = 0;
+  const size_t length = strlen(field);
+  while (fgets(line, sizeof line, stream) != NULL) {
+    if (strncmp(line, field, length) == 0) {
+      kib = atoll(line + length);
+      break;
+    }
+  }
+  fclose(stream);
+  return kib;
 }
 
 /* Runs `mpirun -np 2 mpengine bench comm --ops sendrecv --json` and fits the point-to-point link
@@ -111,8 +178,10 @@ int cmd_calibrate(int argc, char **argv) {
       .usage = "mpengine calibrate [--out CLUSTER.json|-] [--quick] [--no-comm]",
       .summary = "Measure this machine's fp32 GEMM throughput on one thread (OpenBLAS sgemm over "
                  "square shapes) and write the cpu-local cluster description with the measured "
-                 "peak and efficiency curve, and the point-to-point latency and bandwidth between "
-                 "two ranks (mpirun -np 2 mpengine bench comm). By default it is kept as this "
+                 "peak and efficiency curve, one thread's memory bandwidth, the cores the ranks "
+                 "share, the memory per core, a bare rank's resident memory (its workspace), and "
+                 "the point-to-point latency and bandwidth between two ranks (mpirun -np 2 "
+                 "mpengine bench comm). By default it is kept as this "
                  "machine's cpu-local (~/.cache/mpengine/cpu-local.json, or $MPENGINE_CALIBRATION),"
                  " which plan and run then use; run it again to refresh it. Without mpirun the "
                  "link figures stay cpu-local's, and the notes say so.",
@@ -125,6 +194,12 @@ int cmd_calibrate(int argc, char **argv) {
   mp_cluster cluster;
   if (mp_cluster_preset("cpu-local", &cluster, &err) != MP_OK) return cli_report(&command, &err);
   openblas_set_num_threads(1);
+  /* A process that has loaded its libraries and OpenBLAS's buffers, before any model: the
+   * workspace every rank of `run` needs besides its state and activations. */
+  time_sgemm(32, 0.0);
+  const long long resident_kib = proc_kib("/proc/self/status", "VmRSS:");
+  const int cores = launcher_usable_cores();
+  const long long memory_kib = proc_kib("/proc/meminfo", "MemTotal:");
   const int shapes[] = {32, 64, 128, 256, 512, 1024};
   enum { kShapes = sizeof shapes / sizeof shapes[0] };
   const double min_seconds = cli_flag(&command, "quick") ? 0.02 : 0.1;
@@ -132,7 +207,8 @@ int cmd_calibrate(int argc, char **argv) {
   for (int i = 0; i < kShapes; ++i) {
     rate[i] = time_sgemm(shapes[i], min_seconds);
     if (rate[i] > peak) peak = rate[i];
-    fprintf(stderr, "sgemm %4d x %4d x %4d: %8.2f GFLOP/s\n", shapes[i], shapes[i], shapes[i],
+    fprintf(stderr, "sgemm %4d x %4d x %4d (NT, NN, TN): %8.2f GFLOP/s\n", shapes[i], shapes[i],
+            shapes[i],
             rate[i] / 1e9);
   }
   if (peak <= 0.0) {
@@ -148,6 +224,19 @@ int cmd_calibrate(int argc, char **argv) {
     cluster.gemm_efficiency[i].efficiency = e > 1e-6 ? e : 1e-6;
   }
   snprintf(cluster.name, sizeof cluster.name, "cpu-local-calibrated");
+  /* This machine: its cores, its memory (each core's share per rank), one thread's memory
+   * bandwidth, a bare rank's resident memory. */
+  cluster.cores_per_node = cores;
+  if (memory_kib > 0) cluster.device_memory_bytes = memory_kib * 1024 / cores;
+  const double memory_bandwidth = time_memory_bandwidth(min_seconds);
+  if (memory_bandwidth > 0) cluster.memory_bandwidth_bytes_per_s = memory_bandwidth;
+  if (resident_kib > 0 && resident_kib * 1024 < cluster.device_memory_bytes) {
+    cluster.workspace_bytes = resident_kib * 1024;
+  }
+  fprintf(stderr, "cores: %d; memory %.1f GiB (%.2f GiB per core); memory bandwidth (one thread) "
+                  "%.2f GB/s; a bare rank's resident memory %.0f MiB\n",
+          cores, memory_kib / 1048576.0, cluster.device_memory_bytes / 1073741824.0,
+          cluster.memory_bandwidth_bytes_per_s / 1e9, cluster.workspace_bytes / 1048576.0);
   double latency_s = 0, bandwidth = 0;
   const bool links = !cli_flag(&command, "no-comm") && measure_links(&latency_s, &bandwidth);
   char link_notes[256];
@@ -167,10 +256,14 @@ int cmd_calibrate(int argc, char **argv) {
              cli_flag(&command, "no-comm") ? "--no-comm" : "mpirun -np 2 bench comm failed");
   }
   snprintf(cluster.notes, sizeof cluster.notes,
-           "Measured by mpengine calibrate: fp32 sgemm (OpenBLAS %s, one thread) peaks at %.1f "
-           "GFLOP/s; the efficiency curve is each square shape's throughput over that peak; %s. "
-           "Memory and memory bandwidth are cpu-local's placeholders.",
-           openblas_get_corename(), peak / 1e9, link_notes);
+           "Measured by mpengine calibrate: fp32 sgemm (OpenBLAS %s, one thread, a linear layer's "
+           "forward, input- and weight-gradient GEMMs) peaks at %.1f GFLOP/s; the efficiency curve "
+           "is each square shape's throughput over that peak; %s. "
+           "%d cores (the ranks of run share them); device memory is the machine's %.1f GiB over "
+           "its cores; memory bandwidth is one thread's in-place update over 64 MiB arrays (%.2f "
+           "GB/s); workspace is a bare rank's resident memory (%.0f MiB).",
+           openblas_get_corename(), peak / 1e9, link_notes, cores, memory_kib / 1048576.0,
+           cluster.memory_bandwidth_bytes_per_s / 1e9, cluster.workspace_bytes / 1048576.0);
   cJSON *json = NULL;
   if (mp_cluster_to_json(&cluster, &json, &err) != MP_OK) return cli_report(&command, &err);
   char *text = cJSON_Print(json);

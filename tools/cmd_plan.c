@@ -89,6 +89,19 @@ static void print_table(const mp_planner_result *r, const mp_cluster *cluster,
            "calibrate` measures them\n",
            cluster->name);
   }
+  if (cluster->cores_per_node > 0) {
+    /* CPU ranks share the node's cores (topology/cost_model.h, "Shared cores"). */
+    const int ranks = mp_cluster_devices_on_node(cluster, gpus);
+    const int threads = mp_cluster_threads_per_device(cluster, ranks);
+    const double slowdown = mp_cluster_compute_slowdown(cluster, ranks);
+    printf("%d rank%s on %d cores (%s): %d BLAS thread%s %s", ranks, ranks == 1 ? "" : "s",
+           cluster->cores_per_node, cluster->name, threads, threads == 1 ? "" : "s",
+           ranks == 1 ? "for its GEMMs" : "each");
+    if (slowdown > 1.0) {
+      printf(", taking turns on the cores: every time %.3gx a rank's alone on a core", slowdown);
+    }
+    printf("\n");
+  }
   printf("searched %ld layouts, simulated %ld (bounds ruled out %ld, %ld by memory); best %d "
          "that fit:\n\n",
          r->candidates, r->simulated, r->pruned, r->pruned_by_memory, r->num_results);

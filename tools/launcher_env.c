@@ -1,8 +1,11 @@
 /* tools/launcher_env.c — the launcher's environment variables; see launcher_env.h. */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "tools/launcher_env.h"
 
+#include <sched.h>
 #include <stddef.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 /* The first of names that is set, as an integer, or fallback. */
 static int first_set(const char *const *names, size_t count, int fallback) {
@@ -34,4 +37,12 @@ int launcher_local_size(void) {
 bool launcher_first_rank(void) {
   static const char *const names[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"};
   return first_set(names, sizeof names / sizeof names[0], 0) == 0;
+}
+
+int launcher_usable_cores(void) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  return online > 0 ? (int)online : 1;
 }

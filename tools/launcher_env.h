@@ -2,7 +2,7 @@
  * tools/launcher_env.h — what the MPI launcher (mpirun, srun or another PMI launcher) tells a
  * process through its environment, read before MPI starts: whether it is inside a job, its rank
  * among the ranks of its node (which GPU it takes), and whether it is the job's first rank (the
- * one that prints errors met before MPI starts).
+ * one that prints errors met before MPI starts); and the cores the process may use.
  */
 #ifndef MPENGINE_TOOLS_LAUNCHER_ENV_H
 #define MPENGINE_TOOLS_LAUNCHER_ENV_H
@@ -20,5 +20,10 @@ int launcher_local_size(void);
 
 /* False only when the launcher says this is a rank other than 0. */
 bool launcher_first_rank(void);
+
+/* The processor cores this process may run on (sched_getaffinity, else the online ones; at least
+ * 1): what `run` divides among the ranks it starts, and what `calibrate` writes as
+ * cores_per_node. */
+int launcher_usable_cores(void);
 
 #endif /* MPENGINE_TOOLS_LAUNCHER_ENV_H */

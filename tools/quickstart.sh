@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # tools/quickstart.sh — from a fresh clone to mpengine's main job on the embedded default model,
-# examples/models/tiny-gpt.json: install what is missing, build, describe the model, plan it onto 8
-# ranks of the cpu-local cluster, draw the 1F1B schedule of a 4-stage plan, train it on one rank
-# down to its synthetic source's entropy floor, then plan it onto 8 ranks as dp = pp = tp = 2,
-# train that 3D-parallel on this machine's CPUs with a trace, and draw the measured timeline
-# against the plan's prediction.
+# examples/models/tiny-gpt.json: install what is missing, build, measure this machine for the cost
+# model (into a temporary file), describe the model, plan it onto 8 ranks of the cpu-local
+# cluster, draw the 1F1B schedule of a 4-stage plan, train it on one rank down to its synthetic
+# source's entropy floor, then plan it onto 8 ranks as dp = pp = tp = 2, train that 3D-parallel on
+# this machine's CPUs with a trace, and draw the measured timeline against the plan's prediction.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,6 +20,15 @@ mpengine=bazel-bin/tools/mpengine
 echo "== mpengine version"
 $mpengine version
 
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+# The cost model needs this machine's figures (cores, GEMM peak, memory bandwidth). They go into a
+# temporary file that plan and run read for cpu-local (MPENGINE_CALIBRATION), so a calibration
+# you keep (~/.cache/mpengine/cpu-local.json) is neither used nor replaced.
+echo "== mpengine calibrate --quick --out cpu-local.json (this machine, for plan and run's cpu-local)"
+$mpengine calibrate --quick --out "$work/cpu-local.json"
+export MPENGINE_CALIBRATION=$work/cpu-local.json
+
 echo "== mpengine describe $model"
 $mpengine describe "$model"
 
@@ -32,8 +41,6 @@ $mpengine schedule --config examples/plans/tiny-gpt-pp4-1f1b.json --format ascii
 echo "== mpengine run --config examples/plans/tiny-gpt-1rank.json (one rank, synthetic Markov source)"
 OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} $mpengine run --config examples/plans/tiny-gpt-1rank.json
 
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 echo "== mpengine plan $model --gpus 8 --dp 2 --pp 2 --tp 2 (3D parallel on 8 ranks of cpu-local)"
 $mpengine plan "$model" --gpus 8 --dp 2 --pp 2 --tp 2 --schedule 1f1b --global-batch 16 --top 1 \
   --out "$work/plan-3d.json"

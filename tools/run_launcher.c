@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "common/error.h"
+#include "tools/launcher_env.h"
 
 /* Sets an environment variable unless the user already set it. */
 static void default_env(const char *name, const char *value) {
@@ -104,6 +105,15 @@ static void remove_rank_file(void) {
   if (rank_file_path[0] != '\0') unlink(rank_file_path);
 }
 
+/* mpirun stops the surviving ranks with SIGTERM when one dies: a rank stopped so has been told,
+ * and must not look lost, however late the launcher wakes to see which process ended first.
+ * unlink is async-signal-safe; then the default action ends the process as before. */
+static void on_terminate_leave(int signal_number) {
+  if (rank_file_path[0] != '\0') unlink(rank_file_path);
+  signal(signal_number, SIG_DFL);
+  raise(signal_number);
+}
+
 void run_rank_joined(int world_rank) {
   const char *dir = getenv("MPENGINE_RANK_DIR");
   if (dir == NULL || dir[0] == '\0' || rank_file_path[0] != '\0') return;
@@ -116,6 +126,14 @@ void run_rank_joined(int world_rank) {
   fprintf(file, "%ld\n", (long)getpid());
   fclose(file);
   atexit(remove_rank_file);
+  struct sigaction current;
+  if (sigaction(SIGTERM, NULL, &current) == 0 && current.sa_handler == SIG_DFL) {
+    struct sigaction action;
+    memset(&action, 0, sizeof action);
+    action.sa_handler = on_terminate_leave;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGTERM, &action, NULL);
+  }
 }
 
 void run_rank_leaving(void) { remove_rank_file(); }
@@ -203,10 +221,10 @@ int run_relaunch(cli_command *command, int argc, char **argv, int np, const char
   default_env("OMPI_MCA_btl", "self,vader");
   default_env("OMPI_MCA_plm_rsh_agent", "");
   default_env("OMPI_MCA_rmaps_base_oversubscribe", "1");
-  long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  if (cores < 1) cores = 1;
+  /* The cost model assumes these threads (topology/cluster.h, mp_cluster_threads_per_device). */
+  const int cores = launcher_usable_cores();
   char threads[16];
-  snprintf(threads, sizeof threads, "%ld", cores / np > 1 ? cores / np : 1);
+  snprintf(threads, sizeof threads, "%d", cores / np > 1 ? cores / np : 1);
   default_env("OPENBLAS_NUM_THREADS", threads);
   default_env("OMP_NUM_THREADS", threads);
   setenv("MPENGINE_STDOUT_TTY", isatty(STDOUT_FILENO) ? "1" : "0", 1);

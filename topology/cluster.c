@@ -30,7 +30,7 @@ static const unit_conversion kMicro = {1.0, 1e6};
 static const unit_conversion kGibi = {1073741824.0, 1.0};
 
 /* Upper bounds that keep the integer fields and byte counts in range. */
-enum { MAX_NODES = 1 << 20, MAX_DEVICES_PER_NODE = 1 << 20 };
+enum { MAX_NODES = 1 << 20, MAX_DEVICES_PER_NODE = 1 << 20, MAX_CORES_PER_NODE = 1 << 20 };
 static const double kMaxDeviceMemoryGib = 1048576.0; /* 1 PiB per device */
 
 static const char *const kDtypeNames[MP_DTYPE_COUNT] = {"fp32", "tf32", "bf16", "fp16", "fp8"};
@@ -38,7 +38,8 @@ static const char *const kDtypeNames[MP_DTYPE_COUNT] = {"fp32", "tf32", "bf16", 
 static const char *const kClusterKeys[] = {
     "name", "notes", "device", "nodes", "devices_per_node", "device_memory_gib",
     "memory_bandwidth_gbytes_per_s", "memory_efficiency", "peak_tflops", "intra_node",
-    "inter_node", "gemm_efficiency", "flash_attention_efficiency", NULL};
+    "inter_node", "gemm_efficiency", "flash_attention_efficiency", "cores_per_node",
+    "workspace_gib", NULL};
 static const char *const kPeakKeys[] = {"fp32", "tf32", "bf16", "fp16", "fp8", NULL};
 static const char *const kLinkKeys[] = {"bandwidth_gbytes_per_s", "latency_us", "efficiency",
                                         NULL};
@@ -271,6 +272,33 @@ static void fill_default_gemm_efficiency(mp_cluster *cluster) {
   cluster->gemm_efficiency_given = false;
 }
 
+/* The optional "cores_per_node" and "workspace_gib" (cluster.h: shared cores, workspace). */
+static mp_status read_shared_cores(const mp_json_reader *reader, const cJSON *object,
+                                   const char *path, mp_cluster *cluster) {
+  MP_TRY(read_int(reader, object, path, "cores_per_node", false, MAX_CORES_PER_NODE,
+                  &cluster->cores_per_node));
+  double workspace_gib = 0;
+  MP_TRY(mp_json_optional_number(reader, object, path, "workspace_gib", MP_JSON_POSITIVE, 0,
+                                 &workspace_gib));
+  if (workspace_gib <= 0) return MP_OK;
+  /* Compared in bytes, as stored, so that a written description reads back. */
+  const double bytes = llround(to_si_units(fmin(workspace_gib, kMaxDeviceMemoryGib), kGibi));
+  if (!(bytes < (double)cluster->device_memory_bytes)) {
+    return mp_fail(reader->err, MP_ERR_INPUT,
+                   "%s: %s.workspace_gib: %.17g GiB leaves nothing of the device's %.17g GiB "
+                   "(device_memory_gib); it must be less",
+                   reader->source, path, workspace_gib,
+                   from_si_units((double)cluster->device_memory_bytes, kGibi));
+  }
+  if (bytes <= 0) {
+    return mp_fail(reader->err, MP_ERR_INPUT,
+                   "%s: %s.workspace_gib: %.17g GiB is less than one byte", reader->source, path,
+                   workspace_gib);
+  }
+  cluster->workspace_bytes = (int64_t)bytes;
+  return MP_OK;
+}
+
 mp_status mp_cluster_from_json(const cJSON *object, const char *source, const char *path,
                                mp_cluster *out, mp_error *err) {
   mp_json_reader reader = {source, err};
@@ -323,6 +351,7 @@ mp_status mp_cluster_from_json(const cJSON *object, const char *source, const ch
   } else {
     fill_default_gemm_efficiency(&cluster);
   }
+  MP_TRY(read_shared_cores(&reader, object, path, &cluster));
   *out = cluster;
   return MP_OK;
 }
@@ -522,8 +551,23 @@ static cJSON *build_json(const mp_cluster *cluster) {
   return root;
 }
 
+/* Adds the optional keys of shared cores and workspace that the cluster gives; false when out
+ * of memory. */
+static bool add_shared_cores_json(cJSON *root, const mp_cluster *cluster) {
+  bool ok = true;
+  if (cluster->cores_per_node > 0) ok = add_number(root, "cores_per_node", cluster->cores_per_node);
+  if (ok && cluster->workspace_bytes > 0) {
+    ok = add_number(root, "workspace_gib", from_si_units((double)cluster->workspace_bytes, kGibi));
+  }
+  return ok;
+}
+
 mp_status mp_cluster_to_json(const mp_cluster *cluster, cJSON **out, mp_error *err) {
   *out = build_json(cluster);
+  if (*out != NULL && !add_shared_cores_json(*out, cluster)) {
+    cJSON_Delete(*out);
+    *out = NULL;
+  }
   if (*out == NULL) {
     return mp_fail(err, MP_ERR_RUNTIME, "cluster '%s': out of memory writing it as JSON",
                    cluster->name);
@@ -601,4 +645,28 @@ int mp_cluster_nodes_used(const mp_cluster *cluster, int devices) {
 bool mp_cluster_same_node(const mp_cluster *cluster, int device_a, int device_b) {
   if (cluster->devices_per_node <= 0) return device_a == device_b;
   return device_a / cluster->devices_per_node == device_b / cluster->devices_per_node;
+}
+
+/* ---- shared cores ------------------------------------------------------------------------- */
+
+int mp_cluster_devices_on_node(const mp_cluster *cluster, int devices) {
+  if (devices <= 0) return 0;
+  if (cluster->devices_per_node > 0 && devices > cluster->devices_per_node) {
+    return cluster->devices_per_node;
+  }
+  return devices;
+}
+
+int mp_cluster_threads_per_device(const mp_cluster *cluster, int devices_on_node) {
+  if (cluster->cores_per_node <= 0 || devices_on_node < 1) return 1;
+  const int threads = cluster->cores_per_node / devices_on_node;
+  return threads > 1 ? threads : 1;
+}
+
+double mp_cluster_compute_slowdown(const mp_cluster *cluster, int devices_on_node) {
+  if (cluster->cores_per_node <= 0 || devices_on_node < 1) return 1.0;
+  const double busy = (double)devices_on_node *
+                      (double)mp_cluster_threads_per_device(cluster, devices_on_node);
+  const double slowdown = busy / (double)cluster->cores_per_node;
+  return slowdown > 1.0 ? slowdown : 1.0;
 }

@@ -41,9 +41,16 @@
  *       {"gemm_flops": 1e6, "efficiency": 0.01},   FLOPs reaches; at most 32 points, gemm_flops
  *       {"gemm_flops": 1e12, "efficiency": 0.8}    strictly ascending, efficiency in (0, 1]
  *     ],
- *     "flash_attention_efficiency": 0.35     optional: the fraction of peak a fused (flash)
+ *     "flash_attention_efficiency": 0.35,    optional: the fraction of peak a fused (flash)
  *                                            attention kernel reaches, forward and backward;
  *                                            default MP_CLUSTER_DEFAULT_FLASH_ATTENTION_EFFICIENCY
+ *     "cores_per_node": 2,                   optional: the processor cores the devices of one
+ *                                            node share (CPU ranks); absent: each device is its
+ *                                            own processor (a GPU). See "Shared cores" below
+ *     "workspace_gib": 0.17                  optional: memory every device uses besides the
+ *                                            model's state and activations (a CPU rank's
+ *                                            process: libraries, runtime buffers); absent: the
+ *                                            cost model's 5% of device_memory_gib
  *   }
  *
  * GB and TFLOP are decimal (1e9 bytes, 1e12 FLOP), GiB is 2^30 bytes. In mp_cluster every value
@@ -64,6 +71,16 @@
  * (mp_cluster_training_dtype). On h100-sxm that is 2e-4 at 1e6 FLOPs, 0.37 at 3.7e9 and 0.75
  * from 1e12 up; on cpu-local (0.05 TFLOP/s) 0.63 already at 1e6.
  * `mpengine calibrate` replaces the curve with measured points.
+ *
+ * Shared cores (cpu-local): the peak, the efficiency curve and the memory bandwidth are those of
+ * one rank on one core (calibrate times one thread). With "cores_per_node" the ranks of a node
+ * share its cores: `mpengine run` gives each of the D ranks of a node
+ * mp_cluster_threads_per_device = max(1, floor(cores / D)) BLAS threads (OPENBLAS_NUM_THREADS),
+ * so with fewer ranks than cores a rank's GEMMs run on that many threads, and with more the ranks
+ * take turns on the cores: every rank's compute, memory traffic and shared-memory messages stretch
+ * by mp_cluster_compute_slowdown = max(1, D x threads / cores) (8 ranks of one thread on 2 cores:
+ * 4; Open MPI's waits spin, so a waiting rank competes for a core as much as a computing one).
+ * `mpengine calibrate` writes the cores it may run on (sched_getaffinity).
  */
 #ifndef MPENGINE_TOPOLOGY_CLUSTER_H
 #define MPENGINE_TOPOLOGY_CLUSTER_H
@@ -131,6 +148,9 @@ typedef struct {
   double flash_attention_efficiency;    /* of peak, a fused attention kernel */
   bool flash_attention_efficiency_given; /* false: the default, and to_json leaves it out */
   bool placeholder; /* cpu-local's built-in figures, not this machine's (no calibration file) */
+  /* Shared cores and workspace (optional keys; 0 when absent). */
+  int cores_per_node;      /* processor cores the devices of one node share; 0: one each */
+  int64_t workspace_bytes; /* per device besides state and activations; 0: the default */
 } mp_cluster;
 
 /* Where `mpengine calibrate` keeps this machine's measured cpu-local description, which
@@ -216,6 +236,23 @@ int mp_cluster_nodes_used(const mp_cluster *cluster, int devices);
 
 /* Whether devices a and b (0-based, node-major numbering) sit in the same node. */
 bool mp_cluster_same_node(const mp_cluster *cluster, int device_a, int device_b);
+
+/* ---- shared cores (see "Shared cores" at the top of this file) ---------------------------- */
+
+/* The devices on the fullest node when devices devices fill the nodes one after another:
+ * min(devices, devices_per_node); 0 for devices <= 0. */
+int mp_cluster_devices_on_node(const mp_cluster *cluster, int devices);
+
+/* The BLAS threads `mpengine run` gives each of devices_on_node ranks of a node:
+ * max(1, floor(cores_per_node / devices_on_node)); 1 when the cluster does not give
+ * cores_per_node (each device its own processor) or devices_on_node < 1. */
+int mp_cluster_threads_per_device(const mp_cluster *cluster, int devices_on_node);
+
+/* How much slower every rank computes (and moves memory, and exchanges shared-memory messages)
+ * when devices_on_node ranks, each with mp_cluster_threads_per_device threads, share the node's
+ * cores: max(1, devices_on_node x threads / cores_per_node). 1 when the cluster does not give
+ * cores_per_node (the GPU presets) or devices_on_node < 1. */
+double mp_cluster_compute_slowdown(const mp_cluster *cluster, int devices_on_node);
 
 #ifdef __cplusplus
 }

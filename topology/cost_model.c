@@ -138,11 +138,49 @@ void mp_cost_layer(const mp_cluster *cluster, const mp_layer_spec *layer, const 
   }
 }
 
+/* ---- ranks sharing a node's cores (cost_model.h, "Shared cores") -------------------------- */
+
+double mp_cost_compute_slowdown(const mp_cluster *cluster, const mp_layout *layout) {
+  const int devices = mp_cluster_devices_on_node(cluster, layout->dp * layout->pp * layout->tp);
+  return mp_cluster_compute_slowdown(cluster, devices);
+}
+
+void mp_cost_layer_on_node(const mp_cluster *cluster, const mp_layer_spec *layer,
+                           const mp_layout *layout, mp_layer_time *out) {
+  const int devices = mp_cluster_devices_on_node(cluster, layout->dp * layout->pp * layout->tp);
+  const int threads = mp_cluster_threads_per_device(cluster, devices);
+  if (threads > 1) {
+    /* The rank's GEMMs run on its BLAS threads: the one-thread peak times the threads. */
+    mp_cluster threaded = *cluster;
+    for (int dtype = 0; dtype < MP_DTYPE_COUNT; ++dtype) {
+      threaded.peak_flops_per_s[dtype] *= threads;
+    }
+    mp_cost_layer(&threaded, layer, layout, out);
+  } else {
+    mp_cost_layer(cluster, layer, layout, out);
+  }
+  const double slowdown = mp_cluster_compute_slowdown(cluster, devices);
+  out->forward_compute_s *= slowdown;
+  out->backward_compute_s *= slowdown;
+  out->recompute_s *= slowdown;
+  out->forward_tp_s *= slowdown;
+  out->backward_tp_s *= slowdown;
+}
+
+double mp_cost_workspace_bytes(const mp_cluster *cluster) {
+  if (cluster->workspace_bytes > 0) return (double)cluster->workspace_bytes;
+  return MP_COST_WORKSPACE_FRACTION * (double)cluster->device_memory_bytes;
+}
+
+double mp_cost_dp_transient_bytes(const mp_cluster *cluster, double grads_bytes) {
+  return cluster->cores_per_node > 0 ? grads_bytes : 0.0; /* CPU ranks: MPI on host memory */
+}
+
 void mp_cost_partition_costs(const mp_cluster *cluster, const mp_model *model,
                              const mp_layout *layout, double *costs) {
   for (int i = 0; i < mp_model_num_layers(model); ++i) {
     mp_layer_time time;
-    mp_cost_layer(cluster, mp_model_layer(model, i), layout, &time);
+    mp_cost_layer_on_node(cluster, mp_model_layer(model, i), layout, &time);
     costs[i] = time.forward_compute_s + time.backward_compute_s + time.forward_tp_s +
                time.backward_tp_s;
   }
@@ -216,7 +254,7 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
     return mp_fail(err, MP_ERR_RUNTIME, "out of memory estimating a layout");
   }
   for (int i = 0; i < n; ++i) {
-    mp_cost_layer(cluster, mp_model_layer(model, i), layout, &times[i]);
+    mp_cost_layer_on_node(cluster, mp_model_layer(model, i), layout, &times[i]);
     costs[i] = times[i].forward_compute_s + times[i].backward_compute_s +
                times[i].forward_tp_s + times[i].backward_tp_s;
   }
@@ -295,6 +333,8 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
   if (v > 1 && pp > 1 && !mp_cluster_same_node(cluster, 0, pp * block - 1)) inter = true;
   out->p2p_inter_node = inter;
   out->p2p_s = pp > 1 ? mp_cluster_p2p_seconds(cluster, !inter, boundary_bytes) : 0.0;
+  const double slowdown = mp_cost_compute_slowdown(cluster, layout); /* shared cores */
+  out->p2p_s *= slowdown;
 
   /* The schedule, simulated with these durations. */
   mp_schedule generated = MP_SCHEDULE_INITIALIZER;
@@ -367,6 +407,7 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
         rank->dp_comm_s = mp_cost_allreduce_seconds(grad_bytes, d, dp_bw, dp_lat);
       }
     }
+    rank->dp_comm_s *= slowdown;
     const int last = schedule->ranks[r].num_actions - 1;
     const double idle_after = last >= 0 ? sim.step_time - sim.end[r][last] : 0.0;
     rank->dp_exposed_s = fmax(0.0, rank->dp_comm_s - last_backward - idle_after);
@@ -374,6 +415,7 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
         params * (MP_COST_OPTIMIZER_BYTES_PER_PARAM -
                   (layout->zero_stage == 1 ? state.optimizer * 2.0 * (1.0 - 1.0 / d) : 0.0));
     rank->optimizer_s = opt_bytes / mp_cluster_memory_bandwidth(cluster);
+    rank->optimizer_s *= slowdown;
     if (rank->dp_exposed_s + rank->optimizer_s > tail) tail = rank->dp_exposed_s + rank->optimizer_s;
 
     rank->weights_bytes = params * state.weights;
@@ -381,7 +423,8 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
     rank->optimizer_bytes = params * state.optimizer / (layout->zero_stage == 1 ? d : 1);
     rank->activation_bytes = sim.peak_activation_memory[r];
     rank->peak_live = sim.peak_live[r];
-    rank->workspace_bytes = MP_COST_WORKSPACE_FRACTION * out->capacity_bytes;
+    rank->workspace_bytes = mp_cost_workspace_bytes(cluster);
+    if (d > 1) rank->workspace_bytes += mp_cost_dp_transient_bytes(cluster, rank->grads_bytes);
     rank->memory_bytes = rank->weights_bytes + rank->grads_bytes + rank->optimizer_bytes +
                          rank->activation_bytes + rank->workspace_bytes;
     if (rank->memory_bytes > out->memory_bytes) out->memory_bytes = rank->memory_bytes;

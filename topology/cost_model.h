@@ -63,7 +63,28 @@
  * tp (with dropout, the two residual masks are replicated too; layer_cost.h's
  * activation_replicated_bytes); the LM head's logits are split by tp (vocab-parallel). The
  * simulator's peak activation memory per rank (the schedule's live micro-batches times each stage's bytes) is used. Workspace:
- * 5% of device memory (CUDA context, communication buffers, allocator fragmentation).
+ * the cluster's "workspace_gib" when it gives one, else 5% of device memory (CUDA context,
+ * communication buffers, allocator fragmentation). A CPU rank's process needs about 170 MiB before
+ * it holds any model (the libraries it maps, cuBLAS's among them, OpenBLAS's buffers, Open MPI's
+ * shared memory): measured VmHWM of tiny-gpt ranks was 172-174 MiB whatever the layout, where 5% of
+ * cpu-local's 2 GiB said 102 MiB. So `mpengine calibrate` measures its own resident memory and
+ * writes it as cpu-local's workspace_gib. CPU ranks with dp > 1 hold one more copy of their
+ * gradients while the all-reduces are in flight (mp_cost_dp_transient_bytes: gpt2-124m at dp = 2
+ * peaked 492 MiB above the one-rank run, its gradients being 475 MiB); it is counted in the
+ * workspace.
+ *
+ * Shared cores (a cluster with "cores_per_node", cpu-local once calibrated; cluster.h). The D
+ * ranks of the fullest node (min(dp x pp x tp, devices_per_node)) share its cores: each rank's
+ * GEMMs run at the one-thread peak times its BLAS threads (mp_cluster_threads_per_device: `run`
+ * gives each rank floor(cores / D) of them, at least 1), the rest of its work on one thread, and
+ * every time of the rank (its layers' compute and tp collectives, the point-to-point transfer,
+ * the dp reduction and the optimizer) is multiplied by mp_cluster_compute_slowdown
+ * (max(1, D x threads / cores)): ranks beyond the cores take turns on them, and a rank waiting
+ * for a message spins (engine/comm_mpi.c), so it takes its turn too. Messages are included
+ * because a shared-memory message is a copy a core makes: `mpirun -np 8 bench comm` on 2 cores
+ * measured send/recv 2.4x (4 MiB) to 5.5x (1 KiB) slower than with 2 ranks. This is applied to
+ * mp_cost_layer's times by mp_cost_layer_on_node, and to the pipeline's and the data-parallel
+ * times in mp_cost_estimate; mp_cost_layer itself is one rank alone on its processor.
  */
 #ifndef MPENGINE_TOPOLOGY_COST_MODEL_H
 #define MPENGINE_TOPOLOGY_COST_MODEL_H
@@ -124,9 +145,31 @@ int mp_cost_activation_bytes_per_element(const mp_cluster *cluster);
 double mp_cost_allreduce_seconds(double bytes, int ranks, double bandwidth, double latency);
 
 /* The costs of one layer under a layout (only tp, micro_batch, seq_len, recompute and
- * sequence_parallel matter). */
+ * sequence_parallel matter), on a device that is its own processor (no shared cores). */
 void mp_cost_layer(const mp_cluster *cluster, const mp_layer_spec *layer, const mp_layout *layout,
                    mp_layer_time *out);
+
+/* ---- ranks sharing a node's cores ("Shared cores" above) ---- */
+
+/* mp_cluster_compute_slowdown for the ranks of layout on its fullest node (1 on a cluster without
+ * cores_per_node, or with dp, pp or tp unset). */
+double mp_cost_compute_slowdown(const mp_cluster *cluster, const mp_layout *layout);
+
+/* mp_cost_layer as a rank of layout sees it on its node: GEMMs on the BLAS threads `run` gives
+ * it, every time multiplied by mp_cost_compute_slowdown. Equal to mp_cost_layer on a cluster
+ * without cores_per_node. What mp_cost_estimate, mp_cost_partition_costs and the planner use. */
+void mp_cost_layer_on_node(const mp_cluster *cluster, const mp_layer_spec *layer,
+                           const mp_layout *layout, mp_layer_time *out);
+
+/* Bytes of a rank's workspace: the cluster's workspace_bytes, else MP_COST_WORKSPACE_FRACTION of
+ * its device memory. */
+double mp_cost_workspace_bytes(const mp_cluster *cluster);
+
+/* Bytes a rank with dp > 1 holds while its gradients' all-reduces are in flight, besides the
+ * gradients: on CPU ranks (a cluster with cores_per_node) grads_bytes, the temporaries of Open
+ * MPI's non-blocking all-reduces, which engine/trainer.c posts for all its buckets at once; 0
+ * elsewhere (NCCL reduces in place). Counted in the rank's workspace. */
+double mp_cost_dp_transient_bytes(const mp_cluster *cluster, double grads_bytes);
 
 /* The prediction for one layout with one stage split, per pipeline rank and as a whole. */
 typedef struct {

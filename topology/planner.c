@@ -66,7 +66,8 @@ static bool fill_table(const mp_cluster *cluster, const mp_model *model, const m
   t->max_cost = 0.0;
   for (int i = 0; i < n; ++i) {
     mp_layer_time time;
-    mp_cost_layer(cluster, mp_model_layer(model, i), layout, &time);
+    /* On the node: every candidate has dp x pp x tp = --gpus, so the table may ignore dp, pp. */
+    mp_cost_layer_on_node(cluster, mp_model_layer(model, i), layout, &time);
     const double f = time.forward_compute_s + time.forward_tp_s;
     const double b = time.backward_compute_s + time.backward_tp_s;
     /* The partition cost exactly as mp_cost_estimate sums it, so the splits are its splits. */
@@ -114,10 +115,11 @@ static void quick_bounds(const mp_cluster *cluster, const layer_table *t, int n,
   const double work = t->fwd[n] + t->bwd[n];
   const double busiest = m * (work / pp > t->max_cost ? work / pp : t->max_cost);
   *time = busiest + params / pp * optimizer_bytes_per_param(&state, l) /
-                        mp_cluster_memory_bandwidth(cluster);
+                        mp_cluster_memory_bandwidth(cluster) *
+                        mp_cost_compute_slowdown(cluster, l);
   const double per_param_optimizer = state.optimizer / (l->zero_stage ? (double)l->dp : 1.0);
   *memory = params / pp * (state.weights + state.grads + per_param_optimizer) +
-            MP_COST_WORKSPACE_FRACTION * (double)cluster->device_memory_bytes;
+            mp_cost_workspace_bytes(cluster);
 }
 
 /* The fewest (micro-batch, chunk) activation sets alive at once on pp rank r of the schedule: the
@@ -146,7 +148,6 @@ static void split_bounds(const mp_cluster *cluster, const layer_table *t, const 
   for (int i = 0; i < k; ++i) start[i + 1] = start[i] + counts[i];
   const mp_state_bytes state = mp_cost_state_bytes(cluster);
   const double m = (double)l->num_micro_batches;
-  const double capacity = (double)cluster->device_memory_bytes;
   const double per_param_optimizer = state.optimizer / (l->zero_stage ? (double)l->dp : 1.0);
   const double optimizer_per_param = optimizer_bytes_per_param(&state, l);
   /* zb-h1 runs weight gradients after a rank's last input gradient; the others end each rank
@@ -172,13 +173,13 @@ static void split_bounds(const mp_cluster *cluster, const layer_table *t, const 
     if (chain + busy > pipeline) pipeline = chain + busy;
     const double rank_memory = params * (state.weights + state.grads + per_param_optimizer) +
                                fewest_live(l, r) * least_activations +
-                               MP_COST_WORKSPACE_FRACTION * capacity;
+                               mp_cost_workspace_bytes(cluster);
     if (rank_memory > fullest) fullest = rank_memory;
     const double optimizer =
         params * optimizer_per_param / mp_cluster_memory_bandwidth(cluster);
     if (optimizer > slowest_optimizer) slowest_optimizer = optimizer;
   }
-  *time = pipeline + slowest_optimizer;
+  *time = pipeline + slowest_optimizer * mp_cost_compute_slowdown(cluster, l);
   *memory = fullest;
 }
 

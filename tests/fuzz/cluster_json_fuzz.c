@@ -21,6 +21,7 @@ static bool same_cluster(const mp_cluster *a, const mp_cluster *b) {
               a->inter_node_latency_s == b->inter_node_latency_s &&
               a->gemm_efficiency_given == b->gemm_efficiency_given &&
               a->gemm_efficiency_points == b->gemm_efficiency_points;
+  same = same && a->cores_per_node == b->cores_per_node && a->workspace_bytes == b->workspace_bytes;
   for (int i = 0; same && i < MP_DTYPE_COUNT; ++i) {
     same = a->peak_flops_per_s[i] == b->peak_flops_per_s[i];
   }
@@ -42,6 +43,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     sink += mp_cluster_gemm_efficiency(&cluster, 3e7);
     sink += mp_cluster_p2p_seconds(&cluster, false, 1e6);
     sink += mp_cluster_total_devices(&cluster, 0) + mp_cluster_nodes_used(&cluster, 1000);
+    sink += mp_cluster_compute_slowdown(&cluster, mp_cluster_devices_on_node(&cluster, 4096));
     (void)sink;
     /* cluster.h promises that mp_cluster_from_json(mp_cluster_to_json(x)) gives back x. */
     cJSON *json = NULL;

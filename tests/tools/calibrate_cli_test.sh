@@ -3,7 +3,8 @@
 # calibration file plan and run say its figures are placeholders, and run never prints an MFU
 # above 100% (tiny-gpt beats the 0.05 TFLOP/s placeholder here); `mpengine calibrate` keeps its
 # measurement where MPENGINE_CALIBRATION points, and plan and run then use it for cpu-local; with
-# MPENGINE_CALIBRATION empty there is nowhere to keep it, and calibrate says so (exit 2).
+# MPENGINE_CALIBRATION empty there is nowhere to keep it, and calibrate says so (exit 2). The
+# description it writes has this machine's cores (cores_per_node) and a bare rank's workspace.
 set -uo pipefail
 mpengine=${1:-${MPENGINE:-tools/mpengine}}
 tmp=${TEST_TMPDIR:-$(mktemp -d)}/calibrate_cli
@@ -48,6 +49,13 @@ grep -qE "^step 4/4 .*\| MFU ([0-9]+\.[0-9]%|n/a \(above the peak\))" <<<"$out" 
 no_mfu_over_100 "$out" "calibrated cpu-local"
 
 expect 0 '"name":	"cpu-local-calibrated"' -- $mpengine calibrate --quick --no-comm --out -
+# This machine's cores (the ranks of run share them) and a bare rank's memory, as optional keys.
+out=$($mpengine calibrate --quick --no-comm --out - 2>/dev/null)
+cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) # the affinity mask's, as calibrate's
+grep -qE "\"cores_per_node\":[[:space:]]+$cores," <<<"$out" ||
+  fail "calibrate does not write this machine's $cores cores: $(grep cores_per <<<"$out")"
+grep -qE "\"workspace_gib\":[[:space:]]+0\.[0-9]+" <<<"$out" ||
+  fail "calibrate writes no workspace_gib below 1 GiB: $(grep workspace <<<"$out")"
 MPENGINE_CALIBRATION= expect 2 "no calibration file to write (MPENGINE_CALIBRATION is empty, or no HOME)" -- \
   $mpengine calibrate --quick --no-comm
 

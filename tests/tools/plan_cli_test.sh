@@ -88,6 +88,28 @@ if ! grep -q "link figures are cpu-local's placeholders (not measured: --no-comm
 fi
 expect 0 "of cpu-local-calibrated" -- $mpengine plan $tiny --gpus 2 --cluster "$tmp/c.json"
 
+# CPU ranks sharing cores (cores_per_node): plan says how they share them, and the 8 ranks on 2
+# cores take 4x the time of 8 on 8 (every time of the model is stretched, the layout unchanged).
+for cores in 2 8; do
+  cat > "$tmp/cores$cores.json" <<JSON
+{"name": "cores$cores", "nodes": 1, "devices_per_node": 4096, "device_memory_gib": 2,
+ "memory_bandwidth_gbytes_per_s": 10, "peak_tflops": {"fp32": 0.05}, "cores_per_node": $cores,
+ "intra_node": {"bandwidth_gbytes_per_s": 5, "latency_us": 2},
+ "inter_node": {"bandwidth_gbytes_per_s": 5, "latency_us": 2}}
+JSON
+done
+expect 0 "8 ranks on 2 cores (cores2): 1 BLAS thread each, taking turns on the cores: every time 4x a rank's alone on a core" -- \
+  $mpengine plan $tiny --gpus 8 --cluster "$tmp/cores2.json" --dp 2 --pp 2 --tp 2 --global-batch 16
+expect 0 "1 rank on 2 cores (cores2): 2 BLAS threads for its GEMMs" -- \
+  $mpengine plan $tiny --gpus 1 --cluster "$tmp/cores2.json"
+step_of() { "$mpengine" plan $tiny --gpus 8 --cluster "$1" --dp 2 --pp 2 --tp 2 --global-batch 16 \
+  --micro-batch 1 --schedule 1f1b --recompute none --sequence-parallel on --zero 1 --json |
+  grep -oE '"step_time_s":[[:space:]]*[0-9.e+-]+' | head -1 | grep -oE '[0-9.e+-]+$'; }
+two=$(step_of "$tmp/cores2.json") eight=$(step_of "$tmp/cores8.json")
+if ! awk -v a="$two" -v b="$eight" 'BEGIN { exit !(b > 0 && a / b > 3.999 && a / b < 4.001) }'; then
+  echo "FAIL: 8 ranks on 2 cores predict $two s, on 8 cores $eight s: not 4x"; failures=$((failures + 1))
+fi
+
 if [ $failures -ne 0 ]; then
   echo "$failures check(s) failed"
   exit 1

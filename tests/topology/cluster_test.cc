@@ -43,6 +43,8 @@ void ExpectSameCluster(const mp_cluster &a, const mp_cluster &b) {
     EXPECT_EQ(a.gemm_efficiency[i].gemm_flops, b.gemm_efficiency[i].gemm_flops) << i;
     EXPECT_EQ(a.gemm_efficiency[i].efficiency, b.gemm_efficiency[i].efficiency) << i;
   }
+  EXPECT_EQ(a.cores_per_node, b.cores_per_node);
+  EXPECT_EQ(a.workspace_bytes, b.workspace_bytes);
 }
 
 mp_cluster Preset(const char *name) {
@@ -486,7 +488,8 @@ TEST(ClusterErrors, UnknownTopLevelKeySuggestsClosest) {
             "c.json: $: unknown key \"devices_per_nod\"; did you mean \"devices_per_node\"? "
             "(known keys: name, notes, device, nodes, devices_per_node, device_memory_gib, "
             "memory_bandwidth_gbytes_per_s, memory_efficiency, peak_tflops, intra_node, "
-            "inter_node, gemm_efficiency, flash_attention_efficiency)");
+            "inter_node, gemm_efficiency, flash_attention_efficiency, cores_per_node, "
+            "workspace_gib)");
 }
 
 TEST(ClusterErrors, EfficienciesAreFractions) {
@@ -634,6 +637,101 @@ TEST(ClusterErrors, LongStringsAndSyntax) {
   EXPECT_EQ(ParseError(Description({{"name", "\"\""}})), "c.json: $.name: must not be empty");
   // The syntax message itself is common/json_reader's; here only that it names file and place.
   EXPECT_EQ(ParseError("{\"name\": \"x\",}").rfind("c.json:1:14: JSON syntax error", 0), 0u);
+}
+
+// ---- shared cores and workspace -------------------------------------------------------------
+
+TEST(ClusterSharedCores, KeysAreOptionalAndRoundTrip) {
+  mp_cluster absent = Parse(Description());
+  EXPECT_EQ(absent.cores_per_node, 0);
+  EXPECT_EQ(absent.workspace_bytes, 0);
+  mp_cluster c = Parse(Description({{"cores_per_node", "2"}, {"workspace_gib", "0.17"}}));
+  EXPECT_EQ(c.cores_per_node, 2);
+  EXPECT_EQ(c.workspace_bytes, std::llround(0.17 * kGib));
+  ExpectSameCluster(RoundTrip(c), c);
+  // to_json writes them back only when given.
+  cJSON *json = nullptr;
+  mp_error err = MP_ERROR_INITIALIZER;
+  ASSERT_EQ(mp_cluster_to_json(&c, &json, &err), MP_OK);
+  EXPECT_EQ(cJSON_GetObjectItemCaseSensitive(json, "cores_per_node")->valuedouble, 2.0);
+  EXPECT_NE(cJSON_GetObjectItemCaseSensitive(json, "workspace_gib"), nullptr);
+  cJSON_Delete(json);
+  ASSERT_EQ(mp_cluster_to_json(&absent, &json, &err), MP_OK);
+  EXPECT_EQ(cJSON_GetObjectItemCaseSensitive(json, "cores_per_node"), nullptr);
+  EXPECT_EQ(cJSON_GetObjectItemCaseSensitive(json, "workspace_gib"), nullptr);
+  cJSON_Delete(json);
+  // No preset gives them: cpu-local's cores are this machine's, measured by calibrate.
+  for (const char *const *name = mp_cluster_preset_names(); *name != nullptr; ++name) {
+    EXPECT_EQ(Preset(*name).cores_per_node, 0) << *name;
+    EXPECT_EQ(Preset(*name).workspace_bytes, 0) << *name;
+  }
+}
+
+TEST(ClusterSharedCores, BadValuesNameFileAndPath) {
+  EXPECT_EQ(ParseError(Description({{"cores_per_node", "0"}})),
+            "c.json: $.cores_per_node: must be a positive integer, got 0");
+  EXPECT_EQ(ParseError(Description({{"cores_per_node", "-4"}})),
+            "c.json: $.cores_per_node: must be a positive integer, got -4");
+  EXPECT_EQ(ParseError(Description({{"cores_per_node", "2000000"}})),
+            "c.json: $.cores_per_node: must be at most 1048576, got 2000000");
+  EXPECT_EQ(ParseError(Description({{"cores_per_node", "1.5"}})),
+            "c.json: $.cores_per_node: must be a positive integer, got 1.5");
+  EXPECT_EQ(ParseError(Description({{"cores_per_node", "\"2\""}})),
+            "c.json: $.cores_per_node: must be a positive integer, got a string (\"2\"); drop "
+            "the quotes");
+  EXPECT_EQ(ParseError(Description({{"workspace_gib", "0"}})),
+            "c.json: $.workspace_gib: must be a positive number, got 0");
+  EXPECT_EQ(ParseError(Description({{"workspace_gib", "80"}})),
+            "c.json: $.workspace_gib: 80 GiB leaves nothing of the device's 80 GiB "
+            "(device_memory_gib); it must be less");
+  // Compared as stored (bytes): a value that rounds to the whole device is refused too, so that
+  // every accepted description reads back (tests/fuzz/corpus/cluster_json/regress_workspace_*).
+  EXPECT_EQ(ParseError(Description({{"device_memory_gib", "1"},
+                                    {"workspace_gib", "0.9999999999999"}})),
+            "c.json: $.workspace_gib: 0.99999999999989997 GiB leaves nothing of the device's 1 "
+            "GiB (device_memory_gib); it must be less");
+  EXPECT_EQ(ParseError(Description({{"workspace_gib", "1e300"}})),
+            "c.json: $.workspace_gib: 1.0000000000000001e+300 GiB leaves nothing of the device's "
+            "80 GiB (device_memory_gib); it must be less");
+  EXPECT_EQ(ParseError(Description({{"workspace_gib", "1e-12"}})),
+            "c.json: $.workspace_gib: 9.9999999999999998e-13 GiB is less than one byte");
+  EXPECT_EQ(ParseError(Description({{"cores_per_nodes", "2"}})).rfind(
+                "c.json: $: unknown key \"cores_per_nodes\"", 0),
+            0u);
+  // Inside a plan the path is the embedding's.
+  cJSON *root = cJSON_Parse(Description({{"cores_per_node", "0"}}).c_str());
+  mp_cluster c;
+  mp_error err = MP_ERROR_INITIALIZER;
+  EXPECT_EQ(mp_cluster_from_json(root, "plan.json", "$.cluster", &c, &err), MP_ERR_INPUT);
+  EXPECT_STREQ(err.message, "plan.json: $.cluster.cores_per_node: must be a positive integer, got 0");
+  cJSON_Delete(root);
+}
+
+// max(1, devices x threads / cores) with threads = max(1, cores / devices), as `run` sets them.
+TEST(ClusterSharedCores, SlowdownIsRanksTimesThreadsOverCores) {
+  mp_cluster c = Parse(Description({{"cores_per_node", "2"}, {"devices_per_node", "4096"}}));
+  EXPECT_EQ(mp_cluster_threads_per_device(&c, 8), 1);
+  EXPECT_EQ(mp_cluster_compute_slowdown(&c, 8), 4.0);  // the quickstart: 8 ranks on 2 cores
+  EXPECT_EQ(mp_cluster_compute_slowdown(&c, 3), 1.5);
+  EXPECT_EQ(mp_cluster_threads_per_device(&c, 2), 1);
+  EXPECT_EQ(mp_cluster_compute_slowdown(&c, 2), 1.0);
+  EXPECT_EQ(mp_cluster_threads_per_device(&c, 1), 2);  // one rank: both cores' BLAS threads
+  EXPECT_EQ(mp_cluster_compute_slowdown(&c, 1), 1.0);
+  EXPECT_EQ(mp_cluster_compute_slowdown(&c, 0), 1.0);
+  mp_cluster eight = Parse(Description({{"cores_per_node", "8"}}));
+  EXPECT_EQ(mp_cluster_threads_per_device(&eight, 3), 2);
+  EXPECT_EQ(mp_cluster_compute_slowdown(&eight, 3), 1.0);  // 6 of the 8 cores busy
+  EXPECT_EQ(mp_cluster_threads_per_device(&eight, 5), 1);
+  EXPECT_EQ(mp_cluster_compute_slowdown(&eight, 12), 1.5);
+  // Devices on the fullest node: the nodes fill one after another.
+  EXPECT_EQ(mp_cluster_devices_on_node(&eight, 64), 8);
+  EXPECT_EQ(mp_cluster_devices_on_node(&eight, 5), 5);
+  EXPECT_EQ(mp_cluster_devices_on_node(&eight, 0), 0);
+  // Without cores_per_node (every GPU preset) a device is its own processor.
+  mp_cluster h100 = Preset("h100-sxm");
+  EXPECT_EQ(mp_cluster_threads_per_device(&h100, 8), 1);
+  EXPECT_EQ(mp_cluster_compute_slowdown(&h100, 8), 1.0);
+  EXPECT_EQ(mp_cluster_compute_slowdown(&h100, 4096), 1.0);
 }
 
 }  // namespace

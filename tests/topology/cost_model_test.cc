@@ -332,4 +332,128 @@ TEST(CostModel, APreparedScheduleEstimatesTheSame) {
   mp_schedule_free(&schedule);
 }
 
+// ---- ranks sharing a node's cores (cost_model.h, "Shared cores") -----------------------------
+
+// hand_cluster as CPU ranks: fp32 only, and the cores of a node that its ranks share.
+mp_cluster cpu_cluster(int cores) {
+  mp_cluster c = hand_cluster();
+  c.peak_flops_per_s[MP_DTYPE_BF16] = 0;
+  c.peak_flops_per_s[MP_DTYPE_FP32] = 1e11;
+  c.cores_per_node = cores;
+  return c;
+}
+
+void ExpectTimesScaled(const mp_layer_time &shared, const mp_layer_time &alone, double factor) {
+  EXPECT_DOUBLE_EQ(shared.forward_compute_s, factor * alone.forward_compute_s);
+  EXPECT_DOUBLE_EQ(shared.backward_compute_s, factor * alone.backward_compute_s);
+  EXPECT_DOUBLE_EQ(shared.recompute_s, factor * alone.recompute_s);
+  EXPECT_DOUBLE_EQ(shared.forward_tp_s, factor * alone.forward_tp_s);
+  EXPECT_DOUBLE_EQ(shared.backward_tp_s, factor * alone.backward_tp_s);
+  EXPECT_DOUBLE_EQ(shared.params, alone.params);  // memory does not stretch
+  EXPECT_DOUBLE_EQ(shared.activation_bytes, alone.activation_bytes);
+}
+
+// 8 ranks of one BLAS thread on 2 cores take turns: every time of every layer is 4x a rank's
+// alone, and so are the stage durations, the point-to-point transfer, the dp reduction, the
+// optimizer, the simulated pipeline and the step.
+TEST(CostModelSharedCores, EightRanksOnTwoCoresTakeFourTimesAsLong) {
+  Model m;
+  const mp_cluster shared = cpu_cluster(2), alone = cpu_cluster(0);
+  mp_layout l = layout(2, 2, 2, 1, 4);
+  l.recompute = MP_RECOMPUTE_SELECTIVE;  // a nonzero recompute_s
+  EXPECT_EQ(mp_cost_compute_slowdown(&shared, &l), 4.0);
+  EXPECT_EQ(mp_cost_compute_slowdown(&alone, &l), 1.0);
+  for (int i = 0; i < mp_model_num_layers(m.model); ++i) {
+    SCOPED_TRACE(i);
+    mp_layer_time on_node, by_itself;
+    mp_cost_layer_on_node(&shared, mp_model_layer(m.model, i), &l, &on_node);
+    mp_cost_layer(&shared, mp_model_layer(m.model, i), &l, &by_itself);
+    ExpectTimesScaled(on_node, by_itself, 4.0);
+  }
+  auto a = std::make_unique<mp_estimate>();
+  auto s = std::make_unique<mp_estimate>();
+  mp_error err = MP_ERROR_INITIALIZER;
+  ASSERT_EQ(mp_cost_estimate(&alone, m.model, &l, nullptr, a.get(), &err), MP_OK) << err.message;
+  ASSERT_EQ(mp_cost_estimate(&shared, m.model, &l, nullptr, s.get(), &err), MP_OK) << err.message;
+  ASSERT_GT(a->ranks[0].dp_comm_s, 0.0);
+  ASSERT_GT(a->p2p_s, 0.0);
+  for (int st = 0; st < 2; ++st) {
+    EXPECT_EQ(s->layers_per_stage[st], a->layers_per_stage[st]);
+    EXPECT_DOUBLE_EQ(s->stage_forward_s[st], 4.0 * a->stage_forward_s[st]);
+    EXPECT_DOUBLE_EQ(s->stage_backward_s[st], 4.0 * a->stage_backward_s[st]);
+    EXPECT_DOUBLE_EQ(s->ranks[st].dp_comm_s, 4.0 * a->ranks[st].dp_comm_s);
+    EXPECT_DOUBLE_EQ(s->ranks[st].optimizer_s, 4.0 * a->ranks[st].optimizer_s);
+    EXPECT_DOUBLE_EQ(s->ranks[st].memory_bytes - s->ranks[st].workspace_bytes,
+                     a->ranks[st].memory_bytes - a->ranks[st].workspace_bytes);
+  }
+  EXPECT_DOUBLE_EQ(s->p2p_s, 4.0 * a->p2p_s);
+  EXPECT_NEAR(s->pipeline_s, 4.0 * a->pipeline_s, 1e-12 * a->pipeline_s);
+  EXPECT_NEAR(s->step_s, 4.0 * a->step_s, 1e-12 * a->step_s);
+  // The same 8 ranks on 8 cores, or 16, run as if each had its own processor.
+  const mp_cluster eight = cpu_cluster(8), sixteen = cpu_cluster(16);
+  EXPECT_EQ(mp_cost_compute_slowdown(&eight, &l), 1.0);
+  EXPECT_EQ(mp_cost_compute_slowdown(&sixteen, &l), 1.0);
+}
+
+// One rank on 2 cores: `run` gives it 2 BLAS threads, so its GEMMs run at twice the one-thread
+// peak and the rest (elementwise memory traffic) as before; nothing is stretched.
+TEST(CostModelSharedCores, FewerRanksThanCoresGetTheirBlasThreads) {
+  Model m;
+  const mp_cluster shared = cpu_cluster(2);
+  mp_cluster doubled = cpu_cluster(0);
+  doubled.peak_flops_per_s[MP_DTYPE_FP32] *= 2;
+  const mp_layout l = layout(1, 1, 1, 2, 1);
+  const mp_layer_spec *block = mp_model_layer(m.model, 1);
+  mp_layer_time on_node, expected, one_thread;
+  mp_cost_layer_on_node(&shared, block, &l, &on_node);
+  mp_cost_layer(&doubled, block, &l, &expected);
+  mp_cost_layer(&shared, block, &l, &one_thread);
+  ExpectTimesScaled(on_node, expected, 1.0);
+  EXPECT_LT(on_node.forward_compute_s, one_thread.forward_compute_s);
+  EXPECT_GT(on_node.forward_compute_s, 0.5 * one_thread.forward_compute_s);  // elementwise stays
+}
+
+// A GPU preset gives no cores_per_node: each device its own processor, whatever the layout.
+TEST(CostModelSharedCores, GpuPresetIsUnaffected) {
+  Model m;
+  mp_cluster h100;
+  mp_error err = MP_ERROR_INITIALIZER;
+  ASSERT_EQ(mp_cluster_preset("h100-sxm", &h100, &err), MP_OK) << err.message;
+  ASSERT_EQ(h100.cores_per_node, 0);
+  const mp_layout l = layout(8, 2, 8, 1, 4);
+  EXPECT_EQ(mp_cost_compute_slowdown(&h100, &l), 1.0);
+  for (int i = 0; i < mp_model_num_layers(m.model); ++i) {
+    mp_layer_time on_node, alone;
+    mp_cost_layer_on_node(&h100, mp_model_layer(m.model, i), &l, &on_node);
+    mp_cost_layer(&h100, mp_model_layer(m.model, i), &l, &alone);
+    EXPECT_EQ(std::memcmp(&on_node, &alone, sizeof alone), 0) << i;
+  }
+}
+
+// Workspace: the cluster's workspace_gib when given, else 5% of device memory; CPU ranks with
+// dp > 1 add a copy of their gradients (Open MPI's in-flight all-reduce temporaries).
+TEST(CostModelSharedCores, WorkspaceIsTheClustersAndCpuRanksAddTheDpTemporaries) {
+  Model m;
+  mp_cluster c = cpu_cluster(2);
+  EXPECT_DOUBLE_EQ(mp_cost_workspace_bytes(&c), 0.05 * kGiB);
+  c.workspace_bytes = 170 << 20;
+  EXPECT_DOUBLE_EQ(mp_cost_workspace_bytes(&c), 170.0 * 1048576);
+  auto e = std::make_unique<mp_estimate>();
+  mp_error err = MP_ERROR_INITIALIZER;
+  mp_layout one = layout(1, 1, 1, 1, 2);
+  ASSERT_EQ(mp_cost_estimate(&c, m.model, &one, nullptr, e.get(), &err), MP_OK) << err.message;
+  EXPECT_DOUBLE_EQ(e->ranks[0].workspace_bytes, 170.0 * 1048576);
+  mp_layout two = layout(2, 1, 1, 1, 2);
+  ASSERT_EQ(mp_cost_estimate(&c, m.model, &two, nullptr, e.get(), &err), MP_OK) << err.message;
+  EXPECT_DOUBLE_EQ(e->ranks[0].workspace_bytes, 170.0 * 1048576 + e->ranks[0].grads_bytes);
+  EXPECT_DOUBLE_EQ(e->ranks[0].memory_bytes,
+                   e->ranks[0].weights_bytes + e->ranks[0].grads_bytes +
+                       e->ranks[0].optimizer_bytes + e->ranks[0].activation_bytes +
+                       e->ranks[0].workspace_bytes);
+  // A GPU cluster's NCCL reduces in place.
+  mp_cluster gpu = hand_cluster();
+  EXPECT_EQ(mp_cost_dp_transient_bytes(&gpu, 1e9), 0.0);
+  EXPECT_EQ(mp_cost_dp_transient_bytes(&c, 1e9), 1e9);
+}
+
 }  // namespace
