@@ -13,11 +13,14 @@
  * (cores_per_node: the ranks of `run` share them, topology/cluster.h "Shared cores"); the
  * machine's memory over those cores as each rank's device memory; and the resident memory of this
  * process after loading its libraries and OpenBLAS, before any big allocation, as the workspace
- * every rank holds (workspace_gib). Communicator bandwidth and latency are measured with
+ * every rank holds (workspace_gib); and one thread's rate on the elementwise kernels' arithmetic
+ * (vector_tflops: a softmax's exps and GELU's tanh, which a CPU core computes slower than it
+ * streams their bytes). Communicator bandwidth and latency are measured with
  * `mpirun -np 2 mpengine bench comm` when mpirun is there; otherwise the notes say so.
  */
 #include <cblas.h>
 #include <errno.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,6 +109,56 @@ static double time_memory_bandwidth(double min_seconds) {
   free(a);
   free(b);
   return best;
+}
+
+/* The rate of the elementwise kernels' arithmetic on one thread, in the FLOPs of
+ * topology/layer_cost.h (an exp or tanh counts 20): a causal softmax's row loop (max; subtract,
+ * exp and sum; normalise: 23 per element) and GELU's tanh form (28 per element) over 1 MiB of
+ * floats (in cache, so the arithmetic is what is timed), the slower of the two, each the fastest
+ * of its passes timed for min_seconds. */
+static double time_vector_rate(double min_seconds) {
+  enum { kCount = 1 << 18 };
+  float *x = malloc(sizeof(float) * kCount);
+  float *y = malloc(sizeof(float) * kCount);
+  if (x == NULL || y == NULL) {
+    free(x);
+    free(y);
+    return 0.0;
+  }
+  for (int i = 0; i < kCount; ++i) x[i] = (float)(i % 97) * 0.02f - 1.0f;
+  double rates[2] = {0.0, 0.0};
+  for (int kernel = 0; kernel < 2; ++kernel) {
+    const double start = cli_now_seconds();
+    int passes = 0;
+    do {
+      const double pass_start = cli_now_seconds();
+      if (kernel == 0) {
+        float maxval = -INFINITY;
+        for (int i = 0; i < kCount; ++i) maxval = x[i] > maxval ? x[i] : maxval;
+        float sum = 0.0f;
+        for (int i = 0; i < kCount; ++i) {
+          y[i] = expf(x[i] - maxval);
+          sum += y[i];
+        }
+        const float inverse = 1.0f / sum;
+        for (int i = 0; i < kCount; ++i) y[i] *= inverse;
+      } else {
+        for (int i = 0; i < kCount; ++i) {
+          const float v = x[i];
+          y[i] = 0.5f * v * (1.0f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v)));
+        }
+      }
+      const double seconds = cli_now_seconds() - pass_start;
+      const double flops = (kernel == 0 ? 23.0 : 28.0) * kCount;
+      if (seconds > 0 && flops / seconds > rates[kernel]) rates[kernel] = flops / seconds;
+      ++passes;
+    } while (passes < 3 || cli_now_seconds() - start < min_seconds / 2);
+  }
+  volatile float sink = y[kCount / 2]; /* keeps the loops */
+  (void)sink;
+  free(x);
+  free(y);
+  return rates[0] < rates[1] ? rates[0] : rates[1];
 }
 
 /* A field of /proc/self/status or /proc/meminfo ("VmRSS:", "MemTotal:"), in KiB; 0 when absent. */
@@ -230,13 +283,17 @@ int cmd_calibrate(int argc, char **argv) {
   if (memory_kib > 0) cluster.device_memory_bytes = memory_kib * 1024 / cores;
   const double memory_bandwidth = time_memory_bandwidth(min_seconds);
   if (memory_bandwidth > 0) cluster.memory_bandwidth_bytes_per_s = memory_bandwidth;
+  const double vector_rate = time_vector_rate(min_seconds);
+  if (vector_rate > 0) cluster.vector_flops_per_s = vector_rate;
   if (resident_kib > 0 && resident_kib * 1024 < cluster.device_memory_bytes) {
     cluster.workspace_bytes = resident_kib * 1024;
   }
   fprintf(stderr, "cores: %d; memory %.1f GiB (%.2f GiB per core); memory bandwidth (one thread) "
-                  "%.2f GB/s; a bare rank's resident memory %.0f MiB\n",
+                  "%.2f GB/s; elementwise arithmetic %.2f GFLOP/s; a bare rank's resident memory "
+                  "%.0f MiB\n",
           cores, memory_kib / 1048576.0, cluster.device_memory_bytes / 1073741824.0,
-          cluster.memory_bandwidth_bytes_per_s / 1e9, cluster.workspace_bytes / 1048576.0);
+          cluster.memory_bandwidth_bytes_per_s / 1e9, cluster.vector_flops_per_s / 1e9,
+          cluster.workspace_bytes / 1048576.0);
   double latency_s = 0, bandwidth = 0;
   const bool links = !cli_flag(&command, "no-comm") && measure_links(&latency_s, &bandwidth);
   char link_notes[256];
@@ -261,9 +318,11 @@ int cmd_calibrate(int argc, char **argv) {
            "is each square shape's throughput over that peak; %s. "
            "%d cores (the ranks of run share them); device memory is the machine's %.1f GiB over "
            "its cores; memory bandwidth is one thread's in-place update over 64 MiB arrays (%.2f "
-           "GB/s); workspace is a bare rank's resident memory (%.0f MiB).",
+           "GB/s); vector_tflops is one thread's causal softmax and GELU loops (%.2f GFLOP/s, an "
+           "exp or tanh counting 20); workspace is a bare rank's resident memory (%.0f MiB).",
            openblas_get_corename(), peak / 1e9, link_notes, cores, memory_kib / 1048576.0,
-           cluster.memory_bandwidth_bytes_per_s / 1e9, cluster.workspace_bytes / 1048576.0);
+           cluster.memory_bandwidth_bytes_per_s / 1e9, cluster.vector_flops_per_s / 1e9,
+           cluster.workspace_bytes / 1048576.0);
   cJSON *json = NULL;
   if (mp_cluster_to_json(&cluster, &json, &err) != MP_OK) return cli_report(&command, &err);
   char *text = cJSON_Print(json);

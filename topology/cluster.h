@@ -44,6 +44,11 @@
  *     "flash_attention_efficiency": 0.35,    optional: the fraction of peak a fused (flash)
  *                                            attention kernel reaches, forward and backward;
  *                                            default MP_CLUSTER_DEFAULT_FLASH_ATTENTION_EFFICIENCY
+ *     "vector_tflops": 0.01,                 optional: the rate of the elementwise kernels'
+ *                                            arithmetic (not matrix units; an exp counts 20
+ *                                            FLOPs, topology/layer_cost.h); default the fp32
+ *                                            peak. A CPU core's scalar exp loops are far below
+ *                                            its BLAS peak: `mpengine calibrate` measures it
  *     "cores_per_node": 2,                   optional: the processor cores the devices of one
  *                                            node share (CPU ranks); absent: each device is its
  *                                            own processor (a GPU). See "Shared cores" below
@@ -146,6 +151,7 @@ typedef struct {
   int gemm_efficiency_points;
   mp_gemm_efficiency_point gemm_efficiency[MP_CLUSTER_MAX_EFFICIENCY_POINTS]; /* ascending */
   double flash_attention_efficiency;    /* of peak, a fused attention kernel */
+  double vector_flops_per_s;            /* elementwise arithmetic; 0: the fp32 peak */
   bool flash_attention_efficiency_given; /* false: the default, and to_json leaves it out */
   bool placeholder; /* cpu-local's built-in figures, not this machine's (no calibration file) */
   /* Shared cores and workspace (optional keys; 0 when absent). */
@@ -211,6 +217,10 @@ double mp_cluster_gemm_seconds(const mp_cluster *cluster, mp_dtype dtype, double
 
 /* The bandwidth streaming kernels reach: memory_bandwidth x memory_efficiency, bytes/s. */
 double mp_cluster_memory_bandwidth(const mp_cluster *cluster);
+
+/* FLOP/s of the elementwise kernels' arithmetic: vector_tflops, else the fp32 peak, else the
+ * training dtype's. */
+double mp_cluster_vector_flops_per_s(const mp_cluster *cluster);
 
 /* FLOP/s of a fused (flash) attention kernel: the training dtype's peak x
  * flash_attention_efficiency. */

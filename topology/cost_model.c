@@ -93,19 +93,26 @@ void mp_cost_layer(const mp_cluster *cluster, const mp_layer_spec *layer, const 
       cost.flash_attention_flops / t / mp_cluster_flash_attention_flops_per_s(cluster);
   forward_gemm += flash_forward;
   backward_gemm += 2.5 * flash_forward;
-  /* Memory-bound kernels: tp splits one part, sequence parallelism the other too. */
+  /* Memory-bound kernels, each at the roofline of its bytes and its vector FLOPs: tp splits one
+   * part, sequence parallelism the other too. */
   const double replicated_share = sp ? 1.0 / t : 1.0;
-  const double forward_memory = (cost.forward_memory_bytes[MP_TRAFFIC_REPLICATED] * replicated_share +
-                                 cost.forward_memory_bytes[MP_TRAFFIC_SPLIT] / t) / memory_bw;
-  const double backward_memory =
-      (cost.backward_memory_bytes[MP_TRAFFIC_REPLICATED] * replicated_share +
-       cost.backward_memory_bytes[MP_TRAFFIC_SPLIT] / t) / memory_bw;
+  const double vector_rate = mp_cluster_vector_flops_per_s(cluster);
+  double forward_memory = 0.0, backward_memory = 0.0, attention_memory = 0.0;
+  for (int i = 0; i < cost.num_kernels; ++i) {
+    const mp_elementwise_kernel *k = &cost.kernels[i];
+    const double share = k->split ? 1.0 / t : replicated_share;
+    const double seconds = share * fmax(k->bytes / memory_bw, k->vector_flops / vector_rate);
+    if (k->backward) {
+      backward_memory += seconds;
+    } else {
+      forward_memory += seconds;
+      if (k->attention) attention_memory += seconds;
+    }
+  }
   out->forward_compute_s = forward_gemm + forward_memory;
   switch (layout->recompute) {
     case MP_RECOMPUTE_NONE: out->recompute_s = 0.0; break;
-    case MP_RECOMPUTE_SELECTIVE:
-      out->recompute_s = attention_gemm + cost.attention_memory_bytes / t / memory_bw;
-      break;
+    case MP_RECOMPUTE_SELECTIVE: out->recompute_s = attention_gemm + attention_memory; break;
     case MP_RECOMPUTE_FULL: out->recompute_s = out->forward_compute_s; break;
     case MP_RECOMPUTE_COUNT: break;
   }

@@ -5,6 +5,43 @@
 
 enum { kStatBytes = 4 }; /* fp32 statistics: norm mean / rstd, softmax log-sum-exp */
 
+/* Vector FLOPs per element of the memory-bound kernels (layer_cost.h), an exp, tanh or sigmoid
+ * counting kTranscendentalFlops. */
+#define kTranscendentalFlops 20.0
+#define kAddFlops 1.0
+#define kDropoutFlops 2.0 /* compare the random draw, scale */
+#define kLayernormForwardFlops 8.0 /* mean, variance, normalise, scale, shift */
+#define kLayernormBackwardFlops 12.0
+#define kRmsnormForwardFlops 5.0
+#define kRmsnormBackwardFlops 8.0
+/* Causal: the max, subtract, exp and sum run over the half of the row that is not masked, the
+ * normalisation over all of it. */
+#define kSoftmaxForwardFlops (0.5 * (3.0 + kTranscendentalFlops) + 1.0)
+#define kSoftmaxBackwardFlops 3.0 /* the row's dot product of y and dy, subtract, multiply */
+#define kGeluForwardFlops (8.0 + kTranscendentalFlops)   /* tanh approximation */
+#define kGeluBackwardFlops (14.0 + kTranscendentalFlops) /* the tanh again, and its derivative */
+#define kSwigluForwardFlops (3.0 + kTranscendentalFlops) /* silu(gate) * up */
+#define kSwigluBackwardFlops (8.0 + kTranscendentalFlops)
+#define kRopeFlops 3.0 /* two products and a sum per rotated element */
+#define kCrossEntropyForwardFlops (3.0 + kTranscendentalFlops)
+#define kCrossEntropyBackwardFlops 2.0
+
+static void add_kernel(mp_layer_cost *out, bool backward, int traffic, bool attention,
+                       double bytes, double vector_flops) {
+  mp_elementwise_kernel *k = &out->kernels[out->num_kernels++];
+  k->backward = backward;
+  k->split = traffic == MP_TRAFFIC_SPLIT;
+  k->attention = attention;
+  k->bytes = bytes;
+  k->vector_flops = vector_flops;
+  if (backward) {
+    out->backward_memory_bytes[traffic] += bytes;
+  } else {
+    out->forward_memory_bytes[traffic] += bytes;
+    if (attention) out->attention_memory_bytes += bytes;
+  }
+}
+
 const char *mp_recompute_name(mp_recompute mode) {
   switch (mode) {
     case MP_RECOMPUTE_NONE: return "none";
@@ -109,30 +146,47 @@ static void transformer_cost(const mp_layer_spec *layer, const mp_cost_shape *sh
   out->recompute_flops[MP_RECOMPUTE_SELECTIVE] = flash ? 0.0 : attention_core_flops;
   out->recompute_flops[MP_RECOMPUTE_FULL] = out->forward_flops;
 
-  /* Memory traffic per token (layer_cost.h). */
+  /* The memory-bound kernels, per token (layer_cost.h): bytes read + written, vector FLOPs. */
   const double norm_stats = (double)norm_stats_per_token(layer->norm) * kStatBytes;
-  const double norm_forward = 2.0 * h * elem + norm_stats;
-  const double residual_forward = 3.0 * h * elem + mask * h;
+  const bool rms = layer->norm == MP_NORM_RMSNORM;
+  const double norm_flops_forward = rms ? kRmsnormForwardFlops : kLayernormForwardFlops;
+  const double norm_flops_backward = rms ? kRmsnormBackwardFlops : kLayernormBackwardFlops;
   const double scores = flash ? 0.0 : heads * t; /* (B, NH, T, T) elements per token in memory */
-  const double softmax_forward = 2.0 * scores * elem;
-  const double attention_dropout_forward = mask * scores * (2.0 * elem + 1.0);
-  const double activation_forward = (swiglu ? 3.0 : 2.0) * f * elem;
-  /* Rotary embeddings read and rewrite the queries and keys, forward and backward. */
-  const double rope = layer->rope_theta > 0.0 ? 2.0 * (h + kv_width) * elem : 0.0;
-  out->forward_memory_bytes[MP_TRAFFIC_REPLICATED] =
-      tokens * 2.0 * (norm_forward + residual_forward);
-  out->attention_memory_bytes = tokens * (softmax_forward + attention_dropout_forward);
-  out->forward_memory_bytes[MP_TRAFFIC_SPLIT] =
-      out->attention_memory_bytes + tokens * (activation_forward + rope);
-  const double norm_backward = 3.0 * h * elem + norm_stats;
-  const double residual_backward = 3.0 * h * elem + mask * (2.0 * h * elem + h);
-  const double softmax_backward = 3.0 * scores * elem;
-  const double attention_dropout_backward = mask * scores * (2.0 * elem + 1.0);
-  const double activation_backward = (swiglu ? 5.0 : 3.0) * f * elem;
-  out->backward_memory_bytes[MP_TRAFFIC_REPLICATED] =
-      tokens * 2.0 * (norm_backward + residual_backward);
-  out->backward_memory_bytes[MP_TRAFFIC_SPLIT] =
-      tokens * (softmax_backward + attention_dropout_backward + activation_backward + rope);
+  const double dropout_flops = mask * kDropoutFlops;
+  for (int norm = 0; norm < 2; ++norm) { /* before attention and before the MLP */
+    add_kernel(out, false, MP_TRAFFIC_REPLICATED, false, tokens * (2.0 * h * elem + norm_stats),
+               tokens * h * norm_flops_forward);
+    add_kernel(out, false, MP_TRAFFIC_REPLICATED, false, tokens * (3.0 * h * elem + mask * h),
+               tokens * h * (kAddFlops + dropout_flops)); /* bias, dropout, residual add */
+    add_kernel(out, true, MP_TRAFFIC_REPLICATED, false, tokens * (3.0 * h * elem + norm_stats),
+               tokens * h * norm_flops_backward);
+    add_kernel(out, true, MP_TRAFFIC_REPLICATED, false,
+               tokens * (3.0 * h * elem + mask * (2.0 * h * elem + h)),
+               tokens * h * (kAddFlops + dropout_flops));
+  }
+  if (scores > 0.0) {
+    add_kernel(out, false, MP_TRAFFIC_SPLIT, true, tokens * 2.0 * scores * elem,
+               tokens * scores * kSoftmaxForwardFlops);
+    add_kernel(out, true, MP_TRAFFIC_SPLIT, false, tokens * 3.0 * scores * elem,
+               tokens * scores * kSoftmaxBackwardFlops);
+    if (mask > 0.0) {
+      add_kernel(out, false, MP_TRAFFIC_SPLIT, true, tokens * scores * (2.0 * elem + 1.0),
+                 tokens * scores * kDropoutFlops);
+      add_kernel(out, true, MP_TRAFFIC_SPLIT, false, tokens * scores * (2.0 * elem + 1.0),
+                 tokens * scores * kDropoutFlops);
+    }
+  }
+  add_kernel(out, false, MP_TRAFFIC_SPLIT, false, tokens * (swiglu ? 3.0 : 2.0) * f * elem,
+             tokens * f * (swiglu ? kSwigluForwardFlops : kGeluForwardFlops));
+  add_kernel(out, true, MP_TRAFFIC_SPLIT, false, tokens * (swiglu ? 5.0 : 3.0) * f * elem,
+             tokens * f * (swiglu ? kSwigluBackwardFlops : kGeluBackwardFlops));
+  if (layer->rope_theta > 0.0) { /* rotate the queries and keys, and their gradients back */
+    const double rotated = h + kv_width;
+    add_kernel(out, false, MP_TRAFFIC_SPLIT, false, tokens * 2.0 * rotated * elem,
+               tokens * rotated * kRopeFlops);
+    add_kernel(out, true, MP_TRAFFIC_SPLIT, false, tokens * 2.0 * rotated * elem,
+               tokens * rotated * kRopeFlops);
+  }
 
   const double mlp_tensors = swiglu ? 3.0 * f : 2.0 * f;
   /* norm1 in, norm1 out, attention out, norm2 in, norm2 out: 5h; qkv: h + 2 kv_width. */
@@ -173,18 +227,25 @@ void mp_layer_cost_compute(const mp_layer_spec *layer, const mp_cost_shape *shap
       replicated = kept;
       out->output_bytes = tokens * h * elem;
       const double tables = layer->max_positions > 0 ? 2.0 : 1.0;
-      out->forward_memory_bytes[MP_TRAFFIC_REPLICATED] = tokens * (tables + 1.0) * h * elem;
+      add_kernel(out, false, MP_TRAFFIC_REPLICATED, false, tokens * (tables + 1.0) * h * elem,
+                 tokens * h * (tables - 1.0) * kAddFlops);
       /* The gradient read once per table and added into its fp32 rows. */
-      out->backward_memory_bytes[MP_TRAFFIC_REPLICATED] =
-          tokens * tables * (h * elem + 2.0 * h * 4.0);
+      add_kernel(out, true, MP_TRAFFIC_REPLICATED, false,
+                 tokens * tables * (h * elem + 2.0 * h * 4.0), tokens * tables * h * kAddFlops);
       break;
     }
     case MP_LAYER_LAYERNORM:
       kept = tokens * (h * elem + 2.0 * kStatBytes);
       replicated = kept;
       out->output_bytes = tokens * h * elem;
-      out->forward_memory_bytes[MP_TRAFFIC_REPLICATED] = tokens * (2.0 * h * elem + 2.0 * kStatBytes);
-      out->backward_memory_bytes[MP_TRAFFIC_REPLICATED] = tokens * (3.0 * h * elem + 2.0 * kStatBytes);
+      add_kernel(out, false, MP_TRAFFIC_REPLICATED, false,
+                 tokens * (2.0 * h * elem + 2.0 * kStatBytes),
+                 tokens * h * (layer->norm == MP_NORM_RMSNORM ? kRmsnormForwardFlops
+                                                              : kLayernormForwardFlops));
+      add_kernel(out, true, MP_TRAFFIC_REPLICATED, false,
+                 tokens * (3.0 * h * elem + 2.0 * kStatBytes),
+                 tokens * h * (layer->norm == MP_NORM_RMSNORM ? kRmsnormBackwardFlops
+                                                              : kLayernormBackwardFlops));
       break;
     case MP_LAYER_LM_HEAD: {
       const double v = (double)layer->vocab;
@@ -193,8 +254,11 @@ void mp_layer_cost_compute(const mp_layer_spec *layer, const mp_cost_shape *shap
       kept = tokens * (h + v) * elem;
       replicated = tokens * h * elem;
       out->output_bytes = tokens * v * elem;
-      out->forward_memory_bytes[MP_TRAFFIC_SPLIT] = tokens * 4.0 * v * elem;
-      out->backward_memory_bytes[MP_TRAFFIC_SPLIT] = tokens * 2.0 * v * elem;
+      /* The cross-entropy: max, exp-sum and the target's logit forward, its gradient back. */
+      add_kernel(out, false, MP_TRAFFIC_SPLIT, false, tokens * 4.0 * v * elem,
+                 tokens * v * kCrossEntropyForwardFlops);
+      add_kernel(out, true, MP_TRAFFIC_SPLIT, false, tokens * 2.0 * v * elem,
+                 tokens * v * kCrossEntropyBackwardFlops);
       break;
     }
     case MP_LAYER_CUSTOM:

@@ -28,6 +28,9 @@
  *         gradient into the fp32 table; the LM head's cross-entropy reads the (T, V) logits 3 times
  *         and writes them once forward (max, exp-sum, the target's logit, the probabilities), and
  *         reads and writes them once backward.
+ *     Each kernel also counts its vector FLOPs per element (layer_cost.c: a layernorm 8, a residual
+ *     add 1, a causal softmax 12.5, GELU 28, an exp, tanh or sigmoid 20): on a GPU they are far
+ *     below its memory time, on a CPU core the exp in the softmax and the tanh in GELU are not.
  *     Of these bytes, tp splits what lies between a column- and a row-parallel linear (softmax,
  *     dropout over the probabilities, the activation function, the logits); the (B, T, C) work
  *     outside (norms, residual adds, their dropout) is replicated on every tp rank unless sequence
@@ -81,6 +84,15 @@ typedef struct {
   bool backend_flash;    /* the backend runs flash attention where the layer does not say */
 } mp_cost_shape;
 
+/* One memory-bound kernel between the GEMMs, for (B, T): what it reads and writes and the vector
+ * (non-matrix) FLOPs it computes, an exp, tanh or sigmoid counting 20. */
+typedef struct {
+  double bytes, vector_flops;
+  bool backward;  /* runs in backward (else forward) */
+  bool split;     /* divided by tp (else replicated over tp unless sequence parallelism splits it) */
+  bool attention; /* forward softmax or attention dropout: what selective recomputation repeats */
+} mp_elementwise_kernel;
+
 /* Which dimension of a GEMM the tensor-parallel group splits. */
 typedef enum {
   MP_GEMM_SPLIT_NONE = 0,
@@ -98,6 +110,7 @@ typedef struct {
 
 enum {
   MP_LAYER_MAX_GEMMS = 6,
+  MP_LAYER_MAX_KERNELS = 20,
   MP_TRAFFIC_REPLICATED = 0, /* index of the memory-traffic arrays: replicated over tp unless SP */
   MP_TRAFFIC_SPLIT = 1,      /* divided by tp */
 };
@@ -112,7 +125,9 @@ typedef struct {
   double output_bytes;                          /* tensor handed to the next layer, (B, T, C) */
   int num_gemms;                                /* 0 for a custom layer (FLOPs only) */
   mp_gemm_shape gemms[MP_LAYER_MAX_GEMMS];      /* the forward's; backward repeats each twice */
-  double forward_memory_bytes[2];               /* [MP_TRAFFIC_*], read + written */
+  int num_kernels;
+  mp_elementwise_kernel kernels[MP_LAYER_MAX_KERNELS];
+  double forward_memory_bytes[2];               /* the kernels' bytes by [MP_TRAFFIC_*] */
   double backward_memory_bytes[2];
   double attention_memory_bytes;                /* of forward_memory_bytes[SPLIT]: softmax and
                                                    attention dropout, repeated by selective */

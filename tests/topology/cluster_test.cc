@@ -488,8 +488,8 @@ TEST(ClusterErrors, UnknownTopLevelKeySuggestsClosest) {
             "c.json: $: unknown key \"devices_per_nod\"; did you mean \"devices_per_node\"? "
             "(known keys: name, notes, device, nodes, devices_per_node, device_memory_gib, "
             "memory_bandwidth_gbytes_per_s, memory_efficiency, peak_tflops, intra_node, "
-            "inter_node, gemm_efficiency, flash_attention_efficiency, cores_per_node, "
-            "workspace_gib)");
+            "inter_node, gemm_efficiency, flash_attention_efficiency, vector_tflops, "
+            "cores_per_node, workspace_gib)");
 }
 
 TEST(ClusterErrors, EfficienciesAreFractions) {

@@ -148,6 +148,7 @@ TEST(CostModel, EfficienciesScaleTheirOwnTerms) {
   Model m;
   mp_cluster c = hand_cluster();
   c.memory_bandwidth_bytes_per_s = 1e13;  // every GEMM compute-bound
+  c.vector_flops_per_s = 1e18;            // every elementwise kernel memory-bound
   const mp_layer_spec *block = mp_model_layer(m.model, 1);
   mp_layout l = layout(1, 1, 2, 2, 1);
   mp_layer_time full, reduced;
@@ -158,6 +159,26 @@ TEST(CostModel, EfficienciesScaleTheirOwnTerms) {
   EXPECT_DOUBLE_EQ(reduced.forward_tp_s, 2 * full.forward_tp_s);
   const double gemms = 1605632.0 / 2 / 1e12;
   EXPECT_NEAR(reduced.forward_compute_s - gemms, 4 * (full.forward_compute_s - gemms), 1e-18);
+}
+
+// A CPU core computes a softmax's exps or GELU's tanh slower than it streams their bytes: each
+// elementwise kernel takes the longer of its bytes at the memory bandwidth and its vector FLOPs
+// (layer_cost.h's counts) at vector_tflops.
+TEST(CostModel, ElementwiseKernelsAreRooflinesOfBytesAndVectorFlops) {
+  Model m;
+  mp_cluster c = hand_cluster();
+  c.memory_bandwidth_bytes_per_s = 1e18;  // nothing memory-bound: GEMMs at 1e12, kernels' FLOPs
+  c.vector_flops_per_s = 1e9;
+  mp_layout l = layout(1, 1, 1, 2, 1);
+  mp_layer_time t;
+  mp_cost_layer(&c, mp_model_layer(m.model, 1), &l, &t);
+  // Per token, 16 tokens: two layernorms (8 per element of 64) and residual adds (1), the causal
+  // softmax (12.5 per score, 4 heads x 8), GELU (28 per element of 256).
+  const double vector = 16 * (2 * (8 * 64 + 64) + 12.5 * 4 * 8 + 28 * 256) / 1e9;
+  EXPECT_NEAR(t.forward_compute_s, 1605632.0 / 1e12 + vector, 1e-15);
+  // Backward: layernorm 12, residual 1, softmax 3, GELU 34, and the GEMMs twice.
+  const double vector_b = 16 * (2 * (12 * 64 + 64) + 3 * 4 * 8 + 34 * 256) / 1e9;
+  EXPECT_NEAR(t.backward_compute_s, 2 * 1605632.0 / 1e12 + vector_b, 1e-15);
 }
 
 // Flash attention (the CUDA backend's, so the default on a bf16 device): Q K^T and P V become one
