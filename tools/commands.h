@@ -12,6 +12,7 @@ int cmd_bench_comm(int argc, char **argv); /* `bench comm`: argv[0] = "comm" */
 int cmd_data(int argc, char **argv);
 int cmd_describe(int argc, char **argv);
 int cmd_export(int argc, char **argv);
+int cmd_import(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_schedule(int argc, char **argv);
 int cmd_run(int argc, char **argv);

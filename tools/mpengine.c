@@ -1,6 +1,7 @@
 /*
  * tools/mpengine.c — the `mpengine` command: dispatches to one subcommand per file.
  *
+ *   mpengine import HF_DIR --out M   a Hugging Face checkpoint's model description
  *   mpengine describe MODEL.json     per-layer parameters, FLOPs and memory
  *   mpengine plan MODEL.json --gpus N  search the 3D-parallel layout
  *   mpengine schedule ...            draw the pipeline schedule a plan will run
@@ -26,6 +27,7 @@ typedef struct {
 } subcommand;
 
 static const subcommand kSubcommands[] = {
+    {"import", cmd_import, "write the model description of a Hugging Face checkpoint (config.json)"},
     {"describe", cmd_describe, "per-layer parameters, FLOPs and activation memory of a model"},
     {"plan", cmd_plan, "find the fastest dp x pp x tp layout that fits, write it as PLAN.json"},
     {"schedule", cmd_schedule, "show the pipeline schedule a plan will run"},
