@@ -1474,7 +1474,7 @@ mp_status mp_safetensors_writer_create(const char *path, const mp_safetensors_te
                                        mp_error *err) {
   *out = NULL;
   if (metadata == NULL) num_metadata = 0;
-  if (num_tensors < 0 || num_metadata < 0) {
+  if (num_tensors < 0 || num_metadata < 0 || (num_tensors > 0 && tensors == NULL)) {
     return mp_fail(err, MP_ERR_INPUT, "%s: %d tensors and %d metadata entries", path, num_tensors,
                    num_metadata);
   }
