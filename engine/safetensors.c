@@ -16,6 +16,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "engine/safetensors.h"
 
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdbool.h>
@@ -24,8 +25,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <cjson/cJSON.h>
 
 #include "common/atomic_file.h"
 #include "common/json_reader.h"
@@ -39,8 +38,8 @@
 enum { kBlockGapBytes = 4096 };
 
 static const char *const kDtypeNames[MP_SAFETENSORS_NUM_DTYPES] = {
-    "BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "I16", "U16", "F16",
-    "BF16", "I32", "U32", "F32", "F64", "I64", "U64",
+    "BOOL", "U8",  "I8",  "F8_E5M2", "F8_E4M3", "I16", "U16", "F16",
+    "BF16", "I32", "U32", "F32",     "F64",     "I64", "U64",
 };
 static const int kDtypeBytes[MP_SAFETENSORS_NUM_DTYPES] = {1, 1, 1, 1, 1, 2, 2, 2,
                                                            2, 4, 4, 4, 8, 8, 8};
@@ -113,7 +112,7 @@ static uint16_t f32_to_f16(float value) {
   /* A subnormal fp16: the value in units of 2^-24 is the 24-bit significand shifted right. */
   const uint32_t exponent = magnitude >> 23; /* 102 .. 112 */
   const uint32_t significand = (magnitude & 0x7fffff) | 0x800000;
-  const uint32_t shift = 126 - exponent;     /* 14 .. 24 */
+  const uint32_t shift = 126 - exponent; /* 14 .. 24 */
   uint32_t h = significand >> shift;
   const uint32_t rest = significand & ((1u << shift) - 1), half = 1u << (shift - 1);
   if (rest > half || (rest == half && (h & 1))) ++h;
@@ -153,7 +152,8 @@ static void encode_floats(mp_safetensors_dtype dtype, const float *values, int64
       const uint32_t bits = float_bits(values[i]);
       for (int b = 0; b < 4; ++b) *bytes++ = (unsigned char)(bits >> (8 * b));
     } else {
-      const uint16_t h = dtype == MP_SAFETENSORS_BF16 ? f32_to_bf16(values[i]) : f32_to_f16(values[i]);
+      const uint16_t h =
+          dtype == MP_SAFETENSORS_BF16 ? f32_to_bf16(values[i]) : f32_to_f16(values[i]);
       *bytes++ = (unsigned char)(h & 0xff);
       *bytes++ = (unsigned char)(h >> 8);
     }
@@ -251,13 +251,27 @@ static void buffer_json_string_serde(byte_buffer *buffer, const char *text) {
   for (const unsigned char *p = (const unsigned char *)text; *p != '\0'; ++p) {
     char escaped[8];
     switch (*p) {
-      case '"': buffer_text(buffer, "\\\""); break;
-      case '\\': buffer_text(buffer, "\\\\"); break;
-      case '\b': buffer_text(buffer, "\\b"); break;
-      case '\f': buffer_text(buffer, "\\f"); break;
-      case '\n': buffer_text(buffer, "\\n"); break;
-      case '\r': buffer_text(buffer, "\\r"); break;
-      case '\t': buffer_text(buffer, "\\t"); break;
+      case '"':
+        buffer_text(buffer, "\\\"");
+        break;
+      case '\\':
+        buffer_text(buffer, "\\\\");
+        break;
+      case '\b':
+        buffer_text(buffer, "\\b");
+        break;
+      case '\f':
+        buffer_text(buffer, "\\f");
+        break;
+      case '\n':
+        buffer_text(buffer, "\\n");
+        break;
+      case '\r':
+        buffer_text(buffer, "\\r");
+        break;
+      case '\t':
+        buffer_text(buffer, "\\t");
+        break;
       default:
         if (*p < 0x20) {
           snprintf(escaped, sizeof escaped, "\\u%04x", *p);
@@ -285,14 +299,29 @@ static void buffer_json_string_python(byte_buffer *buffer, const char *text) {
     length -= (size_t)n;
     char escaped[16];
     switch (c) {
-      case '"': buffer_text(buffer, "\\\""); continue;
-      case '\\': buffer_text(buffer, "\\\\"); continue;
-      case '\b': buffer_text(buffer, "\\b"); continue;
-      case '\f': buffer_text(buffer, "\\f"); continue;
-      case '\n': buffer_text(buffer, "\\n"); continue;
-      case '\r': buffer_text(buffer, "\\r"); continue;
-      case '\t': buffer_text(buffer, "\\t"); continue;
-      default: break;
+      case '"':
+        buffer_text(buffer, "\\\"");
+        continue;
+      case '\\':
+        buffer_text(buffer, "\\\\");
+        continue;
+      case '\b':
+        buffer_text(buffer, "\\b");
+        continue;
+      case '\f':
+        buffer_text(buffer, "\\f");
+        continue;
+      case '\n':
+        buffer_text(buffer, "\\n");
+        continue;
+      case '\r':
+        buffer_text(buffer, "\\r");
+        continue;
+      case '\t':
+        buffer_text(buffer, "\\t");
+        continue;
+      default:
+        break;
     }
     if (c >= 0x20 && c <= 0x7e) {
       char one = (char)c;
@@ -318,15 +347,15 @@ typedef struct {
   char *path;
   int fd;
   int64_t file_bytes;
-  int64_t data_start;  /* 8 + the header's length: where the data section begins */
+  int64_t data_start; /* 8 + the header's length: where the data section begins */
   int num_metadata;
-  char **metadata;     /* (2 x num_metadata,): key, value, key, value, ... in header order */
+  char **metadata; /* (2 x num_metadata,): key, value, key, value, ... in header order */
 } safetensors_file;
 
 struct mp_safetensors {
   char *source;
   int num_files;
-  safetensors_file *files;     /* (num_files,) sorted by path */
+  safetensors_file *files; /* (num_files,) sorted by path */
   int num_tensors;
   mp_safetensors_tensor *tensors; /* (num_tensors,) sorted by name; names and shapes owned */
 };
@@ -390,8 +419,8 @@ static bool whole_number(const cJSON *item, int64_t *out) {
 static void format_shape(char *text, size_t bytes, int rank, const int64_t *shape) {
   size_t used = (size_t)snprintf(text, bytes, "[");
   for (int i = 0; i < rank && used < bytes; ++i) {
-    used += (size_t)snprintf(text + used, bytes - used, "%s%lld", i ? ", " : "",
-                             (long long)shape[i]);
+    used +=
+        (size_t)snprintf(text + used, bytes - used, "%s%lld", i ? ", " : "", (long long)shape[i]);
   }
   if (used < bytes) snprintf(text + used, bytes - used, "]");
 }
@@ -401,11 +430,12 @@ static mp_status read_exactly(const safetensors_file *file, int64_t offset, void
                               size_t bytes, const char *what, mp_error *err) {
   size_t done = 0;
   while (done < bytes) {
-    const ssize_t n = pread(file->fd, (char *)buffer + done, bytes - done, (off_t)(offset + (int64_t)done));
+    const ssize_t n =
+        pread(file->fd, (char *)buffer + done, bytes - done, (off_t)(offset + (int64_t)done));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
-      return mp_fail(err, MP_ERR_RUNTIME, "%s: cannot read %s at byte %lld: %s", file->path,
-                     what, (long long)(offset + (int64_t)done), strerror(errno));
+      return mp_fail(err, MP_ERR_RUNTIME, "%s: cannot read %s at byte %lld: %s", file->path, what,
+                     (long long)(offset + (int64_t)done), strerror(errno));
     }
     if (n == 0) {
       return mp_fail(err, MP_ERR_INPUT,
@@ -502,10 +532,11 @@ static mp_status parse_tensor_entry(const char *path, const cJSON *entry, mp_saf
                                     int64_t *out_begin, int64_t *out_end, mp_error *err) {
   const char *name = entry->string;
   if (!cJSON_IsObject(entry)) {
-    return mp_fail(err, MP_ERR_INPUT,
-                   "%s: tensor \"%s\": expected an object {\"dtype\", \"shape\", \"data_offsets\"}, "
-                   "got %s",
-                   path, name, json_type_name(entry));
+    return mp_fail(
+        err, MP_ERR_INPUT,
+        "%s: tensor \"%s\": expected an object {\"dtype\", \"shape\", \"data_offsets\"}, "
+        "got %s",
+        path, name, json_type_name(entry));
   }
   const cJSON *dtype = NULL, *shape = NULL, *offsets = NULL;
   for (const cJSON *field = entry->child; field != NULL; field = field->next) {
@@ -520,7 +551,10 @@ static mp_status parse_tensor_entry(const char *path, const cJSON *entry, mp_saf
     }
     *slot = field;
   }
-  const char *missing = dtype == NULL ? "dtype" : shape == NULL ? "shape" : offsets == NULL ? "data_offsets" : NULL;
+  const char *missing = dtype == NULL     ? "dtype"
+                        : shape == NULL   ? "shape"
+                        : offsets == NULL ? "data_offsets"
+                                          : NULL;
   if (missing != NULL) {
     return mp_fail(err, MP_ERR_INPUT,
                    "%s: tensor \"%s\": no \"%s\" (each tensor needs dtype, shape and data_offsets)",
@@ -572,8 +606,8 @@ static mp_status parse_tensor_entry(const char *path, const cJSON *entry, mp_saf
   if (too_many) {
     char text[256];
     format_shape(text, sizeof text, rank, dims);
-    return mp_fail(err, MP_ERR_INPUT, "%s: tensor \"%s\": shape %s has 2^53 elements or more",
-                   path, name, text);
+    return mp_fail(err, MP_ERR_INPUT, "%s: tensor \"%s\": shape %s has 2^53 elements or more", path,
+                   name, text);
   }
   t->num_elements = elements;
   t->num_bytes = elements * kDtypeBytes[t->dtype];
@@ -657,8 +691,8 @@ static mp_status check_extents(const char *path, tensor_extent *extents, int cou
     return mp_fail(err, MP_ERR_INPUT,
                    "%s: truncated: tensor \"%s\" ends at byte %lld of the data section, but the "
                    "file (%lld bytes) holds only %lld bytes of data after its header",
-                   path, extents[count - 1].tensor->name, (long long)covered,
-                   (long long)file_bytes, (long long)data_bytes);
+                   path, extents[count - 1].tensor->name, (long long)covered, (long long)file_bytes,
+                   (long long)data_bytes);
   }
   if (covered < data_bytes) {
     return mp_fail(err, MP_ERR_INPUT,
@@ -673,8 +707,7 @@ static mp_status check_extents(const char *path, tensor_extent *extents, int cou
 
 /* Parses and checks the tensors of a header already known to be UTF-8 JSON text. */
 static mp_status parse_header(const char *path, const cJSON *root, safetensors_file *file,
-                              mp_safetensors_tensor **out_tensors, int *out_count,
-                              mp_error *err) {
+                              mp_safetensors_tensor **out_tensors, int *out_count, mp_error *err) {
   if (!cJSON_IsObject(root)) {
     return mp_fail(err, MP_ERR_INPUT,
                    "%s: header: expected a JSON object of tensor name -> {dtype, shape, "
@@ -709,8 +742,8 @@ static mp_status parse_header(const char *path, const cJSON *root, safetensors_f
       break;
     }
     t->file = file->path;
-    status = parse_tensor_entry(path, entry, t, &extents[count - 1].begin,
-                                &extents[count - 1].end, err);
+    status =
+        parse_tensor_entry(path, entry, t, &extents[count - 1].begin, &extents[count - 1].end, err);
     t->file_offset = file->data_start + extents[count - 1].begin;
   }
   if (status == MP_OK) {
@@ -746,8 +779,7 @@ static mp_status parse_header(const char *path, const cJSON *root, safetensors_f
 
 /* Opens path into *file (owning path's copy) and its tensors, sorted by name. */
 static mp_status open_one_file(const char *path, safetensors_file *file,
-                               mp_safetensors_tensor **out_tensors, int *out_count,
-                               mp_error *err) {
+                               mp_safetensors_tensor **out_tensors, int *out_count, mp_error *err) {
   memset(file, 0, sizeof *file);
   file->fd = -1;
   file->path = copy_text(path);
@@ -928,8 +960,8 @@ static mp_status read_weight_map(const char *index_path, const cJSON *root, map_
     if (distinct == 0 || strcmp(files[distinct - 1], files[k]) != 0) files[distinct++] = files[k];
   }
   for (int k = 0; k < count; ++k) {
-    const char **found = bsearch(&map[k].file, files, (size_t)distinct, sizeof *files,
-                                 compare_strings);
+    const char **found =
+        bsearch(&map[k].file, files, (size_t)distinct, sizeof *files, compare_strings);
     map[k].file_index = (int)(found - files);
   }
   *out_map = map;
@@ -1006,8 +1038,8 @@ mp_status mp_safetensors_open_index(const char *index_path, mp_safetensors **out
   for (int f = 0; status == MP_OK && f < num_files; ++f) {
     char path[MP_ATOMIC_FILE_PATH_BYTES];
     if (dir_bytes + strlen(file_names[f]) + 1 > sizeof path) {
-      status = mp_fail(err, MP_ERR_INPUT, "%s: the path of %s is too long", index_path,
-                       file_names[f]);
+      status =
+          mp_fail(err, MP_ERR_INPUT, "%s: the path of %s is too long", index_path, file_names[f]);
       break;
     }
     memcpy(path, index_path, dir_bytes);
@@ -1114,8 +1146,7 @@ void mp_safetensors_metadata_at(const mp_safetensors *st, int file_index, int en
   *out_value = st->files[file_index].metadata[2 * entry + 1];
 }
 
-const char *mp_safetensors_metadata_get(const mp_safetensors *st, int file_index,
-                                        const char *key) {
+const char *mp_safetensors_metadata_get(const mp_safetensors *st, int file_index, const char *key) {
   for (int i = 0; i < mp_safetensors_num_metadata(st, file_index); ++i) {
     if (strcmp(st->files[file_index].metadata[2 * i], key) == 0) {
       return st->files[file_index].metadata[2 * i + 1];
@@ -1133,12 +1164,11 @@ static mp_status fail_absent(const mp_safetensors *st, const char *name, mp_erro
     names[st->num_tensors] = NULL;
     closest = mp_closest_word(name, names);
   }
-  mp_status status =
-      closest != NULL
-          ? mp_fail(err, MP_ERR_INPUT, "%s: no tensor \"%s\"; did you mean \"%s\"?", st->source,
-                    name, closest)
-          : mp_fail(err, MP_ERR_INPUT, "%s: no tensor \"%s\" (it has %d tensors)", st->source,
-                    name, st->num_tensors);
+  mp_status status = closest != NULL
+                         ? mp_fail(err, MP_ERR_INPUT, "%s: no tensor \"%s\"; did you mean \"%s\"?",
+                                   st->source, name, closest)
+                         : mp_fail(err, MP_ERR_INPUT, "%s: no tensor \"%s\" (it has %d tensors)",
+                                   st->source, name, st->num_tensors);
   free(names);
   return status;
 }
@@ -1159,8 +1189,8 @@ static void format_dtype_set(char *text, size_t bytes, unsigned dtype_set) {
 }
 
 mp_status mp_safetensors_expect(const mp_safetensors *st, const char *name, unsigned dtype_set,
-                                int rank, const int64_t *shape,
-                                const mp_safetensors_tensor **out, mp_error *err) {
+                                int rank, const int64_t *shape, const mp_safetensors_tensor **out,
+                                mp_error *err) {
   if (out != NULL) *out = NULL;
   const mp_safetensors_tensor *t = mp_safetensors_find(st, name);
   if (t == NULL) return fail_absent(st, name, err);
@@ -1215,8 +1245,9 @@ static mp_status matrix_view(const mp_safetensors_tensor *t, int64_t *out_rows,
 
 static mp_status staging_buffer(const mp_safetensors_tensor *t, int64_t bytes_wanted,
                                 unsigned char **out, mp_error *err) {
-  const size_t bytes = (size_t)(bytes_wanted < MP_SAFETENSORS_STAGING_BYTES ? bytes_wanted
-                                                                            : MP_SAFETENSORS_STAGING_BYTES);
+  const size_t bytes =
+      (size_t)(bytes_wanted < MP_SAFETENSORS_STAGING_BYTES ? bytes_wanted
+                                                           : MP_SAFETENSORS_STAGING_BYTES);
   *out = malloc(bytes > 0 ? bytes : 1);
   if (*out == NULL) {
     return mp_fail(err, MP_ERR_RUNTIME, "out of memory for %zu bytes of staging to read %s", bytes,
@@ -1225,8 +1256,8 @@ static mp_status staging_buffer(const mp_safetensors_tensor *t, int64_t bytes_wa
   return MP_OK;
 }
 
-static mp_status read_range(const mp_safetensors *st, const mp_safetensors_tensor *t,
-                            int64_t begin, int64_t end, float *out, mp_error *err) {
+static mp_status read_range(const mp_safetensors *st, const mp_safetensors_tensor *t, int64_t begin,
+                            int64_t end, float *out, mp_error *err) {
   const int element_bytes = kDtypeBytes[t->dtype];
   unsigned char *staging = NULL;
   MP_TRY(staging_buffer(t, (end - begin) * element_bytes, &staging, err));
@@ -1270,10 +1301,9 @@ mp_status mp_safetensors_read_rows(const mp_safetensors *st, const char *name, i
   return read_range(st, t, row_begin * columns, row_end * columns, out, err);
 }
 
-mp_status mp_safetensors_read_block(const mp_safetensors *st, const char *name,
-                                    int64_t row_begin, int64_t row_end, int64_t col_begin,
-                                    int64_t col_end, mp_safetensors_block_layout layout,
-                                    float *out, mp_error *err) {
+mp_status mp_safetensors_read_block(const mp_safetensors *st, const char *name, int64_t row_begin,
+                                    int64_t row_end, int64_t col_begin, int64_t col_end,
+                                    mp_safetensors_block_layout layout, float *out, mp_error *err) {
   const mp_safetensors_tensor *t = NULL;
   MP_TRY(find_float_tensor(st, name, &t, err));
   int64_t rows, columns;
@@ -1305,7 +1335,8 @@ mp_status mp_safetensors_read_block(const mp_safetensors *st, const char *name,
     MP_TRY(staging_buffer(t, (most_rows - 1) * row_bytes + part_bytes, &staging, err));
     for (int64_t r = 0; status == MP_OK && r < block_rows; r += rows_per_read) {
       const int64_t n = block_rows - r < rows_per_read ? block_rows - r : rows_per_read;
-      const int64_t offset = t->file_offset + ((row_begin + r) * columns + col_begin) * element_bytes;
+      const int64_t offset =
+          t->file_offset + ((row_begin + r) * columns + col_begin) * element_bytes;
       status = read_exactly(file, offset, staging, (size_t)((n - 1) * row_bytes + part_bytes), what,
                             err);
       for (int64_t i = 0; status == MP_OK && i < n; ++i) {
@@ -1341,20 +1372,20 @@ typedef struct {
   char *name;
   mp_safetensors_dtype dtype;
   int rank;
-  int64_t *shape;         /* (rank,) */
+  int64_t *shape; /* (rank,) */
   int64_t num_elements;
-  int64_t data_begin;     /* byte offset in the data section */
-  int64_t written;        /* elements appended so far */
+  int64_t data_begin; /* byte offset in the data section */
+  int64_t written;    /* elements appended so far */
 } writer_tensor;
 
 struct mp_safetensors_writer {
   mp_atomic_file file;
   int num_tensors;
-  writer_tensor *tensors;      /* (num_tensors,) in file order */
-  writer_tensor **by_name;     /* (num_tensors,) sorted by name, for appends */
-  int64_t data_start;          /* 8 + header bytes */
+  writer_tensor *tensors;  /* (num_tensors,) in file order */
+  writer_tensor **by_name; /* (num_tensors,) sorted by name, for appends */
+  int64_t data_start;      /* 8 + header bytes */
   int64_t data_bytes;
-  unsigned char *staging;      /* MP_SAFETENSORS_STAGING_BYTES */
+  unsigned char *staging; /* MP_SAFETENSORS_STAGING_BYTES */
 };
 
 /* The reference's file order: dtype descending in its enum order (largest alignment first, so
@@ -1385,8 +1416,8 @@ static mp_status check_specs(const char *path, const mp_safetensors_tensor_spec 
                              mp_error *err) {
   for (int m = 0; m < 2 * num_metadata; ++m) {
     if (metadata[m] == NULL || !is_utf8(metadata[m])) {
-      return mp_fail(err, MP_ERR_INPUT, "%s: metadata %s %d is %s", path,
-                     m % 2 ? "value" : "key", m / 2, metadata[m] == NULL ? "NULL" : "not UTF-8");
+      return mp_fail(err, MP_ERR_INPUT, "%s: metadata %s %d is %s", path, m % 2 ? "value" : "key",
+                     m / 2, metadata[m] == NULL ? "NULL" : "not UTF-8");
     }
     for (int k = 0; m % 2 == 0 && k < m; k += 2) {
       if (strcmp(metadata[k], metadata[m]) == 0) {
@@ -1574,9 +1605,9 @@ mp_status mp_safetensors_writer_append(mp_safetensors_writer *writer, const char
   for (int64_t done = 0; done < count; done += chunk) {
     const int64_t n = count - done < chunk ? count - done : chunk;
     encode_floats(t->dtype, values + done, n, writer->staging);
-    mp_atomic_file_write_at(&writer->file,
-                            writer->data_start + t->data_begin + (t->written + done) * element_bytes,
-                            writer->staging, (size_t)(n * element_bytes));
+    mp_atomic_file_write_at(
+        &writer->file, writer->data_start + t->data_begin + (t->written + done) * element_bytes,
+        writer->staging, (size_t)(n * element_bytes));
   }
   t->written += count;
   return MP_OK;
@@ -1590,11 +1621,11 @@ mp_status mp_safetensors_writer_finish(mp_safetensors_writer *writer, mp_error *
   for (int i = 0; i < writer->num_tensors; ++i) {
     const writer_tensor *t = writer->by_name[i];
     if (t->written != t->num_elements) {
-      mp_status status = mp_fail(err, MP_ERR_RUNTIME,
-                                 "%s: tensor \"%s\" got %lld of its %lld values; the file is not "
-                                 "written",
-                                 writer->file.path, t->name, (long long)t->written,
-                                 (long long)t->num_elements);
+      mp_status status =
+          mp_fail(err, MP_ERR_RUNTIME,
+                  "%s: tensor \"%s\" got %lld of its %lld values; the file is not "
+                  "written",
+                  writer->file.path, t->name, (long long)t->written, (long long)t->num_elements);
       mp_safetensors_writer_abort(writer);
       return status;
     }
@@ -1646,7 +1677,8 @@ mp_status mp_safetensors_write_index(const char *path, const char *const *tensor
   byte_buffer text = {0};
   buffer_text(&text, "{\n  \"metadata\": {\n    \"total_size\": ");
   buffer_int(&text, total_size);
-  buffer_text(&text, num_tensors > 0 ? "\n  },\n  \"weight_map\": {\n" : "\n  },\n  \"weight_map\": {}");
+  buffer_text(&text,
+              num_tensors > 0 ? "\n  },\n  \"weight_map\": {\n" : "\n  },\n  \"weight_map\": {}");
   for (int i = 0; i < num_tensors; ++i) {
     buffer_text(&text, "    ");
     buffer_json_string_python(&text, entries[i].tensor);

@@ -82,9 +82,8 @@ typedef enum {
 /* A set of dtypes, for mp_safetensors_expect: one bit per dtype. */
 #define MP_SAFETENSORS_DTYPE_BIT(dtype) (1u << (unsigned)(dtype))
 /* The dtypes the readers convert to fp32 and the writer converts to. */
-#define MP_SAFETENSORS_FLOAT_DTYPES                                         \
-  (MP_SAFETENSORS_DTYPE_BIT(MP_SAFETENSORS_F32) |                           \
-   MP_SAFETENSORS_DTYPE_BIT(MP_SAFETENSORS_BF16) |                          \
+#define MP_SAFETENSORS_FLOAT_DTYPES                                                               \
+  (MP_SAFETENSORS_DTYPE_BIT(MP_SAFETENSORS_F32) | MP_SAFETENSORS_DTYPE_BIT(MP_SAFETENSORS_BF16) | \
    MP_SAFETENSORS_DTYPE_BIT(MP_SAFETENSORS_F16))
 
 enum {
@@ -111,14 +110,14 @@ typedef struct mp_safetensors mp_safetensors;
 /* One tensor of an open checkpoint, valid until mp_safetensors_close. */
 typedef struct {
   const char *name;
-  const char *file;             /* the path of the file holding it */
-  int file_index;               /* 0 .. mp_safetensors_num_files - 1 */
+  const char *file; /* the path of the file holding it */
+  int file_index;   /* 0 .. mp_safetensors_num_files - 1 */
   mp_safetensors_dtype dtype;
-  int rank;                     /* 0 for a scalar */
-  const int64_t *shape;         /* (rank,) */
-  int64_t num_elements;         /* product of shape (1 for a scalar) */
-  int64_t num_bytes;            /* num_elements x dtype bytes */
-  int64_t file_offset;          /* byte offset of its first element in the file */
+  int rank;             /* 0 for a scalar */
+  const int64_t *shape; /* (rank,) */
+  int64_t num_elements; /* product of shape (1 for a scalar) */
+  int64_t num_bytes;    /* num_elements x dtype bytes */
+  int64_t file_offset;  /* byte offset of its first element in the file */
 } mp_safetensors_tensor;
 
 /* Opens the safetensors file at path and checks its header (see the top of this file). Fails
@@ -158,18 +157,17 @@ const char *mp_safetensors_file_path(const mp_safetensors *st, int file_index);
 int mp_safetensors_num_metadata(const mp_safetensors *st, int file_index);
 void mp_safetensors_metadata_at(const mp_safetensors *st, int file_index, int entry,
                                 const char **out_key, const char **out_value);
-const char *mp_safetensors_metadata_get(const mp_safetensors *st, int file_index,
-                                        const char *key);
+const char *mp_safetensors_metadata_get(const mp_safetensors *st, int file_index, const char *key);
 
 /* Checks that the checkpoint has a tensor called name whose dtype is in dtype_set (a mask of
  * MP_SAFETENSORS_DTYPE_BIT, e.g. MP_SAFETENSORS_FLOAT_DTYPES) and whose shape is the (rank,)
  * array shape; *out (may be NULL) is the tensor. Fails with MP_ERR_INPUT:
- *   "<file>: tensor "<name>": expected BF16, F16 or F32 of shape [4, 8], found I64 of shape [8]"
+ *   "<file>: tensor "<name>": expected F16, BF16 or F32 of shape [4, 8], found I64 of shape [8]"
  * and, when it is absent, "<source>: no tensor "<name>"" (with the closest name there is, if
  * one is close). */
 mp_status mp_safetensors_expect(const mp_safetensors *st, const char *name, unsigned dtype_set,
-                                int rank, const int64_t *shape,
-                                const mp_safetensors_tensor **out, mp_error *err);
+                                int rank, const int64_t *shape, const mp_safetensors_tensor **out,
+                                mp_error *err);
 
 /* The readers below convert the tensor's BF16, F16 or F32 elements to fp32 into out, read with
  * pread through at most MP_SAFETENSORS_STAGING_BYTES of staging (never the whole file). They fail
@@ -198,10 +196,9 @@ typedef enum {
 /* The block rows [row_begin, row_end) x columns [col_begin, col_end), e.g. a row-parallel rank's
  * columns of every row. Reads each row's part alone (bytes between rows are read only when fewer
  * than a page), so a rank reads about its own bytes. */
-mp_status mp_safetensors_read_block(const mp_safetensors *st, const char *name,
-                                    int64_t row_begin, int64_t row_end, int64_t col_begin,
-                                    int64_t col_end, mp_safetensors_block_layout layout,
-                                    float *out, mp_error *err);
+mp_status mp_safetensors_read_block(const mp_safetensors *st, const char *name, int64_t row_begin,
+                                    int64_t row_end, int64_t col_begin, int64_t col_end,
+                                    mp_safetensors_block_layout layout, float *out, mp_error *err);
 
 /* ---------------------------------------------------------------------------------------------
  * Writing

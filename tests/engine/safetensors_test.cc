@@ -115,11 +115,15 @@ struct Open {
   mp_safetensors *st = nullptr;
   mp_error err = MP_ERROR_INITIALIZER;
   ~Open() { mp_safetensors_close(st); }
-  mp_status file(const std::string &path) { return mp_safetensors_open_file(path.c_str(), &st, &err); }
+  mp_status file(const std::string &path) {
+    return mp_safetensors_open_file(path.c_str(), &st, &err);
+  }
   mp_status index(const std::string &path) {
     return mp_safetensors_open_index(path.c_str(), &st, &err);
   }
-  mp_status dir(const std::string &path) { return mp_safetensors_open_dir(path.c_str(), &st, &err); }
+  mp_status dir(const std::string &path) {
+    return mp_safetensors_open_dir(path.c_str(), &st, &err);
+  }
 };
 
 std::vector<float> read_all(const mp_safetensors *st, const char *name) {
@@ -267,9 +271,10 @@ TEST(SafetensorsRead, Bf16AndFp16DecodeExactly) {
 // (read in pieces), in a file the writer made, are still exactly their slice.
 TEST(SafetensorsRead, WideRowsAreReadPartByPart) {
   const std::string path = fresh_dir("wide") + "/wide.safetensors";
-  const int64_t narrow_rows = 64, narrow_cols = 3000;   // 12 KB rows: a gap of more than a page
-  const int64_t wide_rows = 3, wide_cols = 300000;      // 1.2 MB rows: wider than the staging
-  const int64_t narrow_shape[2] = {narrow_rows, narrow_cols}, wide_shape[2] = {wide_rows, wide_cols};
+  const int64_t narrow_rows = 64, narrow_cols = 3000;  // 12 KB rows: a gap of more than a page
+  const int64_t wide_rows = 3, wide_cols = 300000;     // 1.2 MB rows: wider than the staging
+  const int64_t narrow_shape[2] = {narrow_rows, narrow_cols},
+                wide_shape[2] = {wide_rows, wide_cols};
   const mp_safetensors_tensor_spec specs[2] = {{"narrow", MP_SAFETENSORS_F32, 2, narrow_shape},
                                                {"wide", MP_SAFETENSORS_BF16, 2, wide_shape}};
   auto value = [](int64_t j) { return (float)((j * 7) % 251) - 125.0f; };  // exact in bf16
@@ -291,21 +296,21 @@ TEST(SafetensorsRead, WideRowsAreReadPartByPart) {
     const char *name;
     int64_t cols, r0, r1, c0, c1;
   };
-  for (const Case &c : {Case{"narrow", narrow_cols, 3, 60, 10, 26},
-                        Case{"narrow", narrow_cols, 0, 64, 0, 3000},
-                        Case{"wide", wide_cols, 0, 3, 1000, 290000},
-                        Case{"wide", wide_cols, 1, 3, 0, 300000}}) {
-    for (mp_safetensors_block_layout layout : {MP_SAFETENSORS_ROW_MAJOR, MP_SAFETENSORS_TRANSPOSED}) {
+  for (const Case &c :
+       {Case{"narrow", narrow_cols, 3, 60, 10, 26}, Case{"narrow", narrow_cols, 0, 64, 0, 3000},
+        Case{"wide", wide_cols, 0, 3, 1000, 290000}, Case{"wide", wide_cols, 1, 3, 0, 300000}}) {
+    for (mp_safetensors_block_layout layout :
+         {MP_SAFETENSORS_ROW_MAJOR, MP_SAFETENSORS_TRANSPOSED}) {
       const int64_t rows = c.r1 - c.r0, width = c.c1 - c.c0;
       std::vector<float> out((size_t)(rows * width), -999.0f);
-      ASSERT_EQ(mp_safetensors_read_block(o.st, c.name, c.r0, c.r1, c.c0, c.c1, layout,
-                                          out.data(), &err),
-                MP_OK)
+      ASSERT_EQ(
+          mp_safetensors_read_block(o.st, c.name, c.r0, c.r1, c.c0, c.c1, layout, out.data(), &err),
+          MP_OK)
           << err.message;
       for (int64_t r = 0; r < rows; ++r) {
         for (int64_t col = 0; col < width; ++col) {
-          const size_t at = (size_t)(layout == MP_SAFETENSORS_ROW_MAJOR ? r * width + col
-                                                                        : col * rows + r);
+          const size_t at =
+              (size_t)(layout == MP_SAFETENSORS_ROW_MAJOR ? r * width + col : col * rows + r);
           ASSERT_EQ(out[at], value((c.r0 + r) * c.cols + c.c0 + col))
               << c.name << " block (" << r << ", " << col << ") layout " << layout;
         }
@@ -334,10 +339,10 @@ TEST(SafetensorsRead, ShardedGoldenThroughIndexAndDirectory) {
     for (size_t k = 0; k < kSharded.size(); ++k) {
       const mp_safetensors_tensor *t = nullptr;
       mp_error err = MP_ERROR_INITIALIZER;
-      ASSERT_EQ(mp_safetensors_expect(o.st, kSharded[k].name, MP_SAFETENSORS_FLOAT_DTYPES,
-                                      (int)kSharded[k].shape.size(), kSharded[k].shape.data(), &t,
-                                      &err),
-                MP_OK)
+      ASSERT_EQ(
+          mp_safetensors_expect(o.st, kSharded[k].name, MP_SAFETENSORS_FLOAT_DTYPES,
+                                (int)kSharded[k].shape.size(), kSharded[k].shape.data(), &t, &err),
+          MP_OK)
           << err.message;
       EXPECT_EQ(t->file, (int)k < kFirstOfShard2 ? shard1 : shard2) << t->name;
       EXPECT_EQ(t->file_index, (int)k < kFirstOfShard2 ? 0 : 1);
@@ -362,14 +367,16 @@ TEST(SafetensorsRead, DirectoryPrefersModelSafetensorsAsTransformersDoes) {
   Open none;
   EXPECT_EQ(none.dir(empty), MP_ERR_INPUT);
   EXPECT_EQ(std::string(none.err.message),
-            empty + ": neither model.safetensors nor model.safetensors.index.json is there; save "
-                    "the checkpoint with transformers' save_pretrained (safe_serialization=True, "
-                    "the default)");
+            empty +
+                ": neither model.safetensors nor model.safetensors.index.json is there; save "
+                "the checkpoint with transformers' save_pretrained (safe_serialization=True, "
+                "the default)");
   Open file;
   EXPECT_EQ(file.dir(dir + "/model.safetensors"), MP_ERR_INPUT);
   EXPECT_EQ(std::string(file.err.message),
-            dir + "/model.safetensors: not a directory; expected a Hugging Face checkpoint "
-                  "directory");
+            dir +
+                "/model.safetensors: not a directory; expected a Hugging Face checkpoint "
+                "directory");
   EXPECT_EQ(none.st, nullptr);
 }
 
@@ -391,24 +398,27 @@ TEST(SafetensorsExpect, NamesFileTensorExpectedAndFound) {
             MP_ERR_INPUT);
   EXPECT_EQ(t, nullptr);
   EXPECT_EQ(std::string(err.message),
-            path + ": tensor \"model.embed_tokens.weight\": expected F16, BF16 or F32 of shape "
-                   "[8, 7], found F32 of shape [8, 6]");
-  EXPECT_EQ(mp_safetensors_expect(o.st, "model.norm.weight",
-                                  MP_SAFETENSORS_DTYPE_BIT(MP_SAFETENSORS_BF16), 1, norm, nullptr,
-                                  &err),
-            MP_ERR_INPUT);
+            path +
+                ": tensor \"model.embed_tokens.weight\": expected F16, BF16 or F32 of shape "
+                "[8, 7], found F32 of shape [8, 6]");
+  EXPECT_EQ(
+      mp_safetensors_expect(o.st, "model.norm.weight",
+                            MP_SAFETENSORS_DTYPE_BIT(MP_SAFETENSORS_BF16), 1, norm, nullptr, &err),
+      MP_ERR_INPUT);
   EXPECT_EQ(std::string(err.message),
-            path + ": tensor \"model.norm.weight\": expected BF16 of shape [6], found F32 of shape "
-                   "[6]");
+            path +
+                ": tensor \"model.norm.weight\": expected BF16 of shape [6], found F32 of shape "
+                "[6]");
   EXPECT_EQ(mp_safetensors_expect(o.st, "model.norm.weight", MP_SAFETENSORS_FLOAT_DTYPES, 2, embed,
                                   nullptr, &err),
             MP_ERR_INPUT);
   EXPECT_EQ(std::string(err.message),
-            path + ": tensor \"model.norm.weight\": expected F16, BF16 or F32 of shape [8, 6], "
-                   "found F32 of shape [6]");
-  EXPECT_EQ(mp_safetensors_expect(o.st, "scale", MP_SAFETENSORS_FLOAT_DTYPES, 0, nullptr, nullptr,
-                                  &err),
-            MP_OK);
+            path +
+                ": tensor \"model.norm.weight\": expected F16, BF16 or F32 of shape [8, 6], "
+                "found F32 of shape [6]");
+  EXPECT_EQ(
+      mp_safetensors_expect(o.st, "scale", MP_SAFETENSORS_FLOAT_DTYPES, 0, nullptr, nullptr, &err),
+      MP_OK);
   EXPECT_EQ(mp_safetensors_expect(o.st, "model.norm.weights", MP_SAFETENSORS_FLOAT_DTYPES, 1, norm,
                                   nullptr, &err),
             MP_ERR_INPUT);
@@ -417,7 +427,8 @@ TEST(SafetensorsExpect, NamesFileTensorExpectedAndFound) {
   EXPECT_EQ(mp_safetensors_expect(o.st, "transformer.wte.weight", MP_SAFETENSORS_FLOAT_DTYPES, 1,
                                   norm, nullptr, &err),
             MP_ERR_INPUT);
-  EXPECT_EQ(std::string(err.message), path + ": no tensor \"transformer.wte.weight\" (it has 7 tensors)");
+  EXPECT_EQ(std::string(err.message),
+            path + ": no tensor \"transformer.wte.weight\" (it has 7 tensors)");
 }
 
 // ------------------------------------------------------------------------------------------
@@ -456,8 +467,8 @@ TEST(SafetensorsWrite, MixedIsByteIdenticalToTheReference) {
   const std::string path = dir + "/mixed.safetensors";
   std::vector<mp_safetensors_tensor_spec> specs;
   for (size_t k = kMixed.size(); k-- > 0;) {
-    specs.push_back({kMixed[k].name, kMixed[k].dtype, (int)kMixed[k].shape.size(),
-                     kMixed[k].shape.data()});
+    specs.push_back(
+        {kMixed[k].name, kMixed[k].dtype, (int)kMixed[k].shape.size(), kMixed[k].shape.data()});
   }
   const char *metadata[2] = {"format", "pt"};
   mp_error err = MP_ERROR_INITIALIZER;
@@ -531,14 +542,16 @@ TEST(SafetensorsWrite, EscapingIsByteIdenticalToTheReference) {
   // And the reader gives the names back unescaped.
   Open o;
   ASSERT_EQ(o.file(path), MP_OK) << o.err.message;
-  for (const std::string &name : names) EXPECT_NE(mp_safetensors_find(o.st, name.c_str()), nullptr) << name;
+  for (const std::string &name : names)
+    EXPECT_NE(mp_safetensors_find(o.st, name.c_str()), nullptr) << name;
   EXPECT_STREQ(mp_safetensors_metadata_get(o.st, 0, "note \"1\"\n"), "caf\xc3\xa9\t\\");
 
   // The index escapes as Python's json.dumps (ensure_ascii): \uXXXX, surrogate pairs.
   const std::string index = temp_dir() + "/write_escaping/escaping.index.json";
   std::vector<std::string> files;
   std::vector<const char *> tensor_names, file_names;
-  for (size_t k = 0; k < names.size(); ++k) files.push_back("shard " + std::to_string(k) + " \xc3\xa9.safetensors");
+  for (size_t k = 0; k < names.size(); ++k)
+    files.push_back("shard " + std::to_string(k) + " \xc3\xa9.safetensors");
   for (size_t k = 0; k < names.size(); ++k) {
     tensor_names.push_back(names[k].c_str());
     file_names.push_back(files[k].c_str());
@@ -598,23 +611,26 @@ TEST(SafetensorsWrite, EmptyFilesAreTheReferences) {
   const std::string dir = fresh_dir("write_empty");
   mp_error err = MP_ERROR_INITIALIZER;
   mp_safetensors_writer *writer = nullptr;
-  ASSERT_EQ(mp_safetensors_writer_create((dir + "/none").c_str(), nullptr, 0, nullptr, 0, &writer,
-                                         &err),
-            MP_OK);
+  ASSERT_EQ(
+      mp_safetensors_writer_create((dir + "/none").c_str(), nullptr, 0, nullptr, 0, &writer, &err),
+      MP_OK);
   ASSERT_EQ(mp_safetensors_writer_finish(writer, &err), MP_OK);
   const std::string none("\x08\0\0\0\0\0\0\0{}      ", 16);
   EXPECT_EQ(read_bytes(dir + "/none"), std::vector<unsigned char>(none.begin(), none.end()));
   const char *metadata[2] = {"format", "pt"};
-  ASSERT_EQ(mp_safetensors_writer_create((dir + "/meta").c_str(), nullptr, 0, metadata, 1, &writer,
-                                         &err),
-            MP_OK);
+  ASSERT_EQ(
+      mp_safetensors_writer_create((dir + "/meta").c_str(), nullptr, 0, metadata, 1, &writer, &err),
+      MP_OK);
   ASSERT_EQ(mp_safetensors_writer_finish(writer, &err), MP_OK);
-  const std::string meta = std::string("\x20\0\0\0\0\0\0\0", 8) + "{\"__metadata__\":{\"format\":\"pt\"}}";
+  const std::string meta =
+      std::string("\x20\0\0\0\0\0\0\0", 8) + "{\"__metadata__\":{\"format\":\"pt\"}}";
   EXPECT_EQ(read_bytes(dir + "/meta"), std::vector<unsigned char>(meta.begin(), meta.end()));
   ASSERT_EQ(mp_safetensors_write_index((dir + "/index.json").c_str(), nullptr, nullptr, 0, 0, &err),
             MP_OK);
-  const std::string index = "{\n  \"metadata\": {\n    \"total_size\": 0\n  },\n  \"weight_map\": {}\n}\n";
-  EXPECT_EQ(read_bytes(dir + "/index.json"), std::vector<unsigned char>(index.begin(), index.end()));
+  const std::string index =
+      "{\n  \"metadata\": {\n    \"total_size\": 0\n  },\n  \"weight_map\": {}\n}\n";
+  EXPECT_EQ(read_bytes(dir + "/index.json"),
+            std::vector<unsigned char>(index.begin(), index.end()));
 }
 
 TEST(SafetensorsWrite, RefusesBadSpecsAndAppends) {
@@ -634,9 +650,10 @@ TEST(SafetensorsWrite, RefusesBadSpecsAndAppends) {
   EXPECT_EQ(refused({{"a", MP_SAFETENSORS_F32, 2, shape}, {"a", MP_SAFETENSORS_BF16, 2, shape}},
                     nullptr, 0),
             path + ": tensor \"a\" given twice");
-  EXPECT_EQ(refused({{"a", MP_SAFETENSORS_F32, 2, shape}, {"__metadata__", MP_SAFETENSORS_F32, 2, shape}},
-                    nullptr, 0),
-            path + ": tensor 1: \"__metadata__\" is the header's metadata key, not a tensor name");
+  EXPECT_EQ(
+      refused({{"a", MP_SAFETENSORS_F32, 2, shape}, {"__metadata__", MP_SAFETENSORS_F32, 2, shape}},
+              nullptr, 0),
+      path + ": tensor 1: \"__metadata__\" is the header's metadata key, not a tensor name");
   EXPECT_EQ(refused({{"a", MP_SAFETENSORS_I64, 2, shape}}, nullptr, 0),
             path + ": tensor \"a\": dtype I64; the writer converts fp32 to F32, BF16 or F16 only");
   EXPECT_EQ(refused({{"a", MP_SAFETENSORS_F32, 2, negative}}, nullptr, 0),
@@ -663,7 +680,8 @@ TEST(SafetensorsWrite, RefusesBadSpecsAndAppends) {
   EXPECT_EQ(std::string(err.message), path + ": no tensor \"b\" was declared to the writer");
   ASSERT_EQ(mp_safetensors_writer_append(writer, "a", values, 4, &err), MP_OK);
   EXPECT_EQ(mp_safetensors_writer_append(writer, "a", values, 5, &err), MP_ERR_RUNTIME);
-  EXPECT_EQ(std::string(err.message), path + ": tensor \"a\": 5 more values after 4 of its 6 elements");
+  EXPECT_EQ(std::string(err.message),
+            path + ": tensor \"a\": 5 more values after 4 of its 6 elements");
   EXPECT_EQ(mp_safetensors_writer_finish(writer, &err), MP_ERR_RUNTIME);
   EXPECT_EQ(std::string(err.message),
             path + ": tensor \"a\" got 4 of its 6 values; the file is not written");
@@ -740,7 +758,8 @@ TEST(SafetensorsHostile, LengthAndHeaderBytes) {
   p = hostile_file("empty_header", "", 0);
   EXPECT_EQ(refusal(p), p + ": header: empty, expected a JSON object");
   p = hostile_file("not_json", "{\"a\": [1, 2", 0);
-  EXPECT_EQ(refusal(p), p + ": header:1:17: JSON syntax error: expected ',' or ']', found the end of the file");
+  EXPECT_EQ(refusal(p),
+            p + ": header:1:17: JSON syntax error: expected ',' or ']', found the end of the file");
   p = hostile_file("not_object", "[1, 2, 3]", 0);
   EXPECT_EQ(refusal(p),
             p + ": header: expected a JSON object of tensor name -> {dtype, shape, data_offsets}, "
@@ -764,7 +783,8 @@ TEST(SafetensorsHostile, TensorEntries) {
   EXPECT_EQ(refusal(p),
             p + ": tensor \"x\": unknown dtype \"F33\" (known: BOOL, U8, I8, F8_E5M2, F8_E4M3, "
                 "I16, U16, F16, BF16, I32, U32, F32, F64, I64, U64)");
-  p = hostile_file("dtype_number", "{\"x\": {\"dtype\": 4, \"shape\": [1], \"data_offsets\": [0, 4]}}", 4);
+  p = hostile_file("dtype_number",
+                   "{\"x\": {\"dtype\": 4, \"shape\": [1], \"data_offsets\": [0, 4]}}", 4);
   EXPECT_EQ(refusal(p), p + ": tensor \"x\": dtype: expected a string, got a number");
   p = hostile_file("entry_number", "{\"x\": 5}", 0);
   EXPECT_EQ(refusal(p),
@@ -793,14 +813,18 @@ TEST(SafetensorsHostile, TensorEntries) {
   EXPECT_EQ(refusal(p),
             p + ": tensor \"x\": shape[0]: expected a whole number from 0 to 2^53 - 1, got "
                 "9007199254740992");
-  p = hostile_file("shape_object", "{\"x\": {\"dtype\": \"F32\", \"shape\": {}, \"data_offsets\": [0, 4]}}", 4);
-  EXPECT_EQ(refusal(p), p + ": tensor \"x\": shape: expected an array of whole numbers, got an object");
+  p = hostile_file("shape_object",
+                   "{\"x\": {\"dtype\": \"F32\", \"shape\": {}, \"data_offsets\": [0, 4]}}", 4);
+  EXPECT_EQ(refusal(p),
+            p + ": tensor \"x\": shape: expected an array of whole numbers, got an object");
   p = hostile_file("too_many_elements",
-                   "{\"x\": " + entry("F32", "[1073741824, 1073741824, 1073741824]", 0, 4) + "}", 4);
+                   "{\"x\": " + entry("F32", "[1073741824, 1073741824, 1073741824]", 0, 4) + "}",
+                   4);
   EXPECT_EQ(refusal(p),
             p + ": tensor \"x\": shape [1073741824, 1073741824, 1073741824] has 2^53 elements or "
                 "more");
-  p = hostile_file("offsets_one", "{\"x\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [4]}}", 4);
+  p = hostile_file("offsets_one",
+                   "{\"x\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [4]}}", 4);
   EXPECT_EQ(refusal(p),
             p + ": tensor \"x\": data_offsets: expected [begin, end], two whole numbers from 0 to "
                 "2^53 - 1");
@@ -809,16 +833,17 @@ TEST(SafetensorsHostile, TensorEntries) {
   p = hostile_file("shape_disagrees", "{\"x\": " + entry("F32", "[3]", 0, 8) + "}", 8);
   EXPECT_EQ(refusal(p),
             p + ": tensor \"x\": shape [3] of F32 takes 12 bytes, but data_offsets [0, 8) hold 8");
-  p = hostile_file("duplicate",
-                   "{\"x\": " + entry("F32", "[1]", 0, 4) + ", \"x\": " + entry("F32", "[1]", 0, 4) + "}",
-                   4);
+  p = hostile_file(
+      "duplicate",
+      "{\"x\": " + entry("F32", "[1]", 0, 4) + ", \"x\": " + entry("F32", "[1]", 0, 4) + "}", 4);
   EXPECT_EQ(refusal(p), p + ": tensor \"x\" appears twice in the header");
   p = hostile_file("metadata_number", "{\"__metadata__\": {\"format\": 1}}", 0);
   EXPECT_EQ(refusal(p),
             p + ": header: $.__metadata__[\"format\"]: expected a string, got a number (metadata "
                 "maps strings to strings)");
   p = hostile_file("metadata_array", "{\"__metadata__\": [\"pt\"]}", 0);
-  EXPECT_EQ(refusal(p), p + ": header: $.__metadata__: expected an object of strings, got an array");
+  EXPECT_EQ(refusal(p),
+            p + ": header: $.__metadata__: expected an object of strings, got an array");
   p = hostile_file("metadata_twice", "{\"__metadata__\": {}, \"__metadata__\": {}}", 0);
   EXPECT_EQ(refusal(p), p + ": header: \"__metadata__\" given twice");
   p = hostile_file("metadata_key_twice", "{\"__metadata__\": {\"a\": \"1\", \"a\": \"2\"}}", 0);
@@ -837,11 +862,13 @@ TEST(SafetensorsHostile, OffsetsMustTileTheDataSection) {
             p + ": tensor \"y\": data_offsets [8, 12) leave bytes [4, 8) of the data section to no "
                 "tensor (the tensor before it, \"x\", ends at 4); the tensors must cover it with "
                 "no gaps");
-  p = hostile_file("overlap",
-                   "{\"x\": " + entry("F32", "[2]", 0, 8) + ", \"y\": " + entry("F32", "[1]", 4, 8) + "}", 8);
+  p = hostile_file(
+      "overlap",
+      "{\"x\": " + entry("F32", "[2]", 0, 8) + ", \"y\": " + entry("F32", "[1]", 4, 8) + "}", 8);
   EXPECT_EQ(refusal(p), p + ": tensor \"y\": data_offsets [4, 8) overlap tensor \"x\" at [0, 8)");
-  p = hostile_file("same_bytes",
-                   "{\"b\": " + entry("F32", "[1]", 0, 4) + ", \"a\": " + entry("I32", "[1]", 0, 4) + "}", 4);
+  p = hostile_file(
+      "same_bytes",
+      "{\"b\": " + entry("F32", "[1]", 0, 4) + ", \"a\": " + entry("I32", "[1]", 0, 4) + "}", 4);
   EXPECT_EQ(refusal(p), p + ": tensor \"b\": data_offsets [0, 4) overlap tensor \"a\" at [0, 4)");
   p = hostile_file("truncated", "{\"x\": " + entry("F32", "[2]", 0, 8) + "}", 4);
   EXPECT_EQ(refusal(p),
@@ -866,19 +893,22 @@ TEST(SafetensorsHostile, OffsetsMustTileTheDataSection) {
                 "its header");
   p = hostile_dir() + "/no_such_file";
   EXPECT_EQ(refusal(p), p + ": cannot open: No such file or directory");
-  EXPECT_EQ(refusal(hostile_dir()), hostile_dir() + ": not a regular file; expected a .safetensors file");
+  EXPECT_EQ(refusal(hostile_dir()),
+            hostile_dir() + ": not a regular file; expected a .safetensors file");
 }
 
 // What the reference accepts, this reader accepts too: a header that starts with spaces or is
 // not padded, unknown keys in an entry, null metadata, tensors listed out of offset order,
 // zero-size tensors and scalars, a file of no tensors.
 TEST(SafetensorsHostile, AcceptsWhatTheReferenceAccepts) {
-  const std::string p = hostile_file(
-      "lenient",
-      "  {\"__metadata__\": null, \"y\": " + entry("BF16", "[2]", 4, 8) +
-          ", \"z\": {\"dtype\": \"F32\", \"shape\": [], \"data_offsets\": [8, 12], \"extra\": [1.5]}"
-          ", \"e\": " + entry("F16", "[0, 3]", 4, 4) + ", \"x\": " + entry("F32", "[1]", 0, 4) + "}",
-      12, false);
+  const std::string p =
+      hostile_file("lenient",
+                   "  {\"__metadata__\": null, \"y\": " + entry("BF16", "[2]", 4, 8) +
+                       ", \"z\": {\"dtype\": \"F32\", \"shape\": [], \"data_offsets\": [8, 12], "
+                       "\"extra\": [1.5]}"
+                       ", \"e\": " +
+                       entry("F16", "[0, 3]", 4, 4) + ", \"x\": " + entry("F32", "[1]", 0, 4) + "}",
+                   12, false);
   Open o;
   ASSERT_EQ(o.file(p), MP_OK) << o.err.message;
   EXPECT_EQ(mp_safetensors_num_tensors(o.st), 4);
@@ -892,9 +922,10 @@ TEST(SafetensorsHostile, AcceptsWhatTheReferenceAccepts) {
 }
 
 TEST(SafetensorsHostile, ReadsOfTheWrongKindOrPlace) {
-  const std::string p = hostile_file(
-      "ids", "{\"ids\": " + entry("I64", "[2]", 0, 16) + ", \"w\": " + entry("F32", "[2, 2]", 16, 32) + "}",
-      32);
+  const std::string p = hostile_file("ids",
+                                     "{\"ids\": " + entry("I64", "[2]", 0, 16) +
+                                         ", \"w\": " + entry("F32", "[2, 2]", 16, 32) + "}",
+                                     32);
   Open o;
   ASSERT_EQ(o.file(p), MP_OK) << o.err.message;
   mp_error err = MP_ERROR_INITIALIZER;
@@ -905,7 +936,8 @@ TEST(SafetensorsHostile, ReadsOfTheWrongKindOrPlace) {
   EXPECT_EQ(mp_safetensors_read_rows(o.st, "wx", 0, 1, out, &err), MP_ERR_INPUT);
   EXPECT_EQ(std::string(err.message), p + ": no tensor \"wx\"; did you mean \"w\"?");
   EXPECT_EQ(mp_safetensors_read_elements(o.st, "w", 2, 5, out, &err), MP_ERR_RUNTIME);
-  EXPECT_EQ(std::string(err.message), p + ": tensor \"w\": elements [2, 5) are not inside its 4 elements");
+  EXPECT_EQ(std::string(err.message),
+            p + ": tensor \"w\": elements [2, 5) are not inside its 4 elements");
   EXPECT_EQ(mp_safetensors_read_rows(o.st, "w", 1, 3, out, &err), MP_ERR_RUNTIME);
   EXPECT_EQ(std::string(err.message), p + ": tensor \"w\": rows [1, 3) are not inside its 2 rows");
   EXPECT_EQ(mp_safetensors_read_block(o.st, "w", 0, 2, 1, 3, MP_SAFETENSORS_ROW_MAJOR, out, &err),
@@ -916,17 +948,18 @@ TEST(SafetensorsHostile, ReadsOfTheWrongKindOrPlace) {
   ASSERT_EQ(mixed.file(kTestdata + "mixed.safetensors"), MP_OK);
   EXPECT_EQ(mp_safetensors_read_rows(mixed.st, "scale", 0, 1, out, &err), MP_ERR_RUNTIME);
   EXPECT_EQ(std::string(err.message),
-            kTestdata + "mixed.safetensors: tensor \"scale\" is a scalar; it has no rows (read it "
-                        "with mp_safetensors_read_elements)");
+            kTestdata +
+                "mixed.safetensors: tensor \"scale\" is a scalar; it has no rows (read it "
+                "with mp_safetensors_read_elements)");
 
   // A file cut short after it was opened (inside w's second row): the read says so.
   const int64_t w_at = mp_safetensors_find(o.st, "w")->file_offset;
   ASSERT_EQ(truncate(p.c_str(), (off_t)(w_at + 10)), 0);
   EXPECT_EQ(mp_safetensors_read_rows(o.st, "w", 0, 1, out, &err), MP_OK) << err.message;
   EXPECT_EQ(mp_safetensors_read_elements(o.st, "w", 0, 4, out, &err), MP_ERR_INPUT);
-  EXPECT_EQ(std::string(err.message),
-            p + ": cannot read tensor \"w\": the file ends before byte " + std::to_string(w_at + 10) +
-                "; it was truncated after it was opened");
+  EXPECT_EQ(std::string(err.message), p + ": cannot read tensor \"w\": the file ends before byte " +
+                                          std::to_string(w_at + 10) +
+                                          "; it was truncated after it was opened");
 }
 
 // ------------------------------------------------------------------------------------------
@@ -936,7 +969,8 @@ TEST(SafetensorsHostile, ReadsOfTheWrongKindOrPlace) {
 // A directory holding the two golden shards and the index text given.
 std::string index_with(const std::string &name, const std::string &index_text) {
   const std::string dir = fresh_dir("index_" + name);
-  for (const char *shard : {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}) {
+  for (const char *shard :
+       {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}) {
     write_bytes(dir + "/" + shard, read_bytes(kTestdata + "sharded/" + shard));
   }
   write_text(dir + "/model.safetensors.index.json", index_text);
@@ -944,7 +978,8 @@ std::string index_with(const std::string &name, const std::string &index_text) {
 }
 
 std::string golden_index() {
-  const std::vector<unsigned char> bytes = read_bytes(kTestdata + "sharded/model.safetensors.index.json");
+  const std::vector<unsigned char> bytes =
+      read_bytes(kTestdata + "sharded/model.safetensors.index.json");
   return std::string(bytes.begin(), bytes.end());
 }
 
@@ -975,15 +1010,17 @@ std::string index_refusal(const std::string &dir) {
 TEST(SafetensorsHostileIndex, JsonAndWeightMap) {
   std::string d = index_with("not_json", "{\"weight_map\": {");
   std::string i = d + "/model.safetensors.index.json";
-  EXPECT_EQ(index_refusal(d), i + ":1:17: JSON syntax error: expected a key in double quotes, found the end of the file");
+  EXPECT_EQ(
+      index_refusal(d),
+      i + ":1:17: JSON syntax error: expected a key in double quotes, found the end of the file");
   d = index_with("array", "[]");
   i = d + "/model.safetensors.index.json";
-  EXPECT_EQ(index_refusal(d), i + ": $: expected a safetensors index (a JSON object), got an array");
+  EXPECT_EQ(index_refusal(d),
+            i + ": $: expected a safetensors index (a JSON object), got an array");
   d = index_with("no_map", "{\"metadata\": {\"total_size\": 408}}");
   i = d + "/model.safetensors.index.json";
-  EXPECT_EQ(index_refusal(d),
-            i + ": $: no \"weight_map\" (tensor name -> file name); not a "
-                "model.safetensors.index.json");
+  EXPECT_EQ(index_refusal(d), i + ": $: no \"weight_map\" (tensor name -> file name); not a "
+                                  "model.safetensors.index.json");
   d = index_with("map_array", "{\"weight_map\": [1, 2]}");
   i = d + "/model.safetensors.index.json";
   EXPECT_EQ(index_refusal(d),
@@ -991,10 +1028,12 @@ TEST(SafetensorsHostileIndex, JsonAndWeightMap) {
                 "an array");
   d = index_with("value_number", index_edited("lm_head.weight", "\"lm_head.weight\": 2"));
   i = d + "/model.safetensors.index.json";
-  EXPECT_EQ(index_refusal(d),
-            i + ": $.weight_map[\"lm_head.weight\"]: expected a file name (a string), got a number");
-  d = index_with("traversal", index_edited("lm_head.weight",
-                                           "\"lm_head.weight\": \"../model-00002-of-00002.safetensors\""));
+  EXPECT_EQ(
+      index_refusal(d),
+      i + ": $.weight_map[\"lm_head.weight\"]: expected a file name (a string), got a number");
+  d = index_with("traversal",
+                 index_edited("lm_head.weight",
+                              "\"lm_head.weight\": \"../model-00002-of-00002.safetensors\""));
   i = d + "/model.safetensors.index.json";
   EXPECT_EQ(index_refusal(d),
             i + ": $.weight_map[\"lm_head.weight\"]: \"../model-00002-of-00002.safetensors\" is "
@@ -1008,9 +1047,9 @@ TEST(SafetensorsHostileIndex, JsonAndWeightMap) {
 }
 
 TEST(SafetensorsHostileIndex, MapAndFilesMustAgree) {
-  std::string d = index_with("missing_file",
-                             index_edited("model.norm.weight",
-                                          "\"model.norm.weight\": \"model-00003-of-00002.safetensors\""));
+  std::string d = index_with(
+      "missing_file", index_edited("model.norm.weight",
+                                   "\"model.norm.weight\": \"model-00003-of-00002.safetensors\""));
   std::string i = d + "/model.safetensors.index.json";
   EXPECT_EQ(index_refusal(d),
             i + ": $.weight_map puts tensor \"model.norm.weight\" in " + d +
@@ -1019,17 +1058,16 @@ TEST(SafetensorsHostileIndex, MapAndFilesMustAgree) {
                  index_edited("model.norm.weight",
                               "\"model.norm.weight\": \"model-00001-of-00002.safetensors\""));
   i = d + "/model.safetensors.index.json";
-  EXPECT_EQ(index_refusal(d),
-            i + ": $.weight_map puts tensor \"model.norm.weight\" in " + d +
-                "/model-00001-of-00002.safetensors, which has no such tensor (" + d +
-                "/model-00002-of-00002.safetensors has it)");
-  d = index_with("extra", index_edited("lm_head.weight",
-                                       "\"lm_head.weight\": \"model-00002-of-00002.safetensors\",\n"
-                                       "    \"model.extra.weight\": \"model-00001-of-00002.safetensors\""));
+  EXPECT_EQ(index_refusal(d), i + ": $.weight_map puts tensor \"model.norm.weight\" in " + d +
+                                  "/model-00001-of-00002.safetensors, which has no such tensor (" +
+                                  d + "/model-00002-of-00002.safetensors has it)");
+  d = index_with("extra",
+                 index_edited("lm_head.weight",
+                              "\"lm_head.weight\": \"model-00002-of-00002.safetensors\",\n"
+                              "    \"model.extra.weight\": \"model-00001-of-00002.safetensors\""));
   i = d + "/model.safetensors.index.json";
-  EXPECT_EQ(index_refusal(d),
-            i + ": $.weight_map puts tensor \"model.extra.weight\" in " + d +
-                "/model-00001-of-00002.safetensors, which has no such tensor");
+  EXPECT_EQ(index_refusal(d), i + ": $.weight_map puts tensor \"model.extra.weight\" in " + d +
+                                  "/model-00001-of-00002.safetensors, which has no such tensor");
   d = index_with("unlisted", index_edited("lm_head.weight", ""));
   i = d + "/model.safetensors.index.json";
   EXPECT_EQ(index_refusal(d),
@@ -1061,17 +1099,18 @@ TEST(SafetensorsHostileIndex, TensorInTwoFiles) {
     ASSERT_EQ(mp_safetensors_writer_create((d + "/" + file).c_str(), specs.data(), 2, nullptr, 0,
                                            &writer, &err),
               MP_OK);
-    for (const char *name : names) ASSERT_EQ(mp_safetensors_writer_append(writer, name, values, 2, &err), MP_OK);
+    for (const char *name : names)
+      ASSERT_EQ(mp_safetensors_writer_append(writer, name, values, 2, &err), MP_OK);
     ASSERT_EQ(mp_safetensors_writer_finish(writer, &err), MP_OK);
   }
-  const char *tensors[3] = {"x", "y", "z"}, *files[3] = {"a.safetensors", "b.safetensors", "b.safetensors"};
-  ASSERT_EQ(mp_safetensors_write_index((d + "/model.safetensors.index.json").c_str(), tensors, files,
-                                       3, 24, &err),
+  const char *tensors[3] = {"x", "y", "z"},
+             *files[3] = {"a.safetensors", "b.safetensors", "b.safetensors"};
+  ASSERT_EQ(mp_safetensors_write_index((d + "/model.safetensors.index.json").c_str(), tensors,
+                                       files, 3, 24, &err),
             MP_OK);
-  EXPECT_EQ(index_refusal(d),
-            d + "/model.safetensors.index.json: " + d +
-                "/a.safetensors holds tensor \"y\", which $.weight_map puts in " + d +
-                "/b.safetensors");
+  EXPECT_EQ(index_refusal(d), d + "/model.safetensors.index.json: " + d +
+                                  "/a.safetensors holds tensor \"y\", which $.weight_map puts in " +
+                                  d + "/b.safetensors");
 }
 
 }  // namespace

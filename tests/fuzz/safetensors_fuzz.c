@@ -106,7 +106,8 @@ static void check_reads(const mp_safetensors *st, const mp_safetensors_tensor *t
       if (!same_float(part[i], all[i])) abort();
     }
     if (rows > 0) {
-      const int64_t r0 = rows / 3, r1 = rows - rows / 4, c0 = columns / 3, c1 = columns - columns / 4;
+      const int64_t r0 = rows / 3, r1 = rows - rows / 4, c0 = columns / 3,
+                    c1 = columns - columns / 4;
       const int64_t height = r1 - r0, width = c1 - c0;
       for (int layout = 0; layout < 2; ++layout) {
         if (mp_safetensors_read_block(st, t->name, r0, r1, c0, c1,
@@ -175,7 +176,8 @@ static void check_round_trip(const mp_safetensors *st) {
     const mp_safetensors_tensor *u = mp_safetensors_tensor_at(back, i);
     if (strcmp(t->name, u->name) != 0 || t->dtype != u->dtype || t->rank != u->rank) abort();
     const int64_t n = t->num_elements;
-    float *a = malloc(sizeof *a * (size_t)(n > 0 ? n : 1)), *b = malloc(sizeof *b * (size_t)(n > 0 ? n : 1));
+    float *a = malloc(sizeof *a * (size_t)(n > 0 ? n : 1)),
+          *b = malloc(sizeof *b * (size_t)(n > 0 ? n : 1));
     if (a == NULL || b == NULL) abort();
     if (mp_safetensors_read_elements(st, t->name, 0, n, a, &err) != MP_OK ||
         mp_safetensors_read_elements(back, t->name, 0, n, b, &err) != MP_OK) {
