@@ -178,10 +178,15 @@ static long long proc_kib(const char *file, const char *field) {
   return kib;
 }
 
-/* Runs `mpirun -np 2 mpengine bench comm --ops sendrecv --json` and fits the point-to-point link
- * of this machine: latency from the smallest message's one-way time, bandwidth from the largest's.
- * Returns false (leaving the figures alone) when mpirun or the benchmark is not available. */
-static bool measure_links(double *latency_s, double *bandwidth_bytes_per_s) {
+/* Runs `mpirun -np 2 mpengine bench comm --ops sendrecv,all_reduce --json` and fits the
+ * point-to-point link of this machine: latency from the smallest message's one-way time,
+ * bandwidth from the largest's; and the all-reduce's bus bandwidth at the largest size (16 MiB,
+ * the trainer's gradient bucket, MP_TRAINER_BUCKET_FLOATS floats) over that bandwidth as the
+ * link's collective efficiency (Open MPI's shared-memory all-reduce copies and reduces on the
+ * cores, far below a send). Returns false (leaving the figures alone) when mpirun or the
+ * benchmark is not available. */
+static bool measure_links(double *latency_s, double *bandwidth_bytes_per_s,
+                          double *collective_efficiency) {
   char self[4096];
   const ssize_t length = readlink("/proc/self/exe", self, sizeof self - 1);
   if (length <= 0) return false;
@@ -189,19 +194,27 @@ static bool measure_links(double *latency_s, double *bandwidth_bytes_per_s) {
   char command[8192];
   snprintf(command, sizeof command,
            "OMPI_MCA_btl=${OMPI_MCA_btl:-self,vader} OMPI_MCA_plm_rsh_agent= "
-           "mpirun --oversubscribe -np 2 %s '%s' bench comm --ops sendrecv --min-bytes 1K "
+           "mpirun --oversubscribe -np 2 %s '%s' bench comm --ops sendrecv,all_reduce --min-bytes 1K "
            "--max-bytes 16M --json 2>/dev/null",
            geteuid() == 0 ? "--allow-run-as-root" : "", self);
   FILE *pipe = popen(command, "r");
   if (pipe == NULL) return false;
   char line[1024];
   double smallest_bytes = 0, smallest_us = 0, largest_bytes = 0, largest_busbw = 0;
+  double allreduce_bytes = 0, allreduce_busbw = 0;
   while (fgets(line, sizeof line, pipe) != NULL) {
     cJSON *row = cJSON_Parse(line);
+    const cJSON *op = cJSON_GetObjectItemCaseSensitive(row, "op");
     const cJSON *bytes = cJSON_GetObjectItemCaseSensitive(row, "bytes");
     const cJSON *time_us = cJSON_GetObjectItemCaseSensitive(row, "time_us");
     const cJSON *busbw = cJSON_GetObjectItemCaseSensitive(row, "busbw_gbps");
-    if (cJSON_IsNumber(bytes) && cJSON_IsNumber(time_us) && cJSON_IsNumber(busbw)) {
+    const bool all_reduce = cJSON_IsString(op) && strcmp(op->valuestring, "all_reduce") == 0;
+    if (all_reduce && cJSON_IsNumber(bytes) && cJSON_IsNumber(busbw)) {
+      if (bytes->valuedouble > allreduce_bytes) {
+        allreduce_bytes = bytes->valuedouble;
+        allreduce_busbw = busbw->valuedouble;
+      }
+    } else if (cJSON_IsNumber(bytes) && cJSON_IsNumber(time_us) && cJSON_IsNumber(busbw)) {
       if (smallest_bytes == 0 || bytes->valuedouble < smallest_bytes) {
         smallest_bytes = bytes->valuedouble;
         smallest_us = time_us->valuedouble;
@@ -216,6 +229,10 @@ static bool measure_links(double *latency_s, double *bandwidth_bytes_per_s) {
   if (pclose(pipe) != 0 || smallest_bytes == 0 || largest_busbw <= 0) return false;
   *latency_s = smallest_us * 1e-6;
   *bandwidth_bytes_per_s = largest_busbw * 1e9;
+  *collective_efficiency = 1.0;
+  if (allreduce_busbw > 0 && allreduce_busbw < largest_busbw) {
+    *collective_efficiency = allreduce_busbw / largest_busbw;
+  }
   return true;
 }
 
@@ -294,19 +311,23 @@ int cmd_calibrate(int argc, char **argv) {
           cores, memory_kib / 1048576.0, cluster.device_memory_bytes / 1073741824.0,
           cluster.memory_bandwidth_bytes_per_s / 1e9, cluster.vector_flops_per_s / 1e9,
           cluster.workspace_bytes / 1048576.0);
-  double latency_s = 0, bandwidth = 0;
-  const bool links = !cli_flag(&command, "no-comm") && measure_links(&latency_s, &bandwidth);
+  double latency_s = 0, bandwidth = 0, collective_efficiency = 1.0;
+  const bool links = !cli_flag(&command, "no-comm") &&
+                     measure_links(&latency_s, &bandwidth, &collective_efficiency);
   char link_notes[256];
   if (links) {
     /* Ranks of cpu-local share one machine: inside and across "nodes" is the same link. */
     cluster.intra_node_latency_s = cluster.inter_node_latency_s = latency_s;
     cluster.intra_node_bandwidth_bytes_per_s = cluster.inter_node_bandwidth_bytes_per_s =
         bandwidth;
+    cluster.intra_node_efficiency = cluster.inter_node_efficiency = collective_efficiency;
     snprintf(link_notes, sizeof link_notes,
              "send/recv between two ranks (mpirun -np 2 bench comm) measured %.2f us one way "
-             "for 1 KiB and %.2f GB/s for 16 MiB",
-             latency_s * 1e6, bandwidth / 1e9);
-    fprintf(stderr, "send/recv: %.2f us latency, %.2f GB/s\n", latency_s * 1e6, bandwidth / 1e9);
+             "for 1 KiB and %.2f GB/s for 16 MiB, and an all-reduce of 16 MiB %.0f%% of that bus "
+             "bandwidth (the links' efficiency)",
+             latency_s * 1e6, bandwidth / 1e9, 100.0 * collective_efficiency);
+    fprintf(stderr, "send/recv: %.2f us latency, %.2f GB/s; all-reduce bus bandwidth %.2f GB/s\n",
+            latency_s * 1e6, bandwidth / 1e9, collective_efficiency * bandwidth / 1e9);
   } else {
     snprintf(link_notes, sizeof link_notes,
              "the link figures are cpu-local's placeholders (not measured: %s)",

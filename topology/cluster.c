@@ -635,7 +635,8 @@ double mp_cluster_link_bandwidth(const mp_cluster *cluster, bool same_node) {
 
 double mp_cluster_p2p_seconds(const mp_cluster *cluster, bool same_node, double bytes) {
   if (!(bytes > 0)) return 0.0;
-  double bandwidth_bytes_per_s = mp_cluster_link_bandwidth(cluster, same_node);
+  double bandwidth_bytes_per_s = same_node ? cluster->intra_node_bandwidth_bytes_per_s
+                                           : cluster->inter_node_bandwidth_bytes_per_s;
   double latency_s = same_node ? cluster->intra_node_latency_s : cluster->inter_node_latency_s;
   if (!(bandwidth_bytes_per_s > 0)) return INFINITY;
   return latency_s + bytes / bandwidth_bytes_per_s;

@@ -226,12 +226,13 @@ double mp_cluster_vector_flops_per_s(const mp_cluster *cluster);
  * flash_attention_efficiency. */
 double mp_cluster_flash_attention_flops_per_s(const mp_cluster *cluster);
 
-/* The bandwidth a large transfer or collective reaches on the intra-node link (same_node) or the
+/* The bus bandwidth a large collective reaches on the intra-node link (same_node) or the
  * inter-node one: bandwidth x efficiency, bytes/s per device per direction. */
 double mp_cluster_link_bandwidth(const mp_cluster *cluster, bool same_node);
 
-/* Seconds to send bytes from one device to another: latency + bytes / mp_cluster_link_bandwidth
- * over the intra-node link when same_node, else the inter-node one. 0 for bytes <= 0. */
+/* Seconds to send bytes from one device to another: latency + bytes / bandwidth over the
+ * intra-node link when same_node, else the inter-node one (a send reaches the link's bandwidth;
+ * its efficiency is a collective's). 0 for bytes <= 0. */
 double mp_cluster_p2p_seconds(const mp_cluster *cluster, bool same_node, double bytes);
 
 /* How many devices a plan gets when it asks for requested: requested itself when the cluster
