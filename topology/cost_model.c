@@ -417,7 +417,11 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
     rank->dp_comm_s *= slowdown;
     const int last = schedule->ranks[r].num_actions - 1;
     const double idle_after = last >= 0 ? sim.step_time - sim.end[r][last] : 0.0;
-    rank->dp_exposed_s = fmax(0.0, rank->dp_comm_s - last_backward - idle_after);
+    /* CPU ranks (a cluster whose devices share cores) copy and reduce on the cores that compute,
+     * and Open MPI progresses a collective only inside MPI calls: nothing overlaps there. */
+    rank->dp_exposed_s = cluster->cores_per_node > 0
+                             ? rank->dp_comm_s
+                             : fmax(0.0, rank->dp_comm_s - last_backward - idle_after);
     const double opt_bytes =
         params * (MP_COST_OPTIMIZER_BYTES_PER_PARAM -
                   (layout->zero_stage == 1 ? state.optimizer * 2.0 * (1.0 - 1.0 / d) : 0.0));

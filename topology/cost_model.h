@@ -50,7 +50,9 @@
  * sits in one node. Overlap assumption: gradients are bucketed and reduced as the last
  * micro-batch's backward produces them, so the duration of the rank's last backward (all its
  * chunks) is hidden, and so is the time the rank idles after its last action while other ranks
- * finish the pipeline; the rest is exposed. Links reach bandwidth x efficiency here too. Then the
+ * finish the pipeline; the rest is exposed. On CPU ranks (a cluster with cores_per_node) nothing
+ * is hidden: Open MPI copies and reduces on the cores that compute and progresses a collective
+ * only inside MPI calls. Links reach bandwidth x efficiency here too. Then the
  * optimizer step, memory-bound at the reachable bandwidth: 30 bytes per parameter (fp32 gradient, master weight, Adam m and v read, the three written back, bf16 weights
  * written), the optimizer part divided by dp with ZeRO-1.
  * Step time = pipeline time + the largest (exposed dp + optimizer) over pipeline ranks.
