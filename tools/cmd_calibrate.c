@@ -14,8 +14,8 @@
  * machine's memory over those cores as each rank's device memory; and the resident memory of this
  * process after loading its libraries and OpenBLAS, before any big allocation, as the workspace
  * every rank holds (workspace_gib); and one thread's rate on the elementwise kernels' arithmetic
- * (vector_tflops: a softmax's exps and GELU's tanh, which a CPU core computes slower than it
- * streams their bytes). Communicator bandwidth and latency are measured with
+ * (vector_tflops from the runtime's vectorised GELU, scalar_tflops from a softmax's expf loop as
+ * the CPU attention runs it: a CPU core computes these slower than it streams their bytes). Communicator bandwidth and latency are measured with
  * `mpirun -np 2 mpengine bench comm` when mpirun is there; otherwise the notes say so.
  */
 #include <cblas.h>
@@ -33,6 +33,7 @@
 
 #include "topology/cluster.h"
 #include "common/atomic_file.h"
+#include "layers/gelu.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 #include "tools/launcher_env.h"
@@ -111,28 +112,32 @@ static double time_memory_bandwidth(double min_seconds) {
   return best;
 }
 
-/* The rate of the elementwise kernels' arithmetic on one thread, in the FLOPs of
- * topology/layer_cost.h (an exp or tanh counts 20): a causal softmax's row loop (max; subtract,
- * exp and sum; normalise: 23 per element) and GELU's tanh form (28 per element) over 1 MiB of
- * floats (in cache, so the arithmetic is what is timed), the slower of the two, each the fastest
- * of its passes timed for min_seconds. */
-static double time_vector_rate(double min_seconds) {
+/* The rates of the elementwise kernels' arithmetic on one thread, in the FLOPs of
+ * topology/layer_cost.h (an exp or tanh counts 20), over 1 MiB of floats (in cache, so the
+ * arithmetic is what is timed), each the fastest of its passes timed for min_seconds / 2:
+ * vectorised, the runtime's own GELU forward (layers/gelu.c, 16 lanes: 28 per element); scalar, a
+ * causal softmax's row loop as layers/attention.c runs it (max; subtract, expf and sum;
+ * normalise: 23 per element). */
+static void time_elementwise_rates(double min_seconds, double *vector_rate, double *scalar_rate) {
   enum { kCount = 1 << 18 };
+  *vector_rate = *scalar_rate = 0.0;
   float *x = malloc(sizeof(float) * kCount);
   float *y = malloc(sizeof(float) * kCount);
   if (x == NULL || y == NULL) {
     free(x);
     free(y);
-    return 0.0;
+    return;
   }
   for (int i = 0; i < kCount; ++i) x[i] = (float)(i % 97) * 0.02f - 1.0f;
-  double rates[2] = {0.0, 0.0};
   for (int kernel = 0; kernel < 2; ++kernel) {
+    double *rate = kernel == 0 ? vector_rate : scalar_rate;
     const double start = cli_now_seconds();
     int passes = 0;
     do {
       const double pass_start = cli_now_seconds();
       if (kernel == 0) {
+        mp_gelu_forward_cpu(y, x, kCount);
+      } else {
         float maxval = -INFINITY;
         for (int i = 0; i < kCount; ++i) maxval = x[i] > maxval ? x[i] : maxval;
         float sum = 0.0f;
@@ -142,15 +147,10 @@ static double time_vector_rate(double min_seconds) {
         }
         const float inverse = 1.0f / sum;
         for (int i = 0; i < kCount; ++i) y[i] *= inverse;
-      } else {
-        for (int i = 0; i < kCount; ++i) {
-          const float v = x[i];
-          y[i] = 0.5f * v * (1.0f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v)));
-        }
       }
       const double seconds = cli_now_seconds() - pass_start;
-      const double flops = (kernel == 0 ? 23.0 : 28.0) * kCount;
-      if (seconds > 0 && flops / seconds > rates[kernel]) rates[kernel] = flops / seconds;
+      const double flops = (kernel == 0 ? 28.0 : 23.0) * kCount;
+      if (seconds > 0 && flops / seconds > *rate) *rate = flops / seconds;
       ++passes;
     } while (passes < 3 || cli_now_seconds() - start < min_seconds / 2);
   }
@@ -158,7 +158,6 @@ static double time_vector_rate(double min_seconds) {
   (void)sink;
   free(x);
   free(y);
-  return rates[0] < rates[1] ? rates[0] : rates[1];
 }
 
 /* A field of /proc/self/status or /proc/meminfo ("VmRSS:", "MemTotal:"), in KiB; 0 when absent. */
@@ -300,16 +299,19 @@ int cmd_calibrate(int argc, char **argv) {
   if (memory_kib > 0) cluster.device_memory_bytes = memory_kib * 1024 / cores;
   const double memory_bandwidth = time_memory_bandwidth(min_seconds);
   if (memory_bandwidth > 0) cluster.memory_bandwidth_bytes_per_s = memory_bandwidth;
-  const double vector_rate = time_vector_rate(min_seconds);
+  double vector_rate = 0.0, scalar_rate = 0.0;
+  time_elementwise_rates(min_seconds, &vector_rate, &scalar_rate);
   if (vector_rate > 0) cluster.vector_flops_per_s = vector_rate;
+  if (scalar_rate > 0) cluster.scalar_flops_per_s = scalar_rate;
   if (resident_kib > 0 && resident_kib * 1024 < cluster.device_memory_bytes) {
     cluster.workspace_bytes = resident_kib * 1024;
   }
   fprintf(stderr, "cores: %d; memory %.1f GiB (%.2f GiB per core); memory bandwidth (one thread) "
-                  "%.2f GB/s; elementwise arithmetic %.2f GFLOP/s; a bare rank's resident memory "
-                  "%.0f MiB\n",
+                  "%.2f GB/s; elementwise arithmetic %.2f GFLOP/s vectorised, %.2f scalar; a bare rank's "
+                  "resident memory %.0f MiB\n",
           cores, memory_kib / 1048576.0, cluster.device_memory_bytes / 1073741824.0,
           cluster.memory_bandwidth_bytes_per_s / 1e9, cluster.vector_flops_per_s / 1e9,
+          cluster.scalar_flops_per_s / 1e9,
           cluster.workspace_bytes / 1048576.0);
   double latency_s = 0, bandwidth = 0, collective_efficiency = 1.0;
   const bool links = !cli_flag(&command, "no-comm") &&
@@ -339,10 +341,12 @@ int cmd_calibrate(int argc, char **argv) {
            "is each square shape's throughput over that peak; %s. "
            "%d cores (the ranks of run share them); device memory is the machine's %.1f GiB over "
            "its cores; memory bandwidth is one thread's in-place update over 64 MiB arrays (%.2f "
-           "GB/s); vector_tflops is one thread's causal softmax and GELU loops (%.2f GFLOP/s, an "
-           "exp or tanh counting 20); workspace is a bare rank's resident memory (%.0f MiB).",
+           "GB/s); vector_tflops is one thread's GELU forward (%.2f GFLOP/s, a tanh counting 20), "
+           "scalar_tflops a causal softmax's expf loop (%.2f GFLOP/s); workspace is a bare "
+           "rank's resident memory (%.0f MiB).",
            openblas_get_corename(), peak / 1e9, link_notes, cores, memory_kib / 1048576.0,
            cluster.memory_bandwidth_bytes_per_s / 1e9, cluster.vector_flops_per_s / 1e9,
+           cluster.scalar_flops_per_s / 1e9,
            cluster.workspace_bytes / 1048576.0);
   cJSON *json = NULL;
   if (mp_cluster_to_json(&cluster, &json, &err) != MP_OK) return cli_report(&command, &err);

@@ -38,7 +38,8 @@ static const char *const kDtypeNames[MP_DTYPE_COUNT] = {"fp32", "tf32", "bf16", 
 static const char *const kClusterKeys[] = {
     "name", "notes", "device", "nodes", "devices_per_node", "device_memory_gib",
     "memory_bandwidth_gbytes_per_s", "memory_efficiency", "peak_tflops", "intra_node",
-    "inter_node", "gemm_efficiency", "flash_attention_efficiency", "vector_tflops", "cores_per_node",
+    "inter_node", "gemm_efficiency", "flash_attention_efficiency", "vector_tflops", "scalar_tflops",
+    "cores_per_node",
     "workspace_gib", NULL};
 static const char *const kPeakKeys[] = {"fp32", "tf32", "bf16", "fp16", "fp8", NULL};
 static const char *const kLinkKeys[] = {"bandwidth_gbytes_per_s", "latency_us", "efficiency",
@@ -349,6 +350,11 @@ mp_status mp_cluster_from_json(const cJSON *object, const char *source, const ch
                                  &vector_tflops));
   MP_TRY(to_si_checked(&reader, path, "vector_tflops", vector_tflops, kTera,
                        &cluster.vector_flops_per_s));
+  double scalar_tflops = 0.0;
+  MP_TRY(mp_json_optional_number(&reader, object, path, "scalar_tflops", MP_JSON_POSITIVE, 0.0,
+                                 &scalar_tflops));
+  MP_TRY(to_si_checked(&reader, path, "scalar_tflops", scalar_tflops, kTera,
+                       &cluster.scalar_flops_per_s));
   cluster.flash_attention_efficiency_given =
       cJSON_GetObjectItemCaseSensitive(object, "flash_attention_efficiency") != NULL;
   if (cJSON_GetObjectItemCaseSensitive(object, "gemm_efficiency") != NULL) {
@@ -549,6 +555,9 @@ static cJSON *build_json(const mp_cluster *cluster) {
   if (ok && cluster->vector_flops_per_s > 0) {
     ok = add_number(root, "vector_tflops", from_si_units(cluster->vector_flops_per_s, kTera));
   }
+  if (ok && cluster->scalar_flops_per_s > 0) {
+    ok = add_number(root, "scalar_tflops", from_si_units(cluster->scalar_flops_per_s, kTera));
+  }
   if (ok && cluster->flash_attention_efficiency_given) {
     ok = add_number(root, "flash_attention_efficiency", cluster->flash_attention_efficiency);
   }
@@ -619,6 +628,11 @@ double mp_cluster_vector_flops_per_s(const mp_cluster *cluster) {
   if (cluster->vector_flops_per_s > 0) return cluster->vector_flops_per_s;
   if (cluster->peak_flops_per_s[MP_DTYPE_FP32] > 0) return cluster->peak_flops_per_s[MP_DTYPE_FP32];
   return cluster->peak_flops_per_s[mp_cluster_training_dtype(cluster)];
+}
+
+double mp_cluster_scalar_flops_per_s(const mp_cluster *cluster) {
+  return cluster->scalar_flops_per_s > 0 ? cluster->scalar_flops_per_s
+                                         : mp_cluster_vector_flops_per_s(cluster);
 }
 
 double mp_cluster_flash_attention_flops_per_s(const mp_cluster *cluster) {

@@ -47,8 +47,11 @@
  *     "vector_tflops": 0.01,                 optional: the rate of the elementwise kernels'
  *                                            arithmetic (not matrix units; an exp counts 20
  *                                            FLOPs, topology/layer_cost.h); default the fp32
- *                                            peak. A CPU core's scalar exp loops are far below
- *                                            its BLAS peak: `mpengine calibrate` measures it
+ *                                            peak. A CPU core's exp loops are far below its
+ *                                            BLAS peak: `mpengine calibrate` measures it
+ *     "scalar_tflops": 0.003,                optional: the same for the kernels our CPU backend
+ *                                            runs as scalar loops (the attention softmax);
+ *                                            default vector_tflops
  *     "cores_per_node": 2,                   optional: the processor cores the devices of one
  *                                            node share (CPU ranks); absent: each device is its
  *                                            own processor (a GPU). See "Shared cores" below
@@ -152,6 +155,7 @@ typedef struct {
   mp_gemm_efficiency_point gemm_efficiency[MP_CLUSTER_MAX_EFFICIENCY_POINTS]; /* ascending */
   double flash_attention_efficiency;    /* of peak, a fused attention kernel */
   double vector_flops_per_s;            /* elementwise arithmetic; 0: the fp32 peak */
+  double scalar_flops_per_s;            /* the same in scalar loops; 0: vector_flops_per_s */
   bool flash_attention_efficiency_given; /* false: the default, and to_json leaves it out */
   bool placeholder; /* cpu-local's built-in figures, not this machine's (no calibration file) */
   /* Shared cores and workspace (optional keys; 0 when absent). */
@@ -221,6 +225,10 @@ double mp_cluster_memory_bandwidth(const mp_cluster *cluster);
 /* FLOP/s of the elementwise kernels' arithmetic: vector_tflops, else the fp32 peak, else the
  * training dtype's. */
 double mp_cluster_vector_flops_per_s(const mp_cluster *cluster);
+
+/* FLOP/s of the elementwise kernels our CPU backend runs as scalar loops: scalar_tflops, else
+ * mp_cluster_vector_flops_per_s. */
+double mp_cluster_scalar_flops_per_s(const mp_cluster *cluster);
 
 /* FLOP/s of a fused (flash) attention kernel: the training dtype's peak x
  * flash_attention_efficiency. */

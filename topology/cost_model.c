@@ -97,11 +97,13 @@ void mp_cost_layer(const mp_cluster *cluster, const mp_layer_spec *layer, const 
    * part, sequence parallelism the other too. */
   const double replicated_share = sp ? 1.0 / t : 1.0;
   const double vector_rate = mp_cluster_vector_flops_per_s(cluster);
+  const double scalar_rate = mp_cluster_scalar_flops_per_s(cluster);
   double forward_memory = 0.0, backward_memory = 0.0, attention_memory = 0.0;
   for (int i = 0; i < cost.num_kernels; ++i) {
     const mp_elementwise_kernel *k = &cost.kernels[i];
     const double share = k->split ? 1.0 / t : replicated_share;
-    const double seconds = share * fmax(k->bytes / memory_bw, k->vector_flops / vector_rate);
+    const double rate = k->scalar ? scalar_rate : vector_rate;
+    const double seconds = share * fmax(k->bytes / memory_bw, k->vector_flops / rate);
     if (k->backward) {
       backward_memory += seconds;
     } else {

@@ -20,8 +20,9 @@
  * forward time in backward (it recomputes the scores; Dao 2023). The memory-bound kernels between
  * the GEMMs (norms, residual adds, softmax, dropout, GELU/SwiGLU, embedding gathers,
  * cross-entropy) each cost the roofline of their bytes read and written (layer_cost.h) at the same
- * reachable bandwidth and their vector FLOPs at vector_tflops (on a GPU the bytes always win; on a
- * CPU core a softmax's exps and GELU's tanh do); tp divides the part inside the split regions,
+ * reachable bandwidth and their vector FLOPs at vector_tflops, or scalar_tflops for the one our CPU
+ * backend runs as a scalar loop (the attention softmax's expf) (on a GPU the bytes always win; on
+ * a CPU core the exps and tanh do); tp divides the part inside the split regions,
  * sequence parallelism the rest too.
  * Recomputation adds, in backward: selective, the attention products and the softmax and dropout
  * forward; full, the whole forward. Not modelled: kernel launch gaps beyond the GEMM curve's

@@ -29,6 +29,7 @@ enum { kStatBytes = 4 }; /* fp32 statistics: norm mean / rstd, softmax log-sum-e
 static void add_kernel(mp_layer_cost *out, bool backward, int traffic, bool attention,
                        double bytes, double vector_flops) {
   mp_elementwise_kernel *k = &out->kernels[out->num_kernels++];
+  k->scalar = false;
   k->backward = backward;
   k->split = traffic == MP_TRAFFIC_SPLIT;
   k->attention = attention;
@@ -167,8 +168,10 @@ static void transformer_cost(const mp_layer_spec *layer, const mp_cost_shape *sh
   if (scores > 0.0) {
     add_kernel(out, false, MP_TRAFFIC_SPLIT, true, tokens * 2.0 * scores * elem,
                tokens * scores * kSoftmaxForwardFlops);
+    out->kernels[out->num_kernels - 1].scalar = true; /* layers/attention.c: expf per score */
     add_kernel(out, true, MP_TRAFFIC_SPLIT, false, tokens * 3.0 * scores * elem,
                tokens * scores * kSoftmaxBackwardFlops);
+    out->kernels[out->num_kernels - 1].scalar = true;
     if (mask > 0.0) {
       add_kernel(out, false, MP_TRAFFIC_SPLIT, true, tokens * scores * (2.0 * elem + 1.0),
                  tokens * scores * kDropoutFlops);

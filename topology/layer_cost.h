@@ -91,6 +91,8 @@ typedef struct {
   bool backward;  /* runs in backward (else forward) */
   bool split;     /* divided by tp (else replicated over tp unless sequence parallelism splits it) */
   bool attention; /* forward softmax or attention dropout: what selective recomputation repeats */
+  bool scalar;    /* our CPU backend runs it as a scalar loop (the attention softmax's expf):
+                     costed at scalar_tflops there */
 } mp_elementwise_kernel;
 
 /* Which dimension of a GEMM the tensor-parallel group splits. */

@@ -490,7 +490,7 @@ TEST(ClusterErrors, UnknownTopLevelKeySuggestsClosest) {
             "(known keys: name, notes, device, nodes, devices_per_node, device_memory_gib, "
             "memory_bandwidth_gbytes_per_s, memory_efficiency, peak_tflops, intra_node, "
             "inter_node, gemm_efficiency, flash_attention_efficiency, vector_tflops, "
-            "cores_per_node, workspace_gib)");
+            "scalar_tflops, cores_per_node, workspace_gib)");
 }
 
 TEST(ClusterErrors, EfficienciesAreFractions) {

@@ -179,6 +179,11 @@ TEST(CostModel, ElementwiseKernelsAreRooflinesOfBytesAndVectorFlops) {
   // Backward: layernorm 12, residual 1, softmax 3, GELU 34, and the GEMMs twice.
   const double vector_b = 16 * (2 * (12 * 64 + 64) + 3 * 4 * 8 + 34 * 256) / 1e9;
   EXPECT_NEAR(t.backward_compute_s, 2 * 1605632.0 / 1e12 + vector_b, 1e-15);
+  // The CPU backend's attention softmax is a scalar loop: at scalar_tflops when the cluster says.
+  c.scalar_flops_per_s = 0.25e9;
+  mp_cost_layer(&c, mp_model_layer(m.model, 1), &l, &t);
+  EXPECT_NEAR(t.forward_compute_s, 1605632.0 / 1e12 + vector + 16 * 12.5 * 4 * 8 * (4 - 1) / 1e9,
+              1e-15);
 }
 
 // Flash attention (the CUDA backend's, so the default on a bf16 device): Q K^T and P V become one
