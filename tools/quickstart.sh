@@ -25,8 +25,8 @@ trap 'rm -rf "$work"' EXIT
 # The cost model needs this machine's figures (cores, GEMM peak, memory bandwidth). They go into a
 # temporary file that plan and run read for cpu-local (MPENGINE_CALIBRATION), so a calibration
 # you keep (~/.cache/mpengine/cpu-local.json) is neither used nor replaced.
-echo "== mpengine calibrate --quick --out cpu-local.json (this machine, for plan and run's cpu-local)"
-$mpengine calibrate --quick --out "$work/cpu-local.json"
+echo "== mpengine calibrate --out cpu-local.json (this machine, for plan and run's cpu-local)"
+$mpengine calibrate --out "$work/cpu-local.json"
 export MPENGINE_CALIBRATION=$work/cpu-local.json
 
 echo "== mpengine describe $model"

@@ -3,7 +3,7 @@
 # step time and per-rank memory `mpengine plan` predicts beside what `mpengine run` measures on
 # this machine (issue 19, "This machine"; target: within +-20% on each).
 #
-# It first calibrates this machine into a temporary file (`mpengine calibrate --quick --out F`,
+# It first calibrates this machine into a temporary file (`mpengine calibrate --out F`,
 # then MPENGINE_CALIBRATION=F for plan and run), so the figures never depend on, nor touch, the
 # user's cached calibration. Then for each case:
 #   mpengine plan MODEL --gpus N --dp D --pp P --tp T ... --out PLAN.json
@@ -48,8 +48,8 @@ if [ -n "${CALIBRATION:-}" ]; then
   echo "== cpu-local: $CALIBRATION (CALIBRATION; not calibrated again)"
   cp "$CALIBRATION" "$tmp/cpu-local.json" || exit 1
 else
-  echo "== mpengine calibrate --quick --out $tmp/cpu-local.json"
-  "$bin" calibrate --quick --out "$tmp/cpu-local.json" || exit 1
+  echo "== mpengine calibrate --out $tmp/cpu-local.json"
+  "$bin" calibrate --out "$tmp/cpu-local.json" || exit 1
 fi
 export MPENGINE_CALIBRATION=$tmp/cpu-local.json
 
