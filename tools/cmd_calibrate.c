@@ -4,9 +4,9 @@
  * mp_cluster_load("cpu-local") returns from then on (topology/cluster.h), else --out's file, which
  * `plan --cluster FILE` accepts.
  *
- * It measures one rank's fp32 GEMM throughput on the CPU (OpenBLAS sgemm on one thread, square
- * shapes from 32 to 1024 in the three layouts of a linear layer's forward and backward, each timed
- * for at least 0.1 s after a warm-up) and writes the cpu-local
+ * It measures one rank's fp32 GEMM throughput on the CPU (OpenBLAS sgemm on one thread, linear
+ * layers of 32 to 4096 features over n/8 tokens (at least 32) in the three layouts of their forward
+ * and backward, each timed for at least 0.1 s after a warm-up) and writes the cpu-local
  * description with the measured peak (the fastest shape) and the efficiency curve (each shape's
  * throughput over that peak, by its FLOPs); one thread's memory bandwidth (an in-place update
  * over 64 MiB arrays, the pattern of the optimizer); the cores this process may run on
@@ -41,40 +41,52 @@
 /* The three GEMMs of a linear layer's training step on n x n x n, as layers/matmul.c calls them:
  * forward out = in W^T, input gradient din = dout W, weight gradient dW = dout^T in. Square NN
  * alone flatters small shapes (64^3 NN ran at 157 GFLOP/s, NT at 97, on a Xeon core). */
-static void linear_gemms(int n, const float *a, const float *b, float *c) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 1.0f, c, n);
+static void linear_gemms(int m, int n, const float *in, const float *weight, float *out,
+                         float *dweight) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, n, 1.0f, in, n, weight, n, 0.0f, out,
+              n);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, n, 1.0f, out, n, weight, n, 0.0f,
+              (float *)in, n);
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, n, m, 1.0f, out, n, in, n, 1.0f, dweight,
+              n);
 }
 
-/* FLOP/s of a linear layer's three n x n x n sgemms (linear_gemms) on this thread. */
+/* Tokens of the linear layer timed for n features: training GEMMs on a CPU rank are thin (a
+ * micro-batch of a few hundred tokens against thousands of features), and OpenBLAS runs them
+ * about 10% below a square product of the same FLOPs. */
+static int calibration_tokens(int n) { return n / 8 > 32 ? n / 8 : 32; }
+
+/* FLOP/s of a linear layer's three sgemms (linear_gemms: m = calibration_tokens(n) tokens, n
+ * features in and out) on this thread. */
 static double time_sgemm(int n, double min_seconds) {
-  float *a = malloc(sizeof(float) * (size_t)n * (size_t)n);
-  float *b = malloc(sizeof(float) * (size_t)n * (size_t)n);
-  float *c = calloc((size_t)n * (size_t)n, sizeof(float));
-  if (a == NULL || b == NULL || c == NULL) {
-    free(a);
-    free(b);
-    free(c);
+  const int m = calibration_tokens(n);
+  float *in = malloc(sizeof(float) * (size_t)m * (size_t)n);
+  float *weight = malloc(sizeof(float) * (size_t)n * (size_t)n);
+  float *out = calloc((size_t)m * (size_t)n, sizeof(float));
+  float *dweight = calloc((size_t)n * (size_t)n, sizeof(float));
+  if (in == NULL || weight == NULL || out == NULL || dweight == NULL) {
+    free(in);
+    free(weight);
+    free(out);
+    free(dweight);
     return 0.0;
   }
-  for (size_t i = 0; i < (size_t)n * (size_t)n; ++i) {
-    a[i] = (float)((i * 7) % 13) * 0.01f;
-    b[i] = (float)((i * 5) % 11) * 0.01f;
-  }
-  linear_gemms(n, a, b, c);
+  for (size_t i = 0; i < (size_t)m * (size_t)n; ++i) in[i] = (float)((i * 7) % 13) * 0.01f;
+  for (size_t i = 0; i < (size_t)n * (size_t)n; ++i) weight[i] = (float)((i * 5) % 11) * 0.01f;
+  linear_gemms(m, n, in, weight, out, dweight);
   long reps = 0;
   const double start = cli_now_seconds();
   double elapsed = 0.0;
   do {
-    linear_gemms(n, a, b, c);
+    linear_gemms(m, n, in, weight, out, dweight);
     ++reps;
     elapsed = cli_now_seconds() - start;
   } while (elapsed < min_seconds);
-  free(a);
-  free(b);
-  free(c);
-  return 3.0 * 2.0 * (double)n * n * n * (double)reps / elapsed;
+  free(in);
+  free(weight);
+  free(out);
+  free(dweight);
+  return 3.0 * 2.0 * (double)m * n * n * (double)reps / elapsed;
 }
 
 /* Bytes per second one thread moves updating an array in place from another, a[i] = 0.999 a[i] +
@@ -246,7 +258,8 @@ int cmd_calibrate(int argc, char **argv) {
       .command = argv[0],
       .usage = "mpengine calibrate [--out CLUSTER.json|-] [--quick] [--no-comm]",
       .summary = "Measure this machine's fp32 GEMM throughput on one thread (OpenBLAS sgemm over "
-                 "square shapes) and write the cpu-local cluster description with the measured "
+                 "linear layers of n features and n/8 tokens), the elementwise kernels' "
+                 "arithmetic rate and Open MPI's all-reduce, and write the cpu-local cluster description with the measured "
                  "peak and efficiency curve, one thread's memory bandwidth, the cores the ranks "
                  "share, the memory per core, a bare rank's resident memory (its workspace), and "
                  "the point-to-point latency and bandwidth between two ranks (mpirun -np 2 "
@@ -269,16 +282,15 @@ int cmd_calibrate(int argc, char **argv) {
   const long long resident_kib = proc_kib("/proc/self/status", "VmRSS:");
   const int cores = launcher_usable_cores();
   const long long memory_kib = proc_kib("/proc/meminfo", "MemTotal:");
-  const int shapes[] = {32, 64, 128, 256, 512, 1024};
+  const int shapes[] = {32, 64, 128, 256, 512, 1024, 2048, 4096};
   enum { kShapes = sizeof shapes / sizeof shapes[0] };
   const double min_seconds = cli_flag(&command, "quick") ? 0.02 : 0.1;
   double rate[kShapes], peak = 0.0;
   for (int i = 0; i < kShapes; ++i) {
     rate[i] = time_sgemm(shapes[i], min_seconds);
     if (rate[i] > peak) peak = rate[i];
-    fprintf(stderr, "sgemm %4d x %4d x %4d (NT, NN, TN): %8.2f GFLOP/s\n", shapes[i], shapes[i],
-            shapes[i],
-            rate[i] / 1e9);
+    fprintf(stderr, "sgemm %4d tokens x %4d x %4d (NT, NN, TN): %8.2f GFLOP/s\n",
+            calibration_tokens(shapes[i]), shapes[i], shapes[i], rate[i] / 1e9);
   }
   if (peak <= 0.0) {
     mp_fail(&err, MP_ERR_RUNTIME, "out of memory timing GEMMs");
@@ -288,7 +300,8 @@ int cmd_calibrate(int argc, char **argv) {
   cluster.gemm_efficiency_given = true;
   cluster.gemm_efficiency_points = kShapes;
   for (int i = 0; i < kShapes; ++i) {
-    cluster.gemm_efficiency[i].gemm_flops = 2.0 * shapes[i] * shapes[i] * shapes[i];
+    cluster.gemm_efficiency[i].gemm_flops =
+        2.0 * calibration_tokens(shapes[i]) * (double)shapes[i] * shapes[i];
     double e = rate[i] / peak;
     cluster.gemm_efficiency[i].efficiency = e > 1e-6 ? e : 1e-6;
   }
@@ -307,12 +320,11 @@ int cmd_calibrate(int argc, char **argv) {
     cluster.workspace_bytes = resident_kib * 1024;
   }
   fprintf(stderr, "cores: %d; memory %.1f GiB (%.2f GiB per core); memory bandwidth (one thread) "
-                  "%.2f GB/s; elementwise arithmetic %.2f GFLOP/s vectorised, %.2f scalar; a bare rank's "
-                  "resident memory %.0f MiB\n",
+                  "%.2f GB/s; elementwise arithmetic %.2f GFLOP/s vectorised, %.2f scalar; a bare "
+                  "rank's resident memory %.0f MiB\n",
           cores, memory_kib / 1048576.0, cluster.device_memory_bytes / 1073741824.0,
           cluster.memory_bandwidth_bytes_per_s / 1e9, cluster.vector_flops_per_s / 1e9,
-          cluster.scalar_flops_per_s / 1e9,
-          cluster.workspace_bytes / 1048576.0);
+          cluster.scalar_flops_per_s / 1e9, cluster.workspace_bytes / 1048576.0);
   double latency_s = 0, bandwidth = 0, collective_efficiency = 1.0;
   const bool links = !cli_flag(&command, "no-comm") &&
                      measure_links(&latency_s, &bandwidth, &collective_efficiency);
@@ -338,7 +350,7 @@ int cmd_calibrate(int argc, char **argv) {
   snprintf(cluster.notes, sizeof cluster.notes,
            "Measured by mpengine calibrate: fp32 sgemm (OpenBLAS %s, one thread, a linear layer's "
            "forward, input- and weight-gradient GEMMs) peaks at %.1f GFLOP/s; the efficiency curve "
-           "is each square shape's throughput over that peak; %s. "
+           "is each shape's throughput over that peak (n features, n/8 tokens); %s. "
            "%d cores (the ranks of run share them); device memory is the machine's %.1f GiB over "
            "its cores; memory bandwidth is one thread's in-place update over 64 MiB arrays (%.2f "
            "GB/s); vector_tflops is one thread's GELU forward (%.2f GFLOP/s, a tanh counting 20), "
