@@ -28,6 +28,7 @@
 
 #include "common/atomic_file.h"
 #include "common/json_reader.h"
+#include "common/text_buffer.h"
 
 /* Dimensions, offsets and element counts stay below 2^53: cJSON's numbers are doubles, exact up
  * to there, and no file comes near it (2^53 bytes is 8 PiB). */
@@ -210,85 +211,57 @@ static bool is_utf8(const char *text) {
   return true;
 }
 
-typedef struct {
-  char *data;
-  size_t length, capacity;
-  bool failed; /* out of memory */
-} byte_buffer;
-
-static void buffer_append(byte_buffer *buffer, const void *bytes, size_t n) {
-  if (buffer->failed) return;
-  if (buffer->length + n + 1 > buffer->capacity) {
-    size_t capacity = buffer->capacity ? buffer->capacity : 256;
-    while (buffer->length + n + 1 > capacity) capacity *= 2;
-    char *grown = realloc(buffer->data, capacity);
-    if (grown == NULL) {
-      buffer->failed = true;
-      return;
-    }
-    buffer->data = grown;
-    buffer->capacity = capacity;
-  }
-  memcpy(buffer->data + buffer->length, bytes, n);
-  buffer->length += n;
-  buffer->data[buffer->length] = '\0';
-}
-
-static void buffer_text(byte_buffer *buffer, const char *text) {
-  buffer_append(buffer, text, strlen(text));
-}
-
-static void buffer_int(byte_buffer *buffer, int64_t value) {
+static void buffer_int(mp_text_buffer *buffer, int64_t value) {
   char digits[24];
   snprintf(digits, sizeof digits, "%lld", (long long)value);
-  buffer_text(buffer, digits);
+  mp_text_buffer_append_text(buffer, digits);
 }
 
 /* A JSON string as serde_json writes it (the reference's header): '"' and '\\' escaped, the
  * control characters as \b \f \n \r \t or \u00xx, everything else (non-ASCII included) as is. */
-static void buffer_json_string_serde(byte_buffer *buffer, const char *text) {
-  buffer_text(buffer, "\"");
+static void buffer_json_string_serde(mp_text_buffer *buffer, const char *text) {
+  mp_text_buffer_append_text(buffer, "\"");
   for (const unsigned char *p = (const unsigned char *)text; *p != '\0'; ++p) {
     char escaped[8];
     switch (*p) {
       case '"':
-        buffer_text(buffer, "\\\"");
+        mp_text_buffer_append_text(buffer, "\\\"");
         break;
       case '\\':
-        buffer_text(buffer, "\\\\");
+        mp_text_buffer_append_text(buffer, "\\\\");
         break;
       case '\b':
-        buffer_text(buffer, "\\b");
+        mp_text_buffer_append_text(buffer, "\\b");
         break;
       case '\f':
-        buffer_text(buffer, "\\f");
+        mp_text_buffer_append_text(buffer, "\\f");
         break;
       case '\n':
-        buffer_text(buffer, "\\n");
+        mp_text_buffer_append_text(buffer, "\\n");
         break;
       case '\r':
-        buffer_text(buffer, "\\r");
+        mp_text_buffer_append_text(buffer, "\\r");
         break;
       case '\t':
-        buffer_text(buffer, "\\t");
+        mp_text_buffer_append_text(buffer, "\\t");
         break;
       default:
         if (*p < 0x20) {
           snprintf(escaped, sizeof escaped, "\\u%04x", *p);
-          buffer_text(buffer, escaped);
+          mp_text_buffer_append_text(buffer, escaped);
         } else {
-          buffer_append(buffer, p, 1);
+          mp_text_buffer_append(buffer, p, 1);
         }
     }
   }
-  buffer_text(buffer, "\"");
+  mp_text_buffer_append_text(buffer, "\"");
 }
 
 /* A JSON string as Python's json.dumps writes it (ensure_ascii, transformers' index): '"' and
  * '\\' escaped, \b \f \n \r \t short, every other character outside ' ' .. '~' as \uxxxx, those
  * past U+FFFF as a surrogate pair. text must be UTF-8. */
-static void buffer_json_string_python(byte_buffer *buffer, const char *text) {
-  buffer_text(buffer, "\"");
+static void buffer_json_string_python(mp_text_buffer *buffer, const char *text) {
+  mp_text_buffer_append_text(buffer, "\"");
   const unsigned char *p = (const unsigned char *)text;
   size_t length = strlen(text);
   while (length > 0) {
@@ -300,43 +273,43 @@ static void buffer_json_string_python(byte_buffer *buffer, const char *text) {
     char escaped[16];
     switch (c) {
       case '"':
-        buffer_text(buffer, "\\\"");
+        mp_text_buffer_append_text(buffer, "\\\"");
         continue;
       case '\\':
-        buffer_text(buffer, "\\\\");
+        mp_text_buffer_append_text(buffer, "\\\\");
         continue;
       case '\b':
-        buffer_text(buffer, "\\b");
+        mp_text_buffer_append_text(buffer, "\\b");
         continue;
       case '\f':
-        buffer_text(buffer, "\\f");
+        mp_text_buffer_append_text(buffer, "\\f");
         continue;
       case '\n':
-        buffer_text(buffer, "\\n");
+        mp_text_buffer_append_text(buffer, "\\n");
         continue;
       case '\r':
-        buffer_text(buffer, "\\r");
+        mp_text_buffer_append_text(buffer, "\\r");
         continue;
       case '\t':
-        buffer_text(buffer, "\\t");
+        mp_text_buffer_append_text(buffer, "\\t");
         continue;
       default:
         break;
     }
     if (c >= 0x20 && c <= 0x7e) {
       char one = (char)c;
-      buffer_append(buffer, &one, 1);
+      mp_text_buffer_append(buffer, &one, 1);
     } else if (c <= 0xffff) {
       snprintf(escaped, sizeof escaped, "\\u%04x", (unsigned)c);
-      buffer_text(buffer, escaped);
+      mp_text_buffer_append_text(buffer, escaped);
     } else {
       const uint32_t v = c - 0x10000;
       snprintf(escaped, sizeof escaped, "\\u%04x\\u%04x", (unsigned)(0xd800 + (v >> 10)),
                (unsigned)(0xdc00 + (v & 0x3ff)));
-      buffer_text(buffer, escaped);
+      mp_text_buffer_append_text(buffer, escaped);
     }
   }
-  buffer_text(buffer, "\"");
+  mp_text_buffer_append_text(buffer, "\"");
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1466,37 +1439,37 @@ static mp_status check_specs(const char *path, const mp_safetensors_tensor_spec 
 /* The header as the reference writes it: compact JSON, "__metadata__" first, then the tensors in
  * file order, then spaces to a multiple of 8 bytes. */
 static void build_header(const mp_safetensors_writer *writer, const char *const *metadata,
-                         int num_metadata, byte_buffer *header) {
-  buffer_text(header, "{");
+                         int num_metadata, mp_text_buffer *header) {
+  mp_text_buffer_append_text(header, "{");
   if (num_metadata > 0) {
-    buffer_text(header, "\"__metadata__\":{");
+    mp_text_buffer_append_text(header, "\"__metadata__\":{");
     for (int m = 0; m < num_metadata; ++m) {
-      if (m > 0) buffer_text(header, ",");
+      if (m > 0) mp_text_buffer_append_text(header, ",");
       buffer_json_string_serde(header, metadata[2 * m]);
-      buffer_text(header, ":");
+      mp_text_buffer_append_text(header, ":");
       buffer_json_string_serde(header, metadata[2 * m + 1]);
     }
-    buffer_text(header, writer->num_tensors > 0 ? "}," : "}");
+    mp_text_buffer_append_text(header, writer->num_tensors > 0 ? "}," : "}");
   }
   for (int i = 0; i < writer->num_tensors; ++i) {
     const writer_tensor *t = &writer->tensors[i];
-    if (i > 0) buffer_text(header, ",");
+    if (i > 0) mp_text_buffer_append_text(header, ",");
     buffer_json_string_serde(header, t->name);
-    buffer_text(header, ":{\"dtype\":\"");
-    buffer_text(header, kDtypeNames[t->dtype]);
-    buffer_text(header, "\",\"shape\":[");
+    mp_text_buffer_append_text(header, ":{\"dtype\":\"");
+    mp_text_buffer_append_text(header, kDtypeNames[t->dtype]);
+    mp_text_buffer_append_text(header, "\",\"shape\":[");
     for (int d = 0; d < t->rank; ++d) {
-      if (d > 0) buffer_text(header, ",");
+      if (d > 0) mp_text_buffer_append_text(header, ",");
       buffer_int(header, t->shape[d]);
     }
-    buffer_text(header, "],\"data_offsets\":[");
+    mp_text_buffer_append_text(header, "],\"data_offsets\":[");
     buffer_int(header, t->data_begin);
-    buffer_text(header, ",");
+    mp_text_buffer_append_text(header, ",");
     buffer_int(header, t->data_begin + t->num_elements * kDtypeBytes[t->dtype]);
-    buffer_text(header, "]}");
+    mp_text_buffer_append_text(header, "]}");
   }
-  buffer_text(header, "}");
-  while (header->length % 8 != 0) buffer_text(header, " ");
+  mp_text_buffer_append_text(header, "}");
+  while (header->length % 8 != 0) mp_text_buffer_append_text(header, " ");
 }
 
 mp_status mp_safetensors_writer_create(const char *path, const mp_safetensors_tensor_spec *tensors,
@@ -1553,7 +1526,7 @@ mp_status mp_safetensors_writer_create(const char *path, const mp_safetensors_te
       return status;
     }
   }
-  byte_buffer header = {0};
+  mp_text_buffer header = {0};
   build_header(writer, metadata, num_metadata, &header);
   if (header.failed || header.length > MP_SAFETENSORS_MAX_HEADER_BYTES) {
     mp_status status =
@@ -1674,19 +1647,19 @@ mp_status mp_safetensors_write_index(const char *path, const char *const *tensor
     }
   }
   /* json.dumps(index, indent=2, sort_keys=True) + "\n": "metadata" sorts before "weight_map". */
-  byte_buffer text = {0};
-  buffer_text(&text, "{\n  \"metadata\": {\n    \"total_size\": ");
+  mp_text_buffer text = {0};
+  mp_text_buffer_append_text(&text, "{\n  \"metadata\": {\n    \"total_size\": ");
   buffer_int(&text, total_size);
-  buffer_text(&text,
+  mp_text_buffer_append_text(&text,
               num_tensors > 0 ? "\n  },\n  \"weight_map\": {\n" : "\n  },\n  \"weight_map\": {}");
   for (int i = 0; i < num_tensors; ++i) {
-    buffer_text(&text, "    ");
+    mp_text_buffer_append_text(&text, "    ");
     buffer_json_string_python(&text, entries[i].tensor);
-    buffer_text(&text, ": ");
+    mp_text_buffer_append_text(&text, ": ");
     buffer_json_string_python(&text, entries[i].file);
-    buffer_text(&text, i + 1 < num_tensors ? ",\n" : "\n  }");
+    mp_text_buffer_append_text(&text, i + 1 < num_tensors ? ",\n" : "\n  }");
   }
-  buffer_text(&text, "\n}\n");
+  mp_text_buffer_append_text(&text, "\n}\n");
   free(entries);
   if (text.failed) {
     free(text.data);

@@ -25,6 +25,7 @@
 #include <sys/stat.h>
 
 #include "common/json_reader.h"
+#include "common/text_buffer.h"
 #include "topology/model.h"
 
 typedef enum { FAMILY_LLAMA = 0, FAMILY_MISTRAL, FAMILY_QWEN2, FAMILY_GPT2 } hf_family;
@@ -742,37 +743,9 @@ mp_status mp_hf_config_to_model_json(const char *hf_path, const mp_hf_import_opt
 
 /* ---- writing a description as text ----------------------------------------------------------- */
 
-typedef struct {
-  char *data;
-  size_t length, capacity;
-  bool failed; /* out of memory */
-} text_buffer;
-
-static void append_bytes(text_buffer *buffer, const char *bytes, size_t count) {
-  if (buffer->failed) return;
-  if (buffer->length + count + 1 > buffer->capacity) {
-    size_t capacity = buffer->capacity ? buffer->capacity : 256;
-    while (buffer->length + count + 1 > capacity) capacity *= 2;
-    char *grown = realloc(buffer->data, capacity);
-    if (grown == NULL) {
-      buffer->failed = true;
-      return;
-    }
-    buffer->data = grown;
-    buffer->capacity = capacity;
-  }
-  memcpy(buffer->data + buffer->length, bytes, count);
-  buffer->length += count;
-  buffer->data[buffer->length] = '\0';
-}
-
-static void append(text_buffer *buffer, const char *text) {
-  append_bytes(buffer, text, strlen(text));
-}
-
 /* The shortest text that reads back as the same double, as Python's repr writes it: whole
  * numbers without a fraction (8, 500000), others with %g's exponent form (1e-05, 0.1). */
-static void append_number(text_buffer *buffer, double value) {
+static void append_number(mp_text_buffer *buffer, double value) {
   char text[40];
   if (value == floor(value) && fabs(value) < 9007199254740992.0) {
     snprintf(text, sizeof text, "%.0f", value);
@@ -782,11 +755,11 @@ static void append_number(text_buffer *buffer, double value) {
       if (strtod(text, NULL) == value) break;
     }
   }
-  append(buffer, text);
+  mp_text_buffer_append_text(buffer, text);
 }
 
-static void append_string(text_buffer *buffer, const char *text) {
-  append(buffer, "\"");
+static void append_string(mp_text_buffer *buffer, const char *text) {
+  mp_text_buffer_append_text(buffer, "\"");
   for (const unsigned char *c = (const unsigned char *)text; *c != '\0'; ++c) {
     char escaped[8];
     if (*c == '"' || *c == '\\') {
@@ -796,33 +769,33 @@ static void append_string(text_buffer *buffer, const char *text) {
     } else {
       snprintf(escaped, sizeof escaped, "%c", *c);
     }
-    append(buffer, escaped);
+    mp_text_buffer_append_text(buffer, escaped);
   }
-  append(buffer, "\"");
+  mp_text_buffer_append_text(buffer, "\"");
 }
 
 /* One value on one line: {"type": "embedding", "hidden": 4096}. */
-static void append_inline(text_buffer *buffer, const cJSON *item) {
+static void append_inline(mp_text_buffer *buffer, const cJSON *item) {
   if (cJSON_IsObject(item) || cJSON_IsArray(item)) {
     const bool object = cJSON_IsObject(item);
-    append(buffer, object ? "{" : "[");
+    mp_text_buffer_append_text(buffer, object ? "{" : "[");
     for (const cJSON *child = item->child; child != NULL; child = child->next) {
       if (object) {
         append_string(buffer, child->string != NULL ? child->string : "");
-        append(buffer, ": ");
+        mp_text_buffer_append_text(buffer, ": ");
       }
       append_inline(buffer, child);
-      if (child->next != NULL) append(buffer, ", ");
+      if (child->next != NULL) mp_text_buffer_append_text(buffer, ", ");
     }
-    append(buffer, object ? "}" : "]");
+    mp_text_buffer_append_text(buffer, object ? "}" : "]");
   } else if (cJSON_IsNumber(item)) {
     append_number(buffer, item->valuedouble);
   } else if (cJSON_IsString(item)) {
     append_string(buffer, item->valuestring != NULL ? item->valuestring : "");
   } else if (cJSON_IsBool(item)) {
-    append(buffer, cJSON_IsTrue(item) ? "true" : "false");
+    mp_text_buffer_append_text(buffer, cJSON_IsTrue(item) ? "true" : "false");
   } else {
-    append(buffer, "null");
+    mp_text_buffer_append_text(buffer, "null");
   }
 }
 
@@ -831,27 +804,27 @@ mp_status mp_hf_model_json_text(const cJSON *description, char **out_text, mp_er
   if (!cJSON_IsObject(description)) {
     return mp_fail(err, MP_ERR_INPUT, "a model description is a JSON object");
   }
-  text_buffer buffer = {0};
-  append(&buffer, "{\n");
+  mp_text_buffer buffer = {0};
+  mp_text_buffer_append_text(&buffer, "{\n");
   for (const cJSON *child = description->child; child != NULL; child = child->next) {
-    append(&buffer, "  ");
+    mp_text_buffer_append_text(&buffer, "  ");
     append_string(&buffer, child->string != NULL ? child->string : "");
-    append(&buffer, ": ");
+    mp_text_buffer_append_text(&buffer, ": ");
     if (cJSON_IsArray(child) && child->child != NULL) {
       /* "layers": one node per line. */
-      append(&buffer, "[\n");
+      mp_text_buffer_append_text(&buffer, "[\n");
       for (const cJSON *item = child->child; item != NULL; item = item->next) {
-        append(&buffer, "    ");
+        mp_text_buffer_append_text(&buffer, "    ");
         append_inline(&buffer, item);
-        append(&buffer, item->next != NULL ? ",\n" : "\n");
+        mp_text_buffer_append_text(&buffer, item->next != NULL ? ",\n" : "\n");
       }
-      append(&buffer, "  ]");
+      mp_text_buffer_append_text(&buffer, "  ]");
     } else {
       append_inline(&buffer, child);
     }
-    append(&buffer, child->next != NULL ? ",\n" : "\n");
+    mp_text_buffer_append_text(&buffer, child->next != NULL ? ",\n" : "\n");
   }
-  append(&buffer, "}\n");
+  mp_text_buffer_append_text(&buffer, "}\n");
   if (buffer.failed) {
     free(buffer.data);
     return mp_fail(err, MP_ERR_RUNTIME, "out of memory writing a model description");
