@@ -10,7 +10,8 @@
 /* Whole numbers up to this magnitude are exact in a double. */
 #define MP_JSON_MAX_EXACT_INT 9007199254740992.0
 
-static const char *type_name(const cJSON *item) {
+const char *mp_json_type_name(const cJSON *item) {
+  if (item == NULL) return "nothing";
   if (cJSON_IsObject(item)) return "an object";
   if (cJSON_IsArray(item)) return "an array";
   if (cJSON_IsString(item)) return "a string";
@@ -337,7 +338,7 @@ mp_status mp_json_expect_object(const mp_json_reader *reader, const cJSON *item,
                                 const char *path, const char *what) {
   if (cJSON_IsObject(item)) return MP_OK;
   return mp_fail(reader->err, MP_ERR_INPUT, "%s: %s: expected %s (a JSON object), got %s",
-                 reader->source, path, what, type_name(item));
+                 reader->source, path, what, mp_json_type_name(item));
 }
 
 static bool is_known(const char *key, const char *const *known_keys) {
@@ -396,7 +397,7 @@ static mp_status read_number(const mp_json_reader *reader, const cJSON *item, co
                      reader->source, path, key, kind, item->valuestring);
     }
     return mp_fail(reader->err, MP_ERR_INPUT, "%s: %s.%s: must be %s, got %s",
-                   reader->source, path, key, kind, type_name(item));
+                   reader->source, path, key, kind, mp_json_type_name(item));
   }
   double value = item->valuedouble;
   if (!isfinite(value)) {
@@ -473,7 +474,7 @@ mp_status mp_json_require_string(const mp_json_reader *reader, const cJSON *obje
   if (item == NULL) return missing(reader, path, key, "a string");
   if (!cJSON_IsString(item) || item->valuestring == NULL) {
     return mp_fail(reader->err, MP_ERR_INPUT, "%s: %s.%s: must be a string, got %s",
-                   reader->source, path, key, type_name(item));
+                   reader->source, path, key, mp_json_type_name(item));
   }
   if (item->valuestring[0] == '\0') {
     return mp_fail(reader->err, MP_ERR_INPUT, "%s: %s.%s: must not be empty", reader->source,
@@ -502,7 +503,7 @@ mp_status mp_json_optional_bool(const mp_json_reader *reader, const cJSON *objec
   }
   if (!cJSON_IsBool(item)) {
     return mp_fail(reader->err, MP_ERR_INPUT, "%s: %s.%s: must be true or false, got %s",
-                   reader->source, path, key, type_name(item));
+                   reader->source, path, key, mp_json_type_name(item));
   }
   *out = cJSON_IsTrue(item);
   return MP_OK;
@@ -524,7 +525,7 @@ mp_status mp_json_optional_choice(const mp_json_reader *reader, const cJSON *obj
   }
   if (!cJSON_IsString(item) || item->valuestring == NULL) {
     return mp_fail(reader->err, MP_ERR_INPUT, "%s: %s.%s: must be one of %s, got %s",
-                   reader->source, path, key, choice_list, type_name(item));
+                   reader->source, path, key, choice_list, mp_json_type_name(item));
   }
   for (int i = 0; choices[i] != NULL; ++i) {
     if (strcmp(item->valuestring, choices[i]) == 0) {
@@ -549,7 +550,7 @@ mp_status mp_json_require_array(const mp_json_reader *reader, const cJSON *objec
   if (item == NULL) return missing(reader, path, key, "an array");
   if (!cJSON_IsArray(item)) {
     return mp_fail(reader->err, MP_ERR_INPUT, "%s: %s.%s: must be an array, got %s",
-                   reader->source, path, key, type_name(item));
+                   reader->source, path, key, mp_json_type_name(item));
   }
   int count = cJSON_GetArraySize(item);
   if (count < min_items) {

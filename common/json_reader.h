@@ -90,6 +90,10 @@ mp_status mp_json_require_array(const mp_json_reader *reader, const cJSON *objec
                                 const char *path, const char *key, int min_items,
                                 const cJSON **out);
 
+/* What a JSON value is, for messages: "an object", "an array", "a string", "a number",
+ * "a boolean", "null", or "nothing" for NULL. */
+const char *mp_json_type_name(const cJSON *item);
+
 /* Builds child paths: "<parent>.<key>" and "<parent>[<index>]". */
 void mp_json_path_key(char *out, size_t out_bytes, const char *parent, const char *key);
 void mp_json_path_index(char *out, size_t out_bytes, const char *parent, int index);

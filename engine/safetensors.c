@@ -366,17 +366,6 @@ static char *copy_text(const char *text) {
   return copy;
 }
 
-static const char *json_type_name(const cJSON *item) {
-  if (item == NULL) return "nothing";
-  if (cJSON_IsObject(item)) return "an object";
-  if (cJSON_IsArray(item)) return "an array";
-  if (cJSON_IsString(item)) return "a string";
-  if (cJSON_IsNumber(item)) return "a number";
-  if (cJSON_IsBool(item)) return "a boolean";
-  if (cJSON_IsNull(item)) return "null";
-  return "an invalid value";
-}
-
 /* A whole number in [0, 2^53) into *out. */
 static bool whole_number(const cJSON *item, int64_t *out) {
   if (!cJSON_IsNumber(item)) return false;
@@ -470,7 +459,7 @@ static mp_status parse_metadata(const char *path, const cJSON *metadata, safeten
   if (!cJSON_IsObject(metadata)) {
     return mp_fail(err, MP_ERR_INPUT,
                    "%s: header: $.__metadata__: expected an object of strings, got %s", path,
-                   json_type_name(metadata));
+                   mp_json_type_name(metadata));
   }
   const int count = cJSON_GetArraySize(metadata);
   file->metadata = calloc((size_t)(2 * count + 1), sizeof *file->metadata);
@@ -480,7 +469,7 @@ static mp_status parse_metadata(const char *path, const cJSON *metadata, safeten
       return mp_fail(err, MP_ERR_INPUT,
                      "%s: header: $.__metadata__[\"%s\"]: expected a string, got %s (metadata "
                      "maps strings to strings)",
-                     path, entry->string, json_type_name(entry));
+                     path, entry->string, mp_json_type_name(entry));
     }
     for (int i = 0; i < file->num_metadata; ++i) {
       if (strcmp(file->metadata[2 * i], entry->string) == 0) {
@@ -509,7 +498,7 @@ static mp_status parse_tensor_entry(const char *path, const cJSON *entry, mp_saf
         err, MP_ERR_INPUT,
         "%s: tensor \"%s\": expected an object {\"dtype\", \"shape\", \"data_offsets\"}, "
         "got %s",
-        path, name, json_type_name(entry));
+        path, name, mp_json_type_name(entry));
   }
   const cJSON *dtype = NULL, *shape = NULL, *offsets = NULL;
   for (const cJSON *field = entry->child; field != NULL; field = field->next) {
@@ -535,7 +524,7 @@ static mp_status parse_tensor_entry(const char *path, const cJSON *entry, mp_saf
   }
   if (!cJSON_IsString(dtype)) {
     return mp_fail(err, MP_ERR_INPUT, "%s: tensor \"%s\": dtype: expected a string, got %s", path,
-                   name, json_type_name(dtype));
+                   name, mp_json_type_name(dtype));
   }
   t->dtype = MP_SAFETENSORS_NUM_DTYPES;
   for (int d = 0; d < MP_SAFETENSORS_NUM_DTYPES; ++d) {
@@ -550,7 +539,7 @@ static mp_status parse_tensor_entry(const char *path, const cJSON *entry, mp_saf
   if (!cJSON_IsArray(shape)) {
     return mp_fail(err, MP_ERR_INPUT,
                    "%s: tensor \"%s\": shape: expected an array of whole numbers, got %s", path,
-                   name, json_type_name(shape));
+                   name, mp_json_type_name(shape));
   }
   const int rank = cJSON_GetArraySize(shape);
   int64_t *dims = malloc(sizeof *dims * (size_t)(rank > 0 ? rank : 1));
@@ -566,7 +555,7 @@ static mp_status parse_tensor_entry(const char *path, const cJSON *entry, mp_saf
       if (cJSON_IsNumber(dim)) {
         snprintf(found, sizeof found, "%.17g", dim->valuedouble);
       } else {
-        snprintf(found, sizeof found, "%s", json_type_name(dim));
+        snprintf(found, sizeof found, "%s", mp_json_type_name(dim));
       }
       return mp_fail(err, MP_ERR_INPUT,
                      "%s: tensor \"%s\": shape[%d]: expected a whole number from 0 to 2^53 - 1, "
@@ -685,7 +674,7 @@ static mp_status parse_header(const char *path, const cJSON *root, safetensors_f
     return mp_fail(err, MP_ERR_INPUT,
                    "%s: header: expected a JSON object of tensor name -> {dtype, shape, "
                    "data_offsets}, got %s",
-                   path, json_type_name(root));
+                   path, mp_json_type_name(root));
   }
   const int entries = cJSON_GetArraySize(root);
   mp_safetensors_tensor *tensors = calloc((size_t)(entries > 0 ? entries : 1), sizeof *tensors);
@@ -895,7 +884,7 @@ static mp_status read_weight_map(const char *index_path, const cJSON *root, map_
     if (file == NULL) {
       status = mp_fail(err, MP_ERR_INPUT,
                        "%s: $.weight_map[\"%s\"]: expected a file name (a string), got %s",
-                       index_path, entry->string, json_type_name(entry));
+                       index_path, entry->string, mp_json_type_name(entry));
       break;
     }
     /* Files sit beside the index: a name with a directory in it would let an index reach any
