@@ -93,7 +93,7 @@ TEST(CostModel, TransformerLayerByHand) {
   mp_layer_time t;
   mp_cost_layer(&c, block, &l, &t);
   // Megatron's forward FLOPs: 24 B T h^2 + 4 B T^2 h = 24*2*8*64^2 + 4*2*64*64 = 1605632.
-  const mp_cost_shape shape = {2, 8, 2};
+  const mp_cost_shape shape = {2, 8, 2, false};
   mp_layer_cost cost;
   mp_layer_cost_compute(block, &shape, &cost);
   ASSERT_DOUBLE_EQ(cost.forward_flops, 1605632.0);
