@@ -491,21 +491,37 @@ static bool ranks_before(double step, long id, double other_step, long other_id)
   return step < other_step || (step == other_step && id < other_id);
 }
 
-/* Why tp = value cannot be used, or NULL. */
-static const char *tp_refusal(const mp_cluster *cluster, const mp_model *model, int tp) {
-  if (tp > cluster->devices_per_node) return "is more than the devices in one node";
+/* Why tp = value cannot be used (written into why, naming the number it fails), or NULL. Whole
+ * key/value heads go to each tp rank, as Megatron-Core requires (num_query_groups % tp == 0). */
+static const char *tp_refusal(const mp_cluster *cluster, const mp_model *model, int tp, char *why,
+                              size_t why_bytes) {
+  if (tp > cluster->devices_per_node) {
+    snprintf(why, why_bytes, "is more than the %d devices in one node", cluster->devices_per_node);
+    return why;
+  }
   for (int i = 0; i < mp_model_num_layers(model); ++i) {
     const mp_layer_spec *l = mp_model_layer(model, i);
     if (l->kind != MP_LAYER_TRANSFORMER) continue;
-    if (l->heads % tp != 0) return "does not divide the attention heads";
-    if (l->kv_heads % tp != 0 && tp % l->kv_heads != 0) return "does not divide the kv heads";
-    if (l->ffn_hidden % tp != 0) return "does not divide the MLP width";
+    if (l->heads % tp != 0) {
+      snprintf(why, why_bytes, "does not divide the %lld attention heads", (long long)l->heads);
+      return why;
+    }
+    if (l->kv_heads % tp != 0) {
+      snprintf(why, why_bytes, "does not divide the %lld kv heads", (long long)l->kv_heads);
+      return why;
+    }
+    if (l->ffn_hidden % tp != 0) {
+      snprintf(why, why_bytes, "does not divide the MLP width %lld", (long long)l->ffn_hidden);
+      return why;
+    }
   }
   for (int i = 0; i < mp_model_num_layers(model); ++i) {
     const mp_layer_spec *l = mp_model_layer(model, i);
     if ((l->kind == MP_LAYER_EMBEDDING || l->kind == MP_LAYER_LM_HEAD) &&
         mp_padded_vocab(l->vocab) % tp != 0) {
-      return "does not divide the padded vocabulary";
+      snprintf(why, why_bytes, "does not divide the padded vocabulary %lld",
+               (long long)mp_padded_vocab(l->vocab));
+      return why;
     }
   }
   return NULL;
@@ -567,7 +583,11 @@ static void enumerate(search *s, const mp_planner_options *o, int64_t global_bat
                       int64_t seq_len, long *layouts, bool *oom) {
   const int n = o->gpus, layers = s->n;
   for (int tp = 1; tp <= n; ++tp) {
-    if (n % tp != 0 || (o->tp && tp != o->tp) || tp_refusal(s->cluster, s->model, tp)) continue;
+    char why[128];
+    if (n % tp != 0 || (o->tp && tp != o->tp) ||
+        tp_refusal(s->cluster, s->model, tp, why, sizeof why)) {
+      continue;
+    }
     for (int pp = 1; pp <= n / tp; ++pp) {
       if ((n / tp) % pp != 0 || (o->pp && pp != o->pp) || pp > layers) continue;
       const int dp = n / tp / pp;
@@ -616,7 +636,8 @@ static mp_status no_layout(const mp_cluster *cluster, const mp_model *model,
   size_t used = 0;
   for (int tp = 1; tp <= o->gpus && tp <= 64; ++tp) {
     if (o->gpus % tp != 0) continue;
-    const char *why = tp_refusal(cluster, model, tp);
+    char buffer[128];
+    const char *why = tp_refusal(cluster, model, tp, buffer, sizeof buffer);
     if (why != NULL && used < sizeof reasons - 100) {
       used += (size_t)snprintf(reasons + used, sizeof reasons - used, "%stp %d %s", used ? "; " : "",
                                tp, why);
@@ -687,7 +708,8 @@ mp_status mp_plan_search(const mp_cluster *cluster, const mp_model *model,
   out->seq_len = seq_len;
   MP_TRY(check_fixed(options, global_batch, err));
   if (options->tp) {
-    const char *why = tp_refusal(cluster, model, options->tp);
+    char buffer[128];
+    const char *why = tp_refusal(cluster, model, options->tp, buffer, sizeof buffer);
     if (why != NULL) {
       return mp_fail(err, MP_ERR_INPUT, "--tp %d %s of model %s", options->tp, why,
                      mp_model_name(model));

@@ -102,8 +102,20 @@ TEST(Planner, RefusesAGpuCountNoLayoutCanUse) {
                "no layout of model tiny-gpt uses 11 GPUs: dp x pp x tp must equal 11 with tp "
                "within a node (4096 devices) dividing the heads, MLP width and padded "
                "vocabulary, pp at most the 7 layers, and dp dividing the global batch 8 (tp 11 "
-               "does not divide the attention heads); try a GPU count with more small factors "
+               "does not divide the 4 attention heads); try a GPU count with more small factors "
                "(a multiple of 4096) or another --global-batch");
+}
+
+// Each tp rank holds whole key/value heads (Megatron-Core's num_query_groups % tp == 0): 8 kv
+// heads refuse tp 16 even where 64 query heads would split.
+TEST(Planner, RefusesATpThatSplitsKeyValueHeads) {
+  Fixture f("examples/models/llama3-70b.json", "cpu-local");
+  mp_planner_options o = MP_PLANNER_OPTIONS_INITIALIZER;
+  o.gpus = 16;
+  o.tp = 16;
+  o.global_batch = 16;
+  EXPECT_EQ(f.search(o), MP_ERR_INPUT);
+  EXPECT_STREQ(f.err.message, "--tp 16 does not divide the 8 kv heads of model llama3-70b");
 }
 
 TEST(Planner, RefusesAModelThatFitsNowhere) {
