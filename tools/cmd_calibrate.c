@@ -197,7 +197,7 @@ static long long proc_kib(const char *file, const char *field) {
  * cores, far below a send). Returns false (leaving the figures alone) when mpirun or the
  * benchmark is not available. */
 static bool measure_links(double *latency_s, double *bandwidth_bytes_per_s,
-                          double *collective_efficiency) {
+                          double *collective_efficiency, double *collective_latency_s) {
   char self[4096];
   const ssize_t length = readlink("/proc/self/exe", self, sizeof self - 1);
   if (length <= 0) return false;
@@ -212,7 +212,7 @@ static bool measure_links(double *latency_s, double *bandwidth_bytes_per_s,
   if (pipe == NULL) return false;
   char line[1024];
   double smallest_bytes = 0, smallest_us = 0, largest_bytes = 0, largest_busbw = 0;
-  double allreduce_bytes = 0, allreduce_busbw = 0;
+  double allreduce_bytes = 0, allreduce_busbw = 0, allreduce_smallest = 0, allreduce_us = 0;
   while (fgets(line, sizeof line, pipe) != NULL) {
     cJSON *row = cJSON_Parse(line);
     const cJSON *op = cJSON_GetObjectItemCaseSensitive(row, "op");
@@ -220,7 +220,12 @@ static bool measure_links(double *latency_s, double *bandwidth_bytes_per_s,
     const cJSON *time_us = cJSON_GetObjectItemCaseSensitive(row, "time_us");
     const cJSON *busbw = cJSON_GetObjectItemCaseSensitive(row, "busbw_gbps");
     const bool all_reduce = cJSON_IsString(op) && strcmp(op->valuestring, "all_reduce") == 0;
-    if (all_reduce && cJSON_IsNumber(bytes) && cJSON_IsNumber(busbw)) {
+    if (all_reduce && cJSON_IsNumber(bytes) && cJSON_IsNumber(busbw) &&
+        cJSON_IsNumber(time_us)) {
+      if (allreduce_smallest == 0 || bytes->valuedouble < allreduce_smallest) {
+        allreduce_smallest = bytes->valuedouble;
+        allreduce_us = time_us->valuedouble;
+      }
       if (bytes->valuedouble > allreduce_bytes) {
         allreduce_bytes = bytes->valuedouble;
         allreduce_busbw = busbw->valuedouble;
@@ -240,6 +245,8 @@ static bool measure_links(double *latency_s, double *bandwidth_bytes_per_s,
   if (pclose(pipe) != 0 || smallest_bytes == 0 || largest_busbw <= 0) return false;
   *latency_s = smallest_us * 1e-6;
   *bandwidth_bytes_per_s = largest_busbw * 1e9;
+  /* A 2-rank ring all-reduce is 2 steps. */
+  *collective_latency_s = allreduce_us > 0 ? allreduce_us * 1e-6 / 2.0 : 0.0;
   *collective_efficiency = 1.0;
   if (allreduce_busbw > 0 && allreduce_busbw < largest_busbw) {
     *collective_efficiency = allreduce_busbw / largest_busbw;
@@ -325,21 +332,25 @@ int cmd_calibrate(int argc, char **argv) {
           cores, memory_kib / 1048576.0, cluster.device_memory_bytes / 1073741824.0,
           cluster.memory_bandwidth_bytes_per_s / 1e9, cluster.vector_flops_per_s / 1e9,
           cluster.scalar_flops_per_s / 1e9, cluster.workspace_bytes / 1048576.0);
-  double latency_s = 0, bandwidth = 0, collective_efficiency = 1.0;
-  const bool links = !cli_flag(&command, "no-comm") &&
-                     measure_links(&latency_s, &bandwidth, &collective_efficiency);
-  char link_notes[256];
+  double latency_s = 0, bandwidth = 0, collective_efficiency = 1.0, collective_latency_s = 0;
+  const bool links =
+      !cli_flag(&command, "no-comm") &&
+      measure_links(&latency_s, &bandwidth, &collective_efficiency, &collective_latency_s);
+  char link_notes[384];
   if (links) {
     /* Ranks of cpu-local share one machine: inside and across "nodes" is the same link. */
     cluster.intra_node_latency_s = cluster.inter_node_latency_s = latency_s;
     cluster.intra_node_bandwidth_bytes_per_s = cluster.inter_node_bandwidth_bytes_per_s =
         bandwidth;
     cluster.intra_node_efficiency = cluster.inter_node_efficiency = collective_efficiency;
+    cluster.intra_node_collective_latency_s = cluster.inter_node_collective_latency_s =
+        collective_latency_s;
     snprintf(link_notes, sizeof link_notes,
              "send/recv between two ranks (mpirun -np 2 bench comm) measured %.2f us one way "
-             "for 1 KiB and %.2f GB/s for 16 MiB, and an all-reduce of 16 MiB %.0f%% of that bus "
-             "bandwidth (the links' efficiency)",
-             latency_s * 1e6, bandwidth / 1e9, 100.0 * collective_efficiency);
+             "for 1 KiB and %.2f GB/s for 16 MiB; an all-reduce of 16 MiB %.0f%% of that bus "
+             "bandwidth (the links' efficiency), of 1 KiB %.2f us a ring step",
+             latency_s * 1e6, bandwidth / 1e9, 100.0 * collective_efficiency,
+             collective_latency_s * 1e6);
     fprintf(stderr, "send/recv: %.2f us latency, %.2f GB/s; all-reduce bus bandwidth %.2f GB/s\n",
             latency_s * 1e6, bandwidth / 1e9, collective_efficiency * bandwidth / 1e9);
   } else {

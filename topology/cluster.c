@@ -43,7 +43,7 @@ static const char *const kClusterKeys[] = {
     "workspace_gib", NULL};
 static const char *const kPeakKeys[] = {"fp32", "tf32", "bf16", "fp16", "fp8", NULL};
 static const char *const kLinkKeys[] = {"bandwidth_gbytes_per_s", "latency_us", "efficiency",
-                                        NULL};
+                                        "collective_latency_us", NULL};
 static const char *const kPointKeys[] = {"gemm_flops", "efficiency", NULL};
 
 static double to_si_units(double value, unit_conversion unit) {
@@ -190,7 +190,7 @@ static mp_status read_fraction(const mp_json_reader *reader, const cJSON *object
 
 static mp_status read_link(const mp_json_reader *reader, const cJSON *root, const char *path,
                            const char *key, double *bandwidth_bytes_per_s, double *latency_s,
-                           double *efficiency) {
+                           double *efficiency, double *collective_latency_s) {
   const cJSON *link = NULL;
   char link_path[MP_JSON_PATH_BYTES];
   MP_TRY(require_object(reader, root, path, key,
@@ -206,6 +206,11 @@ static mp_status read_link(const mp_json_reader *reader, const cJSON *root, cons
                        bandwidth_bytes_per_s));
   MP_TRY(to_si_checked(reader, link_path, "latency_us", latency_us, kMicro, latency_s));
   MP_TRY(read_fraction(reader, link, link_path, "efficiency", 1.0, efficiency));
+  double collective_us = 0.0;
+  MP_TRY(mp_json_optional_number(reader, link, link_path, "collective_latency_us",
+                                 MP_JSON_NONNEGATIVE, 0.0, &collective_us));
+  MP_TRY(to_si_checked(reader, link_path, "collective_latency_us", collective_us, kMicro,
+                       collective_latency_s));
   return MP_OK;
 }
 
@@ -339,9 +344,11 @@ mp_status mp_cluster_from_json(const cJSON *object, const char *source, const ch
   MP_TRY(read_fraction(&reader, object, path, "memory_efficiency", 1.0,
                        &cluster.memory_efficiency));
   MP_TRY(read_link(&reader, object, path, "intra_node", &cluster.intra_node_bandwidth_bytes_per_s,
-                   &cluster.intra_node_latency_s, &cluster.intra_node_efficiency));
+                   &cluster.intra_node_latency_s, &cluster.intra_node_efficiency,
+                   &cluster.intra_node_collective_latency_s));
   MP_TRY(read_link(&reader, object, path, "inter_node", &cluster.inter_node_bandwidth_bytes_per_s,
-                   &cluster.inter_node_latency_s, &cluster.inter_node_efficiency));
+                   &cluster.inter_node_latency_s, &cluster.inter_node_efficiency,
+                   &cluster.inter_node_collective_latency_s));
   MP_TRY(read_fraction(&reader, object, path, "flash_attention_efficiency",
                        MP_CLUSTER_DEFAULT_FLASH_ATTENTION_EFFICIENCY,
                        &cluster.flash_attention_efficiency));
@@ -494,12 +501,15 @@ static bool add_number(cJSON *object, const char *key, double value) {
   return cJSON_AddNumberToObject(object, key, value) != NULL;
 }
 
-static cJSON *link_to_json(double bandwidth_bytes_per_s, double latency_s, double efficiency) {
+static cJSON *link_to_json(double bandwidth_bytes_per_s, double latency_s, double efficiency,
+                           double collective_latency_s) {
   cJSON *link = cJSON_CreateObject();
   if (link == NULL) return NULL;
   if (!add_number(link, "bandwidth_gbytes_per_s", from_si_units(bandwidth_bytes_per_s, kGiga)) ||
       !add_number(link, "latency_us", from_si_units(latency_s, kMicro)) ||
-      (efficiency != 1.0 && !add_number(link, "efficiency", efficiency))) {
+      (efficiency != 1.0 && !add_number(link, "efficiency", efficiency)) ||
+      (collective_latency_s > 0 &&
+       !add_number(link, "collective_latency_us", from_si_units(collective_latency_s, kMicro)))) {
     cJSON_Delete(link);
     return NULL;
   }
@@ -535,11 +545,13 @@ static cJSON *build_json(const mp_cluster *cluster) {
     }
   }
   cJSON *intra = ok ? link_to_json(cluster->intra_node_bandwidth_bytes_per_s,
-                                   cluster->intra_node_latency_s, cluster->intra_node_efficiency)
+                                   cluster->intra_node_latency_s, cluster->intra_node_efficiency,
+                                   cluster->intra_node_collective_latency_s)
                     : NULL;
   ok = intra != NULL && cJSON_AddItemToObject(root, "intra_node", intra);
   cJSON *inter = ok ? link_to_json(cluster->inter_node_bandwidth_bytes_per_s,
-                                   cluster->inter_node_latency_s, cluster->inter_node_efficiency)
+                                   cluster->inter_node_latency_s, cluster->inter_node_efficiency,
+                                   cluster->inter_node_collective_latency_s)
                     : NULL;
   ok = inter != NULL && cJSON_AddItemToObject(root, "inter_node", inter);
   if (ok && cluster->gemm_efficiency_given) {
@@ -645,6 +657,13 @@ double mp_cluster_link_bandwidth(const mp_cluster *cluster, bool same_node) {
                                cluster->intra_node_efficiency)
                    : effective(cluster->inter_node_bandwidth_bytes_per_s,
                                cluster->inter_node_efficiency);
+}
+
+double mp_cluster_collective_latency(const mp_cluster *cluster, bool same_node) {
+  const double collective = same_node ? cluster->intra_node_collective_latency_s
+                                      : cluster->inter_node_collective_latency_s;
+  if (collective > 0) return collective;
+  return same_node ? cluster->intra_node_latency_s : cluster->inter_node_latency_s;
 }
 
 double mp_cluster_p2p_seconds(const mp_cluster *cluster, bool same_node, double bytes) {

@@ -30,8 +30,10 @@
  *       "bandwidth_gbytes_per_s": 450,       memory): per device, per direction
  *       "latency_us": 3,                     one step of a ring collective (NCCL's small-message
  *                                            time / the ring's steps)
- *       "efficiency": 0.8                    optional, default 1: the bus bandwidth a large
+ *       "efficiency": 0.8,                   optional, default 1: the bus bandwidth a large
  *                                            collective reaches (nccl-tests' busbw) / bandwidth
+ *       "collective_latency_us": 6           optional, default latency_us: one ring step of a
+ *                                            collective (a small all-reduce's time / 2(n-1))
  *     },
  *     "inter_node": {                        device to device across nodes: the device's share
  *       "bandwidth_gbytes_per_s": 50,        of the network (its NIC), per direction
@@ -146,9 +148,11 @@ typedef struct {
   double intra_node_bandwidth_bytes_per_s; /* per device, per direction */
   double intra_node_latency_s;
   double intra_node_efficiency;            /* of the bandwidth a large collective reaches */
+  double intra_node_collective_latency_s;  /* one ring step of a collective; 0: the latency */
   double inter_node_bandwidth_bytes_per_s; /* per device, per direction */
   double inter_node_latency_s;
   double inter_node_efficiency;
+  double inter_node_collective_latency_s;
   double memory_efficiency;                /* of the memory bandwidth streaming kernels reach */
   bool gemm_efficiency_given; /* false: the points below are the default curve */
   int gemm_efficiency_points;
@@ -237,6 +241,10 @@ double mp_cluster_flash_attention_flops_per_s(const mp_cluster *cluster);
 /* The bus bandwidth a large collective reaches on the intra-node link (same_node) or the
  * inter-node one: bandwidth x efficiency, bytes/s per device per direction. */
 double mp_cluster_link_bandwidth(const mp_cluster *cluster, bool same_node);
+
+/* Seconds of one ring step of a collective on the intra-node link (same_node) or the inter-node
+ * one: collective_latency_us when given, else latency_us. */
+double mp_cluster_collective_latency(const mp_cluster *cluster, bool same_node);
 
 /* Seconds to send bytes from one device to another: latency + bytes / bandwidth over the
  * intra-node link when same_node, else the inter-node one (a send reaches the link's bandwidth;

@@ -124,7 +124,7 @@ void mp_cost_layer(const mp_cluster *cluster, const mp_layer_spec *layer, const 
 
   const double ar = mp_cost_allreduce_seconds(bsh, layout->tp,
                                               mp_cluster_link_bandwidth(cluster, true),
-                                              cluster->intra_node_latency_s);
+                                              mp_cluster_collective_latency(cluster, true));
   const double kept = cost.activation_bytes[layout->recompute];
   const double replicated = cost.activation_replicated_bytes[layout->recompute];
   out->activation_bytes = (kept - replicated) / t + replicated * replicated_share;
@@ -390,7 +390,7 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
   const int d = layout->dp;
   const bool dp_intra = mp_cluster_same_node(cluster, 0, block - 1);
   const double dp_bw = mp_cluster_link_bandwidth(cluster, dp_intra);
-  const double dp_lat = dp_intra ? cluster->intra_node_latency_s : cluster->inter_node_latency_s;
+  const double dp_lat = mp_cluster_collective_latency(cluster, dp_intra);
   out->capacity_bytes = (double)cluster->device_memory_bytes;
   double tail = 0.0;
   for (int r = 0; r < pp; ++r) {

@@ -37,6 +37,8 @@ void ExpectSameCluster(const mp_cluster &a, const mp_cluster &b) {
   EXPECT_EQ(a.memory_efficiency, b.memory_efficiency);
   EXPECT_EQ(a.intra_node_efficiency, b.intra_node_efficiency);
   EXPECT_EQ(a.inter_node_efficiency, b.inter_node_efficiency);
+  EXPECT_EQ(a.intra_node_collective_latency_s, b.intra_node_collective_latency_s);
+  EXPECT_EQ(a.inter_node_collective_latency_s, b.inter_node_collective_latency_s);
   EXPECT_EQ(a.gemm_efficiency_given, b.gemm_efficiency_given);
   ASSERT_EQ(a.gemm_efficiency_points, b.gemm_efficiency_points);
   for (int i = 0; i < a.gemm_efficiency_points; ++i) {
@@ -253,7 +255,8 @@ TEST(ClusterJson, RoundTripKeepsEveryValueExactly) {
       {"memory_efficiency", "0.61"},
       {"peak_tflops", "{\"fp32\": 0.1, \"tf32\": 0.3, \"bf16\": 123.456, \"fp16\": 7e-3, "
                       "\"fp8\": 1e3}"},
-      {"intra_node", "{\"bandwidth_gbytes_per_s\": 0.3, \"latency_us\": 0.7, \"efficiency\": 0.7}"},
+      {"intra_node", "{\"bandwidth_gbytes_per_s\": 0.3, \"latency_us\": 0.7, \"efficiency\": 0.7, "
+                     "\"collective_latency_us\": 2.5}"},
       {"inter_node", "{\"bandwidth_gbytes_per_s\": 12.5, \"latency_us\": 0}"},
       {"gemm_efficiency", "[{\"gemm_flops\": 1e6, \"efficiency\": 0.1},"
                           " {\"gemm_flops\": 3.3e9, \"efficiency\": 0.45},"
@@ -268,6 +271,8 @@ TEST(ClusterJson, RoundTripKeepsEveryValueExactly) {
   EXPECT_EQ(c.memory_efficiency, 0.61);
   EXPECT_EQ(c.intra_node_efficiency, 0.7);
   EXPECT_EQ(c.inter_node_efficiency, 1.0);  // absent: the bandwidth as given
+  EXPECT_EQ(mp_cluster_collective_latency(&c, true), 2.5e-6);
+  EXPECT_EQ(mp_cluster_collective_latency(&c, false), 0.0);  // absent: the link's latency, 0 us
   EXPECT_TRUE(c.gemm_efficiency_given);
   EXPECT_EQ(c.gemm_efficiency_points, 3);
   ExpectSameCluster(RoundTrip(c), c);
@@ -472,7 +477,8 @@ TEST(ClusterLoad, FileErrorsNameTheFile) {
   EXPECT_EQ(mp_cluster_load(path.c_str(), &c, &err), MP_ERR_INPUT);
   EXPECT_EQ(std::string(err.message),
             path + ": $.intra_node: unknown key \"latncy_us\"; did you mean \"latency_us\"? "
-                   "(known keys: bandwidth_gbytes_per_s, latency_us, efficiency)");
+                   "(known keys: bandwidth_gbytes_per_s, latency_us, efficiency, "
+                   "collective_latency_us)");
   {
     std::ofstream file(path);
     file << Description({{"nodes", "2"}});
