@@ -446,23 +446,23 @@ mp_status mp_gpt_tp_init_params(mp_gpt_tp *gpt, uint64_t seed, mp_error *err) {
 }
 
 typedef struct {
-  mp_llmc_reader *reader;
+  mp_weight_source *source;
   int tensor; /* layout index */
-} llmc_source;
+} tensor_source;
 
-static mp_status read_llmc(void *context, int source_rank, size_t offset, size_t count,
-                           float *dest, mp_error *err) {
-  const llmc_source *s = context;
-  return mp_llmc_reader_read(s->reader, s->tensor, offset, count, dest, err);
+static mp_status read_tensor(void *context, int source_rank, size_t offset, size_t count,
+                             float *dest, mp_error *err) {
+  const tensor_source *s = context;
+  return mp_weight_source_read(s->source, s->tensor, offset, count, dest, err);
 }
 
-mp_status mp_gpt_tp_load_llmc(mp_gpt_tp *gpt, mp_llmc_reader *reader, mp_error *err) {
+mp_status mp_gpt_tp_load(mp_gpt_tp *gpt, mp_weight_source *weights, mp_error *err) {
   const mp_gpt_tensor *first = mp_gpt_layout_tensor(gpt->layout, 0);
   for (int i = 0; i < gpt->num_tensors; ++i) {
     const mp_gpt_tp_tensor *t = &gpt->tensors[i];
-    llmc_source source = {reader, (int)(t->full - first)};
+    tensor_source source = {weights, (int)(t->full - first)};
     MP_TRY(mp_tp_shard_read(gpt->params + t->offset, 0, t->count, t->split, t->full->rows,
-                            t->full->cols, gpt->tp.rank, gpt->tp.size, 1, read_llmc, &source,
+                            t->full->cols, gpt->tp.rank, gpt->tp.size, 1, read_tensor, &source,
                             err));
   }
   return MP_OK;

@@ -1,0 +1,267 @@
+/* engine/weight_source.c — the weight-source interface and its llm.c and Hugging Face GPT-2
+ * implementations. See weight_source.h. */
+#include "engine/weight_source.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "engine/safetensors.h"
+#include "topology/hf_config.h"
+#include "topology/model.h"
+
+struct mp_weight_source {
+  const mp_weight_source_ops *ops;
+  void *impl;
+};
+
+static mp_status wrap(const mp_weight_source_ops *ops, void *impl, mp_weight_source **out,
+                      mp_error *err) {
+  mp_weight_source *source = calloc(1, sizeof *source);
+  if (source == NULL) {
+    ops->close(impl);
+    return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  }
+  source->ops = ops;
+  source->impl = impl;
+  *out = source;
+  return MP_OK;
+}
+
+mp_status mp_weight_source_read(mp_weight_source *source, int tensor, size_t first, size_t count,
+                                float *dest, mp_error *err) {
+  return source->ops->read(source->impl, tensor, first, count, dest, err);
+}
+
+const char *mp_weight_source_kind(const mp_weight_source *source) { return source->ops->kind; }
+
+void mp_weight_source_close(mp_weight_source *source) {
+  if (source == NULL) return;
+  source->ops->close(source->impl);
+  free(source);
+}
+
+mp_status mp_weight_source_open(const mp_gpt_layout *layout, const char *path,
+                                mp_weight_source **out, mp_error *err) {
+  struct stat st;
+  if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+    return mp_weight_source_open_hf(layout, path, out, err);
+  }
+  return mp_weight_source_open_llmc(layout, path, out, err);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * llm.c files: engine/gpt_model.h's reader already reads in the layout's terms. */
+
+static mp_status llmc_read(void *impl, int tensor, size_t first, size_t count, float *dest,
+                           mp_error *err) {
+  return mp_llmc_reader_read(impl, tensor, first, count, dest, err);
+}
+
+static void llmc_close(void *impl) { mp_llmc_reader_close(impl); }
+
+static const mp_weight_source_ops kLlmcOps = {"llm.c checkpoint", llmc_read, llmc_close};
+
+mp_status mp_weight_source_open_llmc(const mp_gpt_layout *layout, const char *path,
+                                     mp_weight_source **out, mp_error *err) {
+  *out = NULL;
+  mp_llmc_reader *reader = NULL;
+  MP_TRY(mp_llmc_reader_open(layout, path, &reader, err));
+  return wrap(&kLlmcOps, reader, out, err);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Hugging Face GPT-2 directories. */
+
+enum { kHfNameBytes = 128 };
+
+/* A block tensor's GPT-2 name (after "h.<l>.") and whether GPT-2 stores it transposed (Conv1D). */
+static const struct {
+  const char *ours, *hf;
+  bool transposed;
+} kHfBlockNames[] = {
+    {"ln1.weight", "ln_1.weight", false},
+    {"ln1.bias", "ln_1.bias", false},
+    {"qkv.weight", "attn.c_attn.weight", true},
+    {"qkv.bias", "attn.c_attn.bias", false},
+    {"attn_proj.weight", "attn.c_proj.weight", true},
+    {"attn_proj.bias", "attn.c_proj.bias", false},
+    {"ln2.weight", "ln_2.weight", false},
+    {"ln2.bias", "ln_2.bias", false},
+    {"fc.weight", "mlp.c_fc.weight", true},
+    {"fc.bias", "mlp.c_fc.bias", false},
+    {"fc_proj.weight", "mlp.c_proj.weight", true},
+    {"fc_proj.bias", "mlp.c_proj.bias", false},
+};
+
+typedef struct {
+  const mp_gpt_layout *layout;
+  mp_safetensors *st;
+  char (*names)[kHfNameBytes]; /* (num_tensors,) the file's name of each layout tensor */
+  bool *transposed;            /* (num_tensors,) stored (cols, rows) */
+  size_t *file_rows;           /* (num_tensors,) rows in the file (wte: vocab_size) */
+} hf_source;
+
+static void hf_close(void *impl) {
+  hf_source *s = impl;
+  if (s == NULL) return;
+  mp_safetensors_close(s->st);
+  free(s->names);
+  free(s->transposed);
+  free(s->file_rows);
+  free(s);
+}
+
+/* The file's name for our tensor `ours` (prefix "transformer." or ""); false if unknown. */
+static bool hf_name(const char *ours, const char *prefix, char *out, bool *transposed) {
+  *transposed = false;
+  const char *plain = NULL;
+  if (strcmp(ours, "embedding.wte") == 0) plain = "wte.weight";
+  if (strcmp(ours, "embedding.wpe") == 0) plain = "wpe.weight";
+  if (strcmp(ours, "final_norm.weight") == 0) plain = "ln_f.weight";
+  if (strcmp(ours, "final_norm.bias") == 0) plain = "ln_f.bias";
+  if (plain != NULL) {
+    snprintf(out, kHfNameBytes, "%s%s", prefix, plain);
+    return true;
+  }
+  int layer = 0, used = 0;
+  if (sscanf(ours, "block.%d.%n", &layer, &used) != 1 || used == 0) return false;
+  for (size_t k = 0; k < sizeof kHfBlockNames / sizeof kHfBlockNames[0]; ++k) {
+    if (strcmp(ours + used, kHfBlockNames[k].ours) == 0) {
+      snprintf(out, kHfNameBytes, "%sh.%d.%s", prefix, layer, kHfBlockNames[k].hf);
+      *transposed = kHfBlockNames[k].transposed;
+      return true;
+    }
+  }
+  return false;
+}
+
+/* config.json describes layout's model, or a refusal naming the first key that differs. */
+static mp_status hf_check_config(const mp_gpt_layout *layout, const char *dir,
+                                 const char *model_source, mp_error *err) {
+  cJSON *json = NULL;
+  mp_hf_import_info info;
+  MP_TRY(mp_hf_config_to_model_json(dir, NULL, &json, &info, err));
+  char *text = cJSON_PrintUnformatted(json);
+  cJSON_Delete(json);
+  if (text == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  mp_model *model = NULL;
+  mp_status status = mp_model_parse_text(text, info.config_path, &model, err);
+  free(text);
+  mp_gpt_layout *theirs = NULL;
+  if (status == MP_OK) status = mp_gpt_layout_create(model, 1, &theirs, err);
+  mp_model_free(model);
+  if (status != MP_OK) return status;
+  const mp_gpt_config *a = mp_gpt_layout_config(theirs), *b = mp_gpt_layout_config(layout);
+  const struct {
+    const char *key;
+    int file, ours;
+  } fields[] = {
+      {"vocab_size", a->vocab_size, b->vocab_size},   {"n_positions", a->max_seq_len, b->max_seq_len},
+      {"n_layer", a->num_layers, b->num_layers},      {"n_head", a->num_heads, b->num_heads},
+      {"n_embd", a->channels, b->channels},           {"n_inner", a->ffn_channels, b->ffn_channels},
+  };
+  mp_gpt_layout_free(theirs);
+  for (size_t i = 0; i < sizeof fields / sizeof fields[0]; ++i) {
+    if (fields[i].file != fields[i].ours) {
+      return mp_fail(err, MP_ERR_INPUT,
+                     "%s: %s is %d in the checkpoint but %d in the model description (%s); give "
+                     "the description that matches the checkpoint",
+                     info.config_path, fields[i].key, fields[i].file, fields[i].ours,
+                     model_source);
+    }
+  }
+  return MP_OK;
+}
+
+static mp_status hf_prepare(hf_source *s, mp_error *err) {
+  const mp_gpt_layout *layout = s->layout;
+  const int n = mp_gpt_layout_num_tensors(layout);
+  s->names = calloc((size_t)n, sizeof *s->names);
+  s->transposed = calloc((size_t)n, sizeof *s->transposed);
+  s->file_rows = calloc((size_t)n, sizeof *s->file_rows);
+  if (s->names == NULL || s->transposed == NULL || s->file_rows == NULL) {
+    return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  }
+  /* Some exports drop the "transformer." prefix; transformers loads both. */
+  const char *prefix =
+      mp_safetensors_find(s->st, "transformer.wte.weight") == NULL &&
+              mp_safetensors_find(s->st, "wte.weight") != NULL
+          ? ""
+          : "transformer.";
+  const mp_gpt_config *c = mp_gpt_layout_config(layout);
+  for (int i = 0; i < n; ++i) {
+    const mp_gpt_tensor *t = mp_gpt_layout_tensor(layout, i);
+    if (!hf_name(t->name, prefix, s->names[i], &s->transposed[i])) {
+      return mp_fail(err, MP_ERR_RUNTIME, "no Hugging Face GPT-2 name for tensor %s", t->name);
+    }
+    s->file_rows[i] = i == 0 ? (size_t)c->vocab_size : t->rows;
+    int64_t shape[2] = {(int64_t)s->file_rows[i], (int64_t)t->cols};
+    if (s->transposed[i]) {
+      shape[0] = (int64_t)t->cols;
+      shape[1] = (int64_t)t->rows;
+    }
+    MP_TRY(mp_safetensors_expect(s->st, s->names[i], MP_SAFETENSORS_FLOAT_DTYPES,
+                                 t->cols == 1 ? 1 : 2, shape, NULL, err));
+  }
+  return MP_OK;
+}
+
+static mp_status hf_read(void *impl, int tensor, size_t first, size_t count, float *dest,
+                         mp_error *err) {
+  const hf_source *s = impl;
+  const mp_gpt_tensor *t = mp_gpt_layout_tensor(s->layout, tensor);
+  if (t == NULL || first > t->rows * t->cols || count > t->rows * t->cols - first) {
+    return mp_fail(err, MP_ERR_RUNTIME, "%s: elements [%zu, +%zu) of tensor %d are outside it",
+                   mp_safetensors_source(s->st), first, count, tensor);
+  }
+  const char *name = s->names[tensor];
+  if (!s->transposed[tensor]) {
+    /* Row-major on both sides; rows past the file's (wte's padding) are zero. */
+    const size_t held = s->file_rows[tensor] * t->cols;
+    const size_t end = first + count;
+    if (first < held) {
+      const size_t stop = end < held ? end : held;
+      MP_TRY(mp_safetensors_read_elements(s->st, name, (int64_t)first, (int64_t)stop, dest, err));
+    }
+    for (size_t i = first > held ? first : held; i < end; ++i) dest[i - first] = 0.0f;
+    return MP_OK;
+  }
+  /* The file holds the (cols, rows) transpose: our rows [r, r + k) x columns [c0, c1) are its
+   * rows [c0, c1) x columns [r, r + k). Whole rows in one block, a partial row alone. */
+  const size_t cols = t->cols;
+  while (count > 0) {
+    const size_t r = first / cols, c0 = first % cols;
+    size_t rows = 1, width = cols - c0 < count ? cols - c0 : count;
+    if (c0 == 0 && count >= cols) {
+      rows = count / cols;
+      width = cols;
+    }
+    MP_TRY(mp_safetensors_read_block(s->st, name, (int64_t)c0, (int64_t)(c0 + width), (int64_t)r,
+                                     (int64_t)(r + rows), MP_SAFETENSORS_TRANSPOSED, dest, err));
+    dest += rows * width;
+    first += rows * width;
+    count -= rows * width;
+  }
+  return MP_OK;
+}
+
+static const mp_weight_source_ops kHfOps = {"Hugging Face checkpoint", hf_read, hf_close};
+
+mp_status mp_weight_source_open_hf(const mp_gpt_layout *layout, const char *dir,
+                                   mp_weight_source **out, mp_error *err) {
+  *out = NULL;
+  MP_TRY(hf_check_config(layout, dir, mp_gpt_layout_model_source(layout), err));
+  hf_source *s = calloc(1, sizeof *s);
+  if (s == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  s->layout = layout;
+  mp_status status = mp_safetensors_open_dir(dir, &s->st, err);
+  if (status == MP_OK) status = hf_prepare(s, err);
+  if (status != MP_OK) {
+    hf_close(s);
+    return status;
+  }
+  return wrap(&kHfOps, s, out, err);
+}

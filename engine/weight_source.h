@@ -1,0 +1,84 @@
+/*
+ * engine/weight_source.h — where `run --init-from` takes a GPT's weights from: one interface, read
+ * tensor by tensor in the model's own tensor table (engine/gpt_model.h), with an implementation
+ * per file format. Two today: llm.c's GPT-2 checkpoint file (mp_llmc_reader) and a Hugging Face
+ * GPT2LMHeadModel directory (config.json and model.safetensors, or a sharded set through
+ * model.safetensors.index.json, read with engine/safetensors.h). The next model family adds a
+ * third implementation, not a second loader: the stage (mp_gpt_tp_load) and the trainer only see
+ * mp_weight_source_read.
+ *
+ * Shard-first (DESIGN.md, principle 6): opening reads headers only (the llm.c header, the
+ * safetensors headers and config.json); a read asks for elements [first, first + count) of one
+ * tensor of the layout, row-major in mpengine's shape, and the implementation preads just the
+ * bytes behind them.
+ *
+ * Hugging Face GPT-2 names, per block l (the "transformer." prefix is optional, as transformers
+ * accepts both): h.l.ln_1.{weight,bias} -> block.l.ln1.*, h.l.attn.c_attn.{weight,bias} -> qkv.*,
+ * h.l.attn.c_proj.* -> attn_proj.*, h.l.ln_2.* -> ln2.*, h.l.mlp.c_fc.* -> fc.*,
+ * h.l.mlp.c_proj.* -> fc_proj.*; wte.weight, wpe.weight, ln_f.* -> embedding.wte,
+ * embedding.wpe, final_norm.*. GPT-2's Conv1D weights are stored (in, out), mpengine's (out, in),
+ * so those four are read transposed. wte has vocab_size rows in the file; the layout's padding
+ * rows read as zero. lm_head.weight is tied to wte and not read (it may be absent).
+ */
+#ifndef MPENGINE_ENGINE_WEIGHT_SOURCE_H
+#define MPENGINE_ENGINE_WEIGHT_SOURCE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "common/error.h"
+#include "engine/gpt_model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mp_weight_source mp_weight_source;
+
+/* What an implementation supplies. */
+typedef struct {
+  const char *kind; /* "llm.c checkpoint", "Hugging Face checkpoint" */
+  /* Elements [first, first + count) of layout tensor `tensor` (its row-major (rows, cols)
+   * shape) as fp32 into dest. */
+  mp_status (*read)(void *impl, int tensor, size_t first, size_t count, float *dest,
+                    mp_error *err);
+  void (*close)(void *impl);
+} mp_weight_source_ops;
+
+/* Opens path for layout: a directory is a Hugging Face checkpoint (mp_weight_source_open_hf),
+ * anything else an llm.c file (mp_llmc_reader_open). Errors are the implementation's. Free *out
+ * with mp_weight_source_close. */
+mp_status mp_weight_source_open(const mp_gpt_layout *layout, const char *path,
+                                mp_weight_source **out, mp_error *err);
+
+/* llm.c's GPT-2 checkpoint (engine/gpt_model.h's reader; its checks and messages). */
+mp_status mp_weight_source_open_llmc(const mp_gpt_layout *layout, const char *path,
+                                     mp_weight_source **out, mp_error *err);
+
+/* A Hugging Face GPT2LMHeadModel directory. Checks, all before any tensor is read, failing with
+ * MP_ERR_INPUT: config.json as topology/hf_config.h reads it (its refusals), then that it
+ * describes layout's model, naming the first key that differs:
+ *   "DIR/config.json: n_layer is 2 in the checkpoint but 4 in the model description (MODEL)"
+ * (vocab_size, n_positions, n_layer, n_head, n_embd, n_inner); then that every tensor the layout
+ * reads is in the file with a float dtype and the shape the config implies (mp_safetensors_expect's
+ * messages, which name the file and the tensor). */
+mp_status mp_weight_source_open_hf(const mp_gpt_layout *layout, const char *dir,
+                                   mp_weight_source **out, mp_error *err);
+
+/* Elements [first, first + count) of layout tensor `tensor`, fp32, into dest. Errors of the
+ * implementation (MP_ERR_INPUT naming the file for a short or unreadable file; MP_ERR_RUNTIME for
+ * a range outside the tensor). */
+mp_status mp_weight_source_read(mp_weight_source *source, int tensor, size_t first, size_t count,
+                                float *dest, mp_error *err);
+
+/* "llm.c checkpoint" or "Hugging Face checkpoint", for messages. */
+const char *mp_weight_source_kind(const mp_weight_source *source);
+
+/* Frees source (NULL is fine). */
+void mp_weight_source_close(mp_weight_source *source);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MPENGINE_ENGINE_WEIGHT_SOURCE_H */
