@@ -3,11 +3,13 @@
 #include "engine/weight_source.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
+#include "common/atomic_file.h"
 #include "engine/safetensors.h"
 #include "topology/hf_config.h"
 #include "topology/model.h"
@@ -138,6 +140,22 @@ static bool hf_name(const char *ours, const char *prefix, char *out, bool *trans
   return false;
 }
 
+/* Layout tensor i as GPT-2 stores it: its name (under prefix), rank and shape, whether it is
+ * stored transposed, and its rows in our orientation (wte: vocab_size, without the padding). */
+static mp_status hf_tensor_of(const mp_gpt_layout *layout, int i, const char *prefix, char *name,
+                              int *rank, int64_t *shape, bool *transposed, size_t *file_rows,
+                              mp_error *err) {
+  const mp_gpt_tensor *t = mp_gpt_layout_tensor(layout, i);
+  if (!hf_name(t->name, prefix, name, transposed)) {
+    return mp_fail(err, MP_ERR_RUNTIME, "no Hugging Face GPT-2 name for tensor %s", t->name);
+  }
+  *file_rows = i == 0 ? (size_t)mp_gpt_layout_config(layout)->vocab_size : t->rows;
+  *rank = t->cols == 1 ? 1 : 2;
+  shape[0] = (int64_t)(*transposed ? t->cols : *file_rows);
+  shape[1] = (int64_t)(*transposed ? t->rows : t->cols);
+  return MP_OK;
+}
+
 /* config.json describes layout's model, or a refusal naming the first key that differs. */
 static mp_status hf_check_config(const mp_gpt_layout *layout, const char *dir,
                                  const char *model_source, mp_error *err) {
@@ -191,20 +209,13 @@ static mp_status hf_prepare(hf_source *s, mp_error *err) {
               mp_safetensors_find(s->st, "wte.weight") != NULL
           ? ""
           : "transformer.";
-  const mp_gpt_config *c = mp_gpt_layout_config(layout);
   for (int i = 0; i < n; ++i) {
-    const mp_gpt_tensor *t = mp_gpt_layout_tensor(layout, i);
-    if (!hf_name(t->name, prefix, s->names[i], &s->transposed[i])) {
-      return mp_fail(err, MP_ERR_RUNTIME, "no Hugging Face GPT-2 name for tensor %s", t->name);
-    }
-    s->file_rows[i] = i == 0 ? (size_t)c->vocab_size : t->rows;
-    int64_t shape[2] = {(int64_t)s->file_rows[i], (int64_t)t->cols};
-    if (s->transposed[i]) {
-      shape[0] = (int64_t)t->cols;
-      shape[1] = (int64_t)t->rows;
-    }
-    MP_TRY(mp_safetensors_expect(s->st, s->names[i], MP_SAFETENSORS_FLOAT_DTYPES,
-                                 t->cols == 1 ? 1 : 2, shape, NULL, err));
+    int64_t shape[2];
+    int rank = 0;
+    MP_TRY(hf_tensor_of(layout, i, prefix, s->names[i], &rank, shape, &s->transposed[i],
+                        &s->file_rows[i], err));
+    MP_TRY(mp_safetensors_expect(s->st, s->names[i], MP_SAFETENSORS_FLOAT_DTYPES, rank, shape,
+                                 NULL, err));
   }
   return MP_OK;
 }
@@ -264,4 +275,225 @@ mp_status mp_weight_source_open_hf(const mp_gpt_layout *layout, const char *dir,
     return status;
   }
   return wrap(&kHfOps, s, out, err);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Sinks. */
+
+typedef struct {
+  /* t is layout tensor `tensor`. */
+  mp_status (*write)(void *impl, int tensor, const mp_gpt_tensor *t, const float *data,
+                     mp_error *err);
+  mp_status (*commit)(void *impl, mp_error *err); /* frees impl */
+  void (*abort)(void *impl);                     /* frees impl */
+} sink_ops;
+
+struct mp_weight_sink {
+  const sink_ops *ops;
+  void *impl;
+  const mp_gpt_layout *layout;
+};
+
+static mp_status llmc_sink_write(void *impl, int tensor, const mp_gpt_tensor *t,
+                                 const float *data, mp_error *err) {
+  (void)err;
+  mp_llmc_writer_write(impl, tensor, 0, data, t->rows * t->cols);
+  return MP_OK;
+}
+
+static mp_status llmc_sink_commit(void *impl, mp_error *err) {
+  return mp_llmc_writer_commit(impl, err);
+}
+
+static void llmc_sink_abort(void *impl) { mp_llmc_writer_abort(impl); }
+
+static const sink_ops kLlmcSinkOps = {llmc_sink_write, llmc_sink_commit, llmc_sink_abort};
+
+typedef struct {
+  const mp_gpt_layout *layout;
+  char config_path[4200];
+  mp_safetensors_writer *writer;
+  char (*names)[kHfNameBytes]; /* (num_tensors,) */
+  bool *transposed;            /* (num_tensors,) */
+  size_t *file_rows;           /* (num_tensors,) */
+  float *column;               /* (largest rows,) one column of a transposed tensor */
+} hf_sink;
+
+static void hf_sink_free(hf_sink *s) {
+  free(s->names);
+  free(s->transposed);
+  free(s->file_rows);
+  free(s->column);
+  free(s);
+}
+
+static mp_status hf_sink_write(void *impl, int tensor, const mp_gpt_tensor *t,
+                               const float *data, mp_error *err) {
+  hf_sink *s = impl;
+  const char *name = s->names[tensor];
+  if (!s->transposed[tensor]) {
+    return mp_safetensors_writer_append(s->writer, name, data,
+                                        (int64_t)(s->file_rows[tensor] * t->cols), err);
+  }
+  /* The file's row j is our column j. */
+  for (size_t j = 0; j < t->cols; ++j) {
+    for (size_t r = 0; r < t->rows; ++r) s->column[r] = data[r * t->cols + j];
+    MP_TRY(mp_safetensors_writer_append(s->writer, name, s->column, (int64_t)t->rows, err));
+  }
+  return MP_OK;
+}
+
+/* GPT2Config's fields for transformers' GPT2LMHeadModel, as config.json text (free()). */
+static char *hf_config_text(const mp_gpt_config *c) {
+  cJSON *root = cJSON_CreateObject();
+  if (root == NULL) return NULL;
+  cJSON *architectures = cJSON_AddArrayToObject(root, "architectures");
+  if (architectures != NULL) {
+    cJSON_AddItemToArray(architectures, cJSON_CreateString("GPT2LMHeadModel"));
+  }
+  cJSON_AddStringToObject(root, "model_type", "gpt2");
+  cJSON_AddNumberToObject(root, "vocab_size", c->vocab_size);
+  cJSON_AddNumberToObject(root, "n_positions", c->max_seq_len);
+  cJSON_AddNumberToObject(root, "n_ctx", c->max_seq_len);
+  cJSON_AddNumberToObject(root, "n_embd", c->channels);
+  cJSON_AddNumberToObject(root, "n_layer", c->num_layers);
+  cJSON_AddNumberToObject(root, "n_head", c->num_heads);
+  if (c->ffn_channels == 4 * c->channels) {
+    cJSON_AddNullToObject(root, "n_inner");
+  } else {
+    cJSON_AddNumberToObject(root, "n_inner", c->ffn_channels);
+  }
+  cJSON_AddStringToObject(root, "activation_function", "gelu_new");
+  cJSON_AddNumberToObject(root, "layer_norm_epsilon", 1e-5);
+  cJSON_AddNumberToObject(root, "resid_pdrop", 0.0);
+  cJSON_AddNumberToObject(root, "embd_pdrop", 0.0);
+  cJSON_AddNumberToObject(root, "attn_pdrop", 0.0);
+  cJSON_AddBoolToObject(root, "scale_attn_weights", 1);
+  cJSON_AddBoolToObject(root, "tie_word_embeddings", 1);
+  cJSON_AddStringToObject(root, "torch_dtype", "float32");
+  char *text = cJSON_Print(root);
+  cJSON_Delete(root);
+  return text;
+}
+
+static mp_status hf_sink_commit(void *impl, mp_error *err) {
+  hf_sink *s = impl;
+  mp_status status = mp_safetensors_writer_finish(s->writer, err);
+  char *text = status == MP_OK ? hf_config_text(mp_gpt_layout_config(s->layout)) : NULL;
+  if (status == MP_OK && text == NULL) status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  if (status == MP_OK) {
+    mp_atomic_file file;
+    status = mp_atomic_file_open(&file, s->config_path, err);
+    if (status == MP_OK) {
+      mp_atomic_file_write(&file, text, strlen(text));
+      mp_atomic_file_write(&file, "\n", 1);
+      status = mp_atomic_file_commit(&file, err);
+    }
+  }
+  free(text);
+  hf_sink_free(s);
+  return status;
+}
+
+static void hf_sink_abort(void *impl) {
+  hf_sink *s = impl;
+  mp_safetensors_writer_abort(s->writer);
+  hf_sink_free(s);
+}
+
+static const sink_ops kHfSinkOps = {hf_sink_write, hf_sink_commit, hf_sink_abort};
+
+static mp_status hf_sink_open(const mp_gpt_layout *layout, const char *dir, hf_sink **out,
+                              mp_error *err) {
+  *out = NULL;
+  struct stat st;
+  if (mkdir(dir, 0755) != 0 && !(errno == EEXIST && stat(dir, &st) == 0 && S_ISDIR(st.st_mode))) {
+    return mp_fail(err, MP_ERR_INPUT, "%s: cannot create the directory: %s", dir,
+                   strerror(errno));
+  }
+  const int n = mp_gpt_layout_num_tensors(layout);
+  hf_sink *s = calloc(1, sizeof *s);
+  mp_safetensors_tensor_spec *specs = calloc((size_t)n, sizeof *specs);
+  int64_t (*shapes)[2] = calloc((size_t)n, sizeof *shapes);
+  mp_status status = MP_OK;
+  if (s == NULL || specs == NULL || shapes == NULL ||
+      (s->names = calloc((size_t)n, sizeof *s->names)) == NULL ||
+      (s->transposed = calloc((size_t)n, sizeof *s->transposed)) == NULL ||
+      (s->file_rows = calloc((size_t)n, sizeof *s->file_rows)) == NULL) {
+    status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  }
+  size_t largest = 1;
+  for (int i = 0; status == MP_OK && i < n; ++i) {
+    status = hf_tensor_of(layout, i, "transformer.", s->names[i], &specs[i].rank, shapes[i],
+                          &s->transposed[i], &s->file_rows[i], err);
+    specs[i].name = s->names[i];
+    specs[i].dtype = MP_SAFETENSORS_F32;
+    specs[i].shape = shapes[i];
+    const size_t rows = mp_gpt_layout_tensor(layout, i)->rows;
+    if (rows > largest) largest = rows;
+  }
+  if (status == MP_OK && (s->column = malloc(largest * sizeof(float))) == NULL) {
+    status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  }
+  if (status == MP_OK) {
+    s->layout = layout;
+    snprintf(s->config_path, sizeof s->config_path, "%s/config.json", dir);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    const char *const metadata[2] = {"format", "pt"};
+    status = mp_safetensors_writer_create(path, specs, n, metadata, 1, &s->writer, err);
+  }
+  free(specs);
+  free(shapes);
+  if (status != MP_OK) {
+    if (s != NULL) hf_sink_free(s);
+    return status;
+  }
+  *out = s;
+  return MP_OK;
+}
+
+mp_status mp_weight_sink_open(const mp_gpt_layout *layout, mp_weight_format format,
+                              const char *path, mp_weight_sink **out, mp_error *err) {
+  *out = NULL;
+  mp_weight_sink *sink = calloc(1, sizeof *sink);
+  if (sink == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  sink->layout = layout;
+  mp_status status;
+  if (format == MP_WEIGHT_FORMAT_HF) {
+    hf_sink *impl = NULL;
+    status = hf_sink_open(layout, path, &impl, err);
+    sink->ops = &kHfSinkOps;
+    sink->impl = impl;
+  } else {
+    mp_llmc_writer *impl = NULL;
+    status = mp_llmc_writer_open(layout, path, &impl, err);
+    sink->ops = &kLlmcSinkOps;
+    sink->impl = impl;
+  }
+  if (status != MP_OK) {
+    free(sink);
+    return status;
+  }
+  *out = sink;
+  return MP_OK;
+}
+
+mp_status mp_weight_sink_write(mp_weight_sink *sink, int tensor, const float *data,
+                               mp_error *err) {
+  const mp_gpt_tensor *t = mp_gpt_layout_tensor(sink->layout, tensor);
+  if (t == NULL) return mp_fail(err, MP_ERR_RUNTIME, "no tensor %d in the layout", tensor);
+  return sink->ops->write(sink->impl, tensor, t, data, err);
+}
+
+mp_status mp_weight_sink_commit(mp_weight_sink *sink, mp_error *err) {
+  const mp_status status = sink->ops->commit(sink->impl, err);
+  free(sink);
+  return status;
+}
+
+void mp_weight_sink_abort(mp_weight_sink *sink) {
+  if (sink == NULL) return;
+  sink->ops->abort(sink->impl);
+  free(sink);
 }

@@ -77,6 +77,42 @@ const char *mp_weight_source_kind(const mp_weight_source *source);
 /* Frees source (NULL is fine). */
 void mp_weight_source_close(mp_weight_source *source);
 
+/* ---------------------------------------------------------------------------------------------
+ * Sinks: where `mpengine export` writes a model's weights, the same formats the other way. A sink
+ * takes each tensor of the layout once, whole and row-major in mpengine's shape (the exporter
+ * holds one tensor at a time), and streams it out; nothing else of the model is held. */
+
+typedef enum {
+  MP_WEIGHT_FORMAT_LLMC = 0, /* llm.c's GPT-2 file, version 3 (fp32) */
+  MP_WEIGHT_FORMAT_HF,       /* a Hugging Face GPT2LMHeadModel directory */
+} mp_weight_format;
+
+typedef struct mp_weight_sink mp_weight_sink;
+
+/* Starts writing layout's weights to path in format. LLMC: the file path (written to a
+ * temporary and renamed into place at commit). HF: the directory path (created when absent;
+ * what it holds of ours is replaced): model.safetensors through engine/safetensors.h's writer (fp32,
+ * metadata {"format": "pt"}, the names and shapes mp_weight_source_open_hf reads, the Conv1D
+ * weights transposed back to (in, out), wte without its padding rows, no lm_head.weight: it is
+ * tied), then at commit config.json (GPT2Config: architectures ["GPT2LMHeadModel"], model_type
+ * gpt2, n_embd, n_head, n_layer, n_positions = n_ctx, vocab_size, n_inner (null for 4 x n_embd),
+ * gelu_new, layer_norm_epsilon 1e-5, dropouts 0, tie_word_embeddings, torch_dtype float32).
+ * MP_ERR_INPUT when path cannot be created; MP_ERR_RUNTIME when out of memory. */
+mp_status mp_weight_sink_open(const mp_gpt_layout *layout, mp_weight_format format,
+                              const char *path, mp_weight_sink **out, mp_error *err);
+
+/* Tensor `tensor` of the layout, all rows x cols of it, row-major. Each tensor once, in any
+ * order. Errors of the writer (MP_ERR_RUNTIME). */
+mp_status mp_weight_sink_write(mp_weight_sink *sink, int tensor, const float *data,
+                               mp_error *err);
+
+/* Finishes the files (every tensor must have been written) and frees sink either way;
+ * MP_ERR_RUNTIME when writing fails. */
+mp_status mp_weight_sink_commit(mp_weight_sink *sink, mp_error *err);
+
+/* Gives up: removes what was being written and frees sink (NULL is fine). */
+void mp_weight_sink_abort(mp_weight_sink *sink);
+
 #ifdef __cplusplus
 }
 #endif

@@ -3,7 +3,10 @@
 # `run --init-from HF_DIR` of the golden that tools/bench/hf_gpt2_golden.py wrote with
 # transformers' GPT2LMHeadModel gives HF's loss on the same (4, 16) batch at step 1, within 1e-5
 # relative, on one rank, tp = 2 and pp = 2 (each rank reading its own slices); the golden with
-# the "transformer." prefix dropped and as a sharded set loads to the same loss; and each refusal
+# the "transformer." prefix dropped and as a sharded set loads to the same loss; `export --format
+# hf` of an unchanged tp = 2 checkpoint is byte for byte the golden's model.safetensors and loads
+# back to HF's loss, and a trained pp = 2 x tp = 2 one exports to HF and llm.c files that load to
+# one loss; and each refusal
 # (a config of another model, a tensor of the wrong shape, a missing tensor) exits 2 with its
 # message.
 #
@@ -56,6 +59,35 @@ check_loss() {
 check_loss one "$tmp/one.json" "$golden"
 check_loss tp2 "$tmp/tp2.json" "$golden"
 check_loss pp2 "$tmp/pp2.json" "$golden"
+
+# Export: a tp = 2 checkpoint of the golden after one step at a learning rate too small to move
+# any weight (1e-30) exports to exactly the golden's model.safetensors (our writer is
+# safetensors.torch.save_file's, byte for byte), and loads back to HF's loss; a pp = 2 x tp = 2
+# checkpoint after 3 real steps exports to HF and to llm.c files that load to the same loss.
+sed 's/"learning_rate": 1e-3/"learning_rate": 1e-30/' "$tmp/tp2.json" > "$tmp/still.json"
+expect 0 "done: 1 steps" -- $mpengine run --config "$tmp/still.json" --steps 1 --data "$tokens" --init-from "$golden" --checkpoint-dir "$tmp/ck" --save-every 1
+expect 0 "exported $tmp/ck/step-1 (step 1, 212352 parameters) to $tmp/export (Hugging Face GPT2LMHeadModel: config.json, model.safetensors, fp32)" -- \
+  $mpengine export --checkpoint "$tmp/ck" --format hf --out "$tmp/export"
+cmp -s "$tmp/export/model.safetensors" "$golden/model.safetensors" ||
+  fail "export --format hf: model.safetensors differs from the golden's"
+grep -q '"architectures":.*"GPT2LMHeadModel"' "$tmp/export/config.json" && grep -q '"n_inner":.*null' "$tmp/export/config.json" &&
+  grep -q '"vocab_size":.*128' "$tmp/export/config.json" && grep -q '"activation_function":.*"gelu_new"' "$tmp/export/config.json" ||
+  fail "export --format hf: config.json lacks GPT2Config's fields: $(cat "$tmp/export/config.json")"
+check_loss export "$tmp/one.json" "$tmp/export"
+expect 2 "--out $tmp/export exists; give --force to write into it, or another --out" -- \
+  $mpengine export --checkpoint "$tmp/ck" --format hf --out "$tmp/export"
+expect 0 "to $tmp/export (Hugging Face" -- $mpengine export --checkpoint "$tmp/ck" --format hf --out "$tmp/export" --force
+expect 2 "--format safetensors: expected llmc or hf" -- $mpengine export --checkpoint "$tmp/ck" --format safetensors --out "$tmp/x"
+plan "$tmp/pp2tp2.json" 2 2
+expect 0 "done: 3 steps" -- $mpengine run --config "$tmp/pp2tp2.json" --steps 3 --data "$tokens" --init-from "$golden" --checkpoint-dir "$tmp/ck3" --save-every 3
+expect 0 "to $tmp/trained (Hugging Face" -- $mpengine export --checkpoint "$tmp/ck3" --format hf --out "$tmp/trained"
+expect 0 "to $tmp/trained.bin (llm.c" -- $mpengine export --checkpoint "$tmp/ck3" --format llmc --out "$tmp/trained.bin"
+$mpengine run --config "$tmp/one.json" --steps 1 --data "$tokens" --init-from "$tmp/trained" --metrics "$tmp/trained_hf.jsonl" > /dev/null
+$mpengine run --config "$tmp/one.json" --steps 1 --data "$tokens" --init-from "$tmp/trained.bin" --metrics "$tmp/trained_llmc.jsonl" > /dev/null
+if ! diff <(cut -d, -f1-2 "$tmp/trained_hf.jsonl") <(cut -d, -f1-2 "$tmp/trained_llmc.jsonl") > /dev/null ||
+   [ ! -s "$tmp/trained_hf.jsonl" ]; then
+  fail "a trained checkpoint exported to HF and to llm.c loads to different losses: $(cat "$tmp/trained_hf.jsonl" "$tmp/trained_llmc.jsonl")"
+fi
 
 # Tensor names without "transformer." (some exports write them so) and a sharded set.
 "$python" - "$golden" "$tmp" <<'PY'
