@@ -3,7 +3,8 @@
 # `run --init-from HF_DIR` of the golden that tools/bench/hf_gpt2_golden.py wrote with
 # transformers' GPT2LMHeadModel gives HF's loss on the same (4, 16) batch at step 1, within 1e-5
 # relative, on one rank, tp = 2 and pp = 2 (each rank reading its own slices); the golden with
-# the "transformer." prefix dropped and as a sharded set loads to the same loss; `export --format
+# the "transformer." prefix dropped, as a sharded set, and in BF16 and F16 (against HF's loss with
+# the weights so rounded) loads to the same loss; `export --format
 # hf` of an unchanged tp = 2 checkpoint is byte for byte the golden's model.safetensors and loads
 # back to HF's loss, and a trained pp = 2 x tp = 2 one exports to HF and llm.c files that load to
 # one loss; and each refusal
@@ -117,6 +118,17 @@ def dir_with(name, tensors_by_file, meta):
     for file, tensors in tensors_by_file.items(): write(os.path.join(d, file), meta, tensors)
     return d
 meta, tensors = read(os.path.join(golden, "model.safetensors"))
+# BF16 and F16 copies, rounded to nearest even as torch rounds (the golden recorded HF's loss
+# with its weights rounded so).
+def bf16(blob):
+    out = bytearray()
+    for (u,) in struct.iter_unpack("<I", blob):
+        out += struct.pack("<H", ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF)
+    return bytes(out)
+def f16(blob):
+    return b"".join(struct.pack("<e", v) for (v,) in struct.iter_unpack("<f", blob))
+dir_with("bf16", {"model.safetensors": {k: ("BF16", v[1], bf16(v[2])) for k, v in tensors.items()}}, meta)
+dir_with("f16", {"model.safetensors": {k: ("F16", v[1], f16(v[2])) for k, v in tensors.items()}}, meta)
 dir_with("noprefix", {"model.safetensors": {k.replace("transformer.", "", 1): v for k, v in tensors.items()}}, meta)
 names = sorted(tensors)
 files = {"model-00001-of-00002.safetensors": {k: tensors[k] for k in names[::2]},
@@ -135,6 +147,8 @@ config = json.load(open(os.path.join(d, "config.json"))); config["n_layer"] = 3
 json.dump(config, open(os.path.join(d, "config.json"), "w"))
 PY
 check_loss noprefix "$tmp/one.json" "$tmp/noprefix"
+hf_loss=$(cat "$testdata/hf_gpt2_tiny_loss_bf16.txt") check_loss bf16_tp2 "$tmp/tp2.json" "$tmp/bf16"
+hf_loss=$(cat "$testdata/hf_gpt2_tiny_loss_f16.txt") check_loss f16 "$tmp/one.json" "$tmp/f16"
 check_loss sharded_tp2 "$tmp/tp2.json" "$tmp/sharded"
 
 expect 2 "$tmp/badshape/model.safetensors: tensor \"transformer.h.1.mlp.c_fc.weight\": expected F16, BF16 or F32 of shape [64, 256], found F32 of shape [256, 64]" -- \

@@ -15,6 +15,9 @@ Writes, with transformers' own GPT2LMHeadModel (4.46.3) and save_pretrained (saf
       (in an order the data loader shuffles, which the mean loss does not depend on)
   tests/engine/testdata/hf_gpt2_tiny_loss.txt    HF's mean cross-entropy over those (4, 16)
       inputs and targets, computed in float64 (the model .double()), %.9g
+  tests/engine/testdata/hf_gpt2_tiny_loss_bf16.txt  the same with every weight first rounded to
+      bfloat16 (torch's round to nearest even), for the test's BF16 copy of the golden
+  tests/engine/testdata/hf_gpt2_tiny_loss_f16.txt   likewise rounded to float16 (F16 copy)
 
   /tmp/hfv2/bin/python tools/bench/hf_gpt2_golden.py            (writes the files above)
   /tmp/hfv2/bin/python tools/bench/hf_gpt2_golden.py --check DIR (loads DIR with
@@ -34,6 +37,8 @@ DATA = os.path.join(HERE, "..", "..", "tests", "engine", "testdata")
 GOLDEN = os.path.join(DATA, "hf_gpt2_tiny")
 TOKENS = os.path.join(DATA, "hf_gpt2_tiny_tokens.bin")
 LOSS = os.path.join(DATA, "hf_gpt2_tiny_loss.txt")
+LOSS_BF16 = os.path.join(DATA, "hf_gpt2_tiny_loss_bf16.txt")
+LOSS_F16 = os.path.join(DATA, "hf_gpt2_tiny_loss_f16.txt")
 V, C, NH, L, P = 128, 64, 4, 4, 64
 G, T = 4, 16
 
@@ -69,6 +74,8 @@ def write():
             else:
                 p.add_(0.02 * torch.randn_like(p))
     model.save_pretrained(GOLDEN, safe_serialization=True)
+    if os.path.exists(os.path.join(GOLDEN, "generation_config.json")):
+        os.remove(os.path.join(GOLDEN, "generation_config.json"))  # not needed; keep it small
     tokens = torch.randint(0, V, (G * T + 1,), generator=torch.Generator().manual_seed(7))
     with open(TOKENS, "wb") as f:
         f.write(struct.pack("<256i", 20240520, 1, G * T + 1, *([0] * 253)))
@@ -77,9 +84,17 @@ def write():
     with torch.no_grad():
         loss32, _ = loss_of(model, x, y)
         loss64, _ = loss_of(model.double(), x, y)
+        loss_bf16, _ = loss_of(model.to(torch.bfloat16).double(), x, y)
+        model = GPT2LMHeadModel.from_pretrained(GOLDEN).eval()
+        loss_f16, _ = loss_of(model.half().double(), x, y)
     with open(LOSS, "w") as f:
         f.write("%.9g\n" % loss64.item())
-    print("wrote %s; loss fp64 %.9g, fp32 %.9g" % (GOLDEN, loss64.item(), loss32.item()))
+    with open(LOSS_BF16, "w") as f:
+        f.write("%.9g\n" % loss_bf16.item())
+    with open(LOSS_F16, "w") as f:
+        f.write("%.9g\n" % loss_f16.item())
+    print("wrote %s; loss fp64 %.9g, fp32 %.9g, bf16 weights %.9g, f16 weights %.9g"
+          % (GOLDEN, loss64.item(), loss32.item(), loss_bf16.item(), loss_f16.item()))
 
 
 def check(path):
