@@ -144,11 +144,12 @@ mp_status mp_checkpoint_load(const char *path, const mp_checkpoint_context *ctx,
 
 /* Export: writes the global fp32 parameters of checkpoint directory path (checksums verified)
  * to `out` in format (engine/weight_source.h's sinks: llm.c's GPT-2 file, version 3, or a Hugging
- * Face GPT2LMHeadModel directory), laid out from the model description the manifest
+ * Face GPT2LMHeadModel directory; options as mp_weight_sink_open's, NULL for defaults), laid out from the model description the manifest
  * carries at the saved seq_len; each tensor reassembled from its shards on its own, so the memory
  * needed is one tensor. *step and *num_params describe what was written. MP_ERR_INPUT as
  * mp_checkpoint_load; MP_ERR_RUNTIME (or MP_ERR_INPUT for a bad path) when out cannot be written. */
-mp_status mp_checkpoint_export(const char *path, mp_weight_format format, const char *out,
+mp_status mp_checkpoint_export(const char *path, mp_weight_format format,
+                               const mp_weight_sink_options *options, const char *out,
                                int64_t *step, size_t *num_params, mp_error *err);
 
 /* Parses and checks a manifest's JSON text as a load does before it opens any shard file (format,

@@ -483,7 +483,8 @@ mp_status ck_check_model(const ck_manifest *mf, const mp_gpt_layout *layout,
   return MP_OK;
 }
 
-mp_status mp_checkpoint_export(const char *path, mp_weight_format format, const char *out,
+mp_status mp_checkpoint_export(const char *path, mp_weight_format format,
+                               const mp_weight_sink_options *options, const char *out,
                                int64_t *step, size_t *num_params, mp_error *err) {
   ck_manifest mf;
   mp_status status = ck_manifest_open(path, &mf, err);
@@ -522,7 +523,7 @@ mp_status mp_checkpoint_export(const char *path, mp_weight_format format, const 
     status = mp_fail(err, MP_ERR_RUNTIME, "out of memory for a tensor of %zu floats", largest);
   }
   mp_weight_sink *writer = NULL;
-  if (status == MP_OK) status = mp_weight_sink_open(layout, format, out, &writer, err);
+  if (status == MP_OK) status = mp_weight_sink_open(layout, format, out, options, &writer, err);
   ck_shard_reader reader = {NULL, NULL};
   if (status == MP_OK) status = ck_reader_open(&mf, &reader, err);
   for (int i = 0; status == MP_OK && i < mp_gpt_layout_num_tensors(layout); ++i) {

@@ -309,10 +309,16 @@ static void llmc_sink_abort(void *impl) { mp_llmc_writer_abort(impl); }
 
 static const sink_ops kLlmcSinkOps = {llmc_sink_write, llmc_sink_commit, llmc_sink_abort};
 
+enum { kHfPathBytes = 4200, kHfFileNameBytes = 64 };
+
 typedef struct {
   const mp_gpt_layout *layout;
-  char config_path[4200];
-  mp_safetensors_writer *writer;
+  char dir[kHfPathBytes];
+  int num_files;                      /* 1: model.safetensors; more: a sharded set and its index */
+  mp_safetensors_writer **writers;    /* (num_files,) */
+  char (*file_names)[kHfFileNameBytes]; /* (num_files,) */
+  int *file_of;                       /* (num_tensors,) the file each tensor goes to */
+  int64_t total_bytes;                /* every tensor's data bytes, for the index */
   char (*names)[kHfNameBytes]; /* (num_tensors,) */
   bool *transposed;            /* (num_tensors,) */
   size_t *file_rows;           /* (num_tensors,) */
@@ -320,6 +326,9 @@ typedef struct {
 } hf_sink;
 
 static void hf_sink_free(hf_sink *s) {
+  free(s->writers);
+  free(s->file_names);
+  free(s->file_of);
   free(s->names);
   free(s->transposed);
   free(s->file_rows);
@@ -332,13 +341,14 @@ static mp_status hf_sink_write(void *impl, int tensor, const mp_gpt_tensor *t,
   hf_sink *s = impl;
   const char *name = s->names[tensor];
   if (!s->transposed[tensor]) {
-    return mp_safetensors_writer_append(s->writer, name, data,
+    return mp_safetensors_writer_append(s->writers[s->file_of[tensor]], name, data,
                                         (int64_t)(s->file_rows[tensor] * t->cols), err);
   }
   /* The file's row j is our column j. */
   for (size_t j = 0; j < t->cols; ++j) {
     for (size_t r = 0; r < t->rows; ++r) s->column[r] = data[r * t->cols + j];
-    MP_TRY(mp_safetensors_writer_append(s->writer, name, s->column, (int64_t)t->rows, err));
+    MP_TRY(mp_safetensors_writer_append(s->writers[s->file_of[tensor]], name, s->column,
+                                        (int64_t)t->rows, err));
   }
   return MP_OK;
 }
@@ -378,12 +388,34 @@ static char *hf_config_text(const mp_gpt_config *c) {
 
 static mp_status hf_sink_commit(void *impl, mp_error *err) {
   hf_sink *s = impl;
-  mp_status status = mp_safetensors_writer_finish(s->writer, err);
+  mp_status status = MP_OK;
+  for (int f = 0; f < s->num_files; ++f) {
+    if (status == MP_OK) {
+      status = mp_safetensors_writer_finish(s->writers[f], err);
+    } else {
+      mp_safetensors_writer_abort(s->writers[f]);
+    }
+  }
+  char path[kHfPathBytes + 64];
+  const int n = mp_gpt_layout_num_tensors(s->layout);
+  if (status == MP_OK && s->num_files > 1) {
+    const char **names = calloc((size_t)n, sizeof *names), **files = calloc((size_t)n, sizeof *files);
+    if (names == NULL || files == NULL) status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+    for (int i = 0; status == MP_OK && i < n; ++i) {
+      names[i] = s->names[i];
+      files[i] = s->file_names[s->file_of[i]];
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", s->dir);
+    if (status == MP_OK) status = mp_safetensors_write_index(path, names, files, n, s->total_bytes, err);
+    free(names);
+    free(files);
+  }
   char *text = status == MP_OK ? hf_config_text(mp_gpt_layout_config(s->layout)) : NULL;
   if (status == MP_OK && text == NULL) status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
   if (status == MP_OK) {
     mp_atomic_file file;
-    status = mp_atomic_file_open(&file, s->config_path, err);
+    snprintf(path, sizeof path, "%s/config.json", s->dir);
+    status = mp_atomic_file_open(&file, path, err);
     if (status == MP_OK) {
       mp_atomic_file_write(&file, text, strlen(text));
       mp_atomic_file_write(&file, "\n", 1);
@@ -397,14 +429,46 @@ static mp_status hf_sink_commit(void *impl, mp_error *err) {
 
 static void hf_sink_abort(void *impl) {
   hf_sink *s = impl;
-  mp_safetensors_writer_abort(s->writer);
+  for (int f = 0; s->writers != NULL && f < s->num_files; ++f) {
+    mp_safetensors_writer_abort(s->writers[f]);
+  }
   hf_sink_free(s);
 }
 
 static const sink_ops kHfSinkOps = {hf_sink_write, hf_sink_commit, hf_sink_abort};
 
-static mp_status hf_sink_open(const mp_gpt_layout *layout, const char *dir, hf_sink **out,
-                              mp_error *err) {
+/* Assigns tensors to files as transformers' save_pretrained does (huggingface_hub's
+ * split_state_dict_into_shards) over the state dict's order, which is the layout's: a tensor
+ * larger than max_bytes gets a file of its own at once; one that would take the current file past
+ * max_bytes closes it first. Files are numbered in the order they are closed. max_bytes 0: one
+ * file. members is (n,) scratch. Returns the number of files. */
+static int hf_assign_files(const int64_t *bytes, int n, int64_t max_bytes, int *file_of,
+                           int *members) {
+  int files = 0, pending = 0;
+  int64_t used = 0;
+  for (int i = 0; i < n; ++i) {
+    if (max_bytes > 0 && bytes[i] > max_bytes) {
+      file_of[i] = files++;
+      continue;
+    }
+    if (max_bytes > 0 && used + bytes[i] > max_bytes) {
+      for (int k = 0; k < pending; ++k) file_of[members[k]] = files;
+      ++files;
+      pending = 0;
+      used = 0;
+    }
+    members[pending++] = i;
+    used += bytes[i];
+  }
+  if (pending > 0) {
+    for (int k = 0; k < pending; ++k) file_of[members[k]] = files;
+    ++files;
+  }
+  return files;
+}
+
+static mp_status hf_sink_open(const mp_gpt_layout *layout, const char *dir, int64_t max_bytes,
+                              hf_sink **out, mp_error *err) {
   *out = NULL;
   struct stat st;
   if (mkdir(dir, 0755) != 0 && !(errno == EEXIST && stat(dir, &st) == 0 && S_ISDIR(st.st_mode))) {
@@ -414,12 +478,15 @@ static mp_status hf_sink_open(const mp_gpt_layout *layout, const char *dir, hf_s
   const int n = mp_gpt_layout_num_tensors(layout);
   hf_sink *s = calloc(1, sizeof *s);
   mp_safetensors_tensor_spec *specs = calloc((size_t)n, sizeof *specs);
+  mp_safetensors_tensor_spec *subset = calloc((size_t)n, sizeof *subset);
   int64_t (*shapes)[2] = calloc((size_t)n, sizeof *shapes);
+  int64_t *bytes = calloc((size_t)n, sizeof *bytes);
   mp_status status = MP_OK;
-  if (s == NULL || specs == NULL || shapes == NULL ||
+  if (s == NULL || specs == NULL || subset == NULL || shapes == NULL || bytes == NULL ||
       (s->names = calloc((size_t)n, sizeof *s->names)) == NULL ||
       (s->transposed = calloc((size_t)n, sizeof *s->transposed)) == NULL ||
-      (s->file_rows = calloc((size_t)n, sizeof *s->file_rows)) == NULL) {
+      (s->file_rows = calloc((size_t)n, sizeof *s->file_rows)) == NULL ||
+      (s->file_of = calloc((size_t)n, sizeof *s->file_of)) == NULL) {
     status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
   }
   size_t largest = 1;
@@ -429,24 +496,51 @@ static mp_status hf_sink_open(const mp_gpt_layout *layout, const char *dir, hf_s
     specs[i].name = s->names[i];
     specs[i].dtype = MP_SAFETENSORS_F32;
     specs[i].shape = shapes[i];
+    bytes[i] = (int64_t)sizeof(float) * shapes[i][0] * (specs[i].rank == 2 ? shapes[i][1] : 1);
+    s->total_bytes += bytes[i];
     const size_t rows = mp_gpt_layout_tensor(layout, i)->rows;
     if (rows > largest) largest = rows;
   }
-  if (status == MP_OK && (s->column = malloc(largest * sizeof(float))) == NULL) {
-    status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
-  }
   if (status == MP_OK) {
     s->layout = layout;
-    snprintf(s->config_path, sizeof s->config_path, "%s/config.json", dir);
-    char path[4200];
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    const char *const metadata[2] = {"format", "pt"};
-    status = mp_safetensors_writer_create(path, specs, n, metadata, 1, &s->writer, err);
+    snprintf(s->dir, sizeof s->dir, "%s", dir);
+    int *members = malloc((size_t)n * sizeof *members);
+    if (members == NULL) {
+      status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+    } else {
+      s->num_files = hf_assign_files(bytes, n, max_bytes, s->file_of, members);
+      free(members);
+    }
+  }
+  if (status == MP_OK) {
+    if ((s->column = malloc(largest * sizeof(float))) == NULL ||
+        (s->writers = calloc((size_t)s->num_files, sizeof *s->writers)) == NULL ||
+        (s->file_names = calloc((size_t)s->num_files, sizeof *s->file_names)) == NULL) {
+      status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+    }
+  }
+  const char *const metadata[2] = {"format", "pt"};
+  for (int f = 0; status == MP_OK && f < s->num_files; ++f) {
+    if (s->num_files == 1) {
+      snprintf(s->file_names[f], kHfFileNameBytes, "model.safetensors");
+    } else {
+      snprintf(s->file_names[f], kHfFileNameBytes, "model-%05d-of-%05d.safetensors", f + 1,
+               s->num_files);
+    }
+    int count = 0;
+    for (int i = 0; i < n; ++i) {
+      if (s->file_of[i] == f) subset[count++] = specs[i];
+    }
+    char path[kHfPathBytes + 64];
+    snprintf(path, sizeof path, "%s/%s", dir, s->file_names[f]);
+    status = mp_safetensors_writer_create(path, subset, count, metadata, 1, &s->writers[f], err);
   }
   free(specs);
+  free(subset);
   free(shapes);
+  free(bytes);
   if (status != MP_OK) {
-    if (s != NULL) hf_sink_free(s);
+    if (s != NULL) hf_sink_abort(s);
     return status;
   }
   *out = s;
@@ -454,7 +548,8 @@ static mp_status hf_sink_open(const mp_gpt_layout *layout, const char *dir, hf_s
 }
 
 mp_status mp_weight_sink_open(const mp_gpt_layout *layout, mp_weight_format format,
-                              const char *path, mp_weight_sink **out, mp_error *err) {
+                              const char *path, const mp_weight_sink_options *options,
+                              mp_weight_sink **out, mp_error *err) {
   *out = NULL;
   mp_weight_sink *sink = calloc(1, sizeof *sink);
   if (sink == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
@@ -462,7 +557,7 @@ mp_status mp_weight_sink_open(const mp_gpt_layout *layout, mp_weight_format form
   mp_status status;
   if (format == MP_WEIGHT_FORMAT_HF) {
     hf_sink *impl = NULL;
-    status = hf_sink_open(layout, path, &impl, err);
+    status = hf_sink_open(layout, path, options != NULL ? options->max_shard_bytes : 0, &impl, err);
     sink->ops = &kHfSinkOps;
     sink->impl = impl;
   } else {

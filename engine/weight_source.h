@@ -25,6 +25,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "common/error.h"
 #include "engine/gpt_model.h"
@@ -89,6 +90,16 @@ typedef enum {
 
 typedef struct mp_weight_sink mp_weight_sink;
 
+/* How a sink writes. */
+typedef struct {
+  /* HF: > 0 splits model.safetensors into model-0000i-of-0000n.safetensors files of at most this
+   * many bytes of tensor data each (a larger tensor gets a file of its own), assigned as
+   * transformers' save_pretrained(max_shard_size=...) assigns them, with
+   * model.safetensors.index.json; 0: one file. LLMC: ignored. */
+  int64_t max_shard_bytes;
+} mp_weight_sink_options;
+#define MP_WEIGHT_SINK_OPTIONS_INITIALIZER {0}
+
 /* Starts writing layout's weights to path in format. LLMC: the file path (written to a
  * temporary and renamed into place at commit). HF: the directory path (created when absent;
  * what it holds of ours is replaced): model.safetensors through engine/safetensors.h's writer (fp32,
@@ -97,9 +108,11 @@ typedef struct mp_weight_sink mp_weight_sink;
  * tied), then at commit config.json (GPT2Config: architectures ["GPT2LMHeadModel"], model_type
  * gpt2, n_embd, n_head, n_layer, n_positions = n_ctx, vocab_size, n_inner (null for 4 x n_embd),
  * gelu_new, layer_norm_epsilon 1e-5, dropouts 0, tie_word_embeddings, torch_dtype float32).
- * MP_ERR_INPUT when path cannot be created; MP_ERR_RUNTIME when out of memory. */
+ * options may be NULL (one file). MP_ERR_INPUT when path cannot be created; MP_ERR_RUNTIME when
+ * out of memory. */
 mp_status mp_weight_sink_open(const mp_gpt_layout *layout, mp_weight_format format,
-                              const char *path, mp_weight_sink **out, mp_error *err);
+                              const char *path, const mp_weight_sink_options *options,
+                              mp_weight_sink **out, mp_error *err);
 
 /* Tensor `tensor` of the layout, all rows x cols of it, row-major. Each tensor once, in any
  * order. Errors of the writer (MP_ERR_RUNTIME). */

@@ -67,7 +67,7 @@ check_loss pp2 "$tmp/pp2.json" "$golden"
 # checkpoint after 3 real steps exports to HF and to llm.c files that load to the same loss.
 sed 's/"learning_rate": 1e-3/"learning_rate": 1e-30/' "$tmp/tp2.json" > "$tmp/still.json"
 expect 0 "done: 1 steps" -- $mpengine run --config "$tmp/still.json" --steps 1 --data "$tokens" --init-from "$golden" --checkpoint-dir "$tmp/ck" --save-every 1
-expect 0 "exported $tmp/ck/step-1 (step 1, 212352 parameters) to $tmp/export (Hugging Face GPT2LMHeadModel: config.json, model.safetensors, fp32)" -- \
+expect 0 "exported $tmp/ck/step-1 (step 1, 212352 parameters) to $tmp/export (Hugging Face GPT2LMHeadModel: config.json and safetensors, fp32)" -- \
   $mpengine export --checkpoint "$tmp/ck" --format hf --out "$tmp/export"
 cmp -s "$tmp/export/model.safetensors" "$golden/model.safetensors" ||
   fail "export --format hf: model.safetensors differs from the golden's"
@@ -79,6 +79,20 @@ expect 2 "--out $tmp/export exists; give --force to write into it, or another --
   $mpengine export --checkpoint "$tmp/ck" --format hf --out "$tmp/export"
 expect 0 "to $tmp/export (Hugging Face" -- $mpengine export --checkpoint "$tmp/ck" --format hf --out "$tmp/export" --force
 expect 2 "--format safetensors: expected llmc or hf" -- $mpengine export --checkpoint "$tmp/ck" --format safetensors --out "$tmp/x"
+# --max-shard-size: the files and the index transformers' save_pretrained(max_shard_size="200KB")
+# writes, byte for byte (the golden keeps the index and the shards' SHA-256), loading to HF's loss.
+expect 0 "to $tmp/sharded_export (Hugging Face" -- \
+  $mpengine export --checkpoint "$tmp/ck" --format hf --out "$tmp/sharded_export" --max-shard-size 200KB
+cmp -s "$tmp/sharded_export/model.safetensors.index.json" "$testdata/hf_gpt2_tiny_200KB/model.safetensors.index.json" ||
+  fail "export --max-shard-size 200KB: the index differs from save_pretrained's"
+sums=$(cd "$testdata/hf_gpt2_tiny_200KB" && pwd)/SHA256SUMS
+(cd "$tmp/sharded_export" && sha256sum --quiet -c "$sums") ||
+  fail "export --max-shard-size 200KB: the shard files differ from save_pretrained's"
+[ ! -e "$tmp/sharded_export/model.safetensors" ] || fail "export --max-shard-size 200KB: also wrote model.safetensors"
+check_loss sharded_export "$tmp/pp2.json" "$tmp/sharded_export"
+expect 2 "--max-shard-size 5XB: expected a size in bytes, or with KB, MB, GB, KiB, MiB or GiB (e.g. 5GB)" -- \
+  $mpengine export --checkpoint "$tmp/ck" --format hf --out "$tmp/y" --max-shard-size 5XB
+expect 2 "--max-shard-size needs --format hf" -- $mpengine export --checkpoint "$tmp/ck" --out "$tmp/y.bin" --max-shard-size 5GB
 plan "$tmp/pp2tp2.json" 2 2
 expect 0 "done: 3 steps" -- $mpengine run --config "$tmp/pp2tp2.json" --steps 3 --data "$tokens" --init-from "$golden" --checkpoint-dir "$tmp/ck3" --save-every 3
 expect 0 "to $tmp/trained (Hugging Face" -- $mpengine export --checkpoint "$tmp/ck3" --format hf --out "$tmp/trained"

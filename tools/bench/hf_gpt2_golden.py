@@ -18,14 +18,20 @@ Writes, with transformers' own GPT2LMHeadModel (4.46.3) and save_pretrained (saf
   tests/engine/testdata/hf_gpt2_tiny_loss_bf16.txt  the same with every weight first rounded to
       bfloat16 (torch's round to nearest even), for the test's BF16 copy of the golden
   tests/engine/testdata/hf_gpt2_tiny_loss_f16.txt   likewise rounded to float16 (F16 copy)
+  tests/engine/testdata/hf_gpt2_tiny_200KB/      what save_pretrained(max_shard_size="200KB")
+      writes of the golden, but only its model.safetensors.index.json and SHA256SUMS of the
+      shard files (the shards themselves would double the test data)
 
   /tmp/hfv2/bin/python tools/bench/hf_gpt2_golden.py            (writes the files above)
   /tmp/hfv2/bin/python tools/bench/hf_gpt2_golden.py --check DIR (loads DIR with
       from_pretrained, e.g. an `mpengine export --format hf`, and prints its loss and the largest
       logit difference against the golden; not part of CI)
 """
+import hashlib
 import json
 import os
+import shutil
+import tempfile
 import struct
 import sys
 
@@ -76,6 +82,16 @@ def write():
     model.save_pretrained(GOLDEN, safe_serialization=True)
     if os.path.exists(os.path.join(GOLDEN, "generation_config.json")):
         os.remove(os.path.join(GOLDEN, "generation_config.json"))  # not needed; keep it small
+    sharded = os.path.join(DATA, "hf_gpt2_tiny_200KB")
+    os.makedirs(sharded, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp, safe_serialization=True, max_shard_size="200KB")
+        shutil.copy(os.path.join(tmp, "model.safetensors.index.json"), sharded)
+        with open(os.path.join(sharded, "SHA256SUMS"), "w") as f:
+            for name in sorted(os.listdir(tmp)):
+                if name.endswith(".safetensors"):
+                    with open(os.path.join(tmp, name), "rb") as shard:
+                        f.write("%s  %s\n" % (hashlib.sha256(shard.read()).hexdigest(), name))
     tokens = torch.randint(0, V, (G * T + 1,), generator=torch.Generator().manual_seed(7))
     with open(TOKENS, "wb") as f:
         f.write(struct.pack("<256i", 20240520, 1, G * T + 1, *([0] * 253)))
