@@ -60,7 +60,8 @@ mp_status mp_weight_source_open_llmc(const mp_gpt_layout *layout, const char *pa
  * MP_ERR_INPUT: config.json as topology/hf_config.h reads it (its refusals), then that it
  * describes layout's model, naming the first key that differs:
  *   "DIR/config.json: n_layer is 2 in the checkpoint but 4 in the model description (MODEL)"
- * (vocab_size, n_positions, n_layer, n_head, n_embd, n_inner); then that every tensor the layout
+ * (vocab_size, n_positions, n_layer, n_head, n_embd, n_inner; the dropouts are the run's to choose
+ * and not compared: GPT-2's own config has 0.1); then that every tensor the layout
  * reads is in the file with a float dtype and the shape the config implies (mp_safetensors_expect's
  * messages, which name the file and the tensor). */
 mp_status mp_weight_source_open_hf(const mp_gpt_layout *layout, const char *dir,

@@ -156,6 +156,11 @@ bad = dict(tensors); dt, shape, blob = bad["transformer.h.1.mlp.c_fc.weight"]
 bad["transformer.h.1.mlp.c_fc.weight"] = (dt, shape[::-1], blob)
 dir_with("badshape", {"model.safetensors": bad}, meta)
 dir_with("missing", {"model.safetensors": {k: v for k, v in tensors.items() if k != "transformer.ln_f.bias"}}, meta)
+# GPT-2's own config.json has dropouts of 0.1: how it was trained, not what the weights are.
+d = dir_with("dropout", {"model.safetensors": tensors}, meta)
+config = json.load(open(os.path.join(d, "config.json")))
+config.update(resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1)
+json.dump(config, open(os.path.join(d, "config.json"), "w"))
 d = dir_with("badconfig", {"model.safetensors": tensors}, meta)
 config = json.load(open(os.path.join(d, "config.json"))); config["n_layer"] = 3
 json.dump(config, open(os.path.join(d, "config.json"), "w"))
@@ -164,6 +169,7 @@ check_loss noprefix "$tmp/one.json" "$tmp/noprefix"
 hf_loss=$(cat "$testdata/hf_gpt2_tiny_loss_bf16.txt") check_loss bf16_tp2 "$tmp/tp2.json" "$tmp/bf16"
 hf_loss=$(cat "$testdata/hf_gpt2_tiny_loss_f16.txt") check_loss f16 "$tmp/one.json" "$tmp/f16"
 check_loss sharded_tp2 "$tmp/tp2.json" "$tmp/sharded"
+check_loss dropout "$tmp/one.json" "$tmp/dropout"
 
 expect 2 "$tmp/badshape/model.safetensors: tensor \"transformer.h.1.mlp.c_fc.weight\": expected F16, BF16 or F32 of shape [64, 256], found F32 of shape [256, 64]" -- \
   $mpengine run --config "$tmp/one.json" --steps 1 --init-from "$tmp/badshape"
