@@ -17,10 +17,11 @@
 struct mp_weight_source {
   const mp_weight_source_ops *ops;
   void *impl;
+  const mp_gpt_layout *layout;
 };
 
-static mp_status wrap(const mp_weight_source_ops *ops, void *impl, mp_weight_source **out,
-                      mp_error *err) {
+static mp_status wrap(const mp_weight_source_ops *ops, void *impl, const mp_gpt_layout *layout,
+                      mp_weight_source **out, mp_error *err) {
   mp_weight_source *source = calloc(1, sizeof *source);
   if (source == NULL) {
     ops->close(impl);
@@ -28,13 +29,20 @@ static mp_status wrap(const mp_weight_source_ops *ops, void *impl, mp_weight_sou
   }
   source->ops = ops;
   source->impl = impl;
+  source->layout = layout;
   *out = source;
   return MP_OK;
 }
 
-mp_status mp_weight_source_read(mp_weight_source *source, int tensor, size_t first, size_t count,
-                                float *dest, mp_error *err) {
-  return source->ops->read(source->impl, tensor, first, count, dest, err);
+mp_status mp_weight_source_read(mp_weight_source *source, int tensor, size_t row, size_t rows,
+                                size_t col, size_t cols, float *dest, mp_error *err) {
+  const mp_gpt_tensor *t = mp_gpt_layout_tensor(source->layout, tensor);
+  if (t == NULL || row > t->rows || rows > t->rows - row || col > t->cols ||
+      cols > t->cols - col) {
+    return mp_fail(err, MP_ERR_RUNTIME, "%s: block [%zu, +%zu) x [%zu, +%zu) of tensor %d is "
+                   "outside it", source->ops->kind, row, rows, col, cols, tensor);
+  }
+  return source->ops->read(source->impl, tensor, t, row, rows, col, cols, dest, err);
 }
 
 const char *mp_weight_source_kind(const mp_weight_source *source) { return source->ops->kind; }
@@ -57,9 +65,13 @@ mp_status mp_weight_source_open(const mp_gpt_layout *layout, const char *path,
 /* ---------------------------------------------------------------------------------------------
  * llm.c files: engine/gpt_model.h's reader already reads in the layout's terms. */
 
-static mp_status llmc_read(void *impl, int tensor, size_t first, size_t count, float *dest,
-                           mp_error *err) {
-  return mp_llmc_reader_read(impl, tensor, first, count, dest, err);
+static mp_status llmc_read(void *impl, int tensor, const mp_gpt_tensor *t, size_t row,
+                           size_t rows, size_t col, size_t cols, float *dest, mp_error *err) {
+  if (cols == t->cols) return mp_llmc_reader_read(impl, tensor, row * t->cols, rows * cols, dest, err);
+  for (size_t r = 0; r < rows; ++r) {
+    MP_TRY(mp_llmc_reader_read(impl, tensor, (row + r) * t->cols + col, cols, dest + r * cols, err));
+  }
+  return MP_OK;
 }
 
 static void llmc_close(void *impl) { mp_llmc_reader_close(impl); }
@@ -71,7 +83,7 @@ mp_status mp_weight_source_open_llmc(const mp_gpt_layout *layout, const char *pa
   *out = NULL;
   mp_llmc_reader *reader = NULL;
   MP_TRY(mp_llmc_reader_open(layout, path, &reader, err));
-  return wrap(&kLlmcOps, reader, out, err);
+  return wrap(&kLlmcOps, reader, layout, out, err);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -226,42 +238,26 @@ static mp_status hf_prepare(hf_source *s, mp_error *err) {
   return MP_OK;
 }
 
-static mp_status hf_read(void *impl, int tensor, size_t first, size_t count, float *dest,
-                         mp_error *err) {
+static mp_status hf_read(void *impl, int tensor, const mp_gpt_tensor *t, size_t row, size_t rows,
+                         size_t col, size_t cols, float *dest, mp_error *err) {
   const hf_source *s = impl;
-  const mp_gpt_tensor *t = mp_gpt_layout_tensor(s->layout, tensor);
-  if (t == NULL || first > t->rows * t->cols || count > t->rows * t->cols - first) {
-    return mp_fail(err, MP_ERR_RUNTIME, "%s: elements [%zu, +%zu) of tensor %d are outside it",
-                   mp_safetensors_source(s->st), first, count, tensor);
-  }
   const char *name = s->names[tensor];
-  if (!s->transposed[tensor]) {
-    /* Row-major on both sides; rows past the file's (wte's padding) are zero. */
-    const size_t held = s->file_rows[tensor] * t->cols;
-    const size_t end = first + count;
-    if (first < held) {
-      const size_t stop = end < held ? end : held;
-      MP_TRY(mp_safetensors_read_elements(s->st, name, (int64_t)first, (int64_t)stop, dest, err));
-    }
-    for (size_t i = first > held ? first : held; i < end; ++i) dest[i - first] = 0.0f;
-    return MP_OK;
+  if (s->transposed[tensor]) {
+    /* The file holds the (cols, rows) transpose: our rows [row, +rows) x columns [col, +cols)
+     * are its rows [col, +cols) x columns [row, +rows). */
+    return mp_safetensors_read_block(s->st, name, (int64_t)col, (int64_t)(col + cols),
+                                     (int64_t)row, (int64_t)(row + rows),
+                                     MP_SAFETENSORS_TRANSPOSED, dest, err);
   }
-  /* The file holds the (cols, rows) transpose: our rows [r, r + k) x columns [c0, c1) are its
-   * rows [c0, c1) x columns [r, r + k). Whole rows in one block, a partial row alone. */
-  const size_t cols = t->cols;
-  while (count > 0) {
-    const size_t r = first / cols, c0 = first % cols;
-    size_t rows = 1, width = cols - c0 < count ? cols - c0 : count;
-    if (c0 == 0 && count >= cols) {
-      rows = count / cols;
-      width = cols;
-    }
-    MP_TRY(mp_safetensors_read_block(s->st, name, (int64_t)c0, (int64_t)(c0 + width), (int64_t)r,
-                                     (int64_t)(r + rows), MP_SAFETENSORS_TRANSPOSED, dest, err));
-    dest += rows * width;
-    first += rows * width;
-    count -= rows * width;
+  /* Row-major on both sides; rows past the file's (wte's padding) are zero. */
+  const size_t held = s->file_rows[tensor];
+  const size_t in_file = row >= held ? 0 : (row + rows <= held ? rows : held - row);
+  if (in_file > 0) {
+    MP_TRY(mp_safetensors_read_block(s->st, name, (int64_t)row, (int64_t)(row + in_file),
+                                     (int64_t)col, (int64_t)(col + cols), MP_SAFETENSORS_ROW_MAJOR,
+                                     dest, err));
   }
+  for (size_t i = in_file * cols; i < rows * cols; ++i) dest[i] = 0.0f;
   return MP_OK;
 }
 
@@ -280,7 +276,7 @@ mp_status mp_weight_source_open_hf(const mp_gpt_layout *layout, const char *dir,
     hf_close(s);
     return status;
   }
-  return wrap(&kHfOps, s, out, err);
+  return wrap(&kHfOps, s, layout, out, err);
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -8,9 +8,10 @@
  * mp_weight_source_read.
  *
  * Shard-first (DESIGN.md, principle 6): opening reads headers only (the llm.c header, the
- * safetensors headers and config.json); a read asks for elements [first, first + count) of one
- * tensor of the layout, row-major in mpengine's shape, and the implementation preads just the
- * bytes behind them.
+ * safetensors headers and config.json); a read asks for a block of rows x columns of one tensor
+ * of the layout, in mpengine's shape (a tensor-parallel shard is at most a few such blocks:
+ * tensor_parallel/shard.h), and the implementation preads just the bytes behind it: for GPT-2's
+ * transposed weights a row-parallel rank's columns are whole rows of the file.
  *
  * Hugging Face GPT-2 names, per block l (the "transformer." prefix is optional, as transformers
  * accepts both): h.l.ln_1.{weight,bias} -> block.l.ln1.*, h.l.attn.c_attn.{weight,bias} -> qkv.*,
@@ -39,10 +40,10 @@ typedef struct mp_weight_source mp_weight_source;
 /* What an implementation supplies. */
 typedef struct {
   const char *kind; /* "llm.c checkpoint", "Hugging Face checkpoint" */
-  /* Elements [first, first + count) of layout tensor `tensor` (its row-major (rows, cols)
-   * shape) as fp32 into dest. */
-  mp_status (*read)(void *impl, int tensor, size_t first, size_t count, float *dest,
-                    mp_error *err);
+  /* The block rows [row, row + rows) x columns [col, col + cols) of layout tensor t (index
+   * `tensor`, inside it), fp32 into dest (rows, cols). */
+  mp_status (*read)(void *impl, int tensor, const mp_gpt_tensor *t, size_t row, size_t rows,
+                    size_t col, size_t cols, float *dest, mp_error *err);
   void (*close)(void *impl);
 } mp_weight_source_ops;
 
@@ -67,11 +68,12 @@ mp_status mp_weight_source_open_llmc(const mp_gpt_layout *layout, const char *pa
 mp_status mp_weight_source_open_hf(const mp_gpt_layout *layout, const char *dir,
                                    mp_weight_source **out, mp_error *err);
 
-/* Elements [first, first + count) of layout tensor `tensor`, fp32, into dest. Errors of the
- * implementation (MP_ERR_INPUT naming the file for a short or unreadable file; MP_ERR_RUNTIME for
- * a range outside the tensor). */
-mp_status mp_weight_source_read(mp_weight_source *source, int tensor, size_t first, size_t count,
-                                float *dest, mp_error *err);
+/* The block rows [row, row + rows) x columns [col, col + cols) of layout tensor `tensor` (its
+ * (rows, cols) shape in the layout), fp32, into dest (rows, cols) row-major. Errors of the
+ * implementation (MP_ERR_INPUT naming the file for a short or unreadable file); MP_ERR_RUNTIME
+ * for a block outside the tensor. */
+mp_status mp_weight_source_read(mp_weight_source *source, int tensor, size_t row, size_t rows,
+                                size_t col, size_t cols, float *dest, mp_error *err);
 
 /* "llm.c checkpoint" or "Hugging Face checkpoint", for messages. */
 const char *mp_weight_source_kind(const mp_weight_source *source);

@@ -2,7 +2,7 @@
 # tests/tools/hf_checkpoint_test.sh — Hugging Face GPT-2 checkpoints in and out (issue 16):
 # `run --init-from HF_DIR` of the golden that tools/bench/hf_gpt2_golden.py wrote with
 # transformers' GPT2LMHeadModel gives HF's loss on the same (4, 16) batch at step 1, within 1e-5
-# relative, on one rank, tp = 2 and pp = 2 (each rank reading its own slices); the golden with
+# relative, on one rank, tp = 2, tp = 4 and pp = 2 (each rank reading its own slices); the golden with
 # the "transformer." prefix dropped, as a sharded set, and in BF16 and F16 (against HF's loss with
 # the weights so rounded) loads to the same loss; `export --format
 # hf` of an unchanged tp = 2 checkpoint is byte for byte the golden's model.safetensors and loads
@@ -41,6 +41,7 @@ cp examples/models/tiny-gpt.json "$tmp/tiny-gpt.json"
 plan "$tmp/one.json" 1 1
 plan "$tmp/tp2.json" 1 2
 plan "$tmp/pp2.json" 2 1
+plan "$tmp/tp4.json" 1 4
 
 # check_loss NAME PLAN DIR: step 1's loss from DIR within 1e-5 relative of HF's.
 check_loss() {
@@ -60,6 +61,7 @@ check_loss() {
 check_loss one "$tmp/one.json" "$golden"
 check_loss tp2 "$tmp/tp2.json" "$golden"
 check_loss pp2 "$tmp/pp2.json" "$golden"
+check_loss tp4 "$tmp/tp4.json" "$golden"
 
 # Export: a tp = 2 checkpoint of the golden after one step at a learning rate too small to move
 # any weight (1e-30) exports to exactly the golden's model.safetensors (our writer is
