@@ -69,6 +69,7 @@
 #include "engine/comm.h"
 #include "engine/gpt_model.h"
 #include "engine/trainer.h"
+#include "engine/weight_source.h"
 #include "topology/model.h"
 #include "topology/plan.h"
 
@@ -142,12 +143,14 @@ mp_status mp_checkpoint_load(const char *path, const mp_checkpoint_context *ctx,
                              mp_error *err);
 
 /* Export: writes the global fp32 parameters of checkpoint directory path (checksums verified)
- * as llm.c's GPT-2 file `out` (version 3), laid out from the model description the manifest
+ * to `out` in format (engine/weight_source.h's sinks: llm.c's GPT-2 file, version 3, or a Hugging
+ * Face GPT2LMHeadModel directory; options as mp_weight_sink_open's, NULL for defaults), laid out from the model description the manifest
  * carries at the saved seq_len; each tensor reassembled from its shards on its own, so the memory
  * needed is one tensor. *step and *num_params describe what was written. MP_ERR_INPUT as
  * mp_checkpoint_load; MP_ERR_RUNTIME (or MP_ERR_INPUT for a bad path) when out cannot be written. */
-mp_status mp_checkpoint_export_llmc(const char *path, const char *out, int64_t *step,
-                                    size_t *num_params, mp_error *err);
+mp_status mp_checkpoint_export(const char *path, mp_weight_format format,
+                               const mp_weight_sink_options *options, const char *out,
+                               int64_t *step, size_t *num_params, mp_error *err);
 
 /* Parses and checks a manifest's JSON text as a load does before it opens any shard file (format,
  * version, layout, file list, the tensor table and every shard's place in its file, batch, and,

@@ -483,8 +483,9 @@ mp_status ck_check_model(const ck_manifest *mf, const mp_gpt_layout *layout,
   return MP_OK;
 }
 
-mp_status mp_checkpoint_export_llmc(const char *path, const char *out, int64_t *step,
-                                    size_t *num_params, mp_error *err) {
+mp_status mp_checkpoint_export(const char *path, mp_weight_format format,
+                               const mp_weight_sink_options *options, const char *out,
+                               int64_t *step, size_t *num_params, mp_error *err) {
   ck_manifest mf;
   mp_status status = ck_manifest_open(path, &mf, err);
   const cJSON *model = cJSON_GetObjectItemCaseSensitive(mf.root, "model");
@@ -521,22 +522,22 @@ mp_status mp_checkpoint_export_llmc(const char *path, const char *out, int64_t *
   if (status == MP_OK && (tensor = malloc((largest > 0 ? largest : 1) * sizeof(float))) == NULL) {
     status = mp_fail(err, MP_ERR_RUNTIME, "out of memory for a tensor of %zu floats", largest);
   }
-  mp_llmc_writer *writer = NULL;
-  if (status == MP_OK) status = mp_llmc_writer_open(layout, out, &writer, err);
+  mp_weight_sink *writer = NULL;
+  if (status == MP_OK) status = mp_weight_sink_open(layout, format, out, options, &writer, err);
   ck_shard_reader reader = {NULL, NULL};
   if (status == MP_OK) status = ck_reader_open(&mf, &reader, err);
   for (int i = 0; status == MP_OK && i < mp_gpt_layout_num_tensors(layout); ++i) {
     const mp_gpt_tensor *t = mp_gpt_layout_tensor(layout, i);
     /* The full tensor is tp rank 0's shard at tp = 1. */
     status = ck_read_shard(&reader, i, 0, 0, 1, 0, t->rows * t->cols, tensor, err);
-    if (status == MP_OK) mp_llmc_writer_write(writer, i, 0, tensor, t->rows * t->cols);
+    if (status == MP_OK) status = mp_weight_sink_write(writer, i, tensor, err);
   }
   if (reader.handles != NULL) ck_reader_close(&reader);
   if (writer != NULL) {
     if (status == MP_OK) {
-      status = mp_llmc_writer_commit(writer, err);
+      status = mp_weight_sink_commit(writer, err);
     } else {
-      mp_llmc_writer_abort(writer);
+      mp_weight_sink_abort(writer);
     }
   }
   if (status == MP_OK) {

@@ -3,7 +3,7 @@
  * checkpoint library's own files: the shard files' names and headers, the manifest as parsed and
  * checked (its files, and every tensor with the place of each of its tp shards), and reading any
  * range of any tensor's shard, in any tp layout, from the shards that hold it. Saving and loading
- * (engine/checkpoint.c) build on it; export (mp_checkpoint_export_llmc) and the manifest check for
+ * (engine/checkpoint.c) build on it; export (mp_checkpoint_export) and the manifest check for
  * the fuzzer live with it (engine/checkpoint_format.c). Not an API: callers use checkpoint.h.
  */
 #ifndef MPENGINE_ENGINE_CHECKPOINT_FORMAT_H

@@ -222,6 +222,9 @@ void mp_gpt_layout_free(mp_gpt_layout *layout) {
 
 const mp_gpt_config *mp_gpt_layout_config(const mp_gpt_layout *layout) { return &layout->config; }
 size_t mp_gpt_layout_num_params(const mp_gpt_layout *layout) { return layout->num_params; }
+const char *mp_gpt_layout_model_source(const mp_gpt_layout *layout) {
+  return layout->model_source;
+}
 int mp_gpt_layout_num_tensors(const mp_gpt_layout *layout) { return layout->num_tensors; }
 
 const mp_gpt_tensor *mp_gpt_layout_tensor(const mp_gpt_layout *layout, int index) {

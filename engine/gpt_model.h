@@ -75,6 +75,8 @@ const mp_gpt_config *mp_gpt_layout_config(const mp_gpt_layout *layout);
 size_t mp_gpt_layout_num_params(const mp_gpt_layout *layout);
 int mp_gpt_layout_num_tensors(const mp_gpt_layout *layout);
 const mp_gpt_tensor *mp_gpt_layout_tensor(const mp_gpt_layout *layout, int index);
+/* The model description's file (its source name), for messages. */
+const char *mp_gpt_layout_model_source(const mp_gpt_layout *layout);
 
 /* GPT-2 initialisation of params (mp_gpt_layout_num_params floats) from seed. */
 void mp_gpt_layout_init_params(const mp_gpt_layout *layout, float *params, uint64_t seed);

@@ -445,25 +445,23 @@ mp_status mp_gpt_tp_init_params(mp_gpt_tp *gpt, uint64_t seed, mp_error *err) {
   return MP_OK;
 }
 
-typedef struct {
-  mp_llmc_reader *reader;
-  int tensor; /* layout index */
-} llmc_source;
-
-static mp_status read_llmc(void *context, int source_rank, size_t offset, size_t count,
-                           float *dest, mp_error *err) {
-  const llmc_source *s = context;
-  return mp_llmc_reader_read(s->reader, s->tensor, offset, count, dest, err);
-}
-
-mp_status mp_gpt_tp_load_llmc(mp_gpt_tp *gpt, mp_llmc_reader *reader, mp_error *err) {
+mp_status mp_gpt_tp_load(mp_gpt_tp *gpt, mp_weight_source *weights, mp_error *err) {
+  /* Block by block, as the initialisation draws them: each block of a shard is one read, so a
+   * source whose file is laid out otherwise (GPT-2's transposed weights) still reads its rows
+   * whole. */
   const mp_gpt_tensor *first = mp_gpt_layout_tensor(gpt->layout, 0);
   for (int i = 0; i < gpt->num_tensors; ++i) {
     const mp_gpt_tp_tensor *t = &gpt->tensors[i];
-    llmc_source source = {reader, (int)(t->full - first)};
-    MP_TRY(mp_tp_shard_read(gpt->params + t->offset, 0, t->count, t->split, t->full->rows,
-                            t->full->cols, gpt->tp.rank, gpt->tp.size, 1, read_llmc, &source,
-                            err));
+    mp_tp_shard_block blocks[MP_TP_SHARD_MAX_BLOCKS];
+    int count = 0;
+    MP_TRY(mp_tp_shard_blocks(t->split, t->full->rows, t->full->cols, gpt->tp.rank, gpt->tp.size,
+                              blocks, &count, err));
+    for (int k = 0; k < count; ++k) {
+      const mp_tp_shard_block *b = &blocks[k];
+      MP_TRY(mp_weight_source_read(weights, (int)(t->full - first), b->row_offset, b->rows,
+                                   b->col_offset, b->cols,
+                                   gpt->params + t->offset + b->shard_offset, err));
+    }
   }
   return MP_OK;
 }

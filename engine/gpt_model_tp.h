@@ -44,6 +44,7 @@
 
 #include "common/error.h"
 #include "engine/gpt_model.h"
+#include "engine/weight_source.h"
 #include "tensor_parallel/shard.h"
 #include "tensor_parallel/tp_comm.h"
 #include "topology/layer_cost.h"
@@ -133,9 +134,10 @@ const mp_gpt_tp_tensor *mp_gpt_tp_tensor_at(const mp_gpt_tp *gpt, int index);
  * block without the full tensors. Cannot fail on a model mp_gpt_tp_create accepted. */
 mp_status mp_gpt_tp_init_params(mp_gpt_tp *gpt, uint64_t seed, mp_error *err);
 
-/* Parameters from an llm.c file opened for the stage's layout (engine/gpt_model.h): this rank's
- * shard of each of the stage's tensors, reading only those elements. Errors of the reader. */
-mp_status mp_gpt_tp_load_llmc(mp_gpt_tp *gpt, mp_llmc_reader *reader, mp_error *err);
+/* Parameters from a weight source opened for the stage's layout (engine/weight_source.h: an
+ * llm.c file or a Hugging Face directory): this rank's shard of each of the stage's tensors,
+ * reading only those elements. Errors of the source. */
+mp_status mp_gpt_tp_load(mp_gpt_tp *gpt, mp_weight_source *source, mp_error *err);
 
 /* The full one-rank arrays from every rank's shard, written on every rank (all-gather per
  * tensor): full has mp_gpt_layout_num_params floats, of which the stage's tensors are written

@@ -802,18 +802,18 @@ int mp_trainer_tp(const mp_trainer *trainer) { return trainer->plan->tp; }
 
 const mp_gpt_layout *mp_trainer_layout(const mp_trainer *trainer) { return trainer->layout; }
 
-mp_status mp_trainer_load_llmc(mp_trainer *trainer, const char *path, mp_error *err) {
+mp_status mp_trainer_load_weights(mp_trainer *trainer, const char *path, mp_error *err) {
   /* Shard-first: each chunk reads the byte ranges of its own shard. */
-  mp_llmc_reader *reader = NULL;
-  MP_TRY(mp_llmc_reader_open(trainer->layout, path, &reader, err));
+  mp_weight_source *reader = NULL;
+  MP_TRY(mp_weight_source_open(trainer->layout, path, &reader, err));
   mp_status status = MP_OK;
   for (int c = 0; c < trainer->num_chunks && status == MP_OK; ++c) {
-    status = mp_gpt_tp_load_llmc(trainer->chunks[c], reader, err);
+    status = mp_gpt_tp_load(trainer->chunks[c], reader, err);
     if (status == MP_OK && trainer->gpu_chunks != NULL) {
       status = mp_gpt_stage_gpu_upload_params(trainer->gpu_chunks[c], err);
     }
   }
-  mp_llmc_reader_close(reader);
+  mp_weight_source_close(reader);
   return status;
 }
 

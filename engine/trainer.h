@@ -154,9 +154,10 @@ int mp_trainer_tp(const mp_trainer *trainer);
 /* The parameter layout (config, tensors) of the model on any backend. */
 const mp_gpt_layout *mp_trainer_layout(const mp_trainer *trainer);
 
-/* Replaces the weights with llm.c's GPT-2 checkpoint (see mp_gpt_load_llmc); in a parallel run
- * each rank reads only the byte ranges of its own shards. */
-mp_status mp_trainer_load_llmc(mp_trainer *trainer, const char *path, mp_error *err);
+/* Replaces the weights with those at path (engine/weight_source.h: an llm.c GPT-2 file, or a
+ * Hugging Face GPT2LMHeadModel directory); in a parallel run each rank reads only the byte ranges
+ * of its own shards. Errors of the source. */
+mp_status mp_trainer_load_weights(mp_trainer *trainer, const char *path, mp_error *err);
 
 /* Writes the fp32 (master) weights as llm.c's GPT-2 checkpoint (version 3) at path. In a parallel
  * run it is collective: the file is written by world rank 0 (dp, pp, tp = 0), the shards streamed

@@ -296,7 +296,7 @@ static int bench_step(int argc, char **argv) {
       {"micro-batch", "B", "sequences in the batch (default 4)", NULL},
       {"seq-len", "T", "tokens per sequence (default 64)", NULL},
       {"seed", "S", "seed of the initial weights and of the tokens (default 1337)", NULL},
-      {"init-from", "GPT2.bin", "start from llm.c's GPT-2 checkpoint instead of the seed", NULL},
+      {"init-from", "GPT2.bin|HF_DIR", "start from llm.c's GPT-2 checkpoint or a Hugging Face GPT-2 directory instead of the seed", NULL},
       {"source", "markov|uniform",
        "tokens from the model-vocabulary Markov source of `run` (default) or uniform", NULL},
       {"steps", "N", "timed training steps (default 10; 0 with --dump only dumps)", NULL},
@@ -373,10 +373,10 @@ static int bench_step(int argc, char **argv) {
   }
   const char *init_from = cli_value(&command, "init-from");
   if (init_from != NULL) {
-    mp_llmc_reader *reader = NULL;
-    mp_status loaded = mp_llmc_reader_open(mp_gpt_tp_layout(state.gpt), init_from, &reader, &err);
-    if (loaded == MP_OK) loaded = mp_gpt_tp_load_llmc(state.gpt, reader, &err);
-    mp_llmc_reader_close(reader);
+    mp_weight_source *reader = NULL;
+    mp_status loaded = mp_weight_source_open(mp_gpt_tp_layout(state.gpt), init_from, &reader, &err);
+    if (loaded == MP_OK) loaded = mp_gpt_tp_load(state.gpt, reader, &err);
+    mp_weight_source_close(reader);
     if (loaded != MP_OK) {
       exit_code = cli_report(&command, &err);
       goto done;

@@ -581,7 +581,7 @@ int cmd_run(int argc, char **argv) {
       {"eval-batches", "N", "with --eval-every: global batches of held-out data per evaluation (default 4)", NULL},
       {"val-data", "GLOB", "with --eval-every: held-out llm.c token shards (default: the last tokens of --data, cut off the training data, or a held-out sample of the synthetic source)", NULL},
       {"backend", "auto|cpu|cuda", "where to compute (default auto: CUDA when a GPU is visible, else CPU)", NULL},
-      {"init-from", "GPT2.bin", "start from llm.c's GPT-2 checkpoint (fp32 or bf16)", NULL},
+      {"init-from", "GPT2.bin|HF_DIR", "start from llm.c's GPT-2 checkpoint (fp32 or bf16) or a Hugging Face GPT-2 directory (config.json, safetensors)", NULL},
       {"metrics", "FILE", "also write one JSON object per step to FILE", NULL},
       {"checkpoint-dir", "DIR", "save sharded checkpoints under DIR/step-<N>/ (every --save-every steps, at the end, and on SIGTERM/SIGINT)", NULL},
       {"save-every", "K", "with --checkpoint-dir: save every K steps (default: only at the end)", NULL},
@@ -600,7 +600,7 @@ int cmd_run(int argc, char **argv) {
   cli_command command = {
       .command = "run",
       .usage = "mpengine run --config PLAN.json [--steps N] [--data GLOB] "
-               "[--backend auto|cpu|cuda] [--init-from GPT2.bin] [--metrics FILE] "
+               "[--backend auto|cpu|cuda] [--init-from GPT2.bin|HF_DIR] [--metrics FILE] "
                "[--checkpoint-dir DIR [--save-every K] [--keep N] [--resume [--override-training]]] "
                "[--overwrite-metrics] [--eval-every K [--eval-batches N] [--val-data GLOB]] "
                "[--trace TRACE.json] [--save-weights FILE.bin] [--np N] [--mpirun PATH] "
@@ -786,7 +786,7 @@ int cmd_run(int argc, char **argv) {
     goto done;
   }
   const char *init_from = cli_value(&command, "init-from");
-  if (init_from != NULL && mp_trainer_load_llmc(state.trainer, init_from, &err) != MP_OK) {
+  if (init_from != NULL && mp_trainer_load_weights(state.trainer, init_from, &err) != MP_OK) {
     exit_code = rank_report(&command, &state, &err);
     goto done;
   }

@@ -148,7 +148,7 @@ TEST(Checkpoint, SaveLoadResumesExactly) {
   // Export: the global parameters through llm.c's file equal the trainer's at step 3.
   const std::string bin = dir + "/model.bin";
   size_t n = 0;
-  ASSERT_EQ(mp_checkpoint_export_llmc(path, bin.c_str(), &step, &n, &a.err), MP_OK)
+  ASSERT_EQ(mp_checkpoint_export(path, MP_WEIGHT_FORMAT_LLMC, nullptr, bin.c_str(), &step, &n, &a.err), MP_OK)
       << a.err.message;
   const mp_gpt_layout *layout = mp_trainer_layout(a.trainer);
   ASSERT_EQ(n, mp_gpt_layout_num_params(layout));
@@ -432,7 +432,7 @@ TEST(Checkpoint, ReadsVersionOne) {
   // Export reads it too (the model description is missing from this hand-made manifest).
   size_t exported = 0;
   const std::string bin = dir + "/model.bin";
-  EXPECT_EQ(mp_checkpoint_export_llmc(path, bin.c_str(), &step, &exported, &a.err),
+  EXPECT_EQ(mp_checkpoint_export(path, MP_WEIGHT_FORMAT_LLMC, nullptr, bin.c_str(), &step, &exported, &a.err),
             MP_ERR_INPUT);
   EXPECT_NE(std::string(a.err.message).find("$.model.description is missing"), std::string::npos)
       << a.err.message;
