@@ -268,6 +268,28 @@ else
 fi
 rm -rf "$ckpt"
 
+section "Hugging Face GPT-2 weights on the GPU: step-1 loss against transformers' (bf16 compute)"
+hf=$(mktemp -d)
+cp examples/models/tiny-gpt.json "$hf/tiny-gpt.json"
+cat > "$hf/one.json" <<'JSON'
+{"model": "tiny-gpt.json", "parallel": {"dp": 1, "pp": 1, "tp": 1},
+ "batch": {"global_batch": 4, "micro_batch": 2, "num_micro_batches": 2, "seq_len": 16},
+ "training": {"steps": 1, "learning_rate": 1e-3}}
+JSON
+hf_loss=$(cat tests/engine/testdata/hf_gpt2_tiny_loss.txt)
+if timeout 120 .device/bin/mpengine run --config "$hf/one.json" --backend cuda --steps 1 \
+     --data tests/engine/testdata/hf_gpt2_tiny_tokens.bin \
+     --init-from tests/engine/testdata/hf_gpt2_tiny --metrics "$hf/m.jsonl" > "$hf/log" 2>&1; then
+  loss=$(awk -F'"loss": ' 'NR == 1 { split($2, a, ","); print a[1] }' "$hf/m.jsonl")
+  echo "step-1 loss on cuda ${loss:-none}, transformers (fp64) $hf_loss"
+  awk -v a="${loss:-nan}" -v b="$hf_loss" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a == a && d <= 1e-2 * b) }' \
+    || fail "HF GPT-2 on cuda: loss beyond 1e-2 relative of transformers'"
+else
+  cat "$hf/log"
+  fail "HF GPT-2 on cuda"
+fi
+rm -rf "$hf"
+
 if [ "$quick" != "--quick" ]; then
   for model in gpt2-124m gpt2-1.5b; do
     section "one-GPU training: $model (20 steps, synthetic data)"
