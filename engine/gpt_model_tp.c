@@ -428,42 +428,50 @@ const mp_gpt_tp_tensor *mp_gpt_tp_tensor_at(const mp_gpt_tp *gpt, int index) {
   return &gpt->tensors[index];
 }
 
-mp_status mp_gpt_tp_init_params(mp_gpt_tp *gpt, uint64_t seed, mp_error *err) {
-  /* Each block of each shard drawn on its own: no rank ever holds a full tensor. */
+/* Calls visit for each block of each of this rank's shards, in tensor order: initialisation and
+ * loading both fill a shard block by block, so no rank ever holds a full tensor, and a source
+ * whose file is laid out otherwise (GPT-2's transposed weights) still reads each block's rows
+ * whole. */
+typedef mp_status (*shard_block_visit)(mp_gpt_tp *gpt, const mp_gpt_tp_tensor *t,
+                                       const mp_tp_shard_block *block, void *context,
+                                       mp_error *err);
+
+static mp_status for_each_shard_block(mp_gpt_tp *gpt, shard_block_visit visit, void *context,
+                                      mp_error *err) {
   for (int i = 0; i < gpt->num_tensors; ++i) {
     const mp_gpt_tp_tensor *t = &gpt->tensors[i];
     mp_tp_shard_block blocks[MP_TP_SHARD_MAX_BLOCKS];
     int count = 0;
     MP_TRY(mp_tp_shard_blocks(t->split, t->full->rows, t->full->cols, gpt->tp.rank, gpt->tp.size,
                               blocks, &count, err));
-    for (int k = 0; k < count; ++k) {
-      const mp_tp_shard_block *b = &blocks[k];
-      mp_gpt_tensor_init_block(gpt->layout, t->full, gpt->params + t->offset + b->shard_offset,
-                               b->rows, b->cols, b->row_offset, b->col_offset, seed);
-    }
+    for (int k = 0; k < count; ++k) MP_TRY(visit(gpt, t, &blocks[k], context, err));
   }
   return MP_OK;
 }
 
-mp_status mp_gpt_tp_load(mp_gpt_tp *gpt, mp_weight_source *weights, mp_error *err) {
-  /* Block by block, as the initialisation draws them: each block of a shard is one read, so a
-   * source whose file is laid out otherwise (GPT-2's transposed weights) still reads its rows
-   * whole. */
-  const mp_gpt_tensor *first = mp_gpt_layout_tensor(gpt->layout, 0);
-  for (int i = 0; i < gpt->num_tensors; ++i) {
-    const mp_gpt_tp_tensor *t = &gpt->tensors[i];
-    mp_tp_shard_block blocks[MP_TP_SHARD_MAX_BLOCKS];
-    int count = 0;
-    MP_TRY(mp_tp_shard_blocks(t->split, t->full->rows, t->full->cols, gpt->tp.rank, gpt->tp.size,
-                              blocks, &count, err));
-    for (int k = 0; k < count; ++k) {
-      const mp_tp_shard_block *b = &blocks[k];
-      MP_TRY(mp_weight_source_read(weights, (int)(t->full - first), b->row_offset, b->rows,
-                                   b->col_offset, b->cols,
-                                   gpt->params + t->offset + b->shard_offset, err));
-    }
-  }
+static mp_status init_block(mp_gpt_tp *gpt, const mp_gpt_tp_tensor *t,
+                            const mp_tp_shard_block *b, void *context, mp_error *err) {
+  (void)err;
+  mp_gpt_tensor_init_block(gpt->layout, t->full, gpt->params + t->offset + b->shard_offset,
+                           b->rows, b->cols, b->row_offset, b->col_offset,
+                           *(const uint64_t *)context);
   return MP_OK;
+}
+
+mp_status mp_gpt_tp_init_params(mp_gpt_tp *gpt, uint64_t seed, mp_error *err) {
+  return for_each_shard_block(gpt, init_block, &seed, err);
+}
+
+static mp_status load_block(mp_gpt_tp *gpt, const mp_gpt_tp_tensor *t,
+                            const mp_tp_shard_block *b, void *context, mp_error *err) {
+  const mp_gpt_tensor *first = mp_gpt_layout_tensor(gpt->layout, 0);
+  return mp_weight_source_read(context, (int)(t->full - first), b->row_offset, b->rows,
+                               b->col_offset, b->cols, gpt->params + t->offset + b->shard_offset,
+                               err);
+}
+
+mp_status mp_gpt_tp_load(mp_gpt_tp *gpt, mp_weight_source *weights, mp_error *err) {
+  return for_each_shard_block(gpt, load_block, weights, err);
 }
 
 /* full (one-rank layout) = every rank's shard of `shard` put back, on every rank. */
