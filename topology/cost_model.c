@@ -147,6 +147,18 @@ void mp_cost_layer(const mp_cluster *cluster, const mp_layer_spec *layer, const 
   }
 }
 
+double mp_cost_optimizer_seconds(const mp_cluster *cluster, const mp_layout *layout,
+                                 double params) {
+  const mp_state_bytes state = mp_cost_state_bytes(cluster);
+  const double d = (double)layout->dp;
+  /* ZeRO-1: each rank reads and writes only its 1/dp of the fp32 moments' state. */
+  const double bytes_per_param =
+      MP_COST_OPTIMIZER_BYTES_PER_PARAM -
+      (layout->zero_stage == 1 ? state.optimizer * 2.0 * (1.0 - 1.0 / d) : 0.0);
+  return params * bytes_per_param / mp_cluster_memory_bandwidth(cluster) *
+         mp_cost_compute_slowdown(cluster, layout);
+}
+
 /* ---- ranks sharing a node's cores (cost_model.h, "Shared cores") -------------------------- */
 
 double mp_cost_compute_slowdown(const mp_cluster *cluster, const mp_layout *layout) {
@@ -424,11 +436,7 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
     rank->dp_exposed_s = cluster->cores_per_node > 0
                              ? rank->dp_comm_s
                              : fmax(0.0, rank->dp_comm_s - last_backward - idle_after);
-    const double opt_bytes =
-        params * (MP_COST_OPTIMIZER_BYTES_PER_PARAM -
-                  (layout->zero_stage == 1 ? state.optimizer * 2.0 * (1.0 - 1.0 / d) : 0.0));
-    rank->optimizer_s = opt_bytes / mp_cluster_memory_bandwidth(cluster);
-    rank->optimizer_s *= slowdown;
+    rank->optimizer_s = mp_cost_optimizer_seconds(cluster, layout, params);
     if (rank->dp_exposed_s + rank->optimizer_s > tail) tail = rank->dp_exposed_s + rank->optimizer_s;
 
     rank->weights_bytes = params * state.weights;

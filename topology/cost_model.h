@@ -149,6 +149,12 @@ int mp_cost_activation_bytes_per_element(const mp_cluster *cluster);
  * plus 2(n-1) latencies); 0 for ranks <= 1. */
 double mp_cost_allreduce_seconds(double bytes, int ranks, double bandwidth, double latency);
 
+/* Seconds of the memory-bound AdamW step over params parameters of one rank under layout (only
+ * dp and the ZeRO stage matter, and the shared-core slowdown): MP_COST_OPTIMIZER_BYTES_PER_PARAM
+ * bytes each, less the moments ZeRO-1 leaves to other dp ranks, at the reachable bandwidth. */
+double mp_cost_optimizer_seconds(const mp_cluster *cluster, const mp_layout *layout,
+                                 double params);
+
 /* The costs of one layer under a layout (only tp, micro_batch, seq_len, recompute and
  * sequence_parallel matter), on a device that is its own processor (no shared cores). */
 void mp_cost_layer(const mp_cluster *cluster, const mp_layer_spec *layer, const mp_layout *layout,

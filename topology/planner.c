@@ -95,12 +95,6 @@ static void free_table(layer_table *t) {
   memset(t, 0, sizeof *t);
 }
 
-/* The per-parameter optimizer traffic mp_cost_estimate charges, in bytes. */
-static double optimizer_bytes_per_param(const mp_state_bytes *state, const mp_layout *l) {
-  return MP_COST_OPTIMIZER_BYTES_PER_PARAM -
-         (l->zero_stage ? state->optimizer * 2.0 * (1.0 - 1.0 / l->dp) : 0.0);
-}
-
 /* Lower bounds of the step time and memory of layout whatever its stage split, which cost no
  * partition: the busiest pipeline rank does at least the average rank's work and the work of the
  * costliest layer; the fullest rank holds at least the average parameters' state, and the slowest
@@ -114,9 +108,7 @@ static void quick_bounds(const mp_cluster *cluster, const layer_table *t, int n,
   if (l->pp > 1) params += tied_params / l->tp;
   const double work = t->fwd[n] + t->bwd[n];
   const double busiest = m * (work / pp > t->max_cost ? work / pp : t->max_cost);
-  *time = busiest + params / pp * optimizer_bytes_per_param(&state, l) /
-                        mp_cluster_memory_bandwidth(cluster) *
-                        mp_cost_compute_slowdown(cluster, l);
+  *time = busiest + mp_cost_optimizer_seconds(cluster, l, params / pp);
   const double per_param_optimizer = state.optimizer / (l->zero_stage ? (double)l->dp : 1.0);
   *memory = params / pp * (state.weights + state.grads + per_param_optimizer) +
             mp_cost_workspace_bytes(cluster);
@@ -149,7 +141,6 @@ static void split_bounds(const mp_cluster *cluster, const layer_table *t, const 
   const mp_state_bytes state = mp_cost_state_bytes(cluster);
   const double m = (double)l->num_micro_batches;
   const double per_param_optimizer = state.optimizer / (l->zero_stage ? (double)l->dp : 1.0);
-  const double optimizer_per_param = optimizer_bytes_per_param(&state, l);
   /* zb-h1 runs weight gradients after a rank's last input gradient; the others end each rank
    * with the backward of the last micro-batch through its first chunk. */
   const bool backward_tail = l->schedule != MP_SCHEDULE_ZB_H1;
@@ -175,11 +166,10 @@ static void split_bounds(const mp_cluster *cluster, const layer_table *t, const 
                                fewest_live(l, r) * least_activations +
                                mp_cost_workspace_bytes(cluster);
     if (rank_memory > fullest) fullest = rank_memory;
-    const double optimizer =
-        params * optimizer_per_param / mp_cluster_memory_bandwidth(cluster);
+    const double optimizer = mp_cost_optimizer_seconds(cluster, l, params);
     if (optimizer > slowest_optimizer) slowest_optimizer = optimizer;
   }
-  *time = pipeline + slowest_optimizer * mp_cost_compute_slowdown(cluster, l);
+  *time = pipeline + slowest_optimizer;
   *memory = fullest;
 }
 
