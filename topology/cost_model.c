@@ -48,18 +48,10 @@ static double gemm_shape_seconds(const mp_cluster *cluster, const mp_gemm_shape 
   }
   const double flops = 2.0 * g->m * n * k * batch;
   if (!(flops > 0.0)) return 0.0;
-  const mp_dtype dtype = mp_cluster_training_dtype(cluster);
   const double compute =
-      flops / (cluster->peak_flops_per_s[dtype] * mp_cluster_gemm_efficiency(cluster, flops));
+      mp_cluster_gemm_seconds(cluster, mp_cluster_training_dtype(cluster), flops);
   const double bytes = batch * (g->m * k + k * n + g->m * n) * elem;
   return fmax(compute, bytes / mp_cluster_memory_bandwidth(cluster));
-}
-
-/* A layer known only by its FLOPs (custom): one GEMM of them. */
-static double flops_seconds(const mp_cluster *cluster, double flops) {
-  if (!(flops > 0.0)) return 0.0;
-  const mp_dtype dtype = mp_cluster_training_dtype(cluster);
-  return flops / (cluster->peak_flops_per_s[dtype] * mp_cluster_gemm_efficiency(cluster, flops));
 }
 
 void mp_cost_layer(const mp_cluster *cluster, const mp_layer_spec *layer, const mp_layout *layout,
@@ -84,9 +76,14 @@ void mp_cost_layer(const mp_cluster *cluster, const mp_layer_spec *layer, const 
     forward_gemm += seconds;
     if (cost.gemms[i].attention_core) attention_gemm += seconds;
   }
-  if (cost.num_gemms == 0) forward_gemm = flops_seconds(cluster, cost.forward_flops / t);
-  double backward_gemm = cost.num_gemms == 0 ? flops_seconds(cluster, cost.backward_flops / t)
-                                             : 2.0 * forward_gemm;
+  /* A layer known only by its FLOPs (custom): one GEMM of them. */
+  const mp_dtype dtype = mp_cluster_training_dtype(cluster);
+  if (cost.num_gemms == 0) {
+    forward_gemm = mp_cluster_gemm_seconds(cluster, dtype, cost.forward_flops / t);
+  }
+  double backward_gemm = cost.num_gemms == 0
+                             ? mp_cluster_gemm_seconds(cluster, dtype, cost.backward_flops / t)
+                             : 2.0 * forward_gemm;
   /* Flash attention: its backward recomputes the scores and does 4 products, 2.5 x the forward's
    * FLOPs (Dao 2023); the heads are split over tp. */
   const double flash_forward =
