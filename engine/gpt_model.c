@@ -21,7 +21,7 @@ enum {
   kLlmcVersionFp32 = 3,
   kLlmcVersionBf16 = 5,
   kLlmcHeaderInts = 256,
-  kBlockTensors = 12,
+  kBlockTensors = MP_GPT_BLOCK_TENSORS,
 };
 
 
@@ -229,6 +229,26 @@ int mp_gpt_layout_num_tensors(const mp_gpt_layout *layout) { return layout->num_
 
 const mp_gpt_tensor *mp_gpt_layout_tensor(const mp_gpt_layout *layout, int index) {
   return index >= 0 && index < layout->num_tensors ? &layout->tensors[index] : NULL;
+}
+
+int mp_gpt_layout_block_index(const mp_gpt_layout *layout, int layer, mp_gpt_block_tensor role) {
+  (void)layout;
+  return 2 + layer * kBlockTensors + (int)role;
+}
+
+int mp_gpt_layout_global_index(const mp_gpt_layout *layout, mp_gpt_global_tensor which) {
+  switch (which) {
+    case MP_GPT_WTE: return 0;
+    case MP_GPT_WPE: return 1;
+    case MP_GPT_LNF_WEIGHT: return layout->num_tensors - 2;
+    case MP_GPT_LNF_BIAS: return layout->num_tensors - 1;
+  }
+  return -1;
+}
+
+int mp_gpt_layout_layer_of(const mp_gpt_layout *layout, int index) {
+  if (index < 2 || index >= layout->num_tensors - 2) return -1;
+  return (index - 2) / kBlockTensors;
 }
 
 void mp_gpt_tensor_init_block(const mp_gpt_layout *layout, const mp_gpt_tensor *tensor,

@@ -62,6 +62,32 @@ typedef struct {
   mp_gpt_init init;
 } mp_gpt_tensor;
 
+/* The roles of a transformer block's tensors, in the order of the layout's block table (and of
+ * llm.c's files): the stage chain (engine/stage_chain.h) finds each by its role. */
+typedef enum {
+  MP_BLOCK_LN1_WEIGHT = 0,
+  MP_BLOCK_LN1_BIAS,
+  MP_BLOCK_QKV_WEIGHT,
+  MP_BLOCK_QKV_BIAS,
+  MP_BLOCK_ATTN_PROJ_WEIGHT,
+  MP_BLOCK_ATTN_PROJ_BIAS,
+  MP_BLOCK_LN2_WEIGHT,
+  MP_BLOCK_LN2_BIAS,
+  MP_BLOCK_FC_WEIGHT,
+  MP_BLOCK_FC_BIAS,
+  MP_BLOCK_FC_PROJ_WEIGHT,
+  MP_BLOCK_FC_PROJ_BIAS,
+  MP_GPT_BLOCK_TENSORS
+} mp_gpt_block_tensor;
+
+/* The tensors outside the blocks. */
+typedef enum {
+  MP_GPT_WTE = 0,        /* token embedding, tied to the LM head */
+  MP_GPT_WPE,            /* position embedding */
+  MP_GPT_LNF_WEIGHT,     /* final norm */
+  MP_GPT_LNF_BIAS,
+} mp_gpt_global_tensor;
+
 /* The parameter layout of a model, without any memory: its config and tensor table. The CPU
  * model below and the GPU model (gpt_model_gpu.h) share it, so one flat fp32 array means the same
  * thing everywhere (initialisation, llm.c files, checkpoints). */
@@ -75,6 +101,11 @@ const mp_gpt_config *mp_gpt_layout_config(const mp_gpt_layout *layout);
 size_t mp_gpt_layout_num_params(const mp_gpt_layout *layout);
 int mp_gpt_layout_num_tensors(const mp_gpt_layout *layout);
 const mp_gpt_tensor *mp_gpt_layout_tensor(const mp_gpt_layout *layout, int index);
+/* The table index of block layer's tensor of role, of a global tensor; the block layer holds the
+ * tensor of table index (-1 outside the blocks). */
+int mp_gpt_layout_block_index(const mp_gpt_layout *layout, int layer, mp_gpt_block_tensor role);
+int mp_gpt_layout_global_index(const mp_gpt_layout *layout, mp_gpt_global_tensor which);
+int mp_gpt_layout_layer_of(const mp_gpt_layout *layout, int index);
 /* The model description's file (its source name), for messages. */
 const char *mp_gpt_layout_model_source(const mp_gpt_layout *layout);
 

@@ -118,6 +118,9 @@ const mp_gpt_stage *mp_gpt_tp_stage(const mp_gpt_tp *gpt);
  * (B*T, C), or with sequence parallelism this rank's (B*T/tp, C). */
 size_t mp_gpt_tp_boundary_floats(const mp_gpt_tp *gpt);
 
+/* The (micro_batch, seq_len) the stage was created for. */
+void mp_gpt_tp_micro_batch(const mp_gpt_tp *gpt, int *micro_batch, int *seq_len);
+
 /* The one-rank layout the shard is cut from (config, full tensor table). */
 const mp_gpt_layout *mp_gpt_tp_layout(const mp_gpt_tp *gpt);
 const mp_tp_comm *mp_gpt_tp_comm(const mp_gpt_tp *gpt);
@@ -149,46 +152,32 @@ mp_status mp_gpt_tp_gather_grads(mp_gpt_tp *gpt, float *full, mp_error *err);
 
 void mp_gpt_tp_zero_grads(mp_gpt_tp *gpt);
 
+/* The stage's forward and backward (engine/stage_chain.h, over the CPU's kernels); NULL for a
+ * stage of arrays only. */
+typedef struct mp_stage_chain mp_stage_chain;
+mp_stage_chain *mp_gpt_tp_chain(mp_gpt_tp *gpt);
+
 /* Forward of one micro-batch through the whole model (a whole-model stage, slot 0): inputs and
  * targets (B, T), every token of the micro-batch on every rank, each in [0, V). *loss = the mean
- * cross-entropy over the B*T tokens (identical on every rank). Collective. */
+ * cross-entropy over the B*T tokens (identical on every rank); the loss gradient its backward
+ * will use is formed now, weighted by dloss (1 for a lone micro-batch, 1 / num_micro_batches
+ * when micro-batches accumulate). Collective. */
 mp_status mp_gpt_tp_forward(mp_gpt_tp *gpt, const int32_t *inputs, const int32_t *targets,
-                            double *loss, mp_error *err);
+                            float dloss, double *loss, mp_error *err);
 
-/* Backward of the last forward: adds d(dloss x mean loss)/d(shard) into the gradients (see
- * mp_gpt_backward for dloss). With sequence parallelism the layernorm gradients stay partial
- * until mp_gpt_tp_finish_grads. Collective. */
-mp_status mp_gpt_tp_backward(mp_gpt_tp *gpt, float dloss, mp_error *err);
+/* Backward of the last forward: adds d(dloss x mean loss)/d(shard) into the gradients. With
+ * sequence parallelism the layernorm gradients stay partial until mp_gpt_tp_finish_grads.
+ * Collective. */
+mp_status mp_gpt_tp_backward(mp_gpt_tp *gpt, mp_error *err);
 
-/* Forward of one micro-batch through the stage, kept in activation slot `slot` until its
- * backward.
- *   inputs, targets (B, T)  the micro-batch's tokens: inputs read by an embedding stage, targets
- *                           by a head stage (others may pass NULL)
- *   input   (boundary)      the previous stage's output; NULL on an embedding stage
- *   output  (boundary)      written with the stage's output; NULL on a head stage
- *   loss                    a head stage: the mean cross-entropy over B*T tokens; else untouched
- * Collective over the tensor-parallel group. */
+/* mp_stage_chain_forward, _backward, _backward_weights and _discard on the stage's chain (see
+ * there for the arguments). */
 mp_status mp_gpt_tp_forward_stage(mp_gpt_tp *gpt, int slot, const int32_t *inputs,
                                   const int32_t *targets, const float *input, float *output,
-                                  double *loss, mp_error *err);
-
-/* Frees activation slot `slot` without a backward (a forward for a held-out loss); its next
- * forward starts over. Out-of-range slots are ignored. */
+                                  float dloss, double *loss, mp_error *err);
 void mp_gpt_tp_discard(mp_gpt_tp *gpt, int slot);
-
-/* Backward of slot's micro-batch.
- *   dloss            the loss's weight (a head stage; 1 / micro-batches of the step)
- *   doutput (boundary)  the next stage's input gradient; NULL on a head stage
- *   dinput  (boundary)  written with the gradient of the stage's input; NULL on an embedding stage
- *   defer_weights    zero-bubble B: the blocks' GEMM weight gradients are left for
- *                    mp_gpt_tp_backward_weights (needs deferred_weights at create); the slot
- *                    stays in use until then
- * Adds into the gradients. Collective. */
-mp_status mp_gpt_tp_backward_stage(mp_gpt_tp *gpt, int slot, float dloss, const float *doutput,
-                                   float *dinput, bool defer_weights, mp_error *err);
-
-/* Zero-bubble W of slot's micro-batch: adds the GEMM weight gradients its deferred backward left.
- * No communication. */
+mp_status mp_gpt_tp_backward_stage(mp_gpt_tp *gpt, int slot, const float *doutput, float *dinput,
+                                   bool defer_weights, mp_error *err);
 mp_status mp_gpt_tp_backward_weights(mp_gpt_tp *gpt, int slot, mp_error *err);
 
 /* Once per step, after the last micro-batch's backward: with sequence parallelism sums every
@@ -240,12 +229,12 @@ void mp_gpt_zero_grads(mp_gpt *gpt);
 
 /* Forward of one micro-batch. inputs and targets are (B, T) token ids in [0, V) (checked by the
  * data layer). Returns the mean cross-entropy over the B * T tokens, in nats (it cannot fail: no
- * communication at tp = 1). */
-double mp_gpt_forward(mp_gpt *gpt, const int32_t *inputs, const int32_t *targets);
+ * communication at tp = 1). The loss gradient is formed now, weighted by dloss: 1 for a lone
+ * micro-batch, 1 / num_micro_batches when micro-batches accumulate. */
+double mp_gpt_forward(mp_gpt *gpt, const int32_t *inputs, const int32_t *targets, float dloss);
 
-/* Backward of the last forward: adds d(dloss * mean loss)/d(params) into the gradients. dloss is
- * 1 for a lone micro-batch and 1 / num_micro_batches when micro-batches accumulate. */
-void mp_gpt_backward(mp_gpt *gpt, float dloss);
+/* Backward of the last forward: adds d(dloss * mean loss)/d(params) into the gradients. */
+void mp_gpt_backward(mp_gpt *gpt);
 
 /* Loads llm.c's GPT-2 checkpoint (version 3 fp32, or 5 bf16 converted to fp32). MP_ERR_INPUT
  * naming the file when it is not one, or when its header differs from the model (naming the

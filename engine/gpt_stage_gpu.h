@@ -82,6 +82,11 @@ mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, 
                                   mp_recompute recompute, mp_gpt_stage_gpu **out, mp_error *err);
 void mp_gpt_stage_gpu_free(mp_gpt_stage_gpu *gpu);
 
+/* The stage's forward and backward (engine/stage_chain.h over the CUDA kernels); the calls below
+ * that run a slot are the chain's. */
+typedef struct mp_stage_chain mp_stage_chain;
+mp_stage_chain *mp_gpt_stage_gpu_chain(mp_gpt_stage_gpu *gpu);
+
 /* Bytes of device memory the stage holds. */
 size_t mp_gpt_stage_gpu_device_bytes(const mp_gpt_stage_gpu *gpu);
 

@@ -15,6 +15,7 @@ mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, 
 /* Nothing below is reachable without a stage, which create never returns here. */
 void mp_gpt_stage_gpu_free(mp_gpt_stage_gpu *gpu) { (void)gpu; }
 size_t mp_gpt_stage_gpu_device_bytes(const mp_gpt_stage_gpu *gpu) { (void)gpu; return 0; }
+mp_stage_chain *mp_gpt_stage_gpu_chain(mp_gpt_stage_gpu *gpu) { (void)gpu; return NULL; }
 static mp_status unreachable(mp_error *err) {
   return mp_fail(err, MP_ERR_RUNTIME, "built without CUDA: no GPU stage exists");
 }

@@ -140,14 +140,14 @@ static mp_status chunk_forward(void *context, int chunk, int micro_batch, int sl
   double loss = 0.0;
   const int32_t *inputs = micro_batch_rows(trainer, trainer->inputs, micro_batch);
   const int32_t *targets = micro_batch_rows(trainer, trainer->targets, micro_batch);
+  /* The loss gradient is formed at forward time. */
+  const float dloss = 1.0f / (float)trainer->plan->num_micro_batches;
   if (trainer->gpu_chunks != NULL) {
-    /* The GPU's fused cross-entropy leaves the loss gradient at forward time. */
-    const float dloss = 1.0f / (float)trainer->plan->num_micro_batches;
     MP_TRY(mp_gpt_stage_gpu_forward(trainer->gpu_chunks[chunk], slot, inputs, targets, input,
                                     output, dloss, &loss, err));
   } else {
     MP_TRY(mp_gpt_tp_forward_stage(trainer->chunks[chunk], slot, inputs, targets, input, output,
-                                   &loss, err));
+                                   dloss, &loss, err));
   }
   if (mp_gpt_tp_stage(trainer->chunks[chunk])->head) trainer->loss_sum += loss;
   return MP_OK;
@@ -188,9 +188,8 @@ static mp_status chunk_backward(void *context, int chunk, int micro_batch, int s
     if (overlap) mp_gpt_stage_gpu_set_grads_hook(gpu, NULL, NULL);
     return status;
   }
-  const float dloss = 1.0f / (float)trainer->plan->num_micro_batches;
-  return mp_gpt_tp_backward_stage(trainer->chunks[chunk], slot, dloss, doutput, dinput,
-                                  defer_weights, err);
+  return mp_gpt_tp_backward_stage(trainer->chunks[chunk], slot, doutput, dinput, defer_weights,
+                                  err);
 }
 
 static mp_status chunk_backward_weights(void *context, int chunk, int micro_batch, int slot,

@@ -143,8 +143,8 @@ static mp_status dump_step(mp_gpt_tp *gpt, const char *dir, const int32_t *input
     return mp_fail(err, MP_ERR_INPUT, "--dump %s: exists and is not a directory", dir);
   }
   mp_gpt_tp_zero_grads(gpt);
-  MP_TRY(mp_gpt_tp_forward(gpt, inputs, targets, loss, err));
-  MP_TRY(mp_gpt_tp_backward(gpt, 1.0f, err));
+  MP_TRY(mp_gpt_tp_forward(gpt, inputs, targets, 1.0f, loss, err));
+  MP_TRY(mp_gpt_tp_backward(gpt, err));
 
   /* At tp = 1 the whole-model stage's arrays are the one-rank layout's flat arrays. */
   const mp_gpt_layout *layout = mp_gpt_tp_layout(gpt);
@@ -183,9 +183,9 @@ static mp_status train_step(mp_gpt_tp *gpt, float *adam_m, float *adam_v,
   const double cpu_start = cpu_seconds();
   const double start = now_seconds();
   mp_gpt_tp_zero_grads(gpt);
-  MP_TRY(mp_gpt_tp_forward(gpt, inputs, targets, loss, err));
+  MP_TRY(mp_gpt_tp_forward(gpt, inputs, targets, 1.0f, loss, err));
   const double forward_done = now_seconds();
-  MP_TRY(mp_gpt_tp_backward(gpt, 1.0f, err));
+  MP_TRY(mp_gpt_tp_backward(gpt, err));
   const double backward_done = now_seconds();
   float *params = mp_gpt_tp_params(gpt);
   float *grads = mp_gpt_tp_grads(gpt);

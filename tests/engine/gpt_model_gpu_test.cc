@@ -73,8 +73,8 @@ TEST(GptModelGpu, LossAndGradientsMatchTheCpuModel) {
     targets[i] = (i * 13 + 1) % 50;
   }
   mp_gpt_zero_grads(p.cpu);
-  const double cpu_loss = mp_gpt_forward(p.cpu, inputs.data(), targets.data());
-  mp_gpt_backward(p.cpu, 1.0f);
+  const double cpu_loss = mp_gpt_forward(p.cpu, inputs.data(), targets.data(), 1.0f);
+  mp_gpt_backward(p.cpu);
   double gpu_loss = 0;
   ASSERT_EQ(mp_gpt_gpu_zero_grads(p.gpu, &p.err), MP_OK);
   ASSERT_EQ(mp_gpt_gpu_forward(p.gpu, inputs.data(), targets.data(), 1.0f, &gpu_loss, &p.err),
@@ -141,8 +141,8 @@ TEST(GptModelGpu, TrainingStepsTrackTheCpuModel) {
   int worst_step = 0;
   for (int step = 1; step <= 30; ++step) {
     mp_gpt_zero_grads(p.cpu);
-    const double cpu_loss = mp_gpt_forward(p.cpu, inputs.data(), targets.data());
-    mp_gpt_backward(p.cpu, 1.0f);
+    const double cpu_loss = mp_gpt_forward(p.cpu, inputs.data(), targets.data(), 1.0f);
+    mp_gpt_backward(p.cpu);
     const float *grads = mp_gpt_grads(p.cpu);
     const double cpu_norm = std::sqrt(mp_grad_norm_squared_cpu(grads, n));
     mp_adamw_update_scaled_cpu(params, grads, m.data(), v.data(), n, lr, beta1, beta2, eps, 0.0f,

@@ -92,7 +92,7 @@ TEST(GptModel, UntrainedLossIsNearLogVocab) {
     inputs[i] = (i * 7) % 50;
     targets[i] = (i * 11 + 3) % 50;
   }
-  EXPECT_NEAR(mp_gpt_forward(f.gpt, inputs.data(), targets.data()), std::log(50.0), 0.05);
+  EXPECT_NEAR(mp_gpt_forward(f.gpt, inputs.data(), targets.data(), 1.0f), std::log(50.0), 0.05);
 }
 
 // The gradient of the mean loss against central differences in double, on a sample of
@@ -107,8 +107,8 @@ TEST(GptModel, GradientMatchesFiniteDifferences) {
   std::vector<int32_t> inputs = {1, 5, 9, 2, 7, 7, 0, 19};
   std::vector<int32_t> targets = {5, 9, 2, 3, 7, 0, 19, 4};
   mp_gpt_zero_grads(f.gpt);
-  mp_gpt_forward(f.gpt, inputs.data(), targets.data());
-  mp_gpt_backward(f.gpt, 1.0f);
+  mp_gpt_forward(f.gpt, inputs.data(), targets.data(), 1.0f);
+  mp_gpt_backward(f.gpt);
   const float *grads = mp_gpt_grads(f.gpt);
   double max_grad = 0;
   for (size_t i = 0; i < mp_gpt_num_params(f.gpt); ++i) max_grad = std::fmax(max_grad, std::fabs(grads[i]));
@@ -122,10 +122,10 @@ TEST(GptModel, GradientMatchesFiniteDifferences) {
       const float h = 3e-3f;
       params[i] = saved + h;
       const float up = params[i];
-      const double loss_up = mp_gpt_forward(f.gpt, inputs.data(), targets.data());
+      const double loss_up = mp_gpt_forward(f.gpt, inputs.data(), targets.data(), 1.0f);
       params[i] = saved - h;
       const float down = params[i];
-      const double loss_down = mp_gpt_forward(f.gpt, inputs.data(), targets.data());
+      const double loss_down = mp_gpt_forward(f.gpt, inputs.data(), targets.data(), 1.0f);
       params[i] = saved;
       const double numeric = (loss_up - loss_down) / ((double)up - (double)down);
       EXPECT_NEAR(grads[i], numeric, 1e-2 * std::fabs(numeric) + 2e-3 * max_grad)
@@ -145,13 +145,13 @@ TEST(GptModel, MicroBatchesAccumulateToTheWholeBatchGradient) {
   mp_gpt_init_params(half.gpt, 5);
   std::vector<int32_t> inputs = {1, 5, 9, 2, 7, 7, 0, 19}, targets = {5, 9, 2, 3, 7, 0, 19, 4};
   mp_gpt_zero_grads(whole.gpt);
-  double loss = mp_gpt_forward(whole.gpt, inputs.data(), targets.data());
-  mp_gpt_backward(whole.gpt, 1.0f);
+  double loss = mp_gpt_forward(whole.gpt, inputs.data(), targets.data(), 1.0f);
+  mp_gpt_backward(whole.gpt);
   mp_gpt_zero_grads(half.gpt);
   double loss_sum = 0;
   for (int m = 0; m < 2; ++m) {
-    loss_sum += mp_gpt_forward(half.gpt, inputs.data() + 4 * m, targets.data() + 4 * m);
-    mp_gpt_backward(half.gpt, 0.5f);
+    loss_sum += mp_gpt_forward(half.gpt, inputs.data() + 4 * m, targets.data() + 4 * m, 0.5f);
+    mp_gpt_backward(half.gpt);
   }
   EXPECT_NEAR(loss, loss_sum / 2, 1e-6);
   for (size_t i = 0; i < mp_gpt_num_params(whole.gpt); ++i) {

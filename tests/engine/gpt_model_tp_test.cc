@@ -150,12 +150,12 @@ void CheckGradients(bool sp) {
   // Two micro-batches accumulate, as the trainer does.
   for (int micro = 0; micro < 2; micro++) {
     const auto inputs = Tokens(100 + micro, kB * kT, 45), targets = Tokens(200 + micro, kB * kT, 45);
-    const double expected = mp_gpt_forward(m.one, inputs.data(), targets.data());
-    mp_gpt_backward(m.one, 0.5f);
+    const double expected = mp_gpt_forward(m.one, inputs.data(), targets.data(), 0.5f);
+    mp_gpt_backward(m.one);
     double loss = 0;
-    ASSERT_EQ(MP_OK, mp_gpt_tp_forward(m.shard, inputs.data(), targets.data(), &loss, &m.err))
+    ASSERT_EQ(MP_OK, mp_gpt_tp_forward(m.shard, inputs.data(), targets.data(), 0.5f, &loss, &m.err))
         << m.err.message;
-    ASSERT_EQ(MP_OK, mp_gpt_tp_backward(m.shard, 0.5f, &m.err)) << m.err.message;
+    ASSERT_EQ(MP_OK, mp_gpt_tp_backward(m.shard, &m.err)) << m.err.message;
     EXPECT_LE(std::fabs(loss - expected), kRel * expected)
         << "micro-batch " << micro << ": loss " << loss << " vs " << expected << Where(sp);
   }

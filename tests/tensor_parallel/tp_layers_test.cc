@@ -755,9 +755,9 @@ void CheckWholeModel(const mp_tp_comm &tp, bool sp) {
 
   const std::vector<int32_t> inputs = RandomTokens(50, kBT, V), targets = RandomTokens(51, kBT, V);
   mp_gpt_init_params(gpt, 1337);
-  const double loss = mp_gpt_forward(gpt, inputs.data(), targets.data());
+  const double loss = mp_gpt_forward(gpt, inputs.data(), targets.data(), 1.0f);
   mp_gpt_zero_grads(gpt);
-  mp_gpt_backward(gpt, 1.0f);
+  mp_gpt_backward(gpt);
 
   // This rank's shard of every tensor, and zeroed gradients of the same shapes.
   std::map<std::string, fvec> param, grad, expected;

@@ -1,0 +1,644 @@
+/* engine/stage_chain.c — a stage's forward and backward over a backend's kernels; see the header. */
+#include "engine/stage_chain.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* One block's tensors by role: the backend's weights and the fp32 gradients. */
+typedef struct {
+  const void *w[MP_GPT_BLOCK_TENSORS];
+  float *g[MP_GPT_BLOCK_TENSORS];
+  size_t grad_first, grad_count; /* the block's floats of the gradient array */
+} block_tensors;
+
+/* What one block's forward keeps for its backward (backend elements unless float). */
+typedef struct {
+  void *ln1;                  /* (BT, C) the qkv GEMM's input (all-gathered with SP) */
+  float *ln1_mean, *ln1_rstd; /* (BTl) */
+  void *qkv;                  /* (BT, 3Cl) */
+  void *atty;                 /* (BT, Cl) */
+  void *attention;            /* attention_saved_bytes */
+  void *residual2;            /* (BTl, C) */
+  void *ln2;                  /* (BT, C) the fc GEMM's input (all-gathered with SP) */
+  float *ln2_mean, *ln2_rstd; /* (BTl) */
+  void *fch, *fch_gelu;       /* (BT, Fl) */
+  void *out;                  /* (BTl, C) */
+} block_acts;
+
+/* Zero-bubble: the four GEMMs' output gradients a B keeps for its W. */
+typedef struct {
+  void *dfcproj;  /* (BT, C) fc_proj's output gradient (all-gathered with SP) */
+  void *dfch;     /* (BT, Fl) */
+  void *dattproj; /* (BT, C) */
+  void *dqkv;     /* (BT, 3Cl) */
+} block_deferred;
+
+/* One micro-batch between its forward and its backward (its W with deferred weights). A light
+ * slot (full recomputation) owns its tokens and input only; the rest is chain->shared's. */
+typedef struct {
+  bool in_use, weights_pending, light;
+  float dloss;
+  int32_t *inputs, *targets; /* (BT) backend memory */
+  int32_t *inputs_host;      /* (BT) */
+  void *input;               /* (BTl, C) the embedding's output or the received boundary */
+  block_acts *acts;          /* (num_layers) */
+  block_deferred *deferred;  /* (num_layers) with deferred weights */
+  void *lnf;                 /* (BTl, C) */
+  float *lnf_mean, *lnf_rstd; /* (BTl) */
+  void *head_input;          /* (BT, C) SP: the LM head's input all-gathered */
+  void *logits;              /* (BT, Vl), the loss gradient after the forward */
+} slot_acts;
+
+struct mp_stage_chain {
+  const mp_stage_kernels *k;
+  const mp_gpt_tp *host;
+  mp_gpt_stage stage;
+  mp_stage_dims d;
+  size_t eb; /* element bytes */
+  bool deferred_weights;
+  mp_recompute recompute;
+  float *grads;        /* the gradient array (the hook's) */
+  const void *wte, *wpe, *lnfw, *lnfb;
+  float *dwte, *dwpe, *dlnfw, *dlnfb;
+  block_tensors *blocks;
+  mp_stage_grads_hook hook;
+  void *hook_context;
+  int num_slots;
+  slot_acts *slots;
+  slot_acts shared;    /* full recomputation: the one set of activations */
+  void *shared_attention; /* selective: every layer's and slot's saved attention */
+  /* working memory of every slot */
+  void *projection;    /* (BT, C) a row-parallel GEMM's output; the embedding's work */
+  void *dout_total;    /* (BT, C) SP: a row-parallel GEMM's all-gathered output gradient */
+  void *dresidual, *dnorm; /* (BT, C) */
+  void *datty;         /* (BT, Cl) */
+  void *dqkv;          /* (BT, 3Cl) */
+  void *dfch, *dfch_gelu; /* (BT, Fl) */
+  void **owned;        /* every allocation, for free */
+  int num_owned, owned_capacity;
+  size_t bytes;
+};
+
+static void *at(const mp_stage_chain *ch, const void *base, size_t elements) {
+  return (char *)base + elements * ch->eb;
+}
+
+static mp_status chain_alloc(mp_stage_chain *ch, void *out, size_t bytes, mp_error *err) {
+  void **slot = out;
+  *slot = NULL;
+  if (ch->num_owned == ch->owned_capacity) {
+    const int capacity = ch->owned_capacity > 0 ? 2 * ch->owned_capacity : 64;
+    void **grown = realloc(ch->owned, (size_t)capacity * sizeof *grown);
+    if (grown == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of host memory");
+    ch->owned = grown;
+    ch->owned_capacity = capacity;
+  }
+  MP_TRY(ch->k->alloc(ch->k->context, bytes > 0 ? bytes : 1, slot, err));
+  ch->owned[ch->num_owned++] = *slot;
+  ch->bytes += bytes;
+  return MP_OK;
+}
+
+#define ALLOC(field, elements, size) MP_TRY(chain_alloc(ch, &(field), (size_t)(elements) * (size), err))
+
+mp_stage_dims mp_stage_chain_dims(const mp_gpt_tp *host, const mp_tp_comm *tp) {
+  const mp_gpt_config *c = mp_gpt_layout_config(mp_gpt_tp_layout(host));
+  mp_stage_dims d;
+  memset(&d, 0, sizeof d);
+  mp_gpt_tp_micro_batch(host, &d.B, &d.T);
+  d.C = c->channels;
+  d.HS = c->channels / c->num_heads;
+  d.NHl = c->num_heads / tp->size;
+  d.Cl = d.NHl * d.HS;
+  d.Fl = c->ffn_channels / tp->size;
+  d.V = c->vocab_size;
+  d.Vp = c->padded_vocab_size;
+  d.Vl = c->padded_vocab_size / tp->size;
+  d.vocab_start = tp->rank * d.Vl;
+  d.BT = d.B * d.T;
+  d.sp = mp_gpt_tp_sequence_parallel(host) && tp->size > 1;
+  d.BTl = d.sp ? d.BT / tp->size : d.BT;
+  d.row0 = d.sp ? tp->rank * d.BTl : 0;
+  d.tp = *tp;
+  return d;
+}
+
+/* The host's shard table index of the layout's tensor full_index, or -1. */
+static int shard_index(const mp_gpt_tp *host, int full_index) {
+  const mp_gpt_tensor *full = mp_gpt_layout_tensor(mp_gpt_tp_layout(host), full_index);
+  for (int i = 0; i < mp_gpt_tp_num_tensors(host); ++i) {
+    if (mp_gpt_tp_tensor_at(host, i)->full == full) return i;
+  }
+  return -1;
+}
+
+static const void *weight_of(const mp_stage_chain *ch, void *weights, int full_index) {
+  const int i = shard_index(ch->host, full_index);
+  return i < 0 ? NULL : at(ch, weights, mp_gpt_tp_tensor_at(ch->host, i)->offset);
+}
+
+static float *grad_of(const mp_stage_chain *ch, float *grads, int full_index) {
+  const int i = shard_index(ch->host, full_index);
+  return i < 0 ? NULL : grads + mp_gpt_tp_tensor_at(ch->host, i)->offset;
+}
+
+static mp_status alloc_slot(mp_stage_chain *ch, slot_acts *s, mp_error *err) {
+  const mp_stage_dims *d = &ch->d;
+  const size_t BT = (size_t)d->BT, BTl = (size_t)d->BTl, C = (size_t)d->C;
+  const size_t Cl = (size_t)d->Cl, Fl = (size_t)d->Fl, eb = ch->eb;
+  const int L = ch->stage.num_layers;
+  s->acts = calloc((size_t)(L > 0 ? L : 1), sizeof *s->acts);
+  s->inputs_host = calloc(BT, sizeof(int32_t));
+  if (s->acts == NULL || s->inputs_host == NULL) {
+    return mp_fail(err, MP_ERR_RUNTIME, "out of host memory");
+  }
+  ALLOC(s->inputs, BT, sizeof(int32_t));
+  ALLOC(s->targets, BT, sizeof(int32_t));
+  ALLOC(s->input, BTl * C, eb);
+  const bool share_attention = ch->shared_attention != NULL;
+  for (int l = 0; l < L; ++l) {
+    block_acts *a = &s->acts[l];
+    ALLOC(a->ln1, BT * C, eb);
+    ALLOC(a->ln1_mean, BTl, sizeof(float));
+    ALLOC(a->ln1_rstd, BTl, sizeof(float));
+    ALLOC(a->qkv, BT * 3 * Cl, eb);
+    ALLOC(a->atty, BT * Cl, eb);
+    if (share_attention) {
+      a->attention = ch->shared_attention;
+    } else {
+      ALLOC(a->attention, ch->k->attention_saved_bytes, 1);
+    }
+    ALLOC(a->residual2, BTl * C, eb);
+    ALLOC(a->ln2, BT * C, eb);
+    ALLOC(a->ln2_mean, BTl, sizeof(float));
+    ALLOC(a->ln2_rstd, BTl, sizeof(float));
+    ALLOC(a->fch, BT * Fl, eb);
+    ALLOC(a->fch_gelu, BT * Fl, eb);
+    ALLOC(a->out, BTl * C, eb);
+  }
+  if (ch->stage.final_norm) {
+    ALLOC(s->lnf, BTl * C, eb);
+    ALLOC(s->lnf_mean, BTl, sizeof(float));
+    ALLOC(s->lnf_rstd, BTl, sizeof(float));
+  }
+  if (ch->stage.head) ALLOC(s->logits, BT * (size_t)d->Vl, eb);
+  if (ch->stage.head && d->sp) ALLOC(s->head_input, BT * C, eb);
+  if (ch->deferred_weights) {
+    s->deferred = calloc((size_t)(L > 0 ? L : 1), sizeof *s->deferred);
+    if (s->deferred == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of host memory");
+    for (int l = 0; l < L; ++l) {
+      block_deferred *q = &s->deferred[l];
+      ALLOC(q->dfcproj, BT * C, eb);
+      ALLOC(q->dfch, BT * Fl, eb);
+      ALLOC(q->dattproj, BT * C, eb);
+      ALLOC(q->dqkv, BT * 3 * Cl, eb);
+    }
+  }
+  return MP_OK;
+}
+
+/* Full recomputation: a slot owning its tokens and input; the rest points at chain->shared. */
+static mp_status alloc_light_slot(mp_stage_chain *ch, slot_acts *s, mp_error *err) {
+  const size_t BT = (size_t)ch->d.BT;
+  const int L = ch->stage.num_layers;
+  *s = ch->shared;
+  s->light = true;
+  s->deferred = NULL;
+  s->acts = calloc((size_t)(L > 0 ? L : 1), sizeof *s->acts);
+  s->inputs_host = calloc(BT, sizeof(int32_t));
+  if (s->acts == NULL || s->inputs_host == NULL) {
+    return mp_fail(err, MP_ERR_RUNTIME, "out of host memory");
+  }
+  if (L > 0) memcpy(s->acts, ch->shared.acts, (size_t)L * sizeof *s->acts);
+  ALLOC(s->inputs, BT, sizeof(int32_t));
+  ALLOC(s->targets, BT, sizeof(int32_t));
+  ALLOC(s->input, (size_t)ch->d.BTl * (size_t)ch->d.C, ch->eb);
+  return MP_OK;
+}
+
+static void free_slot_arrays(slot_acts *s) {
+  free(s->acts);
+  free(s->deferred);
+  free(s->inputs_host);
+}
+
+void mp_stage_chain_free(mp_stage_chain *ch) {
+  if (ch == NULL) return;
+  for (int s = 0; ch->slots != NULL && s < ch->num_slots; ++s) free_slot_arrays(&ch->slots[s]);
+  free_slot_arrays(&ch->shared);
+  for (int i = 0; i < ch->num_owned; ++i) ch->k->release(ch->k->context, ch->owned[i]);
+  free(ch->owned);
+  free(ch->slots);
+  free(ch->blocks);
+  free(ch);
+}
+
+static mp_status chain_setup(mp_stage_chain *ch, const mp_stage_chain_config *config,
+                             mp_error *err) {
+  const mp_gpt_layout *layout = mp_gpt_tp_layout(ch->host);
+  const int L = ch->stage.num_layers;
+  ch->wte = weight_of(ch, config->weights, mp_gpt_layout_global_index(layout, MP_GPT_WTE));
+  ch->wpe = weight_of(ch, config->weights, mp_gpt_layout_global_index(layout, MP_GPT_WPE));
+  ch->lnfw = weight_of(ch, config->weights, mp_gpt_layout_global_index(layout, MP_GPT_LNF_WEIGHT));
+  ch->lnfb = weight_of(ch, config->weights, mp_gpt_layout_global_index(layout, MP_GPT_LNF_BIAS));
+  ch->dwte = grad_of(ch, config->grads, mp_gpt_layout_global_index(layout, MP_GPT_WTE));
+  ch->dwpe = grad_of(ch, config->grads, mp_gpt_layout_global_index(layout, MP_GPT_WPE));
+  ch->dlnfw = grad_of(ch, config->grads, mp_gpt_layout_global_index(layout, MP_GPT_LNF_WEIGHT));
+  ch->dlnfb = grad_of(ch, config->grads, mp_gpt_layout_global_index(layout, MP_GPT_LNF_BIAS));
+  ch->blocks = calloc((size_t)(L > 0 ? L : 1), sizeof *ch->blocks);
+  ch->slots = calloc((size_t)ch->num_slots, sizeof *ch->slots);
+  if (ch->blocks == NULL || ch->slots == NULL) {
+    return mp_fail(err, MP_ERR_RUNTIME, "out of host memory");
+  }
+  for (int l = 0; l < L; ++l) {
+    block_tensors *b = &ch->blocks[l];
+    const int layer = ch->stage.first_layer + l;
+    for (int r = 0; r < MP_GPT_BLOCK_TENSORS; ++r) {
+      const int index = mp_gpt_layout_block_index(layout, layer, (mp_gpt_block_tensor)r);
+      b->w[r] = weight_of(ch, config->weights, index);
+      b->g[r] = grad_of(ch, config->grads, index);
+    }
+    const mp_gpt_tp_tensor *first = mp_gpt_tp_tensor_at(
+        ch->host, shard_index(ch->host, mp_gpt_layout_block_index(layout, layer, 0)));
+    const mp_gpt_tp_tensor *last = mp_gpt_tp_tensor_at(
+        ch->host, shard_index(ch->host, mp_gpt_layout_block_index(layout, layer,
+                                                                  MP_GPT_BLOCK_TENSORS - 1)));
+    b->grad_first = first->offset;
+    b->grad_count = last->offset + last->count - first->offset;
+  }
+  const mp_stage_dims *d = &ch->d;
+  const size_t BT = (size_t)d->BT, C = (size_t)d->C, eb = ch->eb;
+  if (ch->recompute == MP_RECOMPUTE_SELECTIVE && ch->k->attention_recomputable) {
+    ALLOC(ch->shared_attention, ch->k->attention_saved_bytes, 1);
+  }
+  if (ch->recompute == MP_RECOMPUTE_FULL) {
+    MP_TRY(alloc_slot(ch, &ch->shared, err));
+    for (int s = 0; s < ch->num_slots; ++s) MP_TRY(alloc_light_slot(ch, &ch->slots[s], err));
+  } else {
+    for (int s = 0; s < ch->num_slots; ++s) MP_TRY(alloc_slot(ch, &ch->slots[s], err));
+  }
+  ALLOC(ch->projection, BT * C, eb);
+  if (d->sp) ALLOC(ch->dout_total, BT * C, eb);
+  ALLOC(ch->dresidual, BT * C, eb);
+  ALLOC(ch->dnorm, BT * C, eb);
+  ALLOC(ch->datty, BT * (size_t)d->Cl, eb);
+  ALLOC(ch->dqkv, BT * 3 * (size_t)d->Cl, eb);
+  ALLOC(ch->dfch, BT * (size_t)d->Fl, eb);
+  ALLOC(ch->dfch_gelu, BT * (size_t)d->Fl, eb);
+  return MP_OK;
+}
+
+mp_status mp_stage_chain_create(const mp_stage_chain_config *config,
+                                const mp_stage_kernels *kernels, mp_stage_chain **out,
+                                mp_error *err) {
+  *out = NULL;
+  if (config->recompute == MP_RECOMPUTE_FULL && config->deferred_weights) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "full recomputation cannot run a zero-bubble schedule: its weight pass needs "
+                   "activations that the recomputation of the next micro-batch overwrites; use "
+                   "recompute \"selective\" or \"none\", or another schedule");
+  }
+  if (config->num_slots < 1) {
+    return mp_fail(err, MP_ERR_INPUT, "a stage needs at least one activation slot; got %d",
+                   config->num_slots);
+  }
+  mp_stage_chain *ch = calloc(1, sizeof *ch);
+  if (ch == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of host memory");
+  ch->k = kernels;
+  ch->host = config->host;
+  ch->stage = *mp_gpt_tp_stage(config->host);
+  ch->d = mp_stage_chain_dims(config->host, config->tp);
+  ch->eb = kernels->element_bytes;
+  ch->deferred_weights = config->deferred_weights;
+  ch->recompute = config->recompute;
+  ch->num_slots = config->num_slots;
+  ch->grads = config->grads;
+  const mp_status status = chain_setup(ch, config, err);
+  if (status != MP_OK) {
+    mp_stage_chain_free(ch);
+    return status;
+  }
+  *out = ch;
+  return MP_OK;
+}
+
+size_t mp_stage_chain_bytes(const mp_stage_chain *ch) { return ch->bytes; }
+
+void mp_stage_chain_set_grads_hook(mp_stage_chain *ch, mp_stage_grads_hook hook, void *context) {
+  ch->hook = hook;
+  ch->hook_context = context;
+}
+
+void mp_stage_chain_blocks_range(const mp_stage_chain *ch, size_t *first, size_t *end) {
+  const int L = ch->stage.num_layers;
+  *first = L > 0 ? ch->blocks[0].grad_first : 0;
+  *end = L > 0 ? ch->blocks[L - 1].grad_first + ch->blocks[L - 1].grad_count : 0;
+}
+
+static mp_status check_slot(const mp_stage_chain *ch, int slot, bool want_in_use, mp_error *err) {
+  if (slot < 0 || slot >= ch->num_slots) {
+    return mp_fail(err, MP_ERR_INPUT, "activation slot %d: the stage has %d", slot,
+                   ch->num_slots);
+  }
+  if (ch->slots[slot].in_use != want_in_use) {
+    return mp_fail(err, MP_ERR_INPUT, "activation slot %d is %s", slot,
+                   want_in_use ? "empty: no forward ran into it" : "still holding a micro-batch");
+  }
+  return MP_OK;
+}
+
+static mp_status kernels_check(const mp_stage_chain *ch, mp_error *err) {
+  return ch->k->check != NULL ? ch->k->check(ch->k->context, err) : MP_OK;
+}
+
+static mp_status block_forward(mp_stage_chain *ch, int l, block_acts *a, const void *x,
+                               mp_error *err) {
+  const mp_stage_kernels *k = ch->k;
+  void *cx = k->context;
+  const mp_stage_dims *d = &ch->d;
+  const int BT = d->BT, BTl = d->BTl, C = d->C, Cl = d->Cl, Fl = d->Fl;
+  const size_t mine = (size_t)d->row0 * (size_t)C; /* this rank's rows of a (BT, C) input */
+  const void *const *w = ch->blocks[l].w;
+  k->layernorm_forward(cx, at(ch, a->ln1, mine), a->ln1_mean, a->ln1_rstd, x,
+                       w[MP_BLOCK_LN1_WEIGHT], w[MP_BLOCK_LN1_BIAS], BTl, C);
+  if (d->sp) MP_TRY(k->gather_sequence(cx, a->ln1, at(ch, a->ln1, mine), err));
+  k->matmul_forward(cx, a->qkv, a->ln1, w[MP_BLOCK_QKV_WEIGHT], w[MP_BLOCK_QKV_BIAS], BT, C,
+                    3 * Cl);
+  k->attention_forward(cx, a->atty, a->attention, a->qkv);
+  MP_TRY(k->row_parallel_linear_forward(cx, ch->projection, a->atty, w[MP_BLOCK_ATTN_PROJ_WEIGHT],
+                                        w[MP_BLOCK_ATTN_PROJ_BIAS], Cl, C, err));
+  k->residual_forward(cx, a->residual2, x, ch->projection, (size_t)BTl * C);
+  k->layernorm_forward(cx, at(ch, a->ln2, mine), a->ln2_mean, a->ln2_rstd, a->residual2,
+                       w[MP_BLOCK_LN2_WEIGHT], w[MP_BLOCK_LN2_BIAS], BTl, C);
+  if (d->sp) MP_TRY(k->gather_sequence(cx, a->ln2, at(ch, a->ln2, mine), err));
+  k->matmul_forward(cx, a->fch, a->ln2, w[MP_BLOCK_FC_WEIGHT], w[MP_BLOCK_FC_BIAS], BT, C, Fl);
+  k->gelu_forward(cx, a->fch_gelu, a->fch, (size_t)BT * Fl);
+  MP_TRY(k->row_parallel_linear_forward(cx, ch->projection, a->fch_gelu,
+                                        w[MP_BLOCK_FC_PROJ_WEIGHT], w[MP_BLOCK_FC_PROJ_BIAS], Fl,
+                                        C, err));
+  k->residual_forward(cx, a->out, a->residual2, ch->projection, (size_t)BTl * C);
+  return MP_OK;
+}
+
+/* The gradient of a row-parallel GEMM's output (BT, C) into *out: dresidual itself, or with
+ * sequence parallelism every rank's slice of it all-gathered (into keep, or dout_total). keep
+ * (zero-bubble's B) receives it for the block's W: gathered there, or copied. */
+static mp_status row_parallel_output_grad(mp_stage_chain *ch, void *keep, const void **out,
+                                          mp_error *err) {
+  const mp_stage_kernels *k = ch->k;
+  if (ch->d.sp) {
+    void *total = keep != NULL ? keep : ch->dout_total;
+    MP_TRY(k->gather_sequence(k->context, total, ch->dresidual, err));
+    *out = total;
+    return MP_OK;
+  }
+  if (keep != NULL) {
+    MP_TRY(k->copy(k->context, keep, ch->dresidual, (size_t)ch->d.BT * ch->d.C * ch->eb, err));
+    *out = keep;
+    return MP_OK;
+  }
+  *out = ch->dresidual;
+  return MP_OK;
+}
+
+/* Adds the block's parameter gradients and turns dresidual (the gradient of the block's output)
+ * into the gradient of its input inp. With q (zero-bubble's B) the four GEMMs' weight gradients
+ * are left out and their output gradients kept in q; everything else runs as in the whole
+ * backward, on the same numbers. */
+static mp_status block_backward(mp_stage_chain *ch, int l, block_acts *a, const void *inp,
+                                block_deferred *q, mp_error *err) {
+  const mp_stage_kernels *k = ch->k;
+  void *cx = k->context;
+  const mp_stage_dims *d = &ch->d;
+  const int BT = d->BT, BTl = d->BTl, C = d->C, Cl = d->Cl, Fl = d->Fl;
+  const size_t eb = ch->eb;
+  const void *const *w = ch->blocks[l].w;
+  float *const *g = ch->blocks[l].g;
+  const bool defer = q != NULL;
+  void *dfch = defer ? q->dfch : ch->dfch;
+  void *dqkv = defer ? q->dqkv : ch->dqkv;
+  if (ch->shared_attention != NULL) {
+    /* Selective recomputation: this layer's attention matrices again (and atty, to the same
+     * values) from its kept qkv. */
+    k->attention_forward(cx, a->atty, a->attention, a->qkv);
+  }
+  /* The MLP branch: fc_proj is row-parallel, fc column-parallel. */
+  const void *dout = NULL;
+  MP_TRY(row_parallel_output_grad(ch, defer ? q->dfcproj : NULL, &dout, err));
+  MP_TRY(k->zero(cx, ch->dfch_gelu, (size_t)BT * Fl * eb, err));
+  k->matmul_backward(cx, ch->dfch_gelu, defer ? NULL : g[MP_BLOCK_FC_PROJ_WEIGHT],
+                     g[MP_BLOCK_FC_PROJ_BIAS], dout, a->fch_gelu, w[MP_BLOCK_FC_PROJ_WEIGHT], BT,
+                     Fl, C);
+  MP_TRY(k->zero(cx, dfch, (size_t)BT * Fl * eb, err));
+  k->gelu_backward(cx, dfch, a->fch, ch->dfch_gelu, (size_t)BT * Fl);
+  MP_TRY(k->zero(cx, ch->dnorm, (size_t)BT * C * eb, err));
+  k->matmul_backward(cx, ch->dnorm, defer ? NULL : g[MP_BLOCK_FC_WEIGHT], g[MP_BLOCK_FC_BIAS],
+                     dfch, a->ln2, w[MP_BLOCK_FC_WEIGHT], BT, C, Fl);
+  MP_TRY(k->column_parallel_input_grad(cx, ch->dnorm, err));
+  k->layernorm_backward(cx, ch->dresidual, g[MP_BLOCK_LN2_WEIGHT], g[MP_BLOCK_LN2_BIAS], ch->dnorm,
+                        a->residual2, w[MP_BLOCK_LN2_WEIGHT], a->ln2_mean, a->ln2_rstd, BTl, C);
+  /* The attention branch. */
+  MP_TRY(row_parallel_output_grad(ch, defer ? q->dattproj : NULL, &dout, err));
+  MP_TRY(k->zero(cx, ch->datty, (size_t)BT * Cl * eb, err));
+  k->matmul_backward(cx, ch->datty, defer ? NULL : g[MP_BLOCK_ATTN_PROJ_WEIGHT],
+                     g[MP_BLOCK_ATTN_PROJ_BIAS], dout, a->atty, w[MP_BLOCK_ATTN_PROJ_WEIGHT], BT,
+                     Cl, C);
+  MP_TRY(k->zero(cx, dqkv, (size_t)BT * 3 * Cl * eb, err));
+  k->attention_backward(cx, dqkv, ch->datty, a->qkv, a->atty, a->attention);
+  MP_TRY(k->zero(cx, ch->dnorm, (size_t)BT * C * eb, err));
+  k->matmul_backward(cx, ch->dnorm, defer ? NULL : g[MP_BLOCK_QKV_WEIGHT], g[MP_BLOCK_QKV_BIAS],
+                     dqkv, a->ln1, w[MP_BLOCK_QKV_WEIGHT], BT, C, 3 * Cl);
+  MP_TRY(k->column_parallel_input_grad(cx, ch->dnorm, err));
+  k->layernorm_backward(cx, ch->dresidual, g[MP_BLOCK_LN1_WEIGHT], g[MP_BLOCK_LN1_BIAS], ch->dnorm,
+                        inp, w[MP_BLOCK_LN1_WEIGHT], a->ln1_mean, a->ln1_rstd, BTl, C);
+  return MP_OK;
+}
+
+/* Zero-bubble's W of one block: the four GEMM weight gradients, from what its B kept and the
+ * forward's activations; no collective (a weight gradient's shard is this rank's own). */
+static void block_backward_weights(mp_stage_chain *ch, int l, const block_acts *a,
+                                   const block_deferred *q) {
+  const mp_stage_kernels *k = ch->k;
+  void *cx = k->context;
+  const int BT = ch->d.BT, C = ch->d.C, Cl = ch->d.Cl, Fl = ch->d.Fl;
+  float *const *g = ch->blocks[l].g;
+  k->matmul_backward(cx, NULL, g[MP_BLOCK_FC_PROJ_WEIGHT], NULL, q->dfcproj, a->fch_gelu, NULL,
+                     BT, Fl, C);
+  k->matmul_backward(cx, NULL, g[MP_BLOCK_FC_WEIGHT], NULL, q->dfch, a->ln2, NULL, BT, C, Fl);
+  k->matmul_backward(cx, NULL, g[MP_BLOCK_ATTN_PROJ_WEIGHT], NULL, q->dattproj, a->atty, NULL,
+                     BT, Cl, C);
+  k->matmul_backward(cx, NULL, g[MP_BLOCK_QKV_WEIGHT], NULL, q->dqkv, a->ln1, NULL, BT, C,
+                     3 * Cl);
+}
+
+/* The last activation of the stage before its final norm or head. */
+static const void *before_tail(const mp_stage_chain *ch, const slot_acts *s) {
+  const int L = ch->stage.num_layers;
+  return L > 0 ? s->acts[L - 1].out : s->input;
+}
+
+/* The stage's forward of s. Recomputing (full recomputation, at the backward): the slot already
+ * holds its tokens, targets, input and dloss; the embedding is not run again, and neither output
+ * nor loss is written. The same kernels and collectives on the same numbers: the activations
+ * come back bit for bit, on every rank of the group together. */
+static mp_status stage_forward(mp_stage_chain *ch, slot_acts *s, const int32_t *inputs,
+                               const int32_t *targets, const float *input, float *output,
+                               double *loss, bool recomputing, mp_error *err) {
+  const mp_stage_kernels *k = ch->k;
+  void *cx = k->context;
+  const mp_gpt_stage *st = &ch->stage;
+  const mp_stage_dims *d = &ch->d;
+  const size_t BT = (size_t)d->BT, local = (size_t)d->BTl * (size_t)d->C;
+  if (recomputing) {
+    /* s->input holds the embedding's output or the received boundary */
+  } else if (st->embedding) {
+    memcpy(s->inputs_host, inputs, BT * sizeof(int32_t));
+    MP_TRY(k->tokens_in(cx, s->inputs, inputs, BT, err));
+    MP_TRY(k->embedding_forward(cx, s->input, s->inputs, s->inputs_host, ch->wte, ch->wpe,
+                                ch->projection, err));
+  } else {
+    k->from_boundary(cx, s->input, input, local);
+  }
+  const void *x = s->input;
+  for (int l = 0; l < st->num_layers; ++l) {
+    MP_TRY(block_forward(ch, l, &s->acts[l], x, err));
+    x = s->acts[l].out;
+  }
+  if (st->final_norm) {
+    k->layernorm_forward(cx, s->lnf, s->lnf_mean, s->lnf_rstd, x, ch->lnfw, ch->lnfb, d->BTl,
+                         d->C);
+    x = s->lnf;
+  }
+  if (!st->head) {
+    if (output != NULL) k->to_boundary(cx, output, x, local);
+    return kernels_check(ch, err);
+  }
+  if (!recomputing) MP_TRY(k->tokens_in(cx, s->targets, targets, BT, err));
+  /* The LM head, tied to this rank's rows of wte: the logits of its vocabulary range for every
+   * token (with sequence parallelism its input all-gathered first). */
+  if (d->sp) {
+    MP_TRY(k->gather_sequence(cx, s->head_input, x, err));
+    x = s->head_input;
+  }
+  k->matmul_forward(cx, s->logits, x, ch->wte, NULL, d->BT, d->C, d->Vl);
+  MP_TRY(k->loss(cx, s->logits, s->targets, s->dloss, recomputing ? NULL : loss, err));
+  return kernels_check(ch, err);
+}
+
+mp_status mp_stage_chain_forward(mp_stage_chain *ch, int slot, const int32_t *inputs,
+                                 const int32_t *targets, const float *input, float *output,
+                                 float dloss, double *loss, mp_error *err) {
+  MP_TRY(check_slot(ch, slot, false, err));
+  slot_acts *s = &ch->slots[slot];
+  s->dloss = dloss;
+  MP_TRY(stage_forward(ch, s, inputs, targets, input, output, loss, false, err));
+  s->in_use = true;
+  return MP_OK;
+}
+
+void mp_stage_chain_discard(mp_stage_chain *ch, int slot) {
+  if (slot < 0 || slot >= ch->num_slots) return;
+  ch->slots[slot].in_use = false;
+  ch->slots[slot].weights_pending = false;
+}
+
+mp_status mp_stage_chain_backward(mp_stage_chain *ch, int slot, const float *doutput,
+                                  float *dinput, bool defer_weights, mp_error *err) {
+  MP_TRY(check_slot(ch, slot, true, err));
+  if (defer_weights && !ch->deferred_weights) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "a deferred backward needs a stage created with deferred weights");
+  }
+  slot_acts *s = &ch->slots[slot];
+  if (s->weights_pending) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "activation slot %d already ran its backward; its weight gradients (W) are "
+                   "pending",
+                   slot);
+  }
+  const mp_stage_kernels *k = ch->k;
+  void *cx = k->context;
+  const mp_gpt_stage *st = &ch->stage;
+  const mp_stage_dims *d = &ch->d;
+  const int BT = d->BT, C = d->C, L = st->num_layers;
+  const size_t act_bytes = (size_t)BT * C * ch->eb, local = (size_t)d->BTl * C;
+  if (s->light) {
+    /* Full recomputation: the forward again into the shared activations (every rank does). */
+    MP_TRY(stage_forward(ch, s, NULL, NULL, NULL, NULL, NULL, true, err));
+  }
+  const void *tail_input = before_tail(ch, s);
+  /* g: the gradient of the stage's last activation (the final norm's output, or the blocks'). */
+  void *g = st->final_norm ? ch->dnorm : ch->dresidual;
+  if (st->head) {
+    const void *head_input = d->sp ? s->head_input : st->final_norm ? s->lnf : tail_input;
+    MP_TRY(k->zero(cx, g, act_bytes, err));
+    k->matmul_backward(cx, g, ch->dwte, NULL, s->logits, head_input, ch->wte, BT, C, d->Vl);
+    MP_TRY(k->column_parallel_input_grad(cx, g, err));
+  } else {
+    k->from_boundary(cx, g, doutput, local);
+  }
+  if (st->final_norm) {
+    MP_TRY(k->zero(cx, ch->dresidual, act_bytes, err));
+    k->layernorm_backward(cx, ch->dresidual, ch->dlnfw, ch->dlnfb, ch->dnorm, tail_input, ch->lnfw,
+                          s->lnf_mean, s->lnf_rstd, d->BTl, C);
+  }
+  for (int l = L - 1; l >= 0; --l) {
+    const void *inp = l == 0 ? s->input : s->acts[l - 1].out;
+    MP_TRY(block_backward(ch, l, &s->acts[l], inp, defer_weights ? &s->deferred[l] : NULL, err));
+    if (ch->hook != NULL && !defer_weights) {
+      MP_TRY(ch->hook(ch->hook_context, ch->grads + ch->blocks[l].grad_first,
+                      ch->blocks[l].grad_count, err));
+    }
+  }
+  /* Zero-bubble: the slot's activations and kept gradients feed its W. */
+  s->weights_pending = defer_weights;
+  s->in_use = defer_weights;
+  if (st->embedding) {
+    MP_TRY(k->embedding_backward(cx, ch->dwte, ch->dwpe, ch->dresidual, s->inputs, s->inputs_host,
+                                 ch->dnorm, err));
+  } else {
+    k->to_boundary(cx, dinput, ch->dresidual, local);
+  }
+  return kernels_check(ch, err);
+}
+
+mp_status mp_stage_chain_backward_weights(mp_stage_chain *ch, int slot, mp_error *err) {
+  MP_TRY(check_slot(ch, slot, true, err));
+  slot_acts *s = &ch->slots[slot];
+  if (!s->weights_pending) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "activation slot %d has no deferred weight gradients (its backward was whole, "
+                   "or has not run)",
+                   slot);
+  }
+  for (int l = ch->stage.num_layers - 1; l >= 0; --l) {
+    block_backward_weights(ch, l, &s->acts[l], &s->deferred[l]);
+    if (ch->hook != NULL) {
+      MP_TRY(ch->hook(ch->hook_context, ch->grads + ch->blocks[l].grad_first,
+                      ch->blocks[l].grad_count, err));
+    }
+  }
+  s->weights_pending = false;
+  s->in_use = false;
+  return kernels_check(ch, err);
+}
+
+/* w (C) and b (C) summed over the group: one collective when b follows w (the layout keeps a
+ * layernorm's weight and bias next to each other). */
+static mp_status sum_norm_grads(mp_stage_chain *ch, float *w, float *b, mp_error *err) {
+  const size_t C = (size_t)ch->d.C;
+  if (b == w + C) return mp_tp_all_reduce_sum(&ch->d.tp, w, 2 * C, err);
+  MP_TRY(mp_tp_all_reduce_sum(&ch->d.tp, w, C, err));
+  return mp_tp_all_reduce_sum(&ch->d.tp, b, C, err);
+}
+
+mp_status mp_stage_chain_finish_grads(mp_stage_chain *ch, mp_error *err) {
+  if (!ch->d.sp) return MP_OK;
+  for (int l = 0; l < ch->stage.num_layers; ++l) {
+    float *const *g = ch->blocks[l].g;
+    MP_TRY(sum_norm_grads(ch, g[MP_BLOCK_LN1_WEIGHT], g[MP_BLOCK_LN1_BIAS], err));
+    MP_TRY(sum_norm_grads(ch, g[MP_BLOCK_LN2_WEIGHT], g[MP_BLOCK_LN2_BIAS], err));
+  }
+  if (ch->stage.final_norm) MP_TRY(sum_norm_grads(ch, ch->dlnfw, ch->dlnfb, err));
+  return MP_OK;
+}

@@ -1,0 +1,117 @@
+/*
+ * engine/stage_chain.h — the forward and backward of one rank's shard of one pipeline stage,
+ * written once for every backend: embedding, blocks, final norm, LM head and loss, the activation
+ * slots of the micro-batches in flight, selective and full recomputation, the zero-bubble B/W
+ * split and sequence parallelism, over a backend's kernel table (engine/stage_kernels.h). The CPU
+ * stage (engine/gpt_model_tp.h) and the GPU stage (engine/gpt_stage_gpu.h) each own their
+ * parameter arrays and run this chain on them.
+ *
+ * The block is data: each block tensor is found by its role in the layout's table
+ * (mp_gpt_block_tensor, engine/gpt_model.h) and its shard in the host stage's table.
+ *
+ * Megatron's tensor parallelism: qkv and fc column-parallel (their inputs gathered first with
+ * sequence parallelism), attn_proj and fc_proj row-parallel, the vocabulary-parallel embedding,
+ * LM head (tied to wte) and cross-entropy. With sequence parallelism (Korthikanti et al. 2022) the
+ * layernorms, residual adds and the stage boundary hold this rank's token slice (BTl rows); a
+ * layernorm writes its rows of the column-parallel GEMM's (BT, C) input, which is all-gathered in
+ * place and kept for the backward. The layernorm gradients are then partial over this rank's
+ * tokens until mp_stage_chain_finish_grads.
+ *
+ * The backward keeps one residual-stream gradient that each layernorm backward adds its input
+ * gradient into, so a block's input gradient is formed in place.
+ *
+ * Zero-bubble (Qi et al. 2023): a deferred backward (B) leaves the four GEMM weight gradients of
+ * every block (qkv, attn_proj, fc, fc_proj) to mp_stage_chain_backward_weights (W), the slot
+ * keeping those GEMMs' output gradients; B then W adds exactly what the whole backward adds.
+ * Full recomputation: each slot keeps its tokens and input only; the backward reruns the forward
+ * into one shared set of activations. Selective: the attention's saved matrices are shared and
+ * recomputed before each layer's backward (where the backend's are worth dropping).
+ */
+#ifndef MPENGINE_ENGINE_STAGE_CHAIN_H
+#define MPENGINE_ENGINE_STAGE_CHAIN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/error.h"
+#include "engine/gpt_model_tp.h"
+#include "engine/stage_kernels.h"
+#include "topology/layer_cost.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mp_stage_chain mp_stage_chain;
+
+typedef struct {
+  const mp_gpt_tp *host;  /* layout, stage, shard table, micro-batch; must outlive the chain */
+  const mp_tp_comm *tp;   /* the group for the kernels' collectives (copied) */
+  void *weights;          /* the shard's weights, backend elements, in the host's layout */
+  float *grads;           /* the shard's fp32 gradients, in the host's layout */
+  int num_slots;          /* micro-batches in flight, >= 1 */
+  bool deferred_weights;  /* slots keep what a zero-bubble W needs */
+  mp_recompute recompute;
+} mp_stage_chain_config;
+
+/* The stage's sizes on this rank (for a backend's create). */
+mp_stage_dims mp_stage_chain_dims(const mp_gpt_tp *host, const mp_tp_comm *tp);
+
+/* Allocates the slots and working memory through kernels (which must outlive the chain).
+ * MP_ERR_INPUT for full recomputation with deferred weights, or no slot; the backend's errors. */
+mp_status mp_stage_chain_create(const mp_stage_chain_config *config,
+                                const mp_stage_kernels *kernels, mp_stage_chain **out,
+                                mp_error *err);
+void mp_stage_chain_free(mp_stage_chain *chain);
+
+/* Bytes the chain allocated through its backend (activations and working memory). */
+size_t mp_stage_chain_bytes(const mp_stage_chain *chain);
+
+/* Forward of one micro-batch into slot.
+ *   inputs, targets (B, T)  host token ids: inputs read by an embedding stage, targets by a head
+ *   input   (boundary)      the previous stage's output, fp32 in the backend's memory; NULL on an
+ *                           embedding stage
+ *   output  (boundary)      written with the stage's output; NULL on a head stage
+ *   dloss                   a head stage: the weight its backward gives the loss (1 / the step's
+ *                           micro-batches); the loss gradient is formed here
+ *   loss                    a head stage: the mean cross-entropy over B*T tokens
+ * Collective over the group. */
+mp_status mp_stage_chain_forward(mp_stage_chain *chain, int slot, const int32_t *inputs,
+                                 const int32_t *targets, const float *input, float *output,
+                                 float dloss, double *loss, mp_error *err);
+
+/* Frees slot without a backward (a held-out loss). Out-of-range slots are ignored. */
+void mp_stage_chain_discard(mp_stage_chain *chain, int slot);
+
+/* Backward of slot's micro-batch: doutput, the next stage's input gradient (NULL on a head
+ * stage); dinput written with the gradient of the stage's input (NULL on an embedding stage).
+ * defer_weights: zero-bubble's B (needs deferred_weights); the slot stays in use until its W.
+ * Adds into the gradients. Collective. */
+mp_status mp_stage_chain_backward(mp_stage_chain *chain, int slot, const float *doutput,
+                                  float *dinput, bool defer_weights, mp_error *err);
+
+/* Zero-bubble's W of slot: the GEMM weight gradients its deferred backward left. */
+mp_status mp_stage_chain_backward_weights(mp_stage_chain *chain, int slot, mp_error *err);
+
+/* Once per step after the last backward: with sequence parallelism sums every layernorm gradient
+ * (the blocks' ln1, ln2 and the final norm's) over the group; else nothing. Collective. */
+mp_status mp_stage_chain_finish_grads(mp_stage_chain *chain, mp_error *err);
+
+/* Data-parallel overlap: with a hook set, a whole backward and a W call hook(context, grads,
+ * count) right after each block's kernels (the last block first); grads points at the block's
+ * count floats of the gradient array. A deferred backward (B) does not call it. NULL: none. */
+typedef mp_status (*mp_stage_grads_hook)(void *context, float *grads, size_t count,
+                                         mp_error *err);
+void mp_stage_chain_set_grads_hook(mp_stage_chain *chain, mp_stage_grads_hook hook,
+                                   void *context);
+
+/* [*first, *end): the floats of the gradient array the stage's blocks hold (contiguous);
+ * *first == *end without blocks. */
+void mp_stage_chain_blocks_range(const mp_stage_chain *chain, size_t *first, size_t *end);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MPENGINE_ENGINE_STAGE_CHAIN_H */
