@@ -8,7 +8,7 @@
 
 #include "engine/stage_chain.h"
 #include "layers/adamw.h"
-#include "tensor_parallel/gpt_block.h"
+#include "layers/gpt_block.h"
 #include "tensor_parallel/vocab_parallel_embedding.h"
 
 struct mp_gpt_tp {
@@ -65,6 +65,32 @@ void mp_gpt_tp_free(mp_gpt_tp *gpt) {
 }
 
 /* True when the stage holds the layout's tensor full_index (wte, wpe, blocks..., lnfw, lnfb). */
+/* The block's shapes over tp ranks: heads, MLP channels and, with sequence parallelism, the
+ * micro-batch's tokens must divide. */
+static mp_status check_split(const mp_gpt_block_shape *s, int tp, bool sequence_parallel,
+                             mp_error *err) {
+  MP_TRY(mp_gpt_block_shape_check(s, err));
+  if (s->NH % tp != 0) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "tensor parallelism splits heads: %d heads do not divide over tp = %d; choose "
+                   "a tp that divides the heads",
+                   s->NH, tp);
+  }
+  if (s->F % tp != 0) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "tensor parallelism splits the MLP: ffn_hidden %d is not a multiple of tp = %d",
+                   s->F, tp);
+  }
+  if (sequence_parallel && ((size_t)s->B * s->T) % (size_t)tp != 0) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "sequence parallelism splits the B*T = %d tokens of a micro-batch over tp = "
+                   "%d ranks; choose a micro-batch size or sequence length that makes B*T a "
+                   "multiple of tp",
+                   s->B * s->T, tp);
+  }
+  return MP_OK;
+}
+
 static bool stage_holds(const mp_gpt_layout *layout, const mp_gpt_stage *st, int full_index) {
   if (full_index == mp_gpt_layout_global_index(layout, MP_GPT_WTE)) {
     return st->embedding || st->head;
@@ -127,10 +153,9 @@ mp_status mp_gpt_tp_create_stage(const mp_model *model, int micro_batch, int seq
   gpt->sp = sequence_parallel;
   gpt->B = micro_batch;
   gpt->T = seq_len;
-  const mp_tp_block_shape shape = {
-      {micro_batch, seq_len, c->channels, c->num_heads, c->ffn_channels}, tp->size,
-      sequence_parallel};
-  if ((status = mp_tp_block_shape_check(&shape, err)) != MP_OK ||
+  const mp_gpt_block_shape shape = {micro_batch, seq_len, c->channels, c->num_heads,
+                                    c->ffn_channels};
+  if ((status = check_split(&shape, tp->size, sequence_parallel, err)) != MP_OK ||
       (status = mp_tp_vocab_check(c->padded_vocab_size, tp->size, err)) != MP_OK) {
     mp_error inner = *err;
     mp_fail(err, status, "%s with tp = %d%s: %s", mp_model_source(model), tp->size,
@@ -311,18 +336,10 @@ mp_status mp_gpt_tp_backward_stage(mp_gpt_tp *gpt, int slot, const float *doutpu
   return mp_stage_chain_backward(gpt->chain, slot, doutput, dinput, defer_weights, err);
 }
 
-mp_status mp_gpt_tp_backward_weights(mp_gpt_tp *gpt, int slot, mp_error *err) {
-  MP_TRY(need_chain(gpt, err));
-  return mp_stage_chain_backward_weights(gpt->chain, slot, err);
-}
-
-void mp_gpt_tp_discard(mp_gpt_tp *gpt, int slot) {
-  if (gpt->chain != NULL) mp_stage_chain_discard(gpt->chain, slot);
-}
-
 mp_status mp_gpt_tp_forward(mp_gpt_tp *gpt, const int32_t *inputs, const int32_t *targets,
                             float dloss, double *loss, mp_error *err) {
-  mp_gpt_tp_discard(gpt, 0); /* an evaluation's forward starts over */
+  MP_TRY(need_chain(gpt, err));
+  mp_stage_chain_discard(gpt->chain, 0); /* an evaluation's forward starts over */
   return mp_gpt_tp_forward_stage(gpt, 0, inputs, targets, NULL, NULL, dloss, loss, err);
 }
 

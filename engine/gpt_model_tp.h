@@ -2,8 +2,8 @@
  * engine/gpt_model_tp.h — one rank's shard of the GPT (engine/gpt_model.h), or of one pipeline
  * stage of it (mp_gpt_stage: a contiguous piece of embedding, blocks, final norm, LM head), on a
  * tensor-parallel group, on the CPU in fp32: its parameters and gradients as flat shard arrays,
- * activation slots for the micro-batches in flight between their forward and backward, and the
- * forward and backward over tensor_parallel/ layers. The pipeline's stage worker
+ * and its forward and backward, the stage chain (engine/stage_chain.h: activation slots,
+ * recomputation, the zero-bubble split) over the CPU's kernels. The pipeline's stage worker
  * (pipeline/stage_worker.h) drives a rank's stages through the trainer (engine/trainer.h); with
  * tp = 1 the group is mp_tp_comm_single.
  *
@@ -14,8 +14,8 @@
  * contiguous, so optimizer and clipping walk one buffer as on one rank.
  *
  *   embedding   vocab-parallel lookup (tensor_parallel/vocab_parallel_embedding.h), wpe added
- *   blocks      tensor_parallel/gpt_block.h: qkv and fc column-parallel, attn_proj and fc_proj
- *               row-parallel, layernorms replicated
+ *   blocks      qkv and fc column-parallel, attn_proj and fc_proj row-parallel
+ *               (tensor_parallel/), layernorms replicated
  *   final norm  replicated (on this rank's token slice with sequence parallelism)
  *   LM head     tied to the wte shard: the logits of this rank's vocabulary range only
  *   loss        vocab-parallel cross-entropy, never gathering the (BT, Vp) logits
@@ -97,7 +97,7 @@ mp_status mp_gpt_tp_create(const mp_model *model, int micro_batch, int seq_len,
  * has several in flight). num_slots 0 makes a stage of arrays only (no activations, no working
  * memory: the host copy of a GPU stage, engine/gpt_stage_gpu.h), whose forward and backward
  * refuse. With deferred_weights each slot also keeps what the weight-gradient
- * pass of a zero-bubble schedule needs (mp_gpt_tp_backward_weights). recompute trades compute for
+ * pass of a zero-bubble schedule needs (mp_stage_chain_backward_weights). recompute trades compute for
  * memory as the plan says: selective keeps no attention matrices (B, NH/tp, T, T) per slot and
  * recomputes each layer's right before its backward; full keeps only each slot's input and
  * tokens and reruns the stage's forward at the start of the backward (not with deferred weights:
@@ -170,15 +170,12 @@ mp_status mp_gpt_tp_forward(mp_gpt_tp *gpt, const int32_t *inputs, const int32_t
  * Collective. */
 mp_status mp_gpt_tp_backward(mp_gpt_tp *gpt, mp_error *err);
 
-/* mp_stage_chain_forward, _backward, _backward_weights and _discard on the stage's chain (see
- * there for the arguments). */
+/* mp_stage_chain_forward and _backward on the stage's chain (see there for the arguments). */
 mp_status mp_gpt_tp_forward_stage(mp_gpt_tp *gpt, int slot, const int32_t *inputs,
                                   const int32_t *targets, const float *input, float *output,
                                   float dloss, double *loss, mp_error *err);
-void mp_gpt_tp_discard(mp_gpt_tp *gpt, int slot);
 mp_status mp_gpt_tp_backward_stage(mp_gpt_tp *gpt, int slot, const float *doutput, float *dinput,
                                    bool defer_weights, mp_error *err);
-mp_status mp_gpt_tp_backward_weights(mp_gpt_tp *gpt, int slot, mp_error *err);
 
 /* Once per step, after the last micro-batch's backward: with sequence parallelism sums every
  * layernorm gradient (blocks' ln1, ln2 and the final norm) over the group; without it does

@@ -598,15 +598,6 @@ mp_status mp_gpt_stage_gpu_zero_grads(mp_gpt_stage_gpu *gpu, mp_error *err) {
   return mp_device_memset(gpu->grads, 0, gpu->num_params * sizeof(float), err);
 }
 
-void mp_gpt_stage_gpu_set_grads_hook(mp_gpt_stage_gpu *gpu, mp_gpt_stage_gpu_grads_hook hook,
-                                     void *context) {
-  mp_stage_chain_set_grads_hook(gpu->chain, hook, context);
-}
-
-void mp_gpt_stage_gpu_blocks_range(const mp_gpt_stage_gpu *gpu, size_t *first, size_t *end) {
-  mp_stage_chain_blocks_range(gpu->chain, first, end);
-}
-
 void mp_gpt_stage_gpu_scale_grads(mp_gpt_stage_gpu *gpu, float scale) {
   mp_grad_scale_cuda(gpu->grads, gpu->num_params, scale, NULL);
 }

@@ -1,6 +1,7 @@
 /*
- * engine/gpt_stage_gpu.h — one rank's shard of one pipeline stage of the GPT on a CUDA GPU: the
- * GPU twin of engine/gpt_model_tp.h's stage, in the mixed precision of engine/gpt_model_gpu.h.
+ * engine/gpt_stage_gpu.h — one rank's shard of one pipeline stage of the GPT on a CUDA GPU: its
+ * device state, and the stage chain (engine/stage_chain.h, the CPU stage's too) over the CUDA
+ * kernels, in the mixed precision of engine/gpt_model_gpu.h.
  *
  * It mirrors a host stage (an mp_gpt_tp, created by the caller with the same stage, group and
  * sizes): the same tensor table, the same flat shard layout, so the host stage keeps serving
@@ -110,21 +111,6 @@ mp_status mp_gpt_stage_gpu_download_grads(mp_gpt_stage_gpu *gpu, mp_error *err);
 float *mp_gpt_stage_gpu_device_grads(mp_gpt_stage_gpu *gpu);
 
 mp_status mp_gpt_stage_gpu_zero_grads(mp_gpt_stage_gpu *gpu, mp_error *err);
-/* Data-parallel overlap (Megatron's gradient buckets): with a hook set, a whole
- * mp_gpt_stage_gpu_backward and mp_gpt_stage_gpu_backward_weights call hook(context, grads, count)
- * right after each block's kernels are enqueued, in the order the blocks finish (the last block
- * first); grads points at the block's count floats of the device gradient array, complete once
- * the default stream reaches that point (for the step: set it for the chunk's last whole backward
- * or W). A deferred backward (B) does not call it: the block's weight gradients wait for W. A
- * failing hook stops the backward with its error. NULL hook: none. */
-typedef mp_status (*mp_gpt_stage_gpu_grads_hook)(void *context, float *grads, size_t count,
-                                                 mp_error *err);
-void mp_gpt_stage_gpu_set_grads_hook(mp_gpt_stage_gpu *gpu, mp_gpt_stage_gpu_grads_hook hook,
-                                     void *context);
-/* [*first, *end): the floats of the gradient array the stage's blocks hold (contiguous: the layout
- * orders tensors block by block); *first == *end for a stage without blocks. */
-void mp_gpt_stage_gpu_blocks_range(const mp_gpt_stage_gpu *gpu, size_t *first, size_t *end);
-
 /* gradients *= scale (a data-parallel mean, a clip factor). */
 void mp_gpt_stage_gpu_scale_grads(mp_gpt_stage_gpu *gpu, float scale);
 

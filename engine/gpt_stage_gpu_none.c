@@ -46,14 +46,6 @@ mp_status mp_gpt_stage_gpu_zero_grads(mp_gpt_stage_gpu *gpu, mp_error *err) {
   (void)gpu;
   return unreachable(err);
 }
-void mp_gpt_stage_gpu_set_grads_hook(mp_gpt_stage_gpu *gpu, mp_gpt_stage_gpu_grads_hook hook,
-                                     void *context) {
-  (void)gpu, (void)hook, (void)context;
-}
-void mp_gpt_stage_gpu_blocks_range(const mp_gpt_stage_gpu *gpu, size_t *first, size_t *end) {
-  (void)gpu;
-  *first = *end = 0;
-}
 void mp_gpt_stage_gpu_scale_grads(mp_gpt_stage_gpu *gpu, float scale) { (void)gpu, (void)scale; }
 mp_status mp_gpt_stage_gpu_finish_grads(mp_gpt_stage_gpu *gpu, mp_error *err) {
   (void)gpu;

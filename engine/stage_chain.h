@@ -98,9 +98,11 @@ mp_status mp_stage_chain_backward_weights(mp_stage_chain *chain, int slot, mp_er
  * (the blocks' ln1, ln2 and the final norm's) over the group; else nothing. Collective. */
 mp_status mp_stage_chain_finish_grads(mp_stage_chain *chain, mp_error *err);
 
-/* Data-parallel overlap: with a hook set, a whole backward and a W call hook(context, grads,
- * count) right after each block's kernels (the last block first); grads points at the block's
- * count floats of the gradient array. A deferred backward (B) does not call it. NULL: none. */
+/* Data-parallel overlap (Megatron's gradient buckets): with a hook set, a whole backward and a W
+ * call hook(context, grads, count) right after each block's kernels (the last block first);
+ * grads points at the block's count floats of the gradient array (on a GPU complete once the
+ * stream reaches that point). A deferred backward (B) does not call it: the block's weight
+ * gradients wait for W. A failing hook stops the backward with its error. NULL: none. */
 typedef mp_status (*mp_stage_grads_hook)(void *context, float *grads, size_t count,
                                          mp_error *err);
 void mp_stage_chain_set_grads_hook(mp_stage_chain *chain, mp_stage_grads_hook hook,

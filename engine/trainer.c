@@ -8,6 +8,7 @@
 
 #include "engine/device.h"
 #include "engine/gpt_stage_gpu.h"
+#include "engine/stage_chain.h"
 #include "engine/tp_comm_mpi.h"
 #include "layers/adamw.h"
 #include "pipeline/stage_worker.h"
@@ -27,8 +28,9 @@ struct mp_trainer {
   mp_tp_comm tp_table;    /* options->tp, or the one-rank table */
   int num_chunks;         /* virtual_stages */
   mp_gpt_tp **chunks;     /* (num_chunks) chunk c holds stage c x pp + pp_rank */
-  mp_gpt_stage_gpu **gpu_chunks; /* CUDA backend with pp or tp > 1: chunk c on the GPU, the twin
-                                    of chunks[c] (which then keeps the host copies only) */
+  mp_gpt_stage_gpu **gpu_chunks; /* CUDA backend: chunk c on the GPU, the twin of chunks[c]
+                                    (which then keeps the host copies only) */
+  mp_stage_chain **chains; /* (num_chunks) chunk c's forward and backward, on either backend */
   float **chunk_m, **chunk_v; /* AdamW moments per chunk: its whole array, or with ZeRO-1 this
                                  dp rank's part [zero_first, zero_first + zero_count) */
   size_t *zero_first, *zero_count; /* (num_chunks) */
@@ -142,13 +144,8 @@ static mp_status chunk_forward(void *context, int chunk, int micro_batch, int sl
   const int32_t *targets = micro_batch_rows(trainer, trainer->targets, micro_batch);
   /* The loss gradient is formed at forward time. */
   const float dloss = 1.0f / (float)trainer->plan->num_micro_batches;
-  if (trainer->gpu_chunks != NULL) {
-    MP_TRY(mp_gpt_stage_gpu_forward(trainer->gpu_chunks[chunk], slot, inputs, targets, input,
-                                    output, dloss, &loss, err));
-  } else {
-    MP_TRY(mp_gpt_tp_forward_stage(trainer->chunks[chunk], slot, inputs, targets, input, output,
-                                   dloss, &loss, err));
-  }
+  MP_TRY(mp_stage_chain_forward(trainer->chains[chunk], slot, inputs, targets, input, output,
+                                dloss, &loss, err));
   if (mp_gpt_tp_stage(trainer->chunks[chunk])->head) trainer->loss_sum += loss;
   return MP_OK;
 }
@@ -157,19 +154,18 @@ static mp_status chunk_forward(void *context, int chunk, int micro_batch, int sl
 static void chunk_release(void *context, int chunk, int micro_batch, int slot) {
   (void)micro_batch;
   mp_trainer *trainer = context;
-  if (trainer->gpu_chunks != NULL) mp_gpt_stage_gpu_discard(trainer->gpu_chunks[chunk], slot);
-  mp_gpt_tp_discard(trainer->chunks[chunk], slot);
+  mp_stage_chain_discard(trainer->chains[chunk], slot);
 }
 
 static mp_status block_grads_ready(void *context, float *grads, size_t count, mp_error *err);
 
-/* A GPU chunk's gradients complete inside its last gradient action of the step (the worker knows
- * which: a whole backward, or with zb-h1 a W): true there when dp > 1 wants the blocks'
- * all-reduces posted as they finish (block_grads_ready; post_chunk_all_reduce posts the rest). */
-static bool gpu_overlap_dp(mp_trainer *trainer, int chunk) {
-  const bool overlap = trainer->options.dp != NULL && trainer->plan->dp > 1 &&
-                       mp_stage_worker_completes_chunk(trainer->worker, chunk);
-  return overlap;
+/* A chunk's gradients complete inside its last gradient action of the step (the worker knows
+ * which: a whole backward, or with zb-h1 a W). On a GPU with dp > 1 the blocks' all-reduces are
+ * posted there as they finish (block_grads_ready; post_chunk_all_reduce posts the rest); a CPU
+ * rank posts the chunk at once, so that no more than one copy of its gradients is in flight. */
+static bool overlap_dp(mp_trainer *trainer, int chunk) {
+  return trainer->gpu_chunks != NULL && trainer->options.dp != NULL && trainer->plan->dp > 1 &&
+         mp_stage_worker_completes_chunk(trainer->worker, chunk);
 }
 
 static mp_status chunk_backward(void *context, int chunk, int micro_batch, int slot,
@@ -177,35 +173,25 @@ static mp_status chunk_backward(void *context, int chunk, int micro_batch, int s
                                 mp_error *err) {
   (void)micro_batch;
   mp_trainer *trainer = context;
-  if (trainer->gpu_chunks != NULL) {
-    /* The chunk's last whole backward of the step completes its gradients block by block: with
-     * dp > 1 each block's all-reduce starts as soon as its kernels are enqueued. */
-    mp_gpt_stage_gpu *gpu = trainer->gpu_chunks[chunk];
-    const bool overlap = gpu_overlap_dp(trainer, chunk);
-    if (overlap) mp_gpt_stage_gpu_set_grads_hook(gpu, block_grads_ready, trainer);
-    const mp_status status =
-        mp_gpt_stage_gpu_backward(gpu, slot, doutput, dinput, defer_weights, err);
-    if (overlap) mp_gpt_stage_gpu_set_grads_hook(gpu, NULL, NULL);
-    return status;
-  }
-  return mp_gpt_tp_backward_stage(trainer->chunks[chunk], slot, doutput, dinput, defer_weights,
-                                  err);
+  mp_stage_chain *chain = trainer->chains[chunk];
+  const bool overlap = overlap_dp(trainer, chunk);
+  if (overlap) mp_stage_chain_set_grads_hook(chain, block_grads_ready, trainer);
+  const mp_status status =
+      mp_stage_chain_backward(chain, slot, doutput, dinput, defer_weights, err);
+  if (overlap) mp_stage_chain_set_grads_hook(chain, NULL, NULL);
+  return status;
 }
 
 static mp_status chunk_backward_weights(void *context, int chunk, int micro_batch, int slot,
                                         mp_error *err) {
   (void)micro_batch;
   mp_trainer *trainer = context;
-  if (trainer->gpu_chunks != NULL) {
-    /* Zero-bubble's W: the chunk's last one of the step completes its blocks' gradients. */
-    mp_gpt_stage_gpu *gpu = trainer->gpu_chunks[chunk];
-    const bool overlap = gpu_overlap_dp(trainer, chunk);
-    if (overlap) mp_gpt_stage_gpu_set_grads_hook(gpu, block_grads_ready, trainer);
-    const mp_status status = mp_gpt_stage_gpu_backward_weights(gpu, slot, err);
-    if (overlap) mp_gpt_stage_gpu_set_grads_hook(gpu, NULL, NULL);
-    return status;
-  }
-  return mp_gpt_tp_backward_weights(trainer->chunks[chunk], slot, err);
+  mp_stage_chain *chain = trainer->chains[chunk];
+  const bool overlap = overlap_dp(trainer, chunk);
+  if (overlap) mp_stage_chain_set_grads_hook(chain, block_grads_ready, trainer);
+  const mp_status status = mp_stage_chain_backward_weights(chain, slot, err);
+  if (overlap) mp_stage_chain_set_grads_hook(chain, NULL, NULL);
+  return status;
 }
 
 /* A posted send and when it was posted (for the trace). */
@@ -401,11 +387,10 @@ static mp_status post_chunk_all_reduce(void *context, int chunk, mp_error *err) 
     return post_dp_all_reduce(trainer, mp_gpt_tp_grads(trainer->chunks[chunk]),
                               mp_gpt_tp_num_params(trainer->chunks[chunk]), err);
   }
-  mp_gpt_stage_gpu *gpu = trainer->gpu_chunks[chunk];
-  float *grads = mp_gpt_stage_gpu_device_grads(gpu);
+  float *grads = mp_gpt_stage_gpu_device_grads(trainer->gpu_chunks[chunk]);
   const size_t n = mp_gpt_tp_num_params(trainer->chunks[chunk]);
   size_t first = 0, end = 0; /* the blocks' range */
-  mp_gpt_stage_gpu_blocks_range(gpu, &first, &end);
+  mp_stage_chain_blocks_range(trainer->chains[chunk], &first, &end);
   MP_TRY(post_dp_all_reduce(trainer, grads, first, err));
   return post_dp_all_reduce(trainer, grads + end, n - end, err);
 }
@@ -564,6 +549,7 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
   }
   trainer->num_chunks = v;
   trainer->chunks = calloc((size_t)v, sizeof *trainer->chunks);
+  trainer->chains = calloc((size_t)v, sizeof *trainer->chains);
   trainer->chunk_m = calloc((size_t)v, sizeof *trainer->chunk_m);
   trainer->chunk_v = calloc((size_t)v, sizeof *trainer->chunk_v);
   trainer->zero_first = calloc((size_t)v, sizeof *trainer->zero_first);
@@ -573,8 +559,9 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
   if (status == MP_OK && on_gpu && trainer->gpu_chunks == NULL) {
     status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
   }
-  if (status == MP_OK && (trainer->chunks == NULL || trainer->chunk_m == NULL ||
-                          trainer->chunk_v == NULL || trainer->zero_first == NULL ||
+  if (status == MP_OK && (trainer->chunks == NULL || trainer->chains == NULL ||
+                          trainer->chunk_m == NULL || trainer->chunk_v == NULL ||
+                          trainer->zero_first == NULL ||
                           trainer->zero_count == NULL)) {
     status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
   }
@@ -618,6 +605,8 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
       if (status != MP_OK) break;
     }
     if (status != MP_OK) break;
+    trainer->chains[c] = on_gpu ? mp_gpt_stage_gpu_chain(trainer->gpu_chunks[c])
+                                : mp_gpt_tp_chain(trainer->chunks[c]);
     const size_t n = mp_gpt_tp_num_params(trainer->chunks[c]);
     size_t first_param = 0, count = n;
     if (plan->zero_stage == 1) {
@@ -774,6 +763,7 @@ void mp_trainer_free(mp_trainer *trainer) {
   free(trainer->gpu_chunks);
   free(trainer->nccl_sends);
   free(trainer->chunks);
+  free(trainer->chains);
   free(trainer->chunk_m);
   free(trainer->chunk_v);
   free(trainer->zero_first);
@@ -1090,8 +1080,7 @@ static mp_status reduce_step_grads(mp_trainer *trainer, double *grad_norm, mp_er
     }
   }
   for (int c = 0; c < trainer->num_chunks; ++c) {
-    MP_TRY(gpu != NULL ? mp_gpt_stage_gpu_finish_grads(gpu[c], err)
-                       : mp_gpt_tp_finish_grads(trainer->chunks[c], err));
+    MP_TRY(mp_stage_chain_finish_grads(trainer->chains[c], err));
   }
   if (gpu != NULL) MP_TRY(mp_device_synchronize(err));
   /* The tied embedding: the first stage's wte gradient plus the last stage's copy's. */
