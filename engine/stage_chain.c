@@ -13,13 +13,13 @@ typedef struct {
 
 /* What one block's forward keeps for its backward (backend elements unless float). */
 typedef struct {
-  void *ln1;                  /* (BT, C) the qkv GEMM's input (all-gathered with SP) */
+  void *ln1;                  /* (BT, C) the qkv GEMM's input; (BTl, C) with SP and regather */
   float *ln1_mean, *ln1_rstd; /* (BTl) */
   void *qkv;                  /* (BT, 3Cl) */
   void *atty;                 /* (BT, Cl) */
   void *attention;            /* attention_saved_bytes */
   void *residual2;            /* (BTl, C) */
-  void *ln2;                  /* (BT, C) the fc GEMM's input (all-gathered with SP) */
+  void *ln2;                  /* (BT, C) the fc GEMM's input; (BTl, C) with SP and regather */
   float *ln2_mean, *ln2_rstd; /* (BTl) */
   void *fch, *fch_gelu;       /* (BT, Fl) */
   void *out;                  /* (BTl, C) */
@@ -45,7 +45,7 @@ typedef struct {
   block_deferred *deferred;  /* (num_layers) with deferred weights */
   void *lnf;                 /* (BTl, C) */
   float *lnf_mean, *lnf_rstd; /* (BTl) */
-  void *head_input;          /* (BT, C) SP: the LM head's input all-gathered */
+  void *head_input;          /* (BT, C) SP without regather: the LM head's input all-gathered */
   void *logits;              /* (BT, Vl), the loss gradient after the forward */
 } slot_acts;
 
@@ -57,6 +57,11 @@ struct mp_stage_chain {
   size_t eb; /* element bytes */
   bool deferred_weights;
   mp_recompute recompute;
+  /* Sequence parallelism as Megatron runs it: a slot keeps its layernorm outputs' token slices
+   * only and the backward all-gathers them again (into projection) for the column-parallel
+   * GEMMs' weight gradients. Not with deferred weights: W runs no collective, so B keeps the
+   * gathered inputs. */
+  bool regather;
   float *grads;        /* the gradient array (the hook's) */
   const void *wte, *wpe, *lnfw, *lnfb;
   float *dwte, *dwpe, *dlnfw, *dlnfb;
@@ -158,7 +163,8 @@ static mp_status alloc_slot(mp_stage_chain *ch, slot_acts *s, mp_error *err) {
   const bool share_attention = ch->shared_attention != NULL;
   for (int l = 0; l < L; ++l) {
     block_acts *a = &s->acts[l];
-    ALLOC(a->ln1, BT * C, eb);
+    const size_t ln_rows = ch->regather ? BTl : BT;
+    ALLOC(a->ln1, ln_rows * C, eb);
     ALLOC(a->ln1_mean, BTl, sizeof(float));
     ALLOC(a->ln1_rstd, BTl, sizeof(float));
     ALLOC(a->qkv, BT * 3 * Cl, eb);
@@ -169,7 +175,7 @@ static mp_status alloc_slot(mp_stage_chain *ch, slot_acts *s, mp_error *err) {
       ALLOC(a->attention, ch->k->attention_saved_bytes, 1);
     }
     ALLOC(a->residual2, BTl * C, eb);
-    ALLOC(a->ln2, BT * C, eb);
+    ALLOC(a->ln2, ln_rows * C, eb);
     ALLOC(a->ln2_mean, BTl, sizeof(float));
     ALLOC(a->ln2_rstd, BTl, sizeof(float));
     ALLOC(a->fch, BT * Fl, eb);
@@ -182,7 +188,7 @@ static mp_status alloc_slot(mp_stage_chain *ch, slot_acts *s, mp_error *err) {
     ALLOC(s->lnf_rstd, BTl, sizeof(float));
   }
   if (ch->stage.head) ALLOC(s->logits, BT * (size_t)d->Vl, eb);
-  if (ch->stage.head && d->sp) ALLOC(s->head_input, BT * C, eb);
+  if (ch->stage.head && d->sp && !ch->regather) ALLOC(s->head_input, BT * C, eb);
   if (ch->deferred_weights) {
     s->deferred = calloc((size_t)(L > 0 ? L : 1), sizeof *s->deferred);
     if (s->deferred == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of host memory");
@@ -313,6 +319,7 @@ mp_status mp_stage_chain_create(const mp_stage_chain_config *config,
   ch->recompute = config->recompute;
   ch->num_slots = config->num_slots;
   ch->grads = config->grads;
+  ch->regather = ch->d.sp && !config->deferred_weights;
   const mp_status status = chain_setup(ch, config, err);
   if (status != MP_OK) {
     mp_stage_chain_free(ch);
@@ -359,19 +366,25 @@ static mp_status block_forward(mp_stage_chain *ch, int l, block_acts *a, const v
   const int BT = d->BT, BTl = d->BTl, C = d->C, Cl = d->Cl, Fl = d->Fl;
   const size_t mine = (size_t)d->row0 * (size_t)C; /* this rank's rows of a (BT, C) input */
   const void *const *w = ch->blocks[l].w;
-  k->layernorm_forward(cx, at(ch, a->ln1, mine), a->ln1_mean, a->ln1_rstd, x,
-                       w[MP_BLOCK_LN1_WEIGHT], w[MP_BLOCK_LN1_BIAS], BTl, C);
-  if (d->sp) MP_TRY(k->gather_sequence(cx, a->ln1, at(ch, a->ln1, mine), err));
-  k->matmul_forward(cx, a->qkv, a->ln1, w[MP_BLOCK_QKV_WEIGHT], w[MP_BLOCK_QKV_BIAS], BT, C,
+  /* A layernorm writes this rank's rows of the column-parallel GEMM's input: into the kept
+   * slice (regathered), or into its rows of the kept (BT, C) input, gathered in place. */
+  void *ln1 = ch->regather ? a->ln1 : at(ch, a->ln1, mine);
+  void *ln1_total = ch->regather ? ch->projection : a->ln1;
+  k->layernorm_forward(cx, ln1, a->ln1_mean, a->ln1_rstd, x, w[MP_BLOCK_LN1_WEIGHT],
+                       w[MP_BLOCK_LN1_BIAS], BTl, C);
+  if (d->sp) MP_TRY(k->gather_sequence(cx, ln1_total, ln1, err));
+  k->matmul_forward(cx, a->qkv, ln1_total, w[MP_BLOCK_QKV_WEIGHT], w[MP_BLOCK_QKV_BIAS], BT, C,
                     3 * Cl);
   k->attention_forward(cx, a->atty, a->attention, a->qkv);
   MP_TRY(k->row_parallel_linear_forward(cx, ch->projection, a->atty, w[MP_BLOCK_ATTN_PROJ_WEIGHT],
                                         w[MP_BLOCK_ATTN_PROJ_BIAS], Cl, C, err));
   k->residual_forward(cx, a->residual2, x, ch->projection, (size_t)BTl * C);
-  k->layernorm_forward(cx, at(ch, a->ln2, mine), a->ln2_mean, a->ln2_rstd, a->residual2,
-                       w[MP_BLOCK_LN2_WEIGHT], w[MP_BLOCK_LN2_BIAS], BTl, C);
-  if (d->sp) MP_TRY(k->gather_sequence(cx, a->ln2, at(ch, a->ln2, mine), err));
-  k->matmul_forward(cx, a->fch, a->ln2, w[MP_BLOCK_FC_WEIGHT], w[MP_BLOCK_FC_BIAS], BT, C, Fl);
+  void *ln2 = ch->regather ? a->ln2 : at(ch, a->ln2, mine);
+  void *ln2_total = ch->regather ? ch->projection : a->ln2;
+  k->layernorm_forward(cx, ln2, a->ln2_mean, a->ln2_rstd, a->residual2, w[MP_BLOCK_LN2_WEIGHT],
+                       w[MP_BLOCK_LN2_BIAS], BTl, C);
+  if (d->sp) MP_TRY(k->gather_sequence(cx, ln2_total, ln2, err));
+  k->matmul_forward(cx, a->fch, ln2_total, w[MP_BLOCK_FC_WEIGHT], w[MP_BLOCK_FC_BIAS], BT, C, Fl);
   k->gelu_forward(cx, a->fch_gelu, a->fch, (size_t)BT * Fl);
   MP_TRY(k->row_parallel_linear_forward(cx, ch->projection, a->fch_gelu,
                                         w[MP_BLOCK_FC_PROJ_WEIGHT], w[MP_BLOCK_FC_PROJ_BIAS], Fl,
@@ -398,6 +411,17 @@ static mp_status row_parallel_output_grad(mp_stage_chain *ch, void *keep, const 
     return MP_OK;
   }
   *out = ch->dresidual;
+  return MP_OK;
+}
+
+/* The (BT, C) input a column-parallel GEMM saw in the forward: the kept one, or its kept slice
+ * all-gathered again (regather; into projection, which the backward does not otherwise use). */
+static mp_status column_input(mp_stage_chain *ch, const void *kept, const void **out,
+                              mp_error *err) {
+  *out = kept;
+  if (!ch->regather) return MP_OK;
+  MP_TRY(ch->k->gather_sequence(ch->k->context, ch->projection, kept, err));
+  *out = ch->projection;
   return MP_OK;
 }
 
@@ -431,9 +455,11 @@ static mp_status block_backward(mp_stage_chain *ch, int l, block_acts *a, const 
                      Fl, C);
   MP_TRY(k->zero(cx, dfch, (size_t)BT * Fl * eb, err));
   k->gelu_backward(cx, dfch, a->fch, ch->dfch_gelu, (size_t)BT * Fl);
+  const void *ln2_total = NULL;
+  MP_TRY(column_input(ch, a->ln2, &ln2_total, err));
   MP_TRY(k->zero(cx, ch->dnorm, (size_t)BT * C * eb, err));
   k->matmul_backward(cx, ch->dnorm, defer ? NULL : g[MP_BLOCK_FC_WEIGHT], g[MP_BLOCK_FC_BIAS],
-                     dfch, a->ln2, w[MP_BLOCK_FC_WEIGHT], BT, C, Fl);
+                     dfch, ln2_total, w[MP_BLOCK_FC_WEIGHT], BT, C, Fl);
   MP_TRY(k->column_parallel_input_grad(cx, ch->dnorm, err));
   k->layernorm_backward(cx, ch->dresidual, g[MP_BLOCK_LN2_WEIGHT], g[MP_BLOCK_LN2_BIAS], ch->dnorm,
                         a->residual2, w[MP_BLOCK_LN2_WEIGHT], a->ln2_mean, a->ln2_rstd, BTl, C);
@@ -445,9 +471,11 @@ static mp_status block_backward(mp_stage_chain *ch, int l, block_acts *a, const 
                      Cl, C);
   MP_TRY(k->zero(cx, dqkv, (size_t)BT * 3 * Cl * eb, err));
   k->attention_backward(cx, dqkv, ch->datty, a->qkv, a->atty, a->attention);
+  const void *ln1_total = NULL;
+  MP_TRY(column_input(ch, a->ln1, &ln1_total, err));
   MP_TRY(k->zero(cx, ch->dnorm, (size_t)BT * C * eb, err));
   k->matmul_backward(cx, ch->dnorm, defer ? NULL : g[MP_BLOCK_QKV_WEIGHT], g[MP_BLOCK_QKV_BIAS],
-                     dqkv, a->ln1, w[MP_BLOCK_QKV_WEIGHT], BT, C, 3 * Cl);
+                     dqkv, ln1_total, w[MP_BLOCK_QKV_WEIGHT], BT, C, 3 * Cl);
   MP_TRY(k->column_parallel_input_grad(cx, ch->dnorm, err));
   k->layernorm_backward(cx, ch->dresidual, g[MP_BLOCK_LN1_WEIGHT], g[MP_BLOCK_LN1_BIAS], ch->dnorm,
                         inp, w[MP_BLOCK_LN1_WEIGHT], a->ln1_mean, a->ln1_rstd, BTl, C);
@@ -517,8 +545,9 @@ static mp_status stage_forward(mp_stage_chain *ch, slot_acts *s, const int32_t *
   /* The LM head, tied to this rank's rows of wte: the logits of its vocabulary range for every
    * token (with sequence parallelism its input all-gathered first). */
   if (d->sp) {
-    MP_TRY(k->gather_sequence(cx, s->head_input, x, err));
-    x = s->head_input;
+    void *total = ch->regather ? ch->projection : s->head_input;
+    MP_TRY(k->gather_sequence(cx, total, x, err));
+    x = total;
   }
   k->matmul_forward(cx, s->logits, x, ch->wte, NULL, d->BT, d->C, d->Vl);
   MP_TRY(k->loss(cx, s->logits, s->targets, s->dloss, recomputing ? NULL : loss, err));
@@ -570,7 +599,9 @@ mp_status mp_stage_chain_backward(mp_stage_chain *ch, int slot, const float *dou
   /* g: the gradient of the stage's last activation (the final norm's output, or the blocks'). */
   void *g = st->final_norm ? ch->dnorm : ch->dresidual;
   if (st->head) {
-    const void *head_input = d->sp ? s->head_input : st->final_norm ? s->lnf : tail_input;
+    const void *head_input = st->final_norm ? s->lnf : tail_input;
+    if (d->sp && ch->regather) MP_TRY(column_input(ch, head_input, &head_input, err));
+    if (d->sp && !ch->regather) head_input = s->head_input;
     MP_TRY(k->zero(cx, g, act_bytes, err));
     k->matmul_backward(cx, g, ch->dwte, NULL, s->logits, head_input, ch->wte, BT, C, d->Vl);
     MP_TRY(k->column_parallel_input_grad(cx, g, err));

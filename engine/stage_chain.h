@@ -12,9 +12,11 @@
  * Megatron's tensor parallelism: qkv and fc column-parallel (their inputs gathered first with
  * sequence parallelism), attn_proj and fc_proj row-parallel, the vocabulary-parallel embedding,
  * LM head (tied to wte) and cross-entropy. With sequence parallelism (Korthikanti et al. 2022) the
- * layernorms, residual adds and the stage boundary hold this rank's token slice (BTl rows); a
- * layernorm writes its rows of the column-parallel GEMM's (BT, C) input, which is all-gathered in
- * place and kept for the backward. The layernorm gradients are then partial over this rank's
+ * layernorms, residual adds and the stage boundary hold this rank's token slice (BTl rows). A
+ * slot keeps only its slice of each column-parallel GEMM's input (qkv, fc, the LM head), which
+ * is all-gathered before the GEMM and again in the backward for its weight gradient, as Megatron
+ * does (and the cost model counts); with deferred weights the gathered (BT, C) input is kept
+ * instead, since W runs no collective. The layernorm gradients are then partial over this rank's
  * tokens until mp_stage_chain_finish_grads.
  *
  * The backward keeps one residual-stream gradient that each layernorm backward adds its input
