@@ -150,7 +150,11 @@ static void rank_watch_scan(rank_watch *watch) {
     fclose(file);
     if (!ok) continue;
     watch->pidfds[r] = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
-    if (watch->pidfds[r] < 0) watch->ended[r] = true; /* gone already, or no pidfd_open */
+    if (watch->pidfds[r] >= 0) continue;
+    watch->ended[r] = true; /* gone already, or no pidfd_open */
+    /* Gone before the launcher looked, its file still there (a rank that ends through mpengine's
+     * code removes it first): it died without a word, however fast. */
+    if (errno == ESRCH && watch->lost_rank < 0) watch->lost_rank = r;
   }
 }
 
