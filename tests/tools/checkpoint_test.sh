@@ -16,12 +16,9 @@ mpengine=${1:-${MPENGINE:-tools/mpengine}}
 tmp=${TEST_TMPDIR:-$(mktemp -d)}/checkpoint
 rm -rf "$tmp"
 mkdir -p "$tmp"
-export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
-export OMPI_MCA_plm_rsh_agent=
-export OMPI_MCA_btl=self,vader
-export TMPDIR="${TEST_TMPDIR:-${TMPDIR:-/tmp}}"
 failures=0
 source "$(dirname "${BASH_SOURCE[0]}")/cli_expect.sh" || { echo "cannot load cli_expect.sh"; exit 1; }
+mpi_ranks_env
 
 plan() { # plan FILE DP PP TP [SCHEDULE] [VIRTUAL] [ZERO] [MODEL]: global batch 8 on every layout
   cat > "$1" <<JSON

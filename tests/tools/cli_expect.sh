@@ -4,6 +4,8 @@
 #                                               its combined output contains every PATTERN (fixed
 #                                               strings); on a mismatch prints the output
 #   fail MESSAGE                                records a failed check
+#   mpi_ranks_env                               the environment of a test that starts several
+#                                               ranks on this machine (below)
 # Both count into $failures, which the script reports at its end.
 #
 # expect needs at least one PATTERN: a call with none used to check nothing at all, exit code
@@ -53,4 +55,13 @@ expect() {
 fail() {
   echo "FAIL: $*"
   failures=$((failures + 1))
+}
+
+# One BLAS thread per rank (the ranks share the cores), Open MPI's shared-memory transport and no
+# ssh agent, and its session directory in Bazel's private TMPDIR.
+mpi_ranks_env() {
+  export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+  export OMPI_MCA_plm_rsh_agent=
+  export OMPI_MCA_btl=self,vader
+  export TMPDIR="${TEST_TMPDIR:-${TMPDIR:-/tmp}}"
 }

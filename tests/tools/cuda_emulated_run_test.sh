@@ -38,12 +38,9 @@ set -uo pipefail
 mpengine=${1:-${MPENGINE:-tools/mpengine}}
 tmp=${TEST_TMPDIR:-$(mktemp -d)}/cuda_emulated
 mkdir -p "$tmp"
-export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
-export OMPI_MCA_plm_rsh_agent=
-export OMPI_MCA_btl=self,vader
-export TMPDIR="${TEST_TMPDIR:-${TMPDIR:-/tmp}}"
 failures=0
 source "$(dirname "${BASH_SOURCE[0]}")/cli_expect.sh" || { echo "cannot load cli_expect.sh"; exit 1; }
+mpi_ranks_env
 cp examples/models/tiny-gpt.json "$tmp/tiny-gpt.json"
 
 plan() { # plan NAME DP PP TP [SCHEDULE] [VIRTUAL] [SEQUENCE_PARALLEL] [ZERO_STAGE] [RECOMPUTE]

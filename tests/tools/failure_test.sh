@@ -15,14 +15,10 @@ mpengine=${1:-${MPENGINE:-tools/mpengine}}
 tmp=${TEST_TMPDIR:-$(mktemp -d)}/failure
 rm -rf "$tmp"
 mkdir -p "$tmp"
-export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
-export OMPI_MCA_plm_rsh_agent=
-export OMPI_MCA_btl=self,vader
-# Bazel's sandbox has a private TMPDIR; Open MPI's session directory goes there.
-export TMPDIR="${TEST_TMPDIR:-${TMPDIR:-/tmp}}"
 unset MPENGINE_FAULT
 failures=0
 source "$(dirname "${BASH_SOURCE[0]}")/cli_expect.sh" || { echo "cannot load cli_expect.sh"; exit 1; }
+mpi_ranks_env
 
 cp examples/models/tiny-gpt.json "$tmp/tiny-gpt.json"
 cat > "$tmp/tp2.json" <<JSON

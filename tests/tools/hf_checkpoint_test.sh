@@ -19,12 +19,9 @@ testdata=${2:-tests/engine/testdata}
 python=${PYTHON:-python3}
 tmp=${TEST_TMPDIR:-$(mktemp -d)}/hf_checkpoint
 rm -rf "$tmp" && mkdir -p "$tmp"
-export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
-export OMPI_MCA_plm_rsh_agent=
-export OMPI_MCA_btl=self,vader
-export TMPDIR="${TEST_TMPDIR:-${TMPDIR:-/tmp}}"
 failures=0
 source "$(dirname "${BASH_SOURCE[0]}")/cli_expect.sh" || { echo "cannot load cli_expect.sh"; exit 1; }
+mpi_ranks_env
 
 golden=$testdata/hf_gpt2_tiny
 tokens=$testdata/hf_gpt2_tiny_tokens.bin

@@ -12,15 +12,12 @@ set -uo pipefail
 mpengine=${1:-${MPENGINE:-tools/mpengine}}
 tmp=${TEST_TMPDIR:-$(mktemp -d)}/shard_memory
 mkdir -p "$tmp"
-export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
-export OMPI_MCA_plm_rsh_agent=
-export OMPI_MCA_btl=self,vader
-export TMPDIR="${TEST_TMPDIR:-${TMPDIR:-/tmp}}"
 # Under AddressSanitizer (bazel test --config=asan) freed blocks wait in its quarantine, still
 # resident: the pieces a rank allocates and frees one after another would add up in VmHWM.
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}quarantine_size_mb=0"
 failures=0
 source "$(dirname "${BASH_SOURCE[0]}")/cli_expect.sh" || { echo "cannot load cli_expect.sh"; exit 1; }
+mpi_ranks_env
 
 # 8 blocks of C = 512, F = 2048: 3,152,384 parameters each; vocabulary 128.
 cat > "$tmp/wide.json" <<'JSON'

@@ -12,13 +12,9 @@ set -uo pipefail
 mpengine=${1:-${MPENGINE:-tools/mpengine}}
 tmp=${TEST_TMPDIR:-$(mktemp -d)}/tp_run
 mkdir -p "$tmp"
-export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
-export OMPI_MCA_plm_rsh_agent=
-export OMPI_MCA_btl=self,vader
-# Bazel's sandbox has a private TMPDIR; Open MPI's session directory goes there.
-export TMPDIR="${TEST_TMPDIR:-${TMPDIR:-/tmp}}"
 failures=0
 source "$(dirname "${BASH_SOURCE[0]}")/cli_expect.sh" || { echo "cannot load cli_expect.sh"; exit 1; }
+mpi_ranks_env
 
 plan() { # plan FILE TP SEQUENCE_PARALLEL [DP]
   cat > "$1" <<JSON
