@@ -341,8 +341,7 @@ static mp_status scratch_alloc(cuda_kernels *k, void **out, size_t bytes, mp_err
       goto fail;                                                                               \
   } while (0)
 
-static mp_status cuda_kernels_create(const mp_stage_dims *d, const mp_gpt_stage *stage,
-                                     cuda_kernels **out, mp_error *err) {
+static mp_status cuda_kernels_create(const mp_stage_dims *d, cuda_kernels **out, mp_error *err) {
   *out = NULL;
   cuda_kernels *k = calloc(1, sizeof *k);
   if (k == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of host memory");
@@ -369,10 +368,11 @@ static mp_status cuda_kernels_create(const mp_stage_dims *d, const mp_gpt_stage 
       max_size((size_t)d->Vl, max_size((size_t)d->Fl, max_size(3 * (size_t)d->Cl, C)));
   SCRATCH(k->matmul_scratch, mp_matmul_backward_cuda_scratch_floats((int)BT, (int)widest));
   const size_t attention_bytes =
-      k->fused_attention ? mp_flash_attention_scratch_bytes(d->B, d->T, d->NHl, d->HS)
-                         : mp_attention_cuda_scratch_bytes(d->B, d->T, d->NHl, d->HS);
+      d->num_layers == 0 ? 0
+      : k->fused_attention ? mp_flash_attention_scratch_bytes(d->B, d->T, d->NHl, d->HS)
+                           : mp_attention_cuda_scratch_bytes(d->B, d->T, d->NHl, d->HS);
   if (scratch_alloc(k, &k->attention_scratch, attention_bytes, err) != MP_OK) goto fail;
-  if (stage->embedding) {
+  if (d->embedding) {
     SCRATCH(k->embedding_workspace, mp_embedding_backward_cuda_workspace_ints(d->B, d->T));
     if (d->tp.size > 1) {
       SCRATCH(k->dwte_rows, ((size_t)d->Vl + 1) * C);
@@ -462,16 +462,7 @@ mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, 
                                   int seq_len, int num_slots, bool deferred_weights,
                                   mp_recompute recompute, mp_gpt_stage_gpu **out, mp_error *err) {
   *out = NULL;
-  if (recompute == MP_RECOMPUTE_FULL && deferred_weights) {
-    return mp_fail(err, MP_ERR_INPUT,
-                   "full recomputation cannot run a zero-bubble schedule: its weight pass needs "
-                   "activations that the recomputation of the next micro-batch overwrites; use "
-                   "recompute \"selective\" or \"none\", or another schedule");
-  }
-  if (num_slots < 1) {
-    return mp_fail(err, MP_ERR_INPUT, "a stage needs at least one activation slot; got %d",
-                   num_slots);
-  }
+  /* The chain refuses what it cannot run (no slot; full recomputation with deferred weights). */
   int host_batch = 0, host_seq = 0;
   mp_gpt_tp_micro_batch(host, &host_batch, &host_seq);
   if (micro_batch != host_batch || seq_len != host_seq) {
@@ -513,7 +504,7 @@ mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, 
   }
   ALLOC(gpu->norm_scratch, mp_grad_norm_cuda_scratch_floats(P));
   const mp_stage_dims dims = mp_stage_chain_dims(host, &gpu->tp);
-  if (cuda_kernels_create(&dims, mp_gpt_tp_stage(host), &gpu->kernels, err) != MP_OK) goto fail;
+  if (cuda_kernels_create(&dims, &gpu->kernels, err) != MP_OK) goto fail;
   const mp_stage_chain_config config = {host,       &gpu->tp,  gpu->weights,
                                         gpu->grads, num_slots, deferred_weights,
                                         recompute};

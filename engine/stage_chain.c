@@ -124,6 +124,10 @@ mp_stage_dims mp_stage_chain_dims(const mp_gpt_tp *host, const mp_tp_comm *tp) {
   d.sp = mp_gpt_tp_sequence_parallel(host) && tp->size > 1;
   d.BTl = d.sp ? d.BT / tp->size : d.BT;
   d.row0 = d.sp ? tp->rank * d.BTl : 0;
+  const mp_gpt_stage *stage = mp_gpt_tp_stage(host);
+  d.num_layers = stage->num_layers;
+  d.embedding = stage->embedding;
+  d.head = stage->head;
   d.tp = *tp;
   return d;
 }

@@ -38,6 +38,8 @@ typedef struct {
   int vocab_start;    /* first vocabulary row of this rank */
   int BT, BTl, row0;  /* tokens; this rank's token rows [row0, row0 + BTl) */
   bool sp;            /* sequence parallelism with tp > 1 */
+  int num_layers;     /* the stage's blocks (0: no attention scratch is needed) */
+  bool embedding, head; /* the stage looks tokens up; it ends in the LM head and loss */
   mp_tp_comm tp;      /* the group the collectives run over (device buffers on a GPU) */
 } mp_stage_dims;
 

@@ -209,11 +209,15 @@ mp_status mp_stage_kernels_cpu_create(const mp_stage_dims *dims, mp_stage_kernel
   if (k == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
   k->d = *dims;
   k->attention_floats = (size_t)dims->B * (size_t)dims->NHl * (size_t)dims->T * (size_t)dims->T;
+  /* Scratch for what the stage runs only: the attention backward's two (B, NHl, T, T) matrices
+   * are the largest working memory of a stage with blocks. */
   const size_t slice = dims->sp ? (size_t)dims->BTl * (size_t)dims->C : 1;
+  const size_t attention = dims->num_layers > 0 && k->attention_floats > 0 ? k->attention_floats : 1;
+  const size_t ce = dims->head ? mp_tp_vocab_cross_entropy_work_floats(&dims->tp, dims->BT) : 1;
   k->slice = malloc(slice * sizeof(float));
-  k->dpreatt = malloc((k->attention_floats > 0 ? k->attention_floats : 1) * sizeof(float));
-  k->datt = malloc((k->attention_floats > 0 ? k->attention_floats : 1) * sizeof(float));
-  k->ce_work = malloc(mp_tp_vocab_cross_entropy_work_floats(&dims->tp, dims->BT) * sizeof(float));
+  k->dpreatt = malloc(attention * sizeof(float));
+  k->datt = malloc(attention * sizeof(float));
+  k->ce_work = malloc(ce * sizeof(float));
   if (k->slice == NULL || k->dpreatt == NULL || k->datt == NULL || k->ce_work == NULL) {
     mp_stage_kernels_cpu_free(&k->table);
     return mp_fail(err, MP_ERR_RUNTIME, "out of memory for the stage's scratch");
