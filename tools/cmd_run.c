@@ -572,6 +572,385 @@ static volatile sig_atomic_t stop_signal = 0;
 
 static void on_stop_signal(int signal_number) { stop_signal = signal_number; }
 
+/* What the user asked for, read and checked before any rank starts: the launcher checks it, and
+ * each rank again (the same files give every rank the same answer). */
+typedef struct {
+  const char *config, *checkpoint_dir, *metrics_path, *trace_path, *init_from, *weights_path;
+  const char *data, *val_data, *gpu_comm;
+  bool resume, override_training;
+  mp_backend backend;
+  char backend_reason[128]; /* why auto chose it, for the banner */
+  int64_t steps, save_every, keep, eval_every, eval_batches, np;
+  double comm_timeout;      /* seconds */
+  run_fault fault;
+} run_options;
+
+/* A started rank's run beside its run_state: where it resumes from and what its checkpoints
+ * carry. */
+typedef struct {
+  char run_id[MP_CHECKPOINT_RUN_ID_BYTES];
+  char resumed_from[4096];
+  int64_t first_step;
+  mp_checkpoint_context checkpoint;
+  char gpu_comm_text[96];
+  double startup_began; /* seconds (cli_now_seconds) */
+} run_start;
+
+/* What the steps add up to, for the summary. */
+typedef struct {
+  mp_step_metrics metrics; /* the last step's */
+  double elapsed, startup_s, saves_s, evals_s; /* seconds */
+  int64_t step, saved_step;
+  bool stopped;            /* by SIGTERM / SIGINT after a save */
+} run_totals;
+
+static mp_status usage_needs(cli_command *command, mp_error *err) {
+  const bool has_dir = cli_value(command, "checkpoint-dir") != NULL;
+  const bool resume = cli_flag(command, "resume");
+  if (!has_dir && (resume || cli_value(command, "save-every") || cli_value(command, "keep"))) {
+    return mp_fail(err, MP_ERR_INPUT, "--%s needs --checkpoint-dir DIR",
+                   resume ? "resume" : cli_value(command, "save-every") ? "save-every" : "keep");
+  }
+  if (cli_value(command, "eval-every") == NULL &&
+      (cli_value(command, "eval-batches") || cli_value(command, "val-data"))) {
+    return mp_fail(err, MP_ERR_INPUT, "--%s needs --eval-every K",
+                   cli_value(command, "eval-batches") ? "eval-batches" : "val-data");
+  }
+  if (resume && cli_value(command, "init-from")) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "--resume and --init-from both set the weights; give one (a resume continues "
+                   "from the checkpoint's weights and optimizer state)");
+  }
+  return MP_OK;
+}
+
+static mp_status choose_backend(cli_command *command, run_options *o, mp_error *err) {
+  const char *name = cli_value(command, "backend") ? cli_value(command, "backend") : "auto";
+  o->backend = MP_BACKEND_CPU;
+  if (strcmp(name, "cuda") == 0) {
+    o->backend = MP_BACKEND_CUDA;
+  } else if (strcmp(name, "auto") == 0) {
+    const int gpus = mp_device_count();
+    o->backend = gpus > 0 ? MP_BACKEND_CUDA : MP_BACKEND_CPU;
+    mp_gpu_report report;
+    mp_error probe = MP_ERROR_INITIALIZER;
+    if (gpus > 0 && mp_gpu_probe(&report, &probe) == MP_OK && report.num_devices > 0) {
+      snprintf(o->backend_reason, sizeof o->backend_reason, " (auto: %s, %d GPU%s visible)",
+               report.devices[0].name, gpus, gpus == 1 ? "" : "s");
+    } else {
+      snprintf(o->backend_reason, sizeof o->backend_reason, " (auto: no GPU visible)");
+    }
+  } else if (strcmp(name, "cpu") != 0) {
+    return mp_fail(err, MP_ERR_INPUT, "--backend: expected auto, cpu or cuda, got '%s'", name);
+  }
+  return MP_OK;
+}
+
+/* Reads and checks every option, loads the plan and model into state. */
+static mp_status read_options(cli_command *command, run_state *state, run_options *o,
+                              mp_error *err) {
+  memset(o, 0, sizeof *o);
+  MP_TRY(usage_needs(command, err));
+  MP_TRY(choose_backend(command, o, err));
+  o->config = cli_value(command, "config");
+  if (o->config == NULL) {
+    return mp_fail(err, MP_ERR_INPUT, "missing --config PLAN.json (usage: %s)", command->usage);
+  }
+  o->checkpoint_dir = cli_value(command, "checkpoint-dir");
+  o->resume = cli_flag(command, "resume");
+  o->override_training = cli_flag(command, "override-training");
+  o->metrics_path = cli_value(command, "metrics");
+  o->trace_path = cli_value(command, "trace");
+  o->init_from = cli_value(command, "init-from");
+  o->weights_path = cli_value(command, "save-weights");
+  o->data = cli_value(command, "data");
+  o->val_data = cli_value(command, "val-data");
+  o->gpu_comm = cli_value(command, "gpu-comm") ? cli_value(command, "gpu-comm") : "auto";
+  MP_TRY(mp_plan_load(o->config, &state->plan, err));
+  MP_TRY(cli_int(command, "steps", 1, state->plan.training.steps, &o->steps, err));
+  MP_TRY(cli_int(command, "save-every", 1, 0, &o->save_every, err));
+  MP_TRY(cli_int(command, "keep", 1, 0, &o->keep, err));
+  MP_TRY(cli_int(command, "eval-every", 1, 0, &o->eval_every, err));
+  MP_TRY(cli_int(command, "eval-batches", 1, 4, &o->eval_batches, err));
+  MP_TRY(mp_model_load(state->plan.model_path, &state->model, err));
+  state->plan.training.steps = o->steps; /* the schedule decays over the steps actually run */
+  MP_TRY(mp_trainer_check_layout(&state->plan, o->backend, err));
+  if (o->backend == MP_BACKEND_CUDA && mp_device_count() == 0) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "--backend cuda: no CUDA GPU is visible (check nvidia-smi and "
+                   "CUDA_VISIBLE_DEVICES), or use --backend cpu");
+  }
+  const int plan_world = state->plan.dp * state->plan.pp * state->plan.tp;
+  MP_TRY(cli_int(command, "np", 1, plan_world, &o->np, err));
+  o->comm_timeout = 300.0;
+  const char *timeout_text = cli_value(command, "comm-timeout");
+  if (timeout_text != NULL) {
+    char *end = NULL;
+    o->comm_timeout = strtod(timeout_text, &end);
+    if (end == timeout_text || *end != '\0' || !(o->comm_timeout > 0) ||
+        !isfinite(o->comm_timeout)) {
+      return mp_fail(err, MP_ERR_INPUT,
+                     "--comm-timeout: expected a positive number of seconds, got '%s'",
+                     timeout_text);
+    }
+  }
+  /* What a user wrote before is checked before any rank starts. */
+  if (o->metrics_path != NULL) {
+    MP_TRY(check_metrics_file(o->metrics_path, o->resume, cli_flag(command, "overwrite-metrics"),
+                              err));
+  }
+  if (o->checkpoint_dir != NULL && !o->resume) {
+    MP_TRY(mp_checkpoint_check_dir(o->checkpoint_dir, err));
+  }
+  MP_TRY(parse_fault(&o->fault, err));
+  if (strcmp(o->gpu_comm, "auto") != 0 && strcmp(o->gpu_comm, "nccl") != 0 &&
+      strcmp(o->gpu_comm, "mpi") != 0) {
+    return mp_fail(err, MP_ERR_INPUT, "--gpu-comm: expected auto, nccl or mpi, got '%s'",
+                   o->gpu_comm);
+  }
+  if (state->plan.seq_len > mp_model_seq_len(state->model)) {
+    return mp_fail(err, MP_ERR_INPUT, "%s: $.batch.seq_len %lld exceeds the model's seq_len %lld (%s)",
+                   o->config, (long long)state->plan.seq_len,
+                   (long long)mp_model_seq_len(state->model), state->plan.model_path);
+  }
+  if (o->trace_path != NULL && o->backend == MP_BACKEND_CUDA) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "--trace records runs on the CPU backend for now; add --backend cpu, or leave "
+                   "out --trace");
+  }
+  return MP_OK;
+}
+
+/* A joined rank's start-up: its GPU communicators, trace, data, trainer and weights (from
+ * --init-from or the checkpoint it resumes), the run's id, and the metrics file. */
+static mp_status start_rank(run_state *state, const run_options *o, run_start *s, mp_error *err) {
+  /* Data parallelism on GPUs: each rank takes the GPU of its index on the node, and the gradients
+   * go over NCCL when every rank of the node has a GPU of its own, else through the host over
+   * MPI (several ranks sharing one GPU: NCCL refuses that). */
+  MP_TRY(open_gpu_comms(state, o->backend, o->gpu_comm, s->gpu_comm_text,
+                        sizeof s->gpu_comm_text, err));
+  if (o->trace_path != NULL) MP_TRY(open_trace(state, o->config, err));
+  const mp_trainer_options trainer_options = trainer_options_of(state);
+  s->startup_began = cli_now_seconds();
+  MP_TRY(open_data(o->data, o->steps, state, err));
+  if (o->eval_every > 0) MP_TRY(open_val_data(o->val_data, o->data, o->eval_batches, state, err));
+  MP_TRY(mp_trainer_create_parallel(&state->plan, state->model, state->data, o->backend,
+                                    &trainer_options, &state->trainer, err));
+  if (o->init_from != NULL) MP_TRY(mp_trainer_load_weights(state->trainer, o->init_from, err));
+  /* The run's id goes into every checkpoint it saves: a fresh run's new one (world rank 0's,
+   * broadcast only when there are checkpoints to name), or on --resume the id of the run it
+   * continues. */
+  int64_t found = 0;
+  if (o->resume) {
+    MP_TRY(mp_checkpoint_find_latest(o->checkpoint_dir, s->resumed_from, sizeof s->resumed_from,
+                                     &found, err));
+    MP_TRY(mp_checkpoint_run_id(s->resumed_from, s->run_id, sizeof s->run_id, err));
+  }
+  if (s->run_id[0] == '\0') mp_checkpoint_new_run_id(s->run_id, sizeof s->run_id);
+  if (o->checkpoint_dir != NULL && state->world_group != NULL) {
+    MP_TRY(mp_comm_broadcast(state->world_group, s->run_id, sizeof s->run_id, 0, err));
+  }
+  const mp_checkpoint_context checkpoint = {
+      .plan = &state->plan, .model = state->model, .trainer = state->trainer,
+      .world = state->world_group, .dp = state->dp_group, .dp_rank = state->coord.dp_rank,
+      .pp_rank = state->coord.pp_rank, .tp_rank = state->coord.tp_rank, .run_id = s->run_id,
+      .override_training = o->override_training};
+  s->checkpoint = checkpoint;
+  if (o->resume) {
+    MP_TRY(mp_checkpoint_load(s->resumed_from, &s->checkpoint, &s->first_step, err));
+    if (s->first_step > o->steps) {
+      return mp_fail(err, MP_ERR_INPUT,
+                     "--resume: %s has %lld steps done, more than --steps %lld; give --steps %lld "
+                     "or more",
+                     s->resumed_from, (long long)s->first_step, (long long)o->steps,
+                     (long long)s->first_step);
+    }
+  } else if (o->checkpoint_dir != NULL) {
+    MP_TRY(mp_checkpoint_check_trainer(&s->checkpoint, err));
+  }
+  if (state->rank == 0 && o->metrics_path != NULL) {
+    MP_TRY(open_metrics_file(o->metrics_path, o->resume, &state->metrics_fd, err));
+  }
+  return MP_OK;
+}
+
+/* What is about to run: model, plan, backend and its peak, data, where the weights come from. */
+static mp_status print_banner(run_state *state, const run_options *o, const run_start *s,
+                              mp_error *err) {
+  mp_cluster cluster;
+  MP_TRY(mp_cluster_load(state->plan.cluster, &cluster, err));
+  /* MFU of the whole job: the model's FLOPs against every rank's peak. */
+  state->peak_flops_per_s =
+      cluster.peak_flops_per_s[o->backend == MP_BACKEND_CUDA ? MP_DTYPE_BF16 : MP_DTYPE_FP32] *
+      (double)state->world_size;
+  const mp_plan *plan = &state->plan;
+  const mp_gpt_layout *layout = mp_trainer_layout(state->trainer);
+  const mp_gpt_config *c = mp_gpt_layout_config(layout);
+  printf("model %s: %d layers, %d heads, %d channels, vocab %d (padded %d), %zu parameters\n",
+         mp_model_name(state->model), c->num_layers, c->num_heads, c->channels, c->vocab_size,
+         c->padded_vocab_size, mp_gpt_layout_num_params(layout));
+  char ranks_text[160] = "1 rank";
+  if (state->world_size > 1) {
+    snprintf(ranks_text, sizeof ranks_text,
+             "%d ranks (dp %d x pp %d x tp %d%s; schedule %s, %d chunk%s per pipeline rank)",
+             state->world_size, plan->dp, plan->pp, plan->tp,
+             plan->sequence_parallel ? ", sequence parallelism" : "", plan->schedule,
+             plan->virtual_stages, plan->virtual_stages == 1 ? "" : "s");
+  }
+  printf("plan %s: %s, global batch %lld = %lld micro-batches x %lld sequences x %lld "
+         "tokens, %lld steps\n",
+         o->config, ranks_text, (long long)plan->global_batch,
+         (long long)plan->num_micro_batches, (long long)plan->micro_batch,
+         (long long)plan->seq_len, (long long)o->steps);
+  char ranks_times[32] = "";
+  if (state->world_size > 1) snprintf(ranks_times, sizeof ranks_times, "%d x ", state->world_size);
+  printf("backend: %s%s%s; MFU against %s%s's %s peak of %.2f TFLOP/s%s\n",
+         mp_backend_name(o->backend), o->backend_reason, s->gpu_comm_text, ranks_times,
+         cluster.name, o->backend == MP_BACKEND_CUDA ? "bf16" : "fp32",
+         state->peak_flops_per_s / 1e12,
+         cluster.placeholder ? " (uncalibrated placeholder: `mpengine calibrate` measures it)"
+                             : "");
+  const int num_files = mp_data_loader_num_files(state->data);
+  if (num_files > 0) {
+    printf("data: %s (%d file%s), %lld tokens\n", mp_data_loader_name(state->data), num_files,
+           num_files == 1 ? "" : "s", (long long)mp_data_loader_num_tokens(state->data));
+  } else {
+    printf("data: %s, %lld tokens\n", mp_data_loader_name(state->data),
+           (long long)mp_data_loader_num_tokens(state->data));
+  }
+  if (state->val_data != NULL) {
+    printf("held-out data: %s, %lld tokens (evaluated every %lld steps over %lld batches)\n",
+           mp_data_loader_name(state->val_data),
+           (long long)mp_data_loader_num_tokens(state->val_data), (long long)o->eval_every,
+           (long long)o->eval_batches);
+  }
+  if (isfinite(state->entropy_floor)) {
+    printf("entropy floor of the source: %.4f nats/token (the lowest loss any model can "
+           "reach)\n",
+           state->entropy_floor);
+  }
+  if (o->init_from != NULL) printf("initialised from %s\n", o->init_from);
+  if (o->resume) {
+    printf("resumed from %s: %lld of %lld steps done\n", s->resumed_from,
+           (long long)s->first_step, (long long)o->steps);
+  }
+  return MP_OK;
+}
+
+static mp_status save_checkpoint(const run_options *o, const run_start *s, int64_t step,
+                                 run_totals *t, mp_error *err) {
+  const double began = cli_now_seconds();
+  MP_TRY(mp_checkpoint_save(o->checkpoint_dir, step, (int)o->keep, &s->checkpoint, err));
+  t->saves_s += cli_now_seconds() - began;
+  t->saved_step = step;
+  printf("checkpoint: saved %s/step-%lld\n", o->checkpoint_dir, (long long)step);
+  fflush(stdout);
+  return MP_OK;
+}
+
+/* The held-out loss after step (0-based), printed and in --metrics. */
+static mp_status run_evaluation(run_state *state, const run_options *o, int64_t step,
+                                bool terminal, run_totals *t, mp_error *err) {
+  double held_out = 0.0;
+  const double began = cli_now_seconds();
+  MP_TRY(evaluate_held_out(state, o->eval_batches, &held_out, err));
+  t->evals_s += cli_now_seconds() - began;
+  if (terminal) printf("\n");
+  printf("eval after step %lld/%lld | held-out loss %.6f | %lld batches x %lld sequences\n",
+         (long long)step + 1, (long long)o->steps, held_out, (long long)o->eval_batches,
+         (long long)state->plan.global_batch);
+  fflush(stdout);
+  if (state->metrics_fd >= 0) {
+    char line[160];
+    snprintf(line, sizeof line, "{\"step\": %lld, \"val_loss\": %.9g, \"val_batches\": %lld}\n",
+             (long long)step, held_out, (long long)o->eval_batches);
+    write_metrics_line(state->metrics_fd, line);
+  }
+  return MP_OK;
+}
+
+/* The steps from s->first_step: each printed (and in --metrics), the held-out loss every
+ * --eval-every, a checkpoint every --save-every and when every rank agrees a stop signal came. */
+static mp_status train_steps(run_state *state, const run_options *o, const run_start *s,
+                             bool terminal, run_totals *t, mp_error *err) {
+  t->saved_step = o->resume ? s->first_step : -1;
+  for (t->step = s->first_step; t->step < o->steps; ++t->step) {
+    const int64_t step = t->step;
+    inject_fault(&o->fault, state->rank, step);
+    MP_TRY(mp_trainer_step(state->trainer, step, &t->metrics, err));
+    t->elapsed += t->metrics.seconds;
+    double memory_bytes = 0.0;
+    MP_TRY(max_resident_bytes(state, &memory_bytes, err));
+    print_step(&t->metrics, o->steps, state->entropy_floor, terminal, t->elapsed,
+               state->peak_flops_per_s, state->world_size, memory_bytes);
+    if (state->metrics_fd >= 0) write_metrics(state->metrics_fd, &t->metrics);
+    if (o->eval_every > 0 && ((step + 1) % o->eval_every == 0 || step + 1 == o->steps)) {
+      MP_TRY(run_evaluation(state, o, step, terminal, t, err));
+    }
+    if (o->checkpoint_dir == NULL) continue;
+    float stop = stop_signal != 0 ? 1.0f : 0.0f;
+    if (state->world_group != NULL) {
+      MP_TRY(mp_comm_all_reduce_sum_f32(state->world_group, &stop, 1, err));
+    }
+    t->stopped = stop > 0.0f;
+    const bool due = (o->save_every > 0 && (step + 1) % o->save_every == 0) || step + 1 == o->steps;
+    if (due || t->stopped) {
+      if (terminal) printf("\n");
+      MP_TRY(save_checkpoint(o, s, step + 1, t, err));
+    }
+    if (t->stopped) {
+      ++t->step;
+      break;
+    }
+  }
+  return MP_OK;
+}
+
+/* After the last step: the final checkpoint, --save-weights, the trace, and the summary. */
+static mp_status finish_run(run_state *state, const run_options *o, const run_start *s,
+                            run_totals *t, mp_error *err) {
+  if (o->checkpoint_dir != NULL && t->saved_step != o->steps) {
+    MP_TRY(save_checkpoint(o, s, o->steps, t, err));
+  }
+  if (o->weights_path != NULL) {
+    const double began = cli_now_seconds();
+    mp_status saved = mp_trainer_save_llmc(state->trainer, o->weights_path, err);
+    /* Only rank 0 writes: its outcome becomes every rank's, so none waits for it later. */
+    MP_TRY(mp_comm_agree(state->world_group, saved, err));
+    t->saves_s += cli_now_seconds() - began;
+    printf("weights: saved %s (llm.c GPT-2 checkpoint, fp32)\n", o->weights_path);
+  }
+  if (state->trace != NULL) {
+    MP_TRY(mp_trace_write(state->trace, state->world_group, o->trace_path, err));
+    printf("trace: wrote %s (draw it with: mpengine timeline %s)\n", o->trace_path,
+           o->trace_path);
+  }
+  printf("done: %lld steps in %.1f s, final loss %.6f", (long long)o->steps, t->elapsed,
+         t->metrics.loss);
+  if (isfinite(state->entropy_floor)) {
+    printf(" (%.4f above the entropy floor %.4f)", t->metrics.loss - state->entropy_floor,
+           state->entropy_floor);
+  }
+  printf("\n");
+  printf("time: start-up %.2f s (data, model, initialisation%s), steps %.2f s, saves %.2f s",
+         t->startup_s, o->init_from != NULL || o->resume ? ", loading" : "", t->elapsed,
+         t->saves_s);
+  if (o->eval_every > 0) printf(", held-out evaluation %.2f s", t->evals_s);
+  printf("\n");
+  return print_peak_memory(state, err);
+}
+
+static void catch_stop_signals(void) {
+  struct sigaction action;
+  memset(&action, 0, sizeof action);
+  action.sa_handler = on_stop_signal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGTERM, &action, NULL);
+  sigaction(SIGINT, &action, NULL);
+}
+
+/* The run: options, the launcher (outside a job of several ranks), then on each rank start-up,
+ * the steps and the finish; every error reported once, by the rank that met it. */
 int cmd_run(int argc, char **argv) {
   cli_option options[] = {
       {"config", "PLAN.json", "the parallelism config to train (required)", NULL},
@@ -615,308 +994,43 @@ int cmd_run(int argc, char **argv) {
   };
   int early = cli_begin(&command, argc, argv);
   if (early >= 0) return early;
-  const char *checkpoint_dir = cli_value(&command, "checkpoint-dir");
-  const bool resume = cli_flag(&command, "resume");
-  if (checkpoint_dir == NULL &&
-      (resume || cli_value(&command, "save-every") || cli_value(&command, "keep"))) {
-    mp_error usage = MP_ERROR_INITIALIZER;
-    mp_fail(&usage, MP_ERR_INPUT, "--%s needs --checkpoint-dir DIR",
-            resume ? "resume" : cli_value(&command, "save-every") ? "save-every" : "keep");
-    return cli_report(&command, &usage);
-  }
-  if (cli_value(&command, "eval-every") == NULL &&
-      (cli_value(&command, "eval-batches") || cli_value(&command, "val-data"))) {
-    mp_error usage = MP_ERROR_INITIALIZER;
-    mp_fail(&usage, MP_ERR_INPUT, "--%s needs --eval-every K",
-            cli_value(&command, "eval-batches") ? "eval-batches" : "val-data");
-    return cli_report(&command, &usage);
-  }
-  if (resume && cli_value(&command, "init-from")) {
-    mp_error usage = MP_ERROR_INITIALIZER;
-    mp_fail(&usage, MP_ERR_INPUT,
-            "--resume and --init-from both set the weights; give one (a resume continues from "
-            "the checkpoint's weights and optimizer state)");
-    return cli_report(&command, &usage);
-  }
-  const char *backend_name =
-      cli_value(&command, "backend") ? cli_value(&command, "backend") : "auto";
-  mp_error err = MP_ERROR_INITIALIZER;
-  mp_backend backend = MP_BACKEND_CPU;
-  char backend_reason[128] = "";
-  if (strcmp(backend_name, "cuda") == 0) {
-    backend = MP_BACKEND_CUDA;
-  } else if (strcmp(backend_name, "auto") == 0) {
-    const int gpus = mp_device_count();
-    backend = gpus > 0 ? MP_BACKEND_CUDA : MP_BACKEND_CPU;
-    mp_gpu_report report;
-    if (gpus > 0 && mp_gpu_probe(&report, &err) == MP_OK && report.num_devices > 0) {
-      snprintf(backend_reason, sizeof backend_reason, " (auto: %s, %d GPU%s visible)",
-               report.devices[0].name, gpus, gpus == 1 ? "" : "s");
-    } else {
-      snprintf(backend_reason, sizeof backend_reason, " (auto: no GPU visible)");
-    }
-    mp_error_clear(&err);
-  } else if (strcmp(backend_name, "cpu") != 0) {
-    mp_fail(&err, MP_ERR_INPUT, "--backend: expected auto, cpu or cuda, got '%s'", backend_name);
-    return cli_report(&command, &err);
-  }
-  const char *config = cli_value(&command, "config");
-  if (config == NULL) {
-    mp_fail(&err, MP_ERR_INPUT, "missing --config PLAN.json (usage: %s)", command.usage);
-    return cli_report(&command, &err);
-  }
-
   run_state state;
   memset(&state, 0, sizeof state);
   state.metrics_fd = -1;
-  int exit_code = CLI_EXIT_OK;
-  int64_t steps = 0, save_every = 0, keep = 0, eval_every = 0, eval_batches = 0;
-  if (mp_plan_load(config, &state.plan, &err) != MP_OK ||
-      cli_int(&command, "steps", 1, state.plan.training.steps, &steps, &err) != MP_OK ||
-      cli_int(&command, "save-every", 1, 0, &save_every, &err) != MP_OK ||
-      cli_int(&command, "keep", 1, 0, &keep, &err) != MP_OK ||
-      cli_int(&command, "eval-every", 1, 0, &eval_every, &err) != MP_OK ||
-      cli_int(&command, "eval-batches", 1, 4, &eval_batches, &err) != MP_OK ||
-      mp_model_load(state.plan.model_path, &state.model, &err) != MP_OK) {
-    exit_code = cli_report(&command, &err);
-    goto done;
-  }
-  state.plan.training.steps = steps; /* the schedule decays over the steps actually run */
   state.rank = 0;
   state.world_size = 1;
-  if (mp_trainer_check_layout(&state.plan, backend, &err) != MP_OK) {
+  run_options o;
+  run_start s;
+  memset(&s, 0, sizeof s);
+  run_totals t;
+  memset(&t, 0, sizeof t);
+  t.metrics.loss = NAN;
+  mp_error err = MP_ERROR_INITIALIZER;
+  int exit_code = CLI_EXIT_OK;
+  if (read_options(&command, &state, &o, &err) != MP_OK) {
     exit_code = cli_report(&command, &err);
     goto done;
   }
-  if (backend == MP_BACKEND_CUDA && mp_device_count() == 0) {
-    mp_fail(&err, MP_ERR_INPUT,
-            "--backend cuda: no CUDA GPU is visible (check nvidia-smi and CUDA_VISIBLE_DEVICES), "
-            "or use --backend cpu");
-    exit_code = cli_report(&command, &err);
+  if (!launcher_inside_job() && o.np > 1) {
+    const char *mpirun = cli_value(&command, "mpirun") ? cli_value(&command, "mpirun") : "mpirun";
+    exit_code = run_relaunch(&command, argc, argv, (int)o.np, mpirun);
     goto done;
   }
   const mp_grid_shape grid = {state.plan.dp, state.plan.pp, state.plan.tp};
-  const int plan_world = state.plan.dp * state.plan.pp * state.plan.tp;
-  int64_t np = plan_world;
-  double comm_timeout = 300.0;
-  const char *timeout_text = cli_value(&command, "comm-timeout");
-  if (cli_int(&command, "np", 1, plan_world, &np, &err) != MP_OK) {
-    exit_code = cli_report(&command, &err);
-    goto done;
-  }
-  if (timeout_text != NULL) {
-    char *end = NULL;
-    comm_timeout = strtod(timeout_text, &end);
-    if (end == timeout_text || *end != '\0' || !(comm_timeout > 0) || !isfinite(comm_timeout)) {
-      mp_fail(&err, MP_ERR_INPUT, "--comm-timeout: expected a positive number of seconds, got '%s'",
-              timeout_text);
-      exit_code = cli_report(&command, &err);
-      goto done;
-    }
-  }
-  /* What a user wrote before is checked before any rank starts (the launcher checks, and each
-   * rank again: the same files give every rank the same answer). */
-  const char *metrics_path = cli_value(&command, "metrics");
-  if ((metrics_path != NULL &&
-       check_metrics_file(metrics_path, resume, cli_flag(&command, "overwrite-metrics"), &err) !=
-           MP_OK) ||
-      (checkpoint_dir != NULL && !resume && mp_checkpoint_check_dir(checkpoint_dir, &err) != MP_OK)) {
-    exit_code = cli_report(&command, &err);
-    goto done;
-  }
-  run_fault fault;
-  if (parse_fault(&fault, &err) != MP_OK) {
-    exit_code = cli_report(&command, &err);
-    goto done;
-  }
-  if (!launcher_inside_job() && np > 1) {
-    const char *mpirun = cli_value(&command, "mpirun") ? cli_value(&command, "mpirun") : "mpirun";
-    exit_code = run_relaunch(&command, argc, argv, (int)np, mpirun);
-    goto done;
-  }
-  if (launcher_inside_job() && join_job(&state, &grid, comm_timeout, config, &err) != MP_OK) {
+  if (launcher_inside_job() && join_job(&state, &grid, o.comm_timeout, o.config, &err) != MP_OK) {
     exit_code = rank_report(&command, &state, &err);
     goto done;
   }
   if (state.world != NULL) run_rank_joined(state.rank);
-  /* Data parallelism on GPUs: each rank takes the GPU of its index on the node, and the gradients
-   * go over NCCL when every rank of the node has a GPU of its own, else through the host over
-   * MPI (several ranks sharing one GPU: NCCL refuses that). */
-  const char *gpu_comm = cli_value(&command, "gpu-comm") ? cli_value(&command, "gpu-comm")
-                                                           : "auto";
-  if (strcmp(gpu_comm, "auto") != 0 && strcmp(gpu_comm, "nccl") != 0 &&
-      strcmp(gpu_comm, "mpi") != 0) {
-    mp_fail(&err, MP_ERR_INPUT, "--gpu-comm: expected auto, nccl or mpi, got '%s'", gpu_comm);
+  if (start_rank(&state, &o, &s, &err) != MP_OK || print_banner(&state, &o, &s, &err) != MP_OK) {
     exit_code = rank_report(&command, &state, &err);
     goto done;
   }
-  char gpu_comm_text[96] = "";
-  if (open_gpu_comms(&state, backend, gpu_comm, gpu_comm_text, sizeof gpu_comm_text, &err) !=
-      MP_OK) {
-    exit_code = rank_report(&command, &state, &err);
-    goto done;
-  }
-  if (state.plan.seq_len > mp_model_seq_len(state.model)) {
-    mp_fail(&err, MP_ERR_INPUT, "%s: $.batch.seq_len %lld exceeds the model's seq_len %lld (%s)",
-            config, (long long)state.plan.seq_len, (long long)mp_model_seq_len(state.model),
-            state.plan.model_path);
-    exit_code = cli_report(&command, &err);
-    goto done;
-  }
-  const char *trace_path = cli_value(&command, "trace");
-  if (trace_path != NULL && backend == MP_BACKEND_CUDA) {
-    mp_fail(&err, MP_ERR_INPUT,
-            "--trace records runs on the CPU backend for now; add --backend cpu, or leave out "
-            "--trace");
-    exit_code = rank_report(&command, &state, &err);
-    goto done;
-  }
-  if (trace_path != NULL && open_trace(&state, config, &err) != MP_OK) {
-    exit_code = rank_report(&command, &state, &err);
-    goto done;
-  }
-  const mp_trainer_options trainer_options = trainer_options_of(&state);
-  const double startup_began = cli_now_seconds();
-  if (open_data(cli_value(&command, "data"), steps, &state, &err) != MP_OK ||
-      (eval_every > 0 && open_val_data(cli_value(&command, "val-data"), cli_value(&command, "data"),
-                                       eval_batches, &state, &err) != MP_OK) ||
-      mp_trainer_create_parallel(&state.plan, state.model, state.data, backend, &trainer_options,
-                                 &state.trainer, &err) != MP_OK) {
-    exit_code = rank_report(&command, &state, &err);
-    goto done;
-  }
-  const char *init_from = cli_value(&command, "init-from");
-  if (init_from != NULL && mp_trainer_load_weights(state.trainer, init_from, &err) != MP_OK) {
-    exit_code = rank_report(&command, &state, &err);
-    goto done;
-  }
-  /* The run's id goes into every checkpoint it saves: a fresh run's new one (world rank 0's,
-   * broadcast only when there are checkpoints to name), or on --resume the id of the run it
-   * continues. */
-  char run_id[MP_CHECKPOINT_RUN_ID_BYTES] = "";
-  char resumed_from[4096] = "";
-  int64_t found = 0;
-  if (resume && (mp_checkpoint_find_latest(checkpoint_dir, resumed_from, sizeof resumed_from,
-                                           &found, &err) != MP_OK ||
-                 mp_checkpoint_run_id(resumed_from, run_id, sizeof run_id, &err) != MP_OK)) {
-    exit_code = rank_report(&command, &state, &err);
-    goto done;
-  }
-  if (run_id[0] == '\0') mp_checkpoint_new_run_id(run_id, sizeof run_id);
-  if (checkpoint_dir != NULL && state.world_group != NULL &&
-      mp_comm_broadcast(state.world_group, run_id, sizeof run_id, 0, &err) != MP_OK) {
-    exit_code = rank_report(&command, &state, &err);
-    goto done;
-  }
-  const mp_checkpoint_context checkpoint = {
-      .plan = &state.plan, .model = state.model, .trainer = state.trainer,
-      .world = state.world_group, .dp = state.dp_group, .dp_rank = state.coord.dp_rank,
-      .pp_rank = state.coord.pp_rank, .tp_rank = state.coord.tp_rank, .run_id = run_id,
-      .override_training = cli_flag(&command, "override-training")};
-  int64_t first_step = 0;
-  if (resume) {
-    if (mp_checkpoint_load(resumed_from, &checkpoint, &first_step, &err) != MP_OK) {
-      exit_code = rank_report(&command, &state, &err);
-      goto done;
-    }
-    if (first_step > steps) {
-      mp_fail(&err, MP_ERR_INPUT,
-              "--resume: %s has %lld steps done, more than --steps %lld; give --steps %lld or "
-              "more",
-              resumed_from, (long long)first_step, (long long)steps, (long long)first_step);
-      exit_code = rank_report(&command, &state, &err);
-      goto done;
-    }
-  } else if (checkpoint_dir != NULL) {
-    if (mp_checkpoint_check_trainer(&checkpoint, &err) != MP_OK) {
-      exit_code = rank_report(&command, &state, &err);
-      goto done;
-    }
-  }
-  if (state.rank == 0 && metrics_path != NULL &&
-      open_metrics_file(metrics_path, resume, &state.metrics_fd, &err) != MP_OK) {
-    exit_code = rank_report(&command, &state, &err);
-    goto done;
-  }
-
-  mp_cluster cluster;
-  if (mp_cluster_load(state.plan.cluster, &cluster, &err) != MP_OK) {
-    exit_code = rank_report(&command, &state, &err);
-    goto done;
-  }
-  /* MFU of the whole job: the model's FLOPs against every rank's peak. */
-  state.peak_flops_per_s =
-      cluster.peak_flops_per_s[backend == MP_BACKEND_CUDA ? MP_DTYPE_BF16 : MP_DTYPE_FP32] *
-      (double)state.world_size;
-  const mp_gpt_layout *layout = mp_trainer_layout(state.trainer);
-  const mp_gpt_config *c = mp_gpt_layout_config(layout);
-  printf("model %s: %d layers, %d heads, %d channels, vocab %d (padded %d), %zu parameters\n",
-         mp_model_name(state.model), c->num_layers, c->num_heads, c->channels, c->vocab_size,
-         c->padded_vocab_size, mp_gpt_layout_num_params(layout));
-  char ranks_text[160] = "1 rank";
-  if (state.world_size > 1) {
-    snprintf(ranks_text, sizeof ranks_text,
-             "%d ranks (dp %d x pp %d x tp %d%s; schedule %s, %d chunk%s per pipeline rank)",
-             state.world_size, state.plan.dp, state.plan.pp, state.plan.tp,
-             state.plan.sequence_parallel ? ", sequence parallelism" : "", state.plan.schedule,
-             state.plan.virtual_stages, state.plan.virtual_stages == 1 ? "" : "s");
-  }
-  printf("plan %s: %s, global batch %lld = %lld micro-batches x %lld sequences x %lld "
-         "tokens, %lld steps\n",
-         config, ranks_text, (long long)state.plan.global_batch, (long long)state.plan.num_micro_batches,
-         (long long)state.plan.micro_batch, (long long)state.plan.seq_len, (long long)steps);
-  char ranks_times[32] = "";
-  if (state.world_size > 1) snprintf(ranks_times, sizeof ranks_times, "%d x ", state.world_size);
-  printf("backend: %s%s%s; MFU against %s%s's %s peak of %.2f TFLOP/s%s\n",
-         mp_backend_name(backend), backend_reason, gpu_comm_text, ranks_times, cluster.name,
-         backend == MP_BACKEND_CUDA ? "bf16" : "fp32", state.peak_flops_per_s / 1e12,
-         cluster.placeholder ? " (uncalibrated placeholder: `mpengine calibrate` measures it)"
-                             : "");
-  const int num_files = mp_data_loader_num_files(state.data);
-  if (num_files > 0) {
-    printf("data: %s (%d file%s), %lld tokens\n", mp_data_loader_name(state.data), num_files,
-           num_files == 1 ? "" : "s", (long long)mp_data_loader_num_tokens(state.data));
-  } else {
-    printf("data: %s, %lld tokens\n", mp_data_loader_name(state.data),
-           (long long)mp_data_loader_num_tokens(state.data));
-  }
-  if (state.val_data != NULL) {
-    printf("held-out data: %s, %lld tokens (evaluated every %lld steps over %lld batches)\n",
-           mp_data_loader_name(state.val_data), (long long)mp_data_loader_num_tokens(state.val_data),
-           (long long)eval_every, (long long)eval_batches);
-  }
-  if (isfinite(state.entropy_floor)) {
-    printf("entropy floor of the source: %.4f nats/token (the lowest loss any model can "
-           "reach)\n",
-           state.entropy_floor);
-  }
-  if (init_from != NULL) printf("initialised from %s\n", init_from);
-  if (resume) {
-    printf("resumed from %s: %lld of %lld steps done\n", resumed_from, (long long)first_step,
-           (long long)steps);
-  }
-  if (checkpoint_dir != NULL) {
-    struct sigaction action;
-    memset(&action, 0, sizeof action);
-    action.sa_handler = on_stop_signal;
-    sigemptyset(&action.sa_mask);
-    sigaction(SIGTERM, &action, NULL);
-    sigaction(SIGINT, &action, NULL);
-  }
+  if (o.checkpoint_dir != NULL) catch_stop_signals();
   fflush(stdout);
-
-  /* Under mpirun stdout is mpirun's forwarding, often a pseudo-terminal: the launcher says
-   * whether the user's stdout is a terminal (MPENGINE_STDOUT_TTY). */
-  const char *tty = getenv("MPENGINE_STDOUT_TTY");
-  const bool terminal = state.world != NULL ? (tty != NULL && strcmp(tty, "1") == 0)
-                                            : isatty(STDOUT_FILENO);
-  double elapsed = 0.0;
-  mp_step_metrics metrics;
-  memset(&metrics, 0, sizeof metrics);
-  metrics.loss = NAN;
-  if (resume && first_step == steps) {
-    printf("done: %s already has all %lld steps; nothing to run\n", resumed_from,
-           (long long)steps);
+  if (o.resume && s.first_step == o.steps) {
+    printf("done: %s already has all %lld steps; nothing to run\n", s.resumed_from,
+           (long long)o.steps);
     goto done;
   }
   if (state.trace != NULL && state.world_group != NULL &&
@@ -924,122 +1038,26 @@ int cmd_run(int argc, char **argv) {
     exit_code = rank_report(&command, &state, &err);
     goto done;
   }
-  const double startup_s = cli_now_seconds() - startup_began;
-  double saves_s = 0.0, evals_s = 0.0;
-  int64_t saved_step = resume ? first_step : -1;
-  int64_t step = first_step;
-  bool stopped = false;
-  for (; step < steps; ++step) {
-    inject_fault(&fault, state.rank, step);
-    if (mp_trainer_step(state.trainer, step, &metrics, &err) != MP_OK) {
-      if (terminal) printf("\n");
-      exit_code = rank_report(&command, &state, &err);
-      goto done;
-    }
-    elapsed += metrics.seconds;
-    double memory_bytes = 0.0;
-    if (max_resident_bytes(&state, &memory_bytes, &err) != MP_OK) {
-      exit_code = rank_report(&command, &state, &err);
-      goto done;
-    }
-    print_step(&metrics, steps, state.entropy_floor, terminal, elapsed, state.peak_flops_per_s,
-               state.world_size, memory_bytes);
-    if (state.metrics_fd >= 0) write_metrics(state.metrics_fd, &metrics);
-    if (eval_every > 0 && ((step + 1) % eval_every == 0 || step + 1 == steps)) {
-      double held_out = 0.0;
-      const double eval_began = cli_now_seconds();
-      if (evaluate_held_out(&state, eval_batches, &held_out, &err) != MP_OK) {
-        if (terminal) printf("\n");
-        exit_code = rank_report(&command, &state, &err);
-        goto done;
-      }
-      evals_s += cli_now_seconds() - eval_began;
-      if (terminal) printf("\n");
-      printf("eval after step %lld/%lld | held-out loss %.6f | %lld batches x %lld sequences\n",
-             (long long)step + 1, (long long)steps, held_out, (long long)eval_batches,
-             (long long)state.plan.global_batch);
-      fflush(stdout);
-      if (state.metrics_fd >= 0) {
-        char line[160];
-        snprintf(line, sizeof line, "{\"step\": %lld, \"val_loss\": %.9g, \"val_batches\": %lld}\n",
-                 (long long)step, held_out, (long long)eval_batches);
-        write_metrics_line(state.metrics_fd, line);
-      }
-    }
-    if (checkpoint_dir == NULL) continue;
-    float stop = stop_signal != 0 ? 1.0f : 0.0f;
-    if (state.world_group != NULL &&
-        mp_comm_all_reduce_sum_f32(state.world_group, &stop, 1, &err) != MP_OK) {
-      exit_code = rank_report(&command, &state, &err);
-      goto done;
-    }
-    stopped = stop > 0.0f;
-    const bool due = (save_every > 0 && (step + 1) % save_every == 0) || step + 1 == steps;
-    if (due || stopped) {
-      if (terminal) printf("\n");
-      const double save_began = cli_now_seconds();
-      if (mp_checkpoint_save(checkpoint_dir, step + 1, (int)keep, &checkpoint, &err) != MP_OK) {
-        exit_code = rank_report(&command, &state, &err);
-        goto done;
-      }
-      saves_s += cli_now_seconds() - save_began;
-      saved_step = step + 1;
-      printf("checkpoint: saved %s/step-%lld\n", checkpoint_dir, (long long)(step + 1));
-      fflush(stdout);
-    }
-    if (stopped) {
-      ++step;
-      break;
-    }
+  t.startup_s = cli_now_seconds() - s.startup_began;
+  /* Under mpirun stdout is mpirun's forwarding, often a pseudo-terminal: the launcher says
+   * whether the user's stdout is a terminal (MPENGINE_STDOUT_TTY). */
+  const char *tty = getenv("MPENGINE_STDOUT_TTY");
+  const bool terminal = state.world != NULL ? (tty != NULL && strcmp(tty, "1") == 0)
+                                            : isatty(STDOUT_FILENO);
+  if (train_steps(&state, &o, &s, terminal, &t, &err) != MP_OK) {
+    if (terminal) printf("\n");
+    exit_code = rank_report(&command, &state, &err);
+    goto done;
   }
-  if (stopped) {
+  if (t.stopped) {
     printf("stopped by %s after step %lld/%lld; continue with --resume\n",
            stop_signal == SIGINT    ? "SIGINT"
            : stop_signal == SIGTERM ? "SIGTERM"
                                     : "a signal to another rank",
-           (long long)step, (long long)steps);
+           (long long)t.step, (long long)o.steps);
     goto done;
   }
-  if (checkpoint_dir != NULL && saved_step != steps) {
-    const double save_began = cli_now_seconds();
-    if (mp_checkpoint_save(checkpoint_dir, steps, (int)keep, &checkpoint, &err) != MP_OK) {
-      exit_code = rank_report(&command, &state, &err);
-      goto done;
-    }
-    saves_s += cli_now_seconds() - save_began;
-    printf("checkpoint: saved %s/step-%lld\n", checkpoint_dir, (long long)steps);
-  }
-  const char *weights_path = cli_value(&command, "save-weights");
-  if (weights_path != NULL) {
-    const double save_began = cli_now_seconds();
-    mp_status saved = mp_trainer_save_llmc(state.trainer, weights_path, &err);
-    /* Only rank 0 writes: its outcome becomes every rank's, so none waits for it later. */
-    saved = mp_comm_agree(state.world_group, saved, &err);
-    if (saved != MP_OK) {
-      exit_code = rank_report(&command, &state, &err);
-      goto done;
-    }
-    saves_s += cli_now_seconds() - save_began;
-    printf("weights: saved %s (llm.c GPT-2 checkpoint, fp32)\n", weights_path);
-  }
-  if (state.trace != NULL) {
-    if (mp_trace_write(state.trace, state.world_group, trace_path, &err) != MP_OK) {
-      exit_code = rank_report(&command, &state, &err);
-      goto done;
-    }
-    printf("trace: wrote %s (draw it with: mpengine timeline %s)\n", trace_path, trace_path);
-  }
-  printf("done: %lld steps in %.1f s, final loss %.6f", (long long)steps, elapsed, metrics.loss);
-  if (isfinite(state.entropy_floor)) {
-    printf(" (%.4f above the entropy floor %.4f)", metrics.loss - state.entropy_floor,
-           state.entropy_floor);
-  }
-  printf("\n");
-  printf("time: start-up %.2f s (data, model, initialisation%s), steps %.2f s, saves %.2f s",
-         startup_s, init_from != NULL || resume ? ", loading" : "", elapsed, saves_s);
-  if (eval_every > 0) printf(", held-out evaluation %.2f s", evals_s);
-  printf("\n");
-  if (print_peak_memory(&state, &err) != MP_OK) {
+  if (finish_run(&state, &o, &s, &t, &err) != MP_OK) {
     exit_code = rank_report(&command, &state, &err);
     goto done;
   }
