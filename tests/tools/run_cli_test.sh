@@ -77,6 +77,16 @@ cat > "$tmp/dp2.json" <<JSON
  "batch": {"global_batch": 4, "micro_batch": 1, "num_micro_batches": 2, "seq_len": 16}}
 JSON
 expect 0 "checkpoint: saved $tmp/dp2-checkpoints/step-2" -- $mpengine run --config "$tmp/dp2.json" --steps 2 --checkpoint-dir "$tmp/dp2-checkpoints"
+# What the launcher can check it refuses before any rank starts: the reason once, exit 2.
+cat > "$tmp/dp2-long.json" <<JSON
+{"model": "tiny-gpt.json", "parallel": {"dp": 2, "pp": 1, "tp": 1},
+ "batch": {"global_batch": 4, "micro_batch": 1, "num_micro_batches": 2, "seq_len": 128}}
+JSON
+expect 2 "$tmp/dp2-long.json: \$.batch.seq_len 128 exceeds the model's seq_len 64" -- $mpengine run --config "$tmp/dp2-long.json"
+for args in "--config $tmp/dp2-long.json" "--config $tmp/dp2.json --gpu-comm gloo"; do
+  said=$($mpengine run $args 2>&1 | grep -c "mpengine run: ")
+  [ "$said" = 1 ] || fail "run $args: the reason printed $said times, want once (by the launcher)"
+done
 expect 2 "--backend: expected auto, cpu or cuda, got 'tpu'" -- $mpengine run --config "$tmp/plan.json" --backend tpu
 expect 2 "--gpu-comm: expected auto, nccl or mpi, got 'gloo'" -- $mpengine run --config "$tmp/plan.json" --gpu-comm gloo --steps 1
 expect 2 "--resume needs --checkpoint-dir DIR" -- $mpengine run --config "$tmp/plan.json" --resume
