@@ -96,7 +96,7 @@ static void cpu_attention_forward(void *context, void *out, void *saved, const v
   const cpu_kernels *k = context;
   float *preatt = saved;
   mp_attention_forward_cpu(out, preatt, preatt + k->attention_floats, qkv, k->d.B, k->d.T,
-                           k->d.NHl, k->d.HS);
+                           k->d.NHl, k->d.NHl, k->d.HS);
 }
 
 static void cpu_attention_backward(void *context, void *dqkv, const void *dout, const void *qkv,
@@ -105,7 +105,7 @@ static void cpu_attention_backward(void *context, void *dqkv, const void *dout, 
   const cpu_kernels *k = context;
   const float *att = (const float *)saved + k->attention_floats;
   mp_attention_backward_cpu(dqkv, k->dpreatt, k->datt, dout, qkv, att, k->d.B, k->d.T, k->d.NHl,
-                            k->d.HS);
+                            k->d.NHl, k->d.HS);
 }
 
 static void cpu_gelu_forward(void *context, void *out, const void *inp, size_t n) {

@@ -14,25 +14,40 @@
  * multiply-adds of the causal triangle, but at BLAS speed rather than scalar dot products — and
  * the masked upper triangle is then set to exactly 0, as the loops it replaced did. */
 
-/* Row-major views into the (B, T, 3C) qkv tensor: part 0 q, 1 k, 2 v of head h in batch b. */
-static const float *qkv_part(const float *inp, int b, int T, int C, int h, int HS, int part) {
-  return inp + (size_t)b * T * 3 * C + (size_t)part * C + (size_t)h * HS;
+/* Row-major views into the (B, T, W) qkv tensor of batch b: query head h, and the key and value
+ * of kv head g (W = (NH + 2 KVH) HS). */
+typedef struct {
+  int NH, KVH, HS, W;
+} qkv_layout;
+
+static const float *query_of(const float *inp, const qkv_layout *q, int b, int T, int h) {
+  return inp + (size_t)b * T * q->W + (size_t)h * q->HS;
+}
+
+static const float *key_of(const float *inp, const qkv_layout *q, int b, int T, int g) {
+  return inp + (size_t)b * T * q->W + (size_t)(q->NH + g) * q->HS;
+}
+
+static const float *value_of(const float *inp, const qkv_layout *q, int b, int T, int g) {
+  return inp + (size_t)b * T * q->W + (size_t)(q->NH + q->KVH + g) * q->HS;
 }
 
 void mp_attention_forward_cpu(float *out, float *preatt, float *att, const float *inp, int B, int T,
-                              int NH, int HS) {
+                              int NH, int KVH, int HS) {
   const int C = NH * HS;
-  const int C3 = 3 * C;
+  const qkv_layout q = {NH, KVH, HS, (NH + 2 * KVH) * HS};
+  const int W = q.W; /* the row stride of q, k and v */
   const float scale = 1.0f / sqrtf((float)HS);
+  const int group = NH / KVH;
 
   for (int b = 0; b < B; b++) {
     for (int h = 0; h < NH; h++) {
-      const float *query = qkv_part(inp, b, T, C, h, HS, 0); /* (T, HS), row stride 3C */
-      const float *key = qkv_part(inp, b, T, C, h, HS, 1);
-      const float *value = qkv_part(inp, b, T, C, h, HS, 2);
+      const float *query = query_of(inp, &q, b, T, h); /* (T, HS), row stride W */
+      const float *key = key_of(inp, &q, b, T, h / group);
+      const float *value = value_of(inp, &q, b, T, h / group);
       float *att_bh = att + ((size_t)b * NH + h) * T * T; /* (T, T) */
       /* att = scale * q k^T */
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, HS, scale, query, C3, key, C3,
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, HS, scale, query, W, key, W,
                   0.0f, att_bh, T);
       for (int t = 0; t < T; t++) {
         float *att_row = att_bh + (size_t)t * T;
@@ -60,17 +75,20 @@ void mp_attention_forward_cpu(float *out, float *preatt, float *att, const float
         }
       }
       /* out[b, :, h] = att v, written with row stride C */
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, HS, T, 1.0f, att_bh, T, value, C3,
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, HS, T, 1.0f, att_bh, T, value, W,
                   0.0f, out + (size_t)b * T * C + (size_t)h * HS, C);
     }
   }
 }
 
 void mp_attention_backward_cpu(float *dinp, float *dpreatt, float *datt, const float *dout,
-                               const float *inp, const float *att, int B, int T, int NH, int HS) {
+                               const float *inp, const float *att, int B, int T, int NH, int KVH,
+                               int HS) {
   const int C = NH * HS;
-  const int C3 = 3 * C;
+  const qkv_layout q = {NH, KVH, HS, (NH + 2 * KVH) * HS};
+  const int W = q.W; /* the row stride of q, k and v */
   const float scale = 1.0f / sqrtf((float)HS);
+  const int group = NH / KVH;
 
   for (int b = 0; b < B; b++) {
     for (int h = 0; h < NH; h++) {
@@ -79,18 +97,19 @@ void mp_attention_backward_cpu(float *dinp, float *dpreatt, float *datt, const f
       float *datt_bh = datt + square;
       float *dpreatt_bh = dpreatt + square;
       const float *dout_bh = dout + (size_t)b * T * C + (size_t)h * HS; /* (T, HS), stride C */
-      const float *query = qkv_part(inp, b, T, C, h, HS, 0);
-      const float *key = qkv_part(inp, b, T, C, h, HS, 1);
-      const float *value = qkv_part(inp, b, T, C, h, HS, 2);
-      float *dquery = (float *)qkv_part(dinp, b, T, C, h, HS, 0);
-      float *dkey = (float *)qkv_part(dinp, b, T, C, h, HS, 1);
-      float *dvalue = (float *)qkv_part(dinp, b, T, C, h, HS, 2);
+      const float *query = query_of(inp, &q, b, T, h);
+      const float *key = key_of(inp, &q, b, T, h / group);
+      const float *value = value_of(inp, &q, b, T, h / group);
+      /* A kv head's gradient sums over its group's query heads (beta = 1 below). */
+      float *dquery = (float *)query_of(dinp, &q, b, T, h);
+      float *dkey = (float *)key_of(dinp, &q, b, T, h / group);
+      float *dvalue = (float *)value_of(dinp, &q, b, T, h / group);
 
       /* Through out = att v: datt = dout v^T, dv += att^T dout. */
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, HS, 1.0f, dout_bh, C, value, C3,
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, HS, 1.0f, dout_bh, C, value, W,
                   0.0f, datt_bh, T);
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, HS, T, 1.0f, att_bh, T, dout_bh, C,
-                  1.0f, dvalue, C3);
+                  1.0f, dvalue, W);
       /* Through the softmax: dpreatt = att * (datt - sum(att * datt)), 0 where masked. */
       for (int t = 0; t < T; t++) {
         const float *att_row = att_bh + (size_t)t * T;
@@ -109,9 +128,9 @@ void mp_attention_backward_cpu(float *dinp, float *dpreatt, float *datt, const f
       }
       /* Through preatt = scale * q k^T: dq += scale dpreatt k, dk += scale dpreatt^T q. */
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, HS, T, scale, dpreatt_bh, T, key,
-                  C3, 1.0f, dquery, C3);
+                  W, 1.0f, dquery, W);
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, HS, T, scale, dpreatt_bh, T, query,
-                  C3, 1.0f, dkey, C3);
+                  W, 1.0f, dkey, W);
     }
   }
 }

@@ -26,25 +26,29 @@
 extern "C" {
 #endif
 
-/* Causal attention forward, with C = NH * HS.
+/* Causal attention forward, with C = NH * HS, over NH query heads and KVH key/value heads
+ * (grouped-query attention: query head h reads kv head h / (NH / KVH); KVH = NH is multi-head
+ * attention, KVH = 1 multi-query). The input row of a token is [q (NH*HS) | k (KVH*HS) | v
+ * (KVH*HS)], width W = (NH + 2 KVH) HS: 3C for multi-head attention.
  *   out    (B, T, C)       written: token t, head h at channels [h*HS, (h+1)*HS)
  *   preatt (B, NH, T, T)   written: q.k / sqrt(HS) for keys t2 <= t, 0 above the diagonal;
  *                          or NULL when nobody inspects it (the backward does not need it)
  *   att    (B, NH, T, T)   written: softmax of each row of preatt over t2 <= t, 0 above
- *   inp    (B, T, 3C)      q, k, v of every token */
+ *   inp    (B, T, W)       q, k, v of every token */
 void mp_attention_forward_cpu(float *out, float *preatt, float *att, const float *inp, int B, int T,
-                              int NH, int HS);
+                              int NH, int KVH, int HS);
 
-/* Backward of mp_attention_forward_cpu; adds (+=) into dinp. datt and dpreatt are scratch that it
- * overwrites (the caller need not zero them).
- *   dinp    (B, T, 3C)     += gradient of q, k and v
+/* Backward of mp_attention_forward_cpu; adds (+=) into dinp (a kv head's gradient sums over its
+ * query heads). datt and dpreatt are scratch that it overwrites (the caller need not zero them).
+ *   dinp    (B, T, W)      += gradient of q, k and v
  *   dpreatt (B, NH, T, T)  scratch, overwritten
  *   datt    (B, NH, T, T)  scratch, overwritten
  *   dout    (B, T, C)
- *   inp     (B, T, 3C)     the forward's input
+ *   inp     (B, T, W)      the forward's input
  *   att     (B, NH, T, T)  as the forward wrote it */
 void mp_attention_backward_cpu(float *dinp, float *dpreatt, float *datt, const float *dout,
-                               const float *inp, const float *att, int B, int T, int NH, int HS);
+                               const float *inp, const float *att, int B, int T, int NH, int KVH,
+                               int HS);
 
 /* ---------------------------------------------------------------------------------------------
  * CUDA twin (layers/attention_cuda.cu, Bazel target //layers:cuda_gemm), llm.c's attention on

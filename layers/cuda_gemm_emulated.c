@@ -195,7 +195,8 @@ void mp_attention_forward_cuda(mp_cublas *cublas, mp_bf16 *out, mp_bf16 *att, co
   float *out_f = zeros(cublas, n_out, who);
   float *att_f = zeros(cublas, n_att, who);
   if (qkv_f != NULL && out_f != NULL && att_f != NULL) {
-    mp_attention_forward_cpu(out_f, NULL, att_f, qkv_f, B, T, NH, HS); /* +0 above the diagonal */
+    /* +0 above the diagonal */
+    mp_attention_forward_cpu(out_f, NULL, att_f, qkv_f, B, T, NH, NH, HS);
     mp_bf16_from_floats(out, out_f, n_out);
     mp_bf16_from_floats(att, att_f, n_att);
   }
@@ -219,7 +220,7 @@ void mp_attention_backward_cuda(mp_cublas *cublas, mp_bf16 *dqkv, const mp_bf16 
   float *datt = zeros(cublas, n_att, who);
   if (qkv_f != NULL && dout_f != NULL && att_f != NULL && grad != NULL && dpreatt != NULL &&
       datt != NULL) {
-    mp_attention_backward_cpu(grad, dpreatt, datt, dout_f, qkv_f, att_f, B, T, NH, HS);
+    mp_attention_backward_cpu(grad, dpreatt, datt, dout_f, qkv_f, att_f, B, T, NH, NH, HS);
     add_round(dqkv, grad, 3 * n_out);
   }
   free(datt);

@@ -121,7 +121,8 @@ void mp_gpt_block_forward_cpu(const mp_gpt_block_shape *shape, const mp_gpt_bloc
   mp_layernorm_forward_cpu(acts->ln1, acts->ln1_mean, acts->ln1_rstd, inp, params->ln1w,
                            params->ln1b, B, T, C);
   mp_matmul_forward_cpu(acts->qkv, acts->ln1, params->qkvw, params->qkvb, BT, C, 3 * C);
-  mp_attention_forward_cpu(acts->atty, acts->preatt, acts->att, acts->qkv, B, T, NH, C / NH);
+  mp_attention_forward_cpu(acts->atty, acts->preatt, acts->att, acts->qkv, B, T, NH, NH,
+                           C / NH);
   mp_matmul_forward_cpu(acts->attproj, acts->atty, params->attprojw, params->attprojb, BT, C, C);
   mp_residual_forward_cpu(acts->residual2, inp, acts->attproj, n);
 
@@ -166,7 +167,7 @@ void mp_gpt_block_backward_cpu(const mp_gpt_block_shape *shape, float *dinp,
   mp_matmul_backward_cpu(scratch->datty, grads->attprojw, grads->attprojb, scratch->dresidual2,
                          acts->atty, params->attprojw, BT, C, C);
   mp_attention_backward_cpu(scratch->dqkv, scratch->dpreatt, scratch->datt, scratch->datty,
-                            acts->qkv, acts->att, B, T, NH, C / NH);
+                            acts->qkv, acts->att, B, T, NH, NH, C / NH);
   mp_matmul_backward_cpu(scratch->dln1, grads->qkvw, grads->qkvb, scratch->dqkv, acts->ln1,
                          params->qkvw, BT, C, 3 * C);
   mp_layernorm_backward_cpu(dinp, grads->ln1w, grads->ln1b, scratch->dln1, inp, params->ln1w,

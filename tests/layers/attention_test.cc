@@ -1,5 +1,6 @@
 // tests/layers/attention_test.cc — causal multi-head attention against a double reference, its
-// mask, and its backward against central finite differences, for several head splits.
+// mask, and its backward against central finite differences, for several head splits, with
+// grouped-query (kv heads < heads) and multi-query (one kv head) attention among them.
 #include "layers/attention.h"
 
 #include <gtest/gtest.h>
@@ -19,22 +20,25 @@ constexpr int B = 2, T = 5;
 struct Heads {
   int NH;
   int HS;
+  int KVH;  // kv heads, dividing NH
 };
 
 class Attention : public ::testing::TestWithParam<Heads> {
  protected:
   int NH = GetParam().NH;
   int HS = GetParam().HS;
+  int KVH = GetParam().KVH;
   int C = NH * HS;
-  Rng rng{static_cast<uint64_t>(100 + NH)};
-  std::vector<float> inp = rng.uniform_vector(B * T * 3 * C, -1.5f, 1.5f);  // (B, T, 3C)
+  int W = (NH + 2 * KVH) * HS;  // a token's q, k, v
+  Rng rng{static_cast<uint64_t>(100 + NH + 10 * KVH)};
+  std::vector<float> inp = rng.uniform_vector(B * T * W, -1.5f, 1.5f);      // (B, T, W)
   std::vector<float> out = std::vector<float>(B * T * C);                   // (B, T, C)
   std::vector<float> preatt = std::vector<float>(B * NH * T * T);           // (B, NH, T, T)
   std::vector<float> att = std::vector<float>(B * NH * T * T);              // (B, NH, T, T)
   std::vector<float> dout = rng.uniform_vector(B * T * C, -1.0f, 1.0f);     // loss weights
 
   void forward() {
-    mp_attention_forward_cpu(out.data(), preatt.data(), att.data(), inp.data(), B, T, NH, HS);
+    mp_attention_forward_cpu(out.data(), preatt.data(), att.data(), inp.data(), B, T, NH, KVH, HS);
   }
 };
 
@@ -42,7 +46,7 @@ TEST_P(Attention, ForwardMatchesDoubleReference) {
   forward();
   std::vector<double> want_att;
   std::vector<double> want =
-      mp_test::ref_attention(mp_test::to_double(inp), B, T, NH, HS, &want_att);
+      mp_test::ref_attention(mp_test::to_double(inp), B, T, NH, HS, &want_att, KVH);
   EXPECT_TRUE(mp_test::NearlyEqual("out", out.data(), want, 1e-6));
   EXPECT_TRUE(mp_test::NearlyEqual("att", att.data(), want_att, 1e-6));
 }
@@ -56,8 +60,8 @@ TEST_P(Attention, PreattHoldsScaledScores) {
           double want = 0.0;
           if (t2 <= t) {
             for (int i = 0; i < HS; i++) {
-              want += (double)inp[(b * T + t) * 3 * C + h * HS + i] *
-                      inp[(b * T + t2) * 3 * C + C + h * HS + i];
+              want += (double)inp[(b * T + t) * W + h * HS + i] *
+                      inp[(b * T + t2) * W + (NH + h / (NH / KVH)) * HS + i];
             }
             want /= std::sqrt((double)HS);
           }
@@ -86,7 +90,7 @@ TEST_P(Attention, IsCausal) {
   // Changing the last token's q, k, v changes no earlier token's output.
   std::vector<float> before = out;
   for (int b = 0; b < B; b++) {
-    for (int i = 0; i < 3 * C; i++) inp[(b * T + T - 1) * 3 * C + i] += 0.5f;
+    for (int i = 0; i < W; i++) inp[(b * T + T - 1) * W + i] += 0.5f;
   }
   forward();
   for (int b = 0; b < B; b++) {
@@ -108,7 +112,7 @@ TEST_P(Attention, IsCausal) {
 TEST_P(Attention, PreattMayBeNull) {
   forward();
   std::vector<float> out2(out.size()), att2(att.size());
-  mp_attention_forward_cpu(out2.data(), nullptr, att2.data(), inp.data(), B, T, NH, HS);
+  mp_attention_forward_cpu(out2.data(), nullptr, att2.data(), inp.data(), B, T, NH, KVH, HS);
   EXPECT_EQ(out2, out);
   EXPECT_EQ(att2, att);
 }
@@ -119,7 +123,7 @@ TEST_P(Attention, BackwardMatchesFiniteDifferences) {
   // The scratch is overwritten, so garbage in it must not matter.
   std::vector<float> dpreatt(att.size(), 7.0f), datt(att.size(), -3.0f);
   mp_attention_backward_cpu(dinp.data(), dpreatt.data(), datt.data(), dout.data(), inp.data(),
-                            att.data(), B, T, NH, HS);
+                            att.data(), B, T, NH, KVH, HS);
   auto loss = [&] {
     forward();
     return mp_test::weighted_sum(out.data(), dout.data(), out.size());
@@ -133,18 +137,20 @@ TEST_P(Attention, BackwardAddsIntoDinp) {
   std::vector<float> dpreatt(att.size()), datt(att.size());
   std::vector<float> dinp(inp.size(), 0.0f);
   mp_attention_backward_cpu(dinp.data(), dpreatt.data(), datt.data(), dout.data(), inp.data(),
-                            att.data(), B, T, NH, HS);
+                            att.data(), B, T, NH, KVH, HS);
   std::vector<float> dinp2(inp.size(), 0.25f);
   mp_attention_backward_cpu(dinp2.data(), dpreatt.data(), datt.data(), dout.data(), inp.data(),
-                            att.data(), B, T, NH, HS);
+                            att.data(), B, T, NH, KVH, HS);
   for (size_t i = 0; i < dinp.size(); i++) EXPECT_NEAR(dinp2[i], 0.25f + dinp[i], 1e-6) << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(HeadSplits, Attention,
-                         ::testing::Values(Heads{2, 4}, Heads{1, 8}, Heads{3, 2}),
+                         ::testing::Values(Heads{2, 4, 2}, Heads{1, 8, 1}, Heads{3, 2, 3},
+                                           Heads{4, 4, 2}, Heads{6, 2, 3}, Heads{4, 2, 1}),
                          [](const ::testing::TestParamInfo<Heads> &info) {
                            return "NH" + std::to_string(info.param.NH) + "_HS" +
-                                  std::to_string(info.param.HS);
+                                  std::to_string(info.param.HS) + "_KV" +
+                                  std::to_string(info.param.KVH);
                          });
 
 }  // namespace

@@ -257,13 +257,13 @@ struct AttentionCase {
     dout = RoundToBf16(rng.uniform_vector((size_t)B * T * C, -1.0f, 1.0f));
     out.resize((size_t)B * T * C);
     att.resize((size_t)B * NH * T * T);
-    mp_attention_forward_cpu(out.data(), nullptr, att.data(), qkv.data(), B, T, NH, HS);
+    mp_attention_forward_cpu(out.data(), nullptr, att.data(), qkv.data(), B, T, NH, NH, HS);
   }
   // Gradient of qkv from zero.
   std::vector<float> Backward() const {
     std::vector<float> dqkv(qkv.size(), 0.0f), dpreatt(att.size()), datt(att.size());
     mp_attention_backward_cpu(dqkv.data(), dpreatt.data(), datt.data(), dout.data(), qkv.data(),
-                              att.data(), B, T, NH, HS);
+                              att.data(), B, T, NH, NH, HS);
     return dqkv;
   }
 

@@ -65,7 +65,7 @@ struct FlashCase {
     dout = RoundToBf16(rng.uniform_vector((size_t)B * T * C, -1.0f, 1.0f));
     out.resize((size_t)B * T * C);
     std::vector<float> preatt((size_t)B * NH * T * T), att(preatt.size());
-    mp_attention_forward_cpu(out.data(), preatt.data(), att.data(), qkv.data(), B, T, NH, HS);
+    mp_attention_forward_cpu(out.data(), preatt.data(), att.data(), qkv.data(), B, T, NH, NH, HS);
     lse.resize((size_t)B * NH * T);
     for (size_t row = 0; row < lse.size(); row++) {
       const int t = (int)(row % T);
@@ -78,7 +78,7 @@ struct FlashCase {
     dqkv.assign(qkv.size(), 0.0f);
     std::vector<float> dpreatt(att.size()), datt(att.size());
     mp_attention_backward_cpu(dqkv.data(), dpreatt.data(), datt.data(), dout.data(), qkv.data(),
-                              att.data(), B, T, NH, HS);
+                              att.data(), B, T, NH, NH, HS);
   }
 
   int B, T, NH, HS, C;

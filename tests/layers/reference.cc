@@ -47,14 +47,17 @@ dvec ref_gelu(const dvec &inp) {
   return out;
 }
 
-dvec ref_attention(const dvec &inp, int B, int T, int NH, int HS, dvec *att) {
-  const int C = NH * HS;
+dvec ref_attention(const dvec &inp, int B, int T, int NH, int HS, dvec *att, int KVH) {
+  if (KVH <= 0) KVH = NH;
+  const int C = NH * HS, W = (NH + 2 * KVH) * HS, group = NH / KVH;
   dvec out(static_cast<size_t>(B) * T * C, 0.0);
   if (att) att->assign(static_cast<size_t>(B) * NH * T * T, 0.0);
-  auto q = [&](int b, int t, int h, int i) { return inp[(b * T + t) * 3 * C + h * HS + i]; };
-  auto k = [&](int b, int t, int h, int i) { return inp[(b * T + t) * 3 * C + C + h * HS + i]; };
+  auto q = [&](int b, int t, int h, int i) { return inp[(b * T + t) * W + h * HS + i]; };
+  auto k = [&](int b, int t, int h, int i) {
+    return inp[(b * T + t) * W + (NH + h / group) * HS + i];
+  };
   auto v = [&](int b, int t, int h, int i) {
-    return inp[(b * T + t) * 3 * C + 2 * C + h * HS + i];
+    return inp[(b * T + t) * W + (NH + KVH + h / group) * HS + i];
   };
   for (int b = 0; b < B; b++) {
     for (int h = 0; h < NH; h++) {
@@ -71,6 +74,47 @@ dvec ref_attention(const dvec &inp, int B, int T, int NH, int HS, dvec *att) {
           const double a = score[t2] / denom;
           if (att) (*att)[((b * NH + h) * T + t) * T + t2] = a;
           for (int i = 0; i < HS; i++) out[(b * T + t) * C + h * HS + i] += a * v(b, t2, h, i);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+dvec ref_rmsnorm(const dvec &inp, const dvec &weight, int N, int C, double eps) {
+  dvec out(inp.size());
+  for (int n = 0; n < N; n++) {
+    double squares = 0.0;
+    for (int i = 0; i < C; i++) squares += inp[n * C + i] * inp[n * C + i];
+    const double s = 1.0 / std::sqrt(squares / C + eps);
+    for (int i = 0; i < C; i++) out[n * C + i] = inp[n * C + i] * s * weight[i];
+  }
+  return out;
+}
+
+dvec ref_swiglu(const dvec &inp, int N, int F) {
+  dvec out(static_cast<size_t>(N) * F);
+  for (int n = 0; n < N; n++) {
+    for (int f = 0; f < F; f++) {
+      const double g = inp[n * 2 * F + f], u = inp[n * 2 * F + F + f];
+      out[n * F + f] = g / (1.0 + std::exp(-g)) * u;
+    }
+  }
+  return out;
+}
+
+dvec ref_rope(const dvec &x, const dvec &inv_freq, int B, int T, int heads, int HS, int stride) {
+  dvec out = x;
+  const int half = HS / 2;
+  for (int b = 0; b < B; b++) {
+    for (int t = 0; t < T; t++) {
+      for (int h = 0; h < heads; h++) {
+        const int at = (b * T + t) * stride + h * HS;
+        for (int i = 0; i < half; i++) {
+          const double angle = t * inv_freq[i];
+          const double lo = x[at + i], hi = x[at + i + half];
+          out[at + i] = lo * std::cos(angle) - hi * std::sin(angle);
+          out[at + i + half] = hi * std::cos(angle) + lo * std::sin(angle);
         }
       }
     }

@@ -23,8 +23,20 @@ dvec ref_layernorm(const dvec &inp, const dvec &weight, const dvec &bias, int N,
 // Tanh GELU, elementwise.
 dvec ref_gelu(const dvec &inp);
 
-// Causal attention: inp (B, T, 3*NH*HS) -> out (B, T, NH*HS); att (B, NH, T, T) if not null.
-dvec ref_attention(const dvec &inp, int B, int T, int NH, int HS, dvec *att = nullptr);
+// Causal attention: inp (B, T, (NH + 2 KVH) HS), q then k then v heads -> out (B, T, NH*HS); att
+// (B, NH, T, T) if not null. Query head h reads kv head h / (NH / KVH); KVH 0 means NH.
+dvec ref_attention(const dvec &inp, int B, int T, int NH, int HS, dvec *att = nullptr,
+                   int KVH = 0);
+
+// RMSNorm over C of inp (N, C): inp / sqrt(mean(inp^2) + eps) * weight.
+dvec ref_rmsnorm(const dvec &inp, const dvec &weight, int N, int C, double eps);
+
+// SwiGLU of inp (N, 2F), [gate | up] per row -> (N, F): silu(gate) * up.
+dvec ref_swiglu(const dvec &inp, int N, int F);
+
+// Rotate-half rotary embedding of `heads` heads of HS channels per token row of x (B, T, stride),
+// token t at angle t * inv_freq[i] for the pair (i, i + HS/2); the rest of each row unchanged.
+dvec ref_rope(const dvec &x, const dvec &inv_freq, int B, int T, int heads, int HS, int stride);
 
 // wte[tokens] + wpe[t]: (B, T, C).
 dvec ref_embedding(const std::vector<int32_t> &tokens, const dvec &wte, const dvec &wpe, int B,
