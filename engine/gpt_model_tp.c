@@ -118,12 +118,10 @@ mp_status mp_gpt_tp_create_stage(const mp_model *model, int micro_batch, int seq
                                  const mp_gpt_stage *stage, int num_slots, bool deferred_weights,
                                  mp_recompute recompute, mp_gpt_tp **out, mp_error *err) {
   *out = NULL;
-  if (recompute == MP_RECOMPUTE_FULL && deferred_weights) {
-    return mp_fail(err, MP_ERR_INPUT,
-                   "%s: full recomputation cannot run a zero-bubble schedule: its weight pass "
-                   "needs activations that the recomputation of the next micro-batch overwrites; "
-                   "use recompute \"selective\" or \"none\", or another schedule",
-                   mp_model_source(model));
+  /* A stage of arrays only (no slot) runs no chain; one with slots must be one it can run. */
+  if (num_slots > 0 && mp_stage_chain_check(num_slots, deferred_weights, recompute, err) != MP_OK) {
+    mp_error inner = *err;
+    return mp_fail(err, MP_ERR_INPUT, "%s: %s", mp_model_source(model), inner.message);
   }
   if (tp->size < 1 || tp->rank < 0 || tp->rank >= tp->size) {
     return mp_fail(err, MP_ERR_INPUT, "tensor-parallel rank %d of %d: not a rank of the group",

@@ -462,7 +462,8 @@ mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, 
                                   int seq_len, int num_slots, bool deferred_weights,
                                   mp_recompute recompute, mp_gpt_stage_gpu **out, mp_error *err) {
   *out = NULL;
-  /* The chain refuses what it cannot run (no slot; full recomputation with deferred weights). */
+  /* What the chain cannot run is refused before the GPU is looked for. */
+  MP_TRY(mp_stage_chain_check(num_slots, deferred_weights, recompute, err));
   int host_batch = 0, host_seq = 0;
   mp_gpt_tp_micro_batch(host, &host_batch, &host_seq);
   if (micro_batch != host_batch || seq_len != host_seq) {

@@ -298,20 +298,27 @@ static mp_status chain_setup(mp_stage_chain *ch, const mp_stage_chain_config *co
   return MP_OK;
 }
 
-mp_status mp_stage_chain_create(const mp_stage_chain_config *config,
-                                const mp_stage_kernels *kernels, mp_stage_chain **out,
-                                mp_error *err) {
-  *out = NULL;
-  if (config->recompute == MP_RECOMPUTE_FULL && config->deferred_weights) {
+mp_status mp_stage_chain_check(int num_slots, bool deferred_weights, mp_recompute recompute,
+                               mp_error *err) {
+  if (recompute == MP_RECOMPUTE_FULL && deferred_weights) {
     return mp_fail(err, MP_ERR_INPUT,
                    "full recomputation cannot run a zero-bubble schedule: its weight pass needs "
                    "activations that the recomputation of the next micro-batch overwrites; use "
                    "recompute \"selective\" or \"none\", or another schedule");
   }
-  if (config->num_slots < 1) {
+  if (num_slots < 1) {
     return mp_fail(err, MP_ERR_INPUT, "a stage needs at least one activation slot; got %d",
-                   config->num_slots);
+                   num_slots);
   }
+  return MP_OK;
+}
+
+mp_status mp_stage_chain_create(const mp_stage_chain_config *config,
+                                const mp_stage_kernels *kernels, mp_stage_chain **out,
+                                mp_error *err) {
+  *out = NULL;
+  MP_TRY(mp_stage_chain_check(config->num_slots, config->deferred_weights, config->recompute,
+                              err));
   mp_stage_chain *ch = calloc(1, sizeof *ch);
   if (ch == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of host memory");
   ch->k = kernels;

@@ -60,6 +60,12 @@ typedef struct {
 /* The stage's sizes on this rank (for a backend's create). */
 mp_stage_dims mp_stage_chain_dims(const mp_gpt_tp *host, const mp_tp_comm *tp);
 
+/* MP_OK when a chain of num_slots slots can run deferred weights and recompute; MP_ERR_INPUT
+ * naming what to change otherwise (no slot; full recomputation with a zero-bubble schedule). A
+ * backend checks this before it allocates anything; create checks it again. */
+mp_status mp_stage_chain_check(int num_slots, bool deferred_weights, mp_recompute recompute,
+                               mp_error *err);
+
 /* Allocates the slots and working memory through kernels (which must outlive the chain).
  * MP_ERR_INPUT for full recomputation with deferred weights, or no slot; the backend's errors. */
 mp_status mp_stage_chain_create(const mp_stage_chain_config *config,
