@@ -21,7 +21,6 @@ enum {
   kLlmcVersionFp32 = 3,
   kLlmcVersionBf16 = 5,
   kLlmcHeaderInts = 256,
-  kBlockTensors = MP_GPT_BLOCK_TENSORS,
 };
 
 
@@ -31,16 +30,64 @@ struct mp_gpt_layout {
   size_t num_params;
   int num_tensors;
   mp_gpt_tensor *tensors; /* (num_tensors,) in the order of the flat array */
+  int first_block;        /* table index of block 0's first tensor */
+  int tensors_per_block;
+  int block_slot[MP_GPT_BLOCK_TENSORS]; /* a role's place within a block, -1 when absent */
+  int global_index[MP_GPT_GLOBAL_TENSORS];
 };
 
 static mp_status unsupported(const mp_model *model, const mp_layer_spec *layer, const char *what,
                              mp_error *err) {
   return mp_fail(err, MP_ERR_INPUT,
-                 "%s: $.layers[%d] (%s): %s; the runtime trains GPT-2-style models (embedding, "
-                 "transformer blocks with layernorm, gelu, biases and kv_heads = heads, a final "
-                 "layernorm, an LM head tied to the embedding); this model can be planned but "
-                 "not run",
+                 "%s: $.layers[%d] (%s): %s; the runtime trains GPT-2 and Llama-family models "
+                 "(an embedding, transformer blocks of one shape, a final norm, an LM head); "
+                 "this model can be planned but not run",
                  mp_model_source(model), layer->json_index, layer->name, what);
+}
+
+static mp_rope_spec rope_spec_of(const mp_layer_spec *block) {
+  mp_rope_spec spec;
+  memset(&spec, 0, sizeof spec);
+  spec.theta = block->rope_theta;
+  spec.llama3 = block->rope_scaling.llama3;
+  spec.factor = block->rope_scaling.factor;
+  spec.low_freq_factor = block->rope_scaling.low_freq_factor;
+  spec.high_freq_factor = block->rope_scaling.high_freq_factor;
+  spec.original_max_positions = (double)block->rope_scaling.original_max_positions;
+  return spec;
+}
+
+/* The block's choices, which every block must share with the first. */
+static bool same_block(const mp_layer_spec *a, const mp_layer_spec *b) {
+  return a->heads == b->heads && a->kv_heads == b->kv_heads && a->ffn_hidden == b->ffn_hidden &&
+         a->norm == b->norm && a->norm_eps == b->norm_eps && a->activation == b->activation &&
+         a->bias == b->bias && a->rope_theta == b->rope_theta &&
+         a->rope_scaling.llama3 == b->rope_scaling.llama3 &&
+         a->rope_scaling.factor == b->rope_scaling.factor &&
+         a->rope_scaling.low_freq_factor == b->rope_scaling.low_freq_factor &&
+         a->rope_scaling.high_freq_factor == b->rope_scaling.high_freq_factor &&
+         a->rope_scaling.original_max_positions == b->rope_scaling.original_max_positions;
+}
+
+static mp_status read_block(const mp_model *model, const mp_layer_spec *block, int64_t channels,
+                            mp_error *err) {
+  if (block->dropout > 0.0) {
+    return unsupported(model, block, "dropout > 0 (the runtime trains without dropout)", err);
+  }
+  if (block->hidden != channels) {
+    return unsupported(model, block, "a hidden size other than the embedding's", err);
+  }
+  if (block->heads < 1 || channels % block->heads != 0) {
+    return unsupported(model, block, "heads must divide hidden", err);
+  }
+  if (block->kv_heads < 1 || block->heads % block->kv_heads != 0) {
+    return unsupported(model, block, "kv_heads must divide heads", err);
+  }
+  if (block->rope_theta > 0.0 && (channels / block->heads) % 2 != 0) {
+    return unsupported(model, block, "rotary embeddings need an even head size", err);
+  }
+  if (!(block->norm_eps > 0.0)) return unsupported(model, block, "norm_eps must be > 0", err);
+  return MP_OK;
 }
 
 /* Fills config from the model, refusing what the runtime cannot run. */
@@ -53,34 +100,18 @@ static mp_status read_config(const mp_model *model, int seq_len, mp_gpt_config *
   if (embedding->kind != MP_LAYER_EMBEDDING) {
     return unsupported(model, embedding, "the first layer must be the embedding", err);
   }
-  if (embedding->max_positions < 1) {
-    return unsupported(model, embedding, "a learned position table (max_positions > 0) is needed",
-                       err);
-  }
   config->channels = (int)embedding->hidden;
   config->vocab_size = (int)mp_model_vocab_size(model);
   config->max_seq_len = (int)embedding->max_positions;
+  config->learned_positions = embedding->max_positions > 0;
   ++index;
   const mp_layer_spec *first_block = NULL;
   while (index < n && mp_model_layer(model, index)->kind == MP_LAYER_TRANSFORMER) {
     const mp_layer_spec *block = mp_model_layer(model, index);
-    if (block->norm != MP_NORM_LAYERNORM) return unsupported(model, block, "rmsnorm", err);
-    if (block->activation != MP_ACTIVATION_GELU) return unsupported(model, block, "swiglu", err);
-    if (block->bias == MP_BIAS_NONE) return unsupported(model, block, "bias false", err);
-    if (block->bias == MP_BIAS_QKV) return unsupported(model, block, "q-k-v biases only", err);
-    if (block->norm_eps != 1e-5) return unsupported(model, block, "norm_eps other than 1e-5", err);
-    if (block->rope_theta > 0.0) {
-      return unsupported(model, block, "rotary position embeddings (rope_theta)", err);
-    }
-    if (block->dropout > 0.0) {
-      return unsupported(model, block, "dropout > 0 (the runtime trains without dropout)", err);
-    }
-    if (block->kv_heads != block->heads) {
-      return unsupported(model, block, "grouped-query attention (kv_heads < heads)", err);
-    }
+    MP_TRY(read_block(model, block, embedding->hidden, err));
     if (first_block == NULL) {
       first_block = block;
-    } else if (block->heads != first_block->heads || block->ffn_hidden != first_block->ffn_hidden) {
+    } else if (!same_block(block, first_block)) {
       return unsupported(model, block, "blocks of different shapes", err);
     }
     ++index;
@@ -91,63 +122,136 @@ static mp_status read_config(const mp_model *model, int seq_len, mp_gpt_config *
   }
   config->num_layers = index - 1;
   config->num_heads = (int)first_block->heads;
+  config->num_kv_heads = (int)first_block->kv_heads;
   config->ffn_channels = (int)first_block->ffn_hidden;
+  config->rmsnorm = first_block->norm == MP_NORM_RMSNORM;
+  config->norm_eps = (float)first_block->norm_eps;
+  config->swiglu = first_block->activation == MP_ACTIVATION_SWIGLU;
+  config->bias = first_block->bias;
+  config->rope = first_block->rope_theta > 0.0;
+  if (config->rope) config->rope_spec = rope_spec_of(first_block);
+  if (!config->rope && !config->learned_positions) {
+    return unsupported(model, embedding,
+                       "a model without rotary embeddings needs a learned position table "
+                       "(max_positions > 0)",
+                       err);
+  }
+  if (config->rope && config->learned_positions) {
+    return unsupported(model, embedding,
+                       "rotary embeddings with a learned position table too (max_positions must "
+                       "be 0 with rope_theta)",
+                       err);
+  }
   if (index >= n || mp_model_layer(model, index)->kind != MP_LAYER_LAYERNORM) {
     const mp_layer_spec *layer = mp_model_layer(model, index < n ? index : n - 1);
-    return unsupported(model, layer, "a final layernorm must follow the blocks", err);
+    return unsupported(model, layer, "a final norm must follow the blocks", err);
   }
-  if (mp_model_layer(model, index)->norm != MP_NORM_LAYERNORM) {
-    return unsupported(model, mp_model_layer(model, index), "a final rmsnorm", err);
-  }
-  if (mp_model_layer(model, index)->norm_eps != 1e-5) {
-    return unsupported(model, mp_model_layer(model, index), "norm_eps other than 1e-5", err);
+  const mp_layer_spec *final_norm = mp_model_layer(model, index);
+  if (final_norm->norm != first_block->norm || final_norm->norm_eps != first_block->norm_eps) {
+    return unsupported(model, final_norm, "a final norm unlike the blocks' (norm, norm_eps)", err);
   }
   ++index;
   if (index >= n || mp_model_layer(model, index)->kind != MP_LAYER_LM_HEAD) {
     const mp_layer_spec *layer = mp_model_layer(model, index < n ? index : n - 1);
-    return unsupported(model, layer, "an lm_head must follow the final layernorm", err);
+    return unsupported(model, layer, "an lm_head must follow the final norm", err);
   }
   const mp_layer_spec *head = mp_model_layer(model, index);
-  if (!head->tie_embedding) return unsupported(model, head, "an untied LM head", err);
+  config->tied_head = head->tie_embedding;
   if (index + 1 != n) {
     return unsupported(model, mp_model_layer(model, index + 1), "layers after the LM head", err);
   }
+  config->family = !config->rmsnorm && !config->swiglu && !config->rope &&
+                           config->num_kv_heads == config->num_heads &&
+                           config->bias == MP_BIAS_ALL && config->tied_head &&
+                           config->norm_eps == 1e-5f
+                       ? MP_GPT_FAMILY_GPT2
+                       : MP_GPT_FAMILY_LLAMA;
   config->padded_vocab_size =
       (config->vocab_size + kVocabPadding - 1) / kVocabPadding * kVocabPadding;
-  if (seq_len > config->max_seq_len) {
+  if (config->learned_positions && seq_len > config->max_seq_len) {
     return mp_fail(err, MP_ERR_INPUT,
                    "%s: sequence length %d exceeds the position table ($.layers[0].max_positions "
                    "= %d); shorten seq_len or raise max_positions",
                    mp_model_source(model), seq_len, config->max_seq_len);
   }
+  if (!config->learned_positions) config->max_seq_len = seq_len;
   return MP_OK;
 }
 
-/* The block as data: every tensor of a transformer block, in the flat array's (and llm.c's file)
- * order, with its shape in units of C and F, its tensor-parallel split and its initial values. The
- * stage, shard slicing, checkpoints and llm.c files read the layout built from it. */
-typedef struct {
-  const char *suffix;         /* block.<l>.<suffix> */
-  int rows_c, rows_f;         /* rows = rows_c x C + rows_f x F */
-  int cols_c, cols_f;         /* cols likewise; 0 and 0: a vector (cols = 1) */
-  mp_tp_split split;
-  mp_gpt_init init;
-} block_tensor_spec;
+/* Whether the model has a block tensor of role, and its name within the block. */
+static bool block_role(const mp_gpt_config *c, mp_gpt_block_tensor role, const char **suffix) {
+  const bool gpt2 = c->family == MP_GPT_FAMILY_GPT2;
+  const bool layernorm = !c->rmsnorm;
+  const bool any_bias = c->bias != MP_BIAS_NONE, all_bias = c->bias == MP_BIAS_ALL;
+  switch (role) {
+    case MP_BLOCK_LN1_WEIGHT: *suffix = "ln1.weight"; return true;
+    case MP_BLOCK_LN1_BIAS: *suffix = "ln1.bias"; return layernorm;
+    case MP_BLOCK_QKV_WEIGHT: *suffix = gpt2 ? "qkv.weight" : "q.weight"; return true;
+    case MP_BLOCK_K_WEIGHT: *suffix = "k.weight"; return !gpt2;
+    case MP_BLOCK_V_WEIGHT: *suffix = "v.weight"; return !gpt2;
+    case MP_BLOCK_QKV_BIAS: *suffix = gpt2 ? "qkv.bias" : "q.bias"; return any_bias;
+    case MP_BLOCK_K_BIAS: *suffix = "k.bias"; return !gpt2 && any_bias;
+    case MP_BLOCK_V_BIAS: *suffix = "v.bias"; return !gpt2 && any_bias;
+    case MP_BLOCK_ATTN_PROJ_WEIGHT: *suffix = "attn_proj.weight"; return true;
+    case MP_BLOCK_ATTN_PROJ_BIAS: *suffix = "attn_proj.bias"; return all_bias;
+    case MP_BLOCK_LN2_WEIGHT: *suffix = "ln2.weight"; return true;
+    case MP_BLOCK_LN2_BIAS: *suffix = "ln2.bias"; return layernorm;
+    case MP_BLOCK_FC_WEIGHT: *suffix = c->swiglu ? "gate.weight" : "fc.weight"; return true;
+    case MP_BLOCK_UP_WEIGHT: *suffix = "up.weight"; return c->swiglu;
+    case MP_BLOCK_FC_BIAS: *suffix = c->swiglu ? "gate.bias" : "fc.bias"; return all_bias;
+    case MP_BLOCK_UP_BIAS: *suffix = "up.bias"; return c->swiglu && all_bias;
+    case MP_BLOCK_FC_PROJ_WEIGHT: *suffix = "fc_proj.weight"; return true;
+    case MP_BLOCK_FC_PROJ_BIAS: *suffix = "fc_proj.bias"; return all_bias;
+    case MP_GPT_BLOCK_TENSORS: break;
+  }
+  return false;
+}
 
-static const block_tensor_spec kBlockTable[kBlockTensors] = {
-    {"ln1.weight", 1, 0, 0, 0, MP_TP_REPLICATED, MP_GPT_INIT_ONE},
-    {"ln1.bias", 1, 0, 0, 0, MP_TP_REPLICATED, MP_GPT_INIT_ZERO},
-    {"qkv.weight", 3, 0, 1, 0, MP_TP_SPLIT_QKV, MP_GPT_INIT_NORMAL},
-    {"qkv.bias", 3, 0, 0, 0, MP_TP_SPLIT_QKV, MP_GPT_INIT_ZERO},
-    {"attn_proj.weight", 1, 0, 1, 0, MP_TP_SPLIT_COLS, MP_GPT_INIT_NORMAL_RESIDUAL},
-    {"attn_proj.bias", 1, 0, 0, 0, MP_TP_REPLICATED, MP_GPT_INIT_ZERO},
-    {"ln2.weight", 1, 0, 0, 0, MP_TP_REPLICATED, MP_GPT_INIT_ONE},
-    {"ln2.bias", 1, 0, 0, 0, MP_TP_REPLICATED, MP_GPT_INIT_ZERO},
-    {"fc.weight", 0, 1, 1, 0, MP_TP_SPLIT_ROWS, MP_GPT_INIT_NORMAL},
-    {"fc.bias", 0, 1, 0, 0, MP_TP_SPLIT_ROWS, MP_GPT_INIT_ZERO},
-    {"fc_proj.weight", 1, 0, 0, 1, MP_TP_SPLIT_COLS, MP_GPT_INIT_NORMAL_RESIDUAL},
-    {"fc_proj.bias", 1, 0, 0, 0, MP_TP_REPLICATED, MP_GPT_INIT_ZERO},
-};
+/* A block tensor's shape (cols = 1 for vectors), tensor-parallel split and initial values. */
+static void block_shape(const mp_gpt_config *c, mp_gpt_block_tensor role, size_t *rows,
+                        size_t *cols, mp_tp_split *split, mp_gpt_init *init) {
+  const size_t C = (size_t)c->channels, F = (size_t)c->ffn_channels;
+  const size_t kv = (size_t)c->num_kv_heads * (C / (size_t)c->num_heads);
+  const bool gpt2 = c->family == MP_GPT_FAMILY_GPT2;
+  *cols = 1;
+  *split = MP_TP_REPLICATED;
+  *init = MP_GPT_INIT_ZERO;
+  switch (role) {
+    case MP_BLOCK_LN1_WEIGHT:
+    case MP_BLOCK_LN2_WEIGHT: *rows = C; *init = MP_GPT_INIT_ONE; return;
+    case MP_BLOCK_LN1_BIAS:
+    case MP_BLOCK_LN2_BIAS:
+    case MP_BLOCK_ATTN_PROJ_BIAS:
+    case MP_BLOCK_FC_PROJ_BIAS: *rows = C; return;
+    case MP_BLOCK_QKV_WEIGHT:
+      *rows = gpt2 ? 3 * C : C, *cols = C, *init = MP_GPT_INIT_NORMAL;
+      *split = gpt2 ? MP_TP_SPLIT_QKV : MP_TP_SPLIT_ROWS;
+      return;
+    case MP_BLOCK_K_WEIGHT:
+    case MP_BLOCK_V_WEIGHT:
+      *rows = kv, *cols = C, *init = MP_GPT_INIT_NORMAL, *split = MP_TP_SPLIT_ROWS;
+      return;
+    case MP_BLOCK_QKV_BIAS:
+      *rows = gpt2 ? 3 * C : C, *split = gpt2 ? MP_TP_SPLIT_QKV : MP_TP_SPLIT_ROWS;
+      return;
+    case MP_BLOCK_K_BIAS:
+    case MP_BLOCK_V_BIAS: *rows = kv, *split = MP_TP_SPLIT_ROWS; return;
+    case MP_BLOCK_ATTN_PROJ_WEIGHT:
+      *rows = C, *cols = C, *init = MP_GPT_INIT_NORMAL_RESIDUAL, *split = MP_TP_SPLIT_COLS;
+      return;
+    case MP_BLOCK_FC_WEIGHT:
+    case MP_BLOCK_UP_WEIGHT:
+      *rows = F, *cols = C, *init = MP_GPT_INIT_NORMAL, *split = MP_TP_SPLIT_ROWS;
+      return;
+    case MP_BLOCK_FC_BIAS:
+    case MP_BLOCK_UP_BIAS: *rows = F, *split = MP_TP_SPLIT_ROWS; return;
+    case MP_BLOCK_FC_PROJ_WEIGHT:
+      *rows = C, *cols = F, *init = MP_GPT_INIT_NORMAL_RESIDUAL, *split = MP_TP_SPLIT_COLS;
+      return;
+    case MP_GPT_BLOCK_TENSORS: break;
+  }
+  *rows = 0;
+}
 
 static void add_tensor(mp_gpt_layout *layout, const char *name, size_t *offset, size_t rows,
                        size_t cols, mp_tp_split split, mp_gpt_init init) {
@@ -163,28 +267,56 @@ static void add_tensor(mp_gpt_layout *layout, const char *name, size_t *offset, 
   *offset += rows * cols;
 }
 
-/* Lays out the tensor table in the order of the flat array: wte, wpe, blocks, final norm. The
- * block order matches mp_gpt_block_params_point. */
+static void add_global(mp_gpt_layout *layout, mp_gpt_global_tensor which, const char *name,
+                       size_t *offset, size_t rows, size_t cols, mp_tp_split split,
+                       mp_gpt_init init) {
+  layout->global_index[which] = layout->num_tensors;
+  add_tensor(layout, name, offset, rows, cols, split, init);
+}
+
+/* Lays out the tensor table in the order of the flat array: wte, wpe, blocks, final norm, an
+ * untied head; GPT-2's matches llm.c's files. */
 static void build_tensor_table(mp_gpt_layout *layout) {
   const mp_gpt_config *c = &layout->config;
-  const size_t C = (size_t)c->channels, F = (size_t)c->ffn_channels;
+  const size_t C = (size_t)c->channels;
   size_t offset = 0;
-  add_tensor(layout, "embedding.wte", &offset, (size_t)c->padded_vocab_size, C, MP_TP_SPLIT_ROWS,
-             MP_GPT_INIT_NORMAL);
-  add_tensor(layout, "embedding.wpe", &offset, (size_t)c->max_seq_len, C, MP_TP_REPLICATED,
-             MP_GPT_INIT_NORMAL);
+  for (int g = 0; g < MP_GPT_GLOBAL_TENSORS; ++g) layout->global_index[g] = -1;
+  add_global(layout, MP_GPT_WTE, "embedding.wte", &offset, (size_t)c->padded_vocab_size, C,
+             MP_TP_SPLIT_ROWS, MP_GPT_INIT_NORMAL);
+  if (c->learned_positions) {
+    add_global(layout, MP_GPT_WPE, "embedding.wpe", &offset, (size_t)c->max_seq_len, C,
+               MP_TP_REPLICATED, MP_GPT_INIT_NORMAL);
+  }
+  layout->first_block = layout->num_tensors;
+  layout->tensors_per_block = 0;
+  for (int r = 0; r < MP_GPT_BLOCK_TENSORS; ++r) {
+    const char *suffix = NULL;
+    const bool present = block_role(c, (mp_gpt_block_tensor)r, &suffix);
+    layout->block_slot[r] = present ? layout->tensors_per_block++ : -1;
+  }
   for (int l = 0; l < c->num_layers; ++l) {
-    for (int k = 0; k < kBlockTensors; ++k) {
-      const block_tensor_spec *spec = &kBlockTable[k];
+    for (int r = 0; r < MP_GPT_BLOCK_TENSORS; ++r) {
+      const char *suffix = NULL;
+      if (!block_role(c, (mp_gpt_block_tensor)r, &suffix)) continue;
+      size_t rows = 0, cols = 0;
+      mp_tp_split split;
+      mp_gpt_init init;
+      block_shape(c, (mp_gpt_block_tensor)r, &rows, &cols, &split, &init);
       char name[MP_GPT_TENSOR_NAME_BYTES];
-      snprintf(name, sizeof name, "block.%d.%s", l, spec->suffix);
-      const size_t rows = (size_t)spec->rows_c * C + (size_t)spec->rows_f * F;
-      const size_t cols = (size_t)spec->cols_c * C + (size_t)spec->cols_f * F;
-      add_tensor(layout, name, &offset, rows, cols > 0 ? cols : 1, spec->split, spec->init);
+      snprintf(name, sizeof name, "block.%d.%s", l, suffix);
+      add_tensor(layout, name, &offset, rows, cols, split, init);
     }
   }
-  add_tensor(layout, "final_norm.weight", &offset, C, 1, MP_TP_REPLICATED, MP_GPT_INIT_ONE);
-  add_tensor(layout, "final_norm.bias", &offset, C, 1, MP_TP_REPLICATED, MP_GPT_INIT_ZERO);
+  add_global(layout, MP_GPT_LNF_WEIGHT, "final_norm.weight", &offset, C, 1, MP_TP_REPLICATED,
+             MP_GPT_INIT_ONE);
+  if (!c->rmsnorm) {
+    add_global(layout, MP_GPT_LNF_BIAS, "final_norm.bias", &offset, C, 1, MP_TP_REPLICATED,
+               MP_GPT_INIT_ZERO);
+  }
+  if (!c->tied_head) {
+    add_global(layout, MP_GPT_LM_HEAD, "lm_head.weight", &offset, (size_t)c->padded_vocab_size,
+               C, MP_TP_SPLIT_ROWS, MP_GPT_INIT_NORMAL);
+  }
   layout->num_params = offset;
 }
 
@@ -193,7 +325,8 @@ static mp_status layout_init(const mp_model *model, int seq_len, mp_gpt_layout *
   memset(layout, 0, sizeof *layout);
   MP_TRY(read_config(model, seq_len, &layout->config, err));
   snprintf(layout->model_source, sizeof layout->model_source, "%s", mp_model_source(model));
-  layout->tensors = calloc((size_t)(2 + layout->config.num_layers * kBlockTensors + 2),
+  layout->tensors = calloc((size_t)(MP_GPT_GLOBAL_TENSORS +
+                                    layout->config.num_layers * MP_GPT_BLOCK_TENSORS),
                            sizeof *layout->tensors);
   if (layout->tensors == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
   build_tensor_table(layout);
@@ -232,23 +365,22 @@ const mp_gpt_tensor *mp_gpt_layout_tensor(const mp_gpt_layout *layout, int index
 }
 
 int mp_gpt_layout_block_index(const mp_gpt_layout *layout, int layer, mp_gpt_block_tensor role) {
-  (void)layout;
-  return 2 + layer * kBlockTensors + (int)role;
+  if (role < 0 || role >= MP_GPT_BLOCK_TENSORS || layout->block_slot[role] < 0) return -1;
+  return layout->first_block + layer * layout->tensors_per_block + layout->block_slot[role];
+}
+
+int mp_gpt_layout_tensors_per_block(const mp_gpt_layout *layout) {
+  return layout->tensors_per_block;
 }
 
 int mp_gpt_layout_global_index(const mp_gpt_layout *layout, mp_gpt_global_tensor which) {
-  switch (which) {
-    case MP_GPT_WTE: return 0;
-    case MP_GPT_WPE: return 1;
-    case MP_GPT_LNF_WEIGHT: return layout->num_tensors - 2;
-    case MP_GPT_LNF_BIAS: return layout->num_tensors - 1;
-  }
-  return -1;
+  return which >= 0 && which < MP_GPT_GLOBAL_TENSORS ? layout->global_index[which] : -1;
 }
 
 int mp_gpt_layout_layer_of(const mp_gpt_layout *layout, int index) {
-  if (index < 2 || index >= layout->num_tensors - 2) return -1;
-  return (index - 2) / kBlockTensors;
+  const int end = layout->first_block + layout->config.num_layers * layout->tensors_per_block;
+  if (index < layout->first_block || index >= end) return -1;
+  return (index - layout->first_block) / layout->tensors_per_block;
 }
 
 void mp_gpt_tensor_init_block(const mp_gpt_layout *layout, const mp_gpt_tensor *tensor,
@@ -292,14 +424,25 @@ static const char *const kHeaderFields[8] = {"magic", "version", "max_seq_len", 
                                              "num_layers", "num_heads", "channels",
                                              "padded_vocab_size"};
 
+/* llm.c's files hold GPT-2 only. */
+static mp_status check_llmc_family(const mp_gpt_layout *layout, const char *path, mp_error *err) {
+  if (layout->config.family == MP_GPT_FAMILY_GPT2) return MP_OK;
+  return mp_fail(err, MP_ERR_INPUT,
+                 "%s: llm.c's checkpoint files hold GPT-2 models, and %s is a Llama-family model "
+                 "(rmsnorm, swiglu, rotary embeddings, kv_heads, biases or an untied head); use "
+                 "a Hugging Face checkpoint directory",
+                 path, layout->model_source);
+}
+
 /* Visits every tensor in llm.c's file order, calling visit(tensor, context). */
 static void for_each_in_llmc_order(const mp_gpt_layout *layout,
                                    void (*visit)(const mp_gpt_tensor *, void *), void *context) {
+  const int per_block = layout->tensors_per_block;
   visit(&layout->tensors[0], context);
   visit(&layout->tensors[1], context);
-  for (int k = 0; k < kBlockTensors; ++k) {
+  for (int k = 0; k < per_block; ++k) {
     for (int l = 0; l < layout->config.num_layers; ++l) {
-      visit(&layout->tensors[2 + l * kBlockTensors + k], context);
+      visit(&layout->tensors[layout->first_block + l * per_block + k], context);
     }
   }
   visit(&layout->tensors[layout->num_tensors - 2], context);
@@ -408,6 +551,7 @@ static mp_status check_llmc_file(mp_llmc_reader *r, mp_error *err) {
 mp_status mp_llmc_reader_open(const mp_gpt_layout *layout, const char *path,
                               mp_llmc_reader **out, mp_error *err) {
   *out = NULL;
+  MP_TRY(check_llmc_family(layout, path, err));
   mp_llmc_reader *r = calloc(1, sizeof *r);
   if (r == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
   r->layout = layout;
@@ -497,6 +641,7 @@ struct mp_llmc_writer {
 mp_status mp_llmc_writer_open(const mp_gpt_layout *layout, const char *path,
                               mp_llmc_writer **out, mp_error *err) {
   *out = NULL;
+  MP_TRY(check_llmc_family(layout, path, err));
   mp_llmc_writer *w = calloc(1, sizeof *w);
   if (w == NULL || (w->offsets = llmc_file_offsets(layout)) == NULL) {
     free(w);

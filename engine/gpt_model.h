@@ -6,14 +6,23 @@
  * (engine/gpt_model_tp.h); the one-rank model (mp_gpt there) is that stage at tp = 1.
  *
  * Built from a model description (topology/model.h) that the runtime can train: an embedding,
- * transformer blocks with layernorm, GELU, biases and full multi-head attention, a final
- * layernorm and an LM head tied to the embedding. Anything else (SwiGLU, RMSNorm, grouped-query
- * attention, custom nodes) can be planned but not run yet, and is refused naming the layer.
+ * transformer blocks, a final norm and an LM head. Two families share the chain
+ * (engine/stage_chain.h), the table says which tensors a model has:
+ *   GPT-2: a learned position table, layernorm, GELU, biases everywhere, multi-head attention
+ *     with a fused qkv tensor, the head tied to the embedding (llm.c's tensors, in llm.c's
+ *     order);
+ *   the Llama family: RMSNorm (its epsilon), SwiGLU (gate and up tensors), rotary embeddings
+ *     (Hugging Face's rotate-half, Llama 3.1's scaling), grouped-query attention with separate
+ *     q, k, v tensors, biases none, on q-k-v only (Qwen2) or everywhere, a tied or untied head.
+ * A model mixing the two (rmsnorm with gelu, say) is laid out as the Llama family. Custom nodes,
+ * dropout and blocks of different shapes can be planned but not run, and are refused naming the
+ * layer.
  *
  * The vocabulary is padded to a multiple of 64 (llm.c's 50257 -> 50304) so the LM-head GEMM
  * tiles well; padded logits take no part in the loss. Parameters are initialised by
- * engine/param_init.h from (seed, tensor name, element index) with GPT-2's scheme: N(0, 0.02),
- * residual projections (attn_proj, fc_proj) N(0, 0.02 / sqrt(2 L)), layernorm weights 1, biases 0.
+ * engine/param_init.h from (seed, tensor name, element index) with GPT-2's scheme, which is also
+ * the Llama family's usual one (Megatron-LM's, torchtitan's with depth scaling): N(0, 0.02),
+ * residual projections (attn_proj, fc_proj) N(0, 0.02 / sqrt(2 L)), norm weights 1, biases 0.
  */
 #ifndef MPENGINE_ENGINE_GPT_MODEL_H
 #define MPENGINE_ENGINE_GPT_MODEL_H
@@ -23,6 +32,7 @@
 #include <stdint.h>
 
 #include "common/error.h"
+#include "layers/rope.h"
 #include "tensor_parallel/shard.h"
 #include "topology/model.h"
 
@@ -32,15 +42,28 @@ extern "C" {
 
 enum { MP_GPT_TENSOR_NAME_BYTES = 64 };
 
-/* The sizes the runtime works with. */
+/* The model families whose tensors the layout knows (see above). */
+typedef enum { MP_GPT_FAMILY_GPT2 = 0, MP_GPT_FAMILY_LLAMA } mp_gpt_family;
+
+/* The sizes and choices the runtime works with. */
 typedef struct {
-  int max_seq_len; /* rows of the position table */
+  int max_seq_len; /* rows of the position table; with rotary embeddings the longest sequence */
   int vocab_size;  /* V */
   int padded_vocab_size; /* Vp, a multiple of 64 */
   int num_layers;  /* L */
-  int num_heads;   /* NH */
+  int num_heads;   /* NH; head size HS = C / NH */
+  int num_kv_heads; /* KVH: NH for multi-head attention, 1 for multi-query */
   int channels;    /* C */
   int ffn_channels; /* F */
+  mp_gpt_family family;
+  bool rmsnorm;        /* else layernorm (with bias) */
+  float norm_eps;      /* 1e-5 for GPT-2 */
+  bool swiglu;         /* else GELU (tanh) */
+  mp_bias_kind bias;   /* which linear layers carry biases */
+  bool learned_positions; /* embedding.wpe exists */
+  bool rope;           /* rotary embeddings on q and k, as rope_spec says */
+  mp_rope_spec rope_spec;
+  bool tied_head;      /* the LM head is embedding.wte; else its own lm_head.weight */
 } mp_gpt_config;
 
 /* A tensor's initial values (GPT-2's scheme). */
@@ -62,19 +85,28 @@ typedef struct {
   mp_gpt_init init;
 } mp_gpt_tensor;
 
-/* The roles of a transformer block's tensors, in the order of the layout's block table (and of
- * llm.c's files): the stage chain (engine/stage_chain.h) finds each by its role. */
+/* The roles of a transformer block's tensors, in the order of the layout's block table (GPT-2's
+ * order is llm.c's). A model has a subset: GPT-2 the fused qkv tensors and no K, V, UP; the
+ * Llama family q, k and v separately (QKV_* is q, K_* and V_* follow it, so a rank's shards of
+ * the three are one (q | k | v) matrix) and SwiGLU's gate (FC_*) and up (UP_*), which likewise
+ * make one (gate | up) matrix. The stage chain (engine/stage_chain.h) finds each by its role. */
 typedef enum {
   MP_BLOCK_LN1_WEIGHT = 0,
   MP_BLOCK_LN1_BIAS,
   MP_BLOCK_QKV_WEIGHT,
+  MP_BLOCK_K_WEIGHT,
+  MP_BLOCK_V_WEIGHT,
   MP_BLOCK_QKV_BIAS,
+  MP_BLOCK_K_BIAS,
+  MP_BLOCK_V_BIAS,
   MP_BLOCK_ATTN_PROJ_WEIGHT,
   MP_BLOCK_ATTN_PROJ_BIAS,
   MP_BLOCK_LN2_WEIGHT,
   MP_BLOCK_LN2_BIAS,
   MP_BLOCK_FC_WEIGHT,
+  MP_BLOCK_UP_WEIGHT,
   MP_BLOCK_FC_BIAS,
+  MP_BLOCK_UP_BIAS,
   MP_BLOCK_FC_PROJ_WEIGHT,
   MP_BLOCK_FC_PROJ_BIAS,
   MP_GPT_BLOCK_TENSORS
@@ -82,10 +114,12 @@ typedef enum {
 
 /* The tensors outside the blocks. */
 typedef enum {
-  MP_GPT_WTE = 0,        /* token embedding, tied to the LM head */
-  MP_GPT_WPE,            /* position embedding */
+  MP_GPT_WTE = 0,        /* token embedding (and the LM head when tied) */
+  MP_GPT_WPE,            /* learned position embedding */
   MP_GPT_LNF_WEIGHT,     /* final norm */
   MP_GPT_LNF_BIAS,
+  MP_GPT_LM_HEAD,        /* an untied LM head */
+  MP_GPT_GLOBAL_TENSORS
 } mp_gpt_global_tensor;
 
 /* The parameter layout of a model, without any memory: its config and tensor table. The CPU
@@ -101,9 +135,11 @@ const mp_gpt_config *mp_gpt_layout_config(const mp_gpt_layout *layout);
 size_t mp_gpt_layout_num_params(const mp_gpt_layout *layout);
 int mp_gpt_layout_num_tensors(const mp_gpt_layout *layout);
 const mp_gpt_tensor *mp_gpt_layout_tensor(const mp_gpt_layout *layout, int index);
-/* The table index of block layer's tensor of role, of a global tensor; the block layer holds the
- * tensor of table index (-1 outside the blocks). */
+/* The table index of block layer's tensor of role, of a global tensor (-1: the model has none);
+ * the block layer holds the tensor of table index (-1 outside the blocks). A block's tensors are
+ * the tensors_per_block rows of the table from block_index(layer, LN1_WEIGHT). */
 int mp_gpt_layout_block_index(const mp_gpt_layout *layout, int layer, mp_gpt_block_tensor role);
+int mp_gpt_layout_tensors_per_block(const mp_gpt_layout *layout);
 int mp_gpt_layout_global_index(const mp_gpt_layout *layout, mp_gpt_global_tensor which);
 int mp_gpt_layout_layer_of(const mp_gpt_layout *layout, int index);
 /* The model description's file (its source name), for messages. */
@@ -119,7 +155,8 @@ void mp_gpt_tensor_init_block(const mp_gpt_layout *layout, const mp_gpt_tensor *
                               float *out, size_t rows, size_t cols, size_t row_offset,
                               size_t col_offset, uint64_t seed);
 
-/* llm.c files into / out of a flat array in this layout (see mp_gpt_load_llmc). */
+/* llm.c files into / out of a flat array in this layout (see mp_gpt_load_llmc). llm.c's files
+ * hold GPT-2: a Llama-family layout is refused naming the model. */
 mp_status mp_gpt_layout_load_llmc(const mp_gpt_layout *layout, float *params, const char *path,
                                   mp_error *err);
 mp_status mp_gpt_layout_save_llmc(const mp_gpt_layout *layout, const float *array,

@@ -67,14 +67,20 @@ void mp_gpt_tp_free(mp_gpt_tp *gpt) {
 /* True when the stage holds the layout's tensor full_index (wte, wpe, blocks..., lnfw, lnfb). */
 /* The block's shapes over tp ranks: heads, MLP channels and, with sequence parallelism, the
  * micro-batch's tokens must divide. */
-static mp_status check_split(const mp_gpt_block_shape *s, int tp, bool sequence_parallel,
-                             mp_error *err) {
+static mp_status check_split(const mp_gpt_block_shape *s, int kv_heads, int tp,
+                             bool sequence_parallel, mp_error *err) {
   MP_TRY(mp_gpt_block_shape_check(s, err));
   if (s->NH % tp != 0) {
     return mp_fail(err, MP_ERR_INPUT,
                    "tensor parallelism splits heads: %d heads do not divide over tp = %d; choose "
                    "a tp that divides the heads",
                    s->NH, tp);
+  }
+  if (kv_heads % tp != 0) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "tensor parallelism splits the key/value heads (as Megatron-Core does): "
+                   "kv_heads %d do not divide over tp = %d; choose a tp that divides kv_heads",
+                   kv_heads, tp);
   }
   if (s->F % tp != 0) {
     return mp_fail(err, MP_ERR_INPUT,
@@ -93,8 +99,9 @@ static mp_status check_split(const mp_gpt_block_shape *s, int tp, bool sequence_
 
 static bool stage_holds(const mp_gpt_layout *layout, const mp_gpt_stage *st, int full_index) {
   if (full_index == mp_gpt_layout_global_index(layout, MP_GPT_WTE)) {
-    return st->embedding || st->head;
+    return st->embedding || (st->head && mp_gpt_layout_config(layout)->tied_head);
   }
+  if (full_index == mp_gpt_layout_global_index(layout, MP_GPT_LM_HEAD)) return st->head;
   if (full_index == mp_gpt_layout_global_index(layout, MP_GPT_WPE)) return st->embedding;
   const int layer = mp_gpt_layout_layer_of(layout, full_index);
   if (layer < 0) return st->final_norm;
@@ -153,7 +160,7 @@ mp_status mp_gpt_tp_create_stage(const mp_model *model, int micro_batch, int seq
   gpt->T = seq_len;
   const mp_gpt_block_shape shape = {micro_batch, seq_len, c->channels, c->num_heads,
                                     c->ffn_channels};
-  if ((status = check_split(&shape, tp->size, sequence_parallel, err)) != MP_OK ||
+  if ((status = check_split(&shape, c->num_kv_heads, tp->size, sequence_parallel, err)) != MP_OK ||
       (status = mp_tp_vocab_check(c->padded_vocab_size, tp->size, err)) != MP_OK) {
     mp_error inner = *err;
     mp_fail(err, status, "%s with tp = %d%s: %s", mp_model_source(model), tp->size,
@@ -175,7 +182,7 @@ mp_status mp_gpt_tp_create_stage(const mp_model *model, int micro_batch, int seq
     if (!stage_holds(gpt->layout, stage, i)) continue;
     mp_gpt_tp_tensor *t = &gpt->tensors[gpt->num_tensors++];
     t->full = mp_gpt_layout_tensor(gpt->layout, i);
-    t->tied_copy = i == 0 && !stage->embedding;
+    t->tied_copy = i == mp_gpt_layout_global_index(gpt->layout, MP_GPT_WTE) && !stage->embedding;
     t->split = t->full->split;
     t->offset = offset;
     t->count = mp_tp_shard_floats(t->split, t->full->rows, t->full->cols, tp->size);

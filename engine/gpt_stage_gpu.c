@@ -381,6 +381,7 @@ static mp_status cuda_kernels_create(const mp_stage_dims *d, cuda_kernels **out,
   }
   mp_stage_kernels *t = &k->table;
   t->context = k;
+  t->name = "CUDA";
   t->element_bytes = sizeof(mp_bf16);
   t->attention_saved_bytes =
       k->fused_attention ? (size_t)d->B * d->NHl * d->T * sizeof(float)

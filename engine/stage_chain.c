@@ -15,22 +15,23 @@ typedef struct {
 typedef struct {
   void *ln1;                  /* (BT, C) the qkv GEMM's input; (BTl, C) with SP and regather */
   float *ln1_mean, *ln1_rstd; /* (BTl) */
-  void *qkv;                  /* (BT, 3Cl) */
+  void *qkv;                  /* (BT, QKVl), q and k rotated with rope */
   void *atty;                 /* (BT, Cl) */
   void *attention;            /* attention_saved_bytes */
   void *residual2;            /* (BTl, C) */
   void *ln2;                  /* (BT, C) the fc GEMM's input; (BTl, C) with SP and regather */
   float *ln2_mean, *ln2_rstd; /* (BTl) */
-  void *fch, *fch_gelu;       /* (BT, Fl) */
+  void *fch;                  /* (BT, FCl) the fc GEMM's output */
+  void *fch_gelu;             /* (BT, Fl) the activation's */
   void *out;                  /* (BTl, C) */
 } block_acts;
 
 /* Zero-bubble: the four GEMMs' output gradients a B keeps for its W. */
 typedef struct {
   void *dfcproj;  /* (BT, C) fc_proj's output gradient (all-gathered with SP) */
-  void *dfch;     /* (BT, Fl) */
+  void *dfch;     /* (BT, FCl) */
   void *dattproj; /* (BT, C) */
-  void *dqkv;     /* (BT, 3Cl) */
+  void *dqkv;     /* (BT, QKVl) */
 } block_deferred;
 
 /* One micro-batch between its forward and its backward (its W with deferred weights). A light
@@ -65,6 +66,8 @@ struct mp_stage_chain {
   float *grads;        /* the gradient array (the hook's) */
   const void *wte, *wpe, *lnfw, *lnfb;
   float *dwte, *dwpe, *dlnfw, *dlnfb;
+  const void *head_w; /* wte when tied, else lm_head */
+  float *dhead;
   block_tensors *blocks;
   mp_stage_grads_hook hook;
   void *hook_context;
@@ -77,8 +80,9 @@ struct mp_stage_chain {
   void *dout_total;    /* (BT, C) SP: a row-parallel GEMM's all-gathered output gradient */
   void *dresidual, *dnorm; /* (BT, C) */
   void *datty;         /* (BT, Cl) */
-  void *dqkv;          /* (BT, 3Cl) */
-  void *dfch, *dfch_gelu; /* (BT, Fl) */
+  void *dqkv;          /* (BT, QKVl) */
+  void *dfch;          /* (BT, FCl) */
+  void *dfch_gelu;     /* (BT, Fl) */
   void **owned;        /* every allocation, for free */
   int num_owned, owned_capacity;
   size_t bytes;
@@ -116,6 +120,14 @@ mp_stage_dims mp_stage_chain_dims(const mp_gpt_tp *host, const mp_tp_comm *tp) {
   d.NHl = c->num_heads / tp->size;
   d.Cl = d.NHl * d.HS;
   d.Fl = c->ffn_channels / tp->size;
+  d.KVHl = c->num_kv_heads / tp->size;
+  d.QKVl = (d.NHl + 2 * d.KVHl) * d.HS;
+  d.FCl = c->swiglu ? 2 * d.Fl : d.Fl;
+  d.rmsnorm = c->rmsnorm;
+  d.norm_eps = c->norm_eps;
+  d.swiglu = c->swiglu;
+  d.rope = c->rope;
+  d.rope_spec = c->rope_spec;
   d.V = c->vocab_size;
   d.Vp = c->padded_vocab_size;
   d.Vl = c->padded_vocab_size / tp->size;
@@ -142,19 +154,20 @@ static int shard_index(const mp_gpt_tp *host, int full_index) {
 }
 
 static const void *weight_of(const mp_stage_chain *ch, void *weights, int full_index) {
-  const int i = shard_index(ch->host, full_index);
+  const int i = full_index < 0 ? -1 : shard_index(ch->host, full_index);
   return i < 0 ? NULL : at(ch, weights, mp_gpt_tp_tensor_at(ch->host, i)->offset);
 }
 
 static float *grad_of(const mp_stage_chain *ch, float *grads, int full_index) {
-  const int i = shard_index(ch->host, full_index);
+  const int i = full_index < 0 ? -1 : shard_index(ch->host, full_index);
   return i < 0 ? NULL : grads + mp_gpt_tp_tensor_at(ch->host, i)->offset;
 }
 
 static mp_status alloc_slot(mp_stage_chain *ch, slot_acts *s, mp_error *err) {
   const mp_stage_dims *d = &ch->d;
   const size_t BT = (size_t)d->BT, BTl = (size_t)d->BTl, C = (size_t)d->C;
-  const size_t Cl = (size_t)d->Cl, Fl = (size_t)d->Fl, eb = ch->eb;
+  const size_t QKVl = (size_t)d->QKVl, Cl = (size_t)d->Cl, Fl = (size_t)d->Fl;
+  const size_t FCl = (size_t)d->FCl, eb = ch->eb;
   const int L = ch->stage.num_layers;
   s->acts = calloc((size_t)(L > 0 ? L : 1), sizeof *s->acts);
   s->inputs_host = calloc(BT, sizeof(int32_t));
@@ -171,7 +184,7 @@ static mp_status alloc_slot(mp_stage_chain *ch, slot_acts *s, mp_error *err) {
     ALLOC(a->ln1, ln_rows * C, eb);
     ALLOC(a->ln1_mean, BTl, sizeof(float));
     ALLOC(a->ln1_rstd, BTl, sizeof(float));
-    ALLOC(a->qkv, BT * 3 * Cl, eb);
+    ALLOC(a->qkv, BT * QKVl, eb);
     ALLOC(a->atty, BT * Cl, eb);
     if (share_attention) {
       a->attention = ch->shared_attention;
@@ -182,7 +195,7 @@ static mp_status alloc_slot(mp_stage_chain *ch, slot_acts *s, mp_error *err) {
     ALLOC(a->ln2, ln_rows * C, eb);
     ALLOC(a->ln2_mean, BTl, sizeof(float));
     ALLOC(a->ln2_rstd, BTl, sizeof(float));
-    ALLOC(a->fch, BT * Fl, eb);
+    ALLOC(a->fch, BT * FCl, eb);
     ALLOC(a->fch_gelu, BT * Fl, eb);
     ALLOC(a->out, BTl * C, eb);
   }
@@ -199,9 +212,9 @@ static mp_status alloc_slot(mp_stage_chain *ch, slot_acts *s, mp_error *err) {
     for (int l = 0; l < L; ++l) {
       block_deferred *q = &s->deferred[l];
       ALLOC(q->dfcproj, BT * C, eb);
-      ALLOC(q->dfch, BT * Fl, eb);
+      ALLOC(q->dfch, BT * FCl, eb);
       ALLOC(q->dattproj, BT * C, eb);
-      ALLOC(q->dqkv, BT * 3 * Cl, eb);
+      ALLOC(q->dqkv, BT * QKVl, eb);
     }
   }
   return MP_OK;
@@ -255,6 +268,10 @@ static mp_status chain_setup(mp_stage_chain *ch, const mp_stage_chain_config *co
   ch->dwpe = grad_of(ch, config->grads, mp_gpt_layout_global_index(layout, MP_GPT_WPE));
   ch->dlnfw = grad_of(ch, config->grads, mp_gpt_layout_global_index(layout, MP_GPT_LNF_WEIGHT));
   ch->dlnfb = grad_of(ch, config->grads, mp_gpt_layout_global_index(layout, MP_GPT_LNF_BIAS));
+  const mp_gpt_global_tensor head =
+      mp_gpt_layout_config(layout)->tied_head ? MP_GPT_WTE : MP_GPT_LM_HEAD;
+  ch->head_w = weight_of(ch, config->weights, mp_gpt_layout_global_index(layout, head));
+  ch->dhead = grad_of(ch, config->grads, mp_gpt_layout_global_index(layout, head));
   ch->blocks = calloc((size_t)(L > 0 ? L : 1), sizeof *ch->blocks);
   ch->slots = calloc((size_t)ch->num_slots, sizeof *ch->slots);
   if (ch->blocks == NULL || ch->slots == NULL) {
@@ -268,11 +285,10 @@ static mp_status chain_setup(mp_stage_chain *ch, const mp_stage_chain_config *co
       b->w[r] = weight_of(ch, config->weights, index);
       b->g[r] = grad_of(ch, config->grads, index);
     }
-    const mp_gpt_tp_tensor *first = mp_gpt_tp_tensor_at(
-        ch->host, shard_index(ch->host, mp_gpt_layout_block_index(layout, layer, 0)));
-    const mp_gpt_tp_tensor *last = mp_gpt_tp_tensor_at(
-        ch->host, shard_index(ch->host, mp_gpt_layout_block_index(layout, layer,
-                                                                  MP_GPT_BLOCK_TENSORS - 1)));
+    const int first_index = mp_gpt_layout_block_index(layout, layer, MP_BLOCK_LN1_WEIGHT);
+    const int last_index = first_index + mp_gpt_layout_tensors_per_block(layout) - 1;
+    const mp_gpt_tp_tensor *first = mp_gpt_tp_tensor_at(ch->host, shard_index(ch->host, first_index));
+    const mp_gpt_tp_tensor *last = mp_gpt_tp_tensor_at(ch->host, shard_index(ch->host, last_index));
     b->grad_first = first->offset;
     b->grad_count = last->offset + last->count - first->offset;
   }
@@ -292,8 +308,8 @@ static mp_status chain_setup(mp_stage_chain *ch, const mp_stage_chain_config *co
   ALLOC(ch->dresidual, BT * C, eb);
   ALLOC(ch->dnorm, BT * C, eb);
   ALLOC(ch->datty, BT * (size_t)d->Cl, eb);
-  ALLOC(ch->dqkv, BT * 3 * (size_t)d->Cl, eb);
-  ALLOC(ch->dfch, BT * (size_t)d->Fl, eb);
+  ALLOC(ch->dqkv, BT * (size_t)d->QKVl, eb);
+  ALLOC(ch->dfch, BT * (size_t)d->FCl, eb);
   ALLOC(ch->dfch_gelu, BT * (size_t)d->Fl, eb);
   return MP_OK;
 }
@@ -311,6 +327,28 @@ mp_status mp_stage_chain_check(int num_slots, bool deferred_weights, mp_recomput
                    num_slots);
   }
   return MP_OK;
+}
+
+/* The Llama family's kernels are a backend's to supply; a model that needs a missing one is
+ * refused before anything is allocated. */
+static mp_status check_kernels(const mp_stage_chain *ch, mp_error *err) {
+  const mp_stage_kernels *k = ch->k;
+  const mp_stage_dims *d = &ch->d;
+  const char *missing = NULL;
+  if (d->rmsnorm && (k->rmsnorm_forward == NULL || k->rmsnorm_backward == NULL)) {
+    missing = "RMSNorm";
+  } else if (d->swiglu && (k->swiglu_forward == NULL || k->swiglu_backward == NULL)) {
+    missing = "SwiGLU";
+  } else if (d->rope && (k->rope_forward == NULL || k->rope_backward == NULL)) {
+    missing = "rotary embeddings";
+  } else if (d->num_layers > 0 && d->KVHl != d->NHl && !k->grouped_attention) {
+    missing = "grouped-query attention (kv_heads < heads)";
+  }
+  if (missing == NULL) return MP_OK;
+  return mp_fail(err, MP_ERR_INPUT,
+                 "%s: the %s backend has no %s kernel yet; train this model on the CPU "
+                 "backend",
+                 mp_gpt_layout_model_source(mp_gpt_tp_layout(ch->host)), k->name, missing);
 }
 
 mp_status mp_stage_chain_create(const mp_stage_chain_config *config,
@@ -331,7 +369,8 @@ mp_status mp_stage_chain_create(const mp_stage_chain_config *config,
   ch->num_slots = config->num_slots;
   ch->grads = config->grads;
   ch->regather = ch->d.sp && !config->deferred_weights;
-  const mp_status status = chain_setup(ch, config, err);
+  mp_status status = check_kernels(ch, err);
+  if (status == MP_OK) status = chain_setup(ch, config, err);
   if (status != MP_OK) {
     mp_stage_chain_free(ch);
     return status;
@@ -369,6 +408,29 @@ static mp_status kernels_check(const mp_stage_chain *ch, mp_error *err) {
   return ch->k->check != NULL ? ch->k->check(ch->k->context, err) : MP_OK;
 }
 
+/* The model's norm over rows of C: layernorm (mean, rstd, bias) or RMSNorm (rstd only). */
+static void norm_forward(const mp_stage_chain *ch, void *out, float *mean, float *rstd,
+                         const void *inp, const void *weight, const void *bias, int rows) {
+  const mp_stage_kernels *k = ch->k;
+  if (ch->d.rmsnorm) {
+    k->rmsnorm_forward(k->context, out, rstd, inp, weight, rows, ch->d.C);
+  } else {
+    k->layernorm_forward(k->context, out, mean, rstd, inp, weight, bias, rows, ch->d.C);
+  }
+}
+
+static void norm_backward(const mp_stage_chain *ch, void *dinp, float *dweight, float *dbias,
+                          const void *dout, const void *inp, const void *weight,
+                          const float *mean, const float *rstd, int rows) {
+  const mp_stage_kernels *k = ch->k;
+  if (ch->d.rmsnorm) {
+    k->rmsnorm_backward(k->context, dinp, dweight, dout, inp, weight, rstd, rows, ch->d.C);
+  } else {
+    k->layernorm_backward(k->context, dinp, dweight, dbias, dout, inp, weight, mean, rstd, rows,
+                          ch->d.C);
+  }
+}
+
 static mp_status block_forward(mp_stage_chain *ch, int l, block_acts *a, const void *x,
                                mp_error *err) {
   const mp_stage_kernels *k = ch->k;
@@ -381,22 +443,28 @@ static mp_status block_forward(mp_stage_chain *ch, int l, block_acts *a, const v
    * slice (regathered), or into its rows of the kept (BT, C) input, gathered in place. */
   void *ln1 = ch->regather ? a->ln1 : at(ch, a->ln1, mine);
   void *ln1_total = ch->regather ? ch->projection : a->ln1;
-  k->layernorm_forward(cx, ln1, a->ln1_mean, a->ln1_rstd, x, w[MP_BLOCK_LN1_WEIGHT],
-                       w[MP_BLOCK_LN1_BIAS], BTl, C);
+  norm_forward(ch, ln1, a->ln1_mean, a->ln1_rstd, x, w[MP_BLOCK_LN1_WEIGHT],
+               w[MP_BLOCK_LN1_BIAS], BTl);
   if (d->sp) MP_TRY(k->gather_sequence(cx, ln1_total, ln1, err));
   k->matmul_forward(cx, a->qkv, ln1_total, w[MP_BLOCK_QKV_WEIGHT], w[MP_BLOCK_QKV_BIAS], BT, C,
-                    3 * Cl);
+                    d->QKVl);
+  if (d->rope) k->rope_forward(cx, a->qkv);
   k->attention_forward(cx, a->atty, a->attention, a->qkv);
   MP_TRY(k->row_parallel_linear_forward(cx, ch->projection, a->atty, w[MP_BLOCK_ATTN_PROJ_WEIGHT],
                                         w[MP_BLOCK_ATTN_PROJ_BIAS], Cl, C, err));
   k->residual_forward(cx, a->residual2, x, ch->projection, (size_t)BTl * C);
   void *ln2 = ch->regather ? a->ln2 : at(ch, a->ln2, mine);
   void *ln2_total = ch->regather ? ch->projection : a->ln2;
-  k->layernorm_forward(cx, ln2, a->ln2_mean, a->ln2_rstd, a->residual2, w[MP_BLOCK_LN2_WEIGHT],
-                       w[MP_BLOCK_LN2_BIAS], BTl, C);
+  norm_forward(ch, ln2, a->ln2_mean, a->ln2_rstd, a->residual2, w[MP_BLOCK_LN2_WEIGHT],
+               w[MP_BLOCK_LN2_BIAS], BTl);
   if (d->sp) MP_TRY(k->gather_sequence(cx, ln2_total, ln2, err));
-  k->matmul_forward(cx, a->fch, ln2_total, w[MP_BLOCK_FC_WEIGHT], w[MP_BLOCK_FC_BIAS], BT, C, Fl);
-  k->gelu_forward(cx, a->fch_gelu, a->fch, (size_t)BT * Fl);
+  k->matmul_forward(cx, a->fch, ln2_total, w[MP_BLOCK_FC_WEIGHT], w[MP_BLOCK_FC_BIAS], BT, C,
+                    d->FCl);
+  if (d->swiglu) {
+    k->swiglu_forward(cx, a->fch_gelu, a->fch, BT, Fl);
+  } else {
+    k->gelu_forward(cx, a->fch_gelu, a->fch, (size_t)BT * Fl);
+  }
   MP_TRY(k->row_parallel_linear_forward(cx, ch->projection, a->fch_gelu,
                                         w[MP_BLOCK_FC_PROJ_WEIGHT], w[MP_BLOCK_FC_PROJ_BIAS], Fl,
                                         C, err));
@@ -464,32 +532,37 @@ static mp_status block_backward(mp_stage_chain *ch, int l, block_acts *a, const 
   k->matmul_backward(cx, ch->dfch_gelu, defer ? NULL : g[MP_BLOCK_FC_PROJ_WEIGHT],
                      g[MP_BLOCK_FC_PROJ_BIAS], dout, a->fch_gelu, w[MP_BLOCK_FC_PROJ_WEIGHT], BT,
                      Fl, C);
-  MP_TRY(k->zero(cx, dfch, (size_t)BT * Fl * eb, err));
-  k->gelu_backward(cx, dfch, a->fch, ch->dfch_gelu, (size_t)BT * Fl);
+  MP_TRY(k->zero(cx, dfch, (size_t)BT * d->FCl * eb, err));
+  if (d->swiglu) {
+    k->swiglu_backward(cx, dfch, a->fch, ch->dfch_gelu, BT, Fl);
+  } else {
+    k->gelu_backward(cx, dfch, a->fch, ch->dfch_gelu, (size_t)BT * Fl);
+  }
   const void *ln2_total = NULL;
   MP_TRY(column_input(ch, a->ln2, &ln2_total, err));
   MP_TRY(k->zero(cx, ch->dnorm, (size_t)BT * C * eb, err));
   k->matmul_backward(cx, ch->dnorm, defer ? NULL : g[MP_BLOCK_FC_WEIGHT], g[MP_BLOCK_FC_BIAS],
-                     dfch, ln2_total, w[MP_BLOCK_FC_WEIGHT], BT, C, Fl);
+                     dfch, ln2_total, w[MP_BLOCK_FC_WEIGHT], BT, C, d->FCl);
   MP_TRY(k->column_parallel_input_grad(cx, ch->dnorm, err));
-  k->layernorm_backward(cx, ch->dresidual, g[MP_BLOCK_LN2_WEIGHT], g[MP_BLOCK_LN2_BIAS], ch->dnorm,
-                        a->residual2, w[MP_BLOCK_LN2_WEIGHT], a->ln2_mean, a->ln2_rstd, BTl, C);
+  norm_backward(ch, ch->dresidual, g[MP_BLOCK_LN2_WEIGHT], g[MP_BLOCK_LN2_BIAS], ch->dnorm,
+                a->residual2, w[MP_BLOCK_LN2_WEIGHT], a->ln2_mean, a->ln2_rstd, BTl);
   /* The attention branch. */
   MP_TRY(row_parallel_output_grad(ch, defer ? q->dattproj : NULL, &dout, err));
   MP_TRY(k->zero(cx, ch->datty, (size_t)BT * Cl * eb, err));
   k->matmul_backward(cx, ch->datty, defer ? NULL : g[MP_BLOCK_ATTN_PROJ_WEIGHT],
                      g[MP_BLOCK_ATTN_PROJ_BIAS], dout, a->atty, w[MP_BLOCK_ATTN_PROJ_WEIGHT], BT,
                      Cl, C);
-  MP_TRY(k->zero(cx, dqkv, (size_t)BT * 3 * Cl * eb, err));
+  MP_TRY(k->zero(cx, dqkv, (size_t)BT * d->QKVl * eb, err));
   k->attention_backward(cx, dqkv, ch->datty, a->qkv, a->atty, a->attention);
+  if (d->rope) k->rope_backward(cx, dqkv);
   const void *ln1_total = NULL;
   MP_TRY(column_input(ch, a->ln1, &ln1_total, err));
   MP_TRY(k->zero(cx, ch->dnorm, (size_t)BT * C * eb, err));
   k->matmul_backward(cx, ch->dnorm, defer ? NULL : g[MP_BLOCK_QKV_WEIGHT], g[MP_BLOCK_QKV_BIAS],
-                     dqkv, ln1_total, w[MP_BLOCK_QKV_WEIGHT], BT, C, 3 * Cl);
+                     dqkv, ln1_total, w[MP_BLOCK_QKV_WEIGHT], BT, C, d->QKVl);
   MP_TRY(k->column_parallel_input_grad(cx, ch->dnorm, err));
-  k->layernorm_backward(cx, ch->dresidual, g[MP_BLOCK_LN1_WEIGHT], g[MP_BLOCK_LN1_BIAS], ch->dnorm,
-                        inp, w[MP_BLOCK_LN1_WEIGHT], a->ln1_mean, a->ln1_rstd, BTl, C);
+  norm_backward(ch, ch->dresidual, g[MP_BLOCK_LN1_WEIGHT], g[MP_BLOCK_LN1_BIAS], ch->dnorm, inp,
+                w[MP_BLOCK_LN1_WEIGHT], a->ln1_mean, a->ln1_rstd, BTl);
   return MP_OK;
 }
 
@@ -503,11 +576,12 @@ static void block_backward_weights(mp_stage_chain *ch, int l, const block_acts *
   float *const *g = ch->blocks[l].g;
   k->matmul_backward(cx, NULL, g[MP_BLOCK_FC_PROJ_WEIGHT], NULL, q->dfcproj, a->fch_gelu, NULL,
                      BT, Fl, C);
-  k->matmul_backward(cx, NULL, g[MP_BLOCK_FC_WEIGHT], NULL, q->dfch, a->ln2, NULL, BT, C, Fl);
+  k->matmul_backward(cx, NULL, g[MP_BLOCK_FC_WEIGHT], NULL, q->dfch, a->ln2, NULL, BT, C,
+                     ch->d.FCl);
   k->matmul_backward(cx, NULL, g[MP_BLOCK_ATTN_PROJ_WEIGHT], NULL, q->dattproj, a->atty, NULL,
                      BT, Cl, C);
   k->matmul_backward(cx, NULL, g[MP_BLOCK_QKV_WEIGHT], NULL, q->dqkv, a->ln1, NULL, BT, C,
-                     3 * Cl);
+                     ch->d.QKVl);
 }
 
 /* The last activation of the stage before its final norm or head. */
@@ -544,8 +618,7 @@ static mp_status stage_forward(mp_stage_chain *ch, slot_acts *s, const int32_t *
     x = s->acts[l].out;
   }
   if (st->final_norm) {
-    k->layernorm_forward(cx, s->lnf, s->lnf_mean, s->lnf_rstd, x, ch->lnfw, ch->lnfb, d->BTl,
-                         d->C);
+    norm_forward(ch, s->lnf, s->lnf_mean, s->lnf_rstd, x, ch->lnfw, ch->lnfb, d->BTl);
     x = s->lnf;
   }
   if (!st->head) {
@@ -553,14 +626,15 @@ static mp_status stage_forward(mp_stage_chain *ch, slot_acts *s, const int32_t *
     return kernels_check(ch, err);
   }
   if (!recomputing) MP_TRY(k->tokens_in(cx, s->targets, targets, BT, err));
-  /* The LM head, tied to this rank's rows of wte: the logits of its vocabulary range for every
-   * token (with sequence parallelism its input all-gathered first). */
+  /* The LM head (this rank's vocabulary rows of wte when tied, of lm_head if not): the logits of
+   * its vocabulary range for every token (with sequence parallelism its input all-gathered
+   * first). */
   if (d->sp) {
     void *total = ch->regather ? ch->projection : s->head_input;
     MP_TRY(k->gather_sequence(cx, total, x, err));
     x = total;
   }
-  k->matmul_forward(cx, s->logits, x, ch->wte, NULL, d->BT, d->C, d->Vl);
+  k->matmul_forward(cx, s->logits, x, ch->head_w, NULL, d->BT, d->C, d->Vl);
   MP_TRY(k->loss(cx, s->logits, s->targets, s->dloss, recomputing ? NULL : loss, err));
   return kernels_check(ch, err);
 }
@@ -614,15 +688,15 @@ mp_status mp_stage_chain_backward(mp_stage_chain *ch, int slot, const float *dou
     if (d->sp && ch->regather) MP_TRY(column_input(ch, head_input, &head_input, err));
     if (d->sp && !ch->regather) head_input = s->head_input;
     MP_TRY(k->zero(cx, g, act_bytes, err));
-    k->matmul_backward(cx, g, ch->dwte, NULL, s->logits, head_input, ch->wte, BT, C, d->Vl);
+    k->matmul_backward(cx, g, ch->dhead, NULL, s->logits, head_input, ch->head_w, BT, C, d->Vl);
     MP_TRY(k->column_parallel_input_grad(cx, g, err));
   } else {
     k->from_boundary(cx, g, doutput, local);
   }
   if (st->final_norm) {
     MP_TRY(k->zero(cx, ch->dresidual, act_bytes, err));
-    k->layernorm_backward(cx, ch->dresidual, ch->dlnfw, ch->dlnfb, ch->dnorm, tail_input, ch->lnfw,
-                          s->lnf_mean, s->lnf_rstd, d->BTl, C);
+    norm_backward(ch, ch->dresidual, ch->dlnfw, ch->dlnfb, ch->dnorm, tail_input, ch->lnfw,
+                  s->lnf_mean, s->lnf_rstd, d->BTl);
   }
   for (int l = L - 1; l >= 0; --l) {
     const void *inp = l == 0 ? s->input : s->acts[l - 1].out;
@@ -665,10 +739,11 @@ mp_status mp_stage_chain_backward_weights(mp_stage_chain *ch, int slot, mp_error
   return kernels_check(ch, err);
 }
 
-/* w (C) and b (C) summed over the group: one collective when b follows w (the layout keeps a
- * layernorm's weight and bias next to each other). */
+/* w (C) and b (C, or NULL: RMSNorm) summed over the group: one collective when b follows w (the
+ * layout keeps a layernorm's weight and bias next to each other). */
 static mp_status sum_norm_grads(mp_stage_chain *ch, float *w, float *b, mp_error *err) {
   const size_t C = (size_t)ch->d.C;
+  if (b == NULL) return mp_tp_all_reduce_sum(&ch->d.tp, w, C, err);
   if (b == w + C) return mp_tp_all_reduce_sum(&ch->d.tp, w, 2 * C, err);
   MP_TRY(mp_tp_all_reduce_sum(&ch->d.tp, w, C, err));
   return mp_tp_all_reduce_sum(&ch->d.tp, b, C, err);

@@ -8,9 +8,15 @@
  * Activations and weights are arrays of the backend's element (element_bytes: 4 for fp32, 2 for
  * bf16), passed as void pointers into the backend's memory; gradients, layernorm statistics and
  * stage boundaries are fp32 everywhere. Every kernel adds (+=) into the gradients it is given and
- * skips a NULL one, as layers/ does. Shapes are the stage's (mp_stage_dims): BT = B*T tokens of a
- * micro-batch, BTl = this rank's token rows (BT/tp with sequence parallelism, else BT), Cl = C/tp,
- * Fl = F/tp, NHl = NH/tp heads, Vl = Vp/tp vocabulary rows.
+ * skips a NULL one (a bias the model has not, say), as layers/ does. Shapes are the stage's
+ * (mp_stage_dims): BT = B*T tokens of a micro-batch, BTl = this rank's token rows (BT/tp with
+ * sequence parallelism, else BT), Cl = C/tp, Fl = F/tp, NHl = NH/tp query heads and KVHl =
+ * KVH/tp key/value heads, QKVl = (NHl + 2 KVHl) HS the width of a qkv row (q | k | v), FCl the
+ * fc GEMM's width (Fl, or 2 Fl for SwiGLU's gate | up), Vl = Vp/tp vocabulary rows.
+ *
+ * The Llama family's kernels (rmsnorm, swiglu, rope and grouped-query attention) may be missing
+ * from a backend that does not have them yet: the chain then refuses such a model, naming the
+ * backend and the kernel.
  *
  * The tensor-parallel entries carry Megatron's collectives over the stage's group; every rank of
  * the group calls them in the same order. A kernel that only enqueues work (the GPU) reports its
@@ -24,6 +30,7 @@
 #include <stdint.h>
 
 #include "common/error.h"
+#include "layers/rope.h"
 #include "tensor_parallel/tp_comm.h"
 
 #ifdef __cplusplus
@@ -33,7 +40,13 @@ extern "C" {
 /* A stage's sizes on this rank. */
 typedef struct {
   int B, T, C, HS;    /* micro-batch, sequence, channels, head size */
-  int NHl, Cl, Fl;    /* this rank's heads, their channels, its MLP channels */
+  int NHl, Cl, Fl;    /* this rank's query heads, their channels, its MLP channels */
+  int KVHl, QKVl, FCl; /* its key/value heads, its qkv row's width, its fc GEMM's width */
+  bool rmsnorm;       /* the norms are RMSNorm (no bias), else layernorm */
+  float norm_eps;
+  bool swiglu;        /* the MLP is SwiGLU over (gate | up), else GELU */
+  bool rope;          /* rotary embeddings on q and k, as rope_spec says */
+  mp_rope_spec rope_spec;
   int V, Vp, Vl;      /* vocabulary, padded, this rank's rows of it */
   int vocab_start;    /* first vocabulary row of this rank */
   int BT, BTl, row0;  /* tokens; this rank's token rows [row0, row0 + BTl) */
@@ -45,6 +58,7 @@ typedef struct {
 
 typedef struct {
   void *context;
+  const char *name;            /* "CPU", "CUDA": for messages */
   size_t element_bytes;        /* of activations and weights */
   size_t attention_saved_bytes; /* what one layer's attention keeps for its backward */
   /* Selective recomputation drops the saved attention (the (B, NHl, T, T) matrices) and reruns
@@ -76,14 +90,30 @@ typedef struct {
   void (*matmul_backward)(void *context, void *dinp, float *dweight, float *dbias,
                           const void *dout, const void *inp, const void *weight, int BT, int C,
                           int OC);
-  /* Causal attention over this rank's heads: out (BT, Cl) from qkv (BT, 3Cl); saved
-   * attention_saved_bytes; the backward adds into dqkv. */
+  /* RMSNorm (eps from the dims): out (rows, C), rstd (rows); NULL where the backend has none. */
+  void (*rmsnorm_forward)(void *context, void *out, float *rstd, const void *inp,
+                          const void *weight, int rows, int C);
+  void (*rmsnorm_backward)(void *context, void *dinp, float *dweight, const void *dout,
+                           const void *inp, const void *weight, const float *rstd, int rows,
+                           int C);
+  /* Causal attention over this rank's heads: out (BT, Cl) from qkv (BT, QKVl), each kv head
+   * serving NHl / KVHl query heads; saved attention_saved_bytes; the backward adds into dqkv.
+   * grouped_attention: the kernels take KVHl < NHl. */
+  bool grouped_attention;
   void (*attention_forward)(void *context, void *out, void *saved, const void *qkv);
   void (*attention_backward)(void *context, void *dqkv, const void *dout, const void *qkv,
                              const void *out, const void *saved);
   void (*gelu_forward)(void *context, void *out, const void *inp, size_t n);
   void (*gelu_backward)(void *context, void *dinp, const void *inp, const void *dout, size_t n);
   void (*residual_forward)(void *context, void *out, const void *a, const void *b, size_t n);
+  /* SwiGLU: out (rows, F) = silu(gate) * up of inp (rows, 2F) = (gate | up). */
+  void (*swiglu_forward)(void *context, void *out, const void *inp, int rows, int F);
+  void (*swiglu_backward)(void *context, void *dinp, const void *inp, const void *dout, int rows,
+                          int F);
+  /* Rotary embeddings in place on the q and k heads of qkv (BT, QKVl) (token t of a sequence at
+   * position t); the backward turns their gradients back, in place. */
+  void (*rope_forward)(void *context, void *qkv);
+  void (*rope_backward)(void *context, void *dqkv);
 
   /* tensor_parallel/: Megatron's linear layers, embedding and loss over the group.
    * row_parallel_linear_forward: out (BT, OC) = inp (BT, Cl) @ weight^T summed over the group,

@@ -10,6 +10,9 @@
 #include "layers/layernorm.h"
 #include "layers/matmul.h"
 #include "layers/residual.h"
+#include "layers/rmsnorm.h"
+#include "layers/rope.h"
+#include "layers/swiglu.h"
 #include "tensor_parallel/mappings.h"
 #include "tensor_parallel/row_parallel_linear.h"
 #include "tensor_parallel/vocab_parallel_cross_entropy.h"
@@ -22,6 +25,7 @@ typedef struct {
   float *slice;            /* (BTl, C) a collective's slice, with sequence parallelism */
   float *dpreatt, *datt;   /* (B, NHl, T, T) the attention backward's scratch */
   float *ce_work;          /* mp_tp_vocab_cross_entropy_work_floats */
+  float *inv_freq;         /* (HS / 2) rotary frequencies, with rope */
 } cpu_kernels;
 
 static mp_status cpu_alloc(void *context, size_t bytes, void **out, mp_error *err) {
@@ -96,7 +100,7 @@ static void cpu_attention_forward(void *context, void *out, void *saved, const v
   const cpu_kernels *k = context;
   float *preatt = saved;
   mp_attention_forward_cpu(out, preatt, preatt + k->attention_floats, qkv, k->d.B, k->d.T,
-                           k->d.NHl, k->d.NHl, k->d.HS);
+                           k->d.NHl, k->d.KVHl, k->d.HS);
 }
 
 static void cpu_attention_backward(void *context, void *dqkv, const void *dout, const void *qkv,
@@ -105,7 +109,44 @@ static void cpu_attention_backward(void *context, void *dqkv, const void *dout, 
   const cpu_kernels *k = context;
   const float *att = (const float *)saved + k->attention_floats;
   mp_attention_backward_cpu(dqkv, k->dpreatt, k->datt, dout, qkv, att, k->d.B, k->d.T, k->d.NHl,
-                            k->d.NHl, k->d.HS);
+                            k->d.KVHl, k->d.HS);
+}
+
+static void cpu_rmsnorm_forward(void *context, void *out, float *rstd, const void *inp,
+                                const void *weight, int rows, int C) {
+  const cpu_kernels *k = context;
+  mp_rmsnorm_forward_cpu(out, rstd, inp, weight, rows, C, k->d.norm_eps);
+}
+
+static void cpu_rmsnorm_backward(void *context, void *dinp, float *dweight, const void *dout,
+                                 const void *inp, const void *weight, const float *rstd, int rows,
+                                 int C) {
+  (void)context;
+  mp_rmsnorm_backward_cpu(dinp, dweight, dout, inp, weight, rstd, rows, C);
+}
+
+static void cpu_swiglu_forward(void *context, void *out, const void *inp, int rows, int F) {
+  (void)context;
+  mp_swiglu_forward_cpu(out, inp, rows, F);
+}
+
+static void cpu_swiglu_backward(void *context, void *dinp, const void *inp, const void *dout,
+                                int rows, int F) {
+  (void)context;
+  mp_swiglu_backward_cpu(dinp, inp, dout, rows, F);
+}
+
+/* q and k are the first NHl + KVHl heads of a qkv row. */
+static void cpu_rope_forward(void *context, void *qkv) {
+  const cpu_kernels *k = context;
+  mp_rope_forward_cpu(qkv, k->inv_freq, k->d.B, k->d.T, k->d.NHl + k->d.KVHl, k->d.HS,
+                      (size_t)k->d.QKVl);
+}
+
+static void cpu_rope_backward(void *context, void *dqkv) {
+  const cpu_kernels *k = context;
+  mp_rope_backward_cpu(dqkv, k->inv_freq, k->d.B, k->d.T, k->d.NHl + k->d.KVHl, k->d.HS,
+                       (size_t)k->d.QKVl);
 }
 
 static void cpu_gelu_forward(void *context, void *out, const void *inp, size_t n) {
@@ -199,6 +240,7 @@ void mp_stage_kernels_cpu_free(mp_stage_kernels *kernels) {
   free(k->dpreatt);
   free(k->datt);
   free(k->ce_work);
+  free(k->inv_freq);
   free(k);
 }
 
@@ -218,12 +260,16 @@ mp_status mp_stage_kernels_cpu_create(const mp_stage_dims *dims, mp_stage_kernel
   k->dpreatt = malloc(attention * sizeof(float));
   k->datt = malloc(attention * sizeof(float));
   k->ce_work = malloc(ce * sizeof(float));
-  if (k->slice == NULL || k->dpreatt == NULL || k->datt == NULL || k->ce_work == NULL) {
+  k->inv_freq = malloc((size_t)(dims->HS / 2 > 0 ? dims->HS / 2 : 1) * sizeof(float));
+  if (k->slice == NULL || k->dpreatt == NULL || k->datt == NULL || k->ce_work == NULL ||
+      k->inv_freq == NULL) {
     mp_stage_kernels_cpu_free(&k->table);
     return mp_fail(err, MP_ERR_RUNTIME, "out of memory for the stage's scratch");
   }
+  if (dims->rope) mp_rope_inv_freq(k->inv_freq, dims->HS, &dims->rope_spec);
   mp_stage_kernels *t = &k->table;
   t->context = k;
+  t->name = "CPU";
   t->element_bytes = sizeof(float);
   t->attention_saved_bytes = 2 * k->attention_floats * sizeof(float);
   t->attention_recomputable = true;
@@ -238,11 +284,18 @@ mp_status mp_stage_kernels_cpu_create(const mp_stage_dims *dims, mp_stage_kernel
   t->layernorm_backward = cpu_layernorm_backward;
   t->matmul_forward = cpu_matmul_forward;
   t->matmul_backward = cpu_matmul_backward;
+  t->rmsnorm_forward = cpu_rmsnorm_forward;
+  t->rmsnorm_backward = cpu_rmsnorm_backward;
+  t->grouped_attention = true;
   t->attention_forward = cpu_attention_forward;
   t->attention_backward = cpu_attention_backward;
   t->gelu_forward = cpu_gelu_forward;
   t->gelu_backward = cpu_gelu_backward;
   t->residual_forward = cpu_residual_forward;
+  t->swiglu_forward = cpu_swiglu_forward;
+  t->swiglu_backward = cpu_swiglu_backward;
+  t->rope_forward = cpu_rope_forward;
+  t->rope_backward = cpu_rope_backward;
   t->row_parallel_linear_forward = cpu_row_parallel_linear_forward;
   t->gather_sequence = cpu_gather_sequence;
   t->column_parallel_input_grad = cpu_column_parallel_input_grad;

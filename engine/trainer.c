@@ -1083,8 +1083,10 @@ static mp_status reduce_step_grads(mp_trainer *trainer, double *grad_norm, mp_er
     MP_TRY(mp_stage_chain_finish_grads(trainer->chains[c], err));
   }
   if (gpu != NULL) MP_TRY(mp_device_synchronize(err));
-  /* The tied embedding: the first stage's wte gradient plus the last stage's copy's. */
-  if (o->embedding != NULL && mp_comm_size(o->embedding) > 1) {
+  /* The tied embedding: the first stage's wte gradient plus the last stage's copy's (an untied
+   * head is the last stage's own). */
+  const bool tied = mp_gpt_layout_config(mp_gpt_tp_layout(trainer->chunks[0]))->tied_head;
+  if (tied && o->embedding != NULL && mp_comm_size(o->embedding) > 1) {
     for (int c = 0; c < trainer->num_chunks; ++c) {
       mp_gpt_tp *chunk = trainer->chunks[c];
       const mp_gpt_stage *stage = mp_gpt_tp_stage(chunk);

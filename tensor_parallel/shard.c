@@ -35,8 +35,14 @@ mp_status mp_tp_split_of(const char *name, mp_tp_split *split, mp_error *err) {
       {".ln2.weight", MP_TP_REPLICATED},       {".ln2.bias", MP_TP_REPLICATED},
       {".fc.weight", MP_TP_SPLIT_ROWS},        {".fc.bias", MP_TP_SPLIT_ROWS},
       {".fc_proj.weight", MP_TP_SPLIT_COLS},   {".fc_proj.bias", MP_TP_REPLICATED},
+      /* The Llama family: separate q, k and v (split by heads) and SwiGLU's gate and up. */
+      {".q.weight", MP_TP_SPLIT_ROWS},         {".q.bias", MP_TP_SPLIT_ROWS},
+      {".k.weight", MP_TP_SPLIT_ROWS},         {".k.bias", MP_TP_SPLIT_ROWS},
+      {".v.weight", MP_TP_SPLIT_ROWS},         {".v.bias", MP_TP_SPLIT_ROWS},
+      {".gate.weight", MP_TP_SPLIT_ROWS},      {".gate.bias", MP_TP_SPLIT_ROWS},
+      {".up.weight", MP_TP_SPLIT_ROWS},        {".up.bias", MP_TP_SPLIT_ROWS},
   };
-  if (strcmp(name, "embedding.wte") == 0) {
+  if (strcmp(name, "embedding.wte") == 0 || strcmp(name, "lm_head.weight") == 0) {
     *split = MP_TP_SPLIT_ROWS;
     return MP_OK;
   }
@@ -55,8 +61,8 @@ mp_status mp_tp_split_of(const char *name, mp_tp_split *split, mp_error *err) {
   }
   return mp_fail(err, MP_ERR_INPUT,
                  "tensor \"%s\" has no tensor-parallel split: expected a GPT tensor name "
-                 "(embedding.wte, embedding.wpe, block.<l>.<qkv|fc|...>.<weight|bias>, "
-                 "final_norm.<weight|bias>)",
+                 "(embedding.wte, embedding.wpe, block.<l>.<qkv|q|k|v|fc|gate|up|...>.<weight|bias>, "
+                 "final_norm.<weight|bias>, lm_head.weight)",
                  name);
 }
 

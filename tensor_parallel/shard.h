@@ -7,7 +7,9 @@
  *
  *   replicated  the whole tensor         embedding.wpe, ln1/ln2/final_norm weight and bias,
  *                                        attn_proj.bias, fc_proj.bias
- *   rows        rows [r*R/tp, (r+1)R/tp) embedding.wte (a vocabulary range), fc.weight, fc.bias
+ *   rows        rows [r*R/tp, (r+1)R/tp) embedding.wte and lm_head.weight (a vocabulary range),
+ *                                        fc.weight, fc.bias; the Llama family's q, k, v (heads),
+ *                                        gate and up (weights and biases)
  *   cols        cols [r*K/tp, (r+1)K/tp) attn_proj.weight, fc_proj.weight (row-parallel)
  *   qkv         the rows block of each of the three (R/3)-row blocks q, k, v, concatenated:
  *               qkv.weight, qkv.bias (this rank's heads' queries, keys and values)

@@ -34,8 +34,9 @@ static void lookup(float *out, const int32_t *tokens, size_t first, size_t rows,
   }
 }
 
-/* out (rows, C) += wpe[(first + i) % T] for each row i. */
+/* out (rows, C) += wpe[(first + i) % T] for each row i; nothing without a table (rope). */
 static void add_positions(float *out, const float *wpe, size_t first, size_t rows, int T, int C) {
+  if (wpe == NULL) return;
   for (size_t i = 0; i < rows; i++) {
     float *row = out + i * C;
     const float *pos = wpe + ((first + i) % (size_t)T) * C;
@@ -80,11 +81,12 @@ mp_status mp_tp_vocab_embedding_backward(const mp_tp_comm *tp, bool sequence_par
   for (size_t i = 0; i < bt; i++) {
     const float *d = g + i * C;
     const int local = tokens[i] - start;
-    float *dpos = dwpe + (i % (size_t)T) * C;
     if (local >= 0 && local < Vl) {
       float *drow = dwte_shard + (size_t)local * C;
       for (int c = 0; c < C; c++) drow[c] += d[c];
     }
+    if (dwpe == NULL) continue;
+    float *dpos = dwpe + (i % (size_t)T) * C;
     for (int c = 0; c < C; c++) dpos[c] += d[c];
   }
   return MP_OK;

@@ -43,7 +43,7 @@ int mp_tp_vocab_start(int Vp, int tp, int rank);
  *             slice (rows [rank*BT/tp, (rank+1)*BT/tp) of the flattened batch)
  *   tokens    (B, T)  every token of the micro-batch, each in [0, V)
  *   wte_shard (Vp/tp, C) this rank's rows of wte
- *   wpe       (maxT, C)  replicated, T <= maxT
+ *   wpe       (maxT, C)  replicated, T <= maxT; NULL: no position table (rotary embeddings)
  *   work      (BT, C) with sequence parallelism: scratch for the partial lookup; NULL without */
 mp_status mp_tp_vocab_embedding_forward(const mp_tp_comm *tp, bool sequence_parallel, float *out,
                                         const int32_t *tokens, const float *wte_shard,
@@ -54,7 +54,7 @@ mp_status mp_tp_vocab_embedding_forward(const mp_tp_comm *tp, bool sequence_para
  * every token's into its position's wpe row, in token order (so the one-rank sums, bit for bit).
  * dwpe is whole on every rank (from all tokens): nothing to all-reduce.
  *   dwte_shard (Vp/tp, C) +=
- *   dwpe       (maxT, C)  += (rows 0..T-1)
+ *   dwpe       (maxT, C)  += (rows 0..T-1); NULL without a position table
  *   dout       (BT, C) replicated, or with sequence parallelism (BT/tp, C), this rank's slice
  *   dout_total (BT, C) with sequence parallelism: written with the all-gathered dout; NULL
  *              without

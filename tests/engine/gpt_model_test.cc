@@ -95,15 +95,41 @@ TEST(GptModel, UntrainedLossIsNearLogVocab) {
   EXPECT_NEAR(mp_gpt_forward(f.gpt, inputs.data(), targets.data(), 1.0f), std::log(50.0), 0.05);
 }
 
+// A Llama-family description: RMSNorm, SwiGLU, rotary embeddings, no position table; extra
+// goes into the block (kv_heads, bias), head into the lm_head node.
+std::string llama_json(int vocab, int seq, int hidden, int heads, int layers,
+                       const std::string &extra_block, const std::string &head = "") {
+  char text[1536];
+  snprintf(text, sizeof text,
+           "{\"name\": \"l\", \"vocab_size\": %d, \"seq_len\": %d, \"layers\": ["
+           "{\"type\": \"embedding\", \"hidden\": %d, \"max_positions\": 0},"
+           "{\"type\": \"transformer\", \"hidden\": %d, \"heads\": %d, \"ffn_hidden\": %d, "
+           "\"norm\": \"rmsnorm\", \"norm_eps\": 1e-5, \"activation\": \"swiglu\", "
+           "\"rope_theta\": 10000, \"repeat\": %d%s},"
+           "{\"type\": \"layernorm\", \"hidden\": %d, \"norm\": \"rmsnorm\", \"norm_eps\": 1e-5},"
+           "{\"type\": \"lm_head\", \"hidden\": %d%s}]}",
+           vocab, seq, hidden, hidden, heads, 3 * hidden / 2, layers, extra_block.c_str(), hidden,
+           hidden, head.c_str());
+  return text;
+}
+
 // The gradient of the mean loss against central differences in double, on a sample of
-// parameters from every tensor.
-TEST(GptModel, GradientMatchesFiniteDifferences) {
+// parameters from every tensor of the model.
+void CheckGradientAgainstFiniteDifferences(const std::string &json) {
   Fixture f;
-  ASSERT_TRUE(f.make(model_json(20, 4, 8, 2, 2), 2, 4)) << f.err.message;
+  ASSERT_TRUE(f.make(json, 2, 4)) << f.err.message;
   mp_gpt_init_params(f.gpt, 3);
   float *params = mp_gpt_params(f.gpt);
-  // Larger weights than GPT-2's 0.02 so every path carries a visible gradient.
+  // Larger weights than GPT-2's 0.02 so every path carries a visible gradient; norm weights
+  // (initialised to 1) and biases (0) moved off their start too.
   for (size_t i = 0; i < mp_gpt_num_params(f.gpt); ++i) params[i] *= 3.0f;
+  for (int t = 0; t < mp_gpt_num_tensors(f.gpt); ++t) {
+    const mp_gpt_tensor *tensor = mp_gpt_tensor_at(f.gpt, t);
+    if (tensor->cols > 1) continue;
+    for (size_t i = 0; i < tensor->rows; ++i) {
+      params[tensor->offset + i] += 0.3f * (float)mp_init_standard_normal(9, tensor->name, i);
+    }
+  }
   std::vector<int32_t> inputs = {1, 5, 9, 2, 7, 7, 0, 19};
   std::vector<int32_t> targets = {5, 9, 2, 3, 7, 0, 19, 4};
   mp_gpt_zero_grads(f.gpt);
@@ -134,6 +160,69 @@ TEST(GptModel, GradientMatchesFiniteDifferences) {
     }
   }
   EXPECT_EQ(checked, 3 * mp_gpt_num_tensors(f.gpt));
+}
+
+TEST(GptModel, GradientMatchesFiniteDifferences) {
+  CheckGradientAgainstFiniteDifferences(model_json(20, 4, 8, 2, 2));
+}
+
+// Llama 3's block: grouped-query attention (2 query heads per kv head), no biases, untied head.
+TEST(GptModel, LlamaGradientMatchesFiniteDifferences) {
+  CheckGradientAgainstFiniteDifferences(
+      llama_json(20, 4, 16, 4, 2, ", \"kv_heads\": 2, \"bias\": false",
+                 ", \"tie_embedding\": false"));
+}
+
+// Qwen2's: biases on q, k and v only, multi-query attention (one kv head), tied head.
+TEST(GptModel, QwenGradientMatchesFiniteDifferences) {
+  CheckGradientAgainstFiniteDifferences(
+      llama_json(20, 4, 16, 4, 2, ", \"kv_heads\": 1, \"bias\": \"qkv\""));
+}
+
+// Biases everywhere (gate, up and both projections too), multi-head.
+TEST(GptModel, LlamaWithEveryBiasGradientMatchesFiniteDifferences) {
+  CheckGradientAgainstFiniteDifferences(
+      llama_json(20, 4, 16, 4, 1, ", \"bias\": true", ", \"tie_embedding\": false"));
+}
+
+// The Llama family's tensor table: q, k, v and gate, up apart (Hugging Face's tensors), no
+// position table, RMSNorm without biases, an untied head at the end; as many parameters as the
+// description counts.
+TEST(GptModel, LaysOutTheLlamaFamily) {
+  Fixture f;
+  ASSERT_TRUE(f.make(llama_json(64, 8, 16, 4, 2, ", \"kv_heads\": 2, \"bias\": false",
+                                ", \"tie_embedding\": false"),
+                     1, 8))
+      << f.err.message;
+  const char *const names[] = {
+      "embedding.wte",        "block.0.ln1.weight",     "block.0.q.weight",
+      "block.0.k.weight",     "block.0.v.weight",       "block.0.attn_proj.weight",
+      "block.0.ln2.weight",   "block.0.gate.weight",    "block.0.up.weight",
+      "block.0.fc_proj.weight"};
+  const size_t shapes[][2] = {{64, 16}, {16, 1}, {16, 16}, {8, 16}, {8, 16},
+                              {16, 16}, {16, 1}, {24, 16}, {24, 16}, {16, 24}};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i) {
+    const mp_gpt_tensor *t = mp_gpt_tensor_at(f.gpt, (int)i);
+    EXPECT_STREQ(t->name, names[i]);
+    EXPECT_EQ(t->rows, shapes[i][0]) << names[i];
+    EXPECT_EQ(t->cols, shapes[i][1]) << names[i];
+  }
+  const int n = mp_gpt_num_tensors(f.gpt);
+  ASSERT_EQ(n, 1 + 2 * 9 + 2);
+  EXPECT_STREQ(mp_gpt_tensor_at(f.gpt, n - 2)->name, "final_norm.weight");
+  EXPECT_STREQ(mp_gpt_tensor_at(f.gpt, n - 1)->name, "lm_head.weight");
+  EXPECT_EQ(mp_gpt_find_tensor(f.gpt, "embedding.wpe"), nullptr);
+  EXPECT_EQ(mp_gpt_find_tensor(f.gpt, "block.0.ln1.bias"), nullptr);
+  EXPECT_EQ((int64_t)mp_gpt_num_params(f.gpt), mp_model_params(f.model));
+  // Qwen2's q-k-v biases, and a tied head: no lm_head.weight.
+  Fixture q;
+  ASSERT_TRUE(q.make(llama_json(64, 8, 16, 4, 1, ", \"kv_heads\": 1, \"bias\": \"qkv\""), 1, 8))
+      << q.err.message;
+  EXPECT_EQ(mp_gpt_find_tensor(q.gpt, "block.0.q.bias")->rows, 16u);
+  EXPECT_EQ(mp_gpt_find_tensor(q.gpt, "block.0.k.bias")->rows, 4u);
+  EXPECT_EQ(mp_gpt_find_tensor(q.gpt, "block.0.attn_proj.bias"), nullptr);
+  EXPECT_EQ(mp_gpt_find_tensor(q.gpt, "lm_head.weight"), nullptr);
+  EXPECT_EQ((int64_t)mp_gpt_num_params(q.gpt), mp_model_params(q.model));
 }
 
 TEST(GptModel, MicroBatchesAccumulateToTheWholeBatchGradient) {
@@ -322,30 +411,43 @@ TEST(GptModel, MismatchedCheckpointNamesTheDifference) {
             path + ": bad magic 7 (expected 20240326); not an llm.c GPT-2 checkpoint");
 }
 
+std::string without(std::string text, const std::string &part) {
+  const size_t at = text.find(part);
+  if (at != std::string::npos) text.erase(at, part.size());
+  return text;
+}
+
 TEST(GptModel, RefusesModelsTheRuntimeCannotRun) {
   Fixture f;
-  EXPECT_FALSE(f.make(model_json(50, 8, 16, 2, 2, ", \"activation\": \"swiglu\""), 1, 8));
-  EXPECT_EQ(std::string(f.err.message).substr(0, 55),
-            "m.json: $.layers[1] (block.0): swiglu; the runtime trai");
-  // Each Llama-family feature the planner costs is named when the runtime refuses it.
-  const std::pair<const char *, const char *> refused[] = {
-      {", \"rope_theta\": 10000", "rotary position embeddings (rope_theta)"},
-      {", \"bias\": \"qkv\"", "q-k-v biases only"},
-      {", \"dropout\": 0.1", "dropout > 0 (the runtime trains without dropout)"},
-      {", \"norm_eps\": 1e-6", "norm_eps other than 1e-5"},
+  EXPECT_FALSE(f.make(model_json(50, 8, 16, 2, 2, ", \"dropout\": 0.1"), 1, 8));
+  EXPECT_EQ(std::string(f.err.message),
+            "m.json: $.layers[1] (block.0): dropout > 0 (the runtime trains without dropout); the "
+            "runtime trains GPT-2 and Llama-family models (an embedding, transformer blocks of "
+            "one shape, a final norm, an LM head); this model can be planned but not run");
+  const std::pair<std::string, const char *> refused[] = {
+      {model_json(50, 8, 16, 2, 2, ", \"rope_theta\": 10000"),
+       "$.layers[0] (embedding): rotary embeddings with a learned position table too"},
+      {without(llama_json(50, 8, 16, 4, 2, ""), "\"rope_theta\": 10000, "),
+       "$.layers[0] (embedding): a model without rotary embeddings needs a learned position"},
   };
-  for (const auto &[key, what] : refused) {
+  for (const auto &[json, what] : refused) {
     Fixture r;
-    EXPECT_FALSE(r.make(model_json(50, 8, 16, 2, 2, key), 1, 8)) << key;
-    EXPECT_EQ(std::string(r.err.message).substr(0, 38 + std::strlen(what)),
-              std::string("m.json: $.layers[1] (block.0): ") + what + "; the r")
-        << key;
+    EXPECT_FALSE(r.make(json, 1, 8)) << what;
+    EXPECT_EQ(std::string(r.err.message).substr(0, 8 + std::strlen(what)),
+              std::string("m.json: ") + what);
   }
   Fixture g;
   EXPECT_FALSE(g.make(model_json(50, 8, 16, 2, 2), 1, 16));
   EXPECT_EQ(std::string(g.err.message),
             "m.json: sequence length 16 exceeds the position table ($.layers[0].max_positions = "
             "8); shorten seq_len or raise max_positions");
+  // llm.c's files are GPT-2's.
+  Fixture l;
+  ASSERT_TRUE(l.make(llama_json(64, 8, 16, 4, 1, ", \"kv_heads\": 2"), 1, 8)) << l.err.message;
+  EXPECT_EQ(mp_gpt_save_llmc(l.gpt, temp_path("llama.bin").c_str(), &l.err), MP_ERR_INPUT);
+  EXPECT_NE(std::string(l.err.message).find("llm.c's checkpoint files hold GPT-2 models"),
+            std::string::npos)
+      << l.err.message;
 }
 
 }  // namespace

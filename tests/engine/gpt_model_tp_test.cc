@@ -51,6 +51,18 @@ const char *kModel =
     "{\"type\": \"layernorm\", \"hidden\": 32},"
     "{\"type\": \"lm_head\", \"hidden\": 32}]}";
 
+// The Llama family over the same checks: RMSNorm, SwiGLU, rotary embeddings, 8 query heads over
+// 4 kv heads (split over tp as Megatron-Core does), Qwen2's q-k-v biases, an untied
+// vocabulary-parallel head.
+const char *kLlamaModel =
+    "{\"name\": \"tp-llama\", \"vocab_size\": 45, \"seq_len\": 8, \"layers\": ["
+    "{\"type\": \"embedding\", \"hidden\": 32, \"max_positions\": 0},"
+    "{\"type\": \"transformer\", \"hidden\": 32, \"heads\": 8, \"kv_heads\": 4, "
+    "\"ffn_hidden\": 48, \"norm\": \"rmsnorm\", \"norm_eps\": 1e-5, \"activation\": \"swiglu\", "
+    "\"bias\": \"qkv\", \"rope_theta\": 10000, \"repeat\": 2},"
+    "{\"type\": \"layernorm\", \"hidden\": 32, \"norm\": \"rmsnorm\", \"norm_eps\": 1e-5},"
+    "{\"type\": \"lm_head\", \"hidden\": 32, \"tie_embedding\": false}]}";
+
 std::vector<int32_t> Tokens(uint64_t seed, size_t n, int below) {
   std::vector<int32_t> v(n);
   uint64_t s = seed;
@@ -111,16 +123,16 @@ struct Models {
     mp_gpt_free(one);
     mp_model_free(model);
   }
-  bool make(bool sp) {
-    return mp_model_parse_text(kModel, "tp-test.json", &model, &err) == MP_OK &&
+  bool make(bool sp, const char *text = kModel) {
+    return mp_model_parse_text(text, "tp-test.json", &model, &err) == MP_OK &&
            mp_gpt_create(model, kB, kT, &one, &err) == MP_OK &&
            mp_gpt_tp_create(model, kB, kT, &g_tp, sp, &shard, &err) == MP_OK;
   }
 };
 
-void CheckStart(bool sp) {
+void CheckStart(bool sp, const char *text = kModel) {
   Models m;
-  ASSERT_TRUE(m.make(sp)) << m.err.message;
+  ASSERT_TRUE(m.make(sp, text)) << m.err.message;
   mp_gpt_init_params(m.one, 1337);
   ASSERT_EQ(MP_OK, mp_gpt_tp_init_params(m.shard, 1337, &m.err)) << m.err.message;
   const float *full = mp_gpt_params(m.one);
@@ -140,10 +152,11 @@ void CheckStart(bool sp) {
 
 TEST(GptModelTp, ShardStartsFromTheOneRankNumbers) { CheckStart(false); }
 TEST(GptModelTp, ShardStartsFromTheOneRankNumbersWithSequenceParallelism) { CheckStart(true); }
+TEST(GptModelTp, LlamaShardStartsFromTheOneRankNumbers) { CheckStart(false, kLlamaModel); }
 
-void CheckGradients(bool sp) {
+void CheckGradients(bool sp, const char *text = kModel) {
   Models m;
-  ASSERT_TRUE(m.make(sp)) << m.err.message;
+  ASSERT_TRUE(m.make(sp, text)) << m.err.message;
   mp_gpt_init_params(m.one, 7);
   ASSERT_EQ(MP_OK, mp_gpt_tp_init_params(m.shard, 7, &m.err)) << m.err.message;
   mp_gpt_zero_grads(m.one);
@@ -187,6 +200,10 @@ void CheckGradients(bool sp) {
 
 TEST(GptModelTp, GradientsMatchTheOneRankModel) { CheckGradients(false); }
 TEST(GptModelTp, GradientsMatchTheOneRankModelWithSequenceParallelism) { CheckGradients(true); }
+TEST(GptModelTp, LlamaGradientsMatchTheOneRankModel) { CheckGradients(false, kLlamaModel); }
+TEST(GptModelTp, LlamaGradientsMatchTheOneRankModelWithSequenceParallelism) {
+  CheckGradients(true, kLlamaModel);
+}
 
 // The stage chain's variants against its whole backward, on the same shard, bit for bit: the
 // zero-bubble split (B for two micro-batches in flight, then their W) and selective and full
@@ -231,10 +248,10 @@ fvec StageGradients(const mp_model *model, bool sp, const Variant &v, mp_error *
   return grads;
 }
 
-void CheckVariants(bool sp) {
+void CheckVariants(bool sp, const char *text = kModel) {
   mp_model *model = nullptr;
   mp_error err = MP_ERROR_INITIALIZER;
-  ASSERT_EQ(MP_OK, mp_model_parse_text(kModel, "tp-test.json", &model, &err)) << err.message;
+  ASSERT_EQ(MP_OK, mp_model_parse_text(text, "tp-test.json", &model, &err)) << err.message;
   const fvec whole = StageGradients(model, sp, {"whole", false, MP_RECOMPUTE_NONE}, &err);
   ASSERT_FALSE(whole.empty()) << err.message;
   const Variant variants[] = {{"zero-bubble B then W", true, MP_RECOMPUTE_NONE},
@@ -254,6 +271,9 @@ void CheckVariants(bool sp) {
 TEST(StageChain, ZeroBubbleAndRecomputationAddTheWholeBackwardsGradients) { CheckVariants(false); }
 TEST(StageChain, ZeroBubbleAndRecomputationAddTheWholeBackwardsGradientsWithSequenceParallelism) {
   CheckVariants(true);
+}
+TEST(StageChain, LlamaZeroBubbleAndRecomputationAddTheWholeBackwardsGradients) {
+  CheckVariants(true, kLlamaModel);
 }
 
 TEST(GptModelTp, RefusesAModelThatDoesNotDivide) {
