@@ -87,6 +87,9 @@ static mp_status read_block(const mp_model *model, const mp_layer_spec *block, i
     return unsupported(model, block, "rotary embeddings need an even head size", err);
   }
   if (!(block->norm_eps > 0.0)) return unsupported(model, block, "norm_eps must be > 0", err);
+  if (block->norm == MP_NORM_LAYERNORM && block->norm_eps != 1e-5) {
+    return unsupported(model, block, "layernorm with norm_eps other than 1e-5", err);
+  }
   return MP_OK;
 }
 
@@ -125,7 +128,7 @@ static mp_status read_config(const mp_model *model, int seq_len, mp_gpt_config *
   config->num_kv_heads = (int)first_block->kv_heads;
   config->ffn_channels = (int)first_block->ffn_hidden;
   config->rmsnorm = first_block->norm == MP_NORM_RMSNORM;
-  config->norm_eps = (float)first_block->norm_eps;
+  config->norm_eps = first_block->norm_eps;
   config->swiglu = first_block->activation == MP_ACTIVATION_SWIGLU;
   config->bias = first_block->bias;
   config->rope = first_block->rope_theta > 0.0;
@@ -163,7 +166,7 @@ static mp_status read_config(const mp_model *model, int seq_len, mp_gpt_config *
   config->family = !config->rmsnorm && !config->swiglu && !config->rope &&
                            config->num_kv_heads == config->num_heads &&
                            config->bias == MP_BIAS_ALL && config->tied_head &&
-                           config->norm_eps == 1e-5f
+                           config->norm_eps == 1e-5
                        ? MP_GPT_FAMILY_GPT2
                        : MP_GPT_FAMILY_LLAMA;
   config->padded_vocab_size =

@@ -57,7 +57,7 @@ typedef struct {
   int ffn_channels; /* F */
   mp_gpt_family family;
   bool rmsnorm;        /* else layernorm (with bias) */
-  float norm_eps;      /* 1e-5 for GPT-2 */
+  double norm_eps;     /* 1e-5 for GPT-2 */
   bool swiglu;         /* else GELU (tanh) */
   mp_bias_kind bias;   /* which linear layers carry biases */
   bool learned_positions; /* embedding.wpe exists */

@@ -124,7 +124,7 @@ mp_stage_dims mp_stage_chain_dims(const mp_gpt_tp *host, const mp_tp_comm *tp) {
   d.QKVl = (d.NHl + 2 * d.KVHl) * d.HS;
   d.FCl = c->swiglu ? 2 * d.Fl : d.Fl;
   d.rmsnorm = c->rmsnorm;
-  d.norm_eps = c->norm_eps;
+  d.norm_eps = (float)c->norm_eps;
   d.swiglu = c->swiglu;
   d.rope = c->rope;
   d.rope_spec = c->rope_spec;

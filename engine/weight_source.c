@@ -4,6 +4,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,8 +129,56 @@ static void hf_close(void *impl) {
   free(s);
 }
 
-/* The file's name for our tensor `ours` (prefix "transformer." or ""); false if unknown. */
-static bool hf_name(const char *ours, const char *prefix, char *out, bool *transposed) {
+/* A Llama-family block tensor's name after "layers.<l>." (LlamaForCausalLM, Qwen2ForCausalLM,
+ * MistralForCausalLM: nn.Linear weights, (out, in) as ours). */
+static const struct {
+  const char *ours, *hf;
+} kHfLlamaBlockNames[] = {
+    {"ln1.weight", "input_layernorm.weight"},
+    {"q.weight", "self_attn.q_proj.weight"},
+    {"k.weight", "self_attn.k_proj.weight"},
+    {"v.weight", "self_attn.v_proj.weight"},
+    {"q.bias", "self_attn.q_proj.bias"},
+    {"k.bias", "self_attn.k_proj.bias"},
+    {"v.bias", "self_attn.v_proj.bias"},
+    {"attn_proj.weight", "self_attn.o_proj.weight"},
+    {"attn_proj.bias", "self_attn.o_proj.bias"},
+    {"ln2.weight", "post_attention_layernorm.weight"},
+    {"gate.weight", "mlp.gate_proj.weight"},
+    {"up.weight", "mlp.up_proj.weight"},
+    {"gate.bias", "mlp.gate_proj.bias"},
+    {"up.bias", "mlp.up_proj.bias"},
+    {"fc_proj.weight", "mlp.down_proj.weight"},
+    {"fc_proj.bias", "mlp.down_proj.bias"},
+};
+
+/* The Llama family's file name for our tensor `ours` (prefix "model." or ""; the untied head
+ * is outside the model's prefix); false if unknown. */
+static bool hf_llama_name(const char *ours, const char *prefix, char *out) {
+  const char *plain = NULL;
+  if (strcmp(ours, "embedding.wte") == 0) plain = "embed_tokens.weight";
+  if (strcmp(ours, "final_norm.weight") == 0) plain = "norm.weight";
+  if (strcmp(ours, "lm_head.weight") == 0) {
+    snprintf(out, kHfNameBytes, "lm_head.weight");
+    return true;
+  }
+  if (plain != NULL) {
+    snprintf(out, kHfNameBytes, "%s%s", prefix, plain);
+    return true;
+  }
+  int layer = 0, used = 0;
+  if (sscanf(ours, "block.%d.%n", &layer, &used) != 1 || used == 0) return false;
+  for (size_t k = 0; k < sizeof kHfLlamaBlockNames / sizeof kHfLlamaBlockNames[0]; ++k) {
+    if (strcmp(ours + used, kHfLlamaBlockNames[k].ours) == 0) {
+      snprintf(out, kHfNameBytes, "%slayers.%d.%s", prefix, layer, kHfLlamaBlockNames[k].hf);
+      return true;
+    }
+  }
+  return false;
+}
+
+/* GPT-2's file name for our tensor `ours` (prefix "transformer." or ""); false if unknown. */
+static bool hf_gpt2_name(const char *ours, const char *prefix, char *out, bool *transposed) {
   *transposed = false;
   const char *plain = NULL;
   if (strcmp(ours, "embedding.wte") == 0) plain = "wte.weight";
@@ -152,16 +201,26 @@ static bool hf_name(const char *ours, const char *prefix, char *out, bool *trans
   return false;
 }
 
-/* Layout tensor i as GPT-2 stores it: its name (under prefix), rank and shape, whether it is
- * stored transposed, and its rows in our orientation (wte: vocab_size, without the padding). */
+static bool is_gpt2(const mp_gpt_layout *layout) {
+  return mp_gpt_layout_config(layout)->family == MP_GPT_FAMILY_GPT2;
+}
+
+/* Layout tensor i as Hugging Face stores it: its name (under prefix), rank and shape, whether it
+ * is stored transposed (GPT-2's Conv1D), and its rows in our orientation (the vocabulary
+ * tables: vocab_size, without the padding). */
 static mp_status hf_tensor_of(const mp_gpt_layout *layout, int i, const char *prefix, char *name,
                               int *rank, int64_t *shape, bool *transposed, size_t *file_rows,
                               mp_error *err) {
   const mp_gpt_tensor *t = mp_gpt_layout_tensor(layout, i);
-  if (!hf_name(t->name, prefix, name, transposed)) {
-    return mp_fail(err, MP_ERR_RUNTIME, "no Hugging Face GPT-2 name for tensor %s", t->name);
+  *transposed = false;
+  if (is_gpt2(layout) ? !hf_gpt2_name(t->name, prefix, name, transposed)
+                      : !hf_llama_name(t->name, prefix, name)) {
+    return mp_fail(err, MP_ERR_RUNTIME, "no Hugging Face %s name for tensor %s",
+                   is_gpt2(layout) ? "GPT-2" : "Llama-family", t->name);
   }
-  *file_rows = i == 0 ? (size_t)mp_gpt_layout_config(layout)->vocab_size : t->rows;
+  const bool vocabulary = i == mp_gpt_layout_global_index(layout, MP_GPT_WTE) ||
+                          i == mp_gpt_layout_global_index(layout, MP_GPT_LM_HEAD);
+  *file_rows = vocabulary ? (size_t)mp_gpt_layout_config(layout)->vocab_size : t->rows;
   *rank = t->cols == 1 ? 1 : 2;
   shape[0] = (int64_t)(*transposed ? t->cols : *file_rows);
   shape[1] = (int64_t)(*transposed ? t->rows : t->cols);
@@ -191,20 +250,43 @@ static mp_status hf_check_config(const mp_gpt_layout *layout, const char *dir,
   mp_model_free(model);
   if (status != MP_OK) return status;
   const mp_gpt_config *a = mp_gpt_layout_config(theirs), *b = mp_gpt_layout_config(layout);
+  const bool gpt2 = a->family == MP_GPT_FAMILY_GPT2;
+  /* Each choice under the config key that holds it (GPT-2's or the Llama family's); the
+   * description's choices that config.json cannot hold last, under the description's key. */
   const struct {
     const char *key;
-    int file, ours;
+    double file, ours;
   } fields[] = {
-      {"vocab_size", a->vocab_size, b->vocab_size},   {"n_positions", a->max_seq_len, b->max_seq_len},
-      {"n_layer", a->num_layers, b->num_layers},      {"n_head", a->num_heads, b->num_heads},
-      {"n_embd", a->channels, b->channels},           {"n_inner", a->ffn_channels, b->ffn_channels},
+      {"vocab_size", a->vocab_size, b->vocab_size},
+      {gpt2 ? "n_positions" : "max_position_embeddings", a->learned_positions ? a->max_seq_len : 0,
+       b->learned_positions ? b->max_seq_len : 0},
+      {gpt2 ? "n_layer" : "num_hidden_layers", a->num_layers, b->num_layers},
+      {gpt2 ? "n_head" : "num_attention_heads", a->num_heads, b->num_heads},
+      {gpt2 ? "n_head" : "num_key_value_heads", a->num_kv_heads, b->num_kv_heads},
+      {gpt2 ? "n_embd" : "hidden_size", a->channels, b->channels},
+      {gpt2 ? "n_inner" : "intermediate_size", a->ffn_channels, b->ffn_channels},
+      {gpt2 ? "layer_norm_epsilon" : "rms_norm_eps", a->norm_eps, b->norm_eps},
+      {"tie_word_embeddings", a->tied_head, b->tied_head},
+      {"rope_theta", a->rope ? a->rope_spec.theta : 0, b->rope ? b->rope_spec.theta : 0},
+      {"rope_scaling.factor", a->rope_spec.llama3 ? a->rope_spec.factor : 0,
+       b->rope_spec.llama3 ? b->rope_spec.factor : 0},
+      {"rope_scaling.low_freq_factor", a->rope_spec.llama3 ? a->rope_spec.low_freq_factor : 0,
+       b->rope_spec.llama3 ? b->rope_spec.low_freq_factor : 0},
+      {"rope_scaling.high_freq_factor", a->rope_spec.llama3 ? a->rope_spec.high_freq_factor : 0,
+       b->rope_spec.llama3 ? b->rope_spec.high_freq_factor : 0},
+      {"rope_scaling.original_max_position_embeddings",
+       a->rope_spec.llama3 ? a->rope_spec.original_max_positions : 0,
+       b->rope_spec.llama3 ? b->rope_spec.original_max_positions : 0},
+      {"$.layers[1].norm (1: rmsnorm)", a->rmsnorm, b->rmsnorm},
+      {"$.layers[1].activation (1: swiglu)", a->swiglu, b->swiglu},
+      {"$.layers[1].bias (0: none, 1: qkv, 2: all)", a->bias, b->bias},
   };
   mp_gpt_layout_free(theirs);
   for (size_t i = 0; i < sizeof fields / sizeof fields[0]; ++i) {
     if (fields[i].file != fields[i].ours) {
       return mp_fail(err, MP_ERR_INPUT,
-                     "%s: %s is %d in the checkpoint but %d in the model description (%s); give "
-                     "the description that matches the checkpoint",
+                     "%s: %s is %g in the checkpoint but %g in the model description (%s); give "
+                     "the description that matches the checkpoint (mpengine import writes it)",
                      info.config_path, fields[i].key, fields[i].file, fields[i].ours,
                      model_source);
     }
@@ -221,12 +303,15 @@ static mp_status hf_prepare(hf_source *s, mp_error *err) {
   if (s->names == NULL || s->transposed == NULL || s->file_rows == NULL) {
     return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
   }
-  /* Some exports drop the "transformer." prefix; transformers loads both. */
-  const char *prefix =
-      mp_safetensors_find(s->st, "transformer.wte.weight") == NULL &&
-              mp_safetensors_find(s->st, "wte.weight") != NULL
-          ? ""
-          : "transformer.";
+  /* Some exports drop the model's prefix ("transformer.", "model."); transformers loads both. */
+  const char *base = is_gpt2(layout) ? "transformer." : "model.";
+  const char *first = is_gpt2(layout) ? "wte.weight" : "embed_tokens.weight";
+  char prefixed[kHfNameBytes];
+  snprintf(prefixed, sizeof prefixed, "%s%s", base, first);
+  const char *prefix = mp_safetensors_find(s->st, prefixed) == NULL &&
+                               mp_safetensors_find(s->st, first) != NULL
+                           ? ""
+                           : base;
   for (int i = 0; i < n; ++i) {
     int64_t shape[2];
     int rank = 0;
@@ -355,8 +440,73 @@ static mp_status hf_sink_write(void *impl, int tensor, const mp_gpt_tensor *t,
   return MP_OK;
 }
 
+/* A number written as a float ("8.0", not cJSON's "8"): transformers checks that rope_scaling's
+ * factors are floats. */
+static void add_float(cJSON *object, const char *key, double value) {
+  char text[64];
+  for (int digits = 1; digits <= 17; ++digits) { /* the shortest that reads back exactly */
+    snprintf(text, sizeof text, "%.*g", digits, value);
+    if (strtod(text, NULL) == value) break;
+  }
+  if (value == (double)(long long)value && fabs(value) < 1e15) {
+    snprintf(text, sizeof text, "%.1f", value); /* 500000.0, as Python writes it */
+  }
+  if (strpbrk(text, ".eEn") == NULL) strncat(text, ".0", sizeof text - strlen(text) - 1);
+  cJSON_AddRawToObject(object, key, text);
+}
+
+/* LlamaConfig's (Qwen2Config's with q-k-v biases) fields, as config.json text (free()). */
+static char *hf_llama_config_text(const mp_gpt_config *c) {
+  cJSON *root = cJSON_CreateObject();
+  if (root == NULL) return NULL;
+  const bool qwen2 = c->bias == MP_BIAS_QKV;
+  cJSON *architectures = cJSON_AddArrayToObject(root, "architectures");
+  if (architectures != NULL) {
+    cJSON_AddItemToArray(architectures,
+                         cJSON_CreateString(qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"));
+  }
+  cJSON_AddStringToObject(root, "model_type", qwen2 ? "qwen2" : "llama");
+  cJSON_AddNumberToObject(root, "vocab_size", c->vocab_size);
+  cJSON_AddNumberToObject(root, "hidden_size", c->channels);
+  cJSON_AddNumberToObject(root, "intermediate_size", c->ffn_channels);
+  cJSON_AddNumberToObject(root, "num_hidden_layers", c->num_layers);
+  cJSON_AddNumberToObject(root, "num_attention_heads", c->num_heads);
+  cJSON_AddNumberToObject(root, "num_key_value_heads", c->num_kv_heads);
+  if (!qwen2) cJSON_AddNumberToObject(root, "head_dim", c->channels / c->num_heads);
+  cJSON_AddStringToObject(root, "hidden_act", "silu");
+  cJSON_AddNumberToObject(root, "max_position_embeddings", c->max_seq_len);
+  add_float(root, "rms_norm_eps", c->norm_eps);
+  add_float(root, "rope_theta", c->rope_spec.theta);
+  if (c->rope_spec.llama3) {
+    cJSON *scaling = cJSON_AddObjectToObject(root, "rope_scaling");
+    if (scaling != NULL) {
+      cJSON_AddStringToObject(scaling, "rope_type", "llama3");
+      add_float(scaling, "factor", c->rope_spec.factor);
+      add_float(scaling, "low_freq_factor", c->rope_spec.low_freq_factor);
+      add_float(scaling, "high_freq_factor", c->rope_spec.high_freq_factor);
+      cJSON_AddNumberToObject(scaling, "original_max_position_embeddings",
+                              c->rope_spec.original_max_positions);
+    }
+  } else {
+    cJSON_AddNullToObject(root, "rope_scaling");
+  }
+  if (qwen2) {
+    cJSON_AddBoolToObject(root, "use_sliding_window", 0);
+  } else {
+    cJSON_AddBoolToObject(root, "attention_bias", c->bias == MP_BIAS_ALL);
+    cJSON_AddBoolToObject(root, "mlp_bias", c->bias == MP_BIAS_ALL);
+  }
+  add_float(root, "attention_dropout", 0.0);
+  cJSON_AddBoolToObject(root, "tie_word_embeddings", c->tied_head);
+  cJSON_AddStringToObject(root, "torch_dtype", "float32");
+  char *text = cJSON_Print(root);
+  cJSON_Delete(root);
+  return text;
+}
+
 /* GPT2Config's fields for transformers' GPT2LMHeadModel, as config.json text (free()). */
 static char *hf_config_text(const mp_gpt_config *c) {
+  if (c->family != MP_GPT_FAMILY_GPT2) return hf_llama_config_text(c);
   cJSON *root = cJSON_CreateObject();
   if (root == NULL) return NULL;
   cJSON *architectures = cJSON_AddArrayToObject(root, "architectures");
@@ -472,6 +622,15 @@ static int hf_assign_files(const int64_t *bytes, int n, int64_t max_bytes, int *
 static mp_status hf_sink_open(const mp_gpt_layout *layout, const char *dir, int64_t max_bytes,
                               hf_sink **out, mp_error *err) {
   *out = NULL;
+  const mp_gpt_config *c = mp_gpt_layout_config(layout);
+  if (c->family != MP_GPT_FAMILY_GPT2 && (!c->rmsnorm || !c->swiglu || !c->rope)) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "%s: no Hugging Face architecture holds this model (the Llama family's "
+                   "blocks with %s); export writes GPT2LMHeadModel, LlamaForCausalLM and "
+                   "Qwen2ForCausalLM checkpoints",
+                   mp_gpt_layout_model_source(layout),
+                   !c->rmsnorm ? "layernorm" : !c->swiglu ? "gelu" : "no rotary embeddings");
+  }
   struct stat st;
   if (mkdir(dir, 0755) != 0 && !(errno == EEXIST && stat(dir, &st) == 0 && S_ISDIR(st.st_mode))) {
     return mp_fail(err, MP_ERR_INPUT, "%s: cannot create the directory: %s", dir,
@@ -493,8 +652,8 @@ static mp_status hf_sink_open(const mp_gpt_layout *layout, const char *dir, int6
   }
   size_t largest = 1;
   for (int i = 0; status == MP_OK && i < n; ++i) {
-    status = hf_tensor_of(layout, i, "transformer.", s->names[i], &specs[i].rank, shapes[i],
-                          &s->transposed[i], &s->file_rows[i], err);
+    status = hf_tensor_of(layout, i, is_gpt2(layout) ? "transformer." : "model.", s->names[i],
+                          &specs[i].rank, shapes[i], &s->transposed[i], &s->file_rows[i], err);
     specs[i].name = s->names[i];
     specs[i].dtype = MP_SAFETENSORS_F32;
     specs[i].shape = shapes[i];

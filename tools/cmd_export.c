@@ -1,7 +1,8 @@
 /*
  * tools/cmd_export.c — `mpengine export --checkpoint DIR --out model.bin` (or `--format hf --out
  * HF_DIR`): a checkpoint to llm.c's GPT-2 format (version 3, fp32), so llm.c and its tools can
- * use what mpengine trained, or to a Hugging Face GPT2LMHeadModel directory (config.json and
+ * use what mpengine trained, or to a Hugging Face directory (GPT2LMHeadModel, or for the Llama
+ * family LlamaForCausalLM / Qwen2ForCausalLM with q-k-v biases: config.json and
  * model.safetensors, fp32; --max-shard-size splits it into a sharded set with its index, as
  * save_pretrained does) that transformers' from_pretrained loads. An existing HF --out is refused
  * unless --force.
@@ -53,7 +54,7 @@ int cmd_export(int argc, char **argv) {
   cli_option options[] = {
       {"checkpoint", "DIR", "a checkpoint (DIR/manifest.json) or a --checkpoint-dir (its newest) (required)", NULL},
       {"out", "FILE|DIR", "llm.c GPT-2 checkpoint to write (version 3, fp32), or with --format hf the directory (required)", NULL},
-      {"format", "llmc|hf", "llmc: llm.c's GPT-2 file (default); hf: a Hugging Face GPT2LMHeadModel directory (config.json, model.safetensors)", NULL},
+      {"format", "llmc|hf", "llmc: llm.c's GPT-2 file (default); hf: a Hugging Face directory (config.json, model.safetensors) of GPT2LMHeadModel, LlamaForCausalLM or Qwen2ForCausalLM", NULL},
       {"max-shard-size", "SIZE", "with --format hf: split the weights into files of at most SIZE (bytes, or 200KB, 5GB, 2GiB ... as transformers' max_shard_size)", NULL},
       {"force", NULL, "with --format hf: write into an --out that exists", NULL},
       {0},
@@ -63,7 +64,7 @@ int cmd_export(int argc, char **argv) {
       .usage = "mpengine export --checkpoint DIR --out model.bin | --format hf --out HF_DIR "
                "[--max-shard-size SIZE] [--force]",
       .summary = "Write a checkpoint's weights (gathered from every shard) in llm.c's GPT-2 "
-                 "format, version 3, or as a Hugging Face GPT-2 checkpoint.",
+                 "format, version 3, or as a Hugging Face checkpoint (GPT-2, Llama or Qwen2).",
       .max_positionals = 0,
       .options = options,
   };
@@ -117,7 +118,7 @@ int cmd_export(int argc, char **argv) {
   } else {
     printf("exported %s (step %lld, %zu parameters) to %s (%s)\n", path, (long long)step,
            num_params, out,
-           hf ? "Hugging Face GPT2LMHeadModel: config.json and safetensors, fp32"
+           hf ? "Hugging Face checkpoint: config.json and safetensors, fp32"
               : "llm.c GPT-2, version 3, fp32");
   }
   return exit_code;

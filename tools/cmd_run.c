@@ -646,6 +646,22 @@ static mp_status choose_backend(cli_command *command, run_options *o, mp_error *
   return MP_OK;
 }
 
+/* --save-weights writes llm.c's GPT-2 file: refused before training for a model it cannot hold. */
+static mp_status check_save_weights(const run_state *state, const char *path, mp_error *err) {
+  mp_gpt_layout *layout = NULL;
+  if (mp_gpt_layout_create(state->model, (int)state->plan.seq_len, &layout, err) != MP_OK) {
+    return MP_OK; /* the trainer reports what the runtime cannot run */
+  }
+  const bool gpt2 = mp_gpt_layout_config(layout)->family == MP_GPT_FAMILY_GPT2;
+  mp_gpt_layout_free(layout);
+  if (gpt2) return MP_OK;
+  return mp_fail(err, MP_ERR_INPUT,
+                 "--save-weights %s: llm.c's files hold GPT-2 models, and %s is a Llama-family "
+                 "model; save a checkpoint (--checkpoint-dir) and write it as a Hugging Face "
+                 "checkpoint with mpengine export --format hf",
+                 path, state->plan.model_path);
+}
+
 /* Reads and checks every option, loads the plan and model into state. */
 static mp_status read_options(cli_command *command, run_state *state, run_options *o,
                               mp_error *err) {
@@ -718,6 +734,7 @@ static mp_status read_options(cli_command *command, run_state *state, run_option
                    "--trace records runs on the CPU backend for now; add --backend cpu, or leave "
                    "out --trace");
   }
+  if (o->weights_path != NULL) MP_TRY(check_save_weights(state, o->weights_path, err));
   return MP_OK;
 }
 

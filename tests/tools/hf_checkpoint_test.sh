@@ -66,7 +66,7 @@ check_loss tp4 "$tmp/tp4.json" "$golden"
 # checkpoint after 3 real steps exports to HF and to llm.c files that load to the same loss.
 sed 's/"learning_rate": 1e-3/"learning_rate": 1e-30/' "$tmp/tp2.json" > "$tmp/still.json"
 expect 0 "done: 1 steps" -- $mpengine run --config "$tmp/still.json" --steps 1 --data "$tokens" --init-from "$golden" --checkpoint-dir "$tmp/ck" --save-every 1
-expect 0 "exported $tmp/ck/step-1 (step 1, 212352 parameters) to $tmp/export (Hugging Face GPT2LMHeadModel: config.json and safetensors, fp32)" -- \
+expect 0 "exported $tmp/ck/step-1 (step 1, 212352 parameters) to $tmp/export (Hugging Face checkpoint: config.json and safetensors, fp32)" -- \
   $mpengine export --checkpoint "$tmp/ck" --format hf --out "$tmp/export"
 cmp -s "$tmp/export/model.safetensors" "$golden/model.safetensors" ||
   fail "export --format hf: model.safetensors differs from the golden's"
