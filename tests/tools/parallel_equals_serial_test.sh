@@ -13,20 +13,28 @@
 # schedule of each layout, issue 18) equals the one-rank run's within 1e-5 relative at both
 # evaluations. Every run has the same global batch of 8 sequences; micro-batches per dp rank =
 # 8 / (dp x 2). The stage split of pp > 1 plans is the cost model's (no layers_per_stage).
+#
+# A second argument names another model of examples/models: tiny-llama (issue 16: RMSNorm,
+# SwiGLU, rotary embeddings, 4 query heads over 2 kv heads, an untied head) runs the layouts its
+# 2 kv heads and 2 blocks allow, its final weights compared through a checkpoint exported as a
+# Hugging Face model.safetensors (llm.c files hold GPT-2 only).
 set -uo pipefail
 mpengine=${1:-${MPENGINE:-tools/mpengine}}
-tmp=${TEST_TMPDIR:-$(mktemp -d)}/parallel_equals_serial
+model=${2:-tiny-gpt}
+tmp=${TEST_TMPDIR:-$(mktemp -d)}/parallel_equals_serial_$model
 mkdir -p "$tmp"
 failures=0
 source "$(dirname "${BASH_SOURCE[0]}")/cli_expect.sh" || { echo "cannot load cli_expect.sh"; exit 1; }
 mpi_ranks_env
-cp examples/models/tiny-gpt.json "$tmp/tiny-gpt.json"
+cp "examples/models/$model.json" "$tmp/$model.json"
+weights=llmc
+[ "$model" = tiny-gpt ] || weights=hf
 
 plan() { # plan NAME DP PP TP SCHEDULE [VIRTUAL] [SEQUENCE_PARALLEL] [ZERO] [RECOMPUTE]
   local name=$1 dp=$2 pp=$3 tp=$4 schedule=$5 v=${6:-1} sp=${7:-false} zero=${8:-0}
   local recompute=${9:-none}
   cat > "$tmp/$name.json" <<JSON
-{"model": "tiny-gpt.json", "cluster": "cpu-local",
+{"model": "$model.json", "cluster": "cpu-local",
  "parallel": {"dp": $dp, "pp": $pp, "tp": $tp, "virtual_stages": $v, "sequence_parallel": $sp, "zero_stage": $zero},
  "batch": {"global_batch": 8, "micro_batch": 2, "num_micro_batches": $((4 / dp)), "seq_len": 32},
  "schedule": "$schedule", "recompute": "$recompute",
@@ -36,8 +44,16 @@ JSON
 
 losses() { grep -v '"val_loss"' "$1" | awk -F'"loss": ' '{ split($2, a, ","); print a[1] }'; }
 val_losses() { grep '"val_loss"' "$1" | awk -F'"val_loss": ' '{ split($2, a, ","); print a[1] }'; }
-# The floats of an llm.c checkpoint after its 1024-byte header, one per line.
-floats() { od -An -v -f -j 1024 "$1" | tr -s ' ' '\n' | sed '/^$/d'; }
+# The floats of an llm.c checkpoint after its 1024-byte header, or of a Hugging Face directory's
+# model.safetensors after its header (8 bytes of length, then that much JSON), one per line.
+floats() {
+  local skip=1024 file=$1
+  if [ -d "$1" ]; then
+    file=$1/model.safetensors
+    skip=$((8 + $(od -An -t u8 -N 8 "$file")))
+  fi
+  od -An -v -f -j "$skip" "$file" | tr -s ' ' '\n' | sed '/^$/d'
+}
 
 # compare NAME: its losses and final weights against the one-rank run's.
 compare() {
@@ -69,30 +85,57 @@ compare() {
   [ "${weights%% *}" = ok ] || fail "$name: final weights differ from one rank: ${weights#* }"
 }
 
-run() { # run NAME: trains the plan NAME, keeping metrics and weights
+run() { # run NAME: trains the plan NAME, keeping metrics and weights (in $tmp/NAME.bin)
   local name=$1 out code
+  local save=(--save-weights "$tmp/$name.bin")
+  if [ "$weights" = hf ]; then
+    rm -rf "$tmp/ck-$name" "$tmp/$name.bin"
+    save=(--checkpoint-dir "$tmp/ck-$name")
+  fi
   out=$($mpengine run --config "$tmp/$name.json" --metrics "$tmp/$name.jsonl" --overwrite-metrics \
-        --save-weights "$tmp/$name.bin" --comm-timeout 120 --eval-every 10 --eval-batches 2 2>&1)
+        "${save[@]}" --comm-timeout 120 --eval-every 10 --eval-batches 2 2>&1)
   code=$?
   if [ $code -ne 0 ] || ! grep -q "^done: 20 steps" <<<"$out"; then
     fail "$name: exit $code, output:"; echo "$out" | tail -15
   fi
+  if [ "$weights" = hf ] && ! $mpengine export --checkpoint "$tmp/ck-$name" --format hf \
+       --out "$tmp/$name.bin" > /dev/null; then
+    fail "$name: export --format hf of its checkpoint failed"
+  fi
 }
 
+layouts=("dp2 2 1 1 1f1b" "pp2 1 2 1 1f1b" "tp2 1 1 2 1f1b" "dp2-pp2-tp2 2 2 2 1f1b"
+         "pp4-tp2 1 4 2 1f1b" "pp2-interleaved-v2 1 2 1 interleaved-1f1b 2"
+         "pp2-zb-h1 1 2 1 zb-h1" "pp2-gpipe 1 2 1 gpipe"
+         "dp2-tp2-sp-zero1 2 1 2 1f1b 1 true 1" "pp2-tp2-sp-zb-h1 1 2 2 zb-h1 1 true"
+         "pp2-tp2-recompute-selective 1 2 2 zb-h1 1 false 0 selective"
+         "pp4-recompute-full 1 4 1 1f1b 1 false 0 full"
+         "dp2-pp2-interleaved-v2 2 2 1 interleaved-1f1b 2")
+if [ "$model" != tiny-gpt ]; then
+  # Two blocks: a pipeline of at most 2 stages of blocks (pp 4 puts the embedding and the head
+  # on stages of their own).
+  layouts=("dp2 2 1 1 1f1b" "pp2 1 2 1 1f1b" "tp2 1 1 2 1f1b" "dp2-pp2-tp2 2 2 2 1f1b"
+           "pp2-interleaved-v2 1 2 1 interleaved-1f1b 2" "pp2-zb-h1 1 2 1 zb-h1"
+           "dp2-tp2-sp-zero1 2 1 2 1f1b 1 true 1" "pp2-tp2-sp-zb-h1 1 2 2 zb-h1 1 true"
+           "pp2-tp2-recompute-selective 1 2 2 zb-h1 1 false 0 selective"
+           "pp4-recompute-full 1 4 1 1f1b 1 false 0 full")
+fi
 plan serial 1 1 1 1f1b
 run serial
-for spec in "dp2 2 1 1 1f1b" "pp2 1 2 1 1f1b" "tp2 1 1 2 1f1b" "dp2-pp2-tp2 2 2 2 1f1b" \
-            "pp4-tp2 1 4 2 1f1b" "pp2-interleaved-v2 1 2 1 interleaved-1f1b 2" \
-            "pp2-zb-h1 1 2 1 zb-h1" "pp2-gpipe 1 2 1 gpipe" \
-            "dp2-tp2-sp-zero1 2 1 2 1f1b 1 true 1" "pp2-tp2-sp-zb-h1 1 2 2 zb-h1 1 true" \
-            "pp2-tp2-recompute-selective 1 2 2 zb-h1 1 false 0 selective" \
-            "pp4-recompute-full 1 4 1 1f1b 1 false 0 full" \
-            "dp2-pp2-interleaved-v2 2 2 1 interleaved-1f1b 2"; do
+for spec in "${layouts[@]}"; do
   set -- $spec
   plan "$@"
   run "$1"
   compare "$1"
 done
+if [ "$model" != tiny-gpt ]; then
+  if [ $failures -ne 0 ]; then
+    echo "$failures check(s) failed"
+    exit 1
+  fi
+  echo "parallel_equals_serial_test ($model): all checks passed"
+  exit 0
+fi
 
 # The log of a 3D run names the layout once, from rank 0.
 out=$($mpengine run --config "$tmp/dp2-pp2-tp2.json" --steps 2 2>&1)
