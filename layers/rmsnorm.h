@@ -5,10 +5,14 @@
  * Each row of C channels is divided by its root mean square, sqrt(mean(x^2) + eps), then scaled
  * by weight per channel; no mean is subtracted and there is no bias. The forward keeps each row's
  * 1/rms for the backward. The calls cannot fail: shapes are the caller's contract. The CUDA twin
- * comes with the Llama family's GPU path.
+ * (_cuda, at the end of this header) keeps the same shapes on bf16 activations.
  */
 #ifndef MPENGINE_LAYERS_RMSNORM_H
 #define MPENGINE_LAYERS_RMSNORM_H
+
+#include <stddef.h>
+
+#include "layers/cuda_types.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -32,6 +36,37 @@ void mp_rmsnorm_forward_cpu(float *out, float *rstd, const float *inp, const flo
  *   rstd    (rows)     as the forward wrote it */
 void mp_rmsnorm_backward_cpu(float *dinp, float *dweight, const float *dout, const float *inp,
                              const float *weight, const float *rstd, int rows, int C);
+
+/* ---------------------------------------------------------------------------------------------
+ * CUDA twin (layers/rmsnorm_cuda.cu, Bazel target //layers:cuda_elementwise), as layernorm.h's:
+ * device pointers, bf16 activations and weight, fp32 statistics and weight gradient, enqueued on
+ * `stream` without waiting (launch errors surface at the caller's next mp_device_synchronize).
+ * Sums in fp32; every bf16 output rounded once. */
+
+/* mp_rmsnorm_forward_cpu on bf16.
+ *   out    (rows, C)  bf16, written
+ *   rstd   (rows)     fp32, written, or NULL
+ *   inp    (rows, C)  bf16
+ *   weight (C)        bf16 */
+void mp_rmsnorm_forward_cuda(mp_bf16 *out, float *rstd, const mp_bf16 *inp, const mp_bf16 *weight,
+                             int rows, int C, float eps, mp_cuda_stream stream);
+
+/* Backward of mp_rmsnorm_forward_cuda. dweight is deterministic: per-tile partial sums go to
+ * scratch and a second kernel adds them in a fixed order.
+ *   dinp    (rows, C)  bf16 += (must not alias dout or inp)
+ *   dweight (C)        fp32 +=
+ *   dout    (rows, C)  bf16
+ *   inp     (rows, C)  bf16, the forward's input
+ *   weight  (C)        bf16
+ *   rstd    (rows)     fp32, as the forward wrote it
+ *   scratch            mp_rmsnorm_backward_cuda_scratch_floats(rows, C) device floats, free for
+ *                      this call until the stream has run it */
+void mp_rmsnorm_backward_cuda(mp_bf16 *dinp, float *dweight, const mp_bf16 *dout,
+                              const mp_bf16 *inp, const mp_bf16 *weight, const float *rstd,
+                              float *scratch, int rows, int C, mp_cuda_stream stream);
+
+/* Floats of scratch that mp_rmsnorm_backward_cuda needs (at least 1). */
+size_t mp_rmsnorm_backward_cuda_scratch_floats(int rows, int C);
 
 #ifdef __cplusplus
 }

@@ -10,13 +10,15 @@
  * 3.1's frequency scaling (wavelengths above original_max_positions / low_freq_factor divided by
  * factor, below original_max_positions / high_freq_factor kept, interpolated between). The
  * rotation is orthogonal: the backward turns the gradient back by the opposite angle. The calls
- * cannot fail. The CUDA twin comes with the Llama family's GPU path.
+ * cannot fail. The CUDA twin (_cuda, at the end of this header) rotates bf16 in place.
  */
 #ifndef MPENGINE_LAYERS_ROPE_H
 #define MPENGINE_LAYERS_ROPE_H
 
 #include <stdbool.h>
 #include <stddef.h>
+
+#include "layers/cuda_types.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -43,6 +45,17 @@ void mp_rope_forward_cpu(float *x, const float *inv_freq, int B, int T, int head
 /* Backward: the gradient of the rotated heads turned back, in place (dx = R(-angle) dx'). */
 void mp_rope_backward_cpu(float *dx, const float *inv_freq, int B, int T, int heads, int HS,
                           size_t row_stride);
+
+/* ---------------------------------------------------------------------------------------------
+ * CUDA twin (layers/rope_cuda.cu, Bazel target //layers:cuda_elementwise): x in device memory as
+ * bf16, rotated in place in fp32 (angle t * inv_freq[i] and its cosine and sine as the CPU twin
+ * forms them) and rounded to bf16 once; inv_freq (HS / 2) fp32 in device memory
+ * (mp_rope_inv_freq's values, copied there). Enqueued on `stream` without waiting. Shapes as
+ * mp_rope_forward_cpu's. */
+void mp_rope_forward_cuda(mp_bf16 *x, const float *inv_freq, int B, int T, int heads, int HS,
+                          size_t row_stride, mp_cuda_stream stream);
+void mp_rope_backward_cuda(mp_bf16 *dx, const float *inv_freq, int B, int T, int heads, int HS,
+                           size_t row_stride, mp_cuda_stream stream);
 
 #ifdef __cplusplus
 }
