@@ -27,6 +27,9 @@
 #include "layers/layernorm.h"
 #include "layers/matmul.h"
 #include "layers/residual.h"
+#include "layers/rmsnorm.h"
+#include "layers/rope.h"
+#include "layers/swiglu.h"
 #include "layers/tensor_parallel_cuda.h"
 
 /* ---------------------------------------------------------------------------------------------
@@ -45,6 +48,10 @@ typedef struct {
   float *losses_host;        /* (BT) */
   float *row_max, *gathered_max, *ce_stats; /* (BT), (tp, BT), (2, BT) */
   float *layernorm_scratch, *matmul_scratch;
+  float *rmsnorm_scratch;    /* the RMSNorm backward's, with rmsnorm */
+  float *inv_freq;           /* (HS / 2) rotary frequencies, with rope */
+  float *dwpe_unused;        /* (T, C) the embedding backward's position gradient without a
+                                position table, dropped */
   void *attention_scratch;
   int32_t *embedding_workspace;
   float *dwte_rows;          /* (Vl + 1, C) tp > 1: the embedding gradient by shard row; the last
@@ -109,6 +116,46 @@ static void cuda_layernorm_backward(void *context, void *dinp, float *dweight, f
                              k->layernorm_scratch, 1, rows, C, NULL);
 }
 
+static void cuda_rmsnorm_forward(void *context, void *out, float *rstd, const void *inp,
+                                 const void *weight, int rows, int C) {
+  const cuda_kernels *k = context;
+  mp_rmsnorm_forward_cuda(out, rstd, inp, weight, rows, C, k->d.norm_eps, NULL);
+}
+
+static void cuda_rmsnorm_backward(void *context, void *dinp, float *dweight, const void *dout,
+                                  const void *inp, const void *weight, const float *rstd,
+                                  int rows, int C) {
+  const cuda_kernels *k = context;
+  mp_rmsnorm_backward_cuda(dinp, dweight, dout, inp, weight, rstd, k->rmsnorm_scratch, rows, C,
+                           NULL);
+}
+
+static void cuda_swiglu_forward(void *context, void *out, const void *inp, int rows, int F) {
+  (void)context;
+  mp_swiglu_forward_cuda(out, inp, rows, F, NULL);
+}
+
+static void cuda_swiglu_backward(void *context, void *dinp, const void *inp, const void *dout,
+                                 int rows, int F) {
+  (void)context;
+  mp_swiglu_backward_cuda(dinp, inp, dout, rows, F, NULL);
+}
+
+/* q and k are the first NHl + KVHl heads of a qkv row. */
+static void cuda_rope_forward(void *context, void *qkv) {
+  const cuda_kernels *k = context;
+  const mp_stage_dims *d = &k->d;
+  mp_rope_forward_cuda(qkv, k->inv_freq, d->B, d->T, d->NHl + d->KVHl, d->HS, (size_t)d->QKVl,
+                       NULL);
+}
+
+static void cuda_rope_backward(void *context, void *dqkv) {
+  const cuda_kernels *k = context;
+  const mp_stage_dims *d = &k->d;
+  mp_rope_backward_cuda(dqkv, k->inv_freq, d->B, d->T, d->NHl + d->KVHl, d->HS, (size_t)d->QKVl,
+                        NULL);
+}
+
 static void cuda_matmul_forward(void *context, void *out, const void *inp, const void *weight,
                                 const void *bias, int BT, int C, int OC) {
   const cuda_kernels *k = context;
@@ -129,10 +176,10 @@ static void cuda_attention_forward(void *context, void *out, void *saved, const 
   const cuda_kernels *k = context;
   const mp_stage_dims *d = &k->d;
   if (k->fused_attention) {
-    mp_flash_attention_forward_cuda(out, saved, qkv, d->B, d->T, d->NHl, d->HS, NULL);
+    mp_flash_attention_forward_cuda(out, saved, qkv, d->B, d->T, d->NHl, d->KVHl, d->HS, NULL);
   } else {
     mp_attention_forward_cuda(k->cublas, out, saved, qkv, k->attention_scratch, d->B, d->T,
-                              d->NHl, d->HS, NULL);
+                              d->NHl, d->KVHl, d->HS, NULL);
   }
 }
 
@@ -142,10 +189,10 @@ static void cuda_attention_backward(void *context, void *dqkv, const void *dout,
   const mp_stage_dims *d = &k->d;
   if (k->fused_attention) {
     mp_flash_attention_backward_cuda(dqkv, dout, qkv, out, saved, k->attention_scratch, d->B,
-                                     d->T, d->NHl, d->HS, NULL);
+                                     d->T, d->NHl, d->KVHl, d->HS, NULL);
   } else {
     mp_attention_backward_cuda(k->cublas, dqkv, dout, qkv, saved, k->attention_scratch, d->B,
-                               d->T, d->NHl, d->HS, NULL);
+                               d->T, d->NHl, d->KVHl, d->HS, NULL);
   }
 }
 
@@ -228,22 +275,33 @@ static mp_status cuda_embedding_forward(void *context, void *out, const int32_t 
   (void)tokens_host, (void)work;
   cuda_kernels *k = context;
   const mp_stage_dims *d = &k->d;
-  if (d->tp.size == 1) {
+  if (d->tp.size == 1 && wpe != NULL) {
     mp_embedding_forward_cuda(out, tokens, wte, wpe, d->B, d->T, d->C, NULL);
     return MP_OK;
   }
   /* Megatron's VocabParallelEmbedding: each rank looks up the tokens of its vocabulary rows,
-   * zeros elsewhere; the sum over the group is the whole lookup. */
+   * zeros elsewhere; the sum over the group is the whole lookup. Without a position table
+   * (rotary embeddings) the lookup is the output: exact through fp32, at any tp. */
   mp_vocab_embedding_lookup_cuda(k->reduce, tokens, wte, d->vocab_start, d->Vl, d->BT, d->C,
                                  NULL);
   if (d->sp) {
     /* Summed onto this rank's token slice only, with the positions of its rows. */
     MP_TRY(mp_tp_reduce_scatter_sum(&d->tp, k->reduce, k->slice, (size_t)d->BTl * d->C, err));
-    mp_add_position_rows_cuda(out, k->slice, wpe, d->row0, d->BTl, d->T, d->C, NULL);
+    if (wpe == NULL) {
+      mp_bf16_from_float_cuda(out, k->slice, (size_t)d->BTl * d->C, NULL);
+    } else {
+      mp_add_position_rows_cuda(out, k->slice, wpe, d->row0, d->BTl, d->T, d->C, NULL);
+    }
     return MP_OK;
   }
-  MP_TRY(mp_tp_all_reduce_sum(&d->tp, k->reduce, (size_t)d->BT * d->C, err));
-  mp_add_position_cuda(out, k->reduce, wpe, d->B, d->T, d->C, NULL);
+  if (d->tp.size > 1) {
+    MP_TRY(mp_tp_all_reduce_sum(&d->tp, k->reduce, (size_t)d->BT * d->C, err));
+  }
+  if (wpe == NULL) {
+    mp_bf16_from_float_cuda(out, k->reduce, (size_t)d->BT * d->C, NULL);
+  } else {
+    mp_add_position_cuda(out, k->reduce, wpe, d->B, d->T, d->C, NULL);
+  }
   return MP_OK;
 }
 
@@ -252,6 +310,8 @@ static mp_status cuda_embedding_backward(void *context, float *dwte, float *dwpe
                                          const int32_t *tokens_host, void *work, mp_error *err) {
   cuda_kernels *k = context;
   const mp_stage_dims *d = &k->d;
+  /* Without a position table the kernel's position gradient goes to a buffer nobody reads. */
+  if (dwpe == NULL) dwpe = k->dwpe_unused;
   if (d->tp.size == 1) {
     mp_embedding_backward_cuda(dwte, dwpe, dout, tokens, tokens_host, k->embedding_workspace,
                                d->B, d->T, d->C, NULL);
@@ -319,7 +379,8 @@ static void cuda_kernels_free(cuda_kernels *k) {
   if (k == NULL) return;
   void *buffers[] = {k->reduce, k->slice, k->losses, k->row_max, k->gathered_max, k->ce_stats,
                      k->layernorm_scratch, k->matmul_scratch, k->attention_scratch,
-                     k->embedding_workspace, k->dwte_rows, k->shard_tokens};
+                     k->embedding_workspace, k->dwte_rows, k->shard_tokens,
+                     k->rmsnorm_scratch, k->inv_freq, k->dwpe_unused};
   for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; ++i) mp_device_free(buffers[i]);
   if (k->cublas != NULL) mp_cublas_free(k->cublas);
   free(k->losses_host);
@@ -364,8 +425,26 @@ static mp_status cuda_kernels_create(const mp_stage_dims *d, cuda_kernels **out,
   SCRATCH(k->gathered_max, BT * (size_t)d->tp.size);
   SCRATCH(k->ce_stats, 2 * BT);
   SCRATCH(k->layernorm_scratch, mp_layernorm_backward_cuda_scratch_floats(d->B, d->T, d->C));
+  if (d->rmsnorm) {
+    SCRATCH(k->rmsnorm_scratch, mp_rmsnorm_backward_cuda_scratch_floats((int)BT, d->C));
+  }
+  if (d->rope && d->HS >= 2) {
+    float inv_freq[512];
+    const size_t half = (size_t)d->HS / 2;
+    if (half > sizeof inv_freq / sizeof inv_freq[0]) {
+      mp_fail(err, MP_ERR_INPUT, "rotary embeddings: head size %d is above the 1024 supported",
+              d->HS);
+      goto fail;
+    }
+    mp_rope_inv_freq(inv_freq, d->HS, &d->rope_spec);
+    SCRATCH(k->inv_freq, half);
+    if (mp_device_copy_to_device(k->inv_freq, inv_freq, half * sizeof(float), err) != MP_OK) {
+      goto fail;
+    }
+  }
+  if (d->embedding && d->rope) SCRATCH(k->dwpe_unused, (size_t)d->T * C);
   const size_t widest =
-      max_size((size_t)d->Vl, max_size((size_t)d->Fl, max_size(3 * (size_t)d->Cl, C)));
+      max_size((size_t)d->Vl, max_size((size_t)d->FCl, max_size((size_t)d->QKVl, C)));
   SCRATCH(k->matmul_scratch, mp_matmul_backward_cuda_scratch_floats((int)BT, (int)widest));
   const size_t attention_bytes =
       d->num_layers == 0 ? 0
@@ -397,6 +476,13 @@ static mp_status cuda_kernels_create(const mp_stage_dims *d, cuda_kernels **out,
   t->to_boundary = cuda_to_boundary;
   t->layernorm_forward = cuda_layernorm_forward;
   t->layernorm_backward = cuda_layernorm_backward;
+  t->rmsnorm_forward = cuda_rmsnorm_forward;
+  t->rmsnorm_backward = cuda_rmsnorm_backward;
+  t->grouped_attention = true;
+  t->swiglu_forward = cuda_swiglu_forward;
+  t->swiglu_backward = cuda_swiglu_backward;
+  t->rope_forward = cuda_rope_forward;
+  t->rope_backward = cuda_rope_backward;
   t->matmul_forward = cuda_matmul_forward;
   t->matmul_backward = cuda_matmul_backward;
   t->attention_forward = cuda_attention_forward;

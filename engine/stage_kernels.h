@@ -124,8 +124,9 @@ typedef struct {
    *   gradient, summed over the group in place; with sequence parallelism this rank's rows of
    *   the sum, in the first BTl rows. Nothing at tp = 1.
    * embedding_forward: out (BTl, C) = wte rows of the tokens (the vocabulary-parallel lookup) +
-   *   wpe; embedding_backward adds the gradients from dout (BTl, C). tokens (BT) are in the
-   *   backend's memory, tokens_host the same on the host; work is a free (BT, C) activation.
+   *   wpe (NULL: no position table, and dwpe NULL too); embedding_backward adds the gradients
+   *   from dout (BTl, C). tokens (BT) are in the backend's memory, tokens_host the same on the
+   *   host; work is a free (BT, C) activation.
    * loss: the vocabulary-parallel cross-entropy of logits (BT, Vl), which it overwrites with
    *   d(dloss x mean loss)/d(logits); *mean_loss (unless NULL) the mean over the BT tokens. */
   mp_status (*row_parallel_linear_forward)(void *context, void *out, const void *inp,

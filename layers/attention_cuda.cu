@@ -3,6 +3,12 @@
  * cuBLAS formulation: permute, two strided-batched bf16 GEMMs over the B * NH heads with a causal
  * softmax between them, unpermute. The backward runs the same GEMMs transposed.
  *
+ * Grouped-query attention (KVH kv heads, each read by group = NH / KVH query heads) is done in
+ * the permutes, as Hugging Face's repeat_kv: the forward copies kv head g to query heads
+ * g*group .. (g+1)*group - 1, so the GEMMs are the multi-head ones, and the backward sums the
+ * group's fp32 dk and dv, in head order, when it adds them into dqkv. No atomics; with KVH = NH
+ * every kernel does what it did before grouping (the same bits).
+ *
  * Why this shape and not a fused (flash) kernel: it is the CPU twin's math step for step, so the
  * two compare element for element, and every FLOP but the softmax is a cuBLAS tensor-core GEMM.
  * The T x T matrices (scores, att, datt, dpreatt) are bf16, as in llm.c: at GPT-2 sizes their
@@ -35,9 +41,12 @@
 // ---------------------------------------------------------------------------------------------
 // kernels
 
-// qkv (B, T, 3, NH, HS) -> q, k, v (B, NH, T, HS); one thread per element of q.
+// qkv (B, T, W) -> q, k, v (B, NH, T, HS), W = (NH + 2 KVH) HS: query head h gets its own q and
+// the k and v of kv head h / (NH / KVH) (a kv head is copied to each query head of its group).
+// One thread per element of q.
 __global__ static void permute_qkv_kernel(__nv_bfloat16 *q, __nv_bfloat16 *k, __nv_bfloat16 *v,
-                                          const __nv_bfloat16 *qkv, int B, int T, int NH, int HS) {
+                                          const __nv_bfloat16 *qkv, int B, int T, int NH, int KVH,
+                                          int HS) {
   const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (idx >= (size_t)B * NH * T * HS) return;
   const int i = (int)(idx % HS);
@@ -46,11 +55,11 @@ __global__ static void permute_qkv_kernel(__nv_bfloat16 *q, __nv_bfloat16 *k, __
   rest /= T;
   const int h = (int)(rest % NH);
   const int b = (int)(rest / NH);
-  const size_t C = (size_t)NH * HS;
-  const size_t from = ((size_t)b * T + t) * 3 * C + (size_t)h * HS + i;
-  q[idx] = qkv[from];
-  k[idx] = qkv[from + C];
-  v[idx] = qkv[from + 2 * C];
+  const int g = h / (NH / KVH);
+  const size_t row = ((size_t)b * T + t) * (size_t)(NH + 2 * KVH) * HS;
+  q[idx] = qkv[row + (size_t)h * HS + i];
+  k[idx] = qkv[row + (size_t)(NH + g) * HS + i];
+  v[idx] = qkv[row + (size_t)(NH + KVH + g) * HS + i];
 }
 
 // heads (B, NH, T, HS) -> tokens (B, T, NH, HS) = (B, T, C); one thread per output element.
@@ -81,21 +90,33 @@ __global__ static void tokens_to_heads_kernel(__nv_bfloat16 *dy, const __nv_bflo
   dy[idx] = dout[((size_t)b * T + t) * NH * HS + (size_t)h * HS + i];
 }
 
-// dqkv (B, T, 3, NH, HS) += dq, dk, dv (B, NH, T, HS) fp32, rounded to bf16 once per element.
+// dqkv (B, T, W) += dq, dk, dv (B, NH, T, HS) fp32, W = (NH + 2 KVH) HS: a query head's channels
+// take its dq, a kv head's take the sum of its group's dk (or dv), in fp32 in head order; one
+// rounding to bf16 per element (for KVH = NH, the sum is the one head's value). One thread per
+// element of dqkv.
 __global__ static void accumulate_dqkv_kernel(__nv_bfloat16 *dqkv, const float *dq, const float *dk,
-                                              const float *dv, int B, int T, int NH, int HS) {
+                                              const float *dv, int B, int T, int NH, int KVH,
+                                              int HS) {
   const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (idx >= (size_t)B * T * 3 * NH * HS) return;
-  const int i = (int)(idx % HS);
-  size_t rest = idx / HS;
-  const int h = (int)(rest % NH);
-  rest /= NH;
-  const int part = (int)(rest % 3);  // 0 q, 1 k, 2 v
-  rest /= 3;
-  const int t = (int)(rest % T);
-  const int b = (int)(rest / T);
-  const float *grad = part == 0 ? dq : (part == 1 ? dk : dv);
-  const float g = grad[(((size_t)b * NH + h) * T + t) * HS + i];
+  const int W = (NH + 2 * KVH) * HS;
+  if (idx >= (size_t)B * T * W) return;
+  const int column = (int)(idx % W);
+  const size_t bt = idx / W;
+  const int t = (int)(bt % T);
+  const int b = (int)(bt / T);
+  const int i = column % HS, head = column / HS;  // head of q (< NH), then of k, then of v
+  const size_t per_head = (size_t)T * HS;
+  float g;
+  if (head < NH) {
+    g = dq[((size_t)b * NH + head) * per_head + (size_t)t * HS + i];
+  } else {
+    const bool is_k = head < NH + KVH;
+    const float *grad = is_k ? dk : dv;
+    const int group = NH / KVH, first = (head - NH - (is_k ? 0 : KVH)) * group;
+    const float *from = grad + ((size_t)b * NH + first) * per_head + (size_t)t * HS + i;
+    g = from[0];
+    for (int j = 1; j < group; j++) g += from[j * per_head];
+  }
   dqkv[idx] = __float2bfloat16_rn(__bfloat162float(dqkv[idx]) + g);
 }
 
@@ -161,14 +182,23 @@ static void batched_gemm(mp_cublas *cublas, bool trans_a, bool trans_b, int m, i
                            stride_c, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-// Checks the shape; false (and nothing to do) for a negative one, recorded, or an empty one.
-static bool attention_shape_ok(mp_cublas *cublas, const char *who, int B, int T, int NH, int HS) {
-  if (B < 0 || T < 0 || NH < 0 || HS < 0) {
-    mp_cublas_record_failure(cublas, MP_ERR_INPUT, "%s: negative shape B=%d T=%d NH=%d HS=%d",
-                             who, B, T, NH, HS);
+// Checks the shape; false (and nothing to do) for a negative one or a KVH that does not divide
+// NH, recorded, or an empty one.
+static bool attention_shape_ok(mp_cublas *cublas, const char *who, int B, int T, int NH, int KVH,
+                               int HS) {
+  if (B < 0 || T < 0 || NH < 0 || KVH < 0 || HS < 0) {
+    mp_cublas_record_failure(cublas, MP_ERR_INPUT,
+                             "%s: negative shape B=%d T=%d NH=%d KVH=%d HS=%d", who, B, T, NH, KVH,
+                             HS);
     return false;
   }
-  return B > 0 && T > 0 && NH > 0 && HS > 0;
+  if (B == 0 || T == 0 || NH == 0 || HS == 0) return false;
+  if (KVH == 0 || NH % KVH != 0) {
+    mp_cublas_record_failure(cublas, MP_ERR_INPUT,
+                             "%s: KVH=%d kv heads must divide NH=%d query heads", who, KVH, NH);
+    return false;
+  }
+  return true;
 }
 
 extern "C" size_t mp_attention_cuda_scratch_bytes(int B, int T, int NH, int HS) {
@@ -177,14 +207,14 @@ extern "C" size_t mp_attention_cuda_scratch_bytes(int B, int T, int NH, int HS) 
 
 extern "C" void mp_attention_forward_cuda(mp_cublas *cublas, mp_bf16 *out, mp_bf16 *att,
                                           const mp_bf16 *qkv, void *scratch, int B, int T, int NH,
-                                          int HS, mp_cuda_stream stream) {
-  if (!attention_shape_ok(cublas, "mp_attention_forward_cuda", B, T, NH, HS)) return;
+                                          int KVH, int HS, mp_cuda_stream stream) {
+  if (!attention_shape_ok(cublas, "mp_attention_forward_cuda", B, T, NH, KVH, HS)) return;
   if (!mp_cublas_bind_stream(cublas, stream)) return;
   const mp_attention_cuda_layout layout = mp_attention_cuda_layout_of(B, T, NH, HS);
   char *base = (char *)scratch;
   __nv_bfloat16 *q = (__nv_bfloat16 *)(base + layout.q);  // (B, NH, T, HS)
-  __nv_bfloat16 *k = (__nv_bfloat16 *)(base + layout.k);  // (B, NH, T, HS)
-  __nv_bfloat16 *v = (__nv_bfloat16 *)(base + layout.v);  // (B, NH, T, HS)
+  __nv_bfloat16 *k = (__nv_bfloat16 *)(base + layout.k);  // (B, NH, T, HS), kv heads repeated
+  __nv_bfloat16 *v = (__nv_bfloat16 *)(base + layout.v);  // (B, NH, T, HS), kv heads repeated
   __nv_bfloat16 *y = (__nv_bfloat16 *)(base + layout.y);  // (B, NH, T, HS)
   __nv_bfloat16 *att_ = (__nv_bfloat16 *)att;              // (B, NH, T, T)
   const size_t n = (size_t)B * NH * T * HS;
@@ -194,7 +224,7 @@ extern "C" void mp_attention_forward_cuda(mp_cublas *cublas, mp_bf16 *out, mp_bf
   const int block = 256;
 
   permute_qkv_kernel<<<mp_gemm_ceil_div(n, block), block, 0, stream>>>(
-      q, k, v, (const __nv_bfloat16 *)qkv, B, T, NH, HS);
+      q, k, v, (const __nv_bfloat16 *)qkv, B, T, NH, KVH, HS);
   MP_CUDA_CHECK_LAUNCH("permute_qkv_kernel");
   MP_CUDA_RECORD_LAUNCH(cublas, "permute_qkv_kernel");
   // att[t][t2] = scale * q_t . k_t2, for all t2 (the softmax masks).
@@ -215,18 +245,19 @@ extern "C" void mp_attention_forward_cuda(mp_cublas *cublas, mp_bf16 *out, mp_bf
 
 extern "C" void mp_attention_backward_cuda(mp_cublas *cublas, mp_bf16 *dqkv, const mp_bf16 *dout,
                                            const mp_bf16 *qkv, const mp_bf16 *att, void *scratch,
-                                           int B, int T, int NH, int HS, mp_cuda_stream stream) {
-  if (!attention_shape_ok(cublas, "mp_attention_backward_cuda", B, T, NH, HS)) return;
+                                           int B, int T, int NH, int KVH, int HS,
+                                           mp_cuda_stream stream) {
+  if (!attention_shape_ok(cublas, "mp_attention_backward_cuda", B, T, NH, KVH, HS)) return;
   if (!mp_cublas_bind_stream(cublas, stream)) return;
   const mp_attention_cuda_layout layout = mp_attention_cuda_layout_of(B, T, NH, HS);
   char *base = (char *)scratch;
   __nv_bfloat16 *q = (__nv_bfloat16 *)(base + layout.q);        // (B, NH, T, HS)
-  __nv_bfloat16 *k = (__nv_bfloat16 *)(base + layout.k);        // (B, NH, T, HS)
-  __nv_bfloat16 *v = (__nv_bfloat16 *)(base + layout.v);        // (B, NH, T, HS)
+  __nv_bfloat16 *k = (__nv_bfloat16 *)(base + layout.k);        // (B, NH, T, HS), repeated
+  __nv_bfloat16 *v = (__nv_bfloat16 *)(base + layout.v);        // (B, NH, T, HS), repeated
   __nv_bfloat16 *dy = (__nv_bfloat16 *)(base + layout.y);       // (B, NH, T, HS)
   float *dq = (float *)(base + layout.dq);                      // (B, NH, T, HS)
-  float *dk = (float *)(base + layout.dk);                      // (B, NH, T, HS)
-  float *dv = (float *)(base + layout.dv);                      // (B, NH, T, HS)
+  float *dk = (float *)(base + layout.dk);                      // (B, NH, T, HS) per query head
+  float *dv = (float *)(base + layout.dv);                      // (B, NH, T, HS) per query head
   __nv_bfloat16 *datt = (__nv_bfloat16 *)(base + layout.datt);  // (B, NH, T, T)
   const __nv_bfloat16 *att_ = (const __nv_bfloat16 *)att;      // (B, NH, T, T)
   const size_t n = (size_t)B * NH * T * HS;
@@ -236,7 +267,7 @@ extern "C" void mp_attention_backward_cuda(mp_cublas *cublas, mp_bf16 *dqkv, con
   const int block = 256;
 
   permute_qkv_kernel<<<mp_gemm_ceil_div(n, block), block, 0, stream>>>(
-      q, k, v, (const __nv_bfloat16 *)qkv, B, T, NH, HS);
+      q, k, v, (const __nv_bfloat16 *)qkv, B, T, NH, KVH, HS);
   MP_CUDA_CHECK_LAUNCH("permute_qkv_kernel");
   MP_CUDA_RECORD_LAUNCH(cublas, "permute_qkv_kernel");
   tokens_to_heads_kernel<<<mp_gemm_ceil_div(n, block), block, 0, stream>>>(
@@ -259,8 +290,8 @@ extern "C" void mp_attention_backward_cuda(mp_cublas *cublas, mp_bf16 *dqkv, con
   // dk[t2] = scale * sum_t dpreatt[t][t2] q_t
   batched_gemm(cublas, false, true, HS, T, T, scale, q, HS, head_stride, datt, T, att_stride, dk,
                CUDA_R_32F, HS, head_stride, heads);
-  accumulate_dqkv_kernel<<<mp_gemm_ceil_div(3 * n, block), block, 0, stream>>>(
-      (__nv_bfloat16 *)dqkv, dq, dk, dv, B, T, NH, HS);
+  accumulate_dqkv_kernel<<<mp_gemm_ceil_div((size_t)B * T * (NH + 2 * KVH) * HS, block), block,
+                           0, stream>>>((__nv_bfloat16 *)dqkv, dq, dk, dv, B, T, NH, KVH, HS);
   MP_CUDA_CHECK_LAUNCH("accumulate_dqkv_kernel");
   MP_CUDA_RECORD_LAUNCH(cublas, "accumulate_dqkv_kernel");
 }

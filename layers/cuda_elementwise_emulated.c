@@ -1,8 +1,9 @@
 /*
  * layers/cuda_elementwise_emulated.c — //layers:cuda_elementwise under
  * `--define mpengine_cuda=emulated` (third_party/cuda.bzl): the CUDA C API of adamw.h,
- * cross_entropy.h, embedding.h, gelu.h, layernorm.h and residual.h, run on the CPU so that the GPU
- * code above the kernels can be tested on machines without a GPU. Test-only.
+ * cross_entropy.h, embedding.h, gelu.h, layernorm.h, residual.h, rmsnorm.h, rope.h and swiglu.h,
+ * run on the CPU so that the GPU code above the kernels can be tested on machines without a GPU.
+ * Test-only.
  *
  * "Device" pointers are host memory (engine/device_emulated.c) and streams are ignored: every call
  * has finished when it returns. Each launcher widens its bf16 inputs to fp32 temporaries, runs the
@@ -11,8 +12,9 @@
  * weight gradients, optimizer state) are updated in fp32 directly.
  *
  * What is not emulated: the kernels' exact bits where they sum in another order than the CPU twin
- * (layernorm statistics and dweight/dbias, the cross-entropy row sums; the results agree with the
- * CUDA build to the kernel tests' tolerances, not bit for bit), the 128-bit and unaligned load
+ * (layernorm and RMSNorm statistics and weight gradients, the cross-entropy row sums; the results
+ * agree with the CUDA build to the kernel tests' tolerances, not bit for bit), the GPU's expf,
+ * sincosf and FMA contractions (within a few ulp of the host's), the 128-bit and unaligned load
  * paths, asynchrony, the embedding backward's NaN poisoning when its host buffer cannot be
  * allocated, and every scratch or workspace buffer (sized as the CUDA build sizes them, never
  * touched). The launchers return void, so should a temporary fail to allocate they print a
@@ -29,6 +31,9 @@
 #include "layers/gelu.h"
 #include "layers/layernorm.h"
 #include "layers/residual.h"
+#include "layers/rmsnorm.h"
+#include "layers/rope.h"
+#include "layers/swiglu.h"
 
 /* ---- helpers ---- */
 
@@ -228,4 +233,111 @@ void mp_grad_scale_cuda(float *grads, size_t n, float scale, mp_cuda_stream stre
 void mp_bf16_from_float_cuda(mp_bf16 *out, const float *in, size_t n, mp_cuda_stream stream) {
   (void)stream;
   mp_bf16_from_floats(out, in, n);
+}
+
+/* ---- RMSNorm ---- */
+
+void mp_rmsnorm_forward_cuda(mp_bf16 *out, float *rstd, const mp_bf16 *inp, const mp_bf16 *weight,
+                             int rows, int C, float eps, mp_cuda_stream stream) {
+  (void)stream;
+  if (rows <= 0 || C <= 0) return;
+  const size_t n = (size_t)rows * C;
+  const char *who = "mp_rmsnorm_forward_cuda";
+  float *inp_f = widen(inp, n, who);
+  float *weight_f = widen(weight, (size_t)C, who);
+  float *out_f = floats_or_abort(n, who);
+  mp_rmsnorm_forward_cpu(out_f, rstd, inp_f, weight_f, rows, C, eps);
+  mp_bf16_from_floats(out, out_f, n);
+  free(out_f);
+  free(weight_f);
+  free(inp_f);
+}
+
+void mp_rmsnorm_backward_cuda(mp_bf16 *dinp, float *dweight, const mp_bf16 *dout,
+                              const mp_bf16 *inp, const mp_bf16 *weight, const float *rstd,
+                              float *scratch, int rows, int C, mp_cuda_stream stream) {
+  (void)scratch, (void)stream;
+  if (rows <= 0 || C <= 0) return;
+  const size_t n = (size_t)rows * C;
+  const char *who = "mp_rmsnorm_backward_cuda";
+  float *dinp_f = widen(dinp, n, who); /* the += runs in fp32 from the old bf16 values */
+  float *dout_f = widen(dout, n, who);
+  float *inp_f = widen(inp, n, who);
+  float *weight_f = widen(weight, (size_t)C, who);
+  mp_rmsnorm_backward_cpu(dinp_f, dweight, dout_f, inp_f, weight_f, rstd, rows, C);
+  mp_bf16_from_floats(dinp, dinp_f, n);
+  free(weight_f);
+  free(inp_f);
+  free(dout_f);
+  free(dinp_f);
+}
+
+size_t mp_rmsnorm_backward_cuda_scratch_floats(int rows, int C) {
+  const size_t floats = rows > 0 && C > 0 ? (((size_t)rows + 15) / 16) * (size_t)C : 0;
+  return floats > 0 ? floats : 1;
+}
+
+/* ---- SwiGLU ---- */
+
+void mp_swiglu_forward_cuda(mp_bf16 *out, const mp_bf16 *inp, int N, int F,
+                            mp_cuda_stream stream) {
+  (void)stream;
+  if (N <= 0 || F <= 0) return;
+  const size_t n = (size_t)N * F;
+  const char *who = "mp_swiglu_forward_cuda";
+  float *inp_f = widen(inp, 2 * n, who);
+  float *out_f = floats_or_abort(n, who);
+  mp_swiglu_forward_cpu(out_f, inp_f, N, F);
+  mp_bf16_from_floats(out, out_f, n);
+  free(out_f);
+  free(inp_f);
+}
+
+void mp_swiglu_backward_cuda(mp_bf16 *dinp, const mp_bf16 *inp, const mp_bf16 *dout, int N, int F,
+                             mp_cuda_stream stream) {
+  (void)stream;
+  if (N <= 0 || F <= 0) return;
+  const size_t n = (size_t)N * F;
+  const char *who = "mp_swiglu_backward_cuda";
+  float *dinp_f = widen(dinp, 2 * n, who);
+  float *inp_f = widen(inp, 2 * n, who);
+  float *dout_f = widen(dout, n, who);
+  mp_swiglu_backward_cpu(dinp_f, inp_f, dout_f, N, F);
+  mp_bf16_from_floats(dinp, dinp_f, 2 * n);
+  free(dout_f);
+  free(inp_f);
+  free(dinp_f);
+}
+
+/* ---- rotary embeddings ---- */
+
+/* The CPU twin on an fp32 copy of x's whole extent; only the rotated heads are written back, so
+ * the rest of each row keeps its bits (whatever they are, NaN payloads included). */
+static void rope_emulated(mp_bf16 *x, const float *inv_freq, int B, int T, int heads, int HS,
+                          size_t row_stride, int backward, const char *who) {
+  if (B <= 0 || T <= 0 || heads <= 0 || HS / 2 <= 0) return;
+  const size_t rows = (size_t)B * T, width = (size_t)heads * HS;
+  const size_t extent = (rows - 1) * row_stride + width;
+  float *x_f = widen(x, extent, who);
+  if (backward) {
+    mp_rope_backward_cpu(x_f, inv_freq, B, T, heads, HS, row_stride);
+  } else {
+    mp_rope_forward_cpu(x_f, inv_freq, B, T, heads, HS, row_stride);
+  }
+  for (size_t r = 0; r < rows; r++) {
+    mp_bf16_from_floats(x + r * row_stride, x_f + r * row_stride, width);
+  }
+  free(x_f);
+}
+
+void mp_rope_forward_cuda(mp_bf16 *x, const float *inv_freq, int B, int T, int heads, int HS,
+                          size_t row_stride, mp_cuda_stream stream) {
+  (void)stream;
+  rope_emulated(x, inv_freq, B, T, heads, HS, row_stride, 0, "mp_rope_forward_cuda");
+}
+
+void mp_rope_backward_cuda(mp_bf16 *dx, const float *inv_freq, int B, int T, int heads, int HS,
+                           size_t row_stride, mp_cuda_stream stream) {
+  (void)stream;
+  rope_emulated(dx, inv_freq, B, T, heads, HS, row_stride, 1, "mp_rope_backward_cuda");
 }

@@ -13,6 +13,9 @@
 #include "layers/gelu.h"
 #include "layers/layernorm.h"
 #include "layers/residual.h"
+#include "layers/rmsnorm.h"
+#include "layers/rope.h"
+#include "layers/swiglu.h"
 
 void mp_embedding_forward_cuda(mp_bf16 *out, const int32_t *tokens, const mp_bf16 *wte,
                                const mp_bf16 *wpe, int B, int T, int C, mp_cuda_stream stream) {}
@@ -72,3 +75,27 @@ size_t mp_grad_norm_cuda_scratch_floats(size_t n) {
 void mp_grad_scale_cuda(float *grads, size_t n, float scale, mp_cuda_stream stream) {}
 
 void mp_bf16_from_float_cuda(mp_bf16 *out, const float *in, size_t n, mp_cuda_stream stream) {}
+
+void mp_rmsnorm_forward_cuda(mp_bf16 *out, float *rstd, const mp_bf16 *inp, const mp_bf16 *weight,
+                             int rows, int C, float eps, mp_cuda_stream stream) {}
+
+void mp_rmsnorm_backward_cuda(mp_bf16 *dinp, float *dweight, const mp_bf16 *dout,
+                              const mp_bf16 *inp, const mp_bf16 *weight, const float *rstd,
+                              float *scratch, int rows, int C, mp_cuda_stream stream) {}
+
+size_t mp_rmsnorm_backward_cuda_scratch_floats(int rows, int C) {
+  const size_t floats = rows > 0 && C > 0 ? (((size_t)rows + 15) / 16) * (size_t)C : 0;
+  return floats > 0 ? floats : 1;
+}
+
+void mp_swiglu_forward_cuda(mp_bf16 *out, const mp_bf16 *inp, int N, int F,
+                            mp_cuda_stream stream) {}
+
+void mp_swiglu_backward_cuda(mp_bf16 *dinp, const mp_bf16 *inp, const mp_bf16 *dout, int N, int F,
+                             mp_cuda_stream stream) {}
+
+void mp_rope_forward_cuda(mp_bf16 *x, const float *inv_freq, int B, int T, int heads, int HS,
+                          size_t row_stride, mp_cuda_stream stream) {}
+
+void mp_rope_backward_cuda(mp_bf16 *dx, const float *inv_freq, int B, int T, int heads, int HS,
+                           size_t row_stride, mp_cuda_stream stream) {}

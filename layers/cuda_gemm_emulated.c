@@ -170,14 +170,22 @@ void mp_matmul_backward_cuda(mp_cublas *cublas, mp_bf16 *dinp, float *dweight, f
 
 /* ---- attention (the cuBLAS twin) ---- */
 
-/* False (and nothing to do) for a negative shape, recorded, or an empty one. */
-static bool attention_shape_ok(mp_cublas *cublas, const char *who, int B, int T, int NH, int HS) {
-  if (B < 0 || T < 0 || NH < 0 || HS < 0) {
-    record_failure(cublas, MP_ERR_INPUT, "%s: negative shape B=%d T=%d NH=%d HS=%d", who, B, T,
-                   NH, HS);
+/* False (and nothing to do) for a negative shape or a KVH that does not divide NH, recorded, or
+ * an empty one (as attention_cuda.cu). */
+static bool attention_shape_ok(mp_cublas *cublas, const char *who, int B, int T, int NH, int KVH,
+                               int HS) {
+  if (B < 0 || T < 0 || NH < 0 || KVH < 0 || HS < 0) {
+    record_failure(cublas, MP_ERR_INPUT, "%s: negative shape B=%d T=%d NH=%d KVH=%d HS=%d", who, B,
+                   T, NH, KVH, HS);
     return false;
   }
-  return B > 0 && T > 0 && NH > 0 && HS > 0;
+  if (B == 0 || T == 0 || NH == 0 || HS == 0) return false;
+  if (KVH == 0 || NH % KVH != 0) {
+    record_failure(cublas, MP_ERR_INPUT, "%s: KVH=%d kv heads must divide NH=%d query heads", who,
+                   KVH, NH);
+    return false;
+  }
+  return true;
 }
 
 size_t mp_attention_cuda_scratch_bytes(int B, int T, int NH, int HS) {
@@ -185,18 +193,19 @@ size_t mp_attention_cuda_scratch_bytes(int B, int T, int NH, int HS) {
 }
 
 void mp_attention_forward_cuda(mp_cublas *cublas, mp_bf16 *out, mp_bf16 *att, const mp_bf16 *qkv,
-                               void *scratch, int B, int T, int NH, int HS,
+                               void *scratch, int B, int T, int NH, int KVH, int HS,
                                mp_cuda_stream stream) {
   (void)scratch, (void)stream;
   const char *who = "mp_attention_forward_cuda";
-  if (!attention_shape_ok(cublas, who, B, T, NH, HS)) return;
+  if (!attention_shape_ok(cublas, who, B, T, NH, KVH, HS)) return;
   const size_t n_out = (size_t)B * T * NH * HS, n_att = (size_t)B * NH * T * T;
-  float *qkv_f = widen(cublas, qkv, 3 * n_out, who);
+  const size_t n_qkv = (size_t)B * T * (NH + 2 * KVH) * HS;
+  float *qkv_f = widen(cublas, qkv, n_qkv, who);
   float *out_f = zeros(cublas, n_out, who);
   float *att_f = zeros(cublas, n_att, who);
   if (qkv_f != NULL && out_f != NULL && att_f != NULL) {
     /* +0 above the diagonal */
-    mp_attention_forward_cpu(out_f, NULL, att_f, qkv_f, B, T, NH, NH, HS);
+    mp_attention_forward_cpu(out_f, NULL, att_f, qkv_f, B, T, NH, KVH, HS);
     mp_bf16_from_floats(out, out_f, n_out);
     mp_bf16_from_floats(att, att_f, n_att);
   }
@@ -207,21 +216,22 @@ void mp_attention_forward_cuda(mp_cublas *cublas, mp_bf16 *out, mp_bf16 *att, co
 
 void mp_attention_backward_cuda(mp_cublas *cublas, mp_bf16 *dqkv, const mp_bf16 *dout,
                                 const mp_bf16 *qkv, const mp_bf16 *att, void *scratch, int B,
-                                int T, int NH, int HS, mp_cuda_stream stream) {
+                                int T, int NH, int KVH, int HS, mp_cuda_stream stream) {
   (void)scratch, (void)stream;
   const char *who = "mp_attention_backward_cuda";
-  if (!attention_shape_ok(cublas, who, B, T, NH, HS)) return;
+  if (!attention_shape_ok(cublas, who, B, T, NH, KVH, HS)) return;
   const size_t n_out = (size_t)B * T * NH * HS, n_att = (size_t)B * NH * T * T;
-  float *qkv_f = widen(cublas, qkv, 3 * n_out, who);
+  const size_t n_qkv = (size_t)B * T * (NH + 2 * KVH) * HS;
+  float *qkv_f = widen(cublas, qkv, n_qkv, who);
   float *dout_f = widen(cublas, dout, n_out, who);
   float *att_f = widen(cublas, att, n_att, who);
-  float *grad = zeros(cublas, 3 * n_out, who);
+  float *grad = zeros(cublas, n_qkv, who);
   float *dpreatt = zeros(cublas, n_att, who);
   float *datt = zeros(cublas, n_att, who);
   if (qkv_f != NULL && dout_f != NULL && att_f != NULL && grad != NULL && dpreatt != NULL &&
       datt != NULL) {
-    mp_attention_backward_cpu(grad, dpreatt, datt, dout_f, qkv_f, att_f, B, T, NH, NH, HS);
-    add_round(dqkv, grad, 3 * n_out);
+    mp_attention_backward_cpu(grad, dpreatt, datt, dout_f, qkv_f, att_f, B, T, NH, KVH, HS);
+    add_round(dqkv, grad, n_qkv);
   }
   free(datt);
   free(dpreatt);
@@ -245,13 +255,13 @@ size_t mp_flash_attention_scratch_bytes(int B, int T, int NH, int HS) {
 }
 
 void mp_flash_attention_forward_cuda(mp_bf16 *out, float *lse, const mp_bf16 *qkv, int B, int T,
-                                     int NH, int HS, mp_cuda_stream stream) {
-  (void)out, (void)lse, (void)qkv, (void)B, (void)T, (void)NH, (void)HS, (void)stream;
+                                     int NH, int KVH, int HS, mp_cuda_stream stream) {
+  (void)out, (void)lse, (void)qkv, (void)B, (void)T, (void)NH, (void)KVH, (void)HS, (void)stream;
 }
 
 void mp_flash_attention_backward_cuda(mp_bf16 *dqkv, const mp_bf16 *dout, const mp_bf16 *qkv,
                                       const mp_bf16 *out, const float *lse, void *scratch, int B,
-                                      int T, int NH, int HS, mp_cuda_stream stream) {
+                                      int T, int NH, int KVH, int HS, mp_cuda_stream stream) {
   (void)dqkv, (void)dout, (void)qkv, (void)out, (void)lse, (void)scratch, (void)B, (void)T,
-      (void)NH, (void)HS, (void)stream;
+      (void)NH, (void)KVH, (void)HS, (void)stream;
 }

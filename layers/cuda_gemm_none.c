@@ -48,17 +48,17 @@ size_t mp_attention_cuda_scratch_bytes(int B, int T, int NH, int HS) {
 }
 
 void mp_attention_forward_cuda(mp_cublas *cublas, mp_bf16 *out, mp_bf16 *att, const mp_bf16 *qkv,
-                               void *scratch, int B, int T, int NH, int HS,
+                               void *scratch, int B, int T, int NH, int KVH, int HS,
                                mp_cuda_stream stream) {
   (void)cublas, (void)out, (void)att, (void)qkv, (void)scratch, (void)B, (void)T, (void)NH,
-      (void)HS, (void)stream;
+      (void)KVH, (void)HS, (void)stream;
 }
 
 void mp_attention_backward_cuda(mp_cublas *cublas, mp_bf16 *dqkv, const mp_bf16 *dout,
                                 const mp_bf16 *qkv, const mp_bf16 *att, void *scratch, int B,
-                                int T, int NH, int HS, mp_cuda_stream stream) {
+                                int T, int NH, int KVH, int HS, mp_cuda_stream stream) {
   (void)cublas, (void)dqkv, (void)dout, (void)qkv, (void)att, (void)scratch, (void)B, (void)T,
-      (void)NH, (void)HS, (void)stream;
+      (void)NH, (void)KVH, (void)HS, (void)stream;
 }
 
 bool mp_flash_attention_supported(int HS) {
@@ -73,13 +73,13 @@ size_t mp_flash_attention_scratch_bytes(int B, int T, int NH, int HS) {
 }
 
 void mp_flash_attention_forward_cuda(mp_bf16 *out, float *lse, const mp_bf16 *qkv, int B, int T,
-                                     int NH, int HS, mp_cuda_stream stream) {
-  (void)out, (void)lse, (void)qkv, (void)B, (void)T, (void)NH, (void)HS, (void)stream;
+                                     int NH, int KVH, int HS, mp_cuda_stream stream) {
+  (void)out, (void)lse, (void)qkv, (void)B, (void)T, (void)NH, (void)KVH, (void)HS, (void)stream;
 }
 
 void mp_flash_attention_backward_cuda(mp_bf16 *dqkv, const mp_bf16 *dout, const mp_bf16 *qkv,
                                       const mp_bf16 *out, const float *lse, void *scratch, int B,
-                                      int T, int NH, int HS, mp_cuda_stream stream) {
+                                      int T, int NH, int KVH, int HS, mp_cuda_stream stream) {
   (void)dqkv, (void)dout, (void)qkv, (void)out, (void)lse, (void)scratch, (void)B, (void)T,
-      (void)NH, (void)HS, (void)stream;
+      (void)NH, (void)KVH, (void)HS, (void)stream;
 }

@@ -8,24 +8,34 @@
  * device memory: the forward keeps, per query row, its output and the log-sum-exp of its scaled
  * scores (lse), and the backward recomputes the probabilities from q, k and lse.
  *
- * Tiling. A block is 4 warps (128 threads). q, k and v are read straight from the (B, T, 3C)
- * activations, tiles of 64 tokens x HS staged in shared memory with cp.async (rows padded by 16
- * bytes so ldmatrix is free of bank conflicts), the next key/value (or query) tile copied while
- * the current one is used. All products are mma.sync m16n8k16 bf16 with fp32 accumulation; the
- * accumulator of one product becomes, rounded to bf16, the A operand of the next without leaving
- * registers (FlashAttention-2's layout trick; see flash_attention_ptx.cuh for the fragments).
+ * Tiling. A block is 4 warps (128 threads). q, k and v are read straight from the (B, T, W)
+ * activations (W = (NH + 2 KVH) HS), tiles of 64 tokens x HS staged in shared memory with
+ * cp.async (rows padded by 16 bytes so ldmatrix is free of bank conflicts), the next key/value (or
+ * query) tile copied while the current one is used. All products are mma.sync m16n8k16 bf16 with
+ * fp32 accumulation; the accumulator of one product becomes, rounded to bf16, the A operand of the
+ * next without leaving registers (FlashAttention-2's layout trick; see flash_attention_ptx.cuh for
+ * the fragments).
  *   forward      block = (head, 64 query rows), warp = 16 rows. Loops over key tiles of 64 up to
  *                the diagonal (tiles wholly above it are never computed; the diagonal tile is
  *                masked), with an online softmax in fp32: running row max m and sum l, the
  *                output rescaled by exp(m_old - m_new) as m grows; out = O / l at the end.
- *   backward dkv block = (head, 64 keys), warp = 16 keys. Loops over query tiles from the
- *                diagonal down; computes the transposed scores S^T = K Q^T and dP^T = V dO^T
- *                for its keys, P^T = exp(scale S^T - lse), dS^T = P^T (dP^T - D), and
- *                accumulates dV += P^T dO and dK += dS^T Q in registers (P^T is held as the
- *                bf16 A operand of dV's product, and dS^T is formed from it, to save registers).
+ *   backward dkv block = (kv head, 64 keys), warp = 16 keys. Loops over the query heads of the
+ *                kv head's group and, for each, over query tiles from the diagonal down;
+ *                computes the transposed scores S^T = K Q^T and dP^T = V dO^T for its keys,
+ *                P^T = exp(scale S^T - lse), dS^T = P^T (dP^T - D), and accumulates dV += P^T dO
+ *                and dK += dS^T Q in registers over the whole group (P^T is held as the bf16 A
+ *                operand of dV's product, and dS^T is formed from it, to save registers).
  *   backward dq  block = (head, 64 query rows), warp = 16 rows. Loops over key tiles up to the
  *                diagonal; S, P, dP and dS again (per row instead of per key), dQ += dS K.
  * D = rowsum(dO o O) per query row is computed first (one thread per row) into the scratch.
+ *
+ * Grouped-query attention (KVH kv heads, group = NH / KVH query heads each): forward and dq blocks
+ * are per query head h and read kv head h / group; a dkv block is per kv head and walks its
+ * group's query heads one after the other (the next head's first query tile prefetched like any
+ * other), so a kv head's dK and dV are summed over the group in fp32 registers, in head order,
+ * and rounded once. With KVH = NH the group is one head and every block does what it did before
+ * grouping (the same bits). The dkv grid has B * KVH * ceil(T / 64) blocks, each group times the
+ * work: few blocks when B * KVH is small (multi-query attention at small batch).
  *
  * No atomics: FlashAttention-2 adds each key tile's share of dQ into fp32 memory with atomicAdd,
  * whose order, and so whose rounding, varies between runs. The project requires bitwise
@@ -36,7 +46,7 @@
  *
  * The longest work goes first: forward and dq blocks take query tiles from the last (the most
  * key tiles) to the first, dkv blocks key tiles from the first (the most query tiles) on, and the
- * head is the fast grid dimension, so short blocks fill the tail of the grid.
+ * (query or kv) head is the fast grid dimension, so short blocks fill the tail of the grid.
  */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -223,25 +233,26 @@ static __device__ __forceinline__ void store_rows(__nv_bfloat16 *dst, size_t str
 }
 
 // Forward. grid (B * NH, ceil(T / 64)), kThreads threads, ForwardSharedBytes<HS>() bytes.
-//   out (B, T, C) = ; lse (B, NH, T) = ; qkv (B, T, 3C).
-// Block (bh, y) computes query rows [q0, q0 + 64), q0 = 64 * (gridDim.y - 1 - y), of head bh;
-// warp w rows q0 + 16w .. + 15. scale_log2 = log2(e) / sqrt(HS): exp(scale * x) = exp2(x *
-// scale_log2).
+//   out (B, T, C) = ; lse (B, NH, T) = ; qkv (B, T, W), W = (NH + 2 KVH) HS.
+// Block (bh, y) computes query rows [q0, q0 + 64), q0 = 64 * (gridDim.y - 1 - y), of head bh
+// (against kv head h / (NH / KVH)); warp w rows q0 + 16w .. + 15. scale_log2 = log2(e) /
+// sqrt(HS): exp(scale * x) = exp2(x * scale_log2).
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
     flash_forward_kernel(__nv_bfloat16 *out, float *lse, const __nv_bfloat16 *qkv, int T, int NH,
-                         float scale, float scale_log2) {
+                         int KVH, float scale, float scale_log2) {
   constexpr int LD = Stride<HS>();
   __nv_bfloat16 *q_tile = reinterpret_cast<__nv_bfloat16 *>(mp_flash_shared_memory());
   __nv_bfloat16 *k_tiles = q_tile + kRows * LD;   // [2][kKeys][LD]
   __nv_bfloat16 *v_tiles = k_tiles + 2 * kKeys * LD;  // [2][kKeys][LD]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+  const int bh = blockIdx.x, b = bh / NH, h = bh % NH, g = h / (NH / KVH);
   const int q_block = gridDim.y - 1 - blockIdx.y;
   const int q0 = q_block * kRows;
-  const size_t C = (size_t)NH * HS, stride = 3 * C;
+  const size_t C = (size_t)NH * HS, stride = (size_t)(NH + 2 * KVH) * HS;
   const __nv_bfloat16 *q_head = qkv + (size_t)b * T * stride + (size_t)h * HS;
-  const __nv_bfloat16 *k_head = q_head + C, *v_head = q_head + 2 * C;
+  const __nv_bfloat16 *k_head = qkv + (size_t)b * T * stride + (size_t)(NH + g) * HS;
+  const __nv_bfloat16 *v_head = k_head + (size_t)KVH * HS;
 
   load_tile_async<kRows, HS>(q_tile, q_head, stride, q0, T);
   load_tile_async<kKeys, HS>(k_tiles, k_head, stride, 0, T);
@@ -400,16 +411,18 @@ __global__ void __launch_bounds__(256)
   D[((size_t)b * NH + h) * T + t] = sum;
 }
 
-// Backward, dK and dV. grid (B * NH, ceil(T / 64)), kThreads threads, DkvSharedBytes<HS>() bytes.
-//   dqkv (B, T, 3C) += (the k and v thirds); dout (B, T, C); qkv (B, T, 3C); lse, D (B, NH, T).
-// Block (bh, y) owns keys [k0, k0 + 64), k0 = 64 * y, of head bh; warp w keys k0 + 16w .. + 15.
-// It loops over the query tiles of BR rows that reach its keys (from the one holding k0 to the
-// last) and keeps dK, dV (16, HS) per warp in registers.
+// Backward, dK and dV. grid (B * KVH, ceil(T / 64)), kThreads threads, DkvSharedBytes<HS>() bytes.
+//   dqkv (B, T, W) += (the k and v parts); dout (B, T, C); qkv (B, T, W); lse, D (B, NH, T).
+// Block (bg, y) owns keys [k0, k0 + 64), k0 = 64 * y, of kv head g of batch b (bg = b KVH + g);
+// warp w keys k0 + 16w .. + 15. For each query head h of the group (g * group .. + group - 1, in
+// order) it loops over the query tiles of BR rows that reach its keys (from the one holding k0 to
+// the last), one flat sequence of steps with the next step's tiles prefetched, and keeps dK, dV
+// (16, HS) per warp in registers over all of them.
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
     flash_backward_dkv_kernel(__nv_bfloat16 *dqkv, const __nv_bfloat16 *dout,
                               const __nv_bfloat16 *qkv, const float *lse, const float *D, int T,
-                              int NH, float scale, float scale_log2) {
+                              int NH, int KVH, float scale, float scale_log2) {
   constexpr int LD = Stride<HS>();
   constexpr int BR = DkvQueryRows<HS>();
   __nv_bfloat16 *k_tile = reinterpret_cast<__nv_bfloat16 *>(mp_flash_shared_memory());
@@ -419,21 +432,31 @@ __global__ void __launch_bounds__(kThreads)
   float *lse_tiles = reinterpret_cast<float *>(do_tiles + 2 * BR * LD);  // [2][BR]
   float *d_tiles = lse_tiles + 2 * BR;                                   // [2][BR]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+  const int bg = blockIdx.x, b = bg / KVH, g = bg % KVH;
+  const int group = NH / KVH;
   const int k0 = blockIdx.y * kKeys;
-  const size_t C = (size_t)NH * HS, stride = 3 * C;
-  const __nv_bfloat16 *q_head = qkv + (size_t)b * T * stride + (size_t)h * HS;
-  const __nv_bfloat16 *k_head = q_head + C, *v_head = q_head + 2 * C;
-  const __nv_bfloat16 *do_head = dout + (size_t)b * T * C + (size_t)h * HS;
-  const float *lse_head = lse + (size_t)bh * T, *d_head = D + (size_t)bh * T;
+  const size_t C = (size_t)NH * HS, stride = (size_t)(NH + 2 * KVH) * HS;
+  const __nv_bfloat16 *qkv_b = qkv + (size_t)b * T * stride;  // batch b's token 0
+  const __nv_bfloat16 *k_head = qkv_b + (size_t)(NH + g) * HS;
+  const __nv_bfloat16 *v_head = k_head + (size_t)KVH * HS;
+  const __nv_bfloat16 *dout_b = dout + (size_t)b * T * C;
+  const float *lse_b = lse + (size_t)b * NH * T, *d_b = D + (size_t)b * NH * T;
 
+  // Query head h's tile of BR rows from t0 (q, dout, lse, D) into buffer `buffer`.
+  auto load_query_tiles = [&](int h, int t0, int buffer) {
+    load_tile_async<BR, HS>(q_tiles + buffer * BR * LD, qkv_b + (size_t)h * HS, stride, t0, T);
+    load_tile_async<BR, HS>(do_tiles + buffer * BR * LD, dout_b + (size_t)h * HS, C, t0, T);
+    load_row_values_async<BR>(lse_tiles + buffer * BR, lse_b + (size_t)h * T, t0, T);
+    load_row_values_async<BR>(d_tiles + buffer * BR, d_b + (size_t)h * T, t0, T);
+  };
+
+  // Step s of the loop below: query head g * group + s / (n_tiles - first_tile), its query tile
+  // first_tile + s % (n_tiles - first_tile).
   const int first_tile = k0 / BR, n_tiles = (T + BR - 1) / BR;
+  const int steps = group * (n_tiles - first_tile);
   load_tile_async<kKeys, HS>(k_tile, k_head, stride, k0, T);
   load_tile_async<kKeys, HS>(v_tile, v_head, stride, k0, T);
-  load_tile_async<BR, HS>(q_tiles, q_head, stride, first_tile * BR, T);
-  load_tile_async<BR, HS>(do_tiles, do_head, C, first_tile * BR, T);
-  load_row_values_async<BR>(lse_tiles, lse_head, first_tile * BR, T);
-  load_row_values_async<BR>(d_tiles, d_head, first_tile * BR, T);
+  load_query_tiles(g * group, first_tile * BR, 0);
   mp_cp_async_commit();
 
   float dk[HS / 8][4], dv[HS / 8][4];  // (16 keys, HS) per warp
@@ -444,15 +467,15 @@ __global__ void __launch_bounds__(kThreads)
   }
   const int warp_key0 = k0 + warp * 16;
 
-  for (int i = first_tile; i < n_tiles; i++) {
-    const int buffer = (i - first_tile) & 1;
-    if (i + 1 < n_tiles) {  // prefetch query tile i + 1 into the other buffer
-      const int next = (buffer ^ 1), t0 = (i + 1) * BR;
-      load_tile_async<BR, HS>(q_tiles + next * BR * LD, q_head, stride, t0, T);
-      load_tile_async<BR, HS>(do_tiles + next * BR * LD, do_head, C, t0, T);
-      load_row_values_async<BR>(lse_tiles + next * BR, lse_head, t0, T);
-      load_row_values_async<BR>(d_tiles + next * BR, d_head, t0, T);
+  int h = g * group, i = first_tile;  // this step's query head and query tile
+  for (int step = 0; step < steps; step++) {
+    const int buffer = step & 1;
+    int next_h = h, next_i = i + 1;
+    if (next_i == n_tiles) {  // the next step starts the group's next query head
+      next_h = h + 1;
+      next_i = first_tile;
     }
+    if (step + 1 < steps) load_query_tiles(next_h, next_i * BR, buffer ^ 1);  // prefetch
     mp_cp_async_commit();
     mp_cp_async_wait<1>();
     __syncthreads();
@@ -510,34 +533,38 @@ __global__ void __launch_bounds__(kThreads)
     // dk (16, HS) += dst (16, BR) q (BR, HS).
     mma_regs_by_tile<BR / 16, HS / 8, LD>(dk, dpt, q_tile, lane);
     __syncthreads();  // everyone is done with this buffer before it is refilled
+    h = next_h;
+    i = next_i;
   }
 
-  __nv_bfloat16 *dk_warp = dqkv + ((size_t)b * T + warp_key0) * stride + C + (size_t)h * HS;
+  __nv_bfloat16 *dk_warp = dqkv + ((size_t)b * T + warp_key0) * stride + (size_t)(NH + g) * HS;
   store_rows<HS>(dk_warp, stride, dk, scale, warp_key0, T, lane, true);
-  store_rows<HS>(dk_warp + C, stride, dv, 1.0f, warp_key0, T, lane, true);
+  store_rows<HS>(dk_warp + (size_t)KVH * HS, stride, dv, 1.0f, warp_key0, T, lane, true);
 }
 
 // Backward, dQ. grid (B * NH, ceil(T / 64)), kThreads threads, DqSharedBytes<HS>() bytes.
-//   dqkv (B, T, 3C) += (the q third); dout (B, T, C); qkv (B, T, 3C); lse, D (B, NH, T).
-// Block (bh, y) owns query rows [q0, q0 + 64), q0 = 64 * (gridDim.y - 1 - y); warp w rows
-// q0 + 16w .. + 15. Loops over key tiles 0 .. the diagonal, dQ (16, HS) per warp in registers.
+//   dqkv (B, T, W) += (the q part); dout (B, T, C); qkv (B, T, W); lse, D (B, NH, T).
+// Block (bh, y) owns query rows [q0, q0 + 64), q0 = 64 * (gridDim.y - 1 - y), of head bh (against
+// kv head h / (NH / KVH)); warp w rows q0 + 16w .. + 15. Loops over key tiles 0 .. the diagonal,
+// dQ (16, HS) per warp in registers.
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
     flash_backward_dq_kernel(__nv_bfloat16 *dqkv, const __nv_bfloat16 *dout,
                              const __nv_bfloat16 *qkv, const float *lse, const float *D, int T,
-                             int NH, float scale, float scale_log2) {
+                             int NH, int KVH, float scale, float scale_log2) {
   constexpr int LD = Stride<HS>();
   __nv_bfloat16 *q_tile = reinterpret_cast<__nv_bfloat16 *>(mp_flash_shared_memory());
   __nv_bfloat16 *do_tile = q_tile + kRows * LD;
   __nv_bfloat16 *k_tiles = do_tile + kRows * LD;     // [2][kKeys][LD]
   __nv_bfloat16 *v_tiles = k_tiles + 2 * kKeys * LD;  // [2][kKeys][LD]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+  const int bh = blockIdx.x, b = bh / NH, h = bh % NH, g = h / (NH / KVH);
   const int q_block = gridDim.y - 1 - blockIdx.y;
   const int q0 = q_block * kRows;
-  const size_t C = (size_t)NH * HS, stride = 3 * C;
+  const size_t C = (size_t)NH * HS, stride = (size_t)(NH + 2 * KVH) * HS;
   const __nv_bfloat16 *q_head = qkv + (size_t)b * T * stride + (size_t)h * HS;
-  const __nv_bfloat16 *k_head = q_head + C, *v_head = q_head + 2 * C;
+  const __nv_bfloat16 *k_head = qkv + (size_t)b * T * stride + (size_t)(NH + g) * HS;
+  const __nv_bfloat16 *v_head = k_head + (size_t)KVH * HS;
   const __nv_bfloat16 *do_head = dout + (size_t)b * T * C + (size_t)h * HS;
 
   load_tile_async<kRows, HS>(q_tile, q_head, stride, q0, T);
@@ -615,8 +642,8 @@ __global__ void __launch_bounds__(kThreads)
 
 static inline unsigned ceil_div(size_t n, size_t d) { return (unsigned)((n + d - 1) / d); }
 
-static bool shape_ok(int B, int T, int NH, int HS) {
-  return B > 0 && T > 0 && NH > 0 && mp_flash_attention_supported(HS);
+static bool shape_ok(int B, int T, int NH, int KVH, int HS) {
+  return B > 0 && T > 0 && NH > 0 && KVH > 0 && NH % KVH == 0 && mp_flash_attention_supported(HS);
 }
 
 // The scratch: D (B, NH, T) fp32, then padding to a multiple of 256 bytes.
@@ -638,20 +665,21 @@ static void allow_shared_bytes(Kernel kernel, size_t bytes) {
 }
 
 template <int HS>
-static void forward(mp_bf16 *out, float *lse, const mp_bf16 *qkv, int B, int T, int NH,
+static void forward(mp_bf16 *out, float *lse, const mp_bf16 *qkv, int B, int T, int NH, int KVH,
                     cudaStream_t stream) {
   const float scale = 1.0f / sqrtf((float)HS);
   const dim3 grid((unsigned)(B * NH), ceil_div((size_t)T, kRows));
   allow_shared_bytes(flash_forward_kernel<HS>, ForwardSharedBytes<HS>());
   flash_forward_kernel<HS><<<grid, kThreads, ForwardSharedBytes<HS>(), stream>>>(
       reinterpret_cast<__nv_bfloat16 *>(out), lse,
-      reinterpret_cast<const __nv_bfloat16 *>(qkv), T, NH, scale, scale * kLog2e);
+      reinterpret_cast<const __nv_bfloat16 *>(qkv), T, NH, KVH, scale, scale * kLog2e);
   MP_CUDA_CHECK_LAUNCH("flash_forward_kernel");
 }
 
 template <int HS>
 static void backward(mp_bf16 *dqkv, const mp_bf16 *dout, const mp_bf16 *qkv, const mp_bf16 *out,
-                     const float *lse, float *D, int B, int T, int NH, cudaStream_t stream) {
+                     const float *lse, float *D, int B, int T, int NH, int KVH,
+                     cudaStream_t stream) {
   const float scale = 1.0f / sqrtf((float)HS);
   const __nv_bfloat16 *dout_ = reinterpret_cast<const __nv_bfloat16 *>(dout);
   const __nv_bfloat16 *qkv_ = reinterpret_cast<const __nv_bfloat16 *>(qkv);
@@ -660,25 +688,26 @@ static void backward(mp_bf16 *dqkv, const mp_bf16 *dout, const mp_bf16 *qkv, con
   flash_backward_dot_kernel<HS><<<ceil_div(rows, 256), 256, 0, stream>>>(
       D, dout_, reinterpret_cast<const __nv_bfloat16 *>(out), B, T, NH);
   MP_CUDA_CHECK_LAUNCH("flash_backward_dot_kernel");
-  const dim3 grid((unsigned)(B * NH), ceil_div((size_t)T, kKeys));
+  const dim3 kv_grid((unsigned)(B * KVH), ceil_div((size_t)T, kKeys));
   allow_shared_bytes(flash_backward_dkv_kernel<HS>, DkvSharedBytes<HS>());
-  flash_backward_dkv_kernel<HS><<<grid, kThreads, DkvSharedBytes<HS>(), stream>>>(
-      dqkv_, dout_, qkv_, lse, D, T, NH, scale, scale * kLog2e);
+  flash_backward_dkv_kernel<HS><<<kv_grid, kThreads, DkvSharedBytes<HS>(), stream>>>(
+      dqkv_, dout_, qkv_, lse, D, T, NH, KVH, scale, scale * kLog2e);
   MP_CUDA_CHECK_LAUNCH("flash_backward_dkv_kernel");
+  const dim3 grid((unsigned)(B * NH), ceil_div((size_t)T, kRows));
   allow_shared_bytes(flash_backward_dq_kernel<HS>, DqSharedBytes<HS>());
   flash_backward_dq_kernel<HS><<<grid, kThreads, DqSharedBytes<HS>(), stream>>>(
-      dqkv_, dout_, qkv_, lse, D, T, NH, scale, scale * kLog2e);
+      dqkv_, dout_, qkv_, lse, D, T, NH, KVH, scale, scale * kLog2e);
   MP_CUDA_CHECK_LAUNCH("flash_backward_dq_kernel");
 }
 
 extern "C" void mp_flash_attention_forward_cuda(mp_bf16 *out, float *lse, const mp_bf16 *qkv,
-                                                int B, int T, int NH, int HS,
+                                                int B, int T, int NH, int KVH, int HS,
                                                 mp_cuda_stream stream) {
-  if (!shape_ok(B, T, NH, HS)) return;
+  if (!shape_ok(B, T, NH, KVH, HS)) return;
   switch (HS) {
-    case 32: forward<32>(out, lse, qkv, B, T, NH, stream); break;
-    case 64: forward<64>(out, lse, qkv, B, T, NH, stream); break;
-    case 128: forward<128>(out, lse, qkv, B, T, NH, stream); break;
+    case 32: forward<32>(out, lse, qkv, B, T, NH, KVH, stream); break;
+    case 64: forward<64>(out, lse, qkv, B, T, NH, KVH, stream); break;
+    case 128: forward<128>(out, lse, qkv, B, T, NH, KVH, stream); break;
     default: break;
   }
 }
@@ -686,13 +715,14 @@ extern "C" void mp_flash_attention_forward_cuda(mp_bf16 *out, float *lse, const 
 extern "C" void mp_flash_attention_backward_cuda(mp_bf16 *dqkv, const mp_bf16 *dout,
                                                  const mp_bf16 *qkv, const mp_bf16 *out,
                                                  const float *lse, void *scratch, int B, int T,
-                                                 int NH, int HS, mp_cuda_stream stream) {
-  if (!shape_ok(B, T, NH, HS)) return;
+                                                 int NH, int KVH, int HS,
+                                                 mp_cuda_stream stream) {
+  if (!shape_ok(B, T, NH, KVH, HS)) return;
   float *D = static_cast<float *>(scratch);  // (B, NH, T)
   switch (HS) {
-    case 32: backward<32>(dqkv, dout, qkv, out, lse, D, B, T, NH, stream); break;
-    case 64: backward<64>(dqkv, dout, qkv, out, lse, D, B, T, NH, stream); break;
-    case 128: backward<128>(dqkv, dout, qkv, out, lse, D, B, T, NH, stream); break;
+    case 32: backward<32>(dqkv, dout, qkv, out, lse, D, B, T, NH, KVH, stream); break;
+    case 64: backward<64>(dqkv, dout, qkv, out, lse, D, B, T, NH, KVH, stream); break;
+    case 128: backward<128>(dqkv, dout, qkv, out, lse, D, B, T, NH, KVH, stream); break;
     default: break;
   }
 }

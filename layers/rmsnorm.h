@@ -41,7 +41,9 @@ void mp_rmsnorm_backward_cpu(float *dinp, float *dweight, const float *dout, con
  * CUDA twin (layers/rmsnorm_cuda.cu, Bazel target //layers:cuda_elementwise), as layernorm.h's:
  * device pointers, bf16 activations and weight, fp32 statistics and weight gradient, enqueued on
  * `stream` without waiting (launch errors surface at the caller's next mp_device_synchronize).
- * Sums in fp32; every bf16 output rounded once. */
+ * Sums in fp32 (over the row by a warp, over the rows tile by tile: another order than the CPU
+ * twin's, the same on every run); every bf16 output rounded once, a += as one rounding of
+ * old + new. */
 
 /* mp_rmsnorm_forward_cpu on bf16.
  *   out    (rows, C)  bf16, written
@@ -65,7 +67,8 @@ void mp_rmsnorm_backward_cuda(mp_bf16 *dinp, float *dweight, const mp_bf16 *dout
                               const mp_bf16 *inp, const mp_bf16 *weight, const float *rstd,
                               float *scratch, int rows, int C, mp_cuda_stream stream);
 
-/* Floats of scratch that mp_rmsnorm_backward_cuda needs (at least 1). */
+/* Floats of scratch that mp_rmsnorm_backward_cuda needs: C * ceil(rows / 16) (one partial
+ * dweight per tile of 16 rows), and at least 1. */
 size_t mp_rmsnorm_backward_cuda_scratch_floats(int rows, int C);
 
 #ifdef __cplusplus

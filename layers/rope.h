@@ -50,8 +50,10 @@ void mp_rope_backward_cpu(float *dx, const float *inv_freq, int B, int T, int he
  * CUDA twin (layers/rope_cuda.cu, Bazel target //layers:cuda_elementwise): x in device memory as
  * bf16, rotated in place in fp32 (angle t * inv_freq[i] and its cosine and sine as the CPU twin
  * forms them) and rounded to bf16 once; inv_freq (HS / 2) fp32 in device memory
- * (mp_rope_inv_freq's values, copied there). Enqueued on `stream` without waiting. Shapes as
- * mp_rope_forward_cpu's. */
+ * (mp_rope_inv_freq's values, copied there). Only the `heads` heads of each row are read and
+ * written, so the q and k parts of one qkv tensor may be rotated by two calls. Enqueued on
+ * `stream` without waiting. Shapes as mp_rope_forward_cpu's; the backward turns dx back by the
+ * opposite angle (the sine negated, exactly). No reductions: the same bits on every run. */
 void mp_rope_forward_cuda(mp_bf16 *x, const float *inv_freq, int B, int T, int heads, int HS,
                           size_t row_stride, mp_cuda_stream stream);
 void mp_rope_backward_cuda(mp_bf16 *dx, const float *inv_freq, int B, int T, int heads, int HS,

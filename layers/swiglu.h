@@ -29,8 +29,9 @@ void mp_swiglu_backward_cpu(float *dinp, const float *inp, const float *dout, in
 
 /* ---------------------------------------------------------------------------------------------
  * CUDA twin (layers/swiglu_cuda.cu, Bazel target //layers:cuda_elementwise): device pointers,
- * bf16, fp32 math, each bf16 output rounded once (a += as one rounding of old + new), enqueued on
- * `stream` without waiting. */
+ * bf16, fp32 math (swiglu.c's formulas, with expf), each bf16 output rounded once (a += as one
+ * rounding of old + new), enqueued on `stream` without waiting. No reductions: the same bits on
+ * every run. */
 
 /* out (N, F) = silu(gate) * up of inp (N, 2F). */
 void mp_swiglu_forward_cuda(mp_bf16 *out, const mp_bf16 *inp, int N, int F,

@@ -67,6 +67,20 @@ const char *kModel =
     "{\"type\": \"layernorm\", \"hidden\": 64},"
     "{\"type\": \"lm_head\", \"hidden\": 64}]}";
 
+// The Llama family on the same sizes: RMSNorm, SwiGLU, rotary embeddings with Llama 3.1's
+// scaling, 2 query heads over 1 kv head (multi-query), q-k-v biases, an untied head, no
+// position table.
+const char *kLlamaModel =
+    "{\"name\": \"stage-gpu-llama\", \"vocab_size\": 100, \"seq_len\": 32, \"layers\": ["
+    "{\"type\": \"embedding\", \"hidden\": 64, \"max_positions\": 0},"
+    "{\"type\": \"transformer\", \"hidden\": 64, \"heads\": 2, \"kv_heads\": 1, "
+    "\"ffn_hidden\": 96, \"norm\": \"rmsnorm\", \"norm_eps\": 1e-5, \"activation\": \"swiglu\", "
+    "\"bias\": \"qkv\", \"rope_theta\": 500000, \"rope_scaling\": {\"rope_type\": \"llama3\", "
+    "\"factor\": 8, \"low_freq_factor\": 1, \"high_freq_factor\": 4, "
+    "\"original_max_position_embeddings\": 8}, \"repeat\": 3},"
+    "{\"type\": \"layernorm\", \"hidden\": 64, \"norm\": \"rmsnorm\", \"norm_eps\": 1e-5},"
+    "{\"type\": \"lm_head\", \"hidden\": 64, \"tie_embedding\": false}]}";
+
 using fvec = std::vector<float>;
 using ivec = std::vector<int32_t>;
 
@@ -119,8 +133,8 @@ struct Fixture {
   mp_model *model = nullptr;
   mp_tp_comm single = mp_tp_comm_single();
   mp_error err = MP_ERROR_INITIALIZER;
-  Fixture() {
-    EXPECT_EQ(mp_model_parse_text(kModel, "stage-gpu-test.json", &model, &err), MP_OK)
+  explicit Fixture(const char *text = kModel) {
+    EXPECT_EQ(mp_model_parse_text(text, "stage-gpu-test.json", &model, &err), MP_OK)
         << err.message;
   }
   ~Fixture() { mp_model_free(model); }
@@ -318,8 +332,8 @@ constexpr double kBf16Loss = 1e-2, kBf16Rel = 5e-2;
 // input gradient and every tensor's gradient (the tied copy of wte included) must agree to bf16
 // precision: the GPU stage is checked against the CPU's independent fp32 implementation, not
 // against itself.
-void ExpectGpuStageMatchesCpuStage(int first, int end) {
-  Fixture f;
+void ExpectGpuStageMatchesCpuStage(int first, int end, const char *model = kModel) {
+  Fixture f(model);
   Stage gpu;
   ASSERT_TRUE(f.Host(&gpu, first, end)) << f.err.message;
   ASSERT_EQ(mp_gpt_tp_init_params(gpu.host, kSeed, &f.err), MP_OK) << f.err.message;
@@ -447,6 +461,16 @@ TEST(GptStageGpu, WholeStageMatchesTheCpuStage) {
 // The two halves of TwoStagesThroughAHostBoundaryMatchTheWholeStage's split, each against the
 // CPU stage of the same range: the embedding stage's output and the head stage's input gradient
 // and tied wte copy.
+// The Llama family's kernels (RMSNorm, SwiGLU, rotary embeddings, grouped-query attention) and
+// tensors (q-k-v biases, no position table, an untied head) on the GPU against the CPU: the
+// whole model, and the two halves of a pipeline split (the head's own weights on the last).
+TEST(GptStageGpu, LlamaStagesMatchTheCpuStages) {
+  REQUIRE_GPU();
+  ExpectGpuStageMatchesCpuStage(0, kL + 3, kLlamaModel);
+  ExpectGpuStageMatchesCpuStage(0, 2, kLlamaModel);
+  ExpectGpuStageMatchesCpuStage(2, kL + 3, kLlamaModel);
+}
+
 TEST(GptStageGpu, EachStageOfASplitMatchesTheCpuStageOfItsRange) {
   REQUIRE_GPU();
   ExpectGpuStageMatchesCpuStage(0, 2);

@@ -6,15 +6,17 @@
 //   kernel <name>: max rel err <x> (tolerance <y>)
 // with max rel err = ||gpu - cpu||_inf / ||cpu||_inf; a NaN or infinity on the GPU side fails.
 // Outputs that are written (=) are filled with NaN bits first, so an element the kernel skips
-// fails. Backward kernels run twice from the same state and must give identical bits.
+// fails; the rotary embeddings rotate in place, and what lies outside their heads must keep its
+// bits. Backward kernels run twice from the same state and must give identical bits.
 //
 // Tolerances:
 //   1e-2 for bf16 outputs: the GPU rounds each output once to bf16 (relative error <= 2^-9 =
-//        0.2%), on top of fp32 math that differs from the CPU's only in order and contraction.
+//        0.2%), on top of fp32 math that differs from the CPU's only in order and contraction
+//        (and in the last bits of expf, sinf and cosf for SwiGLU and the rotary embeddings).
 //   1e-5 for fp32 values computed in fp32 from the same inputs in a different order (layernorm
-//        statistics and dweight/dbias: sums of at most a few hundred terms); 5e-5 for the
-//        cross-entropy losses, log of a sum of 50257 exponentials whose sequential CPU sum
-//        carries a relative error of order sqrt(V) * 2^-24 ~ 1e-5.
+//        and RMSNorm statistics and weight gradients: sums of at most a few thousand terms); 5e-5
+//        for the cross-entropy losses, log of a sum of 50257 exponentials whose sequential CPU
+//        sum carries a relative error of order sqrt(V) * 2^-24 ~ 1e-5.
 //   1e-6 for the embedding gradients and AdamW: the GPU performs the CPU's fp32 operations in the
 //        CPU's order (no FMA contraction), so on x86-64 hosts the error is expected to be 0; the
 //        margin is for host compilers that contract into FMAs.
@@ -40,6 +42,9 @@
 #include "layers/gelu.h"
 #include "layers/layernorm.h"
 #include "layers/residual.h"
+#include "layers/rmsnorm.h"
+#include "layers/rope.h"
+#include "layers/swiglu.h"
 #include "tests/layers/finite_difference.h"
 
 namespace {
@@ -98,8 +103,9 @@ void expect_close(const std::string &kernel, const std::vector<float> &gpu,
 template <typename T>
 void expect_same_bits(const std::string &what, const std::vector<T> &a, const std::vector<T> &b) {
   ASSERT_EQ(a.size(), b.size()) << what;
+  if (a.empty()) return;  // memcmp takes no null pointers, even for 0 bytes
   EXPECT_EQ(0, memcmp(a.data(), b.data(), a.size() * sizeof(T)))
-      << what << ": two runs on the same inputs gave different bits";
+      << what << ": different bits where they must be the same";
 }
 
 std::string size_name(const char *kernel, size_t n) {
@@ -481,6 +487,298 @@ TEST_F(CudaElementwise, LayernormBackwardMatchesCpuAndIsDeterministic) {
     expect_same_bits("layernorm_backward dweight", runs_dweight[0], runs_dweight[1]);
     expect_same_bits("layernorm_backward dbias", runs_dbias[0], runs_dbias[1]);
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// RMSNorm
+
+struct RmsnormShape {
+  int rows, C;
+  size_t offset;  // elements in front of every buffer: 1 takes the unaligned (scalar) path
+  float eps;
+};
+
+// vectorised with 16 whole tiles; C neither a multiple of 8 nor of a warp, a partial last tile;
+// one row wider than a warp's 256-channel stride; C a multiple of 8 but not of 256, a tile and
+// one row; unaligned pointers with C % 8 == 0.
+const RmsnormShape kRmsnormShapes[] = {
+    {256, 768, 0, 1e-5f}, {33, 37, 0, 1e-6f}, {1, 4096, 0, 1e-5f},
+    {17, 1000, 0, 1e-5f}, {5, 64, 1, 1e-5f},
+};
+
+std::string rmsnorm_name(const char *what, const RmsnormShape &s) {
+  return std::string(what) + " rows=" + std::to_string(s.rows) + " C=" + std::to_string(s.C) +
+         (s.offset ? " (unaligned)" : "");
+}
+
+struct RmsnormInputs {
+  std::vector<float> inp, weight;
+  std::vector<mp_bf16> inp_bits, weight_bits;
+};
+
+RmsnormInputs draw_rmsnorm(Rng &rng, const RmsnormShape &s) {
+  RmsnormInputs in;
+  in.inp = rng.uniform_vector((size_t)s.rows * s.C, -2.0f, 2.0f);
+  for (int r = 0; r < s.rows; r++) {  // rows of their own magnitude, as activations have
+    const float scale = rng.uniform(0.25f, 4.0f);
+    for (int c = 0; c < s.C; c++) in.inp[(size_t)r * s.C + c] *= scale;
+  }
+  in.weight = rng.uniform_vector(s.C, 0.5f, 1.5f);
+  in.inp_bits = round_to_bf16(in.inp);
+  in.weight_bits = round_to_bf16(in.weight);
+  return in;
+}
+
+TEST_F(CudaElementwise, RmsnormForwardMatchesCpu) {
+  for (const RmsnormShape &s : kRmsnormShapes) {
+    const size_t n = (size_t)s.rows * s.C;
+    Rng rng(1401 + s.C);
+    RmsnormInputs in = draw_rmsnorm(rng, s);
+    DeviceArray<mp_bf16> d_inp(n, s.offset), d_weight(s.C, s.offset), d_out(n, s.offset);
+    DeviceArray<mp_bf16> d_out_no_stats(n, s.offset);
+    DeviceArray<float> d_rstd(s.rows);
+    d_inp.upload(in.inp_bits);
+    d_weight.upload(in.weight_bits);
+    d_out.poison();
+    d_out_no_stats.poison();
+    d_rstd.poison();
+    ASSERT_TRUE(Synced());
+    mp_rmsnorm_forward_cuda(d_out.get(), d_rstd.get(), d_inp.get(), d_weight.get(), s.rows, s.C,
+                            s.eps, stream_);
+    mp_rmsnorm_forward_cuda(d_out_no_stats.get(), NULL, d_inp.get(), d_weight.get(), s.rows, s.C,
+                            s.eps, stream_);
+    ASSERT_TRUE(Synced());
+    std::vector<float> out(n), rstd(s.rows);
+    mp_rmsnorm_forward_cpu(out.data(), rstd.data(), in.inp.data(), in.weight.data(), s.rows, s.C,
+                           s.eps);
+    expect_close(rmsnorm_name("rmsnorm_forward out", s), to_float(d_out.download()), out,
+                 kBf16Tolerance);
+    expect_close(rmsnorm_name("rmsnorm_forward rstd", s), d_rstd.download(), rstd,
+                 kFp32ReorderedTolerance);
+    expect_same_bits("rmsnorm_forward without rstd", d_out_no_stats.download(), d_out.download());
+  }
+}
+
+TEST_F(CudaElementwise, RmsnormBackwardMatchesCpuAndIsDeterministic) {
+  for (const RmsnormShape &s : kRmsnormShapes) {
+    const size_t n = (size_t)s.rows * s.C;
+    Rng rng(1501 + s.C);
+    RmsnormInputs in = draw_rmsnorm(rng, s);
+    std::vector<float> out(n), rstd(s.rows);
+    mp_rmsnorm_forward_cpu(out.data(), rstd.data(), in.inp.data(), in.weight.data(), s.rows, s.C,
+                           s.eps);
+    std::vector<float> dout = rng.uniform_vector(n, -1.0f, 1.0f);
+    std::vector<float> dinp = rng.uniform_vector(n, -0.1f, 0.1f);  // += onto these
+    std::vector<float> dweight = rng.uniform_vector(s.C, -1.0f, 1.0f);
+    std::vector<mp_bf16> dout_bits = round_to_bf16(dout), dinp_bits = round_to_bf16(dinp);
+
+    DeviceArray<mp_bf16> d_inp(n, s.offset), d_weight(s.C, s.offset), d_dout(n, s.offset);
+    DeviceArray<mp_bf16> d_dinp(n, s.offset);
+    DeviceArray<float> d_rstd(s.rows), d_dweight(s.C);
+    const size_t scratch_floats = mp_rmsnorm_backward_cuda_scratch_floats(s.rows, s.C);
+    ASSERT_EQ(scratch_floats, (size_t)(s.rows + 15) / 16 * s.C);
+    DeviceArray<float> d_scratch(scratch_floats);
+    d_inp.upload(in.inp_bits);
+    d_weight.upload(in.weight_bits);
+    d_dout.upload(dout_bits);
+    d_rstd.upload(rstd);  // the CPU forward's statistics, so only the backward is compared
+    std::vector<mp_bf16> runs_dinp[2];
+    std::vector<float> runs_dweight[2];
+    for (int run = 0; run < 2; run++) {
+      d_dinp.upload(dinp_bits);
+      d_dweight.upload(dweight);
+      d_scratch.poison();  // must be written before it is read
+      ASSERT_TRUE(Synced());
+      mp_rmsnorm_backward_cuda(d_dinp.get(), d_dweight.get(), d_dout.get(), d_inp.get(),
+                               d_weight.get(), d_rstd.get(), d_scratch.get(), s.rows, s.C,
+                               stream_);
+      ASSERT_TRUE(Synced());
+      runs_dinp[run] = d_dinp.download();
+      runs_dweight[run] = d_dweight.download();
+    }
+    mp_rmsnorm_backward_cpu(dinp.data(), dweight.data(), dout.data(), in.inp.data(),
+                            in.weight.data(), rstd.data(), s.rows, s.C);
+    expect_close(rmsnorm_name("rmsnorm_backward dinp", s), to_float(runs_dinp[0]), dinp,
+                 kBf16Tolerance);
+    expect_close(rmsnorm_name("rmsnorm_backward dweight", s), runs_dweight[0], dweight,
+                 kFp32ReorderedTolerance);
+    expect_same_bits("rmsnorm_backward dinp", runs_dinp[0], runs_dinp[1]);
+    expect_same_bits("rmsnorm_backward dweight", runs_dweight[0], runs_dweight[1]);
+  }
+  // An empty shape still asks for one float, and launches nothing.
+  EXPECT_EQ(mp_rmsnorm_backward_cuda_scratch_floats(0, 768), size_t{1});
+}
+
+// ---------------------------------------------------------------------------------------------
+// SwiGLU
+
+struct SwigluShape {
+  int N, F;
+  size_t offset;  // elements in front of every buffer: 1 takes the unaligned (scalar) path
+};
+
+// vectorised; odd F; one row of odd F; unaligned pointers with F % 8 == 0.
+const SwigluShape kSwigluShapes[] = {{256, 1024, 0}, {7, 37, 0}, {1, 5, 0}, {64, 344, 1}};
+
+std::string swiglu_name(const char *what, const SwigluShape &s) {
+  return std::string(what) + " N=" + std::to_string(s.N) + " F=" + std::to_string(s.F) +
+         (s.offset ? " (unaligned)" : "");
+}
+
+// [gate | up] rows: gates far enough out that the sigmoid saturates on both sides.
+std::vector<float> draw_swiglu_input(Rng &rng, const SwigluShape &s) {
+  std::vector<float> inp((size_t)s.N * 2 * s.F);
+  for (int n = 0; n < s.N; n++) {
+    for (int f = 0; f < 2 * s.F; f++) {
+      inp[(size_t)n * 2 * s.F + f] = f < s.F ? rng.uniform(-8.0f, 8.0f) : rng.uniform(-2.0f, 2.0f);
+    }
+  }
+  return inp;
+}
+
+TEST_F(CudaElementwise, SwigluForwardMatchesCpu) {
+  for (const SwigluShape &s : kSwigluShapes) {
+    const size_t n = (size_t)s.N * s.F;
+    Rng rng(1601 + s.F);
+    std::vector<float> inp = draw_swiglu_input(rng, s);
+    std::vector<mp_bf16> inp_bits = round_to_bf16(inp);
+    DeviceArray<mp_bf16> d_inp(2 * n, s.offset), d_out(n, s.offset);
+    d_inp.upload(inp_bits);
+    d_out.poison();
+    ASSERT_TRUE(Synced());
+    mp_swiglu_forward_cuda(d_out.get(), d_inp.get(), s.N, s.F, stream_);
+    ASSERT_TRUE(Synced());
+    std::vector<float> want(n);
+    mp_swiglu_forward_cpu(want.data(), inp.data(), s.N, s.F);
+    expect_close(swiglu_name("swiglu_forward", s), to_float(d_out.download()), want,
+                 kBf16Tolerance);
+  }
+}
+
+TEST_F(CudaElementwise, SwigluBackwardMatchesCpuAndIsDeterministic) {
+  for (const SwigluShape &s : kSwigluShapes) {
+    const size_t n = (size_t)s.N * s.F;
+    Rng rng(1701 + s.F);
+    std::vector<float> inp = draw_swiglu_input(rng, s);
+    std::vector<float> dout = rng.uniform_vector(n, -1.0f, 1.0f);
+    std::vector<float> dinp = rng.uniform_vector(2 * n, -0.25f, 0.25f);  // += onto these
+    std::vector<mp_bf16> inp_bits = round_to_bf16(inp), dout_bits = round_to_bf16(dout);
+    std::vector<mp_bf16> dinp_bits = round_to_bf16(dinp);
+    DeviceArray<mp_bf16> d_inp(2 * n, s.offset), d_dout(n, s.offset), d_dinp(2 * n, s.offset);
+    d_inp.upload(inp_bits);
+    d_dout.upload(dout_bits);
+    std::vector<mp_bf16> runs[2];
+    for (auto &run : runs) {
+      d_dinp.upload(dinp_bits);
+      ASSERT_TRUE(Synced());
+      mp_swiglu_backward_cuda(d_dinp.get(), d_inp.get(), d_dout.get(), s.N, s.F, stream_);
+      ASSERT_TRUE(Synced());
+      run = d_dinp.download();
+    }
+    mp_swiglu_backward_cpu(dinp.data(), inp.data(), dout.data(), s.N, s.F);
+    // The gate and up halves apart: each is held to its own largest value.
+    std::vector<float> gpu = to_float(runs[0]);
+    std::vector<float> gpu_gate, gpu_up, cpu_gate, cpu_up;
+    for (size_t i = 0; i < 2 * n; i++) {
+      const bool gate = (int)(i % (2 * (size_t)s.F)) < s.F;
+      (gate ? gpu_gate : gpu_up).push_back(gpu[i]);
+      (gate ? cpu_gate : cpu_up).push_back(dinp[i]);
+    }
+    expect_close(swiglu_name("swiglu_backward dgate", s), gpu_gate, cpu_gate, kBf16Tolerance);
+    expect_close(swiglu_name("swiglu_backward dup", s), gpu_up, cpu_up, kBf16Tolerance);
+    expect_same_bits("swiglu_backward", runs[0], runs[1]);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// rotary embeddings
+
+struct RopeShape {
+  int B, T, heads, HS;
+  size_t row_stride;
+  size_t first;  // where the rotated heads start in each row (the k part of qkv: NH * HS)
+  mp_rope_spec spec;
+};
+
+constexpr mp_rope_spec kLlama31Rope = {500000.0, true, 8.0, 1.0, 4.0, 8192.0};
+constexpr mp_rope_spec kLlama2Rope = {10000.0, false, 0.0, 0.0, 0.0, 0.0};
+
+// q, then k, of a grouped-query qkv row (8 query and 2 kv heads of 64: W = 768) under Llama
+// 3.1's scaled frequencies; positions to 4095 with HS 128 and a row wider than the heads; HS / 2
+// odd and an odd row stride (scalar path); one row (position 0 turns by 0: the heads keep their
+// bits); heads starting one element into the row (unaligned: scalar path with HS / 2 % 8 == 0).
+const RopeShape kRopeShapes[] = {
+    {2, 64, 8, 64, 768, 0, kLlama31Rope},   {2, 64, 2, 64, 768, 512, kLlama31Rope},
+    {1, 4096, 2, 128, 280, 0, kLlama31Rope}, {3, 7, 3, 6, 23, 0, kLlama2Rope},
+    {1, 1, 4, 16, 64, 0, kLlama2Rope},       {2, 16, 4, 32, 136, 1, kLlama2Rope},
+};
+
+std::string rope_name(const char *what, const RopeShape &s) {
+  return std::string(what) + " B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) +
+         " heads=" + std::to_string(s.heads) + " HS=" + std::to_string(s.HS) +
+         " row_stride=" + std::to_string(s.row_stride) + " first=" + std::to_string(s.first);
+}
+
+// Every element of x (B * T rows of row_stride) outside the rotated heads: they must keep their
+// bits.
+template <typename T>
+std::vector<T> outside_heads(const std::vector<T> &x, const RopeShape &s) {
+  std::vector<T> rest;
+  for (size_t i = 0; i < x.size(); i++) {
+    const size_t column = i % s.row_stride;
+    if (column < s.first || column >= s.first + (size_t)s.heads * s.HS) rest.push_back(x[i]);
+  }
+  return rest;
+}
+
+// Runs the forward (backward false) or backward twin on a random (B, T, row_stride) tensor and
+// compares it with the CPU twin; the backward runs twice from the same state.
+void check_rope(const RopeShape &s, bool backward, mp_cuda_stream stream, bool (*synced)()) {
+  const size_t n = (size_t)s.B * s.T * s.row_stride;
+  const int half = s.HS / 2;
+  Rng rng(1801 + s.HS + s.first + (backward ? 7 : 0));
+  std::vector<float> inv_freq(half);
+  mp_rope_inv_freq(inv_freq.data(), s.HS, &s.spec);
+  std::vector<float> x = rng.uniform_vector(n, -2.0f, 2.0f);
+  const std::vector<mp_bf16> x_bits = round_to_bf16(x);
+  DeviceArray<float> d_inv_freq(half);
+  DeviceArray<mp_bf16> d_x(n);
+  d_inv_freq.upload(inv_freq);
+  std::vector<mp_bf16> runs[2];
+  for (int run = 0; run < (backward ? 2 : 1); run++) {
+    d_x.upload(x_bits);
+    ASSERT_TRUE(synced());
+    if (backward) {
+      mp_rope_backward_cuda(d_x.get() + s.first, d_inv_freq.get(), s.B, s.T, s.heads, s.HS,
+                            s.row_stride, stream);
+    } else {
+      mp_rope_forward_cuda(d_x.get() + s.first, d_inv_freq.get(), s.B, s.T, s.heads, s.HS,
+                           s.row_stride, stream);
+    }
+    ASSERT_TRUE(synced());
+    runs[run] = d_x.download();
+  }
+  if (backward) {
+    mp_rope_backward_cpu(x.data() + s.first, inv_freq.data(), s.B, s.T, s.heads, s.HS,
+                         s.row_stride);
+  } else {
+    mp_rope_forward_cpu(x.data() + s.first, inv_freq.data(), s.B, s.T, s.heads, s.HS,
+                        s.row_stride);
+  }
+  const char *what = backward ? "rope_backward" : "rope_forward";
+  expect_close(rope_name(what, s), to_float(runs[0]), x, kBf16Tolerance);
+  expect_same_bits(std::string(what) + ": the rest of each row", outside_heads(runs[0], s),
+                   outside_heads(x_bits, s));
+  if (s.B * s.T == 1) expect_same_bits(std::string(what) + " at position 0", runs[0], x_bits);
+  if (backward) expect_same_bits(what, runs[0], runs[1]);
+}
+
+TEST_F(CudaElementwise, RopeForwardMatchesCpu) {
+  for (const RopeShape &s : kRopeShapes) check_rope(s, false, stream_, &Synced);
+}
+
+TEST_F(CudaElementwise, RopeBackwardMatchesCpuAndIsDeterministic) {
+  for (const RopeShape &s : kRopeShapes) check_rope(s, true, stream_, &Synced);
 }
 
 // ---------------------------------------------------------------------------------------------

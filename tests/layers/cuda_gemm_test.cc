@@ -1,6 +1,7 @@
 // tests/layers/cuda_gemm_test.cc — the CUDA matmul and attention (//layers:cuda_gemm) against
 // their CPU twins on the same bf16-rounded inputs, their += and NULL semantics, the causal mask,
-// bitwise determinism, and the throughput of a GPT-2 1.5B sized GEMM.
+// grouped-query attention (against the CPU twin, and against multi-head attention on the kv heads
+// repeated), bitwise determinism, and the throughput of a GPT-2 1.5B sized GEMM.
 //
 // Every test skips itself, by name, when no GPU is visible (CI builds CUDA without a GPU).
 //
@@ -239,36 +240,87 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaMatmul,
 // ---------------------------------------------------------------------------------------------
 // attention
 
+// NH query heads and KVH kv heads (KVH = NH: multi-head; 1: multi-query).
 struct AttentionShape {
-  int B, T, NH, HS;
+  int B, T, NH, KVH, HS;
 };
 
+// "B=.. T=.. NH=.. HS=..", with KVH=.. after NH where it differs from NH.
 std::string Describe(const AttentionShape &s) {
   return "B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) +
-         " NH=" + std::to_string(s.NH) + " HS=" + std::to_string(s.HS);
+         " NH=" + std::to_string(s.NH) +
+         (s.KVH != s.NH ? " KVH=" + std::to_string(s.KVH) : "") + " HS=" + std::to_string(s.HS);
+}
+
+// Slice `part` (0 q, 1 k, 2 v) of a (BT, W) qkv tensor, W = (NH + 2 KVH) HS: (BT, NH HS) for q,
+// (BT, KVH HS) for k and v.
+std::vector<float> QkvPart(const std::vector<float> &qkv, int part, int BT, int NH, int KVH,
+                           int HS) {
+  const size_t W = (size_t)(NH + 2 * KVH) * HS;
+  const size_t first = part == 0 ? 0 : (size_t)(part == 1 ? NH : NH + KVH) * HS;
+  const size_t width = (size_t)(part == 0 ? NH : KVH) * HS;
+  std::vector<float> out((size_t)BT * width);
+  for (int r = 0; r < BT; r++) {
+    std::memcpy(&out[r * width], &qkv[r * W + first], width * sizeof(float));
+  }
+  return out;
+}
+
+// The multi-head (B, T, 3 NH HS) input equivalent to a grouped (B, T, W) one: kv head g repeated
+// for each query head of its group (Hugging Face's repeat_kv).
+template <typename T>
+std::vector<T> RepeatKv(const std::vector<T> &qkv, int BT, int NH, int KVH, int HS) {
+  const size_t W = (size_t)(NH + 2 * KVH) * HS, C = (size_t)NH * HS;
+  std::vector<T> out((size_t)BT * 3 * C);
+  for (int r = 0; r < BT; r++) {
+    const T *from = &qkv[r * W];
+    T *to = &out[r * 3 * C];
+    std::memcpy(to, from, C * sizeof(T));
+    for (int h = 0; h < NH; h++) {
+      const int g = h / (NH / KVH);
+      std::memcpy(to + C + (size_t)h * HS, from + C + (size_t)g * HS, HS * sizeof(T));
+      std::memcpy(to + 2 * C + (size_t)h * HS, from + C + (size_t)(KVH + g) * HS, HS * sizeof(T));
+    }
+  }
+  return out;
+}
+
+// dk or dv of the NH repeated kv heads (BT, NH HS) summed over each group: (BT, KVH HS).
+std::vector<float> SumGroups(const std::vector<float> &repeated, int BT, int NH, int KVH, int HS) {
+  std::vector<float> summed((size_t)BT * KVH * HS, 0.0f);
+  for (int r = 0; r < BT; r++) {
+    for (int h = 0; h < NH; h++) {
+      for (int i = 0; i < HS; i++) {
+        summed[((size_t)r * KVH + h / (NH / KVH)) * HS + i] +=
+            repeated[((size_t)r * NH + h) * HS + i];
+      }
+    }
+  }
+  return summed;
 }
 
 // Inputs rounded to bf16, and the CPU twin's forward on them.
 struct AttentionCase {
   explicit AttentionCase(const AttentionShape &s)
-      : B(s.B), T(s.T), NH(s.NH), HS(s.HS), C(s.NH * s.HS) {
+      : B(s.B), T(s.T), NH(s.NH), KVH(s.KVH), HS(s.HS), C(s.NH * s.HS),
+        W((s.NH + 2 * s.KVH) * s.HS) {
     Rng rng(2000 + B + T + NH + HS);
-    qkv = RoundToBf16(rng.uniform_vector((size_t)B * T * 3 * C, -1.5f, 1.5f));
+    qkv = RoundToBf16(rng.uniform_vector((size_t)B * T * W, -1.5f, 1.5f));
     dout = RoundToBf16(rng.uniform_vector((size_t)B * T * C, -1.0f, 1.0f));
     out.resize((size_t)B * T * C);
     att.resize((size_t)B * NH * T * T);
-    mp_attention_forward_cpu(out.data(), nullptr, att.data(), qkv.data(), B, T, NH, NH, HS);
+    mp_attention_forward_cpu(out.data(), nullptr, att.data(), qkv.data(), B, T, NH, KVH, HS);
   }
   // Gradient of qkv from zero.
   std::vector<float> Backward() const {
     std::vector<float> dqkv(qkv.size(), 0.0f), dpreatt(att.size()), datt(att.size());
     mp_attention_backward_cpu(dqkv.data(), dpreatt.data(), datt.data(), dout.data(), qkv.data(),
-                              att.data(), B, T, NH, NH, HS);
+                              att.data(), B, T, NH, KVH, HS);
     return dqkv;
   }
 
-  int B, T, NH, HS, C;
-  std::vector<float> qkv, dout;  // (B, T, 3C), (B, T, C)
+  int B, T, NH, KVH, HS, C, W;
+  std::vector<float> qkv, dout;  // (B, T, W), (B, T, C)
   std::vector<float> out, att;   // (B, T, C), (B, NH, T, T)
 };
 
@@ -295,8 +347,8 @@ TEST_P(CudaAttention, ForwardMatchesCpuAndIsCausal) {
   ASSERT_TRUE(gpu.ok()) << gpu.error();
   AttentionOnGpu d(&gpu, a);
   gpu.Sync();
-  mp_attention_forward_cuda(gpu.cublas, d.out, d.att, d.qkv, d.scratch, a.B, a.T, a.NH, a.HS,
-                            gpu.stream);
+  mp_attention_forward_cuda(gpu.cublas, d.out, d.att, d.qkv, d.scratch, a.B, a.T, a.NH, a.KVH,
+                            a.HS, gpu.stream);
   gpu.Sync();
   const std::vector<float> out = gpu.DownloadBf16(d.out, a.out.size());
   const std::vector<mp_bf16> att_bits = gpu.Download(d.att, a.att.size());
@@ -333,23 +385,23 @@ TEST_P(CudaAttention, BackwardMatchesCpuAndAddsIntoDqkv) {
   ASSERT_TRUE(gpu.ok()) << gpu.error();
   AttentionOnGpu d(&gpu, a);
   gpu.Sync();
-  mp_attention_forward_cuda(gpu.cublas, d.out, d.att, d.qkv, d.scratch, a.B, a.T, a.NH, a.HS,
-                            gpu.stream);
+  mp_attention_forward_cuda(gpu.cublas, d.out, d.att, d.qkv, d.scratch, a.B, a.T, a.NH, a.KVH,
+                            a.HS, gpu.stream);
   gpu.Sync();
   gpu.Fill(d.scratch, mp_attention_cuda_scratch_bytes(a.B, a.T, a.NH, a.HS), kPoisonByte);
   gpu.Sync();
 
   // From zero: the gradient itself, q, k and v parts held to the tolerance separately.
   mp_attention_backward_cuda(gpu.cublas, d.dqkv, d.dout, d.qkv, d.att, d.scratch, a.B, a.T, a.NH,
-                             a.HS, gpu.stream);
+                             a.KVH, a.HS, gpu.stream);
   gpu.Sync();
   std::vector<float> got = gpu.DownloadBf16(d.dqkv, dqkv.size());
   ASSERT_TRUE(gpu.ok()) << gpu.error();
   const char *names[3] = {"dq", "dk", "dv"};
   for (int part = 0; part < 3; part++) {
     EXPECT_TRUE(WithinTolerance(std::string("attention_backward ") + names[part] + " " + tag,
-                                Part(got, part, BT, a.C), Part(dqkv, part, BT, a.C),
-                                kBf16Tolerance));
+                                QkvPart(got, part, BT, a.NH, a.KVH, a.HS),
+                                QkvPart(dqkv, part, BT, a.NH, a.KVH, a.HS), kBf16Tolerance));
   }
 
   // Onto a dqkv that already holds something: +=.
@@ -358,7 +410,7 @@ TEST_P(CudaAttention, BackwardMatchesCpuAndAddsIntoDqkv) {
   gpu.CopyIn(d.dqkv, ToBf16(dqkv0));
   gpu.Sync();
   mp_attention_backward_cuda(gpu.cublas, d.dqkv, d.dout, d.qkv, d.att, d.scratch, a.B, a.T, a.NH,
-                             a.HS, gpu.stream);
+                             a.KVH, a.HS, gpu.stream);
   gpu.Sync();
   got = gpu.DownloadBf16(d.dqkv, dqkv.size());
   ASSERT_TRUE(gpu.ok()) << gpu.error();
@@ -378,10 +430,10 @@ TEST_P(CudaAttention, Deterministic) {
     gpu.Fill(d.att, a.att.size(), kPoisonByte);
     gpu.Fill(d.dqkv, a.qkv.size(), 0);
     gpu.Sync();
-    mp_attention_forward_cuda(gpu.cublas, d.out, d.att, d.qkv, d.scratch, a.B, a.T, a.NH, a.HS,
-                              gpu.stream);
+    mp_attention_forward_cuda(gpu.cublas, d.out, d.att, d.qkv, d.scratch, a.B, a.T, a.NH, a.KVH,
+                              a.HS, gpu.stream);
     mp_attention_backward_cuda(gpu.cublas, d.dqkv, d.dout, d.qkv, d.att, d.scratch, a.B, a.T,
-                               a.NH, a.HS, gpu.stream);
+                               a.NH, a.KVH, a.HS, gpu.stream);
     gpu.Sync();
     out[run] = gpu.Download(d.out, a.out.size());
     att[run] = gpu.Download(d.att, a.att.size());
@@ -393,15 +445,72 @@ TEST_P(CudaAttention, Deterministic) {
   EXPECT_TRUE(BitwiseEqual(dqkv[0], dqkv[1])) << "two backwards differ in dqkv";
 }
 
+// Grouped-query attention on the GPU is multi-head attention on the kv heads repeated: the same
+// forward bits (the permute copies each kv head to its query heads and the GEMMs are the same),
+// the same dq bits, and a kv head's dk and dv the sum over its group of the repeated heads'
+// (here summed in fp32 after each was rounded to bf16, on the GPU summed in fp32 first: held to
+// the tolerance).
+TEST_P(CudaAttention, GroupedEqualsMultiHeadOnRepeatedKv) {
+  SKIP_WITHOUT_GPU();
+  const AttentionShape shape = GetParam();
+  if (shape.KVH == shape.NH) GTEST_SKIP() << "multi-head: nothing is repeated";
+  const AttentionCase a(shape);
+  const std::string tag = Describe(shape);
+  const int BT = a.B * a.T;
+  Gpu gpu;
+  ASSERT_TRUE(gpu.ok()) << gpu.error();
+  AttentionOnGpu d(&gpu, a);
+  mp_bf16 *qkv_mha = gpu.Upload(RepeatKv(ToBf16(a.qkv), BT, a.NH, a.KVH, a.HS));
+  mp_bf16 *out_mha = gpu.Alloc<mp_bf16>(a.out.size(), kPoisonByte);
+  mp_bf16 *att_mha = gpu.Alloc<mp_bf16>(a.att.size(), kPoisonByte);
+  mp_bf16 *dqkv_mha = gpu.Alloc<mp_bf16>((size_t)BT * 3 * a.C);
+  gpu.Sync();
+  mp_attention_forward_cuda(gpu.cublas, d.out, d.att, d.qkv, d.scratch, a.B, a.T, a.NH, a.KVH,
+                            a.HS, gpu.stream);
+  mp_attention_backward_cuda(gpu.cublas, d.dqkv, d.dout, d.qkv, d.att, d.scratch, a.B, a.T, a.NH,
+                             a.KVH, a.HS, gpu.stream);
+  mp_attention_forward_cuda(gpu.cublas, out_mha, att_mha, qkv_mha, d.scratch, a.B, a.T, a.NH,
+                            a.NH, a.HS, gpu.stream);
+  mp_attention_backward_cuda(gpu.cublas, dqkv_mha, d.dout, qkv_mha, att_mha, d.scratch, a.B, a.T,
+                             a.NH, a.NH, a.HS, gpu.stream);
+  gpu.Sync();
+  const std::vector<mp_bf16> out = gpu.Download(d.out, a.out.size());
+  const std::vector<mp_bf16> att = gpu.Download(d.att, a.att.size());
+  const std::vector<float> dqkv = gpu.DownloadBf16(d.dqkv, a.qkv.size());
+  const std::vector<mp_bf16> out_ref = gpu.Download(out_mha, a.out.size());
+  const std::vector<mp_bf16> att_ref = gpu.Download(att_mha, a.att.size());
+  const std::vector<float> dqkv_ref = gpu.DownloadBf16(dqkv_mha, (size_t)BT * 3 * a.C);
+  ASSERT_TRUE(gpu.ok()) << gpu.error();
+  EXPECT_TRUE(BitwiseEqual(out, out_ref)) << "out differs from multi-head on repeated kv " << tag;
+  EXPECT_TRUE(BitwiseEqual(att, att_ref)) << "att differs from multi-head on repeated kv " << tag;
+  const std::vector<float> dq = QkvPart(dqkv, 0, BT, a.NH, a.KVH, a.HS);
+  EXPECT_TRUE(BitwiseEqual(dq, QkvPart(dqkv_ref, 0, BT, a.NH, a.NH, a.HS)))
+      << "dq differs from multi-head on repeated kv " << tag;
+  const char *names[3] = {"dq", "dk", "dv"};
+  for (int part = 1; part < 3; part++) {
+    EXPECT_TRUE(WithinTolerance(
+        std::string("attention_backward ") + names[part] + " vs multi-head on repeated kv " + tag,
+        QkvPart(dqkv, part, BT, a.NH, a.KVH, a.HS),
+        SumGroups(QkvPart(dqkv_ref, part, BT, a.NH, a.NH, a.HS), BT, a.NH, a.KVH, a.HS),
+        kBf16Tolerance));
+  }
+}
+
+// Multi-head shapes, then grouped-query (NH / KVH = 4, 3, 4) and multi-query (KVH = 1) ones.
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttention,
-                         ::testing::Values(AttentionShape{2, 64, 4, 16},
-                                           AttentionShape{1, 1024, 12, 64},
-                                           AttentionShape{2, 37, 3, 24}),
+                         ::testing::Values(AttentionShape{2, 64, 4, 4, 16},
+                                           AttentionShape{1, 1024, 12, 12, 64},
+                                           AttentionShape{2, 37, 3, 3, 24},
+                                           AttentionShape{2, 64, 8, 2, 16},
+                                           AttentionShape{1, 300, 12, 4, 64},
+                                           AttentionShape{1, 256, 32, 8, 64},
+                                           AttentionShape{2, 37, 4, 1, 24}),
                          [](const ::testing::TestParamInfo<AttentionShape> &info) {
-                           return "B" + std::to_string(info.param.B) + "_T" +
-                                  std::to_string(info.param.T) + "_NH" +
-                                  std::to_string(info.param.NH) + "_HS" +
-                                  std::to_string(info.param.HS);
+                           const AttentionShape &s = info.param;
+                           return "B" + std::to_string(s.B) + "_T" + std::to_string(s.T) +
+                                  "_NH" + std::to_string(s.NH) +
+                                  (s.KVH != s.NH ? "_KVH" + std::to_string(s.KVH) : "") +
+                                  "_HS" + std::to_string(s.HS);
                          });
 
 // ---------------------------------------------------------------------------------------------
@@ -412,7 +521,7 @@ TEST(CudaGemm, BadShapesAreReportedOnceByCheck) {
   Gpu gpu;
   ASSERT_TRUE(gpu.ok()) << gpu.error();
   mp_matmul_forward_cuda(gpu.cublas, nullptr, nullptr, nullptr, nullptr, -1, 8, 8, gpu.stream);
-  mp_attention_forward_cuda(gpu.cublas, nullptr, nullptr, nullptr, nullptr, 1, -4, 2, 8,
+  mp_attention_forward_cuda(gpu.cublas, nullptr, nullptr, nullptr, nullptr, 1, -4, 2, 2, 8,
                             gpu.stream);
   mp_error err = MP_ERROR_INITIALIZER;
   EXPECT_EQ(mp_cublas_check(gpu.cublas, &err), MP_ERR_INPUT);
@@ -420,9 +529,19 @@ TEST(CudaGemm, BadShapesAreReportedOnceByCheck) {
       << "the first failure is kept: " << err.message;
   mp_error_clear(&err);
   EXPECT_EQ(mp_cublas_check(gpu.cublas, &err), MP_OK) << err.message;
+  // kv heads that do not divide the query heads (or none at all), before anything is launched.
+  mp_attention_backward_cuda(gpu.cublas, nullptr, nullptr, nullptr, nullptr, nullptr, 1, 4, 4, 3,
+                             8, gpu.stream);
+  EXPECT_EQ(mp_cublas_check(gpu.cublas, &err), MP_ERR_INPUT);
+  EXPECT_NE(std::strstr(err.message, "KVH=3"), nullptr) << err.message;
+  mp_error_clear(&err);
+  mp_attention_forward_cuda(gpu.cublas, nullptr, nullptr, nullptr, nullptr, 1, 4, 4, 0, 8,
+                            gpu.stream);
+  EXPECT_EQ(mp_cublas_check(gpu.cublas, &err), MP_ERR_INPUT);
+  mp_error_clear(&err);
   // Empty shapes are no-ops, not failures.
   mp_matmul_forward_cuda(gpu.cublas, nullptr, nullptr, nullptr, nullptr, 0, 8, 8, gpu.stream);
-  mp_attention_forward_cuda(gpu.cublas, nullptr, nullptr, nullptr, nullptr, 0, 4, 2, 8,
+  mp_attention_forward_cuda(gpu.cublas, nullptr, nullptr, nullptr, nullptr, 0, 4, 2, 2, 8,
                             gpu.stream);
   EXPECT_EQ(mp_cublas_check(gpu.cublas, &err), MP_OK) << err.message;
 }
@@ -511,12 +630,12 @@ TEST(CudaGemm, ThroughputOfGpt2XlSizedGemmAndAttention) {
   ASSERT_TRUE(gpu.ok()) << gpu.error();
   const double attention_flops = 4.0 * B * NH * (double)T * T * HS;
   const double attention_forward_s = time_it(10, [&] {
-    mp_attention_forward_cuda(gpu.cublas, d_y, d_att, d_qkv, d_att_scratch, B, T, NH, HS,
+    mp_attention_forward_cuda(gpu.cublas, d_y, d_att, d_qkv, d_att_scratch, B, T, NH, NH, HS,
                               gpu.stream);
   });
   const double attention_backward_s = time_it(10, [&] {
-    mp_attention_backward_cuda(gpu.cublas, d_dqkv, d_y, d_qkv, d_att, d_att_scratch, B, T, NH, HS,
-                               gpu.stream);
+    mp_attention_backward_cuda(gpu.cublas, d_dqkv, d_y, d_qkv, d_att, d_att_scratch, B, T, NH, NH,
+                               HS, gpu.stream);
   });
   ASSERT_GT(attention_forward_s, 0.0) << err.message;
   ASSERT_GT(attention_backward_s, 0.0) << err.message;

@@ -7,14 +7,24 @@ a seeded random init, saves it with save_pretrained (config.json + model.safeten
 tests/engine/testdata/<name>/, and writes golden.json there: a fixed batch of token ids
 and next-token targets, the mean cross-entropy of the logits against those targets, and, for each
 parameter, the gradient of that loss (its L2 norm and its first values in mpengine's orientation).
-Weights are scaled up from the 0.02 init so every path carries a visible gradient.
+Weights are scaled up from the 0.02 init so every path carries a visible gradient. Beside it,
+shard.bin: an llm.c token shard (256 x int32 header: magic 20240520, version 1, count; uint16
+tokens) of exactly G T + 1 = 65 tokens, so a run with global batch G = 4 of T = 16 takes all of
+it at step 1, and golden.json's "shard_loss": transformers' mean cross-entropy over those four
+samples (sample k is tokens [k T, k T + T]), in float64, for tests/tools/hf_llama_checkpoint_test.sh.
+
+  V/bin/python tools/bench/hf_llama_golden.py --check NAME DIR
+loads DIR (an `mpengine export --format hf`) with from_pretrained and prints transformers' float64
+loss over NAME's shard.bin (tools/bench/hf_llama_roundtrip.sh compares it with mpengine's).
 
 Needs torch and transformers 4.46.3 (README "References"); CI only reads the committed files:
   /usr/bin/python3 -m venv --system-site-packages V && V/bin/pip install transformers==4.46.3 safetensors
   V/bin/python tools/bench/hf_llama_golden.py
 """
+import copy
 import json
 import os
+import struct
 import sys
 
 import torch
@@ -42,6 +52,24 @@ MODELS = {
 
 B, T = 2, 16
 FIRST = 8  # gradient values kept per tensor
+G = 4  # samples of T in shard.bin
+
+
+def shard_batch(path):
+    """(inputs, targets), each (G, T), of an llm.c shard of G T + 1 tokens."""
+    with open(path, "rb") as f:
+        header = struct.unpack("<256i", f.read(1024))
+        tokens = list(struct.unpack("<%dH" % header[2], f.read(2 * header[2])))
+    x = torch.tensor([tokens[k * T:k * T + T] for k in range(G)])
+    y = torch.tensor([tokens[k * T + 1:k * T + T + 1] for k in range(G)])
+    return x, y
+
+
+def loss64(model, x, y):
+    with torch.no_grad():
+        logits = model.double()(input_ids=x).logits
+        return float(torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), y.reshape(-1)))
 
 
 def tokens(seed, n, below):
@@ -49,7 +77,16 @@ def tokens(seed, n, below):
     return torch.randint(0, below, (n,), generator=g)
 
 
+def check(name, path):
+    model = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
+    loss = loss64(model, *shard_batch(os.path.join(ROOT, name, "shard.bin")))
+    print(json.dumps({"checkpoint": path, "architecture": type(model).__name__,
+                      "shard_loss": loss}))
+
+
 def main():
+    if len(sys.argv) == 4 and sys.argv[1] == "--check":
+        return check(sys.argv[2], sys.argv[3])
     torch.manual_seed(1234)
     for name, (arch, kwargs) in MODELS.items():
         config_class = transformers.AutoConfig.for_model(
@@ -79,6 +116,12 @@ def main():
         loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)),
                                                  targets.view(-1))
         loss.backward()
+        shard = os.path.join(out_dir, "shard.bin")
+        shard_tokens = tokens(9, G * T + 1, kwargs["vocab_size"])
+        with open(shard, "wb") as f:
+            f.write(struct.pack("<256i", 20240520, 1, G * T + 1, *([0] * 253)))
+            f.write(struct.pack("<%dH" % (G * T + 1), *shard_tokens.tolist()))
+        shard_loss = loss64(copy.deepcopy(model).eval(), *shard_batch(shard))
         grads = {}
         for p_name, p in model.named_parameters():
             g = p.grad.detach().double()
@@ -91,6 +134,7 @@ def main():
             "inputs": inputs.flatten().tolist(),
             "targets": targets.flatten().tolist(),
             "loss": float(loss),
+            "shard_loss": shard_loss,
             "grads": grads,
         }
         with open(os.path.join(out_dir, "golden.json"), "w") as f:
