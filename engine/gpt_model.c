@@ -457,16 +457,19 @@ typedef struct {
   size_t *offsets;
   size_t cursor;
   const mp_gpt_tensor *first;
+  size_t wte_rows; /* the file's padded vocabulary */
 } llmc_offsets;
 
 static void place_tensor(const mp_gpt_tensor *tensor, void *context) {
   llmc_offsets *o = context;
   o->offsets[tensor - o->first] = o->cursor;
-  o->cursor += tensor->rows * tensor->cols;
+  o->cursor += (tensor == o->first ? o->wte_rows : tensor->rows) * tensor->cols;
 }
 
-static size_t *llmc_file_offsets(const mp_gpt_layout *layout) {
-  llmc_offsets o = {calloc((size_t)layout->num_tensors, sizeof(size_t)), 0, layout->tensors};
+/* wte_rows: the file's padded vocabulary, which llm.c pads to 128 and mpengine to 64. */
+static size_t *llmc_file_offsets(const mp_gpt_layout *layout, size_t wte_rows) {
+  llmc_offsets o = {calloc((size_t)layout->num_tensors, sizeof(size_t)), 0, layout->tensors,
+                    wte_rows};
   if (o.offsets != NULL) for_each_in_llmc_order(layout, place_tensor, &o);
   return o.offsets;
 }
@@ -489,6 +492,7 @@ struct mp_llmc_reader {
   int fd;
   int bytes_per_element; /* 4 fp32, 2 bf16 */
   size_t *offsets;
+  size_t padded_vocab;   /* the file's wte rows (its header's padded_vocab_size) */
 };
 
 void mp_llmc_reader_close(mp_llmc_reader *reader) {
@@ -526,6 +530,16 @@ static mp_status check_llmc_file(mp_llmc_reader *r, mp_error *err) {
   }
   int32_t expected[kLlmcHeaderInts];
   llmc_header(c, expected);
+  /* The padding is the writer's choice (llm.c's train_gpt2.py pads to 128, mpengine to 64): its
+   * rows take no part in the model; only the real rows must be there. */
+  if (header[7] < c->vocab_size) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "%s: padded_vocab_size %d is below the vocabulary %d of the model description "
+                   "(%s)",
+                   path, header[7], c->vocab_size, layout->model_source);
+  }
+  expected[7] = header[7];
+  r->padded_vocab = (size_t)header[7];
   for (int i = 2; i < 8; ++i) {
     if (header[i] != expected[i]) {
       return mp_fail(err, MP_ERR_INPUT,
@@ -535,7 +549,10 @@ static mp_status check_llmc_file(mp_llmc_reader *r, mp_error *err) {
     }
   }
   r->bytes_per_element = header[1] == kLlmcVersionFp32 ? 4 : 2;
-  const size_t payload = layout->num_params * (size_t)r->bytes_per_element;
+  const size_t C = (size_t)c->channels;
+  const size_t file_params = layout->num_params - (size_t)c->padded_vocab_size * C +
+                             r->padded_vocab * C;
+  const size_t payload = file_params * (size_t)r->bytes_per_element;
   struct stat st;
   if (fstat(r->fd, &st) != 0) {
     return mp_fail(err, MP_ERR_INPUT, "%s: cannot stat: %s", path, strerror(errno));
@@ -546,7 +563,7 @@ static mp_status check_llmc_file(mp_llmc_reader *r, mp_error *err) {
                    "%s: holds %s%zu bytes of parameters, but the header's model needs %zu (%zu "
                    "parameters of %d bytes); the file is truncated or corrupt",
                    path, got > payload ? "more than " : "", got > payload ? payload : got, payload,
-                   layout->num_params, r->bytes_per_element);
+                   file_params, r->bytes_per_element);
   }
   return MP_OK;
 }
@@ -566,7 +583,7 @@ mp_status mp_llmc_reader_open(const mp_gpt_layout *layout, const char *path,
     return mp_fail(err, MP_ERR_INPUT, "%s: cannot open: %s", path, strerror(e));
   }
   mp_status status = check_llmc_file(r, err);
-  if (status == MP_OK && (r->offsets = llmc_file_offsets(layout)) == NULL) {
+  if (status == MP_OK && (r->offsets = llmc_file_offsets(layout, r->padded_vocab)) == NULL) {
     status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
   }
   if (status != MP_OK) {
@@ -600,6 +617,15 @@ mp_status mp_llmc_reader_read(mp_llmc_reader *r, int tensor, size_t first, size_
   if (t == NULL || first > t->rows * t->cols || count > t->rows * t->cols - first) {
     return mp_fail(err, MP_ERR_RUNTIME, "%s: elements [%zu, +%zu) of tensor %d are outside it",
                    r->path, first, count, tensor);
+  }
+  if (tensor == 0) {
+    /* wte: the file's rows as far as both paddings go; ours past the file's read as zero (the
+     * padding takes no part in the model; llm.c writes its padding rows as zero). */
+    const size_t in_file = r->padded_vocab * t->cols;
+    const size_t held = first >= in_file ? 0 : (first + count <= in_file ? count : in_file - first);
+    for (size_t i = held; i < count; ++i) dest[i] = 0.0f;
+    count = held;
+    if (count == 0) return MP_OK;
   }
   const size_t bpe = (size_t)r->bytes_per_element;
   off_t at = (off_t)(kLlmcHeaderInts * sizeof(int32_t) + (r->offsets[tensor] + first) * bpe);
@@ -646,7 +672,8 @@ mp_status mp_llmc_writer_open(const mp_gpt_layout *layout, const char *path,
   *out = NULL;
   MP_TRY(check_llmc_family(layout, path, err));
   mp_llmc_writer *w = calloc(1, sizeof *w);
-  if (w == NULL || (w->offsets = llmc_file_offsets(layout)) == NULL) {
+  if (w == NULL ||
+      (w->offsets = llmc_file_offsets(layout, (size_t)layout->config.padded_vocab_size)) == NULL) {
     free(w);
     return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
   }

@@ -382,6 +382,58 @@ TEST(GptModel, Bf16CheckpointLoads) {
   EXPECT_FLOAT_EQ(mp_gpt_params(f.gpt)[n - 1], 1.5f);
 }
 
+// llm.c's train_gpt2.py pads the vocabulary to a multiple of 128 (with zero rows), mpengine to
+// 64: a file of 300 tokens padded to 384 loads into the layout padded to 320, exactly.
+TEST(GptModel, LoadsAnLlmcFilePaddedOtherwise) {
+  Fixture a, b;
+  const std::string json = model_json(300, 8, 16, 2, 1);
+  ASSERT_TRUE(a.make(json, 1, 8)) << a.err.message;
+  ASSERT_TRUE(b.make(json, 1, 8)) << b.err.message;
+  ASSERT_EQ(mp_gpt_get_config(a.gpt)->padded_vocab_size, 320);
+  mp_gpt_init_params(a.gpt, 21);
+  const size_t C = 16, n = mp_gpt_num_params(a.gpt);
+  float *params = mp_gpt_params(a.gpt);
+  for (size_t i = 300 * C; i < 320 * C; ++i) params[i] = 0.0f;  // the layout's padding
+  const std::string ours = temp_path("padded64.bin"), llmc = temp_path("padded128.bin");
+  ASSERT_EQ(mp_gpt_save_llmc(a.gpt, ours.c_str(), &a.err), MP_OK) << a.err.message;
+  // The same model as llm.c writes it: header padded_vocab_size 384, wte with 384 rows.
+  std::vector<char> file(1024 + n * 4);
+  FILE *in = fopen(ours.c_str(), "rb");
+  ASSERT_NE(in, nullptr);
+  ASSERT_EQ(fread(file.data(), 1, file.size(), in), file.size());
+  fclose(in);
+  std::vector<char> padded(file.begin(), file.begin() + 1024);
+  int32_t header[256];
+  std::memcpy(header, padded.data(), sizeof header);
+  header[7] = 384;
+  std::memcpy(padded.data(), header, sizeof header);
+  const char *wte = file.data() + 1024;
+  padded.insert(padded.end(), wte, wte + 300 * C * 4);
+  std::vector<float> zeros(84 * C, 0.0f);
+  const char *zeros_bytes = reinterpret_cast<const char *>(zeros.data());
+  padded.insert(padded.end(), zeros_bytes, zeros_bytes + zeros.size() * 4);
+  padded.insert(padded.end(), wte + 320 * C * 4, wte - 1024 + file.size());
+  FILE *out = fopen(llmc.c_str(), "wb");
+  ASSERT_NE(out, nullptr);
+  ASSERT_EQ(fwrite(padded.data(), 1, padded.size(), out), padded.size());
+  fclose(out);
+  float *loaded = mp_gpt_params(b.gpt);
+  for (size_t i = 0; i < n; ++i) loaded[i] = -1.0f;
+  ASSERT_EQ(mp_gpt_load_llmc(b.gpt, llmc.c_str(), &b.err), MP_OK) << b.err.message;
+  EXPECT_EQ(std::memcmp(loaded, params, n * sizeof(float)), 0);
+  // A padded size below the vocabulary cannot hold it.
+  header[7] = 256;
+  std::memcpy(padded.data(), header, sizeof header);
+  out = fopen(llmc.c_str(), "wb");
+  ASSERT_NE(out, nullptr);
+  ASSERT_EQ(fwrite(padded.data(), 1, padded.size(), out), padded.size());
+  fclose(out);
+  EXPECT_EQ(mp_gpt_load_llmc(b.gpt, llmc.c_str(), &b.err), MP_ERR_INPUT);
+  EXPECT_NE(std::string(b.err.message).find("padded_vocab_size 256 is below the vocabulary 300"),
+            std::string::npos)
+      << b.err.message;
+}
+
 TEST(GptModel, MismatchedCheckpointNamesTheDifference) {
   Fixture small, big;
   ASSERT_TRUE(small.make(model_json(50, 8, 16, 2, 2), 1, 8));
@@ -403,8 +455,8 @@ TEST(GptModel, MismatchedCheckpointNamesTheDifference) {
       << small.err.message;
   // Not a checkpoint at all.
   file = fopen(path.c_str(), "wb");
-  std::vector<int32_t> junk(256, 7);
-  fwrite(junk.data(), 4, 256, file);
+  std::vector<int32_t> zeros(256, 7);
+  fwrite(zeros.data(), 4, 256, file);
   fclose(file);
   ASSERT_EQ(mp_gpt_load_llmc(small.gpt, path.c_str(), &small.err), MP_ERR_INPUT);
   EXPECT_EQ(std::string(small.err.message),
