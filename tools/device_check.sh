@@ -19,7 +19,9 @@
 #     training over NCCL;
 #   - one-GPU training of tiny-gpt (loss against the entropy floor), a checkpoint resumed bit for
 #     bit, gpt2-124m and gpt2-1.5b (tokens/s, MFU), and PyTorch eager on the same model and batch
-#     for the tokens/s ratio.
+#     for the tokens/s ratio;
+#   - the Llama family: the tiny LlamaForCausalLM and Qwen2ForCausalLM goldens' step-1 loss on the
+#     GPU against transformers', and one-GPU training of llama3.2-1b (tokens/s, MFU).
 # Usage: bash tools/device_check.sh [--quick]   (--quick: kernels, communicators and tiny-gpt only)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -290,7 +292,37 @@ else
 fi
 rm -rf "$hf"
 
+section "Hugging Face Llama-family weights on the GPU: step-1 loss against transformers' (bf16 compute)"
+for name in hf_tiny_llama3 hf_tiny_qwen2; do
+  golden=tests/engine/testdata/$name
+  work=$(mktemp -d)
+  .device/bin/mpengine import "$golden" --out "$work/model.json" --seq-len 16 > /dev/null 2>&1
+  cat > "$work/one.json" <<JSON
+{"model": "$work/model.json", "parallel": {"dp": 1, "pp": 1, "tp": 1},
+ "batch": {"global_batch": 4, "micro_batch": 2, "num_micro_batches": 2, "seq_len": 16},
+ "training": {"steps": 1, "learning_rate": 1e-30}}
+JSON
+  hf_loss=$(awk -F': ' '/"shard_loss"/ { sub(",", "", $2); print $2 }' "$golden/golden.json")
+  if timeout 120 .device/bin/mpengine run --config "$work/one.json" --backend cuda --steps 1 \
+       --data "$golden/shard.bin" --init-from "$golden" --metrics "$work/m.jsonl" > "$work/log" 2>&1; then
+    loss=$(awk -F'"loss": ' 'NR == 1 { split($2, a, ","); print a[1] }' "$work/m.jsonl")
+    echo "$name: step-1 loss on cuda ${loss:-none}, transformers (fp64) $hf_loss"
+    awk -v a="${loss:-nan}" -v b="$hf_loss" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a == a && d <= 1e-2 * b) }' \
+      || fail "$name on cuda: loss beyond 1e-2 relative of transformers'"
+  else
+    cat "$work/log"
+    fail "$name on cuda"
+  fi
+  rm -rf "$work"
+done
+
 if [ "$quick" != "--quick" ]; then
+  section "one-GPU training: llama3.2-1b (20 steps, synthetic data; GQA 32/8, SwiGLU, RoPE, tied)"
+  log=$(mktemp)
+  timeout 500 .device/bin/mpengine run --config examples/plans/llama3.2-1b-1gpu.json --backend cuda > "$log" 2>&1 \
+    || fail "llama3.2-1b on cuda"
+  grep -E "^(model|plan|backend)|step (1|5|10|15|20)/|done|mpengine run" "$log"
+  rm -f "$log"
   for model in gpt2-124m gpt2-1.5b; do
     section "one-GPU training: $model (20 steps, synthetic data)"
     plan=examples/plans/$model-1gpu.json
