@@ -57,4 +57,29 @@ std::vector<float> Part(const std::vector<float> &qkv, int part, int BT, int C) 
   return out;
 }
 
+std::vector<float> QkvPart(const std::vector<float> &qkv, int part, int BT, int NH, int KVH,
+                           int HS) {
+  const size_t W = (size_t)(NH + 2 * KVH) * HS;
+  const size_t first = part == 0 ? 0 : (size_t)(part == 1 ? NH : NH + KVH) * HS;
+  const size_t width = (size_t)(part == 0 ? NH : KVH) * HS;
+  std::vector<float> out((size_t)BT * width);
+  for (int r = 0; r < BT; r++) {
+    std::memcpy(&out[r * width], &qkv[r * W + first], width * sizeof(float));
+  }
+  return out;
+}
+
+std::vector<float> SumGroups(const std::vector<float> &repeated, int BT, int NH, int KVH, int HS) {
+  std::vector<float> summed((size_t)BT * KVH * HS, 0.0f);
+  for (int r = 0; r < BT; r++) {
+    for (int h = 0; h < NH; h++) {
+      for (int i = 0; i < HS; i++) {
+        summed[((size_t)r * KVH + h / (NH / KVH)) * HS + i] +=
+            repeated[((size_t)r * NH + h) * HS + i];
+      }
+    }
+  }
+  return summed;
+}
+
 }  // namespace mp_test

@@ -57,6 +57,33 @@ bool BitwiseEqual(const std::vector<T> &a, const std::vector<T> &b) {
 // Slice `part` (0 q, 1 k, 2 v) of a (B*T, 3C) tensor, as (B*T, C).
 std::vector<float> Part(const std::vector<float> &qkv, int part, int BT, int C);
 
+// Slice `part` (0 q, 1 k, 2 v) of a (BT, W) qkv tensor with kv-head groups, W = (NH + 2 KVH) HS:
+// (BT, NH HS) for q, (BT, KVH HS) for k and v.
+std::vector<float> QkvPart(const std::vector<float> &qkv, int part, int BT, int NH, int KVH,
+                           int HS);
+
+// The multi-head (B, T, 3 NH HS) input equivalent to a grouped (B, T, W) one: kv head g repeated
+// for each query head of its group (Hugging Face's repeat_kv).
+template <typename T>
+std::vector<T> RepeatKv(const std::vector<T> &qkv, int BT, int NH, int KVH, int HS) {
+  const size_t W = (size_t)(NH + 2 * KVH) * HS, C = (size_t)NH * HS;
+  std::vector<T> out((size_t)BT * 3 * C);
+  for (int r = 0; r < BT; r++) {
+    const T *from = &qkv[r * W];
+    T *to = &out[r * 3 * C];
+    std::memcpy(to, from, C * sizeof(T));
+    for (int h = 0; h < NH; h++) {
+      const int g = h / (NH / KVH);
+      std::memcpy(to + C + (size_t)h * HS, from + C + (size_t)g * HS, HS * sizeof(T));
+      std::memcpy(to + 2 * C + (size_t)h * HS, from + C + (size_t)(KVH + g) * HS, HS * sizeof(T));
+    }
+  }
+  return out;
+}
+
+// dk or dv of the NH repeated kv heads (BT, NH HS) summed over each group: (BT, KVH HS).
+std::vector<float> SumGroups(const std::vector<float> &repeated, int BT, int NH, int KVH, int HS);
+
 
 // A stream, an mp_cublas and device buffers for one test, all freed when it goes out of scope.
 // A failing call sets ok() false and keeps its message; tests ASSERT on ok() between phases.

@@ -61,52 +61,6 @@ std::string Describe(const Shape &s) {
          (s.KVH != s.NH ? " KVH=" + std::to_string(s.KVH) : "") + " HS=" + std::to_string(s.HS);
 }
 
-// Slice `part` (0 q, 1 k, 2 v) of a (BT, W) qkv tensor, W = (NH + 2 KVH) HS: (BT, NH HS) for q,
-// (BT, KVH HS) for k and v.
-std::vector<float> QkvPart(const std::vector<float> &qkv, int part, int BT, int NH, int KVH,
-                           int HS) {
-  const size_t W = (size_t)(NH + 2 * KVH) * HS;
-  const size_t first = part == 0 ? 0 : (size_t)(part == 1 ? NH : NH + KVH) * HS;
-  const size_t width = (size_t)(part == 0 ? NH : KVH) * HS;
-  std::vector<float> out((size_t)BT * width);
-  for (int r = 0; r < BT; r++) {
-    std::memcpy(&out[r * width], &qkv[r * W + first], width * sizeof(float));
-  }
-  return out;
-}
-
-// The multi-head (B, T, 3 NH HS) input equivalent to a grouped (B, T, W) one: kv head g repeated
-// for each query head of its group (Hugging Face's repeat_kv).
-template <typename T>
-std::vector<T> RepeatKv(const std::vector<T> &qkv, int BT, int NH, int KVH, int HS) {
-  const size_t W = (size_t)(NH + 2 * KVH) * HS, C = (size_t)NH * HS;
-  std::vector<T> out((size_t)BT * 3 * C);
-  for (int r = 0; r < BT; r++) {
-    const T *from = &qkv[r * W];
-    T *to = &out[r * 3 * C];
-    std::memcpy(to, from, C * sizeof(T));
-    for (int h = 0; h < NH; h++) {
-      const int g = h / (NH / KVH);
-      std::memcpy(to + C + (size_t)h * HS, from + C + (size_t)g * HS, HS * sizeof(T));
-      std::memcpy(to + 2 * C + (size_t)h * HS, from + C + (size_t)(KVH + g) * HS, HS * sizeof(T));
-    }
-  }
-  return out;
-}
-
-// dk or dv of the NH repeated kv heads (BT, NH HS) summed over each group: (BT, KVH HS).
-std::vector<float> SumGroups(const std::vector<float> &repeated, int BT, int NH, int KVH, int HS) {
-  std::vector<float> summed((size_t)BT * KVH * HS, 0.0f);
-  for (int r = 0; r < BT; r++) {
-    for (int h = 0; h < NH; h++) {
-      for (int i = 0; i < HS; i++) {
-        summed[((size_t)r * KVH + h / (NH / KVH)) * HS + i] +=
-            repeated[((size_t)r * NH + h) * HS + i];
-      }
-    }
-  }
-  return summed;
-}
 
 // Inputs rounded to bf16, and the CPU twin's outputs on them: out, lse (in double from the CPU's
 // scaled scores) and the gradient of qkv from zero.
