@@ -21,7 +21,8 @@
 #     bit, gpt2-124m and gpt2-1.5b (tokens/s, MFU), and PyTorch eager on the same model and batch
 #     for the tokens/s ratio;
 #   - the Llama family: the tiny LlamaForCausalLM and Qwen2ForCausalLM goldens' step-1 loss on the
-#     GPU against transformers', and one-GPU training of llama3.2-1b (tokens/s, MFU).
+#     GPU against transformers', and one-GPU training of llama3.2-1b (tokens/s, MFU) beside
+#     PyTorch eager (bf16 autocast, F.scaled_dot_product_attention) on the same model and batch.
 # Usage: bash tools/device_check.sh [--quick]   (--quick: kernels, communicators and tiny-gpt only)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -323,6 +324,8 @@ if [ "$quick" != "--quick" ]; then
     || fail "llama3.2-1b on cuda"
   grep -E "^(model|plan|backend)|step (1|5|10|15|20)/|done|mpengine run" "$log"
   rm -f "$log"
+  timeout 300 env -u LD_LIBRARY_PATH python3 tools/bench/torch_gpu_step.py examples/models/llama3.2-1b.json \
+    --batch 8 --seq-len 2048 --steps 10 || echo "(PyTorch step unavailable)"
   for model in gpt2-124m gpt2-1.5b; do
     section "one-GPU training: $model (20 steps, synthetic data)"
     plan=examples/plans/$model-1gpu.json
