@@ -44,11 +44,14 @@ if [ $test_status -ne 0 ] && [ $test_status -ne 3 ]; then build_status=$test_sta
 
 # The GPU code above the kernels, run on the CPU with the CUDA C APIs emulated (third_party/
 # cuda.bzl), in its own output tree (.bazelrc's config "emulated"; no convenience symlinks, so
-# bazel-bin keeps the real build). Part of the full run only.
+# bazel-bin keeps the real build). Part of the full run only. The kernel tests run there too:
+# against the emulated launchers they check the launchers' shapes, strides and roundings (the
+# kernels themselves only on a GPU).
 emulated=()
 if [ "$#" -eq 0 ]; then
   emulated=(//tests/engine:gpt_model_gpu_test //tests/engine:gpt_stage_gpu_test
-            //tests/engine:comm_nccl_emulated_test //tests/tools:cuda_emulated_run_test)
+            //tests/engine:comm_nccl_emulated_test //tests/tools:cuda_emulated_run_test
+            //tests/layers:cuda_elementwise_test //tests/layers:cuda_gemm_test)
   bazel test "${emulated_config[@]}" --keep_going "${emulated[@]}" 2>&1 |
     tee -a "$bazel_log"
   emulated_status=${PIPESTATUS[0]}
