@@ -177,7 +177,12 @@ static mp_status read_config(const mp_model *model, int seq_len, mp_gpt_config *
                    "= %d); shorten seq_len or raise max_positions",
                    mp_model_source(model), seq_len, config->max_seq_len);
   }
-  if (!config->learned_positions) config->max_seq_len = seq_len;
+  if (!config->learned_positions) {
+    /* Rotary embeddings: the model's own sequence length (a Hugging Face checkpoint's
+     * max_position_embeddings when imported), or the run's if that is longer. */
+    const int64_t model_seq_len = mp_model_seq_len(model);
+    config->max_seq_len = model_seq_len > seq_len ? (int)model_seq_len : seq_len;
+  }
   return MP_OK;
 }
 

@@ -47,7 +47,7 @@ typedef enum { MP_GPT_FAMILY_GPT2 = 0, MP_GPT_FAMILY_LLAMA } mp_gpt_family;
 
 /* The sizes and choices the runtime works with. */
 typedef struct {
-  int max_seq_len; /* rows of the position table; with rotary embeddings the longest sequence */
+  int max_seq_len; /* rows of the position table; with rotary embeddings the model's seq_len */
   int vocab_size;  /* V */
   int padded_vocab_size; /* Vp, a multiple of 64 */
   int num_layers;  /* L */
