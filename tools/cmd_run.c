@@ -796,10 +796,14 @@ static mp_status print_banner(run_state *state, const run_options *o, const run_
                               mp_error *err) {
   mp_cluster cluster;
   MP_TRY(mp_cluster_load(state->plan.cluster, &cluster, err));
-  /* MFU of the whole job: the model's FLOPs against every rank's peak. */
-  state->peak_flops_per_s =
-      cluster.peak_flops_per_s[o->backend == MP_BACKEND_CUDA ? MP_DTYPE_BF16 : MP_DTYPE_FP32] *
-      (double)state->world_size;
+  /* MFU of the whole job: the model's FLOPs against every rank's peak (on CPU ranks sharing
+   * cores, the cores they keep busy: topology/cluster.h). */
+  const bool shared_cores = o->backend == MP_BACKEND_CPU && cluster.cores_per_node > 0;
+  if (o->backend == MP_BACKEND_CUDA) cluster.cores_per_node = 0; /* GPUs: a peak each */
+  state->peak_flops_per_s = mp_cluster_job_peak_flops(
+      &cluster, o->backend == MP_BACKEND_CUDA ? MP_DTYPE_BF16 : MP_DTYPE_FP32, state->world_size);
+  const double busy_cores =
+      shared_cores ? state->peak_flops_per_s / cluster.peak_flops_per_s[MP_DTYPE_FP32] : 0.0;
   const mp_plan *plan = &state->plan;
   const mp_gpt_layout *layout = mp_trainer_layout(state->trainer);
   const mp_gpt_config *c = mp_gpt_layout_config(layout);
@@ -819,8 +823,13 @@ static mp_status print_banner(run_state *state, const run_options *o, const run_
          o->config, ranks_text, (long long)plan->global_batch,
          (long long)plan->num_micro_batches, (long long)plan->micro_batch,
          (long long)plan->seq_len, (long long)o->steps);
-  char ranks_times[32] = "";
-  if (state->world_size > 1) snprintf(ranks_times, sizeof ranks_times, "%d x ", state->world_size);
+  char ranks_times[64] = "";
+  if (shared_cores) {
+    snprintf(ranks_times, sizeof ranks_times, "%.0f busy core%s x ", busy_cores,
+             busy_cores == 1.0 ? "" : "s");
+  } else if (state->world_size > 1) {
+    snprintf(ranks_times, sizeof ranks_times, "%d x ", state->world_size);
+  }
   printf("backend: %s%s%s; MFU against %s%s's %s peak of %.2f TFLOP/s%s\n",
          mp_backend_name(o->backend), o->backend_reason, s->gpu_comm_text, ranks_times,
          cluster.name, o->backend == MP_BACKEND_CUDA ? "bf16" : "fp32",

@@ -711,6 +711,20 @@ int mp_cluster_threads_per_device(const mp_cluster *cluster, int devices_on_node
   return threads > 1 ? threads : 1;
 }
 
+double mp_cluster_job_peak_flops(const mp_cluster *cluster, int dtype, int devices) {
+  if (devices <= 0 || dtype < 0 || dtype >= MP_DTYPE_COUNT) return 0.0;
+  const double peak = cluster->peak_flops_per_s[dtype];
+  if (cluster->cores_per_node <= 0) return peak * (double)devices;
+  double busy_cores = 0.0;
+  const int per_node = cluster->devices_per_node > 0 ? cluster->devices_per_node : devices;
+  for (int left = devices; left > 0; left -= per_node) {
+    const int on_node = left < per_node ? left : per_node;
+    const int busy = on_node * mp_cluster_threads_per_device(cluster, on_node);
+    busy_cores += busy < cluster->cores_per_node ? busy : cluster->cores_per_node;
+  }
+  return peak * busy_cores;
+}
+
 double mp_cluster_compute_slowdown(const mp_cluster *cluster, int devices_on_node) {
   if (cluster->cores_per_node <= 0 || devices_on_node < 1) return 1.0;
   const double busy = (double)devices_on_node *

@@ -281,6 +281,13 @@ int mp_cluster_threads_per_device(const mp_cluster *cluster, int devices_on_node
  * cores_per_node (the GPU presets) or devices_on_node < 1. */
 double mp_cluster_compute_slowdown(const mp_cluster *cluster, int devices_on_node);
 
+/* The peak FLOP/s of dtype that a job of `devices` ranks can reach, what MFU is measured
+ * against: devices x the device's peak, or on shared cores (cores_per_node) the one-thread peak
+ * times the cores the job keeps busy, min(D x threads, cores) on each node of D ranks, so that a
+ * rank with two BLAS threads is not held to one core's peak and eight ranks taking turns on two
+ * cores not to eight. 0 for devices <= 0. */
+double mp_cluster_job_peak_flops(const mp_cluster *cluster, int dtype, int devices);
+
 #ifdef __cplusplus
 }
 #endif

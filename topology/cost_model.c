@@ -456,8 +456,10 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
   out->model_flops_per_step = model_flops * m * layout->dp;
   out->tokens_per_s = global_batch * (double)layout->seq_len / out->step_s;
   out->tflops_per_gpu = out->model_flops_per_step / out->step_s / gpus / 1e12;
-  out->mfu = out->tflops_per_gpu * 1e12 /
-             cluster->peak_flops_per_s[mp_cluster_training_dtype(cluster)];
+  /* Against the job's peak (on shared cores, the cores its ranks keep busy). */
+  const double job_peak =
+      mp_cluster_job_peak_flops(cluster, mp_cluster_training_dtype(cluster), (int)gpus);
+  out->mfu = job_peak > 0 ? out->model_flops_per_step / out->step_s / job_peak : 0.0;
   out->fits = out->memory_bytes <= out->capacity_bytes;
   mp_simulation_free(&sim);
   mp_sim_costs_free(&sim_costs);

@@ -741,6 +741,26 @@ TEST(ClusterSharedCores, SlowdownIsRanksTimesThreadsOverCores) {
   EXPECT_EQ(mp_cluster_compute_slowdown(&h100, 4096), 1.0);
 }
 
+// What MFU is measured against: the cores a job keeps busy on shared cores, so that a rank on two
+// BLAS threads is not held to one core's peak (an MFU above 100%), nor eight ranks taking turns on
+// two cores to eight; on GPUs every device's peak.
+TEST(ClusterSharedCores, JobPeakIsTheCoresItKeepsBusy) {
+  mp_cluster c = Parse(Description({{"cores_per_node", "2"}, {"devices_per_node", "4096"}}));
+  const double peak = c.peak_flops_per_s[MP_DTYPE_FP32];
+  ASSERT_GT(peak, 0.0);
+  EXPECT_EQ(mp_cluster_job_peak_flops(&c, MP_DTYPE_FP32, 1), 2 * peak);  // two BLAS threads
+  EXPECT_EQ(mp_cluster_job_peak_flops(&c, MP_DTYPE_FP32, 2), 2 * peak);
+  EXPECT_EQ(mp_cluster_job_peak_flops(&c, MP_DTYPE_FP32, 8), 2 * peak);  // 8 ranks, 2 cores
+  EXPECT_EQ(mp_cluster_job_peak_flops(&c, MP_DTYPE_FP32, 0), 0.0);
+  mp_cluster eight = Parse(Description({{"cores_per_node", "8"}, {"devices_per_node", "4"}}));
+  // Nodes of 4 ranks with 2 threads each: 8 busy cores per node.
+  EXPECT_EQ(mp_cluster_job_peak_flops(&eight, MP_DTYPE_FP32, 8), 16 * peak);
+  EXPECT_EQ(mp_cluster_job_peak_flops(&eight, MP_DTYPE_FP32, 3), 6 * peak);  // 3 x 2 of 8
+  mp_cluster h100 = Preset("h100-sxm");
+  EXPECT_EQ(mp_cluster_job_peak_flops(&h100, MP_DTYPE_BF16, 8),
+            8 * h100.peak_flops_per_s[MP_DTYPE_BF16]);
+}
+
 }  // namespace
 
 // Where this machine's measured cpu-local is kept: $MPENGINE_CALIBRATION (set and empty: nowhere),
