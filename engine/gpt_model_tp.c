@@ -190,8 +190,9 @@ mp_status mp_gpt_tp_create_stage(const mp_model *model, int micro_batch, int seq
   }
   gpt->num_params = offset;
   gpt->params = calloc(gpt->num_params > 0 ? gpt->num_params : 1, sizeof(float));
-  gpt->grads = calloc(gpt->num_params > 0 ? gpt->num_params : 1, sizeof(float));
-  if (gpt->params == NULL || gpt->grads == NULL) {
+  /* Without slots the stage only holds arrays, and its gradients live elsewhere (the GPU). */
+  if (num_slots > 0) gpt->grads = calloc(gpt->num_params > 0 ? gpt->num_params : 1, sizeof(float));
+  if (gpt->params == NULL || (num_slots > 0 && gpt->grads == NULL)) {
     const size_t n = gpt->num_params;
     mp_gpt_tp_free(gpt);
     return mp_fail(err, MP_ERR_RUNTIME, "out of memory for a shard of %zu parameters", n);
@@ -229,6 +230,16 @@ bool mp_gpt_tp_sequence_parallel(const mp_gpt_tp *gpt) { return gpt->sp; }
 size_t mp_gpt_tp_num_params(const mp_gpt_tp *gpt) { return gpt->num_params; }
 float *mp_gpt_tp_params(mp_gpt_tp *gpt) { return gpt->params; }
 float *mp_gpt_tp_grads(mp_gpt_tp *gpt) { return gpt->grads; }
+
+mp_status mp_gpt_tp_alloc_grads(mp_gpt_tp *gpt, mp_error *err) {
+  if (gpt->grads != NULL) return MP_OK;
+  gpt->grads = calloc(gpt->num_params > 0 ? gpt->num_params : 1, sizeof(float));
+  if (gpt->grads == NULL) {
+    return mp_fail(err, MP_ERR_RUNTIME, "out of memory for the host gradients of %zu parameters",
+                   gpt->num_params);
+  }
+  return MP_OK;
+}
 int mp_gpt_tp_num_tensors(const mp_gpt_tp *gpt) { return gpt->num_tensors; }
 const mp_gpt_tp_tensor *mp_gpt_tp_tensor_at(const mp_gpt_tp *gpt, int index) {
   return &gpt->tensors[index];
@@ -312,11 +323,12 @@ mp_status mp_gpt_tp_gather_params(mp_gpt_tp *gpt, float *full, mp_error *err) {
 }
 
 mp_status mp_gpt_tp_gather_grads(mp_gpt_tp *gpt, float *full, mp_error *err) {
+  MP_TRY(mp_gpt_tp_alloc_grads(gpt, err));
   return gather_all(gpt, gpt->grads, full, err);
 }
 
 void mp_gpt_tp_zero_grads(mp_gpt_tp *gpt) {
-  memset(gpt->grads, 0, gpt->num_params * sizeof(float));
+  if (gpt->grads != NULL) memset(gpt->grads, 0, gpt->num_params * sizeof(float));
 }
 
 static mp_status need_chain(const mp_gpt_tp *gpt, mp_error *err) {
@@ -375,6 +387,7 @@ mp_status mp_gpt_tp_norm_from_squares(const mp_gpt_tp *gpt, const double *square
 }
 
 mp_status mp_gpt_tp_grad_norm_squared(mp_gpt_tp *gpt, double *out, mp_error *err) {
+  MP_TRY(mp_gpt_tp_alloc_grads(gpt, err));
   double *squares = malloc((size_t)(gpt->num_tensors > 0 ? gpt->num_tensors : 1) * sizeof(double));
   if (squares == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
   for (int i = 0; i < gpt->num_tensors; ++i) {

@@ -126,10 +126,15 @@ const mp_gpt_layout *mp_gpt_tp_layout(const mp_gpt_tp *gpt);
 const mp_tp_comm *mp_gpt_tp_comm(const mp_gpt_tp *gpt);
 bool mp_gpt_tp_sequence_parallel(const mp_gpt_tp *gpt);
 
-/* The flat shard arrays, mp_gpt_tp_num_params floats each, and their tensor table. */
+/* The flat shard arrays, mp_gpt_tp_num_params floats each, and their tensor table. A stage of
+ * arrays only (no activation slots: a GPU stage's host copy, whose gradients live on the device)
+ * holds no host gradient array until mp_gpt_tp_alloc_grads makes one (mp_gpt_tp_grads is NULL
+ * before, and zeroing, gathering and norms of the gradients are for stages that have them). */
 size_t mp_gpt_tp_num_params(const mp_gpt_tp *gpt);
 float *mp_gpt_tp_params(mp_gpt_tp *gpt);
 float *mp_gpt_tp_grads(mp_gpt_tp *gpt);
+/* The host gradient array (zeroed) if the stage has none yet; MP_ERR_RUNTIME out of memory. */
+mp_status mp_gpt_tp_alloc_grads(mp_gpt_tp *gpt, mp_error *err);
 int mp_gpt_tp_num_tensors(const mp_gpt_tp *gpt);
 const mp_gpt_tp_tensor *mp_gpt_tp_tensor_at(const mp_gpt_tp *gpt, int index);
 

@@ -669,6 +669,8 @@ mp_status mp_gpt_stage_gpu_upload_state(mp_gpt_stage_gpu *gpu, const float *adam
 }
 
 mp_status mp_gpt_stage_gpu_download_grads(mp_gpt_stage_gpu *gpu, mp_error *err) {
+  /* The host copy has no gradient array until one is downloaded (tests, comparisons). */
+  MP_TRY(mp_gpt_tp_alloc_grads(gpu->host, err));
   return mp_device_copy_to_host(mp_gpt_tp_grads(gpu->host), gpu->grads,
                                 gpu->num_params * sizeof(float), err);
 }
