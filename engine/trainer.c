@@ -89,7 +89,9 @@ mp_status mp_trainer_check_layout(const mp_plan *plan, mp_backend backend, mp_er
                    plan->source);
   }
   if (plan->zero_stage != 0 && plan->zero_stage != 1) {
-    return mp_fail(err, MP_ERR_INPUT, "%s: parallel.zero_stage is %d; this mpengine has 0 and 1",
+    return mp_fail(err, MP_ERR_INPUT,
+                   "%s: parallel.zero_stage %d can be planned but not run yet; the runtime "
+                   "trains ZeRO 0 and 1 (set zero_stage 1 to shard the optimizer state)",
                    plan->source, plan->zero_stage);
   }
   return MP_OK;

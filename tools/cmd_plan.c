@@ -64,7 +64,7 @@ static mp_status read_options(const cli_command *command, mp_planner_options *o,
   static const char *const kSchedules[] = {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", NULL};
   static const char *const kRecompute[] = {"none", "selective", "full", NULL};
   static const char *const kBool[] = {"off", "on", NULL};
-  static const char *const kZero[] = {"0", "1", NULL};
+  static const char *const kZero[] = {"0", "1", "2", "3", NULL};
   MP_TRY(parse_choice(command, "schedule", kSchedules, &o->schedule, err));
   MP_TRY(parse_choice(command, "recompute", kRecompute, &o->recompute, err));
   MP_TRY(parse_choice(command, "sequence-parallel", kBool, &o->sequence_parallel, err));
@@ -145,6 +145,23 @@ static void print_explain(const mp_planner_result *r) {
     printf("  %4d %10.4f %10.4f %10.4f %12.4f %10.4f %10.4f %10.4f %9.4f\n", p, k->compute_s,
            k->recompute_s, k->tp_comm_s, k->idle_s, k->dp_exposed_s, k->optimizer_s,
            k->end_wait_s, k->dp_comm_s);
+  }
+  if (l->zero_stage >= 1 && l->dp > 1) {
+    static const char *const kWhat[] = {"", "optimizer state", "optimizer state and gradients",
+                                        "optimizer state, gradients and parameters"};
+    printf("\n  ZeRO-%d over dp %d (%s sharded); dp traffic per rank and step, GiB:\n",
+           l->zero_stage, l->dp, kWhat[l->zero_stage]);
+    printf("  %4s %14s %16s %10s %10s %9s\n", "pp", "all-gathers", "reduce-scatters", "dp total",
+           "exposed", "hidden");
+    for (int p = 0; p < l->pp; ++p) {
+      const mp_rank_estimate *k = &e->ranks[p];
+      const double hidden = k->dp_comm_s > 0 ? 1.0 - k->dp_exposed_s / k->dp_comm_s : 0.0;
+      printf("  %4d %14.3f %16.3f %9.4fs %9.4fs %8.1f%%\n", p, k->zero_gather_bytes / kGiB,
+             k->zero_reduce_scatter_bytes / kGiB, k->dp_comm_s, k->dp_exposed_s, 100.0 * hidden);
+    }
+    if (l->zero_stage >= 2) {
+      printf("  (ZeRO-%d is planned only: `mpengine run` trains ZeRO 0 and 1)\n", l->zero_stage);
+    }
   }
   printf("\n  memory per GPU of each pipeline rank, GiB (capacity %.2f):\n", e->capacity_bytes / kGiB);
   printf("  %4s %9s %9s %10s %12s %6s %10s %9s %9s\n", "pp", "weights", "grads", "optimizer",
@@ -282,7 +299,7 @@ int cmd_plan(int argc, char **argv) {
       {"virtual-stages", "V", "fix the model chunks per pipeline rank", NULL},
       {"recompute", "MODE", "fix recomputation: none, selective, full", NULL},
       {"sequence-parallel", "on|off", "fix sequence parallelism", NULL},
-      {"zero", "0|1", "fix the ZeRO stage (1: optimizer state sharded over dp)", NULL},
+      {"zero", "0|1|2|3", "fix the ZeRO stage (1: optimizer state sharded over dp; 2: and gradients; 3: and parameters; 2 and 3 are planned, not yet run)", NULL},
       {"exhaustive", NULL, "simulate every layout instead of skipping those a bound shows cannot "
        "make the top K (the same ranking, slower)", NULL},
       {0},

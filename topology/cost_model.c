@@ -144,14 +144,26 @@ void mp_cost_layer(const mp_cluster *cluster, const mp_layer_spec *layer, const 
   }
 }
 
+mp_state_bytes mp_cost_sharded_state_bytes(const mp_cluster *cluster, const mp_layout *layout) {
+  mp_state_bytes state = mp_cost_state_bytes(cluster);
+  const double d = layout->dp > 1 ? (double)layout->dp : 1.0;
+  if (layout->zero_stage >= 1) state.optimizer /= d;
+  if (layout->zero_stage >= 2) state.grads /= d;
+  if (layout->zero_stage >= 3) state.weights /= d;
+  return state;
+}
+
 double mp_cost_optimizer_seconds(const mp_cluster *cluster, const mp_layout *layout,
                                  double params) {
   const mp_state_bytes state = mp_cost_state_bytes(cluster);
   const double d = (double)layout->dp;
-  /* ZeRO-1: each rank reads and writes only its 1/dp of the fp32 moments' state. */
+  /* ZeRO-1: each rank reads and writes only its 1/dp of the fp32 moments' state; ZeRO-2 and 3:
+   * the whole update (gradients, master weights, moments) runs on its 1/dp of the parameters. */
   const double bytes_per_param =
-      MP_COST_OPTIMIZER_BYTES_PER_PARAM -
-      (layout->zero_stage == 1 ? state.optimizer * 2.0 * (1.0 - 1.0 / d) : 0.0);
+      layout->zero_stage >= 2 && d > 1
+          ? MP_COST_OPTIMIZER_BYTES_PER_PARAM / d
+          : MP_COST_OPTIMIZER_BYTES_PER_PARAM -
+                (layout->zero_stage == 1 ? state.optimizer * 2.0 * (1.0 - 1.0 / d) : 0.0);
   return params * bytes_per_param / mp_cluster_memory_bandwidth(cluster) *
          mp_cost_compute_slowdown(cluster, layout);
 }
@@ -307,13 +319,15 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
   double stage_params[MP_COST_MAX_STAGES], stage_act[MP_COST_MAX_STAGES];
   double stage_compute[MP_COST_MAX_STAGES], stage_recompute[MP_COST_MAX_STAGES];
   double stage_tp[MP_COST_MAX_STAGES], stage_fwd_compute[MP_COST_MAX_STAGES];
+  double stage_largest_layer[MP_COST_MAX_STAGES]; /* parameters of its largest layer */
   const int elem = mp_cost_activation_bytes_per_element(cluster);
   double model_flops = 0.0, boundary_bytes = 0.0;
   int layer = 0;
   for (int s = 0; s < stages; ++s) {
-    double f = 0, b = 0, tpf = 0, tpb = 0, params = 0, act = 0, rec = 0;
+    double f = 0, b = 0, tpf = 0, tpb = 0, params = 0, act = 0, rec = 0, largest = 0;
     for (int i = 0; i < out->layers_per_stage[s]; ++i, ++layer) {
       const mp_layer_time *t = &times[layer];
+      if (t->params > largest) largest = t->params;
       f += t->forward_compute_s;
       b += t->backward_compute_s;
       rec += t->recompute_s;
@@ -334,6 +348,7 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
     stage_tp[s] = tpf + tpb;
     stage_params[s] = params;
     stage_act[s] = act;
+    stage_largest_layer[s] = largest;
   }
   free(times);
   free(costs);
@@ -405,44 +420,76 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
   for (int r = 0; r < pp; ++r) {
     mp_rank_estimate *rank = &out->ranks[r];
     rank->first_stage = r;
-    double params = 0.0, last_backward = 0.0;
+    double params = 0.0, last_backward = 0.0, all_compute = 0.0, largest_layer = 0.0;
     for (int c = 0; c < v; ++c) {
       const int s = c * pp + r;
       params += stage_params[s];
+      all_compute += m * (out->stage_forward_s[s] + out->stage_backward_s[s]);
+      if (stage_largest_layer[s] > largest_layer) largest_layer = stage_largest_layer[s];
       rank->compute_s += m * stage_compute[s];
       rank->recompute_s += m * stage_recompute[s];
       rank->tp_comm_s += m * stage_tp[s];
       last_backward += out->stage_backward_s[s];
     }
     rank->idle_s = sim.step_time - sim.busy_time[r];
-    const double grad_bytes = params * state.grads;
-    if (d > 1) {
-      if (layout->zero_stage == 1) {
-        const double frac = (double)(d - 1) / d;
-        rank->dp_comm_s = frac * grad_bytes / dp_bw + frac * params * state.weights / dp_bw +
-                          2.0 * (d - 1) * dp_lat;
-      } else {
-        rank->dp_comm_s = mp_cost_allreduce_seconds(grad_bytes, d, dp_bw, dp_lat);
-      }
+    const double grad_bytes = params * state.grads, weight_bytes = params * state.weights;
+    const double frac = (double)(d - 1) / d;
+    const int zero = d > 1 ? layout->zero_stage : 0;
+    /* What of the dp collectives the step's compute can hide (ZeRO-2's reduce-scatters run in
+     * every micro-batch's backward, ZeRO-3's gathers are prefetched under the layer before);
+     * what runs after the optimizer (the parameter all-gather of ZeRO-1 and 2) hides nothing. */
+    double hidable = 0.0, after_optimizer = 0.0;
+    if (zero == 1) {
+      hidable = frac * grad_bytes / dp_bw + (d - 1) * dp_lat;
+      after_optimizer = frac * weight_bytes / dp_bw + (d - 1) * dp_lat;
+    } else if (zero == 2) {
+      hidable = m * (frac * grad_bytes / dp_bw + (d - 1) * dp_lat);
+      after_optimizer = frac * weight_bytes / dp_bw + (d - 1) * dp_lat;
+    } else if (zero == 3) {
+      /* Per micro-batch: every layer's weights gathered for its forward and again for its
+       * backward (reshard after forward), its gradients reduce-scattered. */
+      hidable = m * (frac * (2.0 * weight_bytes + grad_bytes) / dp_bw + 3.0 * (d - 1) * dp_lat);
+    } else if (d > 1) {
+      hidable = mp_cost_allreduce_seconds(grad_bytes, d, dp_bw, dp_lat);
     }
-    rank->dp_comm_s *= slowdown;
+    rank->dp_comm_s = (hidable + after_optimizer) * slowdown;
+    rank->zero_gather_bytes = zero == 3   ? m * 2.0 * frac * weight_bytes
+                              : zero >= 1 ? frac * weight_bytes
+                                          : 0.0;
+    rank->zero_reduce_scatter_bytes = zero == 2 || zero == 3 ? m * frac * grad_bytes
+                                      : zero == 1             ? frac * grad_bytes
+                                                              : 0.0;
     const int last = schedule->ranks[r].num_actions - 1;
     const double idle_after = last >= 0 ? sim.step_time - sim.end[r][last] : 0.0;
+    const double cover = zero >= 2 ? all_compute : last_backward + idle_after;
     /* CPU ranks (a cluster whose devices share cores) copy and reduce on the cores that compute,
      * and Open MPI progresses a collective only inside MPI calls: nothing overlaps there. */
     rank->dp_exposed_s = cluster->cores_per_node > 0
                              ? rank->dp_comm_s
-                             : fmax(0.0, rank->dp_comm_s - last_backward - idle_after);
+                             : fmax(0.0, hidable * slowdown - cover) + after_optimizer * slowdown;
+    if (zero == 1 && cluster->cores_per_node <= 0) {
+      /* ZeRO-1's two collectives as one reduction after the backward, as before. */
+      rank->dp_exposed_s = fmax(0.0, rank->dp_comm_s - last_backward - idle_after);
+    }
     rank->optimizer_s = mp_cost_optimizer_seconds(cluster, layout, params);
     if (rank->dp_exposed_s + rank->optimizer_s > tail) tail = rank->dp_exposed_s + rank->optimizer_s;
 
-    rank->weights_bytes = params * state.weights;
-    rank->grads_bytes = params * state.grads;
-    rank->optimizer_bytes = params * state.optimizer / (layout->zero_stage == 1 ? d : 1);
+    const mp_state_bytes sharded = mp_cost_sharded_state_bytes(cluster, layout);
+    rank->weights_bytes = params * sharded.weights;
+    /* ZeRO-3 gathers a layer's weights while it computes and prefetches the next one's. */
+    if (zero == 3) rank->weights_bytes += 2.0 * largest_layer * state.weights;
+    rank->grads_bytes = params * sharded.grads;
+    rank->optimizer_bytes = params * sharded.optimizer;
     rank->activation_bytes = sim.peak_activation_memory[r];
     rank->peak_live = sim.peak_live[r];
     rank->workspace_bytes = mp_cost_workspace_bytes(cluster);
-    if (d > 1) rank->workspace_bytes += mp_cost_dp_transient_bytes(cluster, rank->grads_bytes);
+    /* The dp collectives' buffers: every bucket's temporaries on CPU ranks (ZeRO 0 and 1); with
+     * ZeRO 2 and 3 one layer's gradients at a time, reduced as the layer's backward ends. */
+    if (d > 1) {
+      rank->workspace_bytes += mp_cost_dp_transient_bytes(
+          cluster, zero >= 2 ? largest_layer * state.grads : rank->grads_bytes);
+      if (zero >= 2) rank->workspace_bytes += largest_layer * state.grads;
+    }
     rank->memory_bytes = rank->weights_bytes + rank->grads_bytes + rank->optimizer_bytes +
                          rank->activation_bytes + rank->workspace_bytes;
     if (rank->memory_bytes > out->memory_bytes) out->memory_bytes = rank->memory_bytes;

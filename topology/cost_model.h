@@ -121,7 +121,11 @@ typedef struct {
   mp_schedule_kind schedule;
   mp_recompute recompute;
   bool sequence_parallel;
-  int zero_stage; /* 0 or 1 */
+  /* ZeRO over dp (Rajbhandari et al. 2020): 0 replicated; 1 optimizer state sharded; 2 and
+   * gradients (reduce-scattered in each micro-batch's backward, one layer's buffer at a time);
+   * 3 and parameters (each layer's gathered for its forward and again for its backward in every
+   * micro-batch, torchtitan's reshard_after_forward, with the next layer's prefetched). */
+  int zero_stage;
 } mp_layout;
 
 /* One layer on one tp rank for one micro-batch. */
@@ -141,6 +145,9 @@ typedef struct {
   double weights, grads, optimizer;
 } mp_state_bytes;
 mp_state_bytes mp_cost_state_bytes(const mp_cluster *cluster);
+/* The same per parameter of a rank under layout's ZeRO stage: the optimizer state (1 and up),
+ * the gradients (2 and up) and the weights (3) divided over dp. */
+mp_state_bytes mp_cost_sharded_state_bytes(const mp_cluster *cluster, const mp_layout *layout);
 
 /* Activation element size: 2 on a bf16 device, 4 on an fp32 one. */
 int mp_cost_activation_bytes_per_element(const mp_cluster *cluster);
@@ -194,6 +201,7 @@ typedef struct {
   double end_wait_s;     /* waiting for the slowest rank's gradient reduction and optimizer */
   double weights_bytes, grads_bytes, optimizer_bytes, activation_bytes, workspace_bytes;
   double memory_bytes;   /* the sum of the five */
+  double zero_gather_bytes, zero_reduce_scatter_bytes; /* ZeRO's dp traffic a step, per rank */
   int peak_live;         /* (micro-batch, chunk) activation sets alive at once */
   int first_stage;       /* the stages of chunk 0 .. v-1: first_stage + c * pp */
 } mp_rank_estimate;

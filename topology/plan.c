@@ -97,10 +97,10 @@ static mp_status parse_parallel(const mp_json_reader *reader, const cJSON *root,
                                &plan->sequence_parallel));
   MP_TRY(mp_json_optional_int(reader, parallel, "$.parallel", "zero_stage", MP_JSON_NONNEGATIVE,
                               0, &zero_stage));
-  if (zero_stage > 1) {
+  if (zero_stage > 3) {
     return mp_fail(reader->err, MP_ERR_INPUT,
-                   "%s: $.parallel.zero_stage: %lld is not supported; use 0 (replicated optimizer "
-                   "state) or 1 (optimizer state sharded across dp)",
+                   "%s: $.parallel.zero_stage: %lld is not a ZeRO stage; use 0 (replicated), 1 "
+                   "(optimizer state sharded across dp), 2 (and gradients) or 3 (and parameters)",
                    reader->source, (long long)zero_stage);
   }
   /* Each size may be up to 2^26 here, so dp x pp x tp could overflow int64 (undefined

@@ -14,10 +14,12 @@ enum { kMaxVirtual = 8, kDefaultTop = 5 };
 int64_t mp_padded_vocab(int64_t vocab) { return (vocab + 63) / 64 * 64; }
 
 const char *mp_layout_describe(const mp_layout *l, char *out, int out_bytes) {
+  char zero[16] = "";
+  if (l->zero_stage > 0) snprintf(zero, sizeof zero, " zero-%d", l->zero_stage);
   snprintf(out, (size_t)out_bytes, "dp %d pp %d tp %d micro-batch %lld %s v%d recompute %s%s%s",
            l->dp, l->pp, l->tp, (long long)l->micro_batch, mp_schedule_kind_name(l->schedule),
            l->virtual_stages, mp_recompute_name(l->recompute),
-           l->sequence_parallel ? " sequence-parallel" : "", l->zero_stage ? " zero-1" : "");
+           l->sequence_parallel ? " sequence-parallel" : "", zero);
   return out;
 }
 
@@ -102,15 +104,14 @@ static void free_table(layer_table *t) {
  * largest over ranks of terms at least these). */
 static void quick_bounds(const mp_cluster *cluster, const layer_table *t, int n,
                          const mp_layout *l, double tied_params, double *time, double *memory) {
-  const mp_state_bytes state = mp_cost_state_bytes(cluster);
   const double pp = l->pp, m = (double)l->num_micro_batches;
   double params = t->params[n];
   if (l->pp > 1) params += tied_params / l->tp;
   const double work = t->fwd[n] + t->bwd[n];
   const double busiest = m * (work / pp > t->max_cost ? work / pp : t->max_cost);
   *time = busiest + mp_cost_optimizer_seconds(cluster, l, params / pp);
-  const double per_param_optimizer = state.optimizer / (l->zero_stage ? (double)l->dp : 1.0);
-  *memory = params / pp * (state.weights + state.grads + per_param_optimizer) +
+  const mp_state_bytes sharded = mp_cost_sharded_state_bytes(cluster, l);
+  *memory = params / pp * (sharded.weights + sharded.grads + sharded.optimizer) +
             mp_cost_workspace_bytes(cluster);
 }
 
@@ -138,9 +139,8 @@ static void split_bounds(const mp_cluster *cluster, const layer_table *t, const 
   int start[MP_COST_MAX_STAGES + 1];
   start[0] = 0;
   for (int i = 0; i < k; ++i) start[i + 1] = start[i] + counts[i];
-  const mp_state_bytes state = mp_cost_state_bytes(cluster);
   const double m = (double)l->num_micro_batches;
-  const double per_param_optimizer = state.optimizer / (l->zero_stage ? (double)l->dp : 1.0);
+  const mp_state_bytes sharded = mp_cost_sharded_state_bytes(cluster, l);
   /* zb-h1 runs weight gradients after a rank's last input gradient; the others end each rank
    * with the backward of the last micro-batch through its first chunk. */
   const bool backward_tail = l->schedule != MP_SCHEDULE_ZB_H1;
@@ -162,7 +162,7 @@ static void split_bounds(const mp_cluster *cluster, const layer_table *t, const 
      * goes back through those stages. */
     const double chain = t->fwd[start[r]] + (backward_tail ? t->bwd[start[r]] : 0.0);
     if (chain + busy > pipeline) pipeline = chain + busy;
-    const double rank_memory = params * (state.weights + state.grads + per_param_optimizer) +
+    const double rank_memory = params * (sharded.weights + sharded.grads + sharded.optimizer) +
                                fewest_live(l, r) * least_activations +
                                mp_cost_workspace_bytes(cluster);
     if (rank_memory > fullest) fullest = rank_memory;
@@ -551,9 +551,20 @@ static mp_status check_fixed(const mp_planner_options *o, int64_t global_batch, 
     return mp_fail(err, MP_ERR_INPUT,
                    "--sequence-parallel needs tensor parallelism, but --tp is 1");
   }
-  if (o->zero_stage == 1 && o->dp == 1) {
+  if (o->zero_stage >= 1 && o->dp == 1) {
     return mp_fail(err, MP_ERR_INPUT,
-                   "--zero 1 shards optimizer state across data-parallel ranks, but --dp is 1");
+                   "--zero %d shards %s across data-parallel ranks, but --dp is 1",
+                   o->zero_stage,
+                   o->zero_stage == 1   ? "optimizer state"
+                   : o->zero_stage == 2 ? "optimizer state and gradients"
+                                        : "optimizer state, gradients and parameters");
+  }
+  if (o->zero_stage >= 2 && o->schedule == MP_SCHEDULE_ZB_H1) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "--zero %d reduces each layer's gradients as its backward ends, but "
+                   "--schedule zb-h1 defers the weight gradients past the next layers' backward; "
+                   "choose one",
+                   o->zero_stage);
   }
   if (o->dp && global_batch % o->dp != 0) {
     return mp_fail(err, MP_ERR_INPUT,
@@ -604,8 +615,11 @@ static void enumerate(search *s, const mp_planner_options *o, int64_t global_bat
               if (o->recompute >= 0 && rc != o->recompute) continue;
               for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
                 if (o->sequence_parallel >= 0 && sp != o->sequence_parallel) continue;
-                for (int zero = 0; zero <= (dp > 1 ? 1 : 0); ++zero) {
+                /* ZeRO 2 and 3 are planned when asked for (--zero): the runtime trains 0 and 1. */
+                const int last_zero = dp == 1 ? 0 : o->zero_stage >= 2 ? o->zero_stage : 1;
+                for (int zero = 0; zero <= last_zero; ++zero) {
                   if (o->zero_stage >= 0 && zero != o->zero_stage) continue;
+                  if (zero >= 2 && kind == MP_SCHEDULE_ZB_H1) continue; /* see the refusal */
                   mp_layout layout = {dp, pp, tp, v, mb, m, seq_len, (mp_schedule_kind)kind,
                                       (mp_recompute)rc, sp == 1, zero};
                   if (add_candidate(s, &layout) != 0) *oom = true;

@@ -67,7 +67,7 @@ typedef struct {
   int schedule;          /* -1 free, else an mp_schedule_kind */
   int recompute;         /* -1 free, else an mp_recompute */
   int sequence_parallel; /* -1 free, 0, 1 */
-  int zero_stage;        /* -1 free, 0, 1 */
+  int zero_stage;        /* -1 free (0 or 1), or fixed: 0, 1, 2, 3 (2 and 3 are planned only) */
   bool exhaustive;       /* simulate every layout, no bound prunes any: the same ranking, slower
                             (what tests check the pruned search against) */
 } mp_planner_options;

@@ -83,6 +83,10 @@ cat > "$tmp/dp2-long.json" <<JSON
  "batch": {"global_batch": 4, "micro_batch": 1, "num_micro_batches": 2, "seq_len": 128}}
 JSON
 expect 2 "$tmp/dp2-long.json: \$.batch.seq_len 128 exceeds the model's seq_len 64" -- $mpengine run --config "$tmp/dp2-long.json"
+# ZeRO 2 and 3 are planned, not yet run (issue 17): refused before any rank starts.
+sed 's/"tp": 1}/"tp": 1, "zero_stage": 3}/' "$tmp/dp2.json" > "$tmp/dp2-zero3.json"
+expect 2 "$tmp/dp2-zero3.json: parallel.zero_stage 3 can be planned but not run yet; the runtime trains ZeRO 0 and 1 (set zero_stage 1 to shard the optimizer state)" -- \
+  $mpengine run --config "$tmp/dp2-zero3.json"
 for args in "--config $tmp/dp2-long.json" "--config $tmp/dp2.json --gpu-comm gloo"; do
   said=$($mpengine run $args 2>&1 | grep -c "mpengine run: ")
   [ "$said" = 1 ] || fail "run $args: the reason printed $said times, want once (by the launcher)"

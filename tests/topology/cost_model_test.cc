@@ -262,6 +262,59 @@ TEST(CostModel, OneStageStepAndMemoryByHand) {
   EXPECT_TRUE(e->fits);
 }
 
+// ZeRO's stages over dp 4 (Rajbhandari et al. 2020, Figure 1: the model states of each stage,
+// here with mixed precision's 2 + 4 + 12 bytes per parameter): 1 divides the optimizer state, 2
+// the gradients too, 3 the weights too (plus two layers' weights gathered, the one computing and
+// the one prefetched); 2 and 3 reduce only one layer's gradients at a time. Their dp traffic per
+// step: ZeRO-2 reduce-scatters the gradients in each of the m micro-batches and gathers the
+// weights once; ZeRO-3 gathers every layer's weights for its forward and again for its backward
+// in each micro-batch and reduce-scatters its gradients, hidden under the step's compute.
+TEST(CostModel, ZeroStagesDivideTheModelStatesAndCostTheirCollectives) {
+  Model m;
+  mp_cluster c = hand_cluster();
+  const double P = 108800, d = 4, frac = 3.0 / 4.0, mb = 4;
+  const double largest = 12 * 64 * 64 + 13 * 64;  // a block, the largest layer
+  auto e = std::make_unique<mp_estimate>();
+  mp_error err = MP_ERROR_INITIALIZER;
+  double expected_memory[4] = {0, 0, 0, 0};
+  for (int zero = 0; zero <= 3; ++zero) {
+    mp_layout l = layout(4, 1, 1, 1, (int64_t)mb);
+    l.zero_stage = zero;
+    ASSERT_EQ(mp_cost_estimate(&c, m.model, &l, nullptr, e.get(), &err), MP_OK) << err.message;
+    const mp_rank_estimate &r = e->ranks[0];
+    const double weights = zero == 3 ? 2 * P / d + 2 * 2 * largest : 2 * P;
+    const double grads = zero >= 2 ? 4 * P / d : 4 * P;
+    const double optimizer = zero >= 1 ? 12 * P / d : 12 * P;
+    EXPECT_DOUBLE_EQ(r.weights_bytes, weights) << "zero " << zero;
+    EXPECT_DOUBLE_EQ(r.grads_bytes, grads) << "zero " << zero;
+    EXPECT_DOUBLE_EQ(r.optimizer_bytes, optimizer) << "zero " << zero;
+    // One layer's gradient buffer with 2 and 3; none beyond the workspace on a GPU otherwise.
+    EXPECT_DOUBLE_EQ(r.workspace_bytes, 0.05 * kGiB + (zero >= 2 ? 4 * largest : 0.0))
+        << "zero " << zero;
+    expected_memory[zero] = r.memory_bytes;
+    const double gathers = zero == 3 ? mb * 2 * frac * 2 * P : zero >= 1 ? frac * 2 * P : 0.0;
+    const double scatters = zero >= 2 ? mb * frac * 4 * P : zero == 1 ? frac * 4 * P : 0.0;
+    EXPECT_DOUBLE_EQ(r.zero_gather_bytes, gathers) << "zero " << zero;
+    EXPECT_DOUBLE_EQ(r.zero_reduce_scatter_bytes, scatters) << "zero " << zero;
+    const double F = e->stage_forward_s[0], B = e->stage_backward_s[0];
+    if (zero == 2) {
+      const double reduce = mb * frac * 4 * P / 1e9, gather = frac * 2 * P / 1e9;
+      EXPECT_NEAR(r.dp_comm_s, reduce + gather, 1e-15);
+      // The reduce-scatters hide under the step's compute; the gather after the optimizer not.
+      EXPECT_NEAR(r.dp_exposed_s, std::fmax(0.0, reduce - mb * (F + B)) + gather, 1e-15);
+      EXPECT_NEAR(r.optimizer_s, P * 30 / d / 1e11, 1e-15);
+    }
+    if (zero == 3) {
+      EXPECT_NEAR(r.dp_comm_s, mb * frac * (2 * 2 * P + 4 * P) / 1e9, 1e-15);
+      EXPECT_NEAR(r.dp_exposed_s, std::fmax(0.0, r.dp_comm_s - mb * (F + B)), 1e-15);
+    }
+  }
+  EXPECT_GT(expected_memory[0], expected_memory[1]);
+  EXPECT_GT(expected_memory[1], expected_memory[2]);
+  // With two blocks, the two gathered for ZeRO-3 outweigh what sharding the weights saves.
+  EXPECT_GT(expected_memory[3], expected_memory[2]);
+}
+
 TEST(CostModel, PipelineMemoryAndTheTiedHead) {
   Model m;
   mp_cluster c = hand_cluster();

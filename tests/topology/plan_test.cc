@@ -87,9 +87,9 @@ INSTANTIATE_TEST_SUITE_P(
                 "zero_stage)"},
         BadPlan{plan_text("{\"dp\": 2, \"pp\": 0, \"tp\": 1}", kBatch),
                 "p.json: $.parallel.pp: must be a positive integer, got 0"},
-        BadPlan{plan_text("{\"dp\": 2, \"pp\": 2, \"tp\": 1, \"zero_stage\": 3}", kBatch),
-                "p.json: $.parallel.zero_stage: 3 is not supported; use 0 (replicated optimizer "
-                "state) or 1 (optimizer state sharded across dp)"},
+        BadPlan{plan_text("{\"dp\": 2, \"pp\": 2, \"tp\": 1, \"zero_stage\": 4}", kBatch),
+                "p.json: $.parallel.zero_stage: 4 is not a ZeRO stage; use 0 (replicated), 1 "
+                "(optimizer state sharded across dp), 2 (and gradients) or 3 (and parameters)"},
         BadPlan{plan_text(kParallel, kBatch, "\"schedule\": \"1fb1\", "),
                 "p.json: $.schedule: \"1fb1\" is not one of \"gpipe\", \"1f1b\", "
                 "\"interleaved-1f1b\", \"zb-h1\"; did you mean \"1f1b\"?"},

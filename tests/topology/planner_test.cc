@@ -134,6 +134,33 @@ TEST(Planner, RefusesAModelThatFitsNowhere) {
       << f.err.message;
 }
 
+// ZeRO 2 and 3 are planned when fixed (the runtime trains 0 and 1, so a free search never
+// picks them): --zero 3 gives the same layouts' ZeRO-3 estimates, with less state per rank.
+TEST(Planner, PlansZeroTwoAndThreeOnlyWhenAsked) {
+  Fixture f("examples/models/gpt2-350m.json", "a100-80g");
+  mp_planner_options o = MP_PLANNER_OPTIONS_INITIALIZER;
+  o.gpus = 8;
+  o.global_batch = 64;
+  o.dp = 8;
+  ASSERT_EQ(f.search(o), MP_OK) << f.err.message;
+  for (int i = 0; i < f.result.num_results; ++i) {
+    EXPECT_LE(f.result.results[i].layout.zero_stage, 1) << "result " << i;
+  }
+  const double free_state = f.result.results[0].ranks[0].optimizer_bytes +
+                            f.result.results[0].ranks[0].grads_bytes;
+  o.zero_stage = 2;
+  ASSERT_EQ(f.search(o), MP_OK) << f.err.message;
+  ASSERT_GT(f.result.num_results, 0);
+  EXPECT_EQ(f.result.results[0].layout.zero_stage, 2);
+  EXPECT_LT(f.result.results[0].ranks[0].optimizer_bytes + f.result.results[0].ranks[0].grads_bytes,
+            free_state);
+  o.zero_stage = 3;
+  ASSERT_EQ(f.search(o), MP_OK) << f.err.message;
+  ASSERT_GT(f.result.num_results, 0);
+  EXPECT_EQ(f.result.results[0].layout.zero_stage, 3);
+  EXPECT_GT(f.result.results[0].ranks[0].zero_gather_bytes, 0.0);
+}
+
 TEST(Planner, RefusesContradictoryFixedOptions) {
   Fixture f("examples/models/tiny-gpt.json", "cpu-local");
   struct Case {
@@ -152,6 +179,12 @@ TEST(Planner, RefusesContradictoryFixedOptions) {
       {0, 0, 1, 0, -1, 1, -1, 0, "--sequence-parallel needs tensor parallelism, but --tp is 1"},
       {1, 0, 0, 0, -1, -1, 1, 0,
        "--zero 1 shards optimizer state across data-parallel ranks, but --dp is 1"},
+      {1, 0, 0, 0, -1, -1, 3, 0,
+       "--zero 3 shards optimizer state, gradients and parameters across data-parallel ranks, "
+       "but --dp is 1"},
+      {2, 0, 0, 0, MP_SCHEDULE_ZB_H1, -1, 2, 0,
+       "--zero 2 reduces each layer's gradients as its backward ends, but --schedule zb-h1 "
+       "defers the weight gradients past the next layers' backward; choose one"},
       {4, 0, 0, 0, -1, -1, -1, 3,
        "--micro-batch 3 does not divide global batch / dp = 16 / 4 = 4"},
   };
