@@ -293,6 +293,25 @@ TEST(GptModelTp, RefusesAModelThatDoesNotDivide) {
   EXPECT_NE(nullptr, std::strstr(err.message, "heads")) << err.message;
   EXPECT_EQ(nullptr, shard);
   mp_model_free(model);
+  // Multi-query attention's one kv head cannot be split (Megatron-Core's rule).
+  const char *one_kv_head =
+      "{\"name\": \"mqa\", \"vocab_size\": 45, \"seq_len\": 8, \"layers\": ["
+      "{\"type\": \"embedding\", \"hidden\": 32, \"max_positions\": 0},"
+      "{\"type\": \"transformer\", \"hidden\": 32, \"heads\": 8, \"kv_heads\": 1, "
+      "\"ffn_hidden\": 64, \"norm\": \"rmsnorm\", \"activation\": \"swiglu\", \"bias\": false, "
+      "\"rope_theta\": 10000, \"repeat\": 1},"
+      "{\"type\": \"layernorm\", \"hidden\": 32, \"norm\": \"rmsnorm\"},"
+      "{\"type\": \"lm_head\", \"hidden\": 32, \"tie_embedding\": false}]}";
+  model = nullptr;
+  ASSERT_EQ(MP_OK, mp_model_parse_text(one_kv_head, "mqa.json", &model, &err)) << err.message;
+  EXPECT_EQ(MP_ERR_INPUT, mp_gpt_tp_create(model, kB, kT, &g_tp, false, &shard, &err));
+  const std::string expected = "mqa.json with tp = " + std::to_string(g_tp.size) +
+                               ": tensor parallelism splits the key/value heads (as Megatron-Core "
+                               "does): kv_heads 1 do not divide over tp = " +
+                               std::to_string(g_tp.size);
+  EXPECT_EQ(std::string(err.message).substr(0, expected.size()), expected) << err.message;
+  EXPECT_EQ(nullptr, shard);
+  mp_model_free(model);
 }
 
 // The trainer: the plan's tp over the group against the one-rank trainer on the same batches.
