@@ -5,7 +5,8 @@
  * GPT2LMHeadModel directory (config.json and model.safetensors, or a sharded set through
  * model.safetensors.index.json, read with engine/safetensors.h). The next model family adds a
  * third implementation, not a second loader: the stage (mp_gpt_tp_load) and the trainer only see
- * mp_weight_source_read.
+ * mp_weight_source_read. The Llama family's directories (LlamaForCausalLM, MistralForCausalLM,
+ * Qwen2ForCausalLM) are the Hugging Face implementation's second name table.
  *
  * Shard-first (DESIGN.md, principle 6): opening reads headers only (the llm.c header, the
  * safetensors headers and config.json); a read asks for a block of rows x columns of one tensor
@@ -20,6 +21,14 @@
  * embedding.wpe, final_norm.*. GPT-2's Conv1D weights are stored (in, out), mpengine's (out, in),
  * so those four are read transposed. wte has vocab_size rows in the file; the layout's padding
  * rows read as zero. lm_head.weight is tied to wte and not read (it may be absent).
+ *
+ * The Llama family's names, per block l (the "model." prefix is optional):
+ * layers.l.input_layernorm.weight -> block.l.ln1.weight, layers.l.self_attn.{q,k,v}_proj.{weight,
+ * bias} -> q.*, k.*, v.*, self_attn.o_proj.* -> attn_proj.*, post_attention_layernorm.weight ->
+ * ln2.weight, mlp.{gate,up,down}_proj.* -> gate.*, up.*, fc_proj.*; embed_tokens.weight, norm.weight
+ * -> embedding.wte, final_norm.weight; lm_head.weight (no prefix) when the head is untied.
+ * nn.Linear stores (out, in) as mpengine does: nothing is transposed, and the rotate-half rope
+ * needs no permutation of q and k.
  */
 #ifndef MPENGINE_ENGINE_WEIGHT_SOURCE_H
 #define MPENGINE_ENGINE_WEIGHT_SOURCE_H
@@ -57,12 +66,15 @@ mp_status mp_weight_source_open(const mp_gpt_layout *layout, const char *path,
 mp_status mp_weight_source_open_llmc(const mp_gpt_layout *layout, const char *path,
                                      mp_weight_source **out, mp_error *err);
 
-/* A Hugging Face GPT2LMHeadModel directory. Checks, all before any tensor is read, failing with
+/* A Hugging Face directory of layout's family. Checks, all before any tensor is read, failing with
  * MP_ERR_INPUT: config.json as topology/hf_config.h reads it (its refusals), then that it
  * describes layout's model, naming the first key that differs:
  *   "DIR/config.json: n_layer is 2 in the checkpoint but 4 in the model description (MODEL)"
- * (vocab_size, n_positions, n_layer, n_head, n_embd, n_inner; the dropouts are the run's to choose
- * and not compared: GPT-2's own config has 0.1); then that every tensor the layout
+ * (GPT-2: vocab_size, n_positions, n_layer, n_head, n_embd, n_inner, layer_norm_epsilon; the
+ * Llama family: vocab_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
+ * hidden_size, intermediate_size, rms_norm_eps, tie_word_embeddings, rope_theta, rope_scaling's
+ * four numbers, and the norm, activation and biases; the dropouts are the run's to choose and
+ * not compared: GPT-2's own config has 0.1); then that every tensor the layout
  * reads is in the file with a float dtype and the shape the config implies (mp_safetensors_expect's
  * messages, which name the file and the tensor). */
 mp_status mp_weight_source_open_hf(const mp_gpt_layout *layout, const char *dir,
@@ -110,9 +122,14 @@ typedef struct {
  * weights transposed back to (in, out), wte without its padding rows, no lm_head.weight: it is
  * tied), then at commit config.json (GPT2Config: architectures ["GPT2LMHeadModel"], model_type
  * gpt2, n_embd, n_head, n_layer, n_positions = n_ctx, vocab_size, n_inner (null for 4 x n_embd),
- * gelu_new, layer_norm_epsilon 1e-5, dropouts 0, tie_word_embeddings, torch_dtype float32).
- * options may be NULL (one file). MP_ERR_INPUT when path cannot be created; MP_ERR_RUNTIME when
- * out of memory. */
+ * gelu_new, layer_norm_epsilon 1e-5, dropouts 0, tie_word_embeddings, torch_dtype float32). A
+ * Llama-family layout writes LlamaForCausalLM (Qwen2ForCausalLM when only q, k and v have biases):
+ * the Llama names above, the vocabulary tables without their padding rows, lm_head.weight when
+ * untied, and LlamaConfig's / Qwen2Config's keys (rope_scaling's factors as floats, as transformers
+ * checks them); a layout with layernorm, GELU or no rotary embeddings in the Llama family has no
+ * Hugging Face architecture and is refused (MP_ERR_INPUT naming the model). llm.c's files hold
+ * GPT-2 only (mp_llmc_writer_open refuses the rest). options may be NULL (one file). MP_ERR_INPUT
+ * when path cannot be created; MP_ERR_RUNTIME when out of memory. */
 mp_status mp_weight_sink_open(const mp_gpt_layout *layout, mp_weight_format format,
                               const char *path, const mp_weight_sink_options *options,
                               mp_weight_sink **out, mp_error *err);
