@@ -7,11 +7,16 @@
  * parameter arrays and run this chain on them.
  *
  * The block is data: each block tensor is found by its role in the layout's table
- * (mp_gpt_block_tensor, engine/gpt_model.h) and its shard in the host stage's table.
+ * (mp_gpt_block_tensor, engine/gpt_model.h) and its shard in the host stage's table; a role the
+ * model has not (a bias, the position table) is NULL and its kernel skips it. One chain runs both
+ * families: the norm is layernorm or RMSNorm, the MLP GELU or SwiGLU over (gate | up), rotary
+ * embeddings turn q and k after the qkv GEMM (and their gradients back before it), and the
+ * attention groups query heads over kv heads.
  *
- * Megatron's tensor parallelism: qkv and fc column-parallel (their inputs gathered first with
- * sequence parallelism), attn_proj and fc_proj row-parallel, the vocabulary-parallel embedding,
- * LM head (tied to wte) and cross-entropy. With sequence parallelism (Korthikanti et al. 2022) the
+ * Megatron's tensor parallelism: qkv (q, k, v by heads, kv heads over tp) and fc (or gate and up)
+ * column-parallel (their inputs gathered first with sequence parallelism), attn_proj and fc_proj
+ * row-parallel, the vocabulary-parallel embedding, LM head (tied to wte, or its own) and
+ * cross-entropy. With sequence parallelism (Korthikanti et al. 2022) the
  * layernorms, residual adds and the stage boundary hold this rank's token slice (BTl rows). A
  * slot keeps only its slice of each column-parallel GEMM's input (qkv, fc, the LM head), which
  * is all-gathered before the GEMM and again in the backward for its weight gradient, as Megatron
