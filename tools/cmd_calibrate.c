@@ -312,6 +312,28 @@ int cmd_calibrate(int argc, char **argv) {
     double e = rate[i] / peak;
     cluster.gemm_efficiency[i].efficiency = e > 1e-6 ? e : 1e-6;
   }
+  /* The same GEMMs on all the cores as BLAS threads, as `run` gives one rank: the threads' rate
+   * over cores x one thread's, over the training GEMMs' range of shapes (256 to 2048 features). */
+  if (cores > 1) {
+    openblas_set_num_threads(cores);
+    double sum = 0.0;
+    int counted = 0;
+    for (int i = 0; i < kShapes; ++i) {
+      if (shapes[i] < 256 || shapes[i] > 2048 || rate[i] <= 0.0) continue;
+      const double threaded = time_sgemm(shapes[i], min_seconds);
+      if (threaded <= 0.0) continue;
+      sum += threaded / ((double)cores * rate[i]);
+      ++counted;
+    }
+    openblas_set_num_threads(1);
+    if (counted > 0) {
+      const double efficiency = sum / counted;
+      cluster.blas_thread_efficiency = efficiency < 1.0 ? efficiency : 1.0;
+      fprintf(stderr, "sgemm on %d BLAS threads: %.2f of %d x one thread's rate (256 to 2048 "
+                      "features)\n",
+              cores, efficiency, cores);
+    }
+  }
   snprintf(cluster.name, sizeof cluster.name, "cpu-local-calibrated");
   /* This machine: its cores, its memory (each core's share per rank), one thread's memory
    * bandwidth, a bare rank's resident memory. */
@@ -362,7 +384,9 @@ int cmd_calibrate(int argc, char **argv) {
            "Measured by mpengine calibrate: fp32 sgemm (OpenBLAS %s, one thread, a linear layer's "
            "forward, input- and weight-gradient GEMMs) peaks at %.1f GFLOP/s; the efficiency curve "
            "is each shape's throughput over that peak (n features, n/8 tokens); %s. "
-           "%d cores (the ranks of run share them); device memory is the machine's %.1f GiB over "
+           "%d cores (the ranks of run share them; blas_thread_efficiency: the same GEMMs on all "
+           "of them as BLAS threads over cores x one thread's rate); device memory is the "
+           "machine's %.1f GiB over "
            "its cores; memory bandwidth is one thread's in-place update over 64 MiB arrays (%.2f "
            "GB/s); vector_tflops is one thread's GELU forward (%.2f GFLOP/s, a tanh counting 20), "
            "scalar_tflops a causal softmax's expf loop (%.2f GFLOP/s); workspace is a bare "

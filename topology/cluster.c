@@ -39,7 +39,7 @@ static const char *const kClusterKeys[] = {
     "name", "notes", "device", "nodes", "devices_per_node", "device_memory_gib",
     "memory_bandwidth_gbytes_per_s", "memory_efficiency", "peak_tflops", "intra_node",
     "inter_node", "gemm_efficiency", "flash_attention_efficiency", "vector_tflops", "scalar_tflops",
-    "cores_per_node",
+    "cores_per_node", "blas_thread_efficiency",
     "workspace_gib", NULL};
 static const char *const kPeakKeys[] = {"fp32", "tf32", "bf16", "fp16", "fp8", NULL};
 static const char *const kLinkKeys[] = {"bandwidth_gbytes_per_s", "latency_us", "efficiency",
@@ -283,6 +283,14 @@ static mp_status read_shared_cores(const mp_json_reader *reader, const cJSON *ob
                                    const char *path, mp_cluster *cluster) {
   MP_TRY(read_int(reader, object, path, "cores_per_node", false, MAX_CORES_PER_NODE,
                   &cluster->cores_per_node));
+  MP_TRY(mp_json_optional_number(reader, object, path, "blas_thread_efficiency",
+                                 MP_JSON_POSITIVE, 0, &cluster->blas_thread_efficiency));
+  if (cluster->blas_thread_efficiency > 1.0) {
+    return mp_fail(reader->err, MP_ERR_INPUT,
+                   "%s: %s.blas_thread_efficiency: %.17g; threads cannot run faster than each "
+                   "alone (at most 1)",
+                   reader->source, path, cluster->blas_thread_efficiency);
+  }
   double workspace_gib = 0;
   MP_TRY(mp_json_optional_number(reader, object, path, "workspace_gib", MP_JSON_POSITIVE, 0,
                                  &workspace_gib));
@@ -585,6 +593,9 @@ static cJSON *build_json(const mp_cluster *cluster) {
 static bool add_shared_cores_json(cJSON *root, const mp_cluster *cluster) {
   bool ok = true;
   if (cluster->cores_per_node > 0) ok = add_number(root, "cores_per_node", cluster->cores_per_node);
+  if (ok && cluster->blas_thread_efficiency > 0) {
+    ok = add_number(root, "blas_thread_efficiency", cluster->blas_thread_efficiency);
+  }
   if (ok && cluster->workspace_bytes > 0) {
     ok = add_number(root, "workspace_gib", from_si_units((double)cluster->workspace_bytes, kGibi));
   }
@@ -709,6 +720,13 @@ int mp_cluster_threads_per_device(const mp_cluster *cluster, int devices_on_node
   if (cluster->cores_per_node <= 0 || devices_on_node < 1) return 1;
   const int threads = cluster->cores_per_node / devices_on_node;
   return threads > 1 ? threads : 1;
+}
+
+double mp_cluster_blas_thread_efficiency(const mp_cluster *cluster, int threads) {
+  const double all = cluster->blas_thread_efficiency;
+  if (threads <= 1 || all <= 0 || cluster->cores_per_node <= 1) return 1.0;
+  const int t = threads < cluster->cores_per_node ? threads : cluster->cores_per_node;
+  return 1.0 + (all - 1.0) * (double)(t - 1) / (double)(cluster->cores_per_node - 1);
 }
 
 double mp_cluster_job_peak_flops(const mp_cluster *cluster, int dtype, int devices) {

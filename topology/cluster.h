@@ -57,6 +57,10 @@
  *     "cores_per_node": 2,                   optional: the processor cores the devices of one
  *                                            node share (CPU ranks); absent: each device is its
  *                                            own processor (a GPU). See "Shared cores" below
+ *     "blas_thread_efficiency": 0.84,        optional, with cores_per_node: a GEMM on all the
+ *                                            node's cores as BLAS threads runs at this fraction
+ *                                            of cores x its one-thread rate (OpenBLAS's threads
+ *                                            do not scale perfectly on thin GEMMs); absent: 1
  *     "workspace_gib": 0.17                  optional: memory every device uses besides the
  *                                            model's state and activations (a CPU rank's
  *                                            process: libraries, runtime buffers); absent: the
@@ -164,6 +168,7 @@ typedef struct {
   bool placeholder; /* cpu-local's built-in figures, not this machine's (no calibration file) */
   /* Shared cores and workspace (optional keys; 0 when absent). */
   int cores_per_node;      /* processor cores the devices of one node share; 0: one each */
+  double blas_thread_efficiency; /* of threads x the one-thread GEMM rate on all cores; 0: 1 */
   int64_t workspace_bytes; /* per device besides state and activations; 0: the default */
 } mp_cluster;
 
@@ -274,6 +279,11 @@ int mp_cluster_devices_on_node(const mp_cluster *cluster, int devices);
  * max(1, floor(cores_per_node / devices_on_node)); 1 when the cluster does not give
  * cores_per_node (each device its own processor) or devices_on_node < 1. */
 int mp_cluster_threads_per_device(const mp_cluster *cluster, int devices_on_node);
+
+/* The GEMM rate of `threads` BLAS threads over threads x one thread's: 1 for one thread, the
+ * cluster's blas_thread_efficiency on all cores_per_node, linear in the thread count between
+ * (1 without a measured figure). */
+double mp_cluster_blas_thread_efficiency(const mp_cluster *cluster, int threads);
 
 /* How much slower every rank computes (and moves memory, and exchanges shared-memory messages)
  * when devices_on_node ranks, each with mp_cluster_threads_per_device threads, share the node's

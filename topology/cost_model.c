@@ -180,10 +180,12 @@ void mp_cost_layer_on_node(const mp_cluster *cluster, const mp_layer_spec *layer
   const int devices = mp_cluster_devices_on_node(cluster, layout->dp * layout->pp * layout->tp);
   const int threads = mp_cluster_threads_per_device(cluster, devices);
   if (threads > 1) {
-    /* The rank's GEMMs run on its BLAS threads: the one-thread peak times the threads. */
+    /* The rank's GEMMs run on its BLAS threads: the one-thread peak times the threads, at the
+     * threads' measured efficiency. */
     mp_cluster threaded = *cluster;
+    const double scale = threads * mp_cluster_blas_thread_efficiency(cluster, threads);
     for (int dtype = 0; dtype < MP_DTYPE_COUNT; ++dtype) {
-      threaded.peak_flops_per_s[dtype] *= threads;
+      threaded.peak_flops_per_s[dtype] *= scale;
     }
     mp_cost_layer(&threaded, layer, layout, out);
   } else {

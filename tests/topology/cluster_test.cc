@@ -496,7 +496,7 @@ TEST(ClusterErrors, UnknownTopLevelKeySuggestsClosest) {
             "(known keys: name, notes, device, nodes, devices_per_node, device_memory_gib, "
             "memory_bandwidth_gbytes_per_s, memory_efficiency, peak_tflops, intra_node, "
             "inter_node, gemm_efficiency, flash_attention_efficiency, vector_tflops, "
-            "scalar_tflops, cores_per_node, workspace_gib)");
+            "scalar_tflops, cores_per_node, blas_thread_efficiency, workspace_gib)");
 }
 
 TEST(ClusterErrors, EfficienciesAreFractions) {
@@ -739,6 +739,27 @@ TEST(ClusterSharedCores, SlowdownIsRanksTimesThreadsOverCores) {
   EXPECT_EQ(mp_cluster_threads_per_device(&h100, 8), 1);
   EXPECT_EQ(mp_cluster_compute_slowdown(&h100, 8), 1.0);
   EXPECT_EQ(mp_cluster_compute_slowdown(&h100, 4096), 1.0);
+}
+
+// calibrate's measured scaling of BLAS threads: 1 for one thread, the figure on all cores, linear
+// between; read, written back and bounded by 1.
+TEST(ClusterSharedCores, BlasThreadEfficiencyIsMeasuredOnAllCoresAndInterpolated) {
+  mp_cluster c = Parse(Description({{"cores_per_node", "4"}, {"blas_thread_efficiency", "0.7"}}));
+  EXPECT_DOUBLE_EQ(c.blas_thread_efficiency, 0.7);
+  EXPECT_DOUBLE_EQ(mp_cluster_blas_thread_efficiency(&c, 1), 1.0);
+  EXPECT_DOUBLE_EQ(mp_cluster_blas_thread_efficiency(&c, 4), 0.7);
+  EXPECT_DOUBLE_EQ(mp_cluster_blas_thread_efficiency(&c, 2), 0.9);
+  EXPECT_DOUBLE_EQ(mp_cluster_blas_thread_efficiency(&c, 8), 0.7);  // no more than the cores
+  mp_cluster plain = Parse(Description({{"cores_per_node", "4"}}));
+  EXPECT_DOUBLE_EQ(mp_cluster_blas_thread_efficiency(&plain, 4), 1.0);  // not measured
+  cJSON *json = nullptr;
+  mp_error err = MP_ERROR_INITIALIZER;
+  ASSERT_EQ(mp_cluster_to_json(&c, &json, &err), MP_OK) << err.message;
+  EXPECT_DOUBLE_EQ(cJSON_GetObjectItem(json, "blas_thread_efficiency")->valuedouble, 0.7);
+  cJSON_Delete(json);
+  EXPECT_EQ(ParseError(Description({{"cores_per_node", "2"}, {"blas_thread_efficiency", "1.2"}})),
+            "c.json: $.blas_thread_efficiency: 1.2; threads cannot run faster than each alone (at "
+            "most 1)");
 }
 
 // What MFU is measured against: the cores a job keeps busy on shared cores, so that a rank on two

@@ -496,6 +496,15 @@ TEST(CostModelSharedCores, FewerRanksThanCoresGetTheirBlasThreads) {
   ExpectTimesScaled(on_node, expected, 1.0);
   EXPECT_LT(on_node.forward_compute_s, one_thread.forward_compute_s);
   EXPECT_GT(on_node.forward_compute_s, 0.5 * one_thread.forward_compute_s);  // elementwise stays
+  // Measured thread scaling (calibrate's blas_thread_efficiency): two threads at 0.8 of twice
+  // one thread's rate, the GEMMs of a peak 1.6 x one thread's.
+  mp_cluster measured = cpu_cluster(2);
+  measured.blas_thread_efficiency = 0.8;
+  mp_cluster scaled = cpu_cluster(0);
+  scaled.peak_flops_per_s[MP_DTYPE_FP32] *= 1.6;
+  mp_cost_layer_on_node(&measured, block, &l, &on_node);
+  mp_cost_layer(&scaled, block, &l, &expected);
+  ExpectTimesScaled(on_node, expected, 1.0);
 }
 
 // A GPU preset gives no cores_per_node: each device its own processor, whatever the layout.
