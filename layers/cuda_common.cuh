@@ -139,6 +139,15 @@ static __device__ __forceinline__ Number mp_block_sum(Number value, Number *shar
   return mp_warp_sum(value);
 }
 
+// Column c of partials (tiles, C) summed in tile order: the second pass of a deterministic
+// weight gradient whose first pass wrote one row of partial sums per tile of rows.
+static __device__ __forceinline__ float mp_tile_sum(const float *partials, int tiles, int C,
+                                                    int c) {
+  float sum = 0.0f;
+  for (int tile = 0; tile < tiles; tile++) sum += partials[(size_t)tile * C + c];
+  return sum;
+}
+
 // Maximum over the whole block, returned to every thread; same contract as mp_block_sum.
 static __device__ __forceinline__ float mp_block_max(float value, float *shared) {
   const int lane = threadIdx.x % 32;

@@ -152,13 +152,8 @@ __global__ void layernorm_param_grad_kernel(float *dweight, float *dbias, const 
                                             int tiles, int C) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
-  float dweight_sum = 0.0f, dbias_sum = 0.0f;
-  for (int tile = 0; tile < tiles; tile++) {
-    dweight_sum += partials[(size_t)tile * C + c];
-    dbias_sum += partials[(size_t)(tiles + tile) * C + c];
-  }
-  dweight[c] += dweight_sum;
-  dbias[c] += dbias_sum;
+  dweight[c] += mp_tile_sum(partials, tiles, C, c);
+  dbias[c] += mp_tile_sum(partials + (size_t)tiles * C, tiles, C, c);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -117,9 +117,7 @@ __global__ void rmsnorm_weight_grad_kernel(float *dweight, const float *partials
                                            int C) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
-  float sum = 0.0f;
-  for (int tile = 0; tile < tiles; tile++) sum += partials[(size_t)tile * C + c];
-  dweight[c] += sum;
+  dweight[c] += mp_tile_sum(partials, tiles, C, c);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -799,11 +799,13 @@ static mp_status print_banner(run_state *state, const run_options *o, const run_
   /* MFU of the whole job: the model's FLOPs against every rank's peak (on CPU ranks sharing
    * cores, the cores they keep busy: topology/cluster.h). */
   const bool shared_cores = o->backend == MP_BACKEND_CPU && cluster.cores_per_node > 0;
-  if (o->backend == MP_BACKEND_CUDA) cluster.cores_per_node = 0; /* GPUs: a peak each */
-  state->peak_flops_per_s = mp_cluster_job_peak_flops(
-      &cluster, o->backend == MP_BACKEND_CUDA ? MP_DTYPE_BF16 : MP_DTYPE_FP32, state->world_size);
+  const int dtype = o->backend == MP_BACKEND_CUDA ? MP_DTYPE_BF16 : MP_DTYPE_FP32;
+  /* A GPU rank is its own device, whatever cores the plan's cluster says the host has. */
+  state->peak_flops_per_s = shared_cores
+                                ? mp_cluster_job_peak_flops(&cluster, dtype, state->world_size)
+                                : cluster.peak_flops_per_s[dtype] * (double)state->world_size;
   const double busy_cores =
-      shared_cores ? state->peak_flops_per_s / cluster.peak_flops_per_s[MP_DTYPE_FP32] : 0.0;
+      shared_cores ? state->peak_flops_per_s / cluster.peak_flops_per_s[dtype] : 0.0;
   const mp_plan *plan = &state->plan;
   const mp_gpt_layout *layout = mp_trainer_layout(state->trainer);
   const mp_gpt_config *c = mp_gpt_layout_config(layout);

@@ -437,24 +437,23 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
     const double grad_bytes = params * state.grads, weight_bytes = params * state.weights;
     const double frac = (double)(d - 1) / d;
     const int zero = d > 1 ? layout->zero_stage : 0;
-    /* What of the dp collectives the step's compute can hide (ZeRO-2's reduce-scatters run in
-     * every micro-batch's backward, ZeRO-3's gathers are prefetched under the layer before);
-     * what runs after the optimizer (the parameter all-gather of ZeRO-1 and 2) hides nothing. */
-    double hidable = 0.0, after_optimizer = 0.0;
+    /* The dp collectives of a step. ZeRO 0 and 1 reduce once, after the rank's last backward;
+     * ZeRO-2 reduce-scatters in every micro-batch's backward, and ZeRO-3 also gathers each
+     * layer's weights for its forward and again for its backward (reshard after forward). The
+     * parameter all-gather of ZeRO 1 and 2 counts with the reduction, as one dp time (the
+     * overlap assumption of cost_model.h). */
+    double dp_comm = 0.0;
     if (zero == 1) {
-      hidable = frac * grad_bytes / dp_bw + (d - 1) * dp_lat;
-      after_optimizer = frac * weight_bytes / dp_bw + (d - 1) * dp_lat;
+      dp_comm = frac * (grad_bytes + weight_bytes) / dp_bw + 2.0 * (d - 1) * dp_lat;
     } else if (zero == 2) {
-      hidable = m * (frac * grad_bytes / dp_bw + (d - 1) * dp_lat);
-      after_optimizer = frac * weight_bytes / dp_bw + (d - 1) * dp_lat;
+      dp_comm = m * (frac * grad_bytes / dp_bw + (d - 1) * dp_lat) +
+                frac * weight_bytes / dp_bw + (d - 1) * dp_lat;
     } else if (zero == 3) {
-      /* Per micro-batch: every layer's weights gathered for its forward and again for its
-       * backward (reshard after forward), its gradients reduce-scattered. */
-      hidable = m * (frac * (2.0 * weight_bytes + grad_bytes) / dp_bw + 3.0 * (d - 1) * dp_lat);
+      dp_comm = m * (frac * (2.0 * weight_bytes + grad_bytes) / dp_bw + 3.0 * (d - 1) * dp_lat);
     } else if (d > 1) {
-      hidable = mp_cost_allreduce_seconds(grad_bytes, d, dp_bw, dp_lat);
+      dp_comm = mp_cost_allreduce_seconds(grad_bytes, d, dp_bw, dp_lat);
     }
-    rank->dp_comm_s = (hidable + after_optimizer) * slowdown;
+    rank->dp_comm_s = dp_comm * slowdown;
     rank->zero_gather_bytes = zero == 3   ? m * 2.0 * frac * weight_bytes
                               : zero >= 1 ? frac * weight_bytes
                                           : 0.0;
@@ -463,16 +462,13 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
                                                               : 0.0;
     const int last = schedule->ranks[r].num_actions - 1;
     const double idle_after = last >= 0 ? sim.step_time - sim.end[r][last] : 0.0;
+    /* What hides it: the last backward (and the idle time after it) for one reduction after
+     * the backward, every micro-batch's compute for ZeRO 2 and 3, whose collectives run inside
+     * it. CPU ranks (a cluster whose devices share cores) copy and reduce on the cores that
+     * compute, and Open MPI progresses a collective only inside MPI calls: nothing overlaps. */
     const double cover = zero >= 2 ? all_compute : last_backward + idle_after;
-    /* CPU ranks (a cluster whose devices share cores) copy and reduce on the cores that compute,
-     * and Open MPI progresses a collective only inside MPI calls: nothing overlaps there. */
-    rank->dp_exposed_s = cluster->cores_per_node > 0
-                             ? rank->dp_comm_s
-                             : fmax(0.0, hidable * slowdown - cover) + after_optimizer * slowdown;
-    if (zero == 1 && cluster->cores_per_node <= 0) {
-      /* ZeRO-1's two collectives as one reduction after the backward, as before. */
-      rank->dp_exposed_s = fmax(0.0, rank->dp_comm_s - last_backward - idle_after);
-    }
+    rank->dp_exposed_s = cluster->cores_per_node > 0 ? rank->dp_comm_s
+                                                     : fmax(0.0, rank->dp_comm_s - cover);
     rank->optimizer_s = mp_cost_optimizer_seconds(cluster, layout, params);
     if (rank->dp_exposed_s + rank->optimizer_s > tail) tail = rank->dp_exposed_s + rank->optimizer_s;
 
