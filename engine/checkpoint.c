@@ -783,7 +783,7 @@ mp_status mp_checkpoint_save(const char *dir, int64_t step, int keep,
   const int max_chunks = plan->virtual_stages > view.num_chunks ? plan->virtual_stages
                                                                 : view.num_chunks;
   const size_t bytes = record_bytes(n, max_chunks);
-  const bool zero = plan->zero_stage == 1 && plan->dp > 1 && ctx->dp != NULL;
+  const bool zero = plan->zero_stage >= 1 && plan->dp > 1 && ctx->dp != NULL;
   const int num_files = plan->pp * plan->tp;
   file_record *mine = calloc(1, bytes);
   file_record **records = world_rank == 0 ? calloc((size_t)num_files, sizeof *records) : NULL;

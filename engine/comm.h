@@ -136,6 +136,12 @@ mp_status mp_comm_all_reduce_sum_f32(mp_comm *comm, float *buffer, size_t count,
 mp_status mp_comm_reduce_scatter_sum_f32(mp_comm *comm, const float *input, float *output,
                                          size_t count, mp_error *err);
 
+/* The same with counts[r] floats for group rank r (some may be 0): input is the counts' sum,
+ * rank r's run after those of ranks 0..r-1 (ZeRO-2: a window of gradients over the dp ranks'
+ * contiguous parts). The sum must fit an int. */
+mp_status mp_comm_reduce_scatter_v_sum_f32(mp_comm *comm, const float *input, float *output,
+                                           const size_t *counts, mp_error *err);
+
 /* output (size * count) = every member's input (count), in group rank order. */
 mp_status mp_comm_all_gather_f32(mp_comm *comm, const float *input, float *output, size_t count,
                                  mp_error *err);

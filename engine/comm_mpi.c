@@ -791,6 +791,50 @@ mp_status mp_comm_reduce_scatter_sum_f32(mp_comm *comm, const float *input, floa
   return stage_out(comm, "reduce-scatter", &out, true, status, err);
 }
 
+mp_status mp_comm_reduce_scatter_v_sum_f32(mp_comm *comm, const float *input, float *output,
+                                           const size_t *counts, mp_error *err) {
+  size_t total = 0;
+  for (int r = 0; r < comm->size; ++r) total += counts[r];
+  const size_t mine = counts[comm->rank];
+  MP_TRY(check_collective(comm, "reduce-scatter", input, output, 0, err)); /* usable */
+  if ((input == NULL && total > 0) || (output == NULL && mine > 0)) {
+    return mp_fail(err, MP_ERR_INPUT, "rank %d: reduce-scatter in group %s: NULL buffer",
+                   comm->world->rank, comm->name);
+  }
+  if (total > (size_t)INT_MAX) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "rank %d: reduce-scatter in group %s: %zu floats is more than one MPI call "
+                   "carries (%d); split the buffer",
+                   comm->world->rank, comm->name, total, INT_MAX);
+  }
+  if (comm->size == 1) return copy_alone(comm, "reduce-scatter", output, input, mine, err);
+  int *recv_counts = malloc((size_t)comm->size * sizeof *recv_counts);
+  if (recv_counts == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  for (int r = 0; r < comm->size; ++r) recv_counts[r] = (int)counts[r];
+  comm_op op = comm_op_begin(comm, "reduce-scatter", -1, total * sizeof(float));
+  staged_buffer in, out;
+  mp_status status =
+      stage_in(comm, "reduce-scatter", input, total * sizeof(float), true, &in, err);
+  if (status != MP_OK) {
+    free(recv_counts);
+    return status;
+  }
+  status = stage_in(comm, "reduce-scatter", output, mine * sizeof(float), false, &out, err);
+  if (status != MP_OK) {
+    stage_drop(comm, &in);
+    free(recv_counts);
+    return status;
+  }
+  MPI_Request request = MPI_REQUEST_NULL;
+  status = MPI_CALL(comm->world->rank, MPI_Ireduce_scatter,
+                    (in.host, out.host, recv_counts, MPI_FLOAT, MPI_SUM, comm->comm, &request),
+                    err);
+  if (status == MP_OK) status = comm_wait(comm, &request, &op, err);
+  free(recv_counts);
+  status = stage_out(comm, "reduce-scatter", &in, false, status, err);
+  return stage_out(comm, "reduce-scatter", &out, true, status, err);
+}
+
 mp_status mp_comm_all_gather_f32(mp_comm *comm, const float *input, float *output, size_t count,
                                  mp_error *err) {
   MP_TRY(check_collective(comm, "all-gather", input, output, count, err));

@@ -21,7 +21,12 @@ struct mp_gpt_tp {
   int num_tensors;
   mp_gpt_tp_tensor *tensors; /* (num_tensors,) the stage's tensors in the layout's order */
   size_t num_params;     /* floats of this rank's shard of the stage */
-  float *params, *grads; /* (num_params,) */
+  float *params;         /* (num_params,) */
+  float *grads;          /* (grads_floats,): num_params, or windowed the tensors outside the
+                            blocks, packed */
+  size_t grads_floats;
+  bool windowed;         /* ZeRO-2: the blocks' gradients pass through block_window */
+  float *block_window;   /* (the largest block's floats) */
   /* The forward and backward: the stage chain over the CPU's kernels (NULL for a stage of
    * arrays only). */
   mp_stage_kernels *kernels;
@@ -58,6 +63,7 @@ void mp_gpt_tp_free(mp_gpt_tp *gpt) {
   mp_stage_chain_free(gpt->chain);
   mp_stage_kernels_cpu_free(gpt->kernels);
   free(gpt->grads);
+  free(gpt->block_window);
   free(gpt->params);
   free(gpt->tensors);
   mp_gpt_layout_free(gpt->layout);
@@ -117,14 +123,22 @@ mp_status mp_gpt_tp_create(const mp_model *model, int micro_batch, int seq_len,
   const mp_gpt_stage whole = mp_gpt_stage_whole(mp_gpt_layout_config(layout)->num_layers);
   mp_gpt_layout_free(layout);
   return mp_gpt_tp_create_stage(model, micro_batch, seq_len, tp, sequence_parallel, &whole, 1,
-                                false, MP_RECOMPUTE_NONE, out, err);
+                                false, MP_RECOMPUTE_NONE, false, out, err);
 }
 
 mp_status mp_gpt_tp_create_stage(const mp_model *model, int micro_batch, int seq_len,
                                  const mp_tp_comm *tp, bool sequence_parallel,
                                  const mp_gpt_stage *stage, int num_slots, bool deferred_weights,
-                                 mp_recompute recompute, mp_gpt_tp **out, mp_error *err) {
+                                 mp_recompute recompute, bool windowed_block_grads,
+                                 mp_gpt_tp **out, mp_error *err) {
   *out = NULL;
+  if (windowed_block_grads && (num_slots == 0 || deferred_weights)) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "windowed block gradients (ZeRO-2) need a stage with activation slots and "
+                   "whole backwards: not %s",
+                   num_slots == 0 ? "a stage of arrays only" : "with a zero-bubble schedule's "
+                                                               "deferred weight gradients");
+  }
   /* A stage of arrays only (no slot) runs no chain; one with slots must be one it can run. */
   if (num_slots > 0 && mp_stage_chain_check(num_slots, deferred_weights, recompute, err) != MP_OK) {
     mp_error inner = *err;
@@ -190,9 +204,15 @@ mp_status mp_gpt_tp_create_stage(const mp_model *model, int micro_batch, int seq
   }
   gpt->num_params = offset;
   gpt->params = calloc(gpt->num_params > 0 ? gpt->num_params : 1, sizeof(float));
+  size_t blocks_first = 0, blocks_end = 0, largest_block = 0;
+  mp_gpt_tp_blocks_range(gpt, &blocks_first, &blocks_end, &largest_block);
+  gpt->windowed = windowed_block_grads;
+  gpt->grads_floats = gpt->num_params - (gpt->windowed ? blocks_end - blocks_first : 0);
   /* Without slots the stage only holds arrays, and its gradients live elsewhere (the GPU). */
-  if (num_slots > 0) gpt->grads = calloc(gpt->num_params > 0 ? gpt->num_params : 1, sizeof(float));
-  if (gpt->params == NULL || (num_slots > 0 && gpt->grads == NULL)) {
+  if (num_slots > 0) gpt->grads = calloc(gpt->grads_floats > 0 ? gpt->grads_floats : 1, sizeof(float));
+  if (gpt->windowed) gpt->block_window = calloc(largest_block > 0 ? largest_block : 1, sizeof(float));
+  if (gpt->params == NULL || (num_slots > 0 && gpt->grads == NULL) ||
+      (gpt->windowed && gpt->block_window == NULL)) {
     const size_t n = gpt->num_params;
     mp_gpt_tp_free(gpt);
     return mp_fail(err, MP_ERR_RUNTIME, "out of memory for a shard of %zu parameters", n);
@@ -202,7 +222,7 @@ mp_status mp_gpt_tp_create_stage(const mp_model *model, int micro_batch, int seq
     const mp_stage_dims dims = mp_stage_chain_dims(gpt, &gpt->tp);
     const mp_stage_chain_config config = {gpt,        &gpt->tp,  gpt->params,
                                           gpt->grads, num_slots, deferred_weights,
-                                          recompute};
+                                          recompute,  gpt->block_window};
     if ((status = mp_stage_kernels_cpu_create(&dims, &gpt->kernels, err)) != MP_OK ||
         (status = mp_stage_chain_create(&config, gpt->kernels, &gpt->chain, err)) != MP_OK) {
       mp_gpt_tp_free(gpt);
@@ -230,6 +250,47 @@ bool mp_gpt_tp_sequence_parallel(const mp_gpt_tp *gpt) { return gpt->sp; }
 size_t mp_gpt_tp_num_params(const mp_gpt_tp *gpt) { return gpt->num_params; }
 float *mp_gpt_tp_params(mp_gpt_tp *gpt) { return gpt->params; }
 float *mp_gpt_tp_grads(mp_gpt_tp *gpt) { return gpt->grads; }
+bool mp_gpt_tp_windowed_grads(const mp_gpt_tp *gpt) { return gpt->windowed; }
+size_t mp_gpt_tp_grads_floats(const mp_gpt_tp *gpt) {
+  return gpt->grads != NULL ? gpt->grads_floats : 0;
+}
+
+void mp_gpt_tp_blocks_range(const mp_gpt_tp *gpt, size_t *first, size_t *end, size_t *largest) {
+  *first = *end = *largest = 0;
+  const int L = gpt->stage.num_layers;
+  if (L == 0) return;
+  const int per_block = mp_gpt_layout_tensors_per_block(gpt->layout);
+  const int lo = mp_gpt_layout_block_index(gpt->layout, gpt->stage.first_layer, MP_BLOCK_LN1_WEIGHT);
+  const mp_gpt_tensor *base = mp_gpt_layout_tensor(gpt->layout, 0);
+  bool found = false;
+  size_t block_floats = 0;
+  int block = -1;
+  for (int i = 0; i < gpt->num_tensors; ++i) {
+    const mp_gpt_tp_tensor *t = &gpt->tensors[i];
+    const int full = (int)(t->full - base);
+    if (full < lo || full >= lo + L * per_block) continue;
+    if (!found) *first = t->offset;
+    found = true;
+    *end = t->offset + t->count;
+    if ((full - lo) / per_block != block) {
+      block = (full - lo) / per_block;
+      block_floats = 0;
+    }
+    block_floats += t->count;
+    if (block_floats > *largest) *largest = block_floats;
+  }
+}
+
+float *mp_gpt_tp_tensor_grad(mp_gpt_tp *gpt, int index) {
+  if (gpt->grads == NULL || index < 0 || index >= gpt->num_tensors) return NULL;
+  const mp_gpt_tp_tensor *t = &gpt->tensors[index];
+  if (!gpt->windowed) return gpt->grads + t->offset;
+  size_t first = 0, end = 0, largest = 0;
+  mp_gpt_tp_blocks_range(gpt, &first, &end, &largest);
+  if (t->offset < first) return gpt->grads + t->offset;
+  if (t->offset >= end) return gpt->grads + (t->offset - (end - first));
+  return NULL;
+}
 
 mp_status mp_gpt_tp_alloc_grads(mp_gpt_tp *gpt, mp_error *err) {
   if (gpt->grads != NULL) return MP_OK;
@@ -322,13 +383,22 @@ mp_status mp_gpt_tp_gather_params(mp_gpt_tp *gpt, float *full, mp_error *err) {
   return gather_all(gpt, gpt->params, full, err);
 }
 
+static mp_status refuse_windowed(const mp_gpt_tp *gpt, const char *what, mp_error *err) {
+  if (!gpt->windowed) return MP_OK;
+  return mp_fail(err, MP_ERR_INPUT,
+                 "%s: the stage's block gradients are windowed (ZeRO-2): each dp rank keeps its "
+                 "part, the trainer's",
+                 what);
+}
+
 mp_status mp_gpt_tp_gather_grads(mp_gpt_tp *gpt, float *full, mp_error *err) {
+  MP_TRY(refuse_windowed(gpt, "gathering the gradients", err));
   MP_TRY(mp_gpt_tp_alloc_grads(gpt, err));
   return gather_all(gpt, gpt->grads, full, err);
 }
 
 void mp_gpt_tp_zero_grads(mp_gpt_tp *gpt) {
-  if (gpt->grads != NULL) memset(gpt->grads, 0, gpt->num_params * sizeof(float));
+  if (gpt->grads != NULL) memset(gpt->grads, 0, gpt->grads_floats * sizeof(float));
 }
 
 static mp_status need_chain(const mp_gpt_tp *gpt, mp_error *err) {
@@ -387,6 +457,7 @@ mp_status mp_gpt_tp_norm_from_squares(const mp_gpt_tp *gpt, const double *square
 }
 
 mp_status mp_gpt_tp_grad_norm_squared(mp_gpt_tp *gpt, double *out, mp_error *err) {
+  MP_TRY(refuse_windowed(gpt, "the gradient norm", err));
   MP_TRY(mp_gpt_tp_alloc_grads(gpt, err));
   double *squares = malloc((size_t)(gpt->num_tensors > 0 ? gpt->num_tensors : 1) * sizeof(double));
   if (squares == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");

@@ -105,11 +105,16 @@ mp_status mp_gpt_tp_create(const mp_model *model, int micro_batch, int seq_len,
  * context must outlive the model. MP_ERR_INPUT, naming the model file and what to change, when
  * the runtime cannot train the model (mp_gpt_layout_create), the heads, ffn_hidden or padded
  * vocabulary do not divide over tp, or with sequence parallelism micro_batch x seq_len does not.
+ * windowed_block_grads (ZeRO-2, with slots and without deferred weights): the stage holds no
+ * gradient of its blocks between their backwards: each block's gradient is formed in one window
+ * of the largest block's floats, which the chain's hook must take after every block
+ * (engine/stage_chain.h), and the gradient array holds only the tensors outside the blocks.
  * Parameters start at zero: call an init or set function. */
 mp_status mp_gpt_tp_create_stage(const mp_model *model, int micro_batch, int seq_len,
                                  const mp_tp_comm *tp, bool sequence_parallel,
                                  const mp_gpt_stage *stage, int num_slots, bool deferred_weights,
-                                 mp_recompute recompute, mp_gpt_tp **out, mp_error *err);
+                                 mp_recompute recompute, bool windowed_block_grads,
+                                 mp_gpt_tp **out, mp_error *err);
 void mp_gpt_tp_free(mp_gpt_tp *gpt);
 
 const mp_gpt_stage *mp_gpt_tp_stage(const mp_gpt_tp *gpt);
@@ -133,6 +138,18 @@ bool mp_gpt_tp_sequence_parallel(const mp_gpt_tp *gpt);
 size_t mp_gpt_tp_num_params(const mp_gpt_tp *gpt);
 float *mp_gpt_tp_params(mp_gpt_tp *gpt);
 float *mp_gpt_tp_grads(mp_gpt_tp *gpt);
+
+/* [*first, *end): the floats of the flat arrays the stage's blocks hold (contiguous, in the
+ * layout's order; *first == *end without blocks), and *largest, the floats of its largest block. */
+void mp_gpt_tp_blocks_range(const mp_gpt_tp *gpt, size_t *first, size_t *end, size_t *largest);
+
+/* Windowed block gradients (mp_gpt_tp_create_stage): mp_gpt_tp_grads has
+ * mp_gpt_tp_grads_floats floats, the tensors before the blocks then those after them (without
+ * windows, num_params floats in the shard's layout). mp_gpt_tp_tensor_grad is tensor index's
+ * gradient in it, NULL for a block tensor of a windowed stage or a stage without gradients. */
+bool mp_gpt_tp_windowed_grads(const mp_gpt_tp *gpt);
+size_t mp_gpt_tp_grads_floats(const mp_gpt_tp *gpt);
+float *mp_gpt_tp_tensor_grad(mp_gpt_tp *gpt, int index);
 /* The host gradient array (zeroed) if the stage has none yet; MP_ERR_RUNTIME out of memory. */
 mp_status mp_gpt_tp_alloc_grads(mp_gpt_tp *gpt, mp_error *err);
 int mp_gpt_tp_num_tensors(const mp_gpt_tp *gpt);

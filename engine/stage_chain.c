@@ -64,6 +64,8 @@ struct mp_stage_chain {
    * gathered inputs. */
   bool regather;
   float *grads;        /* the gradient array (the hook's) */
+  float *window;       /* ZeRO-2: every block's gradients, one block at a time; else NULL */
+  size_t blocks_first, blocks_end; /* the blocks' floats of the flat layout */
   const void *wte, *wpe, *lnfw, *lnfb;
   float *dwte, *dwpe, *dlnfw, *dlnfb;
   const void *head_w; /* wte when tied, else lm_head */
@@ -158,9 +160,17 @@ static const void *weight_of(const mp_stage_chain *ch, void *weights, int full_i
   return i < 0 ? NULL : at(ch, weights, mp_gpt_tp_tensor_at(ch->host, i)->offset);
 }
 
-static float *grad_of(const mp_stage_chain *ch, float *grads, int full_index) {
+/* A tensor's gradient: at its offset in grads, or with a window a block tensor's at its offset
+ * in its block (block_first) and one outside the blocks packed as mp_gpt_tp_tensor_grad packs
+ * it. */
+static float *grad_of(const mp_stage_chain *ch, float *grads, int full_index, size_t block_first) {
   const int i = full_index < 0 ? -1 : shard_index(ch->host, full_index);
-  return i < 0 ? NULL : grads + mp_gpt_tp_tensor_at(ch->host, i)->offset;
+  if (i < 0) return NULL;
+  const size_t offset = mp_gpt_tp_tensor_at(ch->host, i)->offset;
+  if (ch->window == NULL) return grads + offset;
+  if (offset < ch->blocks_first) return grads + offset;
+  if (offset >= ch->blocks_end) return grads + (offset - (ch->blocks_end - ch->blocks_first));
+  return ch->window + (offset - block_first);
 }
 
 static mp_status alloc_slot(mp_stage_chain *ch, slot_acts *s, mp_error *err) {
@@ -264,14 +274,14 @@ static mp_status chain_setup(mp_stage_chain *ch, const mp_stage_chain_config *co
   ch->wpe = weight_of(ch, config->weights, mp_gpt_layout_global_index(layout, MP_GPT_WPE));
   ch->lnfw = weight_of(ch, config->weights, mp_gpt_layout_global_index(layout, MP_GPT_LNF_WEIGHT));
   ch->lnfb = weight_of(ch, config->weights, mp_gpt_layout_global_index(layout, MP_GPT_LNF_BIAS));
-  ch->dwte = grad_of(ch, config->grads, mp_gpt_layout_global_index(layout, MP_GPT_WTE));
-  ch->dwpe = grad_of(ch, config->grads, mp_gpt_layout_global_index(layout, MP_GPT_WPE));
-  ch->dlnfw = grad_of(ch, config->grads, mp_gpt_layout_global_index(layout, MP_GPT_LNF_WEIGHT));
-  ch->dlnfb = grad_of(ch, config->grads, mp_gpt_layout_global_index(layout, MP_GPT_LNF_BIAS));
+  ch->dwte = grad_of(ch, config->grads, mp_gpt_layout_global_index(layout, MP_GPT_WTE), 0);
+  ch->dwpe = grad_of(ch, config->grads, mp_gpt_layout_global_index(layout, MP_GPT_WPE), 0);
+  ch->dlnfw = grad_of(ch, config->grads, mp_gpt_layout_global_index(layout, MP_GPT_LNF_WEIGHT), 0);
+  ch->dlnfb = grad_of(ch, config->grads, mp_gpt_layout_global_index(layout, MP_GPT_LNF_BIAS), 0);
   const mp_gpt_global_tensor head =
       mp_gpt_layout_config(layout)->tied_head ? MP_GPT_WTE : MP_GPT_LM_HEAD;
   ch->head_w = weight_of(ch, config->weights, mp_gpt_layout_global_index(layout, head));
-  ch->dhead = grad_of(ch, config->grads, mp_gpt_layout_global_index(layout, head));
+  ch->dhead = grad_of(ch, config->grads, mp_gpt_layout_global_index(layout, head), 0);
   ch->blocks = calloc((size_t)(L > 0 ? L : 1), sizeof *ch->blocks);
   ch->slots = calloc((size_t)ch->num_slots, sizeof *ch->slots);
   if (ch->blocks == NULL || ch->slots == NULL) {
@@ -280,17 +290,17 @@ static mp_status chain_setup(mp_stage_chain *ch, const mp_stage_chain_config *co
   for (int l = 0; l < L; ++l) {
     block_tensors *b = &ch->blocks[l];
     const int layer = ch->stage.first_layer + l;
-    for (int r = 0; r < MP_GPT_BLOCK_TENSORS; ++r) {
-      const int index = mp_gpt_layout_block_index(layout, layer, (mp_gpt_block_tensor)r);
-      b->w[r] = weight_of(ch, config->weights, index);
-      b->g[r] = grad_of(ch, config->grads, index);
-    }
     const int first_index = mp_gpt_layout_block_index(layout, layer, MP_BLOCK_LN1_WEIGHT);
     const int last_index = first_index + mp_gpt_layout_tensors_per_block(layout) - 1;
     const mp_gpt_tp_tensor *first = mp_gpt_tp_tensor_at(ch->host, shard_index(ch->host, first_index));
     const mp_gpt_tp_tensor *last = mp_gpt_tp_tensor_at(ch->host, shard_index(ch->host, last_index));
     b->grad_first = first->offset;
     b->grad_count = last->offset + last->count - first->offset;
+    for (int r = 0; r < MP_GPT_BLOCK_TENSORS; ++r) {
+      const int index = mp_gpt_layout_block_index(layout, layer, (mp_gpt_block_tensor)r);
+      b->w[r] = weight_of(ch, config->weights, index);
+      b->g[r] = grad_of(ch, config->grads, index, b->grad_first);
+    }
   }
   const mp_stage_dims *d = &ch->d;
   const size_t BT = (size_t)d->BT, C = (size_t)d->C, eb = ch->eb;
@@ -368,8 +378,17 @@ mp_status mp_stage_chain_create(const mp_stage_chain_config *config,
   ch->recompute = config->recompute;
   ch->num_slots = config->num_slots;
   ch->grads = config->grads;
+  ch->window = config->block_grads_window;
+  size_t largest_block = 0;
+  mp_gpt_tp_blocks_range(config->host, &ch->blocks_first, &ch->blocks_end, &largest_block);
   ch->regather = ch->d.sp && !config->deferred_weights;
-  mp_status status = check_kernels(ch, err);
+  mp_status status = MP_OK;
+  if (ch->window != NULL && config->deferred_weights) {
+    status = mp_fail(err, MP_ERR_INPUT,
+                     "a gradient window (ZeRO-2) takes each block's gradients as its backward "
+                     "ends: not with a zero-bubble schedule's deferred weight gradients");
+  }
+  if (status == MP_OK) status = check_kernels(ch, err);
   if (status == MP_OK) status = chain_setup(ch, config, err);
   if (status != MP_OK) {
     mp_stage_chain_free(ch);
@@ -656,12 +675,21 @@ void mp_stage_chain_discard(mp_stage_chain *ch, int slot) {
   ch->slots[slot].weights_pending = false;
 }
 
+static mp_status sum_block_norm_grads(mp_stage_chain *ch, int l, mp_error *err);
+
+static bool st_has_blocks(const mp_stage_chain *ch) { return ch->stage.num_layers > 0; }
+
 mp_status mp_stage_chain_backward(mp_stage_chain *ch, int slot, const float *doutput,
                                   float *dinput, bool defer_weights, mp_error *err) {
   MP_TRY(check_slot(ch, slot, true, err));
   if (defer_weights && !ch->deferred_weights) {
     return mp_fail(err, MP_ERR_INPUT,
                    "a deferred backward needs a stage created with deferred weights");
+  }
+  if (ch->window != NULL && ch->hook == NULL && st_has_blocks(ch)) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "the stage's block gradients pass through a window (ZeRO-2), but no grads "
+                   "hook is set to take them: they would be lost");
   }
   slot_acts *s = &ch->slots[slot];
   if (s->weights_pending) {
@@ -700,10 +728,13 @@ mp_status mp_stage_chain_backward(mp_stage_chain *ch, int slot, const float *dou
   }
   for (int l = L - 1; l >= 0; --l) {
     const void *inp = l == 0 ? s->input : s->acts[l - 1].out;
+    const block_tensors *b = &ch->blocks[l];
+    if (ch->window != NULL) MP_TRY(k->zero(cx, ch->window, b->grad_count * sizeof(float), err));
     MP_TRY(block_backward(ch, l, &s->acts[l], inp, defer_weights ? &s->deferred[l] : NULL, err));
+    if (ch->window != NULL && d->sp) MP_TRY(sum_block_norm_grads(ch, l, err));
     if (ch->hook != NULL && !defer_weights) {
-      MP_TRY(ch->hook(ch->hook_context, ch->grads + ch->blocks[l].grad_first,
-                      ch->blocks[l].grad_count, err));
+      float *grads = ch->window != NULL ? ch->window : ch->grads + b->grad_first;
+      MP_TRY(ch->hook(ch->hook_context, grads, b->grad_first, b->grad_count, err));
     }
   }
   /* Zero-bubble: the slot's activations and kept gradients feed its W. */
@@ -731,7 +762,7 @@ mp_status mp_stage_chain_backward_weights(mp_stage_chain *ch, int slot, mp_error
     block_backward_weights(ch, l, &s->acts[l], &s->deferred[l]);
     if (ch->hook != NULL) {
       MP_TRY(ch->hook(ch->hook_context, ch->grads + ch->blocks[l].grad_first,
-                      ch->blocks[l].grad_count, err));
+                      ch->blocks[l].grad_first, ch->blocks[l].grad_count, err));
     }
   }
   s->weights_pending = false;
@@ -749,12 +780,17 @@ static mp_status sum_norm_grads(mp_stage_chain *ch, float *w, float *b, mp_error
   return mp_tp_all_reduce_sum(&ch->d.tp, b, C, err);
 }
 
+static mp_status sum_block_norm_grads(mp_stage_chain *ch, int l, mp_error *err) {
+  float *const *g = ch->blocks[l].g;
+  MP_TRY(sum_norm_grads(ch, g[MP_BLOCK_LN1_WEIGHT], g[MP_BLOCK_LN1_BIAS], err));
+  return sum_norm_grads(ch, g[MP_BLOCK_LN2_WEIGHT], g[MP_BLOCK_LN2_BIAS], err);
+}
+
 mp_status mp_stage_chain_finish_grads(mp_stage_chain *ch, mp_error *err) {
   if (!ch->d.sp) return MP_OK;
-  for (int l = 0; l < ch->stage.num_layers; ++l) {
-    float *const *g = ch->blocks[l].g;
-    MP_TRY(sum_norm_grads(ch, g[MP_BLOCK_LN1_WEIGHT], g[MP_BLOCK_LN1_BIAS], err));
-    MP_TRY(sum_norm_grads(ch, g[MP_BLOCK_LN2_WEIGHT], g[MP_BLOCK_LN2_BIAS], err));
+  /* With a window each block's were summed before its hook took them. */
+  for (int l = 0; l < ch->stage.num_layers && ch->window == NULL; ++l) {
+    MP_TRY(sum_block_norm_grads(ch, l, err));
   }
   if (ch->stage.final_norm) MP_TRY(sum_norm_grads(ch, ch->dlnfw, ch->dlnfb, err));
   return MP_OK;

@@ -39,6 +39,15 @@ struct mp_trainer {
   float *zero_part;
   size_t zero_piece;
   float *zero_gather_device; /* the same on the GPU, for a GPU run */
+  /* ZeRO-2 (CPU): each chunk's blocks form their gradients in a window that each block's
+   * backward reduce-scatters over dp into grad_part (this rank's part, the same elements as the
+   * moments'); the tensors outside the blocks accumulate whole and are reduce-scattered once, at
+   * the step's end. */
+  float **grad_part;      /* (num_chunks) zero_count floats each */
+  struct zero2_hook *zero2_hooks; /* (num_chunks) the chains' hook contexts */
+  float *scatter_out;     /* a reduce-scatter's output before it is added into a part */
+  size_t scatter_floats;
+  size_t *scatter_counts; /* (dp) */
   mp_schedule schedule;
   mp_stage_worker *worker;
   mp_schedule eval_schedule;  /* the same layout's forward-only list (a held-out loss) */
@@ -79,8 +88,7 @@ static double step_flops(const mp_plan *plan, const mp_model *model) {
 }
 
 mp_status mp_trainer_check_layout(const mp_plan *plan, mp_backend backend, mp_error *err) {
-  /* The GPU stage (engine/gpt_stage_gpu.h) runs every layout the CPU runs. */
-  (void)backend;
+  /* The GPU stage (engine/gpt_stage_gpu.h) runs every layout the CPU runs, ZeRO-2 aside. */
   if (plan->recompute == MP_RECOMPUTE_FULL && strcmp(plan->schedule, "zb-h1") == 0) {
     return mp_fail(err, MP_ERR_INPUT,
                    "%s: recompute \"full\" cannot run schedule zb-h1: its weight pass needs the "
@@ -88,11 +96,25 @@ mp_status mp_trainer_check_layout(const mp_plan *plan, mp_backend backend, mp_er
                    "\"selective\" or \"none\", or another schedule",
                    plan->source);
   }
-  if (plan->zero_stage != 0 && plan->zero_stage != 1) {
+  if (plan->zero_stage >= 3) {
     return mp_fail(err, MP_ERR_INPUT,
                    "%s: parallel.zero_stage %d can be planned but not run yet; the runtime "
-                   "trains ZeRO 0 and 1 (set zero_stage 1 to shard the optimizer state)",
+                   "trains ZeRO 0, 1 and 2 (zero_stage 2 shards the gradients and optimizer "
+                   "state)",
                    plan->source, plan->zero_stage);
+  }
+  if (plan->zero_stage == 2 && backend == MP_BACKEND_CUDA) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "%s: parallel.zero_stage 2 runs on the CPU backend only for now; on the GPU "
+                   "use zero_stage 1 (the optimizer state sharded) or --backend cpu",
+                   plan->source);
+  }
+  if (plan->zero_stage == 2 && strcmp(plan->schedule, "zb-h1") == 0) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "%s: parallel.zero_stage 2 reduces each block's gradients as its backward "
+                   "ends, but schedule zb-h1 defers the weight gradients to a later pass; use "
+                   "1f1b or interleaved, or zero_stage 1",
+                   plan->source);
   }
   return MP_OK;
 }
@@ -159,7 +181,8 @@ static void chunk_release(void *context, int chunk, int micro_batch, int slot) {
   mp_stage_chain_discard(trainer->chains[chunk], slot);
 }
 
-static mp_status block_grads_ready(void *context, float *grads, size_t count, mp_error *err);
+static mp_status block_grads_ready(void *context, float *grads, size_t first, size_t count,
+                                   mp_error *err);
 
 /* A chunk's gradients complete inside its last gradient action of the step (the worker knows
  * which: a whole backward, or with zb-h1 a W). On a GPU with dp > 1 the blocks' all-reduces are
@@ -400,8 +423,118 @@ static mp_status post_chunk_all_reduce(void *context, int chunk, mp_error *err) 
 /* During a GPU chunk's last backward of the step: block gradients [offset, offset + count) are
  * complete once the kernels enqueued so far ran; their dp all-reduce goes now (Megatron's
  * overlapped gradient buckets). */
-static mp_status block_grads_ready(void *context, float *grads, size_t count, mp_error *err) {
+static mp_status block_grads_ready(void *context, float *grads, size_t first, size_t count,
+                                   mp_error *err) {
+  (void)first;
   return post_dp_all_reduce(context, grads, count, err);
+}
+
+/* ---- ZeRO-2: the gradients reduce-scattered over dp into each rank's part ------------------ */
+
+struct zero2_hook {
+  mp_trainer *trainer;
+  int chunk;
+};
+
+/* grads (count floats, elements [first, first + count) of chunk c's flat layout) summed over dp,
+ * each dp rank adding the elements of its part ([zero_first, + zero_count), the moments' too)
+ * into grad_part[c]: one reduce-scatter, since the parts are contiguous and in dp-rank order. */
+static mp_status scatter_add_grads(mp_trainer *trainer, int c, const float *grads, size_t first,
+                                   size_t count, mp_error *err) {
+  const mp_plan *plan = trainer->plan;
+  mp_comm *dp = trainer->options.dp;
+  const size_t n = mp_gpt_tp_num_params(trainer->chunks[c]);
+  const size_t part = (n + (size_t)plan->dp - 1) / (size_t)plan->dp;
+  const size_t end = first + count;
+  for (int d = 0; d < plan->dp; ++d) {
+    const size_t part_first = part * (size_t)d < n ? part * (size_t)d : n;
+    const size_t part_end = part_first + part < n ? part_first + part : n;
+    const size_t lo = first > part_first ? first : part_first;
+    const size_t hi = end < part_end ? end : part_end;
+    trainer->scatter_counts[d] = hi > lo ? hi - lo : 0;
+  }
+  const size_t mine = trainer->scatter_counts[trainer->options.dp_rank];
+  const size_t mine_first = first > trainer->zero_first[c] ? first : trainer->zero_first[c];
+  const float *sum = grads + (mine > 0 ? mine_first - first : 0); /* alone: grads themselves */
+  if (dp != NULL && plan->dp > 1) {
+    const double start = trace_now(trainer);
+    MP_TRY(mp_comm_reduce_scatter_v_sum_f32(dp, grads, trainer->scatter_out,
+                                            trainer->scatter_counts, err));
+    if (trainer->options.trace != NULL) {
+      mp_trace_comm(trainer->options.trace, trainer->step, "reduce-scatter", "dp", -1,
+                    count * sizeof(float), NULL, start, trace_now(trainer));
+    }
+    sum = trainer->scatter_out;
+  }
+  if (mine == 0) return MP_OK;
+  float *to = trainer->grad_part[c] + (mine_first - trainer->zero_first[c]);
+  for (size_t i = 0; i < mine; ++i) to[i] += sum[i];
+  return MP_OK;
+}
+
+/* The chain's hook after each block's backward: the window's gradients into the parts. */
+static mp_status zero2_block_grads(void *context, float *grads, size_t first, size_t count,
+                                   mp_error *err) {
+  const struct zero2_hook *hook = context;
+  return scatter_add_grads(hook->trainer, hook->chunk, grads, first, count, err);
+}
+
+/* At the step's end: the tensors outside chunk c's blocks (whole in its packed gradient array,
+ * mp_gpt_tp_grads) into the parts, in buckets. */
+static mp_status zero2_outside_grads(mp_trainer *trainer, int c, mp_error *err) {
+  mp_gpt_tp *chunk = trainer->chunks[c];
+  size_t blocks_first = 0, blocks_end = 0, largest = 0;
+  mp_gpt_tp_blocks_range(chunk, &blocks_first, &blocks_end, &largest);
+  const float *packed = mp_gpt_tp_grads(chunk);
+  const size_t n = mp_gpt_tp_num_params(chunk);
+  /* [first, end) of the flat layout, packed at packed_first */
+  const size_t ranges[2][3] = {{0, blocks_first, 0}, {blocks_end, n, blocks_first}};
+  for (int r = 0; r < 2; ++r) {
+    for (size_t at = ranges[r][0]; at < ranges[r][1]; at += MP_TRAINER_BUCKET_FLOATS) {
+      const size_t count = ranges[r][1] - at < MP_TRAINER_BUCKET_FLOATS ? ranges[r][1] - at
+                                                                       : MP_TRAINER_BUCKET_FLOATS;
+      MP_TRY(scatter_add_grads(trainer, c, packed + ranges[r][2] + (at - ranges[r][0]), at,
+                               count, err));
+    }
+  }
+  return MP_OK;
+}
+
+/* The squared global norm of chunk c's gradient from the dp ranks' parts: each tensor's squares
+ * over this rank's part of it, summed over dp in rank order (so bitwise the same everywhere),
+ * then over tp as the stage counts them (mp_gpt_tp_norm_from_squares). Collective over dp and
+ * tp. */
+static mp_status zero2_norm_squared(mp_trainer *trainer, int c, double *out, mp_error *err) {
+  const mp_plan *plan = trainer->plan;
+  mp_gpt_tp *chunk = trainer->chunks[c];
+  const int num_tensors = mp_gpt_tp_num_tensors(chunk);
+  const int dp = trainer->options.dp != NULL ? plan->dp : 1;
+  const size_t first = trainer->zero_first[c], end = first + trainer->zero_count[c];
+  double *squares = calloc((size_t)num_tensors * ((size_t)dp + 1) + 1, sizeof(double));
+  if (squares == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  double *gathered = squares + num_tensors;
+  for (int i = 0; i < num_tensors; ++i) {
+    const mp_gpt_tp_tensor *t = mp_gpt_tp_tensor_at(chunk, i);
+    const size_t lo = t->offset > first ? t->offset : first;
+    const size_t hi = t->offset + t->count < end ? t->offset + t->count : end;
+    if (lo < hi) {
+      squares[i] = mp_grad_norm_squared_cpu(trainer->grad_part[c] + (lo - first), hi - lo);
+    }
+  }
+  mp_status status = MP_OK;
+  if (dp > 1) {
+    /* Doubles travel as pairs of floats: an all-gather only copies them. */
+    status = mp_comm_all_gather_f32(trainer->options.dp, (const float *)squares,
+                                    (float *)gathered, 2 * (size_t)num_tensors, err);
+    for (int i = 0; i < num_tensors && status == MP_OK; ++i) {
+      double sum = 0.0;
+      for (int d = 0; d < dp; ++d) sum += gathered[(size_t)d * num_tensors + i];
+      squares[i] = sum;
+    }
+  }
+  if (status == MP_OK) status = mp_gpt_tp_norm_from_squares(chunk, squares, out, err);
+  free(squares);
+  return status;
 }
 
 /* Waits for every posted dp all-reduce (all of them, even after a failure, so none is left
@@ -557,6 +690,16 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
   trainer->zero_first = calloc((size_t)v, sizeof *trainer->zero_first);
   trainer->zero_count = calloc((size_t)v, sizeof *trainer->zero_count);
   const bool on_gpu = trainer->backend == MP_BACKEND_CUDA;
+  const bool zero2 = plan->zero_stage == 2; /* CPU only (mp_trainer_check_layout) */
+  if (zero2) {
+    trainer->grad_part = calloc((size_t)v, sizeof *trainer->grad_part);
+    trainer->zero2_hooks = calloc((size_t)v, sizeof *trainer->zero2_hooks);
+    trainer->scatter_counts = calloc((size_t)plan->dp, sizeof *trainer->scatter_counts);
+    if (status == MP_OK && (trainer->grad_part == NULL || trainer->zero2_hooks == NULL ||
+                            trainer->scatter_counts == NULL)) {
+      status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+    }
+  }
   if (on_gpu) trainer->gpu_chunks = calloc((size_t)v, sizeof *trainer->gpu_chunks);
   if (status == MP_OK && on_gpu && trainer->gpu_chunks == NULL) {
     status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
@@ -569,7 +712,7 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
   }
   const bool zero_bubble = trainer->schedule.kind == MP_SCHEDULE_ZB_H1;
   const int dp = plan->dp, dp_rank = trainer->options.dp_rank;
-  size_t largest = 0;
+  size_t largest = 0, largest_block = 0;
   for (int c = 0; c < v && status == MP_OK; ++c) {
     const int stage = mp_stage_index(pp, pp_rank, c);
     int first = 0;
@@ -588,7 +731,7 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
     status = mp_gpt_tp_create_stage(model, (int)plan->micro_batch, (int)plan->seq_len,
                                     &trainer->tp_table, plan->sequence_parallel, &range,
                                     on_gpu ? 0 : slots, zero_bubble && !on_gpu,
-                                    on_gpu ? MP_RECOMPUTE_NONE : plan->recompute,
+                                    on_gpu ? MP_RECOMPUTE_NONE : plan->recompute, zero2,
                                     &trainer->chunks[c], err);
     if (status == MP_OK) {
       status = mp_gpt_tp_init_params(trainer->chunks[c], plan->training.seed, err);
@@ -611,7 +754,7 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
                                 : mp_gpt_tp_chain(trainer->chunks[c]);
     const size_t n = mp_gpt_tp_num_params(trainer->chunks[c]);
     size_t first_param = 0, count = n;
-    if (plan->zero_stage == 1) {
+    if (plan->zero_stage >= 1) {
       const size_t part = (n + (size_t)dp - 1) / (size_t)dp;
       first_param = part * (size_t)dp_rank < n ? part * (size_t)dp_rank : n;
       count = first_param + part < n ? part : n - first_param;
@@ -619,6 +762,21 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
     }
     trainer->zero_first[c] = first_param;
     trainer->zero_count[c] = count;
+    if (zero2) {
+      size_t blocks_first = 0, blocks_end = 0, block = 0;
+      mp_gpt_tp_blocks_range(trainer->chunks[c], &blocks_first, &blocks_end, &block);
+      if (block > largest_block) largest_block = block;
+      trainer->grad_part[c] = calloc(count > 0 ? count : 1, sizeof(float));
+      if (trainer->grad_part[c] == NULL) {
+        status = mp_fail(err, MP_ERR_RUNTIME, "out of memory for a gradient part (%zu floats)",
+                         count);
+        break;
+      }
+      trainer->zero2_hooks[c].trainer = trainer;
+      trainer->zero2_hooks[c].chunk = c;
+      mp_stage_chain_set_grads_hook(trainer->chains[c], zero2_block_grads,
+                                    &trainer->zero2_hooks[c]);
+    }
     if (on_gpu) {
       /* The AdamW moments live on the GPU (this rank's part with ZeRO-1); chunk_m and chunk_v
        * become their host copies for checkpoints, at the first mp_trainer_chunk_cpu_state. */
@@ -634,6 +792,17 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
       status = mp_fail(err, MP_ERR_RUNTIME, "out of memory for optimizer state (%zu floats)",
                        count);
     }
+  }
+  if (status == MP_OK && zero2) {
+    /* A reduce-scatter's output: at most one window, or one bucket of the tensors outside the
+     * blocks. */
+    trainer->scatter_floats =
+        largest_block > MP_TRAINER_BUCKET_FLOATS ? largest_block : MP_TRAINER_BUCKET_FLOATS;
+    if (trainer->scatter_floats > largest / (size_t)dp + 1) {
+      trainer->scatter_floats = largest / (size_t)dp + 1;
+    }
+    trainer->scatter_out = calloc(trainer->scatter_floats, sizeof(float));
+    if (trainer->scatter_out == NULL) status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
   }
   if (status == MP_OK && largest > 0) {
     /* The parameter all-gather goes in pieces: dp pieces of at most zero_piece floats (its
@@ -683,7 +852,7 @@ static mp_status create_parallel(mp_trainer *trainer, const mp_model *model, mp_
   const size_t boundary = mp_gpt_tp_boundary_floats(trainer->chunks[0]);
   status = mp_stage_worker_create(&trainer->schedule, o->pp_rank, boundary, &ops, &p2p,
                                   o->trace != NULL ? &observer : NULL, &trainer->worker, err);
-  if (status == MP_OK && o->dp != NULL && plan->dp > 1) {
+  if (status == MP_OK && o->dp != NULL && plan->dp > 1 && plan->zero_stage < 2) {
     mp_stage_worker_on_chunk_done(trainer->worker, post_chunk_all_reduce);
   }
   /* Evaluation runs the same stages through the same worker code, forwards only (untraced: the
@@ -768,6 +937,13 @@ void mp_trainer_free(mp_trainer *trainer) {
   free(trainer->chains);
   free(trainer->chunk_m);
   free(trainer->chunk_v);
+  for (int c = 0; trainer->grad_part != NULL && c < trainer->num_chunks; ++c) {
+    free(trainer->grad_part[c]);
+  }
+  free(trainer->grad_part);
+  free(trainer->zero2_hooks);
+  free(trainer->scatter_out);
+  free(trainer->scatter_counts);
   free(trainer->zero_first);
   free(trainer->zero_count);
   free(trainer->zero_gather);
@@ -1039,20 +1215,21 @@ mp_status mp_trainer_evaluate(mp_trainer *trainer, mp_data_loader *data, int64_t
   return parallel_step_loss(trainer, loss, err);
 }
 
-/* AdamW over elements [first, first + count) of a chunk's arrays, tensor by tensor (weight
- * decay is a property of the tensor), with the gradients times grad_scale (the clip factor); m
- * and v hold that range only. */
-static void adamw_range(mp_gpt_tp *chunk, size_t first, size_t count, float *m, float *v,
-                        const mp_training_config *t, double lr, int64_t step, float grad_scale) {
+/* AdamW over elements [first, first + count) of a chunk's parameters, tensor by tensor (weight
+ * decay is a property of the tensor), with the gradients times grad_scale (the clip factor);
+ * grads, m and v hold that range only. */
+static void adamw_range(mp_gpt_tp *chunk, size_t first, size_t count, float *grads, float *m,
+                        float *v, const mp_training_config *t, double lr, int64_t step,
+                        float grad_scale) {
   float *params = mp_gpt_tp_params(chunk);
-  float *grads = mp_gpt_tp_grads(chunk);
   const size_t end = first + count;
   for (int i = 0; i < mp_gpt_tp_num_tensors(chunk); ++i) {
     const mp_gpt_tp_tensor *tensor = mp_gpt_tp_tensor_at(chunk, i);
     const size_t lo = tensor->offset > first ? tensor->offset : first;
     const size_t hi = tensor->offset + tensor->count < end ? tensor->offset + tensor->count : end;
     if (lo >= hi) continue;
-    mp_adamw_update_scaled_cpu(params + lo, grads + lo, m + (lo - first), v + (lo - first),
+    mp_adamw_update_scaled_cpu(params + lo, grads + (lo - first), m + (lo - first),
+                               v + (lo - first),
                                hi - lo, (float)lr, (float)t->beta1, (float)t->beta2,
                                (float)t->eps,
                                tensor->full->weight_decay ? (float)t->weight_decay : 0.0f,
@@ -1069,7 +1246,8 @@ static mp_status reduce_step_grads(mp_trainer *trainer, double *grad_norm, mp_er
   mp_gpt_stage_gpu **gpu = trainer->gpu_chunks;
   /* First the dp all-reduces posted as the chunks' gradients completed: until they end, MPI or
    * NCCL may still write the gradients. */
-  if (o->dp != NULL && plan->dp > 1) {
+  const bool zero2 = trainer->grad_part != NULL;
+  if (o->dp != NULL && plan->dp > 1 && !zero2) {
     MP_TRY(wait_dp_all_reduces(trainer, err));
     const float scale = 1.0f / (float)plan->dp;
     for (int c = 0; c < trainer->num_chunks; ++c) {
@@ -1096,21 +1274,34 @@ static mp_status reduce_step_grads(mp_trainer *trainer, double *grad_norm, mp_er
       const bool last = stage->head && c == trainer->num_chunks - 1;
       if (!first && !last) continue;
       const mp_gpt_tp_tensor *wte = mp_gpt_tp_tensor_at(chunk, 0);
-      float *grads = gpu != NULL ? mp_gpt_stage_gpu_device_grads(gpu[c]) : mp_gpt_tp_grads(chunk);
+      float *grads = gpu != NULL ? mp_gpt_stage_gpu_device_grads(gpu[c]) + wte->offset
+                                 : mp_gpt_tp_tensor_grad(chunk, 0);
       /* In buckets: a transient buffer of the whole table (the collective's, or the staging's
        * for device memory) would be the rank's largest allocation after its state. */
       for (size_t at = 0; at < wte->count; at += MP_TRAINER_BUCKET_FLOATS) {
         const size_t n = wte->count - at < MP_TRAINER_BUCKET_FLOATS ? wte->count - at
                                                                     : MP_TRAINER_BUCKET_FLOATS;
-        MP_TRY(traced_all_reduce(trainer, o->embedding, grads + wte->offset + at, n, err));
+        MP_TRY(traced_all_reduce(trainer, o->embedding, grads + at, n, err));
       }
+    }
+  }
+  if (zero2) {
+    /* The blocks' gradients are in the parts already; the rest joins them, then the dp mean. */
+    const float scale = 1.0f / (float)plan->dp;
+    for (int c = 0; c < trainer->num_chunks; ++c) {
+      MP_TRY(zero2_outside_grads(trainer, c, err));
+      mp_grad_scale_cpu(trainer->grad_part[c], trainer->zero_count[c], scale);
     }
   }
   double squares = 0.0;
   for (int c = 0; c < trainer->num_chunks; ++c) {
     double chunk_squares = 0.0;
-    MP_TRY(gpu != NULL ? mp_gpt_stage_gpu_grad_norm_squared(gpu[c], &chunk_squares, err)
-                       : mp_gpt_tp_grad_norm_squared(trainer->chunks[c], &chunk_squares, err));
+    if (zero2) {
+      MP_TRY(zero2_norm_squared(trainer, c, &chunk_squares, err));
+    } else {
+      MP_TRY(gpu != NULL ? mp_gpt_stage_gpu_grad_norm_squared(gpu[c], &chunk_squares, err)
+                         : mp_gpt_tp_grad_norm_squared(trainer->chunks[c], &chunk_squares, err));
+    }
     squares += chunk_squares;
   }
   if (o->pp != NULL) MP_TRY(sum_double_over(o->pp, &squares, err));
@@ -1131,10 +1322,12 @@ static mp_status finish_parallel_step(mp_trainer *trainer, double lr, double *gr
     const size_t n = mp_gpt_tp_num_params(chunk);
     const size_t first = trainer->zero_first[c], count = trainer->zero_count[c];
     /* The clip factor multiplies each gradient inside AdamW: no pass of its own. */
-    adamw_range(chunk, first, count, trainer->chunk_m[c], trainer->chunk_v[c], t, lr,
+    float *grads = trainer->grad_part != NULL ? trainer->grad_part[c]
+                                              : mp_gpt_tp_grads(chunk) + first;
+    adamw_range(chunk, first, count, grads, trainer->chunk_m[c], trainer->chunk_v[c], t, lr,
                 trainer->step, scale);
-    if (plan->zero_stage != 1 || o->dp == NULL || plan->dp == 1) continue;
-    /* ZeRO-1: every dp rank updated its part; gather the whole array. */
+    if (plan->zero_stage < 1 || o->dp == NULL || plan->dp == 1) continue;
+    /* ZeRO-1 and 2: every dp rank updated its part; gather the whole array. */
     const size_t part = (n + (size_t)plan->dp - 1) / (size_t)plan->dp;
     zero_comms comms = {o->dp, NULL};
     MP_TRY(zero_gather_params(mp_gpt_tp_params(chunk), n, part, plan->dp, o->dp_rank,
@@ -1218,7 +1411,12 @@ mp_status mp_trainer_step(mp_trainer *trainer, int64_t step, mp_step_metrics *me
       MP_TRY(mp_gpt_stage_gpu_zero_grads(trainer->gpu_chunks[c], err));
     }
   } else {
-    for (int c = 0; c < trainer->num_chunks; ++c) mp_gpt_tp_zero_grads(trainer->chunks[c]);
+    for (int c = 0; c < trainer->num_chunks; ++c) {
+      mp_gpt_tp_zero_grads(trainer->chunks[c]);
+      if (trainer->grad_part != NULL) {
+        memset(trainer->grad_part[c], 0, trainer->zero_count[c] * sizeof(float));
+      }
+    }
   }
   MP_TRY(load_batch(trainer, trainer->data, step, err));
   trainer->loss_sum = 0.0;

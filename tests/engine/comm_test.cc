@@ -201,6 +201,29 @@ TEST(Comm, CollectivesOnEveryGridShape) {
         }
         EXPECT_EQ(wrong, 0u) << "reduce-scatter";
 
+        // reduce-scatter with uneven counts (ZeRO-2's windows over the dp parts): member j
+        // gets count + j - 1 floats (member 0 one fewer than count, perhaps none), each its run
+        // of the sum, in member order.
+        std::vector<size_t> counts(n);
+        size_t total = 0, before = 0;
+        for (int j = 0; j < n; ++j) {
+          counts[j] = count + (size_t)j - 1;
+          if (j < r) before += counts[j];
+          total += counts[j];
+        }
+        std::vector<float> uneven(total), mine_sum(counts[r] + 1, -1.0f);
+        for (size_t i = 0; i < total; ++i) uneven[i] = self * (float)(i % 13 + 1);
+        ASSERT_EQ(mp_comm_reduce_scatter_v_sum_f32(comm.get(), uneven.data(), mine_sum.data(),
+                                                   counts.data(), &err),
+                  MP_OK)
+            << err.message;
+        wrong = 0;
+        for (size_t i = 0; i < counts[r]; ++i) {
+          wrong += mine_sum[i] != (float)(member_sum * ((before + i) % 13 + 1));
+        }
+        wrong += mine_sum[counts[r]] != -1.0f;  // nothing written past its run
+        EXPECT_EQ(wrong, 0u) << "reduce-scatter with uneven counts";
+
         // all-gather: member j's block is its world rank * 1000 + i.
         std::vector<float> mine(count), gathered(count * n, -1.0f);
         for (size_t i = 0; i < count; ++i) mine[i] = (float)(world_rank() * 1000 + i % 1000);

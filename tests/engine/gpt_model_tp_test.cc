@@ -214,7 +214,15 @@ struct Variant {
   const char *name;
   bool deferred;
   mp_recompute recompute;
+  bool windowed = false;  // ZeRO-2's gradient window, taken by a hook after every block
 };
+
+// The hook of a windowed stage: each block's window added into the full array at its offsets.
+mp_status AddWindow(void *context, float *grads, size_t first, size_t count, mp_error *) {
+  fvec *full = static_cast<fvec *>(context);
+  for (size_t i = 0; i < count; ++i) (*full)[first + i] += grads[i];
+  return MP_OK;
+}
 
 fvec StageGradients(const mp_model *model, bool sp, const Variant &v, mp_error *err) {
   mp_gpt_tp *stage = nullptr;
@@ -222,12 +230,14 @@ fvec StageGradients(const mp_model *model, bool sp, const Variant &v, mp_error *
   if (mp_gpt_layout_create(model, kT, &layout, err) != MP_OK) return {};
   const mp_gpt_stage whole = mp_gpt_stage_whole(mp_gpt_layout_config(layout)->num_layers);
   mp_gpt_layout_free(layout);
-  if (mp_gpt_tp_create_stage(model, kB, kT, &g_tp, sp, &whole, 2, v.deferred, v.recompute, &stage,
-                             err) != MP_OK ||
+  if (mp_gpt_tp_create_stage(model, kB, kT, &g_tp, sp, &whole, 2, v.deferred, v.recompute,
+                             v.windowed, &stage, err) != MP_OK ||
       mp_gpt_tp_init_params(stage, 11, err) != MP_OK) {
     mp_gpt_tp_free(stage);
     return {};
   }
+  fvec windowed(mp_gpt_tp_num_params(stage), 0.0f);
+  if (v.windowed) mp_stage_chain_set_grads_hook(mp_gpt_tp_chain(stage), AddWindow, &windowed);
   bool ok = true;
   for (int micro = 0; micro < 2 && ok; micro++) {
     const auto inputs = Tokens(300 + micro, kB * kT, 45), targets = Tokens(400 + micro, kB * kT, 45);
@@ -243,7 +253,24 @@ fvec StageGradients(const mp_model *model, bool sp, const Variant &v, mp_error *
   }
   if (ok) ok = mp_gpt_tp_finish_grads(stage, err) == MP_OK;
   fvec grads;
-  if (ok) grads.assign(mp_gpt_tp_grads(stage), mp_gpt_tp_grads(stage) + mp_gpt_tp_num_params(stage));
+  if (ok && !v.windowed) {
+    grads.assign(mp_gpt_tp_grads(stage), mp_gpt_tp_grads(stage) + mp_gpt_tp_num_params(stage));
+  }
+  if (ok && v.windowed) {
+    // The blocks' gradients came through the hook; the rest stays in the packed array.
+    size_t first = 0, end = 0, largest = 0;
+    mp_gpt_tp_blocks_range(stage, &first, &end, &largest);
+    ok = mp_gpt_tp_grads_floats(stage) == mp_gpt_tp_num_params(stage) - (end - first) &&
+         first < end && largest < end - first;
+    for (int i = 0; i < mp_gpt_tp_num_tensors(stage) && ok; ++i) {
+      const mp_gpt_tp_tensor *t = mp_gpt_tp_tensor_at(stage, i);
+      const float *g = mp_gpt_tp_tensor_grad(stage, i);
+      const bool block = t->offset >= first && t->offset < end;
+      ok = (g == nullptr) == block;
+      if (g != nullptr) std::copy(g, g + t->count, windowed.begin() + (long)t->offset);
+    }
+    if (ok) grads = windowed;
+  }
   mp_gpt_tp_free(stage);
   return grads;
 }
@@ -265,9 +292,40 @@ void CheckVariants(bool sp, const char *text = kModel) {
     EXPECT_TRUE(Close(std::string(v.name) + Where(sp), grads.data(), whole.data(), whole.size(), 0))
         << "every gradient bit for bit";
   }
+  // ZeRO-2's window: each micro-batch's block gradients leave through the hook (summed over the
+  // group first under sequence parallelism), so their sum over micro-batches is added in
+  // another order: equal within float round-off.
+  const Variant window = {"a gradient window", false, MP_RECOMPUTE_NONE, true};
+  const fvec grads = StageGradients(model, sp, window, &err);
+  ASSERT_EQ(whole.size(), grads.size()) << window.name << ": " << err.message;
+  EXPECT_TRUE(Close(std::string(window.name) + Where(sp), grads.data(), whole.data(), whole.size()));
+  // Its block gradients would be lost without the hook: refused.
+  mp_gpt_layout *layout = nullptr;
+  ASSERT_EQ(MP_OK, mp_gpt_layout_create(model, kT, &layout, &err)) << err.message;
+  const mp_gpt_stage stage_range = mp_gpt_stage_whole(mp_gpt_layout_config(layout)->num_layers);
+  mp_gpt_layout_free(layout);
+  mp_gpt_tp *stage = nullptr;
+  ASSERT_EQ(MP_OK, mp_gpt_tp_create_stage(model, kB, kT, &g_tp, sp, &stage_range, 1, false,
+                                          MP_RECOMPUTE_NONE, true, &stage, &err))
+      << err.message;
+  const auto tokens = Tokens(300, kB * kT, 45);
+  double loss = 0;
+  ASSERT_EQ(MP_OK, mp_gpt_tp_forward_stage(stage, 0, tokens.data(), tokens.data(), nullptr,
+                                           nullptr, 1.0f, &loss, &err))
+      << err.message;
+  EXPECT_EQ(MP_ERR_INPUT, mp_gpt_tp_backward_stage(stage, 0, nullptr, nullptr, false, &err));
+  EXPECT_NE(nullptr, std::strstr(err.message, "no grads hook is set")) << err.message;
+  double squares = 0;
+  EXPECT_EQ(MP_ERR_INPUT, mp_gpt_tp_grad_norm_squared(stage, &squares, &err));
+  mp_gpt_tp_free(stage);
+  // ... and so are deferred weight gradients with it.
+  EXPECT_EQ(MP_ERR_INPUT, mp_gpt_tp_create_stage(model, kB, kT, &g_tp, sp, &stage_range, 1, true,
+                                                 MP_RECOMPUTE_NONE, true, &stage, &err));
+  EXPECT_NE(nullptr, std::strstr(err.message, "zero-bubble")) << err.message;
   mp_model_free(model);
 }
 
+// (and a ZeRO-2 gradient window, within round-off)
 TEST(StageChain, ZeroBubbleAndRecomputationAddTheWholeBackwardsGradients) { CheckVariants(false); }
 TEST(StageChain, ZeroBubbleAndRecomputationAddTheWholeBackwardsGradientsWithSequenceParallelism) {
   CheckVariants(true);

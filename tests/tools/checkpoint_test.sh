@@ -2,9 +2,10 @@
 # tests/tools/checkpoint_test.sh — sharded checkpoints through `mpengine run` and `mpengine export`
 # (issue 7; every layout: issue 11): a resumed run continues bit-for-bit (the loss strings of steps
 # 10..19 equal those of a run that never stopped) on one rank, with tp = 2, with (dp, pp, tp) =
-# (2, 2, 2) and ZeRO-1, and with pp = 2 interleaved over v = 2 chunks; a checkpoint resumes under
-# another layout (tp 2 -> 1, 1 -> 2, 2 -> 4; (2,2,2) ZeRO-1 -> one rank; one rank -> (1,2,2);
-# pp 2 interleaved -> (2,1,2) ZeRO-1) with the losses of the uninterrupted run within 1e-6
+# (2, 2, 2) and ZeRO-1, with (2, 2, 1) and ZeRO-2, and with pp = 2 interleaved over v = 2
+# chunks; a checkpoint resumes under another layout (tp 2 -> 1, 1 -> 2, 2 -> 4; (2,2,2) ZeRO-1 ->
+# one rank and -> (2,2,1) ZeRO-2; (2,2,1) ZeRO-2 -> (4,1,1) ZeRO-2 and -> one rank; one rank ->
+# (1,2,2); pp 2 interleaved -> (2,1,2) ZeRO-1) with the losses of the uninterrupted run within 1e-6
 # relative; --keep, SIGTERM (finish the step, save, exit 0), export to llm.c's format (of a pp = 2
 # checkpoint: the very weights --save-weights wrote) and --init-from of it, and the refusals (exit
 # 2 with the reason): no checkpoint to resume, a corrupted shard, a missing shard, a checkpoint of
@@ -39,6 +40,8 @@ plan "$tmp/dp2-pp2-tp2-zero1.json" 2 2 2 1f1b 1 1
 plan "$tmp/pp2-v2.json" 1 2 1 interleaved-1f1b 2
 plan "$tmp/pp2-tp2.json" 1 2 2
 plan "$tmp/dp2-tp2-zero1.json" 2 1 2 1f1b 1 1
+plan "$tmp/dp2-pp2-zero2.json" 2 2 1 1f1b 1 2
+plan "$tmp/dp4-zero2.json" 4 1 1 1f1b 1 2
 run() { $mpengine run --backend cpu "$@"; }
 
 # The loss field of each line of a --metrics file.
@@ -118,6 +121,21 @@ resume_from 3d-to-one "$tmp/3d/step-10" "$tmp/tp1.json" "$tmp/3d-to-one.jsonl"
 close "saved (2,2,2) ZeRO-1, resumed on one rank" "$tmp/3d.jsonl" "$tmp/3d-to-one.jsonl"
 resume_from one-to-pp2-tp2 "$tmp/one/step-10" "$tmp/pp2-tp2.json" "$tmp/one-to-pp2-tp2.jsonl"
 close "saved on one rank, resumed (1,2,2)" "$tmp/one.jsonl" "$tmp/one-to-pp2-tp2.jsonl"
+
+# (2, 2, 1) with ZeRO-2 (issue 17): each dp rank keeps its part of the gradients and moments; the
+# files are the same as ZeRO-1's (the moments gathered over dp), so the checkpoint resumes
+# bit-exact under its own layout, and under another ZeRO stage and dp size: ZeRO-2 on dp 4, and
+# a ZeRO-1 checkpoint as ZeRO-2.
+expect 0 "checkpoint: saved $tmp/z2/step-10" "done: 20 steps" -- \
+  run --config "$tmp/dp2-pp2-zero2.json" --checkpoint-dir "$tmp/z2" --save-every 10 --metrics "$tmp/z2.jsonl"
+resume_from z2-resumed "$tmp/z2/step-10" "$tmp/dp2-pp2-zero2.json" "$tmp/z2-resumed.jsonl"
+exact "(2,2,1) ZeRO-2" "$tmp/z2.jsonl" "$tmp/z2-resumed.jsonl" "$tmp/z2" "$tmp/z2-resumed"
+resume_from z2-to-dp4 "$tmp/z2/step-10" "$tmp/dp4-zero2.json" "$tmp/z2-to-dp4.jsonl"
+close "saved (2,2,1) ZeRO-2, resumed (4,1,1) ZeRO-2" "$tmp/z2.jsonl" "$tmp/z2-to-dp4.jsonl"
+resume_from z2-to-one "$tmp/z2/step-10" "$tmp/tp1.json" "$tmp/z2-to-one.jsonl"
+close "saved (2,2,1) ZeRO-2, resumed on one rank" "$tmp/z2.jsonl" "$tmp/z2-to-one.jsonl"
+resume_from 3d-to-z2 "$tmp/3d/step-10" "$tmp/dp2-pp2-zero2.json" "$tmp/3d-to-z2.jsonl"
+close "saved (2,2,2) ZeRO-1, resumed (2,2,1) ZeRO-2" "$tmp/3d.jsonl" "$tmp/3d-to-z2.jsonl"
 
 # pp = 2 interleaved, v = 2 chunks per pipeline rank (the tied copy of wte on the last stage is
 # not saved; it loads from the first stage's): bit-exact, resharded to (2,1,2) with ZeRO-1, and

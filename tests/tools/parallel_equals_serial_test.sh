@@ -18,10 +18,16 @@
 # SwiGLU, rotary embeddings, 4 query heads over 2 kv heads, an untied head) runs the layouts its
 # 2 kv heads and 2 blocks allow, its final weights compared through a checkpoint exported as a
 # Hugging Face model.safetensors (llm.c files hold GPT-2 only).
+#
+# A third argument `zero` runs the ZeRO-2 layouts instead (issue 17): (dp, pp, tp) = (2,1,1),
+# (4,1,1), (2,2,1), (2,1,2) with sequence parallelism, (2,2,2) with 1f1b, and (2,2,1)
+# interleaved with v = 2, each with zero_stage 2: every rank keeps only its part of the
+# gradients between steps, and the numbers are the one-rank run's.
 set -uo pipefail
 mpengine=${1:-${MPENGINE:-tools/mpengine}}
 model=${2:-tiny-gpt}
-tmp=${TEST_TMPDIR:-$(mktemp -d)}/parallel_equals_serial_$model
+mode=${3:-layouts}
+tmp=${TEST_TMPDIR:-$(mktemp -d)}/parallel_equals_serial_$model-$mode
 mkdir -p "$tmp"
 failures=0
 source "$(dirname "${BASH_SOURCE[0]}")/cli_expect.sh" || { echo "cannot load cli_expect.sh"; exit 1; }
@@ -43,6 +49,7 @@ JSON
 }
 
 losses() { grep -v '"val_loss"' "$1" | awk -F'"loss": ' '{ split($2, a, ","); print a[1] }'; }
+grad_norms() { grep -v '"val_loss"' "$1" | awk -F'"grad_norm": ' '{ split($2, a, ","); print a[1] }'; }
 val_losses() { grep '"val_loss"' "$1" | awk -F'"val_loss": ' '{ split($2, a, ","); print a[1] }'; }
 # The floats of an llm.c checkpoint after its 1024-byte header, or of a Hugging Face directory's
 # model.safetensors after its header (8 bytes of length, then that much JSON), one per line.
@@ -72,6 +79,12 @@ compare() {
   verdict=$(paste -d' ' <(losses "$tmp/serial.jsonl") <(losses "$tmp/$name.jsonl") | awk '
     { d = $2 - $1; if (d < 0) d = -d; r = d / ($1 < 0 ? -$1 : $1); if (r > worst) { worst = r; at = NR } }
     END { printf "%s %.3g %d", (worst <= 1e-5 ? "ok" : "bad"), worst, at }')
+  # The gradient norm before clipping (what clipping and a user's curves see): within 1e-5 too.
+  local norms
+  norms=$(paste -d' ' <(grad_norms "$tmp/serial.jsonl") <(grad_norms "$tmp/$name.jsonl") | awk '
+    { d = $2 - $1; if (d < 0) d = -d; r = d / $1; if (r > worst) { worst = r; at = NR } }
+    END { printf "%s %.3g %d", (NR == 20 && worst <= 1e-5 ? "ok" : "bad"), worst, at }')
+  [ "${norms%% *}" = ok ] || fail "$name: gradient norm differs from one rank by more than 1e-5 relative (${norms#* })"
   local weights
   weights=$(paste -d' ' <(floats "$tmp/serial.bin") <(floats "$tmp/$name.bin") | awk '
     NF != 2 { bad = 1 }
@@ -80,7 +93,7 @@ compare() {
     END { l2 = norm > 0 ? sqrt(squares / norm) : 1
           printf "%s relative L2 %.3g, max %.3g, %d of %d over 1e-5",
                  (!bad && n > 0 && l2 <= 1e-5 && worst <= 1.5e-4 ? "ok" : "bad"), l2, worst, over, n }')
-  echo "$name: loss max rel diff ${verdict#* } (step); held-out ${held_out#* }; weights ${weights#* }"
+  echo "$name: loss max rel diff ${verdict#* } (step); norm ${norms#* }; held-out ${held_out#* }; weights ${weights#* }"
   [ "${verdict%% *}" = ok ] || fail "$name: loss differs from one rank by more than 1e-5 relative (${verdict#* })"
   [ "${weights%% *}" = ok ] || fail "$name: final weights differ from one rank: ${weights#* }"
 }
@@ -120,6 +133,12 @@ if [ "$model" != tiny-gpt ]; then
            "pp2-tp2-recompute-selective 1 2 2 zb-h1 1 false 0 selective"
            "pp4-recompute-full 1 4 1 1f1b 1 false 0 full")
 fi
+if [ "$mode" = zero ]; then
+  layouts=("dp2-zero2 2 1 1 1f1b 1 false 2" "dp4-zero2 4 1 1 1f1b 1 false 2"
+           "dp2-pp2-zero2 2 2 1 1f1b 1 false 2" "dp2-tp2-sp-zero2 2 1 2 1f1b 1 true 2"
+           "dp2-pp2-tp2-zero2 2 2 2 1f1b 1 false 2"
+           "dp2-pp2-interleaved-v2-zero2 2 2 1 interleaved-1f1b 2 false 2")
+fi
 plan serial 1 1 1 1f1b
 run serial
 for spec in "${layouts[@]}"; do
@@ -128,12 +147,12 @@ for spec in "${layouts[@]}"; do
   run "$1"
   compare "$1"
 done
-if [ "$model" != tiny-gpt ]; then
+if [ "$model" != tiny-gpt ] || [ "$mode" = zero ]; then
   if [ $failures -ne 0 ]; then
     echo "$failures check(s) failed"
     exit 1
   fi
-  echo "parallel_equals_serial_test ($model): all checks passed"
+  echo "parallel_equals_serial_test ($model, $mode): all checks passed"
   exit 0
 fi
 
