@@ -159,8 +159,10 @@ static void print_explain(const mp_planner_result *r) {
       printf("  %4d %14.3f %16.3f %9.4fs %9.4fs %8.1f%%\n", p, k->zero_gather_bytes / kGiB,
              k->zero_reduce_scatter_bytes / kGiB, k->dp_comm_s, k->dp_exposed_s, 100.0 * hidden);
     }
-    if (l->zero_stage >= 2) {
-      printf("  (ZeRO-%d is planned only: `mpengine run` trains ZeRO 0 and 1)\n", l->zero_stage);
+    if (l->zero_stage == 3) {
+      printf("  (ZeRO-3 is planned only: `mpengine run` trains ZeRO 0, 1 and 2)\n");
+    } else if (l->zero_stage == 2) {
+      printf("  (ZeRO-2: `mpengine run` trains it on the CPU backend; the GPU's is to come)\n");
     }
   }
   printf("\n  memory per GPU of each pipeline rank, GiB (capacity %.2f):\n", e->capacity_bytes / kGiB);
@@ -299,7 +301,7 @@ int cmd_plan(int argc, char **argv) {
       {"virtual-stages", "V", "fix the model chunks per pipeline rank", NULL},
       {"recompute", "MODE", "fix recomputation: none, selective, full", NULL},
       {"sequence-parallel", "on|off", "fix sequence parallelism", NULL},
-      {"zero", "0|1|2|3", "fix the ZeRO stage (1: optimizer state sharded over dp; 2: and gradients; 3: and parameters; 2 and 3 are planned, not yet run)", NULL},
+      {"zero", "0|1|2|3", "fix the ZeRO stage (1: optimizer state sharded over dp; 2: and gradients, run on CPU ranks; 3: and parameters, planned, not yet run)", NULL},
       {"exhaustive", NULL, "simulate every layout instead of skipping those a bound shows cannot "
        "make the top K (the same ranking, slower)", NULL},
       {0},

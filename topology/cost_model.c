@@ -322,14 +322,22 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
   double stage_compute[MP_COST_MAX_STAGES], stage_recompute[MP_COST_MAX_STAGES];
   double stage_tp[MP_COST_MAX_STAGES], stage_fwd_compute[MP_COST_MAX_STAGES];
   double stage_largest_layer[MP_COST_MAX_STAGES]; /* parameters of its largest layer */
+  /* ZeRO-2: the blocks' parameters (their gradients pass through a one-block window) and the
+   * largest block's; the rest (embedding, final norm, head) keeps whole gradients. */
+  double stage_block_params[MP_COST_MAX_STAGES], stage_largest_block[MP_COST_MAX_STAGES];
   const int elem = mp_cost_activation_bytes_per_element(cluster);
   double model_flops = 0.0, boundary_bytes = 0.0;
   int layer = 0;
   for (int s = 0; s < stages; ++s) {
     double f = 0, b = 0, tpf = 0, tpb = 0, params = 0, act = 0, rec = 0, largest = 0;
+    double block_params = 0, largest_block = 0;
     for (int i = 0; i < out->layers_per_stage[s]; ++i, ++layer) {
       const mp_layer_time *t = &times[layer];
       if (t->params > largest) largest = t->params;
+      if (mp_model_layer(model, layer)->kind == MP_LAYER_TRANSFORMER) {
+        block_params += t->params;
+        if (t->params > largest_block) largest_block = t->params;
+      }
       f += t->forward_compute_s;
       b += t->backward_compute_s;
       rec += t->recompute_s;
@@ -351,6 +359,8 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
     stage_params[s] = params;
     stage_act[s] = act;
     stage_largest_layer[s] = largest;
+    stage_block_params[s] = block_params;
+    stage_largest_block[s] = largest_block;
   }
   free(times);
   free(costs);
@@ -423,9 +433,12 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
     mp_rank_estimate *rank = &out->ranks[r];
     rank->first_stage = r;
     double params = 0.0, last_backward = 0.0, all_compute = 0.0, largest_layer = 0.0;
+    double block_params = 0.0, largest_block = 0.0;
     for (int c = 0; c < v; ++c) {
       const int s = c * pp + r;
       params += stage_params[s];
+      block_params += stage_block_params[s];
+      if (stage_largest_block[s] > largest_block) largest_block = stage_largest_block[s];
       all_compute += m * (out->stage_forward_s[s] + out->stage_backward_s[s]);
       if (stage_largest_layer[s] > largest_layer) largest_layer = stage_largest_layer[s];
       rank->compute_s += m * stage_compute[s];
@@ -435,18 +448,21 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
     }
     rank->idle_s = sim.step_time - sim.busy_time[r];
     const double grad_bytes = params * state.grads, weight_bytes = params * state.weights;
+    const double block_grad_bytes = block_params * state.grads;
     const double frac = (double)(d - 1) / d;
     const int zero = d > 1 ? layout->zero_stage : 0;
     /* The dp collectives of a step. ZeRO 0 and 1 reduce once, after the rank's last backward;
-     * ZeRO-2 reduce-scatters in every micro-batch's backward, and ZeRO-3 also gathers each
-     * layer's weights for its forward and again for its backward (reshard after forward). The
-     * parameter all-gather of ZeRO 1 and 2 counts with the reduction, as one dp time (the
-     * overlap assumption of cost_model.h). */
+     * ZeRO-2 reduce-scatters each block's gradients in every micro-batch's backward and the
+     * rest (embedding, final norm, head) once, after the last (engine/trainer.h); ZeRO-3 also
+     * gathers each layer's weights for its forward and again for its backward (reshard after
+     * forward). The parameter all-gather of ZeRO 1 and 2 counts with the reduction, as one dp
+     * time (the overlap assumption of cost_model.h). */
     double dp_comm = 0.0;
+    const double zero2_scatter_bytes = m * block_grad_bytes + (grad_bytes - block_grad_bytes);
     if (zero == 1) {
       dp_comm = frac * (grad_bytes + weight_bytes) / dp_bw + 2.0 * (d - 1) * dp_lat;
     } else if (zero == 2) {
-      dp_comm = m * (frac * grad_bytes / dp_bw + (d - 1) * dp_lat) +
+      dp_comm = frac * zero2_scatter_bytes / dp_bw + (m + 1.0) * (d - 1) * dp_lat +
                 frac * weight_bytes / dp_bw + (d - 1) * dp_lat;
     } else if (zero == 3) {
       dp_comm = m * (frac * (2.0 * weight_bytes + grad_bytes) / dp_bw + 3.0 * (d - 1) * dp_lat);
@@ -457,9 +473,10 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
     rank->zero_gather_bytes = zero == 3   ? m * 2.0 * frac * weight_bytes
                               : zero >= 1 ? frac * weight_bytes
                                           : 0.0;
-    rank->zero_reduce_scatter_bytes = zero == 2 || zero == 3 ? m * frac * grad_bytes
-                                      : zero == 1             ? frac * grad_bytes
-                                                              : 0.0;
+    rank->zero_reduce_scatter_bytes = zero == 3   ? m * frac * grad_bytes
+                                      : zero == 2 ? frac * zero2_scatter_bytes
+                                      : zero == 1 ? frac * grad_bytes
+                                                  : 0.0;
     const int last = schedule->ranks[r].num_actions - 1;
     const double idle_after = last >= 0 ? sim.step_time - sim.end[r][last] : 0.0;
     /* What hides it: the last backward (and the idle time after it) for one reduction after
@@ -477,13 +494,23 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
     /* ZeRO-3 gathers a layer's weights while it computes and prefetches the next one's. */
     if (zero == 3) rank->weights_bytes += 2.0 * largest_layer * state.weights;
     rank->grads_bytes = params * sharded.grads;
+    /* ZeRO-2 keeps the tensors outside the blocks whole until the step's end (their dp part
+     * counted above, with the blocks'). */
+    if (zero == 2) rank->grads_bytes += (params - block_params) * state.grads;
     rank->optimizer_bytes = params * sharded.optimizer;
     rank->activation_bytes = sim.peak_activation_memory[r];
     rank->peak_live = sim.peak_live[r];
     rank->workspace_bytes = mp_cost_workspace_bytes(cluster);
-    /* The dp collectives' buffers: every bucket's temporaries on CPU ranks (ZeRO 0 and 1); with
-     * ZeRO 2 and 3 one layer's gradients at a time, reduced as the layer's backward ends. */
-    if (d > 1) {
+    /* The dp collectives' buffers: every bucket's temporaries on CPU ranks (ZeRO 0 and 1). ZeRO-2:
+     * the one-block window, and one reduce-scatter's input at a time (the window, or a bucket of
+     * the tensors outside the blocks) and its output; ZeRO-3: one layer's gradients. */
+    if (d > 1 && zero == 2) {
+      const double bucket = fmax(largest_block, (double)MP_COST_ZERO2_BUCKET_FLOATS) * state.grads;
+      const double scatter = fmin(bucket, grad_bytes);
+      rank->workspace_bytes += largest_block * state.grads +
+                               mp_cost_dp_transient_bytes(cluster, scatter) +
+                               fmin(scatter, grad_bytes / d);
+    } else if (d > 1) {
       rank->workspace_bytes += mp_cost_dp_transient_bytes(
           cluster, zero >= 2 ? largest_layer * state.grads : rank->grads_bytes);
       if (zero >= 2) rank->workspace_bytes += largest_layer * state.grads;

@@ -114,6 +114,11 @@ enum { MP_COST_MAX_STAGES = 1024 };
 #define MP_COST_WORKSPACE_FRACTION 0.05
 #define MP_COST_OPTIMIZER_BYTES_PER_PARAM 30.0
 
+/* ZeRO-2's reduce-scatter bucket for the tensors outside the blocks, in floats (the runtime's
+ * MP_TRAINER_BUCKET_FLOATS, engine/trainer.h): with the one-block window, the largest of the two
+ * bounds a rank's transient gradient buffers. */
+#define MP_COST_ZERO2_BUCKET_FLOATS 4194304.0
+
 /* One parallel layout: everything but the stage split. */
 typedef struct {
   int dp, pp, tp, virtual_stages;
@@ -122,7 +127,9 @@ typedef struct {
   mp_recompute recompute;
   bool sequence_parallel;
   /* ZeRO over dp (Rajbhandari et al. 2020): 0 replicated; 1 optimizer state sharded; 2 and
-   * gradients (reduce-scattered in each micro-batch's backward, one layer's buffer at a time);
+   * gradients (each block's reduce-scattered in each micro-batch's backward from a one-block
+   * window; the embedding, final norm and head, whole until the step's end, reduce-scattered
+   * once, as engine/trainer.h runs it);
    * 3 and parameters (each layer's gathered for its forward and again for its backward in every
    * micro-batch, torchtitan's reshard_after_forward, with the next layer's prefetched). */
   int zero_stage;

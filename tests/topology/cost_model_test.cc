@@ -265,15 +265,20 @@ TEST(CostModel, OneStageStepAndMemoryByHand) {
 // ZeRO's stages over dp 4 (Rajbhandari et al. 2020, Figure 1: the model states of each stage,
 // here with mixed precision's 2 + 4 + 12 bytes per parameter): 1 divides the optimizer state, 2
 // the gradients too, 3 the weights too (plus two layers' weights gathered, the one computing and
-// the one prefetched); 2 and 3 reduce only one layer's gradients at a time. Their dp traffic per
-// step: ZeRO-2 reduce-scatters the gradients in each of the m micro-batches and gathers the
-// weights once; ZeRO-3 gathers every layer's weights for its forward and again for its backward
-// in each micro-batch and reduce-scatters its gradients; both hide under the step's compute.
+// the one prefetched); 2 and 3 reduce only one layer's gradients at a time. ZeRO-2 as the runtime
+// runs it (engine/trainer.h): the blocks' gradients pass through a one-block window, the rest
+// (embedding, final norm; the head is tied) stays whole until the step's end, and one
+// reduce-scatter's output (here a dp part) is a buffer of its own. Their dp traffic per step:
+// ZeRO-2 reduce-scatters the blocks' gradients in each of the m micro-batches, the rest once, and
+// gathers the weights once; ZeRO-3 gathers every layer's weights for its forward and again for
+// its backward in each micro-batch and reduce-scatters its gradients; both hide under the step's
+// compute.
 TEST(CostModel, ZeroStagesDivideTheModelStatesAndCostTheirCollectives) {
   Model m;
   mp_cluster c = hand_cluster();
   const double P = 108800, d = 4, frac = 3.0 / 4.0, mb = 4;
   const double largest = 12 * 64 * 64 + 13 * 64;  // a block, the largest layer
+  const double blocks = 2 * largest, outside = P - blocks;
   auto e = std::make_unique<mp_estimate>();
   mp_error err = MP_ERROR_INITIALIZER;
   double expected_memory[4] = {0, 0, 0, 0};
@@ -283,22 +288,27 @@ TEST(CostModel, ZeroStagesDivideTheModelStatesAndCostTheirCollectives) {
     ASSERT_EQ(mp_cost_estimate(&c, m.model, &l, nullptr, e.get(), &err), MP_OK) << err.message;
     const mp_rank_estimate &r = e->ranks[0];
     const double weights = zero == 3 ? 2 * P / d + 2 * 2 * largest : 2 * P;
-    const double grads = zero >= 2 ? 4 * P / d : 4 * P;
+    const double grads = zero == 2 ? 4 * P / d + 4 * outside : zero == 3 ? 4 * P / d : 4 * P;
     const double optimizer = zero >= 1 ? 12 * P / d : 12 * P;
     EXPECT_DOUBLE_EQ(r.weights_bytes, weights) << "zero " << zero;
     EXPECT_DOUBLE_EQ(r.grads_bytes, grads) << "zero " << zero;
     EXPECT_DOUBLE_EQ(r.optimizer_bytes, optimizer) << "zero " << zero;
     // One layer's gradient buffer with 2 and 3; none beyond the workspace on a GPU otherwise.
-    EXPECT_DOUBLE_EQ(r.workspace_bytes, 0.05 * kGiB + (zero >= 2 ? 4 * largest : 0.0))
+    EXPECT_DOUBLE_EQ(r.workspace_bytes, 0.05 * kGiB + (zero >= 2 ? 4 * largest : 0.0) +
+                                            (zero == 2 ? 4 * P / d : 0.0))
         << "zero " << zero;
     expected_memory[zero] = r.memory_bytes;
     const double gathers = zero == 3 ? mb * 2 * frac * 2 * P : zero >= 1 ? frac * 2 * P : 0.0;
-    const double scatters = zero >= 2 ? mb * frac * 4 * P : zero == 1 ? frac * 4 * P : 0.0;
+    const double zero2_scatters = frac * (mb * 4 * blocks + 4 * outside);
+    const double scatters = zero == 3   ? mb * frac * 4 * P
+                            : zero == 2 ? zero2_scatters
+                            : zero == 1 ? frac * 4 * P
+                                        : 0.0;
     EXPECT_DOUBLE_EQ(r.zero_gather_bytes, gathers) << "zero " << zero;
     EXPECT_DOUBLE_EQ(r.zero_reduce_scatter_bytes, scatters) << "zero " << zero;
     const double F = e->stage_forward_s[0], B = e->stage_backward_s[0];
     if (zero == 2) {
-      const double reduce = mb * frac * 4 * P / 1e9, gather = frac * 2 * P / 1e9;
+      const double reduce = zero2_scatters / 1e9, gather = frac * 2 * P / 1e9;
       EXPECT_NEAR(r.dp_comm_s, reduce + gather, 1e-15);
       // Hidden under the step's compute (every micro-batch's backward reduces).
       EXPECT_NEAR(r.dp_exposed_s, std::fmax(0.0, reduce + gather - mb * (F + B)), 1e-15);
@@ -310,9 +320,12 @@ TEST(CostModel, ZeroStagesDivideTheModelStatesAndCostTheirCollectives) {
     }
   }
   EXPECT_GT(expected_memory[0], expected_memory[1]);
-  EXPECT_GT(expected_memory[1], expected_memory[2]);
-  // With two blocks, the two gathered for ZeRO-3 outweigh what sharding the weights saves.
-  EXPECT_GT(expected_memory[3], expected_memory[2]);
+  // With two blocks, ZeRO-2's window (one block, 46% of the model) and its scatter buffer outweigh
+  // what sharding the gradients saves (it pays on models of many layers: tools/bench/memory.sh);
+  // ZeRO-3 still gains over ZeRO-1, its sharded weights and gradients worth more than its two
+  // gathered blocks.
+  EXPECT_GT(expected_memory[2], expected_memory[1]);
+  EXPECT_GT(expected_memory[1], expected_memory[3]);
 }
 
 TEST(CostModel, PipelineMemoryAndTheTiedHead) {

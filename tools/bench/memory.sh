@@ -16,6 +16,12 @@
 #                                              # peaks from /usr/bin/time, rank order unknown
 #   LAYOUTS="1,1 2,2:13-14 4,1:5-8-8-6" tools/bench/memory.sh   # layers_per_stage of your own
 #                                              # (no prediction: the plan's is for its own split)
+#
+# Then ZeRO over dp = 4 (issue 17): ZERO_MODEL (default examples/models/gpt2-124m.json, four full
+# replicas must fit this machine) at (dp, pp, tp) = (4, 1, 1) with each of ZERO_STAGES (default
+# "0 1 2"; 3 is planned, not run), one step and a checkpoint save: every rank's peak beside the
+# plan's prediction (target: <= 1.15 x prediction + 200 MiB) and the model state (weights,
+# gradients, moments) the plan gives a rank, which ZeRO divides by dp. ZERO_STAGES= skips it.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 bin=${MPENGINE:-bazel-bin/tools/mpengine}
@@ -36,11 +42,13 @@ cat > "$tmp/cluster.json" <<'JSON'
  "inter_node": {"bandwidth_gbytes_per_s": 5, "latency_us": 2}}
 JSON
 
-plan_for() { # plan_for PP TP OUT [SPLIT]: SPLIT (say 5-8-8-6) replaces the plan's layers_per_stage,
+plan_for() { # plan_for PP TP OUT [SPLIT] [DP ZERO MODEL]: SPLIT (say 5-8-8-6) replaces the plan's layers_per_stage,
   # and with it the prediction, which is for the planner's own split
-  "$bin" plan "$model" --gpus $(($1 * $2)) --cluster "$tmp/cluster.json" --dp 1 --pp "$1" --tp "$2" \
-    --micro-batch 1 --global-batch 4 --seq-len 64 --schedule 1f1b --virtual-stages 1 \
-    --recompute none --sequence-parallel off --zero 0 --out "$3" > /dev/null || return 1
+  local dp=${5:-1}
+  "$bin" plan "${7:-$model}" --gpus $((dp * $1 * $2)) --cluster "$tmp/cluster.json" --dp "$dp" \
+    --pp "$1" --tp "$2" --micro-batch 1 --global-batch 4 --seq-len 64 --schedule 1f1b \
+    --virtual-stages 1 --recompute none --sequence-parallel off --zero "${6:-0}" \
+    --out "$3" > /dev/null || return 1
   [ -n "${4:-}" ] || return 0
   "$py" - "$3" "$4" <<'PY'
 import json, sys
@@ -125,5 +133,38 @@ for i in "${!layouts[@]}"; do
     --override-training || exit 1
   echo "(resumed the checkpoint of (${layouts[$from]}))"
   report resume "$pp" "$tp" "$tmp/plan-$i.json"
+done
+
+# ZeRO over dp = 4.
+zero_model=${ZERO_MODEL:-examples/models/gpt2-124m.json}
+read -r -a zero_stages <<< "${ZERO_STAGES-0 1 2}"
+if [ ${#zero_stages[@]} -gt 0 ]; then
+  printf '\n%s at (dp, pp, tp) = (4, 1, 1), one step and a checkpoint save, per ZeRO stage\n' "$zero_model"
+  printf '%-8s %5s %10s %10s %16s %s\n' zero rank "peak MiB" "plan MiB" "state MiB/rank" target
+fi
+for zero in "${zero_stages[@]}"; do
+  plan_for 1 1 "$tmp/zero-$zero.json" "" 4 "$zero" "$zero_model" || exit 1
+  run_phase "zero-$zero" "$tmp/zero-$zero.json" --steps 1 --checkpoint-dir "$tmp/ck-zero-$zero" || exit 1
+  # The plan's model state of a rank: weights + gradients + optimizer, from --explain's memory
+  # table (GiB).
+  "$bin" plan --explain "$zero_model" --gpus 4 --cluster "$tmp/cluster.json" --dp 4 --pp 1 --tp 1 \
+    --micro-batch 1 --global-batch 4 --seq-len 64 --schedule 1f1b --virtual-stages 1 \
+    --recompute none --sequence-parallel off --zero "$zero" > "$tmp/zero-$zero.explain" 2>&1
+  read -r pred state <<< "$("$py" - "$tmp/zero-$zero.json" "$tmp/zero-$zero.explain" <<'PY'
+import json, re, sys
+p = json.load(open(sys.argv[1]))["predicted"]
+text = open(sys.argv[2]).read()
+row = re.search(r"memory per GPU of each pipeline rank.*\n.*\n\s+0\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", text)
+state = sum(float(x) for x in row.groups()) * 1024 if row else 0
+print(int(p["memory_bytes_per_pp_rank"][0] / 1048576), int(state))
+PY
+)"
+  while read -r rank rpp rtp mib; do
+    ok=yes
+    if [ "$mib" -gt $((pred * 115 / 100 + 200)) ]; then ok="no (> 1.15 x plan + 200)"; all_ok=0; fi
+    printf '%-8s %5s %10s %10s %16s %s\n' "zero $zero" "$rank" "$mib" "$pred" "$state" "$ok"
+  done < "$tmp/zero-$zero.peaks"
+  printf '%-8s %s\n' "zero $zero" "$(sed -E 's/done: [^,]*, //' "$tmp/zero-$zero.time")"
+  rm -rf "$tmp/ck-zero-$zero"
 done
 if [ $all_ok -eq 1 ]; then echo "every rank within its targets"; else echo "some rank missed a target"; fi
