@@ -24,6 +24,14 @@
  *   5. clipping and AdamW; with zero_stage 1 (ZeRO-1) dp rank d keeps AdamW's moments of its
  *      1/dp of each chunk's parameters only, updates that part and all-gathers the parameters
  *      in pieces (a bounded buffer, not one of the chunk).
+ * ZeRO-2 (zero_stage 2, CPU backend, not zb-h1) keeps the gradients of the same part only: the
+ * chunk's chain forms each block's gradient in a one-block window (engine/gpt_model_tp.h,
+ * windowed_block_grads) that its hook reduce-scatters over dp into the rank's part after every
+ * block of every micro-batch's backward (summed over tp first with sequence parallelism); the
+ * tensors outside the blocks (embedding, final norm, head) accumulate whole and are
+ * reduce-scattered once, after step 3's tied-embedding sum; the norm (each tensor's squares over
+ * the parts, summed over dp in rank order), clipping and AdamW run on the parts, then the
+ * parameters are all-gathered as with ZeRO-1.
  * The loss, averaged over the global batch, is known on every rank after the step. Every rank of
  * the job calls every function in the same order.
  *
@@ -93,8 +101,8 @@ mp_status mp_trainer_create(const mp_plan *plan, const mp_model *model, mp_data_
                             mp_backend backend, mp_trainer **out, mp_error *err);
 
 /* MP_OK when this trainer can run the plan's layout on `backend` (both backends run the same
- * layouts); else MP_ERR_INPUT naming the plan file and what to change (full recomputation with
- * zb-h1, an unknown ZeRO stage). mp_trainer_create_parallel checks it too; `mpengine run` calls
+ * layouts but ZeRO-2, which runs on the CPU); else MP_ERR_INPUT naming the plan file and what to
+ * change (full recomputation with zb-h1, ZeRO-2 with zb-h1 or on the CUDA backend, ZeRO-3). mp_trainer_create_parallel checks it too; `mpengine run` calls
  * it before launching ranks. */
 mp_status mp_trainer_check_layout(const mp_plan *plan, mp_backend backend, mp_error *err);
 
@@ -178,7 +186,7 @@ mp_status mp_trainer_cpu_state(mp_trainer *trainer, float **params, float **adam
 /* A parallel run's state of chunk `chunk` (0 .. mp_trainer_num_chunks - 1), for checkpoints: its
  * flat shard arrays (mp_gpt_tp_params / grads of mp_trainer_chunk, params_count floats) and
  * AdamW's moments of elements [moments_first, moments_first + moments_count) of them — all of
- * them without ZeRO, this dp rank's part with ZeRO-1 (dp rank d holds part d of dp equal parts of
+ * them without ZeRO, this dp rank's part with ZeRO 1 and 2 (dp rank d holds part d of dp equal parts of
  * ceil(params_count / dp) floats, the last one shorter). MP_ERR_INPUT when the run is not
  * parallel or chunk is out of range. */
 typedef struct {
