@@ -158,6 +158,12 @@ mp_status mp_nccl_all_reduce_sum(mp_nccl_comm *comm, void *buffer, size_t count,
 mp_status mp_nccl_reduce_scatter_sum(mp_nccl_comm *comm, const void *input, void *output,
                                      size_t count, mp_nccl_dtype dtype, mp_error *err);
 
+/* The same over fp32 with counts[r] floats for group rank r (some may be 0): input is the counts'
+ * sum, rank r's run after those of ranks 0..r-1; output gets this rank's run (ZeRO-2's windows
+ * over the dp parts). One reduce per non-empty run, rooted at its rank, in one group. */
+mp_status mp_nccl_reduce_scatter_v_sum_f32(mp_nccl_comm *comm, const float *input, float *output,
+                                           const size_t *counts, mp_error *err);
+
 /* output (size * count) = every member's input (count), in group rank order. */
 mp_status mp_nccl_all_gather(mp_nccl_comm *comm, const void *input, void *output, size_t count,
                              mp_nccl_dtype dtype, mp_error *err);

@@ -798,6 +798,51 @@ extern "C" mp_status mp_nccl_reduce_scatter_sum(mp_nccl_comm *comm, const void *
   return finish(comm, what, bytes * comm->size, posted_s, err);
 }
 
+extern "C" mp_status mp_nccl_reduce_scatter_v_sum_f32(mp_nccl_comm *comm, const float *input,
+                                                      float *output, const size_t *counts,
+                                                      mp_error *err) {
+  MP_TRY(check_comm(comm, "reduce-scatter", err));
+  size_t total = 0;
+  for (int r = 0; r < comm->size; ++r) {
+    MP_TRY(check_count(comm, "reduce-scatter", counts[r], 1, MP_NCCL_FLOAT32, err));
+    total += counts[r];
+  }
+  const size_t mine = counts[comm->rank];
+  MP_TRY(check_buffer(comm, "reduce-scatter", "input", input, total * sizeof(float), err));
+  MP_TRY(check_buffer(comm, "reduce-scatter", "output", output, mine * sizeof(float), err));
+  if (total == 0) return MP_OK;
+  MP_TRY(begin(comm, err));
+  const double posted_s = now_s();
+  // NCCL's reduce-scatter takes equal counts: one reduce per rank's run, rooted there, grouped
+  // so that they progress together (the same bytes cross the links).
+  NCCL_TRY(comm->world, ncclGroupStart());
+  ncclResult_t failed = ncclSuccess;
+  size_t at = 0;
+  for (int r = 0; r < comm->size && failed == ncclSuccess; ++r) {
+    if (counts[r] > 0) {
+      // recvbuff is read on the root only; the others pass their own (valid) buffer.
+      ncclResult_t result = ncclReduce(input + at, output, counts[r], ncclFloat32, ncclSum, r,
+                                       comm->nccl, comm->stream);
+      if (result != ncclSuccess && result != ncclInProgress) failed = result;
+    }
+    at += counts[r];
+  }
+  ncclResult_t ended = ncclGroupEnd();  // closes the group even after a failed call in it
+  if (failed != ncclSuccess) {
+    return nccl_failed(comm->world, failed,
+                       "ncclReduce(input + at, output, counts[r], ncclFloat32, ncclSum, r, "
+                       "comm->nccl, comm->stream)",
+                       __FILE__, __LINE__, err);
+  }
+  if (ended != ncclSuccess && ended != ncclInProgress) {
+    return nccl_failed(comm->world, ended, "ncclGroupEnd()", __FILE__, __LINE__, err);
+  }
+  char what[kWhatBytes];
+  snprintf(what, sizeof what, "reduce-scatter in group %s (ranks %s)", comm->name,
+           comm->members_text);
+  return finish(comm, what, total * sizeof(float), posted_s, err);
+}
+
 extern "C" mp_status mp_nccl_all_gather(mp_nccl_comm *comm, const void *input, void *output,
                                         size_t count, mp_nccl_dtype dtype, mp_error *err) {
   MP_TRY(check_comm(comm, "all-gather", err));

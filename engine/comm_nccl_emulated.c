@@ -594,6 +594,29 @@ mp_status mp_nccl_reduce_scatter_sum(mp_nccl_comm *comm, const void *input, void
   return MP_OK;
 }
 
+mp_status mp_nccl_reduce_scatter_v_sum_f32(mp_nccl_comm *comm, const float *input, float *output,
+                                           const size_t *counts, mp_error *err) {
+  MP_TRY(check_comm(comm, "reduce-scatter", err));
+  size_t total = 0;
+  for (int r = 0; r < comm->size; ++r) total += counts[r];
+  const size_t mine = counts[comm->rank];
+  MP_TRY(check_buffer(comm, "reduce-scatter", "input", input, total * sizeof(float), err));
+  MP_TRY(check_buffer(comm, "reduce-scatter", "output", output, mine * sizeof(float), err));
+  if (total == 0) return MP_OK;
+  MP_TRY(usable(comm, err));
+  if (comm->size == 1) {
+    if (output != input) memmove(output, input, mine * sizeof(float));
+    return MP_OK;
+  }
+  char what[kWhatBytes];
+  describe(comm, "reduce-scatter", what, sizeof what);
+  mp_error inner = MP_ERROR_INITIALIZER;
+  const mp_status status = mp_comm_reduce_scatter_v_sum_f32(comm->group, input, output, counts,
+                                                            &inner);
+  if (status != MP_OK) return mpi_failed(comm->world, what, &inner, err);
+  return MP_OK;
+}
+
 mp_status mp_nccl_all_gather(mp_nccl_comm *comm, const void *input, void *output, size_t count,
                              mp_nccl_dtype dtype, mp_error *err) {
   MP_TRY(check_comm(comm, "all-gather", err));

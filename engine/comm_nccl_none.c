@@ -88,6 +88,11 @@ mp_status mp_nccl_reduce_scatter_sum(mp_nccl_comm *comm, const void *input, void
   (void)comm, (void)input, (void)output, (void)count, (void)dtype;
   return no_nccl(err);
 }
+mp_status mp_nccl_reduce_scatter_v_sum_f32(mp_nccl_comm *comm, const float *input, float *output,
+                                           const size_t *counts, mp_error *err) {
+  (void)comm, (void)input, (void)output, (void)counts;
+  return no_nccl(err);
+}
 mp_status mp_nccl_all_gather(mp_nccl_comm *comm, const void *input, void *output, size_t count,
                              mp_nccl_dtype dtype, mp_error *err) {
   (void)comm, (void)input, (void)output, (void)count, (void)dtype;

@@ -45,7 +45,7 @@ mp_status mp_gpt_gpu_create(const mp_model *model, int micro_batch, int seq_len,
   mp_gpt_layout_free(layout);
   if (status == MP_OK) {
     status = mp_gpt_stage_gpu_create(gpt->host, NULL, micro_batch, seq_len, 1, false,
-                                     MP_RECOMPUTE_NONE, &gpt->stage, err);
+                                     MP_RECOMPUTE_NONE, false, &gpt->stage, err);
   }
   if (status != MP_OK) {
     mp_gpt_gpu_free(gpt);

@@ -281,15 +281,24 @@ void mp_gpt_tp_blocks_range(const mp_gpt_tp *gpt, size_t *first, size_t *end, si
   }
 }
 
-float *mp_gpt_tp_tensor_grad(mp_gpt_tp *gpt, int index) {
-  if (gpt->grads == NULL || index < 0 || index >= gpt->num_tensors) return NULL;
-  const mp_gpt_tp_tensor *t = &gpt->tensors[index];
-  if (!gpt->windowed) return gpt->grads + t->offset;
+bool mp_gpt_tp_grad_offset(const mp_gpt_tp *gpt, int index, bool windowed, size_t *offset) {
+  if (index < 0 || index >= gpt->num_tensors) return false;
+  const size_t at = gpt->tensors[index].offset;
+  *offset = at;
+  if (!windowed) return true;
   size_t first = 0, end = 0, largest = 0;
   mp_gpt_tp_blocks_range(gpt, &first, &end, &largest);
-  if (t->offset < first) return gpt->grads + t->offset;
-  if (t->offset >= end) return gpt->grads + (t->offset - (end - first));
-  return NULL;
+  if (at >= first && at < end) return false;
+  if (at >= end) *offset = at - (end - first);
+  return true;
+}
+
+float *mp_gpt_tp_tensor_grad(mp_gpt_tp *gpt, int index) {
+  size_t offset = 0;
+  if (gpt->grads == NULL || !mp_gpt_tp_grad_offset(gpt, index, gpt->windowed, &offset)) {
+    return NULL;
+  }
+  return gpt->grads + offset;
 }
 
 mp_status mp_gpt_tp_alloc_grads(mp_gpt_tp *gpt, mp_error *err) {

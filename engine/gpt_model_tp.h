@@ -150,6 +150,10 @@ void mp_gpt_tp_blocks_range(const mp_gpt_tp *gpt, size_t *first, size_t *end, si
 bool mp_gpt_tp_windowed_grads(const mp_gpt_tp *gpt);
 size_t mp_gpt_tp_grads_floats(const mp_gpt_tp *gpt);
 float *mp_gpt_tp_tensor_grad(mp_gpt_tp *gpt, int index);
+/* Where tensor index's gradient sits in a gradient array of this stage, windowed (the packing
+ * above) or not (its offset): false for a block tensor of a windowed array. A GPU twin
+ * (engine/gpt_stage_gpu.h) packs its device gradients the same way. */
+bool mp_gpt_tp_grad_offset(const mp_gpt_tp *gpt, int index, bool windowed, size_t *offset);
 /* The host gradient array (zeroed) if the stage has none yet; MP_ERR_RUNTIME out of memory. */
 mp_status mp_gpt_tp_alloc_grads(mp_gpt_tp *gpt, mp_error *err);
 int mp_gpt_tp_num_tensors(const mp_gpt_tp *gpt);

@@ -512,9 +512,15 @@ struct mp_gpt_stage_gpu {
   mp_gpt_tp *host;
   mp_tp_comm tp;
   size_t num_params, device_bytes;
-  float *master, *grads;                   /* (num_params) */
+  float *master;                           /* (num_params) */
+  float *grads;                            /* (grads_floats): num_params, or windowed the
+                                              tensors outside the blocks, packed */
+  size_t grads_floats;
   float *adam_m, *adam_v;                  /* (moments_count): elements [moments_first, +count) */
-  size_t moments_first, moments_count;     /* all of them, or this dp rank's part with ZeRO-1 */
+  size_t moments_first, moments_count;     /* all of them, or this dp rank's part with ZeRO */
+  bool windowed;                           /* ZeRO-2: block gradients pass through window */
+  float *window;                           /* (the largest block's floats) */
+  float *grad_part;                        /* (moments_count) ZeRO-2: the part's gradients */
   mp_bf16 *weights;                        /* (num_params) */
   float *norm_scratch;
   cuda_kernels *kernels;
@@ -539,15 +545,16 @@ void mp_gpt_stage_gpu_free(mp_gpt_stage_gpu *gpu) {
   if (gpu == NULL) return;
   mp_stage_chain_free(gpu->chain);
   cuda_kernels_free(gpu->kernels);
-  void *buffers[] = {gpu->master, gpu->grads, gpu->adam_m, gpu->adam_v, gpu->weights,
-                     gpu->norm_scratch};
+  void *buffers[] = {gpu->master, gpu->grads,   gpu->adam_m,       gpu->adam_v,
+                     gpu->weights, gpu->window, gpu->grad_part, gpu->norm_scratch};
   for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; ++i) mp_device_free(buffers[i]);
   free(gpu);
 }
 
 mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, int micro_batch,
                                   int seq_len, int num_slots, bool deferred_weights,
-                                  mp_recompute recompute, mp_gpt_stage_gpu **out, mp_error *err) {
+                                  mp_recompute recompute, bool windowed_block_grads,
+                                  mp_gpt_stage_gpu **out, mp_error *err) {
   *out = NULL;
   /* What the chain cannot run is refused before the GPU is looked for. */
   MP_TRY(mp_stage_chain_check(num_slots, deferred_weights, recompute, err));
@@ -576,17 +583,26 @@ mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, 
   gpu->tp = *tp;
   gpu->num_params = mp_gpt_tp_num_params(host);
   const size_t P = gpu->num_params;
+  size_t blocks_first = 0, blocks_end = 0, largest_block = 0;
+  mp_gpt_tp_blocks_range(host, &blocks_first, &blocks_end, &largest_block);
+  gpu->windowed = windowed_block_grads;
+  gpu->grads_floats = P - (gpu->windowed ? blocks_end - blocks_first : 0);
   ALLOC(gpu->master, P);
-  ALLOC(gpu->grads, P);
+  ALLOC(gpu->grads, gpu->grads_floats);
   gpu->moments_count = P;
   ALLOC(gpu->adam_m, P);
   ALLOC(gpu->adam_v, P);
   ALLOC(gpu->weights, P);
+  if (gpu->windowed) {
+    ALLOC(gpu->window, largest_block);
+    ALLOC(gpu->grad_part, P);
+  }
   {
     /* Parameters and gradients start at zero, as the header says (device memory holds garbage). */
-    void *zeroed[] = {gpu->master, gpu->grads, gpu->adam_m, gpu->adam_v};
+    float *zeroed[] = {gpu->master, gpu->grads, gpu->adam_m, gpu->adam_v, gpu->grad_part};
+    const size_t floats[] = {P, gpu->grads_floats, P, P, gpu->windowed ? P : 0};
     for (size_t i = 0; i < sizeof zeroed / sizeof zeroed[0]; ++i) {
-      if (mp_device_memset(zeroed[i], 0, P * sizeof(float), err) != MP_OK) goto fail;
+      if (mp_device_memset(zeroed[i], 0, floats[i] * sizeof(float), err) != MP_OK) goto fail;
     }
     if (mp_device_memset(gpu->weights, 0, P * sizeof(mp_bf16), err) != MP_OK) goto fail;
   }
@@ -595,7 +611,7 @@ mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, 
   if (cuda_kernels_create(&dims, &gpu->kernels, err) != MP_OK) goto fail;
   const mp_stage_chain_config config = {host,       &gpu->tp,  gpu->weights,
                                         gpu->grads, num_slots, deferred_weights,
-                                        recompute,  NULL};
+                                        recompute,  gpu->window};
   if (mp_stage_chain_create(&config, &gpu->kernels->table, &gpu->chain, err) != MP_OK) goto fail;
   gpu->device_bytes += gpu->kernels->device_bytes + mp_stage_chain_bytes(gpu->chain);
   *out = gpu;
@@ -635,7 +651,14 @@ mp_status mp_gpt_stage_gpu_keep_moments(mp_gpt_stage_gpu *gpu, size_t first, siz
   MP_TRY(device_alloc(gpu, (void **)&gpu->adam_m, count * sizeof(float), err));
   MP_TRY(device_alloc(gpu, (void **)&gpu->adam_v, count * sizeof(float), err));
   MP_TRY(mp_device_memset(gpu->adam_m, 0, count * sizeof(float), err));
-  return mp_device_memset(gpu->adam_v, 0, count * sizeof(float), err);
+  MP_TRY(mp_device_memset(gpu->adam_v, 0, count * sizeof(float), err));
+  if (!gpu->windowed) return MP_OK;
+  /* ZeRO-2: the part's gradients cover the moments' elements. */
+  mp_device_free(gpu->grad_part);
+  gpu->grad_part = NULL;
+  gpu->device_bytes -= gpu->num_params * sizeof(float);
+  MP_TRY(device_alloc(gpu, (void **)&gpu->grad_part, count * sizeof(float), err));
+  return mp_device_memset(gpu->grad_part, 0, count * sizeof(float), err);
 }
 
 float *mp_gpt_stage_gpu_device_params(mp_gpt_stage_gpu *gpu) { return gpu->master; }
@@ -668,7 +691,16 @@ mp_status mp_gpt_stage_gpu_upload_state(mp_gpt_stage_gpu *gpu, const float *adam
   return mp_device_synchronize(err);
 }
 
+static mp_status refuse_windowed(const mp_gpt_stage_gpu *gpu, const char *what, mp_error *err) {
+  if (!gpu->windowed) return MP_OK;
+  return mp_fail(err, MP_ERR_INPUT,
+                 "%s: the GPU stage's block gradients are windowed (ZeRO-2): each dp rank keeps "
+                 "its part (mp_gpt_stage_gpu_part_squares, mp_gpt_stage_gpu_add_to_part)",
+                 what);
+}
+
 mp_status mp_gpt_stage_gpu_download_grads(mp_gpt_stage_gpu *gpu, mp_error *err) {
+  MP_TRY(refuse_windowed(gpu, "downloading the gradients", err));
   /* The host copy has no gradient array until one is downloaded (tests, comparisons). */
   MP_TRY(mp_gpt_tp_alloc_grads(gpu->host, err));
   return mp_device_copy_to_host(mp_gpt_tp_grads(gpu->host), gpu->grads,
@@ -676,11 +708,55 @@ mp_status mp_gpt_stage_gpu_download_grads(mp_gpt_stage_gpu *gpu, mp_error *err) 
 }
 
 mp_status mp_gpt_stage_gpu_zero_grads(mp_gpt_stage_gpu *gpu, mp_error *err) {
-  return mp_device_memset(gpu->grads, 0, gpu->num_params * sizeof(float), err);
+  MP_TRY(mp_device_memset(gpu->grads, 0, gpu->grads_floats * sizeof(float), err));
+  if (!gpu->windowed) return MP_OK;
+  return mp_device_memset(gpu->grad_part, 0, gpu->moments_count * sizeof(float), err);
 }
 
 void mp_gpt_stage_gpu_scale_grads(mp_gpt_stage_gpu *gpu, float scale) {
-  mp_grad_scale_cuda(gpu->grads, gpu->num_params, scale, NULL);
+  if (gpu->windowed) {
+    mp_grad_scale_cuda(gpu->grad_part, gpu->moments_count, scale, NULL);
+  } else {
+    mp_grad_scale_cuda(gpu->grads, gpu->num_params, scale, NULL);
+  }
+}
+
+float *mp_gpt_stage_gpu_tensor_grad(mp_gpt_stage_gpu *gpu, int index) {
+  size_t offset = 0;
+  return mp_gpt_tp_grad_offset(gpu->host, index, gpu->windowed, &offset) ? gpu->grads + offset
+                                                                        : NULL;
+}
+
+size_t mp_gpt_stage_gpu_grads_floats(const mp_gpt_stage_gpu *gpu) { return gpu->grads_floats; }
+
+mp_status mp_gpt_stage_gpu_add_to_part(mp_gpt_stage_gpu *gpu, const float *sums, size_t first,
+                                       size_t count, mp_error *err) {
+  if (!gpu->windowed || first < gpu->moments_first ||
+      first + count > gpu->moments_first + gpu->moments_count) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "gradient sums of elements [%zu, %zu) are not in the stage's ZeRO-2 part "
+                   "[%zu, %zu)",
+                   first, first + count, gpu->moments_first,
+                   gpu->moments_first + (gpu->windowed ? gpu->moments_count : 0));
+  }
+  if (count > 0) mp_add_f32_cuda(gpu->grad_part + (first - gpu->moments_first), sums, count, NULL);
+  return MP_OK;
+}
+
+mp_status mp_gpt_stage_gpu_part_squares(mp_gpt_stage_gpu *gpu, double *squares, mp_error *err) {
+  MP_TRY(gpu->windowed ? MP_OK
+                       : mp_fail(err, MP_ERR_INPUT, "the GPU stage keeps no ZeRO-2 part"));
+  const size_t first = gpu->moments_first, end = first + gpu->moments_count;
+  for (int i = 0; i < mp_gpt_tp_num_tensors(gpu->host); ++i) {
+    const mp_gpt_tp_tensor *t = mp_gpt_tp_tensor_at(gpu->host, i);
+    const size_t lo = t->offset > first ? t->offset : first;
+    const size_t hi = t->offset + t->count < end ? t->offset + t->count : end;
+    squares[i] = 0.0;
+    if (lo >= hi) continue;
+    MP_TRY(mp_grad_norm_squared_cuda(gpu->grad_part + (lo - first), hi - lo, gpu->norm_scratch,
+                                     &squares[i], NULL, err));
+  }
+  return MP_OK;
 }
 
 mp_status mp_gpt_stage_gpu_finish_grads(mp_gpt_stage_gpu *gpu, mp_error *err) {
@@ -708,6 +784,7 @@ mp_status mp_gpt_stage_gpu_backward_weights(mp_gpt_stage_gpu *gpu, int slot, mp_
 }
 
 mp_status mp_gpt_stage_gpu_grad_norm_squared(mp_gpt_stage_gpu *gpu, double *out, mp_error *err) {
+  MP_TRY(refuse_windowed(gpu, "the gradient norm", err));
   /* Each reduction waits for the GPU, so neighbouring tensors that count alike (replicated, or
    * sharded; at tp = 1 all of them) are reduced as one run, its sum booked on the run's first
    * tensor: mp_gpt_tp_norm_from_squares only adds them up by kind. */
@@ -741,14 +818,15 @@ mp_status mp_gpt_stage_gpu_grad_norm_squared(mp_gpt_stage_gpu *gpu, double *out,
 
 mp_status mp_gpt_stage_gpu_adamw(mp_gpt_stage_gpu *gpu, const mp_gpu_adamw *adamw, mp_error *err) {
   /* Tensor by tensor (weight decay is a property of the tensor), over the elements whose
-   * moments this rank keeps: all, or its ZeRO-1 part. */
+   * moments this rank keeps: all, or its ZeRO part (with ZeRO-2 the part's gradients). */
   const size_t first = gpu->moments_first, end = first + gpu->moments_count;
   for (int i = 0; i < mp_gpt_tp_num_tensors(gpu->host); ++i) {
     const mp_gpt_tp_tensor *t = mp_gpt_tp_tensor_at(gpu->host, i);
     const size_t lo = t->offset > first ? t->offset : first;
     const size_t hi = t->offset + t->count < end ? t->offset + t->count : end;
     if (lo >= hi) continue;
-    mp_adamw_update_cuda(gpu->master + lo, gpu->weights + lo, gpu->grads + lo,
+    const float *grads = gpu->windowed ? gpu->grad_part + (lo - first) : gpu->grads + lo;
+    mp_adamw_update_cuda(gpu->master + lo, gpu->weights + lo, grads,
                          gpu->adam_m + (lo - first), gpu->adam_v + (lo - first), hi - lo,
                          adamw->learning_rate, adamw->beta1, adamw->beta2, adamw->eps,
                          t->full->weight_decay ? adamw->weight_decay : 0.0f, adamw->step, NULL);

@@ -77,10 +77,17 @@ typedef struct {
  * (selective changes nothing; full keeps the slots light, see above); deferred_weights: the slots
  * also keep what a deferred backward's W needs (zero-bubble schedules). Both together are refused
  * with MP_ERR_INPUT, as on the CPU. Sequence parallelism is the host stage's
- * (mp_gpt_tp_sequence_parallel). Parameters start at zero: mp_gpt_stage_gpu_upload_params. */
+ * (mp_gpt_tp_sequence_parallel). windowed_block_grads (ZeRO-2, not with deferred weights): the
+ * blocks' gradients pass through a one-block device window that the chain's hook must take
+ * after every block (engine/stage_chain.h), the device gradient array holds the tensors outside
+ * the blocks packed (mp_gpt_tp_grad_offset), and the stage keeps the gradients of its moments'
+ * part (mp_gpt_stage_gpu_keep_moments), which the hook's sums are added into
+ * (mp_gpt_stage_gpu_add_to_part); scaling, the norm's squares and AdamW then run on that part.
+ * Parameters start at zero: mp_gpt_stage_gpu_upload_params. */
 mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, int micro_batch,
                                   int seq_len, int num_slots, bool deferred_weights,
-                                  mp_recompute recompute, mp_gpt_stage_gpu **out, mp_error *err);
+                                  mp_recompute recompute, bool windowed_block_grads,
+                                  mp_gpt_stage_gpu **out, mp_error *err);
 void mp_gpt_stage_gpu_free(mp_gpt_stage_gpu *gpu);
 
 /* The stage's forward and backward (engine/stage_chain.h over the CUDA kernels); the calls below
@@ -106,12 +113,24 @@ mp_status mp_gpt_stage_gpu_upload_state(mp_gpt_stage_gpu *gpu, const float *adam
 /* The gradients to the host stage's gradient array (mp_gpt_tp_grads), for tests. Synchronises. */
 mp_status mp_gpt_stage_gpu_download_grads(mp_gpt_stage_gpu *gpu, mp_error *err);
 
-/* The fp32 gradients on the device, mp_gpt_tp_num_params(host) floats in the host's layout, for
- * the data-parallel all-reduce and the tied embedding's sum; mp_device_synchronize first. */
+/* The fp32 gradients on the device, mp_gpt_tp_num_params(host) floats in the host's layout (or
+ * windowed, mp_gpt_stage_gpu_grads_floats packed), for the data-parallel all-reduce and the tied
+ * embedding's sum; mp_device_synchronize first. tensor_grad: tensor index's gradient in it (NULL
+ * for a windowed block tensor). */
 float *mp_gpt_stage_gpu_device_grads(mp_gpt_stage_gpu *gpu);
+float *mp_gpt_stage_gpu_tensor_grad(mp_gpt_stage_gpu *gpu, int index);
+size_t mp_gpt_stage_gpu_grads_floats(const mp_gpt_stage_gpu *gpu);
+
+/* ZeRO-2 (a windowed stage): part += sums (count device floats, elements [first, first + count)
+ * of the stage's flat layout, inside the moments' part; MP_ERR_INPUT otherwise), on the stream;
+ * and each tensor's squares over the part into squares (mp_gpt_tp_num_tensors(host) doubles,
+ * host memory), for a norm the caller sums over dp. */
+mp_status mp_gpt_stage_gpu_add_to_part(mp_gpt_stage_gpu *gpu, const float *sums, size_t first,
+                                       size_t count, mp_error *err);
+mp_status mp_gpt_stage_gpu_part_squares(mp_gpt_stage_gpu *gpu, double *squares, mp_error *err);
 
 mp_status mp_gpt_stage_gpu_zero_grads(mp_gpt_stage_gpu *gpu, mp_error *err);
-/* gradients *= scale (a data-parallel mean, a clip factor). */
+/* gradients *= scale (a data-parallel mean, a clip factor); windowed, the part's. */
 void mp_gpt_stage_gpu_scale_grads(mp_gpt_stage_gpu *gpu, float scale);
 
 /* mp_gpt_tp_finish_grads on the device: once per step, after the last micro-batch's backward (and

@@ -3,9 +3,10 @@
 
 mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, int micro_batch,
                                   int seq_len, int num_slots, bool deferred_weights,
-                                  mp_recompute recompute, mp_gpt_stage_gpu **out, mp_error *err) {
+                                  mp_recompute recompute, bool windowed_block_grads,
+                                  mp_gpt_stage_gpu **out, mp_error *err) {
   (void)host, (void)device_tp, (void)micro_batch, (void)seq_len, (void)num_slots;
-  (void)deferred_weights, (void)recompute;
+  (void)deferred_weights, (void)recompute, (void)windowed_block_grads;
   *out = NULL;
   return mp_fail(err, MP_ERR_INPUT,
                  "--backend cuda: this mpengine was built without CUDA (no /usr/local/cuda when "
@@ -42,6 +43,20 @@ mp_status mp_gpt_stage_gpu_download_grads(mp_gpt_stage_gpu *gpu, mp_error *err) 
   return unreachable(err);
 }
 float *mp_gpt_stage_gpu_device_grads(mp_gpt_stage_gpu *gpu) { (void)gpu; return NULL; }
+float *mp_gpt_stage_gpu_tensor_grad(mp_gpt_stage_gpu *gpu, int index) {
+  (void)gpu, (void)index;
+  return NULL;
+}
+size_t mp_gpt_stage_gpu_grads_floats(const mp_gpt_stage_gpu *gpu) { (void)gpu; return 0; }
+mp_status mp_gpt_stage_gpu_add_to_part(mp_gpt_stage_gpu *gpu, const float *sums, size_t first,
+                                       size_t count, mp_error *err) {
+  (void)gpu, (void)sums, (void)first, (void)count;
+  return unreachable(err);
+}
+mp_status mp_gpt_stage_gpu_part_squares(mp_gpt_stage_gpu *gpu, double *squares, mp_error *err) {
+  (void)gpu, (void)squares;
+  return unreachable(err);
+}
 mp_status mp_gpt_stage_gpu_zero_grads(mp_gpt_stage_gpu *gpu, mp_error *err) {
   (void)gpu;
   return unreachable(err);

@@ -39,13 +39,15 @@ struct mp_trainer {
   float *zero_part;
   size_t zero_piece;
   float *zero_gather_device; /* the same on the GPU, for a GPU run */
-  /* ZeRO-2 (CPU): each chunk's blocks form their gradients in a window that each block's
-   * backward reduce-scatters over dp into grad_part (this rank's part, the same elements as the
-   * moments'); the tensors outside the blocks accumulate whole and are reduce-scattered once, at
-   * the step's end. */
-  float **grad_part;      /* (num_chunks) zero_count floats each */
+  /* ZeRO-2: each chunk's blocks form their gradients in a window that each block's backward
+   * reduce-scatters over dp into this rank's part (the same elements as the moments'): on the
+   * CPU grad_part, on the GPU the stage's (mp_gpt_stage_gpu_add_to_part); the tensors outside
+   * the blocks accumulate whole and are reduce-scattered once, at the step's end. */
+  bool zero2;
+  float **grad_part;      /* CPU: (num_chunks) zero_count floats each */
   struct zero2_hook *zero2_hooks; /* (num_chunks) the chains' hook contexts */
-  float *scatter_out;     /* a reduce-scatter's output before it is added into a part */
+  float *scatter_out;     /* a reduce-scatter's output before it is added into a part (device
+                             memory on the GPU) */
   size_t scatter_floats;
   size_t *scatter_counts; /* (dp) */
   mp_schedule schedule;
@@ -88,7 +90,8 @@ static double step_flops(const mp_plan *plan, const mp_model *model) {
 }
 
 mp_status mp_trainer_check_layout(const mp_plan *plan, mp_backend backend, mp_error *err) {
-  /* The GPU stage (engine/gpt_stage_gpu.h) runs every layout the CPU runs, ZeRO-2 aside. */
+  /* The GPU stage (engine/gpt_stage_gpu.h) runs every layout the CPU runs. */
+  (void)backend;
   if (plan->recompute == MP_RECOMPUTE_FULL && strcmp(plan->schedule, "zb-h1") == 0) {
     return mp_fail(err, MP_ERR_INPUT,
                    "%s: recompute \"full\" cannot run schedule zb-h1: its weight pass needs the "
@@ -102,12 +105,6 @@ mp_status mp_trainer_check_layout(const mp_plan *plan, mp_backend backend, mp_er
                    "trains ZeRO 0, 1 and 2 (zero_stage 2 shards the gradients and optimizer "
                    "state)",
                    plan->source, plan->zero_stage);
-  }
-  if (plan->zero_stage == 2 && backend == MP_BACKEND_CUDA) {
-    return mp_fail(err, MP_ERR_INPUT,
-                   "%s: parallel.zero_stage 2 runs on the CPU backend only for now; on the GPU "
-                   "use zero_stage 1 (the optimizer state sharded) or --backend cpu",
-                   plan->source);
   }
   if (plan->zero_stage == 2 && strcmp(plan->schedule, "zb-h1") == 0) {
     return mp_fail(err, MP_ERR_INPUT,
@@ -190,7 +187,7 @@ static mp_status block_grads_ready(void *context, float *grads, size_t first, si
  * rank posts the chunk at once, so that no more than one copy of its gradients is in flight. */
 static bool overlap_dp(mp_trainer *trainer, int chunk) {
   return trainer->gpu_chunks != NULL && trainer->options.dp != NULL && trainer->plan->dp > 1 &&
-         mp_stage_worker_completes_chunk(trainer->worker, chunk);
+         !trainer->zero2 && mp_stage_worker_completes_chunk(trainer->worker, chunk);
 }
 
 static mp_status chunk_backward(void *context, int chunk, int micro_batch, int slot,
@@ -436,13 +433,16 @@ struct zero2_hook {
   int chunk;
 };
 
-/* grads (count floats, elements [first, first + count) of chunk c's flat layout) summed over dp,
- * each dp rank adding the elements of its part ([zero_first, + zero_count), the moments' too)
- * into grad_part[c]: one reduce-scatter, since the parts are contiguous and in dp-rank order. */
+/* grads (count floats, elements [first, first + count) of chunk c's flat layout; device memory
+ * on the GPU) summed over dp, each dp rank adding the elements of its part ([zero_first,
+ * + zero_count), the moments' too) into its gradients of the part: one reduce-scatter, since the
+ * parts are contiguous and in dp-rank order (NCCL on the GPU with the dp group on it, else MPI,
+ * which stages device memory through the host). */
 static mp_status scatter_add_grads(mp_trainer *trainer, int c, const float *grads, size_t first,
                                    size_t count, mp_error *err) {
   const mp_plan *plan = trainer->plan;
   mp_comm *dp = trainer->options.dp;
+  mp_nccl_comm *nccl = trainer->gpu_chunks != NULL ? trainer->options.nccl_dp : NULL;
   const size_t n = mp_gpt_tp_num_params(trainer->chunks[c]);
   const size_t part = (n + (size_t)plan->dp - 1) / (size_t)plan->dp;
   const size_t end = first + count;
@@ -458,8 +458,17 @@ static mp_status scatter_add_grads(mp_trainer *trainer, int c, const float *grad
   const float *sum = grads + (mine > 0 ? mine_first - first : 0); /* alone: grads themselves */
   if (dp != NULL && plan->dp > 1) {
     const double start = trace_now(trainer);
-    MP_TRY(mp_comm_reduce_scatter_v_sum_f32(dp, grads, trainer->scatter_out,
-                                            trainer->scatter_counts, err));
+    if (nccl != NULL) {
+      /* After the kernels that wrote grads; the add below after the reduce. */
+      MP_TRY(mp_nccl_comm_wait_stream(nccl, NULL, err));
+      MP_TRY(mp_nccl_reduce_scatter_v_sum_f32(nccl, grads, trainer->scatter_out,
+                                              trainer->scatter_counts, err));
+      MP_TRY(mp_nccl_stream_wait_comm(NULL, nccl, err));
+    } else {
+      if (trainer->gpu_chunks != NULL) MP_TRY(mp_device_synchronize(err));
+      MP_TRY(mp_comm_reduce_scatter_v_sum_f32(dp, grads, trainer->scatter_out,
+                                              trainer->scatter_counts, err));
+    }
     if (trainer->options.trace != NULL) {
       mp_trace_comm(trainer->options.trace, trainer->step, "reduce-scatter", "dp", -1,
                     count * sizeof(float), NULL, start, trace_now(trainer));
@@ -467,6 +476,9 @@ static mp_status scatter_add_grads(mp_trainer *trainer, int c, const float *grad
     sum = trainer->scatter_out;
   }
   if (mine == 0) return MP_OK;
+  if (trainer->gpu_chunks != NULL) {
+    return mp_gpt_stage_gpu_add_to_part(trainer->gpu_chunks[c], sum, mine_first, mine, err);
+  }
   float *to = trainer->grad_part[c] + (mine_first - trainer->zero_first[c]);
   for (size_t i = 0; i < mine; ++i) to[i] += sum[i];
   return MP_OK;
@@ -485,7 +497,9 @@ static mp_status zero2_outside_grads(mp_trainer *trainer, int c, mp_error *err) 
   mp_gpt_tp *chunk = trainer->chunks[c];
   size_t blocks_first = 0, blocks_end = 0, largest = 0;
   mp_gpt_tp_blocks_range(chunk, &blocks_first, &blocks_end, &largest);
-  const float *packed = mp_gpt_tp_grads(chunk);
+  const float *packed = trainer->gpu_chunks != NULL
+                            ? mp_gpt_stage_gpu_device_grads(trainer->gpu_chunks[c])
+                            : mp_gpt_tp_grads(chunk);
   const size_t n = mp_gpt_tp_num_params(chunk);
   /* [first, end) of the flat layout, packed at packed_first */
   const size_t ranges[2][3] = {{0, blocks_first, 0}, {blocks_end, n, blocks_first}};
@@ -513,7 +527,11 @@ static mp_status zero2_norm_squared(mp_trainer *trainer, int c, double *out, mp_
   double *squares = calloc((size_t)num_tensors * ((size_t)dp + 1) + 1, sizeof(double));
   if (squares == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
   double *gathered = squares + num_tensors;
-  for (int i = 0; i < num_tensors; ++i) {
+  mp_status status = MP_OK;
+  if (trainer->gpu_chunks != NULL) {
+    status = mp_gpt_stage_gpu_part_squares(trainer->gpu_chunks[c], squares, err);
+  }
+  for (int i = 0; i < num_tensors && trainer->gpu_chunks == NULL; ++i) {
     const mp_gpt_tp_tensor *t = mp_gpt_tp_tensor_at(chunk, i);
     const size_t lo = t->offset > first ? t->offset : first;
     const size_t hi = t->offset + t->count < end ? t->offset + t->count : end;
@@ -521,8 +539,7 @@ static mp_status zero2_norm_squared(mp_trainer *trainer, int c, double *out, mp_
       squares[i] = mp_grad_norm_squared_cpu(trainer->grad_part[c] + (lo - first), hi - lo);
     }
   }
-  mp_status status = MP_OK;
-  if (dp > 1) {
+  if (dp > 1 && status == MP_OK) {
     /* Doubles travel as pairs of floats: an all-gather only copies them. */
     status = mp_comm_all_gather_f32(trainer->options.dp, (const float *)squares,
                                     (float *)gathered, 2 * (size_t)num_tensors, err);
@@ -690,13 +707,14 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
   trainer->zero_first = calloc((size_t)v, sizeof *trainer->zero_first);
   trainer->zero_count = calloc((size_t)v, sizeof *trainer->zero_count);
   const bool on_gpu = trainer->backend == MP_BACKEND_CUDA;
-  const bool zero2 = plan->zero_stage == 2; /* CPU only (mp_trainer_check_layout) */
+  const bool zero2 = plan->zero_stage == 2;
+  trainer->zero2 = zero2;
   if (zero2) {
-    trainer->grad_part = calloc((size_t)v, sizeof *trainer->grad_part);
+    if (!on_gpu) trainer->grad_part = calloc((size_t)v, sizeof *trainer->grad_part);
     trainer->zero2_hooks = calloc((size_t)v, sizeof *trainer->zero2_hooks);
     trainer->scatter_counts = calloc((size_t)plan->dp, sizeof *trainer->scatter_counts);
-    if (status == MP_OK && (trainer->grad_part == NULL || trainer->zero2_hooks == NULL ||
-                            trainer->scatter_counts == NULL)) {
+    if (status == MP_OK && ((!on_gpu && trainer->grad_part == NULL) ||
+                            trainer->zero2_hooks == NULL || trainer->scatter_counts == NULL)) {
       status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
     }
   }
@@ -731,8 +749,8 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
     status = mp_gpt_tp_create_stage(model, (int)plan->micro_batch, (int)plan->seq_len,
                                     &trainer->tp_table, plan->sequence_parallel, &range,
                                     on_gpu ? 0 : slots, zero_bubble && !on_gpu,
-                                    on_gpu ? MP_RECOMPUTE_NONE : plan->recompute, zero2,
-                                    &trainer->chunks[c], err);
+                                    on_gpu ? MP_RECOMPUTE_NONE : plan->recompute,
+                                    zero2 && !on_gpu, &trainer->chunks[c], err);
     if (status == MP_OK) {
       status = mp_gpt_tp_init_params(trainer->chunks[c], plan->training.seed, err);
     }
@@ -740,7 +758,7 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
       status = mp_gpt_stage_gpu_create(trainer->chunks[c], trainer->options.tp_device,
                                        (int)plan->micro_batch,
                                        (int)plan->seq_len, slots, zero_bubble, plan->recompute,
-                                       &trainer->gpu_chunks[c], err);
+                                       zero2, &trainer->gpu_chunks[c], err);
       if (status == MP_OK) status = mp_gpt_stage_gpu_upload_params(trainer->gpu_chunks[c], err);
       if (status != MP_OK) {
         mp_error inner = *err;
@@ -766,8 +784,8 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
       size_t blocks_first = 0, blocks_end = 0, block = 0;
       mp_gpt_tp_blocks_range(trainer->chunks[c], &blocks_first, &blocks_end, &block);
       if (block > largest_block) largest_block = block;
-      trainer->grad_part[c] = calloc(count > 0 ? count : 1, sizeof(float));
-      if (trainer->grad_part[c] == NULL) {
+      if (!on_gpu) trainer->grad_part[c] = calloc(count > 0 ? count : 1, sizeof(float));
+      if (!on_gpu && trainer->grad_part[c] == NULL) {
         status = mp_fail(err, MP_ERR_RUNTIME, "out of memory for a gradient part (%zu floats)",
                          count);
         break;
@@ -778,9 +796,10 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
                                     &trainer->zero2_hooks[c]);
     }
     if (on_gpu) {
-      /* The AdamW moments live on the GPU (this rank's part with ZeRO-1); chunk_m and chunk_v
-       * become their host copies for checkpoints, at the first mp_trainer_chunk_cpu_state. */
-      if (plan->zero_stage == 1) {
+      /* The AdamW moments live on the GPU (this rank's part with ZeRO; with ZeRO-2 the part's
+       * gradients too); chunk_m and chunk_v become their host copies for checkpoints, at the
+       * first mp_trainer_chunk_cpu_state. */
+      if (plan->zero_stage >= 1) {
         status = mp_gpt_stage_gpu_keep_moments(trainer->gpu_chunks[c], first_param, count, err);
       }
       if (status != MP_OK) break;
@@ -801,8 +820,14 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
     if (trainer->scatter_floats > largest / (size_t)dp + 1) {
       trainer->scatter_floats = largest / (size_t)dp + 1;
     }
-    trainer->scatter_out = calloc(trainer->scatter_floats, sizeof(float));
-    if (trainer->scatter_out == NULL) status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+    if (on_gpu) {
+      void *memory = NULL;
+      status = mp_device_alloc(&memory, trainer->scatter_floats * sizeof(float), err);
+      trainer->scatter_out = memory;
+    } else {
+      trainer->scatter_out = calloc(trainer->scatter_floats, sizeof(float));
+      if (trainer->scatter_out == NULL) status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+    }
   }
   if (status == MP_OK && largest > 0) {
     /* The parameter all-gather goes in pieces: dp pieces of at most zero_piece floats (its
@@ -942,7 +967,11 @@ void mp_trainer_free(mp_trainer *trainer) {
   }
   free(trainer->grad_part);
   free(trainer->zero2_hooks);
-  free(trainer->scatter_out);
+  if (trainer->gpu_chunks != NULL) {
+    mp_device_free(trainer->scatter_out);
+  } else {
+    free(trainer->scatter_out);
+  }
   free(trainer->scatter_counts);
   free(trainer->zero_first);
   free(trainer->zero_count);
@@ -1246,7 +1275,7 @@ static mp_status reduce_step_grads(mp_trainer *trainer, double *grad_norm, mp_er
   mp_gpt_stage_gpu **gpu = trainer->gpu_chunks;
   /* First the dp all-reduces posted as the chunks' gradients completed: until they end, MPI or
    * NCCL may still write the gradients. */
-  const bool zero2 = trainer->grad_part != NULL;
+  const bool zero2 = trainer->zero2;
   if (o->dp != NULL && plan->dp > 1 && !zero2) {
     MP_TRY(wait_dp_all_reduces(trainer, err));
     const float scale = 1.0f / (float)plan->dp;
@@ -1274,7 +1303,7 @@ static mp_status reduce_step_grads(mp_trainer *trainer, double *grad_norm, mp_er
       const bool last = stage->head && c == trainer->num_chunks - 1;
       if (!first && !last) continue;
       const mp_gpt_tp_tensor *wte = mp_gpt_tp_tensor_at(chunk, 0);
-      float *grads = gpu != NULL ? mp_gpt_stage_gpu_device_grads(gpu[c]) + wte->offset
+      float *grads = gpu != NULL ? mp_gpt_stage_gpu_tensor_grad(gpu[c], 0)
                                  : mp_gpt_tp_tensor_grad(chunk, 0);
       /* In buckets: a transient buffer of the whole table (the collective's, or the staging's
        * for device memory) would be the rank's largest allocation after its state. */
@@ -1290,7 +1319,11 @@ static mp_status reduce_step_grads(mp_trainer *trainer, double *grad_norm, mp_er
     const float scale = 1.0f / (float)plan->dp;
     for (int c = 0; c < trainer->num_chunks; ++c) {
       MP_TRY(zero2_outside_grads(trainer, c, err));
-      mp_grad_scale_cpu(trainer->grad_part[c], trainer->zero_count[c], scale);
+      if (gpu != NULL) {
+        mp_gpt_stage_gpu_scale_grads(gpu[c], scale);
+      } else {
+        mp_grad_scale_cpu(trainer->grad_part[c], trainer->zero_count[c], scale);
+      }
     }
   }
   double squares = 0.0;
@@ -1382,9 +1415,9 @@ static mp_status finish_gpu_step(mp_trainer *trainer, double lr, double *grad_no
     mp_gpt_stage_gpu *gpu = trainer->gpu_chunks[c];
     if (scale != 1.0f) mp_gpt_stage_gpu_scale_grads(gpu, scale);
     MP_TRY(mp_gpt_stage_gpu_adamw(gpu, &adamw, err));
-    if (plan->zero_stage != 1 || o->dp == NULL || plan->dp == 1) continue;
-    /* ZeRO-1: every dp rank updated its part of the master weights; gather the whole array on
-     * the device (NCCL, or MPI through the host), then refresh the bf16 copy. */
+    if (plan->zero_stage < 1 || o->dp == NULL || plan->dp == 1) continue;
+    /* ZeRO 1 and 2: every dp rank updated its part of the master weights; gather the whole
+     * array on the device (NCCL, or MPI through the host), then refresh the bf16 copy. */
     const size_t n = mp_gpt_tp_num_params(trainer->chunks[c]);
     const size_t part = (n + (size_t)plan->dp - 1) / (size_t)plan->dp;
     zero_comms comms = {o->dp, o->nccl_dp};
@@ -1422,7 +1455,8 @@ mp_status mp_trainer_step(mp_trainer *trainer, int64_t step, mp_step_metrics *me
   trainer->loss_sum = 0.0;
   MP_TRY(mp_stage_worker_run(trainer->worker, err));
   MP_TRY(parallel_step_loss(trainer, &loss, err));
-  if (trainer->gpu_chunks != NULL && trainer->options.nccl_dp != NULL && plan->dp == 1) {
+  if (trainer->gpu_chunks != NULL && trainer->options.nccl_dp != NULL && plan->dp == 1 &&
+      !trainer->zero2) {
     MP_TRY(sum_grads_over_nccl_alone(trainer, err));
   }
   if (!isfinite(loss)) {

@@ -24,7 +24,7 @@
  *   5. clipping and AdamW; with zero_stage 1 (ZeRO-1) dp rank d keeps AdamW's moments of its
  *      1/dp of each chunk's parameters only, updates that part and all-gathers the parameters
  *      in pieces (a bounded buffer, not one of the chunk).
- * ZeRO-2 (zero_stage 2, CPU backend, not zb-h1) keeps the gradients of the same part only: the
+ * ZeRO-2 (zero_stage 2, not zb-h1) keeps the gradients of the same part only: the
  * chunk's chain forms each block's gradient in a one-block window (engine/gpt_model_tp.h,
  * windowed_block_grads) that its hook reduce-scatters over dp into the rank's part after every
  * block of every micro-batch's backward (summed over tp first with sequence parallelism); the
@@ -47,7 +47,8 @@
  * operations, with its next receive, as Megatron batches send_forward_recv_backward) or MPI
  * staging; steps 2-5 run on device gradients, the dp all-reduce of each block posted during the
  * chunk's last backward or, with zb-h1, its last W (NCCL with options->nccl_dp, else non-blocking
- * MPI staging), ZeRO-1 gathering the parameters on the device. Sequence parallelism, zb-h1 and
+ * MPI staging; ZeRO-2 reduce-scatters each block from a device window instead), ZeRO 1 and 2
+ * gathering the parameters on the device. Sequence parallelism, zb-h1 and
  * full recomputation run as on the CPU.
  *
  * The caller (tools/cmd_run.c) owns the loop, so it decides what to print, when to stop, and
@@ -101,8 +102,8 @@ mp_status mp_trainer_create(const mp_plan *plan, const mp_model *model, mp_data_
                             mp_backend backend, mp_trainer **out, mp_error *err);
 
 /* MP_OK when this trainer can run the plan's layout on `backend` (both backends run the same
- * layouts but ZeRO-2, which runs on the CPU); else MP_ERR_INPUT naming the plan file and what to
- * change (full recomputation with zb-h1, ZeRO-2 with zb-h1 or on the CUDA backend, ZeRO-3). mp_trainer_create_parallel checks it too; `mpengine run` calls
+ * layouts); else MP_ERR_INPUT naming the plan file and what to change (full recomputation with
+ * zb-h1, ZeRO-2 with zb-h1, ZeRO-3). mp_trainer_create_parallel checks it too; `mpengine run` calls
  * it before launching ranks. */
 mp_status mp_trainer_check_layout(const mp_plan *plan, mp_backend backend, mp_error *err);
 

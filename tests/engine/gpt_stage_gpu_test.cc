@@ -153,7 +153,7 @@ struct Fixture {
            bool deferred = false, mp_recompute recompute = MP_RECOMPUTE_NONE) {
     return Host(s, first, end, sp) && mp_gpt_tp_init_params(s->host, kSeed, &err) == MP_OK &&
            mp_gpt_stage_gpu_create(s->host, nullptr, kB, kT, num_slots, deferred, recompute,
-                                   &s->gpu, &err) == MP_OK &&
+                                   false, &s->gpu, &err) == MP_OK &&
            mp_gpt_stage_gpu_upload_params(s->gpu, &err) == MP_OK;
   }
 };
@@ -168,7 +168,8 @@ void ExpectRefusal(mp_gpt_tp *host, int num_slots, bool deferred, mp_recompute r
   mp_error err = MP_ERROR_INITIALIZER;
   mp_gpt_stage_gpu *gpu = reinterpret_cast<mp_gpt_stage_gpu *>(&err);  // must be reset to NULL
   const mp_status status =
-      mp_gpt_stage_gpu_create(host, nullptr, kB, kT, num_slots, deferred, recompute, &gpu, &err);
+      mp_gpt_stage_gpu_create(host, nullptr, kB, kT, num_slots, deferred, recompute, false, &gpu,
+                              &err);
   const std::string message = err.message;
   if (message.find("built without CUDA") != std::string::npos) {
     GTEST_SKIP() << "this build has no CUDA: " << message;
@@ -212,7 +213,7 @@ TEST(GptStageGpuRefuses, WithoutAGpuCreateSaysSo) {
   // what stops it here is the missing GPU.
   mp_error err = MP_ERROR_INITIALIZER;
   EXPECT_EQ(mp_gpt_stage_gpu_create(s.host, nullptr, kB, kT, 2, false, MP_RECOMPUTE_SELECTIVE,
-                                    &s.gpu, &err),
+                                    false, &s.gpu, &err),
             MP_ERR_INPUT);
   EXPECT_EQ(s.gpu, nullptr);
   EXPECT_NE(std::string(err.message).find("--backend cuda"), std::string::npos) << err.message;
@@ -341,7 +342,7 @@ void ExpectGpuStageMatchesCpuStage(int first, int end, const char *model = kMode
   float *params = mp_gpt_tp_params(gpu.host);
   for (size_t i = 0; i < n; ++i) params[i] = mp_bf16_to_float(mp_bf16_from_float(params[i]));
   ASSERT_EQ(mp_gpt_stage_gpu_create(gpu.host, nullptr, kB, kT, 1, false, MP_RECOMPUTE_NONE,
-                                    &gpu.gpu, &f.err),
+                                    false, &gpu.gpu, &f.err),
             MP_OK)
       << f.err.message;
   ASSERT_EQ(mp_gpt_stage_gpu_upload_params(gpu.gpu, &f.err), MP_OK) << f.err.message;

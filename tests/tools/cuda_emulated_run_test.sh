@@ -21,6 +21,10 @@
 #   - the watchdog over NCCL: a hung pipeline or tensor-parallel rank makes its peer fail after
 #     --comm-timeout naming the action, group and peer, with the communicators aborted (exit 1);
 #   - ZeRO-1 on the GPU (dp = 2, dp = 2 x pp = 2): AdamW on this rank's part, parameters gathered;
+#   - ZeRO-2 on the GPU (dp = 2, dp = 2 x pp = 2, also over NCCL, and a checkpoint resumed bit for
+#     bit): each block's gradients reduce-scattered from a device window into this rank's part,
+#     the rest at the step's end, the norm and AdamW on the part; within 1e-2 of the one-rank GPU
+#     run and 1e-4 of the same layout's ZeRO-1 (the same sums in another order, then bf16);
 #   - zero-bubble zb-h1 on the GPU (pp = 2, pp = 2 x tp = 2 with and without sequence parallelism,
 #     dp = 2 x pp = 2; the last two over NCCL too), B and W split (deferred weight gradients), and
 #     full recomputation (pp = 4): each within 1e-2 of the
@@ -122,15 +126,20 @@ plan dp2 2 1 1
 plan dp2pp2 2 2 1
 plan dp2zero1 2 1 1 1f1b 1 false 1
 plan dp2pp2zero1 2 2 1 1f1b 1 false 1
+plan dp2zero2 2 1 1 1f1b 1 false 2
+plan dp2pp2zero2 2 2 1 1f1b 1 false 2
 plan tp2sp 1 1 2 1f1b 1 true
 plan pp2tp2sp 1 2 2 1f1b 1 true
-for name in pp2 tp2 interleaved dp2 dp2pp2 dp2zero1 dp2pp2zero1 tp2sp; do
+for name in pp2 tp2 interleaved dp2 dp2pp2 dp2zero1 dp2pp2zero1 dp2zero2 dp2pp2zero2 tp2sp; do
   run $name cuda
   compare "$name on the GPU vs one rank" "$tmp/one-cuda.jsonl" "$tmp/$name-cuda.jsonl" 1e-2
 done
 # ZeRO-1 runs AdamW's same operations on each element, only on another rank: the same numbers.
 compare "dp2zero1 vs dp2 on the GPU" "$tmp/dp2-cuda.jsonl" "$tmp/dp2zero1-cuda.jsonl" 1e-6
 compare "dp2pp2zero1 vs dp2pp2 on the GPU" "$tmp/dp2pp2-cuda.jsonl" "$tmp/dp2pp2zero1-cuda.jsonl" 1e-6
+compare "dp2zero2 vs dp2zero1 on the GPU" "$tmp/dp2zero1-cuda.jsonl" "$tmp/dp2zero2-cuda.jsonl" 1e-4
+compare "dp2pp2zero2 vs dp2pp2zero1 on the GPU" "$tmp/dp2pp2zero1-cuda.jsonl" \
+  "$tmp/dp2pp2zero2-cuda.jsonl" 1e-4
 run pp2tp2 cuda --save-weights "$tmp/pp2tp2-cuda.bin"
 run pp2tp2 cpu --save-weights "$tmp/pp2tp2-cpu.bin"
 compare "pp2tp2 on the GPU vs one rank" "$tmp/one-cuda.jsonl" "$tmp/pp2tp2-cuda.jsonl" 1e-2
@@ -183,7 +192,7 @@ compare "pp4full vs pp4 (recompute none) on the GPU" "$tmp/pp4-cuda.jsonl" \
 
 # The same layouts over the NCCL communicators (emulated over MPI: the same sums, so the same
 # losses): the tensor-parallel table on NCCL, the pipeline's sends grouped with receives, dp.
-for name in pp2tp2 pp2tp2sp dp2pp2 interleaved dp2pp2zero1 pp2tp2zb dp2pp2zb; do
+for name in pp2tp2 pp2tp2sp dp2pp2 interleaved dp2pp2zero1 dp2pp2zero2 pp2tp2zb dp2pp2zb; do
   GPU_COMM=nccl run $name cuda
   compare "$name over NCCL vs over MPI" "$tmp/$name-cuda.jsonl" "$tmp/$name-cuda-nccl.jsonl" 1e-6
 done
@@ -240,7 +249,7 @@ expect 0 "backend: cuda" "done: 1 steps" -- $mpengine run --config "$tmp/pp2zb.j
 # Checkpoints on the GPU: 10 steps saving at 5, against a resume from step 5 (bit for bit: the
 # emulation is deterministic, and the state goes to the host and back exactly), one rank and
 # pp = 2 x tp = 2; then the GPU's pp x tp checkpoint resumed on the CPU's one rank.
-for name in one pp2tp2 dp2pp2zero1; do
+for name in one pp2tp2 dp2pp2zero1 dp2pp2zero2; do
   expect 0 "checkpoint: saved $tmp/ckpt-$name/step-5" "done: 10 steps" -- \
     $mpengine run --config "$tmp/$name.json" --backend cuda --gpu-comm mpi \
     --checkpoint-dir "$tmp/ckpt-$name" --save-every 5 --metrics "$tmp/ckpt-$name.jsonl"
