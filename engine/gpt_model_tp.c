@@ -25,7 +25,7 @@ struct mp_gpt_tp {
   float *grads;          /* (grads_floats,): num_params, or windowed the tensors outside the
                             blocks, packed */
   size_t grads_floats;
-  bool windowed;         /* ZeRO-2: the blocks' gradients pass through block_window */
+  mp_grad_window window; /* ZeRO-2: which gradients pass through block_window */
   float *block_window;   /* (the largest block's floats) */
   /* The forward and backward: the stage chain over the CPU's kernels (NULL for a stage of
    * arrays only). */
@@ -132,12 +132,10 @@ mp_status mp_gpt_tp_create_stage(const mp_model *model, int micro_batch, int seq
                                  mp_recompute recompute, bool windowed_block_grads,
                                  mp_gpt_tp **out, mp_error *err) {
   *out = NULL;
-  if (windowed_block_grads && (num_slots == 0 || deferred_weights)) {
+  if (windowed_block_grads && num_slots == 0) {
     return mp_fail(err, MP_ERR_INPUT,
-                   "windowed block gradients (ZeRO-2) need a stage with activation slots and "
-                   "whole backwards: not %s",
-                   num_slots == 0 ? "a stage of arrays only" : "with a zero-bubble schedule's "
-                                                               "deferred weight gradients");
+                   "windowed block gradients (ZeRO-2) need a stage with activation slots, not a "
+                   "stage of arrays only");
   }
   /* A stage of arrays only (no slot) runs no chain; one with slots must be one it can run. */
   if (num_slots > 0 && mp_stage_chain_check(num_slots, deferred_weights, recompute, err) != MP_OK) {
@@ -206,13 +204,14 @@ mp_status mp_gpt_tp_create_stage(const mp_model *model, int micro_batch, int seq
   gpt->params = calloc(gpt->num_params > 0 ? gpt->num_params : 1, sizeof(float));
   size_t blocks_first = 0, blocks_end = 0, largest_block = 0;
   mp_gpt_tp_blocks_range(gpt, &blocks_first, &blocks_end, &largest_block);
-  gpt->windowed = windowed_block_grads;
-  gpt->grads_floats = gpt->num_params - (gpt->windowed ? blocks_end - blocks_first : 0);
+  gpt->window = mp_grad_window_for(windowed_block_grads, deferred_weights);
+  gpt->grads_floats = mp_gpt_tp_grad_array_floats(gpt, gpt->window);
+  const bool windowed = gpt->window != MP_GRAD_WINDOW_NONE;
   /* Without slots the stage only holds arrays, and its gradients live elsewhere (the GPU). */
   if (num_slots > 0) gpt->grads = calloc(gpt->grads_floats > 0 ? gpt->grads_floats : 1, sizeof(float));
-  if (gpt->windowed) gpt->block_window = calloc(largest_block > 0 ? largest_block : 1, sizeof(float));
+  if (windowed) gpt->block_window = calloc(largest_block > 0 ? largest_block : 1, sizeof(float));
   if (gpt->params == NULL || (num_slots > 0 && gpt->grads == NULL) ||
-      (gpt->windowed && gpt->block_window == NULL)) {
+      (windowed && gpt->block_window == NULL)) {
     const size_t n = gpt->num_params;
     mp_gpt_tp_free(gpt);
     return mp_fail(err, MP_ERR_RUNTIME, "out of memory for a shard of %zu parameters", n);
@@ -250,7 +249,40 @@ bool mp_gpt_tp_sequence_parallel(const mp_gpt_tp *gpt) { return gpt->sp; }
 size_t mp_gpt_tp_num_params(const mp_gpt_tp *gpt) { return gpt->num_params; }
 float *mp_gpt_tp_params(mp_gpt_tp *gpt) { return gpt->params; }
 float *mp_gpt_tp_grads(mp_gpt_tp *gpt) { return gpt->grads; }
-bool mp_gpt_tp_windowed_grads(const mp_gpt_tp *gpt) { return gpt->windowed; }
+mp_grad_window mp_gpt_tp_grad_window(const mp_gpt_tp *gpt) { return gpt->window; }
+
+mp_grad_window mp_grad_window_for(bool windowed_block_grads, bool deferred_weights) {
+  if (!windowed_block_grads) return MP_GRAD_WINDOW_NONE;
+  return deferred_weights ? MP_GRAD_WINDOW_BLOCK_WEIGHTS : MP_GRAD_WINDOW_BLOCKS;
+}
+
+/* Whether tensor index's gradient passes through the window. */
+static bool in_window(const mp_gpt_tp *gpt, int index, mp_grad_window window) {
+  const int L = gpt->stage.num_layers;
+  if (window == MP_GRAD_WINDOW_NONE || L == 0) return false;
+  const int per_block = mp_gpt_layout_tensors_per_block(gpt->layout);
+  const int lo = mp_gpt_layout_block_index(gpt->layout, gpt->stage.first_layer, MP_BLOCK_LN1_WEIGHT);
+  const int full = (int)(gpt->tensors[index].full - mp_gpt_layout_tensor(gpt->layout, 0));
+  if (full < lo || full >= lo + L * per_block) return false;
+  if (window == MP_GRAD_WINDOW_BLOCKS) return true;
+  /* The GEMM weights W forms (stage_chain.c's block_backward_weights). */
+  static const mp_gpt_block_tensor kWeights[] = {
+      MP_BLOCK_QKV_WEIGHT, MP_BLOCK_K_WEIGHT,  MP_BLOCK_V_WEIGHT,      MP_BLOCK_ATTN_PROJ_WEIGHT,
+      MP_BLOCK_FC_WEIGHT,  MP_BLOCK_UP_WEIGHT, MP_BLOCK_FC_PROJ_WEIGHT};
+  const int layer = gpt->stage.first_layer + (full - lo) / per_block;
+  for (size_t r = 0; r < sizeof kWeights / sizeof kWeights[0]; ++r) {
+    if (mp_gpt_layout_block_index(gpt->layout, layer, kWeights[r]) == full) return true;
+  }
+  return false;
+}
+
+size_t mp_gpt_tp_grad_array_floats(const mp_gpt_tp *gpt, mp_grad_window window) {
+  size_t floats = 0;
+  for (int i = 0; i < gpt->num_tensors; ++i) {
+    if (!in_window(gpt, i, window)) floats += gpt->tensors[i].count;
+  }
+  return floats;
+}
 size_t mp_gpt_tp_grads_floats(const mp_gpt_tp *gpt) {
   return gpt->grads != NULL ? gpt->grads_floats : 0;
 }
@@ -281,21 +313,20 @@ void mp_gpt_tp_blocks_range(const mp_gpt_tp *gpt, size_t *first, size_t *end, si
   }
 }
 
-bool mp_gpt_tp_grad_offset(const mp_gpt_tp *gpt, int index, bool windowed, size_t *offset) {
-  if (index < 0 || index >= gpt->num_tensors) return false;
-  const size_t at = gpt->tensors[index].offset;
-  *offset = at;
-  if (!windowed) return true;
-  size_t first = 0, end = 0, largest = 0;
-  mp_gpt_tp_blocks_range(gpt, &first, &end, &largest);
-  if (at >= first && at < end) return false;
-  if (at >= end) *offset = at - (end - first);
+bool mp_gpt_tp_grad_offset(const mp_gpt_tp *gpt, int index, mp_grad_window window,
+                           size_t *offset) {
+  if (index < 0 || index >= gpt->num_tensors || in_window(gpt, index, window)) return false;
+  size_t packed = 0;
+  for (int i = 0; i < index; ++i) {
+    if (!in_window(gpt, i, window)) packed += gpt->tensors[i].count;
+  }
+  *offset = packed;
   return true;
 }
 
 float *mp_gpt_tp_tensor_grad(mp_gpt_tp *gpt, int index) {
   size_t offset = 0;
-  if (gpt->grads == NULL || !mp_gpt_tp_grad_offset(gpt, index, gpt->windowed, &offset)) {
+  if (gpt->grads == NULL || !mp_gpt_tp_grad_offset(gpt, index, gpt->window, &offset)) {
     return NULL;
   }
   return gpt->grads + offset;
@@ -393,7 +424,7 @@ mp_status mp_gpt_tp_gather_params(mp_gpt_tp *gpt, float *full, mp_error *err) {
 }
 
 static mp_status refuse_windowed(const mp_gpt_tp *gpt, const char *what, mp_error *err) {
-  if (!gpt->windowed) return MP_OK;
+  if (gpt->window == MP_GRAD_WINDOW_NONE) return MP_OK;
   return mp_fail(err, MP_ERR_INPUT,
                  "%s: the stage's block gradients are windowed (ZeRO-2): each dp rank keeps its "
                  "part, the trainer's",

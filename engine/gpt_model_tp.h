@@ -105,10 +105,11 @@ mp_status mp_gpt_tp_create(const mp_model *model, int micro_batch, int seq_len,
  * context must outlive the model. MP_ERR_INPUT, naming the model file and what to change, when
  * the runtime cannot train the model (mp_gpt_layout_create), the heads, ffn_hidden or padded
  * vocabulary do not divide over tp, or with sequence parallelism micro_batch x seq_len does not.
- * windowed_block_grads (ZeRO-2, with slots and without deferred weights): the stage holds no
- * gradient of its blocks between their backwards: each block's gradient is formed in one window
- * of the largest block's floats, which the chain's hook must take after every block
- * (engine/stage_chain.h), and the gradient array holds only the tensors outside the blocks.
+ * windowed_block_grads (ZeRO-2, a stage with slots): the stage holds no gradient of its blocks
+ * between their backwards (or with deferred weights, of their GEMM weights between their Ws):
+ * each block's is formed in one window of the largest block's floats, which the chain's hook
+ * must take after every block (engine/stage_chain.h), and the gradient array holds only the
+ * other tensors (mp_grad_window).
  * Parameters start at zero: call an init or set function. */
 mp_status mp_gpt_tp_create_stage(const mp_model *model, int micro_batch, int seq_len,
                                  const mp_tp_comm *tp, bool sequence_parallel,
@@ -143,17 +144,33 @@ float *mp_gpt_tp_grads(mp_gpt_tp *gpt);
  * layout's order; *first == *end without blocks), and *largest, the floats of its largest block. */
 void mp_gpt_tp_blocks_range(const mp_gpt_tp *gpt, size_t *first, size_t *end, size_t *largest);
 
+/* Which gradients of a stage pass through a one-block window (ZeRO-2) instead of its gradient
+ * array: none; every block tensor's (whole backwards); or with a zero-bubble schedule's deferred
+ * weight gradients the blocks' GEMM weights' only (q, k, v, attn_proj, fc, up, fc_proj: W forms
+ * them block by block, while B forms the norms' and biases', which then stay in the array until
+ * the step's end). */
+typedef enum {
+  MP_GRAD_WINDOW_NONE = 0,
+  MP_GRAD_WINDOW_BLOCKS,
+  MP_GRAD_WINDOW_BLOCK_WEIGHTS,
+} mp_grad_window;
+
+/* The kind a stage created with windowed_block_grads and deferred_weights uses. */
+mp_grad_window mp_grad_window_for(bool windowed_block_grads, bool deferred_weights);
+
 /* Windowed block gradients (mp_gpt_tp_create_stage): mp_gpt_tp_grads has
- * mp_gpt_tp_grads_floats floats, the tensors before the blocks then those after them (without
- * windows, num_params floats in the shard's layout). mp_gpt_tp_tensor_grad is tensor index's
- * gradient in it, NULL for a block tensor of a windowed stage or a stage without gradients. */
-bool mp_gpt_tp_windowed_grads(const mp_gpt_tp *gpt);
+ * mp_gpt_tp_grads_floats floats, the tensors outside the window in the layout's order, packed
+ * (without a window, num_params floats in the shard's layout). mp_gpt_tp_tensor_grad is tensor
+ * index's gradient in it, NULL for a tensor of the window or a stage without gradients. */
+mp_grad_window mp_gpt_tp_grad_window(const mp_gpt_tp *gpt);
 size_t mp_gpt_tp_grads_floats(const mp_gpt_tp *gpt);
 float *mp_gpt_tp_tensor_grad(mp_gpt_tp *gpt, int index);
-/* Where tensor index's gradient sits in a gradient array of this stage, windowed (the packing
- * above) or not (its offset): false for a block tensor of a windowed array. A GPU twin
- * (engine/gpt_stage_gpu.h) packs its device gradients the same way. */
-bool mp_gpt_tp_grad_offset(const mp_gpt_tp *gpt, int index, bool windowed, size_t *offset);
+/* Where tensor index's gradient sits in a gradient array of this stage packed for window (its
+ * offset for MP_GRAD_WINDOW_NONE): false for a tensor of the window. grad_array_floats: that
+ * array's floats. A GPU twin (engine/gpt_stage_gpu.h) packs its device gradients the same way. */
+bool mp_gpt_tp_grad_offset(const mp_gpt_tp *gpt, int index, mp_grad_window window,
+                           size_t *offset);
+size_t mp_gpt_tp_grad_array_floats(const mp_gpt_tp *gpt, mp_grad_window window);
 /* The host gradient array (zeroed) if the stage has none yet; MP_ERR_RUNTIME out of memory. */
 mp_status mp_gpt_tp_alloc_grads(mp_gpt_tp *gpt, mp_error *err);
 int mp_gpt_tp_num_tensors(const mp_gpt_tp *gpt);

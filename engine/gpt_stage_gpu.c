@@ -519,6 +519,7 @@ struct mp_gpt_stage_gpu {
   float *adam_m, *adam_v;                  /* (moments_count): elements [moments_first, +count) */
   size_t moments_first, moments_count;     /* all of them, or this dp rank's part with ZeRO */
   bool windowed;                           /* ZeRO-2: block gradients pass through window */
+  mp_grad_window window_kind;              /* which ones (mp_grad_window_for) */
   float *window;                           /* (the largest block's floats) */
   float *grad_part;                        /* (moments_count) ZeRO-2: the part's gradients */
   mp_bf16 *weights;                        /* (num_params) */
@@ -586,7 +587,8 @@ mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, 
   size_t blocks_first = 0, blocks_end = 0, largest_block = 0;
   mp_gpt_tp_blocks_range(host, &blocks_first, &blocks_end, &largest_block);
   gpu->windowed = windowed_block_grads;
-  gpu->grads_floats = P - (gpu->windowed ? blocks_end - blocks_first : 0);
+  gpu->window_kind = mp_grad_window_for(windowed_block_grads, deferred_weights);
+  gpu->grads_floats = mp_gpt_tp_grad_array_floats(host, gpu->window_kind);
   ALLOC(gpu->master, P);
   ALLOC(gpu->grads, gpu->grads_floats);
   gpu->moments_count = P;
@@ -723,8 +725,8 @@ void mp_gpt_stage_gpu_scale_grads(mp_gpt_stage_gpu *gpu, float scale) {
 
 float *mp_gpt_stage_gpu_tensor_grad(mp_gpt_stage_gpu *gpu, int index) {
   size_t offset = 0;
-  return mp_gpt_tp_grad_offset(gpu->host, index, gpu->windowed, &offset) ? gpu->grads + offset
-                                                                        : NULL;
+  return mp_gpt_tp_grad_offset(gpu->host, index, gpu->window_kind, &offset) ? gpu->grads + offset
+                                                                           : NULL;
 }
 
 size_t mp_gpt_stage_gpu_grads_floats(const mp_gpt_stage_gpu *gpu) { return gpu->grads_floats; }

@@ -64,8 +64,9 @@ struct mp_stage_chain {
    * gathered inputs. */
   bool regather;
   float *grads;        /* the gradient array (the hook's) */
-  float *window;       /* ZeRO-2: every block's gradients, one block at a time; else NULL */
-  size_t blocks_first, blocks_end; /* the blocks' floats of the flat layout */
+  float *window;       /* ZeRO-2: every block's gradients (or with deferred weights its GEMM
+                          weights'), one block at a time; else NULL */
+  mp_grad_window window_kind;
   const void *wte, *wpe, *lnfw, *lnfb;
   float *dwte, *dwpe, *dlnfw, *dlnfb;
   const void *head_w; /* wte when tied, else lm_head */
@@ -160,17 +161,14 @@ static const void *weight_of(const mp_stage_chain *ch, void *weights, int full_i
   return i < 0 ? NULL : at(ch, weights, mp_gpt_tp_tensor_at(ch->host, i)->offset);
 }
 
-/* A tensor's gradient: at its offset in grads, or with a window a block tensor's at its offset
- * in its block (block_first) and one outside the blocks packed as mp_gpt_tp_tensor_grad packs
- * it. */
+/* A tensor's gradient: in grads, packed for the window kind (mp_gpt_tp_grad_offset), or for a
+ * tensor of the window at its offset in its block (block_first). */
 static float *grad_of(const mp_stage_chain *ch, float *grads, int full_index, size_t block_first) {
   const int i = full_index < 0 ? -1 : shard_index(ch->host, full_index);
   if (i < 0) return NULL;
-  const size_t offset = mp_gpt_tp_tensor_at(ch->host, i)->offset;
-  if (ch->window == NULL) return grads + offset;
-  if (offset < ch->blocks_first) return grads + offset;
-  if (offset >= ch->blocks_end) return grads + (offset - (ch->blocks_end - ch->blocks_first));
-  return ch->window + (offset - block_first);
+  size_t packed = 0;
+  if (mp_gpt_tp_grad_offset(ch->host, i, ch->window_kind, &packed)) return grads + packed;
+  return ch->window + (mp_gpt_tp_tensor_at(ch->host, i)->offset - block_first);
 }
 
 static mp_status alloc_slot(mp_stage_chain *ch, slot_acts *s, mp_error *err) {
@@ -379,16 +377,9 @@ mp_status mp_stage_chain_create(const mp_stage_chain_config *config,
   ch->num_slots = config->num_slots;
   ch->grads = config->grads;
   ch->window = config->block_grads_window;
-  size_t largest_block = 0;
-  mp_gpt_tp_blocks_range(config->host, &ch->blocks_first, &ch->blocks_end, &largest_block);
+  ch->window_kind = mp_grad_window_for(ch->window != NULL, config->deferred_weights);
   ch->regather = ch->d.sp && !config->deferred_weights;
-  mp_status status = MP_OK;
-  if (ch->window != NULL && config->deferred_weights) {
-    status = mp_fail(err, MP_ERR_INPUT,
-                     "a gradient window (ZeRO-2) takes each block's gradients as its backward "
-                     "ends: not with a zero-bubble schedule's deferred weight gradients");
-  }
-  if (status == MP_OK) status = check_kernels(ch, err);
+  mp_status status = check_kernels(ch, err);
   if (status == MP_OK) status = chain_setup(ch, config, err);
   if (status != MP_OK) {
     mp_stage_chain_free(ch);
@@ -729,9 +720,14 @@ mp_status mp_stage_chain_backward(mp_stage_chain *ch, int slot, const float *dou
   for (int l = L - 1; l >= 0; --l) {
     const void *inp = l == 0 ? s->input : s->acts[l - 1].out;
     const block_tensors *b = &ch->blocks[l];
-    if (ch->window != NULL) MP_TRY(k->zero(cx, ch->window, b->grad_count * sizeof(float), err));
+    /* A deferred backward leaves the window (the GEMM weights') to W. */
+    if (ch->window != NULL && !defer_weights) {
+      MP_TRY(k->zero(cx, ch->window, b->grad_count * sizeof(float), err));
+    }
     MP_TRY(block_backward(ch, l, &s->acts[l], inp, defer_weights ? &s->deferred[l] : NULL, err));
-    if (ch->window != NULL && d->sp) MP_TRY(sum_block_norm_grads(ch, l, err));
+    if (ch->window_kind == MP_GRAD_WINDOW_BLOCKS && d->sp) {
+      MP_TRY(sum_block_norm_grads(ch, l, err));
+    }
     if (ch->hook != NULL && !defer_weights) {
       float *grads = ch->window != NULL ? ch->window : ch->grads + b->grad_first;
       MP_TRY(ch->hook(ch->hook_context, grads, b->grad_first, b->grad_count, err));
@@ -758,11 +754,20 @@ mp_status mp_stage_chain_backward_weights(mp_stage_chain *ch, int slot, mp_error
                    "or has not run)",
                    slot);
   }
+  if (ch->window != NULL && ch->hook == NULL && st_has_blocks(ch)) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "the stage's block weight gradients pass through a window (ZeRO-2), but no "
+                   "grads hook is set to take them: they would be lost");
+  }
   for (int l = ch->stage.num_layers - 1; l >= 0; --l) {
+    const block_tensors *b = &ch->blocks[l];
+    if (ch->window != NULL) {
+      MP_TRY(ch->k->zero(ch->k->context, ch->window, b->grad_count * sizeof(float), err));
+    }
     block_backward_weights(ch, l, &s->acts[l], &s->deferred[l]);
     if (ch->hook != NULL) {
-      MP_TRY(ch->hook(ch->hook_context, ch->grads + ch->blocks[l].grad_first,
-                      ch->blocks[l].grad_first, ch->blocks[l].grad_count, err));
+      float *grads = ch->window != NULL ? ch->window : ch->grads + b->grad_first;
+      MP_TRY(ch->hook(ch->hook_context, grads, b->grad_first, b->grad_count, err));
     }
   }
   s->weights_pending = false;
@@ -788,8 +793,8 @@ static mp_status sum_block_norm_grads(mp_stage_chain *ch, int l, mp_error *err) 
 
 mp_status mp_stage_chain_finish_grads(mp_stage_chain *ch, mp_error *err) {
   if (!ch->d.sp) return MP_OK;
-  /* With a window each block's were summed before its hook took them. */
-  for (int l = 0; l < ch->stage.num_layers && ch->window == NULL; ++l) {
+  /* With a window of whole blocks each block's were summed before its hook took them. */
+  for (int l = 0; l < ch->stage.num_layers && ch->window_kind != MP_GRAD_WINDOW_BLOCKS; ++l) {
     MP_TRY(sum_block_norm_grads(ch, l, err));
   }
   if (ch->stage.final_norm) MP_TRY(sum_norm_grads(ch, ch->dlnfw, ch->dlnfb, err));

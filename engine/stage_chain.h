@@ -63,8 +63,10 @@ typedef struct {
   /* NULL, or (ZeRO-2) a window of the host's largest block's fp32 gradient floats
    * (mp_gpt_tp_blocks_range) in the backend's memory: every block's gradient is formed there,
    * one block at a time, and handed to the grads hook, which must be set for every backward;
-   * grads then holds only the tensors outside the blocks, those before them then those after
-   * them (mp_gpt_tp_tensor_grad's packing). Not with deferred weights. */
+   * grads then holds only the other tensors, packed (mp_gpt_tp_grad_offset). With deferred
+   * weights only the GEMM weights' go through it, in whole backwards and in W (the window's
+   * other elements stay zero), and B's norm and bias gradients stay in grads
+   * (MP_GRAD_WINDOW_BLOCK_WEIGHTS). */
   float *block_grads_window;
 } mp_stage_chain_config;
 
@@ -114,16 +116,17 @@ mp_status mp_stage_chain_backward(mp_stage_chain *chain, int slot, const float *
 mp_status mp_stage_chain_backward_weights(mp_stage_chain *chain, int slot, mp_error *err);
 
 /* Once per step after the last backward: with sequence parallelism sums every layernorm gradient
- * (the blocks' ln1, ln2 and the final norm's; with a window the final norm's only) over the
- * group; else nothing. Collective. */
+ * (the blocks' ln1, ln2 and the final norm's; with a window of whole blocks the final norm's
+ * only) over the group; else nothing. Collective. */
 mp_status mp_stage_chain_finish_grads(mp_stage_chain *chain, mp_error *err);
 
 /* Data-parallel overlap (Megatron's gradient buckets): with a hook set, a whole backward and a W
  * call hook(context, grads, first, count) right after each block's kernels (the last block
  * first); grads points at the block's count floats, elements [first, first + count) of the
  * stage's flat layout, in the gradient array or the window (on a GPU complete once the stream
- * reaches that point). With a window, the block's layernorm gradients are already summed over
- * the group under sequence parallelism, and the window is overwritten by the next block. A
+ * reaches that point). With a window of whole blocks, the block's layernorm gradients are
+ * already summed over the group under sequence parallelism; any window is overwritten by the
+ * next block. A
  * deferred backward (B) does not call it: the block's weight gradients wait for W. A failing hook
  * stops the backward with its error. NULL: none. */
 typedef mp_status (*mp_stage_grads_hook)(void *context, float *grads, size_t first, size_t count,

@@ -106,13 +106,6 @@ mp_status mp_trainer_check_layout(const mp_plan *plan, mp_backend backend, mp_er
                    "state)",
                    plan->source, plan->zero_stage);
   }
-  if (plan->zero_stage == 2 && strcmp(plan->schedule, "zb-h1") == 0) {
-    return mp_fail(err, MP_ERR_INPUT,
-                   "%s: parallel.zero_stage 2 reduces each block's gradients as its backward "
-                   "ends, but schedule zb-h1 defers the weight gradients to a later pass; use "
-                   "1f1b or interleaved, or zero_stage 1",
-                   plan->source);
-  }
   return MP_OK;
 }
 
@@ -493,25 +486,40 @@ static mp_status zero2_block_grads(void *context, float *grads, size_t first, si
 
 /* At the step's end: the tensors outside chunk c's blocks (whole in its packed gradient array,
  * mp_gpt_tp_grads) into the parts, in buckets. */
-static mp_status zero2_outside_grads(mp_trainer *trainer, int c, mp_error *err) {
+static mp_status scatter_add_run(mp_trainer *trainer, int c, const float *packed, size_t first,
+                                  size_t count, mp_error *err) {
+  for (size_t at = 0; at < count; at += MP_TRAINER_BUCKET_FLOATS) {
+    const size_t n = count - at < MP_TRAINER_BUCKET_FLOATS ? count - at : MP_TRAINER_BUCKET_FLOATS;
+    MP_TRY(scatter_add_grads(trainer, c, packed + at, first + at, n, err));
+  }
+  return MP_OK;
+}
+
+/* At the step's end: the gradients that stayed in chunk c's packed array (the tensors outside
+ * the blocks; with zb-h1 the blocks' norms and biases too), run by run of tensors adjacent in
+ * the flat layout, into the parts in buckets. */
+static mp_status zero2_array_grads(mp_trainer *trainer, int c, mp_error *err) {
   mp_gpt_tp *chunk = trainer->chunks[c];
-  size_t blocks_first = 0, blocks_end = 0, largest = 0;
-  mp_gpt_tp_blocks_range(chunk, &blocks_first, &blocks_end, &largest);
+  const mp_grad_window window =
+      mp_grad_window_for(true, trainer->schedule.kind == MP_SCHEDULE_ZB_H1);
   const float *packed = trainer->gpu_chunks != NULL
                             ? mp_gpt_stage_gpu_device_grads(trainer->gpu_chunks[c])
                             : mp_gpt_tp_grads(chunk);
-  const size_t n = mp_gpt_tp_num_params(chunk);
-  /* [first, end) of the flat layout, packed at packed_first */
-  const size_t ranges[2][3] = {{0, blocks_first, 0}, {blocks_end, n, blocks_first}};
-  for (int r = 0; r < 2; ++r) {
-    for (size_t at = ranges[r][0]; at < ranges[r][1]; at += MP_TRAINER_BUCKET_FLOATS) {
-      const size_t count = ranges[r][1] - at < MP_TRAINER_BUCKET_FLOATS ? ranges[r][1] - at
-                                                                       : MP_TRAINER_BUCKET_FLOATS;
-      MP_TRY(scatter_add_grads(trainer, c, packed + ranges[r][2] + (at - ranges[r][0]), at,
-                               count, err));
+  size_t run_first = 0, run_packed = 0, run_count = 0; /* flat first, packed first, floats */
+  for (int j = 0; j < mp_gpt_tp_num_tensors(chunk); ++j) {
+    size_t at = 0;
+    if (!mp_gpt_tp_grad_offset(chunk, j, window, &at)) continue;
+    const mp_gpt_tp_tensor *t = mp_gpt_tp_tensor_at(chunk, j);
+    if (run_count > 0 && t->offset == run_first + run_count) {
+      run_count += t->count;
+      continue;
     }
+    MP_TRY(scatter_add_run(trainer, c, packed + run_packed, run_first, run_count, err));
+    run_first = t->offset;
+    run_packed = at;
+    run_count = t->count;
   }
-  return MP_OK;
+  return scatter_add_run(trainer, c, packed + run_packed, run_first, run_count, err);
 }
 
 /* The squared global norm of chunk c's gradient from the dp ranks' parts: each tensor's squares
@@ -1318,7 +1326,7 @@ static mp_status reduce_step_grads(mp_trainer *trainer, double *grad_norm, mp_er
     /* The blocks' gradients are in the parts already; the rest joins them, then the dp mean. */
     const float scale = 1.0f / (float)plan->dp;
     for (int c = 0; c < trainer->num_chunks; ++c) {
-      MP_TRY(zero2_outside_grads(trainer, c, err));
+      MP_TRY(zero2_array_grads(trainer, c, err));
       if (gpu != NULL) {
         mp_gpt_stage_gpu_scale_grads(gpu[c], scale);
       } else {

@@ -24,12 +24,13 @@
  *   5. clipping and AdamW; with zero_stage 1 (ZeRO-1) dp rank d keeps AdamW's moments of its
  *      1/dp of each chunk's parameters only, updates that part and all-gathers the parameters
  *      in pieces (a bounded buffer, not one of the chunk).
- * ZeRO-2 (zero_stage 2, not zb-h1) keeps the gradients of the same part only: the
- * chunk's chain forms each block's gradient in a one-block window (engine/gpt_model_tp.h,
- * windowed_block_grads) that its hook reduce-scatters over dp into the rank's part after every
- * block of every micro-batch's backward (summed over tp first with sequence parallelism); the
- * tensors outside the blocks (embedding, final norm, head) accumulate whole and are
- * reduce-scattered once, after step 3's tied-embedding sum; the norm (each tensor's squares over
+ * ZeRO-2 (zero_stage 2) keeps the gradients of the same part only: the chunk's chain forms
+ * each block's gradient in a one-block window (engine/gpt_model_tp.h, windowed_block_grads)
+ * that its hook reduce-scatters over dp into the rank's part after every block of every
+ * micro-batch's backward (summed over tp first with sequence parallelism; with zb-h1 only the
+ * GEMM weights', after every block of every W); the other tensors (embedding, final norm, head;
+ * with zb-h1 the blocks' norms and biases) accumulate whole and are reduce-scattered once, after
+ * step 3's tied-embedding sum; the norm (each tensor's squares over
  * the parts, summed over dp in rank order), clipping and AdamW run on the parts, then the
  * parameters are all-gathered as with ZeRO-1.
  * The loss, averaged over the global batch, is known on every rank after the step. Every rank of
@@ -103,7 +104,7 @@ mp_status mp_trainer_create(const mp_plan *plan, const mp_model *model, mp_data_
 
 /* MP_OK when this trainer can run the plan's layout on `backend` (both backends run the same
  * layouts); else MP_ERR_INPUT naming the plan file and what to change (full recomputation with
- * zb-h1, ZeRO-2 with zb-h1, ZeRO-3). mp_trainer_create_parallel checks it too; `mpengine run` calls
+ * zb-h1, ZeRO-3). mp_trainer_create_parallel checks it too; `mpengine run` calls
  * it before launching ranks. */
 mp_status mp_trainer_check_layout(const mp_plan *plan, mp_backend backend, mp_error *err);
 

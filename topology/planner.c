@@ -559,10 +559,10 @@ static mp_status check_fixed(const mp_planner_options *o, int64_t global_batch, 
                    : o->zero_stage == 2 ? "optimizer state and gradients"
                                         : "optimizer state, gradients and parameters");
   }
-  if (o->zero_stage >= 2 && o->schedule == MP_SCHEDULE_ZB_H1) {
+  if (o->zero_stage >= 3 && o->schedule == MP_SCHEDULE_ZB_H1) {
     return mp_fail(err, MP_ERR_INPUT,
-                   "--zero %d reduces each layer's gradients as its backward ends, but "
-                   "--schedule zb-h1 defers the weight gradients past the next layers' backward; "
+                   "--zero %d gathers each layer's parameters around its whole backward, but "
+                   "--schedule zb-h1 splits the backward and defers the weight gradients; "
                    "choose one",
                    o->zero_stage);
   }
@@ -624,7 +624,7 @@ static void enumerate(search *s, const mp_planner_options *o, int64_t global_bat
                                                                  : runnable;
                 for (int zero = 0; zero <= last_zero; ++zero) {
                   if (o->zero_stage >= 0 && zero != o->zero_stage) continue;
-                  if (zero >= 2 && kind == MP_SCHEDULE_ZB_H1) continue; /* see the refusal */
+                  if (zero >= 3 && kind == MP_SCHEDULE_ZB_H1) continue; /* see the refusal */
                   mp_layout layout = {dp, pp, tp, v, mb, m, seq_len, (mp_schedule_kind)kind,
                                       (mp_recompute)rc, sp == 1, zero};
                   if (add_candidate(s, &layout) != 0) *oom = true;

@@ -21,8 +21,8 @@
 #   - the watchdog over NCCL: a hung pipeline or tensor-parallel rank makes its peer fail after
 #     --comm-timeout naming the action, group and peer, with the communicators aborted (exit 1);
 #   - ZeRO-1 on the GPU (dp = 2, dp = 2 x pp = 2): AdamW on this rank's part, parameters gathered;
-#   - ZeRO-2 on the GPU (dp = 2, dp = 2 x pp = 2, also over NCCL, and a checkpoint resumed bit for
-#     bit): each block's gradients reduce-scattered from a device window into this rank's part,
+#   - ZeRO-2 on the GPU (dp = 2, dp = 2 x pp = 2, also over NCCL and with zb-h1, and a checkpoint
+#     resumed bit for bit): each block's gradients reduce-scattered from a device window into this rank's part,
 #     the rest at the step's end, the norm and AdamW on the part; within 1e-2 of the one-rank GPU
 #     run and 1e-4 of the same layout's ZeRO-1 (the same sums in another order, then bf16);
 #   - zero-bubble zb-h1 on the GPU (pp = 2, pp = 2 x tp = 2 with and without sequence parallelism,
@@ -176,9 +176,10 @@ plan pp2zb 1 2 1 zb-h1
 plan pp2tp2zb 1 2 2 zb-h1
 plan pp2tp2spzb 1 2 2 zb-h1 1 true
 plan dp2pp2zb 2 2 1 zb-h1
+plan dp2pp2zbzero2 2 2 1 zb-h1 1 false 2
 plan pp4 1 4 1
 plan pp4full 1 4 1 1f1b 1 false 0 full
-for name in pp2zb pp2tp2zb pp2tp2spzb dp2pp2zb pp4 pp4full; do
+for name in pp2zb pp2tp2zb pp2tp2spzb dp2pp2zb dp2pp2zbzero2 pp4 pp4full; do
   run $name cuda
   compare "$name on the GPU vs one rank" "$tmp/one-cuda.jsonl" "$tmp/$name-cuda.jsonl" 1e-2
 done
@@ -189,6 +190,10 @@ for twin in pp2:pp2zb pp2tp2:pp2tp2zb pp2tp2sp:pp2tp2spzb dp2pp2:dp2pp2zb; do
 done
 compare "pp4full vs pp4 (recompute none) on the GPU" "$tmp/pp4-cuda.jsonl" \
   "$tmp/pp4full-cuda.jsonl" 1e-6
+# ZeRO-2 with zb-h1: the GEMM weights' gradients through the window in W, the norms' and biases'
+# from B at the step's end.
+compare "dp2pp2zbzero2 vs dp2pp2zero2 (1f1b) on the GPU" "$tmp/dp2pp2zero2-cuda.jsonl" \
+  "$tmp/dp2pp2zbzero2-cuda.jsonl" 1e-4
 
 # The same layouts over the NCCL communicators (emulated over MPI: the same sums, so the same
 # losses): the tensor-parallel table on NCCL, the pipeline's sends grouped with receives, dp.

@@ -20,9 +20,10 @@
 # Hugging Face model.safetensors (llm.c files hold GPT-2 only).
 #
 # A third argument `zero` runs the ZeRO-2 layouts instead (issue 17): (dp, pp, tp) = (2,1,1),
-# (4,1,1), (2,2,1), (2,1,2) with sequence parallelism, (2,2,2) with 1f1b, and (2,2,1)
-# interleaved with v = 2, each with zero_stage 2: every rank keeps only its part of the
-# gradients between steps, and the numbers are the one-rank run's.
+# (4,1,1), (2,2,1), (2,1,2) with sequence parallelism, (2,2,2) with 1f1b, (2,2,1) interleaved
+# with v = 2, and zb-h1 at (2,2,1) and (2,2,2) with sequence parallelism, each with zero_stage 2:
+# every rank keeps only its part of the gradients between steps, and the numbers are the
+# one-rank run's.
 set -uo pipefail
 mpengine=${1:-${MPENGINE:-tools/mpengine}}
 model=${2:-tiny-gpt}
@@ -137,7 +138,9 @@ if [ "$mode" = zero ]; then
   layouts=("dp2-zero2 2 1 1 1f1b 1 false 2" "dp4-zero2 4 1 1 1f1b 1 false 2"
            "dp2-pp2-zero2 2 2 1 1f1b 1 false 2" "dp2-tp2-sp-zero2 2 1 2 1f1b 1 true 2"
            "dp2-pp2-tp2-zero2 2 2 2 1f1b 1 false 2"
-           "dp2-pp2-interleaved-v2-zero2 2 2 1 interleaved-1f1b 2 false 2")
+           "dp2-pp2-interleaved-v2-zero2 2 2 1 interleaved-1f1b 2 false 2"
+           "dp2-pp2-zb-h1-zero2 2 2 1 zb-h1 1 false 2"
+           "dp2-pp2-tp2-sp-zb-h1-zero2 2 2 2 zb-h1 1 true 2")
 fi
 plan serial 1 1 1 1f1b
 run serial

@@ -182,9 +182,9 @@ TEST(Planner, RefusesContradictoryFixedOptions) {
       {1, 0, 0, 0, -1, -1, 3, 0,
        "--zero 3 shards optimizer state, gradients and parameters across data-parallel ranks, "
        "but --dp is 1"},
-      {2, 0, 0, 0, MP_SCHEDULE_ZB_H1, -1, 2, 0,
-       "--zero 2 reduces each layer's gradients as its backward ends, but --schedule zb-h1 "
-       "defers the weight gradients past the next layers' backward; choose one"},
+      {2, 0, 0, 0, MP_SCHEDULE_ZB_H1, -1, 3, 0,
+       "--zero 3 gathers each layer's parameters around its whole backward, but --schedule "
+       "zb-h1 splits the backward and defers the weight gradients; choose one"},
       {4, 0, 0, 0, -1, -1, -1, 3,
        "--micro-batch 3 does not divide global batch / dp = 16 / 4 = 4"},
   };
