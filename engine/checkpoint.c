@@ -259,7 +259,7 @@ static void put_flat(hashed_file *out, const view_chunk *chunk, size_t at, const
 static mp_status stream_moments(const mp_checkpoint_context *ctx, const view_chunk *chunk,
                                 int array, float *piece, hashed_file *out, mp_error *err) {
   size_t covered = 0;
-  for (int d = 0; d < ctx->plan->dp; ++d) {
+  for (int d = 0; d < mp_plan_zero_shard(ctx->plan); ++d) {
     uint64_t part[2] = {chunk->first, chunk->moments};
     if (d > 0) MP_TRY(mp_comm_recv(ctx->dp, part, sizeof part, d, err));
     if (part[0] != covered || part[1] > chunk->count - covered) {
@@ -402,6 +402,7 @@ static void manifest_header(cJSON *root, const mp_checkpoint_context *ctx,
   cJSON_AddNumberToObject(p, "tp", plan->tp);
   cJSON_AddNumberToObject(p, "virtual_stages", plan->virtual_stages);
   cJSON_AddNumberToObject(p, "zero_stage", plan->zero_stage);
+  cJSON_AddNumberToObject(p, "zero_shard_size", mp_plan_zero_shard(plan));
   cJSON_AddBoolToObject(p, "sequence_parallel", plan->sequence_parallel);
   cJSON_AddStringToObject(p, "schedule", plan->schedule);
   if (plan->num_stage_counts > 0) {
@@ -783,7 +784,7 @@ mp_status mp_checkpoint_save(const char *dir, int64_t step, int keep,
   const int max_chunks = plan->virtual_stages > view.num_chunks ? plan->virtual_stages
                                                                 : view.num_chunks;
   const size_t bytes = record_bytes(n, max_chunks);
-  const bool zero = plan->zero_stage >= 1 && plan->dp > 1 && ctx->dp != NULL;
+  const bool zero = plan->zero_stage >= 1 && mp_plan_zero_shard(plan) > 1 && ctx->dp != NULL;
   const int num_files = plan->pp * plan->tp;
   file_record *mine = calloc(1, bytes);
   file_record **records = world_rank == 0 ? calloc((size_t)num_files, sizeof *records) : NULL;
@@ -793,7 +794,8 @@ mp_status mp_checkpoint_save(const char *dir, int64_t step, int keep,
   if (status == MP_OK && ctx->dp_rank == 0) {
     /* Its outcome travels in its record; world rank 0 reports it. */
     (void)write_shard_file(ctx, &view, tmp_dir, step, zero, mine, err);
-  } else if (status == MP_OK && zero) {
+  } else if (status == MP_OK && zero && ctx->dp_rank < mp_plan_zero_shard(plan)) {
+    /* With HSDP the first shard group's parts cover the moments; its replicas hold the same. */
     status = send_moments(ctx, &view, err);
   }
   /* Every writer's record reaches world rank 0, which so waits for every file. */

@@ -44,6 +44,10 @@ struct mp_trainer {
    * CPU grad_part, on the GPU the stage's (mp_gpt_stage_gpu_add_to_part); the tensors outside
    * the blocks accumulate whole and are reduce-scattered once, at the step's end. */
   bool zero2;
+  /* ZeRO's cut: zero_size dp ranks (all of dp, or with HSDP one shard group), this rank the
+   * zero_rank-th, over zero_comm (NULL alone). */
+  int zero_size, zero_rank;
+  mp_comm *zero_comm;
   float **grad_part;      /* CPU: (num_chunks) zero_count floats each */
   struct zero2_hook *zero2_hooks; /* (num_chunks) the chains' hook contexts */
   float *scatter_out;     /* a reduce-scatter's output before it is added into a part (device
@@ -105,6 +109,12 @@ mp_status mp_trainer_check_layout(const mp_plan *plan, mp_backend backend, mp_er
                    "trains ZeRO 0, 1 and 2 (zero_stage 2 shards the gradients and optimizer "
                    "state)",
                    plan->source, plan->zero_stage);
+  }
+  if (backend == MP_BACKEND_CUDA && mp_plan_zero_shard(plan) < plan->dp) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "%s: parallel.zero_shard_size %d (hybrid sharding) runs on the CPU backend "
+                   "only for now; drop it, or use --backend cpu",
+                   plan->source, plan->zero_shard_size);
   }
   return MP_OK;
 }
@@ -433,23 +443,23 @@ struct zero2_hook {
  * which stages device memory through the host). */
 static mp_status scatter_add_grads(mp_trainer *trainer, int c, const float *grads, size_t first,
                                    size_t count, mp_error *err) {
-  const mp_plan *plan = trainer->plan;
-  mp_comm *dp = trainer->options.dp;
+  mp_comm *dp = trainer->zero_comm;
   mp_nccl_comm *nccl = trainer->gpu_chunks != NULL ? trainer->options.nccl_dp : NULL;
+  const int size = trainer->zero_size;
   const size_t n = mp_gpt_tp_num_params(trainer->chunks[c]);
-  const size_t part = (n + (size_t)plan->dp - 1) / (size_t)plan->dp;
+  const size_t part = (n + (size_t)size - 1) / (size_t)size;
   const size_t end = first + count;
-  for (int d = 0; d < plan->dp; ++d) {
+  for (int d = 0; d < size; ++d) {
     const size_t part_first = part * (size_t)d < n ? part * (size_t)d : n;
     const size_t part_end = part_first + part < n ? part_first + part : n;
     const size_t lo = first > part_first ? first : part_first;
     const size_t hi = end < part_end ? end : part_end;
     trainer->scatter_counts[d] = hi > lo ? hi - lo : 0;
   }
-  const size_t mine = trainer->scatter_counts[trainer->options.dp_rank];
+  const size_t mine = trainer->scatter_counts[trainer->zero_rank];
   const size_t mine_first = first > trainer->zero_first[c] ? first : trainer->zero_first[c];
   const float *sum = grads + (mine > 0 ? mine_first - first : 0); /* alone: grads themselves */
-  if (dp != NULL && plan->dp > 1) {
+  if (dp != NULL && size > 1) {
     const double start = trace_now(trainer);
     if (nccl != NULL) {
       /* After the kernels that wrote grads; the add below after the reduce. */
@@ -463,7 +473,7 @@ static mp_status scatter_add_grads(mp_trainer *trainer, int c, const float *grad
                                               trainer->scatter_counts, err));
     }
     if (trainer->options.trace != NULL) {
-      mp_trace_comm(trainer->options.trace, trainer->step, "reduce-scatter", "dp", -1,
+      mp_trace_comm(trainer->options.trace, trainer->step, "reduce-scatter", mp_comm_name(dp), -1,
                     count * sizeof(float), NULL, start, trace_now(trainer));
     }
     sum = trainer->scatter_out;
@@ -527,10 +537,9 @@ static mp_status zero2_array_grads(mp_trainer *trainer, int c, mp_error *err) {
  * then over tp as the stage counts them (mp_gpt_tp_norm_from_squares). Collective over dp and
  * tp. */
 static mp_status zero2_norm_squared(mp_trainer *trainer, int c, double *out, mp_error *err) {
-  const mp_plan *plan = trainer->plan;
   mp_gpt_tp *chunk = trainer->chunks[c];
   const int num_tensors = mp_gpt_tp_num_tensors(chunk);
-  const int dp = trainer->options.dp != NULL ? plan->dp : 1;
+  const int dp = trainer->zero_comm != NULL ? trainer->zero_size : 1;
   const size_t first = trainer->zero_first[c], end = first + trainer->zero_count[c];
   double *squares = calloc((size_t)num_tensors * ((size_t)dp + 1) + 1, sizeof(double));
   if (squares == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
@@ -549,7 +558,7 @@ static mp_status zero2_norm_squared(mp_trainer *trainer, int c, double *out, mp_
   }
   if (dp > 1 && status == MP_OK) {
     /* Doubles travel as pairs of floats: an all-gather only copies them. */
-    status = mp_comm_all_gather_f32(trainer->options.dp, (const float *)squares,
+    status = mp_comm_all_gather_f32(trainer->zero_comm, (const float *)squares,
                                     (float *)gathered, 2 * (size_t)num_tensors, err);
     for (int i = 0; i < num_tensors && status == MP_OK; ++i) {
       double sum = 0.0;
@@ -720,7 +729,7 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
   if (zero2) {
     if (!on_gpu) trainer->grad_part = calloc((size_t)v, sizeof *trainer->grad_part);
     trainer->zero2_hooks = calloc((size_t)v, sizeof *trainer->zero2_hooks);
-    trainer->scatter_counts = calloc((size_t)plan->dp, sizeof *trainer->scatter_counts);
+    trainer->scatter_counts = calloc((size_t)trainer->zero_size, sizeof *trainer->scatter_counts);
     if (status == MP_OK && ((!on_gpu && trainer->grad_part == NULL) ||
                             trainer->zero2_hooks == NULL || trainer->scatter_counts == NULL)) {
       status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
@@ -737,7 +746,8 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
     status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
   }
   const bool zero_bubble = trainer->schedule.kind == MP_SCHEDULE_ZB_H1;
-  const int dp = plan->dp, dp_rank = trainer->options.dp_rank;
+  /* ZeRO's parts: over the dp ranks of this rank's shard group (all of dp without HSDP). */
+  const int dp = trainer->zero_size, dp_rank = trainer->zero_rank;
   size_t largest = 0, largest_block = 0;
   for (int c = 0; c < v && status == MP_OK; ++c) {
     const int stage = mp_stage_index(pp, pp_rank, c);
@@ -862,6 +872,11 @@ static mp_status create_parallel(mp_trainer *trainer, const mp_model *model, mp_
   const mp_plan *plan = trainer->plan;
   mp_trainer_options *o = &trainer->options;
   trainer->tp_table = o->tp != NULL ? *o->tp : mp_tp_comm_single();
+  const bool hybrid = mp_plan_zero_shard(plan) < plan->dp;
+  trainer->zero_comm = hybrid ? o->zero_shard : plan->dp > 1 ? o->dp : NULL;
+  trainer->zero_size = trainer->zero_comm != NULL ? mp_comm_size(trainer->zero_comm) : 1;
+  trainer->zero_rank = trainer->zero_comm != NULL ? mp_comm_rank(trainer->zero_comm) : 0;
+  if (!hybrid) o->zero_replica = NULL;
   mp_schedule_kind kind;
   MP_TRY(mp_schedule_kind_parse(plan->schedule, &kind, err));
   mp_status status = mp_schedule_generate(kind, plan->pp, (int)plan->num_micro_batches,
@@ -921,6 +936,11 @@ mp_status mp_trainer_create_parallel(const mp_plan *plan, const mp_model *model,
   }
   MP_TRY(check_group(plan, "pp", o.pp, plan->pp, err));
   MP_TRY(check_group(plan, "dp", o.dp, plan->dp, err));
+  if (mp_plan_zero_shard(plan) < plan->dp) {
+    const int shard = mp_plan_zero_shard(plan);
+    MP_TRY(check_group(plan, "zero-shard", o.zero_shard, shard, err));
+    MP_TRY(check_group(plan, "zero-replica", o.zero_replica, plan->dp / shard, err));
+  }
   MP_TRY(mp_data_loader_check(data, plan->seq_len, err));
   mp_trainer *trainer = calloc(1, sizeof *trainer);
   if (trainer == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory creating the trainer");
@@ -1327,6 +1347,15 @@ static mp_status reduce_step_grads(mp_trainer *trainer, double *grad_norm, mp_er
     const float scale = 1.0f / (float)plan->dp;
     for (int c = 0; c < trainer->num_chunks; ++c) {
       MP_TRY(zero2_array_grads(trainer, c, err));
+      /* HSDP: each shard group summed its own dp ranks; the replicas' parts add up to dp's. */
+      for (size_t at = 0; o->zero_replica != NULL && at < trainer->zero_count[c];
+           at += MP_TRAINER_BUCKET_FLOATS) {
+        const size_t count = trainer->zero_count[c] - at < MP_TRAINER_BUCKET_FLOATS
+                                 ? trainer->zero_count[c] - at
+                                 : MP_TRAINER_BUCKET_FLOATS;
+        MP_TRY(traced_all_reduce(trainer, o->zero_replica, trainer->grad_part[c] + at, count,
+                                 err));
+      }
       if (gpu != NULL) {
         mp_gpt_stage_gpu_scale_grads(gpu[c], scale);
       } else {
@@ -1350,12 +1379,12 @@ static mp_status reduce_step_grads(mp_trainer *trainer, double *grad_norm, mp_er
   return MP_OK;
 }
 
-/* Step 5 of the file comment after reduce_step_grads, on the CPU: clipping, AdamW, ZeRO-1. */
+/* Step 5 of the file comment after reduce_step_grads, on the CPU: clipping, AdamW, ZeRO 1 and
+ * 2. */
 static mp_status finish_parallel_step(mp_trainer *trainer, double lr, double *grad_norm,
                                       mp_error *err) {
   const mp_plan *plan = trainer->plan;
   const mp_training_config *t = &plan->training;
-  const mp_trainer_options *o = &trainer->options;
   MP_TRY(reduce_step_grads(trainer, grad_norm, err));
   const float scale = mp_clip_scale(*grad_norm, t->grad_clip);
   for (int c = 0; c < trainer->num_chunks; ++c) {
@@ -1367,11 +1396,13 @@ static mp_status finish_parallel_step(mp_trainer *trainer, double lr, double *gr
                                               : mp_gpt_tp_grads(chunk) + first;
     adamw_range(chunk, first, count, grads, trainer->chunk_m[c], trainer->chunk_v[c], t, lr,
                 trainer->step, scale);
-    if (plan->zero_stage < 1 || o->dp == NULL || plan->dp == 1) continue;
-    /* ZeRO-1 and 2: every dp rank updated its part; gather the whole array. */
-    const size_t part = (n + (size_t)plan->dp - 1) / (size_t)plan->dp;
-    zero_comms comms = {o->dp, NULL};
-    MP_TRY(zero_gather_params(mp_gpt_tp_params(chunk), n, part, plan->dp, o->dp_rank,
+    if (plan->zero_stage < 1 || trainer->zero_comm == NULL || trainer->zero_size == 1) continue;
+    /* ZeRO-1 and 2: every dp rank updated its part; gather the whole array (over the shard
+     * group with HSDP: the replicas updated the same parts alike). */
+    const int size = trainer->zero_size;
+    const size_t part = (n + (size_t)size - 1) / (size_t)size;
+    zero_comms comms = {trainer->zero_comm, NULL};
+    MP_TRY(zero_gather_params(mp_gpt_tp_params(chunk), n, part, size, trainer->zero_rank,
                               trainer->zero_gather, trainer->zero_part, trainer->zero_piece,
                               host_gather, host_copy, host_zero, &comms, err));
   }
@@ -1423,7 +1454,7 @@ static mp_status finish_gpu_step(mp_trainer *trainer, double lr, double *grad_no
     mp_gpt_stage_gpu *gpu = trainer->gpu_chunks[c];
     if (scale != 1.0f) mp_gpt_stage_gpu_scale_grads(gpu, scale);
     MP_TRY(mp_gpt_stage_gpu_adamw(gpu, &adamw, err));
-    if (plan->zero_stage < 1 || o->dp == NULL || plan->dp == 1) continue;
+    if (plan->zero_stage < 1 || trainer->zero_comm == NULL || trainer->zero_size == 1) continue;
     /* ZeRO 1 and 2: every dp rank updated its part of the master weights; gather the whole
      * array on the device (NCCL, or MPI through the host), then refresh the bf16 copy. */
     const size_t n = mp_gpt_tp_num_params(trainer->chunks[c]);

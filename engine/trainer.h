@@ -129,10 +129,15 @@ typedef struct {
   const mp_tp_comm *tp_device; /* CUDA backend, tp > 1: the tensor-parallel group for collectives
                                   on device buffers (engine/tp_comm_nccl.h), copied; NULL:
                                   options->tp through the host */
+  /* HSDP (the plan's zero_shard_size below dp): this rank's group of zero_shard_size
+   * consecutive dp ranks, which cut the ZeRO state between them (group rank = dp rank mod the
+   * size), and its replica group (the dp ranks of the same group rank in the other groups);
+   * NULL: ZeRO over all of options->dp. */
+  mp_comm *zero_shard, *zero_replica;
 } mp_trainer_options;
 
 #define MP_TRAINER_OPTIONS_INITIALIZER \
-  {sizeof(mp_trainer_options), NULL, NULL, NULL, NULL, 0, 0, NULL, NULL, NULL, NULL}
+  {sizeof(mp_trainer_options), NULL, NULL, NULL, NULL, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL}
 
 /* Gradients cross the data-parallel group in all-reduces of at most this many floats. */
 enum { MP_TRAINER_BUCKET_FLOATS = 1 << 22 };

@@ -69,6 +69,9 @@ static mp_status read_options(const cli_command *command, mp_planner_options *o,
   MP_TRY(parse_choice(command, "recompute", kRecompute, &o->recompute, err));
   MP_TRY(parse_choice(command, "sequence-parallel", kBool, &o->sequence_parallel, err));
   MP_TRY(parse_choice(command, "zero", kZero, &o->zero_stage, err));
+  MP_TRY(cli_int(command, "zero-shard-size", 1, 0, &value, err));
+  if (value > (1 << 20)) return mp_fail(err, MP_ERR_INPUT, "--zero-shard-size: too large");
+  o->zero_shard_size = (int)value;
   o->exhaustive = cli_flag(command, "exhaustive");
   return MP_OK;
 }
@@ -149,8 +152,15 @@ static void print_explain(const mp_planner_result *r) {
   if (l->zero_stage >= 1 && l->dp > 1) {
     static const char *const kWhat[] = {"", "optimizer state", "optimizer state and gradients",
                                         "optimizer state, gradients and parameters"};
-    printf("\n  ZeRO-%d over dp %d (%s sharded); dp traffic per rank and step, GiB:\n",
-           l->zero_stage, l->dp, kWhat[l->zero_stage]);
+    const int shard = mp_layout_zero_shard(l);
+    if (shard < l->dp) {
+      printf("\n  ZeRO-%d in groups of %d dp ranks, replicated %d times (HSDP; %s sharded); dp "
+             "traffic per rank and step, GiB:\n",
+             l->zero_stage, shard, l->dp / shard, kWhat[l->zero_stage]);
+    } else {
+      printf("\n  ZeRO-%d over dp %d (%s sharded); dp traffic per rank and step, GiB:\n",
+             l->zero_stage, l->dp, kWhat[l->zero_stage]);
+    }
     printf("  %4s %14s %16s %10s %10s %9s\n", "pp", "all-gathers", "reduce-scatters", "dp total",
            "exposed", "hidden");
     for (int p = 0; p < l->pp; ++p) {
@@ -257,6 +267,7 @@ static mp_status write_plan(const char *out_path, const char *model_path, const 
   plan.virtual_stages = l->virtual_stages;
   plan.sequence_parallel = l->sequence_parallel;
   plan.zero_stage = l->zero_stage;
+  plan.zero_shard_size = mp_layout_zero_shard(l);
   plan.micro_batch = l->micro_batch;
   plan.num_micro_batches = l->num_micro_batches;
   plan.global_batch = l->dp * l->micro_batch * l->num_micro_batches;
@@ -303,6 +314,7 @@ int cmd_plan(int argc, char **argv) {
       {"recompute", "MODE", "fix recomputation: none, selective, full", NULL},
       {"sequence-parallel", "on|off", "fix sequence parallelism", NULL},
       {"zero", "0|1|2|3", "fix the ZeRO stage (1: optimizer state sharded over dp; 2: and gradients, searched on CPU ranks; 3: and parameters, planned, not yet run)", NULL},
+      {"zero-shard-size", "S", "ZeRO 1 or 2 within groups of S dp ranks, replicated across them (HSDP; S divides --dp)", NULL},
       {"exhaustive", NULL, "simulate every layout instead of skipping those a bound shows cannot "
        "make the top K (the same ranking, slower)", NULL},
       {0},

@@ -78,6 +78,7 @@ typedef struct {
   mp_comm *tp_group;        /* this rank's tensor-parallel group, or NULL */
   mp_comm *dp_group, *pp_group, *embedding_group; /* its other groups, or NULL */
   mp_comm *world_group;     /* every rank: stop agreement, memory report, trace */
+  mp_comm *zero_shard_group, *zero_replica_group; /* HSDP (zero_shard_size < dp), else NULL */
   mp_tp_comm tp_table;      /* the table over tp_group the trainer calls */
   mp_nccl_world *nccl_world; /* CUDA backend over NCCL (a GPU per rank), else NULL */
   mp_nccl_comm *nccl_tp, *nccl_pp, *nccl_dp; /* its communicators of the groups with more than
@@ -104,6 +105,8 @@ static void run_state_free(run_state *state) {
   mp_nccl_comm_free(state->nccl_pp);
   mp_nccl_comm_free(state->nccl_tp);
   mp_nccl_world_free(state->nccl_world);
+  mp_comm_free(state->zero_replica_group);
+  mp_comm_free(state->zero_shard_group);
   mp_comm_free(state->world_group);
   mp_comm_free(state->embedding_group);
   mp_comm_free(state->pp_group);
@@ -200,6 +203,35 @@ static mp_status print_peak_memory(run_state *state, mp_error *err) {
 /* Inside the MPI job: the world (every wait bounded by comm_timeout), then every group of the
  * grid in one fixed order on every rank, this rank's coordinates; only world rank 0 keeps stdout.
  * MP_ERR_INPUT when the job's size is not the plan's. */
+/* HSDP: the ZeRO shard group (zero_shard_size consecutive dp ranks) and replica group of this
+ * rank, cut from its dp group's members (collective over the world, in this one order). */
+static mp_status create_zero_groups(run_state *state, const mp_grid_shape *grid, mp_error *err) {
+  const int shard = mp_plan_zero_shard(&state->plan);
+  if (shard >= grid->dp) return MP_OK;
+  int *dp_members = malloc((size_t)grid->dp * sizeof(int));
+  int *members = malloc((size_t)grid->dp * sizeof(int));
+  if (dp_members == NULL || members == NULL) {
+    free(dp_members);
+    free(members);
+    return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  }
+  mp_grid_group_of(grid, MP_GRID_DP, state->rank, dp_members);
+  const mp_grid_coord me = mp_grid_coord_of(grid, state->rank);
+  const int first = me.dp_rank / shard * shard;
+  for (int i = 0; i < shard; ++i) members[i] = dp_members[first + i];
+  mp_status status = mp_comm_group_create(state->world, members, shard, "zero-shard",
+                                          &state->zero_shard_group, err);
+  int count = 0;
+  for (int d = me.dp_rank % shard; d < grid->dp; d += shard) members[count++] = dp_members[d];
+  if (status == MP_OK) {
+    status = mp_comm_group_create(state->world, members, count, "zero-replica",
+                                  &state->zero_replica_group, err);
+  }
+  free(dp_members);
+  free(members);
+  return status;
+}
+
 static mp_status join_job(run_state *state, const mp_grid_shape *grid, double comm_timeout,
                           const char *config, mp_error *err) {
   const int plan_world = grid->dp * grid->pp * grid->tp;
@@ -231,6 +263,7 @@ static mp_status join_job(run_state *state, const mp_grid_shape *grid, double co
   free(everyone);
   MP_TRY(groups);
   state->coord = mp_grid_coord_of(grid, state->rank);
+  MP_TRY(create_zero_groups(state, grid, err));
   state->tp_table = mp_tp_comm_over_group(state->tp_group);
   /* Only world rank 0 speaks; the others' errors still reach stderr. */
   if (state->rank != 0 && freopen("/dev/null", "w", stdout) == NULL) {
@@ -308,6 +341,8 @@ static mp_trainer_options trainer_options_of(run_state *state) {
   }
   options.trace = state->trace;
   options.nccl_dp = state->nccl_dp;
+  options.zero_shard = state->zero_shard_group;
+  options.zero_replica = state->zero_replica_group;
   options.nccl_pp = state->nccl_pp;
   options.tp_device = state->nccl_tp != NULL ? &state->tp_device_table : NULL;
   return options;

@@ -144,9 +144,15 @@ void mp_cost_layer(const mp_cluster *cluster, const mp_layer_spec *layer, const 
   }
 }
 
+int mp_layout_zero_shard(const mp_layout *layout) {
+  const int s = layout->zero_shard_size;
+  return s > 0 && s < layout->dp ? s : layout->dp;
+}
+
 mp_state_bytes mp_cost_sharded_state_bytes(const mp_cluster *cluster, const mp_layout *layout) {
   mp_state_bytes state = mp_cost_state_bytes(cluster);
-  const double d = layout->dp > 1 ? (double)layout->dp : 1.0;
+  const int shard = mp_layout_zero_shard(layout);
+  const double d = shard > 1 ? (double)shard : 1.0;
   if (layout->zero_stage >= 1) state.optimizer /= d;
   if (layout->zero_stage >= 2) state.grads /= d;
   if (layout->zero_stage >= 3) state.weights /= d;
@@ -156,7 +162,7 @@ mp_state_bytes mp_cost_sharded_state_bytes(const mp_cluster *cluster, const mp_l
 double mp_cost_optimizer_seconds(const mp_cluster *cluster, const mp_layout *layout,
                                  double params) {
   const mp_state_bytes state = mp_cost_state_bytes(cluster);
-  const double d = (double)layout->dp;
+  const double d = (double)mp_layout_zero_shard(layout);
   /* ZeRO-1: each rank reads and writes only its 1/dp of the fp32 moments' state; ZeRO-2 and 3:
    * the whole update (gradients, master weights, moments) runs on its 1/dp of the parameters. */
   const double bytes_per_param =
@@ -449,8 +455,17 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
     rank->idle_s = sim.step_time - sim.busy_time[r];
     const double grad_bytes = params * state.grads, weight_bytes = params * state.weights;
     const double block_grad_bytes = block_params * state.grads;
-    const double frac = (double)(d - 1) / d;
     const int zero = d > 1 ? layout->zero_stage : 0;
+    /* HSDP: ZeRO's collectives inside a group of `shard` dp ranks (tp x shard consecutive
+     * ranks), then each rank's part all-reduced over the replicas. */
+    const int shard = zero >= 1 ? mp_layout_zero_shard(layout) : d;
+    const double frac = (double)(shard - 1) / shard;
+    const bool shard_intra = mp_cluster_same_node(cluster, 0, layout->tp * shard - 1);
+    const double shard_bw = shard < d ? mp_cluster_link_bandwidth(cluster, shard_intra) : dp_bw;
+    const double shard_lat =
+        shard < d ? mp_cluster_collective_latency(cluster, shard_intra) : dp_lat;
+    const double replicas_s =
+        shard < d ? mp_cost_allreduce_seconds(grad_bytes / shard, d / shard, dp_bw, dp_lat) : 0.0;
     /* The dp collectives of a step. ZeRO 0 and 1 reduce once, after the rank's last backward;
      * ZeRO-2 reduce-scatters each block's gradients in every micro-batch's backward and the
      * rest (embedding, final norm, head) once, after the last (engine/trainer.h); ZeRO-3 also
@@ -460,10 +475,11 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
     double dp_comm = 0.0;
     const double zero2_scatter_bytes = m * block_grad_bytes + (grad_bytes - block_grad_bytes);
     if (zero == 1) {
-      dp_comm = frac * (grad_bytes + weight_bytes) / dp_bw + 2.0 * (d - 1) * dp_lat;
+      dp_comm = frac * (grad_bytes + weight_bytes) / shard_bw + 2.0 * (shard - 1) * shard_lat +
+                replicas_s;
     } else if (zero == 2) {
-      dp_comm = frac * zero2_scatter_bytes / dp_bw + (m + 1.0) * (d - 1) * dp_lat +
-                frac * weight_bytes / dp_bw + (d - 1) * dp_lat;
+      dp_comm = frac * zero2_scatter_bytes / shard_bw + (m + 1.0) * (shard - 1) * shard_lat +
+                frac * weight_bytes / shard_bw + (shard - 1) * shard_lat + replicas_s;
     } else if (zero == 3) {
       dp_comm = m * (frac * (2.0 * weight_bytes + grad_bytes) / dp_bw + 3.0 * (d - 1) * dp_lat);
     } else if (d > 1) {
@@ -497,6 +513,7 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
     /* ZeRO-2 keeps the tensors outside the blocks whole until the step's end (their dp part
      * counted above, with the blocks'). */
     if (zero == 2) rank->grads_bytes += (params - block_params) * state.grads;
+    const double d_shard = (double)shard;
     rank->optimizer_bytes = params * sharded.optimizer;
     rank->activation_bytes = sim.peak_activation_memory[r];
     rank->peak_live = sim.peak_live[r];
@@ -509,7 +526,7 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
       const double scatter = fmin(bucket, grad_bytes);
       rank->workspace_bytes += largest_block * state.grads +
                                mp_cost_dp_transient_bytes(cluster, scatter) +
-                               fmin(scatter, grad_bytes / d);
+                               fmin(scatter, grad_bytes / d_shard);
     } else if (d > 1) {
       rank->workspace_bytes += mp_cost_dp_transient_bytes(
           cluster, zero >= 2 ? largest_layer * state.grads : rank->grads_bytes);
@@ -554,6 +571,7 @@ mp_status mp_cost_estimate_plan(const mp_plan *plan, const mp_model *model, mp_e
   layout.recompute = plan->recompute;
   layout.sequence_parallel = plan->sequence_parallel;
   layout.zero_stage = plan->zero_stage;
+  layout.zero_shard_size = plan->zero_shard_size;
   if (mp_schedule_kind_parse(plan->schedule, &layout.schedule, err) != MP_OK) {
     return mp_error_prefix(err, "%s: $.schedule", plan->source);
   }

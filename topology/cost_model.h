@@ -133,7 +133,15 @@ typedef struct {
    * 3 and parameters (each layer's gathered for its forward and again for its backward in every
    * micro-batch, torchtitan's reshard_after_forward, with the next layer's prefetched). */
   int zero_stage;
+  /* ZeRO 1 and 2 over groups of this many consecutive dp ranks, replicated across the groups
+   * (HSDP): the state divides by it, the reduce-scatters and gathers run inside a group (on its
+   * links: within a node when the group fits one) and each part is all-reduced across the
+   * dp / zero_shard_size replicas. 0 or dp: all of dp. */
+  int zero_shard_size;
 } mp_layout;
+
+/* The dp ranks layout's ZeRO state is divided over: zero_shard_size, or dp. */
+int mp_layout_zero_shard(const mp_layout *layout);
 
 /* One layer on one tp rank for one micro-batch. */
 typedef struct {

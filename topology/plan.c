@@ -15,7 +15,8 @@ static const char *const kTopKeys[] = {"format", "version", "model", "cluster", 
                                        "batch", "schedule", "layers_per_stage", "recompute",
                                        "training", "predicted", NULL};
 static const char *const kParallelKeys[] = {"dp", "pp", "tp", "virtual_stages",
-                                            "sequence_parallel", "zero_stage", NULL};
+                                            "sequence_parallel", "zero_stage",
+                                            "zero_shard_size", NULL};
 static const char *const kBatchKeys[] = {"global_batch", "micro_batch", "num_micro_batches",
                                          "seq_len", NULL};
 static const char *const kTrainingKeys[] = {"steps", "seed", "learning_rate", "warmup_steps",
@@ -117,7 +118,30 @@ static mp_status parse_parallel(const mp_json_reader *reader, const cJSON *root,
   plan->tp = (int)tp;
   plan->virtual_stages = (int)virtual_stages;
   plan->zero_stage = (int)zero_stage;
+  int64_t shard = dp;
+  MP_TRY(mp_json_optional_int(reader, parallel, "$.parallel", "zero_shard_size",
+                              MP_JSON_POSITIVE, dp, &shard));
+  if (dp % shard != 0) {
+    return mp_fail(reader->err, MP_ERR_INPUT,
+                   "%s: $.parallel.zero_shard_size: %lld does not divide dp %lld (ZeRO's groups "
+                   "of dp ranks must tile it)",
+                   reader->source, (long long)shard, (long long)dp);
+  }
+  if (shard < dp && zero_stage != 1 && zero_stage != 2) {
+    return mp_fail(reader->err, MP_ERR_INPUT,
+                   "%s: $.parallel.zero_shard_size: %lld shards ZeRO's state within groups of "
+                   "%lld of the %lld dp ranks, but zero_stage is %lld; hybrid sharding runs with "
+                   "zero_stage 1 or 2",
+                   reader->source, (long long)shard, (long long)shard, (long long)dp,
+                   (long long)zero_stage);
+  }
+  plan->zero_shard_size = (int)shard;
   return MP_OK;
+}
+
+int mp_plan_zero_shard(const mp_plan *plan) {
+  const int s = plan->zero_shard_size;
+  return s > 0 && s < plan->dp ? s : plan->dp;
 }
 
 static mp_status parse_batch(const mp_json_reader *reader, const cJSON *root, mp_plan *plan) {
@@ -310,6 +334,9 @@ mp_status mp_plan_write(const mp_plan *plan, const mp_plan_prediction *predicted
   cJSON_AddNumberToObject(parallel, "virtual_stages", plan->virtual_stages);
   cJSON_AddBoolToObject(parallel, "sequence_parallel", plan->sequence_parallel);
   cJSON_AddNumberToObject(parallel, "zero_stage", plan->zero_stage);
+  if (plan->zero_shard_size > 0 && plan->zero_shard_size < plan->dp) {
+    cJSON_AddNumberToObject(parallel, "zero_shard_size", plan->zero_shard_size);
+  }
   cJSON *batch = cJSON_AddObjectToObject(root, "batch");
   cJSON_AddNumberToObject(batch, "global_batch", (double)plan->global_batch);
   cJSON_AddNumberToObject(batch, "micro_batch", (double)plan->micro_batch);

@@ -11,7 +11,11 @@
  *     "cluster": "cpu-local",               preset name or cluster file (relative as above)
  *     "parallel": {"dp": 1, "pp": 1, "tp": 1,
  *                  "virtual_stages": 1,     model chunks per pipeline rank (interleaving)
- *                  "sequence_parallel": false, "zero_stage": 0},
+ *                  "sequence_parallel": false, "zero_stage": 0,
+ *                  "zero_shard_size": 4},      optional, with zero_stage 1 or 2: ZeRO shards
+ *                                           over groups of this many consecutive dp ranks and
+ *                                           replicates across the groups (FSDP's hybrid
+ *                                           sharding, HSDP); it divides dp; default dp
  *     "batch": {"global_batch": 16,         sequences per optimizer step, over all dp ranks
  *               "micro_batch": 4,           sequences per forward/backward
  *               "num_micro_batches": 4,     per dp rank and step: global = dp x micro x num
@@ -61,7 +65,10 @@ typedef struct {
   char cluster[MP_PLAN_PATH_BYTES];    /* preset name, or resolved path */
   int dp, pp, tp, virtual_stages;
   bool sequence_parallel;
-  int zero_stage;                      /* 0 or 1 */
+  int zero_stage;                      /* 0 .. 3 */
+  int zero_shard_size;                 /* dp ranks a ZeRO part is cut over: dp, or fewer
+                                          (HSDP: replicas of dp / zero_shard_size groups);
+                                          0 (a plan built in code): dp */
   int64_t global_batch, micro_batch, num_micro_batches, seq_len;
   char schedule[32];
   mp_recompute recompute;
@@ -72,6 +79,10 @@ typedef struct {
 
 /* The defaults of the "training" section. */
 mp_training_config mp_training_config_default(void);
+
+/* The dp ranks the plan's ZeRO state is cut over: zero_shard_size when it is set and below dp,
+ * else dp. */
+int mp_plan_zero_shard(const mp_plan *plan);
 
 /* Reads and validates a plan file: sizes positive, global_batch = dp x micro_batch x
  * num_micro_batches, schedule and recompute known, layers_per_stage has pp x virtual_stages

@@ -559,6 +559,13 @@ static mp_status check_fixed(const mp_planner_options *o, int64_t global_batch, 
                    : o->zero_stage == 2 ? "optimizer state and gradients"
                                         : "optimizer state, gradients and parameters");
   }
+  if (o->zero_shard_size > 0 &&
+      (o->dp == 0 || (o->zero_stage != 1 && o->zero_stage != 2) || o->dp % o->zero_shard_size != 0)) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "--zero-shard-size %d shards ZeRO's state within groups of dp ranks: it needs "
+                   "--dp fixed to a multiple of it and --zero 1 or 2 (got --dp %d, --zero %d)",
+                   o->zero_shard_size, o->dp, o->zero_stage);
+  }
   if (o->zero_stage >= 3 && o->schedule == MP_SCHEDULE_ZB_H1) {
     return mp_fail(err, MP_ERR_INPUT,
                    "--zero %d gathers each layer's parameters around its whole backward, but "
@@ -626,7 +633,7 @@ static void enumerate(search *s, const mp_planner_options *o, int64_t global_bat
                   if (o->zero_stage >= 0 && zero != o->zero_stage) continue;
                   if (zero >= 3 && kind == MP_SCHEDULE_ZB_H1) continue; /* see the refusal */
                   mp_layout layout = {dp, pp, tp, v, mb, m, seq_len, (mp_schedule_kind)kind,
-                                      (mp_recompute)rc, sp == 1, zero};
+                                      (mp_recompute)rc, sp == 1, zero, o->zero_shard_size};
                   if (add_candidate(s, &layout) != 0) *oom = true;
                 }
               }

@@ -67,13 +67,15 @@ typedef struct {
   int schedule;          /* -1 free, else an mp_schedule_kind */
   int recompute;         /* -1 free, else an mp_recompute */
   int sequence_parallel; /* -1 free, 0, 1 */
-  int zero_stage;        /* -1 free (0 or 1), or fixed: 0, 1, 2, 3 (2 and 3 are planned only) */
+  int zero_stage;        /* -1 free (0, 1, and on CPU ranks 2), or fixed: 0, 1, 2, 3 */
   bool exhaustive;       /* simulate every layout, no bound prunes any: the same ranking, slower
                             (what tests check the pruned search against) */
+  int zero_shard_size;   /* 0: ZeRO over all of dp; else HSDP groups of this many dp ranks
+                            (needs --dp and --zero 1 or 2 fixed, and divides dp) */
 } mp_planner_options;
 
 #define MP_PLANNER_OPTIONS_INITIALIZER \
-  {0, 0, 0, 0, 0, 0, 0, 0, 0, -1, -1, -1, -1, false}
+  {0, 0, 0, 0, 0, 0, 0, 0, 0, -1, -1, -1, -1, false, 0}
 
 typedef struct {
   int num_results;             /* fitting layouts, fastest first, at most top_k */

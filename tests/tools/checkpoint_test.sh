@@ -42,6 +42,8 @@ plan "$tmp/pp2-tp2.json" 1 2 2
 plan "$tmp/dp2-tp2-zero1.json" 2 1 2 1f1b 1 1
 plan "$tmp/dp2-pp2-zero2.json" 2 2 1 1f1b 1 2
 plan "$tmp/dp4-zero2.json" 4 1 1 1f1b 1 2
+# Hybrid sharding: ZeRO-2 in two groups of 2 dp ranks (zero_shard_size 2).
+sed 's/"zero_stage": 2}/"zero_stage": 2, "zero_shard_size": 2}/' "$tmp/dp4-zero2.json" > "$tmp/dp4-zero2-hsdp.json"
 run() { $mpengine run --backend cpu "$@"; }
 
 # The loss field of each line of a --metrics file.
@@ -136,6 +138,14 @@ resume_from z2-to-one "$tmp/z2/step-10" "$tmp/tp1.json" "$tmp/z2-to-one.jsonl"
 close "saved (2,2,1) ZeRO-2, resumed on one rank" "$tmp/z2.jsonl" "$tmp/z2-to-one.jsonl"
 resume_from 3d-to-z2 "$tmp/3d/step-10" "$tmp/dp2-pp2-zero2.json" "$tmp/3d-to-z2.jsonl"
 close "saved (2,2,2) ZeRO-1, resumed (2,2,1) ZeRO-2" "$tmp/3d.jsonl" "$tmp/3d-to-z2.jsonl"
+# HSDP: the first shard group's moments make the files (its replicas hold the same); bit-exact
+# under its own layout, and resumed with ZeRO-2 over all 4 dp ranks.
+expect 0 "checkpoint: saved $tmp/hsdp/step-10" "done: 20 steps" -- \
+  run --config "$tmp/dp4-zero2-hsdp.json" --checkpoint-dir "$tmp/hsdp" --save-every 10 --metrics "$tmp/hsdp.jsonl"
+resume_from hsdp-resumed "$tmp/hsdp/step-10" "$tmp/dp4-zero2-hsdp.json" "$tmp/hsdp-resumed.jsonl"
+exact "(4,1,1) ZeRO-2 in groups of 2" "$tmp/hsdp.jsonl" "$tmp/hsdp-resumed.jsonl" "$tmp/hsdp" "$tmp/hsdp-resumed"
+resume_from hsdp-to-dp4 "$tmp/hsdp/step-10" "$tmp/dp4-zero2.json" "$tmp/hsdp-to-dp4.jsonl"
+close "saved (4,1,1) ZeRO-2 in groups of 2, resumed over all of dp" "$tmp/hsdp.jsonl" "$tmp/hsdp-to-dp4.jsonl"
 
 # pp = 2 interleaved, v = 2 chunks per pipeline rank (the tied copy of wte on the last stage is
 # not saved; it loads from the first stage's): bit-exact, resharded to (2,1,2) with ZeRO-1, and

@@ -23,7 +23,8 @@
 # (4,1,1), (2,2,1), (2,1,2) with sequence parallelism, (2,2,2) with 1f1b, (2,2,1) interleaved
 # with v = 2, and zb-h1 at (2,2,1) and (2,2,2) with sequence parallelism, each with zero_stage 2:
 # every rank keeps only its part of the gradients between steps, and the numbers are the
-# one-rank run's.
+# one-rank run's; and hybrid sharding (HSDP) at dp = 4 in groups of 2 (zero_shard_size 2) with
+# ZeRO 2 and 1.
 set -uo pipefail
 mpengine=${1:-${MPENGINE:-tools/mpengine}}
 model=${2:-tiny-gpt}
@@ -37,12 +38,13 @@ cp "examples/models/$model.json" "$tmp/$model.json"
 weights=llmc
 [ "$model" = tiny-gpt ] || weights=hf
 
-plan() { # plan NAME DP PP TP SCHEDULE [VIRTUAL] [SEQUENCE_PARALLEL] [ZERO] [RECOMPUTE]
+plan() { # plan NAME DP PP TP SCHEDULE [VIRTUAL] [SEQUENCE_PARALLEL] [ZERO] [RECOMPUTE] [SHARD]
   local name=$1 dp=$2 pp=$3 tp=$4 schedule=$5 v=${6:-1} sp=${7:-false} zero=${8:-0}
-  local recompute=${9:-none}
+  local recompute=${9:-none} shard_json=""
+  [ -n "${10:-}" ] && shard_json=", \"zero_shard_size\": ${10}"
   cat > "$tmp/$name.json" <<JSON
 {"model": "$model.json", "cluster": "cpu-local",
- "parallel": {"dp": $dp, "pp": $pp, "tp": $tp, "virtual_stages": $v, "sequence_parallel": $sp, "zero_stage": $zero},
+ "parallel": {"dp": $dp, "pp": $pp, "tp": $tp, "virtual_stages": $v, "sequence_parallel": $sp, "zero_stage": $zero$shard_json},
  "batch": {"global_batch": 8, "micro_batch": 2, "num_micro_batches": $((4 / dp)), "seq_len": 32},
  "schedule": "$schedule", "recompute": "$recompute",
  "training": {"steps": 20, "learning_rate": 3e-3, "warmup_steps": 2, "seed": 11}}
@@ -140,7 +142,9 @@ if [ "$mode" = zero ]; then
            "dp2-pp2-tp2-zero2 2 2 2 1f1b 1 false 2"
            "dp2-pp2-interleaved-v2-zero2 2 2 1 interleaved-1f1b 2 false 2"
            "dp2-pp2-zb-h1-zero2 2 2 1 zb-h1 1 false 2"
-           "dp2-pp2-tp2-sp-zb-h1-zero2 2 2 2 zb-h1 1 true 2")
+           "dp2-pp2-tp2-sp-zb-h1-zero2 2 2 2 zb-h1 1 true 2"
+           "dp4-zero2-hsdp2 4 1 1 1f1b 1 false 2 none 2"
+           "dp4-zero1-hsdp2 4 1 1 1f1b 1 false 1 none 2")
 fi
 plan serial 1 1 1 1f1b
 run serial

@@ -110,6 +110,14 @@ if ! awk -v a="$two" -v b="$eight" 'BEGIN { exit !(b > 0 && a / b > 3.999 && a /
   echo "FAIL: 8 ranks on 2 cores predict $two s, on 8 cores $eight s: not 4x"; failures=$((failures + 1))
 fi
 
+# Hybrid sharding (issue 17): ZeRO within groups of dp ranks, replicated across them; written
+# into the plan; refused without --dp and --zero 1 or 2 fixed.
+expect 0 "ZeRO-2 in groups of 2 dp ranks, replicated 2 times (HSDP; optimizer state and gradients sharded)" -- \
+  $mpengine plan $tiny --gpus 4 --dp 4 --pp 1 --tp 1 --zero 2 --zero-shard-size 2 --explain --out "$tmp/hsdp.json"
+grep -q '"zero_shard_size":[[:space:]]*2' "$tmp/hsdp.json" || { echo "FAIL: --out has no zero_shard_size 2"; failures=$((failures + 1)); }
+expect 2 "--zero-shard-size 2 shards ZeRO's state within groups of dp ranks: it needs --dp fixed to a multiple of it and --zero 1 or 2 (got --dp 4, --zero 0)" -- \
+  $mpengine plan $tiny --gpus 4 --dp 4 --zero 0 --zero-shard-size 2
+
 if [ $failures -ne 0 ]; then
   echo "$failures check(s) failed"
   exit 1

@@ -87,6 +87,10 @@ expect 2 "$tmp/dp2-long.json: \$.batch.seq_len 128 exceeds the model's seq_len 6
 sed 's/"tp": 1}/"tp": 1, "zero_stage": 3}/' "$tmp/dp2.json" > "$tmp/dp2-zero3.json"
 expect 2 "$tmp/dp2-zero3.json: parallel.zero_stage 3 can be planned but not run yet; the runtime trains ZeRO 0, 1 and 2 (zero_stage 2 shards the gradients and optimizer state)" -- \
   $mpengine run --config "$tmp/dp2-zero3.json"
+# Hybrid sharding runs on the CPU backend only, for now.
+sed 's/"tp": 1}/"tp": 1, "zero_stage": 1, "zero_shard_size": 1}/' "$tmp/dp2.json" > "$tmp/dp2-hsdp.json"
+expect 2 "$tmp/dp2-hsdp.json: parallel.zero_shard_size 1 (hybrid sharding) runs on the CPU backend only for now; drop it, or use --backend cpu" -- \
+  $mpengine run --config "$tmp/dp2-hsdp.json" --backend cuda
 for args in "--config $tmp/dp2-long.json" "--config $tmp/dp2.json --gpu-comm gloo"; do
   said=$($mpengine run $args 2>&1 | grep -c "mpengine run: ")
   [ "$said" = 1 ] || fail "run $args: the reason printed $said times, want once (by the launcher)"

@@ -328,6 +328,33 @@ TEST(CostModel, ZeroStagesDivideTheModelStatesAndCostTheirCollectives) {
   EXPECT_GT(expected_memory[1], expected_memory[3]);
 }
 
+// Hybrid sharding (HSDP): ZeRO-1 over dp 4 in groups of 2 divides the optimizer state by 2, not
+// 4; the reduce-scatter and gather run over the group of 2 (half of each moves), and each rank's
+// half of the gradients is then all-reduced over the 2 replicas.
+TEST(CostModel, HybridShardingDividesByTheGroupAndAllReducesAcrossReplicas) {
+  Model m;
+  mp_cluster c = hand_cluster();
+  const double P = 108800;
+  auto e = std::make_unique<mp_estimate>();
+  mp_error err = MP_ERROR_INITIALIZER;
+  mp_layout l = layout(4, 1, 1, 1, 4);
+  l.zero_stage = 1;
+  l.zero_shard_size = 2;
+  EXPECT_EQ(mp_layout_zero_shard(&l), 2);
+  ASSERT_EQ(mp_cost_estimate(&c, m.model, &l, nullptr, e.get(), &err), MP_OK) << err.message;
+  const mp_rank_estimate &r = e->ranks[0];
+  EXPECT_DOUBLE_EQ(r.optimizer_bytes, 12 * P / 2);
+  EXPECT_DOUBLE_EQ(r.grads_bytes, 4 * P);
+  const double group = 0.5 * (4 * P + 2 * P) / 1e9;
+  const double replicas = 2.0 * (1.0 / 2.0) * (4 * P / 2) / 1e9;
+  EXPECT_NEAR(r.dp_comm_s, group + replicas, 1e-15);
+  // A group as large as dp is no hybrid.
+  l.zero_shard_size = 4;
+  EXPECT_EQ(mp_layout_zero_shard(&l), 4);
+  ASSERT_EQ(mp_cost_estimate(&c, m.model, &l, nullptr, e.get(), &err), MP_OK) << err.message;
+  EXPECT_DOUBLE_EQ(e->ranks[0].optimizer_bytes, 12 * P / 4);
+}
+
 TEST(CostModel, PipelineMemoryAndTheTiedHead) {
   Model m;
   mp_cluster c = hand_cluster();

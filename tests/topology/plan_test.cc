@@ -84,12 +84,20 @@ INSTANTIATE_TEST_SUITE_P(
         BadPlan{plan_text("{\"dp\": 2, \"pp\": 2, \"tp\": 1, \"virtual_stage\": 2}", kBatch),
                 "p.json: $.parallel: unknown key \"virtual_stage\"; did you mean "
                 "\"virtual_stages\"? (known keys: dp, pp, tp, virtual_stages, sequence_parallel, "
-                "zero_stage)"},
+                "zero_stage, zero_shard_size)"},
         BadPlan{plan_text("{\"dp\": 2, \"pp\": 0, \"tp\": 1}", kBatch),
                 "p.json: $.parallel.pp: must be a positive integer, got 0"},
         BadPlan{plan_text("{\"dp\": 2, \"pp\": 2, \"tp\": 1, \"zero_stage\": 4}", kBatch),
                 "p.json: $.parallel.zero_stage: 4 is not a ZeRO stage; use 0 (replicated), 1 "
                 "(optimizer state sharded across dp), 2 (and gradients) or 3 (and parameters)"},
+        BadPlan{plan_text("{\"dp\": 2, \"pp\": 2, \"tp\": 1, \"zero_stage\": 1, "
+                          "\"zero_shard_size\": 3}",
+                          kBatch),
+                "p.json: $.parallel.zero_shard_size: 3 does not divide dp 2 (ZeRO's groups of dp "
+                "ranks must tile it)"},
+        BadPlan{plan_text("{\"dp\": 4, \"pp\": 1, \"tp\": 1, \"zero_shard_size\": 2}", kBatch),
+                "p.json: $.parallel.zero_shard_size: 2 shards ZeRO's state within groups of 2 of "
+                "the 4 dp ranks, but zero_stage is 0; hybrid sharding runs with zero_stage 1 or 2"},
         BadPlan{plan_text(kParallel, kBatch, "\"schedule\": \"1fb1\", "),
                 "p.json: $.schedule: \"1fb1\" is not one of \"gpipe\", \"1f1b\", "
                 "\"interleaved-1f1b\", \"zb-h1\"; did you mean \"1f1b\"?"},

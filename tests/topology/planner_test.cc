@@ -357,7 +357,7 @@ TEST(Planner, BoundsNeverExceedTheEstimate) {
                 for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
                   for (int zero = 0; zero <= (dp > 1 ? 1 : 0); ++zero) {
                     mp_layout l = {dp, pp, tp, v, mb, per_dp / mb, mp_model_seq_len(f.model),
-                                   (mp_schedule_kind)kind, (mp_recompute)rc, sp == 1, zero};
+                                   (mp_schedule_kind)kind, (mp_recompute)rc, sp == 1, zero, 0};
                     if (mp_cost_estimate(&f.cluster, f.model, &l, nullptr, estimate.get(),
                                          &f.err) != MP_OK) {
                       continue;  // a schedule that cannot run these numbers
