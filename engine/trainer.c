@@ -494,8 +494,8 @@ static mp_status zero2_block_grads(void *context, float *grads, size_t first, si
   return scatter_add_grads(hook->trainer, hook->chunk, grads, first, count, err);
 }
 
-/* At the step's end: the tensors outside chunk c's blocks (whole in its packed gradient array,
- * mp_gpt_tp_grads) into the parts, in buckets. */
+/* scatter_add_grads of a run of count floats (flat elements [first, first + count), at packed)
+ * in buckets of MP_TRAINER_BUCKET_FLOATS, so no transient buffer grows with the model. */
 static mp_status scatter_add_run(mp_trainer *trainer, int c, const float *packed, size_t first,
                                   size_t count, mp_error *err) {
   for (size_t at = 0; at < count; at += MP_TRAINER_BUCKET_FLOATS) {
