@@ -61,6 +61,10 @@ typedef struct {
   size_t count;        /* floats of this rank's shard */
   mp_tp_split split;
   bool tied_copy;      /* the last stage's copy of wte: not saved, loaded from wte */
+  /* The elements [held_first, held_first + held_count) of the shard this rank keeps, at held:
+   * all of them, or with ZeRO-3 a block tensor's part (mp_gpt_tp_held_params). */
+  size_t held_first, held_count;
+  float *held;
 } view_tensor;
 
 typedef struct {
@@ -72,6 +76,8 @@ typedef struct {
   view_tensor *tensors;
   mp_gpt_stage stage;  /* the piece of the chain it holds */
   int stage_index;     /* c x pp + pp rank */
+  mp_gpt_tp *gpt;      /* a parallel run's chunk, else NULL */
+  bool sharded_params; /* ZeRO-3: this rank keeps only its part of the blocks' parameters */
 } view_chunk;
 
 typedef struct {
@@ -118,6 +124,9 @@ static mp_status view_create(const mp_checkpoint_context *ctx, rank_view *view, 
       vt->offset = t->offset;
       vt->count = t->rows * t->cols;
       vt->split = t->split;
+      vt->held_first = 0;
+      vt->held_count = vt->count;
+      vt->held = chunk->params + t->offset;
     }
     chunk->stage = mp_gpt_stage_whole(mp_gpt_layout_config(layout)->num_layers);
     view->tp_rank = 0;
@@ -164,7 +173,10 @@ static mp_status view_create(const mp_checkpoint_context *ctx, rank_view *view, 
       vt->count = t->count;
       vt->split = t->split;
       vt->tied_copy = t->tied_copy;
+      mp_gpt_tp_held_params(gpt, j, &vt->held_first, &vt->held_count, &vt->held);
     }
+    chunk->gpt = gpt;
+    chunk->sharded_params = mp_gpt_tp_sharded_params(gpt);
   }
   if (status != MP_OK) view_free(view);
   return status;
@@ -219,25 +231,56 @@ static void put(hashed_file *out, const void *data, size_t bytes) {
  * more than its own part and one piece. */
 enum { MOMENT_PIECE_FLOATS = 1 << 18 };
 
-/* With ZeRO-1, every dp rank's part of chunk c's moments array (array 0: first moments, 1:
- * second) meets on dp rank 0: the others send (first, count), then the floats in pieces, in chunk
- * order, first moments of every chunk before second moments. */
+/* The arrays a dp rank keeps a part of: 0 and 1 the AdamW moments; with ZeRO-3 also 2, the
+ * parameters (whose part the rank copies out of where it keeps it). */
+enum { ARRAY_M = 0, ARRAY_V = 1, ARRAY_PARAMS = 2 };
+
+/* n floats of array's part of chunk from element `at` of the part: the moments in place, the
+ * parameters copied into piece. */
+static mp_status part_data(const view_chunk *chunk, int array, size_t at, size_t n, float *piece,
+                           const float **data, mp_error *err) {
+  if (array != ARRAY_PARAMS) {
+    *data = (array == ARRAY_M ? chunk->m : chunk->v) + at;
+    return MP_OK;
+  }
+  MP_TRY(mp_gpt_tp_copy_params(chunk->gpt, chunk->first + at, n, piece, err));
+  *data = piece;
+  return MP_OK;
+}
+
+static bool sharded_params(const rank_view *view) {
+  for (int c = 0; c < view->num_chunks; ++c) {
+    if (view->chunks[c].sharded_params) return true;
+  }
+  return false;
+}
+
+/* With ZeRO, every dp rank's part of chunk c's moments arrays (and with ZeRO-3 of its
+ * parameters) meets on dp rank 0: the others send (first, count), then the floats in pieces, in
+ * chunk order: the parameters of every chunk (ZeRO-3), then the first moments, then the second,
+ * the order of the file. */
 static mp_status send_moments(const mp_checkpoint_context *ctx, const rank_view *view,
                               mp_error *err) {
-  for (int a = 0; a < 2; ++a) {
-    for (int c = 0; c < view->num_chunks; ++c) {
+  float *piece = malloc(MOMENT_PIECE_FLOATS * sizeof(float));
+  if (piece == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory sending ZeRO's parts");
+  mp_status status = MP_OK;
+  const int arrays[3] = {ARRAY_PARAMS, ARRAY_M, ARRAY_V};
+  for (int k = sharded_params(view) ? 0 : 1; k < 3 && status == MP_OK; ++k) {
+    for (int c = 0; c < view->num_chunks && status == MP_OK; ++c) {
       const view_chunk *chunk = &view->chunks[c];
       const uint64_t part[2] = {chunk->first, chunk->moments};
-      MP_TRY(mp_comm_send(ctx->dp, part, sizeof part, 0, err));
-      const float *moments = a == 0 ? chunk->m : chunk->v;
-      for (size_t at = 0; at < chunk->moments; at += MOMENT_PIECE_FLOATS) {
+      status = mp_comm_send(ctx->dp, part, sizeof part, 0, err);
+      for (size_t at = 0; at < chunk->moments && status == MP_OK; at += MOMENT_PIECE_FLOATS) {
         const size_t n = chunk->moments - at < MOMENT_PIECE_FLOATS ? chunk->moments - at
                                                                    : MOMENT_PIECE_FLOATS;
-        MP_TRY(mp_comm_send(ctx->dp, moments + at, n * sizeof(float), 0, err));
+        const float *data = NULL;
+        status = part_data(chunk, arrays[k], at, n, piece, &data, err);
+        if (status == MP_OK) status = mp_comm_send(ctx->dp, data, n * sizeof(float), 0, err);
       }
     }
   }
-  return MP_OK;
+  free(piece);
+  return status;
 }
 
 /* Writes elements [at, at + count) of a chunk's flat array (data) into the file, leaving out the
@@ -254,8 +297,9 @@ static void put_flat(hashed_file *out, const view_chunk *chunk, size_t at, const
   }
 }
 
-/* dp rank 0's side: writes chunk's whole moments array `array` into out, its own part from memory
- * and every other dp rank's as it arrives, piece by piece (piece: MOMENT_PIECE_FLOATS floats). */
+/* dp rank 0's side: writes chunk's whole array `array` (ARRAY_*) into out, its own part from
+ * memory and every other dp rank's as it arrives, piece by piece (piece: MOMENT_PIECE_FLOATS
+ * floats). */
 static mp_status stream_moments(const mp_checkpoint_context *ctx, const view_chunk *chunk,
                                 int array, float *piece, hashed_file *out, mp_error *err) {
   size_t covered = 0;
@@ -270,10 +314,12 @@ static mp_status stream_moments(const mp_checkpoint_context *ctx, const view_chu
     }
     for (size_t at = 0; at < part[1]; at += MOMENT_PIECE_FLOATS) {
       const size_t n = part[1] - at < MOMENT_PIECE_FLOATS ? part[1] - at : MOMENT_PIECE_FLOATS;
-      const float *data = (array == 0 ? chunk->m : chunk->v) + at;
+      const float *data = NULL;
       if (d > 0) {
         MP_TRY(mp_comm_recv(ctx->dp, piece, n * sizeof(float), d, err));
         data = piece;
+      } else {
+        MP_TRY(part_data(chunk, array, at, n, piece, &data, err));
       }
       put_flat(out, chunk, covered + at, data, n);
     }
@@ -330,19 +376,24 @@ static mp_status write_shard_file(const mp_checkpoint_context *ctx, const rank_v
   memcpy(header + 16, &floats, 8);
   memcpy(header + 24, &step64, 8);
   put(&out, header, sizeof header);
-  for (int c = 0; c < view->num_chunks; ++c) {
+  /* The parameters, then the moments. With ZeRO the other dp ranks' sends must be received even
+   * when this file cannot be written, or they would wait for nothing. */
+  mp_status comm = MP_OK;
+  float *piece = NULL;
+  const bool sharded = sharded_params(view);
+  if ((zero || sharded) && (piece = malloc(MOMENT_PIECE_FLOATS * sizeof(float))) == NULL) {
+    comm = mp_fail(err, MP_ERR_RUNTIME, "out of memory gathering ZeRO's parts");
+  }
+  for (int c = 0; c < view->num_chunks && comm == MP_OK; ++c) {
     const view_chunk *chunk = &view->chunks[c];
+    if (sharded) { /* ZeRO-3: the blocks' parameters come from every dp rank's part */
+      comm = stream_moments(ctx, chunk, ARRAY_PARAMS, piece, &out, err);
+      continue;
+    }
     for (int j = 0; j < chunk->num_tensors; ++j) {
       const view_tensor *t = &chunk->tensors[j];
       if (!t->tied_copy) put(&out, chunk->params + t->offset, t->count * sizeof(float));
     }
-  }
-  /* The moments. With ZeRO-1 the other dp ranks' sends must be received even when this file
-   * cannot be written, or they would wait for nothing. */
-  mp_status comm = MP_OK;
-  float *piece = NULL;
-  if (zero && (piece = malloc(MOMENT_PIECE_FLOATS * sizeof(float))) == NULL) {
-    comm = mp_fail(err, MP_ERR_RUNTIME, "out of memory gathering ZeRO-1 moments");
   }
   for (int a = 0; a < 2 && comm == MP_OK; ++a) {
     for (int c = 0; c < view->num_chunks && comm == MP_OK; ++c) {
@@ -856,8 +907,11 @@ static mp_status read_view(ck_shard_reader *reader, const rank_view *view, mp_er
     const size_t lo = chunk->first, hi = chunk->first + chunk->moments;
     for (int j = 0; j < chunk->num_tensors; ++j) {
       const view_tensor *t = &chunk->tensors[j];
-      MP_TRY(ck_read_shard(reader, t->global, 0, view->tp_rank, view->tp_size, 0, t->count,
-                        chunk->params + t->offset, err));
+      /* The parameters it keeps: all of them, or with ZeRO-3 a block tensor's part. */
+      if (t->held_count > 0) {
+        MP_TRY(ck_read_shard(reader, t->global, 0, view->tp_rank, view->tp_size, t->held_first,
+                             t->held_count, t->held, err));
+      }
       /* The moments of the part of the tensor this dp rank keeps (all of it without ZeRO-1). */
       const size_t a = t->offset > lo ? t->offset : lo;
       const size_t b = t->offset + t->count < hi ? t->offset + t->count : hi;

@@ -146,6 +146,13 @@ mp_status mp_comm_reduce_scatter_v_sum_f32(mp_comm *comm, const float *input, fl
 mp_status mp_comm_all_gather_f32(mp_comm *comm, const float *input, float *output, size_t count,
                                  mp_error *err);
 
+/* The same with counts[r] floats from group rank r (some may be 0): output = every member's run
+ * in rank order. input NULL: in place, this rank's run already at its position in output
+ * (ZeRO-3's block gathers, the parameters after a ZeRO update). Host memory; the sum must fit
+ * an int. */
+mp_status mp_comm_all_gather_v_f32(mp_comm *comm, const float *input, float *output,
+                                   const size_t *counts, mp_error *err);
+
 /* buffer (bytes) <- root's buffer; root is a group rank. */
 mp_status mp_comm_broadcast(mp_comm *comm, void *buffer, size_t bytes, int root, mp_error *err);
 

@@ -859,6 +859,52 @@ mp_status mp_comm_all_gather_f32(mp_comm *comm, const float *input, float *outpu
   return stage_out(comm, "all-gather", &out, true, status, err);
 }
 
+mp_status mp_comm_all_gather_v_f32(mp_comm *comm, const float *input, float *output,
+                                   const size_t *counts, mp_error *err) {
+  MP_TRY(check_collective(comm, "all-gather", output, output, 0, err)); /* usable */
+  size_t total = 0;
+  for (int r = 0; r < comm->size; ++r) total += counts[r];
+  const size_t mine = counts[comm->rank];
+  if (output == NULL && total > 0) {
+    return mp_fail(err, MP_ERR_INPUT, "rank %d: all-gather in group %s: NULL output",
+                   comm->world->rank, comm->name);
+  }
+  if (total > (size_t)INT_MAX) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "rank %d: all-gather in group %s: %zu floats is more than one MPI call "
+                   "carries (%d); split the buffer",
+                   comm->world->rank, comm->name, total, INT_MAX);
+  }
+  if (mp_staging_is_device(output) || (input != NULL && mp_staging_is_device(input))) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "rank %d: all-gather (uneven) in group %s takes host buffers only",
+                   comm->world->rank, comm->name);
+  }
+  int *recv_counts = malloc((size_t)comm->size * 2 * sizeof *recv_counts);
+  if (recv_counts == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  int *displacements = recv_counts + comm->size;
+  size_t at = 0;
+  for (int r = 0; r < comm->size; ++r) {
+    recv_counts[r] = (int)counts[r];
+    displacements[r] = (int)at;
+    at += counts[r];
+  }
+  mp_status status = MP_OK;
+  if (comm->size == 1) {
+    if (input != NULL && mine > 0) memmove(output, input, mine * sizeof(float));
+  } else {
+    comm_op op = comm_op_begin(comm, "all-gather", -1, total * sizeof(float));
+    MPI_Request request = MPI_REQUEST_NULL;
+    status = MPI_CALL(comm->world->rank, MPI_Iallgatherv,
+                      (input != NULL ? (const void *)input : MPI_IN_PLACE, (int)mine, MPI_FLOAT,
+                       output, recv_counts, displacements, MPI_FLOAT, comm->comm, &request),
+                      err);
+    if (status == MP_OK) status = comm_wait(comm, &request, &op, err);
+  }
+  free(recv_counts);
+  return status;
+}
+
 mp_status mp_comm_broadcast(mp_comm *comm, void *buffer, size_t bytes, int root, mp_error *err) {
   MP_TRY(check_collective(comm, "broadcast", buffer, buffer, bytes, err));
   if (root < 0 || root >= comm->size) {

@@ -40,7 +40,7 @@ mp_status mp_gpt_gpu_create(const mp_model *model, int micro_batch, int seq_len,
   if (status == MP_OK) {
     const mp_gpt_stage whole = mp_gpt_stage_whole(mp_gpt_layout_config(layout)->num_layers);
     status = mp_gpt_tp_create_stage(model, micro_batch, seq_len, &gpt->single, false, &whole, 0,
-                                    false, MP_RECOMPUTE_NONE, false, &gpt->host, err);
+                                    false, MP_RECOMPUTE_NONE, NULL, &gpt->host, err);
   }
   mp_gpt_layout_free(layout);
   if (status == MP_OK) {

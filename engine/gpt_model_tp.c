@@ -21,7 +21,12 @@ struct mp_gpt_tp {
   int num_tensors;
   mp_gpt_tp_tensor *tensors; /* (num_tensors,) the stage's tensors in the layout's order */
   size_t num_params;     /* floats of this rank's shard of the stage */
-  float *params;         /* (num_params,) */
+  float *params;         /* (num_params,), or ZeRO-3 (sharded): the tensors outside the blocks
+                            packed (outside_floats), then the held block elements
+                            [held_first, held_end) of the flat layout */
+  bool sharded;
+  size_t blocks_first, blocks_end, outside_floats, held_first, held_end;
+  void *weight_window;   /* ZeRO-3: (the largest block's floats) the chain's weights window */
   float *grads;          /* (grads_floats,): num_params, or windowed the tensors outside the
                             blocks, packed */
   size_t grads_floats;
@@ -64,6 +69,7 @@ void mp_gpt_tp_free(mp_gpt_tp *gpt) {
   mp_stage_kernels_cpu_free(gpt->kernels);
   free(gpt->grads);
   free(gpt->block_window);
+  free(gpt->weight_window);
   free(gpt->params);
   free(gpt->tensors);
   mp_gpt_layout_free(gpt->layout);
@@ -123,19 +129,32 @@ mp_status mp_gpt_tp_create(const mp_model *model, int micro_batch, int seq_len,
   const mp_gpt_stage whole = mp_gpt_stage_whole(mp_gpt_layout_config(layout)->num_layers);
   mp_gpt_layout_free(layout);
   return mp_gpt_tp_create_stage(model, micro_batch, seq_len, tp, sequence_parallel, &whole, 1,
-                                false, MP_RECOMPUTE_NONE, false, out, err);
+                                false, MP_RECOMPUTE_NONE, NULL, out, err);
+}
+
+void mp_zero_part(size_t n, int size, int rank, size_t *first, size_t *count) {
+  const size_t part = size > 0 ? (n + (size_t)size - 1) / (size_t)size : n;
+  *first = part * (size_t)rank < n ? part * (size_t)rank : n;
+  *count = *first + part < n ? part : n - *first;
 }
 
 mp_status mp_gpt_tp_create_stage(const mp_model *model, int micro_batch, int seq_len,
                                  const mp_tp_comm *tp, bool sequence_parallel,
                                  const mp_gpt_stage *stage, int num_slots, bool deferred_weights,
-                                 mp_recompute recompute, bool windowed_block_grads,
+                                 mp_recompute recompute, const mp_gpt_tp_zero *zero,
                                  mp_gpt_tp **out, mp_error *err) {
   *out = NULL;
+  const bool windowed_block_grads = zero != NULL && zero->window_block_grads;
+  const bool shard_params = zero != NULL && zero->shard_block_params;
   if (windowed_block_grads && num_slots == 0) {
     return mp_fail(err, MP_ERR_INPUT,
                    "windowed block gradients (ZeRO-2) need a stage with activation slots, not a "
                    "stage of arrays only");
+  }
+  if (shard_params && (!windowed_block_grads || deferred_weights)) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "sharded block parameters (ZeRO-3) need windowed block gradients and whole "
+                   "backwards (not a zero-bubble schedule's deferred weight gradients)");
   }
   /* A stage of arrays only (no slot) runs no chain; one with slots must be one it can run. */
   if (num_slots > 0 && mp_stage_chain_check(num_slots, deferred_weights, recompute, err) != MP_OK) {
@@ -201,9 +220,23 @@ mp_status mp_gpt_tp_create_stage(const mp_model *model, int micro_batch, int seq
     offset += t->count;
   }
   gpt->num_params = offset;
-  gpt->params = calloc(gpt->num_params > 0 ? gpt->num_params : 1, sizeof(float));
   size_t blocks_first = 0, blocks_end = 0, largest_block = 0;
   mp_gpt_tp_blocks_range(gpt, &blocks_first, &blocks_end, &largest_block);
+  gpt->blocks_first = blocks_first;
+  gpt->blocks_end = blocks_end;
+  gpt->outside_floats = gpt->num_params - (blocks_end - blocks_first);
+  gpt->sharded = shard_params;
+  size_t param_floats = gpt->num_params;
+  if (shard_params) {
+    size_t part_first = 0, part_count = 0;
+    mp_zero_part(gpt->num_params, zero->dp_size, zero->dp_rank, &part_first, &part_count);
+    gpt->held_first = part_first > blocks_first ? part_first : blocks_first;
+    gpt->held_end = part_first + part_count < blocks_end ? part_first + part_count : blocks_end;
+    if (gpt->held_end < gpt->held_first) gpt->held_end = gpt->held_first;
+    param_floats = gpt->outside_floats + (gpt->held_end - gpt->held_first);
+    gpt->weight_window = calloc(largest_block > 0 ? largest_block : 1, sizeof(float));
+  }
+  gpt->params = calloc(param_floats > 0 ? param_floats : 1, sizeof(float));
   gpt->window = mp_grad_window_for(windowed_block_grads, deferred_weights);
   gpt->grads_floats = mp_gpt_tp_grad_array_floats(gpt, gpt->window);
   const bool windowed = gpt->window != MP_GRAD_WINDOW_NONE;
@@ -211,7 +244,7 @@ mp_status mp_gpt_tp_create_stage(const mp_model *model, int micro_batch, int seq
   if (num_slots > 0) gpt->grads = calloc(gpt->grads_floats > 0 ? gpt->grads_floats : 1, sizeof(float));
   if (windowed) gpt->block_window = calloc(largest_block > 0 ? largest_block : 1, sizeof(float));
   if (gpt->params == NULL || (num_slots > 0 && gpt->grads == NULL) ||
-      (windowed && gpt->block_window == NULL)) {
+      (windowed && gpt->block_window == NULL) || (shard_params && gpt->weight_window == NULL)) {
     const size_t n = gpt->num_params;
     mp_gpt_tp_free(gpt);
     return mp_fail(err, MP_ERR_RUNTIME, "out of memory for a shard of %zu parameters", n);
@@ -221,7 +254,7 @@ mp_status mp_gpt_tp_create_stage(const mp_model *model, int micro_batch, int seq
     const mp_stage_dims dims = mp_stage_chain_dims(gpt, &gpt->tp);
     const mp_stage_chain_config config = {gpt,        &gpt->tp,  gpt->params,
                                           gpt->grads, num_slots, deferred_weights,
-                                          recompute,  gpt->block_window};
+                                          recompute,  gpt->block_window, gpt->weight_window};
     if ((status = mp_stage_kernels_cpu_create(&dims, &gpt->kernels, err)) != MP_OK ||
         (status = mp_stage_chain_create(&config, gpt->kernels, &gpt->chain, err)) != MP_OK) {
       mp_gpt_tp_free(gpt);
@@ -249,6 +282,71 @@ bool mp_gpt_tp_sequence_parallel(const mp_gpt_tp *gpt) { return gpt->sp; }
 size_t mp_gpt_tp_num_params(const mp_gpt_tp *gpt) { return gpt->num_params; }
 float *mp_gpt_tp_params(mp_gpt_tp *gpt) { return gpt->params; }
 float *mp_gpt_tp_grads(mp_gpt_tp *gpt) { return gpt->grads; }
+bool mp_gpt_tp_sharded_params(const mp_gpt_tp *gpt) { return gpt->sharded; }
+
+/* The stretch of the stored parameters holding flat element `flat`: its first flat element, its
+ * end, and where the first is stored; false when the stage does not hold the element. */
+static bool param_stretch(const mp_gpt_tp *gpt, size_t flat, size_t *first, size_t *end,
+                          float **data) {
+  if (!gpt->sharded) {
+    if (flat >= gpt->num_params) return false;
+    *first = 0, *end = gpt->num_params, *data = gpt->params;
+    return true;
+  }
+  if (flat < gpt->blocks_first) {
+    *first = 0, *end = gpt->blocks_first, *data = gpt->params;
+  } else if (flat >= gpt->blocks_end) {
+    *first = gpt->blocks_end, *end = gpt->num_params;
+    *data = gpt->params + gpt->blocks_first;
+  } else if (flat >= gpt->held_first && flat < gpt->held_end) {
+    *first = gpt->held_first, *end = gpt->held_end, *data = gpt->params + gpt->outside_floats;
+  } else {
+    return false;
+  }
+  return flat < gpt->num_params;
+}
+
+float *mp_gpt_tp_params_at(mp_gpt_tp *gpt, size_t first, size_t count) {
+  size_t lo = 0, hi = 0;
+  float *data = NULL;
+  if (!param_stretch(gpt, first, &lo, &hi, &data) || first + count > hi) return NULL;
+  return data + (first - lo);
+}
+
+void mp_gpt_tp_held_params(mp_gpt_tp *gpt, int index, size_t *first, size_t *count,
+                           float **data) {
+  const mp_gpt_tp_tensor *t = &gpt->tensors[index];
+  size_t lo = t->offset, hi = t->offset + t->count;
+  const bool block = t->offset >= gpt->blocks_first && t->offset < gpt->blocks_end;
+  if (gpt->sharded && block) {
+    lo = lo > gpt->held_first ? lo : gpt->held_first;
+    hi = hi < gpt->held_end ? hi : gpt->held_end;
+  }
+  *first = 0, *count = 0, *data = NULL;
+  if (lo >= hi) return;
+  *first = lo - t->offset;
+  *count = hi - lo;
+  *data = mp_gpt_tp_params_at(gpt, lo, hi - lo);
+}
+
+mp_status mp_gpt_tp_copy_params(mp_gpt_tp *gpt, size_t first, size_t count, float *dest,
+                                mp_error *err) {
+  size_t at = first;
+  while (at < first + count) {
+    size_t lo = 0, hi = 0;
+    float *data = NULL;
+    if (!param_stretch(gpt, at, &lo, &hi, &data)) {
+      return mp_fail(err, MP_ERR_INPUT,
+                     "parameter %zu of the stage is another dp rank's (ZeRO-3 holds elements "
+                     "[%zu, %zu) of the blocks here)",
+                     at, gpt->held_first, gpt->held_end);
+    }
+    const size_t n = hi < first + count ? hi - at : first + count - at;
+    memcpy(dest + (at - first), data + (at - lo), n * sizeof(float));
+    at += n;
+  }
+  return MP_OK;
+}
 mp_grad_window mp_gpt_tp_grad_window(const mp_gpt_tp *gpt) { return gpt->window; }
 
 mp_grad_window mp_grad_window_for(bool windowed_block_grads, bool deferred_weights) {
@@ -346,50 +444,80 @@ const mp_gpt_tp_tensor *mp_gpt_tp_tensor_at(const mp_gpt_tp *gpt, int index) {
   return &gpt->tensors[index];
 }
 
-/* Calls visit for each block of each of this rank's shards, in tensor order: initialisation and
- * loading both fill a shard block by block, so no rank ever holds a full tensor, and a source
- * whose file is laid out otherwise (GPT-2's transposed weights) still reads each block's rows
- * whole. */
-typedef mp_status (*shard_block_visit)(mp_gpt_tp *gpt, const mp_gpt_tp_tensor *t,
-                                       const mp_tp_shard_block *block, void *context,
-                                       mp_error *err);
+/* A rectangle of a full tensor that fills dest (rows x cols, row-major). */
+typedef struct {
+  size_t row_offset, rows, col_offset, cols;
+  float *dest;
+} held_rect;
 
-static mp_status for_each_shard_block(mp_gpt_tp *gpt, shard_block_visit visit, void *context,
-                                      mp_error *err) {
+/* Calls visit for the rectangles of each of this rank's shards that it holds, in tensor order:
+ * initialisation and loading both fill a shard block by block, so no rank ever holds a full
+ * tensor, and a source whose file is laid out otherwise (GPT-2's transposed weights) still reads
+ * whole rows. With ZeRO-3 a block tensor's held elements are a range of the shard: each shard
+ * block's part of it is a partial row, whole rows and a partial row. */
+typedef mp_status (*held_rect_visit)(mp_gpt_tp *gpt, const mp_gpt_tp_tensor *t,
+                                     const held_rect *rect, void *context, mp_error *err);
+
+static mp_status for_each_held_rect(mp_gpt_tp *gpt, held_rect_visit visit, void *context,
+                                    mp_error *err) {
   for (int i = 0; i < gpt->num_tensors; ++i) {
     const mp_gpt_tp_tensor *t = &gpt->tensors[i];
+    size_t held_first = 0, held_count = 0;
+    float *data = NULL;
+    mp_gpt_tp_held_params(gpt, i, &held_first, &held_count, &data);
+    if (held_count == 0) continue;
     mp_tp_shard_block blocks[MP_TP_SHARD_MAX_BLOCKS];
     int count = 0;
     MP_TRY(mp_tp_shard_blocks(t->split, t->full->rows, t->full->cols, gpt->tp.rank, gpt->tp.size,
                               blocks, &count, err));
-    for (int k = 0; k < count; ++k) MP_TRY(visit(gpt, t, &blocks[k], context, err));
+    for (int k = 0; k < count; ++k) {
+      const mp_tp_shard_block *b = &blocks[k];
+      const size_t lo = b->shard_offset > held_first ? b->shard_offset : held_first;
+      const size_t block_end = b->shard_offset + b->rows * b->cols;
+      const size_t hi = block_end < held_first + held_count ? block_end : held_first + held_count;
+      if (lo >= hi || b->cols == 0) continue;
+      /* [a, e): the held elements of the block, row-major in it */
+      size_t a = lo - b->shard_offset;
+      const size_t e = hi - b->shard_offset;
+      while (a < e) {
+        const size_t row = a / b->cols, col = a % b->cols;
+        size_t rows = 1, cols = b->cols - col;
+        if (col == 0 && e - a >= b->cols) {
+          rows = (e - a) / b->cols;
+        } else if (e - a < cols) {
+          cols = e - a;
+        }
+        const held_rect rect = {b->row_offset + row, rows, b->col_offset + col, cols,
+                                data + (b->shard_offset + a - held_first)};
+        MP_TRY(visit(gpt, t, &rect, context, err));
+        a += rows * cols;
+      }
+    }
   }
   return MP_OK;
 }
 
-static mp_status init_block(mp_gpt_tp *gpt, const mp_gpt_tp_tensor *t,
-                            const mp_tp_shard_block *b, void *context, mp_error *err) {
+static mp_status init_block(mp_gpt_tp *gpt, const mp_gpt_tp_tensor *t, const held_rect *r,
+                            void *context, mp_error *err) {
   (void)err;
-  mp_gpt_tensor_init_block(gpt->layout, t->full, gpt->params + t->offset + b->shard_offset,
-                           b->rows, b->cols, b->row_offset, b->col_offset,
-                           *(const uint64_t *)context);
+  mp_gpt_tensor_init_block(gpt->layout, t->full, r->dest, r->rows, r->cols, r->row_offset,
+                           r->col_offset, *(const uint64_t *)context);
   return MP_OK;
 }
 
 mp_status mp_gpt_tp_init_params(mp_gpt_tp *gpt, uint64_t seed, mp_error *err) {
-  return for_each_shard_block(gpt, init_block, &seed, err);
+  return for_each_held_rect(gpt, init_block, &seed, err);
 }
 
-static mp_status load_block(mp_gpt_tp *gpt, const mp_gpt_tp_tensor *t,
-                            const mp_tp_shard_block *b, void *context, mp_error *err) {
+static mp_status load_block(mp_gpt_tp *gpt, const mp_gpt_tp_tensor *t, const held_rect *r,
+                            void *context, mp_error *err) {
   const mp_gpt_tensor *first = mp_gpt_layout_tensor(gpt->layout, 0);
-  return mp_weight_source_read(context, (int)(t->full - first), b->row_offset, b->rows,
-                               b->col_offset, b->cols, gpt->params + t->offset + b->shard_offset,
-                               err);
+  return mp_weight_source_read(context, (int)(t->full - first), r->row_offset, r->rows,
+                               r->col_offset, r->cols, r->dest, err);
 }
 
 mp_status mp_gpt_tp_load(mp_gpt_tp *gpt, mp_weight_source *weights, mp_error *err) {
-  return for_each_shard_block(gpt, load_block, weights, err);
+  return for_each_held_rect(gpt, load_block, weights, err);
 }
 
 /* full (one-rank layout) = every rank's shard of `shard` put back, on every rank. */
@@ -420,6 +548,11 @@ static mp_status gather_all(mp_gpt_tp *gpt, const float *shard, float *full, mp_
 }
 
 mp_status mp_gpt_tp_gather_params(mp_gpt_tp *gpt, float *full, mp_error *err) {
+  if (gpt->sharded) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "gathering the parameters: the stage's block parameters are sharded over dp "
+                   "(ZeRO-3)");
+  }
   return gather_all(gpt, gpt->params, full, err);
 }
 

@@ -105,17 +105,34 @@ mp_status mp_gpt_tp_create(const mp_model *model, int micro_batch, int seq_len,
  * context must outlive the model. MP_ERR_INPUT, naming the model file and what to change, when
  * the runtime cannot train the model (mp_gpt_layout_create), the heads, ffn_hidden or padded
  * vocabulary do not divide over tp, or with sequence parallelism micro_batch x seq_len does not.
- * windowed_block_grads (ZeRO-2, a stage with slots): the stage holds no gradient of its blocks
- * between their backwards (or with deferred weights, of their GEMM weights between their Ws):
- * each block's is formed in one window of the largest block's floats, which the chain's hook
- * must take after every block (engine/stage_chain.h), and the gradient array holds only the
- * other tensors (mp_grad_window).
+ * zero->window_block_grads (ZeRO 2 and 3, a stage with slots): the stage holds no gradient of its
+ * blocks between their backwards (or with deferred weights, of their GEMM weights between their
+ * Ws): each block's is formed in one window of the largest block's floats, which the chain's
+ * hook must take after every block (engine/stage_chain.h), and the gradient array holds only
+ * the other tensors (mp_grad_window). zero->shard_block_params (ZeRO-3, with
+ * window_block_grads, without deferred weights): the parameters too (below).
  * Parameters start at zero: call an init or set function. */
+typedef struct mp_gpt_tp_zero mp_gpt_tp_zero;
 mp_status mp_gpt_tp_create_stage(const mp_model *model, int micro_batch, int seq_len,
                                  const mp_tp_comm *tp, bool sequence_parallel,
                                  const mp_gpt_stage *stage, int num_slots, bool deferred_weights,
-                                 mp_recompute recompute, bool windowed_block_grads,
+                                 mp_recompute recompute, const mp_gpt_tp_zero *zero,
                                  mp_gpt_tp **out, mp_error *err);
+
+/* ZeRO's cut of a stage over dp_size data-parallel ranks (mp_gpt_tp_create_stage's zero; NULL:
+ * none). The stage's dp part is elements [first, first + count) of its flat layout
+ * (mp_zero_part). */
+struct mp_gpt_tp_zero {
+  int dp_size, dp_rank;
+  bool window_block_grads;  /* ZeRO 2 and 3: block gradients through a window (mp_grad_window) */
+  bool shard_block_params;  /* ZeRO-3: of its blocks' parameters the stage holds only those of
+                               its dp part (mp_gpt_tp_held_params); the chain gathers each
+                               block's into a weights window through its weights hook */
+};
+
+/* ZeRO's part of dp rank `rank` of `size` over n floats: [*first, *first + *count), ceil(n /
+ * size) floats each, the last ones shorter (or empty). */
+void mp_zero_part(size_t n, int size, int rank, size_t *first, size_t *count);
 void mp_gpt_tp_free(mp_gpt_tp *gpt);
 
 const mp_gpt_stage *mp_gpt_tp_stage(const mp_gpt_tp *gpt);
@@ -139,6 +156,23 @@ bool mp_gpt_tp_sequence_parallel(const mp_gpt_tp *gpt);
 size_t mp_gpt_tp_num_params(const mp_gpt_tp *gpt);
 float *mp_gpt_tp_params(mp_gpt_tp *gpt);
 float *mp_gpt_tp_grads(mp_gpt_tp *gpt);
+
+/* ZeRO-3's parameters (shard_block_params): the stage holds the tensors outside its blocks whole
+ * and of its blocks only the elements of its dp part, so mp_gpt_tp_params is not in the shard's
+ * layout; these find elements by their place in it (without ZeRO-3, the plain offsets).
+ *   params_at    elements [first, first + count) of the flat parameters where the stage holds
+ *                them as one stretch (one tensor's, or the held block elements'), else NULL
+ *   held_params  of tensor index: its elements [*first, *first + *count) that the stage holds,
+ *                at *data (all of them unless it is a block tensor of a ZeRO-3 stage; *count 0
+ *                and *data NULL when it holds none)
+ *   copy_params  dest = elements [first, first + count); MP_ERR_INPUT naming the element when the
+ *                stage does not hold them all */
+bool mp_gpt_tp_sharded_params(const mp_gpt_tp *gpt);
+float *mp_gpt_tp_params_at(mp_gpt_tp *gpt, size_t first, size_t count);
+void mp_gpt_tp_held_params(mp_gpt_tp *gpt, int index, size_t *first, size_t *count,
+                           float **data);
+mp_status mp_gpt_tp_copy_params(mp_gpt_tp *gpt, size_t first, size_t count, float *dest,
+                                mp_error *err);
 
 /* [*first, *end): the floats of the flat arrays the stage's blocks hold (contiguous, in the
  * layout's order; *first == *end without blocks), and *largest, the floats of its largest block. */

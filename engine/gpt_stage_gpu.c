@@ -613,7 +613,7 @@ mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, 
   if (cuda_kernels_create(&dims, &gpu->kernels, err) != MP_OK) goto fail;
   const mp_stage_chain_config config = {host,       &gpu->tp,  gpu->weights,
                                         gpu->grads, num_slots, deferred_weights,
-                                        recompute,  gpu->window};
+                                        recompute,  gpu->window, NULL};
   if (mp_stage_chain_create(&config, &gpu->kernels->table, &gpu->chain, err) != MP_OK) goto fail;
   gpu->device_bytes += gpu->kernels->device_bytes + mp_stage_chain_bytes(gpu->chain);
   *out = gpu;

@@ -67,6 +67,10 @@ struct mp_stage_chain {
   float *window;       /* ZeRO-2: every block's gradients (or with deferred weights its GEMM
                           weights'), one block at a time; else NULL */
   mp_grad_window window_kind;
+  void *weights_window; /* ZeRO-3: every block's weights, gathered before its forward and its
+                           backward; else NULL */
+  mp_stage_weights_hook weights_hook;
+  void *weights_hook_context;
   const void *wte, *wpe, *lnfw, *lnfb;
   float *dwte, *dwpe, *dlnfw, *dlnfb;
   const void *head_w; /* wte when tied, else lm_head */
@@ -156,9 +160,33 @@ static int shard_index(const mp_gpt_tp *host, int full_index) {
   return -1;
 }
 
-static const void *weight_of(const mp_stage_chain *ch, void *weights, int full_index) {
+/* A tensor's weights: at its offset in weights, or with a weights window a block tensor's at its
+ * offset in its block (block_first) and the others packed (mp_gpt_tp_grad_offset's packing for
+ * whole blocks). */
+static const void *weight_of(const mp_stage_chain *ch, void *weights, int full_index,
+                             size_t block_first) {
   const int i = full_index < 0 ? -1 : shard_index(ch->host, full_index);
-  return i < 0 ? NULL : at(ch, weights, mp_gpt_tp_tensor_at(ch->host, i)->offset);
+  if (i < 0) return NULL;
+  const size_t offset = mp_gpt_tp_tensor_at(ch->host, i)->offset;
+  if (ch->weights_window == NULL) return at(ch, weights, offset);
+  size_t packed = 0;
+  if (mp_gpt_tp_grad_offset(ch->host, i, MP_GRAD_WINDOW_BLOCKS, &packed)) {
+    return at(ch, weights, packed);
+  }
+  return at(ch, ch->weights_window, offset - block_first);
+}
+
+/* ZeRO-3: block l's weights into the window before a pass over it. */
+static mp_status gather_block_weights(mp_stage_chain *ch, int l, mp_error *err) {
+  if (ch->weights_window == NULL) return MP_OK;
+  if (ch->weights_hook == NULL) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "the stage's block weights are sharded (ZeRO-3), but no weights hook is set "
+                   "to gather them");
+  }
+  const block_tensors *b = &ch->blocks[l];
+  return ch->weights_hook(ch->weights_hook_context, ch->weights_window, b->grad_first,
+                          b->grad_count, err);
 }
 
 /* A tensor's gradient: in grads, packed for the window kind (mp_gpt_tp_grad_offset), or for a
@@ -268,17 +296,19 @@ static mp_status chain_setup(mp_stage_chain *ch, const mp_stage_chain_config *co
                              mp_error *err) {
   const mp_gpt_layout *layout = mp_gpt_tp_layout(ch->host);
   const int L = ch->stage.num_layers;
-  ch->wte = weight_of(ch, config->weights, mp_gpt_layout_global_index(layout, MP_GPT_WTE));
-  ch->wpe = weight_of(ch, config->weights, mp_gpt_layout_global_index(layout, MP_GPT_WPE));
-  ch->lnfw = weight_of(ch, config->weights, mp_gpt_layout_global_index(layout, MP_GPT_LNF_WEIGHT));
-  ch->lnfb = weight_of(ch, config->weights, mp_gpt_layout_global_index(layout, MP_GPT_LNF_BIAS));
+  ch->wte = weight_of(ch, config->weights, mp_gpt_layout_global_index(layout, MP_GPT_WTE), 0);
+  ch->wpe = weight_of(ch, config->weights, mp_gpt_layout_global_index(layout, MP_GPT_WPE), 0);
+  ch->lnfw =
+      weight_of(ch, config->weights, mp_gpt_layout_global_index(layout, MP_GPT_LNF_WEIGHT), 0);
+  ch->lnfb =
+      weight_of(ch, config->weights, mp_gpt_layout_global_index(layout, MP_GPT_LNF_BIAS), 0);
   ch->dwte = grad_of(ch, config->grads, mp_gpt_layout_global_index(layout, MP_GPT_WTE), 0);
   ch->dwpe = grad_of(ch, config->grads, mp_gpt_layout_global_index(layout, MP_GPT_WPE), 0);
   ch->dlnfw = grad_of(ch, config->grads, mp_gpt_layout_global_index(layout, MP_GPT_LNF_WEIGHT), 0);
   ch->dlnfb = grad_of(ch, config->grads, mp_gpt_layout_global_index(layout, MP_GPT_LNF_BIAS), 0);
   const mp_gpt_global_tensor head =
       mp_gpt_layout_config(layout)->tied_head ? MP_GPT_WTE : MP_GPT_LM_HEAD;
-  ch->head_w = weight_of(ch, config->weights, mp_gpt_layout_global_index(layout, head));
+  ch->head_w = weight_of(ch, config->weights, mp_gpt_layout_global_index(layout, head), 0);
   ch->dhead = grad_of(ch, config->grads, mp_gpt_layout_global_index(layout, head), 0);
   ch->blocks = calloc((size_t)(L > 0 ? L : 1), sizeof *ch->blocks);
   ch->slots = calloc((size_t)ch->num_slots, sizeof *ch->slots);
@@ -296,7 +326,7 @@ static mp_status chain_setup(mp_stage_chain *ch, const mp_stage_chain_config *co
     b->grad_count = last->offset + last->count - first->offset;
     for (int r = 0; r < MP_GPT_BLOCK_TENSORS; ++r) {
       const int index = mp_gpt_layout_block_index(layout, layer, (mp_gpt_block_tensor)r);
-      b->w[r] = weight_of(ch, config->weights, index);
+      b->w[r] = weight_of(ch, config->weights, index, b->grad_first);
       b->g[r] = grad_of(ch, config->grads, index, b->grad_first);
     }
   }
@@ -377,6 +407,7 @@ mp_status mp_stage_chain_create(const mp_stage_chain_config *config,
   ch->num_slots = config->num_slots;
   ch->grads = config->grads;
   ch->window = config->block_grads_window;
+  ch->weights_window = config->block_weights_window;
   ch->window_kind = mp_grad_window_for(ch->window != NULL, config->deferred_weights);
   ch->regather = ch->d.sp && !config->deferred_weights;
   mp_status status = check_kernels(ch, err);
@@ -394,6 +425,12 @@ size_t mp_stage_chain_bytes(const mp_stage_chain *ch) { return ch->bytes; }
 void mp_stage_chain_set_grads_hook(mp_stage_chain *ch, mp_stage_grads_hook hook, void *context) {
   ch->hook = hook;
   ch->hook_context = context;
+}
+
+void mp_stage_chain_set_weights_hook(mp_stage_chain *ch, mp_stage_weights_hook hook,
+                                     void *context) {
+  ch->weights_hook = hook;
+  ch->weights_hook_context = context;
 }
 
 void mp_stage_chain_blocks_range(const mp_stage_chain *ch, size_t *first, size_t *end) {
@@ -624,6 +661,7 @@ static mp_status stage_forward(mp_stage_chain *ch, slot_acts *s, const int32_t *
   }
   const void *x = s->input;
   for (int l = 0; l < st->num_layers; ++l) {
+    MP_TRY(gather_block_weights(ch, l, err));
     MP_TRY(block_forward(ch, l, &s->acts[l], x, err));
     x = s->acts[l].out;
   }
@@ -724,6 +762,7 @@ mp_status mp_stage_chain_backward(mp_stage_chain *ch, int slot, const float *dou
     if (ch->window != NULL && !defer_weights) {
       MP_TRY(k->zero(cx, ch->window, b->grad_count * sizeof(float), err));
     }
+    MP_TRY(gather_block_weights(ch, l, err));
     MP_TRY(block_backward(ch, l, &s->acts[l], inp, defer_weights ? &s->deferred[l] : NULL, err));
     if (ch->window_kind == MP_GRAD_WINDOW_BLOCKS && d->sp) {
       MP_TRY(sum_block_norm_grads(ch, l, err));

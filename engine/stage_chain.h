@@ -68,6 +68,11 @@ typedef struct {
    * other elements stay zero), and B's norm and bias gradients stay in grads
    * (MP_GRAD_WINDOW_BLOCK_WEIGHTS). */
   float *block_grads_window;
+  /* NULL, or (ZeRO-3) a window of the largest block's weights (backend elements): every
+   * block's weights are gathered there by the weights hook before each pass over the block (its
+   * forward, recomputed forward and backward; a W needs none), and weights then holds only the
+   * tensors outside the blocks, packed as a whole-block gradient window packs them. */
+  void *block_weights_window;
 } mp_stage_chain_config;
 
 /* The stage's sizes on this rank (for a backend's create). */
@@ -133,6 +138,14 @@ typedef mp_status (*mp_stage_grads_hook)(void *context, float *grads, size_t fir
                                          mp_error *err);
 void mp_stage_chain_set_grads_hook(mp_stage_chain *chain, mp_stage_grads_hook hook,
                                    void *context);
+
+/* ZeRO-3: hook(context, window, first, count) fills window with the block's count weights,
+ * elements [first, first + count) of the stage's flat layout, before a pass over the block. It
+ * must be set on a chain with a weights window: a pass without it is refused. */
+typedef mp_status (*mp_stage_weights_hook)(void *context, void *window, size_t first,
+                                           size_t count, mp_error *err);
+void mp_stage_chain_set_weights_hook(mp_stage_chain *chain, mp_stage_weights_hook hook,
+                                     void *context);
 
 /* [*first, *end): the floats of the gradient array the stage's blocks hold (contiguous);
  * *first == *end without blocks. */

@@ -43,7 +43,9 @@ struct mp_trainer {
    * reduce-scatters over dp into this rank's part (the same elements as the moments'): on the
    * CPU grad_part, on the GPU the stage's (mp_gpt_stage_gpu_add_to_part); the tensors outside
    * the blocks accumulate whole and are reduce-scattered once, at the step's end. */
-  bool zero2;
+  bool zero2;             /* ZeRO 2 and 3 */
+  bool zero3;             /* ZeRO-3 (CPU): the blocks' parameters sharded too; each block's
+                             gathered into the chain's weights window before every pass */
   /* ZeRO's cut: zero_size dp ranks (all of dp, or with HSDP one shard group), this rank the
    * zero_rank-th, over zero_comm (NULL alone). */
   int zero_size, zero_rank;
@@ -103,12 +105,18 @@ mp_status mp_trainer_check_layout(const mp_plan *plan, mp_backend backend, mp_er
                    "\"selective\" or \"none\", or another schedule",
                    plan->source);
   }
-  if (plan->zero_stage >= 3) {
+  if (plan->zero_stage == 3 && backend == MP_BACKEND_CUDA) {
     return mp_fail(err, MP_ERR_INPUT,
-                   "%s: parallel.zero_stage %d can be planned but not run yet; the runtime "
-                   "trains ZeRO 0, 1 and 2 (zero_stage 2 shards the gradients and optimizer "
-                   "state)",
-                   plan->source, plan->zero_stage);
+                   "%s: parallel.zero_stage 3 runs on the CPU backend only for now; on the GPU "
+                   "use zero_stage 2 (gradients and optimizer state sharded), or --backend cpu",
+                   plan->source);
+  }
+  if (plan->zero_stage == 3 && strcmp(plan->schedule, "zb-h1") == 0) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "%s: parallel.zero_stage 3 gathers each block's parameters around its whole "
+                   "backward, but schedule zb-h1 splits the backward and defers the weight "
+                   "gradients; use 1f1b or interleaved-1f1b, or zero_stage 2",
+                   plan->source);
   }
   if (backend == MP_BACKEND_CUDA && mp_plan_zero_shard(plan) < plan->dp) {
     return mp_fail(err, MP_ERR_INPUT,
@@ -494,6 +502,87 @@ static mp_status zero2_block_grads(void *context, float *grads, size_t first, si
   return scatter_add_grads(hook->trainer, hook->chunk, grads, first, count, err);
 }
 
+/* ZeRO-3: counts[d] = how many of elements [first, first + count) of chunk c's flat layout dp
+ * rank d's part holds (its part is contiguous, the parts in dp-rank order). */
+static void part_counts(const mp_trainer *trainer, int c, size_t first, size_t count,
+                        size_t *counts) {
+  const size_t n = mp_gpt_tp_num_params(trainer->chunks[c]);
+  for (int d = 0; d < trainer->zero_size; ++d) {
+    size_t part_first = 0, part_count = 0;
+    mp_zero_part(n, trainer->zero_size, d, &part_first, &part_count);
+    const size_t lo = first > part_first ? first : part_first;
+    const size_t hi = first + count < part_first + part_count ? first + count
+                                                              : part_first + part_count;
+    counts[d] = hi > lo ? hi - lo : 0;
+  }
+}
+
+/* ZeRO-3, the chain's weights hook: block weights [first, first + count) of chunk c gathered
+ * over dp from the parts into the window. */
+static mp_status zero3_block_weights(void *context, void *window, size_t first, size_t count,
+                                     mp_error *err) {
+  const struct zero2_hook *hook = context;
+  mp_trainer *trainer = hook->trainer;
+  mp_gpt_tp *chunk = trainer->chunks[hook->chunk];
+  if (trainer->zero_comm == NULL) return mp_gpt_tp_copy_params(chunk, first, count, window, err);
+  part_counts(trainer, hook->chunk, first, count, trainer->scatter_counts);
+  const size_t mine = trainer->scatter_counts[trainer->zero_rank];
+  const size_t mine_first =
+      first > trainer->zero_first[hook->chunk] ? first : trainer->zero_first[hook->chunk];
+  const float *own = mine > 0 ? mp_gpt_tp_params_at(chunk, mine_first, mine) : NULL;
+  if (mine > 0 && own == NULL) {
+    return mp_fail(err, MP_ERR_RUNTIME, "ZeRO-3: this rank does not hold its part [%zu, +%zu)",
+                   mine_first, mine);
+  }
+  const double start = trace_now(trainer);
+  MP_TRY(mp_comm_all_gather_v_f32(trainer->zero_comm, own, window, trainer->scatter_counts, err));
+  if (trainer->options.trace != NULL) {
+    mp_trace_comm(trainer->options.trace, trainer->step, "all-gather",
+                  mp_comm_name(trainer->zero_comm), -1, count * sizeof(float), NULL, start,
+                  trace_now(trainer));
+  }
+  return MP_OK;
+}
+
+/* ZeRO-3 after the update: the tensors outside chunk c's blocks, which every rank keeps whole,
+ * gathered from the parts in place (the blocks' stay in the parts). */
+static mp_status zero3_gather_outside(mp_trainer *trainer, int c, mp_error *err) {
+  mp_gpt_tp *chunk = trainer->chunks[c];
+  size_t blocks_first = 0, blocks_end = 0, largest = 0;
+  mp_gpt_tp_blocks_range(chunk, &blocks_first, &blocks_end, &largest);
+  const size_t n = mp_gpt_tp_num_params(chunk);
+  const size_t runs[2][2] = {{0, blocks_first}, {blocks_end, n - blocks_end}};
+  for (int r = 0; r < 2 && trainer->zero_comm != NULL; ++r) {
+    if (runs[r][1] == 0) continue;
+    float *run = mp_gpt_tp_params_at(chunk, runs[r][0], runs[r][1]);
+    part_counts(trainer, c, runs[r][0], runs[r][1], trainer->scatter_counts);
+    MP_TRY(mp_comm_all_gather_v_f32(trainer->zero_comm, NULL, run, trainer->scatter_counts, err));
+  }
+  return MP_OK;
+}
+
+/* ZeRO-3, --save-weights: elements [first, first + count) of chunk c's flat parameters onto dp
+ * rank 0's dest, from the dp ranks whose parts hold them (every dp rank calls it; the others'
+ * dest is a send buffer of count floats). */
+static mp_status zero3_collect(mp_trainer *trainer, int c, size_t first, size_t count,
+                               float *dest, mp_error *err) {
+  mp_gpt_tp *chunk = trainer->chunks[c];
+  if (trainer->zero_comm == NULL) return mp_gpt_tp_copy_params(chunk, first, count, dest, err);
+  part_counts(trainer, c, first, count, trainer->scatter_counts);
+  size_t at = 0;
+  for (int d = 0; d < trainer->zero_size; ++d) {
+    const size_t len = trainer->scatter_counts[d];
+    if (len > 0 && d == trainer->zero_rank) {
+      MP_TRY(mp_gpt_tp_copy_params(chunk, first + at, len, dest + at, err));
+      if (d != 0) MP_TRY(mp_comm_send(trainer->zero_comm, dest + at, len * sizeof(float), 0, err));
+    } else if (len > 0 && trainer->zero_rank == 0) {
+      MP_TRY(mp_comm_recv(trainer->zero_comm, dest + at, len * sizeof(float), d, err));
+    }
+    at += len;
+  }
+  return MP_OK;
+}
+
 /* scatter_add_grads of a run of count floats (flat elements [first, first + count), at packed)
  * in buckets of MP_TRAINER_BUCKET_FLOATS, so no transient buffer grows with the model. */
 static mp_status scatter_add_run(mp_trainer *trainer, int c, const float *packed, size_t first,
@@ -724,8 +813,9 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
   trainer->zero_first = calloc((size_t)v, sizeof *trainer->zero_first);
   trainer->zero_count = calloc((size_t)v, sizeof *trainer->zero_count);
   const bool on_gpu = trainer->backend == MP_BACKEND_CUDA;
-  const bool zero2 = plan->zero_stage == 2;
+  const bool zero2 = plan->zero_stage >= 2;
   trainer->zero2 = zero2;
+  trainer->zero3 = plan->zero_stage == 3; /* CPU only (mp_trainer_check_layout) */
   if (zero2) {
     if (!on_gpu) trainer->grad_part = calloc((size_t)v, sizeof *trainer->grad_part);
     trainer->zero2_hooks = calloc((size_t)v, sizeof *trainer->zero2_hooks);
@@ -764,11 +854,14 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
     const int slots = mp_stage_worker_slots(&trainer->schedule, pp_rank, c);
     /* On the GPU the host stage only keeps the host copies (initialisation, gathering,
      * checkpoints): no activation slots. */
+    /* ZeRO's cut of the host stage: its gradients and (ZeRO-3) parameters (a GPU stage's host
+     * copy keeps whole arrays; the GPU stage windows its own gradients). */
+    const mp_gpt_tp_zero zero = {dp, dp_rank, zero2 && !on_gpu, trainer->zero3};
     status = mp_gpt_tp_create_stage(model, (int)plan->micro_batch, (int)plan->seq_len,
                                     &trainer->tp_table, plan->sequence_parallel, &range,
                                     on_gpu ? 0 : slots, zero_bubble && !on_gpu,
                                     on_gpu ? MP_RECOMPUTE_NONE : plan->recompute,
-                                    zero2 && !on_gpu, &trainer->chunks[c], err);
+                                    zero2 && !on_gpu ? &zero : NULL, &trainer->chunks[c], err);
     if (status == MP_OK) {
       status = mp_gpt_tp_init_params(trainer->chunks[c], plan->training.seed, err);
     }
@@ -791,9 +884,8 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
     const size_t n = mp_gpt_tp_num_params(trainer->chunks[c]);
     size_t first_param = 0, count = n;
     if (plan->zero_stage >= 1) {
+      mp_zero_part(n, dp, dp_rank, &first_param, &count);
       const size_t part = (n + (size_t)dp - 1) / (size_t)dp;
-      first_param = part * (size_t)dp_rank < n ? part * (size_t)dp_rank : n;
-      count = first_param + part < n ? part : n - first_param;
       if (part * (size_t)dp > largest) largest = part * (size_t)dp;
     }
     trainer->zero_first[c] = first_param;
@@ -812,6 +904,10 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
       trainer->zero2_hooks[c].chunk = c;
       mp_stage_chain_set_grads_hook(trainer->chains[c], zero2_block_grads,
                                     &trainer->zero2_hooks[c]);
+      if (trainer->zero3) {
+        mp_stage_chain_set_weights_hook(trainer->chains[c], zero3_block_weights,
+                                        &trainer->zero2_hooks[c]);
+      }
     }
     if (on_gpu) {
       /* The AdamW moments live on the GPU (this rank's part with ZeRO; with ZeRO-2 the part's
@@ -1089,23 +1185,31 @@ static mp_status write_piece(mp_llmc_writer *writer, const mp_gpt_layout *layout
  * in turn. No rank holds more than its state and tp x SAVE_PIECE_FLOATS floats. */
 static mp_status save_parallel(mp_trainer *trainer, const char *path, mp_error *err) {
   const mp_trainer_options *o = &trainer->options;
-  if (o->dp_rank != 0) return MP_OK; /* every dp replica holds the same parameters */
+  /* Every dp replica holds the same parameters; with ZeRO-3 the blocks' are spread over the dp
+   * ranks, which send dp rank 0 their parts of each piece. */
+  if (o->dp_rank != 0 && !trainer->zero3) return MP_OK;
   const mp_tp_comm *tp = &trainer->tp_table;
   const int P = trainer->plan->pp;
-  const bool writer_rank = o->pp_rank == 0 && tp->rank == 0;
+  const bool writer_rank = o->dp_rank == 0 && o->pp_rank == 0 && tp->rank == 0;
   mp_status status = MP_OK, file_status = MP_OK;
   mp_error file_err = MP_ERROR_INITIALIZER;
   mp_llmc_writer *writer = NULL;
   if (writer_rank) file_status = mp_llmc_writer_open(trainer->layout, path, &writer, &file_err);
-  float *gathered = malloc((size_t)tp->size * SAVE_PIECE_FLOATS * sizeof(float));
-  if (gathered == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory for a save's piece");
+  float *gathered = malloc((size_t)(tp->size + (trainer->zero3 ? 1 : 0)) * SAVE_PIECE_FLOATS *
+                          sizeof(float));
+  if (gathered == NULL) {
+    if (writer != NULL) mp_llmc_writer_abort(writer);
+    return mp_fail(err, MP_ERR_RUNTIME, "out of memory for a save's piece");
+  }
+  float *collected = gathered + (size_t)tp->size * SAVE_PIECE_FLOATS; /* ZeRO-3's piece */
   for (int c = 0; c < trainer->num_chunks && status == MP_OK; ++c) {
     if (trainer->gpu_chunks != NULL) {
       status = mp_gpt_stage_gpu_download_params(trainer->gpu_chunks[c], err);
       if (status != MP_OK) break;
     }
     mp_gpt_tp *chunk = trainer->chunks[c];
-    const float *params = mp_gpt_tp_params(chunk);
+    size_t blocks_first = 0, blocks_end = 0, largest = 0;
+    mp_gpt_tp_blocks_range(chunk, &blocks_first, &blocks_end, &largest);
     /* Each chunk has its own copy of the layout: indices, not pointers, cross between them. */
     const mp_gpt_tensor *first_tensor = mp_gpt_layout_tensor(mp_gpt_tp_layout(chunk), 0);
     for (int j = 0; j < mp_gpt_tp_num_tensors(chunk) && status == MP_OK; ++j) {
@@ -1116,10 +1220,16 @@ static mp_status save_parallel(mp_trainer *trainer, const char *path, mp_error *
         const size_t n = t->count - at < SAVE_PIECE_FLOATS ? t->count - at : SAVE_PIECE_FLOATS;
         const save_piece piece = {t->full - first_tensor, (int64_t)at, (int64_t)n,
                                   replicated ? 1 : tp->size};
+        const float *source = mp_gpt_tp_params_at(chunk, t->offset + at, n);
+        if (trainer->zero3 && t->offset >= blocks_first && t->offset < blocks_end) {
+          status = zero3_collect(trainer, c, t->offset + at, n, collected, err);
+          source = collected;
+        }
+        if (status != MP_OK || o->dp_rank != 0) continue;
         if (replicated) {
-          if (tp->rank == 0) memcpy(gathered, params + t->offset + at, n * sizeof(float));
+          if (tp->rank == 0) memcpy(gathered, source, n * sizeof(float));
         } else {
-          status = mp_tp_all_gather(tp, params + t->offset + at, gathered, n, err);
+          status = mp_tp_all_gather(tp, source, gathered, n, err);
         }
         if (status != MP_OK || tp->rank != 0) continue;
         if (o->pp_rank == 0) {
@@ -1134,7 +1244,7 @@ static mp_status save_parallel(mp_trainer *trainer, const char *path, mp_error *
       }
     }
   }
-  if (status == MP_OK && tp->rank == 0 && o->pp_rank > 0) {
+  if (status == MP_OK && o->dp_rank == 0 && tp->rank == 0 && o->pp_rank > 0) {
     const save_piece end = {-1, 0, 0, 0};
     status = mp_comm_send(o->pp, &end, sizeof end, 0, err);
   }
@@ -1278,14 +1388,15 @@ mp_status mp_trainer_evaluate(mp_trainer *trainer, mp_data_loader *data, int64_t
 static void adamw_range(mp_gpt_tp *chunk, size_t first, size_t count, float *grads, float *m,
                         float *v, const mp_training_config *t, double lr, int64_t step,
                         float grad_scale) {
-  float *params = mp_gpt_tp_params(chunk);
   const size_t end = first + count;
   for (int i = 0; i < mp_gpt_tp_num_tensors(chunk); ++i) {
     const mp_gpt_tp_tensor *tensor = mp_gpt_tp_tensor_at(chunk, i);
     const size_t lo = tensor->offset > first ? tensor->offset : first;
     const size_t hi = tensor->offset + tensor->count < end ? tensor->offset + tensor->count : end;
     if (lo >= hi) continue;
-    mp_adamw_update_scaled_cpu(params + lo, grads + (lo - first), m + (lo - first),
+    /* Where the stage keeps them (with ZeRO-3 not at their offsets: the part's own). */
+    float *params = mp_gpt_tp_params_at(chunk, lo, hi - lo);
+    mp_adamw_update_scaled_cpu(params, grads + (lo - first), m + (lo - first),
                                v + (lo - first),
                                hi - lo, (float)lr, (float)t->beta1, (float)t->beta2,
                                (float)t->eps,
@@ -1397,6 +1508,11 @@ static mp_status finish_parallel_step(mp_trainer *trainer, double lr, double *gr
     adamw_range(chunk, first, count, grads, trainer->chunk_m[c], trainer->chunk_v[c], t, lr,
                 trainer->step, scale);
     if (plan->zero_stage < 1 || trainer->zero_comm == NULL || trainer->zero_size == 1) continue;
+    /* ZeRO-3: only the tensors every rank keeps whole; the blocks' stay in the parts. */
+    if (trainer->zero3) {
+      MP_TRY(zero3_gather_outside(trainer, c, err));
+      continue;
+    }
     /* ZeRO-1 and 2: every dp rank updated its part; gather the whole array (over the shard
      * group with HSDP: the replicas updated the same parts alike). */
     const int size = trainer->zero_size;

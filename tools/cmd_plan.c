@@ -170,7 +170,8 @@ static void print_explain(const mp_planner_result *r) {
              k->zero_reduce_scatter_bytes / kGiB, k->dp_comm_s, k->dp_exposed_s, 100.0 * hidden);
     }
     if (l->zero_stage == 3) {
-      printf("  (ZeRO-3 is planned only: `mpengine run` trains ZeRO 0, 1 and 2)\n");
+      printf("  (ZeRO-3: `mpengine run` trains it on the CPU backend; on GPUs it is planned "
+             "only)\n");
     } else if (l->zero_stage == 2) {
       printf("  (ZeRO-2 on GPUs: `mpengine run` trains it, but its reduce-scatters do not yet "
              "overlap the backward as planned)\n");
@@ -313,7 +314,7 @@ int cmd_plan(int argc, char **argv) {
       {"virtual-stages", "V", "fix the model chunks per pipeline rank", NULL},
       {"recompute", "MODE", "fix recomputation: none, selective, full", NULL},
       {"sequence-parallel", "on|off", "fix sequence parallelism", NULL},
-      {"zero", "0|1|2|3", "fix the ZeRO stage (1: optimizer state sharded over dp; 2: and gradients, searched on CPU ranks; 3: and parameters, planned, not yet run)", NULL},
+      {"zero", "0|1|2|3", "fix the ZeRO stage (1: optimizer state sharded over dp; 2: and gradients, searched on CPU ranks; 3: and parameters, run on the CPU backend)", NULL},
       {"zero-shard-size", "S", "ZeRO 1 or 2 within groups of S dp ranks, replicated across them (HSDP; S divides --dp)", NULL},
       {"exhaustive", NULL, "simulate every layout instead of skipping those a bound shows cannot "
        "make the top K (the same ranking, slower)", NULL},

@@ -469,11 +469,16 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
     /* The dp collectives of a step. ZeRO 0 and 1 reduce once, after the rank's last backward;
      * ZeRO-2 reduce-scatters each block's gradients in every micro-batch's backward and the
      * rest (embedding, final norm, head) once, after the last (engine/trainer.h); ZeRO-3 also
-     * gathers each layer's weights for its forward and again for its backward (reshard after
-     * forward). The parameter all-gather of ZeRO 1 and 2 counts with the reduction, as one dp
+     * gathers each block's weights for its forward, its recomputed forward (full recomputation)
+     * and its backward in every micro-batch (reshard after forward), and the rest after the
+     * update. The parameter all-gather of ZeRO 1 and 2 counts with the reduction, as one dp
      * time (the overlap assumption of cost_model.h). */
     double dp_comm = 0.0;
     const double zero2_scatter_bytes = m * block_grad_bytes + (grad_bytes - block_grad_bytes);
+    const double block_weight_bytes = block_params * state.weights;
+    const double passes = layout->recompute == MP_RECOMPUTE_FULL ? 3.0 : 2.0;
+    const double zero3_gather_bytes =
+        m * passes * block_weight_bytes + (weight_bytes - block_weight_bytes);
     if (zero == 1) {
       dp_comm = frac * (grad_bytes + weight_bytes) / shard_bw + 2.0 * (shard - 1) * shard_lat +
                 replicas_s;
@@ -481,16 +486,16 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
       dp_comm = frac * zero2_scatter_bytes / shard_bw + (m + 1.0) * (shard - 1) * shard_lat +
                 frac * weight_bytes / shard_bw + (shard - 1) * shard_lat + replicas_s;
     } else if (zero == 3) {
-      dp_comm = m * (frac * (2.0 * weight_bytes + grad_bytes) / dp_bw + 3.0 * (d - 1) * dp_lat);
+      dp_comm = frac * (zero3_gather_bytes + zero2_scatter_bytes) / shard_bw +
+                (m * (passes + 1.0) + 2.0) * (shard - 1) * shard_lat;
     } else if (d > 1) {
       dp_comm = mp_cost_allreduce_seconds(grad_bytes, d, dp_bw, dp_lat);
     }
     rank->dp_comm_s = dp_comm * slowdown;
-    rank->zero_gather_bytes = zero == 3   ? m * 2.0 * frac * weight_bytes
+    rank->zero_gather_bytes = zero == 3   ? frac * zero3_gather_bytes
                               : zero >= 1 ? frac * weight_bytes
                                           : 0.0;
-    rank->zero_reduce_scatter_bytes = zero == 3   ? m * frac * grad_bytes
-                                      : zero == 2 ? frac * zero2_scatter_bytes
+    rank->zero_reduce_scatter_bytes = zero >= 2   ? frac * zero2_scatter_bytes
                                       : zero == 1 ? frac * grad_bytes
                                                   : 0.0;
     const int last = schedule->ranks[r].num_actions - 1;
@@ -507,12 +512,17 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
 
     const mp_state_bytes sharded = mp_cost_sharded_state_bytes(cluster, layout);
     rank->weights_bytes = params * sharded.weights;
-    /* ZeRO-3 gathers a layer's weights while it computes and prefetches the next one's. */
-    if (zero == 3) rank->weights_bytes += 2.0 * largest_layer * state.weights;
+    /* ZeRO-3 keeps its part of the blocks' weights, the weights outside the blocks whole (every
+     * rank's embedding, final norm and head) and one block's at a time in a window. */
+    if (zero == 3) {
+      rank->weights_bytes = (block_params / (double)shard + (params - block_params)) *
+                                state.weights +
+                            largest_block * state.weights;
+    }
     rank->grads_bytes = params * sharded.grads;
-    /* ZeRO-2 keeps the tensors outside the blocks whole until the step's end (their dp part
-     * counted above, with the blocks'). */
-    if (zero == 2) rank->grads_bytes += (params - block_params) * state.grads;
+    /* ZeRO 2 and 3 keep the gradients outside the blocks whole until the step's end (their dp
+     * part counted above, with the blocks'). */
+    if (zero >= 2) rank->grads_bytes += (params - block_params) * state.grads;
     const double d_shard = (double)shard;
     rank->optimizer_bytes = params * sharded.optimizer;
     rank->activation_bytes = sim.peak_activation_memory[r];
@@ -521,7 +531,7 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
     /* The dp collectives' buffers: every bucket's temporaries on CPU ranks (ZeRO 0 and 1). ZeRO-2:
      * the one-block window, and one reduce-scatter's input at a time (the window, or a bucket of
      * the tensors outside the blocks) and its output; ZeRO-3: one layer's gradients. */
-    if (d > 1 && zero == 2) {
+    if (d > 1 && zero >= 2) {
       const double bucket = fmax(largest_block, (double)MP_COST_ZERO2_BUCKET_FLOATS) * state.grads;
       const double scatter = fmin(bucket, grad_bytes);
       rank->workspace_bytes += largest_block * state.grads +

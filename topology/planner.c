@@ -623,9 +623,10 @@ static void enumerate(search *s, const mp_planner_options *o, int64_t global_bat
               for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
                 if (o->sequence_parallel >= 0 && sp != o->sequence_parallel) continue;
                 /* The search keeps to the stages the runtime trains as the cost model has them:
-                 * 0 and 1, and 2 on CPU ranks (on GPUs its reduce-scatters do not yet overlap
-                 * the backward); the others are planned when asked for (--zero). */
-                const int runnable = s->cluster->cores_per_node > 0 ? 2 : 1;
+                 * 0 and 1, and 2 and 3 on CPU ranks (on GPUs ZeRO-2's reduce-scatters do not
+                 * yet overlap the backward, and ZeRO-3 runs on the CPU only); the others are
+                 * planned when asked for (--zero). */
+                const int runnable = s->cluster->cores_per_node > 0 ? 3 : 1;
                 const int last_zero = dp == 1                    ? 0
                                       : o->zero_stage > runnable ? o->zero_stage
                                                                  : runnable;

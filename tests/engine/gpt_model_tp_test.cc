@@ -215,7 +215,17 @@ struct Variant {
   bool deferred;
   mp_recompute recompute;
   bool windowed = false;  // ZeRO-2's gradient window, taken by a hook after every block
+  bool zero3 = false;     // and ZeRO-3's: this stage holds dp rank 0 of 2's part of the blocks'
+                          // parameters, each block's gathered into a weights window by a hook
 };
+
+// ZeRO-3's weights hook here: the block's weights from a whole stage of the same seed (what the
+// dp ranks' parts make together).
+mp_status CopyWeights(void *context, void *window, size_t first, size_t count, mp_error *) {
+  const float *whole = static_cast<const float *>(context);
+  std::copy(whole + first, whole + first + count, static_cast<float *>(window));
+  return MP_OK;
+}
 
 // The hook of a windowed stage: each block's window added into the full array at its offsets.
 mp_status AddWindow(void *context, float *grads, size_t first, size_t count, mp_error *) {
@@ -230,14 +240,50 @@ fvec StageGradients(const mp_model *model, bool sp, const Variant &v, mp_error *
   if (mp_gpt_layout_create(model, kT, &layout, err) != MP_OK) return {};
   const mp_gpt_stage whole = mp_gpt_stage_whole(mp_gpt_layout_config(layout)->num_layers);
   mp_gpt_layout_free(layout);
+  const mp_gpt_tp_zero zero = {2, 0, v.windowed, v.zero3};
   if (mp_gpt_tp_create_stage(model, kB, kT, &g_tp, sp, &whole, 2, v.deferred, v.recompute,
-                             v.windowed, &stage, err) != MP_OK ||
+                             v.windowed ? &zero : nullptr, &stage, err) != MP_OK ||
       mp_gpt_tp_init_params(stage, 11, err) != MP_OK) {
     mp_gpt_tp_free(stage);
     return {};
   }
   fvec windowed(mp_gpt_tp_num_params(stage), 0.0f);
   if (v.windowed) mp_stage_chain_set_grads_hook(mp_gpt_tp_chain(stage), AddWindow, &windowed);
+  mp_gpt_tp *reference = nullptr;  // ZeRO-3: the whole parameters the dp ranks' parts make
+  if (v.zero3) {
+    if (mp_gpt_tp_create_stage(model, kB, kT, &g_tp, sp, &whole, 1, false, MP_RECOMPUTE_NONE,
+                               nullptr, &reference, err) != MP_OK ||
+        mp_gpt_tp_init_params(reference, 11, err) != MP_OK) {
+      mp_gpt_tp_free(reference);
+      mp_gpt_tp_free(stage);
+      return {};
+    }
+    mp_stage_chain_set_weights_hook(mp_gpt_tp_chain(stage), CopyWeights,
+                                    mp_gpt_tp_params(reference));
+    // The sharded stage initialised exactly its own elements: every tensor's held ones equal
+    // the whole stage's, and of the blocks it holds the first half of the parameters' part.
+    size_t held = 0;
+    for (int i = 0; i < mp_gpt_tp_num_tensors(stage); ++i) {
+      size_t first = 0, count = 0;
+      float *data = nullptr;
+      mp_gpt_tp_held_params(stage, i, &first, &count, &data);
+      const float *want = mp_gpt_tp_params(reference) + mp_gpt_tp_tensor_at(stage, i)->offset;
+      if (count > 0 && !std::equal(data, data + count, want + first)) {
+        *err = mp_error{};
+        mp_fail(err, MP_ERR_RUNTIME, "ZeRO-3: tensor %d's held parameters differ", i);
+        mp_gpt_tp_free(reference);
+        mp_gpt_tp_free(stage);
+        return {};
+      }
+      held += count;
+    }
+    if (held >= mp_gpt_tp_num_params(stage)) {
+      mp_fail(err, MP_ERR_RUNTIME, "ZeRO-3: the stage holds all %zu parameters", held);
+      mp_gpt_tp_free(reference);
+      mp_gpt_tp_free(stage);
+      return {};
+    }
+  }
   bool ok = true;
   for (int micro = 0; micro < 2 && ok; micro++) {
     const auto inputs = Tokens(300 + micro, kB * kT, 45), targets = Tokens(400 + micro, kB * kT, 45);
@@ -273,6 +319,7 @@ fvec StageGradients(const mp_model *model, bool sp, const Variant &v, mp_error *
     ok = ok && in_array == mp_gpt_tp_grads_floats(stage);
     if (ok) grads = windowed;
   }
+  mp_gpt_tp_free(reference);
   mp_gpt_tp_free(stage);
   return grads;
 }
@@ -298,9 +345,11 @@ void CheckVariants(bool sp, const char *text = kModel) {
   // group first under sequence parallelism), so their sum over micro-batches is added in
   // another order: equal within float round-off. With zero-bubble's B then W only the GEMM
   // weights' pass through it, in W.
-  const Variant windows[] = {{"a gradient window", false, MP_RECOMPUTE_NONE, true},
-                             {"zero-bubble B then W through a gradient window", true,
-                              MP_RECOMPUTE_NONE, true}};
+  const Variant windows[] = {
+      {"a gradient window", false, MP_RECOMPUTE_NONE, true},
+      {"zero-bubble B then W through a gradient window", true, MP_RECOMPUTE_NONE, true},
+      {"ZeRO-3: gradient and weights windows", false, MP_RECOMPUTE_NONE, true, true},
+      {"ZeRO-3 with full recomputation", false, MP_RECOMPUTE_FULL, true, true}};
   for (const Variant &window : windows) {
     const fvec grads = StageGradients(model, sp, window, &err);
     ASSERT_EQ(whole.size(), grads.size()) << window.name << ": " << err.message;
@@ -313,8 +362,9 @@ void CheckVariants(bool sp, const char *text = kModel) {
   const mp_gpt_stage stage_range = mp_gpt_stage_whole(mp_gpt_layout_config(layout)->num_layers);
   mp_gpt_layout_free(layout);
   mp_gpt_tp *stage = nullptr;
+  const mp_gpt_tp_zero zero2 = {1, 0, true, false};
   ASSERT_EQ(MP_OK, mp_gpt_tp_create_stage(model, kB, kT, &g_tp, sp, &stage_range, 1, false,
-                                          MP_RECOMPUTE_NONE, true, &stage, &err))
+                                          MP_RECOMPUTE_NONE, &zero2, &stage, &err))
       << err.message;
   const auto tokens = Tokens(300, kB * kT, 45);
   double loss = 0;
@@ -326,10 +376,26 @@ void CheckVariants(bool sp, const char *text = kModel) {
   double squares = 0;
   EXPECT_EQ(MP_ERR_INPUT, mp_gpt_tp_grad_norm_squared(stage, &squares, &err));
   mp_gpt_tp_free(stage);
+  // ZeRO-3's blocks cannot run without their weights: a forward with no weights hook is refused,
+  // and so are ZeRO-3 with deferred weight gradients and the full gather of a sharded stage.
+  const mp_gpt_tp_zero zero3 = {2, 1, true, true};
+  ASSERT_EQ(MP_OK, mp_gpt_tp_create_stage(model, kB, kT, &g_tp, sp, &stage_range, 1, false,
+                                          MP_RECOMPUTE_NONE, &zero3, &stage, &err))
+      << err.message;
+  EXPECT_EQ(MP_ERR_INPUT, mp_gpt_tp_forward_stage(stage, 0, tokens.data(), tokens.data(), nullptr,
+                                                  nullptr, 1.0f, &loss, &err));
+  EXPECT_NE(nullptr, std::strstr(err.message, "no weights hook is set")) << err.message;
+  std::vector<float> full(mp_gpt_tp_num_params(stage));
+  EXPECT_EQ(MP_ERR_INPUT, mp_gpt_tp_gather_params(stage, full.data(), &err));
+  mp_gpt_tp_free(stage);
+  stage = nullptr;
+  EXPECT_EQ(MP_ERR_INPUT, mp_gpt_tp_create_stage(model, kB, kT, &g_tp, sp, &stage_range, 1, true,
+                                                 MP_RECOMPUTE_NONE, &zero3, &stage, &err));
+  EXPECT_NE(nullptr, std::strstr(err.message, "ZeRO-3")) << err.message;
   mp_model_free(model);
 }
 
-// (and a ZeRO-2 gradient window, within round-off)
+// (and ZeRO 2 and 3's windows, within round-off)
 TEST(StageChain, ZeroBubbleAndRecomputationAddTheWholeBackwardsGradients) { CheckVariants(false); }
 TEST(StageChain, ZeroBubbleAndRecomputationAddTheWholeBackwardsGradientsWithSequenceParallelism) {
   CheckVariants(true);

@@ -145,7 +145,7 @@ struct Fixture {
     mp_gpt_stage range;
     if (mp_gpt_stage_of_chain(kL, first, end, &range, &err) != MP_OK) return false;
     return mp_gpt_tp_create_stage(model, kB, kT, &single, sp, &range, 0, false,
-                                  MP_RECOMPUTE_NONE, false, &s->host, &err) == MP_OK;
+                                  MP_RECOMPUTE_NONE, nullptr, &s->host, &err) == MP_OK;
   }
 
   // Host stage, its GPU twin with num_slots slots, parameters from kSeed uploaded.
@@ -350,7 +350,7 @@ void ExpectGpuStageMatchesCpuStage(int first, int end, const char *model = kMode
   ASSERT_EQ(mp_gpt_stage_of_chain(kL, first, end, &range, &f.err), MP_OK) << f.err.message;
   Stage cpu;
   ASSERT_EQ(mp_gpt_tp_create_stage(f.model, kB, kT, &f.single, false, &range, 1, false,
-                                   MP_RECOMPUTE_NONE, false, &cpu.host, &f.err),
+                                   MP_RECOMPUTE_NONE, nullptr, &cpu.host, &f.err),
             MP_OK)
       << f.err.message;
   ASSERT_EQ(mp_gpt_tp_num_params(cpu.host), n);

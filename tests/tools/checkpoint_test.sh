@@ -42,6 +42,7 @@ plan "$tmp/pp2-tp2.json" 1 2 2
 plan "$tmp/dp2-tp2-zero1.json" 2 1 2 1f1b 1 1
 plan "$tmp/dp2-pp2-zero2.json" 2 2 1 1f1b 1 2
 plan "$tmp/dp4-zero2.json" 4 1 1 1f1b 1 2
+plan "$tmp/dp2-pp2-zero3.json" 2 2 1 1f1b 1 3
 # Hybrid sharding: ZeRO-2 in two groups of 2 dp ranks (zero_shard_size 2).
 sed 's/"zero_stage": 2}/"zero_stage": 2, "zero_shard_size": 2}/' "$tmp/dp4-zero2.json" > "$tmp/dp4-zero2-hsdp.json"
 run() { $mpengine run --backend cpu "$@"; }
@@ -138,6 +139,21 @@ resume_from z2-to-one "$tmp/z2/step-10" "$tmp/tp1.json" "$tmp/z2-to-one.jsonl"
 close "saved (2,2,1) ZeRO-2, resumed on one rank" "$tmp/z2.jsonl" "$tmp/z2-to-one.jsonl"
 resume_from 3d-to-z2 "$tmp/3d/step-10" "$tmp/dp2-pp2-zero2.json" "$tmp/3d-to-z2.jsonl"
 close "saved (2,2,2) ZeRO-1, resumed (2,2,1) ZeRO-2" "$tmp/3d.jsonl" "$tmp/3d-to-z2.jsonl"
+# ZeRO-3 (the blocks' parameters in parts too): each file's parameters and moments come from
+# every dp rank's part; bit-exact under its own layout, resumed on one rank, and a ZeRO-2
+# checkpoint resumed as ZeRO-3.
+expect 0 "checkpoint: saved $tmp/z3/step-10" "done: 20 steps" -- \
+  run --config "$tmp/dp2-pp2-zero3.json" --checkpoint-dir "$tmp/z3" --save-every 10 --metrics "$tmp/z3.jsonl"
+resume_from z3-resumed "$tmp/z3/step-10" "$tmp/dp2-pp2-zero3.json" "$tmp/z3-resumed.jsonl"
+exact "(2,2,1) ZeRO-3" "$tmp/z3.jsonl" "$tmp/z3-resumed.jsonl" "$tmp/z3" "$tmp/z3-resumed"
+for file in "$tmp/z2"/step-10/*.bin; do
+  cmp -s "$file" "$tmp/z3/step-10/${file##*/}" || fail "ZeRO-3's step-10/${file##*/} differs from ZeRO-2's"
+done
+resume_from z3-to-one "$tmp/z3/step-10" "$tmp/tp1.json" "$tmp/z3-to-one.jsonl"
+close "saved (2,2,1) ZeRO-3, resumed on one rank" "$tmp/z3.jsonl" "$tmp/z3-to-one.jsonl"
+resume_from z2-to-z3 "$tmp/z2/step-10" "$tmp/dp2-pp2-zero3.json" "$tmp/z2-to-z3.jsonl"
+close "saved (2,2,1) ZeRO-2, resumed ZeRO-3" "$tmp/z2.jsonl" "$tmp/z2-to-z3.jsonl"
+
 # HSDP: the first shard group's moments make the files (its replicas hold the same); bit-exact
 # under its own layout, and resumed with ZeRO-2 over all 4 dp ranks.
 expect 0 "checkpoint: saved $tmp/hsdp/step-10" "done: 20 steps" -- \

@@ -23,8 +23,10 @@
 # (4,1,1), (2,2,1), (2,1,2) with sequence parallelism, (2,2,2) with 1f1b, (2,2,1) interleaved
 # with v = 2, and zb-h1 at (2,2,1) and (2,2,2) with sequence parallelism, each with zero_stage 2:
 # every rank keeps only its part of the gradients between steps, and the numbers are the
-# one-rank run's; and hybrid sharding (HSDP) at dp = 4 in groups of 2 (zero_shard_size 2) with
-# ZeRO 2 and 1.
+# one-rank run's; hybrid sharding (HSDP) at dp = 4 in groups of 2 (zero_shard_size 2) with
+# ZeRO 2 and 1; and ZeRO-3 (the blocks' parameters sharded too) at (2,1,1), (4,1,1), (2,2,1),
+# (2,1,2) with sequence parallelism, (2,2,2), (2,2,1) interleaved and (2,2,1) with full
+# recomputation.
 set -uo pipefail
 mpengine=${1:-${MPENGINE:-tools/mpengine}}
 model=${2:-tiny-gpt}
@@ -144,7 +146,12 @@ if [ "$mode" = zero ]; then
            "dp2-pp2-zb-h1-zero2 2 2 1 zb-h1 1 false 2"
            "dp2-pp2-tp2-sp-zb-h1-zero2 2 2 2 zb-h1 1 true 2"
            "dp4-zero2-hsdp2 4 1 1 1f1b 1 false 2 none 2"
-           "dp4-zero1-hsdp2 4 1 1 1f1b 1 false 1 none 2")
+           "dp4-zero1-hsdp2 4 1 1 1f1b 1 false 1 none 2"
+           "dp2-zero3 2 1 1 1f1b 1 false 3" "dp4-zero3 4 1 1 1f1b 1 false 3"
+           "dp2-pp2-zero3 2 2 1 1f1b 1 false 3" "dp2-tp2-sp-zero3 2 1 2 1f1b 1 true 3"
+           "dp2-pp2-tp2-zero3 2 2 2 1f1b 1 false 3"
+           "dp2-pp2-interleaved-v2-zero3 2 2 1 interleaved-1f1b 2 false 3"
+           "dp2-pp2-recompute-full-zero3 2 2 1 1f1b 1 false 3 full")
 fi
 plan serial 1 1 1 1f1b
 run serial

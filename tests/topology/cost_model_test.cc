@@ -263,16 +263,15 @@ TEST(CostModel, OneStageStepAndMemoryByHand) {
 }
 
 // ZeRO's stages over dp 4 (Rajbhandari et al. 2020, Figure 1: the model states of each stage,
-// here with mixed precision's 2 + 4 + 12 bytes per parameter): 1 divides the optimizer state, 2
-// the gradients too, 3 the weights too (plus two layers' weights gathered, the one computing and
-// the one prefetched); 2 and 3 reduce only one layer's gradients at a time. ZeRO-2 as the runtime
-// runs it (engine/trainer.h): the blocks' gradients pass through a one-block window, the rest
-// (embedding, final norm; the head is tied) stays whole until the step's end, and one
-// reduce-scatter's output (here a dp part) is a buffer of its own. Their dp traffic per step:
-// ZeRO-2 reduce-scatters the blocks' gradients in each of the m micro-batches, the rest once, and
-// gathers the weights once; ZeRO-3 gathers every layer's weights for its forward and again for
-// its backward in each micro-batch and reduce-scatters its gradients; both hide under the step's
-// compute.
+// here with mixed precision's 2 + 4 + 12 bytes per parameter), as the runtime runs them
+// (engine/trainer.h): 1 divides the optimizer state; 2 the blocks' gradients too, which pass
+// through a one-block window, while the rest (embedding, final norm; the head is tied) stays
+// whole until the step's end, and one reduce-scatter's output (here a dp part) is a buffer of
+// its own; 3 the blocks' weights too, each gathered into a one-block window, the rest whole.
+// Their dp traffic per step: ZeRO-2 reduce-scatters the blocks' gradients in each of the m
+// micro-batches, the rest once, and gathers the weights once; ZeRO-3 reduce-scatters as 2 and
+// gathers each block's weights for its forward and again for its backward in every
+// micro-batch, the rest once after the update; both hide under the step's compute.
 TEST(CostModel, ZeroStagesDivideTheModelStatesAndCostTheirCollectives) {
   Model m;
   mp_cluster c = hand_cluster();
@@ -287,23 +286,24 @@ TEST(CostModel, ZeroStagesDivideTheModelStatesAndCostTheirCollectives) {
     l.zero_stage = zero;
     ASSERT_EQ(mp_cost_estimate(&c, m.model, &l, nullptr, e.get(), &err), MP_OK) << err.message;
     const mp_rank_estimate &r = e->ranks[0];
-    const double weights = zero == 3 ? 2 * P / d + 2 * 2 * largest : 2 * P;
-    const double grads = zero == 2 ? 4 * P / d + 4 * outside : zero == 3 ? 4 * P / d : 4 * P;
+    // ZeRO-3: its part of the blocks' weights, the rest whole, one block's in the window.
+    const double weights = zero == 3 ? 2 * (blocks / d + outside) + 2 * largest : 2 * P;
+    const double grads = zero >= 2 ? 4 * P / d + 4 * outside : 4 * P;
     const double optimizer = zero >= 1 ? 12 * P / d : 12 * P;
     EXPECT_DOUBLE_EQ(r.weights_bytes, weights) << "zero " << zero;
     EXPECT_DOUBLE_EQ(r.grads_bytes, grads) << "zero " << zero;
     EXPECT_DOUBLE_EQ(r.optimizer_bytes, optimizer) << "zero " << zero;
     // One layer's gradient buffer with 2 and 3; none beyond the workspace on a GPU otherwise.
     EXPECT_DOUBLE_EQ(r.workspace_bytes, 0.05 * kGiB + (zero >= 2 ? 4 * largest : 0.0) +
-                                            (zero == 2 ? 4 * P / d : 0.0))
+                                            (zero >= 2 ? 4 * P / d : 0.0))
         << "zero " << zero;
     expected_memory[zero] = r.memory_bytes;
-    const double gathers = zero == 3 ? mb * 2 * frac * 2 * P : zero >= 1 ? frac * 2 * P : 0.0;
+    // ZeRO-3 gathers each block's weights for its forward and its backward in every
+    // micro-batch, and the rest once after the update.
+    const double zero3_gathers = frac * (mb * 2 * 2 * blocks + 2 * outside);
+    const double gathers = zero == 3 ? zero3_gathers : zero >= 1 ? frac * 2 * P : 0.0;
     const double zero2_scatters = frac * (mb * 4 * blocks + 4 * outside);
-    const double scatters = zero == 3   ? mb * frac * 4 * P
-                            : zero == 2 ? zero2_scatters
-                            : zero == 1 ? frac * 4 * P
-                                        : 0.0;
+    const double scatters = zero >= 2 ? zero2_scatters : zero == 1 ? frac * 4 * P : 0.0;
     EXPECT_DOUBLE_EQ(r.zero_gather_bytes, gathers) << "zero " << zero;
     EXPECT_DOUBLE_EQ(r.zero_reduce_scatter_bytes, scatters) << "zero " << zero;
     const double F = e->stage_forward_s[0], B = e->stage_backward_s[0];
@@ -315,7 +315,7 @@ TEST(CostModel, ZeroStagesDivideTheModelStatesAndCostTheirCollectives) {
       EXPECT_NEAR(r.optimizer_s, P * 30 / d / 1e11, 1e-15);
     }
     if (zero == 3) {
-      EXPECT_NEAR(r.dp_comm_s, mb * frac * (2 * 2 * P + 4 * P) / 1e9, 1e-15);
+      EXPECT_NEAR(r.dp_comm_s, (zero3_gathers + zero2_scatters) / 1e9, 1e-15);
       EXPECT_NEAR(r.dp_exposed_s, std::fmax(0.0, r.dp_comm_s - mb * (F + B)), 1e-15);
     }
   }
