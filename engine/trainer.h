@@ -32,7 +32,11 @@
  * with zb-h1 the blocks' norms and biases) accumulate whole and are reduce-scattered once, after
  * step 3's tied-embedding sum; the norm (each tensor's squares over
  * the parts, summed over dp in rank order), clipping and AdamW run on the parts, then the
- * parameters are all-gathered as with ZeRO-1.
+ * parameters are all-gathered as with ZeRO-1. ZeRO-3 (zero_stage 3, CPU backend, not zb-h1)
+ * keeps of the blocks' parameters only the part too (mp_gpt_tp_zero): each block's weights are
+ * gathered over dp into the chain's weights window before its forward, recomputed forward and
+ * backward (its weights hook), and after the update only the tensors outside the blocks, which
+ * every rank keeps whole, are gathered.
  * The loss, averaged over the global batch, is known on every rank after the step. Every rank of
  * the job calls every function in the same order.
  *
@@ -103,9 +107,10 @@ mp_status mp_trainer_create(const mp_plan *plan, const mp_model *model, mp_data_
                             mp_backend backend, mp_trainer **out, mp_error *err);
 
 /* MP_OK when this trainer can run the plan's layout on `backend` (both backends run the same
- * layouts); else MP_ERR_INPUT naming the plan file and what to change (full recomputation with
- * zb-h1, ZeRO-3). mp_trainer_create_parallel checks it too; `mpengine run` calls
- * it before launching ranks. */
+ * layouts, but ZeRO-3 and hybrid sharding on the CPU only); else MP_ERR_INPUT naming the plan
+ * file and what to change (full recomputation or ZeRO-3 with zb-h1; ZeRO-3 or hybrid sharding
+ * on the CUDA backend). mp_trainer_create_parallel checks it too; `mpengine run` calls it
+ * before launching ranks. */
 mp_status mp_trainer_check_layout(const mp_plan *plan, mp_backend backend, mp_error *err);
 
 /* What a parallel run adds to mp_trainer_create. Start from MP_TRAINER_OPTIONS_INITIALIZER so

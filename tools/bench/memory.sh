@@ -19,7 +19,7 @@
 #
 # Then ZeRO over dp = 4 (issue 17): ZERO_MODEL (default examples/models/gpt2-124m.json, four full
 # replicas must fit this machine) at (dp, pp, tp) = (4, 1, 1) with each of ZERO_STAGES (default
-# "0 1 2"; 3 is planned, not run), one step and a checkpoint save: every rank's peak beside the
+# "0 1 2 3"), one step and a checkpoint save: every rank's peak beside the
 # plan's prediction (target: <= 1.15 x prediction + 200 MiB) and the model state (weights,
 # gradients, moments) the plan gives a rank, which ZeRO divides by dp. ZERO_STAGES= skips it.
 set -uo pipefail
@@ -137,7 +137,7 @@ done
 
 # ZeRO over dp = 4.
 zero_model=${ZERO_MODEL:-examples/models/gpt2-124m.json}
-read -r -a zero_stages <<< "${ZERO_STAGES-0 1 2}"
+read -r -a zero_stages <<< "${ZERO_STAGES-0 1 2 3}"
 if [ ${#zero_stages[@]} -gt 0 ]; then
   printf '\n%s at (dp, pp, tp) = (4, 1, 1), one step and a checkpoint save, per ZeRO stage\n' "$zero_model"
   printf '%-8s %5s %10s %10s %16s %s\n' zero rank "peak MiB" "plan MiB" "state MiB/rank" target

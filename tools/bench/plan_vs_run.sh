@@ -19,9 +19,10 @@
 #   tp2      gpt2-124m, tp = 2
 #   dp2      gpt2-124m, dp = 2
 #   quick8   the quickstart's tiny-gpt on 8 ranks, dp = pp = tp = 2, 1f1b, global batch 16
-#   dp4-zero0, dp4-zero1, dp4-zero2   gpt2-124m, dp = 4, ZeRO 0, 1 and 2 (issue 17: the cost of
-#            ZeRO-2's reduce-scatter in every micro-batch and its parameter gather, measured), 2
-#            micro-batches per dp rank
+#   dp4-zero0 .. dp4-zero3   gpt2-124m, dp = 4, ZeRO 0, 1, 2 and 3 (issue 17: the cost of
+#            ZeRO-2's reduce-scatter in every micro-batch, of ZeRO-3's block gathers before every
+#            forward and backward, and of the parameter gather, measured), 2 micro-batches per dp
+#            rank
 #
 #   tools/bench/plan_vs_run.sh                    # after `bazel build //tools:mpengine`
 #   CASES="1rank quick8" REPEATS=3 tools/bench/plan_vs_run.sh
@@ -37,7 +38,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 bin=${MPENGINE:-bazel-bin/tools/mpengine}
-read -r -a cases <<< "${CASES:-1rank pp2 tp2 dp2 quick8 dp4-zero0 dp4-zero1 dp4-zero2}"
+read -r -a cases <<< "${CASES:-1rank pp2 tp2 dp2 quick8 dp4-zero0 dp4-zero1 dp4-zero2 dp4-zero3}"
 repeats=${REPEATS:-1}
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/mpengine-plan-vs-run.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
@@ -66,7 +67,7 @@ case_args() { # case_args NAME: prints "MODEL STEPS PLAN-OPTIONS..."
     tp2) echo "$gpt2 5 --gpus 2 --dp 1 --pp 1 --tp 2 --global-batch 2 --micro-batch 1 --seq-len 128 --sequence-parallel off $fixed" ;;
     dp2) echo "$gpt2 5 --gpus 2 --dp 2 --pp 1 --tp 1 --global-batch 2 --micro-batch 1 --seq-len 128 $fixed" ;;
     quick8) echo "$tiny 40 --gpus 8 --dp 2 --pp 2 --tp 2 --schedule 1f1b --global-batch 16" ;;
-    dp4-zero[0-2]) echo "$gpt2 4 --gpus 4 --dp 4 --pp 1 --tp 1 --global-batch 8 --micro-batch 1 --seq-len 128 --schedule 1f1b --virtual-stages 1 --recompute none --zero ${1#dp4-zero}" ;;
+    dp4-zero[0-3]) echo "$gpt2 4 --gpus 4 --dp 4 --pp 1 --tp 1 --global-batch 8 --micro-batch 1 --seq-len 128 --schedule 1f1b --virtual-stages 1 --recompute none --zero ${1#dp4-zero}" ;;
     *) return 1 ;;
   esac
 }
