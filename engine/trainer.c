@@ -1322,7 +1322,10 @@ mp_status mp_trainer_chunk_cpu_state(mp_trainer *trainer, int chunk, mp_trainer_
                      n);
     }
   }
-  out->params = mp_gpt_tp_params(trainer->chunks[chunk]);
+  /* ZeRO-3 keeps the blocks' parameters in parts, not in the shard's layout: no flat array. */
+  out->params = mp_gpt_tp_sharded_params(trainer->chunks[chunk])
+                    ? NULL
+                    : mp_gpt_tp_params(trainer->chunks[chunk]);
   out->params_count = mp_gpt_tp_num_params(trainer->chunks[chunk]);
   out->adam_m = trainer->chunk_m[chunk];
   out->adam_v = trainer->chunk_v[chunk];

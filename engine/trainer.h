@@ -199,8 +199,9 @@ mp_status mp_trainer_cpu_state(mp_trainer *trainer, float **params, float **adam
  * flat shard arrays (mp_gpt_tp_params / grads of mp_trainer_chunk, params_count floats) and
  * AdamW's moments of elements [moments_first, moments_first + moments_count) of them — all of
  * them without ZeRO, this dp rank's part with ZeRO 1 and 2 (dp rank d holds part d of dp equal parts of
- * ceil(params_count / dp) floats, the last one shorter). MP_ERR_INPUT when the run is not
- * parallel or chunk is out of range. */
+ * ceil(params_count / dp) floats, the last one shorter). With ZeRO-3 params is NULL: the chunk
+ * keeps of its blocks only that part (mp_gpt_tp_held_params of mp_trainer_chunk). MP_ERR_INPUT
+ * when the run is not parallel or chunk is out of range. */
 typedef struct {
   float *params;
   size_t params_count;
