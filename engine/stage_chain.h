@@ -33,6 +33,11 @@
  * Full recomputation: each slot keeps its tokens and input only; the backward reruns the forward
  * into one shared set of activations. Selective: the attention's saved matrices are shared and
  * recomputed before each layer's backward (where the backend's are worth dropping).
+ *
+ * ZeRO (engine/trainer.h): with a gradient window (ZeRO 2 and 3) each block's gradients are
+ * formed in one window that a hook hands to the data-parallel reduce-scatter as the block's
+ * backward (or W) ends; with a weights window (ZeRO-3) a hook gathers each block's weights into
+ * it before every pass over the block. The tensors outside the blocks stay whole.
  */
 #ifndef MPENGINE_ENGINE_STAGE_CHAIN_H
 #define MPENGINE_ENGINE_STAGE_CHAIN_H
