@@ -791,26 +791,46 @@ mp_status mp_comm_reduce_scatter_sum_f32(mp_comm *comm, const float *input, floa
   return stage_out(comm, "reduce-scatter", &out, true, status, err);
 }
 
+/* The uneven collectives' counts (counts[r] floats for group rank r) as MPI takes them: *total
+ * their sum, which must fit an int, and *out the int counts followed by their displacements
+ * (2 x size ints, the caller frees). */
+static mp_status uneven_counts(const mp_comm *comm, const char *operation, const size_t *counts,
+                               size_t *total, int **out, mp_error *err) {
+  *total = 0;
+  for (int r = 0; r < comm->size; ++r) *total += counts[r];
+  if (*total > (size_t)INT_MAX) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "rank %d: %s in group %s: %zu floats is more than one MPI call carries (%d); "
+                   "split the buffer",
+                   comm->world->rank, operation, comm->name, *total, INT_MAX);
+  }
+  *out = malloc((size_t)comm->size * 2 * sizeof **out);
+  if (*out == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  size_t at = 0;
+  for (int r = 0; r < comm->size; ++r) {
+    (*out)[r] = (int)counts[r];
+    (*out)[comm->size + r] = (int)at;
+    at += counts[r];
+  }
+  return MP_OK;
+}
+
 mp_status mp_comm_reduce_scatter_v_sum_f32(mp_comm *comm, const float *input, float *output,
                                            const size_t *counts, mp_error *err) {
-  size_t total = 0;
-  for (int r = 0; r < comm->size; ++r) total += counts[r];
-  const size_t mine = counts[comm->rank];
   MP_TRY(check_collective(comm, "reduce-scatter", input, output, 0, err)); /* usable */
+  const size_t mine = counts[comm->rank];
+  size_t total = 0;
+  int *recv_counts = NULL;
+  MP_TRY(uneven_counts(comm, "reduce-scatter", counts, &total, &recv_counts, err));
   if ((input == NULL && total > 0) || (output == NULL && mine > 0)) {
+    free(recv_counts);
     return mp_fail(err, MP_ERR_INPUT, "rank %d: reduce-scatter in group %s: NULL buffer",
                    comm->world->rank, comm->name);
   }
-  if (total > (size_t)INT_MAX) {
-    return mp_fail(err, MP_ERR_INPUT,
-                   "rank %d: reduce-scatter in group %s: %zu floats is more than one MPI call "
-                   "carries (%d); split the buffer",
-                   comm->world->rank, comm->name, total, INT_MAX);
+  if (comm->size == 1) {
+    free(recv_counts);
+    return copy_alone(comm, "reduce-scatter", output, input, mine, err);
   }
-  if (comm->size == 1) return copy_alone(comm, "reduce-scatter", output, input, mine, err);
-  int *recv_counts = malloc((size_t)comm->size * sizeof *recv_counts);
-  if (recv_counts == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
-  for (int r = 0; r < comm->size; ++r) recv_counts[r] = (int)counts[r];
   comm_op op = comm_op_begin(comm, "reduce-scatter", -1, total * sizeof(float));
   staged_buffer in, out;
   mp_status status =
@@ -862,32 +882,20 @@ mp_status mp_comm_all_gather_f32(mp_comm *comm, const float *input, float *outpu
 mp_status mp_comm_all_gather_v_f32(mp_comm *comm, const float *input, float *output,
                                    const size_t *counts, mp_error *err) {
   MP_TRY(check_collective(comm, "all-gather", output, output, 0, err)); /* usable */
-  size_t total = 0;
-  for (int r = 0; r < comm->size; ++r) total += counts[r];
   const size_t mine = counts[comm->rank];
-  if (output == NULL && total > 0) {
-    return mp_fail(err, MP_ERR_INPUT, "rank %d: all-gather in group %s: NULL output",
-                   comm->world->rank, comm->name);
-  }
-  if (total > (size_t)INT_MAX) {
-    return mp_fail(err, MP_ERR_INPUT,
-                   "rank %d: all-gather in group %s: %zu floats is more than one MPI call "
-                   "carries (%d); split the buffer",
-                   comm->world->rank, comm->name, total, INT_MAX);
-  }
   if (mp_staging_is_device(output) || (input != NULL && mp_staging_is_device(input))) {
     return mp_fail(err, MP_ERR_INPUT,
                    "rank %d: all-gather (uneven) in group %s takes host buffers only",
                    comm->world->rank, comm->name);
   }
-  int *recv_counts = malloc((size_t)comm->size * 2 * sizeof *recv_counts);
-  if (recv_counts == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
-  int *displacements = recv_counts + comm->size;
-  size_t at = 0;
-  for (int r = 0; r < comm->size; ++r) {
-    recv_counts[r] = (int)counts[r];
-    displacements[r] = (int)at;
-    at += counts[r];
+  size_t total = 0;
+  int *recv_counts = NULL;
+  MP_TRY(uneven_counts(comm, "all-gather", counts, &total, &recv_counts, err));
+  const int *displacements = recv_counts + comm->size;
+  if (output == NULL && total > 0) {
+    free(recv_counts);
+    return mp_fail(err, MP_ERR_INPUT, "rank %d: all-gather in group %s: NULL output",
+                   comm->world->rank, comm->name);
   }
   mp_status status = MP_OK;
   if (comm->size == 1) {

@@ -354,8 +354,7 @@ mp_grad_window mp_grad_window_for(bool windowed_block_grads, bool deferred_weigh
   return deferred_weights ? MP_GRAD_WINDOW_BLOCK_WEIGHTS : MP_GRAD_WINDOW_BLOCKS;
 }
 
-/* Whether tensor index's gradient passes through the window. */
-static bool in_window(const mp_gpt_tp *gpt, int index, mp_grad_window window) {
+bool mp_gpt_tp_grad_in_window(const mp_gpt_tp *gpt, int index, mp_grad_window window) {
   const int L = gpt->stage.num_layers;
   if (window == MP_GRAD_WINDOW_NONE || L == 0) return false;
   const int per_block = mp_gpt_layout_tensors_per_block(gpt->layout);
@@ -377,7 +376,7 @@ static bool in_window(const mp_gpt_tp *gpt, int index, mp_grad_window window) {
 size_t mp_gpt_tp_grad_array_floats(const mp_gpt_tp *gpt, mp_grad_window window) {
   size_t floats = 0;
   for (int i = 0; i < gpt->num_tensors; ++i) {
-    if (!in_window(gpt, i, window)) floats += gpt->tensors[i].count;
+    if (!mp_gpt_tp_grad_in_window(gpt, i, window)) floats += gpt->tensors[i].count;
   }
   return floats;
 }
@@ -413,10 +412,12 @@ void mp_gpt_tp_blocks_range(const mp_gpt_tp *gpt, size_t *first, size_t *end, si
 
 bool mp_gpt_tp_grad_offset(const mp_gpt_tp *gpt, int index, mp_grad_window window,
                            size_t *offset) {
-  if (index < 0 || index >= gpt->num_tensors || in_window(gpt, index, window)) return false;
+  if (index < 0 || index >= gpt->num_tensors || mp_gpt_tp_grad_in_window(gpt, index, window)) {
+    return false;
+  }
   size_t packed = 0;
   for (int i = 0; i < index; ++i) {
-    if (!in_window(gpt, i, window)) packed += gpt->tensors[i].count;
+    if (!mp_gpt_tp_grad_in_window(gpt, i, window)) packed += gpt->tensors[i].count;
   }
   *offset = packed;
   return true;

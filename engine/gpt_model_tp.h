@@ -204,6 +204,9 @@ float *mp_gpt_tp_tensor_grad(mp_gpt_tp *gpt, int index);
  * array's floats. A GPU twin (engine/gpt_stage_gpu.h) packs its device gradients the same way. */
 bool mp_gpt_tp_grad_offset(const mp_gpt_tp *gpt, int index, mp_grad_window window,
                            size_t *offset);
+/* Whether tensor index's gradient passes through the window (constant time; grad_offset sums the
+ * tensors before it). */
+bool mp_gpt_tp_grad_in_window(const mp_gpt_tp *gpt, int index, mp_grad_window window);
 size_t mp_gpt_tp_grad_array_floats(const mp_gpt_tp *gpt, mp_grad_window window);
 /* The host gradient array (zeroed) if the stage has none yet; MP_ERR_RUNTIME out of memory. */
 mp_status mp_gpt_tp_alloc_grads(mp_gpt_tp *gpt, mp_error *err);

@@ -521,7 +521,9 @@ struct mp_gpt_stage_gpu {
   bool windowed;                           /* ZeRO-2: block gradients pass through window */
   mp_grad_window window_kind;              /* which ones (mp_grad_window_for) */
   float *window;                           /* (the largest block's floats) */
-  float *grad_part;                        /* (moments_count) ZeRO-2: the part's gradients */
+  float *grad_part;                        /* (moments_count) ZeRO-2: the part's gradients,
+                                              from mp_gpt_stage_gpu_keep_moments */
+  size_t grad_part_count;
   mp_bf16 *weights;                        /* (num_params) */
   float *norm_scratch;
   cuda_kernels *kernels;
@@ -595,14 +597,13 @@ mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, 
   ALLOC(gpu->adam_m, P);
   ALLOC(gpu->adam_v, P);
   ALLOC(gpu->weights, P);
-  if (gpu->windowed) {
-    ALLOC(gpu->window, largest_block);
-    ALLOC(gpu->grad_part, P);
-  }
+  /* ZeRO-2's part gradients come with the part (mp_gpt_stage_gpu_keep_moments): a buffer of
+   * the whole stage here, even for a moment, could be the allocation that does not fit. */
+  if (gpu->windowed) ALLOC(gpu->window, largest_block);
   {
     /* Parameters and gradients start at zero, as the header says (device memory holds garbage). */
-    float *zeroed[] = {gpu->master, gpu->grads, gpu->adam_m, gpu->adam_v, gpu->grad_part};
-    const size_t floats[] = {P, gpu->grads_floats, P, P, gpu->windowed ? P : 0};
+    float *zeroed[] = {gpu->master, gpu->grads, gpu->adam_m, gpu->adam_v};
+    const size_t floats[] = {P, gpu->grads_floats, P, P};
     for (size_t i = 0; i < sizeof zeroed / sizeof zeroed[0]; ++i) {
       if (mp_device_memset(zeroed[i], 0, floats[i] * sizeof(float), err) != MP_OK) goto fail;
     }
@@ -656,9 +657,12 @@ mp_status mp_gpt_stage_gpu_keep_moments(mp_gpt_stage_gpu *gpu, size_t first, siz
   MP_TRY(mp_device_memset(gpu->adam_v, 0, count * sizeof(float), err));
   if (!gpu->windowed) return MP_OK;
   /* ZeRO-2: the part's gradients cover the moments' elements. */
-  mp_device_free(gpu->grad_part);
+  if (gpu->grad_part != NULL) {
+    mp_device_free(gpu->grad_part);
+    gpu->device_bytes -= gpu->grad_part_count * sizeof(float);
+  }
   gpu->grad_part = NULL;
-  gpu->device_bytes -= gpu->num_params * sizeof(float);
+  gpu->grad_part_count = count;
   MP_TRY(device_alloc(gpu, (void **)&gpu->grad_part, count * sizeof(float), err));
   return mp_device_memset(gpu->grad_part, 0, count * sizeof(float), err);
 }
@@ -709,14 +713,22 @@ mp_status mp_gpt_stage_gpu_download_grads(mp_gpt_stage_gpu *gpu, mp_error *err) 
                                 gpu->num_params * sizeof(float), err);
 }
 
+static mp_status need_part(const mp_gpt_stage_gpu *gpu, mp_error *err) {
+  if (gpu->grad_part != NULL) return MP_OK;
+  return mp_fail(err, MP_ERR_INPUT,
+                 "the GPU stage's gradients are windowed (ZeRO-2) but it keeps no part: call "
+                 "mp_gpt_stage_gpu_keep_moments first");
+}
+
 mp_status mp_gpt_stage_gpu_zero_grads(mp_gpt_stage_gpu *gpu, mp_error *err) {
   MP_TRY(mp_device_memset(gpu->grads, 0, gpu->grads_floats * sizeof(float), err));
   if (!gpu->windowed) return MP_OK;
+  MP_TRY(need_part(gpu, err));
   return mp_device_memset(gpu->grad_part, 0, gpu->moments_count * sizeof(float), err);
 }
 
 void mp_gpt_stage_gpu_scale_grads(mp_gpt_stage_gpu *gpu, float scale) {
-  if (gpu->windowed) {
+  if (gpu->windowed && gpu->grad_part != NULL) {
     mp_grad_scale_cuda(gpu->grad_part, gpu->moments_count, scale, NULL);
   } else {
     mp_grad_scale_cuda(gpu->grads, gpu->num_params, scale, NULL);
@@ -733,6 +745,7 @@ size_t mp_gpt_stage_gpu_grads_floats(const mp_gpt_stage_gpu *gpu) { return gpu->
 
 mp_status mp_gpt_stage_gpu_add_to_part(mp_gpt_stage_gpu *gpu, const float *sums, size_t first,
                                        size_t count, mp_error *err) {
+  MP_TRY(gpu->windowed ? need_part(gpu, err) : MP_OK);
   if (!gpu->windowed || first < gpu->moments_first ||
       first + count > gpu->moments_first + gpu->moments_count) {
     return mp_fail(err, MP_ERR_INPUT,
@@ -746,7 +759,7 @@ mp_status mp_gpt_stage_gpu_add_to_part(mp_gpt_stage_gpu *gpu, const float *sums,
 }
 
 mp_status mp_gpt_stage_gpu_part_squares(mp_gpt_stage_gpu *gpu, double *squares, mp_error *err) {
-  MP_TRY(gpu->windowed ? MP_OK
+  MP_TRY(gpu->windowed ? need_part(gpu, err)
                        : mp_fail(err, MP_ERR_INPUT, "the GPU stage keeps no ZeRO-2 part"));
   const size_t first = gpu->moments_first, end = first + gpu->moments_count;
   for (int i = 0; i < mp_gpt_tp_num_tensors(gpu->host); ++i) {
@@ -819,6 +832,7 @@ mp_status mp_gpt_stage_gpu_grad_norm_squared(mp_gpt_stage_gpu *gpu, double *out,
 }
 
 mp_status mp_gpt_stage_gpu_adamw(mp_gpt_stage_gpu *gpu, const mp_gpu_adamw *adamw, mp_error *err) {
+  if (gpu->windowed) MP_TRY(need_part(gpu, err));
   /* Tensor by tensor (weight decay is a property of the tensor), over the elements whose
    * moments this rank keeps: all, or its ZeRO part (with ZeRO-2 the part's gradients). */
   const size_t first = gpu->moments_first, end = first + gpu->moments_count;

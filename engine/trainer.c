@@ -444,6 +444,21 @@ struct zero2_hook {
   int chunk;
 };
 
+/* ZeRO 2 and 3: counts[d] = how many of elements [first, first + count) of chunk c's flat layout dp
+ * rank d's part holds (its part is contiguous, the parts in dp-rank order). */
+static void part_counts(const mp_trainer *trainer, int c, size_t first, size_t count,
+                        size_t *counts) {
+  const size_t n = mp_gpt_tp_num_params(trainer->chunks[c]);
+  for (int d = 0; d < trainer->zero_size; ++d) {
+    size_t part_first = 0, part_count = 0;
+    mp_zero_part(n, trainer->zero_size, d, &part_first, &part_count);
+    const size_t lo = first > part_first ? first : part_first;
+    const size_t hi = first + count < part_first + part_count ? first + count
+                                                              : part_first + part_count;
+    counts[d] = hi > lo ? hi - lo : 0;
+  }
+}
+
 /* grads (count floats, elements [first, first + count) of chunk c's flat layout; device memory
  * on the GPU) summed over dp, each dp rank adding the elements of its part ([zero_first,
  * + zero_count), the moments' too) into its gradients of the part: one reduce-scatter, since the
@@ -454,16 +469,7 @@ static mp_status scatter_add_grads(mp_trainer *trainer, int c, const float *grad
   mp_comm *dp = trainer->zero_comm;
   mp_nccl_comm *nccl = trainer->gpu_chunks != NULL ? trainer->options.nccl_dp : NULL;
   const int size = trainer->zero_size;
-  const size_t n = mp_gpt_tp_num_params(trainer->chunks[c]);
-  const size_t part = (n + (size_t)size - 1) / (size_t)size;
-  const size_t end = first + count;
-  for (int d = 0; d < size; ++d) {
-    const size_t part_first = part * (size_t)d < n ? part * (size_t)d : n;
-    const size_t part_end = part_first + part < n ? part_first + part : n;
-    const size_t lo = first > part_first ? first : part_first;
-    const size_t hi = end < part_end ? end : part_end;
-    trainer->scatter_counts[d] = hi > lo ? hi - lo : 0;
-  }
+  part_counts(trainer, c, first, count, trainer->scatter_counts);
   const size_t mine = trainer->scatter_counts[trainer->zero_rank];
   const size_t mine_first = first > trainer->zero_first[c] ? first : trainer->zero_first[c];
   const float *sum = grads + (mine > 0 ? mine_first - first : 0); /* alone: grads themselves */
@@ -500,21 +506,6 @@ static mp_status zero2_block_grads(void *context, float *grads, size_t first, si
                                    mp_error *err) {
   const struct zero2_hook *hook = context;
   return scatter_add_grads(hook->trainer, hook->chunk, grads, first, count, err);
-}
-
-/* ZeRO-3: counts[d] = how many of elements [first, first + count) of chunk c's flat layout dp
- * rank d's part holds (its part is contiguous, the parts in dp-rank order). */
-static void part_counts(const mp_trainer *trainer, int c, size_t first, size_t count,
-                        size_t *counts) {
-  const size_t n = mp_gpt_tp_num_params(trainer->chunks[c]);
-  for (int d = 0; d < trainer->zero_size; ++d) {
-    size_t part_first = 0, part_count = 0;
-    mp_zero_part(n, trainer->zero_size, d, &part_first, &part_count);
-    const size_t lo = first > part_first ? first : part_first;
-    const size_t hi = first + count < part_first + part_count ? first + count
-                                                              : part_first + part_count;
-    counts[d] = hi > lo ? hi - lo : 0;
-  }
 }
 
 /* ZeRO-3, the chain's weights hook: block weights [first, first + count) of chunk c gathered
@@ -605,18 +596,19 @@ static mp_status zero2_array_grads(mp_trainer *trainer, int c, mp_error *err) {
                             ? mp_gpt_stage_gpu_device_grads(trainer->gpu_chunks[c])
                             : mp_gpt_tp_grads(chunk);
   size_t run_first = 0, run_packed = 0, run_count = 0; /* flat first, packed first, floats */
+  size_t at = 0; /* the packed array's cursor: its tensors are in the layout's order */
   for (int j = 0; j < mp_gpt_tp_num_tensors(chunk); ++j) {
-    size_t at = 0;
-    if (!mp_gpt_tp_grad_offset(chunk, j, window, &at)) continue;
+    if (mp_gpt_tp_grad_in_window(chunk, j, window)) continue;
     const mp_gpt_tp_tensor *t = mp_gpt_tp_tensor_at(chunk, j);
     if (run_count > 0 && t->offset == run_first + run_count) {
       run_count += t->count;
-      continue;
+    } else {
+      MP_TRY(scatter_add_run(trainer, c, packed + run_packed, run_first, run_count, err));
+      run_first = t->offset;
+      run_packed = at;
+      run_count = t->count;
     }
-    MP_TRY(scatter_add_run(trainer, c, packed + run_packed, run_first, run_count, err));
-    run_first = t->offset;
-    run_packed = at;
-    run_count = t->count;
+    at += t->count;
   }
   return scatter_add_run(trainer, c, packed + run_packed, run_first, run_count, err);
 }
@@ -1552,9 +1544,10 @@ static mp_status sum_grads_over_nccl_alone(mp_trainer *trainer, mp_error *err) {
   mp_nccl_comm *nccl = trainer->options.nccl_dp;
   MP_TRY(mp_nccl_comm_wait_stream(nccl, NULL, err));
   for (int c = 0; c < trainer->num_chunks; ++c) {
+    /* The stage's gradient array as it is (with ZeRO-2 the packed tensors outside the blocks). */
     MP_TRY(mp_nccl_all_reduce_sum(nccl, mp_gpt_stage_gpu_device_grads(trainer->gpu_chunks[c]),
-                                  mp_gpt_tp_num_params(trainer->chunks[c]), MP_NCCL_FLOAT32,
-                                  err));
+                                  mp_gpt_stage_gpu_grads_floats(trainer->gpu_chunks[c]),
+                                  MP_NCCL_FLOAT32, err));
   }
   return mp_nccl_comm_synchronize(nccl, err);
 }
@@ -1613,8 +1606,7 @@ mp_status mp_trainer_step(mp_trainer *trainer, int64_t step, mp_step_metrics *me
   trainer->loss_sum = 0.0;
   MP_TRY(mp_stage_worker_run(trainer->worker, err));
   MP_TRY(parallel_step_loss(trainer, &loss, err));
-  if (trainer->gpu_chunks != NULL && trainer->options.nccl_dp != NULL && plan->dp == 1 &&
-      !trainer->zero2) {
+  if (trainer->gpu_chunks != NULL && trainer->options.nccl_dp != NULL && plan->dp == 1) {
     MP_TRY(sum_grads_over_nccl_alone(trainer, err));
   }
   if (!isfinite(loss)) {
