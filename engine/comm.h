@@ -49,6 +49,7 @@
 #define MPENGINE_ENGINE_COMM_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "common/error.h"
 
@@ -152,6 +153,11 @@ mp_status mp_comm_all_gather_f32(mp_comm *comm, const float *input, float *outpu
  * an int. */
 mp_status mp_comm_all_gather_v_f32(mp_comm *comm, const float *input, float *output,
                                    const size_t *counts, mp_error *err);
+/* The same over bf16 elements, moved bit for bit (ZeRO-3's block weights for a GPU whose dp
+ * group has no NCCL communicator, staged through the host by the caller); bf16 storage is
+ * uint16_t (layers/cuda_types.h). */
+mp_status mp_comm_all_gather_v_bf16(mp_comm *comm, const uint16_t *input, uint16_t *output,
+                                    const size_t *counts, mp_error *err);
 
 /* buffer (bytes) <- root's buffer; root is a group rank. */
 mp_status mp_comm_broadcast(mp_comm *comm, void *buffer, size_t bytes, int root, mp_error *err);

@@ -879,8 +879,10 @@ mp_status mp_comm_all_gather_f32(mp_comm *comm, const float *input, float *outpu
   return stage_out(comm, "all-gather", &out, true, status, err);
 }
 
-mp_status mp_comm_all_gather_v_f32(mp_comm *comm, const float *input, float *output,
-                                   const size_t *counts, mp_error *err) {
+/* The uneven all-gathers' one body: counts in elements of `type` (elem_bytes each). */
+static mp_status all_gather_v(mp_comm *comm, const void *input, void *output,
+                              const size_t *counts, MPI_Datatype type, size_t elem_bytes,
+                              mp_error *err) {
   MP_TRY(check_collective(comm, "all-gather", output, output, 0, err)); /* usable */
   const size_t mine = counts[comm->rank];
   if (mp_staging_is_device(output) || (input != NULL && mp_staging_is_device(input))) {
@@ -899,18 +901,28 @@ mp_status mp_comm_all_gather_v_f32(mp_comm *comm, const float *input, float *out
   }
   mp_status status = MP_OK;
   if (comm->size == 1) {
-    if (input != NULL && mine > 0) memmove(output, input, mine * sizeof(float));
+    if (input != NULL && mine > 0) memmove(output, input, mine * elem_bytes);
   } else {
-    comm_op op = comm_op_begin(comm, "all-gather", -1, total * sizeof(float));
+    comm_op op = comm_op_begin(comm, "all-gather", -1, total * elem_bytes);
     MPI_Request request = MPI_REQUEST_NULL;
     status = MPI_CALL(comm->world->rank, MPI_Iallgatherv,
-                      (input != NULL ? (const void *)input : MPI_IN_PLACE, (int)mine, MPI_FLOAT,
-                       output, recv_counts, displacements, MPI_FLOAT, comm->comm, &request),
+                      (input != NULL ? input : MPI_IN_PLACE, (int)mine, type, output,
+                       recv_counts, displacements, type, comm->comm, &request),
                       err);
     if (status == MP_OK) status = comm_wait(comm, &request, &op, err);
   }
   free(recv_counts);
   return status;
+}
+
+mp_status mp_comm_all_gather_v_f32(mp_comm *comm, const float *input, float *output,
+                                   const size_t *counts, mp_error *err) {
+  return all_gather_v(comm, input, output, counts, MPI_FLOAT, sizeof(float), err);
+}
+
+mp_status mp_comm_all_gather_v_bf16(mp_comm *comm, const uint16_t *input, uint16_t *output,
+                                    const size_t *counts, mp_error *err) {
+  return all_gather_v(comm, input, output, counts, MPI_UINT16_T, sizeof(uint16_t), err);
 }
 
 mp_status mp_comm_broadcast(mp_comm *comm, void *buffer, size_t bytes, int root, mp_error *err) {

@@ -168,6 +168,13 @@ mp_status mp_nccl_reduce_scatter_v_sum_f32(mp_nccl_comm *comm, const float *inpu
 mp_status mp_nccl_all_gather(mp_nccl_comm *comm, const void *input, void *output, size_t count,
                              mp_nccl_dtype dtype, mp_error *err);
 
+/* The same with counts[r] elements from group rank r (some may be 0): output = every member's
+ * run in rank order (ZeRO-3: a block's bf16 weights from the dp parts; the master weights outside
+ * the blocks after the update). input NULL: in place, this rank's run already at its position in
+ * output. One broadcast per non-empty run, rooted at its rank, in one group. */
+mp_status mp_nccl_all_gather_v(mp_nccl_comm *comm, const void *input, void *output,
+                               const size_t *counts, mp_nccl_dtype dtype, mp_error *err);
+
 /* buffer (bytes) <- root's buffer; root is a group rank. */
 mp_status mp_nccl_broadcast(mp_nccl_comm *comm, void *buffer, size_t bytes, int root,
                             mp_error *err);

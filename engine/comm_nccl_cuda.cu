@@ -861,6 +861,56 @@ extern "C" mp_status mp_nccl_all_gather(mp_nccl_comm *comm, const void *input, v
   return finish(comm, what, bytes * comm->size, posted_s, err);
 }
 
+extern "C" mp_status mp_nccl_all_gather_v(mp_nccl_comm *comm, const void *input, void *output,
+                                          const size_t *counts, mp_nccl_dtype dtype,
+                                          mp_error *err) {
+  MP_TRY(check_comm(comm, "all-gather", err));
+  MP_TRY(check_dtype(comm, "all-gather", dtype, err));
+  const size_t elem = dtype_bytes(dtype);
+  size_t total = 0;
+  for (int r = 0; r < comm->size; ++r) {
+    MP_TRY(check_count(comm, "all-gather", counts[r], 1, dtype, err));
+    total += counts[r];
+  }
+  const size_t mine = counts[comm->rank];
+  if (input != NULL) {
+    MP_TRY(check_buffer(comm, "all-gather", "input", input, mine * elem, err));
+  }
+  MP_TRY(check_buffer(comm, "all-gather", "output", output, total * elem, err));
+  if (total == 0) return MP_OK;
+  MP_TRY(begin(comm, err));
+  const double posted_s = now_s();
+  // NCCL's all-gather takes equal counts: one broadcast per rank's run, rooted there, grouped so
+  // that they progress together.
+  char *out = static_cast<char *>(output);
+  NCCL_TRY(comm->world, ncclGroupStart());
+  ncclResult_t failed = ncclSuccess;
+  size_t at = 0;
+  for (int r = 0; r < comm->size && failed == ncclSuccess; ++r) {
+    if (counts[r] > 0) {
+      // sendbuff is read on the root only; in place it is the run's own place in output.
+      const void *send = r == comm->rank && input != NULL ? input : out + at * elem;
+      ncclResult_t result = ncclBroadcast(send, out + at * elem, counts[r], dtype_nccl(dtype), r,
+                                          comm->nccl, comm->stream);
+      if (result != ncclSuccess && result != ncclInProgress) failed = result;
+    }
+    at += counts[r];
+  }
+  ncclResult_t ended = ncclGroupEnd();  // closes the group even after a failed call in it
+  if (failed != ncclSuccess) {
+    return nccl_failed(comm->world, failed,
+                       "ncclBroadcast(send, out + at * elem, counts[r], dtype_nccl(dtype), r, "
+                       "comm->nccl, comm->stream)",
+                       __FILE__, __LINE__, err);
+  }
+  if (ended != ncclSuccess && ended != ncclInProgress) {
+    return nccl_failed(comm->world, ended, "ncclGroupEnd()", __FILE__, __LINE__, err);
+  }
+  char what[kWhatBytes];
+  snprintf(what, sizeof what, "all-gather in group %s (ranks %s)", comm->name, comm->members_text);
+  return finish(comm, what, total * elem, posted_s, err);
+}
+
 extern "C" mp_status mp_nccl_broadcast(mp_nccl_comm *comm, void *buffer, size_t bytes, int root,
                                        mp_error *err) {
   MP_TRY(check_comm(comm, "broadcast", err));

@@ -653,6 +653,48 @@ mp_status mp_nccl_all_gather(mp_nccl_comm *comm, const void *input, void *output
   return MP_OK;
 }
 
+mp_status mp_nccl_all_gather_v(mp_nccl_comm *comm, const void *input, void *output,
+                               const size_t *counts, mp_nccl_dtype dtype, mp_error *err) {
+  MP_TRY(check_comm(comm, "all-gather", err));
+  MP_TRY(check_dtype(comm, "all-gather", dtype, err));
+  const size_t elem = dtype_bytes(dtype);
+  size_t total = 0, mine_at = 0;
+  for (int r = 0; r < comm->size; ++r) {
+    MP_TRY(check_count(comm, "all-gather", counts[r], 1, dtype, err));
+    if (r < comm->rank) mine_at += counts[r];
+    total += counts[r];
+  }
+  const size_t mine = counts[comm->rank];
+  if (input != NULL) MP_TRY(check_buffer(comm, "all-gather", "input", input, mine * elem, err));
+  MP_TRY(check_buffer(comm, "all-gather", "output", output, total * elem, err));
+  if (total == 0) return MP_OK;
+  MP_TRY(usable(comm, err));
+  char *out = output;
+  if (comm->size == 1) {
+    if (input != NULL && mine > 0) memmove(out + mine_at * elem, input, mine * elem);
+    return MP_OK;
+  }
+  char what[kWhatBytes];
+  describe(comm, "all-gather", what, sizeof what);
+  /* Emulated device memory is host memory: the gather runs over MPI in place in an fp32 copy
+   * (bf16 -> fp32 -> bf16 is exact: the bits go through unchanged, NaNs aside). */
+  float *wide = NULL;
+  MP_TRY(alloc_floats(comm, "all-gather", total, &wide, err));
+  const void *own = input != NULL ? input : out + mine_at * elem;
+  if (dtype == MP_NCCL_FLOAT32) {
+    memcpy(wide + mine_at, own, mine * sizeof(float));
+  } else {
+    mp_bf16_to_floats(wide + mine_at, own, mine);
+  }
+  mp_error inner = MP_ERROR_INITIALIZER;
+  const mp_status status = mp_comm_all_gather_v_f32(comm->group, NULL, wide, counts, &inner);
+  if (status == MP_OK && dtype == MP_NCCL_FLOAT32) memcpy(out, wide, total * sizeof(float));
+  if (status == MP_OK && dtype != MP_NCCL_FLOAT32) mp_bf16_from_floats(output, wide, total);
+  free(wide);
+  if (status != MP_OK) return mpi_failed(comm->world, what, &inner, err);
+  return MP_OK;
+}
+
 mp_status mp_nccl_broadcast(mp_nccl_comm *comm, void *buffer, size_t bytes, int root,
                             mp_error *err) {
   MP_TRY(check_comm(comm, "broadcast", err));

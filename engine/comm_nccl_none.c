@@ -98,6 +98,11 @@ mp_status mp_nccl_all_gather(mp_nccl_comm *comm, const void *input, void *output
   (void)comm, (void)input, (void)output, (void)count, (void)dtype;
   return no_nccl(err);
 }
+mp_status mp_nccl_all_gather_v(mp_nccl_comm *comm, const void *input, void *output,
+                               const size_t *counts, mp_nccl_dtype dtype, mp_error *err) {
+  (void)comm, (void)input, (void)output, (void)counts, (void)dtype;
+  return no_nccl(err);
+}
 mp_status mp_nccl_broadcast(mp_nccl_comm *comm, void *buffer, size_t bytes, int root,
                             mp_error *err) {
   (void)comm, (void)buffer, (void)bytes, (void)root;

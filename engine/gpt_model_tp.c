@@ -151,7 +151,8 @@ mp_status mp_gpt_tp_create_stage(const mp_model *model, int micro_batch, int seq
                    "windowed block gradients (ZeRO-2) need a stage with activation slots, not a "
                    "stage of arrays only");
   }
-  if (shard_params && (!windowed_block_grads || deferred_weights)) {
+  /* A stage of arrays only (a GPU stage's host copy) runs no chain: it only holds the parts. */
+  if (shard_params && num_slots > 0 && (!windowed_block_grads || deferred_weights)) {
     return mp_fail(err, MP_ERR_INPUT,
                    "sharded block parameters (ZeRO-3) need windowed block gradients and whole "
                    "backwards (not a zero-bubble schedule's deferred weight gradients)");
@@ -234,7 +235,9 @@ mp_status mp_gpt_tp_create_stage(const mp_model *model, int micro_batch, int seq
     gpt->held_end = part_first + part_count < blocks_end ? part_first + part_count : blocks_end;
     if (gpt->held_end < gpt->held_first) gpt->held_end = gpt->held_first;
     param_floats = gpt->outside_floats + (gpt->held_end - gpt->held_first);
-    gpt->weight_window = calloc(largest_block > 0 ? largest_block : 1, sizeof(float));
+    if (num_slots > 0) {
+      gpt->weight_window = calloc(largest_block > 0 ? largest_block : 1, sizeof(float));
+    }
   }
   gpt->params = calloc(param_floats > 0 ? param_floats : 1, sizeof(float));
   gpt->window = mp_grad_window_for(windowed_block_grads, deferred_weights);
@@ -244,7 +247,8 @@ mp_status mp_gpt_tp_create_stage(const mp_model *model, int micro_batch, int seq
   if (num_slots > 0) gpt->grads = calloc(gpt->grads_floats > 0 ? gpt->grads_floats : 1, sizeof(float));
   if (windowed) gpt->block_window = calloc(largest_block > 0 ? largest_block : 1, sizeof(float));
   if (gpt->params == NULL || (num_slots > 0 && gpt->grads == NULL) ||
-      (windowed && gpt->block_window == NULL) || (shard_params && gpt->weight_window == NULL)) {
+      (windowed && gpt->block_window == NULL) ||
+      (shard_params && num_slots > 0 && gpt->weight_window == NULL)) {
     const size_t n = gpt->num_params;
     mp_gpt_tp_free(gpt);
     return mp_fail(err, MP_ERR_RUNTIME, "out of memory for a shard of %zu parameters", n);
@@ -281,6 +285,9 @@ const mp_tp_comm *mp_gpt_tp_comm(const mp_gpt_tp *gpt) { return &gpt->tp; }
 bool mp_gpt_tp_sequence_parallel(const mp_gpt_tp *gpt) { return gpt->sp; }
 size_t mp_gpt_tp_num_params(const mp_gpt_tp *gpt) { return gpt->num_params; }
 float *mp_gpt_tp_params(mp_gpt_tp *gpt) { return gpt->params; }
+size_t mp_gpt_tp_params_floats(const mp_gpt_tp *gpt) {
+  return gpt->sharded ? gpt->outside_floats + (gpt->held_end - gpt->held_first) : gpt->num_params;
+}
 float *mp_gpt_tp_grads(mp_gpt_tp *gpt) { return gpt->grads; }
 bool mp_gpt_tp_sharded_params(const mp_gpt_tp *gpt) { return gpt->sharded; }
 

@@ -110,7 +110,8 @@ mp_status mp_gpt_tp_create(const mp_model *model, int micro_batch, int seq_len,
  * Ws): each block's is formed in one window of the largest block's floats, which the chain's
  * hook must take after every block (engine/stage_chain.h), and the gradient array holds only
  * the other tensors (mp_grad_window). zero->shard_block_params (ZeRO-3, with
- * window_block_grads, without deferred weights): the parameters too (below).
+ * window_block_grads, without deferred weights; or a stage of arrays only, a GPU stage's host
+ * copy): the parameters too (below).
  * Parameters start at zero: call an init or set function. */
 typedef struct mp_gpt_tp_zero mp_gpt_tp_zero;
 mp_status mp_gpt_tp_create_stage(const mp_model *model, int micro_batch, int seq_len,
@@ -166,8 +167,13 @@ float *mp_gpt_tp_grads(mp_gpt_tp *gpt);
  *                at *data (all of them unless it is a block tensor of a ZeRO-3 stage; *count 0
  *                and *data NULL when it holds none)
  *   copy_params  dest = elements [first, first + count); MP_ERR_INPUT naming the element when the
- *                stage does not hold them all */
+ *                stage does not hold them all
+ * A pointer params_at returns, less mp_gpt_tp_params, is where the elements sit in the stage's
+ * array and in a twin's that mirrors it (engine/gpt_stage_gpu.h). */
 bool mp_gpt_tp_sharded_params(const mp_gpt_tp *gpt);
+/* Floats of mp_gpt_tp_params: num_params, or under ZeRO-3 the outside tensors and the held
+ * block elements (a GPU twin mirrors this array). */
+size_t mp_gpt_tp_params_floats(const mp_gpt_tp *gpt);
 float *mp_gpt_tp_params_at(mp_gpt_tp *gpt, size_t first, size_t count);
 void mp_gpt_tp_held_params(mp_gpt_tp *gpt, int index, size_t *first, size_t *count,
                            float **data);

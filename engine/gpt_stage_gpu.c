@@ -511,8 +511,11 @@ fail:
 struct mp_gpt_stage_gpu {
   mp_gpt_tp *host;
   mp_tp_comm tp;
-  size_t num_params, device_bytes;
-  float *master;                           /* (num_params) */
+  size_t num_params, device_bytes;         /* num_params: floats of the shard's flat layout */
+  size_t params_floats;                    /* the host's mp_gpt_tp_params_floats: num_params,
+                                              or with ZeRO-3 the outside tensors and the held
+                                              block elements, in the host's order */
+  float *master;                           /* (params_floats) */
   float *grads;                            /* (grads_floats): num_params, or windowed the
                                               tensors outside the blocks, packed */
   size_t grads_floats;
@@ -524,7 +527,9 @@ struct mp_gpt_stage_gpu {
   float *grad_part;                        /* (moments_count) ZeRO-2: the part's gradients,
                                               from mp_gpt_stage_gpu_keep_moments */
   size_t grad_part_count;
-  mp_bf16 *weights;                        /* (num_params) */
+  mp_bf16 *weights;                        /* (params_floats) */
+  mp_bf16 *weights_window;                 /* ZeRO-3: (the largest block's) the chain's block
+                                              weights, gathered before each pass */
   float *norm_scratch;
   cuda_kernels *kernels;
   mp_stage_chain *chain;
@@ -548,8 +553,9 @@ void mp_gpt_stage_gpu_free(mp_gpt_stage_gpu *gpu) {
   if (gpu == NULL) return;
   mp_stage_chain_free(gpu->chain);
   cuda_kernels_free(gpu->kernels);
-  void *buffers[] = {gpu->master, gpu->grads,   gpu->adam_m,       gpu->adam_v,
-                     gpu->weights, gpu->window, gpu->grad_part, gpu->norm_scratch};
+  void *buffers[] = {gpu->master, gpu->grads,     gpu->adam_m,         gpu->adam_v,
+                     gpu->weights, gpu->window,    gpu->weights_window, gpu->grad_part,
+                     gpu->norm_scratch};
   for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; ++i) mp_device_free(buffers[i]);
   free(gpu);
 }
@@ -580,12 +586,21 @@ mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, 
                    "(rank %d of %d)",
                    tp->rank, tp->size, mp_gpt_tp_comm(host)->rank, mp_gpt_tp_comm(host)->size);
   }
+  const bool sharded = mp_gpt_tp_sharded_params(host);
+  if (sharded && (!windowed_block_grads || deferred_weights)) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "the host stage's block parameters are sharded (ZeRO-3): the GPU stage needs "
+                   "windowed block gradients and whole backwards (not a zero-bubble schedule's "
+                   "deferred weight gradients)");
+  }
   mp_gpt_stage_gpu *gpu = calloc(1, sizeof *gpu);
   if (gpu == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of host memory");
   gpu->host = host;
   gpu->tp = *tp;
   gpu->num_params = mp_gpt_tp_num_params(host);
-  const size_t P = gpu->num_params;
+  gpu->params_floats = mp_gpt_tp_params_floats(host);
+  /* What the device holds of the parameters (with ZeRO-3 not the whole flat layout). */
+  const size_t P = gpu->params_floats;
   size_t blocks_first = 0, blocks_end = 0, largest_block = 0;
   mp_gpt_tp_blocks_range(host, &blocks_first, &blocks_end, &largest_block);
   gpu->windowed = windowed_block_grads;
@@ -600,6 +615,7 @@ mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, 
   /* ZeRO-2's part gradients come with the part (mp_gpt_stage_gpu_keep_moments): a buffer of
    * the whole stage here, even for a moment, could be the allocation that does not fit. */
   if (gpu->windowed) ALLOC(gpu->window, largest_block);
+  if (sharded) ALLOC(gpu->weights_window, largest_block);
   {
     /* Parameters and gradients start at zero, as the header says (device memory holds garbage). */
     float *zeroed[] = {gpu->master, gpu->grads, gpu->adam_m, gpu->adam_v};
@@ -614,7 +630,7 @@ mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, 
   if (cuda_kernels_create(&dims, &gpu->kernels, err) != MP_OK) goto fail;
   const mp_stage_chain_config config = {host,       &gpu->tp,  gpu->weights,
                                         gpu->grads, num_slots, deferred_weights,
-                                        recompute,  gpu->window, NULL};
+                                        recompute,  gpu->window, gpu->weights_window};
   if (mp_stage_chain_create(&config, &gpu->kernels->table, &gpu->chain, err) != MP_OK) goto fail;
   gpu->device_bytes += gpu->kernels->device_bytes + mp_stage_chain_bytes(gpu->chain);
   *out = gpu;
@@ -630,7 +646,7 @@ size_t mp_gpt_stage_gpu_device_bytes(const mp_gpt_stage_gpu *gpu) { return gpu->
 float *mp_gpt_stage_gpu_device_grads(mp_gpt_stage_gpu *gpu) { return gpu->grads; }
 
 mp_status mp_gpt_stage_gpu_upload_params(mp_gpt_stage_gpu *gpu, mp_error *err) {
-  const size_t P = gpu->num_params;
+  const size_t P = gpu->params_floats;
   MP_TRY(mp_device_copy_to_device(gpu->master, mp_gpt_tp_params(gpu->host), P * sizeof(float),
                                   err));
   mp_bf16_from_float_cuda(gpu->weights, gpu->master, P, NULL);
@@ -669,13 +685,33 @@ mp_status mp_gpt_stage_gpu_keep_moments(mp_gpt_stage_gpu *gpu, size_t first, siz
 
 float *mp_gpt_stage_gpu_device_params(mp_gpt_stage_gpu *gpu) { return gpu->master; }
 
+/* Where flat elements [first, first + count) sit in the device's parameter arrays: where the
+ * host stage keeps them in its own (mp_gpt_tp_params_at), which they mirror; false when they are
+ * not one stretch there. */
+static bool held_offset(const mp_gpt_stage_gpu *gpu, size_t first, size_t count, size_t *at) {
+  const float *host = mp_gpt_tp_params_at(gpu->host, first, count);
+  if (host == NULL) return false;
+  *at = (size_t)(host - mp_gpt_tp_params(gpu->host));
+  return true;
+}
+
+float *mp_gpt_stage_gpu_params_at(mp_gpt_stage_gpu *gpu, size_t first, size_t count) {
+  size_t at = 0;
+  return held_offset(gpu, first, count, &at) ? gpu->master + at : NULL;
+}
+
+void *mp_gpt_stage_gpu_weights_at(mp_gpt_stage_gpu *gpu, size_t first, size_t count) {
+  size_t at = 0;
+  return held_offset(gpu, first, count, &at) ? gpu->weights + at : NULL;
+}
+
 void mp_gpt_stage_gpu_refresh_weights(mp_gpt_stage_gpu *gpu) {
-  mp_bf16_from_float_cuda(gpu->weights, gpu->master, gpu->num_params, NULL);
+  mp_bf16_from_float_cuda(gpu->weights, gpu->master, gpu->params_floats, NULL);
 }
 
 mp_status mp_gpt_stage_gpu_download_params(mp_gpt_stage_gpu *gpu, mp_error *err) {
   return mp_device_copy_to_host(mp_gpt_tp_params(gpu->host), gpu->master,
-                                gpu->num_params * sizeof(float), err);
+                                gpu->params_floats * sizeof(float), err);
 }
 
 mp_status mp_gpt_stage_gpu_download_state(mp_gpt_stage_gpu *gpu, float *adam_m, float *adam_v,
@@ -690,8 +726,8 @@ mp_status mp_gpt_stage_gpu_upload_state(mp_gpt_stage_gpu *gpu, const float *adam
                                         const float *adam_v, mp_error *err) {
   const size_t bytes = gpu->moments_count * sizeof(float);
   MP_TRY(mp_device_copy_to_device(gpu->master, mp_gpt_tp_params(gpu->host),
-                                  gpu->num_params * sizeof(float), err));
-  mp_bf16_from_float_cuda(gpu->weights, gpu->master, gpu->num_params, NULL);
+                                  gpu->params_floats * sizeof(float), err));
+  mp_bf16_from_float_cuda(gpu->weights, gpu->master, gpu->params_floats, NULL);
   MP_TRY(mp_device_copy_to_device(gpu->adam_m, adam_m, bytes, err));
   MP_TRY(mp_device_copy_to_device(gpu->adam_v, adam_v, bytes, err));
   return mp_device_synchronize(err);
@@ -842,7 +878,13 @@ mp_status mp_gpt_stage_gpu_adamw(mp_gpt_stage_gpu *gpu, const mp_gpu_adamw *adam
     const size_t hi = t->offset + t->count < end ? t->offset + t->count : end;
     if (lo >= hi) continue;
     const float *grads = gpu->windowed ? gpu->grad_part + (lo - first) : gpu->grads + lo;
-    mp_adamw_update_cuda(gpu->master + lo, gpu->weights + lo, grads,
+    size_t at = 0; /* where the stage keeps them (with ZeRO-3 not at their offsets) */
+    if (!held_offset(gpu, lo, hi - lo, &at)) {
+      return mp_fail(err, MP_ERR_INPUT,
+                     "AdamW on elements [%zu, %zu): the stage does not hold them (ZeRO-3 part)",
+                     lo, hi);
+    }
+    mp_adamw_update_cuda(gpu->master + at, gpu->weights + at, grads,
                          gpu->adam_m + (lo - first), gpu->adam_v + (lo - first), hi - lo,
                          adamw->learning_rate, adamw->beta1, adamw->beta2, adamw->eps,
                          t->full->weight_decay ? adamw->weight_decay : 0.0f, adamw->step, NULL);

@@ -7,7 +7,8 @@
  * sizes): the same tensor table, the same flat shard layout, so the host stage keeps serving
  * initialisation, llm.c files, gathering for export and checkpoints through
  * mp_gpt_stage_gpu_upload_params / _download_params, while the device holds fp32 master weights,
- * their bf16 copy, fp32 gradients, AdamW moments and the bf16 activation slots.
+ * their bf16 copy, fp32 gradients, AdamW moments and the bf16 activation slots (with ZeRO-3 of
+ * the block parameters only this dp rank's part, each block gathered into a window to run).
  *
  * Tensor parallelism is Megatron's, as on the CPU (tensor_parallel/): qkv and fc column-parallel,
  * attn_proj and fc_proj row-parallel (their bf16 partial products widened to fp32, summed over
@@ -83,6 +84,12 @@ typedef struct {
  * the blocks packed (mp_gpt_tp_grad_offset), and the stage keeps the gradients of its moments'
  * part (mp_gpt_stage_gpu_keep_moments), which the hook's sums are added into
  * (mp_gpt_stage_gpu_add_to_part); scaling, the norm's squares and AdamW then run on that part.
+ * A host stage whose block parameters are sharded (ZeRO-3, mp_gpt_tp_sharded_params; it needs
+ * windowed_block_grads and no deferred weights) makes a ZeRO-3 stage: the device mirrors the
+ * host's array (the tensors outside the blocks, then this dp rank's block elements), and the
+ * chain takes each block's bf16 weights from a one-block device window that its weights hook
+ * fills before every pass (mp_stage_chain_set_weights_hook; mp_gpt_stage_gpu_weights_at finds
+ * this rank's run of them).
  * Parameters start at zero: mp_gpt_stage_gpu_upload_params. */
 mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, int micro_batch,
                                   int seq_len, int num_slots, bool deferred_weights,
@@ -154,8 +161,13 @@ mp_status mp_gpt_stage_gpu_forward(mp_gpt_stage_gpu *gpu, int slot, const int32_
  * mp_gpt_stage_gpu_refresh_weights. MP_ERR_INPUT for a range outside the stage. */
 mp_status mp_gpt_stage_gpu_keep_moments(mp_gpt_stage_gpu *gpu, size_t first, size_t count,
                                         mp_error *err);
-/* The fp32 master weights on the device (mp_gpt_tp_num_params(host) floats, the host's layout). */
+/* The fp32 master weights on the device (mp_gpt_tp_params_floats(host) floats, the host's
+ * array: with ZeRO-3 not the flat layout). */
 float *mp_gpt_stage_gpu_device_params(mp_gpt_stage_gpu *gpu);
+/* The device's master (fp32) and working (bf16) copies of flat elements [first, first + count)
+ * where the stage holds them as one stretch (mp_gpt_tp_params_at's), else NULL. */
+float *mp_gpt_stage_gpu_params_at(mp_gpt_stage_gpu *gpu, size_t first, size_t count);
+void *mp_gpt_stage_gpu_weights_at(mp_gpt_stage_gpu *gpu, size_t first, size_t count);
 /* The bf16 working copy from the master weights (after they changed on the device). */
 void mp_gpt_stage_gpu_refresh_weights(mp_gpt_stage_gpu *gpu);
 

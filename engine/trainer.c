@@ -44,8 +44,11 @@ struct mp_trainer {
    * CPU grad_part, on the GPU the stage's (mp_gpt_stage_gpu_add_to_part); the tensors outside
    * the blocks accumulate whole and are reduce-scattered once, at the step's end. */
   bool zero2;             /* ZeRO 2 and 3 */
-  bool zero3;             /* ZeRO-3 (CPU): the blocks' parameters sharded too; each block's
-                             gathered into the chain's weights window before every pass */
+  bool zero3;             /* ZeRO-3: the blocks' parameters sharded too; each block's gathered
+                             into the chain's weights window before every pass (on the GPU
+                             its bf16 working copy) */
+  uint16_t *zero3_staging; /* ZeRO-3 on a GPU whose dp group has no NCCL: a block's bf16
+                              weights (the largest block's), staged through the host */
   /* ZeRO's cut: zero_size dp ranks (all of dp, or with HSDP one shard group), this rank the
    * zero_rank-th, over zero_comm (NULL alone). */
   int zero_size, zero_rank;
@@ -103,12 +106,6 @@ mp_status mp_trainer_check_layout(const mp_plan *plan, mp_backend backend, mp_er
                    "%s: recompute \"full\" cannot run schedule zb-h1: its weight pass needs the "
                    "activations that recomputing the next micro-batch overwrites; use recompute "
                    "\"selective\" or \"none\", or another schedule",
-                   plan->source);
-  }
-  if (plan->zero_stage == 3 && backend == MP_BACKEND_CUDA) {
-    return mp_fail(err, MP_ERR_INPUT,
-                   "%s: parallel.zero_stage 3 runs on the CPU backend only for now; on the GPU "
-                   "use zero_stage 2 (gradients and optimizer state sharded), or --backend cpu",
                    plan->source);
   }
   if (plan->zero_stage == 3 && strcmp(plan->schedule, "zb-h1") == 0) {
@@ -508,37 +505,83 @@ static mp_status zero2_block_grads(void *context, float *grads, size_t first, si
   return scatter_add_grads(hook->trainer, hook->chunk, grads, first, count, err);
 }
 
+/* ZeRO-3 on the GPU: this rank's run of block weights (own, device memory, bf16) into its place
+ * in window, and every other rank's run from its owner: over NCCL on the dp communicator's
+ * stream (after the kernels that used the window before, and before those that use it now), or
+ * through the host over MPI. */
+static mp_status zero3_gather_device_weights(mp_trainer *trainer, const void *own, void *window,
+                                             size_t first, size_t count, size_t mine_first,
+                                             size_t mine, mp_error *err) {
+  mp_nccl_comm *nccl = trainer->options.nccl_dp;
+  if (trainer->zero_comm == NULL) {
+    return mp_device_copy_on_device(window, own, count * sizeof(uint16_t), err);
+  }
+  if (nccl != NULL) {
+    MP_TRY(mp_nccl_comm_wait_stream(nccl, NULL, err));
+    MP_TRY(mp_nccl_all_gather_v(nccl, own, window, trainer->scatter_counts, MP_NCCL_BFLOAT16,
+                                err));
+    return mp_nccl_stream_wait_comm(NULL, nccl, err);
+  }
+  uint16_t *staging = trainer->zero3_staging;
+  MP_TRY(mp_device_synchronize(err));
+  if (mine > 0) {
+    MP_TRY(mp_device_copy_to_host(staging + (mine_first - first), own, mine * sizeof(uint16_t),
+                                  err));
+  }
+  MP_TRY(mp_comm_all_gather_v_bf16(trainer->zero_comm, NULL, staging, trainer->scatter_counts,
+                                   err));
+  return mp_device_copy_to_device(window, staging, count * sizeof(uint16_t), err);
+}
+
 /* ZeRO-3, the chain's weights hook: block weights [first, first + count) of chunk c gathered
- * over dp from the parts into the window. */
+ * over dp from the parts into the window (on the GPU the bf16 working copy's). */
 static mp_status zero3_block_weights(void *context, void *window, size_t first, size_t count,
                                      mp_error *err) {
   const struct zero2_hook *hook = context;
   mp_trainer *trainer = hook->trainer;
   mp_gpt_tp *chunk = trainer->chunks[hook->chunk];
-  if (trainer->zero_comm == NULL) return mp_gpt_tp_copy_params(chunk, first, count, window, err);
+  mp_gpt_stage_gpu *gpu = trainer->gpu_chunks != NULL ? trainer->gpu_chunks[hook->chunk] : NULL;
+  if (trainer->zero_comm == NULL && gpu == NULL) {
+    return mp_gpt_tp_copy_params(chunk, first, count, window, err);
+  }
   part_counts(trainer, hook->chunk, first, count, trainer->scatter_counts);
   const size_t mine = trainer->scatter_counts[trainer->zero_rank];
   const size_t mine_first =
       first > trainer->zero_first[hook->chunk] ? first : trainer->zero_first[hook->chunk];
-  const float *own = mine > 0 ? mp_gpt_tp_params_at(chunk, mine_first, mine) : NULL;
-  if (mine > 0 && own == NULL) {
-    return mp_fail(err, MP_ERR_RUNTIME, "ZeRO-3: this rank does not hold its part [%zu, +%zu)",
-                   mine_first, mine);
+  const void *own = NULL;
+  if (mine > 0) {
+    own = gpu != NULL ? mp_gpt_stage_gpu_weights_at(gpu, mine_first, mine)
+                      : (const void *)mp_gpt_tp_params_at(chunk, mine_first, mine);
+    if (own == NULL) {
+      return mp_fail(err, MP_ERR_RUNTIME, "ZeRO-3: this rank does not hold its part [%zu, +%zu)",
+                     mine_first, mine);
+    }
   }
   const double start = trace_now(trainer);
-  MP_TRY(mp_comm_all_gather_v_f32(trainer->zero_comm, own, window, trainer->scatter_counts, err));
-  if (trainer->options.trace != NULL) {
+  if (gpu != NULL) {
+    MP_TRY(zero3_gather_device_weights(trainer, own, window, first, count, mine_first, mine,
+                                       err));
+  } else {
+    MP_TRY(mp_comm_all_gather_v_f32(trainer->zero_comm, own, window, trainer->scatter_counts,
+                                    err));
+  }
+  if (trainer->options.trace != NULL && trainer->zero_comm != NULL) {
     mp_trace_comm(trainer->options.trace, trainer->step, "all-gather",
-                  mp_comm_name(trainer->zero_comm), -1, count * sizeof(float), NULL, start,
+                  mp_comm_name(trainer->zero_comm), -1,
+                  count * (gpu != NULL ? sizeof(uint16_t) : sizeof(float)), NULL, start,
                   trace_now(trainer));
   }
   return MP_OK;
 }
 
 /* ZeRO-3 after the update: the tensors outside chunk c's blocks, which every rank keeps whole,
- * gathered from the parts in place (the blocks' stay in the parts). */
+ * gathered from the parts in place (the blocks' stay in the parts). On the GPU the master
+ * weights: over NCCL in place, or over MPI through the host copy's arrays (which hold the same
+ * elements); the caller refreshes the bf16 copy. */
 static mp_status zero3_gather_outside(mp_trainer *trainer, int c, mp_error *err) {
   mp_gpt_tp *chunk = trainer->chunks[c];
+  mp_gpt_stage_gpu *gpu = trainer->gpu_chunks != NULL ? trainer->gpu_chunks[c] : NULL;
+  mp_nccl_comm *nccl = gpu != NULL ? trainer->options.nccl_dp : NULL;
   size_t blocks_first = 0, blocks_end = 0, largest = 0;
   mp_gpt_tp_blocks_range(chunk, &blocks_first, &blocks_end, &largest);
   const size_t n = mp_gpt_tp_num_params(chunk);
@@ -547,7 +590,28 @@ static mp_status zero3_gather_outside(mp_trainer *trainer, int c, mp_error *err)
     if (runs[r][1] == 0) continue;
     float *run = mp_gpt_tp_params_at(chunk, runs[r][0], runs[r][1]);
     part_counts(trainer, c, runs[r][0], runs[r][1], trainer->scatter_counts);
+    if (gpu == NULL) {
+      MP_TRY(mp_comm_all_gather_v_f32(trainer->zero_comm, NULL, run, trainer->scatter_counts,
+                                      err));
+      continue;
+    }
+    float *device_run = mp_gpt_stage_gpu_params_at(gpu, runs[r][0], runs[r][1]);
+    if (nccl != NULL) {
+      MP_TRY(mp_nccl_comm_wait_stream(nccl, NULL, err));
+      MP_TRY(mp_nccl_all_gather_v(nccl, NULL, device_run, trainer->scatter_counts,
+                                  MP_NCCL_FLOAT32, err));
+      MP_TRY(mp_nccl_stream_wait_comm(NULL, nccl, err));
+      continue;
+    }
+    const size_t mine = trainer->scatter_counts[trainer->zero_rank];
+    const size_t at = trainer->zero_first[c] > runs[r][0] ? trainer->zero_first[c] - runs[r][0]
+                                                          : 0;
+    MP_TRY(mp_device_synchronize(err));
+    if (mine > 0) {
+      MP_TRY(mp_device_copy_to_host(run + at, device_run + at, mine * sizeof(float), err));
+    }
     MP_TRY(mp_comm_all_gather_v_f32(trainer->zero_comm, NULL, run, trainer->scatter_counts, err));
+    MP_TRY(mp_device_copy_to_device(device_run, run, runs[r][1] * sizeof(float), err));
   }
   return MP_OK;
 }
@@ -807,7 +871,7 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
   const bool on_gpu = trainer->backend == MP_BACKEND_CUDA;
   const bool zero2 = plan->zero_stage >= 2;
   trainer->zero2 = zero2;
-  trainer->zero3 = plan->zero_stage == 3; /* CPU only (mp_trainer_check_layout) */
+  trainer->zero3 = plan->zero_stage == 3;
   if (zero2) {
     if (!on_gpu) trainer->grad_part = calloc((size_t)v, sizeof *trainer->grad_part);
     trainer->zero2_hooks = calloc((size_t)v, sizeof *trainer->zero2_hooks);
@@ -846,14 +910,16 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
     const int slots = mp_stage_worker_slots(&trainer->schedule, pp_rank, c);
     /* On the GPU the host stage only keeps the host copies (initialisation, gathering,
      * checkpoints): no activation slots. */
-    /* ZeRO's cut of the host stage: its gradients and (ZeRO-3) parameters (a GPU stage's host
-     * copy keeps whole arrays; the GPU stage windows its own gradients). */
+    /* ZeRO's cut of the host stage: its gradients and (ZeRO-3) parameters. A GPU stage's host
+     * copy has no gradients (the GPU stage windows its own), and with ZeRO-3 holds the same
+     * parts of the parameters as the device. */
     const mp_gpt_tp_zero zero = {dp, dp_rank, zero2 && !on_gpu, trainer->zero3};
     status = mp_gpt_tp_create_stage(model, (int)plan->micro_batch, (int)plan->seq_len,
                                     &trainer->tp_table, plan->sequence_parallel, &range,
                                     on_gpu ? 0 : slots, zero_bubble && !on_gpu,
                                     on_gpu ? MP_RECOMPUTE_NONE : plan->recompute,
-                                    zero2 && !on_gpu ? &zero : NULL, &trainer->chunks[c], err);
+                                    (zero2 && !on_gpu) || trainer->zero3 ? &zero : NULL,
+                                    &trainer->chunks[c], err);
     if (status == MP_OK) {
       status = mp_gpt_tp_init_params(trainer->chunks[c], plan->training.seed, err);
     }
@@ -930,6 +996,12 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
       void *memory = NULL;
       status = mp_device_alloc(&memory, trainer->scatter_floats * sizeof(float), err);
       trainer->scatter_out = memory;
+      if (status == MP_OK && trainer->zero3 && trainer->options.nccl_dp == NULL) {
+        trainer->zero3_staging = calloc(largest_block > 0 ? largest_block : 1, sizeof(uint16_t));
+        if (trainer->zero3_staging == NULL) {
+          status = mp_fail(err, MP_ERR_RUNTIME, "out of memory for a block's weights");
+        }
+      }
     } else {
       trainer->scatter_out = calloc(trainer->scatter_floats, sizeof(float));
       if (trainer->scatter_out == NULL) status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
@@ -1089,6 +1161,7 @@ void mp_trainer_free(mp_trainer *trainer) {
     free(trainer->scatter_out);
   }
   free(trainer->scatter_counts);
+  free(trainer->zero3_staging);
   free(trainer->zero_first);
   free(trainer->zero_count);
   free(trainer->zero_gather);
@@ -1567,6 +1640,14 @@ static mp_status finish_gpu_step(mp_trainer *trainer, double lr, double *grad_no
     if (scale != 1.0f) mp_gpt_stage_gpu_scale_grads(gpu, scale);
     MP_TRY(mp_gpt_stage_gpu_adamw(gpu, &adamw, err));
     if (plan->zero_stage < 1 || trainer->zero_comm == NULL || trainer->zero_size == 1) continue;
+    /* ZeRO-3: AdamW refreshed the part's bf16 weights; the tensors outside the blocks are
+     * gathered, then their bf16 copy refreshed. */
+    if (trainer->zero3) {
+      MP_TRY(zero3_gather_outside(trainer, c, err));
+      if (o->nccl_dp != NULL) MP_TRY(mp_nccl_comm_synchronize(o->nccl_dp, err));
+      mp_gpt_stage_gpu_refresh_weights(gpu);
+      continue;
+    }
     /* ZeRO 1 and 2: every dp rank updated its part of the master weights; gather the whole
      * array on the device (NCCL, or MPI through the host), then refresh the bf16 copy. */
     const size_t n = mp_gpt_tp_num_params(trainer->chunks[c]);

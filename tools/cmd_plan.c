@@ -170,8 +170,8 @@ static void print_explain(const mp_planner_result *r) {
              k->zero_reduce_scatter_bytes / kGiB, k->dp_comm_s, k->dp_exposed_s, 100.0 * hidden);
     }
     if (l->zero_stage == 3) {
-      printf("  (ZeRO-3: `mpengine run` trains it on the CPU backend; on GPUs it is planned "
-             "only)\n");
+      printf("  (ZeRO-3 on GPUs: `mpengine run` trains it, but its gathers and reduce-scatters "
+             "do not yet overlap compute as planned)\n");
     } else if (l->zero_stage == 2) {
       printf("  (ZeRO-2 on GPUs: `mpengine run` trains it, but its reduce-scatters do not yet "
              "overlap the backward as planned)\n");

@@ -191,6 +191,42 @@ TEST(CommNcclEmulated, AllGatherPutsEveryMemberInRankOrder) {
   }
 }
 
+TEST(CommNcclEmulated, UnevenAllGatherPutsEveryRunInRankOrder) {
+  All a;
+  ASSERT_TRUE(a.ok) << a.err.message;
+  const int n = size(), r = rank();
+  // Member 1 holds none (a dp part past a block's end), the others different counts.
+  std::vector<size_t> counts(n);
+  size_t total = 0, before = 0;
+  for (int q = 0; q < n; ++q) {
+    counts[q] = q == 1 ? 0 : 300 + 37 * (size_t)q;
+    if (q < r) before += counts[q];
+    total += counts[q];
+  }
+  std::vector<float> in(counts[r]), out(total + 1, -1.0f);
+  for (size_t i = 0; i < counts[r]; ++i) in[i] = (float)(r * 100000 + (int)i);
+  ASSERT_EQ(mp_nccl_all_gather_v(a.comm, in.data(), out.data(), counts.data(), MP_NCCL_FLOAT32,
+                                 &a.err),
+            MP_OK)
+      << a.err.message;
+  // bf16 in place: this rank's run already at its place; the bits go through unchanged.
+  std::vector<mp_bf16> bits(total + 1, 0xFFFF);
+  for (size_t i = 0; i < counts[r]; ++i) bits[before + i] = (mp_bf16)(0x3f80 + r * 0x0800 + (int)i);
+  ASSERT_EQ(mp_nccl_all_gather_v(a.comm, nullptr, bits.data(), counts.data(), MP_NCCL_BFLOAT16,
+                                 &a.err),
+            MP_OK)
+      << a.err.message;
+  size_t at = 0;
+  for (int q = 0; q < n; ++q) {
+    for (size_t i = 0; i < counts[q]; ++i, ++at) {
+      ASSERT_EQ(out[at], (float)(q * 100000 + (int)i)) << q << " " << i;
+      ASSERT_EQ(bits[at], (mp_bf16)(0x3f80 + q * 0x0800 + (int)i)) << q << " " << i;
+    }
+  }
+  EXPECT_EQ(out[total], -1.0f);
+  EXPECT_EQ(bits[total], 0xFFFF);
+}
+
 TEST(CommNcclEmulated, BroadcastFromEveryRoot) {
   All a;
   ASSERT_TRUE(a.ok) << a.err.message;

@@ -198,6 +198,18 @@ TEST(CommNcclGpu, OneRankCollectivesAndSendRecvGiveTheirClosedForms) {
   ASSERT_EQ(mp_nccl_p2p(r.comm, ops, 2, &err), MP_OK) << err.message;
   ASSERT_EQ(mp_nccl_all_reduce_sum(r.comm, half, n, MP_NCCL_BFLOAT16, &err), MP_OK)
       << err.message;
+  // The uneven collectives (ZeRO 2 and 3) over one member: a copy, or in place nothing.
+  const size_t counts[1] = {n};
+  float *scattered_v = r.Upload(poison), *gathered_v = r.Upload(poison);
+  uint16_t *half_v = r.Upload(bits);
+  ASSERT_NE(half_v, nullptr) << r.err.message;
+  ASSERT_EQ(mp_nccl_comm_wait_stream(r.comm, nullptr, &err), MP_OK) << err.message;
+  ASSERT_EQ(mp_nccl_reduce_scatter_v_sum_f32(r.comm, sum, scattered_v, counts, &err), MP_OK)
+      << err.message;
+  ASSERT_EQ(mp_nccl_all_gather_v(r.comm, sum, gathered_v, counts, MP_NCCL_FLOAT32, &err), MP_OK)
+      << err.message;
+  ASSERT_EQ(mp_nccl_all_gather_v(r.comm, nullptr, half_v, counts, MP_NCCL_BFLOAT16, &err), MP_OK)
+      << err.message;
   ASSERT_EQ(mp_nccl_comm_synchronize(r.comm, &err), MP_OK) << err.message;
 
   // One member: every sum is its own input, every gather and scatter a copy.
@@ -207,6 +219,9 @@ TEST(CommNcclGpu, OneRankCollectivesAndSendRecvGiveTheirClosedForms) {
   EXPECT_EQ(r.Download(broadcast, n), a);
   EXPECT_EQ(r.Download(received, n), a);
   EXPECT_EQ(r.Download(half, n), bits);
+  EXPECT_EQ(r.Download(scattered_v, n), a);
+  EXPECT_EQ(r.Download(gathered_v, n), a);
+  EXPECT_EQ(r.Download(half_v, n), bits);
   EXPECT_FALSE(mp_nccl_world_aborted(r.world));
 }
 

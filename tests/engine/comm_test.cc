@@ -224,6 +224,35 @@ TEST(Comm, CollectivesOnEveryGridShape) {
         wrong += mine_sum[counts[r]] != -1.0f;  // nothing written past its run
         EXPECT_EQ(wrong, 0u) << "reduce-scatter with uneven counts";
 
+        // all-gather with uneven counts (ZeRO-3's block weights from the dp parts), the counts
+        // above: fp32 from an input, then bf16 bits in place (this member's run already in
+        // output), every run in member order and nothing written past the end.
+        std::vector<float> own(counts[r]), gathered_v(total + 1, -1.0f);
+        for (size_t i = 0; i < counts[r]; ++i) own[i] = (float)(world_rank() * 1000 + i % 1000);
+        ASSERT_EQ(mp_comm_all_gather_v_f32(comm.get(), own.data(), gathered_v.data(),
+                                           counts.data(), &err),
+                  MP_OK)
+            << err.message;
+        std::vector<uint16_t> bits(total + 1, 0xFFFF);
+        auto pattern_bits = [](int member, size_t i) {
+          return (uint16_t)(0x3f80 + member * 0x0800 + (int)(i % 0x07ff));
+        };
+        for (size_t i = 0; i < counts[r]; ++i) bits[before + i] = pattern_bits(members[r], i);
+        ASSERT_EQ(mp_comm_all_gather_v_bf16(comm.get(), nullptr, bits.data(), counts.data(), &err),
+                  MP_OK)
+            << err.message;
+        wrong = 0;
+        size_t at = 0;
+        for (int j = 0; j < n; ++j) {
+          for (size_t i = 0; i < counts[j]; ++i, ++at) {
+            wrong += gathered_v[at] != (float)(members[j] * 1000 + i % 1000);
+            wrong += bits[at] != pattern_bits(members[j], i);
+          }
+        }
+        wrong += gathered_v[total] != -1.0f;
+        wrong += bits[total] != 0xFFFF;
+        EXPECT_EQ(wrong, 0u) << "all-gather with uneven counts";
+
         // all-gather: member j's block is its world rank * 1000 + i.
         std::vector<float> mine(count), gathered(count * n, -1.0f);
         for (size_t i = 0; i < count; ++i) mine[i] = (float)(world_rank() * 1000 + i % 1000);

@@ -25,6 +25,11 @@
 #     resumed bit for bit): each block's gradients reduce-scattered from a device window into this rank's part,
 #     the rest at the step's end, the norm and AdamW on the part; within 1e-2 of the one-rank GPU
 #     run and 1e-4 of the same layout's ZeRO-1 (the same sums in another order, then bf16);
+#   - ZeRO-3 on the GPU (dp = 2, dp = 2 x pp = 2, also over NCCL and resumed from a checkpoint bit
+#     for bit, and dp = 2 x tp = 2 with sequence parallelism): the device holds its part of the
+#     blocks' parameters, each block's bf16 weights gathered into a device window before every
+#     pass; the same numbers as ZeRO-2 (1e-6, and --save-weights byte-identical: the gathered bf16
+#     weights are the ones ZeRO-2's whole copy holds);
 #   - zero-bubble zb-h1 on the GPU (pp = 2, pp = 2 x tp = 2 with and without sequence parallelism,
 #     dp = 2 x pp = 2; the last two over NCCL too), B and W split (deferred weight gradients), and
 #     full recomputation (pp = 4): each within 1e-2 of the
@@ -128,9 +133,13 @@ plan dp2zero1 2 1 1 1f1b 1 false 1
 plan dp2pp2zero1 2 2 1 1f1b 1 false 1
 plan dp2zero2 2 1 1 1f1b 1 false 2
 plan dp2pp2zero2 2 2 1 1f1b 1 false 2
+plan dp2zero3 2 1 1 1f1b 1 false 3
+plan dp2pp2zero3 2 2 1 1f1b 1 false 3
+plan dp2tp2spzero3 2 1 2 1f1b 1 true 3
 plan tp2sp 1 1 2 1f1b 1 true
 plan pp2tp2sp 1 2 2 1f1b 1 true
-for name in pp2 tp2 interleaved dp2 dp2pp2 dp2zero1 dp2pp2zero1 dp2zero2 dp2pp2zero2 tp2sp; do
+for name in pp2 tp2 interleaved dp2 dp2pp2 dp2zero1 dp2pp2zero1 dp2zero2 dp2pp2zero2 dp2zero3 \
+  dp2tp2spzero3 tp2sp; do
   run $name cuda
   compare "$name on the GPU vs one rank" "$tmp/one-cuda.jsonl" "$tmp/$name-cuda.jsonl" 1e-2
 done
@@ -140,6 +149,19 @@ compare "dp2pp2zero1 vs dp2pp2 on the GPU" "$tmp/dp2pp2-cuda.jsonl" "$tmp/dp2pp2
 compare "dp2zero2 vs dp2zero1 on the GPU" "$tmp/dp2zero1-cuda.jsonl" "$tmp/dp2zero2-cuda.jsonl" 1e-4
 compare "dp2pp2zero2 vs dp2pp2zero1 on the GPU" "$tmp/dp2pp2zero1-cuda.jsonl" \
   "$tmp/dp2pp2zero2-cuda.jsonl" 1e-4
+# ZeRO-3: the block weights each pass gathers are the bf16 of the same master weights ZeRO-2
+# keeps whole, and the gradients take the same reduce-scatters: the same numbers, the same file.
+compare "dp2zero3 vs dp2zero2 on the GPU" "$tmp/dp2zero2-cuda.jsonl" "$tmp/dp2zero3-cuda.jsonl" 1e-6
+run dp2pp2zero2 cuda --save-weights "$tmp/dp2pp2zero2-cuda.bin"
+run dp2pp2zero3 cuda --save-weights "$tmp/dp2pp2zero3-cuda.bin"
+compare "dp2pp2zero3 vs one rank on the GPU" "$tmp/one-cuda.jsonl" "$tmp/dp2pp2zero3-cuda.jsonl" 1e-2
+compare "dp2pp2zero3 vs dp2pp2zero2 on the GPU" "$tmp/dp2pp2zero2-cuda.jsonl" \
+  "$tmp/dp2pp2zero3-cuda.jsonl" 1e-6
+if [ -s "$tmp/dp2pp2zero3-cuda.bin" ] && cmp -s "$tmp/dp2pp2zero2-cuda.bin" "$tmp/dp2pp2zero3-cuda.bin"; then
+  echo "dp2pp2zero3 on the GPU: --save-weights byte-identical to ZeRO-2's"
+else
+  fail "dp2pp2zero3 on the GPU: --save-weights missing or not ZeRO-2's"
+fi
 run pp2tp2 cuda --save-weights "$tmp/pp2tp2-cuda.bin"
 run pp2tp2 cpu --save-weights "$tmp/pp2tp2-cpu.bin"
 compare "pp2tp2 on the GPU vs one rank" "$tmp/one-cuda.jsonl" "$tmp/pp2tp2-cuda.jsonl" 1e-2
@@ -197,7 +219,8 @@ compare "dp2pp2zbzero2 vs dp2pp2zero2 (1f1b) on the GPU" "$tmp/dp2pp2zero2-cuda.
 
 # The same layouts over the NCCL communicators (emulated over MPI: the same sums, so the same
 # losses): the tensor-parallel table on NCCL, the pipeline's sends grouped with receives, dp.
-for name in pp2tp2 pp2tp2sp dp2pp2 interleaved dp2pp2zero1 dp2pp2zero2 pp2tp2zb dp2pp2zb; do
+for name in pp2tp2 pp2tp2sp dp2pp2 interleaved dp2pp2zero1 dp2pp2zero2 dp2pp2zero3 pp2tp2zb \
+  dp2pp2zb; do
   GPU_COMM=nccl run $name cuda
   compare "$name over NCCL vs over MPI" "$tmp/$name-cuda.jsonl" "$tmp/$name-cuda-nccl.jsonl" 1e-6
 done
@@ -254,7 +277,7 @@ expect 0 "backend: cuda" "done: 1 steps" -- $mpengine run --config "$tmp/pp2zb.j
 # Checkpoints on the GPU: 10 steps saving at 5, against a resume from step 5 (bit for bit: the
 # emulation is deterministic, and the state goes to the host and back exactly), one rank and
 # pp = 2 x tp = 2; then the GPU's pp x tp checkpoint resumed on the CPU's one rank.
-for name in one pp2tp2 dp2pp2zero1 dp2pp2zero2; do
+for name in one pp2tp2 dp2pp2zero1 dp2pp2zero2 dp2pp2zero3; do
   expect 0 "checkpoint: saved $tmp/ckpt-$name/step-5" "done: 10 steps" -- \
     $mpengine run --config "$tmp/$name.json" --backend cuda --gpu-comm mpi \
     --checkpoint-dir "$tmp/ckpt-$name" --save-every 5 --metrics "$tmp/ckpt-$name.jsonl"
