@@ -798,6 +798,35 @@ extern "C" mp_status mp_nccl_reduce_scatter_sum(mp_nccl_comm *comm, const void *
   return finish(comm, what, bytes * comm->size, posted_s, err);
 }
 
+// NCCL's reduce-scatter and all-gather take equal counts: the uneven ones post one rooted
+// collective per non-empty run of counts (rank r's run after those of ranks 0..r-1), post(r, at)
+// making rank r's at element `at`, in one group so that they progress together (the same bytes
+// cross the links). call names what post calls, for the message of a failure.
+namespace {
+
+template <typename Post>
+mp_status post_rooted_runs(mp_nccl_comm *comm, const size_t *counts, const char *call, Post post,
+                           mp_error *err) {
+  NCCL_TRY(comm->world, ncclGroupStart());
+  ncclResult_t failed = ncclSuccess;
+  size_t at = 0;
+  for (int r = 0; r < comm->size && failed == ncclSuccess; ++r) {
+    if (counts[r] > 0) {
+      ncclResult_t result = post(r, at);
+      if (result != ncclSuccess && result != ncclInProgress) failed = result;
+    }
+    at += counts[r];
+  }
+  ncclResult_t ended = ncclGroupEnd();  // closes the group even after a failed call in it
+  if (failed != ncclSuccess) return nccl_failed(comm->world, failed, call, __FILE__, __LINE__, err);
+  if (ended != ncclSuccess && ended != ncclInProgress) {
+    return nccl_failed(comm->world, ended, "ncclGroupEnd()", __FILE__, __LINE__, err);
+  }
+  return MP_OK;
+}
+
+}  // namespace
+
 extern "C" mp_status mp_nccl_reduce_scatter_v_sum_f32(mp_nccl_comm *comm, const float *input,
                                                       float *output, const size_t *counts,
                                                       mp_error *err) {
@@ -813,30 +842,17 @@ extern "C" mp_status mp_nccl_reduce_scatter_v_sum_f32(mp_nccl_comm *comm, const 
   if (total == 0) return MP_OK;
   MP_TRY(begin(comm, err));
   const double posted_s = now_s();
-  // NCCL's reduce-scatter takes equal counts: one reduce per rank's run, rooted there, grouped
-  // so that they progress together (the same bytes cross the links).
-  NCCL_TRY(comm->world, ncclGroupStart());
-  ncclResult_t failed = ncclSuccess;
-  size_t at = 0;
-  for (int r = 0; r < comm->size && failed == ncclSuccess; ++r) {
-    if (counts[r] > 0) {
-      // recvbuff is read on the root only; the others pass their own (valid) buffer.
-      ncclResult_t result = ncclReduce(input + at, output, counts[r], ncclFloat32, ncclSum, r,
-                                       comm->nccl, comm->stream);
-      if (result != ncclSuccess && result != ncclInProgress) failed = result;
-    }
-    at += counts[r];
-  }
-  ncclResult_t ended = ncclGroupEnd();  // closes the group even after a failed call in it
-  if (failed != ncclSuccess) {
-    return nccl_failed(comm->world, failed,
-                       "ncclReduce(input + at, output, counts[r], ncclFloat32, ncclSum, r, "
-                       "comm->nccl, comm->stream)",
-                       __FILE__, __LINE__, err);
-  }
-  if (ended != ncclSuccess && ended != ncclInProgress) {
-    return nccl_failed(comm->world, ended, "ncclGroupEnd()", __FILE__, __LINE__, err);
-  }
+  // One reduce per rank's run, rooted there. recvbuff is read on the root only; the others pass
+  // their own (valid) buffer.
+  MP_TRY(post_rooted_runs(
+      comm, counts,
+      "ncclReduce(input + at, output, counts[r], ncclFloat32, ncclSum, r, comm->nccl, "
+      "comm->stream)",
+      [&](int r, size_t at) {
+        return ncclReduce(input + at, output, counts[r], ncclFloat32, ncclSum, r, comm->nccl,
+                          comm->stream);
+      },
+      err));
   char what[kWhatBytes];
   snprintf(what, sizeof what, "reduce-scatter in group %s (ranks %s)", comm->name,
            comm->members_text);
@@ -880,32 +896,19 @@ extern "C" mp_status mp_nccl_all_gather_v(mp_nccl_comm *comm, const void *input,
   if (total == 0) return MP_OK;
   MP_TRY(begin(comm, err));
   const double posted_s = now_s();
-  // NCCL's all-gather takes equal counts: one broadcast per rank's run, rooted there, grouped so
-  // that they progress together.
+  // One broadcast per rank's run, rooted there. sendbuff is read on the root only; in place it is
+  // the run's own place in output.
   char *out = static_cast<char *>(output);
-  NCCL_TRY(comm->world, ncclGroupStart());
-  ncclResult_t failed = ncclSuccess;
-  size_t at = 0;
-  for (int r = 0; r < comm->size && failed == ncclSuccess; ++r) {
-    if (counts[r] > 0) {
-      // sendbuff is read on the root only; in place it is the run's own place in output.
-      const void *send = r == comm->rank && input != NULL ? input : out + at * elem;
-      ncclResult_t result = ncclBroadcast(send, out + at * elem, counts[r], dtype_nccl(dtype), r,
-                                          comm->nccl, comm->stream);
-      if (result != ncclSuccess && result != ncclInProgress) failed = result;
-    }
-    at += counts[r];
-  }
-  ncclResult_t ended = ncclGroupEnd();  // closes the group even after a failed call in it
-  if (failed != ncclSuccess) {
-    return nccl_failed(comm->world, failed,
-                       "ncclBroadcast(send, out + at * elem, counts[r], dtype_nccl(dtype), r, "
-                       "comm->nccl, comm->stream)",
-                       __FILE__, __LINE__, err);
-  }
-  if (ended != ncclSuccess && ended != ncclInProgress) {
-    return nccl_failed(comm->world, ended, "ncclGroupEnd()", __FILE__, __LINE__, err);
-  }
+  MP_TRY(post_rooted_runs(
+      comm, counts,
+      "ncclBroadcast(send, out + at * elem, counts[r], dtype_nccl(dtype), r, comm->nccl, "
+      "comm->stream)",
+      [&](int r, size_t at) {
+        const void *send = r == comm->rank && input != NULL ? input : out + at * elem;
+        return ncclBroadcast(send, out + at * elem, counts[r], dtype_nccl(dtype), r, comm->nccl,
+                             comm->stream);
+      },
+      err));
   char what[kWhatBytes];
   snprintf(what, sizeof what, "all-gather in group %s (ranks %s)", comm->name, comm->members_text);
   return finish(comm, what, total * elem, posted_s, err);
