@@ -126,6 +126,16 @@ mp_status mp_nccl_comm_wait_stream(mp_nccl_comm *comm, mp_cuda_stream stream, mp
 /* Later work on `stream` waits (on the GPU) for comm's operations so far; the host goes on. */
 mp_status mp_nccl_stream_wait_comm(mp_cuda_stream stream, mp_nccl_comm *comm, mp_error *err);
 
+/* Marks: slot (0 .. MP_NCCL_MARKS - 1) remembers the point comm's operations so far reach, and a
+ * stream can then wait for those without waiting for the operations posted after (ZeRO-3's
+ * prefetched block weights, with reduce-scatters queued behind them). mp_nccl_stream_wait_mark:
+ * later work on `stream` waits (on the GPU) for comm's operations up to slot's last mark (none
+ * before the first). MP_ERR_INPUT for another slot. */
+enum { MP_NCCL_MARKS = 2 };
+mp_status mp_nccl_comm_mark(mp_nccl_comm *comm, int slot, mp_error *err);
+mp_status mp_nccl_stream_wait_mark(mp_cuda_stream stream, mp_nccl_comm *comm, int slot,
+                                   mp_error *err);
+
 /* The host waits until comm's operations so far are complete: each polled against the deadline of
  * its post (the watchdog). The first failure aborts every communicator and names its operation. */
 mp_status mp_nccl_comm_synchronize(mp_nccl_comm *comm, mp_error *err);

@@ -59,6 +59,7 @@ struct mp_nccl_comm {
   ncclComm_t nccl;     // NULL once aborted
   cudaStream_t stream; // the communication stream
   cudaEvent_t order;   // scratch event for mp_nccl_comm_wait_stream / mp_nccl_stream_wait_comm
+  cudaEvent_t marks[MP_NCCL_MARKS];  // mp_nccl_comm_mark's
   char name[kNameBytes];
   int rank, size;
   int *members;        // (size) world ranks
@@ -490,6 +491,9 @@ void release(mp_nccl_comm *comm) {
   for (int i = 0; i < comm->num_pending; ++i) cudaEventDestroy(comm->pending[i].event);
   for (int i = 0; i < comm->num_spare; ++i) cudaEventDestroy(comm->spare[i]);
   if (comm->order != NULL) cudaEventDestroy(comm->order);
+  for (int i = 0; i < MP_NCCL_MARKS; ++i) {
+    if (comm->marks[i] != NULL) cudaEventDestroy(comm->marks[i]);
+  }
   if (comm->stream != NULL) cudaStreamDestroy(comm->stream);
   cudaGetLastError();
   free(comm->pending);
@@ -507,6 +511,9 @@ struct id_message {
 mp_status create(mp_nccl_world *world, mp_comm *group, mp_nccl_comm *comm, mp_error *err) {
   CUDA_TRY_KEEP(world, cudaSetDevice(world->device));
   CUDA_TRY_KEEP(world, cudaEventCreateWithFlags(&comm->order, cudaEventDisableTiming));
+  for (int i = 0; i < MP_NCCL_MARKS; ++i) {
+    CUDA_TRY_KEEP(world, cudaEventCreateWithFlags(&comm->marks[i], cudaEventDisableTiming));
+  }
   int lowest = 0, highest = 0;
   CUDA_TRY_KEEP(world, cudaDeviceGetStreamPriorityRange(&lowest, &highest));
   CUDA_TRY_KEEP(world, cudaStreamCreateWithPriority(&comm->stream, cudaStreamNonBlocking, highest));
@@ -673,6 +680,33 @@ extern "C" mp_status mp_nccl_stream_wait_comm(mp_cuda_stream stream, mp_nccl_com
   MP_TRY(usable(comm, err));
   CUDA_TRY(comm->world, cudaEventRecord(comm->order, comm->stream));
   CUDA_TRY(comm->world, cudaStreamWaitEvent((cudaStream_t)stream, comm->order, 0));
+  return MP_OK;
+}
+
+namespace {
+
+mp_status check_mark(const mp_nccl_comm *comm, int slot, mp_error *err) {
+  if (slot >= 0 && slot < MP_NCCL_MARKS) return MP_OK;
+  return mp_fail(err, MP_ERR_INPUT, "rank %d: group %s: mark %d is not one of 0 .. %d",
+                 comm->world->rank, comm->name, slot, MP_NCCL_MARKS - 1);
+}
+
+}  // namespace
+
+extern "C" mp_status mp_nccl_comm_mark(mp_nccl_comm *comm, int slot, mp_error *err) {
+  MP_TRY(check_comm(comm, "marking", err));
+  MP_TRY(check_mark(comm, slot, err));
+  MP_TRY(usable(comm, err));
+  CUDA_TRY(comm->world, cudaEventRecord(comm->marks[slot], comm->stream));
+  return MP_OK;
+}
+
+extern "C" mp_status mp_nccl_stream_wait_mark(mp_cuda_stream stream, mp_nccl_comm *comm, int slot,
+                                              mp_error *err) {
+  MP_TRY(check_comm(comm, "making a stream wait", err));
+  MP_TRY(check_mark(comm, slot, err));
+  MP_TRY(usable(comm, err));
+  CUDA_TRY(comm->world, cudaStreamWaitEvent((cudaStream_t)stream, comm->marks[slot], 0));
   return MP_OK;
 }
 

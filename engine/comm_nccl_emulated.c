@@ -378,6 +378,27 @@ mp_status mp_nccl_stream_wait_comm(mp_cuda_stream stream, mp_nccl_comm *comm, mp
   return usable(comm, err);
 }
 
+/* Every operation here completes before its call returns: a mark only checks its slot. */
+static mp_status check_mark(const mp_nccl_comm *comm, int slot, mp_error *err) {
+  if (slot >= 0 && slot < MP_NCCL_MARKS) return MP_OK;
+  return mp_fail(err, MP_ERR_INPUT, "rank %d: group %s: mark %d is not one of 0 .. %d",
+                 comm->world->rank, comm->name, slot, MP_NCCL_MARKS - 1);
+}
+
+mp_status mp_nccl_comm_mark(mp_nccl_comm *comm, int slot, mp_error *err) {
+  MP_TRY(check_comm(comm, "marking", err));
+  MP_TRY(check_mark(comm, slot, err));
+  return usable(comm, err);
+}
+
+mp_status mp_nccl_stream_wait_mark(mp_cuda_stream stream, mp_nccl_comm *comm, int slot,
+                                   mp_error *err) {
+  (void)stream;
+  MP_TRY(check_comm(comm, "making a stream wait", err));
+  MP_TRY(check_mark(comm, slot, err));
+  return usable(comm, err);
+}
+
 mp_status mp_nccl_comm_synchronize(mp_nccl_comm *comm, mp_error *err) {
   MP_TRY(check_comm(comm, "synchronize", err));
   return usable(comm, err);

@@ -69,6 +69,15 @@ mp_status mp_nccl_stream_wait_comm(mp_cuda_stream stream, mp_nccl_comm *comm, mp
   (void)comm, (void)stream;
   return no_nccl(err);
 }
+mp_status mp_nccl_comm_mark(mp_nccl_comm *comm, int slot, mp_error *err) {
+  (void)comm, (void)slot;
+  return no_nccl(err);
+}
+mp_status mp_nccl_stream_wait_mark(mp_cuda_stream stream, mp_nccl_comm *comm, int slot,
+                                   mp_error *err) {
+  (void)stream, (void)comm, (void)slot;
+  return no_nccl(err);
+}
 mp_status mp_nccl_comm_synchronize(mp_nccl_comm *comm, mp_error *err) {
   (void)comm;
   return no_nccl(err);

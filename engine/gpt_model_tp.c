@@ -256,9 +256,16 @@ mp_status mp_gpt_tp_create_stage(const mp_model *model, int micro_batch, int seq
   /* Without slots the stage only holds its arrays (a GPU stage's host copy). */
   if (num_slots > 0) {
     const mp_stage_dims dims = mp_stage_chain_dims(gpt, &gpt->tp);
-    const mp_stage_chain_config config = {gpt,        &gpt->tp,  gpt->params,
-                                          gpt->grads, num_slots, deferred_weights,
-                                          recompute,  gpt->block_window, gpt->weight_window};
+    /* One gradient window: a CPU rank's reduce-scatter runs on the cores that compute. */
+    const mp_stage_chain_config config = {.host = gpt,
+                                          .tp = &gpt->tp,
+                                          .weights = gpt->params,
+                                          .grads = gpt->grads,
+                                          .num_slots = num_slots,
+                                          .deferred_weights = deferred_weights,
+                                          .recompute = recompute,
+                                          .block_grads_window = gpt->block_window,
+                                          .block_weights_window = gpt->weight_window};
     if ((status = mp_stage_kernels_cpu_create(&dims, &gpt->kernels, err)) != MP_OK ||
         (status = mp_stage_chain_create(&config, gpt->kernels, &gpt->chain, err)) != MP_OK) {
       mp_gpt_tp_free(gpt);

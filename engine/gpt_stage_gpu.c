@@ -523,13 +523,18 @@ struct mp_gpt_stage_gpu {
   size_t moments_first, moments_count;     /* all of them, or this dp rank's part with ZeRO */
   bool windowed;                           /* ZeRO-2: block gradients pass through window */
   mp_grad_window window_kind;              /* which ones (mp_grad_window_for) */
-  float *window;                           /* (the largest block's floats) */
+  float *window, *window_2;                /* (the largest block's floats each): the blocks'
+                                              gradients alternate between the two, so that a
+                                              block's reduce-scatter overlaps the next one's
+                                              backward (engine/stage_chain.h) */
   float *grad_part;                        /* (moments_count) ZeRO-2: the part's gradients,
                                               from mp_gpt_stage_gpu_keep_moments */
   size_t grad_part_count;
   mp_bf16 *weights;                        /* (params_floats) */
-  mp_bf16 *weights_window;                 /* ZeRO-3: (the largest block's) the chain's block
-                                              weights, gathered before each pass */
+  mp_bf16 *weights_window, *weights_window_2; /* ZeRO-3: (the largest block's each) the chain's
+                                              block weights, gathered before each pass: two,
+                                              so that the next pass's gather (a prefetch)
+                                              overlaps this one */
   float *norm_scratch;
   cuda_kernels *kernels;
   mp_stage_chain *chain;
@@ -554,8 +559,8 @@ void mp_gpt_stage_gpu_free(mp_gpt_stage_gpu *gpu) {
   mp_stage_chain_free(gpu->chain);
   cuda_kernels_free(gpu->kernels);
   void *buffers[] = {gpu->master, gpu->grads,     gpu->adam_m,         gpu->adam_v,
-                     gpu->weights, gpu->window,    gpu->weights_window, gpu->grad_part,
-                     gpu->norm_scratch};
+                     gpu->weights, gpu->window,    gpu->window_2,       gpu->weights_window,
+                     gpu->weights_window_2, gpu->grad_part, gpu->norm_scratch};
   for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; ++i) mp_device_free(buffers[i]);
   free(gpu);
 }
@@ -614,8 +619,14 @@ mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, 
   ALLOC(gpu->weights, P);
   /* ZeRO-2's part gradients come with the part (mp_gpt_stage_gpu_keep_moments): a buffer of
    * the whole stage here, even for a moment, could be the allocation that does not fit. */
-  if (gpu->windowed) ALLOC(gpu->window, largest_block);
-  if (sharded) ALLOC(gpu->weights_window, largest_block);
+  if (gpu->windowed) {
+    ALLOC(gpu->window, largest_block);
+    ALLOC(gpu->window_2, largest_block);
+  }
+  if (sharded) {
+    ALLOC(gpu->weights_window, largest_block);
+    ALLOC(gpu->weights_window_2, largest_block);
+  }
   {
     /* Parameters and gradients start at zero, as the header says (device memory holds garbage). */
     float *zeroed[] = {gpu->master, gpu->grads, gpu->adam_m, gpu->adam_v};
@@ -628,9 +639,17 @@ mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, 
   ALLOC(gpu->norm_scratch, mp_grad_norm_cuda_scratch_floats(P));
   const mp_stage_dims dims = mp_stage_chain_dims(host, &gpu->tp);
   if (cuda_kernels_create(&dims, &gpu->kernels, err) != MP_OK) goto fail;
-  const mp_stage_chain_config config = {host,       &gpu->tp,  gpu->weights,
-                                        gpu->grads, num_slots, deferred_weights,
-                                        recompute,  gpu->window, gpu->weights_window};
+  const mp_stage_chain_config config = {.host = host,
+                                        .tp = &gpu->tp,
+                                        .weights = gpu->weights,
+                                        .grads = gpu->grads,
+                                        .num_slots = num_slots,
+                                        .deferred_weights = deferred_weights,
+                                        .recompute = recompute,
+                                        .block_grads_window = gpu->window,
+                                        .block_grads_window_2 = gpu->window_2,
+                                        .block_weights_window = gpu->weights_window,
+                                        .block_weights_window_2 = gpu->weights_window_2};
   if (mp_stage_chain_create(&config, &gpu->kernels->table, &gpu->chain, err) != MP_OK) goto fail;
   gpu->device_bytes += gpu->kernels->device_bytes + mp_stage_chain_bytes(gpu->chain);
   *out = gpu;
@@ -780,7 +799,7 @@ float *mp_gpt_stage_gpu_tensor_grad(mp_gpt_stage_gpu *gpu, int index) {
 size_t mp_gpt_stage_gpu_grads_floats(const mp_gpt_stage_gpu *gpu) { return gpu->grads_floats; }
 
 mp_status mp_gpt_stage_gpu_add_to_part(mp_gpt_stage_gpu *gpu, const float *sums, size_t first,
-                                       size_t count, mp_error *err) {
+                                       size_t count, mp_cuda_stream stream, mp_error *err) {
   MP_TRY(gpu->windowed ? need_part(gpu, err) : MP_OK);
   if (!gpu->windowed || first < gpu->moments_first ||
       first + count > gpu->moments_first + gpu->moments_count) {
@@ -790,7 +809,9 @@ mp_status mp_gpt_stage_gpu_add_to_part(mp_gpt_stage_gpu *gpu, const float *sums,
                    first, first + count, gpu->moments_first,
                    gpu->moments_first + (gpu->windowed ? gpu->moments_count : 0));
   }
-  if (count > 0) mp_add_f32_cuda(gpu->grad_part + (first - gpu->moments_first), sums, count, NULL);
+  if (count > 0) {
+    mp_add_f32_cuda(gpu->grad_part + (first - gpu->moments_first), sums, count, stream);
+  }
   return MP_OK;
 }
 

@@ -56,6 +56,7 @@
 
 #include "common/error.h"
 #include "engine/gpt_model_tp.h"
+#include "layers/cuda_types.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -129,11 +130,12 @@ float *mp_gpt_stage_gpu_tensor_grad(mp_gpt_stage_gpu *gpu, int index);
 size_t mp_gpt_stage_gpu_grads_floats(const mp_gpt_stage_gpu *gpu);
 
 /* ZeRO-2 (a windowed stage): part += sums (count device floats, elements [first, first + count)
- * of the stage's flat layout, inside the moments' part; MP_ERR_INPUT otherwise), on the stream;
+ * of the stage's flat layout, inside the moments' part; MP_ERR_INPUT otherwise), on stream (NULL:
+ * the default stream; a communicator's, to follow the reduce-scatter that wrote sums there);
  * and each tensor's squares over the part into squares (mp_gpt_tp_num_tensors(host) doubles,
  * host memory), for a norm the caller sums over dp. */
 mp_status mp_gpt_stage_gpu_add_to_part(mp_gpt_stage_gpu *gpu, const float *sums, size_t first,
-                                       size_t count, mp_error *err);
+                                       size_t count, mp_cuda_stream stream, mp_error *err);
 mp_status mp_gpt_stage_gpu_part_squares(mp_gpt_stage_gpu *gpu, double *squares, mp_error *err);
 
 mp_status mp_gpt_stage_gpu_zero_grads(mp_gpt_stage_gpu *gpu, mp_error *err);

@@ -49,9 +49,17 @@ float *mp_gpt_stage_gpu_tensor_grad(mp_gpt_stage_gpu *gpu, int index) {
 }
 size_t mp_gpt_stage_gpu_grads_floats(const mp_gpt_stage_gpu *gpu) { (void)gpu; return 0; }
 mp_status mp_gpt_stage_gpu_add_to_part(mp_gpt_stage_gpu *gpu, const float *sums, size_t first,
-                                       size_t count, mp_error *err) {
-  (void)gpu, (void)sums, (void)first, (void)count;
+                                       size_t count, mp_cuda_stream stream, mp_error *err) {
+  (void)gpu, (void)sums, (void)first, (void)count, (void)stream;
   return unreachable(err);
+}
+float *mp_gpt_stage_gpu_params_at(mp_gpt_stage_gpu *gpu, size_t first, size_t count) {
+  (void)gpu, (void)first, (void)count;
+  return NULL;
+}
+void *mp_gpt_stage_gpu_weights_at(mp_gpt_stage_gpu *gpu, size_t first, size_t count) {
+  (void)gpu, (void)first, (void)count;
+  return NULL;
 }
 mp_status mp_gpt_stage_gpu_part_squares(mp_gpt_stage_gpu *gpu, double *squares, mp_error *err) {
   (void)gpu, (void)squares;

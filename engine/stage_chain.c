@@ -6,8 +6,10 @@
 
 /* One block's tensors by role: the backend's weights and the fp32 gradients. */
 typedef struct {
-  const void *w[MP_GPT_BLOCK_TENSORS];
-  float *g[MP_GPT_BLOCK_TENSORS];
+  const void *w[MP_GPT_BLOCK_TENSORS]; /* with weights windows, in the one in use */
+  const void *w_in[2][MP_GPT_BLOCK_TENSORS]; /* w in each weights window */
+  float *g[MP_GPT_BLOCK_TENSORS];     /* with gradient windows, in the one in use */
+  float *g_in[2][MP_GPT_BLOCK_TENSORS]; /* g in each gradient window */
   size_t grad_first, grad_count; /* the block's floats of the gradient array */
 } block_tensors;
 
@@ -65,10 +67,14 @@ struct mp_stage_chain {
   bool regather;
   float *grads;        /* the gradient array (the hook's) */
   float *window;       /* ZeRO-2: every block's gradients (or with deferred weights its GEMM
-                          weights'), one block at a time; else NULL */
+                          weights'), one block at a time, in the window in use; else NULL */
+  float *windows[2];   /* the gradient windows: the first, and NULL or a second one */
+  int next_window;     /* with two, the one the next block's gradients go to */
   mp_grad_window window_kind;
   void *weights_window; /* ZeRO-3: every block's weights, gathered before its forward and its
-                           backward; else NULL */
+                           backward, in the window in use; else NULL */
+  void *weights_windows[2]; /* the first, and NULL or a second one */
+  int next_weights_window;  /* with two, the one the next pass over a block uses */
   mp_stage_weights_hook weights_hook;
   void *weights_hook_context;
   const void *wte, *wpe, *lnfw, *lnfb;
@@ -176,17 +182,30 @@ static const void *weight_of(const mp_stage_chain *ch, void *weights, int full_i
   return at(ch, ch->weights_window, offset - block_first);
 }
 
-/* ZeRO-3: block l's weights into the window before a pass over it. */
-static mp_status gather_block_weights(mp_stage_chain *ch, int l, mp_error *err) {
+/* ZeRO-3: block l's weights into the next weights window before a pass over it (with two
+ * windows they alternate, so the hook may prefetch block `next`, the pass after this one, -1 for
+ * none, into the other while this one runs). */
+static mp_status gather_block_weights(mp_stage_chain *ch, int l, int next, mp_error *err) {
   if (ch->weights_window == NULL) return MP_OK;
   if (ch->weights_hook == NULL) {
     return mp_fail(err, MP_ERR_INPUT,
                    "the stage's block weights are sharded (ZeRO-3), but no weights hook is set "
                    "to gather them");
   }
-  const block_tensors *b = &ch->blocks[l];
+  const bool two = ch->weights_windows[1] != NULL;
+  const int w = two ? ch->next_weights_window : 0;
+  ch->next_weights_window = 1 - w;
+  block_tensors *b = &ch->blocks[l];
+  ch->weights_window = ch->weights_windows[w];
+  memcpy(b->w, b->w_in[w], sizeof b->w);
+  mp_stage_weights_next after = {NULL, 0, 0};
+  if (two && next >= 0) {
+    after.window = ch->weights_windows[1 - w];
+    after.first = ch->blocks[next].grad_first;
+    after.count = ch->blocks[next].grad_count;
+  }
   return ch->weights_hook(ch->weights_hook_context, ch->weights_window, b->grad_first,
-                          b->grad_count, err);
+                          b->grad_count, after.window != NULL ? &after : NULL, err);
 }
 
 /* A tensor's gradient: in grads, packed for the window kind (mp_gpt_tp_grad_offset), or for a
@@ -326,10 +345,19 @@ static mp_status chain_setup(mp_stage_chain *ch, const mp_stage_chain_config *co
     b->grad_count = last->offset + last->count - first->offset;
     for (int r = 0; r < MP_GPT_BLOCK_TENSORS; ++r) {
       const int index = mp_gpt_layout_block_index(layout, layer, (mp_gpt_block_tensor)r);
-      b->w[r] = weight_of(ch, config->weights, index, b->grad_first);
-      b->g[r] = grad_of(ch, config->grads, index, b->grad_first);
+      for (int w = 0; w < 2; ++w) {
+        ch->window = ch->windows[w] != NULL ? ch->windows[w] : ch->windows[0];
+        ch->weights_window =
+            ch->weights_windows[w] != NULL ? ch->weights_windows[w] : ch->weights_windows[0];
+        b->g_in[w][r] = grad_of(ch, config->grads, index, b->grad_first);
+        b->w_in[w][r] = weight_of(ch, config->weights, index, b->grad_first);
+      }
+      b->g[r] = b->g_in[0][r];
+      b->w[r] = b->w_in[0][r];
     }
   }
+  ch->window = ch->windows[0];
+  ch->weights_window = ch->weights_windows[0];
   const mp_stage_dims *d = &ch->d;
   const size_t BT = (size_t)d->BT, C = (size_t)d->C, eb = ch->eb;
   if (ch->recompute == MP_RECOMPUTE_SELECTIVE && ch->k->attention_recomputable) {
@@ -407,7 +435,12 @@ mp_status mp_stage_chain_create(const mp_stage_chain_config *config,
   ch->num_slots = config->num_slots;
   ch->grads = config->grads;
   ch->window = config->block_grads_window;
+  ch->windows[0] = config->block_grads_window;
+  ch->windows[1] = config->block_grads_window != NULL ? config->block_grads_window_2 : NULL;
   ch->weights_window = config->block_weights_window;
+  ch->weights_windows[0] = config->block_weights_window;
+  ch->weights_windows[1] =
+      config->block_weights_window != NULL ? config->block_weights_window_2 : NULL;
   ch->window_kind = mp_grad_window_for(ch->window != NULL, config->deferred_weights);
   ch->regather = ch->d.sp && !config->deferred_weights;
   mp_status status = check_kernels(ch, err);
@@ -661,7 +694,7 @@ static mp_status stage_forward(mp_stage_chain *ch, slot_acts *s, const int32_t *
   }
   const void *x = s->input;
   for (int l = 0; l < st->num_layers; ++l) {
-    MP_TRY(gather_block_weights(ch, l, err));
+    MP_TRY(gather_block_weights(ch, l, l + 1 < st->num_layers ? l + 1 : -1, err));
     MP_TRY(block_forward(ch, l, &s->acts[l], x, err));
     x = s->acts[l].out;
   }
@@ -707,6 +740,17 @@ void mp_stage_chain_discard(mp_stage_chain *ch, int slot) {
 static mp_status sum_block_norm_grads(mp_stage_chain *ch, int l, mp_error *err);
 
 static bool st_has_blocks(const mp_stage_chain *ch) { return ch->stage.num_layers > 0; }
+
+/* Block b's gradients into the next gradient window (with two, they alternate from block to
+ * block, across passes too, so the hook's reader of one overlaps the next block's writes to the
+ * other), zeroed. */
+static mp_status open_grad_window(mp_stage_chain *ch, block_tensors *b, mp_error *err) {
+  const int w = ch->windows[1] != NULL ? ch->next_window : 0;
+  ch->next_window = 1 - w;
+  ch->window = ch->windows[w];
+  memcpy(b->g, b->g_in[w], sizeof b->g);
+  return ch->k->zero(ch->k->context, ch->window, b->grad_count * sizeof(float), err);
+}
 
 mp_status mp_stage_chain_backward(mp_stage_chain *ch, int slot, const float *doutput,
                                   float *dinput, bool defer_weights, mp_error *err) {
@@ -757,12 +801,10 @@ mp_status mp_stage_chain_backward(mp_stage_chain *ch, int slot, const float *dou
   }
   for (int l = L - 1; l >= 0; --l) {
     const void *inp = l == 0 ? s->input : s->acts[l - 1].out;
-    const block_tensors *b = &ch->blocks[l];
+    block_tensors *b = &ch->blocks[l];
     /* A deferred backward leaves the window (the GEMM weights') to W. */
-    if (ch->window != NULL && !defer_weights) {
-      MP_TRY(k->zero(cx, ch->window, b->grad_count * sizeof(float), err));
-    }
-    MP_TRY(gather_block_weights(ch, l, err));
+    if (ch->window != NULL && !defer_weights) MP_TRY(open_grad_window(ch, b, err));
+    MP_TRY(gather_block_weights(ch, l, l - 1, err));
     MP_TRY(block_backward(ch, l, &s->acts[l], inp, defer_weights ? &s->deferred[l] : NULL, err));
     if (ch->window_kind == MP_GRAD_WINDOW_BLOCKS && d->sp) {
       MP_TRY(sum_block_norm_grads(ch, l, err));
@@ -799,10 +841,8 @@ mp_status mp_stage_chain_backward_weights(mp_stage_chain *ch, int slot, mp_error
                    "grads hook is set to take them: they would be lost");
   }
   for (int l = ch->stage.num_layers - 1; l >= 0; --l) {
-    const block_tensors *b = &ch->blocks[l];
-    if (ch->window != NULL) {
-      MP_TRY(ch->k->zero(ch->k->context, ch->window, b->grad_count * sizeof(float), err));
-    }
+    block_tensors *b = &ch->blocks[l];
+    if (ch->window != NULL) MP_TRY(open_grad_window(ch, b, err));
     block_backward_weights(ch, l, &s->acts[l], &s->deferred[l]);
     if (ch->hook != NULL) {
       float *grads = ch->window != NULL ? ch->window : ch->grads + b->grad_first;

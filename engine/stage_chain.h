@@ -73,11 +73,21 @@ typedef struct {
    * other elements stay zero), and B's norm and bias gradients stay in grads
    * (MP_GRAD_WINDOW_BLOCK_WEIGHTS). */
   float *block_grads_window;
+  /* NULL, or with block_grads_window a second window like it: the blocks' gradients then go to
+   * the two in turn (each block's to the one the block before it did not use, across passes
+   * too), so that the hook may leave its read of one window (a reduce-scatter on another stream)
+   * in flight while the next block's backward writes the other: it need only have finished
+   * reading a window when it is handed the other one. */
+  float *block_grads_window_2;
   /* NULL, or (ZeRO-3) a window of the largest block's weights (backend elements): every
    * block's weights are gathered there by the weights hook before each pass over the block (its
    * forward, recomputed forward and backward; a W needs none), and weights then holds only the
    * tensors outside the blocks, packed as a whole-block gradient window packs them. */
   void *block_weights_window;
+  /* NULL, or with block_weights_window a second window like it: the passes over the blocks then
+   * use the two in turn, so the weights hook may fill the other one with the next pass's block
+   * (a prefetch) while this pass runs. */
+  void *block_weights_window_2;
 } mp_stage_chain_config;
 
 /* The stage's sizes on this rank (for a backend's create). */
@@ -135,8 +145,8 @@ mp_status mp_stage_chain_finish_grads(mp_stage_chain *chain, mp_error *err);
  * first); grads points at the block's count floats, elements [first, first + count) of the
  * stage's flat layout, in the gradient array or the window (on a GPU complete once the stream
  * reaches that point). With a window of whole blocks, the block's layernorm gradients are
- * already summed over the group under sequence parallelism; any window is overwritten by the
- * next block. A
+ * already summed over the group under sequence parallelism; a window is overwritten by the
+ * next block's backward (with two windows, by the one after it). A
  * deferred backward (B) does not call it: the block's weight gradients wait for W. A failing hook
  * stops the backward with its error. NULL: none. */
 typedef mp_status (*mp_stage_grads_hook)(void *context, float *grads, size_t first, size_t count,
@@ -144,11 +154,20 @@ typedef mp_status (*mp_stage_grads_hook)(void *context, float *grads, size_t fir
 void mp_stage_chain_set_grads_hook(mp_stage_chain *chain, mp_stage_grads_hook hook,
                                    void *context);
 
-/* ZeRO-3: hook(context, window, first, count) fills window with the block's count weights,
- * elements [first, first + count) of the stage's flat layout, before a pass over the block. It
- * must be set on a chain with a weights window: a pass without it is refused. */
+/* ZeRO-3: hook(context, window, first, count, next) fills window with the block's count weights,
+ * elements [first, first + count) of the stage's flat layout, before a pass over the block (on
+ * a GPU, the kernels enqueued after it must find them there). With two weights windows, next
+ * (else NULL) names the block of the pass after this one within the same forward or backward
+ * and the window it will use, the other one: the hook may start filling it now (a prefetch,
+ * which must not disturb what this pass reads), and next time finish it. It must be set on a
+ * chain with a weights window: a pass without it is refused. */
+typedef struct {
+  void *window;
+  size_t first, count;
+} mp_stage_weights_next;
 typedef mp_status (*mp_stage_weights_hook)(void *context, void *window, size_t first,
-                                           size_t count, mp_error *err);
+                                           size_t count, const mp_stage_weights_next *next,
+                                           mp_error *err);
 void mp_stage_chain_set_weights_hook(mp_stage_chain *chain, mp_stage_weights_hook hook,
                                      void *context);
 

@@ -49,6 +49,11 @@ struct mp_trainer {
                              its bf16 working copy) */
   uint16_t *zero3_staging; /* ZeRO-3 on a GPU whose dp group has no NCCL: a block's bf16
                               weights (the largest block's), staged through the host */
+  struct {                 /* ZeRO-3 over NCCL: the block gather posted ahead of its pass */
+    void *window;          /* NULL: none */
+    size_t first, count;
+    int mark;              /* its mp_nccl_comm_mark slot */
+  } zero3_prefetch;
   /* ZeRO's cut: zero_size dp ranks (all of dp, or with HSDP one shard group), this rank the
    * zero_rank-th, over zero_comm (NULL alone). */
   int zero_size, zero_rank;
@@ -473,11 +478,15 @@ static mp_status scatter_add_grads(mp_trainer *trainer, int c, const float *grad
   if (dp != NULL && size > 1) {
     const double start = trace_now(trainer);
     if (nccl != NULL) {
-      /* After the kernels that wrote grads; the add below after the reduce. */
+      /* Overlapped with the next block's backward (Megatron's gradient buckets): the kernels
+       * enqueued after this point, which write the other gradient window, wait for the
+       * reduce-scatters posted so far, the last of which reads it (engine/stage_chain.h); this
+       * one runs after the kernels that wrote grads, and its add into the part follows it on the
+       * communicator's stream. reduce_step_grads waits for the last. */
+      MP_TRY(mp_nccl_stream_wait_comm(NULL, nccl, err));
       MP_TRY(mp_nccl_comm_wait_stream(nccl, NULL, err));
       MP_TRY(mp_nccl_reduce_scatter_v_sum_f32(nccl, grads, trainer->scatter_out,
                                               trainer->scatter_counts, err));
-      MP_TRY(mp_nccl_stream_wait_comm(NULL, nccl, err));
     } else {
       if (trainer->gpu_chunks != NULL) MP_TRY(mp_device_synchronize(err));
       MP_TRY(mp_comm_reduce_scatter_v_sum_f32(dp, grads, trainer->scatter_out,
@@ -491,7 +500,9 @@ static mp_status scatter_add_grads(mp_trainer *trainer, int c, const float *grad
   }
   if (mine == 0) return MP_OK;
   if (trainer->gpu_chunks != NULL) {
-    return mp_gpt_stage_gpu_add_to_part(trainer->gpu_chunks[c], sum, mine_first, mine, err);
+    const bool on_comm = nccl != NULL && dp != NULL && size > 1;
+    return mp_gpt_stage_gpu_add_to_part(trainer->gpu_chunks[c], sum, mine_first, mine,
+                                        on_comm ? mp_nccl_comm_stream(nccl) : NULL, err);
   }
   float *to = trainer->grad_part[c] + (mine_first - trainer->zero_first[c]);
   for (size_t i = 0; i < mine; ++i) to[i] += sum[i];
@@ -506,9 +517,9 @@ static mp_status zero2_block_grads(void *context, float *grads, size_t first, si
 }
 
 /* ZeRO-3 on the GPU: this rank's run of block weights (own, device memory, bf16) into its place
- * in window, and every other rank's run from its owner: over NCCL on the dp communicator's
- * stream (after the kernels that used the window before, and before those that use it now), or
- * through the host over MPI. */
+ * in window, and every other rank's run from its owner (trainer->scatter_counts): over NCCL on
+ * the dp communicator's stream, after the kernels enqueued so far (those that read window
+ * before), or through the host over MPI. */
 static mp_status zero3_gather_device_weights(mp_trainer *trainer, const void *own, void *window,
                                              size_t first, size_t count, size_t mine_first,
                                              size_t mine, mp_error *err) {
@@ -518,9 +529,8 @@ static mp_status zero3_gather_device_weights(mp_trainer *trainer, const void *ow
   }
   if (nccl != NULL) {
     MP_TRY(mp_nccl_comm_wait_stream(nccl, NULL, err));
-    MP_TRY(mp_nccl_all_gather_v(nccl, own, window, trainer->scatter_counts, MP_NCCL_BFLOAT16,
-                                err));
-    return mp_nccl_stream_wait_comm(NULL, nccl, err);
+    return mp_nccl_all_gather_v(nccl, own, window, trainer->scatter_counts, MP_NCCL_BFLOAT16,
+                                err);
   }
   uint16_t *staging = trainer->zero3_staging;
   MP_TRY(mp_device_synchronize(err));
@@ -533,21 +543,18 @@ static mp_status zero3_gather_device_weights(mp_trainer *trainer, const void *ow
   return mp_device_copy_to_device(window, staging, count * sizeof(uint16_t), err);
 }
 
-/* ZeRO-3, the chain's weights hook: block weights [first, first + count) of chunk c gathered
- * over dp from the parts into the window (on the GPU the bf16 working copy's). */
-static mp_status zero3_block_weights(void *context, void *window, size_t first, size_t count,
-                                     mp_error *err) {
-  const struct zero2_hook *hook = context;
-  mp_trainer *trainer = hook->trainer;
-  mp_gpt_tp *chunk = trainer->chunks[hook->chunk];
-  mp_gpt_stage_gpu *gpu = trainer->gpu_chunks != NULL ? trainer->gpu_chunks[hook->chunk] : NULL;
+/* ZeRO-3: block weights [first, first + count) of chunk c gathered over dp from the parts into
+ * window (on the GPU the bf16 working copy's), traced. */
+static mp_status zero3_gather(mp_trainer *trainer, int c, void *window, size_t first,
+                              size_t count, mp_error *err) {
+  mp_gpt_tp *chunk = trainer->chunks[c];
+  mp_gpt_stage_gpu *gpu = trainer->gpu_chunks != NULL ? trainer->gpu_chunks[c] : NULL;
   if (trainer->zero_comm == NULL && gpu == NULL) {
     return mp_gpt_tp_copy_params(chunk, first, count, window, err);
   }
-  part_counts(trainer, hook->chunk, first, count, trainer->scatter_counts);
+  part_counts(trainer, c, first, count, trainer->scatter_counts);
   const size_t mine = trainer->scatter_counts[trainer->zero_rank];
-  const size_t mine_first =
-      first > trainer->zero_first[hook->chunk] ? first : trainer->zero_first[hook->chunk];
+  const size_t mine_first = first > trainer->zero_first[c] ? first : trainer->zero_first[c];
   const void *own = NULL;
   if (mine > 0) {
     own = gpu != NULL ? mp_gpt_stage_gpu_weights_at(gpu, mine_first, mine)
@@ -571,6 +578,41 @@ static mp_status zero3_block_weights(void *context, void *window, size_t first, 
                   count * (gpu != NULL ? sizeof(uint16_t) : sizeof(float)), NULL, start,
                   trace_now(trainer));
   }
+  return MP_OK;
+}
+
+/* ZeRO-3, the chain's weights hook: block weights [first, first + count) of chunk c into the
+ * window before a pass over the block. Over NCCL with a next block (two windows), that block's
+ * gather is posted now into the other window, ahead of its pass (torchtitan's and FSDP's
+ * prefetch): it runs while this pass computes, and the next call only makes the compute stream
+ * wait for it, through its mark, not for the reduce-scatters posted behind it. */
+static mp_status zero3_block_weights(void *context, void *window, size_t first, size_t count,
+                                     const mp_stage_weights_next *next, mp_error *err) {
+  const struct zero2_hook *hook = context;
+  mp_trainer *trainer = hook->trainer;
+  mp_nccl_comm *nccl = trainer->gpu_chunks != NULL && trainer->zero_comm != NULL
+                           ? trainer->options.nccl_dp
+                           : NULL;
+  if (nccl == NULL) return zero3_gather(trainer, hook->chunk, window, first, count, err);
+  const bool prefetched = trainer->zero3_prefetch.window == window &&
+                          trainer->zero3_prefetch.first == first &&
+                          trainer->zero3_prefetch.count == count;
+  trainer->zero3_prefetch.window = NULL;
+  if (prefetched) {
+    MP_TRY(mp_nccl_stream_wait_mark(NULL, nccl, trainer->zero3_prefetch.mark, err));
+  } else {
+    MP_TRY(zero3_gather(trainer, hook->chunk, window, first, count, err));
+    MP_TRY(mp_nccl_stream_wait_comm(NULL, nccl, err));
+  }
+  if (next == NULL) return MP_OK;
+  /* After the kernels enqueued so far, the last pass's, which read next->window. */
+  MP_TRY(zero3_gather(trainer, hook->chunk, next->window, next->first, next->count, err));
+  const int mark = 1 - trainer->zero3_prefetch.mark;
+  MP_TRY(mp_nccl_comm_mark(nccl, mark, err));
+  trainer->zero3_prefetch.window = next->window;
+  trainer->zero3_prefetch.first = next->first;
+  trainer->zero3_prefetch.count = next->count;
+  trainer->zero3_prefetch.mark = mark;
   return MP_OK;
 }
 
@@ -1526,6 +1568,11 @@ static mp_status reduce_step_grads(mp_trainer *trainer, double *grad_norm, mp_er
     const float scale = 1.0f / (float)plan->dp;
     for (int c = 0; c < trainer->num_chunks; ++c) {
       MP_TRY(zero2_array_grads(trainer, c, err));
+      /* On the GPU the reduce-scatters and their adds into the part ran on the dp
+       * communicator's stream: what follows on the default stream waits for them. */
+      if (gpu != NULL && o->nccl_dp != NULL) {
+        MP_TRY(mp_nccl_stream_wait_comm(NULL, o->nccl_dp, err));
+      }
       /* HSDP: each shard group summed its own dp ranks; the replicas' parts add up to dp's. */
       for (size_t at = 0; o->zero_replica != NULL && at < trainer->zero_count[c];
            at += MP_TRAINER_BUCKET_FLOATS) {
@@ -1671,6 +1718,7 @@ mp_status mp_trainer_step(mp_trainer *trainer, int64_t step, mp_step_metrics *me
   const double lr = mp_training_learning_rate(t, step);
   double loss = 0.0, grad_norm = 0.0;
   trainer->step = step;
+  trainer->zero3_prefetch.window = NULL; /* the weights changed: no gather of the last step's */
   if (trainer->gpu_chunks != NULL) {
     for (int c = 0; c < trainer->num_chunks; ++c) {
       MP_TRY(mp_gpt_stage_gpu_zero_grads(trainer->gpu_chunks[c], err));

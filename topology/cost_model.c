@@ -513,11 +513,13 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
     const mp_state_bytes sharded = mp_cost_sharded_state_bytes(cluster, layout);
     rank->weights_bytes = params * sharded.weights;
     /* ZeRO-3 keeps its part of the blocks' weights, the weights outside the blocks whole (every
-     * rank's embedding, final norm and head) and one block's at a time in a window. */
+     * rank's embedding, final norm and head) and a block's at a time in a window: on GPUs two
+     * (the next block's gather prefetched while one computes), on CPU ranks one. */
     if (zero == 3) {
+      const double weight_windows = cluster->cores_per_node > 0 ? 1.0 : 2.0;
       rank->weights_bytes = (block_params / (double)shard + (params - block_params)) *
                                 state.weights +
-                            largest_block * state.weights;
+                            weight_windows * largest_block * state.weights;
     }
     rank->grads_bytes = params * sharded.grads;
     /* ZeRO 2 and 3 keep the gradients outside the blocks whole until the step's end (their dp
@@ -534,7 +536,10 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
     if (d > 1 && zero >= 2) {
       const double bucket = fmax(largest_block, (double)MP_COST_ZERO2_BUCKET_FLOATS) * state.grads;
       const double scatter = fmin(bucket, grad_bytes);
-      rank->workspace_bytes += largest_block * state.grads +
+      /* GPUs alternate two windows, so that a block's reduce-scatter overlaps the next block's
+       * backward; CPU ranks reduce on the cores that compute, with one. */
+      const double windows = cluster->cores_per_node > 0 ? 1.0 : 2.0;
+      rank->workspace_bytes += windows * largest_block * state.grads +
                                mp_cost_dp_transient_bytes(cluster, scatter) +
                                fmin(scatter, grad_bytes / d_shard);
     } else if (d > 1) {

@@ -128,12 +128,14 @@ typedef struct {
   bool sequence_parallel;
   /* ZeRO over dp (Rajbhandari et al. 2020): 0 replicated; 1 optimizer state sharded; 2 and
    * gradients (each block's reduce-scattered in each micro-batch's backward from a one-block
-   * window; the embedding, final norm and head, whole until the step's end, reduce-scattered
-   * once, as engine/trainer.h runs it);
+   * window, two alternating on GPUs so that it overlaps the next block's backward; the
+   * embedding, final norm and head, whole until the step's end, reduce-scattered once, as
+   * engine/trainer.h runs it);
    * 3 and the blocks' parameters (each block's gathered into a one-block window for its
    * forward, recomputed forward and backward in every micro-batch, torchtitan's
-   * reshard_after_forward without prefetch; the embedding, final norm and head whole on every
-   * rank, gathered once after the update). */
+   * reshard_after_forward; on GPUs into two alternating windows, the next block's gather
+   * prefetched while one computes; the embedding, final norm and head whole on every rank,
+   * gathered once after the update). */
   int zero_stage;
   /* ZeRO 1 and 2 over groups of this many consecutive dp ranks, replicated across the groups
    * (HSDP): the state divides by it, the reduce-scatters and gathers run inside a group (on its

@@ -622,11 +622,13 @@ static void enumerate(search *s, const mp_planner_options *o, int64_t global_bat
               if (o->recompute >= 0 && rc != o->recompute) continue;
               for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
                 if (o->sequence_parallel >= 0 && sp != o->sequence_parallel) continue;
-                /* The search keeps to the stages the runtime trains as the cost model has them:
-                 * 0 and 1, and 2 and 3 on CPU ranks (on GPUs ZeRO-2's reduce-scatters do not
-                 * yet overlap the backward, and ZeRO-3 runs on the CPU only); the others are
-                 * planned when asked for (--zero). */
-                const int runnable = s->cluster->cores_per_node > 0 ? 3 : 1;
+                /* The stages the runtime trains as the cost model has them: on GPUs 0, 1 and 2
+                 * (ZeRO-2's reduce-scatters overlap the next block's backward), and 3 only when
+                 * asked for (--zero): its gathers are prefetched one block ahead, but the first
+                 * block of every pass waits for its own, which the model's full overlap does
+                 * not see, and it is not yet measured on a GPU; on CPU ranks (nothing overlaps
+                 * there, as the model has it) all four. */
+                const int runnable = s->cluster->cores_per_node > 0 ? 3 : 2;
                 const int last_zero = dp == 1                    ? 0
                                       : o->zero_stage > runnable ? o->zero_stage
                                                                  : runnable;

@@ -18,9 +18,9 @@ expect 0 "interleaved" -- $mpengine plan $tiny --gpus 8 --global-batch 16 --pp 2
 
 # The bounds rule layouts out without simulating them (counted in the table and the JSON);
 # --exhaustive simulates every one and ranks them the same.
-expect 0 "simulated 8 (bounds ruled out 682, 0 by memory); best 5 that fit" -- $mpengine plan $tiny --gpus 8 --global-batch 16
-expect 0 '"pruned":	682' '"pruned_by_memory":	0' -- $mpengine plan $tiny --gpus 8 --global-batch 16 --json
-expect 0 "simulated 690 (bounds ruled out 0, 0 by memory)" -- $mpengine plan $tiny --gpus 8 --global-batch 16 --exhaustive
+expect 0 "simulated 8 (bounds ruled out 913, 0 by memory); best 5 that fit" -- $mpengine plan $tiny --gpus 8 --global-batch 16
+expect 0 '"pruned":	913' '"pruned_by_memory":	0' -- $mpengine plan $tiny --gpus 8 --global-batch 16 --json
+expect 0 "simulated 921 (bounds ruled out 0, 0 by memory)" -- $mpengine plan $tiny --gpus 8 --global-batch 16 --exhaustive
 ranked() { "$@" --json | grep -v -E '"(simulated|pruned|pruned_by_memory|search_seconds)"'; }
 if [ "$(ranked $mpengine plan $tiny --gpus 8 --global-batch 16 --top 10)" != \
      "$(ranked $mpengine plan $tiny --gpus 8 --global-batch 16 --top 10 --exhaustive)" ]; then
