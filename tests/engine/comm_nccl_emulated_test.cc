@@ -412,6 +412,13 @@ TEST(CommNcclEmulated, BadArgumentsAreRefusedByNameAndAbortNothing) {
   EXPECT_TRUE(contains(err.message, "root " + std::to_string(n) + " is not a group rank (0 .. " +
                                         std::to_string(n - 1) + ")"))
       << err.message;
+  // Marks (ZeRO-3's prefetch): the slots there are, and no other.
+  EXPECT_EQ(mp_nccl_comm_mark(a.comm, 0, &err), MP_OK) << err.message;
+  EXPECT_EQ(mp_nccl_stream_wait_mark(nullptr, a.comm, MP_NCCL_MARKS - 1, &err), MP_OK)
+      << err.message;
+  EXPECT_EQ(mp_nccl_comm_mark(a.comm, MP_NCCL_MARKS, &err), MP_ERR_INPUT);
+  EXPECT_TRUE(contains(err.message, "group tp: mark 2 is not one of 0 .. 1")) << err.message;
+  EXPECT_EQ(mp_nccl_stream_wait_mark(nullptr, a.comm, -1, &err), MP_ERR_INPUT);
   mp_nccl_p2p_op op = {MP_NCCL_SEND, n, x.data(), 256};
   EXPECT_EQ(mp_nccl_p2p(a.comm, &op, 1, &err), MP_ERR_INPUT);
   EXPECT_TRUE(contains(err.message, "send in group tp (ranks ")) << err.message;

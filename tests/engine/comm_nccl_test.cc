@@ -210,6 +210,9 @@ TEST(CommNcclGpu, OneRankCollectivesAndSendRecvGiveTheirClosedForms) {
       << err.message;
   ASSERT_EQ(mp_nccl_all_gather_v(r.comm, nullptr, half_v, counts, MP_NCCL_BFLOAT16, &err), MP_OK)
       << err.message;
+  // A mark after the gathers: the default stream waits for them through it.
+  ASSERT_EQ(mp_nccl_comm_mark(r.comm, 1, &err), MP_OK) << err.message;
+  ASSERT_EQ(mp_nccl_stream_wait_mark(nullptr, r.comm, 1, &err), MP_OK) << err.message;
   ASSERT_EQ(mp_nccl_comm_synchronize(r.comm, &err), MP_OK) << err.message;
 
   // One member: every sum is its own input, every gather and scatter a copy.
