@@ -579,6 +579,13 @@ mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, 
                    "the GPU stage's micro-batch %d x %d tokens is not its host stage's (%d x %d)",
                    micro_batch, seq_len, host_batch, host_seq);
   }
+  const bool sharded = mp_gpt_tp_sharded_params(host);
+  if (sharded && (!windowed_block_grads || deferred_weights)) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "the host stage's block parameters are sharded (ZeRO-3): the GPU stage needs "
+                   "windowed block gradients and whole backwards (not a zero-bubble schedule's "
+                   "deferred weight gradients)");
+  }
   if (mp_device_count() == 0) {
     return mp_fail(err, MP_ERR_INPUT,
                    "--backend cuda: no CUDA GPU is visible (check nvidia-smi and "
@@ -590,13 +597,6 @@ mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, 
                    "the device tensor-parallel group (rank %d of %d) is not the host stage's "
                    "(rank %d of %d)",
                    tp->rank, tp->size, mp_gpt_tp_comm(host)->rank, mp_gpt_tp_comm(host)->size);
-  }
-  const bool sharded = mp_gpt_tp_sharded_params(host);
-  if (sharded && (!windowed_block_grads || deferred_weights)) {
-    return mp_fail(err, MP_ERR_INPUT,
-                   "the host stage's block parameters are sharded (ZeRO-3): the GPU stage needs "
-                   "windowed block gradients and whole backwards (not a zero-bubble schedule's "
-                   "deferred weight gradients)");
   }
   mp_gpt_stage_gpu *gpu = calloc(1, sizeof *gpu);
   if (gpu == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of host memory");

@@ -79,18 +79,19 @@ typedef struct {
  * (selective changes nothing; full keeps the slots light, see above); deferred_weights: the slots
  * also keep what a deferred backward's W needs (zero-bubble schedules). Both together are refused
  * with MP_ERR_INPUT, as on the CPU. Sequence parallelism is the host stage's
- * (mp_gpt_tp_sequence_parallel). windowed_block_grads (ZeRO-2, not with deferred weights): the
- * blocks' gradients pass through a one-block device window that the chain's hook must take
- * after every block (engine/stage_chain.h), the device gradient array holds the tensors outside
- * the blocks packed (mp_gpt_tp_grad_offset), and the stage keeps the gradients of its moments'
- * part (mp_gpt_stage_gpu_keep_moments), which the hook's sums are added into
+ * (mp_gpt_tp_sequence_parallel). windowed_block_grads (ZeRO 2 and 3; with deferred weights the
+ * GEMM weights' only): the blocks' gradients pass through two one-block device windows in turn
+ * (so that one block's reduce-scatter may overlap the next block's backward), which the chain's
+ * hook must take after every block (engine/stage_chain.h), the device gradient array holds the
+ * tensors outside the blocks packed (mp_gpt_tp_grad_offset), and the stage keeps the gradients
+ * of its moments' part (mp_gpt_stage_gpu_keep_moments), which the hook's sums are added into
  * (mp_gpt_stage_gpu_add_to_part); scaling, the norm's squares and AdamW then run on that part.
  * A host stage whose block parameters are sharded (ZeRO-3, mp_gpt_tp_sharded_params; it needs
  * windowed_block_grads and no deferred weights) makes a ZeRO-3 stage: the device mirrors the
  * host's array (the tensors outside the blocks, then this dp rank's block elements), and the
- * chain takes each block's bf16 weights from a one-block device window that its weights hook
- * fills before every pass (mp_stage_chain_set_weights_hook; mp_gpt_stage_gpu_weights_at finds
- * this rank's run of them).
+ * chain takes each block's bf16 weights from two one-block device windows in turn, which its
+ * weights hook fills before every pass, the next one's perhaps while this one runs
+ * (mp_stage_chain_set_weights_hook; mp_gpt_stage_gpu_weights_at finds this rank's run of them).
  * Parameters start at zero: mp_gpt_stage_gpu_upload_params. */
 mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, int micro_batch,
                                   int seq_len, int num_slots, bool deferred_weights,

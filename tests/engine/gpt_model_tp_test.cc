@@ -221,7 +221,10 @@ struct Variant {
 
 // ZeRO-3's weights hook here: the block's weights from a whole stage of the same seed (what the
 // dp ranks' parts make together).
-mp_status CopyWeights(void *context, void *window, size_t first, size_t count, mp_error *) {
+// A CPU stage has one weights window: no next block is ever offered for a prefetch.
+mp_status CopyWeights(void *context, void *window, size_t first, size_t count,
+                      const mp_stage_weights_next *next, mp_error *err) {
+  if (next != nullptr) return mp_fail(err, MP_ERR_RUNTIME, "a prefetch offered to one window");
   const float *whole = static_cast<const float *>(context);
   std::copy(whole + first, whole + first + count, static_cast<float *>(window));
   return MP_OK;

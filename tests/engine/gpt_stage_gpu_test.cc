@@ -204,6 +204,25 @@ TEST(GptStageGpuRefuses, NoActivationSlot) {
                 {"at least one activation slot", "got -3"});
 }
 
+// A host stage holding only its ZeRO-3 part of the blocks needs a GPU twin that gathers each
+// block into a window and reduce-scatters each block's gradients out of one: not a plain stage,
+// whose chain would read the part as if it were the whole shard.
+TEST(GptStageGpuRefuses, ShardedHostWithoutWindows) {
+  Fixture f;
+  Stage s;
+  mp_gpt_stage range;
+  ASSERT_EQ(mp_gpt_stage_of_chain(kL, 0, kL + 3, &range, &f.err), MP_OK) << f.err.message;
+  const mp_gpt_tp_zero zero = {2, 1, false, true};
+  ASSERT_EQ(mp_gpt_tp_create_stage(f.model, kB, kT, &f.single, false, &range, 0, false,
+                                   MP_RECOMPUTE_NONE, &zero, &s.host, &f.err),
+            MP_OK)
+      << f.err.message;
+  ASSERT_TRUE(mp_gpt_tp_sharded_params(s.host));
+  EXPECT_LT(mp_gpt_tp_params_floats(s.host), mp_gpt_tp_num_params(s.host));
+  ExpectRefusal(s.host, 2, false, MP_RECOMPUTE_NONE,
+                {"block parameters are sharded (ZeRO-3)", "windowed block gradients"});
+}
+
 TEST(GptStageGpuRefuses, WithoutAGpuCreateSaysSo) {
   if (mp_device_count() > 0) GTEST_SKIP() << "a GPU is visible: this checks the no-GPU message";
   Fixture f;
