@@ -73,6 +73,10 @@ static mp_status read_options(const cli_command *command, mp_planner_options *o,
   if (value > (1 << 20)) return mp_fail(err, MP_ERR_INPUT, "--zero-shard-size: too large");
   o->zero_shard_size = (int)value;
   o->exhaustive = cli_flag(command, "exhaustive");
+  static const char *const kSplit[] = {"time", "memory", NULL};
+  int split = MP_SPLIT_TIME;
+  MP_TRY(parse_choice(command, "split", kSplit, &split, err));
+  o->split = (mp_planner_split)split;
   return MP_OK;
 }
 
@@ -311,8 +315,9 @@ int cmd_plan(int argc, char **argv) {
       {"virtual-stages", "V", "fix the model chunks per pipeline rank", NULL},
       {"recompute", "MODE", "fix recomputation: none, selective, full", NULL},
       {"sequence-parallel", "on|off", "fix sequence parallelism", NULL},
-      {"zero", "0|1|2|3", "fix the ZeRO stage (1: optimizer state sharded over dp; 2: and gradients, searched on CPU ranks; 3: and parameters, run on the CPU backend)", NULL},
+      {"zero", "0|1|2|3", "fix the ZeRO stage (1: optimizer state sharded over dp; 2: and gradients; 3: and parameters, searched on CPU ranks only)", NULL},
       {"zero-shard-size", "S", "ZeRO 1 or 2 within groups of S dp ranks, replicated across them (HSDP; S divides --dp)", NULL},
+      {"split", "time|memory", "cut the layers into stages for the fastest pipeline (time, the default) or for the least memory on the fullest rank (memory: fewer blocks on the stages holding the embedding, the head and the most micro-batches in flight; not for interleaved layouts)", NULL},
       {"exhaustive", NULL, "simulate every layout instead of skipping those a bound shows cannot "
        "make the top K (the same ranking, slower)", NULL},
       {0},

@@ -114,3 +114,82 @@ mp_status mp_partition_chain_all(const double *costs, int n, int max_parts, int 
                                  double *bottlenecks, mp_error *err) {
   return partition(costs, n, max_parts, 0, counts, bottlenecks, err);
 }
+
+static mp_status check_values(const char *what, const double *values, int count, mp_error *err) {
+  for (int i = 0; i < count; ++i) {
+    if (!(values[i] >= 0.0) || !isfinite(values[i])) {
+      return mp_fail(err, MP_ERR_INPUT, "%s %d: %g is not a finite non-negative number", what, i,
+                     values[i]);
+    }
+  }
+  return MP_OK;
+}
+
+mp_status mp_partition_chain_staged(const double *a, const double *b, int n, int k,
+                                    const double *a_weight, const double *b_weight,
+                                    const double *fixed, int *counts, double *bottleneck,
+                                    mp_error *err) {
+  MP_TRY(check_chain(a, n, k, err));
+  MP_TRY(check_values("layer", b, n, err));
+  MP_TRY(check_values("stage", a_weight, k, err));
+  MP_TRY(check_values("stage", b_weight, k, err));
+  MP_TRY(check_values("stage", fixed, k, err));
+  const size_t n1 = (size_t)n + 1;
+  double *pa = malloc(sizeof(double) * n1), *pb = malloc(sizeof(double) * n1);
+  double *best = malloc(sizeof(double) * n1 * (size_t)(k + 1));
+  int *cut = malloc(sizeof(int) * n1 * (size_t)(k + 1));
+  if (pa == NULL || pb == NULL || best == NULL || cut == NULL) {
+    free(pa);
+    free(pb);
+    free(best);
+    free(cut);
+    return mp_fail(err, MP_ERR_RUNTIME, "out of memory partitioning %d layers", n);
+  }
+  pa[0] = pb[0] = 0.0;
+  for (int i = 0; i < n; ++i) {
+    pa[i + 1] = pa[i] + a[i];
+    pb[i + 1] = pb[i] + b[i];
+  }
+#define BEST(j, i) best[(size_t)(j) * n1 + (size_t)(i)]
+#define CUT(j, i) cut[(size_t)(j) * n1 + (size_t)(i)]
+#define STAGE_COST(j, s, i) \
+  (fixed[j] + a_weight[j] * (pa[i] - pa[s]) + b_weight[j] * (pb[i] - pb[s]))
+  /* Row j (its first j stages) is needed over i in [j, n - (k - j)] only: the other k - j
+   * stages need a layer each. */
+  for (int i = 1; i <= n - (k - 1); ++i) {
+    BEST(1, i) = STAGE_COST(0, 0, i);
+    CUT(1, i) = 0;
+  }
+  for (int j = 2; j <= k; ++j) {
+    /* Row j's last stage is stage j - 1 over layers [s, i), s in [j - 1, i - 1]. Unlike
+     * solve()'s, best(j - 1, s) need not grow with s here (one more layer can let a heavy layer
+     * move to a stage that weighs it less), so no pointer walks to the crossing; but walking s
+     * down from i - 1 the stage's own cost only grows, and once it alone is above the best found
+     * no smaller s can win. */
+    for (int i = j; i <= n - (k - j); ++i) {
+      double best_value = INFINITY;
+      int best_s = i - 1;
+      for (int s0 = i - 1; s0 >= j - 1; --s0) {
+        const double stage = STAGE_COST(j - 1, s0, i);
+        if (stage > best_value) break;
+        const double value = larger(BEST(j - 1, s0), stage);
+        if (value <= best_value) { /* ties: the earlier cut, later stages as large as allowed */
+          best_value = value;
+          best_s = s0;
+        }
+      }
+      BEST(j, i) = best_value;
+      CUT(j, i) = best_s;
+    }
+  }
+  trace_back(cut, n, k, counts);
+  *bottleneck = BEST(k, n);
+#undef STAGE_COST
+#undef BEST
+#undef CUT
+  free(pa);
+  free(pb);
+  free(best);
+  free(cut);
+  return MP_OK;
+}

@@ -37,6 +37,22 @@ mp_status mp_partition_chain(const double *costs, int n, int k, int *counts, dou
 mp_status mp_partition_chain_all(const double *costs, int n, int max_parts, int *counts,
                                  double *bottlenecks, mp_error *err);
 
+/* Splits n layers into k contiguous non-empty stages minimising the largest stage cost when a
+ * stage's cost depends on its place in the pipeline: stage j (0-based) over layers [s, i) costs
+ *   fixed[j] + a_weight[j] * (a[s] + ... + a[i - 1]) + b_weight[j] * (b[s] + ... + b[i - 1])
+ * (a pipeline rank's memory: its layers' parameters a times the state bytes of each, their
+ * activations b times the micro-batches the schedule keeps alive there, plus what only that
+ * stage holds, such as the tied head's copy of the token table). Writes the k stage sizes to
+ * counts and the largest cost to *bottleneck; among optimal splits, later stages as large as
+ * allowed. Exact, in O(k n^2) at worst and far less when stages are short (a stage's start is
+ * searched only while its own cost stays below the best found). MP_ERR_INPUT when k < 1 or
+ * k > n, or
+ * a value is negative or not finite; MP_ERR_RUNTIME when out of memory. */
+mp_status mp_partition_chain_staged(const double *a, const double *b, int n, int k,
+                                    const double *a_weight, const double *b_weight,
+                                    const double *fixed, int *counts, double *bottleneck,
+                                    mp_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -49,6 +49,8 @@ typedef struct {
   int *split_at;                    /* NULL until needed, then (max_stages + 1): where the split
                                        of k stages starts in splits, -1 for k not wanted */
   int *splits;                      /* the wanted splits, one after another */
+  double *bottleneck;               /* (max_stages + 1) with the splits: the largest stage cost
+                                       of the split of k stages, which no split of k beats */
   bool shares_splits;               /* split_at and splits belong to the twin (the other sp),
                                        whose per-layer costs are the same to the bit */
 } layer_table;
@@ -93,6 +95,7 @@ static void free_table(layer_table *t) {
   if (!t->shares_splits) {
     free(t->split_at);
     free(t->splits);
+    free(t->bottleneck);
   }
   memset(t, 0, sizeof *t);
 }
@@ -180,6 +183,9 @@ typedef struct {
                           the ranking does not depend on the order layouts are simulated in */
   double time_bound;   /* split_bounds under the table's split */
   double memory_bound;
+  bool by_memory;      /* cut by memory (memory_counts) */
+  bool refined;        /* by_memory: its bounds are its memory split's (refine_bounds), not yet
+                          the quick ones that need no split */
 } candidate;
 
 /* A generated schedule, checked and matched once, timed for every layout that shares it. */
@@ -214,9 +220,14 @@ typedef struct {
   cached_schedule **schedules;
   int num_schedules, cap_schedules;
   long cached_actions, clock;
+  bool memory_split;   /* MP_SPLIT_MEMORY: candidates of one chunk per rank cut by memory */
+  double *layer_params, *layer_acts; /* (n) scratch of memory_counts */
+  int memory_counts[MP_COST_MAX_STAGES];
 } search;
 
 static void free_search(search *s) {
+  free(s->layer_params);
+  free(s->layer_acts);
   for (int i = 0; i < s->num_tables; ++i) free_table(&s->tables[i]);
   free(s->tables);
   free(s->table_slots);
@@ -309,6 +320,7 @@ static const int *get_counts(search *s, layer_table *t, int k) {
       if (covered && memcmp(twin->cost, t->cost, sizeof(double) * (size_t)s->n) == 0) {
         t->split_at = twin->split_at;
         t->splits = twin->splits;
+        t->bottleneck = twin->bottleneck;
         t->shares_splits = true;
       }
     }
@@ -322,8 +334,13 @@ static const int *get_counts(search *s, layer_table *t, int k) {
       s->all_splits = grown;
       s->all_splits_entries = entries;
     }
+    t->bottleneck = malloc(sizeof(double) * (size_t)(most + 1));
     mp_error ignored = MP_ERROR_INITIALIZER;
-    if (mp_partition_chain_all(t->cost, s->n, most, s->all_splits, NULL, &ignored) != MP_OK) {
+    if (t->bottleneck == NULL ||
+        mp_partition_chain_all(t->cost, s->n, most, s->all_splits, t->bottleneck, &ignored) !=
+            MP_OK) {
+      free(t->bottleneck);
+      t->bottleneck = NULL;
       return NULL;
     }
     long kept = 0;
@@ -333,7 +350,9 @@ static const int *get_counts(search *s, layer_table *t, int k) {
     if (t->split_at == NULL || t->splits == NULL) {
       free(t->split_at);
       free(t->splits);
+      free(t->bottleneck);
       t->split_at = t->splits = NULL;
+      t->bottleneck = NULL;
       return NULL;
     }
     int at = 0;
@@ -407,10 +426,51 @@ static const mp_sim_prepared *get_schedule(search *s, const mp_layout *l) {
   return &c->prepared;
 }
 
-/* mp_cost_estimate of the candidate with its table's split, through the schedule cache. */
+/* Whether a layout can be cut by memory (see mp_planner_split): one chunk per rank, pp > 1. */
+static bool can_split_by_memory(const mp_layout *l) {
+  return l->pp > 1 && l->virtual_stages == 1;
+}
+
+/* The memory split of candidate c (pp stages) into s->memory_counts: each stage's parameters
+ * times the state bytes of one, its activations times the fewest micro-batches the schedule
+ * keeps alive on its rank (split_bounds' terms, so the split minimises that bound), and the tied
+ * head's copy on the last. NULL when out of memory. */
+static const int *memory_counts(search *s, const candidate *c) {
+  const layer_table *t = &s->tables[c->table];
+  const mp_layout *l = &c->layout;
+  const int n = s->n, pp = l->pp;
+  if (s->layer_params == NULL) {
+    s->layer_params = malloc(sizeof(double) * (size_t)n);
+    s->layer_acts = malloc(sizeof(double) * (size_t)n);
+    if (s->layer_params == NULL || s->layer_acts == NULL) return NULL;
+  }
+  for (int i = 0; i < n; ++i) {
+    s->layer_params[i] = t->params[i + 1] - t->params[i];
+    s->layer_acts[i] = t->act[i + 1] - t->act[i];
+  }
+  const mp_state_bytes sharded = mp_cost_sharded_state_bytes(s->cluster, l);
+  const double state = sharded.weights + sharded.grads + sharded.optimizer;
+  double state_weight[MP_COST_MAX_STAGES], live[MP_COST_MAX_STAGES], fixed[MP_COST_MAX_STAGES];
+  for (int r = 0; r < pp; ++r) {
+    state_weight[r] = state;
+    live[r] = fewest_live(l, r);
+    fixed[r] = r == pp - 1 ? s->tied_params / l->tp * state : 0.0;
+  }
+  double bottleneck = 0.0;
+  mp_error ignored = MP_ERROR_INITIALIZER;
+  if (mp_partition_chain_staged(s->layer_params, s->layer_acts, n, pp, state_weight, live, fixed,
+                                s->memory_counts, &bottleneck, &ignored) != MP_OK) {
+    return NULL;
+  }
+  return s->memory_counts;
+}
+
+/* mp_cost_estimate of the candidate with its split (its table's, or by memory), through the
+ * schedule cache. */
 static mp_status estimate(search *s, const candidate *c, mp_estimate *out) {
   layer_table *t = &s->tables[c->table];
-  const int *counts = get_counts(s, t, c->layout.pp * c->layout.virtual_stages);
+  const int *counts = c->by_memory ? memory_counts(s, c)
+                                   : get_counts(s, t, c->layout.pp * c->layout.virtual_stages);
   if (counts == NULL) return MP_ERR_RUNTIME;
   mp_error ignored = MP_ERROR_INITIALIZER;
   const mp_sim_prepared *prepared = get_schedule(s, &c->layout);
@@ -423,21 +483,62 @@ static mp_status estimate(search *s, const candidate *c, mp_estimate *out) {
 
 /* Bounds of the candidate under its split; infinite when the split cannot be made. When no
  * candidate of its table can fit by the quick memory bound and `quick` is set, the quick bounds
- * instead: such a table is never split unless one of them is estimated. */
+ * instead: such a table is never split unless one of them is estimated. A candidate is cut by
+ * memory (by_memory) with --split memory, or when its time split cannot fit by its own memory
+ * bound while a memory split might: the planner's answer to a model whose time-balanced stages
+ * do not fit. Either way its bounds are its memory split's; the rule depends on bounds only,
+ * so the pruned and the exhaustive search cut every layout alike. */
 static void candidate_bounds(search *s, candidate *c, bool quick) {
   layer_table *t = &s->tables[c->table];
+  c->by_memory = false;
   if (quick && !t->may_fit) {
     quick_bounds(s->cluster, t, s->n, &c->layout, s->tied_params, &c->time_bound,
                  &c->memory_bound);
     return;
   }
-  const int *counts = get_counts(s, t, c->layout.pp * c->layout.virtual_stages);
+  const bool splittable = can_split_by_memory(&c->layout);
+  if (!(s->memory_split && splittable)) {
+    const int *counts = get_counts(s, t, c->layout.pp * c->layout.virtual_stages);
+    if (counts == NULL) {
+      c->time_bound = c->memory_bound = INFINITY;
+      return;
+    }
+    split_bounds(s->cluster, t, counts, &c->layout, s->tied_params, &c->time_bound,
+                 &c->memory_bound);
+    if (!splittable || !exceeds(c->memory_bound, (double)s->cluster->device_memory_bytes)) return;
+  }
+  /* The quick bounds until the search reaches it (refine_bounds): a split by memory costs a
+   * dynamic programme per layout, which most layouts never need. */
+  c->by_memory = true;
+  c->refined = false;
+  quick_bounds(s->cluster, t, s->n, &c->layout, s->tied_params, &c->time_bound,
+               &c->memory_bound);
+  /* Any split of pp stages has a stage at least as costly as the time split's bottleneck, which
+   * its rank runs for every micro-batch (so the quick bound rises to it). */
+  const int pp = c->layout.pp;
+  if (get_counts(s, t, pp) != NULL) {
+    const mp_layout *l = &c->layout;
+    double params = t->params[s->n] + (pp > 1 ? s->tied_params / l->tp : 0.0);
+    const double busiest = (double)l->num_micro_batches * t->bottleneck[pp];
+    const double bound = busiest + mp_cost_optimizer_seconds(s->cluster, l, params / pp);
+    if (bound > c->time_bound) c->time_bound = bound;
+  }
+}
+
+/* A by_memory candidate's bounds under its memory split (tighter than the quick ones it was
+ * sorted by, so the search may still prune it when it comes to it). */
+static void refine_bounds(search *s, candidate *c) {
+  if (!c->by_memory || c->refined) return;
+  c->refined = true;
+  /* No split fits when the average rank does not: then the quick bounds stay. */
+  if (exceeds(c->memory_bound, (double)s->cluster->device_memory_bytes)) return;
+  const int *counts = memory_counts(s, c);
   if (counts == NULL) {
     c->time_bound = c->memory_bound = INFINITY;
     return;
   }
-  split_bounds(s->cluster, t, counts, &c->layout, s->tied_params, &c->time_bound,
-               &c->memory_bound);
+  split_bounds(s->cluster, &s->tables[c->table], counts, &c->layout, s->tied_params,
+               &c->time_bound, &c->memory_bound);
 }
 
 static int add_candidate(search *s, const mp_layout *layout) {
@@ -740,6 +841,7 @@ mp_status mp_plan_search(const mp_cluster *cluster, const mp_model *model,
   s.model = model;
   s.n = mp_model_num_layers(model);
   s.tied_params = tied_table(model);
+  s.memory_split = options->split == MP_SPLIT_MEMORY;
   long layouts = 0;
   bool oom = false;
   enumerate(&s, options, global_batch, seq_len, &layouts, &oom);
@@ -790,11 +892,19 @@ mp_status mp_plan_search(const mp_cluster *cluster, const mp_model *model,
    * first one met, in the order of the bounds. */
   long ruled_out = -1;
   for (long i = 0; i < s.num_candidates; ++i) {
-    const candidate *c = &s.candidates[order[i].id];
+    candidate *c = &s.candidates[order[i].id];
     if (prune && rank.count == top && exceeds(c->time_bound, kth_step(&rank))) {
       /* In the order of the bounds: every layout left is slower than the K-th best. */
       out->pruned += s.num_candidates - i;
       break;
+    }
+    if (prune && c->by_memory && !c->refined) {
+      /* Its split's bounds now; the K-th best only falls, so a layout they rule out stays out. */
+      refine_bounds(&s, c);
+      if (rank.count == top && exceeds(c->time_bound, kth_step(&rank))) {
+        ++out->pruned;
+        continue;
+      }
     }
     if (prune && exceeds(c->memory_bound, capacity)) {
       ++out->pruned;

@@ -56,6 +56,16 @@ extern "C" {
 
 enum { MP_PLANNER_MAX_TOP = 100 };
 
+/* The stage split: by time, the partitioner's fastest (topology/partition.h); or by memory, the
+ * split whose fullest pipeline rank holds the least (its parameters' state, its activations
+ * times the micro-batches the schedule keeps alive there, the last stage's tied head), as
+ * DeepSpeed's partition_method="parameters" and Megatron's embedding-aware splits do for models
+ * that do not fit otherwise: slower (the first and last stages get fewer blocks), smaller.
+ * Interleaved layouts (a rank holding several chunks) keep the time split. A memory-split
+ * candidate is bounded by the bounds that need no split (see above), so the search stays exact
+ * for the splits it runs. */
+typedef enum { MP_SPLIT_TIME = 0, MP_SPLIT_MEMORY = 1 } mp_planner_split;
+
 /* What to search; a field at 0 (or -1 where stated) is searched, anything else is fixed. */
 typedef struct {
   int gpus;
@@ -72,10 +82,12 @@ typedef struct {
                             (what tests check the pruned search against) */
   int zero_shard_size;   /* 0: ZeRO over all of dp; else HSDP groups of this many dp ranks
                             (needs --dp and --zero 1 or 2 fixed, and divides dp) */
+  mp_planner_split split; /* how layouts of one chunk per rank (virtual stages 1, pp > 1) are
+                             cut into stages */
 } mp_planner_options;
 
 #define MP_PLANNER_OPTIONS_INITIALIZER \
-  {0, 0, 0, 0, 0, 0, 0, 0, 0, -1, -1, -1, -1, false, 0}
+  {0, 0, 0, 0, 0, 0, 0, 0, 0, -1, -1, -1, -1, false, 0, MP_SPLIT_TIME}
 
 typedef struct {
   int num_results;             /* fitting layouts, fastest first, at most top_k */

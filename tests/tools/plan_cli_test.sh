@@ -68,6 +68,22 @@ fi
 
 # Refusals, exit 2.
 expect 2 "--gpus N is required" -- $mpengine plan $tiny
+expect 2 "--split: expected one of time, memory, got 'params'" -- $mpengine plan $tiny --gpus 8 --split params
+# --split memory: llama3-8b over 8 stages puts fewer blocks on the stages holding the embedding
+# and the head than the time split does, and its fullest rank holds less (the plan says so).
+llama_pp8="examples/models/llama3-8b.json --gpus 8 --cluster a100-80g --dp 1 --pp 8 --tp 1 --micro-batch 1 --global-batch 16 --seq-len 4096 --schedule 1f1b --recompute none --zero 0"
+expect 0 "memory per GPU" -- $mpengine plan $llama_pp8 --out "$tmp/by-time.json" --explain
+expect 0 "memory per GPU" -- $mpengine plan $llama_pp8 --split memory --out "$tmp/by-memory.json" --explain
+verdict=$(python3 - "$tmp/by-time.json" "$tmp/by-memory.json" <<'PY'
+import json, sys
+t, m = (json.load(open(p)) for p in sys.argv[1:3])
+tm, mm = max(t["predicted"]["memory_bytes_per_pp_rank"]), max(m["predicted"]["memory_bytes_per_pp_rank"])
+ok = m["layers_per_stage"][0] < t["layers_per_stage"][0] and mm < tm and sum(m["layers_per_stage"]) == sum(t["layers_per_stage"])
+print("ok" if ok else "bad", t["layers_per_stage"], m["layers_per_stage"], round(tm / 2**30, 2), round(mm / 2**30, 2))
+PY
+)
+echo "llama3-8b pp 8: split by time vs by memory: ${verdict#* } (stages, fullest rank GiB)"
+[ "${verdict%% *}" = ok ] || fail "--split memory did not lighten the fullest rank: $verdict"
 expect 2 "no layout of model tiny-gpt uses 11 GPUs" -- $mpengine plan $tiny --gpus 11 --global-batch 8
 expect 2 "model gpt3-175b fits on no layout of 8 GPUs of a100-80g: the smallest need is" -- $mpengine plan examples/models/gpt3-175b.json --gpus 8 --cluster a100-80g
 expect 2 "--dp 2 x --pp 2 x --tp 4 = 16, but --gpus is 8" -- $mpengine plan $tiny --gpus 8 --dp 2 --pp 2 --tp 4

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <random>
 #include <string>
@@ -161,6 +162,110 @@ TEST(Partition, RefusesMoreStagesThanLayers) {
   costs[1] = -1;
   EXPECT_EQ(mp_partition_chain(costs, 3, 2, counts, &bottleneck, &err), MP_ERR_INPUT);
   EXPECT_STREQ(err.message, "layer 1: cost -1 is not a finite non-negative number");
+}
+
+// The staged split (a pipeline rank's memory: parameters times their state bytes, activations
+// times the micro-batches alive on that rank, the last stage's tied head) against brute force
+// over every split, on random chains: the same smallest largest-stage cost, and counts that
+// reach it.
+double staged_cost(const std::vector<double> &a, const std::vector<double> &b,
+                   const std::vector<double> &aw, const std::vector<double> &bw,
+                   const std::vector<double> &fixed, const std::vector<int> &counts) {
+  double worst = 0;
+  size_t at = 0;
+  for (size_t j = 0; j < counts.size(); ++j) {
+    double sa = 0, sb = 0;
+    for (int i = 0; i < counts[j]; ++i, ++at) sa += a[at], sb += b[at];
+    worst = std::max(worst, fixed[j] + aw[j] * sa + bw[j] * sb);
+  }
+  return worst;
+}
+
+void every_split(int n, int k, std::vector<int> *counts, int used,
+                 const std::function<void(const std::vector<int> &)> &visit) {
+  const int j = (int)counts->size();
+  if (j == k - 1) {
+    counts->push_back(n - used);
+    visit(*counts);
+    counts->pop_back();
+    return;
+  }
+  for (int c = 1; used + c + (k - j - 1) <= n; ++c) {
+    counts->push_back(c);
+    every_split(n, k, counts, used + c, visit);
+    counts->pop_back();
+  }
+}
+
+TEST(Partition, StagedSplitMatchesBruteForce) {
+  std::mt19937 rng(20261202);
+  std::uniform_real_distribution<double> value(0.0, 10.0);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int n = 1 + (int)(rng() % 10);
+    const int k = 1 + (int)(rng() % n);
+    std::vector<double> a(n), b(n), aw(k), bw(k), fixed(k);
+    for (int i = 0; i < n; ++i) a[i] = value(rng), b[i] = (trial % 5 == 0) ? 0.0 : value(rng);
+    for (int j = 0; j < k; ++j) {
+      aw[j] = 1.0 + (double)(rng() % 4);
+      bw[j] = (double)(k - j);  // 1F1B: the first stage keeps the most micro-batches alive
+      fixed[j] = j == k - 1 ? value(rng) : 0.0;
+    }
+    std::vector<int> counts(k);
+    double bottleneck = -1;
+    mp_error err = MP_ERROR_INITIALIZER;
+    ASSERT_EQ(mp_partition_chain_staged(a.data(), b.data(), n, k, aw.data(), bw.data(),
+                                        fixed.data(), counts.data(), &bottleneck, &err),
+              MP_OK)
+        << err.message;
+    double best = INFINITY;
+    std::vector<int> scratch;
+    every_split(n, k, &scratch, 0, [&](const std::vector<int> &split) {
+      best = std::min(best, staged_cost(a, b, aw, bw, fixed, split));
+    });
+    int sum = 0;
+    for (int c : counts) {
+      EXPECT_GE(c, 1);
+      sum += c;
+    }
+    EXPECT_EQ(sum, n);
+    EXPECT_NEAR(bottleneck, best, 1e-9 * (1 + best)) << "trial " << trial;
+    EXPECT_NEAR(staged_cost(a, b, aw, bw, fixed, counts), bottleneck, 1e-9 * (1 + best));
+  }
+}
+
+// A first stage that holds the embedding and keeps four micro-batches alive gets fewer blocks
+// than the time split's even cut, the last (with the tied head) fewer than the middle ones.
+TEST(Partition, StagedSplitLightensTheFullEnds) {
+  // embedding, 8 equal blocks, final norm, head (its weights are the embedding's: no params)
+  const std::vector<double> params = {4, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0};
+  const std::vector<double> acts = {0, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0, 0.5};
+  const std::vector<double> state = {16, 16, 16, 16}, live = {4, 3, 2, 1}, fixed = {0, 0, 0, 64};
+  int counts[4];
+  double bottleneck = 0;
+  mp_error err = MP_ERROR_INITIALIZER;
+  ASSERT_EQ(mp_partition_chain_staged(params.data(), acts.data(), 11, 4, state.data(),
+                                      live.data(), fixed.data(), counts, &bottleneck, &err),
+            MP_OK)
+      << err.message;
+  EXPECT_LT(counts[0], counts[1]);
+  EXPECT_LT(counts[3], counts[1]);
+  EXPECT_LE(bottleneck, 16 * 4 + 16 * 1 + 4 * 0.1 + 1e-9);  // the embedding and one block
+}
+
+TEST(Partition, StagedSplitRefusesBadValues) {
+  const double ones[3] = {1, 1, 1}, bad[2] = {1, -2};
+  int counts[3];
+  double bottleneck;
+  mp_error err = MP_ERROR_INITIALIZER;
+  EXPECT_EQ(mp_partition_chain_staged(ones, ones, 3, 4, ones, ones, ones, counts, &bottleneck,
+                                      &err),
+            MP_ERR_INPUT);
+  EXPECT_NE(std::string(err.message).find("cannot cut 3 layers into 4 stages"), std::string::npos)
+      << err.message;
+  EXPECT_EQ(mp_partition_chain_staged(ones, ones, 3, 2, ones, bad, ones, counts, &bottleneck,
+                                      &err),
+            MP_ERR_INPUT);
+  EXPECT_STREQ(err.message, "stage 1: -2 is not a finite non-negative number");
 }
 
 }  // namespace

@@ -169,6 +169,59 @@ TEST(Planner, PlansZeroThreeOnGpusOnlyWhenAsked) {
   EXPECT_GT(f.result.results[0].ranks[0].zero_gather_bytes, 0.0);
 }
 
+// --split memory (llama3-8b over 8 pipeline stages, its 128256-word embedding on the first and
+// its untied head on the last): the fullest rank holds less than with the time split, for a
+// slower step, and the first and last stages get fewer blocks.
+TEST(Planner, MemorySplitHoldsLessOnTheFullestRank) {
+  Fixture f("examples/models/llama3-8b.json", "a100-80g");
+  mp_planner_options o = MP_PLANNER_OPTIONS_INITIALIZER;
+  o.gpus = 8;
+  o.global_batch = 16;
+  o.seq_len = 4096;
+  o.dp = 1, o.pp = 8, o.tp = 1, o.micro_batch = 1, o.virtual_stages = 1, o.zero_stage = 0;
+  o.schedule = MP_SCHEDULE_1F1B;
+  o.recompute = MP_RECOMPUTE_NONE;
+  ASSERT_EQ(f.search(o), MP_OK) << f.err.message;
+  const mp_estimate by_time = f.result.results[0];
+  o.split = MP_SPLIT_MEMORY;
+  ASSERT_EQ(f.search(o), MP_OK) << f.err.message;
+  const mp_estimate &by_memory = f.result.results[0];
+  EXPECT_LT(by_memory.memory_bytes, 0.8 * by_time.memory_bytes);
+  EXPECT_GT(by_memory.step_s, by_time.step_s);
+  EXPECT_LT(by_memory.layers_per_stage[0], by_time.layers_per_stage[0]);
+  EXPECT_GT(by_memory.layers_per_stage[6], by_memory.layers_per_stage[0]);
+}
+
+// A time split that cannot fit falls back to the memory split: on 40 GiB devices the layout
+// above needs 44 GiB on its first rank when cut by time, and fits cut by memory, so the search
+// (by time) still finds it, with the memory split's stages.
+TEST(Planner, ATimeSplitThatCannotFitFallsBackToTheMemorySplit) {
+  Fixture f("examples/models/llama3-8b.json", "a100-80g");
+  f.cluster.device_memory_bytes = 40LL << 30;
+  mp_planner_options o = MP_PLANNER_OPTIONS_INITIALIZER;
+  o.gpus = 8;
+  o.global_batch = 16;
+  o.seq_len = 4096;
+  o.dp = 1, o.pp = 8, o.tp = 1, o.micro_batch = 1, o.virtual_stages = 1, o.zero_stage = 0;
+  o.schedule = MP_SCHEDULE_1F1B;
+  o.recompute = MP_RECOMPUTE_NONE;
+  ASSERT_EQ(f.search(o), MP_OK) << f.err.message;
+  ASSERT_EQ(f.result.num_results, 1);
+  const mp_estimate fallback = f.result.results[0];
+  EXPECT_TRUE(fallback.fits);
+  EXPECT_LE(fallback.memory_bytes, 40.0 * (1 << 30));
+  o.split = MP_SPLIT_MEMORY;
+  ASSERT_EQ(f.search(o), MP_OK) << f.err.message;
+  for (int st = 0; st < 8; ++st) {
+    EXPECT_EQ(fallback.layers_per_stage[st], f.result.results[0].layers_per_stage[st]) << st;
+  }
+  // The exhaustive search cuts it the same way.
+  o.split = MP_SPLIT_TIME;
+  o.exhaustive = true;
+  ASSERT_EQ(f.search(o), MP_OK) << f.err.message;
+  EXPECT_EQ(f.result.results[0].memory_bytes, fallback.memory_bytes);
+}
+
 TEST(Planner, RefusesContradictoryFixedOptions) {
   Fixture f("examples/models/tiny-gpt.json", "cpu-local");
   struct Case {
@@ -310,7 +363,7 @@ TEST(Planner, PrunedSearchRanksAsTheExhaustiveOneWithFixedOptions) {
   long pruned = 0, pruned_by_memory = 0;
   for (const char *cluster : {"cpu-local", "a100-80g"}) {
     for (const char *model : {"gpt2-124m", "gpt2-350m"}) {
-      for (int fixed = 0; fixed < 10; ++fixed) {
+      for (int fixed = 0; fixed < 11; ++fixed) {
         mp_planner_options o = MP_PLANNER_OPTIONS_INITIALIZER;
         o.gpus = 16;
         o.global_batch = 64;
@@ -325,6 +378,7 @@ TEST(Planner, PrunedSearchRanksAsTheExhaustiveOneWithFixedOptions) {
           case 7: o.tp = 2; o.top_k = 1; break;
           case 8: o.seq_len = 2048; o.top_k = 20; break;
           case 9: o.dp = 2; o.virtual_stages = 2; break;
+          case 10: o.split = MP_SPLIT_MEMORY; o.pp = 4; break;
         }
         ExpectSameRanking(model, cluster, o, &pruned, &pruned_by_memory);
       }
