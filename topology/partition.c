@@ -166,7 +166,7 @@ mp_status mp_partition_chain_staged(const double *a, const double *b, int n, int
      * move to a stage that weighs it less), so no pointer walks to the crossing; but walking s
      * down from i - 1 the stage's own cost only grows, and once it alone is above the best found
      * no smaller s can win. */
-    for (int i = j; i <= n - (k - j); ++i) {
+    for (int i = j == k ? n : j; i <= n - (k - j); ++i) { /* the last row: the whole chain */
       double best_value = INFINITY;
       int best_s = i - 1;
       for (int s0 = i - 1; s0 >= j - 1; --s0) {

@@ -221,13 +221,28 @@ typedef struct {
   int num_schedules, cap_schedules;
   long cached_actions, clock;
   bool memory_split;   /* MP_SPLIT_MEMORY: candidates of one chunk per rank cut by memory */
+  bool unfit_by_memory; /* the second search, when no time split fits: a layout whose time split
+                           cannot fit by its memory bound is cut by memory instead */
   double *layer_params, *layer_acts; /* (n) scratch of memory_counts */
-  int memory_counts[MP_COST_MAX_STAGES];
+  /* Memory splits made, by what they depend on (memory_key): layouts that differ only in what
+   * the split does not see (the schedule among those keeping as many micro-batches alive, the
+   * number of micro-batches beyond pp) share one. counts in split_pool. */
+  struct memory_split_entry {
+    int table, pp, live_kind;
+    int64_t live_cap;
+    double state;
+    long at; /* in split_pool; -1: an empty entry */
+  } *memory_splits;
+  long num_memory_splits, cap_memory_splits; /* cap a power of two */
+  int *split_pool;
+  long pool_used, pool_cap;
 } search;
 
 static void free_search(search *s) {
   free(s->layer_params);
   free(s->layer_acts);
+  free(s->memory_splits);
+  free(s->split_pool);
   for (int i = 0; i < s->num_tables; ++i) free_table(&s->tables[i]);
   free(s->tables);
   free(s->table_slots);
@@ -431,38 +446,111 @@ static bool can_split_by_memory(const mp_layout *l) {
   return l->pp > 1 && l->virtual_stages == 1;
 }
 
-/* The memory split of candidate c (pp stages) into s->memory_counts: each stage's parameters
- * times the state bytes of one, its activations times the fewest micro-batches the schedule
- * keeps alive on its rank (split_bounds' terms, so the split minimises that bound), and the tied
- * head's copy on the last. NULL when out of memory. */
+/* What a memory split of layout l on table t depends on besides the table: pp, the micro-batches
+ * each rank keeps alive (fewest_live: all m with GPipe, else min(pp - r, m)) and the state bytes
+ * of a parameter. */
+static struct memory_split_entry memory_key(search *s, int table, const mp_layout *l) {
+  const mp_state_bytes sharded = mp_cost_sharded_state_bytes(s->cluster, l);
+  struct memory_split_entry key;
+  memset(&key, 0, sizeof key);
+  key.table = table;
+  key.pp = l->pp;
+  key.live_kind = l->schedule == MP_SCHEDULE_GPIPE ? 1 : 0;
+  key.live_cap = key.live_kind ? l->num_micro_batches
+                               : (l->num_micro_batches < l->pp ? l->num_micro_batches : l->pp);
+  key.state = sharded.weights + sharded.grads + sharded.optimizer;
+  key.at = -1;
+  return key;
+}
+
+static unsigned long memory_hash(const struct memory_split_entry *k) {
+  uint64_t bits = 0;
+  memcpy(&bits, &k->state, sizeof bits);
+  uint64_t h = (uint64_t)k->table * 0x9E3779B97F4A7C15ull;
+  h ^= (uint64_t)k->pp * 0xC2B2AE3D27D4EB4Full + (uint64_t)k->live_cap * 0x165667B19E3779F9ull;
+  h ^= bits + (uint64_t)k->live_kind + (h << 6) + (h >> 2);
+  return (unsigned long)(h ^ (h >> 29));
+}
+
+static bool same_key(const struct memory_split_entry *a, const struct memory_split_entry *b) {
+  return a->table == b->table && a->pp == b->pp && a->live_kind == b->live_kind &&
+         a->live_cap == b->live_cap && a->state == b->state;
+}
+
+/* The slot of key in the table (its entry, or the empty one where it goes). */
+static long memory_slot(const search *s, const struct memory_split_entry *key) {
+  const long mask = s->cap_memory_splits - 1;
+  long i = (long)(memory_hash(key) & (unsigned long)mask);
+  while (s->memory_splits[i].at >= 0 && !same_key(&s->memory_splits[i], key)) i = (i + 1) & mask;
+  return i;
+}
+
+static bool grow_memory_splits(search *s) {
+  const long cap = s->cap_memory_splits ? 2 * s->cap_memory_splits : 1024;
+  struct memory_split_entry *old = s->memory_splits;
+  const long old_cap = s->cap_memory_splits;
+  s->memory_splits = malloc(sizeof *old * (size_t)cap);
+  if (s->memory_splits == NULL) {
+    s->memory_splits = old;
+    return false;
+  }
+  s->cap_memory_splits = cap;
+  for (long i = 0; i < cap; ++i) s->memory_splits[i].at = -1;
+  for (long i = 0; i < old_cap; ++i) {
+    if (old[i].at >= 0) s->memory_splits[memory_slot(s, &old[i])] = old[i];
+  }
+  free(old);
+  return true;
+}
+
+/* The memory split of candidate c (pp stages): each stage's parameters times the state bytes of
+ * one, its activations times the fewest micro-batches the schedule keeps alive on its rank
+ * (split_bounds' terms, so the split minimises that bound), and the tied head's copy on the
+ * last; made once per memory_key. NULL when out of memory. */
 static const int *memory_counts(search *s, const candidate *c) {
   const layer_table *t = &s->tables[c->table];
   const mp_layout *l = &c->layout;
   const int n = s->n, pp = l->pp;
+  if (2 * (s->num_memory_splits + 1) > s->cap_memory_splits && !grow_memory_splits(s)) {
+    return NULL;
+  }
+  struct memory_split_entry key = memory_key(s, c->table, l);
+  const long slot = memory_slot(s, &key);
+  if (s->memory_splits[slot].at >= 0) return s->split_pool + s->memory_splits[slot].at;
   if (s->layer_params == NULL) {
     s->layer_params = malloc(sizeof(double) * (size_t)n);
     s->layer_acts = malloc(sizeof(double) * (size_t)n);
     if (s->layer_params == NULL || s->layer_acts == NULL) return NULL;
   }
+  if (s->pool_used + pp > s->pool_cap) {
+    const long cap = s->pool_cap ? 2 * s->pool_cap + pp : 4096 + pp;
+    int *grown = realloc(s->split_pool, sizeof(int) * (size_t)cap);
+    if (grown == NULL) return NULL;
+    s->split_pool = grown;
+    s->pool_cap = cap;
+  }
   for (int i = 0; i < n; ++i) {
     s->layer_params[i] = t->params[i + 1] - t->params[i];
     s->layer_acts[i] = t->act[i + 1] - t->act[i];
   }
-  const mp_state_bytes sharded = mp_cost_sharded_state_bytes(s->cluster, l);
-  const double state = sharded.weights + sharded.grads + sharded.optimizer;
   double state_weight[MP_COST_MAX_STAGES], live[MP_COST_MAX_STAGES], fixed[MP_COST_MAX_STAGES];
   for (int r = 0; r < pp; ++r) {
-    state_weight[r] = state;
+    state_weight[r] = key.state;
     live[r] = fewest_live(l, r);
-    fixed[r] = r == pp - 1 ? s->tied_params / l->tp * state : 0.0;
+    fixed[r] = r == pp - 1 ? s->tied_params / l->tp * key.state : 0.0;
   }
   double bottleneck = 0.0;
   mp_error ignored = MP_ERROR_INITIALIZER;
+  int *counts = s->split_pool + s->pool_used;
   if (mp_partition_chain_staged(s->layer_params, s->layer_acts, n, pp, state_weight, live, fixed,
-                                s->memory_counts, &bottleneck, &ignored) != MP_OK) {
+                                counts, &bottleneck, &ignored) != MP_OK) {
     return NULL;
   }
-  return s->memory_counts;
+  key.at = s->pool_used;
+  s->pool_used += pp;
+  s->memory_splits[slot] = key;
+  ++s->num_memory_splits;
+  return counts;
 }
 
 /* mp_cost_estimate of the candidate with its split (its table's, or by memory), through the
@@ -505,7 +593,10 @@ static void candidate_bounds(search *s, candidate *c, bool quick) {
     }
     split_bounds(s->cluster, t, counts, &c->layout, s->tied_params, &c->time_bound,
                  &c->memory_bound);
-    if (!splittable || !exceeds(c->memory_bound, (double)s->cluster->device_memory_bytes)) return;
+    if (!s->unfit_by_memory || !splittable ||
+        !exceeds(c->memory_bound, (double)s->cluster->device_memory_bytes)) {
+      return;
+    }
   }
   /* The quick bounds until the search reaches it (refine_bounds): a split by memory costs a
    * dynamic programme per layout, which most layouts never need. */
@@ -808,9 +899,10 @@ static int rank_estimate(ranking *r, int scratch, long id) {
 /* The step time of the last of the top K, once there are K. */
 static double kth_step(const ranking *r) { return r->pool[r->slot[r->top - 1]].step_s; }
 
-mp_status mp_plan_search(const mp_cluster *cluster, const mp_model *model,
-                         const mp_planner_options *options, mp_planner_result *out,
-                         mp_error *err) {
+/* One search; unfit_by_memory: see search. */
+static mp_status search_layouts(const mp_cluster *cluster, const mp_model *model,
+                                const mp_planner_options *options, bool unfit_by_memory,
+                                mp_planner_result *out, mp_error *err) {
   memset(out, 0, sizeof *out);
   if (options->gpus < 1) return mp_fail(err, MP_ERR_INPUT, "--gpus must be at least 1");
   if (mp_cluster_total_devices(cluster, options->gpus) < 0) {
@@ -842,6 +934,7 @@ mp_status mp_plan_search(const mp_cluster *cluster, const mp_model *model,
   s.n = mp_model_num_layers(model);
   s.tied_params = tied_table(model);
   s.memory_split = options->split == MP_SPLIT_MEMORY;
+  s.unfit_by_memory = unfit_by_memory;
   long layouts = 0;
   bool oom = false;
   enumerate(&s, options, global_batch, seq_len, &layouts, &oom);
@@ -980,6 +1073,21 @@ mp_status mp_plan_search(const mp_cluster *cluster, const mp_model *model,
   free(order);
   free_search(&s);
   return status;
+}
+
+mp_status mp_plan_search(const mp_cluster *cluster, const mp_model *model,
+                         const mp_planner_options *options, mp_planner_result *out,
+                         mp_error *err) {
+  const mp_status status = search_layouts(cluster, model, options, false, out, err);
+  /* Nothing fits cut by time: cut by memory the layouts whose time split cannot fit, and search
+   * again (a search that found a layout does not pay for the memory splits: --split memory
+   * compares them). */
+  if (status != MP_ERR_INPUT || out->num_results > 0 || out->candidates == 0 ||
+      options->split == MP_SPLIT_MEMORY) {
+    return status;
+  }
+  mp_planner_result_free(out);
+  return search_layouts(cluster, model, options, true, out, err);
 }
 
 mp_status mp_planner_layout_bounds(const mp_cluster *cluster, const mp_model *model,

@@ -61,9 +61,11 @@ enum { MP_PLANNER_MAX_TOP = 100 };
  * times the micro-batches the schedule keeps alive there, the last stage's tied head), as
  * DeepSpeed's partition_method="parameters" and Megatron's embedding-aware splits do for models
  * that do not fit otherwise: slower (the first and last stages get fewer blocks), smaller.
- * Interleaved layouts (a rank holding several chunks) keep the time split. A memory-split
- * candidate is bounded by the bounds that need no split (see above), so the search stays exact
- * for the splits it runs. */
+ * Interleaved layouts (a rank holding several chunks) keep the time split. When no layout fits
+ * cut by time, the search runs again with each layout whose time split cannot fit by its memory
+ * bound cut by memory instead, so a model that fits only so is still planned. A memory-split
+ * candidate is sorted by bounds that hold for any split and refined to its split's when the
+ * search reaches it, so the search stays exact for the splits it runs. */
 typedef enum { MP_SPLIT_TIME = 0, MP_SPLIT_MEMORY = 1 } mp_planner_split;
 
 /* What to search; a field at 0 (or -1 where stated) is searched, anything else is fixed. */

@@ -192,9 +192,10 @@ TEST(Planner, MemorySplitHoldsLessOnTheFullestRank) {
   EXPECT_GT(by_memory.layers_per_stage[6], by_memory.layers_per_stage[0]);
 }
 
-// A time split that cannot fit falls back to the memory split: on 40 GiB devices the layout
-// above needs 44 GiB on its first rank when cut by time, and fits cut by memory, so the search
-// (by time) still finds it, with the memory split's stages.
+// When nothing fits cut by time, the search runs again with the memory split for the layouts
+// whose time split cannot fit: on 40 GiB devices the layout above needs 44 GiB on its first
+// rank cut by time and fits cut by memory, so the search (by time) still finds it, with the
+// memory split's stages, pruned or exhaustive.
 TEST(Planner, ATimeSplitThatCannotFitFallsBackToTheMemorySplit) {
   Fixture f("examples/models/llama3-8b.json", "a100-80g");
   f.cluster.device_memory_bytes = 40LL << 30;
