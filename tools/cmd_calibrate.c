@@ -41,14 +41,14 @@
 /* The three GEMMs of a linear layer's training step on n x n x n, as layers/matmul.c calls them:
  * forward out = in W^T, input gradient din = dout W, weight gradient dW = dout^T in. Square NN
  * alone flatters small shapes (64^3 NN ran at 157 GFLOP/s, NT at 97, on a Xeon core). */
-static void linear_gemms(int m, int n, const float *in, const float *weight, float *out,
+static void linear_gemms(int m, int k, int n, float *in, const float *weight, float *out,
                          float *dweight) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, n, 1.0f, in, n, weight, n, 0.0f, out,
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, in, k, weight, k, 0.0f, out,
               n);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, n, 1.0f, out, n, weight, n, 0.0f,
-              (float *)in, n);
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, n, m, 1.0f, out, n, in, n, 1.0f, dweight,
-              n);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, k, n, 1.0f, out, n, weight, k, 0.0f,
+              in, k);
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, k, m, 1.0f, out, n, in, k, 1.0f, dweight,
+              k);
 }
 
 /* Tokens of the linear layer timed for n features: training GEMMs on a CPU rank are thin (a
@@ -56,14 +56,13 @@ static void linear_gemms(int m, int n, const float *in, const float *weight, flo
  * about 10% below a square product of the same FLOPs. */
 static int calibration_tokens(int n) { return n / 8 > 32 ? n / 8 : 32; }
 
-/* FLOP/s of a linear layer's three sgemms (linear_gemms: m = calibration_tokens(n) tokens, n
- * features in and out) on this thread. */
-static double time_sgemm(int n, double min_seconds) {
-  const int m = calibration_tokens(n);
-  float *in = malloc(sizeof(float) * (size_t)m * (size_t)n);
-  float *weight = malloc(sizeof(float) * (size_t)n * (size_t)n);
+/* FLOP/s of a linear layer's three sgemms (linear_gemms: m tokens, k features in, n out) on
+ * this thread; 0 when out of memory. */
+static double time_linear(int m, int k, int n, double min_seconds) {
+  float *in = malloc(sizeof(float) * (size_t)m * (size_t)k);
+  float *weight = malloc(sizeof(float) * (size_t)n * (size_t)k);
   float *out = calloc((size_t)m * (size_t)n, sizeof(float));
-  float *dweight = calloc((size_t)n * (size_t)n, sizeof(float));
+  float *dweight = calloc((size_t)n * (size_t)k, sizeof(float));
   if (in == NULL || weight == NULL || out == NULL || dweight == NULL) {
     free(in);
     free(weight);
@@ -71,14 +70,14 @@ static double time_sgemm(int n, double min_seconds) {
     free(dweight);
     return 0.0;
   }
-  for (size_t i = 0; i < (size_t)m * (size_t)n; ++i) in[i] = (float)((i * 7) % 13) * 0.01f;
-  for (size_t i = 0; i < (size_t)n * (size_t)n; ++i) weight[i] = (float)((i * 5) % 11) * 0.01f;
-  linear_gemms(m, n, in, weight, out, dweight);
+  for (size_t i = 0; i < (size_t)m * (size_t)k; ++i) in[i] = (float)((i * 7) % 13) * 0.01f;
+  for (size_t i = 0; i < (size_t)n * (size_t)k; ++i) weight[i] = (float)((i * 5) % 11) * 0.01f;
+  linear_gemms(m, k, n, in, weight, out, dweight);
   long reps = 0;
   const double start = cli_now_seconds();
   double elapsed = 0.0;
   do {
-    linear_gemms(m, n, in, weight, out, dweight);
+    linear_gemms(m, k, n, in, weight, out, dweight);
     ++reps;
     elapsed = cli_now_seconds() - start;
   } while (elapsed < min_seconds);
@@ -86,8 +85,17 @@ static double time_sgemm(int n, double min_seconds) {
   free(weight);
   free(out);
   free(dweight);
-  return 3.0 * 2.0 * (double)m * n * n * (double)reps / elapsed;
+  return 3.0 * 2.0 * (double)m * k * n * (double)reps / elapsed;
 }
+
+/* The square linear layer of n features (calibration_tokens(n) tokens): the efficiency curve. */
+static double time_sgemm(int n, double min_seconds) {
+  return time_linear(calibration_tokens(n), n, n, min_seconds);
+}
+
+/* A wide linear layer, an LM head's shape: kWideIn features to kWideOut (a vocabulary, 43 times
+ * wider: mp_cluster_wide_gemm), calibration_tokens(kWideIn) tokens. */
+enum { kWideIn = 768, kWideOut = 32768 };
 
 /* Bytes per second one thread moves updating an array in place from another, a[i] = 0.999 a[i] +
  * b[i] over two arrays of 64 MiB (well beyond the caches): 12 bytes per element (two reads, one
@@ -191,10 +199,12 @@ static long long proc_kib(const char *file, const char *field) {
 
 /* Runs `mpirun -np 2 mpengine bench comm --ops sendrecv,all_reduce --json` and fits the
  * point-to-point link of this machine: latency from the smallest message's one-way time,
- * bandwidth from the largest's; and the all-reduce's bus bandwidth at the largest size (16 MiB,
- * the trainer's gradient bucket, MP_TRAINER_BUCKET_FLOATS floats) over that bandwidth as the
- * link's collective efficiency (Open MPI's shared-memory all-reduce copies and reduces on the
- * cores, far below a send). Returns false (leaving the figures alone) when mpirun or the
+ * bandwidth from the largest's; and the all-reduce's bus bandwidth at the largest size over that
+ * bandwidth as the link's collective efficiency (Open MPI's shared-memory all-reduce copies and
+ * reduces on the cores, far below a send). The largest size is 64 MiB, beyond the caches: a
+ * step's gradients (hundreds of MiB, reduced in 16 MiB buckets) come from memory, and a 16 MiB
+ * buffer timed over and over stays in the caches (here it measured twice the bus bandwidth of
+ * 64 MiB and 256 MiB, which agree). Returns false (leaving the figures alone) when mpirun or the
  * benchmark is not available. */
 static bool measure_links(double *latency_s, double *bandwidth_bytes_per_s,
                           double *collective_efficiency, double *collective_latency_s) {
@@ -206,7 +216,7 @@ static bool measure_links(double *latency_s, double *bandwidth_bytes_per_s,
   snprintf(command, sizeof command,
            "OMPI_MCA_btl=${OMPI_MCA_btl:-self,vader} OMPI_MCA_plm_rsh_agent= "
            "mpirun --oversubscribe -np 2 %s '%s' bench comm --ops sendrecv,all_reduce --min-bytes 1K "
-           "--max-bytes 16M --json 2>/dev/null",
+           "--max-bytes 64M --iters 10 --warmup 3 --json 2>/dev/null",
            geteuid() == 0 ? "--allow-run-as-root" : "", self);
   FILE *pipe = popen(command, "r");
   if (pipe == NULL) return false;
@@ -334,6 +344,18 @@ int cmd_calibrate(int argc, char **argv) {
               cores, efficiency, cores);
     }
   }
+  /* A wide GEMM against the curve's rate for its FLOPs (the curve's points are square). */
+  const double wide_flops = 2.0 * calibration_tokens(kWideIn) * (double)kWideIn * kWideOut;
+  const double wide_rate = time_linear(calibration_tokens(kWideIn), kWideIn, kWideOut, min_seconds);
+  double wide_efficiency = 0.0;
+  if (wide_rate > 0) {
+    wide_efficiency = wide_rate / (peak * mp_cluster_gemm_efficiency(&cluster, wide_flops));
+    if (wide_efficiency > 1.0) wide_efficiency = 1.0;
+    cluster.wide_gemm_efficiency = wide_efficiency;
+    fprintf(stderr, "sgemm %4d tokens x %4d x %5d (an LM head's shape): %8.2f GFLOP/s, %.2f of "
+                    "the curve's rate for its FLOPs\n",
+            calibration_tokens(kWideIn), kWideIn, kWideOut, wide_rate / 1e9, wide_efficiency);
+  }
   snprintf(cluster.name, sizeof cluster.name, "cpu-local-calibrated");
   /* This machine: its cores, its memory (each core's share per rank), one thread's memory
    * bandwidth, a bare rank's resident memory. */
@@ -369,7 +391,7 @@ int cmd_calibrate(int argc, char **argv) {
         collective_latency_s;
     snprintf(link_notes, sizeof link_notes,
              "send/recv between two ranks (mpirun -np 2 bench comm) measured %.2f us one way "
-             "for 1 KiB and %.2f GB/s for 16 MiB; an all-reduce of 16 MiB %.0f%% of that bus "
+             "for 1 KiB and %.2f GB/s for 64 MiB; an all-reduce of 64 MiB %.0f%% of that bus "
              "bandwidth (the links' efficiency), of 1 KiB %.2f us a ring step",
              latency_s * 1e6, bandwidth / 1e9, 100.0 * collective_efficiency,
              collective_latency_s * 1e6);
@@ -383,7 +405,9 @@ int cmd_calibrate(int argc, char **argv) {
   snprintf(cluster.notes, sizeof cluster.notes,
            "Measured by mpengine calibrate: fp32 sgemm (OpenBLAS %s, one thread, a linear layer's "
            "forward, input- and weight-gradient GEMMs) peaks at %.1f GFLOP/s; the efficiency curve "
-           "is each shape's throughput over that peak (n features, n/8 tokens); %s. "
+           "is each shape's throughput over that peak (n features, n/8 tokens); a wide one "
+           "(%d to %d features, an LM head's shape) runs at %.2f of the curve's rate "
+           "(wide_gemm_efficiency); %s. "
            "%d cores (the ranks of run share them; blas_thread_efficiency: the same GEMMs on all "
            "of them as BLAS threads over cores x one thread's rate); device memory is the "
            "machine's %.1f GiB over "
@@ -391,7 +415,8 @@ int cmd_calibrate(int argc, char **argv) {
            "GB/s); vector_tflops is one thread's GELU forward (%.2f GFLOP/s, a tanh counting 20), "
            "scalar_tflops a causal softmax's expf loop (%.2f GFLOP/s); workspace is a bare "
            "rank's resident memory (%.0f MiB).",
-           openblas_get_corename(), peak / 1e9, link_notes, cores, memory_kib / 1048576.0,
+           openblas_get_corename(), peak / 1e9, kWideIn, kWideOut, wide_efficiency, link_notes,
+           cores, memory_kib / 1048576.0,
            cluster.memory_bandwidth_bytes_per_s / 1e9, cluster.vector_flops_per_s / 1e9,
            cluster.scalar_flops_per_s / 1e9,
            cluster.workspace_bytes / 1048576.0);

@@ -39,7 +39,7 @@ static const char *const kClusterKeys[] = {
     "name", "notes", "device", "nodes", "devices_per_node", "device_memory_gib",
     "memory_bandwidth_gbytes_per_s", "memory_efficiency", "peak_tflops", "intra_node",
     "inter_node", "gemm_efficiency", "flash_attention_efficiency", "vector_tflops", "scalar_tflops",
-    "cores_per_node", "blas_thread_efficiency",
+    "cores_per_node", "blas_thread_efficiency", "wide_gemm_efficiency",
     "workspace_gib", NULL};
 static const char *const kPeakKeys[] = {"fp32", "tf32", "bf16", "fp16", "fp8", NULL};
 static const char *const kLinkKeys[] = {"bandwidth_gbytes_per_s", "latency_us", "efficiency",
@@ -290,6 +290,14 @@ static mp_status read_shared_cores(const mp_json_reader *reader, const cJSON *ob
                    "%s: %s.blas_thread_efficiency: %.17g; threads cannot run faster than each "
                    "alone (at most 1)",
                    reader->source, path, cluster->blas_thread_efficiency);
+  }
+  MP_TRY(mp_json_optional_number(reader, object, path, "wide_gemm_efficiency", MP_JSON_POSITIVE,
+                                 0, &cluster->wide_gemm_efficiency));
+  if (cluster->wide_gemm_efficiency > 1.0) {
+    return mp_fail(reader->err, MP_ERR_INPUT,
+                   "%s: %s.wide_gemm_efficiency: %.17g; a fraction of the curve's rate (at most "
+                   "1)",
+                   reader->source, path, cluster->wide_gemm_efficiency);
   }
   double workspace_gib = 0;
   MP_TRY(mp_json_optional_number(reader, object, path, "workspace_gib", MP_JSON_POSITIVE, 0,
@@ -596,6 +604,9 @@ static bool add_shared_cores_json(cJSON *root, const mp_cluster *cluster) {
   if (ok && cluster->blas_thread_efficiency > 0) {
     ok = add_number(root, "blas_thread_efficiency", cluster->blas_thread_efficiency);
   }
+  if (ok && cluster->wide_gemm_efficiency > 0) {
+    ok = add_number(root, "wide_gemm_efficiency", cluster->wide_gemm_efficiency);
+  }
   if (ok && cluster->workspace_bytes > 0) {
     ok = add_number(root, "workspace_gib", from_si_units((double)cluster->workspace_bytes, kGibi));
   }
@@ -628,6 +639,14 @@ double mp_cluster_gemm_efficiency(const mp_cluster *cluster, double gemm_flops) 
   double fraction = (log(gemm_flops) - log(points[i].gemm_flops)) /
                     (log(points[i + 1].gemm_flops) - log(points[i].gemm_flops));
   return points[i].efficiency + fraction * (points[i + 1].efficiency - points[i].efficiency);
+}
+
+bool mp_cluster_wide_gemm(double k, double n) {
+  return k > 0 && n >= MP_CLUSTER_WIDE_GEMM_RATIO * k;
+}
+
+double mp_cluster_wide_gemm_efficiency(const mp_cluster *cluster) {
+  return cluster->wide_gemm_efficiency > 0 ? cluster->wide_gemm_efficiency : 1.0;
 }
 
 double mp_cluster_gemm_seconds(const mp_cluster *cluster, mp_dtype dtype, double gemm_flops) {

@@ -61,6 +61,13 @@
  *                                            node's cores as BLAS threads runs at this fraction
  *                                            of cores x its one-thread rate (OpenBLAS's threads
  *                                            do not scale perfectly on thin GEMMs); absent: 1
+ *     "wide_gemm_efficiency": 0.68,          optional: a GEMM whose output is at least 16 times
+ *                                            wider than its reduction (an LM head over the
+ *                                            vocabulary, mp_cluster_wide_gemm) runs at this
+ *                                            fraction of the curve's rate for its FLOPs (its
+ *                                            weight streams through the caches: OpenBLAS ran
+ *                                            128 x 768 x 50304 at 88 GFLOP/s where square
+ *                                            products of those FLOPs ran at 140); absent: 1
  *     "workspace_gib": 0.17                  optional: memory every device uses besides the
  *                                            model's state and activations (a CPU rank's
  *                                            process: libraries, runtime buffers); absent: the
@@ -169,6 +176,8 @@ typedef struct {
   /* Shared cores and workspace (optional keys; 0 when absent). */
   int cores_per_node;      /* processor cores the devices of one node share; 0: one each */
   double blas_thread_efficiency; /* of threads x the one-thread GEMM rate on all cores; 0: 1 */
+  double wide_gemm_efficiency;   /* a wide GEMM's rate over the curve's (mp_cluster_wide_gemm);
+                                    0: 1 */
   int64_t workspace_bytes; /* per device besides state and activations; 0: the default */
 } mp_cluster;
 
@@ -227,6 +236,15 @@ double mp_cluster_gemm_efficiency(const mp_cluster *cluster, double gemm_flops);
 /* Seconds one GEMM of gemm_flops FLOPs takes in dtype: flops / (peak * efficiency). 0 for
  * gemm_flops <= 0; +infinity when the device has no peak for dtype. */
 double mp_cluster_gemm_seconds(const mp_cluster *cluster, mp_dtype dtype, double gemm_flops);
+
+/* Whether a GEMM of (m x k) x (k x n) is wide: its output at least MP_CLUSTER_WIDE_GEMM_RATIO
+ * times wider than its reduction (an LM head's vocabulary over the hidden size), the shape
+ * "wide_gemm_efficiency" describes. */
+#define MP_CLUSTER_WIDE_GEMM_RATIO 16.0
+bool mp_cluster_wide_gemm(double k, double n);
+/* The fraction of the curve's rate a wide GEMM reaches on this cluster: wide_gemm_efficiency,
+ * or 1. */
+double mp_cluster_wide_gemm_efficiency(const mp_cluster *cluster);
 
 /* The bandwidth streaming kernels reach: memory_bandwidth x memory_efficiency, bytes/s. */
 double mp_cluster_memory_bandwidth(const mp_cluster *cluster);

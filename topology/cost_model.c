@@ -34,9 +34,10 @@ double mp_cost_allreduce_seconds(double bytes, int ranks, double bandwidth, doub
 }
 
 /* Seconds of one GEMM shape on one tp rank: the roofline of its FLOPs, at peak x the efficiency
- * of one launch of that many FLOPs (a batched product is one launch), and of its bytes (both
- * operands and the result, in activation elements) at the memory bandwidth. A thin product (the
- * attention ones, whose K or N is the head size) is memory-bound on a GPU. */
+ * of one launch of that many FLOPs (a batched product is one launch; a wide one, an LM head, at
+ * the cluster's wide_gemm_efficiency of that), and of its bytes (both operands and the result, in
+ * activation elements) at the memory bandwidth. A thin product (the attention ones, whose K or N
+ * is the head size) is memory-bound on a GPU. */
 static double gemm_shape_seconds(const mp_cluster *cluster, const mp_gemm_shape *g, double tp,
                                  int elem) {
   double n = g->n, k = g->k, batch = g->batch;
@@ -48,8 +49,10 @@ static double gemm_shape_seconds(const mp_cluster *cluster, const mp_gemm_shape 
   }
   const double flops = 2.0 * g->m * n * k * batch;
   if (!(flops > 0.0)) return 0.0;
-  const double compute =
-      mp_cluster_gemm_seconds(cluster, mp_cluster_training_dtype(cluster), flops);
+  double compute = mp_cluster_gemm_seconds(cluster, mp_cluster_training_dtype(cluster), flops);
+  if (!g->attention_core && mp_cluster_wide_gemm(k, n)) {
+    compute /= mp_cluster_wide_gemm_efficiency(cluster);
+  }
   const double bytes = batch * (g->m * k + k * n + g->m * n) * elem;
   return fmax(compute, bytes / mp_cluster_memory_bandwidth(cluster));
 }
@@ -507,6 +510,19 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
     const double cover = zero >= 2 ? all_compute : last_backward + idle_after;
     rank->dp_exposed_s = cluster->cores_per_node > 0 ? rank->dp_comm_s
                                                      : fmax(0.0, rank->dp_comm_s - cover);
+    /* A tied LM head: the first and the last pipeline rank sum their two copies of the token
+     * table's gradient (fp32, this tp rank's shard) once the backwards are done and before the
+     * norm (Megatron's embedding all-reduce): exposed on every cluster. */
+    if (pp > 1 && (r == 0 || r == pp - 1) && tied_table_params(model) > 0.0) {
+      const bool intra = mp_cluster_same_node(cluster, 0, (pp - 1) * block + block - 1);
+      const double tied_s =
+          slowdown * mp_cost_allreduce_seconds(tied_table_params(model) / layout->tp *
+                                                   state.grads,
+                                               2, mp_cluster_link_bandwidth(cluster, intra),
+                                               mp_cluster_collective_latency(cluster, intra));
+      rank->dp_comm_s += tied_s;
+      rank->dp_exposed_s += tied_s;
+    }
     rank->optimizer_s = mp_cost_optimizer_seconds(cluster, layout, params);
     if (rank->dp_exposed_s + rank->optimizer_s > tail) tail = rank->dp_exposed_s + rank->optimizer_s;
 

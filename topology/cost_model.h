@@ -53,7 +53,9 @@
  * chunks) is hidden, and so is the time the rank idles after its last action while other ranks
  * finish the pipeline; the rest is exposed. On CPU ranks (a cluster with cores_per_node) nothing
  * is hidden: Open MPI copies and reduces on the cores that compute and progresses a collective
- * only inside MPI calls. Links reach bandwidth x efficiency here too. Then the
+ * only inside MPI calls. Links reach bandwidth x efficiency here too. With a tied LM head and
+ * pp > 1 the first and last pipeline rank then all-reduce the token table's gradient between
+ * them (fp32, their tp shard), exposed. Then the
  * optimizer step, memory-bound at the reachable bandwidth: 30 bytes per parameter (fp32 gradient, master weight, Adam m and v read, the three written back, bf16 weights
  * written), the optimizer part divided by dp with ZeRO-1.
  * Step time = pipeline time + the largest (exposed dp + optimizer) over pipeline ranks.
@@ -214,7 +216,8 @@ typedef struct {
   double recompute_s;    /* of which recomputation */
   double tp_comm_s;      /* tensor-parallel collectives, whole step */
   double idle_s;         /* pipeline time - busy: bubble and point-to-point waits */
-  double dp_comm_s;      /* gradient reduction, whole */
+  double dp_comm_s;      /* gradient reduction, whole (on the first and last pipeline rank of a
+                            tied head with pp > 1, with the token table's sum between them) */
   double dp_exposed_s;   /* of which not hidden */
   double optimizer_s;
   double end_wait_s;     /* waiting for the slowest rank's gradient reduction and optimizer */

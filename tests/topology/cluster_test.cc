@@ -496,7 +496,8 @@ TEST(ClusterErrors, UnknownTopLevelKeySuggestsClosest) {
             "(known keys: name, notes, device, nodes, devices_per_node, device_memory_gib, "
             "memory_bandwidth_gbytes_per_s, memory_efficiency, peak_tflops, intra_node, "
             "inter_node, gemm_efficiency, flash_attention_efficiency, vector_tflops, "
-            "scalar_tflops, cores_per_node, blas_thread_efficiency, workspace_gib)");
+            "scalar_tflops, cores_per_node, blas_thread_efficiency, wide_gemm_efficiency, "
+            "workspace_gib)");
 }
 
 TEST(ClusterErrors, EfficienciesAreFractions) {
@@ -760,6 +761,24 @@ TEST(ClusterSharedCores, BlasThreadEfficiencyIsMeasuredOnAllCoresAndInterpolated
   EXPECT_EQ(ParseError(Description({{"cores_per_node", "2"}, {"blas_thread_efficiency", "1.2"}})),
             "c.json: $.blas_thread_efficiency: 1.2; threads cannot run faster than each alone (at "
             "most 1)");
+}
+
+// calibrate's wide GEMM (an LM head's shape) against the curve: read, written back, at most 1,
+// and 1 where it is not given (the GPU presets).
+TEST(ClusterSharedCores, WideGemmEfficiencyIsAFractionOfTheCurve) {
+  mp_cluster c = Parse(Description({{"wide_gemm_efficiency", "0.63"}}));
+  EXPECT_DOUBLE_EQ(mp_cluster_wide_gemm_efficiency(&c), 0.63);
+  EXPECT_TRUE(mp_cluster_wide_gemm(768, 50304));
+  EXPECT_FALSE(mp_cluster_wide_gemm(768, 3072));
+  cJSON *json = nullptr;
+  mp_error err = MP_ERROR_INITIALIZER;
+  ASSERT_EQ(mp_cluster_to_json(&c, &json, &err), MP_OK) << err.message;
+  EXPECT_DOUBLE_EQ(cJSON_GetObjectItem(json, "wide_gemm_efficiency")->valuedouble, 0.63);
+  cJSON_Delete(json);
+  const mp_cluster plain = Parse(Description());
+  EXPECT_DOUBLE_EQ(mp_cluster_wide_gemm_efficiency(&plain), 1.0);
+  EXPECT_EQ(ParseError(Description({{"wide_gemm_efficiency", "1.5"}})),
+            "c.json: $.wide_gemm_efficiency: 1.5; a fraction of the curve's rate (at most 1)");
 }
 
 // What MFU is measured against: the cores a job keeps busy on shared cores, so that a rank on two

@@ -372,6 +372,13 @@ TEST(CostModel, PipelineMemoryAndTheTiedHead) {
   const double last = (12 * 64 * 64 + 13 * 64) + 128 + 128 * 64;  // + its copy of the table
   EXPECT_DOUBLE_EQ(e->ranks[0].weights_bytes, 2 * first);
   EXPECT_DOUBLE_EQ(e->ranks[1].weights_bytes, 2 * last);
+  // The tied table's gradient (128 x 64 fp32) summed between the two ranks once the backwards
+  // are done: a 2-rank ring on the node's link (1 GB/s), exposed on both.
+  const double tied_sum = 2.0 * 0.5 * (128 * 64 * 4) / 1e9;
+  for (int p = 0; p < 2; ++p) {
+    EXPECT_NEAR(e->ranks[p].dp_comm_s, tied_sum, 1e-15) << p;
+    EXPECT_NEAR(e->ranks[p].dp_exposed_s, tied_sum, 1e-15) << p;
+  }
   // Every rank's time adds up to the step time.
   for (int p = 0; p < 2; ++p) {
     const mp_rank_estimate &r = e->ranks[p];
@@ -384,6 +391,32 @@ TEST(CostModel, PipelineMemoryAndTheTiedHead) {
   EXPECT_STREQ(err.message,
                "layers_per_stage sums to 4, but model hand has 5 layers (embedding, blocks, "
                "final norm and LM head each count one)");
+}
+
+// A wide GEMM (an LM head over a vocabulary 64 times the hidden size) runs at the cluster's
+// wide_gemm_efficiency of the curve's rate: the head's forward GEMM (32 tokens x 64 x 4096, at
+// the hand cluster's peak: compute-bound) takes twice as long at 0.5, and its backward's two as
+// well; a block's GEMMs (no wider than 4 x their input) do not change.
+TEST(CostModel, WideGemmsRunAtTheirOwnEfficiency) {
+  std::string text = kModel;
+  text.replace(text.find("\"vocab_size\": 128"), 17, "\"vocab_size\": 4096");
+  Loaded wide;
+  mp_error err = MP_ERROR_INITIALIZER;
+  ASSERT_EQ(mp_model_parse_text(text.c_str(), "hand.json", &wide.model, &err), MP_OK)
+      << err.message;
+  mp_cluster c = hand_cluster(), slow = hand_cluster();
+  slow.wide_gemm_efficiency = 0.5;
+  const mp_layout l = layout(1, 1, 1, 4, 1);
+  const int last = mp_model_num_layers(wide.model) - 1;
+  mp_layer_time head, slow_head, block, slow_block;
+  mp_cost_layer(&c, mp_model_layer(wide.model, last), &l, &head);
+  mp_cost_layer(&slow, mp_model_layer(wide.model, last), &l, &slow_head);
+  const double gemm = 2.0 * 32 * 64 * 4096 / 1e12;
+  EXPECT_NEAR(slow_head.forward_compute_s - head.forward_compute_s, gemm, 1e-15);
+  EXPECT_NEAR(slow_head.backward_compute_s - head.backward_compute_s, 2 * gemm, 1e-15);
+  mp_cost_layer(&c, mp_model_layer(wide.model, 1), &l, &block);
+  mp_cost_layer(&slow, mp_model_layer(wide.model, 1), &l, &slow_block);
+  EXPECT_DOUBLE_EQ(slow_block.forward_compute_s, block.forward_compute_s);
 }
 
 // An untied head (the Llama family's) is the last stage's own (V, C) matrix with its gradient and
