@@ -169,11 +169,9 @@ TEST(Planner, PlansZeroThreeOnGpusOnlyWhenAsked) {
   EXPECT_GT(f.result.results[0].ranks[0].zero_gather_bytes, 0.0);
 }
 
-// --split memory (llama3-8b over 8 pipeline stages, its 128256-word embedding on the first and
-// its untied head on the last): the fullest rank holds less than with the time split, for a
-// slower step, and the first and last stages get fewer blocks.
-TEST(Planner, MemorySplitHoldsLessOnTheFullestRank) {
-  Fixture f("examples/models/llama3-8b.json", "a100-80g");
+// llama3-8b over 8 pipeline stages, one layout: dp 1, tp 1, one sequence of 4096 tokens per
+// micro-batch, 16 of them, 1F1B, no recomputation, no ZeRO.
+mp_planner_options LlamaOverEightStages() {
   mp_planner_options o = MP_PLANNER_OPTIONS_INITIALIZER;
   o.gpus = 8;
   o.global_batch = 16;
@@ -181,6 +179,15 @@ TEST(Planner, MemorySplitHoldsLessOnTheFullestRank) {
   o.dp = 1, o.pp = 8, o.tp = 1, o.micro_batch = 1, o.virtual_stages = 1, o.zero_stage = 0;
   o.schedule = MP_SCHEDULE_1F1B;
   o.recompute = MP_RECOMPUTE_NONE;
+  return o;
+}
+
+// --split memory (llama3-8b over 8 pipeline stages, its 128256-word embedding on the first and
+// its untied head on the last): the fullest rank holds less than with the time split, for a
+// slower step, and the first and last stages get fewer blocks.
+TEST(Planner, MemorySplitHoldsLessOnTheFullestRank) {
+  Fixture f("examples/models/llama3-8b.json", "a100-80g");
+  mp_planner_options o = LlamaOverEightStages();
   ASSERT_EQ(f.search(o), MP_OK) << f.err.message;
   const mp_estimate by_time = f.result.results[0];
   o.split = MP_SPLIT_MEMORY;
@@ -199,13 +206,7 @@ TEST(Planner, MemorySplitHoldsLessOnTheFullestRank) {
 TEST(Planner, ATimeSplitThatCannotFitFallsBackToTheMemorySplit) {
   Fixture f("examples/models/llama3-8b.json", "a100-80g");
   f.cluster.device_memory_bytes = 40LL << 30;
-  mp_planner_options o = MP_PLANNER_OPTIONS_INITIALIZER;
-  o.gpus = 8;
-  o.global_batch = 16;
-  o.seq_len = 4096;
-  o.dp = 1, o.pp = 8, o.tp = 1, o.micro_batch = 1, o.virtual_stages = 1, o.zero_stage = 0;
-  o.schedule = MP_SCHEDULE_1F1B;
-  o.recompute = MP_RECOMPUTE_NONE;
+  mp_planner_options o = LlamaOverEightStages();
   ASSERT_EQ(f.search(o), MP_OK) << f.err.message;
   ASSERT_EQ(f.result.num_results, 1);
   const mp_estimate fallback = f.result.results[0];
