@@ -16,6 +16,8 @@
 #                                              # peaks from /usr/bin/time, rank order unknown
 #   LAYOUTS="1,1 2,2:13-14 4,1:5-8-8-6" tools/bench/memory.sh   # layers_per_stage of your own
 #                                              # (no prediction: the plan's is for its own split)
+#   SPLIT=memory tools/bench/memory.sh         # the planner's split by memory (plan --split
+#                                              # memory) instead of by time
 #
 # Then ZeRO over dp = 4 (issue 17): ZERO_MODEL (default examples/models/gpt2-124m.json, four full
 # replicas must fit this machine) at (dp, pp, tp) = (4, 1, 1) with each of ZERO_STAGES (default
@@ -48,7 +50,7 @@ plan_for() { # plan_for PP TP OUT [SPLIT] [DP ZERO MODEL]: SPLIT (say 5-8-8-6) r
   "$bin" plan "${7:-$model}" --gpus $((dp * $1 * $2)) --cluster "$tmp/cluster.json" --dp "$dp" \
     --pp "$1" --tp "$2" --micro-batch 1 --global-batch 4 --seq-len 64 --schedule 1f1b \
     --virtual-stages 1 --recompute none --sequence-parallel off --zero "${6:-0}" \
-    --out "$3" > /dev/null || return 1
+    --split "${SPLIT:-time}" --out "$3" > /dev/null || return 1
   [ -n "${4:-}" ] || return 0
   "$py" - "$3" "$4" <<'PY'
 import json, sys
@@ -89,7 +91,7 @@ PY
   grep -E "^time: |^done: " "$out" | tr '\n' ' ' > "$tmp/$name.time"
 }
 
-printf '%s, plans for cpu-local with 6 GiB per rank, global batch 4 x 64 tokens, 1f1b, micro-batch 1\n' "$model"
+printf '%s, plans for cpu-local with 6 GiB per rank, global batch 4 x 64 tokens, 1f1b, micro-batch 1, split by %s\n' "$model" "${SPLIT:-time}"
 printf '%-18s %-7s %5s %4s %4s %10s %10s %7s %s\n' layout phase rank pp tp "peak MiB" "plan MiB" "peak/1r" target
 declare -A one_rank
 all_ok=1
