@@ -8,7 +8,7 @@
  * and bandwidths, and the efficiencies measured by public benchmarks that each preset names) or of
  * the model (topology/layer_cost.h); nothing is fitted per model or per case. How well it matches
  * published runs: tests/topology/fidelity_test.cc and tools/bench/plan_fidelity.sh (Korthikanti
- * et al. 2022, Table 5 on A100: 3.6% mean, 5.5% largest error).
+ * et al. 2022, Table 5 on A100: 3.5% mean, 5.5% largest error).
  *
  * Compute. Each of a layer's GEMMs (layer_cost.h lists them by shape) runs on one tp rank at its
  * roofline: the slower of its FLOPs at peak x efficiency(FLOPs of the launch) in the cluster's
