@@ -519,7 +519,8 @@ struct mp_gpt_stage_gpu {
   float *grads;                            /* (grads_floats): num_params, or windowed the
                                               tensors outside the blocks, packed */
   size_t grads_floats;
-  float *adam_m, *adam_v;                  /* (moments_count): elements [moments_first, +count) */
+  float *adam_m, *adam_v;                  /* (moments_count): elements [moments_first, +count);
+                                              NULL until first needed (whole_moments) */
   size_t moments_first, moments_count;     /* all of them, or this dp rank's part with ZeRO */
   bool windowed;                           /* ZeRO-2: block gradients pass through window */
   mp_grad_window window_kind;              /* which ones (mp_grad_window_for) */
@@ -613,12 +614,11 @@ mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, 
   gpu->grads_floats = mp_gpt_tp_grad_array_floats(host, gpu->window_kind);
   ALLOC(gpu->master, P);
   ALLOC(gpu->grads, gpu->grads_floats);
-  gpu->moments_count = P;
-  ALLOC(gpu->adam_m, P);
-  ALLOC(gpu->adam_v, P);
   ALLOC(gpu->weights, P);
-  /* ZeRO-2's part gradients come with the part (mp_gpt_stage_gpu_keep_moments): a buffer of
-   * the whole stage here, even for a moment, could be the allocation that does not fit. */
+  /* The AdamW moments, and ZeRO-2's part gradients, come with the part
+   * (mp_gpt_stage_gpu_keep_moments) or, without ZeRO, when first needed (whole_moments): a
+   * buffer of the whole stage here, even for a moment, could be the allocation that does not
+   * fit. */
   if (gpu->windowed) {
     ALLOC(gpu->window, largest_block);
     ALLOC(gpu->window_2, largest_block);
@@ -629,8 +629,8 @@ mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, 
   }
   {
     /* Parameters and gradients start at zero, as the header says (device memory holds garbage). */
-    float *zeroed[] = {gpu->master, gpu->grads, gpu->adam_m, gpu->adam_v};
-    const size_t floats[] = {P, gpu->grads_floats, P, P};
+    float *zeroed[] = {gpu->master, gpu->grads};
+    const size_t floats[] = {P, gpu->grads_floats};
     for (size_t i = 0; i < sizeof zeroed / sizeof zeroed[0]; ++i) {
       if (mp_device_memset(zeroed[i], 0, floats[i] * sizeof(float), err) != MP_OK) goto fail;
     }
@@ -664,7 +664,20 @@ mp_stage_chain *mp_gpt_stage_gpu_chain(mp_gpt_stage_gpu *gpu) { return gpu->chai
 size_t mp_gpt_stage_gpu_device_bytes(const mp_gpt_stage_gpu *gpu) { return gpu->device_bytes; }
 float *mp_gpt_stage_gpu_device_grads(mp_gpt_stage_gpu *gpu) { return gpu->grads; }
 
+/* The whole stage's AdamW moments (zeroed) unless a part was kept (mp_gpt_stage_gpu_keep_moments);
+ * a windowed stage keeps a part, always. */
+static mp_status whole_moments(mp_gpt_stage_gpu *gpu, mp_error *err) {
+  if (gpu->adam_m != NULL) return MP_OK;
+  if (gpu->windowed) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "the GPU stage's gradients are windowed (ZeRO-2) but it keeps no part: call "
+                   "mp_gpt_stage_gpu_keep_moments first");
+  }
+  return mp_gpt_stage_gpu_keep_moments(gpu, 0, gpu->num_params, err);
+}
+
 mp_status mp_gpt_stage_gpu_upload_params(mp_gpt_stage_gpu *gpu, mp_error *err) {
+  MP_TRY(whole_moments(gpu, err));
   const size_t P = gpu->params_floats;
   MP_TRY(mp_device_copy_to_device(gpu->master, mp_gpt_tp_params(gpu->host), P * sizeof(float),
                                   err));
@@ -735,6 +748,7 @@ mp_status mp_gpt_stage_gpu_download_params(mp_gpt_stage_gpu *gpu, mp_error *err)
 
 mp_status mp_gpt_stage_gpu_download_state(mp_gpt_stage_gpu *gpu, float *adam_m, float *adam_v,
                                           mp_error *err) {
+  MP_TRY(whole_moments(gpu, err));
   const size_t bytes = gpu->moments_count * sizeof(float);
   MP_TRY(mp_gpt_stage_gpu_download_params(gpu, err));
   MP_TRY(mp_device_copy_to_host(adam_m, gpu->adam_m, bytes, err));
@@ -743,6 +757,7 @@ mp_status mp_gpt_stage_gpu_download_state(mp_gpt_stage_gpu *gpu, float *adam_m, 
 
 mp_status mp_gpt_stage_gpu_upload_state(mp_gpt_stage_gpu *gpu, const float *adam_m,
                                         const float *adam_v, mp_error *err) {
+  MP_TRY(whole_moments(gpu, err));
   const size_t bytes = gpu->moments_count * sizeof(float);
   MP_TRY(mp_device_copy_to_device(gpu->master, mp_gpt_tp_params(gpu->host),
                                   gpu->params_floats * sizeof(float), err));
@@ -889,6 +904,7 @@ mp_status mp_gpt_stage_gpu_grad_norm_squared(mp_gpt_stage_gpu *gpu, double *out,
 }
 
 mp_status mp_gpt_stage_gpu_adamw(mp_gpt_stage_gpu *gpu, const mp_gpu_adamw *adamw, mp_error *err) {
+  MP_TRY(whole_moments(gpu, err));
   if (gpu->windowed) MP_TRY(need_part(gpu, err));
   /* Tensor by tensor (weight decay is a property of the tensor), over the elements whose
    * moments this rank keeps: all, or its ZeRO part (with ZeRO-2 the part's gradients). */

@@ -159,7 +159,8 @@ mp_status mp_gpt_stage_gpu_forward(mp_gpt_stage_gpu *gpu, int slot, const int32_
                                    float dloss, double *loss, mp_error *err);
 
 /* ZeRO-1: the AdamW moments of elements [first, first + count) only (this data-parallel rank's
- * part), zeroed; mp_gpt_stage_gpu_adamw then updates that part, and the caller gathers the
+ * part), zeroed (call it before anything that needs the moments: upload, AdamW and the state
+ * transfers otherwise make the whole stage's, as a run without ZeRO needs); mp_gpt_stage_gpu_adamw then updates that part, and the caller gathers the
  * parameters over the group into mp_gpt_stage_gpu_device_params and refreshes the bf16 copy with
  * mp_gpt_stage_gpu_refresh_weights. MP_ERR_INPUT for a range outside the stage. */
 mp_status mp_gpt_stage_gpu_keep_moments(mp_gpt_stage_gpu *gpu, size_t first, size_t count,

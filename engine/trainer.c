@@ -970,7 +970,6 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
                                        (int)plan->micro_batch,
                                        (int)plan->seq_len, slots, zero_bubble, plan->recompute,
                                        zero2, &trainer->gpu_chunks[c], err);
-      if (status == MP_OK) status = mp_gpt_stage_gpu_upload_params(trainer->gpu_chunks[c], err);
       if (status != MP_OK) {
         mp_error inner = *err;
         status = mp_fail(err, status, "%s: stage %d on the GPU: %s", plan->source, stage,
@@ -1012,11 +1011,18 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
     if (on_gpu) {
       /* The AdamW moments live on the GPU (this rank's part with ZeRO; with ZeRO-2 the part's
        * gradients too); chunk_m and chunk_v become their host copies for checkpoints, at the
-       * first mp_trainer_chunk_cpu_state. */
+       * first mp_trainer_chunk_cpu_state. The part is kept before the upload, which would
+       * otherwise make the whole stage's moments. */
       if (plan->zero_stage >= 1) {
         status = mp_gpt_stage_gpu_keep_moments(trainer->gpu_chunks[c], first_param, count, err);
       }
-      if (status != MP_OK) break;
+      if (status == MP_OK) status = mp_gpt_stage_gpu_upload_params(trainer->gpu_chunks[c], err);
+      if (status != MP_OK) {
+        mp_error inner = *err;
+        status = mp_fail(err, status, "%s: stage %d on the GPU: %s", plan->source, stage,
+                         inner.message);
+        break;
+      }
       continue;
     }
     trainer->chunk_m[c] = calloc(count > 0 ? count : 1, sizeof(float));

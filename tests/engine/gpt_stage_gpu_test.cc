@@ -456,6 +456,33 @@ void ExpectGpuStageMatchesCpuStage(int first, int end, const char *model = kMode
          first, end, worst, worst_name.c_str(), worst_boundary, kBf16Rel);
 }
 
+// ZeRO's moments on the device are this rank's part only: kept before the upload, the stage never
+// holds the whole stage's (which could be the allocation that does not fit); without a part the
+// upload makes the whole stage's, 2 x 4 bytes per parameter more than a half part's 2 x 4 x n/2.
+TEST(GptStageGpu, KeptMomentsAreThePartOnly) {
+  REQUIRE_GPU();
+  Fixture f;
+  Stage whole, part;
+  ASSERT_TRUE(f.Host(&whole) && f.Host(&part)) << f.err.message;
+  ASSERT_EQ(mp_gpt_stage_gpu_create(whole.host, nullptr, kB, kT, 1, false, MP_RECOMPUTE_NONE,
+                                    false, &whole.gpu, &f.err),
+            MP_OK)
+      << f.err.message;
+  ASSERT_EQ(mp_gpt_stage_gpu_create(part.host, nullptr, kB, kT, 1, false, MP_RECOMPUTE_NONE,
+                                    false, &part.gpu, &f.err),
+            MP_OK)
+      << f.err.message;
+  const size_t before = mp_gpt_stage_gpu_device_bytes(part.gpu);
+  EXPECT_EQ(mp_gpt_stage_gpu_device_bytes(whole.gpu), before);  // no moments at creation
+  const size_t n = mp_gpt_tp_num_params(part.host), half = n / 2;
+  ASSERT_EQ(mp_gpt_stage_gpu_keep_moments(part.gpu, n - half, half, &f.err), MP_OK)
+      << f.err.message;
+  ASSERT_EQ(mp_gpt_stage_gpu_upload_params(part.gpu, &f.err), MP_OK) << f.err.message;
+  ASSERT_EQ(mp_gpt_stage_gpu_upload_params(whole.gpu, &f.err), MP_OK) << f.err.message;
+  EXPECT_EQ(mp_gpt_stage_gpu_device_bytes(part.gpu), before + 2 * half * sizeof(float));
+  EXPECT_EQ(mp_gpt_stage_gpu_device_bytes(whole.gpu), before + 2 * n * sizeof(float));
+}
+
 TEST(GptStageGpu, WholeStageMatchesTheCpuStage) {
   REQUIRE_GPU();
   {
