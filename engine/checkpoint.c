@@ -57,31 +57,29 @@ static void remove_dir(const char *path) {
 
 typedef struct {
   int global;          /* index in the one-rank layout */
-  size_t offset;       /* floats from the start of the chunk's arrays */
+  size_t offset;       /* floats from the start of the chunk's flat layout */
   size_t count;        /* floats of this rank's shard */
   mp_tp_split split;
   bool tied_copy;      /* the last stage's copy of wte: not saved, loaded from wte */
-  /* The elements [held_first, held_first + held_count) of the shard this rank keeps, at held:
-   * all of them, or with ZeRO-3 a block tensor's part (mp_gpt_tp_held_params). */
+  /* The elements [held_first, held_first + held_count) of the shard this rank keeps: all of
+   * them, or with ZeRO-3 a block tensor's part (mp_gpt_tp_held_params). */
   size_t held_first, held_count;
-  float *held;
 } view_tensor;
 
 typedef struct {
-  float *params;       /* (count) */
-  size_t count;
-  float *m, *v;        /* AdamW moments of elements [first, first + moments) of params */
-  size_t first, moments;
+  int index;           /* the trainer's chunk, whose arrays mp_trainer_read_state reads */
+  size_t count;        /* floats of its flat layout */
+  size_t first, moments; /* the AdamW moments it keeps: of elements [first, first + moments) */
   int num_tensors;
   view_tensor *tensors;
   mp_gpt_stage stage;  /* the piece of the chain it holds */
   int stage_index;     /* c x pp + pp rank */
-  mp_gpt_tp *gpt;      /* a parallel run's chunk, else NULL */
   bool sharded_params; /* ZeRO-3: this rank keeps only its part of the blocks' parameters */
 } view_chunk;
 
 typedef struct {
   const mp_gpt_layout *layout;
+  mp_trainer *trainer;
   int num_chunks;
   view_chunk *chunks;
   int tp_rank, tp_size;
@@ -95,8 +93,7 @@ static void view_free(rank_view *view) {
   memset(view, 0, sizeof *view);
 }
 
-/* The trainer's state as chunks: a parallel run's chunks (mp_trainer_chunk_cpu_state), or the
- * one-rank model as one chunk at tp = 1 (host copies on the CUDA backend). */
+/* The trainer's chunks and their tensors, as the files name them. */
 static mp_status view_create(const mp_checkpoint_context *ctx, rank_view *view, mp_error *err) {
   memset(view, 0, sizeof *view);
   mp_trainer *trainer = ctx->trainer;
@@ -104,46 +101,19 @@ static mp_status view_create(const mp_checkpoint_context *ctx, rank_view *view, 
   const int n = mp_gpt_layout_num_tensors(layout);
   const int num_chunks = mp_trainer_num_chunks(trainer);
   view->layout = layout;
-  view->num_chunks = num_chunks > 0 ? num_chunks : 1;
-  view->chunks = calloc((size_t)view->num_chunks, sizeof *view->chunks);
+  view->trainer = trainer;
+  view->num_chunks = num_chunks;
+  view->chunks = calloc((size_t)(num_chunks > 0 ? num_chunks : 1), sizeof *view->chunks);
   if (view->chunks == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
   mp_status status = MP_OK;
-  if (num_chunks == 0) {
-    view_chunk *chunk = &view->chunks[0];
-    size_t count = 0;
-    status = mp_trainer_cpu_state(trainer, &chunk->params, &chunk->m, &chunk->v, &count, err);
-    chunk->count = chunk->moments = count;
-    chunk->tensors = status == MP_OK ? calloc((size_t)n, sizeof *chunk->tensors) : NULL;
-    if (status == MP_OK && chunk->tensors == NULL) {
-      status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
-    }
-    for (int i = 0; i < n && status == MP_OK; ++i) {
-      const mp_gpt_tensor *t = mp_gpt_layout_tensor(layout, i);
-      view_tensor *vt = &chunk->tensors[chunk->num_tensors++];
-      vt->global = i;
-      vt->offset = t->offset;
-      vt->count = t->rows * t->cols;
-      vt->split = t->split;
-      vt->held_first = 0;
-      vt->held_count = vt->count;
-      vt->held = chunk->params + t->offset;
-    }
-    chunk->stage = mp_gpt_stage_whole(mp_gpt_layout_config(layout)->num_layers);
-    view->tp_rank = 0;
-    view->tp_size = 1;
-    if (status != MP_OK) view_free(view);
-    return status;
-  }
   for (int c = 0; c < num_chunks && status == MP_OK; ++c) {
     view_chunk *chunk = &view->chunks[c];
     mp_trainer_chunk_state state;
-    status = mp_trainer_chunk_cpu_state(trainer, c, &state, err);
+    status = mp_trainer_chunk_state_of(trainer, c, &state, err);
     if (status != MP_OK) break;
     mp_gpt_tp *gpt = mp_trainer_chunk(trainer, c);
-    chunk->params = state.params;
+    chunk->index = c;
     chunk->count = state.params_count;
-    chunk->m = state.adam_m;
-    chunk->v = state.adam_v;
     chunk->first = state.moments_first;
     chunk->moments = state.moments_count;
     chunk->stage = *mp_gpt_tp_stage(gpt);
@@ -173,9 +143,8 @@ static mp_status view_create(const mp_checkpoint_context *ctx, rank_view *view, 
       vt->count = t->count;
       vt->split = t->split;
       vt->tied_copy = t->tied_copy;
-      mp_gpt_tp_held_params(gpt, j, &vt->held_first, &vt->held_count, &vt->held);
+      mp_gpt_tp_held_params(gpt, j, &vt->held_first, &vt->held_count);
     }
-    chunk->gpt = gpt;
     chunk->sharded_params = mp_gpt_tp_sharded_params(gpt);
   }
   if (status != MP_OK) view_free(view);
@@ -231,21 +200,16 @@ static void put(hashed_file *out, const void *data, size_t bytes) {
  * more than its own part and one piece. */
 enum { MOMENT_PIECE_FLOATS = 1 << 18 };
 
-/* The arrays a dp rank keeps a part of: 0 and 1 the AdamW moments; with ZeRO-3 also 2, the
- * parameters (whose part the rank copies out of where it keeps it). */
-enum { ARRAY_M = 0, ARRAY_V = 1, ARRAY_PARAMS = 2 };
+/* The arrays of the file, in its order after the parameters: the AdamW moments. */
+static const mp_trainer_array kMoments[2] = {MP_TRAINER_ADAM_M, MP_TRAINER_ADAM_V};
 
-/* n floats of array's part of chunk from element `at` of the part: the moments in place, the
- * parameters copied into piece. */
-static mp_status part_data(const view_chunk *chunk, int array, size_t at, size_t n, float *piece,
-                           const float **data, mp_error *err) {
-  if (array != ARRAY_PARAMS) {
-    *data = (array == ARRAY_M ? chunk->m : chunk->v) + at;
-    return MP_OK;
-  }
-  MP_TRY(mp_gpt_tp_copy_params(chunk->gpt, chunk->first + at, n, piece, err));
-  *data = piece;
-  return MP_OK;
+/* n floats of array's part of chunk from element `at` of the part, into piece (host memory), from
+ * wherever the backend keeps them. */
+static mp_status read_part(const rank_view *view, const view_chunk *chunk,
+                           mp_trainer_array array, size_t at, size_t n, float *piece,
+                           mp_error *err) {
+  return mp_trainer_read_state(view->trainer, chunk->index, array, chunk->first + at, n, piece,
+                               err);
 }
 
 static bool sharded_params(const rank_view *view) {
@@ -264,7 +228,7 @@ static mp_status send_moments(const mp_checkpoint_context *ctx, const rank_view 
   float *piece = malloc(MOMENT_PIECE_FLOATS * sizeof(float));
   if (piece == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory sending ZeRO's parts");
   mp_status status = MP_OK;
-  const int arrays[3] = {ARRAY_PARAMS, ARRAY_M, ARRAY_V};
+  const mp_trainer_array arrays[3] = {MP_TRAINER_PARAMS, MP_TRAINER_ADAM_M, MP_TRAINER_ADAM_V};
   for (int k = sharded_params(view) ? 0 : 1; k < 3 && status == MP_OK; ++k) {
     for (int c = 0; c < view->num_chunks && status == MP_OK; ++c) {
       const view_chunk *chunk = &view->chunks[c];
@@ -273,9 +237,8 @@ static mp_status send_moments(const mp_checkpoint_context *ctx, const rank_view 
       for (size_t at = 0; at < chunk->moments && status == MP_OK; at += MOMENT_PIECE_FLOATS) {
         const size_t n = chunk->moments - at < MOMENT_PIECE_FLOATS ? chunk->moments - at
                                                                    : MOMENT_PIECE_FLOATS;
-        const float *data = NULL;
-        status = part_data(chunk, arrays[k], at, n, piece, &data, err);
-        if (status == MP_OK) status = mp_comm_send(ctx->dp, data, n * sizeof(float), 0, err);
+        status = read_part(view, chunk, arrays[k], at, n, piece, err);
+        if (status == MP_OK) status = mp_comm_send(ctx->dp, piece, n * sizeof(float), 0, err);
       }
     }
   }
@@ -297,11 +260,11 @@ static void put_flat(hashed_file *out, const view_chunk *chunk, size_t at, const
   }
 }
 
-/* dp rank 0's side: writes chunk's whole array `array` (ARRAY_*) into out, its own part from
- * memory and every other dp rank's as it arrives, piece by piece (piece: MOMENT_PIECE_FLOATS
- * floats). */
-static mp_status stream_moments(const mp_checkpoint_context *ctx, const view_chunk *chunk,
-                                int array, float *piece, hashed_file *out, mp_error *err) {
+/* dp rank 0's side: writes chunk's whole array `array` into out, its own part as it reads it
+ * and every other dp rank's as it arrives, piece by piece (piece: MOMENT_PIECE_FLOATS floats). */
+static mp_status stream_moments(const mp_checkpoint_context *ctx, const rank_view *view,
+                                const view_chunk *chunk, mp_trainer_array array, float *piece,
+                                hashed_file *out, mp_error *err) {
   size_t covered = 0;
   for (int d = 0; d < mp_plan_zero_shard(ctx->plan); ++d) {
     uint64_t part[2] = {chunk->first, chunk->moments};
@@ -314,14 +277,12 @@ static mp_status stream_moments(const mp_checkpoint_context *ctx, const view_chu
     }
     for (size_t at = 0; at < part[1]; at += MOMENT_PIECE_FLOATS) {
       const size_t n = part[1] - at < MOMENT_PIECE_FLOATS ? part[1] - at : MOMENT_PIECE_FLOATS;
-      const float *data = NULL;
       if (d > 0) {
         MP_TRY(mp_comm_recv(ctx->dp, piece, n * sizeof(float), d, err));
-        data = piece;
       } else {
-        MP_TRY(part_data(chunk, array, at, n, piece, &data, err));
+        MP_TRY(read_part(view, chunk, array, at, n, piece, err));
       }
-      put_flat(out, chunk, covered + at, data, n);
+      put_flat(out, chunk, covered + at, piece, n);
     }
     covered += part[1];
   }
@@ -329,6 +290,19 @@ static mp_status stream_moments(const mp_checkpoint_context *ctx, const view_chu
     return mp_fail(err, MP_ERR_RUNTIME,
                    "ZeRO-1 moments: the dp ranks' parts cover %zu of %zu elements", covered,
                    chunk->count);
+  }
+  return MP_OK;
+}
+
+/* Writes chunk's whole array `array` of this rank into out, read piece by piece (piece:
+ * MOMENT_PIECE_FLOATS floats) from wherever the backend keeps it. */
+static mp_status put_own(const rank_view *view, const view_chunk *chunk, mp_trainer_array array,
+                         float *piece, hashed_file *out, mp_error *err) {
+  for (size_t at = 0; at < chunk->count; at += MOMENT_PIECE_FLOATS) {
+    const size_t n = chunk->count - at < MOMENT_PIECE_FLOATS ? chunk->count - at
+                                                             : MOMENT_PIECE_FLOATS;
+    MP_TRY(mp_trainer_read_state(view->trainer, chunk->index, array, at, n, piece, err));
+    put_flat(out, chunk, at, piece, n);
   }
   return MP_OK;
 }
@@ -379,33 +353,28 @@ static mp_status write_shard_file(const mp_checkpoint_context *ctx, const rank_v
   /* The parameters, then the moments. With ZeRO the other dp ranks' sends must be received even
    * when this file cannot be written, or they would wait for nothing. */
   mp_status comm = MP_OK;
-  float *piece = NULL;
+  float *piece = malloc(MOMENT_PIECE_FLOATS * sizeof(float));
   const bool sharded = sharded_params(view);
-  if ((zero || sharded) && (piece = malloc(MOMENT_PIECE_FLOATS * sizeof(float))) == NULL) {
-    comm = mp_fail(err, MP_ERR_RUNTIME, "out of memory gathering ZeRO's parts");
-  }
+  if (piece == NULL) comm = mp_fail(err, MP_ERR_RUNTIME, "out of memory writing a checkpoint");
   for (int c = 0; c < view->num_chunks && comm == MP_OK; ++c) {
     const view_chunk *chunk = &view->chunks[c];
     if (sharded) { /* ZeRO-3: the blocks' parameters come from every dp rank's part */
-      comm = stream_moments(ctx, chunk, ARRAY_PARAMS, piece, &out, err);
-      continue;
-    }
-    for (int j = 0; j < chunk->num_tensors; ++j) {
-      const view_tensor *t = &chunk->tensors[j];
-      if (!t->tied_copy) put(&out, chunk->params + t->offset, t->count * sizeof(float));
+      comm = stream_moments(ctx, view, chunk, MP_TRAINER_PARAMS, piece, &out, err);
+    } else {
+      comm = put_own(view, chunk, MP_TRAINER_PARAMS, piece, &out, err);
     }
   }
   for (int a = 0; a < 2 && comm == MP_OK; ++a) {
     for (int c = 0; c < view->num_chunks && comm == MP_OK; ++c) {
       const view_chunk *chunk = &view->chunks[c];
       if (zero) {
-        comm = stream_moments(ctx, chunk, a, piece, &out, err);
+        comm = stream_moments(ctx, view, chunk, kMoments[a], piece, &out, err);
       } else if (chunk->first != 0 || chunk->moments != chunk->count) {
         comm = mp_fail(err, MP_ERR_RUNTIME,
                        "chunk %d keeps moments of elements [%zu, +%zu) of %zu without ZeRO-1", c,
                        chunk->first, chunk->moments, chunk->count);
       } else {
-        put_flat(&out, chunk, 0, a == 0 ? chunk->m : chunk->v, chunk->count);
+        comm = put_own(view, chunk, kMoments[a], piece, &out, err);
       }
     }
   }
@@ -799,9 +768,7 @@ mp_status mp_checkpoint_save(const char *dir, int64_t step, int keep,
   const int world_rank = world != NULL ? mp_comm_rank(world) : 0;
   rank_view view;
   memset(&view, 0, sizeof view); /* view_create may not run */
-  /* The CUDA backend's state comes from the GPU into the host arrays the view reads. */
-  mp_status status = mp_trainer_state_to_host(ctx->trainer, err);
-  if (status == MP_OK) status = view_create(ctx, &view, err);
+  mp_status status = view_create(ctx, &view, err);
   status = mp_comm_agree(world, status, err);
   if (status != MP_OK) {
     if (view.chunks != NULL) view_free(&view);
@@ -900,26 +867,42 @@ mp_status mp_checkpoint_find_latest(const char *dir, char *path, size_t path_byt
                  dir);
 }
 
+/* Elements [first, first + count) of array `array` (0 parameters, 1 and 2 the moments) of
+ * tensor t's shard in the checkpoint into the trainer's chunk, from its flat element `dest`, in
+ * pieces of MOMENT_PIECE_FLOATS through piece. */
+static mp_status read_into(ck_shard_reader *reader, const rank_view *view,
+                           const view_chunk *chunk, const view_tensor *t, int array, size_t first,
+                           size_t count, size_t dest, float *piece, mp_error *err) {
+  static const mp_trainer_array kArrays[3] = {MP_TRAINER_PARAMS, MP_TRAINER_ADAM_M,
+                                               MP_TRAINER_ADAM_V};
+  for (size_t at = 0; at < count; at += MOMENT_PIECE_FLOATS) {
+    const size_t n = count - at < MOMENT_PIECE_FLOATS ? count - at : MOMENT_PIECE_FLOATS;
+    MP_TRY(ck_read_shard(reader, t->global, array, view->tp_rank, view->tp_size, first + at, n,
+                         piece, err));
+    MP_TRY(mp_trainer_write_state(view->trainer, chunk->index, kArrays[array], dest + at, n, piece,
+                                  err));
+  }
+  return MP_OK;
+}
+
 /* Fills this rank's chunks: parameters, and the moments of the elements it keeps. */
-static mp_status read_view(ck_shard_reader *reader, const rank_view *view, mp_error *err) {
+static mp_status read_view(ck_shard_reader *reader, const rank_view *view, float *piece,
+                           mp_error *err) {
   for (int c = 0; c < view->num_chunks; ++c) {
     const view_chunk *chunk = &view->chunks[c];
     const size_t lo = chunk->first, hi = chunk->first + chunk->moments;
     for (int j = 0; j < chunk->num_tensors; ++j) {
       const view_tensor *t = &chunk->tensors[j];
       /* The parameters it keeps: all of them, or with ZeRO-3 a block tensor's part. */
-      if (t->held_count > 0) {
-        MP_TRY(ck_read_shard(reader, t->global, 0, view->tp_rank, view->tp_size, t->held_first,
-                             t->held_count, t->held, err));
-      }
+      MP_TRY(read_into(reader, view, chunk, t, 0, t->held_first, t->held_count,
+                       t->offset + t->held_first, piece, err));
       /* The moments of the part of the tensor this dp rank keeps (all of it without ZeRO-1). */
       const size_t a = t->offset > lo ? t->offset : lo;
       const size_t b = t->offset + t->count < hi ? t->offset + t->count : hi;
       if (a >= b) continue;
-      MP_TRY(ck_read_shard(reader, t->global, 1, view->tp_rank, view->tp_size, a - t->offset, b - a,
-                        chunk->m + (a - lo), err));
-      MP_TRY(ck_read_shard(reader, t->global, 2, view->tp_rank, view->tp_size, a - t->offset, b - a,
-                        chunk->v + (a - lo), err));
+      for (int array = 1; array <= 2; ++array) {
+        MP_TRY(read_into(reader, view, chunk, t, array, a - t->offset, b - a, a, piece, err));
+      }
     }
   }
   return MP_OK;
@@ -1064,10 +1047,13 @@ mp_status mp_checkpoint_load(const char *path, const mp_checkpoint_context *ctx,
   status = mp_comm_agree(world, status, err);
   ck_shard_reader reader = {NULL, NULL};
   if (status == MP_OK) status = ck_reader_open(&mf, &reader, err);
-  if (status == MP_OK) status = read_view(&reader, &view, err);
+  float *piece = status == MP_OK ? malloc(MOMENT_PIECE_FLOATS * sizeof(float)) : NULL;
+  if (status == MP_OK && piece == NULL) {
+    status = mp_fail(err, MP_ERR_RUNTIME, "out of memory reading a checkpoint");
+  }
+  if (status == MP_OK) status = read_view(&reader, &view, piece, err);
+  free(piece);
   if (reader.handles != NULL) ck_reader_close(&reader);
-  /* The CUDA backend's state goes from the host arrays the view wrote back to the GPU. */
-  if (status == MP_OK) status = mp_trainer_state_to_device(ctx->trainer, err);
   status = mp_comm_agree(world, status, err);
   if (status == MP_OK) *step = mf.step;
   ck_manifest_close(&mf);

@@ -54,9 +54,10 @@
  * ranks (file f by world rank f mod world size) and agrees on the outcome, so every rank reports
  * the same error and none starts training alone.
  *
- * The CUDA backend's parameters and moments live on the GPU: a save copies them to host arrays
- * first (mp_trainer_state_to_host), a load copies the arrays back (mp_trainer_state_to_device);
- * the files are the same, so a run saved on GPUs resumes on CPUs and the other way round.
+ * Saves and loads move the state in pieces of at most 1 MiB (mp_trainer_read_state,
+ * mp_trainer_write_state), from and to wherever the backend keeps it: on the CUDA backend the
+ * GPU, with no host copy of the state. The files are the same, so a run saved on GPUs resumes on
+ * CPUs and the other way round.
  */
 #ifndef MPENGINE_ENGINE_CHECKPOINT_H
 #define MPENGINE_ENGINE_CHECKPOINT_H

@@ -3,7 +3,7 @@
  *
  * The whole model is one pipeline stage on a one-rank tensor-parallel group: the GPU stage
  * (engine/gpt_stage_gpu.h) with one activation slot, whose tp = 1 path makes exactly the kernel
- * calls of a one-GPU model, over a host stage (engine/gpt_model_tp.h) of arrays only, whose shard
+ * calls of a one-GPU model, over a host stage (engine/gpt_model_tp.h) without slots, whose shard
  * layout at tp = 1 is the one-rank layout itself. One model code path on the GPU, whatever the
  * layout.
  */
@@ -74,16 +74,23 @@ static size_t num_params(const mp_gpt_gpu *gpt) {
   return mp_gpt_layout_num_params(mp_gpt_tp_layout(gpt->host));
 }
 
+/* The one-rank stage's moments: all of its elements. */
+static mp_status moments(mp_gpt_gpu *gpt, float **adam_m, float **adam_v, mp_error *err) {
+  return mp_gpt_stage_gpu_moments_at(gpt->stage, 0, num_params(gpt), adam_m, adam_v, err);
+}
+
 mp_status mp_gpt_gpu_set_params(mp_gpt_gpu *gpt, const float *host_params, mp_error *err) {
-  /* At tp = 1 the whole stage's shard array is the one-rank layout's. */
-  memcpy(mp_gpt_tp_params(gpt->host), host_params, num_params(gpt) * sizeof(float));
-  return mp_gpt_stage_gpu_upload_params(gpt->stage, err);
+  /* At tp = 1 the whole stage's shard layout is the one-rank layout. */
+  MP_TRY(mp_gpt_tp_write_params(gpt->host, 0, num_params(gpt), host_params, err));
+  float *adam_m = NULL, *adam_v = NULL;
+  MP_TRY(moments(gpt, &adam_m, &adam_v, err));
+  MP_TRY(mp_device_memset(adam_m, 0, num_params(gpt) * sizeof(float), err));
+  MP_TRY(mp_device_memset(adam_v, 0, num_params(gpt) * sizeof(float), err));
+  return mp_device_synchronize(err);
 }
 
 mp_status mp_gpt_gpu_get_params(mp_gpt_gpu *gpt, float *host_params, mp_error *err) {
-  MP_TRY(mp_gpt_stage_gpu_download_params(gpt->stage, err));
-  memcpy(host_params, mp_gpt_tp_params(gpt->host), num_params(gpt) * sizeof(float));
-  return MP_OK;
+  return mp_gpt_tp_read_params(gpt->host, 0, num_params(gpt), host_params, err);
 }
 
 mp_status mp_gpt_gpu_get_grads(mp_gpt_gpu *gpt, float *host_grads, mp_error *err) {
@@ -94,15 +101,23 @@ mp_status mp_gpt_gpu_get_grads(mp_gpt_gpu *gpt, float *host_grads, mp_error *err
 
 mp_status mp_gpt_gpu_get_state(mp_gpt_gpu *gpt, float *host_params, float *adam_m, float *adam_v,
                                mp_error *err) {
-  MP_TRY(mp_gpt_stage_gpu_download_state(gpt->stage, adam_m, adam_v, err));
-  memcpy(host_params, mp_gpt_tp_params(gpt->host), num_params(gpt) * sizeof(float));
-  return MP_OK;
+  float *device_m = NULL, *device_v = NULL;
+  MP_TRY(moments(gpt, &device_m, &device_v, err));
+  const size_t bytes = num_params(gpt) * sizeof(float);
+  MP_TRY(mp_device_copy_to_host(adam_m, device_m, bytes, err));
+  MP_TRY(mp_device_copy_to_host(adam_v, device_v, bytes, err));
+  return mp_gpt_gpu_get_params(gpt, host_params, err);
 }
 
 mp_status mp_gpt_gpu_set_state(mp_gpt_gpu *gpt, const float *host_params, const float *adam_m,
                                const float *adam_v, mp_error *err) {
-  memcpy(mp_gpt_tp_params(gpt->host), host_params, num_params(gpt) * sizeof(float));
-  return mp_gpt_stage_gpu_upload_state(gpt->stage, adam_m, adam_v, err);
+  float *device_m = NULL, *device_v = NULL;
+  MP_TRY(moments(gpt, &device_m, &device_v, err));
+  const size_t bytes = num_params(gpt) * sizeof(float);
+  MP_TRY(mp_device_copy_to_device(device_m, adam_m, bytes, err));
+  MP_TRY(mp_device_copy_to_device(device_v, adam_v, bytes, err));
+  MP_TRY(mp_gpt_tp_write_params(gpt->host, 0, num_params(gpt), host_params, err));
+  return mp_device_synchronize(err);
 }
 
 float *mp_gpt_gpu_device_grads(mp_gpt_gpu *gpt) { return mp_gpt_stage_gpu_device_grads(gpt->stage); }

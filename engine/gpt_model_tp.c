@@ -3,6 +3,7 @@
 #include "engine/gpt_model_tp.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,7 +24,10 @@ struct mp_gpt_tp {
   size_t num_params;     /* floats of this rank's shard of the stage */
   float *params;         /* (num_params,), or ZeRO-3 (sharded): the tensors outside the blocks
                             packed (outside_floats), then the held block elements
-                            [held_first, held_end) of the flat layout */
+                            [held_first, held_end) of the flat layout; NULL for a stage without
+                            slots, whose parameters are in its store */
+  mp_gpt_tp_param_store store; /* a stage without slots: where its parameters are (read NULL:
+                                  nowhere yet) */
   bool sharded;
   size_t blocks_first, blocks_end, outside_floats, held_first, held_end;
   void *weight_window;   /* ZeRO-3: (the largest block's floats) the chain's weights window */
@@ -32,8 +36,8 @@ struct mp_gpt_tp {
   size_t grads_floats;
   mp_grad_window window; /* ZeRO-2: which gradients pass through block_window */
   float *block_window;   /* (the largest block's floats) */
-  /* The forward and backward: the stage chain over the CPU's kernels (NULL for a stage of
-   * arrays only). */
+  /* The forward and backward: the stage chain over the CPU's kernels (NULL for a stage without
+   * slots). */
   mp_stage_kernels *kernels;
   mp_stage_chain *chain;
 };
@@ -149,15 +153,15 @@ mp_status mp_gpt_tp_create_stage(const mp_model *model, int micro_batch, int seq
   if (windowed_block_grads && num_slots == 0) {
     return mp_fail(err, MP_ERR_INPUT,
                    "windowed block gradients (ZeRO-2) need a stage with activation slots, not a "
-                   "stage of arrays only");
+                   "stage without slots");
   }
-  /* A stage of arrays only (a GPU stage's host copy) runs no chain: it only holds the parts. */
+  /* A stage without slots (a GPU stage's host side) runs no chain. */
   if (shard_params && num_slots > 0 && (!windowed_block_grads || deferred_weights)) {
     return mp_fail(err, MP_ERR_INPUT,
                    "sharded block parameters (ZeRO-3) need windowed block gradients and whole "
                    "backwards (not a zero-bubble schedule's deferred weight gradients)");
   }
-  /* A stage of arrays only (no slot) runs no chain; one with slots must be one it can run. */
+  /* A stage without slots runs no chain; one with slots must be one it can run. */
   if (num_slots > 0 && mp_stage_chain_check(num_slots, deferred_weights, recompute, err) != MP_OK) {
     mp_error inner = *err;
     return mp_fail(err, MP_ERR_INPUT, "%s: %s", mp_model_source(model), inner.message);
@@ -239,14 +243,15 @@ mp_status mp_gpt_tp_create_stage(const mp_model *model, int micro_batch, int seq
       gpt->weight_window = calloc(largest_block > 0 ? largest_block : 1, sizeof(float));
     }
   }
-  gpt->params = calloc(param_floats > 0 ? param_floats : 1, sizeof(float));
+  /* A stage without slots keeps no host copy: its parameters live in its store (a GPU twin). */
+  if (num_slots > 0) gpt->params = calloc(param_floats > 0 ? param_floats : 1, sizeof(float));
   gpt->window = mp_grad_window_for(windowed_block_grads, deferred_weights);
   gpt->grads_floats = mp_gpt_tp_grad_array_floats(gpt, gpt->window);
   const bool windowed = gpt->window != MP_GRAD_WINDOW_NONE;
   /* Without slots the stage only holds arrays, and its gradients live elsewhere (the GPU). */
   if (num_slots > 0) gpt->grads = calloc(gpt->grads_floats > 0 ? gpt->grads_floats : 1, sizeof(float));
   if (windowed) gpt->block_window = calloc(largest_block > 0 ? largest_block : 1, sizeof(float));
-  if (gpt->params == NULL || (num_slots > 0 && gpt->grads == NULL) ||
+  if ((num_slots > 0 && (gpt->params == NULL || gpt->grads == NULL)) ||
       (windowed && gpt->block_window == NULL) ||
       (shard_params && num_slots > 0 && gpt->weight_window == NULL)) {
     const size_t n = gpt->num_params;
@@ -299,36 +304,41 @@ float *mp_gpt_tp_grads(mp_gpt_tp *gpt) { return gpt->grads; }
 bool mp_gpt_tp_sharded_params(const mp_gpt_tp *gpt) { return gpt->sharded; }
 
 /* The stretch of the stored parameters holding flat element `flat`: its first flat element, its
- * end, and where the first is stored; false when the stage does not hold the element. */
+ * end, and where the first is stored (an index of the stored array, the host's or the store's);
+ * false when the stage does not hold the element. */
 static bool param_stretch(const mp_gpt_tp *gpt, size_t flat, size_t *first, size_t *end,
-                          float **data) {
+                          size_t *stored) {
   if (!gpt->sharded) {
     if (flat >= gpt->num_params) return false;
-    *first = 0, *end = gpt->num_params, *data = gpt->params;
+    *first = 0, *end = gpt->num_params, *stored = 0;
     return true;
   }
   if (flat < gpt->blocks_first) {
-    *first = 0, *end = gpt->blocks_first, *data = gpt->params;
+    *first = 0, *end = gpt->blocks_first, *stored = 0;
   } else if (flat >= gpt->blocks_end) {
-    *first = gpt->blocks_end, *end = gpt->num_params;
-    *data = gpt->params + gpt->blocks_first;
+    *first = gpt->blocks_end, *end = gpt->num_params, *stored = gpt->blocks_first;
   } else if (flat >= gpt->held_first && flat < gpt->held_end) {
-    *first = gpt->held_first, *end = gpt->held_end, *data = gpt->params + gpt->outside_floats;
+    *first = gpt->held_first, *end = gpt->held_end, *stored = gpt->outside_floats;
   } else {
     return false;
   }
   return flat < gpt->num_params;
 }
 
-float *mp_gpt_tp_params_at(mp_gpt_tp *gpt, size_t first, size_t count) {
-  size_t lo = 0, hi = 0;
-  float *data = NULL;
-  if (!param_stretch(gpt, first, &lo, &hi, &data) || first + count > hi) return NULL;
-  return data + (first - lo);
+bool mp_gpt_tp_params_index(const mp_gpt_tp *gpt, size_t first, size_t count, size_t *at) {
+  size_t lo = 0, hi = 0, stored = 0;
+  if (!param_stretch(gpt, first, &lo, &hi, &stored) || first + count > hi) return false;
+  *at = stored + (first - lo);
+  return true;
 }
 
-void mp_gpt_tp_held_params(mp_gpt_tp *gpt, int index, size_t *first, size_t *count,
-                           float **data) {
+float *mp_gpt_tp_params_at(mp_gpt_tp *gpt, size_t first, size_t count) {
+  size_t at = 0;
+  if (gpt->params == NULL || !mp_gpt_tp_params_index(gpt, first, count, &at)) return NULL;
+  return gpt->params + at;
+}
+
+void mp_gpt_tp_held_params(const mp_gpt_tp *gpt, int index, size_t *first, size_t *count) {
   const mp_gpt_tp_tensor *t = &gpt->tensors[index];
   size_t lo = t->offset, hi = t->offset + t->count;
   const bool block = t->offset >= gpt->blocks_first && t->offset < gpt->blocks_end;
@@ -336,30 +346,68 @@ void mp_gpt_tp_held_params(mp_gpt_tp *gpt, int index, size_t *first, size_t *cou
     lo = lo > gpt->held_first ? lo : gpt->held_first;
     hi = hi < gpt->held_end ? hi : gpt->held_end;
   }
-  *first = 0, *count = 0, *data = NULL;
+  *first = 0, *count = 0;
   if (lo >= hi) return;
   *first = lo - t->offset;
   *count = hi - lo;
-  *data = mp_gpt_tp_params_at(gpt, lo, hi - lo);
 }
 
-mp_status mp_gpt_tp_copy_params(mp_gpt_tp *gpt, size_t first, size_t count, float *dest,
-                                mp_error *err) {
+mp_status mp_gpt_tp_set_param_store(mp_gpt_tp *gpt, const mp_gpt_tp_param_store *store,
+                                    mp_error *err) {
+  if (gpt->chain != NULL) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "a stage with activation slots keeps its parameters in host memory, where its "
+                   "chain reads them: it takes no parameter store");
+  }
+  memset(&gpt->store, 0, sizeof gpt->store);
+  if (store != NULL) gpt->store = *store;
+  return MP_OK;
+}
+
+/* Moves flat elements [first, first + count) between host memory and where the stage keeps them,
+ * stretch by stretch. */
+static mp_status need_storage(const mp_gpt_tp *gpt, mp_error *err) {
+  if (gpt->params != NULL || gpt->store.read != NULL) return MP_OK;
+  return mp_fail(err, MP_ERR_INPUT,
+                 "the stage keeps no parameters: a stage without activation slots holds them in "
+                 "its GPU twin (mp_gpt_stage_gpu_create), and none was made");
+}
+
+static mp_status move_params(mp_gpt_tp *gpt, size_t first, size_t count, float *dest,
+                             const float *src, mp_error *err) {
+  MP_TRY(need_storage(gpt, err));
   size_t at = first;
   while (at < first + count) {
-    size_t lo = 0, hi = 0;
-    float *data = NULL;
-    if (!param_stretch(gpt, at, &lo, &hi, &data)) {
+    size_t lo = 0, hi = 0, stored = 0;
+    if (!param_stretch(gpt, at, &lo, &hi, &stored)) {
       return mp_fail(err, MP_ERR_INPUT,
                      "parameter %zu of the stage is another dp rank's (ZeRO-3 holds elements "
                      "[%zu, %zu) of the blocks here)",
                      at, gpt->held_first, gpt->held_end);
     }
     const size_t n = hi < first + count ? hi - at : first + count - at;
-    memcpy(dest + (at - first), data + (at - lo), n * sizeof(float));
+    const size_t where = stored + (at - lo);
+    if (gpt->params != NULL) {
+      if (dest != NULL) memcpy(dest + (at - first), gpt->params + where, n * sizeof(float));
+      if (src != NULL) memcpy(gpt->params + where, src + (at - first), n * sizeof(float));
+    } else if (dest != NULL) {
+      MP_TRY(gpt->store.read(gpt->store.context, where, n, dest + (at - first), err));
+    } else {
+      MP_TRY(gpt->store.write(gpt->store.context, where, n, src + (at - first), err));
+    }
     at += n;
   }
   return MP_OK;
+}
+
+mp_status mp_gpt_tp_read_params(mp_gpt_tp *gpt, size_t first, size_t count, float *dest,
+                                mp_error *err) {
+  return move_params(gpt, first, count, dest, NULL, err);
+}
+
+mp_status mp_gpt_tp_write_params(mp_gpt_tp *gpt, size_t first, size_t count, const float *src,
+                                 mp_error *err) {
+  return move_params(gpt, first, count, NULL, src, err);
 }
 mp_grad_window mp_gpt_tp_grad_window(const mp_gpt_tp *gpt) { return gpt->window; }
 
@@ -465,21 +513,27 @@ typedef struct {
   float *dest;
 } held_rect;
 
+/* A stage whose parameters live in its store fills them through a host buffer of this many
+ * floats (1 MiB), rectangle piece by piece. */
+enum { STORE_PIECE_FLOATS = 1 << 18 };
+
 /* Calls visit for the rectangles of each of this rank's shards that it holds, in tensor order:
  * initialisation and loading both fill a shard block by block, so no rank ever holds a full
  * tensor, and a source whose file is laid out otherwise (GPT-2's transposed weights) still reads
  * whole rows. With ZeRO-3 a block tensor's held elements are a range of the shard: each shard
- * block's part of it is a partial row, whole rows and a partial row. */
+ * block's part of it is a partial row, whole rows and a partial row. With a store (no host
+ * array) each rectangle is at most STORE_PIECE_FLOATS, filled in a buffer and then written to
+ * the store, so that no host array of the shard exists. */
 typedef mp_status (*held_rect_visit)(mp_gpt_tp *gpt, const mp_gpt_tp_tensor *t,
                                      const held_rect *rect, void *context, mp_error *err);
 
-static mp_status for_each_held_rect(mp_gpt_tp *gpt, held_rect_visit visit, void *context,
-                                    mp_error *err) {
+static mp_status visit_held_rects(mp_gpt_tp *gpt, held_rect_visit visit, void *context,
+                                  float *piece, mp_error *err) {
+  const size_t cap = piece != NULL ? STORE_PIECE_FLOATS : SIZE_MAX;
   for (int i = 0; i < gpt->num_tensors; ++i) {
     const mp_gpt_tp_tensor *t = &gpt->tensors[i];
     size_t held_first = 0, held_count = 0;
-    float *data = NULL;
-    mp_gpt_tp_held_params(gpt, i, &held_first, &held_count, &data);
+    mp_gpt_tp_held_params(gpt, i, &held_first, &held_count);
     if (held_count == 0) continue;
     mp_tp_shard_block blocks[MP_TP_SHARD_MAX_BLOCKS];
     int count = 0;
@@ -497,19 +551,37 @@ static mp_status for_each_held_rect(mp_gpt_tp *gpt, held_rect_visit visit, void 
       while (a < e) {
         const size_t row = a / b->cols, col = a % b->cols;
         size_t rows = 1, cols = b->cols - col;
-        if (col == 0 && e - a >= b->cols) {
-          rows = (e - a) / b->cols;
-        } else if (e - a < cols) {
+        if (e - a < cols) {
           cols = e - a;
+        } else if (col == 0) {
+          rows = (e - a) / b->cols;
         }
-        const held_rect rect = {b->row_offset + row, rows, b->col_offset + col, cols,
-                                data + (b->shard_offset + a - held_first)};
+        if (cols > cap) {
+          cols = cap, rows = 1;
+        } else if (rows * cols > cap) {
+          rows = cap / cols;
+        }
+        const size_t flat = t->offset + b->shard_offset + a;
+        held_rect rect = {b->row_offset + row, rows, b->col_offset + col, cols, piece};
+        if (piece == NULL) rect.dest = mp_gpt_tp_params_at(gpt, flat, rows * cols);
         MP_TRY(visit(gpt, t, &rect, context, err));
+        if (piece != NULL) MP_TRY(mp_gpt_tp_write_params(gpt, flat, rows * cols, piece, err));
         a += rows * cols;
       }
     }
   }
   return MP_OK;
+}
+
+static mp_status for_each_held_rect(mp_gpt_tp *gpt, held_rect_visit visit, void *context,
+                                    mp_error *err) {
+  if (gpt->params != NULL) return visit_held_rects(gpt, visit, context, NULL, err);
+  MP_TRY(need_storage(gpt, err));
+  float *piece = malloc(STORE_PIECE_FLOATS * sizeof(float));
+  if (piece == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory for a parameter piece");
+  const mp_status status = visit_held_rects(gpt, visit, context, piece, err);
+  free(piece);
+  return status;
 }
 
 static mp_status init_block(mp_gpt_tp *gpt, const mp_gpt_tp_tensor *t, const held_rect *r,
@@ -568,6 +640,11 @@ mp_status mp_gpt_tp_gather_params(mp_gpt_tp *gpt, float *full, mp_error *err) {
                    "gathering the parameters: the stage's block parameters are sharded over dp "
                    "(ZeRO-3)");
   }
+  if (gpt->params == NULL) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "gathering the parameters: the stage keeps them in its store, not in host "
+                   "memory");
+  }
   return gather_all(gpt, gpt->params, full, err);
 }
 
@@ -591,7 +668,7 @@ void mp_gpt_tp_zero_grads(mp_gpt_tp *gpt) {
 
 static mp_status need_chain(const mp_gpt_tp *gpt, mp_error *err) {
   if (gpt->chain != NULL) return MP_OK;
-  return mp_fail(err, MP_ERR_INPUT, "a stage of arrays only (no activation slots) runs no forward "
+  return mp_fail(err, MP_ERR_INPUT, "a stage without activation slots runs no forward "
                                     "or backward");
 }
 

@@ -94,9 +94,9 @@ mp_status mp_gpt_tp_create(const mp_model *model, int micro_batch, int seq_len,
 /* Lays out this rank's shard of `stage` of `model` on group tp (tp->size ranks, this one
  * tp->rank) and allocates parameters, gradients and num_slots activation slots, each holding
  * one (micro_batch, seq_len) micro-batch between its forward and its backward (a pipeline rank
- * has several in flight). num_slots 0 makes a stage of arrays only (no activations, no working
- * memory: the host copy of a GPU stage, engine/gpt_stage_gpu.h), whose forward and backward
- * refuse. With deferred_weights each slot also keeps what the weight-gradient
+ * has several in flight). num_slots 0 makes a stage without slots: its tensor table, layout and
+ * groups only (no activations, no working memory, no host arrays: the host side of a GPU stage,
+ * engine/gpt_stage_gpu.h, which keeps the parameters), whose forward and backward refuse. With deferred_weights each slot also keeps what the weight-gradient
  * pass of a zero-bubble schedule needs (mp_stage_chain_backward_weights). recompute trades compute for
  * memory as the plan says: selective keeps no attention matrices (B, NH/tp, T, T) per slot and
  * recomputes each layer's right before its backward; full keeps only each slot's input and
@@ -110,9 +110,9 @@ mp_status mp_gpt_tp_create(const mp_model *model, int micro_batch, int seq_len,
  * Ws): each block's is formed in one window of the largest block's floats, which the chain's
  * hook must take after every block (engine/stage_chain.h), and the gradient array holds only
  * the other tensors (mp_grad_window). zero->shard_block_params (ZeRO-3, with
- * window_block_grads, without deferred weights; or a stage of arrays only, a GPU stage's host
- * copy): the parameters too (below).
- * Parameters start at zero: call an init or set function. */
+ * window_block_grads, without deferred weights; or a stage without slots, a GPU stage's host
+ * side): the parameters too (below).
+ * Parameters start at zero: call an init or write function. */
 typedef struct mp_gpt_tp_zero mp_gpt_tp_zero;
 mp_status mp_gpt_tp_create_stage(const mp_model *model, int micro_batch, int seq_len,
                                  const mp_tp_comm *tp, bool sequence_parallel,
@@ -150,35 +150,56 @@ const mp_gpt_layout *mp_gpt_tp_layout(const mp_gpt_tp *gpt);
 const mp_tp_comm *mp_gpt_tp_comm(const mp_gpt_tp *gpt);
 bool mp_gpt_tp_sequence_parallel(const mp_gpt_tp *gpt);
 
-/* The flat shard arrays, mp_gpt_tp_num_params floats each, and their tensor table. A stage of
- * arrays only (no activation slots: a GPU stage's host copy, whose gradients live on the device)
- * holds no host gradient array until mp_gpt_tp_alloc_grads makes one (mp_gpt_tp_grads is NULL
- * before, and zeroing, gathering and norms of the gradients are for stages that have them). */
+/* The flat shard arrays, mp_gpt_tp_num_params floats each, and their tensor table. A stage
+ * without activation slots (a GPU stage's host side) holds neither in host memory: its
+ * parameters are in its store (below), mp_gpt_tp_params is NULL, and it holds no host gradient
+ * array until mp_gpt_tp_alloc_grads makes one (mp_gpt_tp_grads is NULL before, and zeroing,
+ * gathering and norms of the gradients are for stages that have them). */
 size_t mp_gpt_tp_num_params(const mp_gpt_tp *gpt);
 float *mp_gpt_tp_params(mp_gpt_tp *gpt);
 float *mp_gpt_tp_grads(mp_gpt_tp *gpt);
 
+/* Where a stage without activation slots keeps its parameters: a GPU twin's device arrays
+ * (engine/gpt_stage_gpu.h sets itself as the store when it is created), which mirror the
+ * stage's stored order (mp_gpt_tp_params_floats floats, mp_gpt_tp_params_index below). read and
+ * write move count floats at stored index `at` from and to host memory. */
+typedef struct {
+  void *context;
+  mp_status (*read)(void *context, size_t at, size_t count, float *dest, mp_error *err);
+  mp_status (*write)(void *context, size_t at, size_t count, const float *src, mp_error *err);
+} mp_gpt_tp_param_store;
+
+/* Sets (store copied) or with NULL removes the stage's store. MP_ERR_INPUT for a stage with
+ * activation slots, whose chain reads its parameters in host memory. */
+mp_status mp_gpt_tp_set_param_store(mp_gpt_tp *gpt, const mp_gpt_tp_param_store *store,
+                                    mp_error *err);
+
 /* ZeRO-3's parameters (shard_block_params): the stage holds the tensors outside its blocks whole
- * and of its blocks only the elements of its dp part, so mp_gpt_tp_params is not in the shard's
- * layout; these find elements by their place in it (without ZeRO-3, the plain offsets).
- *   params_at    elements [first, first + count) of the flat parameters where the stage holds
- *                them as one stretch (one tensor's, or the held block elements'), else NULL
- *   held_params  of tensor index: its elements [*first, *first + *count) that the stage holds,
- *                at *data (all of them unless it is a block tensor of a ZeRO-3 stage; *count 0
- *                and *data NULL when it holds none)
- *   copy_params  dest = elements [first, first + count); MP_ERR_INPUT naming the element when the
- *                stage does not hold them all
- * A pointer params_at returns, less mp_gpt_tp_params, is where the elements sit in the stage's
- * array and in a twin's that mirrors it (engine/gpt_stage_gpu.h). */
+ * and of its blocks only the elements of its dp part, so its stored array is not in the shard's
+ * layout; these find elements by their place in the flat layout (without ZeRO-3, the plain
+ * offsets), wherever the stage keeps them (host memory or its store):
+ *   params_index  where flat elements [first, first + count) are stored (an index of the stored
+ *                 array, the host's or the store's) when they are one stretch there (one
+ *                 tensor's, or the held block elements'); false otherwise
+ *   params_at     the same as a pointer into the host array; NULL without one
+ *   held_params   of tensor index: its elements [*first, *first + *count) that the stage holds
+ *                 (all of them unless it is a block tensor of a ZeRO-3 stage; *count 0 when it
+ *                 holds none)
+ *   read_params   dest = elements [first, first + count)
+ *   write_params  elements [first, first + count) = src
+ * read and write: MP_ERR_INPUT naming the element when the stage does not hold them all, or when
+ * it keeps no parameters (no slots and no store); a store's errors. */
 bool mp_gpt_tp_sharded_params(const mp_gpt_tp *gpt);
-/* Floats of mp_gpt_tp_params: num_params, or under ZeRO-3 the outside tensors and the held
- * block elements (a GPU twin mirrors this array). */
+/* Floats of the stored array: num_params, or under ZeRO-3 the outside tensors and the held
+ * block elements. */
 size_t mp_gpt_tp_params_floats(const mp_gpt_tp *gpt);
+bool mp_gpt_tp_params_index(const mp_gpt_tp *gpt, size_t first, size_t count, size_t *at);
 float *mp_gpt_tp_params_at(mp_gpt_tp *gpt, size_t first, size_t count);
-void mp_gpt_tp_held_params(mp_gpt_tp *gpt, int index, size_t *first, size_t *count,
-                           float **data);
-mp_status mp_gpt_tp_copy_params(mp_gpt_tp *gpt, size_t first, size_t count, float *dest,
+void mp_gpt_tp_held_params(const mp_gpt_tp *gpt, int index, size_t *first, size_t *count);
+mp_status mp_gpt_tp_read_params(mp_gpt_tp *gpt, size_t first, size_t count, float *dest,
                                 mp_error *err);
+mp_status mp_gpt_tp_write_params(mp_gpt_tp *gpt, size_t first, size_t count, const float *src,
+                                 mp_error *err);
 
 /* [*first, *end): the floats of the flat arrays the stage's blocks hold (contiguous, in the
  * layout's order; *first == *end without blocks), and *largest, the floats of its largest block. */
@@ -220,12 +241,14 @@ int mp_gpt_tp_num_tensors(const mp_gpt_tp *gpt);
 const mp_gpt_tp_tensor *mp_gpt_tp_tensor_at(const mp_gpt_tp *gpt, int index);
 
 /* GPT-2 initialisation from seed: this rank's shard of mp_gpt_layout_init_params, drawn block by
- * block without the full tensors. Cannot fail on a model mp_gpt_tp_create accepted. */
+ * block without the full tensors (through a 1 MiB host buffer into a store). Fails only as
+ * mp_gpt_tp_write_params does. */
 mp_status mp_gpt_tp_init_params(mp_gpt_tp *gpt, uint64_t seed, mp_error *err);
 
 /* Parameters from a weight source opened for the stage's layout (engine/weight_source.h: an
  * llm.c file or a Hugging Face directory): this rank's shard of each of the stage's tensors,
- * reading only those elements. Errors of the source. */
+ * reading only those elements (into a store through a 1 MiB host buffer). Errors of the source
+ * and of mp_gpt_tp_write_params. */
 mp_status mp_gpt_tp_load(mp_gpt_tp *gpt, mp_weight_source *source, mp_error *err);
 
 /* The full one-rank arrays from every rank's shard, written on every rank (all-gather per
@@ -239,7 +262,7 @@ mp_status mp_gpt_tp_gather_grads(mp_gpt_tp *gpt, float *full, mp_error *err);
 void mp_gpt_tp_zero_grads(mp_gpt_tp *gpt);
 
 /* The stage's forward and backward (engine/stage_chain.h, over the CPU's kernels); NULL for a
- * stage of arrays only. */
+ * stage without slots. */
 typedef struct mp_stage_chain mp_stage_chain;
 mp_stage_chain *mp_gpt_tp_chain(mp_gpt_tp *gpt);
 

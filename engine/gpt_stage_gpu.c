@@ -557,6 +557,7 @@ static mp_status device_alloc(mp_gpt_stage_gpu *gpu, void **out, size_t bytes, m
 
 void mp_gpt_stage_gpu_free(mp_gpt_stage_gpu *gpu) {
   if (gpu == NULL) return;
+  if (gpu->host != NULL) (void)mp_gpt_tp_set_param_store(gpu->host, NULL, NULL);
   mp_stage_chain_free(gpu->chain);
   cuda_kernels_free(gpu->kernels);
   void *buffers[] = {gpu->master, gpu->grads,     gpu->adam_m,         gpu->adam_v,
@@ -564,6 +565,29 @@ void mp_gpt_stage_gpu_free(mp_gpt_stage_gpu *gpu) {
                      gpu->weights_window_2, gpu->grad_part, gpu->norm_scratch};
   for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; ++i) mp_device_free(buffers[i]);
   free(gpu);
+}
+
+/* The host stage's store (mp_gpt_tp_param_store): the master weights at the host's stored index,
+ * their bf16 copy refreshed on a write. Both synchronise with the default stream (cudaMemcpy). */
+static mp_status store_read(void *context, size_t at, size_t count, float *dest, mp_error *err) {
+  const mp_gpt_stage_gpu *gpu = context;
+  if (at > gpu->params_floats || count > gpu->params_floats - at) {
+    return mp_fail(err, MP_ERR_RUNTIME, "stored parameters [%zu, +%zu) of %zu", at, count,
+                   gpu->params_floats);
+  }
+  return mp_device_copy_to_host(dest, gpu->master + at, count * sizeof(float), err);
+}
+
+static mp_status store_write(void *context, size_t at, size_t count, const float *src,
+                             mp_error *err) {
+  mp_gpt_stage_gpu *gpu = context;
+  if (at > gpu->params_floats || count > gpu->params_floats - at) {
+    return mp_fail(err, MP_ERR_RUNTIME, "stored parameters [%zu, +%zu) of %zu", at, count,
+                   gpu->params_floats);
+  }
+  MP_TRY(mp_device_copy_to_device(gpu->master + at, src, count * sizeof(float), err));
+  mp_bf16_from_float_cuda(gpu->weights + at, gpu->master + at, count, NULL);
+  return MP_OK;
 }
 
 mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, int micro_batch,
@@ -579,6 +603,11 @@ mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, 
     return mp_fail(err, MP_ERR_INPUT,
                    "the GPU stage's micro-batch %d x %d tokens is not its host stage's (%d x %d)",
                    micro_batch, seq_len, host_batch, host_seq);
+  }
+  if (mp_gpt_tp_chain(host) != NULL) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "the host stage has activation slots: a GPU stage's host side has none, and "
+                   "keeps its parameters on the device");
   }
   const bool sharded = mp_gpt_tp_sharded_params(host);
   if (sharded && (!windowed_block_grads || deferred_weights)) {
@@ -652,6 +681,9 @@ mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, 
                                         .block_weights_window_2 = gpu->weights_window_2};
   if (mp_stage_chain_create(&config, &gpu->kernels->table, &gpu->chain, err) != MP_OK) goto fail;
   gpu->device_bytes += gpu->kernels->device_bytes + mp_stage_chain_bytes(gpu->chain);
+  /* The host stage reads and writes its parameters here: no host copy of them exists. */
+  const mp_gpt_tp_param_store store = {gpu, store_read, store_write};
+  if (mp_gpt_tp_set_param_store(host, &store, err) != MP_OK) goto fail;
   *out = gpu;
   return MP_OK;
 fail:
@@ -674,17 +706,6 @@ static mp_status whole_moments(mp_gpt_stage_gpu *gpu, mp_error *err) {
                    "mp_gpt_stage_gpu_keep_moments first");
   }
   return mp_gpt_stage_gpu_keep_moments(gpu, 0, gpu->num_params, err);
-}
-
-mp_status mp_gpt_stage_gpu_upload_params(mp_gpt_stage_gpu *gpu, mp_error *err) {
-  MP_TRY(whole_moments(gpu, err));
-  const size_t P = gpu->params_floats;
-  MP_TRY(mp_device_copy_to_device(gpu->master, mp_gpt_tp_params(gpu->host), P * sizeof(float),
-                                  err));
-  mp_bf16_from_float_cuda(gpu->weights, gpu->master, P, NULL);
-  MP_TRY(mp_device_memset(gpu->adam_m, 0, gpu->moments_count * sizeof(float), err));
-  MP_TRY(mp_device_memset(gpu->adam_v, 0, gpu->moments_count * sizeof(float), err));
-  return mp_device_synchronize(err);
 }
 
 mp_status mp_gpt_stage_gpu_keep_moments(mp_gpt_stage_gpu *gpu, size_t first, size_t count,
@@ -718,13 +739,10 @@ mp_status mp_gpt_stage_gpu_keep_moments(mp_gpt_stage_gpu *gpu, size_t first, siz
 float *mp_gpt_stage_gpu_device_params(mp_gpt_stage_gpu *gpu) { return gpu->master; }
 
 /* Where flat elements [first, first + count) sit in the device's parameter arrays: where the
- * host stage keeps them in its own (mp_gpt_tp_params_at), which they mirror; false when they are
- * not one stretch there. */
+ * host stage stores them (mp_gpt_tp_params_index), which they mirror; false when they are not
+ * one stretch there. */
 static bool held_offset(const mp_gpt_stage_gpu *gpu, size_t first, size_t count, size_t *at) {
-  const float *host = mp_gpt_tp_params_at(gpu->host, first, count);
-  if (host == NULL) return false;
-  *at = (size_t)(host - mp_gpt_tp_params(gpu->host));
-  return true;
+  return mp_gpt_tp_params_index(gpu->host, first, count, at);
 }
 
 float *mp_gpt_stage_gpu_params_at(mp_gpt_stage_gpu *gpu, size_t first, size_t count) {
@@ -741,30 +759,19 @@ void mp_gpt_stage_gpu_refresh_weights(mp_gpt_stage_gpu *gpu) {
   mp_bf16_from_float_cuda(gpu->weights, gpu->master, gpu->params_floats, NULL);
 }
 
-mp_status mp_gpt_stage_gpu_download_params(mp_gpt_stage_gpu *gpu, mp_error *err) {
-  return mp_device_copy_to_host(mp_gpt_tp_params(gpu->host), gpu->master,
-                                gpu->params_floats * sizeof(float), err);
-}
-
-mp_status mp_gpt_stage_gpu_download_state(mp_gpt_stage_gpu *gpu, float *adam_m, float *adam_v,
-                                          mp_error *err) {
+mp_status mp_gpt_stage_gpu_moments_at(mp_gpt_stage_gpu *gpu, size_t first, size_t count,
+                                      float **adam_m, float **adam_v, mp_error *err) {
   MP_TRY(whole_moments(gpu, err));
-  const size_t bytes = gpu->moments_count * sizeof(float);
-  MP_TRY(mp_gpt_stage_gpu_download_params(gpu, err));
-  MP_TRY(mp_device_copy_to_host(adam_m, gpu->adam_m, bytes, err));
-  return mp_device_copy_to_host(adam_v, gpu->adam_v, bytes, err);
-}
-
-mp_status mp_gpt_stage_gpu_upload_state(mp_gpt_stage_gpu *gpu, const float *adam_m,
-                                        const float *adam_v, mp_error *err) {
-  MP_TRY(whole_moments(gpu, err));
-  const size_t bytes = gpu->moments_count * sizeof(float);
-  MP_TRY(mp_device_copy_to_device(gpu->master, mp_gpt_tp_params(gpu->host),
-                                  gpu->params_floats * sizeof(float), err));
-  mp_bf16_from_float_cuda(gpu->weights, gpu->master, gpu->params_floats, NULL);
-  MP_TRY(mp_device_copy_to_device(gpu->adam_m, adam_m, bytes, err));
-  MP_TRY(mp_device_copy_to_device(gpu->adam_v, adam_v, bytes, err));
-  return mp_device_synchronize(err);
+  if (first < gpu->moments_first || first - gpu->moments_first > gpu->moments_count ||
+      count > gpu->moments_count - (first - gpu->moments_first)) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "moments of elements [%zu, %zu): the GPU stage keeps those of [%zu, %zu)",
+                   first, first + count, gpu->moments_first,
+                   gpu->moments_first + gpu->moments_count);
+  }
+  *adam_m = gpu->adam_m + (first - gpu->moments_first);
+  *adam_v = gpu->adam_v + (first - gpu->moments_first);
+  return MP_OK;
 }
 
 static mp_status refuse_windowed(const mp_gpt_stage_gpu *gpu, const char *what, mp_error *err) {

@@ -3,12 +3,15 @@
  * device state, and the stage chain (engine/stage_chain.h, the CPU stage's too) over the CUDA
  * kernels, in the mixed precision of engine/gpt_model_gpu.h.
  *
- * It mirrors a host stage (an mp_gpt_tp, created by the caller with the same stage, group and
- * sizes): the same tensor table, the same flat shard layout, so the host stage keeps serving
- * initialisation, llm.c files, gathering for export and checkpoints through
- * mp_gpt_stage_gpu_upload_params / _download_params, while the device holds fp32 master weights,
- * their bf16 copy, fp32 gradients, AdamW moments and the bf16 activation slots (with ZeRO-3 of
- * the block parameters only this dp rank's part, each block gathered into a window to run).
+ * It mirrors a host stage (an mp_gpt_tp without activation slots, created by the caller with the
+ * same stage, group and sizes): the same tensor table, the same flat shard layout. The device
+ * holds fp32 master weights, their bf16 copy, fp32 gradients, AdamW moments and the bf16
+ * activation slots (with ZeRO-3 of the block parameters only this dp rank's part, each block
+ * gathered into a window to run); the host holds none of them. The GPU stage is the host
+ * stage's parameter store (mp_gpt_tp_param_store), so initialisation, llm.c and Hugging Face
+ * files, saves and checkpoints read and write the device's master weights (the bf16 copy
+ * refreshed) through the host stage, in bounded pieces (mp_gpt_tp_read_params, _write_params,
+ * mp_gpt_tp_init_params, mp_gpt_tp_load), and the moments through mp_gpt_stage_gpu_moments_at.
  *
  * Tensor parallelism is Megatron's, as on the CPU (tensor_parallel/): qkv and fc column-parallel,
  * attn_proj and fc_proj row-parallel (their bf16 partial products widened to fp32, summed over
@@ -92,7 +95,9 @@ typedef struct {
  * chain takes each block's bf16 weights from two one-block device windows in turn, which its
  * weights hook fills before every pass, the next one's perhaps while this one runs
  * (mp_stage_chain_set_weights_hook; mp_gpt_stage_gpu_weights_at finds this rank's run of them).
- * Parameters start at zero: mp_gpt_stage_gpu_upload_params. */
+ * The stage becomes host's parameter store until it is freed. Parameters start at zero: write
+ * them through the host stage (mp_gpt_tp_init_params, mp_gpt_tp_load, mp_gpt_tp_write_params).
+ * MP_ERR_INPUT, before the GPU is looked for, for a host stage with activation slots. */
 mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, int micro_batch,
                                   int seq_len, int num_slots, bool deferred_weights,
                                   mp_recompute recompute, bool windowed_block_grads,
@@ -107,18 +112,6 @@ mp_stage_chain *mp_gpt_stage_gpu_chain(mp_gpt_stage_gpu *gpu);
 /* Bytes of device memory the stage holds. */
 size_t mp_gpt_stage_gpu_device_bytes(const mp_gpt_stage_gpu *gpu);
 
-/* The host stage's parameters (mp_gpt_tp_params) to the master weights and their bf16 copy;
- * resets the AdamW moments. Synchronises. */
-mp_status mp_gpt_stage_gpu_upload_params(mp_gpt_stage_gpu *gpu, mp_error *err);
-/* The master weights to the host stage's parameters. Synchronises. */
-mp_status mp_gpt_stage_gpu_download_params(mp_gpt_stage_gpu *gpu, mp_error *err);
-/* For checkpoints: the master weights to the host stage's parameters and the AdamW moments to
- * adam_m and adam_v (host memory; mp_gpt_tp_num_params(host) floats each, or with ZeRO-1 the
- * count given to mp_gpt_stage_gpu_keep_moments); and back, the bf16 copy refreshed. Synchronise. */
-mp_status mp_gpt_stage_gpu_download_state(mp_gpt_stage_gpu *gpu, float *adam_m, float *adam_v,
-                                          mp_error *err);
-mp_status mp_gpt_stage_gpu_upload_state(mp_gpt_stage_gpu *gpu, const float *adam_m,
-                                        const float *adam_v, mp_error *err);
 /* The gradients to the host stage's gradient array (mp_gpt_tp_grads), for tests. Synchronises. */
 mp_status mp_gpt_stage_gpu_download_grads(mp_gpt_stage_gpu *gpu, mp_error *err);
 
@@ -159,8 +152,9 @@ mp_status mp_gpt_stage_gpu_forward(mp_gpt_stage_gpu *gpu, int slot, const int32_
                                    float dloss, double *loss, mp_error *err);
 
 /* ZeRO-1: the AdamW moments of elements [first, first + count) only (this data-parallel rank's
- * part), zeroed (call it before anything that needs the moments: upload, AdamW and the state
- * transfers otherwise make the whole stage's, as a run without ZeRO needs); mp_gpt_stage_gpu_adamw then updates that part, and the caller gathers the
+ * part), zeroed (call it before anything that needs the moments: AdamW and
+ * mp_gpt_stage_gpu_moments_at otherwise make the whole stage's, as a run without ZeRO needs);
+ * mp_gpt_stage_gpu_adamw then updates that part, and the caller gathers the
  * parameters over the group into mp_gpt_stage_gpu_device_params and refreshes the bf16 copy with
  * mp_gpt_stage_gpu_refresh_weights. MP_ERR_INPUT for a range outside the stage. */
 mp_status mp_gpt_stage_gpu_keep_moments(mp_gpt_stage_gpu *gpu, size_t first, size_t count,
@@ -169,11 +163,15 @@ mp_status mp_gpt_stage_gpu_keep_moments(mp_gpt_stage_gpu *gpu, size_t first, siz
  * array: with ZeRO-3 not the flat layout). */
 float *mp_gpt_stage_gpu_device_params(mp_gpt_stage_gpu *gpu);
 /* The device's master (fp32) and working (bf16) copies of flat elements [first, first + count)
- * where the stage holds them as one stretch (mp_gpt_tp_params_at's), else NULL. */
+ * where the stage holds them as one stretch (mp_gpt_tp_params_index's), else NULL. */
 float *mp_gpt_stage_gpu_params_at(mp_gpt_stage_gpu *gpu, size_t first, size_t count);
 void *mp_gpt_stage_gpu_weights_at(mp_gpt_stage_gpu *gpu, size_t first, size_t count);
 /* The bf16 working copy from the master weights (after they changed on the device). */
 void mp_gpt_stage_gpu_refresh_weights(mp_gpt_stage_gpu *gpu);
+/* The AdamW moments of flat elements [first, first + count) on the device (made, zeroed, when
+ * first needed), for checkpoints to copy; MP_ERR_INPUT when they are outside the kept part. */
+mp_status mp_gpt_stage_gpu_moments_at(mp_gpt_stage_gpu *gpu, size_t first, size_t count,
+                                      float **adam_m, float **adam_v, mp_error *err);
 
 /* Forgets what slot holds (a forward whose backward will not run: evaluation); the slot is free. */
 void mp_gpt_stage_gpu_discard(mp_gpt_stage_gpu *gpu, int slot);

@@ -20,22 +20,9 @@ mp_stage_chain *mp_gpt_stage_gpu_chain(mp_gpt_stage_gpu *gpu) { (void)gpu; retur
 static mp_status unreachable(mp_error *err) {
   return mp_fail(err, MP_ERR_RUNTIME, "built without CUDA: no GPU stage exists");
 }
-mp_status mp_gpt_stage_gpu_upload_params(mp_gpt_stage_gpu *gpu, mp_error *err) {
-  (void)gpu;
-  return unreachable(err);
-}
-mp_status mp_gpt_stage_gpu_download_params(mp_gpt_stage_gpu *gpu, mp_error *err) {
-  (void)gpu;
-  return unreachable(err);
-}
-mp_status mp_gpt_stage_gpu_download_state(mp_gpt_stage_gpu *gpu, float *adam_m, float *adam_v,
-                                          mp_error *err) {
-  (void)gpu, (void)adam_m, (void)adam_v;
-  return unreachable(err);
-}
-mp_status mp_gpt_stage_gpu_upload_state(mp_gpt_stage_gpu *gpu, const float *adam_m,
-                                        const float *adam_v, mp_error *err) {
-  (void)gpu, (void)adam_m, (void)adam_v;
+mp_status mp_gpt_stage_gpu_moments_at(mp_gpt_stage_gpu *gpu, size_t first, size_t count,
+                                      float **adam_m, float **adam_v, mp_error *err) {
+  (void)gpu, (void)first, (void)count, (void)adam_m, (void)adam_v;
   return unreachable(err);
 }
 mp_status mp_gpt_stage_gpu_download_grads(mp_gpt_stage_gpu *gpu, mp_error *err) {

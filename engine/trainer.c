@@ -29,10 +29,10 @@ struct mp_trainer {
   int num_chunks;         /* virtual_stages */
   mp_gpt_tp **chunks;     /* (num_chunks) chunk c holds stage c x pp + pp_rank */
   mp_gpt_stage_gpu **gpu_chunks; /* CUDA backend: chunk c on the GPU, the twin of chunks[c]
-                                    (which then keeps the host copies only) */
+                                    (which then is its tensor table, and keeps no arrays) */
   mp_stage_chain **chains; /* (num_chunks) chunk c's forward and backward, on either backend */
-  float **chunk_m, **chunk_v; /* AdamW moments per chunk: its whole array, or with ZeRO-1 this
-                                 dp rank's part [zero_first, zero_first + zero_count) */
+  float **chunk_m, **chunk_v; /* CPU: AdamW moments per chunk: its whole array, or with ZeRO
+                                 this dp rank's part [zero_first, zero_first + zero_count) */
   size_t *zero_first, *zero_count; /* (num_chunks) */
   float *zero_gather;     /* ZeRO-1: the parameter all-gather's output, dp pieces of zero_piece
                              floats, then its input (zero_part), one piece */
@@ -550,7 +550,7 @@ static mp_status zero3_gather(mp_trainer *trainer, int c, void *window, size_t f
   mp_gpt_tp *chunk = trainer->chunks[c];
   mp_gpt_stage_gpu *gpu = trainer->gpu_chunks != NULL ? trainer->gpu_chunks[c] : NULL;
   if (trainer->zero_comm == NULL && gpu == NULL) {
-    return mp_gpt_tp_copy_params(chunk, first, count, window, err);
+    return mp_gpt_tp_read_params(chunk, first, count, window, err);
   }
   part_counts(trainer, c, first, count, trainer->scatter_counts);
   const size_t mine = trainer->scatter_counts[trainer->zero_rank];
@@ -616,10 +616,41 @@ static mp_status zero3_block_weights(void *context, void *window, size_t first, 
   return MP_OK;
 }
 
+/* ZeRO-3 over MPI on the GPU: device_run (count floats, flat elements [first, first + count) of
+ * chunk c's master weights) all-gathered from the parts in place, through a host buffer of at
+ * most MP_TRAINER_BUCKET_FLOATS, piece by piece. */
+static mp_status zero3_gather_outside_staged(mp_trainer *trainer, int c, float *device_run,
+                                             size_t first, size_t count, mp_error *err) {
+  const size_t most = count < MP_TRAINER_BUCKET_FLOATS ? count : MP_TRAINER_BUCKET_FLOATS;
+  float *piece = malloc((most > 0 ? most : 1) * sizeof(float));
+  if (piece == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory for a ZeRO-3 piece");
+  mp_status status = mp_device_synchronize(err);
+  for (size_t at = 0; at < count && status == MP_OK; at += most) {
+    const size_t n = count - at < most ? count - at : most;
+    part_counts(trainer, c, first + at, n, trainer->scatter_counts);
+    size_t mine_at = 0;
+    for (int d = 0; d < trainer->zero_rank; ++d) mine_at += trainer->scatter_counts[d];
+    const size_t mine = trainer->scatter_counts[trainer->zero_rank];
+    if (mine > 0) {
+      status = mp_device_copy_to_host(piece + mine_at, device_run + at + mine_at,
+                                      mine * sizeof(float), err);
+    }
+    if (status == MP_OK) {
+      status = mp_comm_all_gather_v_f32(trainer->zero_comm, NULL, piece, trainer->scatter_counts,
+                                        err);
+    }
+    if (status == MP_OK) {
+      status = mp_device_copy_to_device(device_run + at, piece, n * sizeof(float), err);
+    }
+  }
+  free(piece);
+  return status;
+}
+
 /* ZeRO-3 after the update: the tensors outside chunk c's blocks, which every rank keeps whole,
  * gathered from the parts in place (the blocks' stay in the parts). On the GPU the master
- * weights: over NCCL in place, or over MPI through the host copy's arrays (which hold the same
- * elements); the caller refreshes the bf16 copy. */
+ * weights: over NCCL in place, or over MPI staged through the host in pieces; the caller
+ * refreshes the bf16 copy. */
 static mp_status zero3_gather_outside(mp_trainer *trainer, int c, mp_error *err) {
   mp_gpt_tp *chunk = trainer->chunks[c];
   mp_gpt_stage_gpu *gpu = trainer->gpu_chunks != NULL ? trainer->gpu_chunks[c] : NULL;
@@ -630,30 +661,23 @@ static mp_status zero3_gather_outside(mp_trainer *trainer, int c, mp_error *err)
   const size_t runs[2][2] = {{0, blocks_first}, {blocks_end, n - blocks_end}};
   for (int r = 0; r < 2 && trainer->zero_comm != NULL; ++r) {
     if (runs[r][1] == 0) continue;
-    float *run = mp_gpt_tp_params_at(chunk, runs[r][0], runs[r][1]);
-    part_counts(trainer, c, runs[r][0], runs[r][1], trainer->scatter_counts);
     if (gpu == NULL) {
+      float *run = mp_gpt_tp_params_at(chunk, runs[r][0], runs[r][1]);
+      part_counts(trainer, c, runs[r][0], runs[r][1], trainer->scatter_counts);
       MP_TRY(mp_comm_all_gather_v_f32(trainer->zero_comm, NULL, run, trainer->scatter_counts,
                                       err));
       continue;
     }
     float *device_run = mp_gpt_stage_gpu_params_at(gpu, runs[r][0], runs[r][1]);
-    if (nccl != NULL) {
-      MP_TRY(mp_nccl_comm_wait_stream(nccl, NULL, err));
-      MP_TRY(mp_nccl_all_gather_v(nccl, NULL, device_run, trainer->scatter_counts,
-                                  MP_NCCL_FLOAT32, err));
-      MP_TRY(mp_nccl_stream_wait_comm(NULL, nccl, err));
+    if (nccl == NULL) {
+      MP_TRY(zero3_gather_outside_staged(trainer, c, device_run, runs[r][0], runs[r][1], err));
       continue;
     }
-    const size_t mine = trainer->scatter_counts[trainer->zero_rank];
-    const size_t at = trainer->zero_first[c] > runs[r][0] ? trainer->zero_first[c] - runs[r][0]
-                                                          : 0;
-    MP_TRY(mp_device_synchronize(err));
-    if (mine > 0) {
-      MP_TRY(mp_device_copy_to_host(run + at, device_run + at, mine * sizeof(float), err));
-    }
-    MP_TRY(mp_comm_all_gather_v_f32(trainer->zero_comm, NULL, run, trainer->scatter_counts, err));
-    MP_TRY(mp_device_copy_to_device(device_run, run, runs[r][1] * sizeof(float), err));
+    part_counts(trainer, c, runs[r][0], runs[r][1], trainer->scatter_counts);
+    MP_TRY(mp_nccl_comm_wait_stream(nccl, NULL, err));
+    MP_TRY(mp_nccl_all_gather_v(nccl, NULL, device_run, trainer->scatter_counts,
+                                MP_NCCL_FLOAT32, err));
+    MP_TRY(mp_nccl_stream_wait_comm(NULL, nccl, err));
   }
   return MP_OK;
 }
@@ -664,13 +688,13 @@ static mp_status zero3_gather_outside(mp_trainer *trainer, int c, mp_error *err)
 static mp_status zero3_collect(mp_trainer *trainer, int c, size_t first, size_t count,
                                float *dest, mp_error *err) {
   mp_gpt_tp *chunk = trainer->chunks[c];
-  if (trainer->zero_comm == NULL) return mp_gpt_tp_copy_params(chunk, first, count, dest, err);
+  if (trainer->zero_comm == NULL) return mp_gpt_tp_read_params(chunk, first, count, dest, err);
   part_counts(trainer, c, first, count, trainer->scatter_counts);
   size_t at = 0;
   for (int d = 0; d < trainer->zero_size; ++d) {
     const size_t len = trainer->scatter_counts[d];
     if (len > 0 && d == trainer->zero_rank) {
-      MP_TRY(mp_gpt_tp_copy_params(chunk, first + at, len, dest + at, err));
+      MP_TRY(mp_gpt_tp_read_params(chunk, first + at, len, dest + at, err));
       if (d != 0) MP_TRY(mp_comm_send(trainer->zero_comm, dest + at, len * sizeof(float), 0, err));
     } else if (len > 0 && trainer->zero_rank == 0) {
       MP_TRY(mp_comm_recv(trainer->zero_comm, dest + at, len * sizeof(float), d, err));
@@ -950,10 +974,10 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
       break;
     }
     const int slots = mp_stage_worker_slots(&trainer->schedule, pp_rank, c);
-    /* On the GPU the host stage only keeps the host copies (initialisation, gathering,
-     * checkpoints): no activation slots. */
+    /* On the GPU the host stage is the tensor table and layout the GPU stage mirrors: no
+     * activation slots, no arrays (the GPU stage is its parameter store). */
     /* ZeRO's cut of the host stage: its gradients and (ZeRO-3) parameters. A GPU stage's host
-     * copy has no gradients (the GPU stage windows its own), and with ZeRO-3 holds the same
+     * side has no gradients (the GPU stage windows its own), and with ZeRO-3 lays out the same
      * parts of the parameters as the device. */
     const mp_gpt_tp_zero zero = {dp, dp_rank, zero2 && !on_gpu, trainer->zero3};
     status = mp_gpt_tp_create_stage(model, (int)plan->micro_batch, (int)plan->seq_len,
@@ -962,7 +986,7 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
                                     on_gpu ? MP_RECOMPUTE_NONE : plan->recompute,
                                     (zero2 && !on_gpu) || trainer->zero3 ? &zero : NULL,
                                     &trainer->chunks[c], err);
-    if (status == MP_OK) {
+    if (status == MP_OK && !on_gpu) {
       status = mp_gpt_tp_init_params(trainer->chunks[c], plan->training.seed, err);
     }
     if (status == MP_OK && on_gpu) {
@@ -1010,13 +1034,14 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
     }
     if (on_gpu) {
       /* The AdamW moments live on the GPU (this rank's part with ZeRO; with ZeRO-2 the part's
-       * gradients too); chunk_m and chunk_v become their host copies for checkpoints, at the
-       * first mp_trainer_chunk_cpu_state. The part is kept before the upload, which would
-       * otherwise make the whole stage's moments. */
+       * gradients too), and so do the parameters, initialised through a bounded host buffer:
+       * the host holds no copy of the state. */
       if (plan->zero_stage >= 1) {
         status = mp_gpt_stage_gpu_keep_moments(trainer->gpu_chunks[c], first_param, count, err);
       }
-      if (status == MP_OK) status = mp_gpt_stage_gpu_upload_params(trainer->gpu_chunks[c], err);
+      if (status == MP_OK) {
+        status = mp_gpt_tp_init_params(trainer->chunks[c], plan->training.seed, err);
+      }
       if (status != MP_OK) {
         mp_error inner = *err;
         status = mp_fail(err, status, "%s: stage %d on the GPU: %s", plan->source, stage,
@@ -1241,10 +1266,8 @@ mp_status mp_trainer_load_weights(mp_trainer *trainer, const char *path, mp_erro
   MP_TRY(mp_weight_source_open(trainer->layout, path, &reader, err));
   mp_status status = MP_OK;
   for (int c = 0; c < trainer->num_chunks && status == MP_OK; ++c) {
+    /* On the GPU straight into the device's weights, through a bounded host buffer. */
     status = mp_gpt_tp_load(trainer->chunks[c], reader, err);
-    if (status == MP_OK && trainer->gpu_chunks != NULL) {
-      status = mp_gpt_stage_gpu_upload_params(trainer->gpu_chunks[c], err);
-    }
   }
   mp_weight_source_close(reader);
   return status;
@@ -1308,18 +1331,15 @@ static mp_status save_parallel(mp_trainer *trainer, const char *path, mp_error *
   mp_error file_err = MP_ERROR_INITIALIZER;
   mp_llmc_writer *writer = NULL;
   if (writer_rank) file_status = mp_llmc_writer_open(trainer->layout, path, &writer, &file_err);
-  float *gathered = malloc((size_t)(tp->size + (trainer->zero3 ? 1 : 0)) * SAVE_PIECE_FLOATS *
-                          sizeof(float));
+  float *gathered = malloc((size_t)(tp->size + 1) * SAVE_PIECE_FLOATS * sizeof(float));
   if (gathered == NULL) {
     if (writer != NULL) mp_llmc_writer_abort(writer);
     return mp_fail(err, MP_ERR_RUNTIME, "out of memory for a save's piece");
   }
-  float *collected = gathered + (size_t)tp->size * SAVE_PIECE_FLOATS; /* ZeRO-3's piece */
+  /* This rank's piece, read from wherever it keeps it (host memory, the GPU) or with ZeRO-3
+   * collected from the dp ranks' parts. */
+  float *own = gathered + (size_t)tp->size * SAVE_PIECE_FLOATS;
   for (int c = 0; c < trainer->num_chunks && status == MP_OK; ++c) {
-    if (trainer->gpu_chunks != NULL) {
-      status = mp_gpt_stage_gpu_download_params(trainer->gpu_chunks[c], err);
-      if (status != MP_OK) break;
-    }
     mp_gpt_tp *chunk = trainer->chunks[c];
     size_t blocks_first = 0, blocks_end = 0, largest = 0;
     mp_gpt_tp_blocks_range(chunk, &blocks_first, &blocks_end, &largest);
@@ -1333,16 +1353,16 @@ static mp_status save_parallel(mp_trainer *trainer, const char *path, mp_error *
         const size_t n = t->count - at < SAVE_PIECE_FLOATS ? t->count - at : SAVE_PIECE_FLOATS;
         const save_piece piece = {t->full - first_tensor, (int64_t)at, (int64_t)n,
                                   replicated ? 1 : tp->size};
-        const float *source = mp_gpt_tp_params_at(chunk, t->offset + at, n);
         if (trainer->zero3 && t->offset >= blocks_first && t->offset < blocks_end) {
-          status = zero3_collect(trainer, c, t->offset + at, n, collected, err);
-          source = collected;
+          status = zero3_collect(trainer, c, t->offset + at, n, own, err);
+        } else if (o->dp_rank == 0) {
+          status = mp_gpt_tp_read_params(chunk, t->offset + at, n, own, err);
         }
         if (status != MP_OK || o->dp_rank != 0) continue;
         if (replicated) {
-          if (tp->rank == 0) memcpy(gathered, source, n * sizeof(float));
+          if (tp->rank == 0) memcpy(gathered, own, n * sizeof(float));
         } else {
-          status = mp_tp_all_gather(tp, source, gathered, n, err);
+          status = mp_tp_all_gather(tp, own, gathered, n, err);
         }
         if (status != MP_OK || tp->rank != 0) continue;
         if (o->pp_rank == 0) {
@@ -1399,77 +1419,61 @@ mp_status mp_trainer_save_llmc(mp_trainer *trainer, const char *path, mp_error *
   return save_parallel(trainer, path, err);
 }
 
-mp_status mp_trainer_cpu_state(mp_trainer *trainer, float **params, float **adam_m,
-                               float **adam_v, size_t *count, mp_error *err) {
-  const mp_plan *plan = trainer->plan;
-  if (trainer->num_chunks != 1 || plan->dp > 1 || plan->zero_stage != 0) {
-    return mp_fail(err, MP_ERR_INPUT,
-                   "%s: dp x pp x tp = %d x %d x %d with %d chunk(s) and ZeRO stage %d: the "
-                   "state is per model chunk and dp rank (mp_trainer_chunk_cpu_state)",
-                   plan->source, plan->dp, plan->pp, plan->tp, trainer->num_chunks,
-                   plan->zero_stage);
-  }
-  /* The one chunk's state (on the GPU: the host copies, made at the first call). */
-  mp_trainer_chunk_state state;
-  MP_TRY(mp_trainer_chunk_cpu_state(trainer, 0, &state, err));
-  *params = state.params;
-  *count = state.params_count;
-  *adam_m = state.adam_m;
-  *adam_v = state.adam_v;
-  return MP_OK;
-}
-
-mp_status mp_trainer_chunk_cpu_state(mp_trainer *trainer, int chunk, mp_trainer_chunk_state *out,
-                                     mp_error *err) {
+mp_status mp_trainer_chunk_state_of(const mp_trainer *trainer, int chunk,
+                                    mp_trainer_chunk_state *out, mp_error *err) {
   if (chunk < 0 || chunk >= trainer->num_chunks) {
     return mp_fail(err, MP_ERR_INPUT, "chunk %d: the run has %d model chunks on this rank", chunk,
                    trainer->num_chunks);
   }
-  if (trainer->gpu_chunks != NULL && trainer->chunk_m[chunk] == NULL) {
-    /* Host copies of the GPU's moments (its ZeRO-1 part), filled by mp_trainer_state_to_host. */
-    const size_t n = trainer->zero_count[chunk];
-    trainer->chunk_m[chunk] = calloc(n > 0 ? n : 1, sizeof(float));
-    trainer->chunk_v[chunk] = calloc(n > 0 ? n : 1, sizeof(float));
-    if (trainer->chunk_m[chunk] == NULL || trainer->chunk_v[chunk] == NULL) {
-      return mp_fail(err, MP_ERR_RUNTIME, "out of host memory for a checkpoint of %zu parameters",
-                     n);
-    }
-  }
-  /* ZeRO-3 keeps the blocks' parameters in parts, not in the shard's layout: no flat array. */
-  out->params = mp_gpt_tp_sharded_params(trainer->chunks[chunk])
-                    ? NULL
-                    : mp_gpt_tp_params(trainer->chunks[chunk]);
   out->params_count = mp_gpt_tp_num_params(trainer->chunks[chunk]);
-  out->adam_m = trainer->chunk_m[chunk];
-  out->adam_v = trainer->chunk_v[chunk];
   out->moments_first = trainer->zero_first[chunk];
   out->moments_count = trainer->zero_count[chunk];
   return MP_OK;
 }
 
-/* The host copies a checkpoint sees (mp_trainer_cpu_state, mp_trainer_chunk_cpu_state), from
- * the GPU or back; the CPU backend's state is on the host already. */
-static mp_status transfer_state(mp_trainer *trainer, bool to_host, mp_error *err) {
-  for (int c = 0; trainer->gpu_chunks != NULL && c < trainer->num_chunks; ++c) {
-    mp_trainer_chunk_state state;
-    MP_TRY(mp_trainer_chunk_cpu_state(trainer, c, &state, err));
-    if (to_host) {
-      MP_TRY(mp_gpt_stage_gpu_download_state(trainer->gpu_chunks[c], state.adam_m, state.adam_v,
-                                             err));
-    } else {
-      MP_TRY(mp_gpt_stage_gpu_upload_state(trainer->gpu_chunks[c], state.adam_m, state.adam_v,
-                                           err));
-    }
+/* Moves elements [first, first + count) of chunk's array between host memory (dest or src) and
+ * where the backend keeps it. */
+static mp_status move_state(mp_trainer *trainer, int chunk, mp_trainer_array array, size_t first,
+                            size_t count, float *dest, const float *src, mp_error *err) {
+  mp_trainer_chunk_state state;
+  MP_TRY(mp_trainer_chunk_state_of(trainer, chunk, &state, err));
+  if (array == MP_TRAINER_PARAMS) {
+    return dest != NULL ? mp_gpt_tp_read_params(trainer->chunks[chunk], first, count, dest, err)
+                        : mp_gpt_tp_write_params(trainer->chunks[chunk], first, count, src, err);
   }
-  return MP_OK;
+  if (array != MP_TRAINER_ADAM_M && array != MP_TRAINER_ADAM_V) {
+    return mp_fail(err, MP_ERR_INPUT, "state array %d: not parameters or a moment", (int)array);
+  }
+  const size_t lo = state.moments_first;
+  if (first < lo || first - lo > state.moments_count || count > state.moments_count - (first - lo)) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "moments of elements [%zu, %zu) of chunk %d: this rank keeps those of [%zu, "
+                   "%zu)",
+                   first, first + count, chunk, lo, lo + state.moments_count);
+  }
+  const size_t bytes = count * sizeof(float);
+  if (trainer->gpu_chunks == NULL) {
+    float *moment = (array == MP_TRAINER_ADAM_M ? trainer->chunk_m : trainer->chunk_v)[chunk];
+    if (dest != NULL) memcpy(dest, moment + (first - lo), bytes);
+    if (src != NULL) memcpy(moment + (first - lo), src, bytes);
+    return MP_OK;
+  }
+  float *adam_m = NULL, *adam_v = NULL;
+  MP_TRY(mp_gpt_stage_gpu_moments_at(trainer->gpu_chunks[chunk], first, count, &adam_m, &adam_v,
+                                     err));
+  float *moment = array == MP_TRAINER_ADAM_M ? adam_m : adam_v;
+  return dest != NULL ? mp_device_copy_to_host(dest, moment, bytes, err)
+                      : mp_device_copy_to_device(moment, src, bytes, err);
 }
 
-mp_status mp_trainer_state_to_host(mp_trainer *trainer, mp_error *err) {
-  return transfer_state(trainer, true, err);
+mp_status mp_trainer_read_state(mp_trainer *trainer, int chunk, mp_trainer_array array,
+                                size_t first, size_t count, float *dest, mp_error *err) {
+  return move_state(trainer, chunk, array, first, count, dest, NULL, err);
 }
 
-mp_status mp_trainer_state_to_device(mp_trainer *trainer, mp_error *err) {
-  return transfer_state(trainer, false, err);
+mp_status mp_trainer_write_state(mp_trainer *trainer, int chunk, mp_trainer_array array,
+                                 size_t first, size_t count, const float *src, mp_error *err) {
+  return move_state(trainer, chunk, array, first, count, NULL, src, err);
 }
 
 /* This dp rank's rows of the global batch of `step` from data, for the stage worker's

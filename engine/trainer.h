@@ -160,11 +160,12 @@ mp_status mp_trainer_create_parallel(const mp_plan *plan, const mp_model *model,
 void mp_trainer_free(mp_trainer *trainer);
 
 /* The shard of the whole model being trained (pp = 1, one chunk; on one rank the whole model in
- * the one-rank layout's order; on the GPU its host copy), or NULL. */
+ * the one-rank layout's order; on the GPU its host side, without arrays), or NULL. */
 mp_gpt_tp *mp_trainer_model_tp(mp_trainer *trainer);
 
 /* This rank's model chunks (virtual_stages of them, chunk c holds stage c x pp + pp_rank; one on
- * one rank, on either backend: on the GPU each is the host copy of its GPU twin). */
+ * one rank, on either backend: on the GPU each is the host side of its GPU twin, its tensor
+ * table, whose parameters it reads and writes on the device). */
 int mp_trainer_num_chunks(const mp_trainer *trainer);
 mp_gpt_tp *mp_trainer_chunk(mp_trainer *trainer, int chunk);
 
@@ -185,39 +186,33 @@ mp_status mp_trainer_load_weights(mp_trainer *trainer, const char *path, mp_erro
  * one-rank run's file at the same weights. */
 mp_status mp_trainer_save_llmc(mp_trainer *trainer, const char *path, mp_error *err);
 
-/* This rank's CPU training state, for checkpoints (engine/checkpoint.h): the flat fp32 parameter
- * array (this rank's shard in mp_gpt_tp's order with tp > 1, else the one-rank layout's array) and
- * AdamW's first and second moments in the same order, *count floats each. AdamW keeps no other
- * state: its bias correction is a function of the step. The caller may read or overwrite them
- * between steps. On the CUDA backend these are host copies of the GPU's state
- * (mp_trainer_state_to_host below). MP_ERR_INPUT for a run with more than one chunk or dp > 1 or
- * ZeRO-1, whose state is per chunk: mp_trainer_chunk_cpu_state. */
-mp_status mp_trainer_cpu_state(mp_trainer *trainer, float **params, float **adam_m,
-                               float **adam_v, size_t *count, mp_error *err);
-
-/* A parallel run's state of chunk `chunk` (0 .. mp_trainer_num_chunks - 1), for checkpoints: its
- * flat shard arrays (mp_gpt_tp_params / grads of mp_trainer_chunk, params_count floats) and
- * AdamW's moments of elements [moments_first, moments_first + moments_count) of them — all of
- * them without ZeRO, this dp rank's part with ZeRO 1 and 2 (dp rank d holds part d of dp equal parts of
- * ceil(params_count / dp) floats, the last one shorter). With ZeRO-3 params is NULL: the chunk
- * keeps of its blocks only that part (mp_gpt_tp_held_params of mp_trainer_chunk). MP_ERR_INPUT
- * when the run is not parallel or chunk is out of range. */
+/* A chunk's training state (0 .. mp_trainer_num_chunks - 1), for checkpoints
+ * (engine/checkpoint.h): its fp32 parameters, params_count floats in the flat shard layout of
+ * mp_trainer_chunk (with ZeRO-3 this rank keeps of its blocks only its part,
+ * mp_gpt_tp_held_params), and AdamW's first and second moments of elements [moments_first,
+ * moments_first + moments_count) of that layout: all of them without ZeRO, this dp rank's part
+ * with ZeRO (dp rank d holds part d of dp equal parts of ceil(params_count / dp) floats, the
+ * last one shorter). AdamW keeps no other state: its bias correction is a function of the step.
+ * MP_ERR_INPUT when chunk is out of range. */
 typedef struct {
-  float *params;
   size_t params_count;
-  float *adam_m, *adam_v;
   size_t moments_first, moments_count;
 } mp_trainer_chunk_state;
 
-mp_status mp_trainer_chunk_cpu_state(mp_trainer *trainer, int chunk, mp_trainer_chunk_state *out,
-                                     mp_error *err);
+mp_status mp_trainer_chunk_state_of(const mp_trainer *trainer, int chunk,
+                                    mp_trainer_chunk_state *out, mp_error *err);
 
-/* The CUDA backend keeps parameters and AdamW moments on the GPU. mp_trainer_state_to_host copies
- * them into the host arrays the two functions above return (call it before reading them: a
- * checkpoint's save); mp_trainer_state_to_device copies those arrays back (after writing them: a
- * checkpoint's load). Both do nothing on the CPU backend. Synchronise; no communication. */
-mp_status mp_trainer_state_to_host(mp_trainer *trainer, mp_error *err);
-mp_status mp_trainer_state_to_device(mp_trainer *trainer, mp_error *err);
+typedef enum { MP_TRAINER_PARAMS = 0, MP_TRAINER_ADAM_M, MP_TRAINER_ADAM_V } mp_trainer_array;
+
+/* Elements [first, first + count) (flat indices of the chunk's layout) of one of its arrays,
+ * copied into dest (host memory) or written from src, wherever the backend keeps them: the host
+ * arrays on the CPU, the GPU's on CUDA (the bf16 copy follows a write), so that a checkpoint
+ * moves the state in pieces and no host copy of it exists. Between steps; synchronise on the
+ * GPU. MP_ERR_INPUT for elements this rank does not keep (another dp rank's ZeRO part). */
+mp_status mp_trainer_read_state(mp_trainer *trainer, int chunk, mp_trainer_array array,
+                                size_t first, size_t count, float *dest, mp_error *err);
+mp_status mp_trainer_write_state(mp_trainer *trainer, int chunk, mp_trainer_array array,
+                                 size_t first, size_t count, const float *src, mp_error *err);
 
 /* Runs optimizer step `step` (0-based) and fills metrics. */
 mp_status mp_trainer_step(mp_trainer *trainer, int64_t step, mp_step_metrics *metrics,

@@ -93,22 +93,17 @@ struct Job {
   }
   // Parameters, first and second moments, concatenated (the one-rank layout's order).
   std::vector<float> state() {
-    float *p, *m, *v;
-    size_t n = 0;
-    if (mp_trainer_num_chunks(trainer) > 0) {
-      mp_trainer_chunk_state chunk;
-      EXPECT_EQ(mp_trainer_chunk_cpu_state(trainer, 0, &chunk, &err), MP_OK);
-      EXPECT_EQ(chunk.moments_count, chunk.params_count);
-      p = chunk.params;
-      m = chunk.adam_m;
-      v = chunk.adam_v;
-      n = chunk.params_count;
-    } else {
-      EXPECT_EQ(mp_trainer_cpu_state(trainer, &p, &m, &v, &n, &err), MP_OK);
+    mp_trainer_chunk_state chunk;
+    EXPECT_EQ(mp_trainer_chunk_state_of(trainer, 0, &chunk, &err), MP_OK);
+    EXPECT_EQ(chunk.moments_count, chunk.params_count);
+    const size_t n = chunk.params_count;
+    std::vector<float> all(3 * n);
+    const mp_trainer_array arrays[3] = {MP_TRAINER_PARAMS, MP_TRAINER_ADAM_M, MP_TRAINER_ADAM_V};
+    for (int a = 0; a < 3; ++a) {
+      EXPECT_EQ(mp_trainer_read_state(trainer, 0, arrays[a], 0, n, all.data() + a * n, &err),
+                MP_OK)
+          << err.message;
     }
-    std::vector<float> all(p, p + n);
-    all.insert(all.end(), m, m + n);
-    all.insert(all.end(), v, v + n);
     return all;
   }
 };

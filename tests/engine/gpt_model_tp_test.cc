@@ -268,10 +268,13 @@ fvec StageGradients(const mp_model *model, bool sp, const Variant &v, mp_error *
     size_t held = 0;
     for (int i = 0; i < mp_gpt_tp_num_tensors(stage); ++i) {
       size_t first = 0, count = 0;
-      float *data = nullptr;
-      mp_gpt_tp_held_params(stage, i, &first, &count, &data);
-      const float *want = mp_gpt_tp_params(reference) + mp_gpt_tp_tensor_at(stage, i)->offset;
-      if (count > 0 && !std::equal(data, data + count, want + first)) {
+      mp_gpt_tp_held_params(stage, i, &first, &count);
+      const size_t offset = mp_gpt_tp_tensor_at(stage, i)->offset;
+      const float *want = mp_gpt_tp_params(reference) + offset;
+      std::vector<float> data(count);
+      if (count > 0 &&
+          (mp_gpt_tp_read_params(stage, offset + first, count, data.data(), err) != MP_OK ||
+           !std::equal(data.begin(), data.end(), want + first))) {
         *err = mp_error{};
         mp_fail(err, MP_ERR_RUNTIME, "ZeRO-3: tensor %d's held parameters differ", i);
         mp_gpt_tp_free(reference);

@@ -139,8 +139,8 @@ struct Fixture {
   }
   ~Fixture() { mp_model_free(model); }
 
-  // The host stage of chain positions [first, end) (the whole model by default): arrays only, no
-  // activation slots, as the trainer makes a GPU stage's host copy.
+  // The host stage of chain positions [first, end) (the whole model by default): no activation
+  // slots and no arrays, as the trainer makes a GPU stage's host side.
   bool Host(Stage *s, int first = 0, int end = kL + 3, bool sp = false) {
     mp_gpt_stage range;
     if (mp_gpt_stage_of_chain(kL, first, end, &range, &err) != MP_OK) return false;
@@ -148,13 +148,14 @@ struct Fixture {
                                   MP_RECOMPUTE_NONE, nullptr, &s->host, &err) == MP_OK;
   }
 
-  // Host stage, its GPU twin with num_slots slots, parameters from kSeed uploaded.
+  // Host stage, its GPU twin with num_slots slots, parameters from kSeed written to the device
+  // through the host stage.
   bool Gpu(Stage *s, int first = 0, int end = kL + 3, int num_slots = 1, bool sp = false,
            bool deferred = false, mp_recompute recompute = MP_RECOMPUTE_NONE) {
-    return Host(s, first, end, sp) && mp_gpt_tp_init_params(s->host, kSeed, &err) == MP_OK &&
+    return Host(s, first, end, sp) &&
            mp_gpt_stage_gpu_create(s->host, nullptr, kB, kT, num_slots, deferred, recompute,
                                    false, &s->gpu, &err) == MP_OK &&
-           mp_gpt_stage_gpu_upload_params(s->gpu, &err) == MP_OK;
+           mp_gpt_tp_init_params(s->host, kSeed, &err) == MP_OK;
   }
 };
 
@@ -355,16 +356,14 @@ constexpr double kBf16Loss = 1e-2, kBf16Rel = 5e-2;
 void ExpectGpuStageMatchesCpuStage(int first, int end, const char *model = kModel) {
   Fixture f(model);
   Stage gpu;
-  ASSERT_TRUE(f.Host(&gpu, first, end)) << f.err.message;
-  ASSERT_EQ(mp_gpt_tp_init_params(gpu.host, kSeed, &f.err), MP_OK) << f.err.message;
+  ASSERT_TRUE(f.Gpu(&gpu, first, end)) << f.err.message;
+  // Both stages start from the same bf16-exact weights, so only the arithmetic differs.
   const size_t n = mp_gpt_tp_num_params(gpu.host);
-  float *params = mp_gpt_tp_params(gpu.host);
+  fvec params(n);
+  ASSERT_EQ(mp_gpt_tp_read_params(gpu.host, 0, n, params.data(), &f.err), MP_OK) << f.err.message;
   for (size_t i = 0; i < n; ++i) params[i] = mp_bf16_to_float(mp_bf16_from_float(params[i]));
-  ASSERT_EQ(mp_gpt_stage_gpu_create(gpu.host, nullptr, kB, kT, 1, false, MP_RECOMPUTE_NONE,
-                                    false, &gpu.gpu, &f.err),
-            MP_OK)
+  ASSERT_EQ(mp_gpt_tp_write_params(gpu.host, 0, n, params.data(), &f.err), MP_OK)
       << f.err.message;
-  ASSERT_EQ(mp_gpt_stage_gpu_upload_params(gpu.gpu, &f.err), MP_OK) << f.err.message;
   mp_gpt_stage range;
   ASSERT_EQ(mp_gpt_stage_of_chain(kL, first, end, &range, &f.err), MP_OK) << f.err.message;
   Stage cpu;
@@ -373,7 +372,7 @@ void ExpectGpuStageMatchesCpuStage(int first, int end, const char *model = kMode
             MP_OK)
       << f.err.message;
   ASSERT_EQ(mp_gpt_tp_num_params(cpu.host), n);
-  std::memcpy(mp_gpt_tp_params(cpu.host), params, n * sizeof(float));
+  std::memcpy(mp_gpt_tp_params(cpu.host), params.data(), n * sizeof(float));
 
   const size_t nb = mp_gpt_tp_boundary_floats(cpu.host);
   float *d_input = nullptr, *d_output = nullptr, *d_doutput = nullptr, *d_dinput = nullptr;
@@ -456,9 +455,10 @@ void ExpectGpuStageMatchesCpuStage(int first, int end, const char *model = kMode
          first, end, worst, worst_name.c_str(), worst_boundary, kBf16Rel);
 }
 
-// ZeRO's moments on the device are this rank's part only: kept before the upload, the stage never
-// holds the whole stage's (which could be the allocation that does not fit); without a part the
-// upload makes the whole stage's, 2 x 4 bytes per parameter more than a half part's 2 x 4 x n/2.
+// ZeRO's moments on the device are this rank's part only: kept before anything needs them, the
+// stage never holds the whole stage's (which could be the allocation that does not fit);
+// without a part the first need makes the whole stage's, 2 x 4 bytes per parameter more than a
+// half part's 2 x 4 x n/2. Writing the parameters makes none.
 TEST(GptStageGpu, KeptMomentsAreThePartOnly) {
   REQUIRE_GPU();
   Fixture f;
@@ -477,10 +477,18 @@ TEST(GptStageGpu, KeptMomentsAreThePartOnly) {
   const size_t n = mp_gpt_tp_num_params(part.host), half = n / 2;
   ASSERT_EQ(mp_gpt_stage_gpu_keep_moments(part.gpu, n - half, half, &f.err), MP_OK)
       << f.err.message;
-  ASSERT_EQ(mp_gpt_stage_gpu_upload_params(part.gpu, &f.err), MP_OK) << f.err.message;
-  ASSERT_EQ(mp_gpt_stage_gpu_upload_params(whole.gpu, &f.err), MP_OK) << f.err.message;
+  ASSERT_EQ(mp_gpt_tp_init_params(whole.host, kSeed, &f.err), MP_OK) << f.err.message;
+  EXPECT_EQ(mp_gpt_stage_gpu_device_bytes(whole.gpu), before);
+  float *m = nullptr, *v = nullptr;
+  ASSERT_EQ(mp_gpt_stage_gpu_moments_at(part.gpu, n - half, half, &m, &v, &f.err), MP_OK)
+      << f.err.message;
+  ASSERT_EQ(mp_gpt_stage_gpu_moments_at(whole.gpu, 0, n, &m, &v, &f.err), MP_OK) << f.err.message;
   EXPECT_EQ(mp_gpt_stage_gpu_device_bytes(part.gpu), before + 2 * half * sizeof(float));
   EXPECT_EQ(mp_gpt_stage_gpu_device_bytes(whole.gpu), before + 2 * n * sizeof(float));
+  // Another rank's moments are not here.
+  EXPECT_EQ(mp_gpt_stage_gpu_moments_at(part.gpu, 0, 1, &m, &v, &f.err), MP_ERR_INPUT);
+  EXPECT_NE(std::string(f.err.message).find("keeps those of"), std::string::npos)
+      << f.err.message;
 }
 
 TEST(GptStageGpu, WholeStageMatchesTheCpuStage) {
@@ -497,10 +505,13 @@ TEST(GptStageGpu, WholeStageMatchesTheCpuStage) {
       ASSERT_EQ(t->offset, t->full->offset) << t->full->name;
       ASSERT_FALSE(t->tied_copy) << t->full->name;
     }
-    fvec full(mp_gpt_layout_num_params(layout));
+    fvec full(mp_gpt_layout_num_params(layout)), device(full.size());
     mp_gpt_layout_init_params(layout, full.data(), kSeed);
-    ASSERT_EQ(std::memcmp(full.data(), mp_gpt_tp_params(s.host), full.size() * sizeof(float)),
-              0);
+    // The host keeps no copy: what init wrote went to the device, piece by piece.
+    EXPECT_EQ(mp_gpt_tp_params(s.host), nullptr);
+    ASSERT_EQ(mp_gpt_tp_read_params(s.host, 0, device.size(), device.data(), &f.err), MP_OK)
+        << f.err.message;
+    ASSERT_EQ(std::memcmp(full.data(), device.data(), full.size() * sizeof(float)), 0);
   }
   ExpectGpuStageMatchesCpuStage(0, kL + 3);
 }
@@ -799,9 +810,9 @@ TEST(GptStageGpu, AdamWStepsMatchTheOneGpuModel) {
     ASSERT_EQ(mp_gpt_stage_gpu_adamw(s.gpu, &adamw, &f.err), MP_OK) << f.err.message;
     ASSERT_EQ(mp_gpt_gpu_optimizer_step(m.gpu, &adamw, &norm, &f.err), MP_OK) << f.err.message;
     EXPECT_NEAR(std::sqrt(squares), norm, 1e-5 * norm) << "step " << step;
-    ASSERT_EQ(mp_gpt_stage_gpu_download_params(s.gpu, &f.err), MP_OK) << f.err.message;
     fvec stage_params(P), model_params(P);
-    ASSERT_EQ(mp_gpt_tp_gather_params(s.host, stage_params.data(), &f.err), MP_OK);
+    ASSERT_EQ(mp_gpt_tp_read_params(s.host, 0, P, stage_params.data(), &f.err), MP_OK)
+        << f.err.message;
     ASSERT_EQ(mp_gpt_gpu_get_params(m.gpu, model_params.data(), &f.err), MP_OK);
     char what[96];
     snprintf(what, sizeof what, "gpu stage adamw step %d vs one-gpu model parameters", step);
