@@ -39,6 +39,7 @@ struct mp_trainer {
   float *zero_part;
   size_t zero_piece;
   float *zero_gather_device; /* the same on the GPU, for a GPU run */
+  size_t device_buffer_bytes; /* what the trainer itself holds on the GPU (the two above) */
   /* ZeRO-2: each chunk's blocks form their gradients in a window that each block's backward
    * reduce-scatters over dp into this rank's part (the same elements as the moments'): on the
    * CPU grad_part, on the GPU the stage's (mp_gpt_stage_gpu_add_to_part); the tensors outside
@@ -1069,6 +1070,7 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
       void *memory = NULL;
       status = mp_device_alloc(&memory, trainer->scatter_floats * sizeof(float), err);
       trainer->scatter_out = memory;
+      if (status == MP_OK) trainer->device_buffer_bytes += trainer->scatter_floats * sizeof(float);
       if (status == MP_OK && trainer->zero3 && trainer->options.nccl_dp == NULL) {
         trainer->zero3_staging = calloc(largest_block > 0 ? largest_block : 1, sizeof(uint16_t));
         if (trainer->zero3_staging == NULL) {
@@ -1090,6 +1092,7 @@ static mp_status create_chunks(mp_trainer *trainer, const mp_model *model, mp_er
       void *memory = NULL;
       status = mp_device_alloc(&memory, floats * sizeof(float), err);
       trainer->zero_gather_device = memory;
+      if (status == MP_OK) trainer->device_buffer_bytes += floats * sizeof(float);
     } else {
       trainer->zero_gather = calloc(floats, sizeof(float));
       if (trainer->zero_gather == NULL) status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
@@ -1251,6 +1254,16 @@ mp_gpt_tp *mp_trainer_model_tp(mp_trainer *trainer) {
 }
 
 int mp_trainer_num_chunks(const mp_trainer *trainer) { return trainer->num_chunks; }
+
+size_t mp_trainer_device_bytes(const mp_trainer *trainer) {
+  size_t bytes = trainer->device_buffer_bytes;
+  for (int c = 0; trainer->gpu_chunks != NULL && c < trainer->num_chunks; ++c) {
+    if (trainer->gpu_chunks[c] != NULL) {
+      bytes += mp_gpt_stage_gpu_device_bytes(trainer->gpu_chunks[c]);
+    }
+  }
+  return bytes;
+}
 
 mp_gpt_tp *mp_trainer_chunk(mp_trainer *trainer, int chunk) {
   return chunk >= 0 && chunk < trainer->num_chunks ? trainer->chunks[chunk] : NULL;

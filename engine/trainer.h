@@ -169,6 +169,11 @@ mp_gpt_tp *mp_trainer_model_tp(mp_trainer *trainer);
 int mp_trainer_num_chunks(const mp_trainer *trainer);
 mp_gpt_tp *mp_trainer_chunk(mp_trainer *trainer, int chunk);
 
+/* Bytes of device memory this rank's GPU stages hold (parameters, their bf16 copy, gradients,
+ * moments, activation slots, windows, kernels' workspace), with the trainer's own device
+ * buffers (ZeRO's pieces); 0 on the CPU backend. */
+size_t mp_trainer_device_bytes(const mp_trainer *trainer);
+
 /* Tensor-parallel size of the run (1 on one rank). */
 int mp_trainer_tp(const mp_trainer *trainer);
 

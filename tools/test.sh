@@ -51,6 +51,7 @@ emulated=()
 if [ "$#" -eq 0 ]; then
   emulated=(//tests/engine:gpt_model_gpu_test //tests/engine:gpt_stage_gpu_test
             //tests/engine:comm_nccl_emulated_test //tests/tools:cuda_emulated_run_test
+            //tests/tools:gpu_host_memory_test
             //tests/layers:cuda_elementwise_test //tests/layers:cuda_gemm_test)
   bazel test "${emulated_config[@]}" --keep_going "${emulated[@]}" 2>&1 |
     tee -a "$bazel_log"

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# tests/tools/gpu_host_memory_test.sh — shard-first on the CUDA backend (DESIGN.md principle 6):
+# the device holds a GPU rank's state, and its host holds no copy of it, only bounded pieces.
+# Run on an mpengine built with `--define mpengine_cuda=emulated` (device memory is host memory
+# there, so each rank's peak resident memory includes what its stages hold on the "device"; run
+# prints both). A 25M-parameter model whose fp32 weights (96.5 MiB) are several times the
+# bounded pieces runs at pp = 2 (12.6M parameters a rank): initialised, trained a step, saved
+# (--save-weights and a checkpoint), loaded from the llm.c file (--init-from) and resumed from the
+# checkpoint; and at dp = 2 with ZeRO-1 and ZeRO-3, saved and resumed. Each rank's host memory
+# outside its GPU stages (peak resident minus device) minus the same rank's in the same run of
+# tiny-gpt (the baseline: libraries, MPI, the emulation's own) must stay under 32 MiB, the
+# emulated NCCL's copy of a ZeRO-3 block gather (12 MiB here) included. One host fp32 copy of a
+# pp = 2 rank's weights adds 48 MiB; host copies of a ZeRO-1 rank's moments 96 MiB, and of a
+# ZeRO-3 rank's part of the parameters 48 MiB.
+# Run by tools/test.sh in its emulated pass; built normally (no GPU) it fails, saying so.
+set -uo pipefail
+mpengine=${1:-${MPENGINE:-tools/mpengine}}
+tmp=${TEST_TMPDIR:-$(mktemp -d)}/gpu_host_memory
+mkdir -p "$tmp"
+export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}quarantine_size_mb=0"
+failures=0
+source "$(dirname "${BASH_SOURCE[0]}")/cli_expect.sh" || { echo "cannot load cli_expect.sh"; exit 1; }
+mpi_ranks_env
+
+# 8 blocks of C = 512, F = 2048: 3,152,384 parameters each; vocabulary 128.
+cat > "$tmp/wide.json" <<'JSON'
+{"name": "wide", "vocab_size": 128, "seq_len": 64,
+ "layers": [
+   {"type": "embedding", "hidden": 512, "max_positions": 64},
+   {"type": "transformer", "hidden": 512, "heads": 8, "ffn_hidden": 2048, "repeat": 8},
+   {"type": "layernorm", "hidden": 512},
+   {"type": "lm_head", "hidden": 512, "tie_embedding": true}]}
+JSON
+sed 's/"repeat": 4/"repeat": 8/' examples/models/tiny-gpt.json > "$tmp/tiny.json"
+
+plan() { # plan FILE MODEL DP PP ZERO_STAGE LAYERS_PER_STAGE
+  cat > "$1" <<JSON
+{"model": "$2", "cluster": "cpu-local",
+ "parallel": {"dp": $3, "pp": $4, "tp": 1, "zero_stage": $5},
+ "batch": {"global_batch": $((2 * $3)), "micro_batch": 1, "num_micro_batches": 2, "seq_len": 32},
+ "schedule": "1f1b", "layers_per_stage": $6,
+ "training": {"steps": 2, "learning_rate": 1e-3}}
+JSON
+}
+for m in wide tiny; do
+  plan "$tmp/$m-pp2.json" "$m.json" 1 2 0 "[5, 6]"
+  plan "$tmp/$m-dp2-zero1.json" "$m.json" 2 1 1 "[11]"
+  plan "$tmp/$m-dp2-zero3.json" "$m.json" 2 1 3 "[11]"
+done
+margin=32
+# Under AddressSanitizer every allocation also has 1/8 of its size in shadow memory, resident
+# with it: the device's (host memory here) counts 9/8.
+device_factor=1
+if nm "$mpengine" 2>/dev/null | grep -q __asan_init || ldd "$mpengine" 2>/dev/null | grep -q libasan; then
+  device_factor=1.125
+fi
+
+# outside NAME: "rank host_mib_outside_the_stages" lines from a run's output file
+outside() {
+  join <(grep '^memory: peak resident per rank' "$1" | grep -o 'rank [0-9]* ([^)]*) [0-9]* MiB' |
+         sed 's/^rank \([0-9]*\) ([^)]*) \([0-9]*\) MiB/\1 \2/' | sort) \
+       <(grep '^memory: device held by the stages' "$1" | grep -o 'rank [0-9]* [0-9.]* MiB' |
+         sed 's/^rank \([0-9]*\) \([0-9.]*\) MiB/\1 \2/' | sort) |
+    awk -v f="$device_factor" '{ printf "%s %.0f\n", $1, $2 - f * $3 }'
+}
+
+# phase FILE NAME ARGS_WIDE -- ARGS_TINY: both runs on the (emulated) GPU, then each rank's
+# host memory outside the stages against the baseline's.
+phase() {
+  local file=$1 name=$2
+  shift 2
+  local wide=() tiny=()
+  while [ "$1" != "--" ]; do wide+=("$1"); shift; done
+  shift
+  tiny=("$@")
+  "$mpengine" run --backend cuda "${wide[@]}" > "$tmp/$file-wide.out" 2>&1 || {
+    fail "$name: wide run failed:"; tail -5 "$tmp/$file-wide.out"; return; }
+  "$mpengine" run --backend cuda "${tiny[@]}" > "$tmp/$file-tiny.out" 2>&1 || {
+    fail "$name: tiny run failed:"; tail -5 "$tmp/$file-tiny.out"; return; }
+  local lines
+  lines=$(join <(outside "$tmp/$file-wide.out") <(outside "$tmp/$file-tiny.out"))
+  if [ "$(wc -l <<< "$lines")" -ne 2 ] || [ -z "$lines" ]; then
+    fail "$name: no per-rank host and device memory lines for 2 ranks in the runs' output"
+    grep '^memory' "$tmp/$file-wide.out"
+    return
+  fi
+  while read -r rank wide_mib tiny_mib; do
+    local extra=$((wide_mib - tiny_mib))
+    echo "$name: rank $rank host outside the stages $wide_mib MiB, baseline $tiny_mib MiB: +$extra MiB (bound $margin)"
+    if [ "$extra" -gt "$margin" ]; then
+      fail "$name: rank $rank holds $extra MiB of host memory over its baseline outside what its GPU stages hold: a host copy of the state"
+    fi
+  done <<< "$lines"
+}
+
+out=$("$mpengine" run --config "$tmp/tiny-pp2.json" --backend cuda --steps 1 2>&1)
+if grep -q "no CUDA GPU is visible\|built without CUDA" <<<"$out"; then
+  echo "FAIL: this mpengine has no (emulated) GPU: build it with --define mpengine_cuda=emulated"
+  echo "$out" | tail -3
+  exit 1
+fi
+
+phase init "init, step, --save-weights, checkpoint (pp 2)" \
+  --config "$tmp/wide-pp2.json" --steps 1 --save-weights "$tmp/wide.bin" --checkpoint-dir "$tmp/ck-wide" -- \
+  --config "$tmp/tiny-pp2.json" --steps 1 --save-weights "$tmp/tiny.bin" --checkpoint-dir "$tmp/ck-tiny"
+phase load "--init-from the llm.c file (pp 2)" \
+  --config "$tmp/wide-pp2.json" --steps 1 --init-from "$tmp/wide.bin" -- \
+  --config "$tmp/tiny-pp2.json" --steps 1 --init-from "$tmp/tiny.bin"
+phase resume "resume from the checkpoint (pp 2)" \
+  --config "$tmp/wide-pp2.json" --steps 2 --checkpoint-dir "$tmp/ck-wide" --resume --override-training -- \
+  --config "$tmp/tiny-pp2.json" --steps 2 --checkpoint-dir "$tmp/ck-tiny" --resume --override-training
+# ZeRO over the (emulated) NCCL communicators, a GPU per rank as on a real node: over MPI, Open
+# MPI's non-blocking all-reduces keep a temporary host buffer per gradient bucket in flight,
+# which is MPI's memory and not the state's.
+for z in 1 3; do
+  phase zero$z "ZeRO-$z over dp 2 (NCCL): a step, --save-weights, checkpoint" \
+    --config "$tmp/wide-dp2-zero$z.json" --gpu-comm nccl --steps 1 --save-weights "$tmp/wide-z$z.bin" --checkpoint-dir "$tmp/ckz$z-wide" -- \
+    --config "$tmp/tiny-dp2-zero$z.json" --gpu-comm nccl --steps 1 --save-weights "$tmp/tiny-z$z.bin" --checkpoint-dir "$tmp/ckz$z-tiny"
+  phase resume$z "ZeRO-$z over dp 2 (NCCL): resumed from the checkpoint" \
+    --config "$tmp/wide-dp2-zero$z.json" --gpu-comm nccl --steps 2 --checkpoint-dir "$tmp/ckz$z-wide" --resume --override-training -- \
+    --config "$tmp/tiny-dp2-zero$z.json" --gpu-comm nccl --steps 2 --checkpoint-dir "$tmp/ckz$z-tiny" --resume --override-training
+done
+
+if [ "$failures" -ne 0 ]; then
+  echo "$failures check(s) failed"
+  exit 1
+fi
+echo "every GPU rank's host held no copy of its state"
