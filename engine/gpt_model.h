@@ -122,8 +122,8 @@ typedef enum {
   MP_GPT_GLOBAL_TENSORS
 } mp_gpt_global_tensor;
 
-/* The parameter layout of a model, without any memory: its config and tensor table. The CPU
- * model below and the GPU model (gpt_model_gpu.h) share it, so one flat fp32 array means the same
+/* The parameter layout of a model, without any memory: its config and tensor table. The CPU and
+ * GPU stages (gpt_model_tp.h, gpt_stage_gpu.h) share it, so one flat fp32 array means the same
  * thing everywhere (initialisation, llm.c files, checkpoints). */
 typedef struct mp_gpt_layout mp_gpt_layout;
 

@@ -1,7 +1,16 @@
 /*
  * engine/gpt_stage_gpu.h — one rank's shard of one pipeline stage of the GPT on a CUDA GPU: its
  * device state, and the stage chain (engine/stage_chain.h, the CPU stage's too) over the CUDA
- * kernels, in the mixed precision of engine/gpt_model_gpu.h.
+ * kernels. The one-GPU model is this stage at dp = pp = tp = 1 (the whole model, one slot).
+ *
+ * Mixed precision: fp32 master weights, AdamW moments and gradients on the device, a bf16 working
+ * copy of the weights that the kernels read, and bf16 activations. GEMMs run on cuBLAS tensor
+ * cores in bf16 with fp32 accumulation; weight gradients accumulate in fp32 across micro-batches.
+ * Every kernel is a CUDA twin of a layers/ CPU kernel, tested against it. Attention is fused
+ * (flash attention: no T x T matrix kept) for the head sizes the fused kernels support, and
+ * cuBLAS batched GEMMs around a softmax otherwise; MPENGINE_ATTENTION=cublas in the environment
+ * forces the latter, for benchmarks. A build without CUDA compiles gpt_stage_gpu_none.c, whose
+ * create says so.
  *
  * It mirrors a host stage (an mp_gpt_tp without activation slots, created by the caller with the
  * same stage, group and sizes): the same tensor table, the same flat shard layout. The device
@@ -19,8 +28,8 @@
  * the vocabulary-parallel embedding and cross-entropy never gather the (B*T, Vp) logits. The
  * collectives take device pointers: over NCCL (engine/tp_comm_nccl.h) when each rank has a GPU of
  * its own, or the host stage's MPI table, whose communicators stage GPU buffers through the host
- * so that several ranks may share one GPU. With tp = 1 no collective runs and the kernels are
- * exactly engine/gpt_model_gpu.h's.
+ * so that several ranks may share one GPU. With tp = 1 no collective runs: the kernels are a
+ * one-GPU model's.
  *
  * Sequence parallelism (the host stage's; Korthikanti et al. 2022, as tensor_parallel/ does it on
  * the CPU): with tp > 1 the layernorms, residual adds and stage boundaries hold this rank's token
@@ -67,7 +76,7 @@ extern "C" {
 
 typedef struct mp_gpt_stage_gpu mp_gpt_stage_gpu;
 
-/* One AdamW step's numbers (the one-GPU model's too, engine/gpt_model_gpu.h). */
+/* One AdamW step's numbers. */
 typedef struct {
   float learning_rate, beta1, beta2, eps, weight_decay; /* decay applies to decaying tensors only */
   int step;                                             /* 1-based, for bias correction */

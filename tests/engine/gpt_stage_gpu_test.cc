@@ -8,17 +8,15 @@
 // With a GPU (skipped, by name, without one). First against the CPU stage of the same chain
 // range (engine/gpt_model_tp.h, fp32), from the same bf16-rounded parameters: the loss, the
 // boundary activation and input gradient and every tensor's gradient to bf16 precision, for the
-// whole model and for stages of a split. The one-GPU model (gpt_model_gpu.h) is itself the whole
-// model as one GPU stage at tp = 1, so comparing with it checks only that the two APIs agree —
-// its flat one-rank arrays against the stage's shard layout, its optimizer step against the
-// stage's norm, clip and AdamW — and, above all, the splits below against the whole: losses are
-// compared bitwise and gradients and parameters within 1e-6 of each
-// tensor's largest element (noise only; there are no atomics in the kernels). Then a two-stage split of the
-// chain through a device boundary gives the whole stage's loss and gradients (wte's split between
-// the embedding and the LM head's tied copy), two activation slots in flight give what one slot
-// gives, AdamW steps move the parameters as the one-GPU model's optimizer step does, and a
-// sequence-parallel host stage at tp = 1 (where sequence parallelism is the identity: one token
-// slice of all B*T rows) gives the whole stage's numbers bit for bit, finish_grads included.
+// whole model and for stages of a split; thirty AdamW steps (clipping, weight decay) of the whole
+// stage track the one-rank CPU model's (the one-GPU model is this stage at dp = pp = tp = 1).
+// Then the splits against the whole: losses are compared bitwise and gradients within 1e-6 of
+// each tensor's largest element (noise only; there are no atomics in the kernels). A two-stage
+// split of the chain through a device boundary gives the whole stage's loss and gradients (wte's
+// split between the embedding and the LM head's tied copy), two activation slots in flight give
+// what one slot gives, and a sequence-parallel host stage at tp = 1 (where sequence parallelism
+// is the identity: one token slice of all B*T rows) gives the whole stage's numbers bit for bit,
+// finish_grads included.
 // Zero-bubble's split (B then W, in the order F0 F1 B0 B1 W0 W1) and full recomputation give the
 // whole backward's and the kept activations' numbers bit for bit (the same kernels on the same
 // numbers, each gradient summed in the same order; no tolerance), on the whole stage and on two
@@ -36,9 +34,9 @@
 
 #include "engine/device.h"
 #include "engine/gpt_model.h"
-#include "engine/gpt_model_gpu.h"
 #include "engine/gpt_model_tp.h"
 #include "engine/gpt_stage_gpu.h"
+#include "layers/adamw.h"
 #include "tensor_parallel/tp_comm.h"
 #include "topology/layer_cost.h"
 #include "topology/model.h"
@@ -267,34 +265,6 @@ bool WholeStageStep(Fixture *f, Stage *s, StepResult *r) {
   r->grads.assign(mp_gpt_layout_num_params(mp_gpt_tp_layout(s->host)), 0.0f);
   return mp_gpt_tp_gather_grads(s->host, r->grads.data(), &f->err) == MP_OK;
 }
-
-// The same two micro-batches through the one-GPU model.
-bool ModelStep(Fixture *f, mp_gpt_gpu *model, StepResult *r) {
-  if (mp_gpt_gpu_zero_grads(model, &f->err) != MP_OK) return false;
-  for (int mb = 0; mb < 2; ++mb) {
-    const ivec in = Inputs(mb), tg = Targets(mb);
-    if (mp_gpt_gpu_forward(model, in.data(), tg.data(), kDloss, &r->loss[mb], &f->err) != MP_OK ||
-        mp_gpt_gpu_backward(model, &f->err) != MP_OK) {
-      return false;
-    }
-  }
-  if (mp_device_synchronize(&f->err) != MP_OK) return false;
-  r->grads.assign(mp_gpt_layout_num_params(mp_gpt_gpu_layout(model)), 0.0f);
-  return mp_gpt_gpu_get_grads(model, r->grads.data(), &f->err) == MP_OK;
-}
-
-// The one-GPU model with the parameters of mp_gpt_layout_init_params(kSeed).
-struct Model {
-  mp_gpt_gpu *gpu = nullptr;
-  ~Model() { mp_gpt_gpu_free(gpu); }
-  bool Make(Fixture *f) {
-    if (mp_gpt_gpu_create(f->model, kB, kT, &gpu, &f->err) != MP_OK) return false;
-    const mp_gpt_layout *layout = mp_gpt_gpu_layout(gpu);
-    fvec params(mp_gpt_layout_num_params(layout));
-    mp_gpt_layout_init_params(layout, params.data(), kSeed);
-    return mp_gpt_gpu_set_params(gpu, params.data(), &f->err) == MP_OK;
-  }
-};
 
 // Every tensor of the full layout within rel of expected's (each tensor's largest element);
 // prints one "model ..." line with the worst.
@@ -786,42 +756,87 @@ TEST(GptStageGpu, TwoSlotsInFlightMatchOneSlotAtATime) {
       << f.err.message;
 }
 
-TEST(GptStageGpu, AdamWStepsMatchTheOneGpuModel) {
+// The same AdamW steps on the same micro-batch from the same (bf16-rounded) weights: the whole GPU
+// stage's loss follows the one-rank CPU model's (engine/gpt_model_tp.h with the CPU's clipping
+// and AdamW, layers/adamw.h, weight decay on the decaying tensors only) step by step. The GPU
+// keeps fp32 masters, gradients and moments as the CPU does, so what differs is its bf16 (weights
+// rounded for every GEMM, activations stored in bf16). On an H200 one forward's loss was within
+// 2.4e-5 of the CPU's and the gradients within 1e-2 per tensor (docs/gpu_results.md); thirty
+// steps on such gradients drift the loss apart by about 2e-3 (measured in the emulated build,
+// printed below). Each step's loss must agree within 1e-2 relative, and the gradient norm within
+// 5e-2 (the per-tensor gradient bound, loosened for the drifted weights). A GPU step that gets the
+// update wrong (an off-by-one bias correction: 1.9e-2 off at step 2, its norm at step 3; a wrong
+// sign; no clipping; a bf16 copy not refreshed) leaves the band, where memorising the batch alone
+// would prove nothing.
+TEST(GptStageGpu, TrainingStepsTrackTheCpuModel) {
   REQUIRE_GPU();
   Fixture f;
   Stage s;
-  Model m;
   ASSERT_TRUE(f.Gpu(&s)) << f.err.message;
-  ASSERT_TRUE(m.Make(&f)) << f.err.message;
-  const mp_gpt_layout *layout = mp_gpt_gpu_layout(m.gpu);
-  const size_t P = mp_gpt_layout_num_params(layout);
-  for (int step = 1; step <= 2; ++step) {
-    StepResult stage, model;
-    ASSERT_TRUE(WholeStageStep(&f, &s, &stage)) << f.err.message;
-    ASSERT_TRUE(ModelStep(&f, m.gpu, &model)) << f.err.message;
-    // Each step's losses come from the weights the last step left: the bf16 copy is refreshed.
-    EXPECT_EQ(stage.loss[0], model.loss[0]) << "step " << step;
-    EXPECT_EQ(stage.loss[1], model.loss[1]) << "step " << step;
-    double squares = 0.0, norm = 0.0;
-    ASSERT_EQ(mp_gpt_stage_gpu_grad_norm_squared(s.gpu, &squares, &f.err), MP_OK);
-    // weight decay on, so the decaying/non-decaying split of the tensor table is exercised; no
-    // clipping (the stage's AdamW ignores grad_clip; the model's clips at a nonzero one).
-    const mp_gpu_adamw adamw = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.0};
-    ASSERT_EQ(mp_gpt_stage_gpu_adamw(s.gpu, &adamw, &f.err), MP_OK) << f.err.message;
-    ASSERT_EQ(mp_gpt_gpu_optimizer_step(m.gpu, &adamw, &norm, &f.err), MP_OK) << f.err.message;
-    EXPECT_NEAR(std::sqrt(squares), norm, 1e-5 * norm) << "step " << step;
-    fvec stage_params(P), model_params(P);
-    ASSERT_EQ(mp_gpt_tp_read_params(s.host, 0, P, stage_params.data(), &f.err), MP_OK)
-        << f.err.message;
-    ASSERT_EQ(mp_gpt_gpu_get_params(m.gpu, model_params.data(), &f.err), MP_OK);
-    char what[96];
-    snprintf(what, sizeof what, "gpu stage adamw step %d vs one-gpu model parameters", step);
-    ExpectSameGrads(what, layout, stage_params, model_params, kRel);
-    // and they moved
-    fvec start(P);
-    mp_gpt_layout_init_params(layout, start.data(), kSeed);
-    EXPECT_GT(Compare(stage_params.data(), start.data(), P).worst, 0.0);
+  mp_gpt *cpu = nullptr;
+  ASSERT_EQ(mp_gpt_create(f.model, kB, kT, &cpu, &f.err), MP_OK) << f.err.message;
+  const size_t n = mp_gpt_num_params(cpu);
+  ASSERT_EQ(mp_gpt_tp_num_params(s.host), n);  // tp = 1, whole model: the one-rank layout
+  float *params = mp_gpt_params(cpu);
+  mp_gpt_init_params(cpu, kSeed);
+  for (size_t i = 0; i < n; ++i) params[i] = mp_bf16_to_float(mp_bf16_from_float(params[i]));
+  ASSERT_EQ(mp_gpt_tp_write_params(s.host, 0, n, params, &f.err), MP_OK) << f.err.message;
+  // A learnable batch (each token's target is the one three on): random targets would be
+  // memorised until the gradients are bf16 noise, where no norm tracks another.
+  ivec inputs((size_t)kB * kT), targets((size_t)kB * kT);
+  for (int i = 0; i < kB * kT; ++i) {
+    inputs[i] = (i * 3) % kV;
+    targets[i] = (i * 3 + 3) % kV;
   }
+  const float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, decay = 0.1f, clip = 1.0f;
+  fvec m(n, 0.0f), v(n, 0.0f);
+  double first = 0, last = 0, worst = 0, worst_norm = 0;
+  int worst_step = 0;
+  for (int step = 1; step <= 30; ++step) {
+    mp_gpt_zero_grads(cpu);
+    const double cpu_loss = mp_gpt_forward(cpu, inputs.data(), targets.data(), 1.0f);
+    mp_gpt_backward(cpu);
+    const float *grads = mp_gpt_grads(cpu);
+    const double cpu_norm = std::sqrt(mp_grad_norm_squared_cpu(grads, n));
+    const float cpu_scale = mp_clip_scale(cpu_norm, clip);
+    for (int i = 0; i < mp_gpt_num_tensors(cpu); ++i) {
+      const mp_gpt_tensor *t = mp_gpt_tensor_at(cpu, i);
+      const size_t o = t->offset;
+      mp_adamw_update_scaled_cpu(params + o, grads + o, m.data() + o, v.data() + o,
+                                 t->rows * t->cols, lr, beta1, beta2, eps,
+                                 t->weight_decay ? decay : 0.0f, step, cpu_scale);
+    }
+
+    double loss = 0, squares = 0;
+    ASSERT_EQ(mp_gpt_stage_gpu_zero_grads(s.gpu, &f.err), MP_OK);
+    ASSERT_EQ(mp_gpt_stage_gpu_forward(s.gpu, 0, inputs.data(), targets.data(), nullptr, nullptr,
+                                       1.0f, &loss, &f.err),
+              MP_OK)
+        << f.err.message;
+    ASSERT_EQ(mp_gpt_stage_gpu_backward(s.gpu, 0, nullptr, nullptr, false, &f.err), MP_OK)
+        << f.err.message;
+    ASSERT_EQ(mp_gpt_stage_gpu_grad_norm_squared(s.gpu, &squares, &f.err), MP_OK);
+    const double norm = std::sqrt(squares);
+    const float scale = mp_clip_scale(norm, clip);
+    if (scale != 1.0f) mp_gpt_stage_gpu_scale_grads(s.gpu, scale);
+    const mp_gpu_adamw adamw = {lr, beta1, beta2, eps, decay, step, 0.0};
+    ASSERT_EQ(mp_gpt_stage_gpu_adamw(s.gpu, &adamw, &f.err), MP_OK) << f.err.message;
+    const double error = std::fabs(loss - cpu_loss) / cpu_loss;
+    EXPECT_LT(error, 1e-2) << "step " << step << ": gpu loss " << loss << ", cpu " << cpu_loss;
+    EXPECT_NEAR(norm, cpu_norm, 5e-2 * cpu_norm) << "step " << step << ": gradient norm";
+    worst_norm = std::fmax(worst_norm, std::fabs(norm - cpu_norm) / cpu_norm);
+    if (error > worst) {
+      worst = error;
+      worst_step = step;
+    }
+    if (step == 1) first = loss;
+    last = loss;
+  }
+  printf("model 30 steps on a fixed batch: gpu loss %.4f -> %.4f; worst relative difference from "
+         "the cpu's loss %.2e (step %d), tolerance 1e-2; gradient norm %.2e, tolerance 5e-2\n",
+         first, last, worst, worst_step, worst_norm);
+  EXPECT_LT(last, 0.5 * first);  // a repeated batch is memorised
+  mp_gpt_free(cpu);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -48,12 +48,6 @@ for m in wide tiny; do
   plan "$tmp/$m-dp2-zero3.json" "$m.json" 2 1 3 "[11]"
 done
 margin=32
-# Under AddressSanitizer every allocation also has 1/8 of its size in shadow memory, resident
-# with it: the device's (host memory here) counts 9/8.
-device_factor=1
-if nm "$mpengine" 2>/dev/null | grep -q __asan_init || ldd "$mpengine" 2>/dev/null | grep -q libasan; then
-  device_factor=1.125
-fi
 
 # outside NAME: "rank host_mib_outside_the_stages" lines from a run's output file
 outside() {
@@ -61,7 +55,7 @@ outside() {
          sed 's/^rank \([0-9]*\) ([^)]*) \([0-9]*\) MiB/\1 \2/' | sort) \
        <(grep '^memory: device held by the stages' "$1" | grep -o 'rank [0-9]* [0-9.]* MiB' |
          sed 's/^rank \([0-9]*\) \([0-9.]*\) MiB/\1 \2/' | sort) |
-    awk -v f="$device_factor" '{ printf "%s %.0f\n", $1, $2 - f * $3 }'
+    awk '{ printf "%s %.0f\n", $1, $2 - $3 }'
 }
 
 # phase FILE NAME ARGS_WIDE -- ARGS_TINY: both runs on the (emulated) GPU, then each rank's
