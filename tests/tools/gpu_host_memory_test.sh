@@ -17,21 +17,11 @@ set -uo pipefail
 mpengine=${1:-${MPENGINE:-tools/mpengine}}
 tmp=${TEST_TMPDIR:-$(mktemp -d)}/gpu_host_memory
 mkdir -p "$tmp"
-export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}quarantine_size_mb=0"
 failures=0
 source "$(dirname "${BASH_SOURCE[0]}")/cli_expect.sh" || { echo "cannot load cli_expect.sh"; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/memory_models.sh" || { echo "cannot load memory_models.sh"; exit 1; }
 mpi_ranks_env
-
-# 8 blocks of C = 512, F = 2048: 3,152,384 parameters each; vocabulary 128.
-cat > "$tmp/wide.json" <<'JSON'
-{"name": "wide", "vocab_size": 128, "seq_len": 64,
- "layers": [
-   {"type": "embedding", "hidden": 512, "max_positions": 64},
-   {"type": "transformer", "hidden": 512, "heads": 8, "ffn_hidden": 2048, "repeat": 8},
-   {"type": "layernorm", "hidden": 512},
-   {"type": "lm_head", "hidden": 512, "tie_embedding": true}]}
-JSON
-sed 's/"repeat": 4/"repeat": 8/' examples/models/tiny-gpt.json > "$tmp/tiny.json"
+memory_models "$tmp"
 
 plan() { # plan FILE MODEL DP PP ZERO_STAGE LAYERS_PER_STAGE
   cat > "$1" <<JSON
@@ -51,8 +41,7 @@ margin=32
 
 # outside NAME: "rank host_mib_outside_the_stages" lines from a run's output file
 outside() {
-  join <(grep '^memory: peak resident per rank' "$1" | grep -o 'rank [0-9]* ([^)]*) [0-9]* MiB' |
-         sed 's/^rank \([0-9]*\) ([^)]*) \([0-9]*\) MiB/\1 \2/' | sort) \
+  join <(peaks "$1" | sort) \
        <(grep '^memory: device held by the stages' "$1" | grep -o 'rank [0-9]* [0-9.]* MiB' |
          sed 's/^rank \([0-9]*\) \([0-9.]*\) MiB/\1 \2/' | sort) |
     awk '{ printf "%s %.0f\n", $1, $2 - $3 }'
