@@ -258,7 +258,7 @@ mp_status mp_gpt_tp_create_stage(const mp_model *model, int micro_batch, int seq
     mp_gpt_tp_free(gpt);
     return mp_fail(err, MP_ERR_RUNTIME, "out of memory for a shard of %zu parameters", n);
   }
-  /* Without slots the stage only holds its arrays (a GPU stage's host copy). */
+  /* Without slots the stage holds no chain (a GPU stage's host side). */
   if (num_slots > 0) {
     const mp_stage_dims dims = mp_stage_chain_dims(gpt, &gpt->tp);
     /* One gradient window: a CPU rank's reduce-scatter runs on the cores that compute. */

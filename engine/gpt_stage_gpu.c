@@ -784,7 +784,7 @@ static mp_status refuse_windowed(const mp_gpt_stage_gpu *gpu, const char *what, 
 
 mp_status mp_gpt_stage_gpu_download_grads(mp_gpt_stage_gpu *gpu, mp_error *err) {
   MP_TRY(refuse_windowed(gpu, "downloading the gradients", err));
-  /* The host copy has no gradient array until one is downloaded (tests, comparisons). */
+  /* The host side has no gradient array until one is downloaded (tests, comparisons). */
   MP_TRY(mp_gpt_tp_alloc_grads(gpu->host, err));
   return mp_device_copy_to_host(mp_gpt_tp_grads(gpu->host), gpu->grads,
                                 gpu->num_params * sizeof(float), err);

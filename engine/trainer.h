@@ -45,7 +45,8 @@
  * it).
  *
  * The CUDA backend runs each chunk on the rank's GPU (engine/gpt_stage_gpu.h, the twin of the CPU
- * chunk, which keeps the host copies) through the same stage worker and schedule; on one GPU with
+ * chunk, which keeps only the tensor table: the state is on the device) through the same stage
+ * worker and schedule; on one GPU with
  * options->nccl_dp the gradients still pass through that one-member communicator (a check of
  * NCCL). Boundary buffers live on the GPU and
  * travel over NCCL (options->nccl_pp; a send waits in this rank's next group of point-to-point
