@@ -74,6 +74,7 @@ struct mp_trainer {
   double *dp_posted_s;    /* when each was posted, for the trace */
   size_t *dp_bytes;
   int num_dp_requests, dp_request_capacity;
+  int dp_requests_waited; /* dp_requests[0, this) finished already (a staged GPU run's) */
   bool nccl_dp_posted;    /* dp all-reduces enqueued on options->nccl_dp, not yet waited for */
   mp_nccl_p2p_op *nccl_sends; /* NCCL pipeline: sends posted but not yet enqueued, which go with
                                  this rank's next receive (or the step's end) in one group */
@@ -373,6 +374,16 @@ static mp_status sum_double_over(mp_comm *comm, double *value, mp_error *err) {
   return mp_tp_sum_double(&group, value, err);
 }
 
+/* Waits for the dp all-reduce request k, traced. */
+static mp_status wait_dp_request(mp_trainer *trainer, int k, mp_error *err) {
+  const mp_status status = mp_comm_wait(trainer->dp_requests[k], err);
+  if (trainer->options.trace != NULL) {
+    mp_trace_comm(trainer->options.trace, trainer->step, "all-reduce", "dp", -1,
+                  trainer->dp_bytes[k], NULL, trainer->dp_posted_s[k], trace_now(trainer));
+  }
+  return status;
+}
+
 /* The worker's hook: chunk's gradients are final for the step, so its data-parallel all-reduce
  * starts now, bucket by bucket, and runs while the other chunks' backwards do. */
 /* Posts the dp all-reduce of grads [0, n) in buckets without waiting: non-blocking MPI
@@ -381,6 +392,9 @@ static mp_status sum_double_over(mp_comm *comm, double *value, mp_error *err) {
  * the GPU overlaps it with the backward still to come). wait_dp_all_reduces finishes them. */
 static mp_status post_dp_all_reduce(mp_trainer *trainer, float *grads, size_t n, mp_error *err) {
   mp_nccl_comm *nccl = trainer->options.nccl_dp;
+  /* GPU gradients over MPI are staged through a pinned host block per all-reduce in flight:
+   * with every bucket in flight that is a host copy of the gradients, so a few at most. */
+  const bool staged = trainer->gpu_chunks != NULL && nccl == NULL;
   if (nccl != NULL && n > 0) MP_TRY(mp_nccl_comm_wait_stream(nccl, NULL, err));
   for (size_t offset = 0; offset < n; offset += MP_TRAINER_BUCKET_FLOATS) {
     const size_t count = n - offset < MP_TRAINER_BUCKET_FLOATS ? n - offset
@@ -403,6 +417,10 @@ static mp_status post_dp_all_reduce(mp_trainer *trainer, float *grads, size_t n,
         return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
       }
       trainer->dp_request_capacity = capacity;
+    }
+    while (staged && trainer->num_dp_requests - trainer->dp_requests_waited >=
+                         MP_TRAINER_STAGED_IN_FLIGHT) {
+      MP_TRY(wait_dp_request(trainer, trainer->dp_requests_waited++, err));
     }
     const int k = trainer->num_dp_requests;
     trainer->dp_posted_s[k] = trace_now(trainer);
@@ -796,16 +814,13 @@ static mp_status wait_dp_all_reduces(mp_trainer *trainer, mp_error *err) {
                     trace_now(trainer));
     }
   }
-  for (int k = 0; k < trainer->num_dp_requests; ++k) {
+  for (int k = trainer->dp_requests_waited; k < trainer->num_dp_requests; ++k) {
     mp_error ignored = MP_ERROR_INITIALIZER;
-    const mp_status one = mp_comm_wait(trainer->dp_requests[k], status == MP_OK ? err : &ignored);
+    const mp_status one = wait_dp_request(trainer, k, status == MP_OK ? err : &ignored);
     if (status == MP_OK) status = one;
-    if (trainer->options.trace != NULL) {
-      mp_trace_comm(trainer->options.trace, trainer->step, "all-reduce", "dp", -1,
-                    trainer->dp_bytes[k], NULL, trainer->dp_posted_s[k], trace_now(trainer));
-    }
   }
   trainer->num_dp_requests = 0;
+  trainer->dp_requests_waited = 0;
   return status;
 }
 

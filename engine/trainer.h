@@ -147,6 +147,10 @@ typedef struct {
 
 /* Gradients cross the data-parallel group in all-reduces of at most this many floats. */
 enum { MP_TRAINER_BUCKET_FLOATS = 1 << 22 };
+/* GPU gradients all-reduced over MPI (several ranks on one GPU) are staged through a pinned host
+ * block of a bucket each: at most this many buckets are in flight, so the staging stays a few
+ * buckets, not a host copy of the gradients. */
+enum { MP_TRAINER_STAGED_IN_FLIGHT = 2 };
 
 /* mp_trainer_create for any layout: dp x pp x tp > 1 on either backend, over the groups in
  * options, training this rank's chunks (see the file comment); every rank of the job calls it,
