@@ -44,10 +44,13 @@
 #     why); --backend auto runs a zb-h1 plan on the (emulated) GPU.
 #   - tiny-llama (the Llama family's kernels and tensors on the GPU): one rank against the CPU
 #     within 2e-2, pp = 2 x tp = 2 (also with sequence parallelism and zb-h1) and dp = 2 x pp = 2
-#     within 1e-2 of its one-rank GPU run.
+#     within 1e-2 of its one-rank GPU run;
+#   - transformers' tiny Llama 3 golden loaded into the GPU (--init-from, pp = 2 x tp = 2): step
+#     1's loss within 2e-2 of transformers', its checkpoint exported byte for byte to the golden.
 # Run by tools/test.sh in its emulated pass; built normally (no GPU) it fails, saying so.
 set -uo pipefail
 mpengine=${1:-${MPENGINE:-tools/mpengine}}
+testdata=${2:-tests/engine/testdata}
 tmp=${TEST_TMPDIR:-$(mktemp -d)}/cuda_emulated
 mkdir -p "$tmp"
 failures=0
@@ -318,6 +321,38 @@ for name in llama-pp2tp2 llama-pp2tp2spzb llama-dp2pp2; do
   run $name cuda
   compare "$name on the GPU vs one rank" "$tmp/llama-one-cuda.jsonl" "$tmp/$name-cuda.jsonl" 1e-2
 done
+
+# Hugging Face weights into and out of the GPU, which keeps the only copy (the host stage reads
+# and writes the device's master weights in pieces): transformers' tiny Llama 3 golden (4 query
+# heads over 2 kv heads, untied head) loaded at pp = 2 x tp = 2, step 1's loss within 2e-2 (bf16)
+# of transformers' own on that batch, and its checkpoint (a learning rate too small to move a
+# weight) exported to exactly transformers' model.safetensors, byte for byte.
+golden=$testdata/hf_tiny_llama3
+hf_loss=$(awk -F': ' '/"shard_loss"/ { sub(",", "", $2); print $2 }' "$golden/golden.json")
+expect 0 "wrote $tmp/hf-llama.json" -- $mpengine import "$golden" --out "$tmp/hf-llama.json" --seq-len 16
+cat > "$tmp/hf-pp2tp2.json" <<JSON
+{"model": "hf-llama.json", "parallel": {"dp": 1, "pp": 2, "tp": 2},
+ "batch": {"global_batch": 4, "micro_batch": 2, "num_micro_batches": 2, "seq_len": 16},
+ "training": {"steps": 1, "learning_rate": 1e-30, "weight_decay": 0}}
+JSON
+rm -rf "$tmp/ck-hf"
+expect 0 "initialised from $golden" -- \
+  $mpengine run --config "$tmp/hf-pp2tp2.json" --backend cuda --init-from "$golden" \
+  --data "$golden/shard.bin" --metrics "$tmp/hf-pp2tp2.jsonl" --checkpoint-dir "$tmp/ck-hf"
+hf_gpu_loss=$(losses "$tmp/hf-pp2tp2.jsonl" | head -1)
+if awk -v a="${hf_gpu_loss:-nan}" -v b="${hf_loss:-0}" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a == a && b > 0 && d <= 2e-2 * b) }'; then
+  echo "Llama 3 golden at pp2tp2 on the GPU: step 1 loss $hf_gpu_loss, transformers' $hf_loss (bound 2e-2 relative)"
+else
+  fail "Llama 3 golden at pp2tp2 on the GPU: step 1 loss ${hf_gpu_loss:-none}, transformers' ${hf_loss:-none}"
+fi
+rm -rf "$tmp/export-hf"
+expect 0 "Hugging Face checkpoint" -- \
+  $mpengine export --checkpoint "$tmp/ck-hf" --format hf --out "$tmp/export-hf"
+if cmp -s "$tmp/export-hf/model.safetensors" "$golden/model.safetensors"; then
+  echo "Llama 3 golden through the GPU and a checkpoint: exported model.safetensors byte-identical to transformers'"
+else
+  fail "Llama 3 golden through the GPU: the exported model.safetensors differs from transformers'"
+fi
 
 if [ $failures -ne 0 ]; then
   echo "$failures check(s) failed"
