@@ -364,8 +364,6 @@ mp_status mp_gpt_tp_set_param_store(mp_gpt_tp *gpt, const mp_gpt_tp_param_store 
   return MP_OK;
 }
 
-/* Moves flat elements [first, first + count) between host memory and where the stage keeps them,
- * stretch by stretch. */
 static mp_status need_storage(const mp_gpt_tp *gpt, mp_error *err) {
   if (gpt->params != NULL || gpt->store.read != NULL) return MP_OK;
   return mp_fail(err, MP_ERR_INPUT,
@@ -373,6 +371,8 @@ static mp_status need_storage(const mp_gpt_tp *gpt, mp_error *err) {
                  "its GPU twin (mp_gpt_stage_gpu_create), and none was made");
 }
 
+/* Moves flat elements [first, first + count) between host memory (dest or src) and where the
+ * stage keeps them, stretch by stretch. */
 static mp_status move_params(mp_gpt_tp *gpt, size_t first, size_t count, float *dest,
                              const float *src, mp_error *err) {
   MP_TRY(need_storage(gpt, err));
