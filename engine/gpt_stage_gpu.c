@@ -569,22 +569,23 @@ void mp_gpt_stage_gpu_free(mp_gpt_stage_gpu *gpu) {
 
 /* The host stage's store (mp_gpt_tp_param_store): the master weights at the host's stored index,
  * their bf16 copy refreshed on a write. Both synchronise with the default stream (cudaMemcpy). */
+static mp_status check_stored(const mp_gpt_stage_gpu *gpu, size_t at, size_t count,
+                               mp_error *err) {
+  if (at <= gpu->params_floats && count <= gpu->params_floats - at) return MP_OK;
+  return mp_fail(err, MP_ERR_RUNTIME, "stored parameters [%zu, +%zu) of %zu", at, count,
+                 gpu->params_floats);
+}
+
 static mp_status store_read(void *context, size_t at, size_t count, float *dest, mp_error *err) {
   const mp_gpt_stage_gpu *gpu = context;
-  if (at > gpu->params_floats || count > gpu->params_floats - at) {
-    return mp_fail(err, MP_ERR_RUNTIME, "stored parameters [%zu, +%zu) of %zu", at, count,
-                   gpu->params_floats);
-  }
+  MP_TRY(check_stored(gpu, at, count, err));
   return mp_device_copy_to_host(dest, gpu->master + at, count * sizeof(float), err);
 }
 
 static mp_status store_write(void *context, size_t at, size_t count, const float *src,
                              mp_error *err) {
   mp_gpt_stage_gpu *gpu = context;
-  if (at > gpu->params_floats || count > gpu->params_floats - at) {
-    return mp_fail(err, MP_ERR_RUNTIME, "stored parameters [%zu, +%zu) of %zu", at, count,
-                   gpu->params_floats);
-  }
+  MP_TRY(check_stored(gpu, at, count, err));
   MP_TRY(mp_device_copy_to_device(gpu->master + at, src, count * sizeof(float), err));
   mp_bf16_from_float_cuda(gpu->weights + at, gpu->master + at, count, NULL);
   return MP_OK;

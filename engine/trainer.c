@@ -48,6 +48,8 @@ struct mp_trainer {
   bool zero3;             /* ZeRO-3: the blocks' parameters sharded too; each block's gathered
                              into the chain's weights window before every pass (on the GPU
                              its bf16 working copy) */
+  float *zero3_outside_piece; /* the same: a host piece of the tensors outside the blocks
+                                 (MP_TRAINER_BUCKET_FLOATS at most), made at the first update */
   uint16_t *zero3_staging; /* ZeRO-3 on a GPU whose dp group has no NCCL: a block's bf16
                               weights (the largest block's), staged through the host */
   struct {                 /* ZeRO-3 over NCCL: the block gather posted ahead of its pass */
@@ -640,9 +642,14 @@ static mp_status zero3_block_weights(void *context, void *window, size_t first, 
  * most MP_TRAINER_BUCKET_FLOATS, piece by piece. */
 static mp_status zero3_gather_outside_staged(mp_trainer *trainer, int c, float *device_run,
                                              size_t first, size_t count, mp_error *err) {
-  const size_t most = count < MP_TRAINER_BUCKET_FLOATS ? count : MP_TRAINER_BUCKET_FLOATS;
-  float *piece = malloc((most > 0 ? most : 1) * sizeof(float));
-  if (piece == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory for a ZeRO-3 piece");
+  const size_t most = MP_TRAINER_BUCKET_FLOATS;
+  if (trainer->zero3_outside_piece == NULL) {
+    trainer->zero3_outside_piece = malloc(most * sizeof(float));
+    if (trainer->zero3_outside_piece == NULL) {
+      return mp_fail(err, MP_ERR_RUNTIME, "out of memory for a ZeRO-3 piece");
+    }
+  }
+  float *piece = trainer->zero3_outside_piece;
   mp_status status = mp_device_synchronize(err);
   for (size_t at = 0; at < count && status == MP_OK; at += most) {
     const size_t n = count - at < most ? count - at : most;
@@ -662,7 +669,6 @@ static mp_status zero3_gather_outside_staged(mp_trainer *trainer, int c, float *
       status = mp_device_copy_to_device(device_run + at, piece, n * sizeof(float), err);
     }
   }
-  free(piece);
   return status;
 }
 
@@ -1253,6 +1259,7 @@ void mp_trainer_free(mp_trainer *trainer) {
   }
   free(trainer->scatter_counts);
   free(trainer->zero3_staging);
+  free(trainer->zero3_outside_piece);
   free(trainer->zero_first);
   free(trainer->zero_count);
   free(trainer->zero_gather);

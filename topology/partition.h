@@ -46,8 +46,7 @@ mp_status mp_partition_chain_all(const double *costs, int n, int max_parts, int 
  * counts and the largest cost to *bottleneck; among optimal splits, later stages as large as
  * allowed. Exact, in O(k n^2) at worst and far less when stages are short (a stage's start is
  * searched only while its own cost stays below the best found). MP_ERR_INPUT when k < 1 or
- * k > n, or
- * a value is negative or not finite; MP_ERR_RUNTIME when out of memory. */
+ * k > n, or a value is negative or not finite; MP_ERR_RUNTIME when out of memory. */
 mp_status mp_partition_chain_staged(const double *a, const double *b, int n, int k,
                                     const double *a_weight, const double *b_weight,
                                     const double *fixed, int *counts, double *bottleneck,
