@@ -70,7 +70,7 @@ void mp_grad_scale_cpu(float *grads, size_t n, float scale);
  * Built where nvcc exists (sm_80, sm_90). Pointers are device pointers unless named _host;
  * activations and weights are bf16 (mp_bf16), statistics and weight gradients fp32. Each call
  * enqueues its kernels on `stream` and returns without waiting; launch errors are not checked
- * here: the caller's next mp_device_synchronize (engine/device.h) reports them.
+ * here: the caller's next mp_device_synchronize (engine/device/device.h) reports them.
  * Master weights, gradients and moments are fp32. */
 
 /* mp_adamw_update_cpu on the GPU, with the same fp32 operations in the same order (no fused

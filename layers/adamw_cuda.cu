@@ -16,7 +16,7 @@
  */
 #include <math.h>
 
-#include "engine/cuda_check.cuh"
+#include "layers/cuda_check.cuh"
 #include "layers/adamw.h"
 #include "layers/cuda_common.cuh"
 #include "layers/cuda_launch.h"

@@ -126,7 +126,7 @@ void mp_attention_backward_cuda(mp_cublas *cublas, mp_bf16 *dqkv, const mp_bf16 
  * and lse 4-byte aligned. The launchers do nothing for an empty shape, a KVH that does not divide
  * NH, or a head size that mp_flash_attention_supported rejects (callers choose the cuBLAS twin
  * then); launch errors are not checked here: the caller's next mp_device_synchronize
- * (engine/device.h) reports them. Built without CUDA (cuda_gemm_none.c), nothing is supported and
+ * (engine/device/device.h) reports them. Built without CUDA (cuda_gemm_none.c), nothing is supported and
  * the launchers do nothing. */
 
 /* True for the head sizes the fused kernels are compiled for: 32, 64 and 128. */

@@ -74,7 +74,7 @@ void mp_cross_entropy_row_backward_in_place_cpu(float *row, int n, int width, in
  * Built where nvcc exists (sm_80, sm_90). Pointers are device pointers unless named _host;
  * activations and weights are bf16 (mp_bf16), statistics and weight gradients fp32. Each call
  * enqueues its kernels on `stream` and returns without waiting; launch errors are not checked
- * here: the caller's next mp_device_synchronize (engine/device.h) reports them. */
+ * here: the caller's next mp_device_synchronize (engine/device/device.h) reports them. */
 
 /* Forward and backward fused, in place (llm.c's fused classifier): one block per token row takes
  * the max and the sum of exponentials of logits [0, V) in fp32, writes the token's loss, then

@@ -5,7 +5,7 @@
  * run on the CPU so that the GPU code above the kernels can be tested on machines without a GPU.
  * Test-only.
  *
- * "Device" pointers are host memory (engine/device_emulated.c) and streams are ignored: every call
+ * "Device" pointers are host memory (engine/device/device_emulated.c) and streams are ignored: every call
  * has finished when it returns. Each launcher widens its bf16 inputs to fp32 temporaries, runs the
  * CPU twin, and rounds to bf16 where the CUDA kernel rounds: once per bf16 output, and a bf16 +=
  * is one rounding of (old + new), as the kernels form it in fp32. fp32 outputs (statistics,

@@ -1,7 +1,7 @@
 /*
  * layers/cuda_elementwise_none.c — //layers:cuda_elementwise in a build without CUDA.
  *
- * Without nvcc there is no device memory (engine/device_none.c fails every allocation and counts
+ * Without nvcc there is no device memory (engine/device/device_none.c fails every allocation and counts
  * no device), so no caller can hold the device pointers these calls take: the launchers are
  * unreachable and do nothing, the size queries answer as the CUDA build does, and the one call
  * with a status says the build has no CUDA. It exists so that code and tests naming the CUDA

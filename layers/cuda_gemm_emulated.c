@@ -3,7 +3,7 @@
  * (third_party/cuda.bzl): the CUDA C API of matmul.h and attention.h run on the CPU, so that the
  * GPU code above the kernels can be tested on machines without a GPU. Test-only.
  *
- * "Device" pointers are host memory (engine/device_emulated.c) and streams are ignored: every call
+ * "Device" pointers are host memory (engine/device/device_emulated.c) and streams are ignored: every call
  * has finished when it returns. An mp_cublas is a small struct that keeps the first failure, as
  * the CUDA build's does: negative shapes, a dbias without scratch, and out of host memory for a
  * temporary are recorded there and reported by mp_cublas_check. Each launcher widens its bf16

@@ -48,7 +48,7 @@ mp_status mp_embedding_check_tokens(const int32_t *tokens, size_t n, int V, mp_e
  * Built where nvcc exists (sm_80, sm_90). Pointers are device pointers unless named _host;
  * activations and weights are bf16 (mp_bf16), statistics and weight gradients fp32. Each call
  * enqueues its kernels on `stream` and returns without waiting; launch errors are not checked
- * here: the caller's next mp_device_synchronize (engine/device.h) reports them.
+ * here: the caller's next mp_device_synchronize (engine/device/device.h) reports them.
  * Outputs and gradient rows are the CPU twin's, on a padded vocabulary Vp. */
 
 /* out[b, t, :] = wte[tokens[b, t], :] + wpe[t, :], summed in fp32, rounded to bf16.

@@ -35,7 +35,7 @@ void mp_gelu_backward_cpu(float *dinp, const float *inp, const float *dout, size
  * Built where nvcc exists (sm_80, sm_90). Pointers are device pointers unless named _host;
  * activations and weights are bf16 (mp_bf16), statistics and weight gradients fp32. Each call
  * enqueues its kernels on `stream` and returns without waiting; launch errors are not checked
- * here: the caller's next mp_device_synchronize (engine/device.h) reports them.
+ * here: the caller's next mp_device_synchronize (engine/device/device.h) reports them.
  * Math in fp32, one rounding to bf16 per output. */
 
 /* out = gelu(inp), elementwise.

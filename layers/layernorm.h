@@ -51,7 +51,7 @@ void mp_layernorm_backward_cpu(float *dinp, float *dweight, float *dbias, const 
  * Built where nvcc exists (sm_80, sm_90). Pointers are device pointers unless named _host;
  * activations and weights are bf16 (mp_bf16), statistics and weight gradients fp32. Each call
  * enqueues its kernels on `stream` and returns without waiting; launch errors are not checked
- * here: the caller's next mp_device_synchronize (engine/device.h) reports them.
+ * here: the caller's next mp_device_synchronize (engine/device/device.h) reports them.
  * Statistics and accumulations are fp32. */
 
 /* mp_layernorm_forward_cpu on bf16: out rounded to bf16, mean and rstd fp32.

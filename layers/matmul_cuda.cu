@@ -27,7 +27,7 @@
 #include <stdlib.h>
 
 #include "common/error.h"
-#include "engine/cuda_check.cuh"
+#include "layers/cuda_check.cuh"
 #include "layers/cuda_gemm_internal.cuh"
 #include "layers/cuda_gemm_layout.h"
 #include "layers/cuda_types.h"

@@ -7,7 +7,7 @@
  * tensor_parallel/vocab_parallel_cross_entropy.h).
  *
  * The collectives themselves are not here: these calls take and produce device buffers, and the
- * caller moves them between ranks (engine/comm.h). Partial sums cross ranks in fp32 and are
+ * caller moves them between ranks (engine/comm/comm.h). Partial sums cross ranks in fp32 and are
  * rounded to bf16 once, after the all-reduce, so the result does not depend on how many ranks
  * contributed a part.
  *
@@ -15,7 +15,7 @@
  * are device pointers; activations and weights are bf16 (mp_bf16), statistics and the buffers
  * that are reduced over ranks fp32. Each call enqueues its kernels on `stream` and returns without
  * waiting; launch errors are not checked here: the caller's next mp_device_synchronize
- * (engine/device.h) reports them. Every reduction runs in a fixed order without atomics, so two
+ * (engine/device/device.h) reports them. Every reduction runs in a fixed order without atomics, so two
  * runs on the same inputs give the same bits. Without CUDA the calls do nothing (no device
  * pointer can exist in such a build).
  */

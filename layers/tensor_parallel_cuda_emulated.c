@@ -4,7 +4,7 @@
  * run on the CPU, so that tensor-parallel GPU code can be tested on machines without a GPU.
  * Test-only.
  *
- * "Device" pointers are host memory (engine/device_emulated.c) and streams are ignored: every call
+ * "Device" pointers are host memory (engine/device/device_emulated.c) and streams are ignored: every call
  * has finished when it returns. There is no CPU twin of these kernels in layers/, so each is a
  * plain loop with the kernel's fp32 expressions and its one rounding per bf16 output: the
  * conversions, additions, maxima and the embedding lookup give the CUDA build's bits; the

@@ -1,7 +1,7 @@
 /*
  * layers/tensor_parallel_cuda_none.c — //layers:cuda_tensor_parallel in a build without CUDA.
  *
- * Without nvcc there is no device memory (engine/device_none.c fails every allocation and counts
+ * Without nvcc there is no device memory (engine/device/device_none.c fails every allocation and counts
  * no device), so no caller can hold the device pointers these calls take: the launchers are
  * unreachable and do nothing. It exists so that code and tests naming them still link, and the
  * tests report themselves skipped.

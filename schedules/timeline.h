@@ -45,7 +45,7 @@ typedef struct {
   int max_width;     /* ascii: the most characters a row's time cells may take; past it a cell
                         stands for more time and short actions lose their labels; 0: 320 */
   const char *title; /* svg and chrome heading; NULL: "<kind>, pp = P, m = M[, v = V]" */
-  bool measured;     /* the times were recorded by a run (engine/trace_reader.h), not simulated:
+  bool measured;     /* the times were recorded by a run (engine/trace/trace_reader.h), not simulated:
                         the ascii footer and the chrome trace's "otherData" say so */
 } mp_timeline_options;
 

@@ -2,7 +2,7 @@
  * tensor_parallel/tp_comm.h — the tensor-parallel group as tensor_parallel/ sees it: a rank, a
  * size and three collectives behind a small table of function pointers.
  *
- * Why a table and not engine/comm.h: dependencies point downward only (tools -> engine ->
+ * Why a table and not engine/comm/comm.h: dependencies point downward only (tools -> engine ->
  * pipeline -> tensor_parallel -> layers, DESIGN.md), and the communicators live in engine/. So
  * this layer names the three operations it needs and the engine fills the table from its
  * communicator (MPI today, NCCL later), passing the communicator as `context`; tests fill it the
@@ -28,7 +28,7 @@ extern "C" {
 #endif
 
 typedef struct {
-  void *context; /* the implementation's communicator (engine/comm.h's mp_comm *, ...) */
+  void *context; /* the implementation's communicator (engine/comm/comm.h's mp_comm *, ...) */
   int rank;      /* this process's rank in the tensor-parallel group, in [0, size) */
   int size;      /* tp, the number of ranks in the group */
   /* buffer (count) summed over the group, in place. */

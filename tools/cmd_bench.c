@@ -6,7 +6,7 @@
  *                       [--warmup W] [--dump DIR]
  *       times full one-rank training steps of the model on one fixed batch: zero the gradients,
  *       forward, backward, global-norm clipping, AdamW, on the stage `run` trains on one rank
- *       (engine/gpt_model_tp.h at tp = 1, the whole chain). With --dump it first writes what a peer
+ *       (engine/model/gpt_model_tp.h at tp = 1, the whole chain). With --dump it first writes what a peer
  *       implementation needs to check our numbers (tools/bench/torch_compare.py loads it into a
  *       PyTorch GPT-2 and compares the loss and every gradient).
  *
@@ -34,9 +34,10 @@
 #include <unistd.h>
 
 #include "common/json_reader.h"
-#include "engine/gpt_model.h"
-#include "engine/gpt_model_tp.h"
-#include "engine/markov_source.h"
+#include "engine/model/gpt_model.h"
+#include "engine/model/gpt_model_tp.h"
+#include "engine/data/markov_source.h"
+#include "engine/weights/weight_source.h"
 #include "layers/adamw.h"
 #include "topology/model.h"
 #include "common/atomic_file.h"
@@ -84,7 +85,7 @@ static uint64_t splitmix64(uint64_t *state) {
 
 /* Fills inputs and targets (B, T) from one stream of B * T + 1 tokens: row b reads tokens
  * [b T, b T + T) and predicts tokens [b T + 1, b T + T]. markov draws the stream from the
- * model-vocabulary Markov source of `run` (engine/markov_source.h), uniform draws every id with
+ * model-vocabulary Markov source of `run` (engine/data/markov_source.h), uniform draws every id with
  * equal probability. */
 static mp_status draw_batch(const char *source_name, int64_t vocab, uint64_t seed, int B, int T,
                             int32_t *inputs, int32_t *targets, mp_error *err) {
@@ -375,7 +376,7 @@ static int bench_step(int argc, char **argv) {
   if (init_from != NULL) {
     mp_weight_source *reader = NULL;
     mp_status loaded = mp_weight_source_open(mp_gpt_tp_layout(state.gpt), init_from, &reader, &err);
-    if (loaded == MP_OK) loaded = mp_gpt_tp_load(state.gpt, reader, &err);
+    if (loaded == MP_OK) loaded = mp_weight_source_load_stage(reader, state.gpt, &err);
     mp_weight_source_close(reader);
     if (loaded != MP_OK) {
       exit_code = cli_report(&command, &err);

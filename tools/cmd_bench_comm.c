@@ -1,14 +1,14 @@
 /*
- * tools/cmd_bench_comm.c — `mpengine bench comm`: the communicators of engine/comm.h (MPI) and
- * engine/comm_nccl.h (NCCL) timed on this machine, in the style of nccl-tests.
+ * tools/cmd_bench_comm.c — `mpengine bench comm`: the communicators of engine/comm/comm.h (MPI) and
+ * engine/comm/comm_nccl.h (NCCL) timed on this machine, in the style of nccl-tests.
  *
  *   mpirun -np N mpengine bench comm [--backend mpi|cuda] [--buffers host|device] [--ops LIST]
  *                                    [--min-bytes B] [--max-bytes B] [--factor F] [--iters N]
  *                                    [--warmup N] [--comm-timeout S] [--json]
  *
- * Backends. mpi (the default): engine/comm.h over Open MPI, on CPU buffers, or with
+ * Backends. mpi (the default): engine/comm/comm.h over Open MPI, on CPU buffers, or with
  * --buffers device on GPU buffers, which the MPI communicators stage through pinned host memory
- * (several ranks may share one GPU that way). cuda: engine/comm_nccl.h, NCCL on GPU buffers, one
+ * (several ranks may share one GPU that way). cuda: engine/comm/comm_nccl.h, NCCL on GPU buffers, one
  * GPU per rank (the rank's local index modulo the visible GPUs); started outside mpirun it runs
  * one rank without MPI. Without a GPU (or in a build without CUDA) the GPU variants exit 2 saying
  * so, before MPI starts.
@@ -42,10 +42,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine/comm.h"
-#include "engine/comm_nccl.h"
-#include "engine/device.h"
-#include "engine/gpu_probe.h"
+#include "engine/comm/comm.h"
+#include "engine/comm/comm_nccl.h"
+#include "engine/device/device.h"
+#include "engine/device/gpu_probe.h"
 #include "tools/cli.h"
 #include "tools/launcher_env.h"
 #include "tools/commands.h"
@@ -224,7 +224,7 @@ static mp_status call(const bench_context *context, bench_op op, bench_buffers *
                       size_t count, mp_error *err) {
   if (context->backend == BACKEND_CUDA) return call_nccl(context, op, buffers, count, err);
   mp_comm *comm = context->comm;
-  /* MPI on GPU buffers: engine/comm.h stages them through pinned host memory. */
+  /* MPI on GPU buffers: engine/comm/comm.h stages them through pinned host memory. */
   float *a = context->device_buffers ? buffers->device_a : buffers->a;
   float *b = context->device_buffers ? buffers->device_b : buffers->b;
   switch (op) {
@@ -397,12 +397,12 @@ static mp_status bench_all(bench_context *context, const bool selected[kMaxOps],
   if (print && !context->json) {
     if (nccl) {
       int version = mp_nccl_version();
-      printf("# mpengine bench comm: %d rank%s, engine/comm_nccl.h over NCCL %d.%d.%d on GPU "
+      printf("# mpengine bench comm: %d rank%s, engine/comm/comm_nccl.h over NCCL %d.%d.%d on GPU "
              "buffers, float32\n",
              context->size, context->size == 1 ? "" : "s", version / 10000, version / 100 % 100,
              version % 100);
     } else {
-      printf("# mpengine bench comm: %d ranks, engine/comm.h over Open MPI on %s, float32\n",
+      printf("# mpengine bench comm: %d ranks, engine/comm/comm.h over Open MPI on %s, float32\n",
              context->size,
              context->device_buffers ? "GPU buffers staged through pinned host memory"
                                      : "CPU buffers");
@@ -471,8 +471,8 @@ static mp_status require_gpu(const char *what, mp_error *err) {
 
 int cmd_bench_comm(int argc, char **argv) {
   cli_option options[] = {
-      {"backend", "mpi|cuda", "mpi: engine/comm.h over Open MPI (default); cuda: NCCL on GPU "
-                              "buffers (engine/comm_nccl.h)", NULL},
+      {"backend", "mpi|cuda", "mpi: engine/comm/comm.h over Open MPI (default); cuda: NCCL on GPU "
+                              "buffers (engine/comm/comm_nccl.h)", NULL},
       {"buffers", "host|device", "with mpi: CPU buffers (default) or GPU buffers staged through "
                                  "pinned host memory (ranks may share a GPU)", NULL},
       {"ops", "LIST", "comma-separated: all_reduce,reduce_scatter,all_gather,broadcast,sendrecv "
@@ -493,7 +493,7 @@ int cmd_bench_comm(int argc, char **argv) {
                "[--ops LIST] [--min-bytes B] [--max-bytes B] [--factor F] [--iters N] "
                "[--warmup N] [--comm-timeout S] [--json]",
       .summary =
-          "Time send/recv and the collectives of engine/comm.h (MPI) or engine/comm_nccl.h (NCCL)\n"
+          "Time send/recv and the collectives of engine/comm/comm.h (MPI) or engine/comm/comm_nccl.h (NCCL)\n"
           "over all ranks of the job, in the style of nccl-tests: per size the time of one call\n"
           "(averaged over the ranks), the algorithm bandwidth size/time and the bus bandwidth,\n"
           "algbw times 2(n-1)/n for all_reduce, (n-1)/n for reduce_scatter and all_gather, 1 for\n"

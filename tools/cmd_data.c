@@ -4,7 +4,7 @@
  *   mpengine data synth --out FILE --vocab V [--tokens N] [--seed S] [--successors K]
  *       writes an llm.c token shard drawn from a random Markov source and prints the source's
  *       entropy rate: the lowest loss any model can reach on it, the floor a training run's loss
- *       should approach (engine/markov_source.h).
+ *       should approach (engine/data/markov_source.h).
  *   mpengine data inspect FILE|GLOB... [--vocab V]
  *       validates shards exactly as `run --data` will and prints what they hold.
  */
@@ -15,8 +15,8 @@
 #include <string.h>
 
 #include "common/json_reader.h"
-#include "engine/markov_source.h"
-#include "engine/token_shard.h"
+#include "engine/data/markov_source.h"
+#include "engine/data/token_shard.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 

@@ -8,8 +8,8 @@
  * (N = dp x pp x tp, or --np) and exits with mpirun's status. Inside the job every rank builds
  * the world (every wait bounded by --comm-timeout) and its tensor-, data-, pipeline-parallel and
  * embedding groups from topology/grid.h, in that fixed order on every rank, and trains its
- * chunks of the model (engine/trainer.h); only world rank 0 prints and writes --metrics.
- * --trace FILE records every action and communication of every rank (engine/trace.h), merged
+ * chunks of the model (engine/train/trainer.h); only world rank 0 prints and writes --metrics.
+ * --trace FILE records every action and communication of every rank (engine/trace/trace.h), merged
  * by rank 0 into FILE at the end; --save-weights FILE writes the final weights as an llm.c
  * GPT-2 checkpoint. A rank that fails prints its error prefixed with its rank; input errors,
  * which every rank meets alike, are printed by rank 0 alone.
@@ -19,7 +19,7 @@
  * printed next to the loss: the floor no model can beat. One line per step, or a progress bar
  * with an ETA when stdout is a terminal; --metrics FILE also writes one JSON object per step.
  *
- * Checkpoints (engine/checkpoint.h): --checkpoint-dir DIR saves every --save-every K steps and at
+ * Checkpoints (engine/checkpoint/checkpoint.h): --checkpoint-dir DIR saves every --save-every K steps and at
  * the end, keeping the --keep N newest; SIGTERM or SIGINT finishes the current step, saves and
  * exits 0 (with several ranks they agree on stopping with a one-float all-reduce per step; the
  * launcher passes SIGTERM / SIGINT it receives to the ranks as SIGTERM). --resume
@@ -45,23 +45,23 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "engine/checkpoint.h"
-#include "engine/comm.h"
-#include "engine/comm_nccl.h"
-#include "engine/data_loader.h"
-#include "engine/device.h"
-#include "engine/gpu_probe.h"
-#include "engine/gpt_model.h"
-#include "engine/markov_source.h"
-#include "engine/tp_comm_mpi.h"
-#include "engine/trace.h"
-#include "engine/trainer.h"
+#include "engine/checkpoint/checkpoint.h"
+#include "engine/comm/comm.h"
+#include "engine/comm/comm_nccl.h"
+#include "engine/data/data_loader.h"
+#include "engine/device/device.h"
+#include "engine/device/gpu_probe.h"
+#include "engine/model/gpt_model.h"
+#include "engine/data/markov_source.h"
+#include "engine/comm/tp_comm_mpi.h"
+#include "engine/trace/trace.h"
+#include "engine/train/trainer.h"
 #include "topology/cluster.h"
 #include "topology/grid.h"
 #include "topology/model.h"
 #include "topology/plan.h"
 #include "tools/cli.h"
-#include "engine/tp_comm_nccl.h"
+#include "engine/comm/tp_comm_nccl.h"
 #include "tools/launcher_env.h"
 #include "tools/run_launcher.h"
 #include "tools/commands.h"
@@ -324,7 +324,7 @@ static mp_status open_gpu_comms(run_state *state, mp_backend backend, const char
   return MP_OK;
 }
 
-/* The trace recorder of this rank (engine/trace.h), for --trace. */
+/* The trace recorder of this rank (engine/trace/trace.h), for --trace. */
 static mp_status open_trace(run_state *state, const char *config, mp_error *err) {
   mp_trace_layout layout;
   memset(&layout, 0, sizeof layout);

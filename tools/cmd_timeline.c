@@ -1,6 +1,6 @@
 /*
  * tools/cmd_timeline.c — `mpengine timeline`: what a run really did. Reads the trace that
- * `mpengine run --trace TRACE.json` recorded (engine/trace_reader.h), draws one step of it with
+ * `mpengine run --trace TRACE.json` recorded (engine/trace/trace_reader.h), draws one step of it with
  * the writers of `mpengine schedule` (ascii, svg or chrome), prints the measured bubble fraction
  * of each pipeline rank and the step time, and with --against PLAN.json sets the cost model's
  * prediction for the plan (topology/cost_model.h) beside the measurement, per stage and action
@@ -22,7 +22,7 @@
 #include <string.h>
 
 #include "common/atomic_file.h"
-#include "engine/trace_reader.h"
+#include "engine/trace/trace_reader.h"
 #include "schedules/schedule.h"
 #include "schedules/simulator.h"
 #include "schedules/timeline.h"

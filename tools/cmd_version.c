@@ -5,7 +5,7 @@
  */
 #include <stdio.h>
 
-#include "engine/gpu_probe.h"
+#include "engine/device/gpu_probe.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 #include "tools/version.h"

@@ -7,7 +7,7 @@
 #   - every CUDA kernel checked against its CPU twin (max relative error), and the GPU model
 #     against the CPU model;
 #   - the measured bf16 GEMM peak (PyTorch), the figure MFU is also given against;
-#   - the NCCL communicators (engine/comm_nccl.h) on one GPU: their tests, the watchdog's abort,
+#   - the NCCL communicators (engine/comm/comm_nccl.h) on one GPU: their tests, the watchdog's abort,
 #     and `bench comm --backend cuda` on one rank; with the carried Open MPI (.device/mpi.tar.gz),
 #     two ranks sharing the GPU through the MPI communicators' staging of GPU buffers
 #     (`bench comm --backend mpi --buffers device`), and NCCL's refusal of two ranks on one GPU,
@@ -107,7 +107,7 @@ for test in cuda_elementwise_test cuda_gemm_test flash_attention_test cuda_tenso
   fi
 done
 
-section "NCCL communicators on one GPU (engine/comm_nccl.h): tests, the watchdog"
+section "NCCL communicators on one GPU (engine/comm/comm_nccl.h): tests, the watchdog"
 for test in comm_nccl_test comm_nccl_watchdog_test; do
   if [ -x ".device/bin/$test" ]; then
     timeout 120 ".device/bin/$test" 2>&1 | grep -E "^\[ +(OK|FAILED|SKIPPED) +\]|Failure|Expected|Which is|error|PASSED|tests? ran" \
@@ -169,7 +169,7 @@ JSON
     --config "$work/dp1.json" --backend cuda --gpu-comm nccl --steps 5 --comm-timeout 60 \
     | grep -E "^backend|^step 5/|^done" || fail "one-rank NCCL training"
 
-  # Pipeline and tensor parallelism on the GPU (engine/gpt_stage_gpu.h): every layout's ranks
+  # Pipeline and tensor parallelism on the GPU (engine/model/gpt_stage_gpu.h): every layout's ranks
   # share the one GPU, their activations and tensor-parallel sums going through the host over
   # MPI. Each is checked against the one-rank GPU run (the same bf16 kernels: close) and the
   # 4-rank run also against the CPU run of the same plan (fp32 there: looser).

@@ -60,19 +60,19 @@ json=(common/error.c common/json_reader.c)
 sources_model_json=("${json[@]}" topology/model.c topology/layer_cost.c)
 sources_cluster_json=("${json[@]}" topology/cluster.c topology/cluster_presets.c)
 sources_plan_json=("${json[@]}" topology/plan.c topology/layer_cost.c topology/model.c)
-sources_token_shard=(common/error.c engine/token_shard.c)
-sources_llmc_checkpoint=("${json[@]}" topology/model.c engine/gpt_model.c engine/param_init.c
+sources_token_shard=(common/error.c engine/data/token_shard.c)
+sources_llmc_checkpoint=("${json[@]}" topology/model.c engine/model/gpt_model.c engine/model/param_init.c
   common/rng.c common/atomic_file.c)
 # The manifest checks live with the rest of the on-disk format in checkpoint_format.c, which calls
 # neither the trainer nor MPI (saving and loading, in checkpoint.c, do).
 sources_checkpoint_manifest=("${sources_llmc_checkpoint[@]}" topology/plan.c topology/layer_cost.c
-  tensor_parallel/shard.c engine/checkpoint_format.c)
+  tensor_parallel/shard.c engine/checkpoint/checkpoint_format.c)
 # The trace reader checks steps with the schedule checker and the target draws them: schedules/.
-sources_trace_json=("${json[@]}" engine/trace_reader.c schedules/schedule.c schedules/generate.c
+sources_trace_json=("${json[@]}" engine/trace/trace_reader.c schedules/schedule.c schedules/generate.c
   schedules/p2p.c schedules/checker.c schedules/simulator.c schedules/text.c schedules/timeline.c
   schedules/timeline_svg.c schedules/timeline_chrome.c)
 # The safetensors reader and writer (the target writes accepted files back through the writer).
-sources_safetensors=("${json[@]}" common/atomic_file.c engine/safetensors.c)
+sources_safetensors=("${json[@]}" common/atomic_file.c engine/weights/safetensors.c)
 # Largest input worth trying: JSON files of a few KiB; a whole valid shard of a few hundred
 # tokens; a whole fp32 checkpoint of the tiny fuzz layout (3120 bytes) with room to spare; a whole
 # manifest of tiny-gpt at tp = 2 (19 KB); a trace of a few steps of a small pipeline (2 to 11 KB);

@@ -471,7 +471,7 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
         shard < d ? mp_cost_allreduce_seconds(grad_bytes / shard, d / shard, dp_bw, dp_lat) : 0.0;
     /* The dp collectives of a step. ZeRO 0 and 1 reduce once, after the rank's last backward;
      * ZeRO-2 reduce-scatters each block's gradients in every micro-batch's backward and the
-     * rest (embedding, final norm, head) once, after the last (engine/trainer.h); ZeRO-3 also
+     * rest (embedding, final norm, head) once, after the last (engine/train/trainer.h); ZeRO-3 also
      * gathers each block's weights for its forward, its recomputed forward (full recomputation)
      * and its backward in every micro-batch (reshard after forward), and the rest after the
      * update. The parameter all-gather of ZeRO 1 and 2 counts with the reduction, as one dp

@@ -87,7 +87,7 @@
  * every time of the rank (its layers' compute and tp collectives, the point-to-point transfer,
  * the dp reduction and the optimizer) is multiplied by mp_cluster_compute_slowdown
  * (max(1, D x threads / cores)): ranks beyond the cores take turns on them, and a rank waiting
- * for a message spins (engine/comm_mpi.c), so it takes its turn too. Messages are included
+ * for a message spins (engine/comm/comm_mpi.c), so it takes its turn too. Messages are included
  * because a shared-memory message is a copy a core makes: `mpirun -np 8 bench comm` on 2 cores
  * measured send/recv 2.4x (4 MiB) to 5.5x (1 KiB) slower than with 2 ranks. This is applied to
  * mp_cost_layer's times by mp_cost_layer_on_node, and to the pipeline's and the data-parallel
@@ -117,7 +117,7 @@ enum { MP_COST_MAX_STAGES = 1024 };
 #define MP_COST_OPTIMIZER_BYTES_PER_PARAM 30.0
 
 /* ZeRO-2's reduce-scatter bucket for the tensors outside the blocks, in floats (the runtime's
- * MP_TRAINER_BUCKET_FLOATS, engine/trainer.h): with the one-block window, the largest of the two
+ * MP_TRAINER_BUCKET_FLOATS, engine/train/trainer.h): with the one-block window, the largest of the two
  * bounds a rank's transient gradient buffers. */
 #define MP_COST_ZERO2_BUCKET_FLOATS 4194304.0
 
@@ -132,7 +132,7 @@ typedef struct {
    * gradients (each block's reduce-scattered in each micro-batch's backward from a one-block
    * window, two alternating on GPUs so that it overlaps the next block's backward; the
    * embedding, final norm and head, whole until the step's end, reduce-scattered once, as
-   * engine/trainer.h runs it);
+   * engine/train/trainer.h runs it);
    * 3 and the blocks' parameters (each block's gathered into a one-block window for its
    * forward, recomputed forward and backward in every micro-batch, torchtitan's
    * reshard_after_forward; on GPUs into two alternating windows, the next block's gather
@@ -206,7 +206,7 @@ double mp_cost_workspace_bytes(const mp_cluster *cluster);
 
 /* Bytes a rank with dp > 1 holds while its gradients' all-reduces are in flight, besides the
  * gradients: on CPU ranks (a cluster with cores_per_node) grads_bytes, the temporaries of Open
- * MPI's non-blocking all-reduces, which engine/trainer.c posts for all its buckets at once; 0
+ * MPI's non-blocking all-reduces, which engine/train/trainer.c posts for all its buckets at once; 0
  * elsewhere (NCCL reduces in place). Counted in the rank's workspace. */
 double mp_cost_dp_transient_bytes(const mp_cluster *cluster, double grads_bytes);
 

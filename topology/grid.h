@@ -79,7 +79,7 @@ int mp_grid_group_capacity(const mp_grid_shape *shape, mp_grid_kind kind);
  * offsets[G] is the world size. */
 int mp_grid_groups(const mp_grid_shape *shape, mp_grid_kind kind, int *members, int *offsets);
 
-/* "tp", "dp", "pp", "embedding": the group names engine/comm.h uses in its messages. */
+/* "tp", "dp", "pp", "embedding": the group names engine/comm/comm.h uses in its messages. */
 const char *mp_grid_kind_name(mp_grid_kind kind);
 
 #ifdef __cplusplus

@@ -1,4 +1,4 @@
-// tests/engine/checkpoint_test.cc — engine/checkpoint.h on one rank: a save and a load into a
+// tests/engine/checkpoint_test.cc — engine/checkpoint/checkpoint.h on one rank: a save and a load into a
 // fresh trainer restore parameters and AdamW moments bit for bit and the next steps' losses
 // exactly; the exported global parameters (through llm.c's file) equal the trainer's; the
 // one-rank model and the chunked trainer (the stage worker's, here through --trace's path) read
@@ -17,12 +17,12 @@
 #include <string>
 #include <vector>
 
-#include "engine/checkpoint.h"
-#include "engine/data_loader.h"
-#include "engine/gpt_model.h"
-#include "engine/markov_source.h"
-#include "engine/trace.h"
-#include "engine/trainer.h"
+#include "engine/checkpoint/checkpoint.h"
+#include "engine/data/data_loader.h"
+#include "engine/model/gpt_model.h"
+#include "engine/data/markov_source.h"
+#include "engine/trace/trace.h"
+#include "engine/train/trainer.h"
 #include "tensor_parallel/shard.h"
 #include "topology/model.h"
 #include "topology/plan.h"

@@ -1,5 +1,5 @@
-// tests/engine/comm_nccl_emulated_test.cc — engine/comm_nccl.h emulated over MPI
-// (engine/comm_nccl_emulated.c, `--config=emulated`), under mpirun: comm_nccl_emulated_test.sh
+// tests/engine/comm_nccl_emulated_test.cc — engine/comm/comm_nccl.h emulated over MPI
+// (engine/comm/comm_nccl_emulated.c, `--config=emulated`), under mpirun: comm_nccl_emulated_test.sh
 // runs it on 2 and on 3 ranks, every rank on the one emulated GPU (which real NCCL would refuse).
 //
 // Every collective in fp32 and bf16 against closed forms (bf16 sums: the fp32 sum rounded once),
@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/comm.h"
-#include "engine/comm_nccl.h"
+#include "engine/comm/comm.h"
+#include "engine/comm/comm_nccl.h"
 #include "layers/cuda_types.h"
 #include "tests/support/mpi_gtest_main.h"
 

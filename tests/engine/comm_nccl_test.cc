@@ -1,4 +1,4 @@
-// tests/engine/comm_nccl_test.cc — engine/comm_nccl.h and engine/comm_staging.h in one process.
+// tests/engine/comm_nccl_test.cc — engine/comm/comm_nccl.h and engine/comm/comm_staging.h in one process.
 //
 // Everywhere: classifying host pointers never starts CUDA, the build says whether it has NCCL, a
 // machine without a GPU (or a build without CUDA) gets an input error that says which, and calls
@@ -17,9 +17,9 @@
 #include <thread>
 #include <vector>
 
-#include "engine/comm_nccl.h"
-#include "engine/comm_staging.h"
-#include "engine/device.h"
+#include "engine/comm/comm_nccl.h"
+#include "engine/comm/comm_staging.h"
+#include "engine/device/device.h"
 #include "tests/engine/comm_nccl_testing.h"
 
 namespace {

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "engine/cuda_check.cuh"
+#include "layers/cuda_check.cuh"
 #include "tests/engine/comm_nccl_testing.h"
 
 namespace {

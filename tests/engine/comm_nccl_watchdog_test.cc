@@ -8,8 +8,8 @@
 #include <chrono>
 #include <string>
 
-#include "engine/comm_nccl.h"
-#include "engine/device.h"
+#include "engine/comm/comm_nccl.h"
+#include "engine/device/device.h"
 #include "tests/engine/comm_nccl_testing.h"
 
 namespace {

@@ -1,10 +1,10 @@
-// tests/engine/comm_staging_test.cc — engine/comm_mpi.c's staging of GPU buffers, on CPUs, under
+// tests/engine/comm_staging_test.cc — engine/comm/comm_mpi.c's staging of GPU buffers, on CPUs, under
 // mpirun (comm_staging_test.sh: 1, 2 and 3 ranks).
 //
-// This binary defines engine/comm_staging.h itself, so the linker takes these definitions instead
+// This binary defines engine/comm/comm_staging.h itself, so the linker takes these definitions instead
 // of the CUDA ones: "device memory" is memory mapped with no access (PROT_NONE), so MPI touching a
 // device buffer instead of its staged copy crashes the test, and the copies open it for the
-// moment they run. Every operation of engine/comm.h is checked on device buffers (in, out, both,
+// moment they run. Every operation of engine/comm/comm.h is checked on device buffers (in, out, both,
 // or neither): results, that host buffers are never staged, that pinned blocks are reused rather
 // than allocated again, and the one-member shortcuts. The real CUDA path runs on a GPU machine
 // (tools/device_check.sh: mpirun -np 2 mpengine bench comm --buffers device).
@@ -17,8 +17,8 @@
 #include <map>
 #include <vector>
 
-#include "engine/comm.h"
-#include "engine/comm_staging.h"
+#include "engine/comm/comm.h"
+#include "engine/comm/comm_staging.h"
 #include "tests/support/mpi_gtest_main.h"
 
 namespace {

@@ -1,6 +1,6 @@
 #!/bin/sh
 # tests/engine/comm_staging_test.sh — runs comm_staging_test (its only argument) under mpirun with
-# 1, 2 and 3 ranks: engine/comm.h's staging of GPU buffers against a fake device that crashes
+# 1, 2 and 3 ranks: engine/comm/comm.h's staging of GPU buffers against a fake device that crashes
 # any direct use of a device buffer. Runs as root and with more ranks than cores; shared memory
 # and self transports only.
 set -eu

@@ -1,4 +1,4 @@
-// tests/engine/comm_test.cc — engine/comm.h under mpirun (tests/engine/comm_test.sh runs it on 2
+// tests/engine/comm_test.cc — engine/comm/comm.h under mpirun (tests/engine/comm_test.sh runs it on 2
 // and on 4 ranks): groups built from every grid shape of the world, send/recv round trips, every
 // collective against closed forms, the same bits on every member, refused group lists, and the
 // timeout of a receive whose peer never sends, with its exact message.
@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/comm.h"
+#include "engine/comm/comm.h"
 #include "tests/support/mpi_gtest_main.h"
 #include "topology/grid.h"
 

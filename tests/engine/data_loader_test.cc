@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/data_loader.h"
-#include "engine/markov_source.h"
-#include "engine/token_shard.h"
+#include "engine/data/data_loader.h"
+#include "engine/data/markov_source.h"
+#include "engine/data/token_shard.h"
 
 namespace {
 

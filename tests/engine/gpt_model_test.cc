@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/gpt_model.h"
-#include "engine/gpt_model_tp.h"
-#include "engine/param_init.h"
+#include "engine/model/gpt_model.h"
+#include "engine/model/gpt_model_tp.h"
+#include "engine/model/param_init.h"
 #include "topology/layer_cost.h"
 #include "topology/model.h"
 

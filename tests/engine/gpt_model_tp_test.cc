@@ -1,4 +1,4 @@
-// tests/engine/gpt_model_tp_test.cc — engine/gpt_model_tp.h and the tensor-parallel trainer
+// tests/engine/gpt_model_tp_test.cc — engine/model/gpt_model_tp.h and the tensor-parallel trainer
 // against the one-rank model and trainer, under mpirun with 1, 2 and 4 ranks
 // (gpt_model_tp_test.sh); the group of all ranks is the tensor-parallel group.
 //
@@ -19,14 +19,14 @@
 #include <string>
 #include <vector>
 
-#include "engine/comm.h"
-#include "engine/data_loader.h"
-#include "engine/gpt_model.h"
-#include "engine/gpt_model_tp.h"
-#include "engine/markov_source.h"
-#include "engine/stage_chain.h"
-#include "engine/tp_comm_mpi.h"
-#include "engine/trainer.h"
+#include "engine/comm/comm.h"
+#include "engine/data/data_loader.h"
+#include "engine/model/gpt_model.h"
+#include "engine/model/gpt_model_tp.h"
+#include "engine/data/markov_source.h"
+#include "engine/model/stage_chain.h"
+#include "engine/comm/tp_comm_mpi.h"
+#include "engine/train/trainer.h"
 #include "layers/adamw.h"
 #include "tensor_parallel/shard.h"
 #include "topology/model.h"

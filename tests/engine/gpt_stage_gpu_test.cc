@@ -1,4 +1,4 @@
-// tests/engine/gpt_stage_gpu_test.cc — engine/gpt_stage_gpu.h, the GPU twin of a host pipeline
+// tests/engine/gpt_stage_gpu_test.cc — engine/model/gpt_stage_gpu.h, the GPU twin of a host pipeline
 // stage, with tp = 1 on one process.
 //
 // Everywhere (no GPU needed): mp_gpt_stage_gpu_create refuses what the GPU stage cannot run (no
@@ -6,7 +6,7 @@
 // and a message naming what to change, before it looks for a GPU.
 //
 // With a GPU (skipped, by name, without one). First against the CPU stage of the same chain
-// range (engine/gpt_model_tp.h, fp32), from the same bf16-rounded parameters: the loss, the
+// range (engine/model/gpt_model_tp.h, fp32), from the same bf16-rounded parameters: the loss, the
 // boundary activation and input gradient and every tensor's gradient to bf16 precision, for the
 // whole model and for stages of a split; thirty AdamW steps (clipping, weight decay) of the whole
 // stage track the one-rank CPU model's (the one-GPU model is this stage at dp = pp = tp = 1).
@@ -32,10 +32,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/device.h"
-#include "engine/gpt_model.h"
-#include "engine/gpt_model_tp.h"
-#include "engine/gpt_stage_gpu.h"
+#include "engine/device/device.h"
+#include "engine/model/gpt_model.h"
+#include "engine/model/gpt_model_tp.h"
+#include "engine/model/gpt_stage_gpu.h"
 #include "layers/adamw.h"
 #include "tensor_parallel/tp_comm.h"
 #include "topology/layer_cost.h"
@@ -316,7 +316,7 @@ fvec Values(uint64_t seed, size_t n, float scale) {
 // its gradients within 1.0e-2 (docs/gpu_results.md).
 constexpr double kBf16Loss = 1e-2, kBf16Rel = 5e-2;
 
-// Chain positions [first, end) as the CPU stage (engine/gpt_model_tp.h, fp32, one activation
+// Chain positions [first, end) as the CPU stage (engine/model/gpt_model_tp.h, fp32, one activation
 // slot) and as its GPU twin, from the same parameters (kSeed's, rounded to bf16 so that only the
 // arithmetic differs), through two micro-batches: a stage without the embedding reads the same
 // input activation, one without the head the same output gradient. The loss, the output, the
@@ -757,7 +757,7 @@ TEST(GptStageGpu, TwoSlotsInFlightMatchOneSlotAtATime) {
 }
 
 // The same AdamW steps on the same micro-batch from the same (bf16-rounded) weights: the whole GPU
-// stage's loss follows the one-rank CPU model's (engine/gpt_model_tp.h with the CPU's clipping
+// stage's loss follows the one-rank CPU model's (engine/model/gpt_model_tp.h with the CPU's clipping
 // and AdamW, layers/adamw.h, weight decay on the decaying tensors only) step by step. The GPU
 // keeps fp32 masters, gradients and moments as the CPU does, so what differs is its bf16 (weights
 // rounded for every GEMM, activations stored in bf16). On an H200 one forward's loss was within

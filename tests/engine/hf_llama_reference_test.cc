@@ -1,7 +1,7 @@
 // tests/engine/hf_llama_reference_test.cc — the Llama family against Hugging Face transformers
 // itself: tiny LlamaForCausalLM and Qwen2ForCausalLM checkpoints written by transformers 4.46.3
 // (tools/bench/hf_llama_golden.py, committed under testdata/) are imported (config.json ->
-// model description, topology/hf_config.h), loaded (engine/weight_source.h) and run through the
+// model description, topology/hf_config.h), loaded (engine/weights/weight_source.h) and run through the
 // one-rank chain; the loss and every parameter's gradient must be transformers' (golden.json):
 // the loss within 1e-5, each gradient's L2 norm within 1e-4 and its first values within 1e-4 of
 // the tensor's scale. This covers RMSNorm, SwiGLU, rotary embeddings with Llama 3.1's scaling,
@@ -20,9 +20,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/gpt_model.h"
-#include "engine/gpt_model_tp.h"
-#include "engine/weight_source.h"
+#include "engine/model/gpt_model.h"
+#include "engine/model/gpt_model_tp.h"
+#include "engine/weights/weight_source.h"
 #include "topology/hf_config.h"
 #include "topology/model.h"
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/markov_source.h"
+#include "engine/data/markov_source.h"
 
 namespace {
 

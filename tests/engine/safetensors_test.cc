@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/safetensors.h"
+#include "engine/weights/safetensors.h"
 
 namespace {
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/token_shard.h"
+#include "engine/data/token_shard.h"
 
 namespace {
 

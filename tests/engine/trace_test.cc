@@ -1,5 +1,5 @@
-// tests/engine/trace_test.cc — the trace recorder (engine/trace.h) and its reader
-// (engine/trace_reader.h). trace_test.sh runs it under mpirun on 1 and on 2 ranks.
+// tests/engine/trace_test.cc — the trace recorder (engine/trace/trace.h) and its reader
+// (engine/trace/trace_reader.h). trace_test.sh runs it under mpirun on 1 and on 2 ranks.
 //
 // Recorders in one process (no communication): the written file parses as JSON, has one process
 // per rank with a compute and a communication thread, one slice per recorded event with its
@@ -24,9 +24,9 @@
 
 #include <unistd.h>
 
-#include "engine/comm.h"
-#include "engine/trace.h"
-#include "engine/trace_reader.h"
+#include "engine/comm/comm.h"
+#include "engine/trace/trace.h"
+#include "engine/trace/trace_reader.h"
 #include "schedules/p2p.h"
 #include "schedules/schedule.h"
 #include "schedules/simulator.h"

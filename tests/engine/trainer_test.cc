@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/data_loader.h"
-#include "engine/markov_source.h"
-#include "engine/trainer.h"
+#include "engine/data/data_loader.h"
+#include "engine/data/markov_source.h"
+#include "engine/train/trainer.h"
 #include "topology/model.h"
 #include "topology/plan.h"
 

@@ -1,10 +1,10 @@
-// tests/engine/weight_source_test.cc — engine/weight_source.h: the Hugging Face GPT-2 source reads
+// tests/engine/weight_source_test.cc — engine/weights/weight_source.h: the Hugging Face GPT-2 source reads
 // the golden of tools/bench/hf_gpt2_golden.py into mpengine's tensor table (a block of a
 // transposed Conv1D weight is the transpose of the file's block, wte's padding rows are zero), and
 // the llm.c sink and source carry those numbers through a file unchanged, block for block; a block
 // outside a tensor is refused; the HF sink and source round-trip a model whose vocabulary is padded
 // (the padding rows read as zero). The loss against transformers' is tests/tools/hf_checkpoint_test.sh.
-#include "engine/weight_source.h"
+#include "engine/weights/weight_source.h"
 
 #include <gtest/gtest.h>
 
@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/gpt_model.h"
-#include "engine/safetensors.h"
+#include "engine/model/gpt_model.h"
+#include "engine/weights/safetensors.h"
 #include "topology/model.h"
 
 namespace {

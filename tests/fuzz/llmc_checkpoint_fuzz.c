@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "engine/gpt_model.h"
+#include "engine/model/gpt_model.h"
 #include "topology/model.h"
 
 static const char *const kModels[2] = {

@@ -25,7 +25,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/safetensors.h"
+#include "engine/weights/safetensors.h"
 
 static const char *const kShards[2] = {"model-00001-of-00002.safetensors",
                                        "model-00002-of-00002.safetensors"};

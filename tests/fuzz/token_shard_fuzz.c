@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "engine/token_shard.h"
+#include "engine/data/token_shard.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   int64_t vocab = MP_TOKEN_SHARD_MAX_VOCAB;

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "engine/trace_reader.h"
+#include "engine/trace/trace_reader.h"
 #include "schedules/text.h"
 #include "schedules/timeline.h"
 

@@ -34,7 +34,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/device.h"
+#include "engine/device/device.h"
 #include "layers/adamw.h"
 #include "layers/cross_entropy.h"
 #include "layers/cuda_types.h"
@@ -113,7 +113,7 @@ std::string size_name(const char *kernel, size_t n) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// device memory through engine/device.h
+// device memory through engine/device/device.h
 
 template <typename T>
 class DeviceArray {

@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "common/error.h"
-#include "engine/device.h"
+#include "engine/device/device.h"
 #include "layers/attention.h"
 #include "layers/cuda_types.h"
 #include "layers/matmul.h"

@@ -6,7 +6,7 @@
 #include <string>
 #include <thread>
 
-#include "engine/device.h"
+#include "engine/device/device.h"
 #include "layers/cuda_launch.h"
 
 TEST(CudaLaunch, TheFirstFailedLaunchIsNamedOnce) {

@@ -36,7 +36,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/device.h"
+#include "engine/device/device.h"
 #include "layers/cross_entropy.h"
 #include "layers/cuda_types.h"
 #include "layers/tensor_parallel_cuda.h"

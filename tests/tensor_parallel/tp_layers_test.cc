@@ -8,7 +8,7 @@
 // and without sequence parallelism: the communication pairs, column- and row-parallel linear,
 // vocab-parallel embedding with the tied LM head and cross-entropy; plus shard slicing, round
 // trips and shard-by-shard initialisation. The whole stage built from these pieces (the stage
-// chain, engine/stage_chain.h) is checked against the one-rank model, its zero-bubble split and
+// chain, engine/model/stage_chain.h) is checked against the one-rank model, its zero-bubble split and
 // recomputation bit for bit, in tests/engine/gpt_model_tp_test.cc.
 //
 // Tolerance: max |actual - expected| <= 1e-5 x max |expected| over each tensor (kRel). The
@@ -20,7 +20,7 @@
 // the parallel code does the same float operations in the same order (embedding lookups, the
 // row-parallel bias gradient, replicated tensors across ranks) the check is exact.
 //
-// Its own main: MPI through engine/comm.h, only world rank 0 writes the XML report, and the run
+// Its own main: MPI through engine/comm/comm.h, only world rank 0 writes the XML report, and the run
 // fails if any rank failed.
 #include <gtest/gtest.h>
 
@@ -34,10 +34,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/comm.h"
-#include "engine/gpt_model.h"
-#include "engine/gpt_model_tp.h"
-#include "engine/param_init.h"
+#include "engine/comm/comm.h"
+#include "engine/model/gpt_model.h"
+#include "engine/model/gpt_model_tp.h"
+#include "engine/model/param_init.h"
 #include "layers/cross_entropy.h"
 #include "layers/embedding.h"
 #include "layers/gpt_block.h"
@@ -50,7 +50,7 @@
 #include "tensor_parallel/tp_comm.h"
 #include "tensor_parallel/vocab_parallel_cross_entropy.h"
 #include "tensor_parallel/vocab_parallel_embedding.h"
-#include "engine/tp_comm_mpi.h"
+#include "engine/comm/tp_comm_mpi.h"
 #include "topology/model.h"
 #include "tests/support/mpi_gtest_main.h"
 

@@ -1,7 +1,7 @@
 /*
  * tests/tools/trace_fixture.c — writes a trace like `mpengine run --trace` records, with times
  * chosen so every number `mpengine timeline` prints is known in advance: each rank's recorder
- * (engine/trace.h) gets the actions of the generated schedule at the times the simulator gives
+ * (engine/trace/trace.h) gets the actions of the generated schedule at the times the simulator gives
  * them under unit costs scaled to milliseconds (F = 1 ms, B = 2 ms per rank's layers; zero-bubble
  * B = W = 1 ms), the receive before each action waiting from the previous action's end, each send
  * taking 0.01 ms, a dp all-reduce of 0.2 ms after the last action (dp > 1) and a step slice ending
@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/trace.h"
+#include "engine/trace/trace.h"
 #include "schedules/p2p.h"
 #include "schedules/schedule.h"
 #include "schedules/simulator.h"

@@ -264,7 +264,7 @@ TEST(CostModel, OneStageStepAndMemoryByHand) {
 
 // ZeRO's stages over dp 4 (Rajbhandari et al. 2020, Figure 1: the model states of each stage,
 // here with mixed precision's 2 + 4 + 12 bytes per parameter), as the runtime runs them
-// (engine/trainer.h): 1 divides the optimizer state; 2 the blocks' gradients too, which pass
+// (engine/train/trainer.h): 1 divides the optimizer state; 2 the blocks' gradients too, which pass
 // through a one-block window, while the rest (embedding, final norm; the head is tied) stays
 // whole until the step's end, and one reduce-scatter's output (here a dp part) is a buffer of
 // its own; 3 the blocks' weights too, each gathered into a one-block window, the rest whole.

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "engine/markov_source.h"
+#include "engine/data/markov_source.h"
 
 static double now_seconds(void) {
   struct timespec t;

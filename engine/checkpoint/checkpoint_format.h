@@ -1,0 +1,114 @@
+/*
+ * engine/checkpoint/checkpoint_format.h — the on-disk format of a checkpoint (engine/checkpoint/checkpoint.h), for the
+ * checkpoint library's own files: the shard files' names and headers, the manifest as parsed and
+ * checked (its files, and every tensor with the place of each of its tp shards), and reading any
+ * range of any tensor's shard, in any tp layout, from the shards that hold it. Saving and loading
+ * (engine/checkpoint/checkpoint.c) build on it; export (mp_checkpoint_export) and the manifest check for
+ * the fuzzer live with it (engine/checkpoint/checkpoint_format.c). Not an API: callers use checkpoint.h.
+ */
+#ifndef MPENGINE_ENGINE_CHECKPOINT_FORMAT_H
+#define MPENGINE_ENGINE_CHECKPOINT_FORMAT_H
+
+#include <cjson/cJSON.h>
+#include <inttypes.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "common/error.h"
+#include "engine/model/gpt_model.h"
+#include "tensor_parallel/shard.h"
+
+#define CK_SHARD_MAGIC_V1 "MPCKSHD1"
+#define CK_SHARD_MAGIC_V2 "MPCKSHD2"
+enum {
+  CK_SHARD_HEADER_BYTES = 32,
+  CK_PATH_BYTES = 4096,
+  CK_FORMAT_VERSION = 2,
+  CK_MAX_GRID = 4096,       /* dp, pp, tp each at most this in a manifest */
+  CK_MAX_FILES = 1 << 16,   /* pp x tp files at most */
+  CK_FILE_NAME_BYTES = 256, /* a shard file's name */
+};
+#define CK_FORMAT_NAME "mpengine-checkpoint"
+
+/* FNV-1a 64, continued over bytes. */
+static inline uint64_t ck_fnv1a64(uint64_t hash, const unsigned char *bytes, size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    hash ^= bytes[i];
+    hash *= 1099511628211ull;
+  }
+  return hash;
+}
+#define CK_FNV_OFFSET 14695981039346656037ull
+
+/* value as the manifest writes a checksum: 16 hex digits. */
+static inline char *ck_hex64(char out[17], uint64_t value) {
+  snprintf(out, 17, "%016" PRIx64, value);
+  return out;
+}
+
+static inline void ck_shard_file_name(char *out, size_t bytes, int pp_rank, int tp_rank) {
+  snprintf(out, bytes, "pp-%05d-tp-%05d.bin", pp_rank, tp_rank);
+}
+
+
+typedef struct {
+  char name[CK_FILE_NAME_BYTES];
+  char checksum[17]; /* FNV-1a 64, hex */
+  int pp_rank, tp_rank, tp_size;
+  size_t floats;     /* per array */
+} ck_file;
+
+typedef struct {
+  int file;          /* index into the files */
+  size_t offset;     /* floats from the start of each array of the file */
+} ck_piece;
+
+typedef struct {
+  char name[MP_GPT_TENSOR_NAME_BYTES];
+  size_t rows, cols;
+  mp_tp_split split;
+  int tp;            /* shards it was saved in */
+  ck_piece *pieces;  /* (tp) by tp rank */
+} ck_tensor;
+
+typedef struct {
+  char path[CK_PATH_BYTES]; /* the checkpoint directory */
+  char file[CK_PATH_BYTES]; /* the manifest, as messages name it */
+  cJSON *root;
+  int version;
+  int64_t step;
+  int num_files;
+  ck_file *files;
+  int num_tensors;
+  ck_tensor *tensors;
+} ck_manifest;
+
+/* The shard files a load reads, opened on first use. */
+typedef struct {
+  const ck_manifest *mf;
+  FILE **handles; /* (num_files) */
+} ck_shard_reader;
+
+/* The manifest's whole number at object[key] (where: its JSON path in messages). */
+mp_status ck_manifest_int(const ck_manifest *mf, const cJSON *object, const char *where,
+                          const char *key, int64_t *out, mp_error *err);
+/* Reads and checks path/manifest.json (format, version, files, tensors); ck_manifest_close frees. */
+mp_status ck_manifest_open(const char *path, ck_manifest *mf, mp_error *err);
+void ck_manifest_close(ck_manifest *mf);
+/* A file's text (at most 64 MiB), NUL-terminated, or NULL; free() it. */
+char *ck_read_text(const char *path);
+/* Checks that the manifest's model is `layout` (naming the first difference). */
+mp_status ck_check_model(const ck_manifest *mf, const mp_gpt_layout *layout,
+                         const char *model_source, mp_error *err);
+/* Checks files first, first + stride, ...: present, checksum, size, header. */
+mp_status ck_verify_files(const ck_manifest *mf, int first, int stride, mp_error *err);
+mp_status ck_reader_open(const ck_manifest *mf, ck_shard_reader *reader, mp_error *err);
+void ck_reader_close(ck_shard_reader *reader);
+/* dest (count floats) = elements [first, first + count) of tp rank `rank` of `size`'s shard of
+ * tensor i's array `array` (0 parameters, 1 and 2 AdamW's moments), read from the saved shards
+ * that hold them, whatever tp they were saved with. */
+mp_status ck_read_shard(ck_shard_reader *reader, int i, int array, int rank, int size,
+                        size_t first, size_t count, float *dest, mp_error *err);
+
+#endif /* MPENGINE_ENGINE_CHECKPOINT_FORMAT_H */

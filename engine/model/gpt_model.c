@@ -1,0 +1,731 @@
+/* engine/model/gpt_model.c — the GPT's parameter layout (the tensor table), initialisation and llm.c
+ * files. See gpt_model.h. */
+#include "engine/model/gpt_model.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/atomic_file.h"
+#include "engine/model/param_init.h"
+#include "tensor_parallel/shard.h"
+
+enum {
+  kVocabPadding = 64,
+  kLlmcMagic = 20240326,
+  kLlmcVersionFp32 = 3,
+  kLlmcVersionBf16 = 5,
+  kLlmcHeaderInts = 256,
+};
+
+
+struct mp_gpt_layout {
+  mp_gpt_config config;
+  char model_source[1024];
+  size_t num_params;
+  int num_tensors;
+  mp_gpt_tensor *tensors; /* (num_tensors,) in the order of the flat array */
+  int first_block;        /* table index of block 0's first tensor */
+  int tensors_per_block;
+  int block_slot[MP_GPT_BLOCK_TENSORS]; /* a role's place within a block, -1 when absent */
+  int global_index[MP_GPT_GLOBAL_TENSORS];
+};
+
+static mp_status unsupported(const mp_model *model, const mp_layer_spec *layer, const char *what,
+                             mp_error *err) {
+  return mp_fail(err, MP_ERR_INPUT,
+                 "%s: $.layers[%d] (%s): %s; the runtime trains GPT-2 and Llama-family models "
+                 "(an embedding, transformer blocks of one shape, a final norm, an LM head); "
+                 "this model can be planned but not run",
+                 mp_model_source(model), layer->json_index, layer->name, what);
+}
+
+static mp_rope_spec rope_spec_of(const mp_layer_spec *block) {
+  mp_rope_spec spec;
+  memset(&spec, 0, sizeof spec);
+  spec.theta = block->rope_theta;
+  spec.llama3 = block->rope_scaling.llama3;
+  spec.factor = block->rope_scaling.factor;
+  spec.low_freq_factor = block->rope_scaling.low_freq_factor;
+  spec.high_freq_factor = block->rope_scaling.high_freq_factor;
+  spec.original_max_positions = (double)block->rope_scaling.original_max_positions;
+  return spec;
+}
+
+/* The block's choices, which every block must share with the first. */
+static bool same_block(const mp_layer_spec *a, const mp_layer_spec *b) {
+  return a->heads == b->heads && a->kv_heads == b->kv_heads && a->ffn_hidden == b->ffn_hidden &&
+         a->norm == b->norm && a->norm_eps == b->norm_eps && a->activation == b->activation &&
+         a->bias == b->bias && a->rope_theta == b->rope_theta &&
+         a->rope_scaling.llama3 == b->rope_scaling.llama3 &&
+         a->rope_scaling.factor == b->rope_scaling.factor &&
+         a->rope_scaling.low_freq_factor == b->rope_scaling.low_freq_factor &&
+         a->rope_scaling.high_freq_factor == b->rope_scaling.high_freq_factor &&
+         a->rope_scaling.original_max_positions == b->rope_scaling.original_max_positions;
+}
+
+static mp_status read_block(const mp_model *model, const mp_layer_spec *block, int64_t channels,
+                            mp_error *err) {
+  if (block->dropout > 0.0) {
+    return unsupported(model, block, "dropout > 0 (the runtime trains without dropout)", err);
+  }
+  if (block->hidden != channels) {
+    return unsupported(model, block, "a hidden size other than the embedding's", err);
+  }
+  if (block->heads < 1 || channels % block->heads != 0) {
+    return unsupported(model, block, "heads must divide hidden", err);
+  }
+  if (block->kv_heads < 1 || block->heads % block->kv_heads != 0) {
+    return unsupported(model, block, "kv_heads must divide heads", err);
+  }
+  if (block->rope_theta > 0.0 && (channels / block->heads) % 2 != 0) {
+    return unsupported(model, block, "rotary embeddings need an even head size", err);
+  }
+  if (!(block->norm_eps > 0.0)) return unsupported(model, block, "norm_eps must be > 0", err);
+  if (block->norm == MP_NORM_LAYERNORM && block->norm_eps != 1e-5) {
+    return unsupported(model, block, "layernorm with norm_eps other than 1e-5", err);
+  }
+  return MP_OK;
+}
+
+/* Fills config from the model, refusing what the runtime cannot run. */
+static mp_status read_config(const mp_model *model, int seq_len, mp_gpt_config *config,
+                             mp_error *err) {
+  memset(config, 0, sizeof *config);
+  int n = mp_model_num_layers(model);
+  int index = 0;
+  const mp_layer_spec *embedding = mp_model_layer(model, index);
+  if (embedding->kind != MP_LAYER_EMBEDDING) {
+    return unsupported(model, embedding, "the first layer must be the embedding", err);
+  }
+  config->channels = (int)embedding->hidden;
+  config->vocab_size = (int)mp_model_vocab_size(model);
+  config->max_seq_len = (int)embedding->max_positions;
+  config->learned_positions = embedding->max_positions > 0;
+  ++index;
+  const mp_layer_spec *first_block = NULL;
+  while (index < n && mp_model_layer(model, index)->kind == MP_LAYER_TRANSFORMER) {
+    const mp_layer_spec *block = mp_model_layer(model, index);
+    MP_TRY(read_block(model, block, embedding->hidden, err));
+    if (first_block == NULL) {
+      first_block = block;
+    } else if (!same_block(block, first_block)) {
+      return unsupported(model, block, "blocks of different shapes", err);
+    }
+    ++index;
+  }
+  if (first_block == NULL) {
+    const mp_layer_spec *layer = mp_model_layer(model, index < n ? index : n - 1);
+    return unsupported(model, layer, "transformer blocks must follow the embedding", err);
+  }
+  config->num_layers = index - 1;
+  config->num_heads = (int)first_block->heads;
+  config->num_kv_heads = (int)first_block->kv_heads;
+  config->ffn_channels = (int)first_block->ffn_hidden;
+  config->rmsnorm = first_block->norm == MP_NORM_RMSNORM;
+  config->norm_eps = first_block->norm_eps;
+  config->swiglu = first_block->activation == MP_ACTIVATION_SWIGLU;
+  config->bias = first_block->bias;
+  config->rope = first_block->rope_theta > 0.0;
+  if (config->rope) config->rope_spec = rope_spec_of(first_block);
+  if (!config->rope && !config->learned_positions) {
+    return unsupported(model, embedding,
+                       "a model without rotary embeddings needs a learned position table "
+                       "(max_positions > 0)",
+                       err);
+  }
+  if (config->rope && config->learned_positions) {
+    return unsupported(model, embedding,
+                       "rotary embeddings with a learned position table too (max_positions must "
+                       "be 0 with rope_theta)",
+                       err);
+  }
+  if (index >= n || mp_model_layer(model, index)->kind != MP_LAYER_LAYERNORM) {
+    const mp_layer_spec *layer = mp_model_layer(model, index < n ? index : n - 1);
+    return unsupported(model, layer, "a final norm must follow the blocks", err);
+  }
+  const mp_layer_spec *final_norm = mp_model_layer(model, index);
+  if (final_norm->norm != first_block->norm || final_norm->norm_eps != first_block->norm_eps) {
+    return unsupported(model, final_norm, "a final norm unlike the blocks' (norm, norm_eps)", err);
+  }
+  ++index;
+  if (index >= n || mp_model_layer(model, index)->kind != MP_LAYER_LM_HEAD) {
+    const mp_layer_spec *layer = mp_model_layer(model, index < n ? index : n - 1);
+    return unsupported(model, layer, "an lm_head must follow the final norm", err);
+  }
+  const mp_layer_spec *head = mp_model_layer(model, index);
+  config->tied_head = head->tie_embedding;
+  if (index + 1 != n) {
+    return unsupported(model, mp_model_layer(model, index + 1), "layers after the LM head", err);
+  }
+  config->family = !config->rmsnorm && !config->swiglu && !config->rope &&
+                           config->num_kv_heads == config->num_heads &&
+                           config->bias == MP_BIAS_ALL && config->tied_head &&
+                           config->norm_eps == 1e-5
+                       ? MP_GPT_FAMILY_GPT2
+                       : MP_GPT_FAMILY_LLAMA;
+  config->padded_vocab_size =
+      (config->vocab_size + kVocabPadding - 1) / kVocabPadding * kVocabPadding;
+  if (config->learned_positions && seq_len > config->max_seq_len) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "%s: sequence length %d exceeds the position table ($.layers[0].max_positions "
+                   "= %d); shorten seq_len or raise max_positions",
+                   mp_model_source(model), seq_len, config->max_seq_len);
+  }
+  if (!config->learned_positions) {
+    /* Rotary embeddings: the model's own sequence length (a Hugging Face checkpoint's
+     * max_position_embeddings when imported), or the run's if that is longer. */
+    const int64_t model_seq_len = mp_model_seq_len(model);
+    config->max_seq_len = model_seq_len > seq_len ? (int)model_seq_len : seq_len;
+  }
+  return MP_OK;
+}
+
+/* Whether the model has a block tensor of role, and its name within the block. */
+static bool block_role(const mp_gpt_config *c, mp_gpt_block_tensor role, const char **suffix) {
+  const bool gpt2 = c->family == MP_GPT_FAMILY_GPT2;
+  const bool layernorm = !c->rmsnorm;
+  const bool any_bias = c->bias != MP_BIAS_NONE, all_bias = c->bias == MP_BIAS_ALL;
+  switch (role) {
+    case MP_BLOCK_LN1_WEIGHT: *suffix = "ln1.weight"; return true;
+    case MP_BLOCK_LN1_BIAS: *suffix = "ln1.bias"; return layernorm;
+    case MP_BLOCK_QKV_WEIGHT: *suffix = gpt2 ? "qkv.weight" : "q.weight"; return true;
+    case MP_BLOCK_K_WEIGHT: *suffix = "k.weight"; return !gpt2;
+    case MP_BLOCK_V_WEIGHT: *suffix = "v.weight"; return !gpt2;
+    case MP_BLOCK_QKV_BIAS: *suffix = gpt2 ? "qkv.bias" : "q.bias"; return any_bias;
+    case MP_BLOCK_K_BIAS: *suffix = "k.bias"; return !gpt2 && any_bias;
+    case MP_BLOCK_V_BIAS: *suffix = "v.bias"; return !gpt2 && any_bias;
+    case MP_BLOCK_ATTN_PROJ_WEIGHT: *suffix = "attn_proj.weight"; return true;
+    case MP_BLOCK_ATTN_PROJ_BIAS: *suffix = "attn_proj.bias"; return all_bias;
+    case MP_BLOCK_LN2_WEIGHT: *suffix = "ln2.weight"; return true;
+    case MP_BLOCK_LN2_BIAS: *suffix = "ln2.bias"; return layernorm;
+    case MP_BLOCK_FC_WEIGHT: *suffix = c->swiglu ? "gate.weight" : "fc.weight"; return true;
+    case MP_BLOCK_UP_WEIGHT: *suffix = "up.weight"; return c->swiglu;
+    case MP_BLOCK_FC_BIAS: *suffix = c->swiglu ? "gate.bias" : "fc.bias"; return all_bias;
+    case MP_BLOCK_UP_BIAS: *suffix = "up.bias"; return c->swiglu && all_bias;
+    case MP_BLOCK_FC_PROJ_WEIGHT: *suffix = "fc_proj.weight"; return true;
+    case MP_BLOCK_FC_PROJ_BIAS: *suffix = "fc_proj.bias"; return all_bias;
+    case MP_GPT_BLOCK_TENSORS: break;
+  }
+  return false;
+}
+
+/* A block tensor's shape (cols = 1 for vectors), tensor-parallel split and initial values. */
+static void block_shape(const mp_gpt_config *c, mp_gpt_block_tensor role, size_t *rows,
+                        size_t *cols, mp_tp_split *split, mp_gpt_init *init) {
+  const size_t C = (size_t)c->channels, F = (size_t)c->ffn_channels;
+  const size_t kv = (size_t)c->num_kv_heads * (C / (size_t)c->num_heads);
+  const bool gpt2 = c->family == MP_GPT_FAMILY_GPT2;
+  *cols = 1;
+  *split = MP_TP_REPLICATED;
+  *init = MP_GPT_INIT_ZERO;
+  switch (role) {
+    case MP_BLOCK_LN1_WEIGHT:
+    case MP_BLOCK_LN2_WEIGHT: *rows = C; *init = MP_GPT_INIT_ONE; return;
+    case MP_BLOCK_LN1_BIAS:
+    case MP_BLOCK_LN2_BIAS:
+    case MP_BLOCK_ATTN_PROJ_BIAS:
+    case MP_BLOCK_FC_PROJ_BIAS: *rows = C; return;
+    case MP_BLOCK_QKV_WEIGHT:
+      *rows = gpt2 ? 3 * C : C, *cols = C, *init = MP_GPT_INIT_NORMAL;
+      *split = gpt2 ? MP_TP_SPLIT_QKV : MP_TP_SPLIT_ROWS;
+      return;
+    case MP_BLOCK_K_WEIGHT:
+    case MP_BLOCK_V_WEIGHT:
+      *rows = kv, *cols = C, *init = MP_GPT_INIT_NORMAL, *split = MP_TP_SPLIT_ROWS;
+      return;
+    case MP_BLOCK_QKV_BIAS:
+      *rows = gpt2 ? 3 * C : C, *split = gpt2 ? MP_TP_SPLIT_QKV : MP_TP_SPLIT_ROWS;
+      return;
+    case MP_BLOCK_K_BIAS:
+    case MP_BLOCK_V_BIAS: *rows = kv, *split = MP_TP_SPLIT_ROWS; return;
+    case MP_BLOCK_ATTN_PROJ_WEIGHT:
+      *rows = C, *cols = C, *init = MP_GPT_INIT_NORMAL_RESIDUAL, *split = MP_TP_SPLIT_COLS;
+      return;
+    case MP_BLOCK_FC_WEIGHT:
+    case MP_BLOCK_UP_WEIGHT:
+      *rows = F, *cols = C, *init = MP_GPT_INIT_NORMAL, *split = MP_TP_SPLIT_ROWS;
+      return;
+    case MP_BLOCK_FC_BIAS:
+    case MP_BLOCK_UP_BIAS: *rows = F, *split = MP_TP_SPLIT_ROWS; return;
+    case MP_BLOCK_FC_PROJ_WEIGHT:
+      *rows = C, *cols = F, *init = MP_GPT_INIT_NORMAL_RESIDUAL, *split = MP_TP_SPLIT_COLS;
+      return;
+    case MP_GPT_BLOCK_TENSORS: break;
+  }
+  *rows = 0;
+}
+
+static void add_tensor(mp_gpt_layout *layout, const char *name, size_t *offset, size_t rows,
+                       size_t cols, mp_tp_split split, mp_gpt_init init) {
+  mp_gpt_tensor *tensor = &layout->tensors[layout->num_tensors++];
+  snprintf(tensor->name, sizeof tensor->name, "%s", name);
+  tensor->offset = *offset;
+  tensor->rows = rows;
+  tensor->cols = cols;
+  /* Matrices and embeddings decay; biases and norms do not. */
+  tensor->weight_decay = cols > 1;
+  tensor->split = split;
+  tensor->init = init;
+  *offset += rows * cols;
+}
+
+static void add_global(mp_gpt_layout *layout, mp_gpt_global_tensor which, const char *name,
+                       size_t *offset, size_t rows, size_t cols, mp_tp_split split,
+                       mp_gpt_init init) {
+  layout->global_index[which] = layout->num_tensors;
+  add_tensor(layout, name, offset, rows, cols, split, init);
+}
+
+/* Lays out the tensor table in the order of the flat array: wte, wpe, blocks, final norm, an
+ * untied head; GPT-2's matches llm.c's files. */
+static void build_tensor_table(mp_gpt_layout *layout) {
+  const mp_gpt_config *c = &layout->config;
+  const size_t C = (size_t)c->channels;
+  size_t offset = 0;
+  for (int g = 0; g < MP_GPT_GLOBAL_TENSORS; ++g) layout->global_index[g] = -1;
+  add_global(layout, MP_GPT_WTE, "embedding.wte", &offset, (size_t)c->padded_vocab_size, C,
+             MP_TP_SPLIT_ROWS, MP_GPT_INIT_NORMAL);
+  if (c->learned_positions) {
+    add_global(layout, MP_GPT_WPE, "embedding.wpe", &offset, (size_t)c->max_seq_len, C,
+               MP_TP_REPLICATED, MP_GPT_INIT_NORMAL);
+  }
+  layout->first_block = layout->num_tensors;
+  layout->tensors_per_block = 0;
+  for (int r = 0; r < MP_GPT_BLOCK_TENSORS; ++r) {
+    const char *suffix = NULL;
+    const bool present = block_role(c, (mp_gpt_block_tensor)r, &suffix);
+    layout->block_slot[r] = present ? layout->tensors_per_block++ : -1;
+  }
+  for (int l = 0; l < c->num_layers; ++l) {
+    for (int r = 0; r < MP_GPT_BLOCK_TENSORS; ++r) {
+      const char *suffix = NULL;
+      if (!block_role(c, (mp_gpt_block_tensor)r, &suffix)) continue;
+      size_t rows = 0, cols = 0;
+      mp_tp_split split;
+      mp_gpt_init init;
+      block_shape(c, (mp_gpt_block_tensor)r, &rows, &cols, &split, &init);
+      char name[MP_GPT_TENSOR_NAME_BYTES];
+      snprintf(name, sizeof name, "block.%d.%s", l, suffix);
+      add_tensor(layout, name, &offset, rows, cols, split, init);
+    }
+  }
+  add_global(layout, MP_GPT_LNF_WEIGHT, "final_norm.weight", &offset, C, 1, MP_TP_REPLICATED,
+             MP_GPT_INIT_ONE);
+  if (!c->rmsnorm) {
+    add_global(layout, MP_GPT_LNF_BIAS, "final_norm.bias", &offset, C, 1, MP_TP_REPLICATED,
+               MP_GPT_INIT_ZERO);
+  }
+  if (!c->tied_head) {
+    add_global(layout, MP_GPT_LM_HEAD, "lm_head.weight", &offset, (size_t)c->padded_vocab_size,
+               C, MP_TP_SPLIT_ROWS, MP_GPT_INIT_NORMAL);
+  }
+  layout->num_params = offset;
+}
+
+static mp_status layout_init(const mp_model *model, int seq_len, mp_gpt_layout *layout,
+                             mp_error *err) {
+  memset(layout, 0, sizeof *layout);
+  MP_TRY(read_config(model, seq_len, &layout->config, err));
+  snprintf(layout->model_source, sizeof layout->model_source, "%s", mp_model_source(model));
+  layout->tensors = calloc((size_t)(MP_GPT_GLOBAL_TENSORS +
+                                    layout->config.num_layers * MP_GPT_BLOCK_TENSORS),
+                           sizeof *layout->tensors);
+  if (layout->tensors == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  build_tensor_table(layout);
+  return MP_OK;
+}
+
+mp_status mp_gpt_layout_create(const mp_model *model, int seq_len, mp_gpt_layout **out,
+                               mp_error *err) {
+  *out = NULL;
+  mp_gpt_layout *layout = calloc(1, sizeof *layout);
+  if (layout == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  mp_status status = layout_init(model, seq_len, layout, err);
+  if (status != MP_OK) {
+    mp_gpt_layout_free(layout);
+    return status;
+  }
+  *out = layout;
+  return MP_OK;
+}
+
+void mp_gpt_layout_free(mp_gpt_layout *layout) {
+  if (layout == NULL) return;
+  free(layout->tensors);
+  free(layout);
+}
+
+const mp_gpt_config *mp_gpt_layout_config(const mp_gpt_layout *layout) { return &layout->config; }
+size_t mp_gpt_layout_num_params(const mp_gpt_layout *layout) { return layout->num_params; }
+const char *mp_gpt_layout_model_source(const mp_gpt_layout *layout) {
+  return layout->model_source;
+}
+int mp_gpt_layout_num_tensors(const mp_gpt_layout *layout) { return layout->num_tensors; }
+
+const mp_gpt_tensor *mp_gpt_layout_tensor(const mp_gpt_layout *layout, int index) {
+  return index >= 0 && index < layout->num_tensors ? &layout->tensors[index] : NULL;
+}
+
+int mp_gpt_layout_block_index(const mp_gpt_layout *layout, int layer, mp_gpt_block_tensor role) {
+  if (role < 0 || role >= MP_GPT_BLOCK_TENSORS || layout->block_slot[role] < 0) return -1;
+  return layout->first_block + layer * layout->tensors_per_block + layout->block_slot[role];
+}
+
+int mp_gpt_layout_tensors_per_block(const mp_gpt_layout *layout) {
+  return layout->tensors_per_block;
+}
+
+int mp_gpt_layout_global_index(const mp_gpt_layout *layout, mp_gpt_global_tensor which) {
+  return which >= 0 && which < MP_GPT_GLOBAL_TENSORS ? layout->global_index[which] : -1;
+}
+
+int mp_gpt_layout_layer_of(const mp_gpt_layout *layout, int index) {
+  const int end = layout->first_block + layout->config.num_layers * layout->tensors_per_block;
+  if (index < layout->first_block || index >= end) return -1;
+  return (index - layout->first_block) / layout->tensors_per_block;
+}
+
+void mp_gpt_tensor_init_block(const mp_gpt_layout *layout, const mp_gpt_tensor *tensor,
+                              float *out, size_t rows, size_t cols, size_t row_offset,
+                              size_t col_offset, uint64_t seed) {
+  const float std = 0.02f;
+  switch (tensor->init) {
+    case MP_GPT_INIT_ZERO:
+    case MP_GPT_INIT_ONE:
+      mp_init_fill_constant(out, rows * cols, tensor->init == MP_GPT_INIT_ONE ? 1.0f : 0.0f);
+      return;
+    case MP_GPT_INIT_NORMAL:
+    case MP_GPT_INIT_NORMAL_RESIDUAL: {
+      const float s = tensor->init == MP_GPT_INIT_NORMAL
+                          ? std
+                          : std / sqrtf(2.0f * (float)layout->config.num_layers);
+      if (cols == tensor->cols) {
+        /* Whole rows are one contiguous run of the tensor's elements. */
+        mp_init_fill_normal(out, rows * cols, seed, tensor->name, row_offset * cols, s);
+      } else {
+        mp_init_fill_normal_block(out, rows, cols, row_offset, col_offset, tensor->cols, seed,
+                                  tensor->name, s);
+      }
+      return;
+    }
+  }
+}
+
+void mp_gpt_layout_init_params(const mp_gpt_layout *layout, float *params, uint64_t seed) {
+  for (int i = 0; i < layout->num_tensors; ++i) {
+    const mp_gpt_tensor *t = &layout->tensors[i];
+    mp_gpt_tensor_init_block(layout, t, params + t->offset, t->rows, t->cols, 0, 0, seed);
+  }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * llm.c checkpoints: a 256 x int32 header, then wte, wpe, and each per-layer tensor for all L
+ * layers in turn (ln1w for every layer, then ln1b for every layer, ...), then lnfw, lnfb. */
+
+static const char *const kHeaderFields[8] = {"magic", "version", "max_seq_len", "vocab_size",
+                                             "num_layers", "num_heads", "channels",
+                                             "padded_vocab_size"};
+
+/* llm.c's files hold GPT-2 only. */
+static mp_status check_llmc_family(const mp_gpt_layout *layout, const char *path, mp_error *err) {
+  if (layout->config.family == MP_GPT_FAMILY_GPT2) return MP_OK;
+  return mp_fail(err, MP_ERR_INPUT,
+                 "%s: llm.c's checkpoint files hold GPT-2 models, and %s is a Llama-family model "
+                 "(rmsnorm, swiglu, rotary embeddings, kv_heads, biases or an untied head); use "
+                 "a Hugging Face checkpoint directory",
+                 path, layout->model_source);
+}
+
+/* Visits every tensor in llm.c's file order, calling visit(tensor, context). */
+static void for_each_in_llmc_order(const mp_gpt_layout *layout,
+                                   void (*visit)(const mp_gpt_tensor *, void *), void *context) {
+  const int per_block = layout->tensors_per_block;
+  visit(&layout->tensors[0], context);
+  visit(&layout->tensors[1], context);
+  for (int k = 0; k < per_block; ++k) {
+    for (int l = 0; l < layout->config.num_layers; ++l) {
+      visit(&layout->tensors[layout->first_block + l * per_block + k], context);
+    }
+  }
+  visit(&layout->tensors[layout->num_tensors - 2], context);
+  visit(&layout->tensors[layout->num_tensors - 1], context);
+}
+
+/* Element offset (after the header) of every tensor in llm.c's file, indexed like the layout. */
+typedef struct {
+  size_t *offsets;
+  size_t cursor;
+  const mp_gpt_tensor *first;
+  size_t wte_rows; /* the file's padded vocabulary */
+} llmc_offsets;
+
+static void place_tensor(const mp_gpt_tensor *tensor, void *context) {
+  llmc_offsets *o = context;
+  o->offsets[tensor - o->first] = o->cursor;
+  o->cursor += (tensor == o->first ? o->wte_rows : tensor->rows) * tensor->cols;
+}
+
+/* wte_rows: the file's padded vocabulary, which llm.c pads to 128 and mpengine to 64. */
+static size_t *llmc_file_offsets(const mp_gpt_layout *layout, size_t wte_rows) {
+  llmc_offsets o = {calloc((size_t)layout->num_tensors, sizeof(size_t)), 0, layout->tensors,
+                    wte_rows};
+  if (o.offsets != NULL) for_each_in_llmc_order(layout, place_tensor, &o);
+  return o.offsets;
+}
+
+static void llmc_header(const mp_gpt_config *c, int32_t *header) {
+  memset(header, 0, kLlmcHeaderInts * sizeof(int32_t));
+  header[0] = kLlmcMagic;
+  header[1] = kLlmcVersionFp32;
+  header[2] = c->max_seq_len;
+  header[3] = c->vocab_size;
+  header[4] = c->num_layers;
+  header[5] = c->num_heads;
+  header[6] = c->channels;
+  header[7] = c->padded_vocab_size;
+}
+
+struct mp_llmc_reader {
+  const mp_gpt_layout *layout;
+  char path[MP_ATOMIC_FILE_PATH_BYTES];
+  int fd;
+  int bytes_per_element; /* 4 fp32, 2 bf16 */
+  size_t *offsets;
+  size_t padded_vocab;   /* the file's wte rows (its header's padded_vocab_size) */
+};
+
+void mp_llmc_reader_close(mp_llmc_reader *reader) {
+  if (reader == NULL) return;
+  if (reader->fd >= 0) close(reader->fd);
+  free(reader->offsets);
+  free(reader);
+}
+
+/* Checks the header against the layout and the file's size against the header. */
+static mp_status check_llmc_file(mp_llmc_reader *r, mp_error *err) {
+  const mp_gpt_layout *layout = r->layout;
+  const mp_gpt_config *c = &layout->config;
+  const char *path = r->path;
+  int32_t header[kLlmcHeaderInts];
+  if (pread(r->fd, header, sizeof header, 0) != (ssize_t)sizeof header) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "%s: shorter than llm.c's 1024-byte checkpoint header; not a GPT-2 checkpoint",
+                   path);
+  }
+  if (header[0] != kLlmcMagic) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "%s: bad magic %d (expected %d); not an llm.c GPT-2 checkpoint", path,
+                   header[0], kLlmcMagic);
+  }
+  if (header[1] != kLlmcVersionFp32 && header[1] != kLlmcVersionBf16) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "%s: version %d is not supported (3 = fp32 or 5 = bf16)", path, header[1]);
+  }
+  if (c->ffn_channels != 4 * c->channels) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "%s: llm.c checkpoints have ffn_hidden = 4 x hidden, but the model (%s) has "
+                   "ffn_hidden %d and hidden %d",
+                   path, layout->model_source, c->ffn_channels, c->channels);
+  }
+  int32_t expected[kLlmcHeaderInts];
+  llmc_header(c, expected);
+  /* The padding is the writer's choice (llm.c's train_gpt2.py pads to 128, mpengine to 64): its
+   * rows take no part in the model; only the real rows must be there. */
+  if (header[7] < c->vocab_size) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "%s: padded_vocab_size %d is below the vocabulary %d of the model description "
+                   "(%s)",
+                   path, header[7], c->vocab_size, layout->model_source);
+  }
+  expected[7] = header[7];
+  r->padded_vocab = (size_t)header[7];
+  for (int i = 2; i < 8; ++i) {
+    if (header[i] != expected[i]) {
+      return mp_fail(err, MP_ERR_INPUT,
+                     "%s: %s is %d in the checkpoint but %d in the model description (%s); "
+                     "give the description that matches the checkpoint",
+                     path, kHeaderFields[i], header[i], expected[i], layout->model_source);
+    }
+  }
+  r->bytes_per_element = header[1] == kLlmcVersionFp32 ? 4 : 2;
+  const size_t C = (size_t)c->channels;
+  const size_t file_params = layout->num_params - (size_t)c->padded_vocab_size * C +
+                             r->padded_vocab * C;
+  const size_t payload = file_params * (size_t)r->bytes_per_element;
+  struct stat st;
+  if (fstat(r->fd, &st) != 0) {
+    return mp_fail(err, MP_ERR_INPUT, "%s: cannot stat: %s", path, strerror(errno));
+  }
+  const size_t got = (size_t)st.st_size - sizeof header;
+  if (got != payload) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "%s: holds %s%zu bytes of parameters, but the header's model needs %zu (%zu "
+                   "parameters of %d bytes); the file is truncated or corrupt",
+                   path, got > payload ? "more than " : "", got > payload ? payload : got, payload,
+                   file_params, r->bytes_per_element);
+  }
+  return MP_OK;
+}
+
+mp_status mp_llmc_reader_open(const mp_gpt_layout *layout, const char *path,
+                              mp_llmc_reader **out, mp_error *err) {
+  *out = NULL;
+  MP_TRY(check_llmc_family(layout, path, err));
+  mp_llmc_reader *r = calloc(1, sizeof *r);
+  if (r == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  r->layout = layout;
+  snprintf(r->path, sizeof r->path, "%s", path);
+  r->fd = open(path, O_RDONLY);
+  if (r->fd < 0) {
+    const int e = errno;
+    mp_llmc_reader_close(r);
+    return mp_fail(err, MP_ERR_INPUT, "%s: cannot open: %s", path, strerror(e));
+  }
+  mp_status status = check_llmc_file(r, err);
+  if (status == MP_OK && (r->offsets = llmc_file_offsets(layout, r->padded_vocab)) == NULL) {
+    status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  }
+  if (status != MP_OK) {
+    mp_llmc_reader_close(r);
+    return status;
+  }
+  *out = r;
+  return MP_OK;
+}
+
+/* count bytes at offset, or an error naming the file. */
+static mp_status pread_all(const mp_llmc_reader *r, void *dest, size_t count, off_t offset,
+                           mp_error *err) {
+  unsigned char *at = dest;
+  while (count > 0) {
+    const ssize_t got = pread(r->fd, at, count, offset);
+    if (got <= 0) {
+      return mp_fail(err, MP_ERR_INPUT, "%s: short read at byte %lld: %s", r->path,
+                     (long long)offset, got < 0 ? strerror(errno) : "end of file");
+    }
+    at += got;
+    count -= (size_t)got;
+    offset += got;
+  }
+  return MP_OK;
+}
+
+mp_status mp_llmc_reader_read(mp_llmc_reader *r, int tensor, size_t first, size_t count,
+                              float *dest, mp_error *err) {
+  const mp_gpt_tensor *t = mp_gpt_layout_tensor(r->layout, tensor);
+  if (t == NULL || first > t->rows * t->cols || count > t->rows * t->cols - first) {
+    return mp_fail(err, MP_ERR_RUNTIME, "%s: elements [%zu, +%zu) of tensor %d are outside it",
+                   r->path, first, count, tensor);
+  }
+  if (tensor == 0) {
+    /* wte: the file's rows as far as both paddings go; ours past the file's read as zero (the
+     * padding takes no part in the model; llm.c writes its padding rows as zero). */
+    const size_t in_file = r->padded_vocab * t->cols;
+    const size_t held = first >= in_file ? 0 : (first + count <= in_file ? count : in_file - first);
+    for (size_t i = held; i < count; ++i) dest[i] = 0.0f;
+    count = held;
+    if (count == 0) return MP_OK;
+  }
+  const size_t bpe = (size_t)r->bytes_per_element;
+  off_t at = (off_t)(kLlmcHeaderInts * sizeof(int32_t) + (r->offsets[tensor] + first) * bpe);
+  if (bpe == 4) return pread_all(r, dest, count * sizeof(float), at, err);
+  /* bf16: the high half of an fp32, widened through a bounded buffer. */
+  enum { kPiece = 1 << 15 };
+  uint16_t piece[kPiece];
+  while (count > 0) {
+    const size_t n = count < kPiece ? count : kPiece;
+    MP_TRY(pread_all(r, piece, n * 2, at, err));
+    for (size_t i = 0; i < n; ++i) {
+      const unsigned char *b = (const unsigned char *)&piece[i];
+      const uint32_t bits = (uint32_t)(b[0] | (b[1] << 8)) << 16;
+      memcpy(&dest[i], &bits, sizeof bits);
+    }
+    dest += n;
+    count -= n;
+    at += (off_t)(n * 2);
+  }
+  return MP_OK;
+}
+
+mp_status mp_gpt_layout_load_llmc(const mp_gpt_layout *layout, float *params, const char *path,
+                                  mp_error *err) {
+  mp_llmc_reader *reader = NULL;
+  MP_TRY(mp_llmc_reader_open(layout, path, &reader, err));
+  mp_status status = MP_OK;
+  for (int i = 0; i < layout->num_tensors && status == MP_OK; ++i) {
+    const mp_gpt_tensor *t = &layout->tensors[i];
+    status = mp_llmc_reader_read(reader, i, 0, t->rows * t->cols, params + t->offset, err);
+  }
+  mp_llmc_reader_close(reader);
+  return status;
+}
+
+struct mp_llmc_writer {
+  const mp_gpt_layout *layout;
+  mp_atomic_file file;
+  size_t *offsets;
+};
+
+mp_status mp_llmc_writer_open(const mp_gpt_layout *layout, const char *path,
+                              mp_llmc_writer **out, mp_error *err) {
+  *out = NULL;
+  MP_TRY(check_llmc_family(layout, path, err));
+  mp_llmc_writer *w = calloc(1, sizeof *w);
+  if (w == NULL ||
+      (w->offsets = llmc_file_offsets(layout, (size_t)layout->config.padded_vocab_size)) == NULL) {
+    free(w);
+    return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  }
+  w->layout = layout;
+  const mp_status status = mp_atomic_file_open(&w->file, path, err);
+  if (status != MP_OK) {
+    free(w->offsets);
+    free(w);
+    return status;
+  }
+  int32_t header[kLlmcHeaderInts];
+  llmc_header(&layout->config, header);
+  mp_atomic_file_write(&w->file, header, sizeof header);
+  *out = w;
+  return MP_OK;
+}
+
+void mp_llmc_writer_write(mp_llmc_writer *w, int tensor, size_t first, const float *data,
+                          size_t count) {
+  const long long at =
+      (long long)(kLlmcHeaderInts * sizeof(int32_t) + (w->offsets[tensor] + first) * sizeof(float));
+  mp_atomic_file_write_at(&w->file, at, data, count * sizeof(float));
+}
+
+mp_status mp_llmc_writer_commit(mp_llmc_writer *w, mp_error *err) {
+  const mp_status status = mp_atomic_file_commit(&w->file, err);
+  free(w->offsets);
+  free(w);
+  return status;
+}
+
+void mp_llmc_writer_abort(mp_llmc_writer *w) {
+  if (w == NULL) return;
+  mp_atomic_file_abort(&w->file);
+  free(w->offsets);
+  free(w);
+}
+
+/* Writes array (num_params floats, in our flat layout) under llm.c's version 3 header in llm.c's
+ * tensor order, to a temporary name renamed into place: the parameters or their gradients. */
+mp_status mp_gpt_layout_save_llmc(const mp_gpt_layout *layout, const float *array,
+                                  const char *path, mp_error *err) {
+  mp_llmc_writer *writer = NULL;
+  MP_TRY(mp_llmc_writer_open(layout, path, &writer, err));
+  for (int i = 0; i < layout->num_tensors; ++i) {
+    const mp_gpt_tensor *t = &layout->tensors[i];
+    mp_llmc_writer_write(writer, i, 0, array + t->offset, t->rows * t->cols);
+  }
+  return mp_llmc_writer_commit(writer, err);
+}

@@ -1,0 +1,367 @@
+/*
+ * engine/model/gpt_model_tp.h — one rank's shard of the GPT (engine/model/gpt_model.h), or of one pipeline
+ * stage of it (mp_gpt_stage: a contiguous piece of embedding, blocks, final norm, LM head), on a
+ * tensor-parallel group, on the CPU in fp32: its parameters and gradients as flat shard arrays,
+ * and its forward and backward, the stage chain (engine/model/stage_chain.h: activation slots,
+ * recomputation, the zero-bubble split) over the CPU's kernels. The pipeline's stage worker
+ * (pipeline/stage_worker.h) drives a rank's stages through the trainer (engine/train/trainer.h); with
+ * tp = 1 the group is mp_tp_comm_single.
+ *
+ * The shard is cut tensor by tensor from the one-rank layout (mp_gpt_layout) by each tensor's
+ * split in the layout's table (tensor_parallel/shard.h): wte by vocabulary rows, qkv by heads,
+ * attn_proj and fc_proj weights by columns, fc by rows; wpe, layernorms and the row-parallel
+ * biases replicated. The shard array holds the tensors in the layout's order, each one's shard
+ * contiguous, so optimizer and clipping walk one buffer as on one rank.
+ *
+ *   embedding   vocab-parallel lookup (tensor_parallel/vocab_parallel_embedding.h), wpe added
+ *   blocks      qkv and fc column-parallel, attn_proj and fc_proj row-parallel
+ *               (tensor_parallel/), layernorms replicated
+ *   final norm  replicated (on this rank's token slice with sequence parallelism)
+ *   LM head     tied to the wte shard: the logits of this rank's vocabulary range only
+ *   loss        vocab-parallel cross-entropy, never gathering the (BT, Vp) logits
+ *
+ * Shard-first (DESIGN.md, principle 6): a stage allocates, initialises and loads only its own
+ * shard. Initialisation draws each block of each shard directly from the pure function of (seed,
+ * tensor name, element index) (mp_gpt_tensor_init_block), so tp = 2 starts from exactly the
+ * numbers of tp = 1 (principle 2); an llm.c file is read in the byte ranges of the shard alone.
+ *
+ * Sequence parallelism: the layernorm gradients of a rank cover only its tokens. The backward
+ * leaves them partial; mp_gpt_tp_finish_grads sums them (every block's ln1/ln2 and the final
+ * norm) over the group once per step, after the last micro-batch and before clipping.
+ *
+ * Replicated tensors come out bitwise identical on every rank (tp_comm.h's contract), so the
+ * ranks' identical optimizer steps keep them equal; mp_gpt_tp_grad_norm_squared counts them once.
+ *
+ * Every call that communicates returns MP_OK or the collective's error (a timeout names the rank,
+ * the group and the peer); all ranks of the group must make the same calls in the same order.
+ */
+#ifndef MPENGINE_ENGINE_GPT_MODEL_TP_H
+#define MPENGINE_ENGINE_GPT_MODEL_TP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/error.h"
+#include "engine/model/gpt_model.h"
+#include "tensor_parallel/shard.h"
+#include "tensor_parallel/tp_comm.h"
+#include "topology/layer_cost.h"
+#include "topology/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One tensor's shard inside the flat shard array. */
+typedef struct {
+  const mp_gpt_tensor *full; /* the one-rank tensor: name, rows, cols, weight_decay, offset */
+  mp_tp_split split;         /* how it is cut (replicated: every rank holds all of it) */
+  size_t offset;             /* floats from the start of the shard array */
+  size_t count;              /* floats of this rank's shard */
+  bool tied_copy;            /* the LM head's copy of wte on a last stage without the embedding:
+                                its gradient is summed with the first stage's over the embedding
+                                group, and the global norm counts wte once, on the first stage */
+} mp_gpt_tp_tensor;
+
+/* A pipeline stage (one model chunk): a contiguous piece of the chain embedding, blocks 0..L-1,
+ * final layernorm, LM head (with its loss) — the chain topology/cost_model.h's layers_per_stage
+ * counts, one position each. */
+typedef struct {
+  bool embedding;   /* token + position embedding; the stage reads tokens, not activations */
+  int first_layer;  /* its blocks: [first_layer, first_layer + num_layers) */
+  int num_layers;   /* may be 0 */
+  bool final_norm;  /* the final layernorm after its blocks */
+  bool head;        /* LM head tied to wte and the loss; the stage ends in a loss */
+} mp_gpt_stage;
+
+/* The whole model as one stage. */
+mp_gpt_stage mp_gpt_stage_whole(int num_layers);
+
+/* The stage of chain positions [first, end) of a model with num_layers blocks (chain length
+ * num_layers + 3). MP_ERR_INPUT when the range is empty or outside the chain. */
+mp_status mp_gpt_stage_of_chain(int num_layers, int first, int end, mp_gpt_stage *out,
+                                mp_error *err);
+
+typedef struct mp_gpt_tp mp_gpt_tp;
+
+/* The whole model on group tp with one activation slot; see mp_gpt_tp_create_stage. */
+mp_status mp_gpt_tp_create(const mp_model *model, int micro_batch, int seq_len,
+                           const mp_tp_comm *tp, bool sequence_parallel, mp_gpt_tp **out,
+                           mp_error *err);
+
+/* Lays out this rank's shard of `stage` of `model` on group tp (tp->size ranks, this one
+ * tp->rank) and allocates parameters, gradients and num_slots activation slots, each holding
+ * one (micro_batch, seq_len) micro-batch between its forward and its backward (a pipeline rank
+ * has several in flight). num_slots 0 makes a stage without slots: its tensor table, layout and
+ * groups only (no activations, no working memory, no host arrays: the host side of a GPU stage,
+ * engine/model/gpt_stage_gpu.h, which keeps the parameters), whose forward and backward refuse. With deferred_weights each slot also keeps what the weight-gradient
+ * pass of a zero-bubble schedule needs (mp_stage_chain_backward_weights). recompute trades compute for
+ * memory as the plan says: selective keeps no attention matrices (B, NH/tp, T, T) per slot and
+ * recomputes each layer's right before its backward; full keeps only each slot's input and
+ * tokens and reruns the stage's forward at the start of the backward (not with deferred weights:
+ * MP_ERR_INPUT). Both give bitwise the gradients of none. The table is copied; its
+ * context must outlive the model. MP_ERR_INPUT, naming the model file and what to change, when
+ * the runtime cannot train the model (mp_gpt_layout_create), the heads, ffn_hidden or padded
+ * vocabulary do not divide over tp, or with sequence parallelism micro_batch x seq_len does not.
+ * zero->window_block_grads (ZeRO 2 and 3, a stage with slots): the stage holds no gradient of its
+ * blocks between their backwards (or with deferred weights, of their GEMM weights between their
+ * Ws): each block's is formed in one window of the largest block's floats, which the chain's
+ * hook must take after every block (engine/model/stage_chain.h), and the gradient array holds only
+ * the other tensors (mp_grad_window). zero->shard_block_params (ZeRO-3, with
+ * window_block_grads, without deferred weights; or a stage without slots, a GPU stage's host
+ * side): the parameters too (below).
+ * Parameters start at zero: call an init or write function. */
+typedef struct mp_gpt_tp_zero mp_gpt_tp_zero;
+mp_status mp_gpt_tp_create_stage(const mp_model *model, int micro_batch, int seq_len,
+                                 const mp_tp_comm *tp, bool sequence_parallel,
+                                 const mp_gpt_stage *stage, int num_slots, bool deferred_weights,
+                                 mp_recompute recompute, const mp_gpt_tp_zero *zero,
+                                 mp_gpt_tp **out, mp_error *err);
+
+/* ZeRO's cut of a stage over dp_size data-parallel ranks (mp_gpt_tp_create_stage's zero; NULL:
+ * none). The stage's dp part is elements [first, first + count) of its flat layout
+ * (mp_zero_part). */
+struct mp_gpt_tp_zero {
+  int dp_size, dp_rank;
+  bool window_block_grads;  /* ZeRO 2 and 3: block gradients through a window (mp_grad_window) */
+  bool shard_block_params;  /* ZeRO-3: of its blocks' parameters the stage holds only those of
+                               its dp part (mp_gpt_tp_held_params); the chain gathers each
+                               block's into a weights window through its weights hook */
+};
+
+/* ZeRO's part of dp rank `rank` of `size` over n floats: [*first, *first + *count), ceil(n /
+ * size) floats each, the last ones shorter (or empty). */
+void mp_zero_part(size_t n, int size, int rank, size_t *first, size_t *count);
+void mp_gpt_tp_free(mp_gpt_tp *gpt);
+
+const mp_gpt_stage *mp_gpt_tp_stage(const mp_gpt_tp *gpt);
+
+/* Floats of the activation a stage sends to the next one (and the gradient it gets back):
+ * (B*T, C), or with sequence parallelism this rank's (B*T/tp, C). */
+size_t mp_gpt_tp_boundary_floats(const mp_gpt_tp *gpt);
+
+/* The (micro_batch, seq_len) the stage was created for. */
+void mp_gpt_tp_micro_batch(const mp_gpt_tp *gpt, int *micro_batch, int *seq_len);
+
+/* The one-rank layout the shard is cut from (config, full tensor table). */
+const mp_gpt_layout *mp_gpt_tp_layout(const mp_gpt_tp *gpt);
+const mp_tp_comm *mp_gpt_tp_comm(const mp_gpt_tp *gpt);
+bool mp_gpt_tp_sequence_parallel(const mp_gpt_tp *gpt);
+
+/* The flat shard arrays, mp_gpt_tp_num_params floats each, and their tensor table. A stage
+ * without activation slots (a GPU stage's host side) holds neither in host memory: its
+ * parameters are in its store (below), mp_gpt_tp_params is NULL, and it holds no host gradient
+ * array until mp_gpt_tp_alloc_grads makes one (mp_gpt_tp_grads is NULL before, and zeroing,
+ * gathering and norms of the gradients are for stages that have them). */
+size_t mp_gpt_tp_num_params(const mp_gpt_tp *gpt);
+float *mp_gpt_tp_params(mp_gpt_tp *gpt);
+float *mp_gpt_tp_grads(mp_gpt_tp *gpt);
+
+/* Where a stage without activation slots keeps its parameters: a GPU twin's device arrays
+ * (engine/model/gpt_stage_gpu.h sets itself as the store when it is created), which mirror the
+ * stage's stored order (mp_gpt_tp_params_floats floats, mp_gpt_tp_params_index below). read and
+ * write move count floats at stored index `at` from and to host memory. */
+typedef struct {
+  void *context;
+  mp_status (*read)(void *context, size_t at, size_t count, float *dest, mp_error *err);
+  mp_status (*write)(void *context, size_t at, size_t count, const float *src, mp_error *err);
+} mp_gpt_tp_param_store;
+
+/* Sets (store copied) or with NULL removes the stage's store. MP_ERR_INPUT for a stage with
+ * activation slots, whose chain reads its parameters in host memory. */
+mp_status mp_gpt_tp_set_param_store(mp_gpt_tp *gpt, const mp_gpt_tp_param_store *store,
+                                    mp_error *err);
+
+/* ZeRO-3's parameters (shard_block_params): the stage holds the tensors outside its blocks whole
+ * and of its blocks only the elements of its dp part, so its stored array is not in the shard's
+ * layout; these find elements by their place in the flat layout (without ZeRO-3, the plain
+ * offsets), wherever the stage keeps them (host memory or its store):
+ *   params_index  where flat elements [first, first + count) are stored (an index of the stored
+ *                 array, the host's or the store's) when they are one stretch there (one
+ *                 tensor's, or the held block elements'); false otherwise
+ *   params_at     the same as a pointer into the host array; NULL without one
+ *   held_params   of tensor index: its elements [*first, *first + *count) that the stage holds
+ *                 (all of them unless it is a block tensor of a ZeRO-3 stage; *count 0 when it
+ *                 holds none)
+ *   read_params   dest = elements [first, first + count)
+ *   write_params  elements [first, first + count) = src
+ * read and write: MP_ERR_INPUT naming the element when the stage does not hold them all, or when
+ * it keeps no parameters (no slots and no store); a store's errors. */
+bool mp_gpt_tp_sharded_params(const mp_gpt_tp *gpt);
+/* Floats of the stored array: num_params, or under ZeRO-3 the outside tensors and the held
+ * block elements. */
+size_t mp_gpt_tp_params_floats(const mp_gpt_tp *gpt);
+bool mp_gpt_tp_params_index(const mp_gpt_tp *gpt, size_t first, size_t count, size_t *at);
+float *mp_gpt_tp_params_at(mp_gpt_tp *gpt, size_t first, size_t count);
+void mp_gpt_tp_held_params(const mp_gpt_tp *gpt, int index, size_t *first, size_t *count);
+mp_status mp_gpt_tp_read_params(mp_gpt_tp *gpt, size_t first, size_t count, float *dest,
+                                mp_error *err);
+mp_status mp_gpt_tp_write_params(mp_gpt_tp *gpt, size_t first, size_t count, const float *src,
+                                 mp_error *err);
+
+/* [*first, *end): the floats of the flat arrays the stage's blocks hold (contiguous, in the
+ * layout's order; *first == *end without blocks), and *largest, the floats of its largest block. */
+void mp_gpt_tp_blocks_range(const mp_gpt_tp *gpt, size_t *first, size_t *end, size_t *largest);
+
+/* Which gradients of a stage pass through a one-block window (ZeRO-2) instead of its gradient
+ * array: none; every block tensor's (whole backwards); or with a zero-bubble schedule's deferred
+ * weight gradients the blocks' GEMM weights' only (q, k, v, attn_proj, fc, up, fc_proj: W forms
+ * them block by block, while B forms the norms' and biases', which then stay in the array until
+ * the step's end). */
+typedef enum {
+  MP_GRAD_WINDOW_NONE = 0,
+  MP_GRAD_WINDOW_BLOCKS,
+  MP_GRAD_WINDOW_BLOCK_WEIGHTS,
+} mp_grad_window;
+
+/* The kind a stage created with windowed_block_grads and deferred_weights uses. */
+mp_grad_window mp_grad_window_for(bool windowed_block_grads, bool deferred_weights);
+
+/* Windowed block gradients (mp_gpt_tp_create_stage): mp_gpt_tp_grads has
+ * mp_gpt_tp_grads_floats floats, the tensors outside the window in the layout's order, packed
+ * (without a window, num_params floats in the shard's layout). mp_gpt_tp_tensor_grad is tensor
+ * index's gradient in it, NULL for a tensor of the window or a stage without gradients. */
+mp_grad_window mp_gpt_tp_grad_window(const mp_gpt_tp *gpt);
+size_t mp_gpt_tp_grads_floats(const mp_gpt_tp *gpt);
+float *mp_gpt_tp_tensor_grad(mp_gpt_tp *gpt, int index);
+/* Where tensor index's gradient sits in a gradient array of this stage packed for window (its
+ * offset for MP_GRAD_WINDOW_NONE): false for a tensor of the window. grad_array_floats: that
+ * array's floats. A GPU twin (engine/model/gpt_stage_gpu.h) packs its device gradients the same way. */
+bool mp_gpt_tp_grad_offset(const mp_gpt_tp *gpt, int index, mp_grad_window window,
+                           size_t *offset);
+/* Whether tensor index's gradient passes through the window (constant time; grad_offset sums the
+ * tensors before it). */
+bool mp_gpt_tp_grad_in_window(const mp_gpt_tp *gpt, int index, mp_grad_window window);
+size_t mp_gpt_tp_grad_array_floats(const mp_gpt_tp *gpt, mp_grad_window window);
+/* The host gradient array (zeroed) if the stage has none yet; MP_ERR_RUNTIME out of memory. */
+mp_status mp_gpt_tp_alloc_grads(mp_gpt_tp *gpt, mp_error *err);
+int mp_gpt_tp_num_tensors(const mp_gpt_tp *gpt);
+const mp_gpt_tp_tensor *mp_gpt_tp_tensor_at(const mp_gpt_tp *gpt, int index);
+
+/* GPT-2 initialisation from seed: this rank's shard of mp_gpt_layout_init_params, drawn block by
+ * block without the full tensors (through a 1 MiB host buffer into a store). Fails only as
+ * mp_gpt_tp_write_params does. */
+mp_status mp_gpt_tp_init_params(mp_gpt_tp *gpt, uint64_t seed, mp_error *err);
+
+/* Fills this rank's shard of each of the stage's tensors from fill, rectangle by rectangle, so
+ * that no rank ever holds a full tensor: fill writes the (rows, cols) block at (row, col) of the
+ * one-rank tensor of layout index `tensor` into dest (rows x cols, row-major). A source laid out
+ * otherwise (GPT-2's transposed weights) still reads whole rows. Into a store the blocks go
+ * through a 1 MiB host buffer. Errors of fill and of mp_gpt_tp_write_params. Loading weights is
+ * this over a weight source (engine/weights/weight_source.h, mp_weight_source_load_stage). */
+typedef mp_status (*mp_gpt_tp_fill_fn)(void *context, int tensor, size_t row, size_t rows,
+                                       size_t col, size_t cols, float *dest, mp_error *err);
+mp_status mp_gpt_tp_fill_params(mp_gpt_tp *gpt, mp_gpt_tp_fill_fn fill, void *context,
+                                mp_error *err);
+
+/* The full one-rank arrays from every rank's shard, written on every rank (all-gather per
+ * tensor): full has mp_gpt_layout_num_params floats, of which the stage's tensors are written
+ * (all of them for a whole-model stage; a tied copy of wte is not written). Collective. For tests
+ * that compare a shard with the one-rank model; a run never calls them (saves stream,
+ * mp_trainer_save_llmc). */
+mp_status mp_gpt_tp_gather_params(mp_gpt_tp *gpt, float *full, mp_error *err);
+mp_status mp_gpt_tp_gather_grads(mp_gpt_tp *gpt, float *full, mp_error *err);
+
+void mp_gpt_tp_zero_grads(mp_gpt_tp *gpt);
+
+/* The stage's forward and backward (engine/model/stage_chain.h, over the CPU's kernels); NULL for a
+ * stage without slots. */
+typedef struct mp_stage_chain mp_stage_chain;
+mp_stage_chain *mp_gpt_tp_chain(mp_gpt_tp *gpt);
+
+/* Forward of one micro-batch through the whole model (a whole-model stage, slot 0): inputs and
+ * targets (B, T), every token of the micro-batch on every rank, each in [0, V). *loss = the mean
+ * cross-entropy over the B*T tokens (identical on every rank); the loss gradient its backward
+ * will use is formed now, weighted by dloss (1 for a lone micro-batch, 1 / num_micro_batches
+ * when micro-batches accumulate). Collective. */
+mp_status mp_gpt_tp_forward(mp_gpt_tp *gpt, const int32_t *inputs, const int32_t *targets,
+                            float dloss, double *loss, mp_error *err);
+
+/* Backward of the last forward: adds d(dloss x mean loss)/d(shard) into the gradients. With
+ * sequence parallelism the layernorm gradients stay partial until mp_gpt_tp_finish_grads.
+ * Collective. */
+mp_status mp_gpt_tp_backward(mp_gpt_tp *gpt, mp_error *err);
+
+/* mp_stage_chain_forward and _backward on the stage's chain (see there for the arguments). */
+mp_status mp_gpt_tp_forward_stage(mp_gpt_tp *gpt, int slot, const int32_t *inputs,
+                                  const int32_t *targets, const float *input, float *output,
+                                  float dloss, double *loss, mp_error *err);
+mp_status mp_gpt_tp_backward_stage(mp_gpt_tp *gpt, int slot, const float *doutput, float *dinput,
+                                   bool defer_weights, mp_error *err);
+
+/* Once per step, after the last micro-batch's backward: with sequence parallelism sums every
+ * layernorm gradient (blocks' ln1, ln2 and the final norm) over the group; without it does
+ * nothing. Collective. */
+mp_status mp_gpt_tp_finish_grads(mp_gpt_tp *gpt, mp_error *err);
+
+/* The squared global norm of the stage's gradient: every sharded tensor's squares summed over
+ * the group, each replicated tensor counted once, a tied copy of wte not at all. The partial sums travel as doubles and
+ * are added in rank order, so *out is bitwise the same on every rank and clipping agrees.
+ * Call after mp_gpt_tp_finish_grads. Collective. */
+mp_status mp_gpt_tp_grad_norm_squared(mp_gpt_tp *gpt, double *out, mp_error *err);
+
+/* The same from each tensor's sum of squares, squares[i] for mp_gpt_tp_tensor_at(gpt, i) (so a
+ * GPU twin of the stage, engine/model/gpt_stage_gpu.h, counts as the CPU does). Collective. */
+mp_status mp_gpt_tp_norm_from_squares(const mp_gpt_tp *gpt, const double *squares, double *out,
+                                      mp_error *err);
+
+/* ---------------------------------------------------------------------------------------------
+ * The one-rank model: the whole chain as one stage at tp = 1 (the stage above with one activation
+ * slot on mp_tp_comm_single), behind the small API tests and tools use for a whole model. Its
+ * flat arrays are the layout's (at tp = 1 each shard is its whole tensor, in the layout's order).
+ */
+typedef struct mp_gpt mp_gpt;
+
+/* Checks that the runtime can train `model` and allocates parameters, gradients and the
+ * activations of one micro-batch of (micro_batch, seq_len). MP_ERR_INPUT naming the model file
+ * and the layer for models it cannot run, or a seq_len beyond the position table. */
+mp_status mp_gpt_create(const mp_model *model, int micro_batch, int seq_len, mp_gpt **out,
+                        mp_error *err);
+void mp_gpt_free(mp_gpt *gpt);
+
+const mp_gpt_config *mp_gpt_get_config(const mp_gpt *gpt);
+const mp_gpt_layout *mp_gpt_get_layout(const mp_gpt *gpt);
+
+/* The flat parameter and gradient arrays, mp_gpt_num_params floats each. */
+size_t mp_gpt_num_params(const mp_gpt *gpt);
+float *mp_gpt_params(mp_gpt *gpt);
+float *mp_gpt_grads(mp_gpt *gpt);
+int mp_gpt_num_tensors(const mp_gpt *gpt);
+const mp_gpt_tensor *mp_gpt_tensor_at(const mp_gpt *gpt, int index);
+/* The tensor called name, or NULL. */
+const mp_gpt_tensor *mp_gpt_find_tensor(const mp_gpt *gpt, const char *name);
+
+/* GPT-2 initialisation from seed (mp_gpt_layout_init_params). */
+void mp_gpt_init_params(mp_gpt *gpt, uint64_t seed);
+
+void mp_gpt_zero_grads(mp_gpt *gpt);
+
+/* Forward of one micro-batch. inputs and targets are (B, T) token ids in [0, V) (checked by the
+ * data layer). Returns the mean cross-entropy over the B * T tokens, in nats (it cannot fail: no
+ * communication at tp = 1). The loss gradient is formed now, weighted by dloss: 1 for a lone
+ * micro-batch, 1 / num_micro_batches when micro-batches accumulate. */
+double mp_gpt_forward(mp_gpt *gpt, const int32_t *inputs, const int32_t *targets, float dloss);
+
+/* Backward of the last forward: adds d(dloss * mean loss)/d(params) into the gradients. */
+void mp_gpt_backward(mp_gpt *gpt);
+
+/* Loads llm.c's GPT-2 checkpoint (version 3 fp32, or 5 bf16 converted to fp32). MP_ERR_INPUT
+ * naming the file when it is not one, or when its header differs from the model (naming the
+ * field and both values). */
+mp_status mp_gpt_load_llmc(mp_gpt *gpt, const char *path, mp_error *err);
+
+/* Writes the parameters as llm.c's version 3 (fp32) checkpoint, to a temporary name renamed into
+ * place. */
+mp_status mp_gpt_save_llmc(const mp_gpt *gpt, const char *path, mp_error *err);
+
+/* Writes the gradients in the same file format, header and tensor order as mp_gpt_save_llmc
+ * (d(loss)/d(wte) where the checkpoint holds wte, ...), so a peer implementation that loads the
+ * checkpoint can compare its gradients tensor by tensor (tools/bench/torch_compare.py). */
+mp_status mp_gpt_save_llmc_gradients(const mp_gpt *gpt, const char *path, mp_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MPENGINE_ENGINE_GPT_MODEL_TP_H */
