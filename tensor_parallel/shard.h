@@ -3,7 +3,7 @@
  * and cutting it out of (or putting it back into) the full tensor.
  *
  * A shard is up to three row-major blocks of the full (rows, cols) tensor, stored one after the
- * other. Four ways to split cover GPT-2 (engine/model/gpt_model.h's tensor names):
+ * other. Four ways to split cover GPT-2 (engine/model/param_layout.h's tensor names):
  *
  *   replicated  the whole tensor         embedding.wpe, ln1/ln2/final_norm weight and bias,
  *                                        attn_proj.bias, fc_proj.bias
@@ -44,7 +44,7 @@ typedef enum {
 const char *mp_tp_split_name(mp_tp_split split);
 
 /* How the GPT tensor `name` ("embedding.wte", "block.3.qkv.weight", ...) is split. MP_OK, or
- * MP_ERR_INPUT naming the tensor when the name is not one of engine/model/gpt_model.h's. */
+ * MP_ERR_INPUT naming the tensor when the name is not one of engine/model/param_layout.h's. */
 mp_status mp_tp_split_of(const char *name, mp_tp_split *split, mp_error *err);
 
 enum { MP_TP_SHARD_MAX_BLOCKS = 3 };

@@ -3,7 +3,7 @@
  * tensor-parallel group, and the LM head tied to it (Megatron's VocabParallelEmbedding and its
  * parallel_lm_logits).
  *
- * The padded vocabulary Vp (a multiple of 64, engine/model/gpt_model.h) is cut into tp contiguous
+ * The padded vocabulary Vp (a multiple of 64, engine/model/param_layout.h) is cut into tp contiguous
  * ranges of Vl = Vp/tp rows: rank r owns wte rows [r*Vl, (r+1)*Vl). A lookup of a token outside
  * a rank's range gives 0 there, and an all-reduce (reduce_from_region) leaves the token's row on
  * every rank; with sequence parallelism a reduce-scatter leaves each rank its token slice. Adding

@@ -6,7 +6,8 @@
  *                       [--warmup W] [--dump DIR]
  *       times full one-rank training steps of the model on one fixed batch: zero the gradients,
  *       forward, backward, global-norm clipping, AdamW, on the stage `run` trains on one rank
- *       (engine/model/gpt_model_tp.h at tp = 1, the whole chain). With --dump it first writes what a peer
+ *       (engine/model/stage_cpu.h at tp = 1, the whole chain). With --dump it first writes what a
+ * peer
  *       implementation needs to check our numbers (tools/bench/torch_compare.py loads it into a
  *       PyTorch GPT-2 and compares the loss and every gradient).
  *
@@ -34,8 +35,8 @@
 #include <unistd.h>
 
 #include "common/json_reader.h"
-#include "engine/model/gpt_model.h"
-#include "engine/model/gpt_model_tp.h"
+#include "engine/model/param_layout.h"
+#include "engine/model/stage_cpu.h"
 #include "engine/data/markov_source.h"
 #include "engine/weights/weight_source.h"
 #include "layers/adamw.h"
@@ -85,8 +86,8 @@ static uint64_t splitmix64(uint64_t *state) {
 
 /* Fills inputs and targets (B, T) from one stream of B * T + 1 tokens: row b reads tokens
  * [b T, b T + T) and predicts tokens [b T + 1, b T + T]. markov draws the stream from the
- * model-vocabulary Markov source of `run` (engine/data/markov_source.h), uniform draws every id with
- * equal probability. */
+ * model-vocabulary Markov source of `run` (engine/data/markov_source.h), uniform draws every id
+ * with equal probability. */
 static mp_status draw_batch(const char *source_name, int64_t vocab, uint64_t seed, int B, int T,
                             int32_t *inputs, int32_t *targets, mp_error *err) {
   const int64_t count = (int64_t)B * T + 1;
@@ -133,7 +134,7 @@ static mp_status write_file(const char *path, int parts, const void *const *data
 
 /* One forward + backward (dloss 1) from zero gradients, then the four files of the file comment.
  * The weights are not changed. */
-static mp_status dump_step(mp_gpt_tp *gpt, const char *dir, const int32_t *inputs,
+static mp_status dump_step(mp_stage_cpu *gpt, const char *dir, const int32_t *inputs,
                            const int32_t *targets, int B, int T, double *loss, mp_error *err) {
   if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
     return mp_fail(err, MP_ERR_INPUT, "--dump %s: cannot create the directory: %s", dir,
@@ -143,17 +144,17 @@ static mp_status dump_step(mp_gpt_tp *gpt, const char *dir, const int32_t *input
   if (stat(dir, &info) != 0 || !S_ISDIR(info.st_mode)) {
     return mp_fail(err, MP_ERR_INPUT, "--dump %s: exists and is not a directory", dir);
   }
-  mp_gpt_tp_zero_grads(gpt);
-  MP_TRY(mp_gpt_tp_forward(gpt, inputs, targets, 1.0f, loss, err));
-  MP_TRY(mp_gpt_tp_backward(gpt, err));
+  mp_stage_cpu_zero_grads(gpt);
+  MP_TRY(mp_stage_cpu_forward(gpt, inputs, targets, 1.0f, loss, err));
+  MP_TRY(mp_stage_cpu_backward(gpt, err));
 
   /* At tp = 1 the whole-model stage's arrays are the one-rank layout's flat arrays. */
-  const mp_gpt_layout *layout = mp_gpt_tp_layout(gpt);
+  const mp_param_layout *layout = mp_stage_cpu_layout(gpt);
   char path[1024];
   snprintf(path, sizeof path, "%s/model.bin", dir);
-  MP_TRY(mp_gpt_layout_save_llmc(layout, mp_gpt_tp_params(gpt), path, err));
+  MP_TRY(mp_param_layout_save_llmc(layout, mp_stage_cpu_params(gpt), path, err));
   snprintf(path, sizeof path, "%s/grads.bin", dir);
-  MP_TRY(mp_gpt_layout_save_llmc(layout, mp_gpt_tp_grads(gpt), path, err));
+  MP_TRY(mp_param_layout_save_llmc(layout, mp_stage_cpu_grads(gpt), path, err));
 
   const size_t tokens = (size_t)B * (size_t)T;
   const int32_t header[4] = {kTokensMagic, kTokensVersion, B, T};
@@ -178,23 +179,23 @@ typedef struct {
 
 /* One full training step (the pinned optimizer of the file comment) on the fixed batch; t is
  * AdamW's 1-based step count. Returns the loss. */
-static mp_status train_step(mp_gpt_tp *gpt, float *adam_m, float *adam_v,
+static mp_status train_step(mp_stage_cpu *gpt, float *adam_m, float *adam_v,
                             const int32_t *inputs, const int32_t *targets, int t,
                             step_times *times, double *loss, mp_error *err) {
   const double cpu_start = cpu_seconds();
   const double start = now_seconds();
-  mp_gpt_tp_zero_grads(gpt);
-  MP_TRY(mp_gpt_tp_forward(gpt, inputs, targets, 1.0f, loss, err));
+  mp_stage_cpu_zero_grads(gpt);
+  MP_TRY(mp_stage_cpu_forward(gpt, inputs, targets, 1.0f, loss, err));
   const double forward_done = now_seconds();
-  MP_TRY(mp_gpt_tp_backward(gpt, err));
+  MP_TRY(mp_stage_cpu_backward(gpt, err));
   const double backward_done = now_seconds();
-  float *params = mp_gpt_tp_params(gpt);
-  float *grads = mp_gpt_tp_grads(gpt);
-  const size_t n = mp_gpt_tp_num_params(gpt);
+  float *params = mp_stage_cpu_params(gpt);
+  float *grads = mp_stage_cpu_grads(gpt);
+  const size_t n = mp_stage_cpu_num_params(gpt);
   /* The clip factor multiplies each gradient inside AdamW: no separate scaling pass. */
   const float scale = mp_clip_scale(sqrt(mp_grad_norm_squared_cpu(grads, n)), kGradClip);
-  for (int i = 0; i < mp_gpt_tp_num_tensors(gpt); ++i) {
-    const mp_gpt_tp_tensor *tensor = mp_gpt_tp_tensor_at(gpt, i);
+  for (int i = 0; i < mp_stage_cpu_num_tensors(gpt); ++i) {
+    const mp_stage_tensor *tensor = mp_stage_cpu_tensor_at(gpt, i);
     const size_t offset = tensor->offset;
     mp_adamw_update_scaled_cpu(params + offset, grads + offset, adam_m + offset, adam_v + offset,
                                tensor->count, (float)kLearningRate, (float)kBeta1,
@@ -224,7 +225,7 @@ static double median(double *values, int n) {
 /* Everything bench step allocates, freed in one place. */
 typedef struct {
   mp_model *model;
-  mp_gpt_tp *gpt;            /* the whole model as one stage at tp = 1 */
+  mp_stage_cpu *gpt;            /* the whole model as one stage at tp = 1 */
   int32_t *inputs, *targets; /* (B, T) */
   float *adam_m, *adam_v;    /* (num_params,) */
   double *times;             /* (5, steps): total, forward, backward, optimizer, cpu */
@@ -236,14 +237,14 @@ static void bench_state_free(bench_state *state) {
   free(state->adam_m);
   free(state->targets);
   free(state->inputs);
-  mp_gpt_tp_free(state->gpt);
+  mp_stage_cpu_free(state->gpt);
   mp_model_free(state->model);
 }
 
 /* Runs warmup + steps training steps and prints the timing report. */
 static mp_status time_steps(bench_state *state, int B, int T, int64_t warmup, int64_t steps,
                             mp_error *err) {
-  const size_t n = mp_gpt_tp_num_params(state->gpt);
+  const size_t n = mp_stage_cpu_num_params(state->gpt);
   state->adam_m = calloc(n, sizeof(float));
   state->adam_v = calloc(n, sizeof(float));
   state->times = calloc(5 * (size_t)steps, sizeof(double));
@@ -361,11 +362,11 @@ static int bench_step(int argc, char **argv) {
   const int B = (int)micro_batch, T = (int)seq_len;
   const mp_tp_comm single = mp_tp_comm_single();
   if (mp_model_load(command.positionals[0], &state.model, &err) != MP_OK ||
-      mp_gpt_tp_create(state.model, B, T, &single, false, &state.gpt, &err) != MP_OK) {
+      mp_stage_cpu_create(state.model, B, T, &single, false, &state.gpt, &err) != MP_OK) {
     exit_code = cli_report(&command, &err);
     goto done;
   }
-  const mp_gpt_config *c = mp_gpt_layout_config(mp_gpt_tp_layout(state.gpt));
+  const mp_model_config *c = mp_param_layout_config(mp_stage_cpu_layout(state.gpt));
   if (strcmp(source, "markov") == 0 && c->vocab_size > MP_MARKOV_MAX_VOCAB) {
     mp_fail(&err, MP_ERR_INPUT, "--source markov needs vocab_size <= %d (the model has %d); "
             "use --source uniform", MP_MARKOV_MAX_VOCAB, c->vocab_size);
@@ -375,14 +376,14 @@ static int bench_step(int argc, char **argv) {
   const char *init_from = cli_value(&command, "init-from");
   if (init_from != NULL) {
     mp_weight_source *reader = NULL;
-    mp_status loaded = mp_weight_source_open(mp_gpt_tp_layout(state.gpt), init_from, &reader, &err);
+    mp_status loaded = mp_weight_source_open(mp_stage_cpu_layout(state.gpt), init_from, &reader, &err);
     if (loaded == MP_OK) loaded = mp_weight_source_load_stage(reader, state.gpt, &err);
     mp_weight_source_close(reader);
     if (loaded != MP_OK) {
       exit_code = cli_report(&command, &err);
       goto done;
     }
-  } else if (mp_gpt_tp_init_params(state.gpt, (uint64_t)seed, &err) != MP_OK) {
+  } else if (mp_stage_cpu_init_params(state.gpt, (uint64_t)seed, &err) != MP_OK) {
     exit_code = cli_report(&command, &err);
     goto done;
   }
@@ -401,7 +402,7 @@ static int bench_step(int argc, char **argv) {
 
   printf("model %s: %d layers, %d heads, %d channels, vocab %d (padded %d), %zu parameters\n",
          mp_model_name(state.model), c->num_layers, c->num_heads, c->channels, c->vocab_size,
-         c->padded_vocab_size, mp_gpt_tp_num_params(state.gpt));
+         c->padded_vocab_size, mp_stage_cpu_num_params(state.gpt));
   printf("batch: %d x %d tokens from the %s source (seed %lld); weights from %s\n", B, T, source,
          (long long)seed, init_from != NULL ? init_from : "the seed");
   const char *coretype = getenv("OPENBLAS_CORETYPE");

@@ -10,10 +10,10 @@
  * DIR is one checkpoint (DIR/manifest.json) or a --checkpoint-dir, whose newest complete
  * checkpoint is taken. It may come from any layout (dp, pp, tp, virtual stages, ZeRO-1; or a
  * version-1 checkpoint): every shard file is checked against the manifest's checksum and each
- * global tensor is gathered from the files of the pipeline rank holding it (engine/checkpoint/checkpoint.h);
- * the model comes from the description the manifest carries, so the export needs no other file.
- * The llm.c result equals what `mpengine run --save-weights` writes at that step; both load
- * with `mpengine run --init-from`.
+ * global tensor is gathered from the files of the pipeline rank holding it
+ * (engine/checkpoint/checkpoint.h); the model comes from the description the manifest carries, so
+ * the export needs no other file. The llm.c result equals what `mpengine run --save-weights` writes
+ * at that step; both load with `mpengine run --init-from`.
  */
 #include <stdbool.h>
 #include <stdio.h>
@@ -23,7 +23,7 @@
 #include <unistd.h>
 
 #include "engine/checkpoint/checkpoint.h"
-#include "engine/model/gpt_model.h"
+#include "engine/model/param_layout.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 

@@ -51,7 +51,7 @@
 #include "engine/data/data_loader.h"
 #include "engine/device/device.h"
 #include "engine/device/gpu_probe.h"
-#include "engine/model/gpt_model.h"
+#include "engine/model/param_layout.h"
 #include "engine/data/markov_source.h"
 #include "engine/comm/tp_comm_mpi.h"
 #include "engine/trace/trace.h"
@@ -694,12 +694,12 @@ static mp_status choose_backend(cli_command *command, run_options *o, mp_error *
 
 /* --save-weights writes llm.c's GPT-2 file: refused before training for a model it cannot hold. */
 static mp_status check_save_weights(const run_state *state, const char *path, mp_error *err) {
-  mp_gpt_layout *layout = NULL;
-  if (mp_gpt_layout_create(state->model, (int)state->plan.seq_len, &layout, err) != MP_OK) {
+  mp_param_layout *layout = NULL;
+  if (mp_param_layout_create(state->model, (int)state->plan.seq_len, &layout, err) != MP_OK) {
     return MP_OK; /* the trainer reports what the runtime cannot run */
   }
-  const bool gpt2 = mp_gpt_layout_config(layout)->family == MP_GPT_FAMILY_GPT2;
-  mp_gpt_layout_free(layout);
+  const bool gpt2 = mp_param_layout_config(layout)->family == MP_FAMILY_GPT2;
+  mp_param_layout_free(layout);
   if (gpt2) return MP_OK;
   return mp_fail(err, MP_ERR_INPUT,
                  "--save-weights %s: llm.c's files hold GPT-2 models, and %s is a Llama-family "
@@ -853,11 +853,11 @@ static mp_status print_banner(run_state *state, const run_options *o, const run_
   const double busy_cores =
       shared_cores ? state->peak_flops_per_s / cluster.peak_flops_per_s[dtype] : 0.0;
   const mp_plan *plan = &state->plan;
-  const mp_gpt_layout *layout = mp_trainer_layout(state->trainer);
-  const mp_gpt_config *c = mp_gpt_layout_config(layout);
+  const mp_param_layout *layout = mp_trainer_layout(state->trainer);
+  const mp_model_config *c = mp_param_layout_config(layout);
   printf("model %s: %d layers, %d heads, %d channels, vocab %d (padded %d), %zu parameters\n",
          mp_model_name(state->model), c->num_layers, c->num_heads, c->channels, c->vocab_size,
-         c->padded_vocab_size, mp_gpt_layout_num_params(layout));
+         c->padded_vocab_size, mp_param_layout_num_params(layout));
   char ranks_text[160] = "1 rank";
   if (state->world_size > 1) {
     snprintf(ranks_text, sizeof ranks_text,

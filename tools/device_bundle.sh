@@ -28,7 +28,7 @@ binaries=(
   //tests/layers:cuda_gemm_test
   //tests/layers:flash_attention_test
   //tests/layers:cuda_tensor_parallel_test
-  //tests/engine:gpt_stage_gpu_test
+  //tests/engine:stage_gpu_test
   //tests/engine:comm_nccl_test
   //tests/engine:comm_nccl_watchdog_test
 )

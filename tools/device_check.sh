@@ -97,7 +97,7 @@ section "mpengine version --smoke-test"
 
 section "CUDA kernels against their CPU twins"
 for test in cuda_elementwise_test cuda_gemm_test flash_attention_test cuda_tensor_parallel_test \
-            gpt_stage_gpu_test; do
+            stage_gpu_test; do
   if [ -x ".device/bin/$test" ]; then
     timeout 300 ".device/bin/$test" 2>&1 | grep -E "kernel |model |gpu training|FAILED|Failure|Expected|Which is|error|PASSED|SKIPPED|tests? ran" \
       || fail "$test printed nothing"
@@ -169,7 +169,7 @@ JSON
     --config "$work/dp1.json" --backend cuda --gpu-comm nccl --steps 5 --comm-timeout 60 \
     | grep -E "^backend|^step 5/|^done" || fail "one-rank NCCL training"
 
-  # Pipeline and tensor parallelism on the GPU (engine/model/gpt_stage_gpu.h): every layout's ranks
+  # Pipeline and tensor parallelism on the GPU (engine/model/stage_gpu.h): every layout's ranks
   # share the one GPU, their activations and tensor-parallel sums going through the host over
   # MPI. Each is checked against the one-rank GPU run (the same bf16 kernels: close) and the
   # 4-rank run also against the CPU run of the same plan (fp32 there: looser).

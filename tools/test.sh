@@ -49,7 +49,7 @@ if [ $test_status -ne 0 ] && [ $test_status -ne 3 ]; then build_status=$test_sta
 # kernels themselves only on a GPU).
 emulated=()
 if [ "$#" -eq 0 ]; then
-  emulated=(//tests/engine:gpt_stage_gpu_test
+  emulated=(//tests/engine:stage_gpu_test
             //tests/engine:comm_nccl_emulated_test //tests/tools:cuda_emulated_run_test
             //tests/tools:gpu_host_memory_test
             //tests/layers:cuda_elementwise_test //tests/layers:cuda_gemm_test)

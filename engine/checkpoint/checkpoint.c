@@ -1,5 +1,5 @@
-/* engine/checkpoint/checkpoint.c — sharded checkpoints of any dp x pp x tp layout: each rank's view of its
- * state, crash-safe saves (shard files, the manifest written last) and
+/* engine/checkpoint/checkpoint.c — sharded checkpoints of any dp x pp x tp layout: each rank's view
+ * of its state, crash-safe saves (shard files, the manifest written last) and
  * loads under any layout (resharded); see checkpoint.h. The format itself (manifest parsing and
  * checks, reading shard ranges, export) is engine/checkpoint/checkpoint_format.c. */
 #include "engine/checkpoint/checkpoint.h"
@@ -21,7 +21,7 @@
 #include <unistd.h>
 #include <linux/fs.h> /* RENAME_EXCHANGE */
 
-#include "engine/model/gpt_model_tp.h"
+#include "engine/model/stage_cpu.h"
 #include "engine/checkpoint/checkpoint_format.h"
 #include "tensor_parallel/shard.h"
 
@@ -62,7 +62,7 @@ typedef struct {
   mp_tp_split split;
   bool tied_copy;      /* the last stage's copy of wte: not saved, loaded from wte */
   /* The elements [held_first, held_first + held_count) of the shard this rank keeps: all of
-   * them, or with ZeRO-3 a block tensor's part (mp_gpt_tp_held_params). */
+   * them, or with ZeRO-3 a block tensor's part (mp_stage_cpu_held_params). */
   size_t held_first, held_count;
 } view_tensor;
 
@@ -72,13 +72,13 @@ typedef struct {
   size_t first, moments; /* the AdamW moments it keeps: of elements [first, first + moments) */
   int num_tensors;
   view_tensor *tensors;
-  mp_gpt_stage stage;  /* the piece of the chain it holds */
+  mp_stage_span stage;  /* the piece of the chain it holds */
   int stage_index;     /* c x pp + pp rank */
   bool sharded_params; /* ZeRO-3: this rank keeps only its part of the blocks' parameters */
 } view_chunk;
 
 typedef struct {
-  const mp_gpt_layout *layout;
+  const mp_param_layout *layout;
   mp_trainer *trainer;
   int num_chunks;
   view_chunk *chunks;
@@ -97,8 +97,8 @@ static void view_free(rank_view *view) {
 static mp_status view_create(const mp_checkpoint_context *ctx, rank_view *view, mp_error *err) {
   memset(view, 0, sizeof *view);
   mp_trainer *trainer = ctx->trainer;
-  const mp_gpt_layout *layout = mp_trainer_layout(trainer);
-  const int n = mp_gpt_layout_num_tensors(layout);
+  const mp_param_layout *layout = mp_trainer_layout(trainer);
+  const int n = mp_param_layout_num_tensors(layout);
   const int num_chunks = mp_trainer_num_chunks(trainer);
   view->layout = layout;
   view->trainer = trainer;
@@ -111,16 +111,16 @@ static mp_status view_create(const mp_checkpoint_context *ctx, rank_view *view, 
     mp_trainer_chunk_state state;
     status = mp_trainer_chunk_state_of(trainer, c, &state, err);
     if (status != MP_OK) break;
-    mp_gpt_tp *gpt = mp_trainer_chunk(trainer, c);
+    mp_stage_cpu *gpt = mp_trainer_chunk(trainer, c);
     chunk->index = c;
     chunk->count = state.params_count;
     chunk->first = state.moments_first;
     chunk->moments = state.moments_count;
-    chunk->stage = *mp_gpt_tp_stage(gpt);
+    chunk->stage = *mp_stage_cpu_span(gpt);
     chunk->stage_index = c * ctx->plan->pp + ctx->pp_rank;
-    view->tp_rank = mp_gpt_tp_comm(gpt)->rank;
-    view->tp_size = mp_gpt_tp_comm(gpt)->size;
-    const int count = mp_gpt_tp_num_tensors(gpt);
+    view->tp_rank = mp_stage_cpu_comm(gpt)->rank;
+    view->tp_size = mp_stage_cpu_comm(gpt)->size;
+    const int count = mp_stage_cpu_num_tensors(gpt);
     chunk->tensors = calloc((size_t)(count > 0 ? count : 1), sizeof *chunk->tensors);
     if (chunk->tensors == NULL) {
       status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
@@ -128,8 +128,9 @@ static mp_status view_create(const mp_checkpoint_context *ctx, rank_view *view, 
     }
     int cursor = 0; /* the chunk's tensors come in the layout's order */
     for (int j = 0; j < count && status == MP_OK; ++j) {
-      const mp_gpt_tp_tensor *t = mp_gpt_tp_tensor_at(gpt, j);
-      while (cursor < n && strcmp(mp_gpt_layout_tensor(layout, cursor)->name, t->full->name) != 0) {
+      const mp_stage_tensor *t = mp_stage_cpu_tensor_at(gpt, j);
+      while (cursor < n &&
+             strcmp(mp_param_layout_tensor(layout, cursor)->name, t->full->name) != 0) {
         ++cursor;
       }
       if (cursor == n) {
@@ -143,9 +144,9 @@ static mp_status view_create(const mp_checkpoint_context *ctx, rank_view *view, 
       vt->count = t->count;
       vt->split = t->split;
       vt->tied_copy = t->tied_copy;
-      mp_gpt_tp_held_params(gpt, j, &vt->held_first, &vt->held_count);
+      mp_stage_cpu_held_params(gpt, j, &vt->held_first, &vt->held_count);
     }
-    chunk->sharded_params = mp_gpt_tp_sharded_params(gpt);
+    chunk->sharded_params = mp_stage_cpu_sharded_params(gpt);
   }
   if (status != MP_OK) view_free(view);
   return status;
@@ -330,7 +331,7 @@ static mp_status write_shard_file(const mp_checkpoint_context *ctx, const rank_v
   record->num_chunks = view->num_chunks;
   int32_t *chunks = record_chunks(record, k);
   for (int c = 0; c < view->num_chunks; ++c) {
-    const mp_gpt_stage *s = &view->chunks[c].stage;
+    const mp_stage_span *s = &view->chunks[c].stage;
     int32_t *out = chunks + CHUNK_INTS * c;
     out[0] = view->chunks[c].stage_index;
     out[1] = s->embedding;
@@ -393,7 +394,7 @@ static mp_status write_shard_file(const mp_checkpoint_context *ctx, const rank_v
   return status;
 }
 
-static void config_json(cJSON *object, const mp_gpt_config *c) {
+static void config_json(cJSON *object, const mp_model_config *c) {
   cJSON_AddNumberToObject(object, "max_seq_len", c->max_seq_len);
   cJSON_AddNumberToObject(object, "vocab_size", c->vocab_size);
   cJSON_AddNumberToObject(object, "padded_vocab_size", c->padded_vocab_size);
@@ -405,7 +406,7 @@ static void config_json(cJSON *object, const mp_gpt_config *c) {
 
 /* The manifest's header sections: step, plan, model, data, RNG, learning-rate schedule. */
 static void manifest_header(cJSON *root, const mp_checkpoint_context *ctx,
-                            const mp_gpt_layout *layout, int64_t step) {
+                            const mp_param_layout *layout, int64_t step) {
   const mp_plan *plan = ctx->plan;
   cJSON_AddStringToObject(root, "format", CK_FORMAT_NAME);
   cJSON_AddNumberToObject(root, "version", CK_FORMAT_VERSION);
@@ -452,8 +453,8 @@ static void manifest_header(cJSON *root, const mp_checkpoint_context *ctx,
   cJSON *model = cJSON_AddObjectToObject(root, "model");
   cJSON_AddStringToObject(model, "name", mp_model_name(ctx->model));
   cJSON_AddStringToObject(model, "source", mp_model_source(ctx->model));
-  cJSON_AddNumberToObject(model, "num_params", (double)mp_gpt_layout_num_params(layout));
-  config_json(cJSON_AddObjectToObject(model, "config"), mp_gpt_layout_config(layout));
+  cJSON_AddNumberToObject(model, "num_params", (double)mp_param_layout_num_params(layout));
+  config_json(cJSON_AddObjectToObject(model, "config"), mp_param_layout_config(layout));
   char *description = ck_read_text(mp_model_source(ctx->model));
   if (description != NULL) {
     cJSON_AddStringToObject(model, "description", description);
@@ -484,11 +485,11 @@ static void manifest_header(cJSON *root, const mp_checkpoint_context *ctx,
 }
 
 /* World rank 0: the manifest from every file's record (file f = pp rank x tp + tp rank). */
-static mp_status build_manifest(const mp_checkpoint_context *ctx, const mp_gpt_layout *layout,
+static mp_status build_manifest(const mp_checkpoint_context *ctx, const mp_param_layout *layout,
                                 int64_t step, file_record *const *records, cJSON **out,
                                 mp_error *err) {
   const int pp = ctx->plan->pp, tp = ctx->plan->tp, num_files = pp * tp;
-  const int n = mp_gpt_layout_num_tensors(layout);
+  const int n = mp_param_layout_num_tensors(layout);
   /* offsets[f * n + i]: where tensor i sits in file f's arrays, or NOT_HELD. */
   size_t *offsets = malloc((size_t)num_files * (size_t)n * sizeof *offsets);
   if (offsets == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory writing the manifest");
@@ -506,7 +507,7 @@ static mp_status build_manifest(const mp_checkpoint_context *ctx, const mp_gpt_l
                          i);
         break;
       }
-      const mp_gpt_tensor *t = mp_gpt_layout_tensor(layout, i);
+      const mp_param_tensor *t = mp_param_layout_tensor(layout, i);
       split = t->split;
       mine[i] = offset;
       offset += mp_tp_shard_floats(split, t->rows, t->cols, tp);
@@ -521,7 +522,7 @@ static mp_status build_manifest(const mp_checkpoint_context *ctx, const mp_gpt_l
   cJSON *tensors = cJSON_AddArrayToObject(root, "tensors");
   char name[CK_FILE_NAME_BYTES];
   for (int i = 0; i < n && status == MP_OK; ++i) {
-    const mp_gpt_tensor *t = mp_gpt_layout_tensor(layout, i);
+    const mp_param_tensor *t = mp_param_layout_tensor(layout, i);
     const mp_tp_split split = t->split;
     int holder = -1, holders = 0;
     for (int p = 0; p < pp; ++p) {
@@ -684,7 +685,7 @@ static void remove_unfinished_saves(const char *dir) {
 enum { MAX_LISTED = 4096 };
 
 /* World rank 0, every file written: the manifest last, the directory into place, --keep. */
-static mp_status finish_save(const mp_checkpoint_context *ctx, const mp_gpt_layout *layout,
+static mp_status finish_save(const mp_checkpoint_context *ctx, const mp_param_layout *layout,
                              const char *dir, const char *tmp_dir, const char *final_dir,
                              int64_t step, int keep, int32_t pid, file_record *const *records,
                              mp_error *err) {
@@ -798,7 +799,7 @@ mp_status mp_checkpoint_save(const char *dir, int64_t step, int keep,
   }
   /* The files: dp rank 0 of every (pp rank, tp rank) writes; with ZeRO-1 the other dp ranks send
    * it their parts of the moments. */
-  const int n = mp_gpt_layout_num_tensors(view.layout);
+  const int n = mp_param_layout_num_tensors(view.layout);
   const int max_chunks = plan->virtual_stages > view.num_chunks ? plan->virtual_stages
                                                                 : view.num_chunks;
   const size_t bytes = record_bytes(n, max_chunks);

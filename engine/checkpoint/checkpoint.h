@@ -1,7 +1,7 @@
 /*
- * engine/checkpoint/checkpoint.h — sharded training checkpoints of any layout `mpengine run` trains (dp x pp x
- * tp, virtual stages, ZeRO-1): saved by the ranks of a run, resumed bit-for-bit under the same
- * layout, or under any other layout (resharded), and read back whole for export (DESIGN.md
+ * engine/checkpoint/checkpoint.h — sharded training checkpoints of any layout `mpengine run` trains
+ * (dp x pp x tp, virtual stages, ZeRO-1): saved by the ranks of a run, resumed bit-for-bit under
+ * the same layout, or under any other layout (resharded), and read back whole for export (DESIGN.md
  * principle 5, "Nothing is lost").
  *
  * A checkpoint is a directory DIR/step-<N>/ (N = completed optimizer steps) holding
@@ -13,12 +13,14 @@
  *                   uint64 step), then three fp32 arrays of that many floats, little-endian:
  *                   parameters, AdamW first moments, second moments. Each array holds the rank's
  *                   chunks in order (chunk c = stage c x pp + P), each chunk's tensors in the
- *                   one-rank layout's order, each tensor's tp shard as engine/model/gpt_model_tp.h cuts
+ *                   one-rank layout's order, each tensor's tp shard as engine/model/stage_cpu.h
+ * cuts
  *                   it. The last stage's tied copy of the token table (embedding.wte on a stage
  *                   without the embedding) is not saved: it is bitwise the first stage's wte, and
  *                   so are its AdamW moments, because the trainer sums the two gradients over the
  *                   embedding group before anything else touches them, so both copies see the same
- *                   gradient, clipping scale and update (engine/train/trainer.c, finish_parallel_step;
+ *                   gradient, clipping scale and update (engine/train/trainer.c,
+ * finish_parallel_step;
  *                   the dp all-reduce then sees equal inputs for both, which Open MPI sums alike:
  *                   the bit-exact resume tests of pp = 2 would catch a difference).
  *                   Why per (pp, tp) and not per world rank: the dp replicas hold the same state,
@@ -68,7 +70,7 @@
 
 #include "common/error.h"
 #include "engine/comm/comm.h"
-#include "engine/model/gpt_model.h"
+#include "engine/model/param_layout.h"
 #include "engine/train/trainer.h"
 #include "engine/weights/weight_source.h"
 #include "topology/model.h"
@@ -121,9 +123,9 @@ mp_status mp_checkpoint_check_trainer(const mp_checkpoint_context *ctx, mp_error
  * missing; an existing step-<step> is replaced by swapping the two in one rename, so it is whole
  * at every moment), then, on world rank 0 and when keep > 0, removes all but the `keep` newest
  * complete checkpoints of ctx->run_id (another run's are left alone). Left-overs of saves that
- * were killed (step-<N>.tmp-<pid>, step-<N>.old-<pid>) are removed first. Collective over ctx->world (and ctx->dp with
- * ZeRO-1); every rank returns the same status. MP_ERR_RUNTIME naming the path when a file cannot
- * be written. */
+ * were killed (step-<N>.tmp-<pid>, step-<N>.old-<pid>) are removed first. Collective over
+ * ctx->world (and ctx->dp with ZeRO-1); every rank returns the same status. MP_ERR_RUNTIME naming
+ * the path when a file cannot be written. */
 mp_status mp_checkpoint_save(const char *dir, int64_t step, int keep,
                              const mp_checkpoint_context *ctx, mp_error *err);
 
@@ -136,19 +138,21 @@ mp_status mp_checkpoint_find_latest(const char *dir, char *path, size_t path_byt
 /* Loads checkpoint directory path (saved under any layout, version 1 or 2) into ctx->trainer:
  * checks the manifest, that it is of the same model (naming the first difference), batch and
  * seed, the training settings (each one that differs, with both values, unless
- * ctx->override_training), that every shard file is there with its checksum (spread over the ranks), then fills
- * each of this rank's chunks: parameters and the AdamW moments it keeps, read from the files
- * that hold them (see the file comment). Collective over ctx->world; every rank returns the
- * same status. *step = the completed steps. MP_ERR_INPUT naming the file and what is wrong. */
+ * ctx->override_training), that every shard file is there with its checksum (spread over the
+ * ranks), then fills each of this rank's chunks: parameters and the AdamW moments it keeps, read
+ * from the files that hold them (see the file comment). Collective over ctx->world; every rank
+ * returns the same status. *step = the completed steps. MP_ERR_INPUT naming the file and what is
+ * wrong. */
 mp_status mp_checkpoint_load(const char *path, const mp_checkpoint_context *ctx, int64_t *step,
                              mp_error *err);
 
 /* Export: writes the global fp32 parameters of checkpoint directory path (checksums verified)
- * to `out` in format (engine/weights/weight_source.h's sinks: llm.c's GPT-2 file, version 3, or a Hugging
- * Face GPT2LMHeadModel directory; options as mp_weight_sink_open's, NULL for defaults), laid out from the model description the manifest
- * carries at the saved seq_len; each tensor reassembled from its shards on its own, so the memory
- * needed is one tensor. *step and *num_params describe what was written. MP_ERR_INPUT as
- * mp_checkpoint_load; MP_ERR_RUNTIME (or MP_ERR_INPUT for a bad path) when out cannot be written. */
+ * to `out` in format (engine/weights/weight_source.h's sinks: llm.c's GPT-2 file, version 3, or a
+ * Hugging Face GPT2LMHeadModel directory; options as mp_weight_sink_open's, NULL for defaults),
+ * laid out from the model description the manifest carries at the saved seq_len; each tensor
+ * reassembled from its shards on its own, so the memory needed is one tensor. *step and *num_params
+ * describe what was written. MP_ERR_INPUT as mp_checkpoint_load; MP_ERR_RUNTIME (or MP_ERR_INPUT
+ * for a bad path) when out cannot be written. */
 mp_status mp_checkpoint_export(const char *path, mp_weight_format format,
                                const mp_weight_sink_options *options, const char *out,
                                int64_t *step, size_t *num_params, mp_error *err);

@@ -1,5 +1,6 @@
-/* engine/checkpoint/checkpoint_format.c — reading a checkpoint: its manifest parsed and checked, its shard
- * files verified and read range by range, and export to llm.c's format; see checkpoint_format.h.
+/* engine/checkpoint/checkpoint_format.c — reading a checkpoint: its manifest parsed and checked,
+ * its shard files verified and read range by range, and export to llm.c's format; see
+ * checkpoint_format.h.
  */
 #include "engine/checkpoint/checkpoint_format.h"
 
@@ -439,12 +440,12 @@ mp_status ck_read_shard(ck_shard_reader *reader, int i, int array, int rank, int
 }
 
 /* Checks that the manifest's model is `layout` (naming the first difference). */
-mp_status ck_check_model(const ck_manifest *mf, const mp_gpt_layout *layout,
+mp_status ck_check_model(const ck_manifest *mf, const mp_param_layout *layout,
                              const char *model_source, mp_error *err) {
   const cJSON *model = cJSON_GetObjectItemCaseSensitive(mf->root, "model");
   const cJSON *config = cJSON_GetObjectItemCaseSensitive(model, "config");
   const cJSON *name = cJSON_GetObjectItemCaseSensitive(model, "name");
-  const mp_gpt_config *c = mp_gpt_layout_config(layout);
+  const mp_model_config *c = mp_param_layout_config(layout);
   const struct {
     const char *key;
     int value;
@@ -464,14 +465,14 @@ mp_status ck_check_model(const ck_manifest *mf, const mp_gpt_layout *layout,
                      model_source);
     }
   }
-  const int n = mp_gpt_layout_num_tensors(layout);
+  const int n = mp_param_layout_num_tensors(layout);
   if (mf->num_tensors != n) {
     return mp_fail(err, MP_ERR_INPUT,
                    "%s is a checkpoint of another model: %d tensors in the checkpoint, %d in %s",
                    mf->path, mf->num_tensors, n, model_source);
   }
   for (int i = 0; i < n; ++i) {
-    const mp_gpt_tensor *t = mp_gpt_layout_tensor(layout, i);
+    const mp_param_tensor *t = mp_param_layout_tensor(layout, i);
     const ck_tensor *saved = &mf->tensors[i];
     if (strcmp(saved->name, t->name) != 0 || saved->rows != t->rows || saved->cols != t->cols) {
       return mp_fail(err, MP_ERR_INPUT,
@@ -493,7 +494,8 @@ mp_status mp_checkpoint_export(const char *path, mp_weight_format format,
   const cJSON *batch =
       cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(mf.root, "plan"), "batch");
   int64_t seq_len = 0;
-  if (status == MP_OK) status = ck_manifest_int(&mf, batch, "$.plan.batch", "seq_len", &seq_len, err);
+  if (status == MP_OK)
+    status = ck_manifest_int(&mf, batch, "$.plan.batch", "seq_len", &seq_len, err);
   if (status == MP_OK && (seq_len < 1 || seq_len > INT32_MAX)) {
     status = mp_fail(err, MP_ERR_INPUT, "%s: $.plan.batch.seq_len %lld is out of range", mf.file,
                      (long long)seq_len);
@@ -505,17 +507,17 @@ mp_status mp_checkpoint_export(const char *path, mp_weight_format format,
                      path);
   }
   mp_model *parsed = NULL;
-  mp_gpt_layout *layout = NULL;
+  mp_param_layout *layout = NULL;
   char source[CK_PATH_BYTES + 32];
   snprintf(source, sizeof source, "%s/manifest.json $.model.description", path);
   if (status == MP_OK) status = mp_model_parse_text(description->valuestring, source, &parsed, err);
-  if (status == MP_OK) status = mp_gpt_layout_create(parsed, (int)seq_len, &layout, err);
+  if (status == MP_OK) status = mp_param_layout_create(parsed, (int)seq_len, &layout, err);
   if (status == MP_OK) status = ck_check_model(&mf, layout, source, err);
   if (status == MP_OK) status = ck_verify_files(&mf, 0, 1, err);
   /* Tensor by tensor: one buffer of the largest tensor, never the whole model. */
   size_t largest = 0;
-  for (int i = 0; status == MP_OK && i < mp_gpt_layout_num_tensors(layout); ++i) {
-    const mp_gpt_tensor *t = mp_gpt_layout_tensor(layout, i);
+  for (int i = 0; status == MP_OK && i < mp_param_layout_num_tensors(layout); ++i) {
+    const mp_param_tensor *t = mp_param_layout_tensor(layout, i);
     if (t->rows * t->cols > largest) largest = t->rows * t->cols;
   }
   float *tensor = NULL;
@@ -526,8 +528,8 @@ mp_status mp_checkpoint_export(const char *path, mp_weight_format format,
   if (status == MP_OK) status = mp_weight_sink_open(layout, format, out, options, &writer, err);
   ck_shard_reader reader = {NULL, NULL};
   if (status == MP_OK) status = ck_reader_open(&mf, &reader, err);
-  for (int i = 0; status == MP_OK && i < mp_gpt_layout_num_tensors(layout); ++i) {
-    const mp_gpt_tensor *t = mp_gpt_layout_tensor(layout, i);
+  for (int i = 0; status == MP_OK && i < mp_param_layout_num_tensors(layout); ++i) {
+    const mp_param_tensor *t = mp_param_layout_tensor(layout, i);
     /* The full tensor is tp rank 0's shard at tp = 1. */
     status = ck_read_shard(&reader, i, 0, 0, 1, 0, t->rows * t->cols, tensor, err);
     if (status == MP_OK) status = mp_weight_sink_write(writer, i, tensor, err);
@@ -542,10 +544,10 @@ mp_status mp_checkpoint_export(const char *path, mp_weight_format format,
   }
   if (status == MP_OK) {
     *step = mf.step;
-    *num_params = mp_gpt_layout_num_params(layout);
+    *num_params = mp_param_layout_num_params(layout);
   }
   free(tensor);
-  mp_gpt_layout_free(layout);
+  mp_param_layout_free(layout);
   mp_model_free(parsed);
   ck_manifest_close(&mf);
   return status;
@@ -563,7 +565,8 @@ mp_status mp_checkpoint_manifest_check_text(const char *text, const char *source
   if (status == MP_OK) {
     status = ck_manifest_int(&mf, batch, "$.plan.batch", "global_batch", &global_batch, err);
   }
-  if (status == MP_OK) status = ck_manifest_int(&mf, batch, "$.plan.batch", "seq_len", &seq_len, err);
+  if (status == MP_OK)
+    status = ck_manifest_int(&mf, batch, "$.plan.batch", "seq_len", &seq_len, err);
   if (status == MP_OK && (seq_len < 1 || seq_len > INT32_MAX)) {
     status = mp_fail(err, MP_ERR_INPUT, "%s: $.plan.batch.seq_len %lld is out of range", source,
                      (long long)seq_len);
@@ -573,15 +576,15 @@ mp_status mp_checkpoint_manifest_check_text(const char *text, const char *source
   const cJSON *model = cJSON_GetObjectItemCaseSensitive(mf.root, "model");
   const cJSON *description = cJSON_GetObjectItemCaseSensitive(model, "description");
   mp_model *parsed = NULL;
-  mp_gpt_layout *layout = NULL;
+  mp_param_layout *layout = NULL;
   char where[CK_PATH_BYTES + 32];
   snprintf(where, sizeof where, "%s $.model.description", source);
   if (status == MP_OK && cJSON_IsString(description)) {
     status = mp_model_parse_text(description->valuestring, where, &parsed, err);
-    if (status == MP_OK) status = mp_gpt_layout_create(parsed, (int)seq_len, &layout, err);
+    if (status == MP_OK) status = mp_param_layout_create(parsed, (int)seq_len, &layout, err);
     if (status == MP_OK) status = ck_check_model(&mf, layout, where, err);
   }
-  mp_gpt_layout_free(layout);
+  mp_param_layout_free(layout);
   mp_model_free(parsed);
   ck_manifest_close(&mf);
   return status;

@@ -1,10 +1,11 @@
 /*
- * engine/checkpoint/checkpoint_format.h — the on-disk format of a checkpoint (engine/checkpoint/checkpoint.h), for the
- * checkpoint library's own files: the shard files' names and headers, the manifest as parsed and
- * checked (its files, and every tensor with the place of each of its tp shards), and reading any
- * range of any tensor's shard, in any tp layout, from the shards that hold it. Saving and loading
- * (engine/checkpoint/checkpoint.c) build on it; export (mp_checkpoint_export) and the manifest check for
- * the fuzzer live with it (engine/checkpoint/checkpoint_format.c). Not an API: callers use checkpoint.h.
+ * engine/checkpoint/checkpoint_format.h — the on-disk format of a checkpoint
+ * (engine/checkpoint/checkpoint.h), for the checkpoint library's own files: the shard files' names
+ * and headers, the manifest as parsed and checked (its files, and every tensor with the place of
+ * each of its tp shards), and reading any range of any tensor's shard, in any tp layout, from the
+ * shards that hold it. Saving and loading (engine/checkpoint/checkpoint.c) build on it; export
+ * (mp_checkpoint_export) and the manifest check for the fuzzer live with it
+ * (engine/checkpoint/checkpoint_format.c). Not an API: callers use checkpoint.h.
  */
 #ifndef MPENGINE_ENGINE_CHECKPOINT_FORMAT_H
 #define MPENGINE_ENGINE_CHECKPOINT_FORMAT_H
@@ -16,7 +17,7 @@
 #include <stdio.h>
 
 #include "common/error.h"
-#include "engine/model/gpt_model.h"
+#include "engine/model/param_layout.h"
 #include "tensor_parallel/shard.h"
 
 #define CK_SHARD_MAGIC_V1 "MPCKSHD1"
@@ -65,7 +66,7 @@ typedef struct {
 } ck_piece;
 
 typedef struct {
-  char name[MP_GPT_TENSOR_NAME_BYTES];
+  char name[MP_PARAM_NAME_BYTES];
   size_t rows, cols;
   mp_tp_split split;
   int tp;            /* shards it was saved in */
@@ -93,13 +94,14 @@ typedef struct {
 /* The manifest's whole number at object[key] (where: its JSON path in messages). */
 mp_status ck_manifest_int(const ck_manifest *mf, const cJSON *object, const char *where,
                           const char *key, int64_t *out, mp_error *err);
-/* Reads and checks path/manifest.json (format, version, files, tensors); ck_manifest_close frees. */
+/* Reads and checks path/manifest.json (format, version, files, tensors); ck_manifest_close frees.
+ * */
 mp_status ck_manifest_open(const char *path, ck_manifest *mf, mp_error *err);
 void ck_manifest_close(ck_manifest *mf);
 /* A file's text (at most 64 MiB), NUL-terminated, or NULL; free() it. */
 char *ck_read_text(const char *path);
 /* Checks that the manifest's model is `layout` (naming the first difference). */
-mp_status ck_check_model(const ck_manifest *mf, const mp_gpt_layout *layout,
+mp_status ck_check_model(const ck_manifest *mf, const mp_param_layout *layout,
                          const char *model_source, mp_error *err);
 /* Checks files first, first + stride, ...: present, checksum, size, header. */
 mp_status ck_verify_files(const ck_manifest *mf, int first, int stride, mp_error *err);

@@ -1,7 +1,7 @@
 /*
  * engine/comm/tp_comm_nccl.h — a tensor_parallel/tp_comm.h table over an NCCL communicator
  * (engine/comm/comm_nccl.h), for the GPU pipeline stage's collectives on device buffers
- * (engine/model/gpt_stage_gpu.h) when every rank of the group has a GPU of its own.
+ * (engine/model/stage_gpu.h) when every rank of the group has a GPU of its own.
  *
  * Each operation is ordered after the compute already enqueued on the default stream, runs on the
  * communicator's stream, and returns once complete (mp_nccl_comm_synchronize): every wait is

@@ -1,5 +1,6 @@
 /*
- * engine/data/token_shard.c — reading, validating and writing llm.c token shards; see token_shard.h.
+ * engine/data/token_shard.c — reading, validating and writing llm.c token shards; see
+ * token_shard.h.
  *
  * Bytes are decoded and encoded explicitly as little-endian, so the files are the same on every
  * host. Reading validates in the order a user would debug: can it be opened, is it long enough to

@@ -1,5 +1,6 @@
 /*
- * engine/device/device.h — the accelerator as the engine sees it: memory, copies, streams and events.
+ * engine/device/device.h — the accelerator as the engine sees it: memory, copies, streams and
+ * events.
  *
  * The CUDA implementation (device_cuda.cu) uses plain cudaMalloc, never managed memory; a build
  * without CUDA (device_none.c) finds no device and fails every allocation with a message that

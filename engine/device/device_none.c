@@ -1,4 +1,5 @@
-/* engine/device/device_none.c — device.h for builds without CUDA: no device, every call says why. */
+/* engine/device/device_none.c — device.h for builds without CUDA: no device, every call says why.
+ * */
 #include "engine/device/device.h"
 
 static mp_status no_cuda(mp_error *err) {

@@ -1,5 +1,6 @@
 /*
- * engine/device/gpu_probe.h — what GPUs this process can use, and whether the CUDA build works on them.
+ * engine/device/gpu_probe.h — what GPUs this process can use, and whether the CUDA build works on
+ * them.
  *
  * `mpengine version` prints the report; tools/device_check.sh runs the smoke test on a real GPU.
  * A build without CUDA (no /usr/local/cuda where it was built) says so instead of failing.
@@ -41,7 +42,8 @@ typedef struct {
 mp_status mp_gpu_probe(mp_gpu_report *report, mp_error *err);
 
 /* On device 0: y = a * x + y for n floats with a CUDA kernel, checked element by element against
- * the same loop on the CPU. Stores the largest absolute difference. MP_ERR_RUNTIME without a GPU. */
+ * the same loop on the CPU. Stores the largest absolute difference. MP_ERR_RUNTIME without a GPU.
+ * */
 mp_status mp_gpu_smoke_test(size_t n, double *max_abs_error, mp_error *err);
 
 #ifdef __cplusplus

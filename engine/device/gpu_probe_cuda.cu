@@ -1,6 +1,7 @@
 /*
- * engine/device/gpu_probe_cuda.cu — CUDA implementation of gpu_probe.h: device query, library versions,
- * and a saxpy kernel checked against the CPU, the smallest proof that kernels built here run there.
+ * engine/device/gpu_probe_cuda.cu — CUDA implementation of gpu_probe.h: device query, library
+ * versions, and a saxpy kernel checked against the CPU, the smallest proof that kernels built here
+ * run there.
  */
 #include <cublas_v2.h>
 #include <cuda_runtime.h>

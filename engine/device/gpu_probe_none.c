@@ -1,4 +1,5 @@
-/* engine/device/gpu_probe_none.c — gpu_probe.h for builds without CUDA: reports that, finds no GPU. */
+/* engine/device/gpu_probe_none.c — gpu_probe.h for builds without CUDA: reports that, finds no GPU.
+ * */
 #include <stdio.h>
 #include <string.h>
 

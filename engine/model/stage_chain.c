@@ -1,4 +1,5 @@
-/* engine/model/stage_chain.c — a stage's forward and backward over a backend's kernels; see the header. */
+/* engine/model/stage_chain.c — a stage's forward and backward over a backend's kernels; see the
+ * header. */
 #include "engine/model/stage_chain.h"
 
 #include <stdlib.h>
@@ -6,10 +7,10 @@
 
 /* One block's tensors by role: the backend's weights and the fp32 gradients. */
 typedef struct {
-  const void *w[MP_GPT_BLOCK_TENSORS]; /* with weights windows, in the one in use */
-  const void *w_in[2][MP_GPT_BLOCK_TENSORS]; /* w in each weights window */
-  float *g[MP_GPT_BLOCK_TENSORS];     /* with gradient windows, in the one in use */
-  float *g_in[2][MP_GPT_BLOCK_TENSORS]; /* g in each gradient window */
+  const void *w[MP_BLOCK_TENSORS]; /* with weights windows, in the one in use */
+  const void *w_in[2][MP_BLOCK_TENSORS]; /* w in each weights window */
+  float *g[MP_BLOCK_TENSORS];     /* with gradient windows, in the one in use */
+  float *g_in[2][MP_BLOCK_TENSORS]; /* g in each gradient window */
   size_t grad_first, grad_count; /* the block's floats of the gradient array */
 } block_tensors;
 
@@ -54,8 +55,8 @@ typedef struct {
 
 struct mp_stage_chain {
   const mp_stage_kernels *k;
-  const mp_gpt_tp *host;
-  mp_gpt_stage stage;
+  const mp_stage_cpu *host;
+  mp_stage_span stage;
   mp_stage_dims d;
   size_t eb; /* element bytes */
   bool deferred_weights;
@@ -121,13 +122,14 @@ static mp_status chain_alloc(mp_stage_chain *ch, void *out, size_t bytes, mp_err
   return MP_OK;
 }
 
-#define ALLOC(field, elements, size) MP_TRY(chain_alloc(ch, &(field), (size_t)(elements) * (size), err))
+#define ALLOC(field, elements, size) \
+  MP_TRY(chain_alloc(ch, &(field), (size_t)(elements) * (size), err))
 
-mp_stage_dims mp_stage_chain_dims(const mp_gpt_tp *host, const mp_tp_comm *tp) {
-  const mp_gpt_config *c = mp_gpt_layout_config(mp_gpt_tp_layout(host));
+mp_stage_dims mp_stage_chain_dims(const mp_stage_cpu *host, const mp_tp_comm *tp) {
+  const mp_model_config *c = mp_param_layout_config(mp_stage_cpu_layout(host));
   mp_stage_dims d;
   memset(&d, 0, sizeof d);
-  mp_gpt_tp_micro_batch(host, &d.B, &d.T);
+  mp_stage_cpu_micro_batch(host, &d.B, &d.T);
   d.C = c->channels;
   d.HS = c->channels / c->num_heads;
   d.NHl = c->num_heads / tp->size;
@@ -146,10 +148,10 @@ mp_stage_dims mp_stage_chain_dims(const mp_gpt_tp *host, const mp_tp_comm *tp) {
   d.Vl = c->padded_vocab_size / tp->size;
   d.vocab_start = tp->rank * d.Vl;
   d.BT = d.B * d.T;
-  d.sp = mp_gpt_tp_sequence_parallel(host) && tp->size > 1;
+  d.sp = mp_stage_cpu_sequence_parallel(host) && tp->size > 1;
   d.BTl = d.sp ? d.BT / tp->size : d.BT;
   d.row0 = d.sp ? tp->rank * d.BTl : 0;
-  const mp_gpt_stage *stage = mp_gpt_tp_stage(host);
+  const mp_stage_span *stage = mp_stage_cpu_span(host);
   d.num_layers = stage->num_layers;
   d.embedding = stage->embedding;
   d.head = stage->head;
@@ -158,25 +160,25 @@ mp_stage_dims mp_stage_chain_dims(const mp_gpt_tp *host, const mp_tp_comm *tp) {
 }
 
 /* The host's shard table index of the layout's tensor full_index, or -1. */
-static int shard_index(const mp_gpt_tp *host, int full_index) {
-  const mp_gpt_tensor *full = mp_gpt_layout_tensor(mp_gpt_tp_layout(host), full_index);
-  for (int i = 0; i < mp_gpt_tp_num_tensors(host); ++i) {
-    if (mp_gpt_tp_tensor_at(host, i)->full == full) return i;
+static int shard_index(const mp_stage_cpu *host, int full_index) {
+  const mp_param_tensor *full = mp_param_layout_tensor(mp_stage_cpu_layout(host), full_index);
+  for (int i = 0; i < mp_stage_cpu_num_tensors(host); ++i) {
+    if (mp_stage_cpu_tensor_at(host, i)->full == full) return i;
   }
   return -1;
 }
 
 /* A tensor's weights: at its offset in weights, or with a weights window a block tensor's at its
- * offset in its block (block_first) and the others packed (mp_gpt_tp_grad_offset's packing for
+ * offset in its block (block_first) and the others packed (mp_stage_cpu_grad_offset's packing for
  * whole blocks). */
 static const void *weight_of(const mp_stage_chain *ch, void *weights, int full_index,
                              size_t block_first) {
   const int i = full_index < 0 ? -1 : shard_index(ch->host, full_index);
   if (i < 0) return NULL;
-  const size_t offset = mp_gpt_tp_tensor_at(ch->host, i)->offset;
+  const size_t offset = mp_stage_cpu_tensor_at(ch->host, i)->offset;
   if (ch->weights_window == NULL) return at(ch, weights, offset);
   size_t packed = 0;
-  if (mp_gpt_tp_grad_offset(ch->host, i, MP_GRAD_WINDOW_BLOCKS, &packed)) {
+  if (mp_stage_cpu_grad_offset(ch->host, i, MP_GRAD_WINDOW_BLOCKS, &packed)) {
     return at(ch, weights, packed);
   }
   return at(ch, ch->weights_window, offset - block_first);
@@ -208,14 +210,14 @@ static mp_status gather_block_weights(mp_stage_chain *ch, int l, int next, mp_er
                           b->grad_count, after.window != NULL ? &after : NULL, err);
 }
 
-/* A tensor's gradient: in grads, packed for the window kind (mp_gpt_tp_grad_offset), or for a
+/* A tensor's gradient: in grads, packed for the window kind (mp_stage_cpu_grad_offset), or for a
  * tensor of the window at its offset in its block (block_first). */
 static float *grad_of(const mp_stage_chain *ch, float *grads, int full_index, size_t block_first) {
   const int i = full_index < 0 ? -1 : shard_index(ch->host, full_index);
   if (i < 0) return NULL;
   size_t packed = 0;
-  if (mp_gpt_tp_grad_offset(ch->host, i, ch->window_kind, &packed)) return grads + packed;
-  return ch->window + (mp_gpt_tp_tensor_at(ch->host, i)->offset - block_first);
+  if (mp_stage_cpu_grad_offset(ch->host, i, ch->window_kind, &packed)) return grads + packed;
+  return ch->window + (mp_stage_cpu_tensor_at(ch->host, i)->offset - block_first);
 }
 
 static mp_status alloc_slot(mp_stage_chain *ch, slot_acts *s, mp_error *err) {
@@ -313,22 +315,24 @@ void mp_stage_chain_free(mp_stage_chain *ch) {
 
 static mp_status chain_setup(mp_stage_chain *ch, const mp_stage_chain_config *config,
                              mp_error *err) {
-  const mp_gpt_layout *layout = mp_gpt_tp_layout(ch->host);
+  const mp_param_layout *layout = mp_stage_cpu_layout(ch->host);
   const int L = ch->stage.num_layers;
-  ch->wte = weight_of(ch, config->weights, mp_gpt_layout_global_index(layout, MP_GPT_WTE), 0);
-  ch->wpe = weight_of(ch, config->weights, mp_gpt_layout_global_index(layout, MP_GPT_WPE), 0);
+  ch->wte = weight_of(ch, config->weights, mp_param_layout_global_index(layout, MP_GLOBAL_WTE), 0);
+  ch->wpe = weight_of(ch, config->weights, mp_param_layout_global_index(layout, MP_GLOBAL_WPE), 0);
   ch->lnfw =
-      weight_of(ch, config->weights, mp_gpt_layout_global_index(layout, MP_GPT_LNF_WEIGHT), 0);
+      weight_of(ch, config->weights, mp_param_layout_global_index(layout, MP_GLOBAL_LNF_WEIGHT), 0);
   ch->lnfb =
-      weight_of(ch, config->weights, mp_gpt_layout_global_index(layout, MP_GPT_LNF_BIAS), 0);
-  ch->dwte = grad_of(ch, config->grads, mp_gpt_layout_global_index(layout, MP_GPT_WTE), 0);
-  ch->dwpe = grad_of(ch, config->grads, mp_gpt_layout_global_index(layout, MP_GPT_WPE), 0);
-  ch->dlnfw = grad_of(ch, config->grads, mp_gpt_layout_global_index(layout, MP_GPT_LNF_WEIGHT), 0);
-  ch->dlnfb = grad_of(ch, config->grads, mp_gpt_layout_global_index(layout, MP_GPT_LNF_BIAS), 0);
-  const mp_gpt_global_tensor head =
-      mp_gpt_layout_config(layout)->tied_head ? MP_GPT_WTE : MP_GPT_LM_HEAD;
-  ch->head_w = weight_of(ch, config->weights, mp_gpt_layout_global_index(layout, head), 0);
-  ch->dhead = grad_of(ch, config->grads, mp_gpt_layout_global_index(layout, head), 0);
+      weight_of(ch, config->weights, mp_param_layout_global_index(layout, MP_GLOBAL_LNF_BIAS), 0);
+  ch->dwte = grad_of(ch, config->grads, mp_param_layout_global_index(layout, MP_GLOBAL_WTE), 0);
+  ch->dwpe = grad_of(ch, config->grads, mp_param_layout_global_index(layout, MP_GLOBAL_WPE), 0);
+  ch->dlnfw =
+      grad_of(ch, config->grads, mp_param_layout_global_index(layout, MP_GLOBAL_LNF_WEIGHT), 0);
+  ch->dlnfb =
+      grad_of(ch, config->grads, mp_param_layout_global_index(layout, MP_GLOBAL_LNF_BIAS), 0);
+  const mp_global_tensor head =
+      mp_param_layout_config(layout)->tied_head ? MP_GLOBAL_WTE : MP_GLOBAL_LM_HEAD;
+  ch->head_w = weight_of(ch, config->weights, mp_param_layout_global_index(layout, head), 0);
+  ch->dhead = grad_of(ch, config->grads, mp_param_layout_global_index(layout, head), 0);
   ch->blocks = calloc((size_t)(L > 0 ? L : 1), sizeof *ch->blocks);
   ch->slots = calloc((size_t)ch->num_slots, sizeof *ch->slots);
   if (ch->blocks == NULL || ch->slots == NULL) {
@@ -337,14 +341,16 @@ static mp_status chain_setup(mp_stage_chain *ch, const mp_stage_chain_config *co
   for (int l = 0; l < L; ++l) {
     block_tensors *b = &ch->blocks[l];
     const int layer = ch->stage.first_layer + l;
-    const int first_index = mp_gpt_layout_block_index(layout, layer, MP_BLOCK_LN1_WEIGHT);
-    const int last_index = first_index + mp_gpt_layout_tensors_per_block(layout) - 1;
-    const mp_gpt_tp_tensor *first = mp_gpt_tp_tensor_at(ch->host, shard_index(ch->host, first_index));
-    const mp_gpt_tp_tensor *last = mp_gpt_tp_tensor_at(ch->host, shard_index(ch->host, last_index));
+    const int first_index = mp_param_layout_block_index(layout, layer, MP_BLOCK_LN1_WEIGHT);
+    const int last_index = first_index + mp_param_layout_tensors_per_block(layout) - 1;
+    const mp_stage_tensor *first =
+        mp_stage_cpu_tensor_at(ch->host, shard_index(ch->host, first_index));
+    const mp_stage_tensor *last =
+        mp_stage_cpu_tensor_at(ch->host, shard_index(ch->host, last_index));
     b->grad_first = first->offset;
     b->grad_count = last->offset + last->count - first->offset;
-    for (int r = 0; r < MP_GPT_BLOCK_TENSORS; ++r) {
-      const int index = mp_gpt_layout_block_index(layout, layer, (mp_gpt_block_tensor)r);
+    for (int r = 0; r < MP_BLOCK_TENSORS; ++r) {
+      const int index = mp_param_layout_block_index(layout, layer, (mp_block_tensor)r);
       for (int w = 0; w < 2; ++w) {
         ch->window = ch->windows[w] != NULL ? ch->windows[w] : ch->windows[0];
         ch->weights_window =
@@ -414,7 +420,7 @@ static mp_status check_kernels(const mp_stage_chain *ch, mp_error *err) {
   return mp_fail(err, MP_ERR_INPUT,
                  "%s: the %s backend has no %s kernel yet; train this model on the CPU "
                  "backend",
-                 mp_gpt_layout_model_source(mp_gpt_tp_layout(ch->host)), k->name, missing);
+                 mp_param_layout_model_source(mp_stage_cpu_layout(ch->host)), k->name, missing);
 }
 
 mp_status mp_stage_chain_create(const mp_stage_chain_config *config,
@@ -427,7 +433,7 @@ mp_status mp_stage_chain_create(const mp_stage_chain_config *config,
   if (ch == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of host memory");
   ch->k = kernels;
   ch->host = config->host;
-  ch->stage = *mp_gpt_tp_stage(config->host);
+  ch->stage = *mp_stage_cpu_span(config->host);
   ch->d = mp_stage_chain_dims(config->host, config->tp);
   ch->eb = kernels->element_bytes;
   ch->deferred_weights = config->deferred_weights;
@@ -679,7 +685,7 @@ static mp_status stage_forward(mp_stage_chain *ch, slot_acts *s, const int32_t *
                                double *loss, bool recomputing, mp_error *err) {
   const mp_stage_kernels *k = ch->k;
   void *cx = k->context;
-  const mp_gpt_stage *st = &ch->stage;
+  const mp_stage_span *st = &ch->stage;
   const mp_stage_dims *d = &ch->d;
   const size_t BT = (size_t)d->BT, local = (size_t)d->BTl * (size_t)d->C;
   if (recomputing) {
@@ -773,7 +779,7 @@ mp_status mp_stage_chain_backward(mp_stage_chain *ch, int slot, const float *dou
   }
   const mp_stage_kernels *k = ch->k;
   void *cx = k->context;
-  const mp_gpt_stage *st = &ch->stage;
+  const mp_stage_span *st = &ch->stage;
   const mp_stage_dims *d = &ch->d;
   const int BT = d->BT, C = d->C, L = st->num_layers;
   const size_t act_bytes = (size_t)BT * C * ch->eb, local = (size_t)d->BTl * C;

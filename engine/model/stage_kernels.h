@@ -1,9 +1,10 @@
 /*
- * engine/model/stage_kernels.h — what a backend supplies to the stage chain (engine/model/stage_chain.h): its
- * memory, its element type and a small table of kernels. The chain (embedding, blocks, final
- * norm, LM head, loss; slots, recomputation, the zero-bubble split, sequence parallelism) is
- * written once over this table; the CPU's table wraps layers/ and tensor_parallel/ in fp32
- * (engine/model/stage_kernels_cpu.c), the GPU's wraps their CUDA twins in bf16 (engine/model/gpt_stage_gpu.c).
+ * engine/model/stage_kernels.h — what a backend supplies to the stage chain
+ * (engine/model/stage_chain.h): its memory, its element type and a small table of kernels. The
+ * chain (embedding, blocks, final norm, LM head, loss; slots, recomputation, the zero-bubble split,
+ * sequence parallelism) is written once over this table; the CPU's table wraps layers/ and
+ * tensor_parallel/ in fp32 (engine/model/stage_kernels_cpu.c), the GPU's wraps their CUDA twins in
+ * bf16 (engine/model/stage_gpu.c).
  *
  * Activations and weights are arrays of the backend's element (element_bytes: 4 for fp32, 2 for
  * bf16), passed as void pointers into the backend's memory; gradients, layernorm statistics and

@@ -254,7 +254,8 @@ mp_status mp_stage_kernels_cpu_create(const mp_stage_dims *dims, mp_stage_kernel
   /* Scratch for what the stage runs only: the attention backward's two (B, NHl, T, T) matrices
    * are the largest working memory of a stage with blocks. */
   const size_t slice = dims->sp ? (size_t)dims->BTl * (size_t)dims->C : 1;
-  const size_t attention = dims->num_layers > 0 && k->attention_floats > 0 ? k->attention_floats : 1;
+  const size_t attention =
+      dims->num_layers > 0 && k->attention_floats > 0 ? k->attention_floats : 1;
   const size_t ce = dims->head ? mp_tp_vocab_cross_entropy_work_floats(&dims->tp, dims->BT) : 1;
   k->slice = malloc(slice * sizeof(float));
   k->dpreatt = malloc(attention * sizeof(float));

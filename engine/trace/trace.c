@@ -1,6 +1,6 @@
 /*
- * engine/trace/trace.c — the trace recorder and the merged Chrome trace it writes; see trace.h for the
- * format.
+ * engine/trace/trace.c — the trace recorder and the merged Chrome trace it writes; see trace.h for
+ * the format.
  *
  * Each rank appends fixed-size records (trace_event) to one growing array. mp_trace_write sends
  * them to rank 0 as bytes (every rank of a job runs this same binary, so the layout of the record

@@ -1,6 +1,6 @@
 /*
- * engine/trace/trace.h — the trace recorder of `mpengine run --trace TRACE.json`: every action of the
- * stage worker and every send, receive and collective, on every rank, with start and end times,
+ * engine/trace/trace.h — the trace recorder of `mpengine run --trace TRACE.json`: every action of
+ * the stage worker and every send, receive and collective, on every rank, with start and end times,
  * merged by rank 0 into one Chrome trace (DESIGN.md, "trace") that `mpengine timeline` draws
  * (engine/trace/trace_reader.h reads it back).
  *
@@ -36,8 +36,8 @@
  *     distinct steps were recorded), "first_step", "last_step" (-1 when none), "complete" (false
  *     when a rank ran out of memory recording and dropped events), "dropped_events", "ranks": [one
  *     {"rank", "dp", "pp", "tp", "events"} per world rank, in rank order]}.
- * mp_trace_layout and the format's name and version are in engine/trace/trace_format.h, which the reader
- * shares without linking MPI.
+ * mp_trace_layout and the format's name and version are in engine/trace/trace_format.h, which the
+ * reader shares without linking MPI.
  */
 #ifndef MPENGINE_ENGINE_TRACE_H
 #define MPENGINE_ENGINE_TRACE_H

@@ -1,7 +1,8 @@
 /*
  * engine/trace/trace_format.h — what the writer (engine/trace/trace.h, under MPI) and the reader
- * (engine/trace/trace_reader.h, no MPI) of a trace file share: the run's layout as the file's "mpengine"
- * object holds it, and the format's name and version. The format itself is described in trace.h.
+ * (engine/trace/trace_reader.h, no MPI) of a trace file share: the run's layout as the file's
+ * "mpengine" object holds it, and the format's name and version. The format itself is described in
+ * trace.h.
  */
 #ifndef MPENGINE_ENGINE_TRACE_FORMAT_H
 #define MPENGINE_ENGINE_TRACE_FORMAT_H

@@ -1,5 +1,6 @@
 /*
- * engine/trace/trace_reader.c — reading a trace back into schedules' drawing types; see trace_reader.h.
+ * engine/trace/trace_reader.c — reading a trace back into schedules' drawing types; see
+ * trace_reader.h.
  *
  * The whole file is parsed with cJSON (through common/json_reader.h, for messages with line and
  * column), validated into a flat array of slices (compute, communication, step), and the tree is

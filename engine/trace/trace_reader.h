@@ -1,7 +1,8 @@
 /*
- * engine/trace/trace_reader.h — a trace written by `mpengine run --trace` (engine/trace/trace.h) read back, for
- * `mpengine timeline`: one step of it as what schedules/timeline.h draws, and the measured
- * durations per stage and action kind that `timeline --against` sets beside the cost model's.
+ * engine/trace/trace_reader.h — a trace written by `mpengine run --trace` (engine/trace/trace.h)
+ * read back, for `mpengine timeline`: one step of it as what schedules/timeline.h draws, and the
+ * measured durations per stage and action kind that `timeline --against` sets beside the cost
+ * model's.
  *
  * The drawing. schedules/timeline.h draws an mp_schedule and an mp_simulation. The schedule here
  * is the one the ranks really ran in that step: pipeline rank p's list is the actions world rank

@@ -8,9 +8,10 @@
  * rank holds its chunks (virtual_stages of them), each one stage of the chain embedding, blocks,
  * final norm, LM head cut by the plan's layers_per_stage (or, when the plan has none, by the cost
  * model's split, topology/cost_model.h, as `mpengine plan` would), as its tensor-parallel shard
- * (engine/model/gpt_model_tp.h). A step:
+ * (engine/model/stage_cpu.h). A step:
  *   1. dp rank d reads its slice of the global batch: samples [d x n, (d+1) x n), n = micro_batch
- *      x num_micro_batches (engine/data/data_loader.h reshuffles every epoch from the seed, the same
+ *      x num_micro_batches (engine/data/data_loader.h reshuffles every epoch from the seed, the
+ * same
  *      on every layout);
  *   2. the stage worker (pipeline/stage_worker.h) runs this rank's action list of the plan's
  *      schedule: activations and input gradients cross pipeline ranks with eager sends;
@@ -25,7 +26,7 @@
  *      1/dp of each chunk's parameters only, updates that part and all-gathers the parameters
  *      in pieces (a bounded buffer, not one of the chunk).
  * ZeRO-2 (zero_stage 2) keeps the gradients of the same part only: the chunk's chain forms
- * each block's gradient in a one-block window (engine/model/gpt_model_tp.h, windowed_block_grads)
+ * each block's gradient in a one-block window (engine/model/stage_cpu.h, windowed_block_grads)
  * that its hook reduce-scatters over dp into the rank's part after every block of every
  * micro-batch's backward (summed over tp first with sequence parallelism; with zb-h1 only the
  * GEMM weights', after every block of every W); the other tensors (embedding, final norm, head;
@@ -33,7 +34,7 @@
  * step 3's tied-embedding sum; the norm (each tensor's squares over
  * the parts, summed over dp in rank order), clipping and AdamW run on the parts, then the
  * parameters are all-gathered as with ZeRO-1. ZeRO-3 (zero_stage 3, CPU backend, not zb-h1)
- * keeps of the blocks' parameters only the part too (mp_gpt_tp_zero): each block's weights are
+ * keeps of the blocks' parameters only the part too (mp_stage_zero): each block's weights are
  * gathered over dp into the chain's weights window before its forward, recomputed forward and
  * backward (its weights hook), and after the update only the tensors outside the blocks, which
  * every rank keeps whole, are gathered.
@@ -44,7 +45,7 @@
  * tp = 1 (one chunk holding the whole chain, the stage worker running the schedule's actions on
  * it).
  *
- * The CUDA backend runs each chunk on the rank's GPU (engine/model/gpt_stage_gpu.h, the twin of the CPU
+ * The CUDA backend runs each chunk on the rank's GPU (engine/model/stage_gpu.h, the twin of the CPU
  * chunk, which keeps only the tensor table: the state is on the device) through the same stage
  * worker and schedule; on one GPU with
  * options->nccl_dp the gradients still pass through that one-member communicator (a check of
@@ -68,10 +69,10 @@
 
 #include "common/error.h"
 #include "engine/data/data_loader.h"
-#include "engine/model/gpt_model.h"
+#include "engine/model/param_layout.h"
 #include "engine/comm/comm.h"
 #include "engine/comm/comm_nccl.h"
-#include "engine/model/gpt_model_tp.h"
+#include "engine/model/stage_cpu.h"
 #include "engine/trace/trace.h"
 #include "tensor_parallel/tp_comm.h"
 #include "topology/model.h"
@@ -118,8 +119,8 @@ mp_status mp_trainer_check_layout(const mp_plan *plan, mp_backend backend, mp_er
  * fields added later get their defaults. */
 typedef struct {
   size_t size;          /* sizeof(mp_trainer_options) */
-  const mp_tp_comm *tp; /* this rank's tensor-parallel group (engine/comm/tp_comm_mpi.h), copied; its
-                           context must outlive the trainer. NULL: tp = 1 */
+  const mp_tp_comm *tp; /* this rank's tensor-parallel group (engine/comm/tp_comm_mpi.h), copied;
+                           its context must outlive the trainer. NULL: tp = 1 */
   mp_comm *pp;          /* the pipeline group, members in pipeline-rank order; NULL: pp = 1 */
   mp_comm *dp;          /* the data-parallel group; NULL: dp = 1 */
   mp_comm *embedding;   /* the first and last pipeline rank (topology/grid.h); NULL: pp = 1 */
@@ -157,7 +158,7 @@ enum { MP_TRAINER_STAGED_IN_FLIGHT = 2 };
  * and every later call, in the same order. dp = pp = tp = 1 is the one-rank trainer. MP_ERR_INPUT
  * naming the plan file when the layout cannot run on backend, a group's size differs from the
  * plan, the schedule cannot run the plan's numbers, the stage split is bad, or the model does not
- * divide over tp (gpt_model_tp.h). options may be NULL on one rank. */
+ * divide over tp (stage_cpu.h). options may be NULL on one rank. */
 mp_status mp_trainer_create_parallel(const mp_plan *plan, const mp_model *model,
                                      mp_data_loader *data, mp_backend backend,
                                      const mp_trainer_options *options, mp_trainer **out,
@@ -166,13 +167,13 @@ void mp_trainer_free(mp_trainer *trainer);
 
 /* The shard of the whole model being trained (pp = 1, one chunk; on one rank the whole model in
  * the one-rank layout's order; on the GPU its host side, without arrays), or NULL. */
-mp_gpt_tp *mp_trainer_model_tp(mp_trainer *trainer);
+mp_stage_cpu *mp_trainer_model_tp(mp_trainer *trainer);
 
 /* This rank's model chunks (virtual_stages of them, chunk c holds stage c x pp + pp_rank; one on
  * one rank, on either backend: on the GPU each is the host side of its GPU twin, its tensor
  * table, whose parameters it reads and writes on the device). */
 int mp_trainer_num_chunks(const mp_trainer *trainer);
-mp_gpt_tp *mp_trainer_chunk(mp_trainer *trainer, int chunk);
+mp_stage_cpu *mp_trainer_chunk(mp_trainer *trainer, int chunk);
 
 /* Bytes of device memory this rank's GPU stages hold (parameters, their bf16 copy, gradients,
  * moments, activation slots, windows, kernels' workspace), with the trainer's own device
@@ -183,10 +184,10 @@ size_t mp_trainer_device_bytes(const mp_trainer *trainer);
 int mp_trainer_tp(const mp_trainer *trainer);
 
 /* The parameter layout (config, tensors) of the model on any backend. */
-const mp_gpt_layout *mp_trainer_layout(const mp_trainer *trainer);
+const mp_param_layout *mp_trainer_layout(const mp_trainer *trainer);
 
-/* Replaces the weights with those at path (engine/weights/weight_source.h: an llm.c GPT-2 file, or a
- * Hugging Face GPT2LMHeadModel directory); in a parallel run each rank reads only the byte ranges
+/* Replaces the weights with those at path (engine/weights/weight_source.h: an llm.c GPT-2 file, or
+ * a Hugging Face GPT2LMHeadModel directory); in a parallel run each rank reads only the byte ranges
  * of its own shards. Errors of the source. */
 mp_status mp_trainer_load_weights(mp_trainer *trainer, const char *path, mp_error *err);
 
@@ -197,9 +198,9 @@ mp_status mp_trainer_load_weights(mp_trainer *trainer, const char *path, mp_erro
 mp_status mp_trainer_save_llmc(mp_trainer *trainer, const char *path, mp_error *err);
 
 /* A chunk's training state (0 .. mp_trainer_num_chunks - 1), for checkpoints
- * (engine/checkpoint/checkpoint.h): its fp32 parameters, params_count floats in the flat shard layout of
- * mp_trainer_chunk (with ZeRO-3 this rank keeps of its blocks only its part,
- * mp_gpt_tp_held_params), and AdamW's first and second moments of elements [moments_first,
+ * (engine/checkpoint/checkpoint.h): its fp32 parameters, params_count floats in the flat shard
+ * layout of mp_trainer_chunk (with ZeRO-3 this rank keeps of its blocks only its part,
+ * mp_stage_cpu_held_params), and AdamW's first and second moments of elements [moments_first,
  * moments_first + moments_count) of that layout: all of them without ZeRO, this dp rank's part
  * with ZeRO (dp rank d holds part d of dp equal parts of ceil(params_count / dp) floats, the
  * last one shorter). AdamW keeps no other state: its bias correction is a function of the step.

@@ -1,5 +1,6 @@
 /*
- * engine/weights/safetensors.c — reading, checking and writing safetensors files; see safetensors.h.
+ * engine/weights/safetensors.c — reading, checking and writing safetensors files; see
+ * safetensors.h.
  *
  * Opening follows the reference library's order of checks (safetensors 0.4.5, src/tensor.rs:
  * read_metadata, Metadata::validate): the 8-byte length, its cap and the file's size, UTF-8, JSON,

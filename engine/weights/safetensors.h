@@ -1,6 +1,6 @@
 /*
- * engine/weights/safetensors.h — Hugging Face safetensors checkpoints: reading the tensors a rank owns
- * out of one file or a sharded set, and writing a file piece by piece.
+ * engine/weights/safetensors.h — Hugging Face safetensors checkpoints: reading the tensors a rank
+ * owns out of one file or a sharded set, and writing a file piece by piece.
  *
  * Format (https://github.com/huggingface/safetensors), all little-endian:
  *   u64        N, the byte length of the JSON header

@@ -18,10 +18,10 @@
 struct mp_weight_source {
   const mp_weight_source_ops *ops;
   void *impl;
-  const mp_gpt_layout *layout;
+  const mp_param_layout *layout;
 };
 
-static mp_status wrap(const mp_weight_source_ops *ops, void *impl, const mp_gpt_layout *layout,
+static mp_status wrap(const mp_weight_source_ops *ops, void *impl, const mp_param_layout *layout,
                       mp_weight_source **out, mp_error *err) {
   mp_weight_source *source = calloc(1, sizeof *source);
   if (source == NULL) {
@@ -37,7 +37,7 @@ static mp_status wrap(const mp_weight_source_ops *ops, void *impl, const mp_gpt_
 
 mp_status mp_weight_source_read(mp_weight_source *source, int tensor, size_t row, size_t rows,
                                 size_t col, size_t cols, float *dest, mp_error *err) {
-  const mp_gpt_tensor *t = mp_gpt_layout_tensor(source->layout, tensor);
+  const mp_param_tensor *t = mp_param_layout_tensor(source->layout, tensor);
   if (t == NULL || row > t->rows || rows > t->rows - row || col > t->cols ||
       cols > t->cols - col) {
     return mp_fail(err, MP_ERR_RUNTIME, "%s: block [%zu, +%zu) x [%zu, +%zu) of tensor %d is "
@@ -51,8 +51,9 @@ static mp_status read_into(void *source, int tensor, size_t row, size_t rows, si
   return mp_weight_source_read(source, tensor, row, rows, col, cols, dest, err);
 }
 
-mp_status mp_weight_source_load_stage(mp_weight_source *source, mp_gpt_tp *stage, mp_error *err) {
-  return mp_gpt_tp_fill_params(stage, read_into, source, err);
+mp_status mp_weight_source_load_stage(mp_weight_source *source, mp_stage_cpu *stage,
+                                      mp_error *err) {
+  return mp_stage_cpu_fill_params(stage, read_into, source, err);
 }
 
 const char *mp_weight_source_kind(const mp_weight_source *source) { return source->ops->kind; }
@@ -63,7 +64,7 @@ void mp_weight_source_close(mp_weight_source *source) {
   free(source);
 }
 
-mp_status mp_weight_source_open(const mp_gpt_layout *layout, const char *path,
+mp_status mp_weight_source_open(const mp_param_layout *layout, const char *path,
                                 mp_weight_source **out, mp_error *err) {
   struct stat st;
   if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
@@ -73,13 +74,15 @@ mp_status mp_weight_source_open(const mp_gpt_layout *layout, const char *path,
 }
 
 /* ---------------------------------------------------------------------------------------------
- * llm.c files: engine/model/gpt_model.h's reader already reads in the layout's terms. */
+ * llm.c files: engine/model/param_layout.h's reader already reads in the layout's terms. */
 
-static mp_status llmc_read(void *impl, int tensor, const mp_gpt_tensor *t, size_t row,
+static mp_status llmc_read(void *impl, int tensor, const mp_param_tensor *t, size_t row,
                            size_t rows, size_t col, size_t cols, float *dest, mp_error *err) {
-  if (cols == t->cols) return mp_llmc_reader_read(impl, tensor, row * t->cols, rows * cols, dest, err);
+  if (cols == t->cols)
+    return mp_llmc_reader_read(impl, tensor, row * t->cols, rows * cols, dest, err);
   for (size_t r = 0; r < rows; ++r) {
-    MP_TRY(mp_llmc_reader_read(impl, tensor, (row + r) * t->cols + col, cols, dest + r * cols, err));
+    MP_TRY(
+        mp_llmc_reader_read(impl, tensor, (row + r) * t->cols + col, cols, dest + r * cols, err));
   }
   return MP_OK;
 }
@@ -88,7 +91,7 @@ static void llmc_close(void *impl) { mp_llmc_reader_close(impl); }
 
 static const mp_weight_source_ops kLlmcOps = {"llm.c checkpoint", llmc_read, llmc_close};
 
-mp_status mp_weight_source_open_llmc(const mp_gpt_layout *layout, const char *path,
+mp_status mp_weight_source_open_llmc(const mp_param_layout *layout, const char *path,
                                      mp_weight_source **out, mp_error *err) {
   *out = NULL;
   mp_llmc_reader *reader = NULL;
@@ -121,7 +124,7 @@ static const struct {
 };
 
 typedef struct {
-  const mp_gpt_layout *layout;
+  const mp_param_layout *layout;
   mp_safetensors *st;
   char (*names)[kHfNameBytes]; /* (num_tensors,) the file's name of each layout tensor */
   bool *transposed;            /* (num_tensors,) stored (cols, rows) */
@@ -210,26 +213,26 @@ static bool hf_gpt2_name(const char *ours, const char *prefix, char *out, bool *
   return false;
 }
 
-static bool is_gpt2(const mp_gpt_layout *layout) {
-  return mp_gpt_layout_config(layout)->family == MP_GPT_FAMILY_GPT2;
+static bool is_gpt2(const mp_param_layout *layout) {
+  return mp_param_layout_config(layout)->family == MP_FAMILY_GPT2;
 }
 
 /* Layout tensor i as Hugging Face stores it: its name (under prefix), rank and shape, whether it
  * is stored transposed (GPT-2's Conv1D), and its rows in our orientation (the vocabulary
  * tables: vocab_size, without the padding). */
-static mp_status hf_tensor_of(const mp_gpt_layout *layout, int i, const char *prefix, char *name,
+static mp_status hf_tensor_of(const mp_param_layout *layout, int i, const char *prefix, char *name,
                               int *rank, int64_t *shape, bool *transposed, size_t *file_rows,
                               mp_error *err) {
-  const mp_gpt_tensor *t = mp_gpt_layout_tensor(layout, i);
+  const mp_param_tensor *t = mp_param_layout_tensor(layout, i);
   *transposed = false;
   if (is_gpt2(layout) ? !hf_gpt2_name(t->name, prefix, name, transposed)
                       : !hf_llama_name(t->name, prefix, name)) {
     return mp_fail(err, MP_ERR_RUNTIME, "no Hugging Face %s name for tensor %s",
                    is_gpt2(layout) ? "GPT-2" : "Llama-family", t->name);
   }
-  const bool vocabulary = i == mp_gpt_layout_global_index(layout, MP_GPT_WTE) ||
-                          i == mp_gpt_layout_global_index(layout, MP_GPT_LM_HEAD);
-  *file_rows = vocabulary ? (size_t)mp_gpt_layout_config(layout)->vocab_size : t->rows;
+  const bool vocabulary = i == mp_param_layout_global_index(layout, MP_GLOBAL_WTE) ||
+                          i == mp_param_layout_global_index(layout, MP_GLOBAL_LM_HEAD);
+  *file_rows = vocabulary ? (size_t)mp_param_layout_config(layout)->vocab_size : t->rows;
   *rank = t->cols == 1 ? 1 : 2;
   shape[0] = (int64_t)(*transposed ? t->cols : *file_rows);
   shape[1] = (int64_t)(*transposed ? t->rows : t->cols);
@@ -237,7 +240,7 @@ static mp_status hf_tensor_of(const mp_gpt_layout *layout, int i, const char *pr
 }
 
 /* config.json describes layout's model, or a refusal naming the first key that differs. */
-static mp_status hf_check_config(const mp_gpt_layout *layout, const char *dir,
+static mp_status hf_check_config(const mp_param_layout *layout, const char *dir,
                                  const char *model_source, mp_error *err) {
   cJSON *json = NULL;
   mp_hf_import_info info;
@@ -254,12 +257,12 @@ static mp_status hf_check_config(const mp_gpt_layout *layout, const char *dir,
   mp_model *model = NULL;
   mp_status status = mp_model_parse_text(text, info.config_path, &model, err);
   free(text);
-  mp_gpt_layout *theirs = NULL;
-  if (status == MP_OK) status = mp_gpt_layout_create(model, 1, &theirs, err);
+  mp_param_layout *theirs = NULL;
+  if (status == MP_OK) status = mp_param_layout_create(model, 1, &theirs, err);
   mp_model_free(model);
   if (status != MP_OK) return status;
-  const mp_gpt_config *a = mp_gpt_layout_config(theirs), *b = mp_gpt_layout_config(layout);
-  const bool gpt2 = a->family == MP_GPT_FAMILY_GPT2;
+  const mp_model_config *a = mp_param_layout_config(theirs), *b = mp_param_layout_config(layout);
+  const bool gpt2 = a->family == MP_FAMILY_GPT2;
   /* Each choice under the config key that holds it (GPT-2's or the Llama family's); the
    * description's choices that config.json cannot hold last, under the description's key. */
   const struct {
@@ -290,7 +293,7 @@ static mp_status hf_check_config(const mp_gpt_layout *layout, const char *dir,
       {"$.layers[1].activation (1: swiglu)", a->swiglu, b->swiglu},
       {"$.layers[1].bias (0: none, 1: qkv, 2: all)", a->bias, b->bias},
   };
-  mp_gpt_layout_free(theirs);
+  mp_param_layout_free(theirs);
   for (size_t i = 0; i < sizeof fields / sizeof fields[0]; ++i) {
     if (fields[i].file != fields[i].ours) {
       return mp_fail(err, MP_ERR_INPUT,
@@ -304,8 +307,8 @@ static mp_status hf_check_config(const mp_gpt_layout *layout, const char *dir,
 }
 
 static mp_status hf_prepare(hf_source *s, mp_error *err) {
-  const mp_gpt_layout *layout = s->layout;
-  const int n = mp_gpt_layout_num_tensors(layout);
+  const mp_param_layout *layout = s->layout;
+  const int n = mp_param_layout_num_tensors(layout);
   s->names = calloc((size_t)n, sizeof *s->names);
   s->transposed = calloc((size_t)n, sizeof *s->transposed);
   s->file_rows = calloc((size_t)n, sizeof *s->file_rows);
@@ -332,7 +335,7 @@ static mp_status hf_prepare(hf_source *s, mp_error *err) {
   return MP_OK;
 }
 
-static mp_status hf_read(void *impl, int tensor, const mp_gpt_tensor *t, size_t row, size_t rows,
+static mp_status hf_read(void *impl, int tensor, const mp_param_tensor *t, size_t row, size_t rows,
                          size_t col, size_t cols, float *dest, mp_error *err) {
   const hf_source *s = impl;
   const char *name = s->names[tensor];
@@ -357,10 +360,10 @@ static mp_status hf_read(void *impl, int tensor, const mp_gpt_tensor *t, size_t 
 
 static const mp_weight_source_ops kHfOps = {"Hugging Face checkpoint", hf_read, hf_close};
 
-mp_status mp_weight_source_open_hf(const mp_gpt_layout *layout, const char *dir,
+mp_status mp_weight_source_open_hf(const mp_param_layout *layout, const char *dir,
                                    mp_weight_source **out, mp_error *err) {
   *out = NULL;
-  MP_TRY(hf_check_config(layout, dir, mp_gpt_layout_model_source(layout), err));
+  MP_TRY(hf_check_config(layout, dir, mp_param_layout_model_source(layout), err));
   hf_source *s = calloc(1, sizeof *s);
   if (s == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
   s->layout = layout;
@@ -378,7 +381,7 @@ mp_status mp_weight_source_open_hf(const mp_gpt_layout *layout, const char *dir,
 
 typedef struct {
   /* t is layout tensor `tensor`. */
-  mp_status (*write)(void *impl, int tensor, const mp_gpt_tensor *t, const float *data,
+  mp_status (*write)(void *impl, int tensor, const mp_param_tensor *t, const float *data,
                      mp_error *err);
   mp_status (*commit)(void *impl, mp_error *err); /* frees impl */
   void (*abort)(void *impl);                     /* frees impl */
@@ -387,10 +390,10 @@ typedef struct {
 struct mp_weight_sink {
   const sink_ops *ops;
   void *impl;
-  const mp_gpt_layout *layout;
+  const mp_param_layout *layout;
 };
 
-static mp_status llmc_sink_write(void *impl, int tensor, const mp_gpt_tensor *t,
+static mp_status llmc_sink_write(void *impl, int tensor, const mp_param_tensor *t,
                                  const float *data, mp_error *err) {
   (void)err;
   mp_llmc_writer_write(impl, tensor, 0, data, t->rows * t->cols);
@@ -408,7 +411,7 @@ static const sink_ops kLlmcSinkOps = {llmc_sink_write, llmc_sink_commit, llmc_si
 enum { kHfPathBytes = 4200, kHfFileNameBytes = 64 };
 
 typedef struct {
-  const mp_gpt_layout *layout;
+  const mp_param_layout *layout;
   char dir[kHfPathBytes];
   int num_files;                      /* 1: model.safetensors; more: a sharded set and its index */
   mp_safetensors_writer **writers;    /* (num_files,) */
@@ -432,7 +435,7 @@ static void hf_sink_free(hf_sink *s) {
   free(s);
 }
 
-static mp_status hf_sink_write(void *impl, int tensor, const mp_gpt_tensor *t,
+static mp_status hf_sink_write(void *impl, int tensor, const mp_param_tensor *t,
                                const float *data, mp_error *err) {
   hf_sink *s = impl;
   const char *name = s->names[tensor];
@@ -465,7 +468,7 @@ static void add_float(cJSON *object, const char *key, double value) {
 }
 
 /* LlamaConfig's (Qwen2Config's with q-k-v biases) fields, as config.json text (free()). */
-static char *hf_llama_config_text(const mp_gpt_config *c) {
+static char *hf_llama_config_text(const mp_model_config *c) {
   cJSON *root = cJSON_CreateObject();
   if (root == NULL) return NULL;
   const bool qwen2 = c->bias == MP_BIAS_QKV;
@@ -514,8 +517,8 @@ static char *hf_llama_config_text(const mp_gpt_config *c) {
 }
 
 /* GPT2Config's fields for transformers' GPT2LMHeadModel, as config.json text (free()). */
-static char *hf_config_text(const mp_gpt_config *c) {
-  if (c->family != MP_GPT_FAMILY_GPT2) return hf_llama_config_text(c);
+static char *hf_config_text(const mp_model_config *c) {
+  if (c->family != MP_FAMILY_GPT2) return hf_llama_config_text(c);
   cJSON *root = cJSON_CreateObject();
   if (root == NULL) return NULL;
   cJSON *architectures = cJSON_AddArrayToObject(root, "architectures");
@@ -558,20 +561,22 @@ static mp_status hf_sink_commit(void *impl, mp_error *err) {
     }
   }
   char path[kHfPathBytes + 64];
-  const int n = mp_gpt_layout_num_tensors(s->layout);
+  const int n = mp_param_layout_num_tensors(s->layout);
   if (status == MP_OK && s->num_files > 1) {
-    const char **names = calloc((size_t)n, sizeof *names), **files = calloc((size_t)n, sizeof *files);
+    const char **names = calloc((size_t)n, sizeof *names),
+               **files = calloc((size_t)n, sizeof *files);
     if (names == NULL || files == NULL) status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
     for (int i = 0; status == MP_OK && i < n; ++i) {
       names[i] = s->names[i];
       files[i] = s->file_names[s->file_of[i]];
     }
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", s->dir);
-    if (status == MP_OK) status = mp_safetensors_write_index(path, names, files, n, s->total_bytes, err);
+    if (status == MP_OK)
+      status = mp_safetensors_write_index(path, names, files, n, s->total_bytes, err);
     free(names);
     free(files);
   }
-  char *text = status == MP_OK ? hf_config_text(mp_gpt_layout_config(s->layout)) : NULL;
+  char *text = status == MP_OK ? hf_config_text(mp_param_layout_config(s->layout)) : NULL;
   if (status == MP_OK && text == NULL) status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
   if (status == MP_OK) {
     mp_atomic_file file;
@@ -628,16 +633,16 @@ static int hf_assign_files(const int64_t *bytes, int n, int64_t max_bytes, int *
   return files;
 }
 
-static mp_status hf_sink_open(const mp_gpt_layout *layout, const char *dir, int64_t max_bytes,
+static mp_status hf_sink_open(const mp_param_layout *layout, const char *dir, int64_t max_bytes,
                               hf_sink **out, mp_error *err) {
   *out = NULL;
-  const mp_gpt_config *c = mp_gpt_layout_config(layout);
-  if (c->family != MP_GPT_FAMILY_GPT2 && (!c->rmsnorm || !c->swiglu || !c->rope)) {
+  const mp_model_config *c = mp_param_layout_config(layout);
+  if (c->family != MP_FAMILY_GPT2 && (!c->rmsnorm || !c->swiglu || !c->rope)) {
     return mp_fail(err, MP_ERR_INPUT,
                    "%s: no Hugging Face architecture holds this model (the Llama family's "
                    "blocks with %s); export writes GPT2LMHeadModel, LlamaForCausalLM and "
                    "Qwen2ForCausalLM checkpoints",
-                   mp_gpt_layout_model_source(layout),
+                   mp_param_layout_model_source(layout),
                    !c->rmsnorm ? "layernorm" : !c->swiglu ? "gelu" : "no rotary embeddings");
   }
   struct stat st;
@@ -645,7 +650,7 @@ static mp_status hf_sink_open(const mp_gpt_layout *layout, const char *dir, int6
     return mp_fail(err, MP_ERR_INPUT, "%s: cannot create the directory: %s", dir,
                    strerror(errno));
   }
-  const int n = mp_gpt_layout_num_tensors(layout);
+  const int n = mp_param_layout_num_tensors(layout);
   hf_sink *s = calloc(1, sizeof *s);
   mp_safetensors_tensor_spec *specs = calloc((size_t)n, sizeof *specs);
   mp_safetensors_tensor_spec *subset = calloc((size_t)n, sizeof *subset);
@@ -668,7 +673,7 @@ static mp_status hf_sink_open(const mp_gpt_layout *layout, const char *dir, int6
     specs[i].shape = shapes[i];
     bytes[i] = (int64_t)sizeof(float) * shapes[i][0] * (specs[i].rank == 2 ? shapes[i][1] : 1);
     s->total_bytes += bytes[i];
-    const size_t rows = mp_gpt_layout_tensor(layout, i)->rows;
+    const size_t rows = mp_param_layout_tensor(layout, i)->rows;
     if (rows > largest) largest = rows;
   }
   if (status == MP_OK) {
@@ -717,7 +722,7 @@ static mp_status hf_sink_open(const mp_gpt_layout *layout, const char *dir, int6
   return MP_OK;
 }
 
-mp_status mp_weight_sink_open(const mp_gpt_layout *layout, mp_weight_format format,
+mp_status mp_weight_sink_open(const mp_param_layout *layout, mp_weight_format format,
                               const char *path, const mp_weight_sink_options *options,
                               mp_weight_sink **out, mp_error *err) {
   *out = NULL;
@@ -746,7 +751,7 @@ mp_status mp_weight_sink_open(const mp_gpt_layout *layout, mp_weight_format form
 
 mp_status mp_weight_sink_write(mp_weight_sink *sink, int tensor, const float *data,
                                mp_error *err) {
-  const mp_gpt_tensor *t = mp_gpt_layout_tensor(sink->layout, tensor);
+  const mp_param_tensor *t = mp_param_layout_tensor(sink->layout, tensor);
   if (t == NULL) return mp_fail(err, MP_ERR_RUNTIME, "no tensor %d in the layout", tensor);
   return sink->ops->write(sink->impl, tensor, t, data, err);
 }

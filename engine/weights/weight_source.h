@@ -1,12 +1,12 @@
 /*
- * engine/weights/weight_source.h — where `run --init-from` takes a GPT's weights from: one interface, read
- * tensor by tensor in the model's own tensor table (engine/model/gpt_model.h), with an implementation
- * per file format. Two today: llm.c's GPT-2 checkpoint file (mp_llmc_reader) and a Hugging Face
- * GPT2LMHeadModel directory (config.json and model.safetensors, or a sharded set through
- * model.safetensors.index.json, read with engine/weights/safetensors.h). The next model family adds a
- * third implementation, not a second loader: the stage (mp_weight_source_load_stage) and the trainer only see
- * mp_weight_source_read. The Llama family's directories (LlamaForCausalLM, MistralForCausalLM,
- * Qwen2ForCausalLM) are the Hugging Face implementation's second name table.
+ * engine/weights/weight_source.h — where `run --init-from` takes a GPT's weights from: one
+ * interface, read tensor by tensor in the model's own tensor table (engine/model/param_layout.h),
+ * with an implementation per file format. Two today: llm.c's GPT-2 checkpoint file (mp_llmc_reader)
+ * and a Hugging Face GPT2LMHeadModel directory (config.json and model.safetensors, or a sharded set
+ * through model.safetensors.index.json, read with engine/weights/safetensors.h). The next model
+ * family adds a third implementation, not a second loader: the stage (mp_weight_source_load_stage)
+ * and the trainer only see mp_weight_source_read. The Llama family's directories (LlamaForCausalLM,
+ * MistralForCausalLM, Qwen2ForCausalLM) are the Hugging Face implementation's second name table.
  *
  * Shard-first (DESIGN.md, principle 6): opening reads headers only (the llm.c header, the
  * safetensors headers and config.json); a read asks for a block of rows x columns of one tensor
@@ -25,10 +25,10 @@
  * The Llama family's names, per block l (the "model." prefix is optional):
  * layers.l.input_layernorm.weight -> block.l.ln1.weight, layers.l.self_attn.{q,k,v}_proj.{weight,
  * bias} -> q.*, k.*, v.*, self_attn.o_proj.* -> attn_proj.*, post_attention_layernorm.weight ->
- * ln2.weight, mlp.{gate,up,down}_proj.* -> gate.*, up.*, fc_proj.*; embed_tokens.weight, norm.weight
- * -> embedding.wte, final_norm.weight; lm_head.weight (no prefix) when the head is untied.
- * nn.Linear stores (out, in) as mpengine does: nothing is transposed, and the rotate-half rope
- * needs no permutation of q and k.
+ * ln2.weight, mlp.{gate,up,down}_proj.* -> gate.*, up.*, fc_proj.*; embed_tokens.weight,
+ * norm.weight -> embedding.wte, final_norm.weight; lm_head.weight (no prefix) when the head is
+ * untied. nn.Linear stores (out, in) as mpengine does: nothing is transposed, and the rotate-half
+ * rope needs no permutation of q and k.
  */
 #ifndef MPENGINE_ENGINE_WEIGHT_SOURCE_H
 #define MPENGINE_ENGINE_WEIGHT_SOURCE_H
@@ -38,8 +38,8 @@
 #include <stdint.h>
 
 #include "common/error.h"
-#include "engine/model/gpt_model.h"
-#include "engine/model/gpt_model_tp.h"
+#include "engine/model/param_layout.h"
+#include "engine/model/stage_cpu.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -52,7 +52,7 @@ typedef struct {
   const char *kind; /* "llm.c checkpoint", "Hugging Face checkpoint" */
   /* The block rows [row, row + rows) x columns [col, col + cols) of layout tensor t (index
    * `tensor`, inside it), fp32 into dest (rows, cols). */
-  mp_status (*read)(void *impl, int tensor, const mp_gpt_tensor *t, size_t row, size_t rows,
+  mp_status (*read)(void *impl, int tensor, const mp_param_tensor *t, size_t row, size_t rows,
                     size_t col, size_t cols, float *dest, mp_error *err);
   void (*close)(void *impl);
 } mp_weight_source_ops;
@@ -60,11 +60,11 @@ typedef struct {
 /* Opens path for layout: a directory is a Hugging Face checkpoint (mp_weight_source_open_hf),
  * anything else an llm.c file (mp_llmc_reader_open). Errors are the implementation's. Free *out
  * with mp_weight_source_close. */
-mp_status mp_weight_source_open(const mp_gpt_layout *layout, const char *path,
+mp_status mp_weight_source_open(const mp_param_layout *layout, const char *path,
                                 mp_weight_source **out, mp_error *err);
 
-/* llm.c's GPT-2 checkpoint (engine/model/gpt_model.h's reader; its checks and messages). */
-mp_status mp_weight_source_open_llmc(const mp_gpt_layout *layout, const char *path,
+/* llm.c's GPT-2 checkpoint (engine/model/param_layout.h's reader; its checks and messages). */
+mp_status mp_weight_source_open_llmc(const mp_param_layout *layout, const char *path,
                                      mp_weight_source **out, mp_error *err);
 
 /* A Hugging Face directory of layout's family. Checks, all before any tensor is read, failing with
@@ -78,7 +78,7 @@ mp_status mp_weight_source_open_llmc(const mp_gpt_layout *layout, const char *pa
  * not compared: GPT-2's own config has 0.1); then that every tensor the layout
  * reads is in the file with a float dtype and the shape the config implies (mp_safetensors_expect's
  * messages, which name the file and the tensor). */
-mp_status mp_weight_source_open_hf(const mp_gpt_layout *layout, const char *dir,
+mp_status mp_weight_source_open_hf(const mp_param_layout *layout, const char *dir,
                                    mp_weight_source **out, mp_error *err);
 
 /* The block rows [row, row + rows) x columns [col, col + cols) of layout tensor `tensor` (its
@@ -89,9 +89,9 @@ mp_status mp_weight_source_read(mp_weight_source *source, int tensor, size_t row
                                 size_t col, size_t cols, float *dest, mp_error *err);
 
 /* The stage's parameters from source, opened for the stage's layout: this rank's shard of each of
- * the stage's tensors, reading only those elements (mp_gpt_tp_fill_params). Errors of the source
- * and of mp_gpt_tp_write_params. */
-mp_status mp_weight_source_load_stage(mp_weight_source *source, mp_gpt_tp *stage, mp_error *err);
+ * the stage's tensors, reading only those elements (mp_stage_cpu_fill_params). Errors of the source
+ * and of mp_stage_cpu_write_params. */
+mp_status mp_weight_source_load_stage(mp_weight_source *source, mp_stage_cpu *stage, mp_error *err);
 
 /* "llm.c checkpoint" or "Hugging Face checkpoint", for messages. */
 const char *mp_weight_source_kind(const mp_weight_source *source);
@@ -123,10 +123,10 @@ typedef struct {
 
 /* Starts writing layout's weights to path in format. LLMC: the file path (written to a
  * temporary and renamed into place at commit). HF: the directory path (created when absent;
- * what it holds of ours is replaced): model.safetensors through engine/weights/safetensors.h's writer (fp32,
- * metadata {"format": "pt"}, the names and shapes mp_weight_source_open_hf reads, the Conv1D
- * weights transposed back to (in, out), wte without its padding rows, no lm_head.weight: it is
- * tied), then at commit config.json (GPT2Config: architectures ["GPT2LMHeadModel"], model_type
+ * what it holds of ours is replaced): model.safetensors through engine/weights/safetensors.h's
+ * writer (fp32, metadata {"format": "pt"}, the names and shapes mp_weight_source_open_hf reads, the
+ * Conv1D weights transposed back to (in, out), wte without its padding rows, no lm_head.weight: it
+ * is tied), then at commit config.json (GPT2Config: architectures ["GPT2LMHeadModel"], model_type
  * gpt2, n_embd, n_head, n_layer, n_positions = n_ctx, vocab_size, n_inner (null for 4 x n_embd),
  * gelu_new, layer_norm_epsilon 1e-5, dropouts 0, tie_word_embeddings, torch_dtype float32). A
  * Llama-family layout writes LlamaForCausalLM (Qwen2ForCausalLM when only q, k and v have biases):
@@ -136,7 +136,7 @@ typedef struct {
  * Hugging Face architecture and is refused (MP_ERR_INPUT naming the model). llm.c's files hold
  * GPT-2 only (mp_llmc_writer_open refuses the rest). options may be NULL (one file). MP_ERR_INPUT
  * when path cannot be created; MP_ERR_RUNTIME when out of memory. */
-mp_status mp_weight_sink_open(const mp_gpt_layout *layout, mp_weight_format format,
+mp_status mp_weight_sink_open(const mp_param_layout *layout, mp_weight_format format,
                               const char *path, const mp_weight_sink_options *options,
                               mp_weight_sink **out, mp_error *err);
 

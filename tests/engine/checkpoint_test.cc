@@ -1,5 +1,5 @@
-// tests/engine/checkpoint_test.cc — engine/checkpoint/checkpoint.h on one rank: a save and a load into a
-// fresh trainer restore parameters and AdamW moments bit for bit and the next steps' losses
+// tests/engine/checkpoint_test.cc — engine/checkpoint/checkpoint.h on one rank: a save and a load
+// into a fresh trainer restore parameters and AdamW moments bit for bit and the next steps' losses
 // exactly; the exported global parameters (through llm.c's file) equal the trainer's; the
 // one-rank model and the chunked trainer (the stage worker's, here through --trace's path) read
 // each other's checkpoints; a version-1 checkpoint (rank-<R>.bin, "MPCKSHD1") still loads; a
@@ -19,7 +19,7 @@
 
 #include "engine/checkpoint/checkpoint.h"
 #include "engine/data/data_loader.h"
-#include "engine/model/gpt_model.h"
+#include "engine/model/param_layout.h"
 #include "engine/data/markov_source.h"
 #include "engine/trace/trace.h"
 #include "engine/train/trainer.h"
@@ -143,12 +143,14 @@ TEST(Checkpoint, SaveLoadResumesExactly) {
   // Export: the global parameters through llm.c's file equal the trainer's at step 3.
   const std::string bin = dir + "/model.bin";
   size_t n = 0;
-  ASSERT_EQ(mp_checkpoint_export(path, MP_WEIGHT_FORMAT_LLMC, nullptr, bin.c_str(), &step, &n, &a.err), MP_OK)
+  ASSERT_EQ(
+      mp_checkpoint_export(path, MP_WEIGHT_FORMAT_LLMC, nullptr, bin.c_str(), &step, &n, &a.err),
+      MP_OK)
       << a.err.message;
-  const mp_gpt_layout *layout = mp_trainer_layout(a.trainer);
-  ASSERT_EQ(n, mp_gpt_layout_num_params(layout));
+  const mp_param_layout *layout = mp_trainer_layout(a.trainer);
+  ASSERT_EQ(n, mp_param_layout_num_params(layout));
   std::vector<float> loaded(n);
-  ASSERT_EQ(mp_gpt_layout_load_llmc(layout, loaded.data(), bin.c_str(), &a.err), MP_OK);
+  ASSERT_EQ(mp_param_layout_load_llmc(layout, loaded.data(), bin.c_str(), &a.err), MP_OK);
   Job c;
   ASSERT_TRUE(c.make(kTiny)) << c.err.message;
   mp_checkpoint_context ctx_c = c.context();
@@ -380,8 +382,8 @@ TEST(Checkpoint, ReadsVersionOne) {
   ASSERT_EQ(mp_checkpoint_file_checksum((ck + "/rank-00000.bin").c_str(), &checksum, &bytes,
                                         &a.err),
             MP_OK);
-  const mp_gpt_layout *layout = mp_trainer_layout(a.trainer);
-  const mp_gpt_config *c = mp_gpt_layout_config(layout);
+  const mp_param_layout *layout = mp_trainer_layout(a.trainer);
+  const mp_model_config *c = mp_param_layout_config(layout);
   char text[1024];
   snprintf(text, sizeof text,
            "{\"format\": \"mpengine-checkpoint\", \"version\": 1, \"step\": 3,\n"
@@ -393,8 +395,8 @@ TEST(Checkpoint, ReadsVersionOne) {
            (unsigned long long)a.plan.training.seed, c->max_seq_len, c->vocab_size,
            c->padded_vocab_size, c->num_layers, c->num_heads, c->channels, c->ffn_channels);
   std::string manifest = text;
-  for (int i = 0; i < mp_gpt_layout_num_tensors(layout); ++i) {
-    const mp_gpt_tensor *t = mp_gpt_layout_tensor(layout, i);
+  for (int i = 0; i < mp_param_layout_num_tensors(layout); ++i) {
+    const mp_param_tensor *t = mp_param_layout_tensor(layout, i);
     mp_tp_split split;
     ASSERT_EQ(mp_tp_split_of(t->name, &split, &a.err), MP_OK);
     snprintf(text, sizeof text,
@@ -427,7 +429,8 @@ TEST(Checkpoint, ReadsVersionOne) {
   // Export reads it too (the model description is missing from this hand-made manifest).
   size_t exported = 0;
   const std::string bin = dir + "/model.bin";
-  EXPECT_EQ(mp_checkpoint_export(path, MP_WEIGHT_FORMAT_LLMC, nullptr, bin.c_str(), &step, &exported, &a.err),
+  EXPECT_EQ(mp_checkpoint_export(path, MP_WEIGHT_FORMAT_LLMC, nullptr, bin.c_str(), &step,
+                                 &exported, &a.err),
             MP_ERR_INPUT);
   EXPECT_NE(std::string(a.err.message).find("$.model.description is missing"), std::string::npos)
       << a.err.message;

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/model/gpt_model.h"
-#include "engine/model/gpt_model_tp.h"
+#include "engine/model/param_layout.h"
+#include "engine/model/stage_cpu.h"
 #include "engine/model/param_init.h"
 #include "topology/layer_cost.h"
 #include "topology/model.h"
@@ -53,7 +53,7 @@ std::string temp_path(const char *name) {
 TEST(GptModel, ParameterCountMatchesTheDescription) {
   Fixture f;
   ASSERT_TRUE(f.make(model_json(50, 8, 16, 2, 2), 2, 8)) << f.err.message;
-  const mp_gpt_config *c = mp_gpt_get_config(f.gpt);
+  const mp_model_config *c = mp_gpt_get_config(f.gpt);
   EXPECT_EQ(c->padded_vocab_size, 64);
   // The flat array holds the padded vocabulary rows too; beyond them it equals the description.
   EXPECT_EQ((int64_t)mp_gpt_num_params(f.gpt), mp_model_params(f.model) + (64 - 50) * 16);
@@ -66,14 +66,14 @@ TEST(GptModel, InitialisationFollowsGpt2AndIsAFunctionOfNameAndIndex) {
   Fixture f;
   ASSERT_TRUE(f.make(model_json(50, 8, 64, 4, 2), 1, 8)) << f.err.message;
   mp_gpt_init_params(f.gpt, 7);
-  const mp_gpt_tensor *qkv = mp_gpt_find_tensor(f.gpt, "block.1.qkv.weight");
+  const mp_param_tensor *qkv = mp_gpt_find_tensor(f.gpt, "block.1.qkv.weight");
   const float *p = mp_gpt_params(f.gpt) + qkv->offset;
   EXPECT_FLOAT_EQ(p[5], (float)(0.02 * mp_init_standard_normal(7, "block.1.qkv.weight", 5)));
   double sum2 = 0;
   const size_t n = qkv->rows * qkv->cols;
   for (size_t i = 0; i < n; ++i) sum2 += (double)p[i] * p[i];
   EXPECT_NEAR(std::sqrt(sum2 / n), 0.02, 0.001);
-  const mp_gpt_tensor *proj = mp_gpt_find_tensor(f.gpt, "block.0.fc_proj.weight");
+  const mp_param_tensor *proj = mp_gpt_find_tensor(f.gpt, "block.0.fc_proj.weight");
   EXPECT_FLOAT_EQ(mp_gpt_params(f.gpt)[proj->offset + 3],
                   (float)(0.02 / std::sqrt(4.0) *
                           mp_init_standard_normal(7, "block.0.fc_proj.weight", 3)));
@@ -124,7 +124,7 @@ void CheckGradientAgainstFiniteDifferences(const std::string &json) {
   // (initialised to 1) and biases (0) moved off their start too.
   for (size_t i = 0; i < mp_gpt_num_params(f.gpt); ++i) params[i] *= 3.0f;
   for (int t = 0; t < mp_gpt_num_tensors(f.gpt); ++t) {
-    const mp_gpt_tensor *tensor = mp_gpt_tensor_at(f.gpt, t);
+    const mp_param_tensor *tensor = mp_gpt_tensor_at(f.gpt, t);
     if (tensor->cols > 1) continue;
     for (size_t i = 0; i < tensor->rows; ++i) {
       params[tensor->offset + i] += 0.3f * (float)mp_init_standard_normal(9, tensor->name, i);
@@ -137,10 +137,11 @@ void CheckGradientAgainstFiniteDifferences(const std::string &json) {
   mp_gpt_backward(f.gpt);
   const float *grads = mp_gpt_grads(f.gpt);
   double max_grad = 0;
-  for (size_t i = 0; i < mp_gpt_num_params(f.gpt); ++i) max_grad = std::fmax(max_grad, std::fabs(grads[i]));
+  for (size_t i = 0; i < mp_gpt_num_params(f.gpt); ++i)
+    max_grad = std::fmax(max_grad, std::fabs(grads[i]));
   int checked = 0;
   for (int t = 0; t < mp_gpt_num_tensors(f.gpt); ++t) {
-    const mp_gpt_tensor *tensor = mp_gpt_tensor_at(f.gpt, t);
+    const mp_param_tensor *tensor = mp_gpt_tensor_at(f.gpt, t);
     const size_t n = tensor->rows * tensor->cols;
     for (size_t k = 0; k < 3; ++k) {
       const size_t i = tensor->offset + (k * 7919) % n;
@@ -202,7 +203,7 @@ TEST(GptModel, LaysOutTheLlamaFamily) {
   const size_t shapes[][2] = {{64, 16}, {16, 1}, {16, 16}, {8, 16}, {8, 16},
                               {16, 16}, {16, 1}, {24, 16}, {24, 16}, {16, 24}};
   for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i) {
-    const mp_gpt_tensor *t = mp_gpt_tensor_at(f.gpt, (int)i);
+    const mp_param_tensor *t = mp_gpt_tensor_at(f.gpt, (int)i);
     EXPECT_STREQ(t->name, names[i]);
     EXPECT_EQ(t->rows, shapes[i][0]) << names[i];
     EXPECT_EQ(t->cols, shapes[i][1]) << names[i];
@@ -304,16 +305,16 @@ LlmcPlace llmc_place(const std::string &name) {
 // and the reader must put the golden file's numbers back under the right names.
 TEST(GptModel, LlmcFileIsWhatLlmcWrites) {
   mp_model *model = nullptr;
-  mp_gpt_layout *layout = nullptr;
+  mp_param_layout *layout = nullptr;
   mp_error err = MP_ERROR_INITIALIZER;
   ASSERT_EQ(mp_model_parse_text(model_json(10, 4, 8, 2, 2).c_str(), "m.json", &model, &err), MP_OK)
       << err.message;
-  ASSERT_EQ(mp_gpt_layout_create(model, 4, &layout, &err), MP_OK) << err.message;
-  const mp_gpt_config *c = mp_gpt_layout_config(layout);
+  ASSERT_EQ(mp_param_layout_create(model, 4, &layout, &err), MP_OK) << err.message;
+  const mp_model_config *c = mp_param_layout_config(layout);
   ASSERT_EQ(c->padded_vocab_size, 64);
-  std::vector<float> params(mp_gpt_layout_num_params(layout), -1.0f);
-  for (int i = 0; i < mp_gpt_layout_num_tensors(layout); ++i) {
-    const mp_gpt_tensor *t = mp_gpt_layout_tensor(layout, i);
+  std::vector<float> params(mp_param_layout_num_params(layout), -1.0f);
+  for (int i = 0; i < mp_param_layout_num_tensors(layout); ++i) {
+    const mp_param_tensor *t = mp_param_layout_tensor(layout, i);
     const LlmcPlace place = llmc_place(t->name);
     ASSERT_GE(place.index, 0) << "no llm.c tensor for " << t->name;
     const size_t n = t->rows * t->cols;
@@ -324,7 +325,7 @@ TEST(GptModel, LlmcFileIsWhatLlmcWrites) {
     }
   }
   const std::string path = temp_path("mpengine_llmc.bin");
-  ASSERT_EQ(mp_gpt_layout_save_llmc(layout, params.data(), path.c_str(), &err), MP_OK)
+  ASSERT_EQ(mp_param_layout_save_llmc(layout, params.data(), path.c_str(), &err), MP_OK)
       << err.message;
   auto read_all = [](const std::string &file_path) {
     std::vector<unsigned char> bytes;
@@ -344,15 +345,15 @@ TEST(GptModel, LlmcFileIsWhatLlmcWrites) {
                                   << ((long)b - 1024) / 4 << " after the header)";
   }
   std::vector<float> loaded(params.size(), -1.0f);
-  ASSERT_EQ(mp_gpt_layout_load_llmc(layout, loaded.data(), golden_path.c_str(), &err), MP_OK)
+  ASSERT_EQ(mp_param_layout_load_llmc(layout, loaded.data(), golden_path.c_str(), &err), MP_OK)
       << err.message;
-  for (int i = 0; i < mp_gpt_layout_num_tensors(layout); ++i) {
-    const mp_gpt_tensor *t = mp_gpt_layout_tensor(layout, i);
+  for (int i = 0; i < mp_param_layout_num_tensors(layout); ++i) {
+    const mp_param_tensor *t = mp_param_layout_tensor(layout, i);
     for (size_t e = 0; e < t->rows * t->cols; ++e) {
       ASSERT_EQ(loaded[t->offset + e], params[t->offset + e]) << t->name << "[" << e << "]";
     }
   }
-  mp_gpt_layout_free(layout);
+  mp_param_layout_free(layout);
   mp_model_free(model);
 }
 

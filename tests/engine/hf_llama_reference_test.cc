@@ -1,8 +1,8 @@
 // tests/engine/hf_llama_reference_test.cc — the Llama family against Hugging Face transformers
 // itself: tiny LlamaForCausalLM and Qwen2ForCausalLM checkpoints written by transformers 4.46.3
 // (tools/bench/hf_llama_golden.py, committed under testdata/) are imported (config.json ->
-// model description, topology/hf_config.h), loaded (engine/weights/weight_source.h) and run through the
-// one-rank chain; the loss and every parameter's gradient must be transformers' (golden.json):
+// model description, topology/hf_config.h), loaded (engine/weights/weight_source.h) and run through
+// the one-rank chain; the loss and every parameter's gradient must be transformers' (golden.json):
 // the loss within 1e-5, each gradient's L2 norm within 1e-4 and its first values within 1e-4 of
 // the tensor's scale. This covers RMSNorm, SwiGLU, rotary embeddings with Llama 3.1's scaling,
 // grouped- and multi-query attention, q-k-v biases, tied and untied heads and vocabulary padding,
@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/model/gpt_model.h"
-#include "engine/model/gpt_model_tp.h"
+#include "engine/model/param_layout.h"
+#include "engine/model/stage_cpu.h"
 #include "engine/weights/weight_source.h"
 #include "topology/hf_config.h"
 #include "topology/model.h"
@@ -90,7 +90,7 @@ void CheckAgainstTransformers(const std::string &name) {
   ASSERT_EQ(MP_OK, mp_weight_source_open(mp_gpt_get_layout(gpt), dir.c_str(), &source, &err))
       << err.message;
   for (int i = 0; i < mp_gpt_num_tensors(gpt); ++i) {
-    const mp_gpt_tensor *t = mp_gpt_tensor_at(gpt, i);
+    const mp_param_tensor *t = mp_gpt_tensor_at(gpt, i);
     ASSERT_EQ(MP_OK, mp_weight_source_read(source, i, 0, t->rows, 0, t->cols,
                                            mp_gpt_params(gpt) + t->offset, &err))
         << err.message;
@@ -106,7 +106,7 @@ void CheckAgainstTransformers(const std::string &name) {
   const cJSON *grads = cJSON_GetObjectItem(golden, "grads");
   int compared = 0;
   for (int i = 0; i < mp_gpt_num_tensors(gpt); ++i) {
-    const mp_gpt_tensor *t = mp_gpt_tensor_at(gpt, i);
+    const mp_param_tensor *t = mp_gpt_tensor_at(gpt, i);
     const std::string hf = HfName(t->name);
     const cJSON *g = cJSON_GetObjectItem(grads, hf.c_str());
     ASSERT_NE(g, nullptr) << name << ": no gradient of " << hf << " (ours " << t->name << ")";
@@ -117,7 +117,8 @@ void CheckAgainstTransformers(const std::string &name) {
     EXPECT_NEAR(std::sqrt(squares), norm, 1e-4 * norm) << name << ": |gradient| of " << t->name;
     size_t k = 0;
     cJSON_ArrayForEach(x, cJSON_GetObjectItem(g, "first")) {
-      EXPECT_NEAR(ours[k], x->valuedouble, 1e-4 * norm) << name << ": " << t->name << "[" << k << "]";
+      EXPECT_NEAR(ours[k], x->valuedouble, 1e-4 * norm)
+          << name << ": " << t->name << "[" << k << "]";
       ++k;
     }
     ++compared;

@@ -44,7 +44,8 @@ TEST(MarkovSource, PeriodicAndDeterministicChains) {
   // it. Its entropy rate is 0: the next token is certain.
   Source cycle;
   ASSERT_EQ(cycle.from_matrix({0, 1, 0, 0, 0, 1, 1, 0, 0}, 3), MP_OK) << cycle.err.message;
-  for (int i = 0; i < 3; ++i) EXPECT_NEAR(mp_markov_source_stationary(cycle.source, i), 1.0 / 3, 1e-12);
+  for (int i = 0; i < 3; ++i)
+    EXPECT_NEAR(mp_markov_source_stationary(cycle.source, i), 1.0 / 3, 1e-12);
   EXPECT_DOUBLE_EQ(mp_markov_source_entropy_rate(cycle.source), 0.0);
   EXPECT_NEAR(mp_markov_source_unigram_entropy(cycle.source), std::log(3.0), 1e-12);
   std::vector<uint16_t> tokens(10);

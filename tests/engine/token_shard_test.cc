@@ -137,8 +137,8 @@ TEST(TokenShardBadFile, CannotOpen) {
 
 TEST(TokenShardBadFile, ShorterThanHeader) {
   std::string path = write_file("short.bin", std::vector<unsigned char>(100, 0));
-  expect_read_error(path, 100,
-                    path + ": 100 bytes, shorter than the 1024-byte header of an llm.c token shard");
+  expect_read_error(
+      path, 100, path + ": 100 bytes, shorter than the 1024-byte header of an llm.c token shard");
   path = write_file("empty.bin", {});
   expect_read_error(path, 100,
                     path + ": 0 bytes, shorter than the 1024-byte header of an llm.c token shard");

@@ -102,14 +102,16 @@ TEST(Trainer, AccumulationEqualsTheWholeBatch) {
     EXPECT_NEAR(a.loss, b.loss, 1e-5 * a.loss) << "step " << step;
     EXPECT_NEAR(a.grad_norm, b.grad_norm, 1e-4 * a.grad_norm) << "step " << step;
   }
-  mp_gpt_tp *ga = mp_trainer_model_tp(whole.trainer), *gb = mp_trainer_model_tp(accumulated.trainer);
+  mp_stage_cpu *ga = mp_trainer_model_tp(whole.trainer),
+               *gb = mp_trainer_model_tp(accumulated.trainer);
   ASSERT_NE(nullptr, ga);
   ASSERT_NE(nullptr, gb);
-  const float *pa = mp_gpt_tp_params(ga);
-  const float *pb = mp_gpt_tp_params(gb);
-  ASSERT_EQ(mp_gpt_tp_num_params(ga), mp_gpt_tp_num_params(gb));
+  const float *pa = mp_stage_cpu_params(ga);
+  const float *pb = mp_stage_cpu_params(gb);
+  ASSERT_EQ(mp_stage_cpu_num_params(ga), mp_stage_cpu_num_params(gb));
   double max_diff = 0;
-  for (size_t i = 0; i < mp_gpt_tp_num_params(ga); ++i) max_diff = std::fmax(max_diff, std::fabs(pa[i] - pb[i]));
+  for (size_t i = 0; i < mp_stage_cpu_num_params(ga); ++i)
+    max_diff = std::fmax(max_diff, std::fabs(pa[i] - pb[i]));
   // AdamW divides each gradient element by its own running magnitude, so a weight whose
   // gradient is round-off against its tensor's scale moves by a different fraction of the
   // learning rate in the two runs (seen: 1.3e-5 on one CPU, below 1e-5 on another): bound single

@@ -1,9 +1,10 @@
-// tests/engine/weight_source_test.cc — engine/weights/weight_source.h: the Hugging Face GPT-2 source reads
-// the golden of tools/bench/hf_gpt2_golden.py into mpengine's tensor table (a block of a
-// transposed Conv1D weight is the transpose of the file's block, wte's padding rows are zero), and
-// the llm.c sink and source carry those numbers through a file unchanged, block for block; a block
-// outside a tensor is refused; the HF sink and source round-trip a model whose vocabulary is padded
-// (the padding rows read as zero). The loss against transformers' is tests/tools/hf_checkpoint_test.sh.
+// tests/engine/weight_source_test.cc — engine/weights/weight_source.h: the Hugging Face GPT-2
+// source reads the golden of tools/bench/hf_gpt2_golden.py into mpengine's tensor table (a block of
+// a transposed Conv1D weight is the transpose of the file's block, wte's padding rows are zero),
+// and the llm.c sink and source carry those numbers through a file unchanged, block for block; a
+// block outside a tensor is refused; the HF sink and source round-trip a model whose vocabulary is
+// padded (the padding rows read as zero). The loss against transformers' is
+// tests/tools/hf_checkpoint_test.sh.
 #include "engine/weights/weight_source.h"
 
 #include <gtest/gtest.h>
@@ -12,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/model/gpt_model.h"
+#include "engine/model/param_layout.h"
 #include "engine/weights/safetensors.h"
 #include "topology/model.h"
 
@@ -32,28 +33,28 @@ class WeightSourceTest : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_EQ(mp_model_parse_text(kModel, "tiny-gpt.json", &model_, &err_), MP_OK) << err_.message;
-    ASSERT_EQ(mp_gpt_layout_create(model_, 16, &layout_, &err_), MP_OK) << err_.message;
+    ASSERT_EQ(mp_param_layout_create(model_, 16, &layout_, &err_), MP_OK) << err_.message;
   }
   void TearDown() override {
-    mp_gpt_layout_free(layout_);
+    mp_param_layout_free(layout_);
     mp_model_free(model_);
   }
   // Tensor i whole through source.
   std::vector<float> Whole(mp_weight_source *source, int i) {
-    const mp_gpt_tensor *t = mp_gpt_layout_tensor(layout_, i);
+    const mp_param_tensor *t = mp_param_layout_tensor(layout_, i);
     std::vector<float> out(t->rows * t->cols);
     EXPECT_EQ(mp_weight_source_read(source, i, 0, t->rows, 0, t->cols, out.data(), &err_), MP_OK)
         << err_.message;
     return out;
   }
   mp_model *model_ = nullptr;
-  mp_gpt_layout *layout_ = nullptr;
+  mp_param_layout *layout_ = nullptr;
   mp_error err_ = MP_ERROR_INITIALIZER;
 };
 
-int Index(const mp_gpt_layout *layout, const char *name) {
-  for (int i = 0; i < mp_gpt_layout_num_tensors(layout); ++i) {
-    if (std::string(mp_gpt_layout_tensor(layout, i)->name) == name) return i;
+int Index(const mp_param_layout *layout, const char *name) {
+  for (int i = 0; i < mp_param_layout_num_tensors(layout); ++i) {
+    if (std::string(mp_param_layout_tensor(layout, i)->name) == name) return i;
   }
   return -1;
 }
@@ -108,7 +109,7 @@ TEST_F(WeightSourceTest, LlmcSinkAndSourceCarryTheHfWeightsUnchanged) {
                                 &err_),
             MP_OK)
       << err_.message;
-  const int n = mp_gpt_layout_num_tensors(layout_);
+  const int n = mp_param_layout_num_tensors(layout_);
   for (int i = 0; i < n; ++i) {
     ASSERT_EQ(mp_weight_sink_write(sink, i, Whole(hf, i).data(), &err_), MP_OK) << err_.message;
   }
@@ -117,8 +118,8 @@ TEST_F(WeightSourceTest, LlmcSinkAndSourceCarryTheHfWeightsUnchanged) {
   ASSERT_EQ(mp_weight_source_open(layout_, path.c_str(), &llmc, &err_), MP_OK) << err_.message;
   EXPECT_STREQ(mp_weight_source_kind(llmc), "llm.c checkpoint");
   for (int i = 0; i < n; ++i) {
-    EXPECT_EQ(Whole(llmc, i), Whole(hf, i)) << mp_gpt_layout_tensor(layout_, i)->name;
-    const mp_gpt_tensor *t = mp_gpt_layout_tensor(layout_, i);
+    EXPECT_EQ(Whole(llmc, i), Whole(hf, i)) << mp_param_layout_tensor(layout_, i)->name;
+    const mp_param_tensor *t = mp_param_layout_tensor(layout_, i);
     if (t->cols > 2 && t->rows > 2) {  // an inner block, row by row in the file
       std::vector<float> a(2 * (t->cols - 2)), b(a.size());
       ASSERT_EQ(mp_weight_source_read(llmc, i, 1, 2, 1, t->cols - 2, a.data(), &err_), MP_OK);
@@ -138,13 +139,13 @@ TEST(WeightSinkTest, HfRoundTripWithPaddedVocabulary) {
   std::string text = kModel;
   text.replace(text.find("128"), 3, "100");
   mp_model *model = nullptr;
-  mp_gpt_layout *layout = nullptr;
+  mp_param_layout *layout = nullptr;
   ASSERT_EQ(mp_model_parse_text(text.c_str(), "v100.json", &model, &err), MP_OK) << err.message;
-  ASSERT_EQ(mp_gpt_layout_create(model, 16, &layout, &err), MP_OK) << err.message;
-  ASSERT_EQ(mp_gpt_layout_config(layout)->padded_vocab_size, 128);
-  std::vector<float> params(mp_gpt_layout_num_params(layout));
-  mp_gpt_layout_init_params(layout, params.data(), 5);
-  const mp_gpt_tensor *wte = mp_gpt_layout_tensor(layout, 0);
+  ASSERT_EQ(mp_param_layout_create(model, 16, &layout, &err), MP_OK) << err.message;
+  ASSERT_EQ(mp_param_layout_config(layout)->padded_vocab_size, 128);
+  std::vector<float> params(mp_param_layout_num_params(layout));
+  mp_param_layout_init_params(layout, params.data(), 5);
+  const mp_param_tensor *wte = mp_param_layout_tensor(layout, 0);
   for (size_t i = 100 * wte->cols; i < wte->rows * wte->cols; ++i) params[i] = 0.0f;
   const std::string dir = std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") +
                           "/weight_sink_hf";
@@ -152,9 +153,9 @@ TEST(WeightSinkTest, HfRoundTripWithPaddedVocabulary) {
   ASSERT_EQ(mp_weight_sink_open(layout, MP_WEIGHT_FORMAT_HF, dir.c_str(), nullptr, &sink, &err),
             MP_OK)
       << err.message;
-  const int n = mp_gpt_layout_num_tensors(layout);
+  const int n = mp_param_layout_num_tensors(layout);
   for (int i = n - 1; i >= 0; --i) {  // any order
-    const mp_gpt_tensor *t = mp_gpt_layout_tensor(layout, i);
+    const mp_param_tensor *t = mp_param_layout_tensor(layout, i);
     ASSERT_EQ(mp_weight_sink_write(sink, i, params.data() + t->offset, &err), MP_OK)
         << err.message;
   }
@@ -169,7 +170,7 @@ TEST(WeightSinkTest, HfRoundTripWithPaddedVocabulary) {
   ASSERT_EQ(mp_weight_source_open(layout, dir.c_str(), &source, &err), MP_OK) << err.message;
   std::vector<float> back(params.size(), -1.0f);
   for (int i = 0; i < n; ++i) {
-    const mp_gpt_tensor *t = mp_gpt_layout_tensor(layout, i);
+    const mp_param_tensor *t = mp_param_layout_tensor(layout, i);
     ASSERT_EQ(mp_weight_source_read(source, i, 0, t->rows, 0, t->cols, back.data() + t->offset,
                                     &err),
               MP_OK)
@@ -177,7 +178,7 @@ TEST(WeightSinkTest, HfRoundTripWithPaddedVocabulary) {
   }
   EXPECT_EQ(back, params);
   mp_weight_source_close(source);
-  mp_gpt_layout_free(layout);
+  mp_param_layout_free(layout);
   mp_model_free(model);
 }
 

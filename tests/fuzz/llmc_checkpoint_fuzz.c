@@ -1,6 +1,7 @@
 /*
  * tests/fuzz/llmc_checkpoint_fuzz.c — libFuzzer target: llm.c GPT-2 checkpoints
- * (mp_gpt_layout_load_llmc: the 256 x int32 header and the fp32 or bf16 payload), through a memfd.
+ * (mp_param_layout_load_llmc: the 256 x int32 header and the fp32 or bf16 payload), through a
+ * memfd.
  *
  * The input is loaded into two tiny layouts: one llm.c can describe (L = 1, C = 4, 1 head,
  * ffn 16, vocab 10 padded to 64, 4 positions: 524 parameters, so a whole valid file is 3120
@@ -12,7 +13,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "engine/model/gpt_model.h"
+#include "engine/model/param_layout.h"
 #include "topology/model.h"
 
 static const char *const kModels[2] = {
@@ -28,7 +29,7 @@ static const char *const kModels[2] = {
     "{\"type\": \"lm_head\", \"hidden\": 4}]}",
 };
 
-static mp_gpt_layout *g_layouts[2];
+static mp_param_layout *g_layouts[2];
 static float *g_params[2];
 
 /* Builds the layouts once; aborts if the fixed models stop parsing (a broken harness). */
@@ -38,9 +39,9 @@ static void setup(void) {
     mp_error err = MP_ERROR_INITIALIZER;
     mp_model *model = NULL;
     if (mp_model_parse_text(kModels[i], "fuzz-model.json", &model, &err) != MP_OK) abort();
-    if (mp_gpt_layout_create(model, 4, &g_layouts[i], &err) != MP_OK) abort();
+    if (mp_param_layout_create(model, 4, &g_layouts[i], &err) != MP_OK) abort();
     mp_model_free(model);
-    g_params[i] = calloc(mp_gpt_layout_num_params(g_layouts[i]), sizeof(float));
+    g_params[i] = calloc(mp_param_layout_num_params(g_layouts[i]), sizeof(float));
     if (g_params[i] == NULL) abort();
   }
 }
@@ -52,7 +53,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (fd < 0) return 0;
   for (int i = 0; i < 2; ++i) {
     mp_error err = MP_ERROR_INITIALIZER;
-    mp_status status = mp_gpt_layout_load_llmc(g_layouts[i], g_params[i], path, &err);
+    mp_status status = mp_param_layout_load_llmc(g_layouts[i], g_params[i], path, &err);
     if (status != MP_OK && err.message[0] == '\0') abort();
   }
   close(fd);

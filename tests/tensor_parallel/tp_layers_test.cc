@@ -8,8 +8,8 @@
 // and without sequence parallelism: the communication pairs, column- and row-parallel linear,
 // vocab-parallel embedding with the tied LM head and cross-entropy; plus shard slicing, round
 // trips and shard-by-shard initialisation. The whole stage built from these pieces (the stage
-// chain, engine/model/stage_chain.h) is checked against the one-rank model, its zero-bubble split and
-// recomputation bit for bit, in tests/engine/gpt_model_tp_test.cc.
+// chain, engine/model/stage_chain.h) is checked against the one-rank model, its zero-bubble split
+// and recomputation bit for bit, in tests/engine/stage_cpu_test.cc.
 //
 // Tolerance: max |actual - expected| <= 1e-5 x max |expected| over each tensor (kRel). The
 // parallel code sums the same terms in another order (partial GEMMs over C/tp or F/tp channels
@@ -20,8 +20,8 @@
 // the parallel code does the same float operations in the same order (embedding lookups, the
 // row-parallel bias gradient, replicated tensors across ranks) the check is exact.
 //
-// Its own main: MPI through engine/comm/comm.h, only world rank 0 writes the XML report, and the run
-// fails if any rank failed.
+// Its own main: MPI through engine/comm/comm.h, only world rank 0 writes the XML report, and the
+// run fails if any rank failed.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -35,8 +35,8 @@
 #include <vector>
 
 #include "engine/comm/comm.h"
-#include "engine/model/gpt_model.h"
-#include "engine/model/gpt_model_tp.h"
+#include "engine/model/param_layout.h"
+#include "engine/model/stage_cpu.h"
 #include "engine/model/param_init.h"
 #include "layers/cross_entropy.h"
 #include "layers/embedding.h"

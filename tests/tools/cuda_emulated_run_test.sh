@@ -3,7 +3,7 @@
 # backend runs, on an mpengine built with `--define mpengine_cuda=emulated` (third_party/cuda.bzl:
 # the CUDA C APIs run on the CPU, device memory is host memory, bf16 stays bf16). What it checks is
 # everything above the kernels, which a GPU-less machine cannot otherwise run: the GPU pipeline
-# stage (engine/model/gpt_stage_gpu.h) with its slots, boundaries, tensor-parallel collectives on device
+# stage (engine/model/stage_gpu.h) with its slots, boundaries, tensor-parallel collectives on device
 # buffers and vocabulary-parallel loss, and the trainer's GPU step (dp sums, the tied embedding,
 # the global norm, AdamW on the device).
 #

@@ -189,7 +189,7 @@ sed -i 's/"num_micro_batches": 4/"num_micro_batches": 4/; s/"global_batch": 8/"g
 expect 2 "interleaved-1f1b needs the number of micro-batches to be a multiple of pp = 2; got 3" -- $mpengine run --config "$tmp/bad-interleave.json" --steps 1
 plan full-zb 1 2 1 zb-h1 1 false 0 full
 expect 2 "$tmp/full-zb.json: recompute \"full\" cannot run schedule zb-h1" -- $mpengine run --config "$tmp/full-zb.json" --steps 1
-# The CUDA backend runs every layout above (engine/model/gpt_stage_gpu.h; checked by
+# The CUDA backend runs every layout above (engine/model/stage_gpu.h; checked by
 # tests/tools/cuda_emulated_run_test.sh); this one it refuses as the CPU does, before any GPU is
 # looked for.
 expect 2 "$tmp/full-zb.json: recompute \"full\" cannot run schedule zb-h1" -- $mpengine run --config "$tmp/full-zb.json" --backend cuda --steps 1

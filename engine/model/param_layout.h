@@ -1,9 +1,10 @@
 /*
- * engine/model/gpt_model.h — a GPT-2-style model's parameters: the layout of its one flat array (so the
- * optimizer, clipping and checkpoints walk one buffer), the tensor table every stage, shard,
- * checkpoint and llm.c file reads (each tensor's shape, tensor-parallel split and init rule), the
- * initialisation, and llm.c's checkpoint files. The forward and backward are the stage's
- * (engine/model/gpt_model_tp.h); the one-rank model (mp_gpt there) is that stage at tp = 1.
+ * engine/model/param_layout.h — a model's parameters (GPT-2 and the Llama family): the layout of
+ * its one flat array (so the optimizer, clipping and checkpoints walk one buffer), the tensor table
+ * every stage, shard, checkpoint and llm.c file reads (each tensor's shape, tensor-parallel split
+ * and init rule), the initialisation, and llm.c's checkpoint files. The forward and backward are
+ * the stage's (engine/model/stage_cpu.h); the one-rank model (mp_gpt there) is that stage at tp =
+ * 1.
  *
  * Built from a model description (topology/model.h) that the runtime can train: an embedding,
  * transformer blocks, a final norm and an LM head. Two families share the chain
@@ -20,12 +21,12 @@
  *
  * The vocabulary is padded to a multiple of 64 (llm.c's 50257 -> 50304) so the LM-head GEMM
  * tiles well; padded logits take no part in the loss. Parameters are initialised by
- * engine/model/param_init.h from (seed, tensor name, element index) with GPT-2's scheme, which is also
- * the Llama family's usual one (Megatron-LM's, torchtitan's with depth scaling): N(0, 0.02),
+ * engine/model/param_init.h from (seed, tensor name, element index) with GPT-2's scheme, which is
+ * also the Llama family's usual one (Megatron-LM's, torchtitan's with depth scaling): N(0, 0.02),
  * residual projections (attn_proj, fc_proj) N(0, 0.02 / sqrt(2 L)), norm weights 1, biases 0.
  */
-#ifndef MPENGINE_ENGINE_GPT_MODEL_H
-#define MPENGINE_ENGINE_GPT_MODEL_H
+#ifndef MPENGINE_ENGINE_MODEL_PARAM_LAYOUT_H
+#define MPENGINE_ENGINE_MODEL_PARAM_LAYOUT_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -40,10 +41,10 @@
 extern "C" {
 #endif
 
-enum { MP_GPT_TENSOR_NAME_BYTES = 64 };
+enum { MP_PARAM_NAME_BYTES = 64 };
 
 /* The model families whose tensors the layout knows (see above). */
-typedef enum { MP_GPT_FAMILY_GPT2 = 0, MP_GPT_FAMILY_LLAMA } mp_gpt_family;
+typedef enum { MP_FAMILY_GPT2 = 0, MP_FAMILY_LLAMA } mp_model_family;
 
 /* The sizes and choices the runtime works with. */
 typedef struct {
@@ -55,7 +56,7 @@ typedef struct {
   int num_kv_heads; /* KVH: NH for multi-head attention, 1 for multi-query */
   int channels;    /* C */
   int ffn_channels; /* F */
-  mp_gpt_family family;
+  mp_model_family family;
   bool rmsnorm;        /* else layernorm (with bias) */
   double norm_eps;     /* 1e-5 for GPT-2 */
   bool swiglu;         /* else GELU (tanh) */
@@ -64,32 +65,33 @@ typedef struct {
   bool rope;           /* rotary embeddings on q and k, as rope_spec says */
   mp_rope_spec rope_spec;
   bool tied_head;      /* the LM head is embedding.wte; else its own lm_head.weight */
-} mp_gpt_config;
+} mp_model_config;
 
 /* A tensor's initial values (GPT-2's scheme). */
 typedef enum {
-  MP_GPT_INIT_ZERO = 0,         /* biases */
-  MP_GPT_INIT_ONE,              /* norm weights */
-  MP_GPT_INIT_NORMAL,           /* N(0, 0.02) */
-  MP_GPT_INIT_NORMAL_RESIDUAL,  /* N(0, 0.02 / sqrt(2 L)): projections into the residual */
-} mp_gpt_init;
+  MP_INIT_ZERO = 0,         /* biases */
+  MP_INIT_ONE,              /* norm weights */
+  MP_INIT_NORMAL,           /* N(0, 0.02) */
+  MP_INIT_NORMAL_RESIDUAL,  /* N(0, 0.02 / sqrt(2 L)): projections into the residual */
+} mp_param_init_rule;
 
 /* One named parameter tensor inside the flat array: a row of the model's tensor table, which the
  * stages, shard slicing, initialisation, checkpoints and llm.c files all read. */
 typedef struct {
-  char name[MP_GPT_TENSOR_NAME_BYTES]; /* "embedding.wte", "block.3.qkv.weight", ... */
+  char name[MP_PARAM_NAME_BYTES]; /* "embedding.wte", "block.3.qkv.weight", ... */
   size_t offset;                       /* floats from the start of the flat array */
   size_t rows, cols;                   /* cols = 1 for vectors */
   bool weight_decay;                   /* matrices and embeddings decay; biases and norms not */
-  mp_tp_split split;                   /* how tensor parallelism cuts it (tensor_parallel/shard.h) */
-  mp_gpt_init init;
-} mp_gpt_tensor;
+  mp_tp_split split; /* how tensor parallelism cuts it (tensor_parallel/shard.h) */
+  mp_param_init_rule init;
+} mp_param_tensor;
 
 /* The roles of a transformer block's tensors, in the order of the layout's block table (GPT-2's
  * order is llm.c's). A model has a subset: GPT-2 the fused qkv tensors and no K, V, UP; the
  * Llama family q, k and v separately (QKV_* is q, K_* and V_* follow it, so a rank's shards of
  * the three are one (q | k | v) matrix) and SwiGLU's gate (FC_*) and up (UP_*), which likewise
- * make one (gate | up) matrix. The stage chain (engine/model/stage_chain.h) finds each by its role. */
+ * make one (gate | up) matrix. The stage chain (engine/model/stage_chain.h) finds each by its role.
+ * */
 typedef enum {
   MP_BLOCK_LN1_WEIGHT = 0,
   MP_BLOCK_LN1_BIAS,
@@ -109,57 +111,57 @@ typedef enum {
   MP_BLOCK_UP_BIAS,
   MP_BLOCK_FC_PROJ_WEIGHT,
   MP_BLOCK_FC_PROJ_BIAS,
-  MP_GPT_BLOCK_TENSORS
-} mp_gpt_block_tensor;
+  MP_BLOCK_TENSORS
+} mp_block_tensor;
 
 /* The tensors outside the blocks. */
 typedef enum {
-  MP_GPT_WTE = 0,        /* token embedding (and the LM head when tied) */
-  MP_GPT_WPE,            /* learned position embedding */
-  MP_GPT_LNF_WEIGHT,     /* final norm */
-  MP_GPT_LNF_BIAS,
-  MP_GPT_LM_HEAD,        /* an untied LM head */
-  MP_GPT_GLOBAL_TENSORS
-} mp_gpt_global_tensor;
+  MP_GLOBAL_WTE = 0,        /* token embedding (and the LM head when tied) */
+  MP_GLOBAL_WPE,            /* learned position embedding */
+  MP_GLOBAL_LNF_WEIGHT,     /* final norm */
+  MP_GLOBAL_LNF_BIAS,
+  MP_GLOBAL_LM_HEAD,        /* an untied LM head */
+  MP_GLOBAL_TENSORS
+} mp_global_tensor;
 
 /* The parameter layout of a model, without any memory: its config and tensor table. The CPU and
- * GPU stages (gpt_model_tp.h, gpt_stage_gpu.h) share it, so one flat fp32 array means the same
+ * GPU stages (stage_cpu.h, stage_gpu.h) share it, so one flat fp32 array means the same
  * thing everywhere (initialisation, llm.c files, checkpoints). */
-typedef struct mp_gpt_layout mp_gpt_layout;
+typedef struct mp_param_layout mp_param_layout;
 
 /* Checks that the runtime can train `model` at seq_len (see mp_gpt_create) and lays it out. */
-mp_status mp_gpt_layout_create(const mp_model *model, int seq_len, mp_gpt_layout **out,
+mp_status mp_param_layout_create(const mp_model *model, int seq_len, mp_param_layout **out,
                                mp_error *err);
-void mp_gpt_layout_free(mp_gpt_layout *layout);
-const mp_gpt_config *mp_gpt_layout_config(const mp_gpt_layout *layout);
-size_t mp_gpt_layout_num_params(const mp_gpt_layout *layout);
-int mp_gpt_layout_num_tensors(const mp_gpt_layout *layout);
-const mp_gpt_tensor *mp_gpt_layout_tensor(const mp_gpt_layout *layout, int index);
+void mp_param_layout_free(mp_param_layout *layout);
+const mp_model_config *mp_param_layout_config(const mp_param_layout *layout);
+size_t mp_param_layout_num_params(const mp_param_layout *layout);
+int mp_param_layout_num_tensors(const mp_param_layout *layout);
+const mp_param_tensor *mp_param_layout_tensor(const mp_param_layout *layout, int index);
 /* The table index of block layer's tensor of role, of a global tensor (-1: the model has none);
  * the block layer holds the tensor of table index (-1 outside the blocks). A block's tensors are
  * the tensors_per_block rows of the table from block_index(layer, LN1_WEIGHT). */
-int mp_gpt_layout_block_index(const mp_gpt_layout *layout, int layer, mp_gpt_block_tensor role);
-int mp_gpt_layout_tensors_per_block(const mp_gpt_layout *layout);
-int mp_gpt_layout_global_index(const mp_gpt_layout *layout, mp_gpt_global_tensor which);
-int mp_gpt_layout_layer_of(const mp_gpt_layout *layout, int index);
+int mp_param_layout_block_index(const mp_param_layout *layout, int layer, mp_block_tensor role);
+int mp_param_layout_tensors_per_block(const mp_param_layout *layout);
+int mp_param_layout_global_index(const mp_param_layout *layout, mp_global_tensor which);
+int mp_param_layout_layer_of(const mp_param_layout *layout, int index);
 /* The model description's file (its source name), for messages. */
-const char *mp_gpt_layout_model_source(const mp_gpt_layout *layout);
+const char *mp_param_layout_model_source(const mp_param_layout *layout);
 
-/* GPT-2 initialisation of params (mp_gpt_layout_num_params floats) from seed. */
-void mp_gpt_layout_init_params(const mp_gpt_layout *layout, float *params, uint64_t seed);
+/* GPT-2 initialisation of params (mp_param_layout_num_params floats) from seed. */
+void mp_param_layout_init_params(const mp_param_layout *layout, float *params, uint64_t seed);
 
 /* The initial values of the (rows, cols) block at (row_offset, col_offset) of tensor (a row of
  * layout's table) into out (rows x cols, row-major): exactly the numbers
- * mp_gpt_layout_init_params puts there, drawn without the rest of the tensor. */
-void mp_gpt_tensor_init_block(const mp_gpt_layout *layout, const mp_gpt_tensor *tensor,
+ * mp_param_layout_init_params puts there, drawn without the rest of the tensor. */
+void mp_param_tensor_init_block(const mp_param_layout *layout, const mp_param_tensor *tensor,
                               float *out, size_t rows, size_t cols, size_t row_offset,
                               size_t col_offset, uint64_t seed);
 
 /* llm.c files into / out of a flat array in this layout (see mp_gpt_load_llmc). llm.c's files
  * hold GPT-2: a Llama-family layout is refused naming the model. */
-mp_status mp_gpt_layout_load_llmc(const mp_gpt_layout *layout, float *params, const char *path,
+mp_status mp_param_layout_load_llmc(const mp_param_layout *layout, float *params, const char *path,
                                   mp_error *err);
-mp_status mp_gpt_layout_save_llmc(const mp_gpt_layout *layout, const float *array,
+mp_status mp_param_layout_save_llmc(const mp_param_layout *layout, const float *array,
                                   const char *path, mp_error *err);
 
 /* llm.c files in parts, so a rank of a parallel run reads only its shards' elements and a save
@@ -168,7 +170,7 @@ mp_status mp_gpt_layout_save_llmc(const mp_gpt_layout *layout, const float *arra
  * (errors as mp_gpt_load_llmc); mp_llmc_reader_read gets elements [first, first + count) of
  * tensor `tensor` (layout index) as fp32, one pread per run (bf16 widened). */
 typedef struct mp_llmc_reader mp_llmc_reader;
-mp_status mp_llmc_reader_open(const mp_gpt_layout *layout, const char *path,
+mp_status mp_llmc_reader_open(const mp_param_layout *layout, const char *path,
                               mp_llmc_reader **out, mp_error *err);
 mp_status mp_llmc_reader_read(mp_llmc_reader *reader, int tensor, size_t first, size_t count,
                               float *dest, mp_error *err);
@@ -176,9 +178,9 @@ void mp_llmc_reader_close(mp_llmc_reader *reader);
 
 /* A version 3 (fp32) llm.c file written in any order: the header at open, then each element of
  * every tensor exactly once through mp_llmc_writer_write; commit renames it into place (and
- * frees the writer), abort removes it. The bytes equal mp_gpt_layout_save_llmc's. */
+ * frees the writer), abort removes it. The bytes equal mp_param_layout_save_llmc's. */
 typedef struct mp_llmc_writer mp_llmc_writer;
-mp_status mp_llmc_writer_open(const mp_gpt_layout *layout, const char *path,
+mp_status mp_llmc_writer_open(const mp_param_layout *layout, const char *path,
                               mp_llmc_writer **out, mp_error *err);
 void mp_llmc_writer_write(mp_llmc_writer *writer, int tensor, size_t first, const float *data,
                           size_t count);
@@ -189,4 +191,4 @@ void mp_llmc_writer_abort(mp_llmc_writer *writer);
 }
 #endif
 
-#endif /* MPENGINE_ENGINE_GPT_MODEL_H */
+#endif /* MPENGINE_ENGINE_MODEL_PARAM_LAYOUT_H */

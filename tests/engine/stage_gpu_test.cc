@@ -1,12 +1,12 @@
-// tests/engine/gpt_stage_gpu_test.cc — engine/model/gpt_stage_gpu.h, the GPU twin of a host pipeline
+// tests/engine/stage_gpu_test.cc — engine/model/stage_gpu.h, the GPU twin of a host pipeline
 // stage, with tp = 1 on one process.
 //
-// Everywhere (no GPU needed): mp_gpt_stage_gpu_create refuses what the GPU stage cannot run (no
+// Everywhere (no GPU needed): mp_stage_gpu_create refuses what the GPU stage cannot run (no
 // activation slot; full recomputation with the zero-bubble split, as on the CPU) with MP_ERR_INPUT
 // and a message naming what to change, before it looks for a GPU.
 //
 // With a GPU (skipped, by name, without one). First against the CPU stage of the same chain
-// range (engine/model/gpt_model_tp.h, fp32), from the same bf16-rounded parameters: the loss, the
+// range (engine/model/stage_cpu.h, fp32), from the same bf16-rounded parameters: the loss, the
 // boundary activation and input gradient and every tensor's gradient to bf16 precision, for the
 // whole model and for stages of a split; thirty AdamW steps (clipping, weight decay) of the whole
 // stage track the one-rank CPU model's (the one-GPU model is this stage at dp = pp = tp = 1).
@@ -33,9 +33,9 @@
 #include <vector>
 
 #include "engine/device/device.h"
-#include "engine/model/gpt_model.h"
-#include "engine/model/gpt_model_tp.h"
-#include "engine/model/gpt_stage_gpu.h"
+#include "engine/model/param_layout.h"
+#include "engine/model/stage_cpu.h"
+#include "engine/model/stage_gpu.h"
 #include "layers/adamw.h"
 #include "tensor_parallel/tp_comm.h"
 #include "topology/layer_cost.h"
@@ -119,11 +119,11 @@ Diff Compare(const float *actual, const float *expected, size_t n) {
 
 // A host stage (tp = 1) and, optionally, its GPU twin.
 struct Stage {
-  mp_gpt_tp *host = nullptr;
-  mp_gpt_stage_gpu *gpu = nullptr;
+  mp_stage_cpu *host = nullptr;
+  mp_stage_gpu *gpu = nullptr;
   ~Stage() {
-    mp_gpt_stage_gpu_free(gpu);
-    mp_gpt_tp_free(host);
+    mp_stage_gpu_free(gpu);
+    mp_stage_cpu_free(host);
   }
 };
 
@@ -140,9 +140,9 @@ struct Fixture {
   // The host stage of chain positions [first, end) (the whole model by default): no activation
   // slots and no arrays, as the trainer makes a GPU stage's host side.
   bool Host(Stage *s, int first = 0, int end = kL + 3, bool sp = false) {
-    mp_gpt_stage range;
-    if (mp_gpt_stage_of_chain(kL, first, end, &range, &err) != MP_OK) return false;
-    return mp_gpt_tp_create_stage(model, kB, kT, &single, sp, &range, 0, false,
+    mp_stage_span range;
+    if (mp_stage_span_of_chain(kL, first, end, &range, &err) != MP_OK) return false;
+    return mp_stage_cpu_create_stage(model, kB, kT, &single, sp, &range, 0, false,
                                   MP_RECOMPUTE_NONE, nullptr, &s->host, &err) == MP_OK;
   }
 
@@ -151,9 +151,9 @@ struct Fixture {
   bool Gpu(Stage *s, int first = 0, int end = kL + 3, int num_slots = 1, bool sp = false,
            bool deferred = false, mp_recompute recompute = MP_RECOMPUTE_NONE) {
     return Host(s, first, end, sp) &&
-           mp_gpt_stage_gpu_create(s->host, nullptr, kB, kT, num_slots, deferred, recompute,
+           mp_stage_gpu_create(s->host, nullptr, kB, kT, num_slots, deferred, recompute,
                                    false, &s->gpu, &err) == MP_OK &&
-           mp_gpt_tp_init_params(s->host, kSeed, &err) == MP_OK;
+           mp_stage_cpu_init_params(s->host, kSeed, &err) == MP_OK;
   }
 };
 
@@ -162,12 +162,12 @@ struct Fixture {
 
 // create's refusal of host/arguments: MP_ERR_INPUT, *out NULL, and every one of `wanted` in the
 // message.
-void ExpectRefusal(mp_gpt_tp *host, int num_slots, bool deferred, mp_recompute recompute,
+void ExpectRefusal(mp_stage_cpu *host, int num_slots, bool deferred, mp_recompute recompute,
                    const std::vector<std::string> &wanted) {
   mp_error err = MP_ERROR_INITIALIZER;
-  mp_gpt_stage_gpu *gpu = reinterpret_cast<mp_gpt_stage_gpu *>(&err);  // must be reset to NULL
+  mp_stage_gpu *gpu = reinterpret_cast<mp_stage_gpu *>(&err);  // must be reset to NULL
   const mp_status status =
-      mp_gpt_stage_gpu_create(host, nullptr, kB, kT, num_slots, deferred, recompute, false, &gpu,
+      mp_stage_gpu_create(host, nullptr, kB, kT, num_slots, deferred, recompute, false, &gpu,
                               &err);
   const std::string message = err.message;
   if (message.find("built without CUDA") != std::string::npos) {
@@ -176,7 +176,7 @@ void ExpectRefusal(mp_gpt_tp *host, int num_slots, bool deferred, mp_recompute r
   EXPECT_EQ(status, MP_ERR_INPUT) << message;
   EXPECT_EQ(err.status, MP_ERR_INPUT);
   EXPECT_EQ(gpu, nullptr);
-  if (status == MP_OK) mp_gpt_stage_gpu_free(gpu);
+  if (status == MP_OK) mp_stage_gpu_free(gpu);
   EXPECT_EQ(message.find("no CUDA GPU is visible"), std::string::npos)
       << "the refusal must come before the GPU is looked for: " << message;
   for (const std::string &w : wanted) {
@@ -209,15 +209,15 @@ TEST(GptStageGpuRefuses, NoActivationSlot) {
 TEST(GptStageGpuRefuses, ShardedHostWithoutWindows) {
   Fixture f;
   Stage s;
-  mp_gpt_stage range;
-  ASSERT_EQ(mp_gpt_stage_of_chain(kL, 0, kL + 3, &range, &f.err), MP_OK) << f.err.message;
-  const mp_gpt_tp_zero zero = {2, 1, false, true};
-  ASSERT_EQ(mp_gpt_tp_create_stage(f.model, kB, kT, &f.single, false, &range, 0, false,
+  mp_stage_span range;
+  ASSERT_EQ(mp_stage_span_of_chain(kL, 0, kL + 3, &range, &f.err), MP_OK) << f.err.message;
+  const mp_stage_zero zero = {2, 1, false, true};
+  ASSERT_EQ(mp_stage_cpu_create_stage(f.model, kB, kT, &f.single, false, &range, 0, false,
                                    MP_RECOMPUTE_NONE, &zero, &s.host, &f.err),
             MP_OK)
       << f.err.message;
-  ASSERT_TRUE(mp_gpt_tp_sharded_params(s.host));
-  EXPECT_LT(mp_gpt_tp_params_floats(s.host), mp_gpt_tp_num_params(s.host));
+  ASSERT_TRUE(mp_stage_cpu_sharded_params(s.host));
+  EXPECT_LT(mp_stage_cpu_params_floats(s.host), mp_stage_cpu_num_params(s.host));
   ExpectRefusal(s.host, 2, false, MP_RECOMPUTE_NONE,
                 {"block parameters are sharded (ZeRO-3)", "windowed block gradients"});
 }
@@ -230,7 +230,7 @@ TEST(GptStageGpuRefuses, WithoutAGpuCreateSaysSo) {
   // Selective recomputation is accepted (the fused attention keeps no T x T matrix anyway), so
   // what stops it here is the missing GPU.
   mp_error err = MP_ERROR_INITIALIZER;
-  EXPECT_EQ(mp_gpt_stage_gpu_create(s.host, nullptr, kB, kT, 2, false, MP_RECOMPUTE_SELECTIVE,
+  EXPECT_EQ(mp_stage_gpu_create(s.host, nullptr, kB, kT, 2, false, MP_RECOMPUTE_SELECTIVE,
                                     false, &s.gpu, &err),
             MP_ERR_INPUT);
   EXPECT_EQ(s.gpu, nullptr);
@@ -249,32 +249,32 @@ struct StepResult {
 // Two micro-batches, forward and backward each, through a whole-model GPU stage (slot 0).
 // Leaves the gradients downloaded into the host stage.
 bool WholeStageStep(Fixture *f, Stage *s, StepResult *r) {
-  if (mp_gpt_stage_gpu_zero_grads(s->gpu, &f->err) != MP_OK) return false;
+  if (mp_stage_gpu_zero_grads(s->gpu, &f->err) != MP_OK) return false;
   for (int mb = 0; mb < 2; ++mb) {
     const ivec in = Inputs(mb), tg = Targets(mb);
-    if (mp_gpt_stage_gpu_forward(s->gpu, 0, in.data(), tg.data(), nullptr, nullptr, kDloss,
+    if (mp_stage_gpu_forward(s->gpu, 0, in.data(), tg.data(), nullptr, nullptr, kDloss,
                                  &r->loss[mb], &f->err) != MP_OK ||
-        mp_gpt_stage_gpu_backward(s->gpu, 0, nullptr, nullptr, false, &f->err) != MP_OK) {
+        mp_stage_gpu_backward(s->gpu, 0, nullptr, nullptr, false, &f->err) != MP_OK) {
       return false;
     }
   }
   if (mp_device_synchronize(&f->err) != MP_OK ||
-      mp_gpt_stage_gpu_download_grads(s->gpu, &f->err) != MP_OK) {
+      mp_stage_gpu_download_grads(s->gpu, &f->err) != MP_OK) {
     return false;
   }
-  r->grads.assign(mp_gpt_layout_num_params(mp_gpt_tp_layout(s->host)), 0.0f);
-  return mp_gpt_tp_gather_grads(s->host, r->grads.data(), &f->err) == MP_OK;
+  r->grads.assign(mp_param_layout_num_params(mp_stage_cpu_layout(s->host)), 0.0f);
+  return mp_stage_cpu_gather_grads(s->host, r->grads.data(), &f->err) == MP_OK;
 }
 
 // Every tensor of the full layout within rel of expected's (each tensor's largest element);
 // prints one "model ..." line with the worst.
-void ExpectSameGrads(const char *what, const mp_gpt_layout *layout, const fvec &actual,
+void ExpectSameGrads(const char *what, const mp_param_layout *layout, const fvec &actual,
                      const fvec &expected, double rel) {
   ASSERT_EQ(actual.size(), expected.size());
   double worst = 0.0, largest = 0.0;
   std::string worst_name = "-";
-  for (int i = 0; i < mp_gpt_layout_num_tensors(layout); ++i) {
-    const mp_gpt_tensor *t = mp_gpt_layout_tensor(layout, i);
+  for (int i = 0; i < mp_param_layout_num_tensors(layout); ++i) {
+    const mp_param_tensor *t = mp_param_layout_tensor(layout, i);
     const Diff d = Compare(actual.data() + t->offset, expected.data() + t->offset,
                            t->rows * t->cols);
     EXPECT_TRUE(Within(t->name, d, rel));
@@ -316,7 +316,7 @@ fvec Values(uint64_t seed, size_t n, float scale) {
 // its gradients within 1.0e-2 (docs/gpu_results.md).
 constexpr double kBf16Loss = 1e-2, kBf16Rel = 5e-2;
 
-// Chain positions [first, end) as the CPU stage (engine/model/gpt_model_tp.h, fp32, one activation
+// Chain positions [first, end) as the CPU stage (engine/model/stage_cpu.h, fp32, one activation
 // slot) and as its GPU twin, from the same parameters (kSeed's, rounded to bf16 so that only the
 // arithmetic differs), through two micro-batches: a stage without the embedding reads the same
 // input activation, one without the head the same output gradient. The loss, the output, the
@@ -328,29 +328,30 @@ void ExpectGpuStageMatchesCpuStage(int first, int end, const char *model = kMode
   Stage gpu;
   ASSERT_TRUE(f.Gpu(&gpu, first, end)) << f.err.message;
   // Both stages start from the same bf16-exact weights, so only the arithmetic differs.
-  const size_t n = mp_gpt_tp_num_params(gpu.host);
+  const size_t n = mp_stage_cpu_num_params(gpu.host);
   fvec params(n);
-  ASSERT_EQ(mp_gpt_tp_read_params(gpu.host, 0, n, params.data(), &f.err), MP_OK) << f.err.message;
-  for (size_t i = 0; i < n; ++i) params[i] = mp_bf16_to_float(mp_bf16_from_float(params[i]));
-  ASSERT_EQ(mp_gpt_tp_write_params(gpu.host, 0, n, params.data(), &f.err), MP_OK)
+  ASSERT_EQ(mp_stage_cpu_read_params(gpu.host, 0, n, params.data(), &f.err), MP_OK)
       << f.err.message;
-  mp_gpt_stage range;
-  ASSERT_EQ(mp_gpt_stage_of_chain(kL, first, end, &range, &f.err), MP_OK) << f.err.message;
+  for (size_t i = 0; i < n; ++i) params[i] = mp_bf16_to_float(mp_bf16_from_float(params[i]));
+  ASSERT_EQ(mp_stage_cpu_write_params(gpu.host, 0, n, params.data(), &f.err), MP_OK)
+      << f.err.message;
+  mp_stage_span range;
+  ASSERT_EQ(mp_stage_span_of_chain(kL, first, end, &range, &f.err), MP_OK) << f.err.message;
   Stage cpu;
-  ASSERT_EQ(mp_gpt_tp_create_stage(f.model, kB, kT, &f.single, false, &range, 1, false,
+  ASSERT_EQ(mp_stage_cpu_create_stage(f.model, kB, kT, &f.single, false, &range, 1, false,
                                    MP_RECOMPUTE_NONE, nullptr, &cpu.host, &f.err),
             MP_OK)
       << f.err.message;
-  ASSERT_EQ(mp_gpt_tp_num_params(cpu.host), n);
-  std::memcpy(mp_gpt_tp_params(cpu.host), params.data(), n * sizeof(float));
+  ASSERT_EQ(mp_stage_cpu_num_params(cpu.host), n);
+  std::memcpy(mp_stage_cpu_params(cpu.host), params.data(), n * sizeof(float));
 
-  const size_t nb = mp_gpt_tp_boundary_floats(cpu.host);
+  const size_t nb = mp_stage_cpu_boundary_floats(cpu.host);
   float *d_input = nullptr, *d_output = nullptr, *d_doutput = nullptr, *d_dinput = nullptr;
   for (float **buffer : {&d_input, &d_output, &d_doutput, &d_dinput}) {
     ASSERT_EQ(mp_device_alloc((void **)buffer, nb * sizeof(float), &f.err), MP_OK);
   }
-  mp_gpt_tp_zero_grads(cpu.host);
-  ASSERT_EQ(mp_gpt_stage_gpu_zero_grads(gpu.gpu, &f.err), MP_OK);
+  mp_stage_cpu_zero_grads(cpu.host);
+  ASSERT_EQ(mp_stage_gpu_zero_grads(gpu.gpu, &f.err), MP_OK);
   double worst_boundary = 0.0;
   for (int mb = 0; mb < 2; ++mb) {
     const ivec in = Inputs(mb), tg = Targets(mb);
@@ -358,13 +359,13 @@ void ExpectGpuStageMatchesCpuStage(int first, int end, const char *model = kMode
     const fvec doutput = Values(400 + (uint64_t)mb, nb, 1e-3f);
     fvec cpu_output(nb), cpu_dinput(nb), gpu_output(nb), gpu_dinput(nb);
     double cpu_loss = 0.0, gpu_loss = 0.0;
-    ASSERT_EQ(mp_gpt_tp_forward_stage(cpu.host, 0, in.data(), tg.data(),
+    ASSERT_EQ(mp_stage_cpu_forward_stage(cpu.host, 0, in.data(), tg.data(),
                                       range.embedding ? nullptr : input.data(),
                                       range.head ? nullptr : cpu_output.data(), kDloss, &cpu_loss,
                                       &f.err),
               MP_OK)
         << f.err.message;
-    ASSERT_EQ(mp_gpt_tp_backward_stage(cpu.host, 0, range.head ? nullptr : doutput.data(),
+    ASSERT_EQ(mp_stage_cpu_backward_stage(cpu.host, 0, range.head ? nullptr : doutput.data(),
                                        range.embedding ? nullptr : cpu_dinput.data(), false,
                                        &f.err),
               MP_OK)
@@ -372,12 +373,12 @@ void ExpectGpuStageMatchesCpuStage(int first, int end, const char *model = kMode
     ASSERT_EQ(mp_device_copy_to_device(d_input, input.data(), nb * sizeof(float), &f.err), MP_OK);
     ASSERT_EQ(mp_device_copy_to_device(d_doutput, doutput.data(), nb * sizeof(float), &f.err),
               MP_OK);
-    ASSERT_EQ(mp_gpt_stage_gpu_forward(gpu.gpu, 0, in.data(), tg.data(),
+    ASSERT_EQ(mp_stage_gpu_forward(gpu.gpu, 0, in.data(), tg.data(),
                                        range.embedding ? nullptr : d_input,
                                        range.head ? nullptr : d_output, kDloss, &gpu_loss, &f.err),
               MP_OK)
         << f.err.message;
-    ASSERT_EQ(mp_gpt_stage_gpu_backward(gpu.gpu, 0, range.head ? nullptr : d_doutput,
+    ASSERT_EQ(mp_stage_gpu_backward(gpu.gpu, 0, range.head ? nullptr : d_doutput,
                                         range.embedding ? nullptr : d_dinput, false, &f.err),
               MP_OK)
         << f.err.message;
@@ -403,12 +404,12 @@ void ExpectGpuStageMatchesCpuStage(int first, int end, const char *model = kMode
   }
   for (float *buffer : {d_input, d_output, d_doutput, d_dinput}) mp_device_free(buffer);
 
-  ASSERT_EQ(mp_gpt_stage_gpu_download_grads(gpu.gpu, &f.err), MP_OK) << f.err.message;
-  const float *want = mp_gpt_tp_grads(cpu.host), *got = mp_gpt_tp_grads(gpu.host);
+  ASSERT_EQ(mp_stage_gpu_download_grads(gpu.gpu, &f.err), MP_OK) << f.err.message;
+  const float *want = mp_stage_cpu_grads(cpu.host), *got = mp_stage_cpu_grads(gpu.host);
   double worst = 0.0;
   std::string worst_name = "-";
-  for (int i = 0; i < mp_gpt_tp_num_tensors(cpu.host); ++i) {
-    const mp_gpt_tp_tensor *t = mp_gpt_tp_tensor_at(cpu.host, i);
+  for (int i = 0; i < mp_stage_cpu_num_tensors(cpu.host); ++i) {
+    const mp_stage_tensor *t = mp_stage_cpu_tensor_at(cpu.host, i);
     // wte's padding rows have no gradient on either side; the real rows are compared.
     const size_t count = std::strcmp(t->full->name, "embedding.wte") == 0
                              ? (size_t)kV * t->full->cols
@@ -434,29 +435,29 @@ TEST(GptStageGpu, KeptMomentsAreThePartOnly) {
   Fixture f;
   Stage whole, part;
   ASSERT_TRUE(f.Host(&whole) && f.Host(&part)) << f.err.message;
-  ASSERT_EQ(mp_gpt_stage_gpu_create(whole.host, nullptr, kB, kT, 1, false, MP_RECOMPUTE_NONE,
+  ASSERT_EQ(mp_stage_gpu_create(whole.host, nullptr, kB, kT, 1, false, MP_RECOMPUTE_NONE,
                                     false, &whole.gpu, &f.err),
             MP_OK)
       << f.err.message;
-  ASSERT_EQ(mp_gpt_stage_gpu_create(part.host, nullptr, kB, kT, 1, false, MP_RECOMPUTE_NONE,
+  ASSERT_EQ(mp_stage_gpu_create(part.host, nullptr, kB, kT, 1, false, MP_RECOMPUTE_NONE,
                                     false, &part.gpu, &f.err),
             MP_OK)
       << f.err.message;
-  const size_t before = mp_gpt_stage_gpu_device_bytes(part.gpu);
-  EXPECT_EQ(mp_gpt_stage_gpu_device_bytes(whole.gpu), before);  // no moments at creation
-  const size_t n = mp_gpt_tp_num_params(part.host), half = n / 2;
-  ASSERT_EQ(mp_gpt_stage_gpu_keep_moments(part.gpu, n - half, half, &f.err), MP_OK)
+  const size_t before = mp_stage_gpu_device_bytes(part.gpu);
+  EXPECT_EQ(mp_stage_gpu_device_bytes(whole.gpu), before);  // no moments at creation
+  const size_t n = mp_stage_cpu_num_params(part.host), half = n / 2;
+  ASSERT_EQ(mp_stage_gpu_keep_moments(part.gpu, n - half, half, &f.err), MP_OK)
       << f.err.message;
-  ASSERT_EQ(mp_gpt_tp_init_params(whole.host, kSeed, &f.err), MP_OK) << f.err.message;
-  EXPECT_EQ(mp_gpt_stage_gpu_device_bytes(whole.gpu), before);
+  ASSERT_EQ(mp_stage_cpu_init_params(whole.host, kSeed, &f.err), MP_OK) << f.err.message;
+  EXPECT_EQ(mp_stage_gpu_device_bytes(whole.gpu), before);
   float *m = nullptr, *v = nullptr;
-  ASSERT_EQ(mp_gpt_stage_gpu_moments_at(part.gpu, n - half, half, &m, &v, &f.err), MP_OK)
+  ASSERT_EQ(mp_stage_gpu_moments_at(part.gpu, n - half, half, &m, &v, &f.err), MP_OK)
       << f.err.message;
-  ASSERT_EQ(mp_gpt_stage_gpu_moments_at(whole.gpu, 0, n, &m, &v, &f.err), MP_OK) << f.err.message;
-  EXPECT_EQ(mp_gpt_stage_gpu_device_bytes(part.gpu), before + 2 * half * sizeof(float));
-  EXPECT_EQ(mp_gpt_stage_gpu_device_bytes(whole.gpu), before + 2 * n * sizeof(float));
+  ASSERT_EQ(mp_stage_gpu_moments_at(whole.gpu, 0, n, &m, &v, &f.err), MP_OK) << f.err.message;
+  EXPECT_EQ(mp_stage_gpu_device_bytes(part.gpu), before + 2 * half * sizeof(float));
+  EXPECT_EQ(mp_stage_gpu_device_bytes(whole.gpu), before + 2 * n * sizeof(float));
   // Another rank's moments are not here.
-  EXPECT_EQ(mp_gpt_stage_gpu_moments_at(part.gpu, 0, 1, &m, &v, &f.err), MP_ERR_INPUT);
+  EXPECT_EQ(mp_stage_gpu_moments_at(part.gpu, 0, 1, &m, &v, &f.err), MP_ERR_INPUT);
   EXPECT_NE(std::string(f.err.message).find("keeps those of"), std::string::npos)
       << f.err.message;
 }
@@ -468,18 +469,18 @@ TEST(GptStageGpu, WholeStageMatchesTheCpuStage) {
     Fixture f;
     Stage s;
     ASSERT_TRUE(f.Gpu(&s)) << f.err.message;
-    const mp_gpt_layout *layout = mp_gpt_tp_layout(s.host);
-    ASSERT_EQ(mp_gpt_tp_num_params(s.host), mp_gpt_layout_num_params(layout));
-    for (int i = 0; i < mp_gpt_tp_num_tensors(s.host); ++i) {
-      const mp_gpt_tp_tensor *t = mp_gpt_tp_tensor_at(s.host, i);
+    const mp_param_layout *layout = mp_stage_cpu_layout(s.host);
+    ASSERT_EQ(mp_stage_cpu_num_params(s.host), mp_param_layout_num_params(layout));
+    for (int i = 0; i < mp_stage_cpu_num_tensors(s.host); ++i) {
+      const mp_stage_tensor *t = mp_stage_cpu_tensor_at(s.host, i);
       ASSERT_EQ(t->offset, t->full->offset) << t->full->name;
       ASSERT_FALSE(t->tied_copy) << t->full->name;
     }
-    fvec full(mp_gpt_layout_num_params(layout)), device(full.size());
-    mp_gpt_layout_init_params(layout, full.data(), kSeed);
+    fvec full(mp_param_layout_num_params(layout)), device(full.size());
+    mp_param_layout_init_params(layout, full.data(), kSeed);
     // The host keeps no copy: what init wrote went to the device, piece by piece.
-    EXPECT_EQ(mp_gpt_tp_params(s.host), nullptr);
-    ASSERT_EQ(mp_gpt_tp_read_params(s.host, 0, device.size(), device.data(), &f.err), MP_OK)
+    EXPECT_EQ(mp_stage_cpu_params(s.host), nullptr);
+    ASSERT_EQ(mp_stage_cpu_read_params(s.host, 0, device.size(), device.data(), &f.err), MP_OK)
         << f.err.message;
     ASSERT_EQ(std::memcmp(full.data(), device.data(), full.size() * sizeof(float)), 0);
   }
@@ -514,48 +515,48 @@ TEST(GptStageGpu, TwoStagesThroughAHostBoundaryMatchTheWholeStage) {
   ASSERT_TRUE(f.Gpu(&whole)) << f.err.message;
   ASSERT_TRUE(f.Gpu(&a, 0, k)) << f.err.message;
   ASSERT_TRUE(f.Gpu(&b, k, kL + 3)) << f.err.message;
-  const mp_gpt_stage *sa = mp_gpt_tp_stage(a.host), *sb = mp_gpt_tp_stage(b.host);
+  const mp_stage_span *sa = mp_stage_cpu_span(a.host), *sb = mp_stage_cpu_span(b.host);
   ASSERT_TRUE(sa->embedding && !sa->head && !sa->final_norm && sa->num_layers == 1);
   ASSERT_TRUE(!sb->embedding && sb->head && sb->final_norm && sb->first_layer == 1 &&
               sb->num_layers == 2);
-  const mp_gpt_tp_tensor *tied = mp_gpt_tp_tensor_at(b.host, 0);
+  const mp_stage_tensor *tied = mp_stage_cpu_tensor_at(b.host, 0);
   ASSERT_TRUE(tied->tied_copy);
   ASSERT_EQ(tied->full->offset, 0u);  // wte
-  const mp_gpt_tp_tensor *wte = mp_gpt_tp_tensor_at(a.host, 0);
+  const mp_stage_tensor *wte = mp_stage_cpu_tensor_at(a.host, 0);
   ASSERT_FALSE(wte->tied_copy);
   ASSERT_EQ(wte->count, tied->count);
-  ASSERT_EQ(mp_gpt_tp_boundary_floats(a.host), (size_t)kB * kT * 64);
+  ASSERT_EQ(mp_stage_cpu_boundary_floats(a.host), (size_t)kB * kT * 64);
 
   StepResult expected;
   ASSERT_TRUE(WholeStageStep(&f, &whole, &expected)) << f.err.message;
 
   // The boundaries live on the device, as the trainer's stage worker keeps them.
-  const size_t n = mp_gpt_tp_boundary_floats(a.host);
+  const size_t n = mp_stage_cpu_boundary_floats(a.host);
   float *boundary = nullptr, *dboundary = nullptr;
   ASSERT_EQ(mp_device_alloc((void **)&boundary, n * sizeof(float), &f.err), MP_OK);
   ASSERT_EQ(mp_device_alloc((void **)&dboundary, n * sizeof(float), &f.err), MP_OK);
   fvec host(n), dhost(n);
   double loss[2] = {0.0, 0.0};
-  ASSERT_EQ(mp_gpt_stage_gpu_zero_grads(a.gpu, &f.err), MP_OK);
-  ASSERT_EQ(mp_gpt_stage_gpu_zero_grads(b.gpu, &f.err), MP_OK);
+  ASSERT_EQ(mp_stage_gpu_zero_grads(a.gpu, &f.err), MP_OK);
+  ASSERT_EQ(mp_stage_gpu_zero_grads(b.gpu, &f.err), MP_OK);
   for (int mb = 0; mb < 2; ++mb) {
     const ivec in = Inputs(mb), tg = Targets(mb);
     double untouched = -1.0;
     std::fill(host.begin(), host.end(), NAN);
     ASSERT_EQ(mp_device_copy_to_device(boundary, host.data(), n * sizeof(float), &f.err), MP_OK);
     ASSERT_EQ(mp_device_copy_to_device(dboundary, host.data(), n * sizeof(float), &f.err), MP_OK);
-    ASSERT_EQ(mp_gpt_stage_gpu_forward(a.gpu, 0, in.data(), nullptr, nullptr, boundary, kDloss,
+    ASSERT_EQ(mp_stage_gpu_forward(a.gpu, 0, in.data(), nullptr, nullptr, boundary, kDloss,
                                        &untouched, &f.err),
               MP_OK)
         << f.err.message;
     EXPECT_EQ(untouched, -1.0) << "a stage without the head reports no loss";
-    ASSERT_EQ(mp_gpt_stage_gpu_forward(b.gpu, 0, nullptr, tg.data(), boundary, nullptr, kDloss,
+    ASSERT_EQ(mp_stage_gpu_forward(b.gpu, 0, nullptr, tg.data(), boundary, nullptr, kDloss,
                                        &loss[mb], &f.err),
               MP_OK)
         << f.err.message;
-    ASSERT_EQ(mp_gpt_stage_gpu_backward(b.gpu, 0, nullptr, dboundary, false, &f.err), MP_OK)
+    ASSERT_EQ(mp_stage_gpu_backward(b.gpu, 0, nullptr, dboundary, false, &f.err), MP_OK)
         << f.err.message;
-    ASSERT_EQ(mp_gpt_stage_gpu_backward(a.gpu, 0, dboundary, nullptr, false, &f.err), MP_OK)
+    ASSERT_EQ(mp_stage_gpu_backward(a.gpu, 0, dboundary, nullptr, false, &f.err), MP_OK)
         << f.err.message;
     ASSERT_EQ(mp_device_copy_to_host(host.data(), boundary, n * sizeof(float), &f.err), MP_OK);
     ASSERT_EQ(mp_device_copy_to_host(dhost.data(), dboundary, n * sizeof(float), &f.err), MP_OK);
@@ -572,15 +573,15 @@ TEST(GptStageGpu, TwoStagesThroughAHostBoundaryMatchTheWholeStage) {
   EXPECT_EQ(loss[1], expected.loss[1]);
 
   ASSERT_EQ(mp_device_synchronize(&f.err), MP_OK) << f.err.message;
-  ASSERT_EQ(mp_gpt_stage_gpu_download_grads(a.gpu, &f.err), MP_OK) << f.err.message;
-  ASSERT_EQ(mp_gpt_stage_gpu_download_grads(b.gpu, &f.err), MP_OK) << f.err.message;
-  const mp_gpt_layout *layout = mp_gpt_tp_layout(whole.host);
+  ASSERT_EQ(mp_stage_gpu_download_grads(a.gpu, &f.err), MP_OK) << f.err.message;
+  ASSERT_EQ(mp_stage_gpu_download_grads(b.gpu, &f.err), MP_OK) << f.err.message;
+  const mp_param_layout *layout = mp_stage_cpu_layout(whole.host);
   fvec split(expected.grads.size(), NAN);
-  ASSERT_EQ(mp_gpt_tp_gather_grads(a.host, split.data(), &f.err), MP_OK) << f.err.message;
-  ASSERT_EQ(mp_gpt_tp_gather_grads(b.host, split.data(), &f.err), MP_OK) << f.err.message;
+  ASSERT_EQ(mp_stage_cpu_gather_grads(a.host, split.data(), &f.err), MP_OK) << f.err.message;
+  ASSERT_EQ(mp_stage_cpu_gather_grads(b.host, split.data(), &f.err), MP_OK) << f.err.message;
   // wte: A holds the embedding's part, B's tied copy the LM head's; the embedding group sums
   // them. Everything else is one stage's and must be the whole stage's.
-  const float *head_part = mp_gpt_tp_grads(b.host) + tied->offset;
+  const float *head_part = mp_stage_cpu_grads(b.host) + tied->offset;
   fvec wte_sum(wte->count);
   for (size_t i = 0; i < wte->count; ++i) wte_sum[i] = split[i] + head_part[i];
   const Diff dwte = Compare(wte_sum.data(), expected.grads.data(), wte->count);
@@ -594,16 +595,16 @@ TEST(GptStageGpu, TwoStagesThroughAHostBoundaryMatchTheWholeStage) {
 
   // The global norm after the embedding group's sum (the trainer's order): A's wte holds the
   // sum, B's tied copy is not counted, so A + B is the whole stage's.
-  ASSERT_EQ(mp_device_copy_to_device(mp_gpt_stage_gpu_device_grads(a.gpu) + wte->offset,
+  ASSERT_EQ(mp_device_copy_to_device(mp_stage_gpu_device_grads(a.gpu) + wte->offset,
                                      wte_sum.data(), wte->count * sizeof(float), &f.err),
             MP_OK);
-  ASSERT_EQ(mp_device_copy_to_device(mp_gpt_stage_gpu_device_grads(b.gpu) + tied->offset,
+  ASSERT_EQ(mp_device_copy_to_device(mp_stage_gpu_device_grads(b.gpu) + tied->offset,
                                      wte_sum.data(), tied->count * sizeof(float), &f.err),
             MP_OK);
   double na = 0.0, nb = 0.0, nwhole = 0.0;
-  ASSERT_EQ(mp_gpt_stage_gpu_grad_norm_squared(a.gpu, &na, &f.err), MP_OK) << f.err.message;
-  ASSERT_EQ(mp_gpt_stage_gpu_grad_norm_squared(b.gpu, &nb, &f.err), MP_OK) << f.err.message;
-  ASSERT_EQ(mp_gpt_stage_gpu_grad_norm_squared(whole.gpu, &nwhole, &f.err), MP_OK)
+  ASSERT_EQ(mp_stage_gpu_grad_norm_squared(a.gpu, &na, &f.err), MP_OK) << f.err.message;
+  ASSERT_EQ(mp_stage_gpu_grad_norm_squared(b.gpu, &nb, &f.err), MP_OK) << f.err.message;
+  ASSERT_EQ(mp_stage_gpu_grad_norm_squared(whole.gpu, &nwhole, &f.err), MP_OK)
       << f.err.message;
   printf("model two gpu stages: squared grad norm %.9e + %.9e = %.9e vs whole %.9e (rel diff "
          "%.2e)\n",
@@ -612,7 +613,7 @@ TEST(GptStageGpu, TwoStagesThroughAHostBoundaryMatchTheWholeStage) {
   EXPECT_NEAR(na + nb, nwhole, 1e-5 * nwhole);
   // The host's counting on the same numbers agrees with the device's.
   double host_whole = 0.0;
-  ASSERT_EQ(mp_gpt_tp_grad_norm_squared(whole.host, &host_whole, &f.err), MP_OK);
+  ASSERT_EQ(mp_stage_cpu_grad_norm_squared(whole.host, &host_whole, &f.err), MP_OK);
   EXPECT_NEAR(host_whole, nwhole, 1e-5 * nwhole);
 }
 
@@ -625,60 +626,60 @@ TEST(GptStageGpu, SequenceParallelAtOneRankMatchesTheWholeStage) {
   ASSERT_TRUE(f.Gpu(&sp, 0, kL + 3, 1, /*sp=*/true)) << f.err.message;
   ASSERT_TRUE(f.Gpu(&a, 0, k, 1, /*sp=*/true)) << f.err.message;
   ASSERT_TRUE(f.Gpu(&b, k, kL + 3, 1, /*sp=*/true)) << f.err.message;
-  ASSERT_TRUE(mp_gpt_tp_sequence_parallel(sp.host));
+  ASSERT_TRUE(mp_stage_cpu_sequence_parallel(sp.host));
   // One rank's token slice is all B*T tokens: the boundary is the whole micro-batch's.
-  ASSERT_EQ(mp_gpt_tp_boundary_floats(a.host), (size_t)kB * kT * 64);
+  ASSERT_EQ(mp_stage_cpu_boundary_floats(a.host), (size_t)kB * kT * 64);
 
   StepResult expected, got;
   ASSERT_TRUE(WholeStageStep(&f, &plain, &expected)) << f.err.message;
-  ASSERT_EQ(mp_gpt_stage_gpu_zero_grads(sp.gpu, &f.err), MP_OK);
+  ASSERT_EQ(mp_stage_gpu_zero_grads(sp.gpu, &f.err), MP_OK);
   for (int mb = 0; mb < 2; ++mb) {
     const ivec in = Inputs(mb), tg = Targets(mb);
-    ASSERT_EQ(mp_gpt_stage_gpu_forward(sp.gpu, 0, in.data(), tg.data(), nullptr, nullptr, kDloss,
+    ASSERT_EQ(mp_stage_gpu_forward(sp.gpu, 0, in.data(), tg.data(), nullptr, nullptr, kDloss,
                                        &got.loss[mb], &f.err),
               MP_OK)
         << f.err.message;
-    ASSERT_EQ(mp_gpt_stage_gpu_backward(sp.gpu, 0, nullptr, nullptr, false, &f.err), MP_OK)
+    ASSERT_EQ(mp_stage_gpu_backward(sp.gpu, 0, nullptr, nullptr, false, &f.err), MP_OK)
         << f.err.message;
   }
   // The once-per-step sum of the layernorm gradients over a group of one changes nothing.
-  ASSERT_EQ(mp_gpt_stage_gpu_finish_grads(sp.gpu, &f.err), MP_OK) << f.err.message;
+  ASSERT_EQ(mp_stage_gpu_finish_grads(sp.gpu, &f.err), MP_OK) << f.err.message;
   ASSERT_EQ(mp_device_synchronize(&f.err), MP_OK) << f.err.message;
-  ASSERT_EQ(mp_gpt_stage_gpu_download_grads(sp.gpu, &f.err), MP_OK) << f.err.message;
+  ASSERT_EQ(mp_stage_gpu_download_grads(sp.gpu, &f.err), MP_OK) << f.err.message;
   got.grads.assign(expected.grads.size(), NAN);
-  ASSERT_EQ(mp_gpt_tp_gather_grads(sp.host, got.grads.data(), &f.err), MP_OK) << f.err.message;
+  ASSERT_EQ(mp_stage_cpu_gather_grads(sp.host, got.grads.data(), &f.err), MP_OK) << f.err.message;
   printf("model gpu stage tp=1 with sequence parallelism vs without: losses %.6f %.6f vs %.6f "
          "%.6f\n",
          got.loss[0], got.loss[1], expected.loss[0], expected.loss[1]);
   EXPECT_EQ(got.loss[0], expected.loss[0]);
   EXPECT_EQ(got.loss[1], expected.loss[1]);
-  const mp_gpt_layout *layout = mp_gpt_tp_layout(plain.host);
+  const mp_param_layout *layout = mp_stage_cpu_layout(plain.host);
   ExpectSameGrads("gpu stage tp=1 sequence parallel vs not, gradients", layout, got.grads,
                   expected.grads, 0.0);
 
   // Two sequence-parallel stages through a device boundary: the same losses.
-  const size_t n = mp_gpt_tp_boundary_floats(a.host);
+  const size_t n = mp_stage_cpu_boundary_floats(a.host);
   float *boundary = nullptr, *dboundary = nullptr;
   ASSERT_EQ(mp_device_alloc((void **)&boundary, n * sizeof(float), &f.err), MP_OK);
   ASSERT_EQ(mp_device_alloc((void **)&dboundary, n * sizeof(float), &f.err), MP_OK);
   double loss[2] = {0.0, 0.0}, untouched = 0.0;
   for (int mb = 0; mb < 2; ++mb) {
     const ivec in = Inputs(mb), tg = Targets(mb);
-    ASSERT_EQ(mp_gpt_stage_gpu_forward(a.gpu, 0, in.data(), nullptr, nullptr, boundary, kDloss,
+    ASSERT_EQ(mp_stage_gpu_forward(a.gpu, 0, in.data(), nullptr, nullptr, boundary, kDloss,
                                        &untouched, &f.err),
               MP_OK)
         << f.err.message;
-    ASSERT_EQ(mp_gpt_stage_gpu_forward(b.gpu, 0, nullptr, tg.data(), boundary, nullptr, kDloss,
+    ASSERT_EQ(mp_stage_gpu_forward(b.gpu, 0, nullptr, tg.data(), boundary, nullptr, kDloss,
                                        &loss[mb], &f.err),
               MP_OK)
         << f.err.message;
-    ASSERT_EQ(mp_gpt_stage_gpu_backward(b.gpu, 0, nullptr, dboundary, false, &f.err), MP_OK)
+    ASSERT_EQ(mp_stage_gpu_backward(b.gpu, 0, nullptr, dboundary, false, &f.err), MP_OK)
         << f.err.message;
-    ASSERT_EQ(mp_gpt_stage_gpu_backward(a.gpu, 0, dboundary, nullptr, false, &f.err), MP_OK)
+    ASSERT_EQ(mp_stage_gpu_backward(a.gpu, 0, dboundary, nullptr, false, &f.err), MP_OK)
         << f.err.message;
   }
-  ASSERT_EQ(mp_gpt_stage_gpu_finish_grads(a.gpu, &f.err), MP_OK) << f.err.message;
-  ASSERT_EQ(mp_gpt_stage_gpu_finish_grads(b.gpu, &f.err), MP_OK) << f.err.message;
+  ASSERT_EQ(mp_stage_gpu_finish_grads(a.gpu, &f.err), MP_OK) << f.err.message;
+  ASSERT_EQ(mp_stage_gpu_finish_grads(b.gpu, &f.err), MP_OK) << f.err.message;
   ASSERT_EQ(mp_device_synchronize(&f.err), MP_OK) << f.err.message;
   mp_device_free(boundary);
   mp_device_free(dboundary);
@@ -703,61 +704,61 @@ TEST(GptStageGpu, TwoSlotsInFlightMatchOneSlotAtATime) {
   double loss[2] = {0.0, 0.0};
   const ivec in0 = Inputs(0), tg0 = Targets(0), in1 = Inputs(1), tg1 = Targets(1);
   mp_error e = MP_ERROR_INITIALIZER;
-  ASSERT_EQ(mp_gpt_stage_gpu_zero_grads(two.gpu, &f.err), MP_OK);
-  EXPECT_EQ(mp_gpt_stage_gpu_backward(two.gpu, 0, nullptr, nullptr, false, &e), MP_ERR_INPUT);
+  ASSERT_EQ(mp_stage_gpu_zero_grads(two.gpu, &f.err), MP_OK);
+  EXPECT_EQ(mp_stage_gpu_backward(two.gpu, 0, nullptr, nullptr, false, &e), MP_ERR_INPUT);
   EXPECT_NE(std::string(e.message).find("activation slot 0 is empty"), std::string::npos)
       << e.message;
-  ASSERT_EQ(mp_gpt_stage_gpu_forward(two.gpu, 0, in0.data(), tg0.data(), nullptr, nullptr, kDloss,
+  ASSERT_EQ(mp_stage_gpu_forward(two.gpu, 0, in0.data(), tg0.data(), nullptr, nullptr, kDloss,
                                      &loss[0], &f.err),
             MP_OK)
       << f.err.message;
-  ASSERT_EQ(mp_gpt_stage_gpu_forward(two.gpu, 1, in1.data(), tg1.data(), nullptr, nullptr, kDloss,
+  ASSERT_EQ(mp_stage_gpu_forward(two.gpu, 1, in1.data(), tg1.data(), nullptr, nullptr, kDloss,
                                      &loss[1], &f.err),
             MP_OK)
       << f.err.message;
   // A slot in use takes no second micro-batch; there is no slot 2. Neither touches the slots.
   double ignored = 0.0;
   e = MP_ERROR_INITIALIZER;
-  EXPECT_EQ(mp_gpt_stage_gpu_forward(two.gpu, 0, in1.data(), tg1.data(), nullptr, nullptr, kDloss,
+  EXPECT_EQ(mp_stage_gpu_forward(two.gpu, 0, in1.data(), tg1.data(), nullptr, nullptr, kDloss,
                                      &ignored, &e),
             MP_ERR_INPUT);
   EXPECT_NE(std::string(e.message).find("activation slot 0 is still holding a micro-batch"),
             std::string::npos)
       << e.message;
   e = MP_ERROR_INITIALIZER;
-  EXPECT_EQ(mp_gpt_stage_gpu_forward(two.gpu, 2, in1.data(), tg1.data(), nullptr, nullptr, kDloss,
+  EXPECT_EQ(mp_stage_gpu_forward(two.gpu, 2, in1.data(), tg1.data(), nullptr, nullptr, kDloss,
                                      &ignored, &e),
             MP_ERR_INPUT);
   EXPECT_NE(std::string(e.message).find("activation slot 2: the stage has 2"), std::string::npos)
       << e.message;
-  ASSERT_EQ(mp_gpt_stage_gpu_backward(two.gpu, 0, nullptr, nullptr, false, &f.err), MP_OK)
+  ASSERT_EQ(mp_stage_gpu_backward(two.gpu, 0, nullptr, nullptr, false, &f.err), MP_OK)
       << f.err.message;
   e = MP_ERROR_INITIALIZER;
-  EXPECT_EQ(mp_gpt_stage_gpu_backward(two.gpu, 0, nullptr, nullptr, false, &e), MP_ERR_INPUT)
+  EXPECT_EQ(mp_stage_gpu_backward(two.gpu, 0, nullptr, nullptr, false, &e), MP_ERR_INPUT)
       << "a slot's backward frees it";
   EXPECT_NE(std::string(e.message).find("empty"), std::string::npos) << e.message;
-  ASSERT_EQ(mp_gpt_stage_gpu_backward(two.gpu, 1, nullptr, nullptr, false, &f.err), MP_OK)
+  ASSERT_EQ(mp_stage_gpu_backward(two.gpu, 1, nullptr, nullptr, false, &f.err), MP_OK)
       << f.err.message;
   ASSERT_EQ(mp_device_synchronize(&f.err), MP_OK) << f.err.message;
-  ASSERT_EQ(mp_gpt_stage_gpu_download_grads(two.gpu, &f.err), MP_OK) << f.err.message;
+  ASSERT_EQ(mp_stage_gpu_download_grads(two.gpu, &f.err), MP_OK) << f.err.message;
   fvec grads(expected.grads.size());
-  ASSERT_EQ(mp_gpt_tp_gather_grads(two.host, grads.data(), &f.err), MP_OK) << f.err.message;
+  ASSERT_EQ(mp_stage_cpu_gather_grads(two.host, grads.data(), &f.err), MP_OK) << f.err.message;
 
   printf("model gpu stage, two slots in flight vs one at a time: losses %.6f %.6f vs %.6f %.6f\n",
          loss[0], loss[1], expected.loss[0], expected.loss[1]);
   EXPECT_EQ(loss[0], expected.loss[0]);
   EXPECT_EQ(loss[1], expected.loss[1]);
-  ExpectSameGrads("gpu stage two slots vs one slot gradients", mp_gpt_tp_layout(two.host), grads,
+  ExpectSameGrads("gpu stage two slots vs one slot gradients", mp_stage_cpu_layout(two.host), grads,
                   expected.grads, kRel);
   // Both slots are free again: the next step can use them.
-  EXPECT_EQ(mp_gpt_stage_gpu_forward(two.gpu, 1, in1.data(), tg1.data(), nullptr, nullptr, kDloss,
+  EXPECT_EQ(mp_stage_gpu_forward(two.gpu, 1, in1.data(), tg1.data(), nullptr, nullptr, kDloss,
                                      &ignored, &f.err),
             MP_OK)
       << f.err.message;
 }
 
 // The same AdamW steps on the same micro-batch from the same (bf16-rounded) weights: the whole GPU
-// stage's loss follows the one-rank CPU model's (engine/model/gpt_model_tp.h with the CPU's clipping
+// stage's loss follows the one-rank CPU model's (engine/model/stage_cpu.h with the CPU's clipping
 // and AdamW, layers/adamw.h, weight decay on the decaying tensors only) step by step. The GPU
 // keeps fp32 masters, gradients and moments as the CPU does, so what differs is its bf16 (weights
 // rounded for every GEMM, activations stored in bf16). On an H200 one forward's loss was within
@@ -776,11 +777,11 @@ TEST(GptStageGpu, TrainingStepsTrackTheCpuModel) {
   mp_gpt *cpu = nullptr;
   ASSERT_EQ(mp_gpt_create(f.model, kB, kT, &cpu, &f.err), MP_OK) << f.err.message;
   const size_t n = mp_gpt_num_params(cpu);
-  ASSERT_EQ(mp_gpt_tp_num_params(s.host), n);  // tp = 1, whole model: the one-rank layout
+  ASSERT_EQ(mp_stage_cpu_num_params(s.host), n);  // tp = 1, whole model: the one-rank layout
   float *params = mp_gpt_params(cpu);
   mp_gpt_init_params(cpu, kSeed);
   for (size_t i = 0; i < n; ++i) params[i] = mp_bf16_to_float(mp_bf16_from_float(params[i]));
-  ASSERT_EQ(mp_gpt_tp_write_params(s.host, 0, n, params, &f.err), MP_OK) << f.err.message;
+  ASSERT_EQ(mp_stage_cpu_write_params(s.host, 0, n, params, &f.err), MP_OK) << f.err.message;
   // A learnable batch (each token's target is the one three on): random targets would be
   // memorised until the gradients are bf16 noise, where no norm tracks another.
   ivec inputs((size_t)kB * kT), targets((size_t)kB * kT);
@@ -800,7 +801,7 @@ TEST(GptStageGpu, TrainingStepsTrackTheCpuModel) {
     const double cpu_norm = std::sqrt(mp_grad_norm_squared_cpu(grads, n));
     const float cpu_scale = mp_clip_scale(cpu_norm, clip);
     for (int i = 0; i < mp_gpt_num_tensors(cpu); ++i) {
-      const mp_gpt_tensor *t = mp_gpt_tensor_at(cpu, i);
+      const mp_param_tensor *t = mp_gpt_tensor_at(cpu, i);
       const size_t o = t->offset;
       mp_adamw_update_scaled_cpu(params + o, grads + o, m.data() + o, v.data() + o,
                                  t->rows * t->cols, lr, beta1, beta2, eps,
@@ -808,19 +809,19 @@ TEST(GptStageGpu, TrainingStepsTrackTheCpuModel) {
     }
 
     double loss = 0, squares = 0;
-    ASSERT_EQ(mp_gpt_stage_gpu_zero_grads(s.gpu, &f.err), MP_OK);
-    ASSERT_EQ(mp_gpt_stage_gpu_forward(s.gpu, 0, inputs.data(), targets.data(), nullptr, nullptr,
+    ASSERT_EQ(mp_stage_gpu_zero_grads(s.gpu, &f.err), MP_OK);
+    ASSERT_EQ(mp_stage_gpu_forward(s.gpu, 0, inputs.data(), targets.data(), nullptr, nullptr,
                                        1.0f, &loss, &f.err),
               MP_OK)
         << f.err.message;
-    ASSERT_EQ(mp_gpt_stage_gpu_backward(s.gpu, 0, nullptr, nullptr, false, &f.err), MP_OK)
+    ASSERT_EQ(mp_stage_gpu_backward(s.gpu, 0, nullptr, nullptr, false, &f.err), MP_OK)
         << f.err.message;
-    ASSERT_EQ(mp_gpt_stage_gpu_grad_norm_squared(s.gpu, &squares, &f.err), MP_OK);
+    ASSERT_EQ(mp_stage_gpu_grad_norm_squared(s.gpu, &squares, &f.err), MP_OK);
     const double norm = std::sqrt(squares);
     const float scale = mp_clip_scale(norm, clip);
-    if (scale != 1.0f) mp_gpt_stage_gpu_scale_grads(s.gpu, scale);
+    if (scale != 1.0f) mp_stage_gpu_scale_grads(s.gpu, scale);
     const mp_gpu_adamw adamw = {lr, beta1, beta2, eps, decay, step, 0.0};
-    ASSERT_EQ(mp_gpt_stage_gpu_adamw(s.gpu, &adamw, &f.err), MP_OK) << f.err.message;
+    ASSERT_EQ(mp_stage_gpu_adamw(s.gpu, &adamw, &f.err), MP_OK) << f.err.message;
     const double error = std::fabs(loss - cpu_loss) / cpu_loss;
     EXPECT_LT(error, 1e-2) << "step " << step << ": gpu loss " << loss << ", cpu " << cpu_loss;
     EXPECT_NEAR(norm, cpu_norm, 5e-2 * cpu_norm) << "step " << step << ": gradient norm";
@@ -863,11 +864,11 @@ TEST(GptStageGpu, TrainingStepsTrackTheCpuModel) {
 // The stage's device gradients, as the host's shard layout.
 bool Grads(Fixture *f, Stage *s, fvec *out) {
   if (mp_device_synchronize(&f->err) != MP_OK ||
-      mp_gpt_stage_gpu_download_grads(s->gpu, &f->err) != MP_OK) {
+      mp_stage_gpu_download_grads(s->gpu, &f->err) != MP_OK) {
     return false;
   }
-  const float *g = mp_gpt_tp_grads(s->host);
-  out->assign(g, g + mp_gpt_tp_num_params(s->host));
+  const float *g = mp_stage_cpu_grads(s->host);
+  out->assign(g, g + mp_stage_cpu_num_params(s->host));
   return true;
 }
 
@@ -880,30 +881,30 @@ struct SplitResult {
 // Two micro-batches through a (embedding side) and b (head side), two slots each, both in flight:
 // F0 F1 B0 B1, and with defer (zero-bubble's split) W0 W1 after, as zb-h1's tail orders them.
 bool SplitStep(Fixture *f, Stage *a, Stage *b, bool defer, SplitResult *r) {
-  const size_t n = mp_gpt_tp_boundary_floats(a->host);
+  const size_t n = mp_stage_cpu_boundary_floats(a->host);
   std::vector<float *> buffers(4, nullptr);  // boundary 0, 1, dboundary 0, 1
   bool ok = true;
   for (float *&p : buffers) {
     ok = ok && mp_device_alloc((void **)&p, n * sizeof(float), &f->err) == MP_OK;
   }
-  ok = ok && mp_gpt_stage_gpu_zero_grads(a->gpu, &f->err) == MP_OK &&
-       mp_gpt_stage_gpu_zero_grads(b->gpu, &f->err) == MP_OK;
+  ok = ok && mp_stage_gpu_zero_grads(a->gpu, &f->err) == MP_OK &&
+       mp_stage_gpu_zero_grads(b->gpu, &f->err) == MP_OK;
   for (int mb = 0; ok && mb < 2; ++mb) {
     const ivec in = Inputs(mb), tg = Targets(mb);
     double untouched = 0.0;
-    ok = mp_gpt_stage_gpu_forward(a->gpu, mb, in.data(), nullptr, nullptr, buffers[mb], kDloss,
+    ok = mp_stage_gpu_forward(a->gpu, mb, in.data(), nullptr, nullptr, buffers[mb], kDloss,
                                   &untouched, &f->err) == MP_OK &&
-         mp_gpt_stage_gpu_forward(b->gpu, mb, nullptr, tg.data(), buffers[mb], nullptr, kDloss,
+         mp_stage_gpu_forward(b->gpu, mb, nullptr, tg.data(), buffers[mb], nullptr, kDloss,
                                   &r->loss[mb], &f->err) == MP_OK;
   }
   for (int mb = 0; ok && mb < 2; ++mb) {
-    ok = mp_gpt_stage_gpu_backward(b->gpu, mb, nullptr, buffers[2 + mb], defer, &f->err) ==
+    ok = mp_stage_gpu_backward(b->gpu, mb, nullptr, buffers[2 + mb], defer, &f->err) ==
              MP_OK &&
-         mp_gpt_stage_gpu_backward(a->gpu, mb, buffers[2 + mb], nullptr, defer, &f->err) == MP_OK;
+         mp_stage_gpu_backward(a->gpu, mb, buffers[2 + mb], nullptr, defer, &f->err) == MP_OK;
   }
   for (int mb = 0; ok && defer && mb < 2; ++mb) {
-    ok = mp_gpt_stage_gpu_backward_weights(b->gpu, mb, &f->err) == MP_OK &&
-         mp_gpt_stage_gpu_backward_weights(a->gpu, mb, &f->err) == MP_OK;
+    ok = mp_stage_gpu_backward_weights(b->gpu, mb, &f->err) == MP_OK &&
+         mp_stage_gpu_backward_weights(a->gpu, mb, &f->err) == MP_OK;
   }
   ok = ok && Grads(f, a, &r->a) && Grads(f, b, &r->b);
   for (float *p : buffers) mp_device_free(p);
@@ -931,31 +932,31 @@ TEST(GptStageGpu, ZeroBubbleSplitMatchesTheWholeBackward) {
 
   // F0 F1 B0 B1 on the whole stage: B adds everything but the blocks' four GEMM weights.
   double loss[2] = {0.0, 0.0};
-  ASSERT_EQ(mp_gpt_stage_gpu_zero_grads(zb.gpu, &f.err), MP_OK);
+  ASSERT_EQ(mp_stage_gpu_zero_grads(zb.gpu, &f.err), MP_OK);
   for (int mb = 0; mb < 2; ++mb) {
     const ivec in = Inputs(mb), tg = Targets(mb);
-    ASSERT_EQ(mp_gpt_stage_gpu_forward(zb.gpu, mb, in.data(), tg.data(), nullptr, nullptr, kDloss,
+    ASSERT_EQ(mp_stage_gpu_forward(zb.gpu, mb, in.data(), tg.data(), nullptr, nullptr, kDloss,
                                        &loss[mb], &f.err),
               MP_OK)
         << f.err.message;
   }
   mp_error e = MP_ERROR_INITIALIZER;
-  EXPECT_EQ(mp_gpt_stage_gpu_backward_weights(zb.gpu, 0, &e), MP_ERR_INPUT);
+  EXPECT_EQ(mp_stage_gpu_backward_weights(zb.gpu, 0, &e), MP_ERR_INPUT);
   EXPECT_NE(std::string(e.message).find("no deferred weight gradients"), std::string::npos)
       << e.message;
   for (int mb = 0; mb < 2; ++mb) {
-    ASSERT_EQ(mp_gpt_stage_gpu_backward(zb.gpu, mb, nullptr, nullptr, true, &f.err), MP_OK)
+    ASSERT_EQ(mp_stage_gpu_backward(zb.gpu, mb, nullptr, nullptr, true, &f.err), MP_OK)
         << f.err.message;
   }
   // Until its W a slot is held: no second backward, no forward into it.
   e = MP_ERROR_INITIALIZER;
-  EXPECT_EQ(mp_gpt_stage_gpu_backward(zb.gpu, 0, nullptr, nullptr, false, &e), MP_ERR_INPUT);
+  EXPECT_EQ(mp_stage_gpu_backward(zb.gpu, 0, nullptr, nullptr, false, &e), MP_ERR_INPUT);
   EXPECT_NE(std::string(e.message).find("already ran its backward"), std::string::npos)
       << e.message;
   e = MP_ERROR_INITIALIZER;
   double ignored = 0.0;
   const ivec in0 = Inputs(0), tg0 = Targets(0);
-  EXPECT_EQ(mp_gpt_stage_gpu_forward(zb.gpu, 1, in0.data(), tg0.data(), nullptr, nullptr, kDloss,
+  EXPECT_EQ(mp_stage_gpu_forward(zb.gpu, 1, in0.data(), tg0.data(), nullptr, nullptr, kDloss,
                                      &ignored, &e),
             MP_ERR_INPUT);
   EXPECT_NE(std::string(e.message).find("still holding a micro-batch"), std::string::npos)
@@ -963,8 +964,8 @@ TEST(GptStageGpu, ZeroBubbleSplitMatchesTheWholeBackward) {
   fvec after_b;
   ASSERT_TRUE(Grads(&f, &zb, &after_b)) << f.err.message;
   size_t gemm = 0, rest = 0, wrong = 0;
-  for (int i = 0; i < mp_gpt_tp_num_tensors(zb.host); ++i) {
-    const mp_gpt_tp_tensor *t = mp_gpt_tp_tensor_at(zb.host, i);
+  for (int i = 0; i < mp_stage_cpu_num_tensors(zb.host); ++i) {
+    const mp_stage_tensor *t = mp_stage_cpu_tensor_at(zb.host, i);
     const bool deferred = IsBlockGemmWeight(t->full->name);
     for (size_t k = t->offset; k < t->offset + t->count; ++k) {
       const float want = deferred ? 0.0f : whole[k];
@@ -979,10 +980,10 @@ TEST(GptStageGpu, ZeroBubbleSplitMatchesTheWholeBackward) {
   EXPECT_EQ(wrong, 0u) << "B must add every gradient but the four GEMM weights', and those not";
 
   for (int mb = 0; mb < 2; ++mb) {
-    ASSERT_EQ(mp_gpt_stage_gpu_backward_weights(zb.gpu, mb, &f.err), MP_OK) << f.err.message;
+    ASSERT_EQ(mp_stage_gpu_backward_weights(zb.gpu, mb, &f.err), MP_OK) << f.err.message;
   }
   e = MP_ERROR_INITIALIZER;
-  EXPECT_EQ(mp_gpt_stage_gpu_backward_weights(zb.gpu, 0, &e), MP_ERR_INPUT) << "W frees the slot";
+  EXPECT_EQ(mp_stage_gpu_backward_weights(zb.gpu, 0, &e), MP_ERR_INPUT) << "W frees the slot";
   fvec got;
   ASSERT_TRUE(Grads(&f, &zb, &got)) << f.err.message;
   printf("model gpu stage F0 F1 B0 B1 W0 W1 vs whole backwards: losses %.6f %.6f vs %.6f %.6f\n",
@@ -992,11 +993,11 @@ TEST(GptStageGpu, ZeroBubbleSplitMatchesTheWholeBackward) {
   EXPECT_TRUE(SameBits("gpu stage zero-bubble split vs whole backward", got, whole));
 
   // A stage without deferred weights refuses a deferred backward.
-  ASSERT_EQ(mp_gpt_stage_gpu_forward(one.gpu, 0, in0.data(), tg0.data(), nullptr, nullptr, kDloss,
+  ASSERT_EQ(mp_stage_gpu_forward(one.gpu, 0, in0.data(), tg0.data(), nullptr, nullptr, kDloss,
                                      &ignored, &f.err),
             MP_OK);
   e = MP_ERROR_INITIALIZER;
-  EXPECT_EQ(mp_gpt_stage_gpu_backward(one.gpu, 0, nullptr, nullptr, true, &e), MP_ERR_INPUT);
+  EXPECT_EQ(mp_stage_gpu_backward(one.gpu, 0, nullptr, nullptr, true, &e), MP_ERR_INPUT);
   EXPECT_NE(std::string(e.message).find("created with deferred weights"), std::string::npos)
       << e.message;
 }
@@ -1032,8 +1033,8 @@ TEST(GptStageGpu, FullRecomputationMatchesKeptActivations) {
   Stage kept;
   ASSERT_TRUE(f.Gpu(&kept, 0, kL + 3, 2)) << f.err.message;
   printf("model gpu stage device bytes, two slots: recompute none %zu, full %zu\n",
-         mp_gpt_stage_gpu_device_bytes(kept.gpu), mp_gpt_stage_gpu_device_bytes(full.gpu));
-  EXPECT_LT(mp_gpt_stage_gpu_device_bytes(full.gpu), mp_gpt_stage_gpu_device_bytes(kept.gpu));
+         mp_stage_gpu_device_bytes(kept.gpu), mp_stage_gpu_device_bytes(full.gpu));
+  EXPECT_LT(mp_stage_gpu_device_bytes(full.gpu), mp_stage_gpu_device_bytes(kept.gpu));
 
   StepResult expected;
   ASSERT_TRUE(WholeStageStep(&f, &one, &expected)) << f.err.message;
@@ -1041,16 +1042,16 @@ TEST(GptStageGpu, FullRecomputationMatchesKeptActivations) {
   ASSERT_TRUE(Grads(&f, &one, &whole)) << f.err.message;
   // Both micro-batches in flight, F0 F1 B0 B1: B0 recomputes over what F1 left in the shared set.
   double loss[2] = {0.0, 0.0};
-  ASSERT_EQ(mp_gpt_stage_gpu_zero_grads(full.gpu, &f.err), MP_OK);
+  ASSERT_EQ(mp_stage_gpu_zero_grads(full.gpu, &f.err), MP_OK);
   for (int mb = 0; mb < 2; ++mb) {
     const ivec in = Inputs(mb), tg = Targets(mb);
-    ASSERT_EQ(mp_gpt_stage_gpu_forward(full.gpu, mb, in.data(), tg.data(), nullptr, nullptr,
+    ASSERT_EQ(mp_stage_gpu_forward(full.gpu, mb, in.data(), tg.data(), nullptr, nullptr,
                                        kDloss, &loss[mb], &f.err),
               MP_OK)
         << f.err.message;
   }
   for (int mb = 0; mb < 2; ++mb) {
-    ASSERT_EQ(mp_gpt_stage_gpu_backward(full.gpu, mb, nullptr, nullptr, false, &f.err), MP_OK)
+    ASSERT_EQ(mp_stage_gpu_backward(full.gpu, mb, nullptr, nullptr, false, &f.err), MP_OK)
         << f.err.message;
   }
   fvec got;

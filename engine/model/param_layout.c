@@ -1,6 +1,6 @@
-/* engine/model/gpt_model.c — the GPT's parameter layout (the tensor table), initialisation and llm.c
- * files. See gpt_model.h. */
-#include "engine/model/gpt_model.h"
+/* engine/model/param_layout.c — the GPT's parameter layout (the tensor table), initialisation and
+ * llm.c files. See param_layout.h. */
+#include "engine/model/param_layout.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -24,16 +24,16 @@ enum {
 };
 
 
-struct mp_gpt_layout {
-  mp_gpt_config config;
+struct mp_param_layout {
+  mp_model_config config;
   char model_source[1024];
   size_t num_params;
   int num_tensors;
-  mp_gpt_tensor *tensors; /* (num_tensors,) in the order of the flat array */
+  mp_param_tensor *tensors; /* (num_tensors,) in the order of the flat array */
   int first_block;        /* table index of block 0's first tensor */
   int tensors_per_block;
-  int block_slot[MP_GPT_BLOCK_TENSORS]; /* a role's place within a block, -1 when absent */
-  int global_index[MP_GPT_GLOBAL_TENSORS];
+  int block_slot[MP_BLOCK_TENSORS]; /* a role's place within a block, -1 when absent */
+  int global_index[MP_GLOBAL_TENSORS];
 };
 
 static mp_status unsupported(const mp_model *model, const mp_layer_spec *layer, const char *what,
@@ -94,7 +94,7 @@ static mp_status read_block(const mp_model *model, const mp_layer_spec *block, i
 }
 
 /* Fills config from the model, refusing what the runtime cannot run. */
-static mp_status read_config(const mp_model *model, int seq_len, mp_gpt_config *config,
+static mp_status read_config(const mp_model *model, int seq_len, mp_model_config *config,
                              mp_error *err) {
   memset(config, 0, sizeof *config);
   int n = mp_model_num_layers(model);
@@ -167,8 +167,8 @@ static mp_status read_config(const mp_model *model, int seq_len, mp_gpt_config *
                            config->num_kv_heads == config->num_heads &&
                            config->bias == MP_BIAS_ALL && config->tied_head &&
                            config->norm_eps == 1e-5
-                       ? MP_GPT_FAMILY_GPT2
-                       : MP_GPT_FAMILY_LLAMA;
+                       ? MP_FAMILY_GPT2
+                       : MP_FAMILY_LLAMA;
   config->padded_vocab_size =
       (config->vocab_size + kVocabPadding - 1) / kVocabPadding * kVocabPadding;
   if (config->learned_positions && seq_len > config->max_seq_len) {
@@ -187,8 +187,8 @@ static mp_status read_config(const mp_model *model, int seq_len, mp_gpt_config *
 }
 
 /* Whether the model has a block tensor of role, and its name within the block. */
-static bool block_role(const mp_gpt_config *c, mp_gpt_block_tensor role, const char **suffix) {
-  const bool gpt2 = c->family == MP_GPT_FAMILY_GPT2;
+static bool block_role(const mp_model_config *c, mp_block_tensor role, const char **suffix) {
+  const bool gpt2 = c->family == MP_FAMILY_GPT2;
   const bool layernorm = !c->rmsnorm;
   const bool any_bias = c->bias != MP_BIAS_NONE, all_bias = c->bias == MP_BIAS_ALL;
   switch (role) {
@@ -210,34 +210,34 @@ static bool block_role(const mp_gpt_config *c, mp_gpt_block_tensor role, const c
     case MP_BLOCK_UP_BIAS: *suffix = "up.bias"; return c->swiglu && all_bias;
     case MP_BLOCK_FC_PROJ_WEIGHT: *suffix = "fc_proj.weight"; return true;
     case MP_BLOCK_FC_PROJ_BIAS: *suffix = "fc_proj.bias"; return all_bias;
-    case MP_GPT_BLOCK_TENSORS: break;
+    case MP_BLOCK_TENSORS: break;
   }
   return false;
 }
 
 /* A block tensor's shape (cols = 1 for vectors), tensor-parallel split and initial values. */
-static void block_shape(const mp_gpt_config *c, mp_gpt_block_tensor role, size_t *rows,
-                        size_t *cols, mp_tp_split *split, mp_gpt_init *init) {
+static void block_shape(const mp_model_config *c, mp_block_tensor role, size_t *rows,
+                        size_t *cols, mp_tp_split *split, mp_param_init_rule *init) {
   const size_t C = (size_t)c->channels, F = (size_t)c->ffn_channels;
   const size_t kv = (size_t)c->num_kv_heads * (C / (size_t)c->num_heads);
-  const bool gpt2 = c->family == MP_GPT_FAMILY_GPT2;
+  const bool gpt2 = c->family == MP_FAMILY_GPT2;
   *cols = 1;
   *split = MP_TP_REPLICATED;
-  *init = MP_GPT_INIT_ZERO;
+  *init = MP_INIT_ZERO;
   switch (role) {
     case MP_BLOCK_LN1_WEIGHT:
-    case MP_BLOCK_LN2_WEIGHT: *rows = C; *init = MP_GPT_INIT_ONE; return;
+    case MP_BLOCK_LN2_WEIGHT: *rows = C; *init = MP_INIT_ONE; return;
     case MP_BLOCK_LN1_BIAS:
     case MP_BLOCK_LN2_BIAS:
     case MP_BLOCK_ATTN_PROJ_BIAS:
     case MP_BLOCK_FC_PROJ_BIAS: *rows = C; return;
     case MP_BLOCK_QKV_WEIGHT:
-      *rows = gpt2 ? 3 * C : C, *cols = C, *init = MP_GPT_INIT_NORMAL;
+      *rows = gpt2 ? 3 * C : C, *cols = C, *init = MP_INIT_NORMAL;
       *split = gpt2 ? MP_TP_SPLIT_QKV : MP_TP_SPLIT_ROWS;
       return;
     case MP_BLOCK_K_WEIGHT:
     case MP_BLOCK_V_WEIGHT:
-      *rows = kv, *cols = C, *init = MP_GPT_INIT_NORMAL, *split = MP_TP_SPLIT_ROWS;
+      *rows = kv, *cols = C, *init = MP_INIT_NORMAL, *split = MP_TP_SPLIT_ROWS;
       return;
     case MP_BLOCK_QKV_BIAS:
       *rows = gpt2 ? 3 * C : C, *split = gpt2 ? MP_TP_SPLIT_QKV : MP_TP_SPLIT_ROWS;
@@ -245,25 +245,25 @@ static void block_shape(const mp_gpt_config *c, mp_gpt_block_tensor role, size_t
     case MP_BLOCK_K_BIAS:
     case MP_BLOCK_V_BIAS: *rows = kv, *split = MP_TP_SPLIT_ROWS; return;
     case MP_BLOCK_ATTN_PROJ_WEIGHT:
-      *rows = C, *cols = C, *init = MP_GPT_INIT_NORMAL_RESIDUAL, *split = MP_TP_SPLIT_COLS;
+      *rows = C, *cols = C, *init = MP_INIT_NORMAL_RESIDUAL, *split = MP_TP_SPLIT_COLS;
       return;
     case MP_BLOCK_FC_WEIGHT:
     case MP_BLOCK_UP_WEIGHT:
-      *rows = F, *cols = C, *init = MP_GPT_INIT_NORMAL, *split = MP_TP_SPLIT_ROWS;
+      *rows = F, *cols = C, *init = MP_INIT_NORMAL, *split = MP_TP_SPLIT_ROWS;
       return;
     case MP_BLOCK_FC_BIAS:
     case MP_BLOCK_UP_BIAS: *rows = F, *split = MP_TP_SPLIT_ROWS; return;
     case MP_BLOCK_FC_PROJ_WEIGHT:
-      *rows = C, *cols = F, *init = MP_GPT_INIT_NORMAL_RESIDUAL, *split = MP_TP_SPLIT_COLS;
+      *rows = C, *cols = F, *init = MP_INIT_NORMAL_RESIDUAL, *split = MP_TP_SPLIT_COLS;
       return;
-    case MP_GPT_BLOCK_TENSORS: break;
+    case MP_BLOCK_TENSORS: break;
   }
   *rows = 0;
 }
 
-static void add_tensor(mp_gpt_layout *layout, const char *name, size_t *offset, size_t rows,
-                       size_t cols, mp_tp_split split, mp_gpt_init init) {
-  mp_gpt_tensor *tensor = &layout->tensors[layout->num_tensors++];
+static void add_tensor(mp_param_layout *layout, const char *name, size_t *offset, size_t rows,
+                       size_t cols, mp_tp_split split, mp_param_init_rule init) {
+  mp_param_tensor *tensor = &layout->tensors[layout->num_tensors++];
   snprintf(tensor->name, sizeof tensor->name, "%s", name);
   tensor->offset = *offset;
   tensor->rows = rows;
@@ -275,134 +275,136 @@ static void add_tensor(mp_gpt_layout *layout, const char *name, size_t *offset, 
   *offset += rows * cols;
 }
 
-static void add_global(mp_gpt_layout *layout, mp_gpt_global_tensor which, const char *name,
+static void add_global(mp_param_layout *layout, mp_global_tensor which, const char *name,
                        size_t *offset, size_t rows, size_t cols, mp_tp_split split,
-                       mp_gpt_init init) {
+                       mp_param_init_rule init) {
   layout->global_index[which] = layout->num_tensors;
   add_tensor(layout, name, offset, rows, cols, split, init);
 }
 
 /* Lays out the tensor table in the order of the flat array: wte, wpe, blocks, final norm, an
  * untied head; GPT-2's matches llm.c's files. */
-static void build_tensor_table(mp_gpt_layout *layout) {
-  const mp_gpt_config *c = &layout->config;
+static void build_tensor_table(mp_param_layout *layout) {
+  const mp_model_config *c = &layout->config;
   const size_t C = (size_t)c->channels;
   size_t offset = 0;
-  for (int g = 0; g < MP_GPT_GLOBAL_TENSORS; ++g) layout->global_index[g] = -1;
-  add_global(layout, MP_GPT_WTE, "embedding.wte", &offset, (size_t)c->padded_vocab_size, C,
-             MP_TP_SPLIT_ROWS, MP_GPT_INIT_NORMAL);
+  for (int g = 0; g < MP_GLOBAL_TENSORS; ++g) layout->global_index[g] = -1;
+  add_global(layout, MP_GLOBAL_WTE, "embedding.wte", &offset, (size_t)c->padded_vocab_size, C,
+             MP_TP_SPLIT_ROWS, MP_INIT_NORMAL);
   if (c->learned_positions) {
-    add_global(layout, MP_GPT_WPE, "embedding.wpe", &offset, (size_t)c->max_seq_len, C,
-               MP_TP_REPLICATED, MP_GPT_INIT_NORMAL);
+    add_global(layout, MP_GLOBAL_WPE, "embedding.wpe", &offset, (size_t)c->max_seq_len, C,
+               MP_TP_REPLICATED, MP_INIT_NORMAL);
   }
   layout->first_block = layout->num_tensors;
   layout->tensors_per_block = 0;
-  for (int r = 0; r < MP_GPT_BLOCK_TENSORS; ++r) {
+  for (int r = 0; r < MP_BLOCK_TENSORS; ++r) {
     const char *suffix = NULL;
-    const bool present = block_role(c, (mp_gpt_block_tensor)r, &suffix);
+    const bool present = block_role(c, (mp_block_tensor)r, &suffix);
     layout->block_slot[r] = present ? layout->tensors_per_block++ : -1;
   }
   for (int l = 0; l < c->num_layers; ++l) {
-    for (int r = 0; r < MP_GPT_BLOCK_TENSORS; ++r) {
+    for (int r = 0; r < MP_BLOCK_TENSORS; ++r) {
       const char *suffix = NULL;
-      if (!block_role(c, (mp_gpt_block_tensor)r, &suffix)) continue;
+      if (!block_role(c, (mp_block_tensor)r, &suffix)) continue;
       size_t rows = 0, cols = 0;
       mp_tp_split split;
-      mp_gpt_init init;
-      block_shape(c, (mp_gpt_block_tensor)r, &rows, &cols, &split, &init);
-      char name[MP_GPT_TENSOR_NAME_BYTES];
+      mp_param_init_rule init;
+      block_shape(c, (mp_block_tensor)r, &rows, &cols, &split, &init);
+      char name[MP_PARAM_NAME_BYTES];
       snprintf(name, sizeof name, "block.%d.%s", l, suffix);
       add_tensor(layout, name, &offset, rows, cols, split, init);
     }
   }
-  add_global(layout, MP_GPT_LNF_WEIGHT, "final_norm.weight", &offset, C, 1, MP_TP_REPLICATED,
-             MP_GPT_INIT_ONE);
+  add_global(layout, MP_GLOBAL_LNF_WEIGHT, "final_norm.weight", &offset, C, 1, MP_TP_REPLICATED,
+             MP_INIT_ONE);
   if (!c->rmsnorm) {
-    add_global(layout, MP_GPT_LNF_BIAS, "final_norm.bias", &offset, C, 1, MP_TP_REPLICATED,
-               MP_GPT_INIT_ZERO);
+    add_global(layout, MP_GLOBAL_LNF_BIAS, "final_norm.bias", &offset, C, 1, MP_TP_REPLICATED,
+               MP_INIT_ZERO);
   }
   if (!c->tied_head) {
-    add_global(layout, MP_GPT_LM_HEAD, "lm_head.weight", &offset, (size_t)c->padded_vocab_size,
-               C, MP_TP_SPLIT_ROWS, MP_GPT_INIT_NORMAL);
+    add_global(layout, MP_GLOBAL_LM_HEAD, "lm_head.weight", &offset, (size_t)c->padded_vocab_size,
+               C, MP_TP_SPLIT_ROWS, MP_INIT_NORMAL);
   }
   layout->num_params = offset;
 }
 
-static mp_status layout_init(const mp_model *model, int seq_len, mp_gpt_layout *layout,
+static mp_status layout_init(const mp_model *model, int seq_len, mp_param_layout *layout,
                              mp_error *err) {
   memset(layout, 0, sizeof *layout);
   MP_TRY(read_config(model, seq_len, &layout->config, err));
   snprintf(layout->model_source, sizeof layout->model_source, "%s", mp_model_source(model));
-  layout->tensors = calloc((size_t)(MP_GPT_GLOBAL_TENSORS +
-                                    layout->config.num_layers * MP_GPT_BLOCK_TENSORS),
+  layout->tensors = calloc((size_t)(MP_GLOBAL_TENSORS +
+                                    layout->config.num_layers * MP_BLOCK_TENSORS),
                            sizeof *layout->tensors);
   if (layout->tensors == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
   build_tensor_table(layout);
   return MP_OK;
 }
 
-mp_status mp_gpt_layout_create(const mp_model *model, int seq_len, mp_gpt_layout **out,
+mp_status mp_param_layout_create(const mp_model *model, int seq_len, mp_param_layout **out,
                                mp_error *err) {
   *out = NULL;
-  mp_gpt_layout *layout = calloc(1, sizeof *layout);
+  mp_param_layout *layout = calloc(1, sizeof *layout);
   if (layout == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
   mp_status status = layout_init(model, seq_len, layout, err);
   if (status != MP_OK) {
-    mp_gpt_layout_free(layout);
+    mp_param_layout_free(layout);
     return status;
   }
   *out = layout;
   return MP_OK;
 }
 
-void mp_gpt_layout_free(mp_gpt_layout *layout) {
+void mp_param_layout_free(mp_param_layout *layout) {
   if (layout == NULL) return;
   free(layout->tensors);
   free(layout);
 }
 
-const mp_gpt_config *mp_gpt_layout_config(const mp_gpt_layout *layout) { return &layout->config; }
-size_t mp_gpt_layout_num_params(const mp_gpt_layout *layout) { return layout->num_params; }
-const char *mp_gpt_layout_model_source(const mp_gpt_layout *layout) {
+const mp_model_config *mp_param_layout_config(const mp_param_layout *layout) {
+  return &layout->config;
+}
+size_t mp_param_layout_num_params(const mp_param_layout *layout) { return layout->num_params; }
+const char *mp_param_layout_model_source(const mp_param_layout *layout) {
   return layout->model_source;
 }
-int mp_gpt_layout_num_tensors(const mp_gpt_layout *layout) { return layout->num_tensors; }
+int mp_param_layout_num_tensors(const mp_param_layout *layout) { return layout->num_tensors; }
 
-const mp_gpt_tensor *mp_gpt_layout_tensor(const mp_gpt_layout *layout, int index) {
+const mp_param_tensor *mp_param_layout_tensor(const mp_param_layout *layout, int index) {
   return index >= 0 && index < layout->num_tensors ? &layout->tensors[index] : NULL;
 }
 
-int mp_gpt_layout_block_index(const mp_gpt_layout *layout, int layer, mp_gpt_block_tensor role) {
-  if (role < 0 || role >= MP_GPT_BLOCK_TENSORS || layout->block_slot[role] < 0) return -1;
+int mp_param_layout_block_index(const mp_param_layout *layout, int layer, mp_block_tensor role) {
+  if (role < 0 || role >= MP_BLOCK_TENSORS || layout->block_slot[role] < 0) return -1;
   return layout->first_block + layer * layout->tensors_per_block + layout->block_slot[role];
 }
 
-int mp_gpt_layout_tensors_per_block(const mp_gpt_layout *layout) {
+int mp_param_layout_tensors_per_block(const mp_param_layout *layout) {
   return layout->tensors_per_block;
 }
 
-int mp_gpt_layout_global_index(const mp_gpt_layout *layout, mp_gpt_global_tensor which) {
-  return which >= 0 && which < MP_GPT_GLOBAL_TENSORS ? layout->global_index[which] : -1;
+int mp_param_layout_global_index(const mp_param_layout *layout, mp_global_tensor which) {
+  return which >= 0 && which < MP_GLOBAL_TENSORS ? layout->global_index[which] : -1;
 }
 
-int mp_gpt_layout_layer_of(const mp_gpt_layout *layout, int index) {
+int mp_param_layout_layer_of(const mp_param_layout *layout, int index) {
   const int end = layout->first_block + layout->config.num_layers * layout->tensors_per_block;
   if (index < layout->first_block || index >= end) return -1;
   return (index - layout->first_block) / layout->tensors_per_block;
 }
 
-void mp_gpt_tensor_init_block(const mp_gpt_layout *layout, const mp_gpt_tensor *tensor,
+void mp_param_tensor_init_block(const mp_param_layout *layout, const mp_param_tensor *tensor,
                               float *out, size_t rows, size_t cols, size_t row_offset,
                               size_t col_offset, uint64_t seed) {
   const float std = 0.02f;
   switch (tensor->init) {
-    case MP_GPT_INIT_ZERO:
-    case MP_GPT_INIT_ONE:
-      mp_init_fill_constant(out, rows * cols, tensor->init == MP_GPT_INIT_ONE ? 1.0f : 0.0f);
+    case MP_INIT_ZERO:
+    case MP_INIT_ONE:
+      mp_init_fill_constant(out, rows * cols, tensor->init == MP_INIT_ONE ? 1.0f : 0.0f);
       return;
-    case MP_GPT_INIT_NORMAL:
-    case MP_GPT_INIT_NORMAL_RESIDUAL: {
-      const float s = tensor->init == MP_GPT_INIT_NORMAL
+    case MP_INIT_NORMAL:
+    case MP_INIT_NORMAL_RESIDUAL: {
+      const float s = tensor->init == MP_INIT_NORMAL
                           ? std
                           : std / sqrtf(2.0f * (float)layout->config.num_layers);
       if (cols == tensor->cols) {
@@ -417,10 +419,10 @@ void mp_gpt_tensor_init_block(const mp_gpt_layout *layout, const mp_gpt_tensor *
   }
 }
 
-void mp_gpt_layout_init_params(const mp_gpt_layout *layout, float *params, uint64_t seed) {
+void mp_param_layout_init_params(const mp_param_layout *layout, float *params, uint64_t seed) {
   for (int i = 0; i < layout->num_tensors; ++i) {
-    const mp_gpt_tensor *t = &layout->tensors[i];
-    mp_gpt_tensor_init_block(layout, t, params + t->offset, t->rows, t->cols, 0, 0, seed);
+    const mp_param_tensor *t = &layout->tensors[i];
+    mp_param_tensor_init_block(layout, t, params + t->offset, t->rows, t->cols, 0, 0, seed);
   }
 }
 
@@ -433,8 +435,8 @@ static const char *const kHeaderFields[8] = {"magic", "version", "max_seq_len", 
                                              "padded_vocab_size"};
 
 /* llm.c's files hold GPT-2 only. */
-static mp_status check_llmc_family(const mp_gpt_layout *layout, const char *path, mp_error *err) {
-  if (layout->config.family == MP_GPT_FAMILY_GPT2) return MP_OK;
+static mp_status check_llmc_family(const mp_param_layout *layout, const char *path, mp_error *err) {
+  if (layout->config.family == MP_FAMILY_GPT2) return MP_OK;
   return mp_fail(err, MP_ERR_INPUT,
                  "%s: llm.c's checkpoint files hold GPT-2 models, and %s is a Llama-family model "
                  "(rmsnorm, swiglu, rotary embeddings, kv_heads, biases or an untied head); use "
@@ -443,8 +445,8 @@ static mp_status check_llmc_family(const mp_gpt_layout *layout, const char *path
 }
 
 /* Visits every tensor in llm.c's file order, calling visit(tensor, context). */
-static void for_each_in_llmc_order(const mp_gpt_layout *layout,
-                                   void (*visit)(const mp_gpt_tensor *, void *), void *context) {
+static void for_each_in_llmc_order(const mp_param_layout *layout,
+                                   void (*visit)(const mp_param_tensor *, void *), void *context) {
   const int per_block = layout->tensors_per_block;
   visit(&layout->tensors[0], context);
   visit(&layout->tensors[1], context);
@@ -461,25 +463,25 @@ static void for_each_in_llmc_order(const mp_gpt_layout *layout,
 typedef struct {
   size_t *offsets;
   size_t cursor;
-  const mp_gpt_tensor *first;
+  const mp_param_tensor *first;
   size_t wte_rows; /* the file's padded vocabulary */
 } llmc_offsets;
 
-static void place_tensor(const mp_gpt_tensor *tensor, void *context) {
+static void place_tensor(const mp_param_tensor *tensor, void *context) {
   llmc_offsets *o = context;
   o->offsets[tensor - o->first] = o->cursor;
   o->cursor += (tensor == o->first ? o->wte_rows : tensor->rows) * tensor->cols;
 }
 
 /* wte_rows: the file's padded vocabulary, which llm.c pads to 128 and mpengine to 64. */
-static size_t *llmc_file_offsets(const mp_gpt_layout *layout, size_t wte_rows) {
+static size_t *llmc_file_offsets(const mp_param_layout *layout, size_t wte_rows) {
   llmc_offsets o = {calloc((size_t)layout->num_tensors, sizeof(size_t)), 0, layout->tensors,
                     wte_rows};
   if (o.offsets != NULL) for_each_in_llmc_order(layout, place_tensor, &o);
   return o.offsets;
 }
 
-static void llmc_header(const mp_gpt_config *c, int32_t *header) {
+static void llmc_header(const mp_model_config *c, int32_t *header) {
   memset(header, 0, kLlmcHeaderInts * sizeof(int32_t));
   header[0] = kLlmcMagic;
   header[1] = kLlmcVersionFp32;
@@ -492,7 +494,7 @@ static void llmc_header(const mp_gpt_config *c, int32_t *header) {
 }
 
 struct mp_llmc_reader {
-  const mp_gpt_layout *layout;
+  const mp_param_layout *layout;
   char path[MP_ATOMIC_FILE_PATH_BYTES];
   int fd;
   int bytes_per_element; /* 4 fp32, 2 bf16 */
@@ -509,8 +511,8 @@ void mp_llmc_reader_close(mp_llmc_reader *reader) {
 
 /* Checks the header against the layout and the file's size against the header. */
 static mp_status check_llmc_file(mp_llmc_reader *r, mp_error *err) {
-  const mp_gpt_layout *layout = r->layout;
-  const mp_gpt_config *c = &layout->config;
+  const mp_param_layout *layout = r->layout;
+  const mp_model_config *c = &layout->config;
   const char *path = r->path;
   int32_t header[kLlmcHeaderInts];
   if (pread(r->fd, header, sizeof header, 0) != (ssize_t)sizeof header) {
@@ -573,7 +575,7 @@ static mp_status check_llmc_file(mp_llmc_reader *r, mp_error *err) {
   return MP_OK;
 }
 
-mp_status mp_llmc_reader_open(const mp_gpt_layout *layout, const char *path,
+mp_status mp_llmc_reader_open(const mp_param_layout *layout, const char *path,
                               mp_llmc_reader **out, mp_error *err) {
   *out = NULL;
   MP_TRY(check_llmc_family(layout, path, err));
@@ -618,7 +620,7 @@ static mp_status pread_all(const mp_llmc_reader *r, void *dest, size_t count, of
 
 mp_status mp_llmc_reader_read(mp_llmc_reader *r, int tensor, size_t first, size_t count,
                               float *dest, mp_error *err) {
-  const mp_gpt_tensor *t = mp_gpt_layout_tensor(r->layout, tensor);
+  const mp_param_tensor *t = mp_param_layout_tensor(r->layout, tensor);
   if (t == NULL || first > t->rows * t->cols || count > t->rows * t->cols - first) {
     return mp_fail(err, MP_ERR_RUNTIME, "%s: elements [%zu, +%zu) of tensor %d are outside it",
                    r->path, first, count, tensor);
@@ -653,13 +655,13 @@ mp_status mp_llmc_reader_read(mp_llmc_reader *r, int tensor, size_t first, size_
   return MP_OK;
 }
 
-mp_status mp_gpt_layout_load_llmc(const mp_gpt_layout *layout, float *params, const char *path,
+mp_status mp_param_layout_load_llmc(const mp_param_layout *layout, float *params, const char *path,
                                   mp_error *err) {
   mp_llmc_reader *reader = NULL;
   MP_TRY(mp_llmc_reader_open(layout, path, &reader, err));
   mp_status status = MP_OK;
   for (int i = 0; i < layout->num_tensors && status == MP_OK; ++i) {
-    const mp_gpt_tensor *t = &layout->tensors[i];
+    const mp_param_tensor *t = &layout->tensors[i];
     status = mp_llmc_reader_read(reader, i, 0, t->rows * t->cols, params + t->offset, err);
   }
   mp_llmc_reader_close(reader);
@@ -667,12 +669,12 @@ mp_status mp_gpt_layout_load_llmc(const mp_gpt_layout *layout, float *params, co
 }
 
 struct mp_llmc_writer {
-  const mp_gpt_layout *layout;
+  const mp_param_layout *layout;
   mp_atomic_file file;
   size_t *offsets;
 };
 
-mp_status mp_llmc_writer_open(const mp_gpt_layout *layout, const char *path,
+mp_status mp_llmc_writer_open(const mp_param_layout *layout, const char *path,
                               mp_llmc_writer **out, mp_error *err) {
   *out = NULL;
   MP_TRY(check_llmc_family(layout, path, err));
@@ -719,12 +721,12 @@ void mp_llmc_writer_abort(mp_llmc_writer *w) {
 
 /* Writes array (num_params floats, in our flat layout) under llm.c's version 3 header in llm.c's
  * tensor order, to a temporary name renamed into place: the parameters or their gradients. */
-mp_status mp_gpt_layout_save_llmc(const mp_gpt_layout *layout, const float *array,
+mp_status mp_param_layout_save_llmc(const mp_param_layout *layout, const float *array,
                                   const char *path, mp_error *err) {
   mp_llmc_writer *writer = NULL;
   MP_TRY(mp_llmc_writer_open(layout, path, &writer, err));
   for (int i = 0; i < layout->num_tensors; ++i) {
-    const mp_gpt_tensor *t = &layout->tensors[i];
+    const mp_param_tensor *t = &layout->tensors[i];
     mp_llmc_writer_write(writer, i, 0, array + t->offset, t->rows * t->cols);
   }
   return mp_llmc_writer_commit(writer, err);

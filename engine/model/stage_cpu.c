@@ -1,6 +1,7 @@
-/* engine/model/gpt_model_tp.c — one rank's shard of the GPT on a tensor-parallel group; see the header.
- * The forward and backward chain the same calls as tests/tensor_parallel's whole-model check. */
-#include "engine/model/gpt_model_tp.h"
+/* engine/model/stage_cpu.c — one rank's shard of the GPT on a tensor-parallel group; see the
+ * header. The forward and backward chain the same calls as tests/tensor_parallel's whole-model
+ * check. */
+#include "engine/model/stage_cpu.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -12,21 +13,21 @@
 #include "layers/gpt_block.h"
 #include "tensor_parallel/vocab_parallel_embedding.h"
 
-struct mp_gpt_tp {
-  mp_gpt_layout *layout; /* the one-rank layout */
-  mp_gpt_stage stage;
+struct mp_stage_cpu {
+  mp_param_layout *layout; /* the one-rank layout */
+  mp_stage_span stage;
   mp_tp_comm tp;
   bool sp;
   int B, T;
   int BTl;               /* B*T/tp with sequence parallelism, else B*T */
   int num_tensors;
-  mp_gpt_tp_tensor *tensors; /* (num_tensors,) the stage's tensors in the layout's order */
+  mp_stage_tensor *tensors; /* (num_tensors,) the stage's tensors in the layout's order */
   size_t num_params;     /* floats of this rank's shard of the stage */
   float *params;         /* (num_params,), or ZeRO-3 (sharded): the tensors outside the blocks
                             packed (outside_floats), then the held block elements
                             [held_first, held_end) of the flat layout; NULL for a stage without
                             slots, whose parameters are in its store */
-  mp_gpt_tp_param_store store; /* a stage without slots: where its parameters are (read NULL:
+  mp_stage_param_store store; /* a stage without slots: where its parameters are (read NULL:
                                   nowhere yet) */
   bool sharded;
   size_t blocks_first, blocks_end, outside_floats, held_first, held_end;
@@ -42,12 +43,12 @@ struct mp_gpt_tp {
   mp_stage_chain *chain;
 };
 
-mp_gpt_stage mp_gpt_stage_whole(int num_layers) {
-  const mp_gpt_stage stage = {true, 0, num_layers, true, true};
+mp_stage_span mp_stage_span_whole(int num_layers) {
+  const mp_stage_span stage = {true, 0, num_layers, true, true};
   return stage;
 }
 
-mp_status mp_gpt_stage_of_chain(int num_layers, int first, int end, mp_gpt_stage *out,
+mp_status mp_stage_span_of_chain(int num_layers, int first, int end, mp_stage_span *out,
                                 mp_error *err) {
   const int chain = num_layers + 3;
   if (first < 0 || end <= first || end > chain) {
@@ -67,7 +68,7 @@ mp_status mp_gpt_stage_of_chain(int num_layers, int first, int end, mp_gpt_stage
   return MP_OK;
 }
 
-void mp_gpt_tp_free(mp_gpt_tp *gpt) {
+void mp_stage_cpu_free(mp_stage_cpu *gpt) {
   if (gpt == NULL) return;
   mp_stage_chain_free(gpt->chain);
   mp_stage_kernels_cpu_free(gpt->kernels);
@@ -76,7 +77,7 @@ void mp_gpt_tp_free(mp_gpt_tp *gpt) {
   free(gpt->weight_window);
   free(gpt->params);
   free(gpt->tensors);
-  mp_gpt_layout_free(gpt->layout);
+  mp_param_layout_free(gpt->layout);
   free(gpt);
 }
 
@@ -113,26 +114,26 @@ static mp_status check_split(const mp_gpt_block_shape *s, int kv_heads, int tp,
   return MP_OK;
 }
 
-static bool stage_holds(const mp_gpt_layout *layout, const mp_gpt_stage *st, int full_index) {
-  if (full_index == mp_gpt_layout_global_index(layout, MP_GPT_WTE)) {
-    return st->embedding || (st->head && mp_gpt_layout_config(layout)->tied_head);
+static bool stage_holds(const mp_param_layout *layout, const mp_stage_span *st, int full_index) {
+  if (full_index == mp_param_layout_global_index(layout, MP_GLOBAL_WTE)) {
+    return st->embedding || (st->head && mp_param_layout_config(layout)->tied_head);
   }
-  if (full_index == mp_gpt_layout_global_index(layout, MP_GPT_LM_HEAD)) return st->head;
-  if (full_index == mp_gpt_layout_global_index(layout, MP_GPT_WPE)) return st->embedding;
-  const int layer = mp_gpt_layout_layer_of(layout, full_index);
+  if (full_index == mp_param_layout_global_index(layout, MP_GLOBAL_LM_HEAD)) return st->head;
+  if (full_index == mp_param_layout_global_index(layout, MP_GLOBAL_WPE)) return st->embedding;
+  const int layer = mp_param_layout_layer_of(layout, full_index);
   if (layer < 0) return st->final_norm;
   return layer >= st->first_layer && layer < st->first_layer + st->num_layers;
 }
 
-mp_status mp_gpt_tp_create(const mp_model *model, int micro_batch, int seq_len,
-                           const mp_tp_comm *tp, bool sequence_parallel, mp_gpt_tp **out,
+mp_status mp_stage_cpu_create(const mp_model *model, int micro_batch, int seq_len,
+                           const mp_tp_comm *tp, bool sequence_parallel, mp_stage_cpu **out,
                            mp_error *err) {
   *out = NULL;
-  mp_gpt_layout *layout = NULL;
-  MP_TRY(mp_gpt_layout_create(model, seq_len, &layout, err));
-  const mp_gpt_stage whole = mp_gpt_stage_whole(mp_gpt_layout_config(layout)->num_layers);
-  mp_gpt_layout_free(layout);
-  return mp_gpt_tp_create_stage(model, micro_batch, seq_len, tp, sequence_parallel, &whole, 1,
+  mp_param_layout *layout = NULL;
+  MP_TRY(mp_param_layout_create(model, seq_len, &layout, err));
+  const mp_stage_span whole = mp_stage_span_whole(mp_param_layout_config(layout)->num_layers);
+  mp_param_layout_free(layout);
+  return mp_stage_cpu_create_stage(model, micro_batch, seq_len, tp, sequence_parallel, &whole, 1,
                                 false, MP_RECOMPUTE_NONE, NULL, out, err);
 }
 
@@ -142,11 +143,11 @@ void mp_zero_part(size_t n, int size, int rank, size_t *first, size_t *count) {
   *count = *first + part < n ? part : n - *first;
 }
 
-mp_status mp_gpt_tp_create_stage(const mp_model *model, int micro_batch, int seq_len,
+mp_status mp_stage_cpu_create_stage(const mp_model *model, int micro_batch, int seq_len,
                                  const mp_tp_comm *tp, bool sequence_parallel,
-                                 const mp_gpt_stage *stage, int num_slots, bool deferred_weights,
-                                 mp_recompute recompute, const mp_gpt_tp_zero *zero,
-                                 mp_gpt_tp **out, mp_error *err) {
+                                 const mp_stage_span *stage, int num_slots, bool deferred_weights,
+                                 mp_recompute recompute, const mp_stage_zero *zero,
+                                 mp_stage_cpu **out, mp_error *err) {
   *out = NULL;
   const bool windowed_block_grads = zero != NULL && zero->window_block_grads;
   const bool shard_params = zero != NULL && zero->shard_block_params;
@@ -174,17 +175,17 @@ mp_status mp_gpt_tp_create_stage(const mp_model *model, int micro_batch, int seq
     return mp_fail(err, MP_ERR_INPUT, "a stage needs zero or more activation slots; got %d",
                    num_slots);
   }
-  mp_gpt_tp *gpt = calloc(1, sizeof *gpt);
+  mp_stage_cpu *gpt = calloc(1, sizeof *gpt);
   if (gpt == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory creating the model");
-  mp_status status = mp_gpt_layout_create(model, seq_len, &gpt->layout, err);
+  mp_status status = mp_param_layout_create(model, seq_len, &gpt->layout, err);
   if (status != MP_OK) {
-    mp_gpt_tp_free(gpt);
+    mp_stage_cpu_free(gpt);
     return status;
   }
-  const mp_gpt_config *c = mp_gpt_layout_config(gpt->layout);
+  const mp_model_config *c = mp_param_layout_config(gpt->layout);
   if (stage->first_layer < 0 || stage->num_layers < 0 ||
       stage->first_layer + stage->num_layers > c->num_layers) {
-    mp_gpt_tp_free(gpt);
+    mp_stage_cpu_free(gpt);
     return mp_fail(err, MP_ERR_INPUT, "%s: blocks [%d, %d) are not blocks of the model (%d)",
                    mp_model_source(model), stage->first_layer,
                    stage->first_layer + stage->num_layers, c->num_layers);
@@ -201,24 +202,25 @@ mp_status mp_gpt_tp_create_stage(const mp_model *model, int micro_batch, int seq
     mp_error inner = *err;
     mp_fail(err, status, "%s with tp = %d%s: %s", mp_model_source(model), tp->size,
             sequence_parallel ? " and sequence parallelism" : "", inner.message);
-    mp_gpt_tp_free(gpt);
+    mp_stage_cpu_free(gpt);
     return status;
   }
   gpt->BTl = sequence_parallel ? micro_batch * seq_len / tp->size : micro_batch * seq_len;
 
   /* The shard's tensor table: the stage's tensors, in the layout's order. */
-  const int all = mp_gpt_layout_num_tensors(gpt->layout);
+  const int all = mp_param_layout_num_tensors(gpt->layout);
   gpt->tensors = calloc((size_t)all, sizeof *gpt->tensors);
   if (gpt->tensors == NULL) {
-    mp_gpt_tp_free(gpt);
+    mp_stage_cpu_free(gpt);
     return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
   }
   size_t offset = 0;
   for (int i = 0; i < all; ++i) {
     if (!stage_holds(gpt->layout, stage, i)) continue;
-    mp_gpt_tp_tensor *t = &gpt->tensors[gpt->num_tensors++];
-    t->full = mp_gpt_layout_tensor(gpt->layout, i);
-    t->tied_copy = i == mp_gpt_layout_global_index(gpt->layout, MP_GPT_WTE) && !stage->embedding;
+    mp_stage_tensor *t = &gpt->tensors[gpt->num_tensors++];
+    t->full = mp_param_layout_tensor(gpt->layout, i);
+    t->tied_copy =
+        i == mp_param_layout_global_index(gpt->layout, MP_GLOBAL_WTE) && !stage->embedding;
     t->split = t->full->split;
     t->offset = offset;
     t->count = mp_tp_shard_floats(t->split, t->full->rows, t->full->cols, tp->size);
@@ -226,7 +228,7 @@ mp_status mp_gpt_tp_create_stage(const mp_model *model, int micro_batch, int seq
   }
   gpt->num_params = offset;
   size_t blocks_first = 0, blocks_end = 0, largest_block = 0;
-  mp_gpt_tp_blocks_range(gpt, &blocks_first, &blocks_end, &largest_block);
+  mp_stage_cpu_blocks_range(gpt, &blocks_first, &blocks_end, &largest_block);
   gpt->blocks_first = blocks_first;
   gpt->blocks_end = blocks_end;
   gpt->outside_floats = gpt->num_params - (blocks_end - blocks_first);
@@ -246,16 +248,17 @@ mp_status mp_gpt_tp_create_stage(const mp_model *model, int micro_batch, int seq
   /* A stage without slots keeps no host copy: its parameters live in its store (a GPU twin). */
   if (num_slots > 0) gpt->params = calloc(param_floats > 0 ? param_floats : 1, sizeof(float));
   gpt->window = mp_grad_window_for(windowed_block_grads, deferred_weights);
-  gpt->grads_floats = mp_gpt_tp_grad_array_floats(gpt, gpt->window);
+  gpt->grads_floats = mp_stage_cpu_grad_array_floats(gpt, gpt->window);
   const bool windowed = gpt->window != MP_GRAD_WINDOW_NONE;
   /* Without slots the stage only holds arrays, and its gradients live elsewhere (the GPU). */
-  if (num_slots > 0) gpt->grads = calloc(gpt->grads_floats > 0 ? gpt->grads_floats : 1, sizeof(float));
+  if (num_slots > 0)
+    gpt->grads = calloc(gpt->grads_floats > 0 ? gpt->grads_floats : 1, sizeof(float));
   if (windowed) gpt->block_window = calloc(largest_block > 0 ? largest_block : 1, sizeof(float));
   if ((num_slots > 0 && (gpt->params == NULL || gpt->grads == NULL)) ||
       (windowed && gpt->block_window == NULL) ||
       (shard_params && num_slots > 0 && gpt->weight_window == NULL)) {
     const size_t n = gpt->num_params;
-    mp_gpt_tp_free(gpt);
+    mp_stage_cpu_free(gpt);
     return mp_fail(err, MP_ERR_RUNTIME, "out of memory for a shard of %zu parameters", n);
   }
   /* Without slots the stage holds no chain (a GPU stage's host side). */
@@ -273,7 +276,7 @@ mp_status mp_gpt_tp_create_stage(const mp_model *model, int micro_batch, int seq
                                           .block_weights_window = gpt->weight_window};
     if ((status = mp_stage_kernels_cpu_create(&dims, &gpt->kernels, err)) != MP_OK ||
         (status = mp_stage_chain_create(&config, gpt->kernels, &gpt->chain, err)) != MP_OK) {
-      mp_gpt_tp_free(gpt);
+      mp_stage_cpu_free(gpt);
       return status;
     }
   }
@@ -281,32 +284,32 @@ mp_status mp_gpt_tp_create_stage(const mp_model *model, int micro_batch, int seq
   return MP_OK;
 }
 
-const mp_gpt_stage *mp_gpt_tp_stage(const mp_gpt_tp *gpt) { return &gpt->stage; }
+const mp_stage_span *mp_stage_cpu_span(const mp_stage_cpu *gpt) { return &gpt->stage; }
 
-void mp_gpt_tp_micro_batch(const mp_gpt_tp *gpt, int *micro_batch, int *seq_len) {
+void mp_stage_cpu_micro_batch(const mp_stage_cpu *gpt, int *micro_batch, int *seq_len) {
   *micro_batch = gpt->B;
   *seq_len = gpt->T;
 }
 
-size_t mp_gpt_tp_boundary_floats(const mp_gpt_tp *gpt) {
-  return (size_t)gpt->BTl * (size_t)mp_gpt_layout_config(gpt->layout)->channels;
+size_t mp_stage_cpu_boundary_floats(const mp_stage_cpu *gpt) {
+  return (size_t)gpt->BTl * (size_t)mp_param_layout_config(gpt->layout)->channels;
 }
 
-const mp_gpt_layout *mp_gpt_tp_layout(const mp_gpt_tp *gpt) { return gpt->layout; }
-const mp_tp_comm *mp_gpt_tp_comm(const mp_gpt_tp *gpt) { return &gpt->tp; }
-bool mp_gpt_tp_sequence_parallel(const mp_gpt_tp *gpt) { return gpt->sp; }
-size_t mp_gpt_tp_num_params(const mp_gpt_tp *gpt) { return gpt->num_params; }
-float *mp_gpt_tp_params(mp_gpt_tp *gpt) { return gpt->params; }
-size_t mp_gpt_tp_params_floats(const mp_gpt_tp *gpt) {
+const mp_param_layout *mp_stage_cpu_layout(const mp_stage_cpu *gpt) { return gpt->layout; }
+const mp_tp_comm *mp_stage_cpu_comm(const mp_stage_cpu *gpt) { return &gpt->tp; }
+bool mp_stage_cpu_sequence_parallel(const mp_stage_cpu *gpt) { return gpt->sp; }
+size_t mp_stage_cpu_num_params(const mp_stage_cpu *gpt) { return gpt->num_params; }
+float *mp_stage_cpu_params(mp_stage_cpu *gpt) { return gpt->params; }
+size_t mp_stage_cpu_params_floats(const mp_stage_cpu *gpt) {
   return gpt->sharded ? gpt->outside_floats + (gpt->held_end - gpt->held_first) : gpt->num_params;
 }
-float *mp_gpt_tp_grads(mp_gpt_tp *gpt) { return gpt->grads; }
-bool mp_gpt_tp_sharded_params(const mp_gpt_tp *gpt) { return gpt->sharded; }
+float *mp_stage_cpu_grads(mp_stage_cpu *gpt) { return gpt->grads; }
+bool mp_stage_cpu_sharded_params(const mp_stage_cpu *gpt) { return gpt->sharded; }
 
 /* The stretch of the stored parameters holding flat element `flat`: its first flat element, its
  * end, and where the first is stored (an index of the stored array, the host's or the store's);
  * false when the stage does not hold the element. */
-static bool param_stretch(const mp_gpt_tp *gpt, size_t flat, size_t *first, size_t *end,
+static bool param_stretch(const mp_stage_cpu *gpt, size_t flat, size_t *first, size_t *end,
                           size_t *stored) {
   if (!gpt->sharded) {
     if (flat >= gpt->num_params) return false;
@@ -325,21 +328,21 @@ static bool param_stretch(const mp_gpt_tp *gpt, size_t flat, size_t *first, size
   return flat < gpt->num_params;
 }
 
-bool mp_gpt_tp_params_index(const mp_gpt_tp *gpt, size_t first, size_t count, size_t *at) {
+bool mp_stage_cpu_params_index(const mp_stage_cpu *gpt, size_t first, size_t count, size_t *at) {
   size_t lo = 0, hi = 0, stored = 0;
   if (!param_stretch(gpt, first, &lo, &hi, &stored) || first + count > hi) return false;
   *at = stored + (first - lo);
   return true;
 }
 
-float *mp_gpt_tp_params_at(mp_gpt_tp *gpt, size_t first, size_t count) {
+float *mp_stage_cpu_params_at(mp_stage_cpu *gpt, size_t first, size_t count) {
   size_t at = 0;
-  if (gpt->params == NULL || !mp_gpt_tp_params_index(gpt, first, count, &at)) return NULL;
+  if (gpt->params == NULL || !mp_stage_cpu_params_index(gpt, first, count, &at)) return NULL;
   return gpt->params + at;
 }
 
-void mp_gpt_tp_held_params(const mp_gpt_tp *gpt, int index, size_t *first, size_t *count) {
-  const mp_gpt_tp_tensor *t = &gpt->tensors[index];
+void mp_stage_cpu_held_params(const mp_stage_cpu *gpt, int index, size_t *first, size_t *count) {
+  const mp_stage_tensor *t = &gpt->tensors[index];
   size_t lo = t->offset, hi = t->offset + t->count;
   const bool block = t->offset >= gpt->blocks_first && t->offset < gpt->blocks_end;
   if (gpt->sharded && block) {
@@ -352,7 +355,7 @@ void mp_gpt_tp_held_params(const mp_gpt_tp *gpt, int index, size_t *first, size_
   *count = hi - lo;
 }
 
-mp_status mp_gpt_tp_set_param_store(mp_gpt_tp *gpt, const mp_gpt_tp_param_store *store,
+mp_status mp_stage_cpu_set_param_store(mp_stage_cpu *gpt, const mp_stage_param_store *store,
                                     mp_error *err) {
   if (gpt->chain != NULL) {
     return mp_fail(err, MP_ERR_INPUT,
@@ -364,16 +367,16 @@ mp_status mp_gpt_tp_set_param_store(mp_gpt_tp *gpt, const mp_gpt_tp_param_store 
   return MP_OK;
 }
 
-static mp_status need_storage(const mp_gpt_tp *gpt, mp_error *err) {
+static mp_status need_storage(const mp_stage_cpu *gpt, mp_error *err) {
   if (gpt->params != NULL || gpt->store.read != NULL) return MP_OK;
   return mp_fail(err, MP_ERR_INPUT,
                  "the stage keeps no parameters: a stage without activation slots holds them in "
-                 "its GPU twin (mp_gpt_stage_gpu_create), and none was made");
+                 "its GPU twin (mp_stage_gpu_create), and none was made");
 }
 
 /* Moves flat elements [first, first + count) between host memory (dest or src) and where the
  * stage keeps them, stretch by stretch. */
-static mp_status move_params(mp_gpt_tp *gpt, size_t first, size_t count, float *dest,
+static mp_status move_params(mp_stage_cpu *gpt, size_t first, size_t count, float *dest,
                              const float *src, mp_error *err) {
   MP_TRY(need_storage(gpt, err));
   size_t at = first;
@@ -400,64 +403,67 @@ static mp_status move_params(mp_gpt_tp *gpt, size_t first, size_t count, float *
   return MP_OK;
 }
 
-mp_status mp_gpt_tp_read_params(mp_gpt_tp *gpt, size_t first, size_t count, float *dest,
+mp_status mp_stage_cpu_read_params(mp_stage_cpu *gpt, size_t first, size_t count, float *dest,
                                 mp_error *err) {
   return move_params(gpt, first, count, dest, NULL, err);
 }
 
-mp_status mp_gpt_tp_write_params(mp_gpt_tp *gpt, size_t first, size_t count, const float *src,
+mp_status mp_stage_cpu_write_params(mp_stage_cpu *gpt, size_t first, size_t count, const float *src,
                                  mp_error *err) {
   return move_params(gpt, first, count, NULL, src, err);
 }
-mp_grad_window mp_gpt_tp_grad_window(const mp_gpt_tp *gpt) { return gpt->window; }
+mp_grad_window mp_stage_cpu_grad_window(const mp_stage_cpu *gpt) { return gpt->window; }
 
 mp_grad_window mp_grad_window_for(bool windowed_block_grads, bool deferred_weights) {
   if (!windowed_block_grads) return MP_GRAD_WINDOW_NONE;
   return deferred_weights ? MP_GRAD_WINDOW_BLOCK_WEIGHTS : MP_GRAD_WINDOW_BLOCKS;
 }
 
-bool mp_gpt_tp_grad_in_window(const mp_gpt_tp *gpt, int index, mp_grad_window window) {
+bool mp_stage_cpu_grad_in_window(const mp_stage_cpu *gpt, int index, mp_grad_window window) {
   const int L = gpt->stage.num_layers;
   if (window == MP_GRAD_WINDOW_NONE || L == 0) return false;
-  const int per_block = mp_gpt_layout_tensors_per_block(gpt->layout);
-  const int lo = mp_gpt_layout_block_index(gpt->layout, gpt->stage.first_layer, MP_BLOCK_LN1_WEIGHT);
-  const int full = (int)(gpt->tensors[index].full - mp_gpt_layout_tensor(gpt->layout, 0));
+  const int per_block = mp_param_layout_tensors_per_block(gpt->layout);
+  const int lo =
+      mp_param_layout_block_index(gpt->layout, gpt->stage.first_layer, MP_BLOCK_LN1_WEIGHT);
+  const int full = (int)(gpt->tensors[index].full - mp_param_layout_tensor(gpt->layout, 0));
   if (full < lo || full >= lo + L * per_block) return false;
   if (window == MP_GRAD_WINDOW_BLOCKS) return true;
   /* The GEMM weights W forms (stage_chain.c's block_backward_weights). */
-  static const mp_gpt_block_tensor kWeights[] = {
+  static const mp_block_tensor kWeights[] = {
       MP_BLOCK_QKV_WEIGHT, MP_BLOCK_K_WEIGHT,  MP_BLOCK_V_WEIGHT,      MP_BLOCK_ATTN_PROJ_WEIGHT,
       MP_BLOCK_FC_WEIGHT,  MP_BLOCK_UP_WEIGHT, MP_BLOCK_FC_PROJ_WEIGHT};
   const int layer = gpt->stage.first_layer + (full - lo) / per_block;
   for (size_t r = 0; r < sizeof kWeights / sizeof kWeights[0]; ++r) {
-    if (mp_gpt_layout_block_index(gpt->layout, layer, kWeights[r]) == full) return true;
+    if (mp_param_layout_block_index(gpt->layout, layer, kWeights[r]) == full) return true;
   }
   return false;
 }
 
-size_t mp_gpt_tp_grad_array_floats(const mp_gpt_tp *gpt, mp_grad_window window) {
+size_t mp_stage_cpu_grad_array_floats(const mp_stage_cpu *gpt, mp_grad_window window) {
   size_t floats = 0;
   for (int i = 0; i < gpt->num_tensors; ++i) {
-    if (!mp_gpt_tp_grad_in_window(gpt, i, window)) floats += gpt->tensors[i].count;
+    if (!mp_stage_cpu_grad_in_window(gpt, i, window)) floats += gpt->tensors[i].count;
   }
   return floats;
 }
-size_t mp_gpt_tp_grads_floats(const mp_gpt_tp *gpt) {
+size_t mp_stage_cpu_grads_floats(const mp_stage_cpu *gpt) {
   return gpt->grads != NULL ? gpt->grads_floats : 0;
 }
 
-void mp_gpt_tp_blocks_range(const mp_gpt_tp *gpt, size_t *first, size_t *end, size_t *largest) {
+void mp_stage_cpu_blocks_range(const mp_stage_cpu *gpt, size_t *first, size_t *end,
+                               size_t *largest) {
   *first = *end = *largest = 0;
   const int L = gpt->stage.num_layers;
   if (L == 0) return;
-  const int per_block = mp_gpt_layout_tensors_per_block(gpt->layout);
-  const int lo = mp_gpt_layout_block_index(gpt->layout, gpt->stage.first_layer, MP_BLOCK_LN1_WEIGHT);
-  const mp_gpt_tensor *base = mp_gpt_layout_tensor(gpt->layout, 0);
+  const int per_block = mp_param_layout_tensors_per_block(gpt->layout);
+  const int lo =
+      mp_param_layout_block_index(gpt->layout, gpt->stage.first_layer, MP_BLOCK_LN1_WEIGHT);
+  const mp_param_tensor *base = mp_param_layout_tensor(gpt->layout, 0);
   bool found = false;
   size_t block_floats = 0;
   int block = -1;
   for (int i = 0; i < gpt->num_tensors; ++i) {
-    const mp_gpt_tp_tensor *t = &gpt->tensors[i];
+    const mp_stage_tensor *t = &gpt->tensors[i];
     const int full = (int)(t->full - base);
     if (full < lo || full >= lo + L * per_block) continue;
     if (!found) *first = t->offset;
@@ -472,28 +478,28 @@ void mp_gpt_tp_blocks_range(const mp_gpt_tp *gpt, size_t *first, size_t *end, si
   }
 }
 
-bool mp_gpt_tp_grad_offset(const mp_gpt_tp *gpt, int index, mp_grad_window window,
+bool mp_stage_cpu_grad_offset(const mp_stage_cpu *gpt, int index, mp_grad_window window,
                            size_t *offset) {
-  if (index < 0 || index >= gpt->num_tensors || mp_gpt_tp_grad_in_window(gpt, index, window)) {
+  if (index < 0 || index >= gpt->num_tensors || mp_stage_cpu_grad_in_window(gpt, index, window)) {
     return false;
   }
   size_t packed = 0;
   for (int i = 0; i < index; ++i) {
-    if (!mp_gpt_tp_grad_in_window(gpt, i, window)) packed += gpt->tensors[i].count;
+    if (!mp_stage_cpu_grad_in_window(gpt, i, window)) packed += gpt->tensors[i].count;
   }
   *offset = packed;
   return true;
 }
 
-float *mp_gpt_tp_tensor_grad(mp_gpt_tp *gpt, int index) {
+float *mp_stage_cpu_tensor_grad(mp_stage_cpu *gpt, int index) {
   size_t offset = 0;
-  if (gpt->grads == NULL || !mp_gpt_tp_grad_offset(gpt, index, gpt->window, &offset)) {
+  if (gpt->grads == NULL || !mp_stage_cpu_grad_offset(gpt, index, gpt->window, &offset)) {
     return NULL;
   }
   return gpt->grads + offset;
 }
 
-mp_status mp_gpt_tp_alloc_grads(mp_gpt_tp *gpt, mp_error *err) {
+mp_status mp_stage_cpu_alloc_grads(mp_stage_cpu *gpt, mp_error *err) {
   if (gpt->grads != NULL) return MP_OK;
   gpt->grads = calloc(gpt->num_params > 0 ? gpt->num_params : 1, sizeof(float));
   if (gpt->grads == NULL) {
@@ -502,8 +508,8 @@ mp_status mp_gpt_tp_alloc_grads(mp_gpt_tp *gpt, mp_error *err) {
   }
   return MP_OK;
 }
-int mp_gpt_tp_num_tensors(const mp_gpt_tp *gpt) { return gpt->num_tensors; }
-const mp_gpt_tp_tensor *mp_gpt_tp_tensor_at(const mp_gpt_tp *gpt, int index) {
+int mp_stage_cpu_num_tensors(const mp_stage_cpu *gpt) { return gpt->num_tensors; }
+const mp_stage_tensor *mp_stage_cpu_tensor_at(const mp_stage_cpu *gpt, int index) {
   return &gpt->tensors[index];
 }
 
@@ -524,16 +530,16 @@ enum { STORE_PIECE_FLOATS = 1 << 18 };
  * block's part of it is a partial row, whole rows and a partial row. With a store (no host
  * array) each rectangle is at most STORE_PIECE_FLOATS, filled in a buffer and then written to
  * the store, so that no host array of the shard exists. */
-typedef mp_status (*held_rect_visit)(mp_gpt_tp *gpt, const mp_gpt_tp_tensor *t,
+typedef mp_status (*held_rect_visit)(mp_stage_cpu *gpt, const mp_stage_tensor *t,
                                      const held_rect *rect, void *context, mp_error *err);
 
-static mp_status visit_held_rects(mp_gpt_tp *gpt, held_rect_visit visit, void *context,
+static mp_status visit_held_rects(mp_stage_cpu *gpt, held_rect_visit visit, void *context,
                                   float *piece, mp_error *err) {
   const size_t cap = piece != NULL ? STORE_PIECE_FLOATS : SIZE_MAX;
   for (int i = 0; i < gpt->num_tensors; ++i) {
-    const mp_gpt_tp_tensor *t = &gpt->tensors[i];
+    const mp_stage_tensor *t = &gpt->tensors[i];
     size_t held_first = 0, held_count = 0;
-    mp_gpt_tp_held_params(gpt, i, &held_first, &held_count);
+    mp_stage_cpu_held_params(gpt, i, &held_first, &held_count);
     if (held_count == 0) continue;
     mp_tp_shard_block blocks[MP_TP_SHARD_MAX_BLOCKS];
     int count = 0;
@@ -563,9 +569,9 @@ static mp_status visit_held_rects(mp_gpt_tp *gpt, held_rect_visit visit, void *c
         }
         const size_t flat = t->offset + b->shard_offset + a;
         held_rect rect = {b->row_offset + row, rows, b->col_offset + col, cols, piece};
-        if (piece == NULL) rect.dest = mp_gpt_tp_params_at(gpt, flat, rows * cols);
+        if (piece == NULL) rect.dest = mp_stage_cpu_params_at(gpt, flat, rows * cols);
         MP_TRY(visit(gpt, t, &rect, context, err));
-        if (piece != NULL) MP_TRY(mp_gpt_tp_write_params(gpt, flat, rows * cols, piece, err));
+        if (piece != NULL) MP_TRY(mp_stage_cpu_write_params(gpt, flat, rows * cols, piece, err));
         a += rows * cols;
       }
     }
@@ -573,7 +579,7 @@ static mp_status visit_held_rects(mp_gpt_tp *gpt, held_rect_visit visit, void *c
   return MP_OK;
 }
 
-static mp_status for_each_held_rect(mp_gpt_tp *gpt, held_rect_visit visit, void *context,
+static mp_status for_each_held_rect(mp_stage_cpu *gpt, held_rect_visit visit, void *context,
                                     mp_error *err) {
   if (gpt->params != NULL) return visit_held_rects(gpt, visit, context, NULL, err);
   MP_TRY(need_storage(gpt, err));
@@ -584,39 +590,39 @@ static mp_status for_each_held_rect(mp_gpt_tp *gpt, held_rect_visit visit, void 
   return status;
 }
 
-static mp_status init_block(mp_gpt_tp *gpt, const mp_gpt_tp_tensor *t, const held_rect *r,
+static mp_status init_block(mp_stage_cpu *gpt, const mp_stage_tensor *t, const held_rect *r,
                             void *context, mp_error *err) {
   (void)err;
-  mp_gpt_tensor_init_block(gpt->layout, t->full, r->dest, r->rows, r->cols, r->row_offset,
+  mp_param_tensor_init_block(gpt->layout, t->full, r->dest, r->rows, r->cols, r->row_offset,
                            r->col_offset, *(const uint64_t *)context);
   return MP_OK;
 }
 
-mp_status mp_gpt_tp_init_params(mp_gpt_tp *gpt, uint64_t seed, mp_error *err) {
+mp_status mp_stage_cpu_init_params(mp_stage_cpu *gpt, uint64_t seed, mp_error *err) {
   return for_each_held_rect(gpt, init_block, &seed, err);
 }
 
 typedef struct {
-  mp_gpt_tp_fill_fn fill;
+  mp_stage_fill_fn fill;
   void *context;
 } fill_call;
 
-static mp_status fill_block(mp_gpt_tp *gpt, const mp_gpt_tp_tensor *t, const held_rect *r,
+static mp_status fill_block(mp_stage_cpu *gpt, const mp_stage_tensor *t, const held_rect *r,
                             void *context, mp_error *err) {
   const fill_call *call = context;
-  const mp_gpt_tensor *first = mp_gpt_layout_tensor(gpt->layout, 0);
+  const mp_param_tensor *first = mp_param_layout_tensor(gpt->layout, 0);
   return call->fill(call->context, (int)(t->full - first), r->row_offset, r->rows, r->col_offset,
                     r->cols, r->dest, err);
 }
 
-mp_status mp_gpt_tp_fill_params(mp_gpt_tp *gpt, mp_gpt_tp_fill_fn fill, void *context,
+mp_status mp_stage_cpu_fill_params(mp_stage_cpu *gpt, mp_stage_fill_fn fill, void *context,
                                 mp_error *err) {
   fill_call call = {fill, context};
   return for_each_held_rect(gpt, fill_block, &call, err);
 }
 
 /* full (one-rank layout) = every rank's shard of `shard` put back, on every rank. */
-static mp_status gather_all(mp_gpt_tp *gpt, const float *shard, float *full, mp_error *err) {
+static mp_status gather_all(mp_stage_cpu *gpt, const float *shard, float *full, mp_error *err) {
   const size_t P = (size_t)gpt->tp.size;
   size_t largest = 0;
   for (int i = 0; i < gpt->num_tensors; ++i) {
@@ -626,7 +632,7 @@ static mp_status gather_all(mp_gpt_tp *gpt, const float *shard, float *full, mp_
   if (gathered == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory gathering parameters");
   mp_status status = MP_OK;
   for (int i = 0; i < gpt->num_tensors && status == MP_OK; ++i) {
-    const mp_gpt_tp_tensor *t = &gpt->tensors[i];
+    const mp_stage_tensor *t = &gpt->tensors[i];
     if (t->tied_copy) continue;
     if (t->split == MP_TP_REPLICATED) {
       memcpy(full + t->full->offset, shard + t->offset, t->count * sizeof(float));
@@ -642,7 +648,7 @@ static mp_status gather_all(mp_gpt_tp *gpt, const float *shard, float *full, mp_
   return status;
 }
 
-mp_status mp_gpt_tp_gather_params(mp_gpt_tp *gpt, float *full, mp_error *err) {
+mp_status mp_stage_cpu_gather_params(mp_stage_cpu *gpt, float *full, mp_error *err) {
   if (gpt->sharded) {
     return mp_fail(err, MP_ERR_INPUT,
                    "gathering the parameters: the stage's block parameters are sharded over dp "
@@ -656,7 +662,7 @@ mp_status mp_gpt_tp_gather_params(mp_gpt_tp *gpt, float *full, mp_error *err) {
   return gather_all(gpt, gpt->params, full, err);
 }
 
-static mp_status refuse_windowed(const mp_gpt_tp *gpt, const char *what, mp_error *err) {
+static mp_status refuse_windowed(const mp_stage_cpu *gpt, const char *what, mp_error *err) {
   if (gpt->window == MP_GRAD_WINDOW_NONE) return MP_OK;
   return mp_fail(err, MP_ERR_INPUT,
                  "%s: the stage's block gradients are windowed (ZeRO-2): each dp rank keeps its "
@@ -664,25 +670,25 @@ static mp_status refuse_windowed(const mp_gpt_tp *gpt, const char *what, mp_erro
                  what);
 }
 
-mp_status mp_gpt_tp_gather_grads(mp_gpt_tp *gpt, float *full, mp_error *err) {
+mp_status mp_stage_cpu_gather_grads(mp_stage_cpu *gpt, float *full, mp_error *err) {
   MP_TRY(refuse_windowed(gpt, "gathering the gradients", err));
-  MP_TRY(mp_gpt_tp_alloc_grads(gpt, err));
+  MP_TRY(mp_stage_cpu_alloc_grads(gpt, err));
   return gather_all(gpt, gpt->grads, full, err);
 }
 
-void mp_gpt_tp_zero_grads(mp_gpt_tp *gpt) {
+void mp_stage_cpu_zero_grads(mp_stage_cpu *gpt) {
   if (gpt->grads != NULL) memset(gpt->grads, 0, gpt->grads_floats * sizeof(float));
 }
 
-static mp_status need_chain(const mp_gpt_tp *gpt, mp_error *err) {
+static mp_status need_chain(const mp_stage_cpu *gpt, mp_error *err) {
   if (gpt->chain != NULL) return MP_OK;
   return mp_fail(err, MP_ERR_INPUT, "a stage without activation slots runs no forward "
                                     "or backward");
 }
 
-mp_stage_chain *mp_gpt_tp_chain(mp_gpt_tp *gpt) { return gpt->chain; }
+mp_stage_chain *mp_stage_cpu_chain(mp_stage_cpu *gpt) { return gpt->chain; }
 
-mp_status mp_gpt_tp_forward_stage(mp_gpt_tp *gpt, int slot, const int32_t *inputs,
+mp_status mp_stage_cpu_forward_stage(mp_stage_cpu *gpt, int slot, const int32_t *inputs,
                                   const int32_t *targets, const float *input, float *output,
                                   float dloss, double *loss, mp_error *err) {
   MP_TRY(need_chain(gpt, err));
@@ -690,33 +696,33 @@ mp_status mp_gpt_tp_forward_stage(mp_gpt_tp *gpt, int slot, const int32_t *input
                                 err);
 }
 
-mp_status mp_gpt_tp_backward_stage(mp_gpt_tp *gpt, int slot, const float *doutput, float *dinput,
-                                   bool defer_weights, mp_error *err) {
+mp_status mp_stage_cpu_backward_stage(mp_stage_cpu *gpt, int slot, const float *doutput,
+                                      float *dinput, bool defer_weights, mp_error *err) {
   MP_TRY(need_chain(gpt, err));
   return mp_stage_chain_backward(gpt->chain, slot, doutput, dinput, defer_weights, err);
 }
 
-mp_status mp_gpt_tp_forward(mp_gpt_tp *gpt, const int32_t *inputs, const int32_t *targets,
+mp_status mp_stage_cpu_forward(mp_stage_cpu *gpt, const int32_t *inputs, const int32_t *targets,
                             float dloss, double *loss, mp_error *err) {
   MP_TRY(need_chain(gpt, err));
   mp_stage_chain_discard(gpt->chain, 0); /* an evaluation's forward starts over */
-  return mp_gpt_tp_forward_stage(gpt, 0, inputs, targets, NULL, NULL, dloss, loss, err);
+  return mp_stage_cpu_forward_stage(gpt, 0, inputs, targets, NULL, NULL, dloss, loss, err);
 }
 
-mp_status mp_gpt_tp_backward(mp_gpt_tp *gpt, mp_error *err) {
-  return mp_gpt_tp_backward_stage(gpt, 0, NULL, NULL, false, err);
+mp_status mp_stage_cpu_backward(mp_stage_cpu *gpt, mp_error *err) {
+  return mp_stage_cpu_backward_stage(gpt, 0, NULL, NULL, false, err);
 }
 
-mp_status mp_gpt_tp_finish_grads(mp_gpt_tp *gpt, mp_error *err) {
+mp_status mp_stage_cpu_finish_grads(mp_stage_cpu *gpt, mp_error *err) {
   MP_TRY(need_chain(gpt, err));
   return mp_stage_chain_finish_grads(gpt->chain, err);
 }
 
-mp_status mp_gpt_tp_norm_from_squares(const mp_gpt_tp *gpt, const double *squares, double *out,
-                                      mp_error *err) {
+mp_status mp_stage_cpu_norm_from_squares(const mp_stage_cpu *gpt, const double *squares,
+                                         double *out, mp_error *err) {
   double replicated = 0.0, sharded = 0.0;
   for (int i = 0; i < gpt->num_tensors; ++i) {
-    const mp_gpt_tp_tensor *t = &gpt->tensors[i];
+    const mp_stage_tensor *t = &gpt->tensors[i];
     if (t->tied_copy) continue;
     if (t->split == MP_TP_REPLICATED) {
       replicated += squares[i];
@@ -729,16 +735,16 @@ mp_status mp_gpt_tp_norm_from_squares(const mp_gpt_tp *gpt, const double *square
   return MP_OK;
 }
 
-mp_status mp_gpt_tp_grad_norm_squared(mp_gpt_tp *gpt, double *out, mp_error *err) {
+mp_status mp_stage_cpu_grad_norm_squared(mp_stage_cpu *gpt, double *out, mp_error *err) {
   MP_TRY(refuse_windowed(gpt, "the gradient norm", err));
-  MP_TRY(mp_gpt_tp_alloc_grads(gpt, err));
+  MP_TRY(mp_stage_cpu_alloc_grads(gpt, err));
   double *squares = malloc((size_t)(gpt->num_tensors > 0 ? gpt->num_tensors : 1) * sizeof(double));
   if (squares == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
   for (int i = 0; i < gpt->num_tensors; ++i) {
-    const mp_gpt_tp_tensor *t = &gpt->tensors[i];
+    const mp_stage_tensor *t = &gpt->tensors[i];
     squares[i] = mp_grad_norm_squared_cpu(gpt->grads + t->offset, t->count);
   }
-  const mp_status status = mp_gpt_tp_norm_from_squares(gpt, squares, out, err);
+  const mp_status status = mp_stage_cpu_norm_from_squares(gpt, squares, out, err);
   free(squares);
   return status;
 }
@@ -747,7 +753,7 @@ mp_status mp_gpt_tp_grad_norm_squared(mp_gpt_tp *gpt, double *out, mp_error *err
 
 struct mp_gpt {
   mp_tp_comm single; /* the stage keeps a copy; it has no context to outlive */
-  mp_gpt_tp *stage;
+  mp_stage_cpu *stage;
 };
 
 mp_status mp_gpt_create(const mp_model *model, int micro_batch, int seq_len, mp_gpt **out,
@@ -757,7 +763,7 @@ mp_status mp_gpt_create(const mp_model *model, int micro_batch, int seq_len, mp_
   if (gpt == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory creating the model");
   gpt->single = mp_tp_comm_single();
   const mp_status status =
-      mp_gpt_tp_create(model, micro_batch, seq_len, &gpt->single, false, &gpt->stage, err);
+      mp_stage_cpu_create(model, micro_batch, seq_len, &gpt->single, false, &gpt->stage, err);
   if (status != MP_OK) {
     free(gpt);
     return status;
@@ -768,56 +774,59 @@ mp_status mp_gpt_create(const mp_model *model, int micro_batch, int seq_len, mp_
 
 void mp_gpt_free(mp_gpt *gpt) {
   if (gpt == NULL) return;
-  mp_gpt_tp_free(gpt->stage);
+  mp_stage_cpu_free(gpt->stage);
   free(gpt);
 }
 
-const mp_gpt_layout *mp_gpt_get_layout(const mp_gpt *gpt) { return gpt->stage->layout; }
-const mp_gpt_config *mp_gpt_get_config(const mp_gpt *gpt) {
-  return mp_gpt_layout_config(gpt->stage->layout);
+const mp_param_layout *mp_gpt_get_layout(const mp_gpt *gpt) { return gpt->stage->layout; }
+const mp_model_config *mp_gpt_get_config(const mp_gpt *gpt) {
+  return mp_param_layout_config(gpt->stage->layout);
 }
 size_t mp_gpt_num_params(const mp_gpt *gpt) { return gpt->stage->num_params; }
 float *mp_gpt_params(mp_gpt *gpt) { return gpt->stage->params; }
 float *mp_gpt_grads(mp_gpt *gpt) { return gpt->stage->grads; }
-int mp_gpt_num_tensors(const mp_gpt *gpt) { return mp_gpt_layout_num_tensors(gpt->stage->layout); }
-
-const mp_gpt_tensor *mp_gpt_tensor_at(const mp_gpt *gpt, int index) {
-  return mp_gpt_layout_tensor(gpt->stage->layout, index);
+int mp_gpt_num_tensors(const mp_gpt *gpt) {
+  return mp_param_layout_num_tensors(gpt->stage->layout);
 }
 
-const mp_gpt_tensor *mp_gpt_find_tensor(const mp_gpt *gpt, const char *name) {
+const mp_param_tensor *mp_gpt_tensor_at(const mp_gpt *gpt, int index) {
+  return mp_param_layout_tensor(gpt->stage->layout, index);
+}
+
+const mp_param_tensor *mp_gpt_find_tensor(const mp_gpt *gpt, const char *name) {
   for (int i = 0; i < mp_gpt_num_tensors(gpt); ++i) {
-    const mp_gpt_tensor *t = mp_gpt_tensor_at(gpt, i);
+    const mp_param_tensor *t = mp_gpt_tensor_at(gpt, i);
     if (strcmp(t->name, name) == 0) return t;
   }
   return NULL;
 }
 
 void mp_gpt_init_params(mp_gpt *gpt, uint64_t seed) {
-  mp_gpt_layout_init_params(gpt->stage->layout, gpt->stage->params, seed);
+  mp_param_layout_init_params(gpt->stage->layout, gpt->stage->params, seed);
 }
 
-void mp_gpt_zero_grads(mp_gpt *gpt) { mp_gpt_tp_zero_grads(gpt->stage); }
+void mp_gpt_zero_grads(mp_gpt *gpt) { mp_stage_cpu_zero_grads(gpt->stage); }
 
 double mp_gpt_forward(mp_gpt *gpt, const int32_t *inputs, const int32_t *targets, float dloss) {
   mp_error err = MP_ERROR_INITIALIZER;
   double loss = 0.0;
-  return mp_gpt_tp_forward(gpt->stage, inputs, targets, dloss, &loss, &err) == MP_OK ? loss : NAN;
+  return mp_stage_cpu_forward(gpt->stage, inputs, targets, dloss, &loss, &err) == MP_OK ? loss
+                                                                                        : NAN;
 }
 
 void mp_gpt_backward(mp_gpt *gpt) {
   mp_error err = MP_ERROR_INITIALIZER;
-  (void)mp_gpt_tp_backward(gpt->stage, &err);
+  (void)mp_stage_cpu_backward(gpt->stage, &err);
 }
 
 mp_status mp_gpt_load_llmc(mp_gpt *gpt, const char *path, mp_error *err) {
-  return mp_gpt_layout_load_llmc(gpt->stage->layout, gpt->stage->params, path, err);
+  return mp_param_layout_load_llmc(gpt->stage->layout, gpt->stage->params, path, err);
 }
 
 mp_status mp_gpt_save_llmc(const mp_gpt *gpt, const char *path, mp_error *err) {
-  return mp_gpt_layout_save_llmc(gpt->stage->layout, gpt->stage->params, path, err);
+  return mp_param_layout_save_llmc(gpt->stage->layout, gpt->stage->params, path, err);
 }
 
 mp_status mp_gpt_save_llmc_gradients(const mp_gpt *gpt, const char *path, mp_error *err) {
-  return mp_gpt_layout_save_llmc(gpt->stage->layout, gpt->stage->grads, path, err);
+  return mp_param_layout_save_llmc(gpt->stage->layout, gpt->stage->grads, path, err);
 }

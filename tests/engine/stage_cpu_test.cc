@@ -1,6 +1,6 @@
-// tests/engine/gpt_model_tp_test.cc — engine/model/gpt_model_tp.h and the tensor-parallel trainer
+// tests/engine/stage_cpu_test.cc — engine/model/stage_cpu.h and the tensor-parallel trainer
 // against the one-rank model and trainer, under mpirun with 1, 2 and 4 ranks
-// (gpt_model_tp_test.sh); the group of all ranks is the tensor-parallel group.
+// (stage_cpu_test.sh); the group of all ranks is the tensor-parallel group.
 //
 // DESIGN.md's principle 2 (parallel equals serial) for the model the runtime trains: the shard
 // starts from the one-rank numbers (exactly), two accumulated micro-batches give the one-rank loss
@@ -21,8 +21,8 @@
 
 #include "engine/comm/comm.h"
 #include "engine/data/data_loader.h"
-#include "engine/model/gpt_model.h"
-#include "engine/model/gpt_model_tp.h"
+#include "engine/model/param_layout.h"
+#include "engine/model/stage_cpu.h"
 #include "engine/data/markov_source.h"
 #include "engine/model/stage_chain.h"
 #include "engine/comm/tp_comm_mpi.h"
@@ -116,17 +116,17 @@ std::string Where(bool sp) {
 struct Models {
   mp_model *model = nullptr;
   mp_gpt *one = nullptr;
-  mp_gpt_tp *shard = nullptr;
+  mp_stage_cpu *shard = nullptr;
   mp_error err = MP_ERROR_INITIALIZER;
   ~Models() {
-    mp_gpt_tp_free(shard);
+    mp_stage_cpu_free(shard);
     mp_gpt_free(one);
     mp_model_free(model);
   }
   bool make(bool sp, const char *text = kModel) {
     return mp_model_parse_text(text, "tp-test.json", &model, &err) == MP_OK &&
            mp_gpt_create(model, kB, kT, &one, &err) == MP_OK &&
-           mp_gpt_tp_create(model, kB, kT, &g_tp, sp, &shard, &err) == MP_OK;
+           mp_stage_cpu_create(model, kB, kT, &g_tp, sp, &shard, &err) == MP_OK;
   }
 };
 
@@ -134,20 +134,21 @@ void CheckStart(bool sp, const char *text = kModel) {
   Models m;
   ASSERT_TRUE(m.make(sp, text)) << m.err.message;
   mp_gpt_init_params(m.one, 1337);
-  ASSERT_EQ(MP_OK, mp_gpt_tp_init_params(m.shard, 1337, &m.err)) << m.err.message;
+  ASSERT_EQ(MP_OK, mp_stage_cpu_init_params(m.shard, 1337, &m.err)) << m.err.message;
   const float *full = mp_gpt_params(m.one);
-  for (int i = 0; i < mp_gpt_tp_num_tensors(m.shard); i++) {
-    const mp_gpt_tp_tensor *t = mp_gpt_tp_tensor_at(m.shard, i);
+  for (int i = 0; i < mp_stage_cpu_num_tensors(m.shard); i++) {
+    const mp_stage_tensor *t = mp_stage_cpu_tensor_at(m.shard, i);
     fvec expected(t->count);
     ASSERT_EQ(MP_OK, mp_tp_shard_extract(expected.data(), full + t->full->offset, t->split,
                                          t->full->rows, t->full->cols, g_tp.rank, g_tp.size,
                                          &m.err));
     EXPECT_TRUE(Close(std::string("initial ") + t->full->name + Where(sp),
-                      mp_gpt_tp_params(m.shard) + t->offset, expected.data(), t->count, 0.0));
+                      mp_stage_cpu_params(m.shard) + t->offset, expected.data(), t->count, 0.0));
   }
   fvec gathered(mp_gpt_num_params(m.one));
-  ASSERT_EQ(MP_OK, mp_gpt_tp_gather_params(m.shard, gathered.data(), &m.err)) << m.err.message;
-  EXPECT_TRUE(Close("gathered parameters" + Where(sp), gathered.data(), full, gathered.size(), 0.0));
+  ASSERT_EQ(MP_OK, mp_stage_cpu_gather_params(m.shard, gathered.data(), &m.err)) << m.err.message;
+  EXPECT_TRUE(
+      Close("gathered parameters" + Where(sp), gathered.data(), full, gathered.size(), 0.0));
 }
 
 TEST(GptModelTp, ShardStartsFromTheOneRankNumbers) { CheckStart(false); }
@@ -158,38 +159,40 @@ void CheckGradients(bool sp, const char *text = kModel) {
   Models m;
   ASSERT_TRUE(m.make(sp, text)) << m.err.message;
   mp_gpt_init_params(m.one, 7);
-  ASSERT_EQ(MP_OK, mp_gpt_tp_init_params(m.shard, 7, &m.err)) << m.err.message;
+  ASSERT_EQ(MP_OK, mp_stage_cpu_init_params(m.shard, 7, &m.err)) << m.err.message;
   mp_gpt_zero_grads(m.one);
-  mp_gpt_tp_zero_grads(m.shard);
+  mp_stage_cpu_zero_grads(m.shard);
   // Two micro-batches accumulate, as the trainer does.
   for (int micro = 0; micro < 2; micro++) {
-    const auto inputs = Tokens(100 + micro, kB * kT, 45), targets = Tokens(200 + micro, kB * kT, 45);
+    const auto inputs = Tokens(100 + micro, kB * kT, 45),
+               targets = Tokens(200 + micro, kB * kT, 45);
     const double expected = mp_gpt_forward(m.one, inputs.data(), targets.data(), 0.5f);
     mp_gpt_backward(m.one);
     double loss = 0;
-    ASSERT_EQ(MP_OK, mp_gpt_tp_forward(m.shard, inputs.data(), targets.data(), 0.5f, &loss, &m.err))
+    ASSERT_EQ(MP_OK,
+              mp_stage_cpu_forward(m.shard, inputs.data(), targets.data(), 0.5f, &loss, &m.err))
         << m.err.message;
-    ASSERT_EQ(MP_OK, mp_gpt_tp_backward(m.shard, &m.err)) << m.err.message;
+    ASSERT_EQ(MP_OK, mp_stage_cpu_backward(m.shard, &m.err)) << m.err.message;
     EXPECT_LE(std::fabs(loss - expected), kRel * expected)
         << "micro-batch " << micro << ": loss " << loss << " vs " << expected << Where(sp);
   }
-  ASSERT_EQ(MP_OK, mp_gpt_tp_finish_grads(m.shard, &m.err)) << m.err.message;
+  ASSERT_EQ(MP_OK, mp_stage_cpu_finish_grads(m.shard, &m.err)) << m.err.message;
   fvec gathered(mp_gpt_num_params(m.one));
-  ASSERT_EQ(MP_OK, mp_gpt_tp_gather_grads(m.shard, gathered.data(), &m.err)) << m.err.message;
+  ASSERT_EQ(MP_OK, mp_stage_cpu_gather_grads(m.shard, gathered.data(), &m.err)) << m.err.message;
   for (int i = 0; i < mp_gpt_num_tensors(m.one); i++) {
-    const mp_gpt_tensor *t = mp_gpt_tensor_at(m.one, i);
+    const mp_param_tensor *t = mp_gpt_tensor_at(m.one, i);
     EXPECT_TRUE(Close(std::string("gradient of ") + t->name + Where(sp),
                       gathered.data() + t->offset, mp_gpt_grads(m.one) + t->offset,
                       t->rows * t->cols));
   }
-  for (int i = 0; i < mp_gpt_tp_num_tensors(m.shard); i++) {
-    const mp_gpt_tp_tensor *t = mp_gpt_tp_tensor_at(m.shard, i);
+  for (int i = 0; i < mp_stage_cpu_num_tensors(m.shard); i++) {
+    const mp_stage_tensor *t = mp_stage_cpu_tensor_at(m.shard, i);
     if (t->split != MP_TP_REPLICATED) continue;
     EXPECT_TRUE(SameOnEveryRank(std::string("gradient of ") + t->full->name + Where(sp),
-                                mp_gpt_tp_grads(m.shard) + t->offset, t->count));
+                                mp_stage_cpu_grads(m.shard) + t->offset, t->count));
   }
   double squares = 0;
-  ASSERT_EQ(MP_OK, mp_gpt_tp_grad_norm_squared(m.shard, &squares, &m.err)) << m.err.message;
+  ASSERT_EQ(MP_OK, mp_stage_cpu_grad_norm_squared(m.shard, &squares, &m.err)) << m.err.message;
   const double expected = mp_grad_norm_squared_cpu(mp_gpt_grads(m.one), mp_gpt_num_params(m.one));
   EXPECT_LE(std::fabs(squares - expected), kRel * expected)
       << "squared norm " << squares << " vs " << expected << Where(sp);
@@ -238,95 +241,97 @@ mp_status AddWindow(void *context, float *grads, size_t first, size_t count, mp_
 }
 
 fvec StageGradients(const mp_model *model, bool sp, const Variant &v, mp_error *err) {
-  mp_gpt_tp *stage = nullptr;
-  mp_gpt_layout *layout = nullptr;
-  if (mp_gpt_layout_create(model, kT, &layout, err) != MP_OK) return {};
-  const mp_gpt_stage whole = mp_gpt_stage_whole(mp_gpt_layout_config(layout)->num_layers);
-  mp_gpt_layout_free(layout);
-  const mp_gpt_tp_zero zero = {2, 0, v.windowed, v.zero3};
-  if (mp_gpt_tp_create_stage(model, kB, kT, &g_tp, sp, &whole, 2, v.deferred, v.recompute,
+  mp_stage_cpu *stage = nullptr;
+  mp_param_layout *layout = nullptr;
+  if (mp_param_layout_create(model, kT, &layout, err) != MP_OK) return {};
+  const mp_stage_span whole = mp_stage_span_whole(mp_param_layout_config(layout)->num_layers);
+  mp_param_layout_free(layout);
+  const mp_stage_zero zero = {2, 0, v.windowed, v.zero3};
+  if (mp_stage_cpu_create_stage(model, kB, kT, &g_tp, sp, &whole, 2, v.deferred, v.recompute,
                              v.windowed ? &zero : nullptr, &stage, err) != MP_OK ||
-      mp_gpt_tp_init_params(stage, 11, err) != MP_OK) {
-    mp_gpt_tp_free(stage);
+      mp_stage_cpu_init_params(stage, 11, err) != MP_OK) {
+    mp_stage_cpu_free(stage);
     return {};
   }
-  fvec windowed(mp_gpt_tp_num_params(stage), 0.0f);
-  if (v.windowed) mp_stage_chain_set_grads_hook(mp_gpt_tp_chain(stage), AddWindow, &windowed);
-  mp_gpt_tp *reference = nullptr;  // ZeRO-3: the whole parameters the dp ranks' parts make
+  fvec windowed(mp_stage_cpu_num_params(stage), 0.0f);
+  if (v.windowed) mp_stage_chain_set_grads_hook(mp_stage_cpu_chain(stage), AddWindow, &windowed);
+  mp_stage_cpu *reference = nullptr;  // ZeRO-3: the whole parameters the dp ranks' parts make
   if (v.zero3) {
-    if (mp_gpt_tp_create_stage(model, kB, kT, &g_tp, sp, &whole, 1, false, MP_RECOMPUTE_NONE,
+    if (mp_stage_cpu_create_stage(model, kB, kT, &g_tp, sp, &whole, 1, false, MP_RECOMPUTE_NONE,
                                nullptr, &reference, err) != MP_OK ||
-        mp_gpt_tp_init_params(reference, 11, err) != MP_OK) {
-      mp_gpt_tp_free(reference);
-      mp_gpt_tp_free(stage);
+        mp_stage_cpu_init_params(reference, 11, err) != MP_OK) {
+      mp_stage_cpu_free(reference);
+      mp_stage_cpu_free(stage);
       return {};
     }
-    mp_stage_chain_set_weights_hook(mp_gpt_tp_chain(stage), CopyWeights,
-                                    mp_gpt_tp_params(reference));
+    mp_stage_chain_set_weights_hook(mp_stage_cpu_chain(stage), CopyWeights,
+                                    mp_stage_cpu_params(reference));
     // The sharded stage initialised exactly its own elements: every tensor's held ones equal
     // the whole stage's, and of the blocks it holds the first half of the parameters' part.
     size_t held = 0;
-    for (int i = 0; i < mp_gpt_tp_num_tensors(stage); ++i) {
+    for (int i = 0; i < mp_stage_cpu_num_tensors(stage); ++i) {
       size_t first = 0, count = 0;
-      mp_gpt_tp_held_params(stage, i, &first, &count);
-      const size_t offset = mp_gpt_tp_tensor_at(stage, i)->offset;
-      const float *want = mp_gpt_tp_params(reference) + offset;
+      mp_stage_cpu_held_params(stage, i, &first, &count);
+      const size_t offset = mp_stage_cpu_tensor_at(stage, i)->offset;
+      const float *want = mp_stage_cpu_params(reference) + offset;
       std::vector<float> data(count);
       if (count > 0 &&
-          (mp_gpt_tp_read_params(stage, offset + first, count, data.data(), err) != MP_OK ||
+          (mp_stage_cpu_read_params(stage, offset + first, count, data.data(), err) != MP_OK ||
            !std::equal(data.begin(), data.end(), want + first))) {
         *err = mp_error{};
         mp_fail(err, MP_ERR_RUNTIME, "ZeRO-3: tensor %d's held parameters differ", i);
-        mp_gpt_tp_free(reference);
-        mp_gpt_tp_free(stage);
+        mp_stage_cpu_free(reference);
+        mp_stage_cpu_free(stage);
         return {};
       }
       held += count;
     }
-    if (held >= mp_gpt_tp_num_params(stage)) {
+    if (held >= mp_stage_cpu_num_params(stage)) {
       mp_fail(err, MP_ERR_RUNTIME, "ZeRO-3: the stage holds all %zu parameters", held);
-      mp_gpt_tp_free(reference);
-      mp_gpt_tp_free(stage);
+      mp_stage_cpu_free(reference);
+      mp_stage_cpu_free(stage);
       return {};
     }
   }
   bool ok = true;
   for (int micro = 0; micro < 2 && ok; micro++) {
-    const auto inputs = Tokens(300 + micro, kB * kT, 45), targets = Tokens(400 + micro, kB * kT, 45);
+    const auto inputs = Tokens(300 + micro, kB * kT, 45),
+               targets = Tokens(400 + micro, kB * kT, 45);
     double loss = 0;
-    ok = mp_gpt_tp_forward_stage(stage, micro, inputs.data(), targets.data(), nullptr, nullptr,
+    ok = mp_stage_cpu_forward_stage(stage, micro, inputs.data(), targets.data(), nullptr, nullptr,
                                  0.5f, &loss, err) == MP_OK;
   }
   for (int micro = 0; micro < 2 && ok; micro++) {
-    ok = mp_gpt_tp_backward_stage(stage, micro, nullptr, nullptr, v.deferred, err) == MP_OK;
+    ok = mp_stage_cpu_backward_stage(stage, micro, nullptr, nullptr, v.deferred, err) == MP_OK;
   }
   for (int micro = 0; micro < 2 && ok && v.deferred; micro++) {
-    ok = mp_stage_chain_backward_weights(mp_gpt_tp_chain(stage), micro, err) == MP_OK;
+    ok = mp_stage_chain_backward_weights(mp_stage_cpu_chain(stage), micro, err) == MP_OK;
   }
-  if (ok) ok = mp_gpt_tp_finish_grads(stage, err) == MP_OK;
+  if (ok) ok = mp_stage_cpu_finish_grads(stage, err) == MP_OK;
   fvec grads;
   if (ok && !v.windowed) {
-    grads.assign(mp_gpt_tp_grads(stage), mp_gpt_tp_grads(stage) + mp_gpt_tp_num_params(stage));
+    grads.assign(mp_stage_cpu_grads(stage),
+                 mp_stage_cpu_grads(stage) + mp_stage_cpu_num_params(stage));
   }
   if (ok && v.windowed) {
     // The blocks' gradients came through the hook; the rest stays in the packed array.
     // Every tensor is in the window (no array gradient) or in the packed array, which holds
     // exactly the others.
     size_t first = 0, end = 0, largest = 0, in_array = 0;
-    mp_gpt_tp_blocks_range(stage, &first, &end, &largest);
+    mp_stage_cpu_blocks_range(stage, &first, &end, &largest);
     ok = first < end && largest < end - first;
-    for (int i = 0; i < mp_gpt_tp_num_tensors(stage) && ok; ++i) {
-      const mp_gpt_tp_tensor *t = mp_gpt_tp_tensor_at(stage, i);
-      const float *g = mp_gpt_tp_tensor_grad(stage, i);
+    for (int i = 0; i < mp_stage_cpu_num_tensors(stage) && ok; ++i) {
+      const mp_stage_tensor *t = mp_stage_cpu_tensor_at(stage, i);
+      const float *g = mp_stage_cpu_tensor_grad(stage, i);
       ok = g != nullptr || (t->offset >= first && t->offset < end);
       if (g != nullptr) std::copy(g, g + t->count, windowed.begin() + (long)t->offset);
       if (g != nullptr) in_array += t->count;
     }
-    ok = ok && in_array == mp_gpt_tp_grads_floats(stage);
+    ok = ok && in_array == mp_stage_cpu_grads_floats(stage);
     if (ok) grads = windowed;
   }
-  mp_gpt_tp_free(reference);
-  mp_gpt_tp_free(stage);
+  mp_stage_cpu_free(reference);
+  mp_stage_cpu_free(stage);
   return grads;
 }
 
@@ -363,39 +368,39 @@ void CheckVariants(bool sp, const char *text = kModel) {
         Close(std::string(window.name) + Where(sp), grads.data(), whole.data(), whole.size()));
   }
   // Its block gradients would be lost without the hook: refused.
-  mp_gpt_layout *layout = nullptr;
-  ASSERT_EQ(MP_OK, mp_gpt_layout_create(model, kT, &layout, &err)) << err.message;
-  const mp_gpt_stage stage_range = mp_gpt_stage_whole(mp_gpt_layout_config(layout)->num_layers);
-  mp_gpt_layout_free(layout);
-  mp_gpt_tp *stage = nullptr;
-  const mp_gpt_tp_zero zero2 = {1, 0, true, false};
-  ASSERT_EQ(MP_OK, mp_gpt_tp_create_stage(model, kB, kT, &g_tp, sp, &stage_range, 1, false,
+  mp_param_layout *layout = nullptr;
+  ASSERT_EQ(MP_OK, mp_param_layout_create(model, kT, &layout, &err)) << err.message;
+  const mp_stage_span stage_range = mp_stage_span_whole(mp_param_layout_config(layout)->num_layers);
+  mp_param_layout_free(layout);
+  mp_stage_cpu *stage = nullptr;
+  const mp_stage_zero zero2 = {1, 0, true, false};
+  ASSERT_EQ(MP_OK, mp_stage_cpu_create_stage(model, kB, kT, &g_tp, sp, &stage_range, 1, false,
                                           MP_RECOMPUTE_NONE, &zero2, &stage, &err))
       << err.message;
   const auto tokens = Tokens(300, kB * kT, 45);
   double loss = 0;
-  ASSERT_EQ(MP_OK, mp_gpt_tp_forward_stage(stage, 0, tokens.data(), tokens.data(), nullptr,
+  ASSERT_EQ(MP_OK, mp_stage_cpu_forward_stage(stage, 0, tokens.data(), tokens.data(), nullptr,
                                            nullptr, 1.0f, &loss, &err))
       << err.message;
-  EXPECT_EQ(MP_ERR_INPUT, mp_gpt_tp_backward_stage(stage, 0, nullptr, nullptr, false, &err));
+  EXPECT_EQ(MP_ERR_INPUT, mp_stage_cpu_backward_stage(stage, 0, nullptr, nullptr, false, &err));
   EXPECT_NE(nullptr, std::strstr(err.message, "no grads hook is set")) << err.message;
   double squares = 0;
-  EXPECT_EQ(MP_ERR_INPUT, mp_gpt_tp_grad_norm_squared(stage, &squares, &err));
-  mp_gpt_tp_free(stage);
+  EXPECT_EQ(MP_ERR_INPUT, mp_stage_cpu_grad_norm_squared(stage, &squares, &err));
+  mp_stage_cpu_free(stage);
   // ZeRO-3's blocks cannot run without their weights: a forward with no weights hook is refused,
   // and so are ZeRO-3 with deferred weight gradients and the full gather of a sharded stage.
-  const mp_gpt_tp_zero zero3 = {2, 1, true, true};
-  ASSERT_EQ(MP_OK, mp_gpt_tp_create_stage(model, kB, kT, &g_tp, sp, &stage_range, 1, false,
+  const mp_stage_zero zero3 = {2, 1, true, true};
+  ASSERT_EQ(MP_OK, mp_stage_cpu_create_stage(model, kB, kT, &g_tp, sp, &stage_range, 1, false,
                                           MP_RECOMPUTE_NONE, &zero3, &stage, &err))
       << err.message;
-  EXPECT_EQ(MP_ERR_INPUT, mp_gpt_tp_forward_stage(stage, 0, tokens.data(), tokens.data(), nullptr,
-                                                  nullptr, 1.0f, &loss, &err));
+  EXPECT_EQ(MP_ERR_INPUT, mp_stage_cpu_forward_stage(stage, 0, tokens.data(), tokens.data(),
+                                                     nullptr, nullptr, 1.0f, &loss, &err));
   EXPECT_NE(nullptr, std::strstr(err.message, "no weights hook is set")) << err.message;
-  std::vector<float> full(mp_gpt_tp_num_params(stage));
-  EXPECT_EQ(MP_ERR_INPUT, mp_gpt_tp_gather_params(stage, full.data(), &err));
-  mp_gpt_tp_free(stage);
+  std::vector<float> full(mp_stage_cpu_num_params(stage));
+  EXPECT_EQ(MP_ERR_INPUT, mp_stage_cpu_gather_params(stage, full.data(), &err));
+  mp_stage_cpu_free(stage);
   stage = nullptr;
-  EXPECT_EQ(MP_ERR_INPUT, mp_gpt_tp_create_stage(model, kB, kT, &g_tp, sp, &stage_range, 1, true,
+  EXPECT_EQ(MP_ERR_INPUT, mp_stage_cpu_create_stage(model, kB, kT, &g_tp, sp, &stage_range, 1, true,
                                                  MP_RECOMPUTE_NONE, &zero3, &stage, &err));
   EXPECT_NE(nullptr, std::strstr(err.message, "ZeRO-3")) << err.message;
   mp_model_free(model);
@@ -413,7 +418,7 @@ TEST(StageChain, LlamaZeroBubbleAndRecomputationAddTheWholeBackwardsGradients) {
 TEST(GptModelTp, RefusesAModelThatDoesNotDivide) {
   if (g_tp.size == 1) GTEST_SKIP() << "every model divides over one rank";
   mp_model *model = nullptr;
-  mp_gpt_tp *shard = nullptr;
+  mp_stage_cpu *shard = nullptr;
   mp_error err = MP_ERROR_INITIALIZER;
   const char *three_heads =
       "{\"name\": \"odd\", \"vocab_size\": 45, \"seq_len\": 8, \"layers\": ["
@@ -422,7 +427,7 @@ TEST(GptModelTp, RefusesAModelThatDoesNotDivide) {
       "{\"type\": \"layernorm\", \"hidden\": 48},"
       "{\"type\": \"lm_head\", \"hidden\": 48}]}";
   ASSERT_EQ(MP_OK, mp_model_parse_text(three_heads, "odd.json", &model, &err)) << err.message;
-  EXPECT_EQ(MP_ERR_INPUT, mp_gpt_tp_create(model, kB, kT, &g_tp, false, &shard, &err));
+  EXPECT_EQ(MP_ERR_INPUT, mp_stage_cpu_create(model, kB, kT, &g_tp, false, &shard, &err));
   EXPECT_NE(nullptr, std::strstr(err.message, "odd.json")) << err.message;
   EXPECT_NE(nullptr, std::strstr(err.message, "heads")) << err.message;
   EXPECT_EQ(nullptr, shard);
@@ -438,7 +443,7 @@ TEST(GptModelTp, RefusesAModelThatDoesNotDivide) {
       "{\"type\": \"lm_head\", \"hidden\": 32, \"tie_embedding\": false}]}";
   model = nullptr;
   ASSERT_EQ(MP_OK, mp_model_parse_text(one_kv_head, "mqa.json", &model, &err)) << err.message;
-  EXPECT_EQ(MP_ERR_INPUT, mp_gpt_tp_create(model, kB, kT, &g_tp, false, &shard, &err));
+  EXPECT_EQ(MP_ERR_INPUT, mp_stage_cpu_create(model, kB, kT, &g_tp, false, &shard, &err));
   const std::string expected = "mqa.json with tp = " + std::to_string(g_tp.size) +
                                ": tensor parallelism splits the key/value heads (as Megatron-Core "
                                "does): kv_heads 1 do not divide over tp = " +
@@ -505,27 +510,27 @@ void CheckTrainer(bool sp) {
         << "step " << step << Where(sp);
     EXPECT_EQ(a.learning_rate, b.learning_rate);
   }
-  mp_gpt_tp *shard = mp_trainer_model_tp(par.trainer);
+  mp_stage_cpu *shard = mp_trainer_model_tp(par.trainer);
   ASSERT_NE(nullptr, shard);
-  for (int i = 0; shard != nullptr && i < mp_gpt_tp_num_tensors(shard); i++) {
-    const mp_gpt_tp_tensor *t = mp_gpt_tp_tensor_at(shard, i);
+  for (int i = 0; shard != nullptr && i < mp_stage_cpu_num_tensors(shard); i++) {
+    const mp_stage_tensor *t = mp_stage_cpu_tensor_at(shard, i);
     if (t->split != MP_TP_REPLICATED) continue;
     EXPECT_TRUE(SameOnEveryRank(std::string("weights of ") + t->full->name + Where(sp),
-                                mp_gpt_tp_params(shard) + t->offset, t->count));
+                                mp_stage_cpu_params(shard) + t->offset, t->count));
   }
-  const size_t n = mp_gpt_layout_num_params(mp_trainer_layout(one.trainer));
+  const size_t n = mp_param_layout_num_params(mp_trainer_layout(one.trainer));
   // The parallel run's weights come back through its streamed save (rank 0 writes the file).
   const char *tmp = std::getenv("TEST_TMPDIR");
   const std::string path = std::string(tmp != nullptr ? tmp : "/tmp") + "/tp_weights_" +
                            std::to_string(g_tp.size) + (sp ? "_sp" : "") + ".bin";
   ASSERT_EQ(MP_OK, mp_trainer_save_llmc(par.trainer, path.c_str(), &par.err)) << par.err.message;
   if (g_tp.rank != 0) return;
-  mp_gpt_tp *one_model = mp_trainer_model_tp(one.trainer);
+  mp_stage_cpu *one_model = mp_trainer_model_tp(one.trainer);
   ASSERT_NE(nullptr, one_model);
-  ASSERT_EQ(n, mp_gpt_tp_num_params(one_model));
-  fvec pa(mp_gpt_tp_params(one_model), mp_gpt_tp_params(one_model) + n);
+  ASSERT_EQ(n, mp_stage_cpu_num_params(one_model));
+  fvec pa(mp_stage_cpu_params(one_model), mp_stage_cpu_params(one_model) + n);
   fvec pb(n);
-  ASSERT_EQ(MP_OK, mp_gpt_layout_load_llmc(mp_trainer_layout(one.trainer), pb.data(),
+  ASSERT_EQ(MP_OK, mp_param_layout_load_llmc(mp_trainer_layout(one.trainer), pb.data(),
                                            path.c_str(), &one.err))
       << one.err.message;
   double worst = 0;
@@ -537,9 +542,9 @@ void CheckTrainer(bool sp) {
     }
   }
   std::string where_worst;
-  const mp_gpt_layout *layout = mp_trainer_layout(one.trainer);
-  for (int i = 0; i < mp_gpt_layout_num_tensors(layout); i++) {
-    const mp_gpt_tensor *t = mp_gpt_layout_tensor(layout, i);
+  const mp_param_layout *layout = mp_trainer_layout(one.trainer);
+  for (int i = 0; i < mp_param_layout_num_tensors(layout); i++) {
+    const mp_param_tensor *t = mp_param_layout_tensor(layout, i);
     if (at >= t->offset && at < t->offset + t->rows * t->cols) {
       where_worst = std::string(t->name) + "[" + std::to_string(at - t->offset) + "]";
     }
@@ -577,5 +582,5 @@ TEST(Trainer, TensorParallelPlanNeedsItsGroup) {
 static void set_tp(mp_comm *all) { g_tp = mp_tp_comm_over_group(all); }
 
 int main(int argc, char **argv) {
-  return mp_test_mpi_gtest_main(argc, argv, "gpt_model_tp_test", &g_world, &g_all, set_tp);
+  return mp_test_mpi_gtest_main(argc, argv, "stage_cpu_test", &g_world, &g_all, set_tp);
 }

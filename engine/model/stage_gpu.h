@@ -1,5 +1,5 @@
 /*
- * engine/model/gpt_stage_gpu.h — one rank's shard of one pipeline stage of the GPT on a CUDA GPU: its
+ * engine/model/stage_gpu.h — one rank's shard of one pipeline stage of the GPT on a CUDA GPU: its
  * device state, and the stage chain (engine/model/stage_chain.h, the CPU stage's too) over the CUDA
  * kernels. The one-GPU model is this stage at dp = pp = tp = 1 (the whole model, one slot).
  *
@@ -9,25 +9,26 @@
  * Every kernel is a CUDA twin of a layers/ CPU kernel, tested against it. Attention is fused
  * (flash attention: no T x T matrix kept) for the head sizes the fused kernels support, and
  * cuBLAS batched GEMMs around a softmax otherwise; MPENGINE_ATTENTION=cublas in the environment
- * forces the latter, for benchmarks. A build without CUDA compiles gpt_stage_gpu_none.c, whose
+ * forces the latter, for benchmarks. A build without CUDA compiles stage_gpu_none.c, whose
  * create says so.
  *
- * It mirrors a host stage (an mp_gpt_tp without activation slots, created by the caller with the
+ * It mirrors a host stage (an mp_stage_cpu without activation slots, created by the caller with the
  * same stage, group and sizes): the same tensor table, the same flat shard layout. The device
  * holds fp32 master weights, their bf16 copy, fp32 gradients, AdamW moments and the bf16
  * activation slots (with ZeRO-3 of the block parameters only this dp rank's part, each block
  * gathered into a window to run); the host holds none of them. The GPU stage is the host
- * stage's parameter store (mp_gpt_tp_param_store), so initialisation, llm.c and Hugging Face
+ * stage's parameter store (mp_stage_param_store), so initialisation, llm.c and Hugging Face
  * files, saves and checkpoints read and write the device's master weights (the bf16 copy
- * refreshed) through the host stage, in bounded pieces (mp_gpt_tp_read_params, _write_params,
- * mp_gpt_tp_init_params, mp_weight_source_load_stage), and the moments through mp_gpt_stage_gpu_moments_at.
+ * refreshed) through the host stage, in bounded pieces (mp_stage_cpu_read_params, _write_params,
+ * mp_stage_cpu_init_params, mp_weight_source_load_stage), and the moments through
+ * mp_stage_gpu_moments_at.
  *
  * Tensor parallelism is Megatron's, as on the CPU (tensor_parallel/): qkv and fc column-parallel,
  * attn_proj and fc_proj row-parallel (their bf16 partial products widened to fp32, summed over
  * the group, the bias added, rounded once), the column-parallel input gradients summed likewise;
  * the vocabulary-parallel embedding and cross-entropy never gather the (B*T, Vp) logits. The
- * collectives take device pointers: over NCCL (engine/comm/tp_comm_nccl.h) when each rank has a GPU of
- * its own, or the host stage's MPI table, whose communicators stage GPU buffers through the host
+ * collectives take device pointers: over NCCL (engine/comm/tp_comm_nccl.h) when each rank has a GPU
+ * of its own, or the host stage's MPI table, whose communicators stage GPU buffers through the host
  * so that several ranks may share one GPU. With tp = 1 no collective runs: the kernels are a
  * one-GPU model's.
  *
@@ -37,17 +38,17 @@
  * all-gathered before each column-parallel GEMM (qkv, fc, the LM head) and each row-parallel
  * GEMM's partial product reduce-scattered to the slice (attn_proj, fc_proj, the embedding
  * lookup), the backward running the mirrors. The layernorm weight gradients are then each rank's
- * partial sums: mp_gpt_stage_gpu_finish_grads sums them once per step. Attention sees all B*T
+ * partial sums: mp_stage_gpu_finish_grads sums them once per step. Attention sees all B*T
  * tokens of this rank's heads, as without it. With tp = 1 it changes nothing.
  *
- * Boundaries between stages are fp32 arrays of mp_gpt_tp_boundary_floats(host) floats in device
+ * Boundaries between stages are fp32 arrays of mp_stage_cpu_boundary_floats(host) floats in device
  * memory: (B*T, C), or with sequence parallelism (B*T/tp, C), this rank's token slice (the stage
  * worker's buffers, which the trainer allocates on the GPU and sends over MPI or NCCL); the stage
  * widens its bf16 output into them exactly and rounds its input from them.
  *
- * Zero-bubble's split (Qi et al. 2023; the CPU twin's mp_gpt_tp_backward_stage with
+ * Zero-bubble's split (Qi et al. 2023; the CPU twin's mp_stage_cpu_backward_stage with
  * defer_weights): with deferred weights, a backward may leave the four GEMM weight gradients of
- * every block (qkv, attn_proj, fc, fc_proj) to mp_gpt_stage_gpu_backward_weights, its slot keeping
+ * every block (qkv, attn_proj, fc, fc_proj) to mp_stage_gpu_backward_weights, its slot keeping
  * those GEMMs' output gradients (bf16) until then; B then W adds exactly what the whole backward
  * adds, bit for bit (the same kernels on the same numbers, each gradient summed in the same order).
  *
@@ -60,21 +61,21 @@
  * Every kernel runs on CUDA's default stream, in order; every call returns after its work is
  * enqueued, except where it says it synchronises.
  */
-#ifndef MPENGINE_ENGINE_GPT_STAGE_GPU_H
-#define MPENGINE_ENGINE_GPT_STAGE_GPU_H
+#ifndef MPENGINE_ENGINE_MODEL_STAGE_GPU_H
+#define MPENGINE_ENGINE_MODEL_STAGE_GPU_H
 
 #include <stddef.h>
 #include <stdint.h>
 
 #include "common/error.h"
-#include "engine/model/gpt_model_tp.h"
+#include "engine/model/stage_cpu.h"
 #include "layers/cuda_types.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef struct mp_gpt_stage_gpu mp_gpt_stage_gpu;
+typedef struct mp_stage_gpu mp_stage_gpu;
 
 /* One AdamW step's numbers. */
 typedef struct {
@@ -91,126 +92,128 @@ typedef struct {
  * (selective changes nothing; full keeps the slots light, see above); deferred_weights: the slots
  * also keep what a deferred backward's W needs (zero-bubble schedules). Both together are refused
  * with MP_ERR_INPUT, as on the CPU. Sequence parallelism is the host stage's
- * (mp_gpt_tp_sequence_parallel). windowed_block_grads (ZeRO 2 and 3; with deferred weights the
+ * (mp_stage_cpu_sequence_parallel). windowed_block_grads (ZeRO 2 and 3; with deferred weights the
  * GEMM weights' only): the blocks' gradients pass through two one-block device windows in turn
  * (so that one block's reduce-scatter may overlap the next block's backward), which the chain's
- * hook must take after every block (engine/model/stage_chain.h), the device gradient array holds the
- * tensors outside the blocks packed (mp_gpt_tp_grad_offset), and the stage keeps the gradients
- * of its moments' part (mp_gpt_stage_gpu_keep_moments), which the hook's sums are added into
- * (mp_gpt_stage_gpu_add_to_part); scaling, the norm's squares and AdamW then run on that part.
- * A host stage whose block parameters are sharded (ZeRO-3, mp_gpt_tp_sharded_params; it needs
+ * hook must take after every block (engine/model/stage_chain.h), the device gradient array holds
+ * the tensors outside the blocks packed (mp_stage_cpu_grad_offset), and the stage keeps the
+ * gradients of its moments' part (mp_stage_gpu_keep_moments), which the hook's sums are added into
+ * (mp_stage_gpu_add_to_part); scaling, the norm's squares and AdamW then run on that part.
+ * A host stage whose block parameters are sharded (ZeRO-3, mp_stage_cpu_sharded_params; it needs
  * windowed_block_grads and no deferred weights) makes a ZeRO-3 stage: the device mirrors the
  * host's array (the tensors outside the blocks, then this dp rank's block elements), and the
  * chain takes each block's bf16 weights from two one-block device windows in turn, which its
  * weights hook fills before every pass, the next one's perhaps while this one runs
- * (mp_stage_chain_set_weights_hook; mp_gpt_stage_gpu_weights_at finds this rank's run of them).
+ * (mp_stage_chain_set_weights_hook; mp_stage_gpu_weights_at finds this rank's run of them).
  * The stage becomes host's parameter store until it is freed. Parameters start at zero: write
- * them through the host stage (mp_gpt_tp_init_params, mp_weight_source_load_stage, mp_gpt_tp_write_params).
- * MP_ERR_INPUT, before the GPU is looked for, for a host stage with activation slots. */
-mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, int micro_batch,
+ * them through the host stage (mp_stage_cpu_init_params, mp_weight_source_load_stage,
+ * mp_stage_cpu_write_params). MP_ERR_INPUT, before the GPU is looked for, for a host stage with
+ * activation slots. */
+mp_status mp_stage_gpu_create(mp_stage_cpu *host, const mp_tp_comm *device_tp, int micro_batch,
                                   int seq_len, int num_slots, bool deferred_weights,
                                   mp_recompute recompute, bool windowed_block_grads,
-                                  mp_gpt_stage_gpu **out, mp_error *err);
-void mp_gpt_stage_gpu_free(mp_gpt_stage_gpu *gpu);
+                                  mp_stage_gpu **out, mp_error *err);
+void mp_stage_gpu_free(mp_stage_gpu *gpu);
 
-/* The stage's forward and backward (engine/model/stage_chain.h over the CUDA kernels); the calls below
- * that run a slot are the chain's. */
+/* The stage's forward and backward (engine/model/stage_chain.h over the CUDA kernels); the calls
+ * below that run a slot are the chain's. */
 typedef struct mp_stage_chain mp_stage_chain;
-mp_stage_chain *mp_gpt_stage_gpu_chain(mp_gpt_stage_gpu *gpu);
+mp_stage_chain *mp_stage_gpu_chain(mp_stage_gpu *gpu);
 
 /* Bytes of device memory the stage holds. */
-size_t mp_gpt_stage_gpu_device_bytes(const mp_gpt_stage_gpu *gpu);
+size_t mp_stage_gpu_device_bytes(const mp_stage_gpu *gpu);
 
-/* The gradients to the host stage's gradient array (mp_gpt_tp_grads), for tests. Synchronises. */
-mp_status mp_gpt_stage_gpu_download_grads(mp_gpt_stage_gpu *gpu, mp_error *err);
+/* The gradients to the host stage's gradient array (mp_stage_cpu_grads), for tests. Synchronises.
+ * */
+mp_status mp_stage_gpu_download_grads(mp_stage_gpu *gpu, mp_error *err);
 
-/* The fp32 gradients on the device, mp_gpt_tp_num_params(host) floats in the host's layout (or
- * windowed, mp_gpt_stage_gpu_grads_floats packed), for the data-parallel all-reduce and the tied
+/* The fp32 gradients on the device, mp_stage_cpu_num_params(host) floats in the host's layout (or
+ * windowed, mp_stage_gpu_grads_floats packed), for the data-parallel all-reduce and the tied
  * embedding's sum; mp_device_synchronize first. tensor_grad: tensor index's gradient in it (NULL
  * for a windowed block tensor). */
-float *mp_gpt_stage_gpu_device_grads(mp_gpt_stage_gpu *gpu);
-float *mp_gpt_stage_gpu_tensor_grad(mp_gpt_stage_gpu *gpu, int index);
-size_t mp_gpt_stage_gpu_grads_floats(const mp_gpt_stage_gpu *gpu);
+float *mp_stage_gpu_device_grads(mp_stage_gpu *gpu);
+float *mp_stage_gpu_tensor_grad(mp_stage_gpu *gpu, int index);
+size_t mp_stage_gpu_grads_floats(const mp_stage_gpu *gpu);
 
 /* ZeRO-2 (a windowed stage): part += sums (count device floats, elements [first, first + count)
  * of the stage's flat layout, inside the moments' part; MP_ERR_INPUT otherwise), on stream (NULL:
  * the default stream; a communicator's, to follow the reduce-scatter that wrote sums there);
- * and each tensor's squares over the part into squares (mp_gpt_tp_num_tensors(host) doubles,
+ * and each tensor's squares over the part into squares (mp_stage_cpu_num_tensors(host) doubles,
  * host memory), for a norm the caller sums over dp. */
-mp_status mp_gpt_stage_gpu_add_to_part(mp_gpt_stage_gpu *gpu, const float *sums, size_t first,
+mp_status mp_stage_gpu_add_to_part(mp_stage_gpu *gpu, const float *sums, size_t first,
                                        size_t count, mp_cuda_stream stream, mp_error *err);
-mp_status mp_gpt_stage_gpu_part_squares(mp_gpt_stage_gpu *gpu, double *squares, mp_error *err);
+mp_status mp_stage_gpu_part_squares(mp_stage_gpu *gpu, double *squares, mp_error *err);
 
-mp_status mp_gpt_stage_gpu_zero_grads(mp_gpt_stage_gpu *gpu, mp_error *err);
+mp_status mp_stage_gpu_zero_grads(mp_stage_gpu *gpu, mp_error *err);
 /* gradients *= scale (a data-parallel mean, a clip factor); windowed, the part's. */
-void mp_gpt_stage_gpu_scale_grads(mp_gpt_stage_gpu *gpu, float scale);
+void mp_stage_gpu_scale_grads(mp_stage_gpu *gpu, float scale);
 
-/* mp_gpt_tp_finish_grads on the device: once per step, after the last micro-batch's backward (and
- * the data-parallel sums) and before the norm, with sequence parallelism every layernorm gradient
- * (each block's ln1 and ln2, the final norm's), partial over this rank's tokens, is summed over
- * the tensor-parallel group; without it (or with tp = 1) nothing happens. Collective. */
-mp_status mp_gpt_stage_gpu_finish_grads(mp_gpt_stage_gpu *gpu, mp_error *err);
+/* mp_stage_cpu_finish_grads on the device: once per step, after the last micro-batch's backward
+ * (and the data-parallel sums) and before the norm, with sequence parallelism every layernorm
+ * gradient (each block's ln1 and ln2, the final norm's), partial over this rank's tokens, is summed
+ * over the tensor-parallel group; without it (or with tp = 1) nothing happens. Collective. */
+mp_status mp_stage_gpu_finish_grads(mp_stage_gpu *gpu, mp_error *err);
 
 /* Forward of one micro-batch through the stage into slot (arguments as
- * mp_gpt_tp_forward_stage's; inputs and targets are host arrays, input and output device ones). A head stage also leaves the
- * gradient of dloss x its mean loss in place of the logits for the backward (the fused
- * cross-entropy), so dloss is given here; *loss is the mean over the B*T tokens (synchronises).
- * Collective over the tensor-parallel group. */
-mp_status mp_gpt_stage_gpu_forward(mp_gpt_stage_gpu *gpu, int slot, const int32_t *inputs,
+ * mp_stage_cpu_forward_stage's; inputs and targets are host arrays, input and output device ones).
+ * A head stage also leaves the gradient of dloss x its mean loss in place of the logits for the
+ * backward (the fused cross-entropy), so dloss is given here; *loss is the mean over the B*T tokens
+ * (synchronises). Collective over the tensor-parallel group. */
+mp_status mp_stage_gpu_forward(mp_stage_gpu *gpu, int slot, const int32_t *inputs,
                                    const int32_t *targets, const float *input, float *output,
                                    float dloss, double *loss, mp_error *err);
 
 /* ZeRO-1: the AdamW moments of elements [first, first + count) only (this data-parallel rank's
  * part), zeroed (call it before anything that needs the moments: AdamW and
- * mp_gpt_stage_gpu_moments_at otherwise make the whole stage's, as a run without ZeRO needs);
- * mp_gpt_stage_gpu_adamw then updates that part, and the caller gathers the
- * parameters over the group into mp_gpt_stage_gpu_device_params and refreshes the bf16 copy with
- * mp_gpt_stage_gpu_refresh_weights. MP_ERR_INPUT for a range outside the stage. */
-mp_status mp_gpt_stage_gpu_keep_moments(mp_gpt_stage_gpu *gpu, size_t first, size_t count,
+ * mp_stage_gpu_moments_at otherwise make the whole stage's, as a run without ZeRO needs);
+ * mp_stage_gpu_adamw then updates that part, and the caller gathers the
+ * parameters over the group into mp_stage_gpu_device_params and refreshes the bf16 copy with
+ * mp_stage_gpu_refresh_weights. MP_ERR_INPUT for a range outside the stage. */
+mp_status mp_stage_gpu_keep_moments(mp_stage_gpu *gpu, size_t first, size_t count,
                                         mp_error *err);
-/* The fp32 master weights on the device (mp_gpt_tp_params_floats(host) floats, the host's
+/* The fp32 master weights on the device (mp_stage_cpu_params_floats(host) floats, the host's
  * array: with ZeRO-3 not the flat layout). */
-float *mp_gpt_stage_gpu_device_params(mp_gpt_stage_gpu *gpu);
+float *mp_stage_gpu_device_params(mp_stage_gpu *gpu);
 /* The device's master (fp32) and working (bf16) copies of flat elements [first, first + count)
- * where the stage holds them as one stretch (mp_gpt_tp_params_index's), else NULL. */
-float *mp_gpt_stage_gpu_params_at(mp_gpt_stage_gpu *gpu, size_t first, size_t count);
-void *mp_gpt_stage_gpu_weights_at(mp_gpt_stage_gpu *gpu, size_t first, size_t count);
+ * where the stage holds them as one stretch (mp_stage_cpu_params_index's), else NULL. */
+float *mp_stage_gpu_params_at(mp_stage_gpu *gpu, size_t first, size_t count);
+void *mp_stage_gpu_weights_at(mp_stage_gpu *gpu, size_t first, size_t count);
 /* The bf16 working copy from the master weights (after they changed on the device). */
-void mp_gpt_stage_gpu_refresh_weights(mp_gpt_stage_gpu *gpu);
+void mp_stage_gpu_refresh_weights(mp_stage_gpu *gpu);
 /* The AdamW moments of flat elements [first, first + count) on the device (made, zeroed, when
  * first needed), for checkpoints to copy; MP_ERR_INPUT when they are outside the kept part. */
-mp_status mp_gpt_stage_gpu_moments_at(mp_gpt_stage_gpu *gpu, size_t first, size_t count,
+mp_status mp_stage_gpu_moments_at(mp_stage_gpu *gpu, size_t first, size_t count,
                                       float **adam_m, float **adam_v, mp_error *err);
 
 /* Forgets what slot holds (a forward whose backward will not run: evaluation); the slot is free. */
-void mp_gpt_stage_gpu_discard(mp_gpt_stage_gpu *gpu, int slot);
+void mp_stage_gpu_discard(mp_stage_gpu *gpu, int slot);
 
-/* Backward of slot's micro-batch (as mp_gpt_tp_backward_stage's; doutput and dinput are device
+/* Backward of slot's micro-batch (as mp_stage_cpu_backward_stage's; doutput and dinput are device
  * arrays), adding into the gradients; frees the slot. With full recomputation it first runs the
  * slot's forward again. defer_weights (zero-bubble's B; needs a stage created with deferred
  * weights, else MP_ERR_INPUT): adds the input gradient and every parameter gradient but the four
- * GEMM weights of each block, and keeps the slot until mp_gpt_stage_gpu_backward_weights.
+ * GEMM weights of each block, and keeps the slot until mp_stage_gpu_backward_weights.
  * MP_ERR_INPUT for an empty slot or one whose W is pending. Collective. */
-mp_status mp_gpt_stage_gpu_backward(mp_gpt_stage_gpu *gpu, int slot, const float *doutput,
+mp_status mp_stage_gpu_backward(mp_stage_gpu *gpu, int slot, const float *doutput,
                                     float *dinput, bool defer_weights, mp_error *err);
 
 /* Zero-bubble's W of slot: adds each block's qkv, attn_proj, fc and fc_proj weight gradients that
  * its deferred backward left out, and frees the slot. No collective. MP_ERR_INPUT when the slot
  * has no deferred backward pending. */
-mp_status mp_gpt_stage_gpu_backward_weights(mp_gpt_stage_gpu *gpu, int slot, mp_error *err);
+mp_status mp_stage_gpu_backward_weights(mp_stage_gpu *gpu, int slot, mp_error *err);
 
-/* mp_gpt_tp_grad_norm_squared on the device's gradients: the same counting (sharded tensors
+/* mp_stage_cpu_grad_norm_squared on the device's gradients: the same counting (sharded tensors
  * summed over the group, replicated ones once, a tied copy of wte not at all), bitwise the same
  * on every rank. Synchronises. Collective. */
-mp_status mp_gpt_stage_gpu_grad_norm_squared(mp_gpt_stage_gpu *gpu, double *out, mp_error *err);
+mp_status mp_stage_gpu_grad_norm_squared(mp_stage_gpu *gpu, double *out, mp_error *err);
 
 /* AdamW on every tensor of the stage (adamw->grad_clip is ignored: clip with
- * mp_gpt_stage_gpu_scale_grads first), refreshing the bf16 weights; with ZeRO-1
- * (mp_gpt_stage_gpu_keep_moments) on this rank's part only. Synchronises. */
-mp_status mp_gpt_stage_gpu_adamw(mp_gpt_stage_gpu *gpu, const mp_gpu_adamw *adamw, mp_error *err);
+ * mp_stage_gpu_scale_grads first), refreshing the bf16 weights; with ZeRO-1
+ * (mp_stage_gpu_keep_moments) on this rank's part only. Synchronises. */
+mp_status mp_stage_gpu_adamw(mp_stage_gpu *gpu, const mp_gpu_adamw *adamw, mp_error *err);
 
 #ifdef __cplusplus
 }
 #endif
 
-#endif /* MPENGINE_ENGINE_GPT_STAGE_GPU_H */
+#endif /* MPENGINE_ENGINE_MODEL_STAGE_GPU_H */

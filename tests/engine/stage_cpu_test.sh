@@ -1,5 +1,5 @@
 #!/bin/sh
-# tests/engine/gpt_model_tp_test.sh — runs gpt_model_tp_test (its only argument) under mpirun with
+# tests/engine/stage_cpu_test.sh — runs stage_cpu_test (its only argument) under mpirun with
 # 1, 2 and 4 ranks: tp = 1, 2, 4 against the one-rank model and trainer. Runs as root and with
 # more ranks than cores; shared memory and self transports only. Stops at the first failure.
 set -eu
@@ -13,10 +13,10 @@ export TMPDIR="${TEST_TMPDIR:-${TMPDIR:-/tmp}}"
 root=""
 [ "$(id -u)" -eq 0 ] && root="--allow-run-as-root"
 for np in 1 2 4; do
-  echo "=== gpt_model_tp_test under mpirun -np $np"
+  echo "=== stage_cpu_test under mpirun -np $np"
   if ! mpirun --oversubscribe $root --mca btl self,vader -np "$np" "$binary" "$@"; then
-    echo "gpt_model_tp_test: FAILED with $np ranks" >&2
+    echo "stage_cpu_test: FAILED with $np ranks" >&2
     exit 1
   fi
 done
-echo "gpt_model_tp_test: passed with 1, 2 and 4 ranks"
+echo "stage_cpu_test: passed with 1, 2 and 4 ranks"

@@ -1,13 +1,13 @@
 /*
- * engine/model/gpt_model_tp.h — one rank's shard of the GPT (engine/model/gpt_model.h), or of one pipeline
- * stage of it (mp_gpt_stage: a contiguous piece of embedding, blocks, final norm, LM head), on a
- * tensor-parallel group, on the CPU in fp32: its parameters and gradients as flat shard arrays,
- * and its forward and backward, the stage chain (engine/model/stage_chain.h: activation slots,
- * recomputation, the zero-bubble split) over the CPU's kernels. The pipeline's stage worker
- * (pipeline/stage_worker.h) drives a rank's stages through the trainer (engine/train/trainer.h); with
- * tp = 1 the group is mp_tp_comm_single.
+ * engine/model/stage_cpu.h — one rank's shard of the GPT (engine/model/param_layout.h), or of one
+ * pipeline stage of it (mp_stage_span: a contiguous piece of embedding, blocks, final norm, LM
+ * head), on a tensor-parallel group, on the CPU in fp32: its parameters and gradients as flat shard
+ * arrays, and its forward and backward, the stage chain (engine/model/stage_chain.h: activation
+ * slots, recomputation, the zero-bubble split) over the CPU's kernels. The pipeline's stage worker
+ * (pipeline/stage_worker.h) drives a rank's stages through the trainer (engine/train/trainer.h);
+ * with tp = 1 the group is mp_tp_comm_single.
  *
- * The shard is cut tensor by tensor from the one-rank layout (mp_gpt_layout) by each tensor's
+ * The shard is cut tensor by tensor from the one-rank layout (mp_param_layout) by each tensor's
  * split in the layout's table (tensor_parallel/shard.h): wte by vocabulary rows, qkv by heads,
  * attn_proj and fc_proj weights by columns, fc by rows; wpe, layernorms and the row-parallel
  * biases replicated. The shard array holds the tensors in the layout's order, each one's shard
@@ -22,28 +22,29 @@
  *
  * Shard-first (DESIGN.md, principle 6): a stage allocates, initialises and loads only its own
  * shard. Initialisation draws each block of each shard directly from the pure function of (seed,
- * tensor name, element index) (mp_gpt_tensor_init_block), so tp = 2 starts from exactly the
+ * tensor name, element index) (mp_param_tensor_init_block), so tp = 2 starts from exactly the
  * numbers of tp = 1 (principle 2); an llm.c file is read in the byte ranges of the shard alone.
  *
  * Sequence parallelism: the layernorm gradients of a rank cover only its tokens. The backward
- * leaves them partial; mp_gpt_tp_finish_grads sums them (every block's ln1/ln2 and the final
+ * leaves them partial; mp_stage_cpu_finish_grads sums them (every block's ln1/ln2 and the final
  * norm) over the group once per step, after the last micro-batch and before clipping.
  *
  * Replicated tensors come out bitwise identical on every rank (tp_comm.h's contract), so the
- * ranks' identical optimizer steps keep them equal; mp_gpt_tp_grad_norm_squared counts them once.
+ * ranks' identical optimizer steps keep them equal; mp_stage_cpu_grad_norm_squared counts them
+ * once.
  *
  * Every call that communicates returns MP_OK or the collective's error (a timeout names the rank,
  * the group and the peer); all ranks of the group must make the same calls in the same order.
  */
-#ifndef MPENGINE_ENGINE_GPT_MODEL_TP_H
-#define MPENGINE_ENGINE_GPT_MODEL_TP_H
+#ifndef MPENGINE_ENGINE_MODEL_STAGE_CPU_H
+#define MPENGINE_ENGINE_MODEL_STAGE_CPU_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "common/error.h"
-#include "engine/model/gpt_model.h"
+#include "engine/model/param_layout.h"
 #include "tensor_parallel/shard.h"
 #include "tensor_parallel/tp_comm.h"
 #include "topology/layer_cost.h"
@@ -55,14 +56,14 @@ extern "C" {
 
 /* One tensor's shard inside the flat shard array. */
 typedef struct {
-  const mp_gpt_tensor *full; /* the one-rank tensor: name, rows, cols, weight_decay, offset */
+  const mp_param_tensor *full; /* the one-rank tensor: name, rows, cols, weight_decay, offset */
   mp_tp_split split;         /* how it is cut (replicated: every rank holds all of it) */
   size_t offset;             /* floats from the start of the shard array */
   size_t count;              /* floats of this rank's shard */
   bool tied_copy;            /* the LM head's copy of wte on a last stage without the embedding:
                                 its gradient is summed with the first stage's over the embedding
                                 group, and the global norm counts wte once, on the first stage */
-} mp_gpt_tp_tensor;
+} mp_stage_tensor;
 
 /* A pipeline stage (one model chunk): a contiguous piece of the chain embedding, blocks 0..L-1,
  * final layernorm, LM head (with its loss) — the chain topology/cost_model.h's layers_per_stage
@@ -73,21 +74,21 @@ typedef struct {
   int num_layers;   /* may be 0 */
   bool final_norm;  /* the final layernorm after its blocks */
   bool head;        /* LM head tied to wte and the loss; the stage ends in a loss */
-} mp_gpt_stage;
+} mp_stage_span;
 
 /* The whole model as one stage. */
-mp_gpt_stage mp_gpt_stage_whole(int num_layers);
+mp_stage_span mp_stage_span_whole(int num_layers);
 
 /* The stage of chain positions [first, end) of a model with num_layers blocks (chain length
  * num_layers + 3). MP_ERR_INPUT when the range is empty or outside the chain. */
-mp_status mp_gpt_stage_of_chain(int num_layers, int first, int end, mp_gpt_stage *out,
+mp_status mp_stage_span_of_chain(int num_layers, int first, int end, mp_stage_span *out,
                                 mp_error *err);
 
-typedef struct mp_gpt_tp mp_gpt_tp;
+typedef struct mp_stage_cpu mp_stage_cpu;
 
-/* The whole model on group tp with one activation slot; see mp_gpt_tp_create_stage. */
-mp_status mp_gpt_tp_create(const mp_model *model, int micro_batch, int seq_len,
-                           const mp_tp_comm *tp, bool sequence_parallel, mp_gpt_tp **out,
+/* The whole model on group tp with one activation slot; see mp_stage_cpu_create_stage. */
+mp_status mp_stage_cpu_create(const mp_model *model, int micro_batch, int seq_len,
+                           const mp_tp_comm *tp, bool sequence_parallel, mp_stage_cpu **out,
                            mp_error *err);
 
 /* Lays out this rank's shard of `stage` of `model` on group tp (tp->size ranks, this one
@@ -95,82 +96,82 @@ mp_status mp_gpt_tp_create(const mp_model *model, int micro_batch, int seq_len,
  * one (micro_batch, seq_len) micro-batch between its forward and its backward (a pipeline rank
  * has several in flight). num_slots 0 makes a stage without slots: its tensor table, layout and
  * groups only (no activations, no working memory, no host arrays: the host side of a GPU stage,
- * engine/model/gpt_stage_gpu.h, which keeps the parameters), whose forward and backward refuse. With deferred_weights each slot also keeps what the weight-gradient
- * pass of a zero-bubble schedule needs (mp_stage_chain_backward_weights). recompute trades compute for
- * memory as the plan says: selective keeps no attention matrices (B, NH/tp, T, T) per slot and
- * recomputes each layer's right before its backward; full keeps only each slot's input and
- * tokens and reruns the stage's forward at the start of the backward (not with deferred weights:
- * MP_ERR_INPUT). Both give bitwise the gradients of none. The table is copied; its
- * context must outlive the model. MP_ERR_INPUT, naming the model file and what to change, when
- * the runtime cannot train the model (mp_gpt_layout_create), the heads, ffn_hidden or padded
- * vocabulary do not divide over tp, or with sequence parallelism micro_batch x seq_len does not.
- * zero->window_block_grads (ZeRO 2 and 3, a stage with slots): the stage holds no gradient of its
- * blocks between their backwards (or with deferred weights, of their GEMM weights between their
- * Ws): each block's is formed in one window of the largest block's floats, which the chain's
- * hook must take after every block (engine/model/stage_chain.h), and the gradient array holds only
- * the other tensors (mp_grad_window). zero->shard_block_params (ZeRO-3, with
- * window_block_grads, without deferred weights; or a stage without slots, a GPU stage's host
- * side): the parameters too (below).
+ * engine/model/stage_gpu.h, which keeps the parameters), whose forward and backward refuse. With
+ * deferred_weights each slot also keeps what the weight-gradient pass of a zero-bubble schedule
+ * needs (mp_stage_chain_backward_weights). recompute trades compute for memory as the plan says:
+ * selective keeps no attention matrices (B, NH/tp, T, T) per slot and recomputes each layer's right
+ * before its backward; full keeps only each slot's input and tokens and reruns the stage's forward
+ * at the start of the backward (not with deferred weights: MP_ERR_INPUT). Both give bitwise the
+ * gradients of none. The table is copied; its context must outlive the model. MP_ERR_INPUT, naming
+ * the model file and what to change, when the runtime cannot train the model
+ * (mp_param_layout_create), the heads, ffn_hidden or padded vocabulary do not divide over tp, or
+ * with sequence parallelism micro_batch x seq_len does not. zero->window_block_grads (ZeRO 2 and 3,
+ * a stage with slots): the stage holds no gradient of its blocks between their backwards (or with
+ * deferred weights, of their GEMM weights between their Ws): each block's is formed in one window
+ * of the largest block's floats, which the chain's hook must take after every block
+ * (engine/model/stage_chain.h), and the gradient array holds only the other tensors
+ * (mp_grad_window). zero->shard_block_params (ZeRO-3, with window_block_grads, without deferred
+ * weights; or a stage without slots, a GPU stage's host side): the parameters too (below).
  * Parameters start at zero: call an init or write function. */
-typedef struct mp_gpt_tp_zero mp_gpt_tp_zero;
-mp_status mp_gpt_tp_create_stage(const mp_model *model, int micro_batch, int seq_len,
+typedef struct mp_stage_zero mp_stage_zero;
+mp_status mp_stage_cpu_create_stage(const mp_model *model, int micro_batch, int seq_len,
                                  const mp_tp_comm *tp, bool sequence_parallel,
-                                 const mp_gpt_stage *stage, int num_slots, bool deferred_weights,
-                                 mp_recompute recompute, const mp_gpt_tp_zero *zero,
-                                 mp_gpt_tp **out, mp_error *err);
+                                 const mp_stage_span *stage, int num_slots, bool deferred_weights,
+                                 mp_recompute recompute, const mp_stage_zero *zero,
+                                 mp_stage_cpu **out, mp_error *err);
 
-/* ZeRO's cut of a stage over dp_size data-parallel ranks (mp_gpt_tp_create_stage's zero; NULL:
+/* ZeRO's cut of a stage over dp_size data-parallel ranks (mp_stage_cpu_create_stage's zero; NULL:
  * none). The stage's dp part is elements [first, first + count) of its flat layout
  * (mp_zero_part). */
-struct mp_gpt_tp_zero {
+struct mp_stage_zero {
   int dp_size, dp_rank;
   bool window_block_grads;  /* ZeRO 2 and 3: block gradients through a window (mp_grad_window) */
   bool shard_block_params;  /* ZeRO-3: of its blocks' parameters the stage holds only those of
-                               its dp part (mp_gpt_tp_held_params); the chain gathers each
+                               its dp part (mp_stage_cpu_held_params); the chain gathers each
                                block's into a weights window through its weights hook */
 };
 
 /* ZeRO's part of dp rank `rank` of `size` over n floats: [*first, *first + *count), ceil(n /
  * size) floats each, the last ones shorter (or empty). */
 void mp_zero_part(size_t n, int size, int rank, size_t *first, size_t *count);
-void mp_gpt_tp_free(mp_gpt_tp *gpt);
+void mp_stage_cpu_free(mp_stage_cpu *gpt);
 
-const mp_gpt_stage *mp_gpt_tp_stage(const mp_gpt_tp *gpt);
+const mp_stage_span *mp_stage_cpu_span(const mp_stage_cpu *gpt);
 
 /* Floats of the activation a stage sends to the next one (and the gradient it gets back):
  * (B*T, C), or with sequence parallelism this rank's (B*T/tp, C). */
-size_t mp_gpt_tp_boundary_floats(const mp_gpt_tp *gpt);
+size_t mp_stage_cpu_boundary_floats(const mp_stage_cpu *gpt);
 
 /* The (micro_batch, seq_len) the stage was created for. */
-void mp_gpt_tp_micro_batch(const mp_gpt_tp *gpt, int *micro_batch, int *seq_len);
+void mp_stage_cpu_micro_batch(const mp_stage_cpu *gpt, int *micro_batch, int *seq_len);
 
 /* The one-rank layout the shard is cut from (config, full tensor table). */
-const mp_gpt_layout *mp_gpt_tp_layout(const mp_gpt_tp *gpt);
-const mp_tp_comm *mp_gpt_tp_comm(const mp_gpt_tp *gpt);
-bool mp_gpt_tp_sequence_parallel(const mp_gpt_tp *gpt);
+const mp_param_layout *mp_stage_cpu_layout(const mp_stage_cpu *gpt);
+const mp_tp_comm *mp_stage_cpu_comm(const mp_stage_cpu *gpt);
+bool mp_stage_cpu_sequence_parallel(const mp_stage_cpu *gpt);
 
-/* The flat shard arrays, mp_gpt_tp_num_params floats each, and their tensor table. A stage
+/* The flat shard arrays, mp_stage_cpu_num_params floats each, and their tensor table. A stage
  * without activation slots (a GPU stage's host side) holds neither in host memory: its
- * parameters are in its store (below), mp_gpt_tp_params is NULL, and it holds no host gradient
- * array until mp_gpt_tp_alloc_grads makes one (mp_gpt_tp_grads is NULL before, and zeroing,
+ * parameters are in its store (below), mp_stage_cpu_params is NULL, and it holds no host gradient
+ * array until mp_stage_cpu_alloc_grads makes one (mp_stage_cpu_grads is NULL before, and zeroing,
  * gathering and norms of the gradients are for stages that have them). */
-size_t mp_gpt_tp_num_params(const mp_gpt_tp *gpt);
-float *mp_gpt_tp_params(mp_gpt_tp *gpt);
-float *mp_gpt_tp_grads(mp_gpt_tp *gpt);
+size_t mp_stage_cpu_num_params(const mp_stage_cpu *gpt);
+float *mp_stage_cpu_params(mp_stage_cpu *gpt);
+float *mp_stage_cpu_grads(mp_stage_cpu *gpt);
 
 /* Where a stage without activation slots keeps its parameters: a GPU twin's device arrays
- * (engine/model/gpt_stage_gpu.h sets itself as the store when it is created), which mirror the
- * stage's stored order (mp_gpt_tp_params_floats floats, mp_gpt_tp_params_index below). read and
- * write move count floats at stored index `at` from and to host memory. */
+ * (engine/model/stage_gpu.h sets itself as the store when it is created), which mirror the
+ * stage's stored order (mp_stage_cpu_params_floats floats, mp_stage_cpu_params_index below). read
+ * and write move count floats at stored index `at` from and to host memory. */
 typedef struct {
   void *context;
   mp_status (*read)(void *context, size_t at, size_t count, float *dest, mp_error *err);
   mp_status (*write)(void *context, size_t at, size_t count, const float *src, mp_error *err);
-} mp_gpt_tp_param_store;
+} mp_stage_param_store;
 
 /* Sets (store copied) or with NULL removes the stage's store. MP_ERR_INPUT for a stage with
  * activation slots, whose chain reads its parameters in host memory. */
-mp_status mp_gpt_tp_set_param_store(mp_gpt_tp *gpt, const mp_gpt_tp_param_store *store,
+mp_status mp_stage_cpu_set_param_store(mp_stage_cpu *gpt, const mp_stage_param_store *store,
                                     mp_error *err);
 
 /* ZeRO-3's parameters (shard_block_params): the stage holds the tensors outside its blocks whole
@@ -188,21 +189,22 @@ mp_status mp_gpt_tp_set_param_store(mp_gpt_tp *gpt, const mp_gpt_tp_param_store 
  *   write_params  elements [first, first + count) = src
  * read and write: MP_ERR_INPUT naming the element when the stage does not hold them all, or when
  * it keeps no parameters (no slots and no store); a store's errors. */
-bool mp_gpt_tp_sharded_params(const mp_gpt_tp *gpt);
+bool mp_stage_cpu_sharded_params(const mp_stage_cpu *gpt);
 /* Floats of the stored array: num_params, or under ZeRO-3 the outside tensors and the held
  * block elements. */
-size_t mp_gpt_tp_params_floats(const mp_gpt_tp *gpt);
-bool mp_gpt_tp_params_index(const mp_gpt_tp *gpt, size_t first, size_t count, size_t *at);
-float *mp_gpt_tp_params_at(mp_gpt_tp *gpt, size_t first, size_t count);
-void mp_gpt_tp_held_params(const mp_gpt_tp *gpt, int index, size_t *first, size_t *count);
-mp_status mp_gpt_tp_read_params(mp_gpt_tp *gpt, size_t first, size_t count, float *dest,
+size_t mp_stage_cpu_params_floats(const mp_stage_cpu *gpt);
+bool mp_stage_cpu_params_index(const mp_stage_cpu *gpt, size_t first, size_t count, size_t *at);
+float *mp_stage_cpu_params_at(mp_stage_cpu *gpt, size_t first, size_t count);
+void mp_stage_cpu_held_params(const mp_stage_cpu *gpt, int index, size_t *first, size_t *count);
+mp_status mp_stage_cpu_read_params(mp_stage_cpu *gpt, size_t first, size_t count, float *dest,
                                 mp_error *err);
-mp_status mp_gpt_tp_write_params(mp_gpt_tp *gpt, size_t first, size_t count, const float *src,
+mp_status mp_stage_cpu_write_params(mp_stage_cpu *gpt, size_t first, size_t count, const float *src,
                                  mp_error *err);
 
 /* [*first, *end): the floats of the flat arrays the stage's blocks hold (contiguous, in the
  * layout's order; *first == *end without blocks), and *largest, the floats of its largest block. */
-void mp_gpt_tp_blocks_range(const mp_gpt_tp *gpt, size_t *first, size_t *end, size_t *largest);
+void mp_stage_cpu_blocks_range(const mp_stage_cpu *gpt, size_t *first, size_t *end,
+                               size_t *largest);
 
 /* Which gradients of a stage pass through a one-block window (ZeRO-2) instead of its gradient
  * array: none; every block tensor's (whole backwards); or with a zero-bubble schedule's deferred
@@ -218,93 +220,93 @@ typedef enum {
 /* The kind a stage created with windowed_block_grads and deferred_weights uses. */
 mp_grad_window mp_grad_window_for(bool windowed_block_grads, bool deferred_weights);
 
-/* Windowed block gradients (mp_gpt_tp_create_stage): mp_gpt_tp_grads has
- * mp_gpt_tp_grads_floats floats, the tensors outside the window in the layout's order, packed
- * (without a window, num_params floats in the shard's layout). mp_gpt_tp_tensor_grad is tensor
+/* Windowed block gradients (mp_stage_cpu_create_stage): mp_stage_cpu_grads has
+ * mp_stage_cpu_grads_floats floats, the tensors outside the window in the layout's order, packed
+ * (without a window, num_params floats in the shard's layout). mp_stage_cpu_tensor_grad is tensor
  * index's gradient in it, NULL for a tensor of the window or a stage without gradients. */
-mp_grad_window mp_gpt_tp_grad_window(const mp_gpt_tp *gpt);
-size_t mp_gpt_tp_grads_floats(const mp_gpt_tp *gpt);
-float *mp_gpt_tp_tensor_grad(mp_gpt_tp *gpt, int index);
+mp_grad_window mp_stage_cpu_grad_window(const mp_stage_cpu *gpt);
+size_t mp_stage_cpu_grads_floats(const mp_stage_cpu *gpt);
+float *mp_stage_cpu_tensor_grad(mp_stage_cpu *gpt, int index);
 /* Where tensor index's gradient sits in a gradient array of this stage packed for window (its
  * offset for MP_GRAD_WINDOW_NONE): false for a tensor of the window. grad_array_floats: that
- * array's floats. A GPU twin (engine/model/gpt_stage_gpu.h) packs its device gradients the same way. */
-bool mp_gpt_tp_grad_offset(const mp_gpt_tp *gpt, int index, mp_grad_window window,
+ * array's floats. A GPU twin (engine/model/stage_gpu.h) packs its device gradients the same way. */
+bool mp_stage_cpu_grad_offset(const mp_stage_cpu *gpt, int index, mp_grad_window window,
                            size_t *offset);
 /* Whether tensor index's gradient passes through the window (constant time; grad_offset sums the
  * tensors before it). */
-bool mp_gpt_tp_grad_in_window(const mp_gpt_tp *gpt, int index, mp_grad_window window);
-size_t mp_gpt_tp_grad_array_floats(const mp_gpt_tp *gpt, mp_grad_window window);
+bool mp_stage_cpu_grad_in_window(const mp_stage_cpu *gpt, int index, mp_grad_window window);
+size_t mp_stage_cpu_grad_array_floats(const mp_stage_cpu *gpt, mp_grad_window window);
 /* The host gradient array (zeroed) if the stage has none yet; MP_ERR_RUNTIME out of memory. */
-mp_status mp_gpt_tp_alloc_grads(mp_gpt_tp *gpt, mp_error *err);
-int mp_gpt_tp_num_tensors(const mp_gpt_tp *gpt);
-const mp_gpt_tp_tensor *mp_gpt_tp_tensor_at(const mp_gpt_tp *gpt, int index);
+mp_status mp_stage_cpu_alloc_grads(mp_stage_cpu *gpt, mp_error *err);
+int mp_stage_cpu_num_tensors(const mp_stage_cpu *gpt);
+const mp_stage_tensor *mp_stage_cpu_tensor_at(const mp_stage_cpu *gpt, int index);
 
-/* GPT-2 initialisation from seed: this rank's shard of mp_gpt_layout_init_params, drawn block by
+/* GPT-2 initialisation from seed: this rank's shard of mp_param_layout_init_params, drawn block by
  * block without the full tensors (through a 1 MiB host buffer into a store). Fails only as
- * mp_gpt_tp_write_params does. */
-mp_status mp_gpt_tp_init_params(mp_gpt_tp *gpt, uint64_t seed, mp_error *err);
+ * mp_stage_cpu_write_params does. */
+mp_status mp_stage_cpu_init_params(mp_stage_cpu *gpt, uint64_t seed, mp_error *err);
 
 /* Fills this rank's shard of each of the stage's tensors from fill, rectangle by rectangle, so
  * that no rank ever holds a full tensor: fill writes the (rows, cols) block at (row, col) of the
  * one-rank tensor of layout index `tensor` into dest (rows x cols, row-major). A source laid out
  * otherwise (GPT-2's transposed weights) still reads whole rows. Into a store the blocks go
- * through a 1 MiB host buffer. Errors of fill and of mp_gpt_tp_write_params. Loading weights is
+ * through a 1 MiB host buffer. Errors of fill and of mp_stage_cpu_write_params. Loading weights is
  * this over a weight source (engine/weights/weight_source.h, mp_weight_source_load_stage). */
-typedef mp_status (*mp_gpt_tp_fill_fn)(void *context, int tensor, size_t row, size_t rows,
+typedef mp_status (*mp_stage_fill_fn)(void *context, int tensor, size_t row, size_t rows,
                                        size_t col, size_t cols, float *dest, mp_error *err);
-mp_status mp_gpt_tp_fill_params(mp_gpt_tp *gpt, mp_gpt_tp_fill_fn fill, void *context,
+mp_status mp_stage_cpu_fill_params(mp_stage_cpu *gpt, mp_stage_fill_fn fill, void *context,
                                 mp_error *err);
 
 /* The full one-rank arrays from every rank's shard, written on every rank (all-gather per
- * tensor): full has mp_gpt_layout_num_params floats, of which the stage's tensors are written
+ * tensor): full has mp_param_layout_num_params floats, of which the stage's tensors are written
  * (all of them for a whole-model stage; a tied copy of wte is not written). Collective. For tests
  * that compare a shard with the one-rank model; a run never calls them (saves stream,
  * mp_trainer_save_llmc). */
-mp_status mp_gpt_tp_gather_params(mp_gpt_tp *gpt, float *full, mp_error *err);
-mp_status mp_gpt_tp_gather_grads(mp_gpt_tp *gpt, float *full, mp_error *err);
+mp_status mp_stage_cpu_gather_params(mp_stage_cpu *gpt, float *full, mp_error *err);
+mp_status mp_stage_cpu_gather_grads(mp_stage_cpu *gpt, float *full, mp_error *err);
 
-void mp_gpt_tp_zero_grads(mp_gpt_tp *gpt);
+void mp_stage_cpu_zero_grads(mp_stage_cpu *gpt);
 
 /* The stage's forward and backward (engine/model/stage_chain.h, over the CPU's kernels); NULL for a
  * stage without slots. */
 typedef struct mp_stage_chain mp_stage_chain;
-mp_stage_chain *mp_gpt_tp_chain(mp_gpt_tp *gpt);
+mp_stage_chain *mp_stage_cpu_chain(mp_stage_cpu *gpt);
 
 /* Forward of one micro-batch through the whole model (a whole-model stage, slot 0): inputs and
  * targets (B, T), every token of the micro-batch on every rank, each in [0, V). *loss = the mean
  * cross-entropy over the B*T tokens (identical on every rank); the loss gradient its backward
  * will use is formed now, weighted by dloss (1 for a lone micro-batch, 1 / num_micro_batches
  * when micro-batches accumulate). Collective. */
-mp_status mp_gpt_tp_forward(mp_gpt_tp *gpt, const int32_t *inputs, const int32_t *targets,
+mp_status mp_stage_cpu_forward(mp_stage_cpu *gpt, const int32_t *inputs, const int32_t *targets,
                             float dloss, double *loss, mp_error *err);
 
 /* Backward of the last forward: adds d(dloss x mean loss)/d(shard) into the gradients. With
- * sequence parallelism the layernorm gradients stay partial until mp_gpt_tp_finish_grads.
+ * sequence parallelism the layernorm gradients stay partial until mp_stage_cpu_finish_grads.
  * Collective. */
-mp_status mp_gpt_tp_backward(mp_gpt_tp *gpt, mp_error *err);
+mp_status mp_stage_cpu_backward(mp_stage_cpu *gpt, mp_error *err);
 
 /* mp_stage_chain_forward and _backward on the stage's chain (see there for the arguments). */
-mp_status mp_gpt_tp_forward_stage(mp_gpt_tp *gpt, int slot, const int32_t *inputs,
+mp_status mp_stage_cpu_forward_stage(mp_stage_cpu *gpt, int slot, const int32_t *inputs,
                                   const int32_t *targets, const float *input, float *output,
                                   float dloss, double *loss, mp_error *err);
-mp_status mp_gpt_tp_backward_stage(mp_gpt_tp *gpt, int slot, const float *doutput, float *dinput,
-                                   bool defer_weights, mp_error *err);
+mp_status mp_stage_cpu_backward_stage(mp_stage_cpu *gpt, int slot, const float *doutput,
+                                      float *dinput, bool defer_weights, mp_error *err);
 
 /* Once per step, after the last micro-batch's backward: with sequence parallelism sums every
  * layernorm gradient (blocks' ln1, ln2 and the final norm) over the group; without it does
  * nothing. Collective. */
-mp_status mp_gpt_tp_finish_grads(mp_gpt_tp *gpt, mp_error *err);
+mp_status mp_stage_cpu_finish_grads(mp_stage_cpu *gpt, mp_error *err);
 
 /* The squared global norm of the stage's gradient: every sharded tensor's squares summed over
- * the group, each replicated tensor counted once, a tied copy of wte not at all. The partial sums travel as doubles and
- * are added in rank order, so *out is bitwise the same on every rank and clipping agrees.
- * Call after mp_gpt_tp_finish_grads. Collective. */
-mp_status mp_gpt_tp_grad_norm_squared(mp_gpt_tp *gpt, double *out, mp_error *err);
+ * the group, each replicated tensor counted once, a tied copy of wte not at all. The partial sums
+ * travel as doubles and are added in rank order, so *out is bitwise the same on every rank and
+ * clipping agrees. Call after mp_stage_cpu_finish_grads. Collective. */
+mp_status mp_stage_cpu_grad_norm_squared(mp_stage_cpu *gpt, double *out, mp_error *err);
 
-/* The same from each tensor's sum of squares, squares[i] for mp_gpt_tp_tensor_at(gpt, i) (so a
- * GPU twin of the stage, engine/model/gpt_stage_gpu.h, counts as the CPU does). Collective. */
-mp_status mp_gpt_tp_norm_from_squares(const mp_gpt_tp *gpt, const double *squares, double *out,
-                                      mp_error *err);
+/* The same from each tensor's sum of squares, squares[i] for mp_stage_cpu_tensor_at(gpt, i) (so a
+ * GPU twin of the stage, engine/model/stage_gpu.h, counts as the CPU does). Collective. */
+mp_status mp_stage_cpu_norm_from_squares(const mp_stage_cpu *gpt, const double *squares,
+                                         double *out, mp_error *err);
 
 /* ---------------------------------------------------------------------------------------------
  * The one-rank model: the whole chain as one stage at tp = 1 (the stage above with one activation
@@ -320,19 +322,19 @@ mp_status mp_gpt_create(const mp_model *model, int micro_batch, int seq_len, mp_
                         mp_error *err);
 void mp_gpt_free(mp_gpt *gpt);
 
-const mp_gpt_config *mp_gpt_get_config(const mp_gpt *gpt);
-const mp_gpt_layout *mp_gpt_get_layout(const mp_gpt *gpt);
+const mp_model_config *mp_gpt_get_config(const mp_gpt *gpt);
+const mp_param_layout *mp_gpt_get_layout(const mp_gpt *gpt);
 
 /* The flat parameter and gradient arrays, mp_gpt_num_params floats each. */
 size_t mp_gpt_num_params(const mp_gpt *gpt);
 float *mp_gpt_params(mp_gpt *gpt);
 float *mp_gpt_grads(mp_gpt *gpt);
 int mp_gpt_num_tensors(const mp_gpt *gpt);
-const mp_gpt_tensor *mp_gpt_tensor_at(const mp_gpt *gpt, int index);
+const mp_param_tensor *mp_gpt_tensor_at(const mp_gpt *gpt, int index);
 /* The tensor called name, or NULL. */
-const mp_gpt_tensor *mp_gpt_find_tensor(const mp_gpt *gpt, const char *name);
+const mp_param_tensor *mp_gpt_find_tensor(const mp_gpt *gpt, const char *name);
 
-/* GPT-2 initialisation from seed (mp_gpt_layout_init_params). */
+/* GPT-2 initialisation from seed (mp_param_layout_init_params). */
 void mp_gpt_init_params(mp_gpt *gpt, uint64_t seed);
 
 void mp_gpt_zero_grads(mp_gpt *gpt);
@@ -364,4 +366,4 @@ mp_status mp_gpt_save_llmc_gradients(const mp_gpt *gpt, const char *path, mp_err
 }
 #endif
 
-#endif /* MPENGINE_ENGINE_GPT_MODEL_TP_H */
+#endif /* MPENGINE_ENGINE_MODEL_STAGE_CPU_H */

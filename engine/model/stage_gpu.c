@@ -1,5 +1,5 @@
 /*
- * engine/model/gpt_stage_gpu.c — a rank's shard of a pipeline stage on a GPU; see gpt_stage_gpu.h.
+ * engine/model/stage_gpu.c — a rank's shard of a pipeline stage on a GPU; see stage_gpu.h.
  *
  * The forward and backward are the stage chain's (engine/model/stage_chain.h), run over the CUDA
  * kernel table below: layers/' CUDA twins in bf16, and around the row-parallel GEMMs, the
@@ -8,7 +8,7 @@
  * once after a sum). This file owns the device's parameter state: fp32 master weights and
  * gradients, their bf16 copy, the AdamW moments.
  */
-#include "engine/model/gpt_stage_gpu.h"
+#include "engine/model/stage_gpu.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -508,11 +508,11 @@ fail:
  * The stage: its device state and chain
  * ------------------------------------------------------------------------------------------- */
 
-struct mp_gpt_stage_gpu {
-  mp_gpt_tp *host;
+struct mp_stage_gpu {
+  mp_stage_cpu *host;
   mp_tp_comm tp;
   size_t num_params, device_bytes;         /* num_params: floats of the shard's flat layout */
-  size_t params_floats;                    /* the host's mp_gpt_tp_params_floats: num_params,
+  size_t params_floats;                    /* the host's mp_stage_cpu_params_floats: num_params,
                                               or with ZeRO-3 the outside tensors and the held
                                               block elements, in the host's order */
   float *master;                           /* (params_floats) */
@@ -529,7 +529,7 @@ struct mp_gpt_stage_gpu {
                                               block's reduce-scatter overlaps the next one's
                                               backward (engine/model/stage_chain.h) */
   float *grad_part;                        /* (moments_count) ZeRO-2: the part's gradients,
-                                              from mp_gpt_stage_gpu_keep_moments */
+                                              from mp_stage_gpu_keep_moments */
   size_t grad_part_count;
   mp_bf16 *weights;                        /* (params_floats) */
   mp_bf16 *weights_window, *weights_window_2; /* ZeRO-3: (the largest block's each) the chain's
@@ -541,7 +541,7 @@ struct mp_gpt_stage_gpu {
   mp_stage_chain *chain;
 };
 
-static mp_status device_alloc(mp_gpt_stage_gpu *gpu, void **out, size_t bytes, mp_error *err) {
+static mp_status device_alloc(mp_stage_gpu *gpu, void **out, size_t bytes, mp_error *err) {
   MP_TRY(mp_device_alloc(out, bytes > 0 ? bytes : 1, err));
   gpu->device_bytes += bytes;
   return MP_OK;
@@ -555,9 +555,9 @@ static mp_status device_alloc(mp_gpt_stage_gpu *gpu, void **out, size_t bytes, m
     }                                                                                   \
   } while (0)
 
-void mp_gpt_stage_gpu_free(mp_gpt_stage_gpu *gpu) {
+void mp_stage_gpu_free(mp_stage_gpu *gpu) {
   if (gpu == NULL) return;
-  if (gpu->host != NULL) (void)mp_gpt_tp_set_param_store(gpu->host, NULL, NULL);
+  if (gpu->host != NULL) (void)mp_stage_cpu_set_param_store(gpu->host, NULL, NULL);
   mp_stage_chain_free(gpu->chain);
   cuda_kernels_free(gpu->kernels);
   void *buffers[] = {gpu->master, gpu->grads,     gpu->adam_m,         gpu->adam_v,
@@ -567,9 +567,9 @@ void mp_gpt_stage_gpu_free(mp_gpt_stage_gpu *gpu) {
   free(gpu);
 }
 
-/* The host stage's store (mp_gpt_tp_param_store): the master weights at the host's stored index,
+/* The host stage's store (mp_stage_param_store): the master weights at the host's stored index,
  * their bf16 copy refreshed on a write. Both synchronise with the default stream (cudaMemcpy). */
-static mp_status check_stored(const mp_gpt_stage_gpu *gpu, size_t at, size_t count,
+static mp_status check_stored(const mp_stage_gpu *gpu, size_t at, size_t count,
                                mp_error *err) {
   if (at <= gpu->params_floats && count <= gpu->params_floats - at) return MP_OK;
   return mp_fail(err, MP_ERR_RUNTIME, "stored parameters [%zu, +%zu) of %zu", at, count,
@@ -577,40 +577,40 @@ static mp_status check_stored(const mp_gpt_stage_gpu *gpu, size_t at, size_t cou
 }
 
 static mp_status store_read(void *context, size_t at, size_t count, float *dest, mp_error *err) {
-  const mp_gpt_stage_gpu *gpu = context;
+  const mp_stage_gpu *gpu = context;
   MP_TRY(check_stored(gpu, at, count, err));
   return mp_device_copy_to_host(dest, gpu->master + at, count * sizeof(float), err);
 }
 
 static mp_status store_write(void *context, size_t at, size_t count, const float *src,
                              mp_error *err) {
-  mp_gpt_stage_gpu *gpu = context;
+  mp_stage_gpu *gpu = context;
   MP_TRY(check_stored(gpu, at, count, err));
   MP_TRY(mp_device_copy_to_device(gpu->master + at, src, count * sizeof(float), err));
   mp_bf16_from_float_cuda(gpu->weights + at, gpu->master + at, count, NULL);
   return MP_OK;
 }
 
-mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, int micro_batch,
+mp_status mp_stage_gpu_create(mp_stage_cpu *host, const mp_tp_comm *device_tp, int micro_batch,
                                   int seq_len, int num_slots, bool deferred_weights,
                                   mp_recompute recompute, bool windowed_block_grads,
-                                  mp_gpt_stage_gpu **out, mp_error *err) {
+                                  mp_stage_gpu **out, mp_error *err) {
   *out = NULL;
   /* What the chain cannot run is refused before the GPU is looked for. */
   MP_TRY(mp_stage_chain_check(num_slots, deferred_weights, recompute, err));
   int host_batch = 0, host_seq = 0;
-  mp_gpt_tp_micro_batch(host, &host_batch, &host_seq);
+  mp_stage_cpu_micro_batch(host, &host_batch, &host_seq);
   if (micro_batch != host_batch || seq_len != host_seq) {
     return mp_fail(err, MP_ERR_INPUT,
                    "the GPU stage's micro-batch %d x %d tokens is not its host stage's (%d x %d)",
                    micro_batch, seq_len, host_batch, host_seq);
   }
-  if (mp_gpt_tp_chain(host) != NULL) {
+  if (mp_stage_cpu_chain(host) != NULL) {
     return mp_fail(err, MP_ERR_INPUT,
                    "the host stage has activation slots: a GPU stage's host side has none, and "
                    "keeps its parameters on the device");
   }
-  const bool sharded = mp_gpt_tp_sharded_params(host);
+  const bool sharded = mp_stage_cpu_sharded_params(host);
   if (sharded && (!windowed_block_grads || deferred_weights)) {
     return mp_fail(err, MP_ERR_INPUT,
                    "the host stage's block parameters are sharded (ZeRO-3): the GPU stage needs "
@@ -622,31 +622,32 @@ mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, 
                    "--backend cuda: no CUDA GPU is visible (check nvidia-smi and "
                    "CUDA_VISIBLE_DEVICES)");
   }
-  const mp_tp_comm *tp = device_tp != NULL ? device_tp : mp_gpt_tp_comm(host);
-  if (tp->size != mp_gpt_tp_comm(host)->size || tp->rank != mp_gpt_tp_comm(host)->rank) {
+  const mp_tp_comm *tp = device_tp != NULL ? device_tp : mp_stage_cpu_comm(host);
+  if (tp->size != mp_stage_cpu_comm(host)->size || tp->rank != mp_stage_cpu_comm(host)->rank) {
     return mp_fail(err, MP_ERR_INPUT,
                    "the device tensor-parallel group (rank %d of %d) is not the host stage's "
                    "(rank %d of %d)",
-                   tp->rank, tp->size, mp_gpt_tp_comm(host)->rank, mp_gpt_tp_comm(host)->size);
+                   tp->rank, tp->size, mp_stage_cpu_comm(host)->rank,
+                   mp_stage_cpu_comm(host)->size);
   }
-  mp_gpt_stage_gpu *gpu = calloc(1, sizeof *gpu);
+  mp_stage_gpu *gpu = calloc(1, sizeof *gpu);
   if (gpu == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of host memory");
   gpu->host = host;
   gpu->tp = *tp;
-  gpu->num_params = mp_gpt_tp_num_params(host);
-  gpu->params_floats = mp_gpt_tp_params_floats(host);
+  gpu->num_params = mp_stage_cpu_num_params(host);
+  gpu->params_floats = mp_stage_cpu_params_floats(host);
   /* What the device holds of the parameters (with ZeRO-3 not the whole flat layout). */
   const size_t P = gpu->params_floats;
   size_t blocks_first = 0, blocks_end = 0, largest_block = 0;
-  mp_gpt_tp_blocks_range(host, &blocks_first, &blocks_end, &largest_block);
+  mp_stage_cpu_blocks_range(host, &blocks_first, &blocks_end, &largest_block);
   gpu->windowed = windowed_block_grads;
   gpu->window_kind = mp_grad_window_for(windowed_block_grads, deferred_weights);
-  gpu->grads_floats = mp_gpt_tp_grad_array_floats(host, gpu->window_kind);
+  gpu->grads_floats = mp_stage_cpu_grad_array_floats(host, gpu->window_kind);
   ALLOC(gpu->master, P);
   ALLOC(gpu->grads, gpu->grads_floats);
   ALLOC(gpu->weights, P);
   /* The AdamW moments, and ZeRO-2's part gradients, come with the part
-   * (mp_gpt_stage_gpu_keep_moments) or, without ZeRO, when first needed (whole_moments): a
+   * (mp_stage_gpu_keep_moments) or, without ZeRO, when first needed (whole_moments): a
    * buffer of the whole stage here, even for a moment, could be the allocation that does not
    * fit. */
   if (gpu->windowed) {
@@ -683,33 +684,33 @@ mp_status mp_gpt_stage_gpu_create(mp_gpt_tp *host, const mp_tp_comm *device_tp, 
   if (mp_stage_chain_create(&config, &gpu->kernels->table, &gpu->chain, err) != MP_OK) goto fail;
   gpu->device_bytes += gpu->kernels->device_bytes + mp_stage_chain_bytes(gpu->chain);
   /* The host stage reads and writes its parameters here: no host copy of them exists. */
-  const mp_gpt_tp_param_store store = {gpu, store_read, store_write};
-  if (mp_gpt_tp_set_param_store(host, &store, err) != MP_OK) goto fail;
+  const mp_stage_param_store store = {gpu, store_read, store_write};
+  if (mp_stage_cpu_set_param_store(host, &store, err) != MP_OK) goto fail;
   *out = gpu;
   return MP_OK;
 fail:
-  mp_gpt_stage_gpu_free(gpu);
+  mp_stage_gpu_free(gpu);
   return err != NULL && err->status != MP_OK ? err->status : MP_ERR_RUNTIME;
 }
 
-mp_stage_chain *mp_gpt_stage_gpu_chain(mp_gpt_stage_gpu *gpu) { return gpu->chain; }
+mp_stage_chain *mp_stage_gpu_chain(mp_stage_gpu *gpu) { return gpu->chain; }
 
-size_t mp_gpt_stage_gpu_device_bytes(const mp_gpt_stage_gpu *gpu) { return gpu->device_bytes; }
-float *mp_gpt_stage_gpu_device_grads(mp_gpt_stage_gpu *gpu) { return gpu->grads; }
+size_t mp_stage_gpu_device_bytes(const mp_stage_gpu *gpu) { return gpu->device_bytes; }
+float *mp_stage_gpu_device_grads(mp_stage_gpu *gpu) { return gpu->grads; }
 
-/* The whole stage's AdamW moments (zeroed) unless a part was kept (mp_gpt_stage_gpu_keep_moments);
+/* The whole stage's AdamW moments (zeroed) unless a part was kept (mp_stage_gpu_keep_moments);
  * a windowed stage keeps a part, always. */
-static mp_status whole_moments(mp_gpt_stage_gpu *gpu, mp_error *err) {
+static mp_status whole_moments(mp_stage_gpu *gpu, mp_error *err) {
   if (gpu->adam_m != NULL) return MP_OK;
   if (gpu->windowed) {
     return mp_fail(err, MP_ERR_INPUT,
                    "the GPU stage's gradients are windowed (ZeRO-2) but it keeps no part: call "
-                   "mp_gpt_stage_gpu_keep_moments first");
+                   "mp_stage_gpu_keep_moments first");
   }
-  return mp_gpt_stage_gpu_keep_moments(gpu, 0, gpu->num_params, err);
+  return mp_stage_gpu_keep_moments(gpu, 0, gpu->num_params, err);
 }
 
-mp_status mp_gpt_stage_gpu_keep_moments(mp_gpt_stage_gpu *gpu, size_t first, size_t count,
+mp_status mp_stage_gpu_keep_moments(mp_stage_gpu *gpu, size_t first, size_t count,
                                         mp_error *err) {
   if (first > gpu->num_params || count > gpu->num_params - first) {
     return mp_fail(err, MP_ERR_INPUT, "moments of elements [%zu, %zu): the stage has %zu", first,
@@ -737,30 +738,30 @@ mp_status mp_gpt_stage_gpu_keep_moments(mp_gpt_stage_gpu *gpu, size_t first, siz
   return mp_device_memset(gpu->grad_part, 0, count * sizeof(float), err);
 }
 
-float *mp_gpt_stage_gpu_device_params(mp_gpt_stage_gpu *gpu) { return gpu->master; }
+float *mp_stage_gpu_device_params(mp_stage_gpu *gpu) { return gpu->master; }
 
 /* Where flat elements [first, first + count) sit in the device's parameter arrays: where the
- * host stage stores them (mp_gpt_tp_params_index), which they mirror; false when they are not
+ * host stage stores them (mp_stage_cpu_params_index), which they mirror; false when they are not
  * one stretch there. */
-static bool held_offset(const mp_gpt_stage_gpu *gpu, size_t first, size_t count, size_t *at) {
-  return mp_gpt_tp_params_index(gpu->host, first, count, at);
+static bool held_offset(const mp_stage_gpu *gpu, size_t first, size_t count, size_t *at) {
+  return mp_stage_cpu_params_index(gpu->host, first, count, at);
 }
 
-float *mp_gpt_stage_gpu_params_at(mp_gpt_stage_gpu *gpu, size_t first, size_t count) {
+float *mp_stage_gpu_params_at(mp_stage_gpu *gpu, size_t first, size_t count) {
   size_t at = 0;
   return held_offset(gpu, first, count, &at) ? gpu->master + at : NULL;
 }
 
-void *mp_gpt_stage_gpu_weights_at(mp_gpt_stage_gpu *gpu, size_t first, size_t count) {
+void *mp_stage_gpu_weights_at(mp_stage_gpu *gpu, size_t first, size_t count) {
   size_t at = 0;
   return held_offset(gpu, first, count, &at) ? gpu->weights + at : NULL;
 }
 
-void mp_gpt_stage_gpu_refresh_weights(mp_gpt_stage_gpu *gpu) {
+void mp_stage_gpu_refresh_weights(mp_stage_gpu *gpu) {
   mp_bf16_from_float_cuda(gpu->weights, gpu->master, gpu->params_floats, NULL);
 }
 
-mp_status mp_gpt_stage_gpu_moments_at(mp_gpt_stage_gpu *gpu, size_t first, size_t count,
+mp_status mp_stage_gpu_moments_at(mp_stage_gpu *gpu, size_t first, size_t count,
                                       float **adam_m, float **adam_v, mp_error *err) {
   MP_TRY(whole_moments(gpu, err));
   if (first < gpu->moments_first || first - gpu->moments_first > gpu->moments_count ||
@@ -775,37 +776,37 @@ mp_status mp_gpt_stage_gpu_moments_at(mp_gpt_stage_gpu *gpu, size_t first, size_
   return MP_OK;
 }
 
-static mp_status refuse_windowed(const mp_gpt_stage_gpu *gpu, const char *what, mp_error *err) {
+static mp_status refuse_windowed(const mp_stage_gpu *gpu, const char *what, mp_error *err) {
   if (!gpu->windowed) return MP_OK;
   return mp_fail(err, MP_ERR_INPUT,
                  "%s: the GPU stage's block gradients are windowed (ZeRO-2): each dp rank keeps "
-                 "its part (mp_gpt_stage_gpu_part_squares, mp_gpt_stage_gpu_add_to_part)",
+                 "its part (mp_stage_gpu_part_squares, mp_stage_gpu_add_to_part)",
                  what);
 }
 
-mp_status mp_gpt_stage_gpu_download_grads(mp_gpt_stage_gpu *gpu, mp_error *err) {
+mp_status mp_stage_gpu_download_grads(mp_stage_gpu *gpu, mp_error *err) {
   MP_TRY(refuse_windowed(gpu, "downloading the gradients", err));
   /* The host side has no gradient array until one is downloaded (tests, comparisons). */
-  MP_TRY(mp_gpt_tp_alloc_grads(gpu->host, err));
-  return mp_device_copy_to_host(mp_gpt_tp_grads(gpu->host), gpu->grads,
+  MP_TRY(mp_stage_cpu_alloc_grads(gpu->host, err));
+  return mp_device_copy_to_host(mp_stage_cpu_grads(gpu->host), gpu->grads,
                                 gpu->num_params * sizeof(float), err);
 }
 
-static mp_status need_part(const mp_gpt_stage_gpu *gpu, mp_error *err) {
+static mp_status need_part(const mp_stage_gpu *gpu, mp_error *err) {
   if (gpu->grad_part != NULL) return MP_OK;
   return mp_fail(err, MP_ERR_INPUT,
                  "the GPU stage's gradients are windowed (ZeRO-2) but it keeps no part: call "
-                 "mp_gpt_stage_gpu_keep_moments first");
+                 "mp_stage_gpu_keep_moments first");
 }
 
-mp_status mp_gpt_stage_gpu_zero_grads(mp_gpt_stage_gpu *gpu, mp_error *err) {
+mp_status mp_stage_gpu_zero_grads(mp_stage_gpu *gpu, mp_error *err) {
   MP_TRY(mp_device_memset(gpu->grads, 0, gpu->grads_floats * sizeof(float), err));
   if (!gpu->windowed) return MP_OK;
   MP_TRY(need_part(gpu, err));
   return mp_device_memset(gpu->grad_part, 0, gpu->moments_count * sizeof(float), err);
 }
 
-void mp_gpt_stage_gpu_scale_grads(mp_gpt_stage_gpu *gpu, float scale) {
+void mp_stage_gpu_scale_grads(mp_stage_gpu *gpu, float scale) {
   if (gpu->windowed && gpu->grad_part != NULL) {
     mp_grad_scale_cuda(gpu->grad_part, gpu->moments_count, scale, NULL);
   } else {
@@ -813,15 +814,15 @@ void mp_gpt_stage_gpu_scale_grads(mp_gpt_stage_gpu *gpu, float scale) {
   }
 }
 
-float *mp_gpt_stage_gpu_tensor_grad(mp_gpt_stage_gpu *gpu, int index) {
+float *mp_stage_gpu_tensor_grad(mp_stage_gpu *gpu, int index) {
   size_t offset = 0;
-  return mp_gpt_tp_grad_offset(gpu->host, index, gpu->window_kind, &offset) ? gpu->grads + offset
+  return mp_stage_cpu_grad_offset(gpu->host, index, gpu->window_kind, &offset) ? gpu->grads + offset
                                                                            : NULL;
 }
 
-size_t mp_gpt_stage_gpu_grads_floats(const mp_gpt_stage_gpu *gpu) { return gpu->grads_floats; }
+size_t mp_stage_gpu_grads_floats(const mp_stage_gpu *gpu) { return gpu->grads_floats; }
 
-mp_status mp_gpt_stage_gpu_add_to_part(mp_gpt_stage_gpu *gpu, const float *sums, size_t first,
+mp_status mp_stage_gpu_add_to_part(mp_stage_gpu *gpu, const float *sums, size_t first,
                                        size_t count, mp_cuda_stream stream, mp_error *err) {
   MP_TRY(gpu->windowed ? need_part(gpu, err) : MP_OK);
   if (!gpu->windowed || first < gpu->moments_first ||
@@ -838,12 +839,12 @@ mp_status mp_gpt_stage_gpu_add_to_part(mp_gpt_stage_gpu *gpu, const float *sums,
   return MP_OK;
 }
 
-mp_status mp_gpt_stage_gpu_part_squares(mp_gpt_stage_gpu *gpu, double *squares, mp_error *err) {
+mp_status mp_stage_gpu_part_squares(mp_stage_gpu *gpu, double *squares, mp_error *err) {
   MP_TRY(gpu->windowed ? need_part(gpu, err)
                        : mp_fail(err, MP_ERR_INPUT, "the GPU stage keeps no ZeRO-2 part"));
   const size_t first = gpu->moments_first, end = first + gpu->moments_count;
-  for (int i = 0; i < mp_gpt_tp_num_tensors(gpu->host); ++i) {
-    const mp_gpt_tp_tensor *t = mp_gpt_tp_tensor_at(gpu->host, i);
+  for (int i = 0; i < mp_stage_cpu_num_tensors(gpu->host); ++i) {
+    const mp_stage_tensor *t = mp_stage_cpu_tensor_at(gpu->host, i);
     const size_t lo = t->offset > first ? t->offset : first;
     const size_t hi = t->offset + t->count < end ? t->offset + t->count : end;
     squares[i] = 0.0;
@@ -854,41 +855,41 @@ mp_status mp_gpt_stage_gpu_part_squares(mp_gpt_stage_gpu *gpu, double *squares, 
   return MP_OK;
 }
 
-mp_status mp_gpt_stage_gpu_finish_grads(mp_gpt_stage_gpu *gpu, mp_error *err) {
+mp_status mp_stage_gpu_finish_grads(mp_stage_gpu *gpu, mp_error *err) {
   return mp_stage_chain_finish_grads(gpu->chain, err);
 }
 
-mp_status mp_gpt_stage_gpu_forward(mp_gpt_stage_gpu *gpu, int slot, const int32_t *inputs,
+mp_status mp_stage_gpu_forward(mp_stage_gpu *gpu, int slot, const int32_t *inputs,
                                    const int32_t *targets, const float *input, float *output,
                                    float dloss, double *loss, mp_error *err) {
   return mp_stage_chain_forward(gpu->chain, slot, inputs, targets, input, output, dloss, loss,
                                 err);
 }
 
-void mp_gpt_stage_gpu_discard(mp_gpt_stage_gpu *gpu, int slot) {
+void mp_stage_gpu_discard(mp_stage_gpu *gpu, int slot) {
   mp_stage_chain_discard(gpu->chain, slot);
 }
 
-mp_status mp_gpt_stage_gpu_backward(mp_gpt_stage_gpu *gpu, int slot, const float *doutput,
+mp_status mp_stage_gpu_backward(mp_stage_gpu *gpu, int slot, const float *doutput,
                                     float *dinput, bool defer_weights, mp_error *err) {
   return mp_stage_chain_backward(gpu->chain, slot, doutput, dinput, defer_weights, err);
 }
 
-mp_status mp_gpt_stage_gpu_backward_weights(mp_gpt_stage_gpu *gpu, int slot, mp_error *err) {
+mp_status mp_stage_gpu_backward_weights(mp_stage_gpu *gpu, int slot, mp_error *err) {
   return mp_stage_chain_backward_weights(gpu->chain, slot, err);
 }
 
-mp_status mp_gpt_stage_gpu_grad_norm_squared(mp_gpt_stage_gpu *gpu, double *out, mp_error *err) {
+mp_status mp_stage_gpu_grad_norm_squared(mp_stage_gpu *gpu, double *out, mp_error *err) {
   MP_TRY(refuse_windowed(gpu, "the gradient norm", err));
   /* Each reduction waits for the GPU, so neighbouring tensors that count alike (replicated, or
    * sharded; at tp = 1 all of them) are reduced as one run, its sum booked on the run's first
-   * tensor: mp_gpt_tp_norm_from_squares only adds them up by kind. */
-  const int n = mp_gpt_tp_num_tensors(gpu->host);
+   * tensor: mp_stage_cpu_norm_from_squares only adds them up by kind. */
+  const int n = mp_stage_cpu_num_tensors(gpu->host);
   double *squares = calloc((size_t)(n > 0 ? n : 1), sizeof(double));
   if (squares == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of host memory");
   mp_status status = MP_OK;
   for (int i = 0; i < n && status == MP_OK;) {
-    const mp_gpt_tp_tensor *first = mp_gpt_tp_tensor_at(gpu->host, i);
+    const mp_stage_tensor *first = mp_stage_cpu_tensor_at(gpu->host, i);
     if (first->tied_copy) {
       ++i;
       continue;
@@ -897,7 +898,7 @@ mp_status mp_gpt_stage_gpu_grad_norm_squared(mp_gpt_stage_gpu *gpu, double *out,
     int end = i + 1;
     size_t count = first->count;
     for (; end < n; ++end) {
-      const mp_gpt_tp_tensor *t = mp_gpt_tp_tensor_at(gpu->host, end);
+      const mp_stage_tensor *t = mp_stage_cpu_tensor_at(gpu->host, end);
       const bool same = t->split == MP_TP_REPLICATED || gpu->tp.size == 1;
       if (t->tied_copy || same != replicated || t->offset != first->offset + count) break;
       count += t->count;
@@ -906,19 +907,19 @@ mp_status mp_gpt_stage_gpu_grad_norm_squared(mp_gpt_stage_gpu *gpu, double *out,
                                        &squares[i], NULL, err);
     i = end;
   }
-  if (status == MP_OK) status = mp_gpt_tp_norm_from_squares(gpu->host, squares, out, err);
+  if (status == MP_OK) status = mp_stage_cpu_norm_from_squares(gpu->host, squares, out, err);
   free(squares);
   return status;
 }
 
-mp_status mp_gpt_stage_gpu_adamw(mp_gpt_stage_gpu *gpu, const mp_gpu_adamw *adamw, mp_error *err) {
+mp_status mp_stage_gpu_adamw(mp_stage_gpu *gpu, const mp_gpu_adamw *adamw, mp_error *err) {
   MP_TRY(whole_moments(gpu, err));
   if (gpu->windowed) MP_TRY(need_part(gpu, err));
   /* Tensor by tensor (weight decay is a property of the tensor), over the elements whose
    * moments this rank keeps: all, or its ZeRO part (with ZeRO-2 the part's gradients). */
   const size_t first = gpu->moments_first, end = first + gpu->moments_count;
-  for (int i = 0; i < mp_gpt_tp_num_tensors(gpu->host); ++i) {
-    const mp_gpt_tp_tensor *t = mp_gpt_tp_tensor_at(gpu->host, i);
+  for (int i = 0; i < mp_stage_cpu_num_tensors(gpu->host); ++i) {
+    const mp_stage_tensor *t = mp_stage_cpu_tensor_at(gpu->host, i);
     const size_t lo = t->offset > first ? t->offset : first;
     const size_t hi = t->offset + t->count < end ? t->offset + t->count : end;
     if (lo >= hi) continue;
