@@ -23,6 +23,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "layers/cublas_context.h"
 #include "layers/cuda_types.h"
 
 #ifdef __cplusplus
@@ -66,11 +67,10 @@ void mp_attention_backward_cpu(float *dinp, float *dpreatt, float *datt, const f
  * W = (NH + 2 KVH) HS (3C for multi-head attention); KVH must divide NH.
  *
  * Device pointers, asynchronous on `stream`; failures (a negative shape, a KVH that does not
- * divide NH) are recorded in the mp_cublas and reported by mp_cublas_check (see matmul.h).
+ * divide NH) are recorded in the mp_cublas and reported by mp_cublas_check
+ * (layers/cublas_context.h).
  * Results are bitwise reproducible for the same shapes, buffers, GPU model and cuBLAS version.
  */
-
-typedef struct mp_cublas mp_cublas; /* the same typedef as matmul.h (C11 allows the repeat) */
 
 /* Bytes of device scratch that both calls need (the backward's layout; the forward uses the
  * head of it), each piece aligned to 256 bytes, the same for every KVH (kv heads are expanded to

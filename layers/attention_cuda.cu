@@ -33,10 +33,11 @@
 
 #include "common/error.h"
 #include "layers/attention.h"
-#include "layers/cuda_gemm_internal.cuh"
-#include "layers/cuda_gemm_layout.h"
-#include "layers/cuda_types.h"
+#include "layers/attention_internal.h"
+#include "layers/cublas_context_internal.cuh"
+#include "layers/cuda_common.cuh"
 #include "layers/cuda_launch.h"
+#include "layers/cuda_types.h"
 
 // ---------------------------------------------------------------------------------------------
 // kernels
@@ -133,10 +134,10 @@ __global__ static void causal_softmax_kernel(__nv_bfloat16 *att, int rows, int T
 
   float maxval = -INFINITY;
   for (int t2 = lane; t2 <= t; t2 += 32) maxval = fmaxf(maxval, __bfloat162float(x[t2]));
-  maxval = mp_gemm_warp_max(maxval);
+  maxval = mp_warp_max(maxval);
   float sum = 0.0f;
   for (int t2 = lane; t2 <= t; t2 += 32) sum += expf(__bfloat162float(x[t2]) - maxval);
-  sum = mp_gemm_warp_sum(sum);
+  sum = mp_warp_sum(sum);
   const float inv_sum = 1.0f / sum;
   for (int t2 = lane; t2 < T; t2 += 32) {
     const float p = t2 <= t ? expf(__bfloat162float(x[t2]) - maxval) * inv_sum : 0.0f;
@@ -157,7 +158,7 @@ __global__ static void causal_softmax_backward_kernel(__nv_bfloat16 *datt,
 
   float dot = 0.0f;
   for (int t2 = lane; t2 <= t; t2 += 32) dot += __bfloat162float(a[t2]) * __bfloat162float(d[t2]);
-  dot = mp_gemm_warp_sum(dot);
+  dot = mp_warp_sum(dot);
   for (int t2 = lane; t2 < T; t2 += 32) {
     const float g =
         t2 <= t ? __bfloat162float(a[t2]) * (__bfloat162float(d[t2]) - dot) : 0.0f;
@@ -223,21 +224,21 @@ extern "C" void mp_attention_forward_cuda(mp_cublas *cublas, mp_bf16 *out, mp_bf
   const float scale = 1.0f / sqrtf((float)HS);
   const int block = 256;
 
-  permute_qkv_kernel<<<mp_gemm_ceil_div(n, block), block, 0, stream>>>(
+  permute_qkv_kernel<<<(unsigned)mp_ceil_div(n, block), block, 0, stream>>>(
       q, k, v, (const __nv_bfloat16 *)qkv, B, T, NH, KVH, HS);
   MP_CUDA_CHECK_LAUNCH("permute_qkv_kernel");
   MP_CUDA_RECORD_LAUNCH(cublas, "permute_qkv_kernel");
   // att[t][t2] = scale * q_t . k_t2, for all t2 (the softmax masks).
   batched_gemm(cublas, true, false, T, T, HS, scale, k, HS, head_stride, q, HS, head_stride, att_,
                CUDA_R_16BF, T, att_stride, heads);
-  causal_softmax_kernel<<<mp_gemm_ceil_div((size_t)rows * 32, block), block, 0, stream>>>(
+  causal_softmax_kernel<<<(unsigned)mp_ceil_div((size_t)rows * 32, block), block, 0, stream>>>(
       att_, rows, T);
   MP_CUDA_CHECK_LAUNCH("causal_softmax_kernel");
   MP_CUDA_RECORD_LAUNCH(cublas, "causal_softmax_kernel");
   // y[t] = sum_t2 att[t][t2] v_t2 (masked probabilities are exactly 0).
   batched_gemm(cublas, false, false, HS, T, T, 1.0f, v, HS, head_stride, att_, T, att_stride, y,
                CUDA_R_16BF, HS, head_stride, heads);
-  heads_to_tokens_kernel<<<mp_gemm_ceil_div(n, block), block, 0, stream>>>(
+  heads_to_tokens_kernel<<<(unsigned)mp_ceil_div(n, block), block, 0, stream>>>(
       (__nv_bfloat16 *)out, y, B, T, NH, HS);
   MP_CUDA_CHECK_LAUNCH("heads_to_tokens_kernel");
   MP_CUDA_RECORD_LAUNCH(cublas, "heads_to_tokens_kernel");
@@ -266,11 +267,11 @@ extern "C" void mp_attention_backward_cuda(mp_cublas *cublas, mp_bf16 *dqkv, con
   const float scale = 1.0f / sqrtf((float)HS);
   const int block = 256;
 
-  permute_qkv_kernel<<<mp_gemm_ceil_div(n, block), block, 0, stream>>>(
+  permute_qkv_kernel<<<(unsigned)mp_ceil_div(n, block), block, 0, stream>>>(
       q, k, v, (const __nv_bfloat16 *)qkv, B, T, NH, KVH, HS);
   MP_CUDA_CHECK_LAUNCH("permute_qkv_kernel");
   MP_CUDA_RECORD_LAUNCH(cublas, "permute_qkv_kernel");
-  tokens_to_heads_kernel<<<mp_gemm_ceil_div(n, block), block, 0, stream>>>(
+  tokens_to_heads_kernel<<<(unsigned)mp_ceil_div(n, block), block, 0, stream>>>(
       dy, (const __nv_bfloat16 *)dout, B, T, NH, HS);
   MP_CUDA_CHECK_LAUNCH("tokens_to_heads_kernel");
   MP_CUDA_RECORD_LAUNCH(cublas, "tokens_to_heads_kernel");
@@ -280,7 +281,7 @@ extern "C" void mp_attention_backward_cuda(mp_cublas *cublas, mp_bf16 *dqkv, con
   // dv[t2] = sum_t att[t][t2] dy_t
   batched_gemm(cublas, false, true, HS, T, T, 1.0f, dy, HS, head_stride, att_, T, att_stride, dv,
                CUDA_R_32F, HS, head_stride, heads);
-  causal_softmax_backward_kernel<<<mp_gemm_ceil_div((size_t)rows * 32, block), block, 0, stream>>>(
+  causal_softmax_backward_kernel<<<(unsigned)mp_ceil_div((size_t)rows * 32, block), block, 0, stream>>>(
       datt, att_, rows, T);
   MP_CUDA_CHECK_LAUNCH("causal_softmax_backward_kernel");
   MP_CUDA_RECORD_LAUNCH(cublas, "causal_softmax_backward_kernel");
@@ -290,7 +291,7 @@ extern "C" void mp_attention_backward_cuda(mp_cublas *cublas, mp_bf16 *dqkv, con
   // dk[t2] = scale * sum_t dpreatt[t][t2] q_t
   batched_gemm(cublas, false, true, HS, T, T, scale, q, HS, head_stride, datt, T, att_stride, dk,
                CUDA_R_32F, HS, head_stride, heads);
-  accumulate_dqkv_kernel<<<mp_gemm_ceil_div((size_t)B * T * (NH + 2 * KVH) * HS, block), block,
+  accumulate_dqkv_kernel<<<(unsigned)mp_ceil_div((size_t)B * T * (NH + 2 * KVH) * HS, block), block,
                            0, stream>>>((__nv_bfloat16 *)dqkv, dq, dk, dv, B, T, NH, KVH, HS);
   MP_CUDA_CHECK_LAUNCH("accumulate_dqkv_kernel");
   MP_CUDA_RECORD_LAUNCH(cublas, "accumulate_dqkv_kernel");

@@ -1,5 +1,5 @@
 /*
- * layers/cuda_common.cuh — private helpers of the elementwise CUDA twins in layers/ (.cu only).
+ * layers/cuda_common.cuh — private helpers of the CUDA twins in layers/ (.cu only).
  *
  * bf16 is carried as its 16 bits (mp_bf16) so the C API needs no CUDA header; here it is widened
  * to float for all arithmetic and rounded back to nearest even, as mp_bf16_from_float does on the

@@ -1,7 +1,7 @@
 /*
  * layers/cuda_gemm_emulated.c — //layers:cuda_gemm under `--define mpengine_cuda=emulated`
- * (third_party/cuda.bzl): the CUDA C API of matmul.h and attention.h run on the CPU, so that the
- * GPU code above the kernels can be tested on machines without a GPU. Test-only.
+ * (third_party/cuda.bzl): the CUDA C API of cublas_context.h, matmul.h and attention.h run on the
+ * CPU, so that the GPU code above the kernels can be tested on machines without a GPU. Test-only.
  *
  * "Device" pointers are host memory (engine/device/device_emulated.c) and streams are ignored: every call
  * has finished when it returns. An mp_cublas is a small struct that keeps the first failure, as
@@ -28,9 +28,11 @@
 
 #include "common/error.h"
 #include "layers/attention.h"
-#include "layers/cuda_gemm_layout.h"
+#include "layers/attention_internal.h"
+#include "layers/cublas_context.h"
 #include "layers/cuda_types.h"
 #include "layers/matmul.h"
+#include "layers/matmul_internal.h"
 
 struct mp_cublas {
   mp_status failure; /* MP_OK until a launcher fails; the first failure is kept */

@@ -1,15 +1,18 @@
 /*
- * layers/cuda_gemm_none.c — //layers:cuda_gemm on a machine without CUDA: mp_cublas_create says
- * so, the launchers (which need an mp_cublas) do nothing, no head size has fused attention, and
- * the scratch sizes are the real ones, so callers that only plan memory still link and run.
+ * layers/cuda_gemm_none.c — //layers:cuda_gemm on a machine without CUDA (the CUDA twins of
+ * cublas_context.h, matmul.h and attention.h): mp_cublas_create says so, the launchers (which need
+ * an mp_cublas) do nothing, no head size has fused attention, and the scratch sizes are the real
+ * ones, so callers that only plan memory still link and run.
  */
 #include <stdbool.h>
 #include <stddef.h>
 
 #include "common/error.h"
 #include "layers/attention.h"
-#include "layers/cuda_gemm_layout.h"
+#include "layers/attention_internal.h"
+#include "layers/cublas_context.h"
 #include "layers/matmul.h"
+#include "layers/matmul_internal.h"
 
 mp_status mp_cublas_create(mp_cublas **out, mp_error *err) {
   *out = NULL;

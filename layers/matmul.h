@@ -19,6 +19,7 @@
 #include <stddef.h>
 
 #include "common/error.h"
+#include "layers/cublas_context.h"
 #include "layers/cuda_types.h"
 
 #ifdef __cplusplus
@@ -55,28 +56,14 @@ void mp_matmul_backward_cpu(float *dinp, float *dweight, float *dbias, const flo
  * launcher is asynchronous on `stream` (NULL is the default stream) and returns at once.
  *
  * Launchers return nothing. A failure (a cuBLAS or CUDA call, or a negative shape) is recorded in
- * the mp_cublas, the first one wins, and mp_cublas_check reports it with the call, the file and
- * the line; call it where the caller synchronises anyway (end of a step). Faults of kernels
- * that already ran show up at the next synchronisation (mp_device_synchronize).
+ * the mp_cublas (layers/cublas_context.h, shared with the attention), the first one wins, and
+ * mp_cublas_check reports it with the call, the file and the line; call it where the caller
+ * synchronises anyway (end of a step). Faults of kernels that already ran show up at the next
+ * synchronisation (mp_device_synchronize).
  *
  * Results are bitwise reproducible for the same shapes, buffers (their alignment steers cuBLAS's
  * choice of kernel), GPU model and cuBLAS version: no atomics, fixed-order reductions.
  */
-
-/* cuBLAS and cuBLASLt handles of the current device and their 32 MiB workspace. Calls that use
- * one mp_cublas must not overlap: the workspace is shared, so work on two streams that may run
- * at the same time needs two of them. */
-typedef struct mp_cublas mp_cublas;
-
-/* Creates handles and workspace on the current device; *out is NULL on failure (no device, out
- * of memory, a build without CUDA). */
-mp_status mp_cublas_create(mp_cublas **out, mp_error *err);
-/* Frees what mp_cublas_create made (waits for the device); NULL is allowed. */
-void mp_cublas_free(mp_cublas *cublas);
-/* MP_OK if no launcher has failed since the last check; otherwise the first failure's status
- * (MP_ERR_RUNTIME for cuBLAS and CUDA, MP_ERR_INPUT for a negative shape) and its message
- * ("<call> failed: <status string> (<status name>) at <file>:<line>"), then forgets it. */
-mp_status mp_cublas_check(mp_cublas *cublas, mp_error *err);
 
 /* out = inp @ weight^T + bias, rounded once to bf16 (the bias is added in fp32 by cuBLASLt's
  * epilogue before the rounding).

@@ -1,6 +1,7 @@
 /*
  * layers/matmul_cuda.cu — the linear layer on the GPU (see matmul.h): bf16 GEMMs with fp32
- * accumulation through cuBLASLt, and the mp_cublas context that the attention shares.
+ * accumulation through cuBLASLt, on the mp_cublas context it shares with the attention
+ * (cublas_context.h).
  *
  * Why cuBLASLt: its bias epilogue adds the bias in fp32 inside the GEMM, before the one rounding to
  * bf16, so the forward needs no second pass over `out` (for GPT-2 1.5B's MLP that pass would
@@ -21,18 +22,15 @@
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
-#include <stdarg.h>
 #include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
 
 #include "common/error.h"
-#include "layers/cuda_check.cuh"
-#include "layers/cuda_gemm_internal.cuh"
-#include "layers/cuda_gemm_layout.h"
+#include "layers/cublas_context_internal.cuh"
+#include "layers/cuda_common.cuh"
+#include "layers/cuda_launch.h"
 #include "layers/cuda_types.h"
 #include "layers/matmul.h"
-#include "layers/cuda_launch.h"
+#include "layers/matmul_internal.h"
 
 // ---------------------------------------------------------------------------------------------
 // kernels
@@ -58,7 +56,7 @@ __global__ static void dbias_partial_kernel(float *partial, const __nv_bfloat16 
   float sum = 0.0f;
   if (c < OC) {
     for (int r = row_begin + threadIdx.y; r < row_end; r += 8) {
-      sum += mp_bf16_load(dout + (size_t)r * OC + c);
+      sum += __bfloat162float(dout[(size_t)r * OC + c]);
     }
   }
   sums[threadIdx.y][threadIdx.x] = sum;
@@ -79,73 +77,6 @@ __global__ static void dbias_reduce_kernel(float *dbias, const float *partial, i
   float sum = 0.0f;
   for (int b = 0; b < row_blocks; b++) sum += partial[(size_t)b * OC + c];
   dbias[c] += sum;
-}
-
-// ---------------------------------------------------------------------------------------------
-// the mp_cublas context
-
-void mp_cublas_record_failure(mp_cublas *cublas, mp_status status, const char *format, ...) {
-  if (cublas == NULL || cublas->failure != MP_OK) return;
-  cublas->failure = status;
-  va_list args;
-  va_start(args, format);
-  vsnprintf(cublas->failure_message, sizeof cublas->failure_message, format, args);
-  va_end(args);
-}
-
-bool mp_cublas_status_ok(mp_cublas *cublas, cublasStatus_t status, const char *call,
-                         const char *file, int line) {
-  if (status == CUBLAS_STATUS_SUCCESS) return true;
-  mp_cublas_record_failure(cublas, MP_ERR_RUNTIME, "%s failed: %s (%s) at %s:%d", call,
-                           cublasGetStatusString(status), cublasGetStatusName(status), file, line);
-  return false;
-}
-
-bool mp_cublas_bind_stream(mp_cublas *cublas, cudaStream_t stream) {
-  return MP_CUBLAS_OK(cublas, cublasSetStream(cublas->blas, stream)) &&
-         MP_CUBLAS_OK(cublas, cublasSetWorkspace(cublas->blas, cublas->workspace,
-                                                 MP_CUBLAS_WORKSPACE_BYTES));
-}
-
-// bf16 GEMMs with CUBLAS_COMPUTE_32F run on tensor cores in the default math mode; split-K
-// reductions must stay in fp32 rather than the bf16 output type.
-static const cublasMath_t kMathMode =
-    (cublasMath_t)(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION);
-
-extern "C" mp_status mp_cublas_create(mp_cublas **out, mp_error *err) {
-  *out = NULL;
-  mp_cublas *cublas = (mp_cublas *)calloc(1, sizeof *cublas);
-  if (cublas == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of host memory for mp_cublas");
-  cublas->failure = MP_OK;
-  MP_CUBLAS_CHECK_GOTO(cublasCreate(&cublas->blas), fail);
-  MP_CUBLAS_CHECK_GOTO(cublasLtCreate(&cublas->lt), fail);
-  MP_CUDA_CHECK_GOTO(cudaMalloc(&cublas->workspace, MP_CUBLAS_WORKSPACE_BYTES), fail);
-  MP_CUBLAS_CHECK_GOTO(cublasSetMathMode(cublas->blas, kMathMode), fail);
-  MP_CUBLAS_CHECK_GOTO(
-      cublasSetWorkspace(cublas->blas, cublas->workspace, MP_CUBLAS_WORKSPACE_BYTES), fail);
-  *out = cublas;
-  return MP_OK;
-fail:
-  mp_cublas_free(cublas);
-  return MP_ERR_RUNTIME;
-}
-
-extern "C" void mp_cublas_free(mp_cublas *cublas) {
-  if (cublas == NULL) return;
-  if (cublas->workspace != NULL) cudaFree(cublas->workspace);  // waits for work that uses it
-  if (cublas->lt != NULL) cublasLtDestroy(cublas->lt);
-  if (cublas->blas != NULL) cublasDestroy(cublas->blas);
-  free(cublas);
-}
-
-extern "C" mp_status mp_cublas_check(mp_cublas *cublas, mp_error *err) {
-  if (cublas == NULL) return mp_fail(err, MP_ERR_INPUT, "mp_cublas_check: no mp_cublas (NULL)");
-  if (cublas->failure == MP_OK) return MP_OK;
-  const mp_status status = cublas->failure;
-  mp_fail(err, status, "%s", cublas->failure_message);
-  cublas->failure = MP_OK;
-  cublas->failure_message[0] = '\0';
-  return status;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -284,7 +215,7 @@ static void matmul(mp_cublas *cublas, cudaStream_t stream, bool trans_a, bool tr
   if (bias != NULL) {
     // Only the forward has a bias: D is out^T (OC = m, BT = n), i.e. row-major (BT, OC).
     const int block = 256;
-    broadcast_bias_kernel<<<mp_gemm_ceil_div((size_t)m * n, block), block, 0, stream>>>(
+    broadcast_bias_kernel<<<(unsigned)mp_ceil_div((size_t)m * n, block), block, 0, stream>>>(
         (__nv_bfloat16 *)D, bias, n, m);
     MP_CUDA_CHECK_LAUNCH("broadcast_bias_kernel");
     MP_CUDA_RECORD_LAUNCH(cublas, "broadcast_bias_kernel");
@@ -311,7 +242,7 @@ extern "C" void mp_matmul_forward_cuda(mp_cublas *cublas, mp_bf16 *out, const mp
   if (C == 0) {  // an empty product: out is the bias, or zero
     if (bias_ != NULL) {
       const int block = 256;
-      broadcast_bias_kernel<<<mp_gemm_ceil_div((size_t)BT * OC, block), block, 0, stream>>>(
+      broadcast_bias_kernel<<<(unsigned)mp_ceil_div((size_t)BT * OC, block), block, 0, stream>>>(
           out_, bias_, BT, OC);
       MP_CUDA_CHECK_LAUNCH("broadcast_bias_kernel");
       MP_CUDA_RECORD_LAUNCH(cublas, "broadcast_bias_kernel");
@@ -367,12 +298,12 @@ extern "C" void mp_matmul_backward_cuda(mp_cublas *cublas, mp_bf16 *dinp, float 
   }
   if (dbias != NULL) {
     const int row_blocks = (int)mp_matmul_dbias_row_blocks(BT);
-    const dim3 partial_grid(mp_gemm_ceil_div((size_t)OC, 32), (unsigned)row_blocks);
+    const dim3 partial_grid((unsigned)mp_ceil_div((size_t)OC, 32), (unsigned)row_blocks);
     dbias_partial_kernel<<<partial_grid, dim3(32, 8), 0, stream>>>(scratch, dout_, BT, OC);
     MP_CUDA_CHECK_LAUNCH("dbias_partial_kernel");
     MP_CUDA_RECORD_LAUNCH(cublas, "dbias_partial_kernel");
     const int block = 256;
-    dbias_reduce_kernel<<<mp_gemm_ceil_div((size_t)OC, block), block, 0, stream>>>(dbias, scratch,
+    dbias_reduce_kernel<<<(unsigned)mp_ceil_div((size_t)OC, block), block, 0, stream>>>(dbias, scratch,
                                                                              row_blocks, OC);
     MP_CUDA_CHECK_LAUNCH("dbias_reduce_kernel");
     MP_CUDA_RECORD_LAUNCH(cublas, "dbias_reduce_kernel");

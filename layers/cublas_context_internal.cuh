@@ -1,26 +1,23 @@
 /*
- * layers/cuda_gemm_internal.cuh — private to //layers:cuda_gemm (matmul_cuda.cu and
- * attention_cuda.cu): the mp_cublas context, the macros that record a failed cuBLAS or CUDA call
- * in it from the void launchers, and small device helpers.
+ * layers/cublas_context_internal.cuh — private to the CUDA sources of //layers:cuda_gemm
+ * (cublas_context_cuda.cu, matmul_cuda.cu, attention_cuda.cu): the mp_cublas context's struct
+ * (layers/cublas_context.h) and the macros that record a failed cuBLAS or CUDA call in it from the
+ * void launchers.
  *
  * Launchers cannot return a status (they are asynchronous, like kernel launches), so every cuBLAS
  * call goes through MP_CUBLAS_OK, which names the call, the file and the line, and keeps the
- * first failure for mp_cublas_check (matmul.h).
+ * first failure for mp_cublas_check (cublas_context.h).
  */
-#ifndef MPENGINE_LAYERS_CUDA_GEMM_INTERNAL_CUH
-#define MPENGINE_LAYERS_CUDA_GEMM_INTERNAL_CUH
+#ifndef MPENGINE_LAYERS_CUBLAS_CONTEXT_INTERNAL_CUH
+#define MPENGINE_LAYERS_CUBLAS_CONTEXT_INTERNAL_CUH
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
-#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stddef.h>
 
 #include "common/error.h"
-#include "layers/cuda_types.h"
-#include "layers/matmul.h"
-
-static_assert(sizeof(mp_bf16) == sizeof(__nv_bfloat16), "mp_bf16 must be the 16 bits of a bf16");
+#include "layers/cublas_context.h"
 
 // cuBLAS's recommendation for Hopper; enough for every split-K reduction at GPT-2 sizes.
 constexpr size_t MP_CUBLAS_WORKSPACE_BYTES = (size_t)32 << 20;
@@ -58,40 +55,4 @@ bool mp_cublas_bind_stream(mp_cublas *cublas, cudaStream_t stream);
     }                                                                                         \
   } while (0)
 
-// For functions that return mp_status with an mp_error *err in scope (mp_cublas_create).
-#define MP_CUBLAS_CHECK_GOTO(call, label)                                                    \
-  do {                                                                                       \
-    cublasStatus_t mp_cublas_status_ = (call);                                               \
-    if (mp_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                                        \
-      mp_fail(err, MP_ERR_RUNTIME, "%s failed: %s (%s) at %s:%d", #call,                     \
-              cublasGetStatusString(mp_cublas_status_), cublasGetStatusName(mp_cublas_status_), \
-              __FILE__, __LINE__);                                                           \
-      goto label;                                                                            \
-    }                                                                                        \
-  } while (0)
-
-// Grids are sized by ceiling division.
-static inline unsigned mp_gemm_ceil_div(size_t n, size_t block) {
-  return (unsigned)((n + block - 1) / block);
-}
-
-static __device__ __forceinline__ float mp_bf16_load(const __nv_bfloat16 *p) {
-  return __bfloat162float(*p);
-}
-
-static __device__ __forceinline__ float mp_gemm_warp_sum(float value) {
-  // Butterfly: every lane ends with the same sum, formed in the same order on every run.
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    value += __shfl_xor_sync(0xffffffffu, value, offset);
-  }
-  return value;
-}
-
-static __device__ __forceinline__ float mp_gemm_warp_max(float value) {
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
-  }
-  return value;
-}
-
-#endif  // MPENGINE_LAYERS_CUDA_GEMM_INTERNAL_CUH
+#endif  // MPENGINE_LAYERS_CUBLAS_CONTEXT_INTERNAL_CUH

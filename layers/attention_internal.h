@@ -1,19 +1,13 @@
 /*
- * layers/cuda_gemm_layout.h — private to //layers:cuda_gemm: the scratch sizes and layouts of the
- * CUDA matmul and attention, as plain C so the CUDA sources and the no-CUDA fallback
- * (cuda_gemm_none.c) report the same sizes from one definition.
+ * layers/attention_internal.h — private to the attention's CUDA twin (attention_cuda.cu) and its
+ * emulated and no-CUDA stand-ins (cuda_gemm_emulated.c, cuda_gemm_none.c): the layout of the
+ * attention's device scratch, as plain C, so that every build reports the same size
+ * (mp_attention_cuda_scratch_bytes) from one definition.
  */
-#ifndef MPENGINE_LAYERS_CUDA_GEMM_LAYOUT_H
-#define MPENGINE_LAYERS_CUDA_GEMM_LAYOUT_H
+#ifndef MPENGINE_LAYERS_ATTENTION_INTERNAL_H
+#define MPENGINE_LAYERS_ATTENTION_INTERNAL_H
 
 #include <stddef.h>
-
-/* Rows of dout that one block of the dbias reduction sums into one partial per channel. */
-enum { MP_MATMUL_DBIAS_ROWS = 128 };
-
-static inline size_t mp_matmul_dbias_row_blocks(int BT) {
-  return BT > 0 ? ((size_t)BT + MP_MATMUL_DBIAS_ROWS - 1) / MP_MATMUL_DBIAS_ROWS : 0;
-}
 
 /* Byte offsets of the attention scratch's pieces (see mp_attention_cuda_scratch_bytes). */
 typedef struct {
@@ -45,4 +39,4 @@ static inline mp_attention_cuda_layout mp_attention_cuda_layout_of(int B, int T,
   return layout;
 }
 
-#endif /* MPENGINE_LAYERS_CUDA_GEMM_LAYOUT_H */
+#endif /* MPENGINE_LAYERS_ATTENTION_INTERNAL_H */
