@@ -149,7 +149,7 @@ static mp_status dump_step(mp_stage_cpu *gpt, const char *dir, const int32_t *in
   MP_TRY(mp_stage_cpu_backward(gpt, err));
 
   /* At tp = 1 the whole-model stage's arrays are the one-rank layout's flat arrays. */
-  const mp_param_layout *layout = mp_stage_cpu_layout(gpt);
+  const mp_param_layout *layout = mp_stage_layout_model(mp_stage_cpu_layout(gpt));
   char path[1024];
   snprintf(path, sizeof path, "%s/model.bin", dir);
   MP_TRY(mp_param_layout_save_llmc(layout, mp_stage_cpu_params(gpt), path, err));
@@ -191,11 +191,11 @@ static mp_status train_step(mp_stage_cpu *gpt, float *adam_m, float *adam_v,
   const double backward_done = now_seconds();
   float *params = mp_stage_cpu_params(gpt);
   float *grads = mp_stage_cpu_grads(gpt);
-  const size_t n = mp_stage_cpu_num_params(gpt);
+  const size_t n = mp_stage_layout_num_params(mp_stage_cpu_layout(gpt));
   /* The clip factor multiplies each gradient inside AdamW: no separate scaling pass. */
   const float scale = mp_clip_scale(sqrt(mp_grad_norm_squared_cpu(grads, n)), kGradClip);
-  for (int i = 0; i < mp_stage_cpu_num_tensors(gpt); ++i) {
-    const mp_stage_tensor *tensor = mp_stage_cpu_tensor_at(gpt, i);
+  for (int i = 0; i < mp_stage_layout_num_tensors(mp_stage_cpu_layout(gpt)); ++i) {
+    const mp_stage_tensor *tensor = mp_stage_layout_tensor(mp_stage_cpu_layout(gpt), i);
     const size_t offset = tensor->offset;
     mp_adamw_update_scaled_cpu(params + offset, grads + offset, adam_m + offset, adam_v + offset,
                                tensor->count, (float)kLearningRate, (float)kBeta1,
@@ -244,7 +244,7 @@ static void bench_state_free(bench_state *state) {
 /* Runs warmup + steps training steps and prints the timing report. */
 static mp_status time_steps(bench_state *state, int B, int T, int64_t warmup, int64_t steps,
                             mp_error *err) {
-  const size_t n = mp_stage_cpu_num_params(state->gpt);
+  const size_t n = mp_stage_layout_num_params(mp_stage_cpu_layout(state->gpt));
   state->adam_m = calloc(n, sizeof(float));
   state->adam_v = calloc(n, sizeof(float));
   state->times = calloc(5 * (size_t)steps, sizeof(double));
@@ -298,7 +298,9 @@ static int bench_step(int argc, char **argv) {
       {"micro-batch", "B", "sequences in the batch (default 4)", NULL},
       {"seq-len", "T", "tokens per sequence (default 64)", NULL},
       {"seed", "S", "seed of the initial weights and of the tokens (default 1337)", NULL},
-      {"init-from", "GPT2.bin|HF_DIR", "start from llm.c's GPT-2 checkpoint or a Hugging Face GPT-2 directory instead of the seed", NULL},
+      {"init-from", "GPT2.bin|HF_DIR",
+       "start from llm.c's GPT-2 checkpoint or a Hugging Face GPT-2 directory instead of the seed",
+       NULL},
       {"source", "markov|uniform",
        "tokens from the model-vocabulary Markov source of `run` (default) or uniform", NULL},
       {"steps", "N", "timed training steps (default 10; 0 with --dump only dumps)", NULL},
@@ -366,7 +368,8 @@ static int bench_step(int argc, char **argv) {
     exit_code = cli_report(&command, &err);
     goto done;
   }
-  const mp_model_config *c = mp_param_layout_config(mp_stage_cpu_layout(state.gpt));
+  const mp_model_config *c =
+      mp_param_layout_config(mp_stage_layout_model(mp_stage_cpu_layout(state.gpt)));
   if (strcmp(source, "markov") == 0 && c->vocab_size > MP_MARKOV_MAX_VOCAB) {
     mp_fail(&err, MP_ERR_INPUT, "--source markov needs vocab_size <= %d (the model has %d); "
             "use --source uniform", MP_MARKOV_MAX_VOCAB, c->vocab_size);
@@ -376,7 +379,8 @@ static int bench_step(int argc, char **argv) {
   const char *init_from = cli_value(&command, "init-from");
   if (init_from != NULL) {
     mp_weight_source *reader = NULL;
-    mp_status loaded = mp_weight_source_open(mp_stage_cpu_layout(state.gpt), init_from, &reader, &err);
+    mp_status loaded = mp_weight_source_open(mp_stage_layout_model(mp_stage_cpu_layout(state.gpt)),
+                                             init_from, &reader, &err);
     if (loaded == MP_OK) loaded = mp_weight_source_load_stage(reader, state.gpt, &err);
     mp_weight_source_close(reader);
     if (loaded != MP_OK) {
@@ -402,7 +406,7 @@ static int bench_step(int argc, char **argv) {
 
   printf("model %s: %d layers, %d heads, %d channels, vocab %d (padded %d), %zu parameters\n",
          mp_model_name(state.model), c->num_layers, c->num_heads, c->channels, c->vocab_size,
-         c->padded_vocab_size, mp_stage_cpu_num_params(state.gpt));
+         c->padded_vocab_size, mp_stage_layout_num_params(mp_stage_cpu_layout(state.gpt)));
   printf("batch: %d x %d tokens from the %s source (seed %lld); weights from %s\n", B, T, source,
          (long long)seed, init_from != NULL ? init_from : "the seed");
   const char *coretype = getenv("OPENBLAS_CORETYPE");

@@ -62,7 +62,7 @@ typedef struct {
   mp_tp_split split;
   bool tied_copy;      /* the last stage's copy of wte: not saved, loaded from wte */
   /* The elements [held_first, held_first + held_count) of the shard this rank keeps: all of
-   * them, or with ZeRO-3 a block tensor's part (mp_stage_cpu_held_params). */
+   * them, or with ZeRO-3 a block tensor's part (mp_stage_layout_held_params). */
   size_t held_first, held_count;
 } view_tensor;
 
@@ -116,11 +116,11 @@ static mp_status view_create(const mp_checkpoint_context *ctx, rank_view *view, 
     chunk->count = state.params_count;
     chunk->first = state.moments_first;
     chunk->moments = state.moments_count;
-    chunk->stage = *mp_stage_cpu_span(gpt);
+    chunk->stage = *mp_stage_layout_span(mp_stage_cpu_layout(gpt));
     chunk->stage_index = c * ctx->plan->pp + ctx->pp_rank;
     view->tp_rank = mp_stage_cpu_comm(gpt)->rank;
     view->tp_size = mp_stage_cpu_comm(gpt)->size;
-    const int count = mp_stage_cpu_num_tensors(gpt);
+    const int count = mp_stage_layout_num_tensors(mp_stage_cpu_layout(gpt));
     chunk->tensors = calloc((size_t)(count > 0 ? count : 1), sizeof *chunk->tensors);
     if (chunk->tensors == NULL) {
       status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
@@ -128,7 +128,7 @@ static mp_status view_create(const mp_checkpoint_context *ctx, rank_view *view, 
     }
     int cursor = 0; /* the chunk's tensors come in the layout's order */
     for (int j = 0; j < count && status == MP_OK; ++j) {
-      const mp_stage_tensor *t = mp_stage_cpu_tensor_at(gpt, j);
+      const mp_stage_tensor *t = mp_stage_layout_tensor(mp_stage_cpu_layout(gpt), j);
       while (cursor < n &&
              strcmp(mp_param_layout_tensor(layout, cursor)->name, t->full->name) != 0) {
         ++cursor;
@@ -144,9 +144,9 @@ static mp_status view_create(const mp_checkpoint_context *ctx, rank_view *view, 
       vt->count = t->count;
       vt->split = t->split;
       vt->tied_copy = t->tied_copy;
-      mp_stage_cpu_held_params(gpt, j, &vt->held_first, &vt->held_count);
+      mp_stage_layout_held_params(mp_stage_cpu_layout(gpt), j, &vt->held_first, &vt->held_count);
     }
-    chunk->sharded_params = mp_stage_cpu_sharded_params(gpt);
+    chunk->sharded_params = mp_stage_layout_sharded_params(mp_stage_cpu_layout(gpt));
   }
   if (status != MP_OK) view_free(view);
   return status;

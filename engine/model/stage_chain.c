@@ -55,7 +55,7 @@ typedef struct {
 
 struct mp_stage_chain {
   const mp_stage_kernels *k;
-  const mp_stage_cpu *host;
+  const mp_stage_layout *layout; /* the shard: span, tensor table, micro-batch */
   mp_stage_span stage;
   mp_stage_dims d;
   size_t eb; /* element bytes */
@@ -125,11 +125,11 @@ static mp_status chain_alloc(mp_stage_chain *ch, void *out, size_t bytes, mp_err
 #define ALLOC(field, elements, size) \
   MP_TRY(chain_alloc(ch, &(field), (size_t)(elements) * (size), err))
 
-mp_stage_dims mp_stage_chain_dims(const mp_stage_cpu *host, const mp_tp_comm *tp) {
-  const mp_model_config *c = mp_param_layout_config(mp_stage_cpu_layout(host));
+mp_stage_dims mp_stage_chain_dims(const mp_stage_layout *layout, const mp_tp_comm *tp) {
+  const mp_model_config *c = mp_param_layout_config(mp_stage_layout_model(layout));
   mp_stage_dims d;
   memset(&d, 0, sizeof d);
-  mp_stage_cpu_micro_batch(host, &d.B, &d.T);
+  mp_stage_layout_micro_batch(layout, &d.B, &d.T);
   d.C = c->channels;
   d.HS = c->channels / c->num_heads;
   d.NHl = c->num_heads / tp->size;
@@ -148,10 +148,10 @@ mp_stage_dims mp_stage_chain_dims(const mp_stage_cpu *host, const mp_tp_comm *tp
   d.Vl = c->padded_vocab_size / tp->size;
   d.vocab_start = tp->rank * d.Vl;
   d.BT = d.B * d.T;
-  d.sp = mp_stage_cpu_sequence_parallel(host) && tp->size > 1;
+  d.sp = mp_stage_layout_sequence_parallel(layout) && tp->size > 1;
   d.BTl = d.sp ? d.BT / tp->size : d.BT;
   d.row0 = d.sp ? tp->rank * d.BTl : 0;
-  const mp_stage_span *stage = mp_stage_cpu_span(host);
+  const mp_stage_span *stage = mp_stage_layout_span(layout);
   d.num_layers = stage->num_layers;
   d.embedding = stage->embedding;
   d.head = stage->head;
@@ -159,26 +159,18 @@ mp_stage_dims mp_stage_chain_dims(const mp_stage_cpu *host, const mp_tp_comm *tp
   return d;
 }
 
-/* The host's shard table index of the layout's tensor full_index, or -1. */
-static int shard_index(const mp_stage_cpu *host, int full_index) {
-  const mp_param_tensor *full = mp_param_layout_tensor(mp_stage_cpu_layout(host), full_index);
-  for (int i = 0; i < mp_stage_cpu_num_tensors(host); ++i) {
-    if (mp_stage_cpu_tensor_at(host, i)->full == full) return i;
-  }
-  return -1;
-}
 
 /* A tensor's weights: at its offset in weights, or with a weights window a block tensor's at its
- * offset in its block (block_first) and the others packed (mp_stage_cpu_grad_offset's packing for
- * whole blocks). */
+ * offset in its block (block_first) and the others packed (mp_stage_layout_grad_offset's packing
+ * for whole blocks). */
 static const void *weight_of(const mp_stage_chain *ch, void *weights, int full_index,
                              size_t block_first) {
-  const int i = full_index < 0 ? -1 : shard_index(ch->host, full_index);
+  const int i = full_index < 0 ? -1 : mp_stage_layout_index_of(ch->layout, full_index);
   if (i < 0) return NULL;
-  const size_t offset = mp_stage_cpu_tensor_at(ch->host, i)->offset;
+  const size_t offset = mp_stage_layout_tensor(ch->layout, i)->offset;
   if (ch->weights_window == NULL) return at(ch, weights, offset);
   size_t packed = 0;
-  if (mp_stage_cpu_grad_offset(ch->host, i, MP_GRAD_WINDOW_BLOCKS, &packed)) {
+  if (mp_stage_layout_grad_offset(ch->layout, i, MP_GRAD_WINDOW_BLOCKS, &packed)) {
     return at(ch, weights, packed);
   }
   return at(ch, ch->weights_window, offset - block_first);
@@ -210,14 +202,14 @@ static mp_status gather_block_weights(mp_stage_chain *ch, int l, int next, mp_er
                           b->grad_count, after.window != NULL ? &after : NULL, err);
 }
 
-/* A tensor's gradient: in grads, packed for the window kind (mp_stage_cpu_grad_offset), or for a
+/* A tensor's gradient: in grads, packed for the window kind (mp_stage_layout_grad_offset), or for a
  * tensor of the window at its offset in its block (block_first). */
 static float *grad_of(const mp_stage_chain *ch, float *grads, int full_index, size_t block_first) {
-  const int i = full_index < 0 ? -1 : shard_index(ch->host, full_index);
+  const int i = full_index < 0 ? -1 : mp_stage_layout_index_of(ch->layout, full_index);
   if (i < 0) return NULL;
   size_t packed = 0;
-  if (mp_stage_cpu_grad_offset(ch->host, i, ch->window_kind, &packed)) return grads + packed;
-  return ch->window + (mp_stage_cpu_tensor_at(ch->host, i)->offset - block_first);
+  if (mp_stage_layout_grad_offset(ch->layout, i, ch->window_kind, &packed)) return grads + packed;
+  return ch->window + (mp_stage_layout_tensor(ch->layout, i)->offset - block_first);
 }
 
 static mp_status alloc_slot(mp_stage_chain *ch, slot_acts *s, mp_error *err) {
@@ -315,7 +307,7 @@ void mp_stage_chain_free(mp_stage_chain *ch) {
 
 static mp_status chain_setup(mp_stage_chain *ch, const mp_stage_chain_config *config,
                              mp_error *err) {
-  const mp_param_layout *layout = mp_stage_cpu_layout(ch->host);
+  const mp_param_layout *layout = mp_stage_layout_model(ch->layout);
   const int L = ch->stage.num_layers;
   ch->wte = weight_of(ch, config->weights, mp_param_layout_global_index(layout, MP_GLOBAL_WTE), 0);
   ch->wpe = weight_of(ch, config->weights, mp_param_layout_global_index(layout, MP_GLOBAL_WPE), 0);
@@ -344,9 +336,9 @@ static mp_status chain_setup(mp_stage_chain *ch, const mp_stage_chain_config *co
     const int first_index = mp_param_layout_block_index(layout, layer, MP_BLOCK_LN1_WEIGHT);
     const int last_index = first_index + mp_param_layout_tensors_per_block(layout) - 1;
     const mp_stage_tensor *first =
-        mp_stage_cpu_tensor_at(ch->host, shard_index(ch->host, first_index));
+        mp_stage_layout_tensor(ch->layout, mp_stage_layout_index_of(ch->layout, first_index));
     const mp_stage_tensor *last =
-        mp_stage_cpu_tensor_at(ch->host, shard_index(ch->host, last_index));
+        mp_stage_layout_tensor(ch->layout, mp_stage_layout_index_of(ch->layout, last_index));
     b->grad_first = first->offset;
     b->grad_count = last->offset + last->count - first->offset;
     for (int r = 0; r < MP_BLOCK_TENSORS; ++r) {
@@ -420,7 +412,7 @@ static mp_status check_kernels(const mp_stage_chain *ch, mp_error *err) {
   return mp_fail(err, MP_ERR_INPUT,
                  "%s: the %s backend has no %s kernel yet; train this model on the CPU "
                  "backend",
-                 mp_param_layout_model_source(mp_stage_cpu_layout(ch->host)), k->name, missing);
+                 mp_param_layout_model_source(mp_stage_layout_model(ch->layout)), k->name, missing);
 }
 
 mp_status mp_stage_chain_create(const mp_stage_chain_config *config,
@@ -432,9 +424,9 @@ mp_status mp_stage_chain_create(const mp_stage_chain_config *config,
   mp_stage_chain *ch = calloc(1, sizeof *ch);
   if (ch == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of host memory");
   ch->k = kernels;
-  ch->host = config->host;
-  ch->stage = *mp_stage_cpu_span(config->host);
-  ch->d = mp_stage_chain_dims(config->host, config->tp);
+  ch->layout = config->layout;
+  ch->stage = *mp_stage_layout_span(config->layout);
+  ch->d = mp_stage_chain_dims(config->layout, config->tp);
   ch->eb = kernels->element_bytes;
   ch->deferred_weights = config->deferred_weights;
   ch->recompute = config->recompute;

@@ -7,7 +7,7 @@
  * parameter arrays and run this chain on them.
  *
  * The block is data: each block tensor is found by its role in the layout's table
- * (mp_block_tensor, engine/model/param_layout.h) and its shard in the host stage's table; a role
+ * (mp_block_tensor, engine/model/param_layout.h) and its shard in the stage layout's table; a role
  * the model has not (a bias, the position table) is NULL and its kernel skips it. One chain runs
  * both families: the norm is layernorm or RMSNorm, the MLP GELU or SwiGLU over (gate | up), rotary
  * embeddings turn q and k after the qkv GEMM (and their gradients back before it), and the
@@ -47,7 +47,7 @@
 #include <stdint.h>
 
 #include "common/error.h"
-#include "engine/model/stage_cpu.h"
+#include "engine/model/stage_layout.h"
 #include "engine/model/stage_kernels.h"
 #include "topology/layer_cost.h"
 
@@ -58,17 +58,17 @@ extern "C" {
 typedef struct mp_stage_chain mp_stage_chain;
 
 typedef struct {
-  const mp_stage_cpu *host;  /* layout, stage, shard table, micro-batch; must outlive the chain */
+  const mp_stage_layout *layout; /* span, shard table, micro-batch; must outlive the chain */
   const mp_tp_comm *tp;   /* the group for the kernels' collectives (copied) */
-  void *weights;          /* the shard's weights, backend elements, in the host's layout */
-  float *grads;           /* the shard's fp32 gradients, in the host's layout */
+  void *weights;          /* the shard's weights, backend elements, in the layout's order */
+  float *grads;           /* the shard's fp32 gradients, in the layout's order */
   int num_slots;          /* micro-batches in flight, >= 1 */
   bool deferred_weights;  /* slots keep what a zero-bubble W needs */
   mp_recompute recompute;
-  /* NULL, or (ZeRO-2) a window of the host's largest block's fp32 gradient floats
-   * (mp_stage_cpu_blocks_range) in the backend's memory: every block's gradient is formed there,
+  /* NULL, or (ZeRO-2) a window of the layout's largest block's fp32 gradient floats
+   * (mp_stage_layout_blocks_range) in the backend's memory: every block's gradient is formed there,
    * one block at a time, and handed to the grads hook, which must be set for every backward;
-   * grads then holds only the other tensors, packed (mp_stage_cpu_grad_offset). With deferred
+   * grads then holds only the other tensors, packed (mp_stage_layout_grad_offset). With deferred
    * weights only the GEMM weights' go through it, in whole backwards and in W (the window's
    * other elements stay zero), and B's norm and bias gradients stay in grads
    * (MP_GRAD_WINDOW_BLOCK_WEIGHTS). */
@@ -91,7 +91,7 @@ typedef struct {
 } mp_stage_chain_config;
 
 /* The stage's sizes on this rank (for a backend's create). */
-mp_stage_dims mp_stage_chain_dims(const mp_stage_cpu *host, const mp_tp_comm *tp);
+mp_stage_dims mp_stage_chain_dims(const mp_stage_layout *layout, const mp_tp_comm *tp);
 
 /* MP_OK when a chain of num_slots slots can run deferred weights and recompute; MP_ERR_INPUT
  * naming what to change otherwise (no slot; full recomputation with a zero-bubble schedule). A

@@ -7,11 +7,9 @@
  * (pipeline/stage_worker.h) drives a rank's stages through the trainer (engine/train/trainer.h);
  * with tp = 1 the group is mp_tp_comm_single.
  *
- * The shard is cut tensor by tensor from the one-rank layout (mp_param_layout) by each tensor's
- * split in the layout's table (tensor_parallel/shard.h): wte by vocabulary rows, qkv by heads,
- * attn_proj and fc_proj weights by columns, fc by rows; wpe, layernorms and the row-parallel
- * biases replicated. The shard array holds the tensors in the layout's order, each one's shard
- * contiguous, so optimizer and clipping walk one buffer as on one rank.
+ * Where each number of the shard goes is the stage's layout (engine/model/stage_layout.h, pure:
+ * the same for the chain, the GPU stage, the trainer and checkpoints); this stage holds the CPU's
+ * arrays in it.
  *
  *   embedding   vocab-parallel lookup (tensor_parallel/vocab_parallel_embedding.h), wpe added
  *   blocks      qkv and fc column-parallel, attn_proj and fc_proj row-parallel
@@ -45,6 +43,7 @@
 
 #include "common/error.h"
 #include "engine/model/param_layout.h"
+#include "engine/model/stage_layout.h"
 #include "tensor_parallel/shard.h"
 #include "tensor_parallel/tp_comm.h"
 #include "topology/layer_cost.h"
@@ -53,36 +52,6 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* One tensor's shard inside the flat shard array. */
-typedef struct {
-  const mp_param_tensor *full; /* the one-rank tensor: name, rows, cols, weight_decay, offset */
-  mp_tp_split split;         /* how it is cut (replicated: every rank holds all of it) */
-  size_t offset;             /* floats from the start of the shard array */
-  size_t count;              /* floats of this rank's shard */
-  bool tied_copy;            /* the LM head's copy of wte on a last stage without the embedding:
-                                its gradient is summed with the first stage's over the embedding
-                                group, and the global norm counts wte once, on the first stage */
-} mp_stage_tensor;
-
-/* A pipeline stage (one model chunk): a contiguous piece of the chain embedding, blocks 0..L-1,
- * final layernorm, LM head (with its loss) — the chain topology/cost_model.h's layers_per_stage
- * counts, one position each. */
-typedef struct {
-  bool embedding;   /* token + position embedding; the stage reads tokens, not activations */
-  int first_layer;  /* its blocks: [first_layer, first_layer + num_layers) */
-  int num_layers;   /* may be 0 */
-  bool final_norm;  /* the final layernorm after its blocks */
-  bool head;        /* LM head tied to wte and the loss; the stage ends in a loss */
-} mp_stage_span;
-
-/* The whole model as one stage. */
-mp_stage_span mp_stage_span_whole(int num_layers);
-
-/* The stage of chain positions [first, end) of a model with num_layers blocks (chain length
- * num_layers + 3). MP_ERR_INPUT when the range is empty or outside the chain. */
-mp_status mp_stage_span_of_chain(int num_layers, int first, int end, mp_stage_span *out,
-                                mp_error *err);
 
 typedef struct mp_stage_cpu mp_stage_cpu;
 
@@ -113,56 +82,38 @@ mp_status mp_stage_cpu_create(const mp_model *model, int micro_batch, int seq_le
  * (mp_grad_window). zero->shard_block_params (ZeRO-3, with window_block_grads, without deferred
  * weights; or a stage without slots, a GPU stage's host side): the parameters too (below).
  * Parameters start at zero: call an init or write function. */
-typedef struct mp_stage_zero mp_stage_zero;
-mp_status mp_stage_cpu_create_stage(const mp_model *model, int micro_batch, int seq_len,
-                                 const mp_tp_comm *tp, bool sequence_parallel,
-                                 const mp_stage_span *stage, int num_slots, bool deferred_weights,
-                                 mp_recompute recompute, const mp_stage_zero *zero,
-                                 mp_stage_cpu **out, mp_error *err);
+typedef struct {
+  int micro_batch, seq_len;      /* (B, T) of one micro-batch */
+  const mp_tp_comm *tp;          /* the tensor-parallel group (the table is copied; its context
+                                    must outlive the stage) */
+  bool sequence_parallel;
+  mp_stage_span span;            /* which piece of the chain */
+  int num_slots;                 /* micro-batches in flight; 0: a GPU stage's host side */
+  bool deferred_weights;         /* slots keep what a zero-bubble W needs */
+  mp_recompute recompute;
+  const mp_stage_zero *zero;     /* ZeRO's cut, or NULL */
+} mp_stage_cpu_config;
+mp_status mp_stage_cpu_create_stage(const mp_model *model, const mp_stage_cpu_config *config,
+                                    mp_stage_cpu **out, mp_error *err);
 
-/* ZeRO's cut of a stage over dp_size data-parallel ranks (mp_stage_cpu_create_stage's zero; NULL:
- * none). The stage's dp part is elements [first, first + count) of its flat layout
- * (mp_zero_part). */
-struct mp_stage_zero {
-  int dp_size, dp_rank;
-  bool window_block_grads;  /* ZeRO 2 and 3: block gradients through a window (mp_grad_window) */
-  bool shard_block_params;  /* ZeRO-3: of its blocks' parameters the stage holds only those of
-                               its dp part (mp_stage_cpu_held_params); the chain gathers each
-                               block's into a weights window through its weights hook */
-};
-
-/* ZeRO's part of dp rank `rank` of `size` over n floats: [*first, *first + *count), ceil(n /
- * size) floats each, the last ones shorter (or empty). */
-void mp_zero_part(size_t n, int size, int rank, size_t *first, size_t *count);
 void mp_stage_cpu_free(mp_stage_cpu *gpt);
 
-const mp_stage_span *mp_stage_cpu_span(const mp_stage_cpu *gpt);
-
-/* Floats of the activation a stage sends to the next one (and the gradient it gets back):
- * (B*T, C), or with sequence parallelism this rank's (B*T/tp, C). */
-size_t mp_stage_cpu_boundary_floats(const mp_stage_cpu *gpt);
-
-/* The (micro_batch, seq_len) the stage was created for. */
-void mp_stage_cpu_micro_batch(const mp_stage_cpu *gpt, int *micro_batch, int *seq_len);
-
-/* The one-rank layout the shard is cut from (config, full tensor table). */
-const mp_param_layout *mp_stage_cpu_layout(const mp_stage_cpu *gpt);
+/* Where each number of the stage goes (its span, micro-batch, tensor table, ZeRO's cuts). */
+const mp_stage_layout *mp_stage_cpu_layout(const mp_stage_cpu *gpt);
 const mp_tp_comm *mp_stage_cpu_comm(const mp_stage_cpu *gpt);
-bool mp_stage_cpu_sequence_parallel(const mp_stage_cpu *gpt);
 
-/* The flat shard arrays, mp_stage_cpu_num_params floats each, and their tensor table. A stage
+/* The flat shard arrays, mp_stage_layout_num_params floats each. A stage
  * without activation slots (a GPU stage's host side) holds neither in host memory: its
  * parameters are in its store (below), mp_stage_cpu_params is NULL, and it holds no host gradient
  * array until mp_stage_cpu_alloc_grads makes one (mp_stage_cpu_grads is NULL before, and zeroing,
  * gathering and norms of the gradients are for stages that have them). */
-size_t mp_stage_cpu_num_params(const mp_stage_cpu *gpt);
 float *mp_stage_cpu_params(mp_stage_cpu *gpt);
 float *mp_stage_cpu_grads(mp_stage_cpu *gpt);
 
 /* Where a stage without activation slots keeps its parameters: a GPU twin's device arrays
  * (engine/model/stage_gpu.h sets itself as the store when it is created), which mirror the
- * stage's stored order (mp_stage_cpu_params_floats floats, mp_stage_cpu_params_index below). read
- * and write move count floats at stored index `at` from and to host memory. */
+ * stage's stored order (mp_stage_layout_params_floats floats, mp_stage_layout_params_index below).
+ * read and write move count floats at stored index `at` from and to host memory. */
 typedef struct {
   void *context;
   mp_status (*read)(void *context, size_t at, size_t count, float *dest, mp_error *err);
@@ -174,72 +125,30 @@ typedef struct {
 mp_status mp_stage_cpu_set_param_store(mp_stage_cpu *gpt, const mp_stage_param_store *store,
                                     mp_error *err);
 
-/* ZeRO-3's parameters (shard_block_params): the stage holds the tensors outside its blocks whole
- * and of its blocks only the elements of its dp part, so its stored array is not in the shard's
- * layout; these find elements by their place in the flat layout (without ZeRO-3, the plain
- * offsets), wherever the stage keeps them (host memory or its store):
- *   params_index  where flat elements [first, first + count) are stored (an index of the stored
- *                 array, the host's or the store's) when they are one stretch there (one
- *                 tensor's, or the held block elements'); false otherwise
- *   params_at     the same as a pointer into the host array; NULL without one
- *   held_params   of tensor index: its elements [*first, *first + *count) that the stage holds
- *                 (all of them unless it is a block tensor of a ZeRO-3 stage; *count 0 when it
- *                 holds none)
+/* The parameters by their place in the flat layout (mp_stage_layout_params_index finds where
+ * they are stored, under ZeRO-3 too), wherever the stage keeps them (host memory or its store):
+ *   params_at     a pointer into the host array; NULL without one, or when the elements are not
+ *                 one stretch of the stored array
  *   read_params   dest = elements [first, first + count)
  *   write_params  elements [first, first + count) = src
  * read and write: MP_ERR_INPUT naming the element when the stage does not hold them all, or when
  * it keeps no parameters (no slots and no store); a store's errors. */
-bool mp_stage_cpu_sharded_params(const mp_stage_cpu *gpt);
-/* Floats of the stored array: num_params, or under ZeRO-3 the outside tensors and the held
- * block elements. */
-size_t mp_stage_cpu_params_floats(const mp_stage_cpu *gpt);
-bool mp_stage_cpu_params_index(const mp_stage_cpu *gpt, size_t first, size_t count, size_t *at);
 float *mp_stage_cpu_params_at(mp_stage_cpu *gpt, size_t first, size_t count);
-void mp_stage_cpu_held_params(const mp_stage_cpu *gpt, int index, size_t *first, size_t *count);
 mp_status mp_stage_cpu_read_params(mp_stage_cpu *gpt, size_t first, size_t count, float *dest,
-                                mp_error *err);
-mp_status mp_stage_cpu_write_params(mp_stage_cpu *gpt, size_t first, size_t count, const float *src,
-                                 mp_error *err);
+                                   mp_error *err);
+mp_status mp_stage_cpu_write_params(mp_stage_cpu *gpt, size_t first, size_t count,
+                                    const float *src, mp_error *err);
 
-/* [*first, *end): the floats of the flat arrays the stage's blocks hold (contiguous, in the
- * layout's order; *first == *end without blocks), and *largest, the floats of its largest block. */
-void mp_stage_cpu_blocks_range(const mp_stage_cpu *gpt, size_t *first, size_t *end,
-                               size_t *largest);
-
-/* Which gradients of a stage pass through a one-block window (ZeRO-2) instead of its gradient
- * array: none; every block tensor's (whole backwards); or with a zero-bubble schedule's deferred
- * weight gradients the blocks' GEMM weights' only (q, k, v, attn_proj, fc, up, fc_proj: W forms
- * them block by block, while B forms the norms' and biases', which then stay in the array until
- * the step's end). */
-typedef enum {
-  MP_GRAD_WINDOW_NONE = 0,
-  MP_GRAD_WINDOW_BLOCKS,
-  MP_GRAD_WINDOW_BLOCK_WEIGHTS,
-} mp_grad_window;
-
-/* The kind a stage created with windowed_block_grads and deferred_weights uses. */
-mp_grad_window mp_grad_window_for(bool windowed_block_grads, bool deferred_weights);
-
-/* Windowed block gradients (mp_stage_cpu_create_stage): mp_stage_cpu_grads has
+/* Windowed block gradients (config->zero->window_block_grads): mp_stage_cpu_grads has
  * mp_stage_cpu_grads_floats floats, the tensors outside the window in the layout's order, packed
- * (without a window, num_params floats in the shard's layout). mp_stage_cpu_tensor_grad is tensor
- * index's gradient in it, NULL for a tensor of the window or a stage without gradients. */
+ * (mp_stage_layout_grad_offset; without a window, num_params floats in the shard's layout).
+ * mp_stage_cpu_tensor_grad is tensor index's gradient in it, NULL for a tensor of the window or
+ * a stage without gradients. */
 mp_grad_window mp_stage_cpu_grad_window(const mp_stage_cpu *gpt);
 size_t mp_stage_cpu_grads_floats(const mp_stage_cpu *gpt);
 float *mp_stage_cpu_tensor_grad(mp_stage_cpu *gpt, int index);
-/* Where tensor index's gradient sits in a gradient array of this stage packed for window (its
- * offset for MP_GRAD_WINDOW_NONE): false for a tensor of the window. grad_array_floats: that
- * array's floats. A GPU twin (engine/model/stage_gpu.h) packs its device gradients the same way. */
-bool mp_stage_cpu_grad_offset(const mp_stage_cpu *gpt, int index, mp_grad_window window,
-                           size_t *offset);
-/* Whether tensor index's gradient passes through the window (constant time; grad_offset sums the
- * tensors before it). */
-bool mp_stage_cpu_grad_in_window(const mp_stage_cpu *gpt, int index, mp_grad_window window);
-size_t mp_stage_cpu_grad_array_floats(const mp_stage_cpu *gpt, mp_grad_window window);
 /* The host gradient array (zeroed) if the stage has none yet; MP_ERR_RUNTIME out of memory. */
 mp_status mp_stage_cpu_alloc_grads(mp_stage_cpu *gpt, mp_error *err);
-int mp_stage_cpu_num_tensors(const mp_stage_cpu *gpt);
-const mp_stage_tensor *mp_stage_cpu_tensor_at(const mp_stage_cpu *gpt, int index);
 
 /* GPT-2 initialisation from seed: this rank's shard of mp_param_layout_init_params, drawn block by
  * block without the full tensors (through a 1 MiB host buffer into a store). Fails only as
@@ -303,7 +212,7 @@ mp_status mp_stage_cpu_finish_grads(mp_stage_cpu *gpt, mp_error *err);
  * clipping agrees. Call after mp_stage_cpu_finish_grads. Collective. */
 mp_status mp_stage_cpu_grad_norm_squared(mp_stage_cpu *gpt, double *out, mp_error *err);
 
-/* The same from each tensor's sum of squares, squares[i] for mp_stage_cpu_tensor_at(gpt, i) (so a
+/* The same from each tensor's sum of squares, squares[i] for mp_stage_layout_tensor(gpt, i) (so a
  * GPU twin of the stage, engine/model/stage_gpu.h, counts as the CPU does). Collective. */
 mp_status mp_stage_cpu_norm_from_squares(const mp_stage_cpu *gpt, const double *squares,
                                          double *out, mp_error *err);

@@ -512,7 +512,7 @@ struct mp_stage_gpu {
   mp_stage_cpu *host;
   mp_tp_comm tp;
   size_t num_params, device_bytes;         /* num_params: floats of the shard's flat layout */
-  size_t params_floats;                    /* the host's mp_stage_cpu_params_floats: num_params,
+  size_t params_floats;                    /* the host's mp_stage_layout_params_floats: num_params,
                                               or with ZeRO-3 the outside tensors and the held
                                               block elements, in the host's order */
   float *master;                           /* (params_floats) */
@@ -599,7 +599,7 @@ mp_status mp_stage_gpu_create(mp_stage_cpu *host, const mp_tp_comm *device_tp, i
   /* What the chain cannot run is refused before the GPU is looked for. */
   MP_TRY(mp_stage_chain_check(num_slots, deferred_weights, recompute, err));
   int host_batch = 0, host_seq = 0;
-  mp_stage_cpu_micro_batch(host, &host_batch, &host_seq);
+  mp_stage_layout_micro_batch(mp_stage_cpu_layout(host), &host_batch, &host_seq);
   if (micro_batch != host_batch || seq_len != host_seq) {
     return mp_fail(err, MP_ERR_INPUT,
                    "the GPU stage's micro-batch %d x %d tokens is not its host stage's (%d x %d)",
@@ -610,7 +610,7 @@ mp_status mp_stage_gpu_create(mp_stage_cpu *host, const mp_tp_comm *device_tp, i
                    "the host stage has activation slots: a GPU stage's host side has none, and "
                    "keeps its parameters on the device");
   }
-  const bool sharded = mp_stage_cpu_sharded_params(host);
+  const bool sharded = mp_stage_layout_sharded_params(mp_stage_cpu_layout(host));
   if (sharded && (!windowed_block_grads || deferred_weights)) {
     return mp_fail(err, MP_ERR_INPUT,
                    "the host stage's block parameters are sharded (ZeRO-3): the GPU stage needs "
@@ -634,15 +634,17 @@ mp_status mp_stage_gpu_create(mp_stage_cpu *host, const mp_tp_comm *device_tp, i
   if (gpu == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of host memory");
   gpu->host = host;
   gpu->tp = *tp;
-  gpu->num_params = mp_stage_cpu_num_params(host);
-  gpu->params_floats = mp_stage_cpu_params_floats(host);
+  gpu->num_params = mp_stage_layout_num_params(mp_stage_cpu_layout(host));
+  gpu->params_floats = mp_stage_layout_params_floats(mp_stage_cpu_layout(host));
   /* What the device holds of the parameters (with ZeRO-3 not the whole flat layout). */
   const size_t P = gpu->params_floats;
   size_t blocks_first = 0, blocks_end = 0, largest_block = 0;
-  mp_stage_cpu_blocks_range(host, &blocks_first, &blocks_end, &largest_block);
+  mp_stage_layout_blocks_range(mp_stage_cpu_layout(host), &blocks_first, &blocks_end,
+                               &largest_block);
   gpu->windowed = windowed_block_grads;
   gpu->window_kind = mp_grad_window_for(windowed_block_grads, deferred_weights);
-  gpu->grads_floats = mp_stage_cpu_grad_array_floats(host, gpu->window_kind);
+  gpu->grads_floats =
+      mp_stage_layout_grad_array_floats(mp_stage_cpu_layout(host), gpu->window_kind);
   ALLOC(gpu->master, P);
   ALLOC(gpu->grads, gpu->grads_floats);
   ALLOC(gpu->weights, P);
@@ -668,9 +670,9 @@ mp_status mp_stage_gpu_create(mp_stage_cpu *host, const mp_tp_comm *device_tp, i
     if (mp_device_memset(gpu->weights, 0, P * sizeof(mp_bf16), err) != MP_OK) goto fail;
   }
   ALLOC(gpu->norm_scratch, mp_grad_norm_cuda_scratch_floats(P));
-  const mp_stage_dims dims = mp_stage_chain_dims(host, &gpu->tp);
+  const mp_stage_dims dims = mp_stage_chain_dims(mp_stage_cpu_layout(host), &gpu->tp);
   if (cuda_kernels_create(&dims, &gpu->kernels, err) != MP_OK) goto fail;
-  const mp_stage_chain_config config = {.host = host,
+  const mp_stage_chain_config config = {.layout = mp_stage_cpu_layout(host),
                                         .tp = &gpu->tp,
                                         .weights = gpu->weights,
                                         .grads = gpu->grads,
@@ -741,10 +743,10 @@ mp_status mp_stage_gpu_keep_moments(mp_stage_gpu *gpu, size_t first, size_t coun
 float *mp_stage_gpu_device_params(mp_stage_gpu *gpu) { return gpu->master; }
 
 /* Where flat elements [first, first + count) sit in the device's parameter arrays: where the
- * host stage stores them (mp_stage_cpu_params_index), which they mirror; false when they are not
+ * host stage stores them (mp_stage_layout_params_index), which they mirror; false when they are not
  * one stretch there. */
 static bool held_offset(const mp_stage_gpu *gpu, size_t first, size_t count, size_t *at) {
-  return mp_stage_cpu_params_index(gpu->host, first, count, at);
+  return mp_stage_layout_params_index(mp_stage_cpu_layout(gpu->host), first, count, at);
 }
 
 float *mp_stage_gpu_params_at(mp_stage_gpu *gpu, size_t first, size_t count) {
@@ -816,8 +818,10 @@ void mp_stage_gpu_scale_grads(mp_stage_gpu *gpu, float scale) {
 
 float *mp_stage_gpu_tensor_grad(mp_stage_gpu *gpu, int index) {
   size_t offset = 0;
-  return mp_stage_cpu_grad_offset(gpu->host, index, gpu->window_kind, &offset) ? gpu->grads + offset
-                                                                           : NULL;
+  return mp_stage_layout_grad_offset(mp_stage_cpu_layout(gpu->host), index, gpu->window_kind,
+                                     &offset)
+             ? gpu->grads + offset
+             : NULL;
 }
 
 size_t mp_stage_gpu_grads_floats(const mp_stage_gpu *gpu) { return gpu->grads_floats; }
@@ -843,8 +847,8 @@ mp_status mp_stage_gpu_part_squares(mp_stage_gpu *gpu, double *squares, mp_error
   MP_TRY(gpu->windowed ? need_part(gpu, err)
                        : mp_fail(err, MP_ERR_INPUT, "the GPU stage keeps no ZeRO-2 part"));
   const size_t first = gpu->moments_first, end = first + gpu->moments_count;
-  for (int i = 0; i < mp_stage_cpu_num_tensors(gpu->host); ++i) {
-    const mp_stage_tensor *t = mp_stage_cpu_tensor_at(gpu->host, i);
+  for (int i = 0; i < mp_stage_layout_num_tensors(mp_stage_cpu_layout(gpu->host)); ++i) {
+    const mp_stage_tensor *t = mp_stage_layout_tensor(mp_stage_cpu_layout(gpu->host), i);
     const size_t lo = t->offset > first ? t->offset : first;
     const size_t hi = t->offset + t->count < end ? t->offset + t->count : end;
     squares[i] = 0.0;
@@ -884,12 +888,12 @@ mp_status mp_stage_gpu_grad_norm_squared(mp_stage_gpu *gpu, double *out, mp_erro
   /* Each reduction waits for the GPU, so neighbouring tensors that count alike (replicated, or
    * sharded; at tp = 1 all of them) are reduced as one run, its sum booked on the run's first
    * tensor: mp_stage_cpu_norm_from_squares only adds them up by kind. */
-  const int n = mp_stage_cpu_num_tensors(gpu->host);
+  const int n = mp_stage_layout_num_tensors(mp_stage_cpu_layout(gpu->host));
   double *squares = calloc((size_t)(n > 0 ? n : 1), sizeof(double));
   if (squares == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of host memory");
   mp_status status = MP_OK;
   for (int i = 0; i < n && status == MP_OK;) {
-    const mp_stage_tensor *first = mp_stage_cpu_tensor_at(gpu->host, i);
+    const mp_stage_tensor *first = mp_stage_layout_tensor(mp_stage_cpu_layout(gpu->host), i);
     if (first->tied_copy) {
       ++i;
       continue;
@@ -898,7 +902,7 @@ mp_status mp_stage_gpu_grad_norm_squared(mp_stage_gpu *gpu, double *out, mp_erro
     int end = i + 1;
     size_t count = first->count;
     for (; end < n; ++end) {
-      const mp_stage_tensor *t = mp_stage_cpu_tensor_at(gpu->host, end);
+      const mp_stage_tensor *t = mp_stage_layout_tensor(mp_stage_cpu_layout(gpu->host), end);
       const bool same = t->split == MP_TP_REPLICATED || gpu->tp.size == 1;
       if (t->tied_copy || same != replicated || t->offset != first->offset + count) break;
       count += t->count;
@@ -918,8 +922,8 @@ mp_status mp_stage_gpu_adamw(mp_stage_gpu *gpu, const mp_gpu_adamw *adamw, mp_er
   /* Tensor by tensor (weight decay is a property of the tensor), over the elements whose
    * moments this rank keeps: all, or its ZeRO part (with ZeRO-2 the part's gradients). */
   const size_t first = gpu->moments_first, end = first + gpu->moments_count;
-  for (int i = 0; i < mp_stage_cpu_num_tensors(gpu->host); ++i) {
-    const mp_stage_tensor *t = mp_stage_cpu_tensor_at(gpu->host, i);
+  for (int i = 0; i < mp_stage_layout_num_tensors(mp_stage_cpu_layout(gpu->host)); ++i) {
+    const mp_stage_tensor *t = mp_stage_layout_tensor(mp_stage_cpu_layout(gpu->host), i);
     const size_t lo = t->offset > first ? t->offset : first;
     const size_t hi = t->offset + t->count < end ? t->offset + t->count : end;
     if (lo >= hi) continue;

@@ -41,10 +41,11 @@
  * partial sums: mp_stage_gpu_finish_grads sums them once per step. Attention sees all B*T
  * tokens of this rank's heads, as without it. With tp = 1 it changes nothing.
  *
- * Boundaries between stages are fp32 arrays of mp_stage_cpu_boundary_floats(host) floats in device
- * memory: (B*T, C), or with sequence parallelism (B*T/tp, C), this rank's token slice (the stage
- * worker's buffers, which the trainer allocates on the GPU and sends over MPI or NCCL); the stage
- * widens its bf16 output into them exactly and rounds its input from them.
+ * Boundaries between stages are fp32 arrays of
+ * mp_stage_layout_boundary_floats(mp_stage_cpu_layout(host)) floats in device memory: (B*T, C), or
+ * with sequence parallelism (B*T/tp, C), this rank's token slice (the stage worker's buffers, which
+ * the trainer allocates on the GPU and sends over MPI or NCCL); the stage widens its bf16 output
+ * into them exactly and rounds its input from them.
  *
  * Zero-bubble's split (Qi et al. 2023; the CPU twin's mp_stage_cpu_backward_stage with
  * defer_weights): with deferred weights, a backward may leave the four GEMM weight gradients of
@@ -92,14 +93,14 @@ typedef struct {
  * (selective changes nothing; full keeps the slots light, see above); deferred_weights: the slots
  * also keep what a deferred backward's W needs (zero-bubble schedules). Both together are refused
  * with MP_ERR_INPUT, as on the CPU. Sequence parallelism is the host stage's
- * (mp_stage_cpu_sequence_parallel). windowed_block_grads (ZeRO 2 and 3; with deferred weights the
+ * (mp_stage_layout_sequence_parallel). windowed_block_grads (ZeRO 2 and 3; with deferred weights the
  * GEMM weights' only): the blocks' gradients pass through two one-block device windows in turn
  * (so that one block's reduce-scatter may overlap the next block's backward), which the chain's
  * hook must take after every block (engine/model/stage_chain.h), the device gradient array holds
- * the tensors outside the blocks packed (mp_stage_cpu_grad_offset), and the stage keeps the
+ * the tensors outside the blocks packed (mp_stage_layout_grad_offset), and the stage keeps the
  * gradients of its moments' part (mp_stage_gpu_keep_moments), which the hook's sums are added into
  * (mp_stage_gpu_add_to_part); scaling, the norm's squares and AdamW then run on that part.
- * A host stage whose block parameters are sharded (ZeRO-3, mp_stage_cpu_sharded_params; it needs
+ * A host stage whose block parameters are sharded (ZeRO-3, mp_stage_layout_sharded_params; it needs
  * windowed_block_grads and no deferred weights) makes a ZeRO-3 stage: the device mirrors the
  * host's array (the tensors outside the blocks, then this dp rank's block elements), and the
  * chain takes each block's bf16 weights from two one-block device windows in turn, which its
@@ -127,10 +128,10 @@ size_t mp_stage_gpu_device_bytes(const mp_stage_gpu *gpu);
  * */
 mp_status mp_stage_gpu_download_grads(mp_stage_gpu *gpu, mp_error *err);
 
-/* The fp32 gradients on the device, mp_stage_cpu_num_params(host) floats in the host's layout (or
- * windowed, mp_stage_gpu_grads_floats packed), for the data-parallel all-reduce and the tied
- * embedding's sum; mp_device_synchronize first. tensor_grad: tensor index's gradient in it (NULL
- * for a windowed block tensor). */
+/* The fp32 gradients on the device, mp_stage_layout_num_params(mp_stage_cpu_layout(host)) floats in
+ * the host's layout (or windowed, mp_stage_gpu_grads_floats packed), for the data-parallel
+ * all-reduce and the tied embedding's sum; mp_device_synchronize first. tensor_grad: tensor index's
+ * gradient in it (NULL for a windowed block tensor). */
 float *mp_stage_gpu_device_grads(mp_stage_gpu *gpu);
 float *mp_stage_gpu_tensor_grad(mp_stage_gpu *gpu, int index);
 size_t mp_stage_gpu_grads_floats(const mp_stage_gpu *gpu);
@@ -138,8 +139,9 @@ size_t mp_stage_gpu_grads_floats(const mp_stage_gpu *gpu);
 /* ZeRO-2 (a windowed stage): part += sums (count device floats, elements [first, first + count)
  * of the stage's flat layout, inside the moments' part; MP_ERR_INPUT otherwise), on stream (NULL:
  * the default stream; a communicator's, to follow the reduce-scatter that wrote sums there);
- * and each tensor's squares over the part into squares (mp_stage_cpu_num_tensors(host) doubles,
- * host memory), for a norm the caller sums over dp. */
+ * and each tensor's squares over the part into squares
+ * (mp_stage_layout_num_tensors(mp_stage_cpu_layout(host)) doubles, host memory), for a norm the
+ * caller sums over dp. */
 mp_status mp_stage_gpu_add_to_part(mp_stage_gpu *gpu, const float *sums, size_t first,
                                        size_t count, mp_cuda_stream stream, mp_error *err);
 mp_status mp_stage_gpu_part_squares(mp_stage_gpu *gpu, double *squares, mp_error *err);
@@ -171,11 +173,11 @@ mp_status mp_stage_gpu_forward(mp_stage_gpu *gpu, int slot, const int32_t *input
  * mp_stage_gpu_refresh_weights. MP_ERR_INPUT for a range outside the stage. */
 mp_status mp_stage_gpu_keep_moments(mp_stage_gpu *gpu, size_t first, size_t count,
                                         mp_error *err);
-/* The fp32 master weights on the device (mp_stage_cpu_params_floats(host) floats, the host's
- * array: with ZeRO-3 not the flat layout). */
+/* The fp32 master weights on the device (mp_stage_layout_params_floats(mp_stage_cpu_layout(host))
+ * floats, the host's array: with ZeRO-3 not the flat layout). */
 float *mp_stage_gpu_device_params(mp_stage_gpu *gpu);
 /* The device's master (fp32) and working (bf16) copies of flat elements [first, first + count)
- * where the stage holds them as one stretch (mp_stage_cpu_params_index's), else NULL. */
+ * where the stage holds them as one stretch (mp_stage_layout_params_index's), else NULL. */
 float *mp_stage_gpu_params_at(mp_stage_gpu *gpu, size_t first, size_t count);
 void *mp_stage_gpu_weights_at(mp_stage_gpu *gpu, size_t first, size_t count);
 /* The bf16 working copy from the master weights (after they changed on the device). */

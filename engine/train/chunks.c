@@ -116,12 +116,17 @@ mp_status mp_train_create_chunks(mp_trainer *trainer, const mp_model *model, mp_
      * side has no gradients (the GPU stage windows its own), and with ZeRO-3 lays out the same
      * parts of the parameters as the device. */
     const mp_stage_zero zero = {dp, dp_rank, zero2 && !on_gpu, trainer->zero3};
-    status = mp_stage_cpu_create_stage(model, (int)plan->micro_batch, (int)plan->seq_len,
-                                    &trainer->tp_table, plan->sequence_parallel, &range,
-                                    on_gpu ? 0 : slots, zero_bubble && !on_gpu,
-                                    on_gpu ? MP_RECOMPUTE_NONE : plan->recompute,
-                                    (zero2 && !on_gpu) || trainer->zero3 ? &zero : NULL,
-                                    &trainer->chunks[c], err);
+    const mp_stage_cpu_config config = {
+        .micro_batch = (int)plan->micro_batch,
+        .seq_len = (int)plan->seq_len,
+        .tp = &trainer->tp_table,
+        .sequence_parallel = plan->sequence_parallel,
+        .span = range,
+        .num_slots = on_gpu ? 0 : slots,
+        .deferred_weights = zero_bubble && !on_gpu,
+        .recompute = on_gpu ? MP_RECOMPUTE_NONE : plan->recompute,
+        .zero = (zero2 && !on_gpu) || trainer->zero3 ? &zero : NULL};
+    status = mp_stage_cpu_create_stage(model, &config, &trainer->chunks[c], err);
     if (status == MP_OK && !on_gpu) {
       status = mp_stage_cpu_init_params(trainer->chunks[c], plan->training.seed, err);
     }
@@ -140,7 +145,7 @@ mp_status mp_train_create_chunks(mp_trainer *trainer, const mp_model *model, mp_
     if (status != MP_OK) break;
     trainer->chains[c] = on_gpu ? mp_stage_gpu_chain(trainer->gpu_chunks[c])
                                 : mp_stage_cpu_chain(trainer->chunks[c]);
-    const size_t n = mp_stage_cpu_num_params(trainer->chunks[c]);
+    const size_t n = mp_stage_layout_num_params(mp_stage_cpu_layout(trainer->chunks[c]));
     size_t first_param = 0, count = n;
     if (plan->zero_stage >= 1) {
       mp_zero_part(n, dp, dp_rank, &first_param, &count);
@@ -151,7 +156,8 @@ mp_status mp_train_create_chunks(mp_trainer *trainer, const mp_model *model, mp_
     trainer->zero_count[c] = count;
     if (zero2) {
       size_t blocks_first = 0, blocks_end = 0, block = 0;
-      mp_stage_cpu_blocks_range(trainer->chunks[c], &blocks_first, &blocks_end, &block);
+      mp_stage_layout_blocks_range(mp_stage_cpu_layout(trainer->chunks[c]), &blocks_first,
+                                   &blocks_end, &block);
       if (block > largest_block) largest_block = block;
       if (!on_gpu) trainer->grad_part[c] = calloc(count > 0 ? count : 1, sizeof(float));
       if (!on_gpu && trainer->grad_part[c] == NULL) {
@@ -258,7 +264,7 @@ mp_status mp_trainer_chunk_state_of(const mp_trainer *trainer, int chunk,
     return mp_fail(err, MP_ERR_INPUT, "chunk %d: the run has %d model chunks on this rank", chunk,
                    trainer->num_chunks);
   }
-  out->params_count = mp_stage_cpu_num_params(trainer->chunks[chunk]);
+  out->params_count = mp_stage_layout_num_params(mp_stage_cpu_layout(trainer->chunks[chunk]));
   out->moments_first = trainer->zero_first[chunk];
   out->moments_count = trainer->zero_count[chunk];
   return MP_OK;

@@ -12,8 +12,8 @@ static void adamw_range(mp_stage_cpu *chunk, size_t first, size_t count, float *
                         float *v, const mp_training_config *t, double lr, int64_t step,
                         float grad_scale) {
   const size_t end = first + count;
-  for (int i = 0; i < mp_stage_cpu_num_tensors(chunk); ++i) {
-    const mp_stage_tensor *tensor = mp_stage_cpu_tensor_at(chunk, i);
+  for (int i = 0; i < mp_stage_layout_num_tensors(mp_stage_cpu_layout(chunk)); ++i) {
+    const mp_stage_tensor *tensor = mp_stage_layout_tensor(mp_stage_cpu_layout(chunk), i);
     const size_t lo = tensor->offset > first ? tensor->offset : first;
     const size_t hi = tensor->offset + tensor->count < end ? tensor->offset + tensor->count : end;
     if (lo >= hi) continue;

@@ -77,11 +77,13 @@ static mp_status save_parallel(mp_trainer *trainer, const char *path, mp_error *
   for (int c = 0; c < trainer->num_chunks && status == MP_OK; ++c) {
     mp_stage_cpu *chunk = trainer->chunks[c];
     size_t blocks_first = 0, blocks_end = 0, largest = 0;
-    mp_stage_cpu_blocks_range(chunk, &blocks_first, &blocks_end, &largest);
+    mp_stage_layout_blocks_range(mp_stage_cpu_layout(chunk), &blocks_first, &blocks_end, &largest);
     /* Each chunk has its own copy of the layout: indices, not pointers, cross between them. */
-    const mp_param_tensor *first_tensor = mp_param_layout_tensor(mp_stage_cpu_layout(chunk), 0);
-    for (int j = 0; j < mp_stage_cpu_num_tensors(chunk) && status == MP_OK; ++j) {
-      const mp_stage_tensor *t = mp_stage_cpu_tensor_at(chunk, j);
+    const mp_param_tensor *first_tensor =
+        mp_param_layout_tensor(mp_stage_layout_model(mp_stage_cpu_layout(chunk)), 0);
+    for (int j = 0; j < mp_stage_layout_num_tensors(mp_stage_cpu_layout(chunk)) && status == MP_OK;
+         ++j) {
+      const mp_stage_tensor *t = mp_stage_layout_tensor(mp_stage_cpu_layout(chunk), j);
       if (t->tied_copy) continue; /* the first stage writes wte */
       const bool replicated = t->split == MP_TP_REPLICATED;
       for (size_t at = 0; at < t->count && status == MP_OK; at += SAVE_PIECE_FLOATS) {

@@ -101,12 +101,12 @@ static mp_status create_parallel(mp_trainer *trainer, const mp_model *model, mp_
   }
   /* The layout (config, tensor table) every chunk is cut from. */
   MP_TRY(mp_train_create_chunks(trainer, model, err));
-  trainer->layout = mp_stage_cpu_layout(trainer->chunks[0]);
+  trainer->layout = mp_stage_layout_model(mp_stage_cpu_layout(trainer->chunks[0]));
   mp_stage_ops ops;
   mp_stage_p2p p2p;
   mp_stage_observer observer;
   mp_train_worker_callbacks(trainer, &ops, &p2p, &observer);
-  const size_t boundary = mp_stage_cpu_boundary_floats(trainer->chunks[0]);
+  const size_t boundary = mp_stage_layout_boundary_floats(mp_stage_cpu_layout(trainer->chunks[0]));
   status = mp_stage_worker_create(&trainer->schedule, o->pp_rank, boundary, &ops, &p2p,
                                   o->trace != NULL ? &observer : NULL, &trainer->worker, err);
   if (status == MP_OK && o->dp != NULL && plan->dp > 1 && plan->zero_stage < 2) {

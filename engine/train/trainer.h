@@ -200,7 +200,7 @@ mp_status mp_trainer_save_llmc(mp_trainer *trainer, const char *path, mp_error *
 /* A chunk's training state (0 .. mp_trainer_num_chunks - 1), for checkpoints
  * (engine/checkpoint/checkpoint.h): its fp32 parameters, params_count floats in the flat shard
  * layout of mp_trainer_chunk (with ZeRO-3 this rank keeps of its blocks only its part,
- * mp_stage_cpu_held_params), and AdamW's first and second moments of elements [moments_first,
+ * mp_stage_layout_held_params), and AdamW's first and second moments of elements [moments_first,
  * moments_first + moments_count) of that layout: all of them without ZeRO, this dp rank's part
  * with ZeRO (dp rank d holds part d of dp equal parts of ceil(params_count / dp) floats, the
  * last one shorter). AdamW keeps no other state: its bias correction is a function of the step.

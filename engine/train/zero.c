@@ -16,7 +16,7 @@
  * rank d's part holds (its part is contiguous, the parts in dp-rank order). */
 static void part_counts(const mp_trainer *trainer, int c, size_t first, size_t count,
                         size_t *counts) {
-  const size_t n = mp_stage_cpu_num_params(trainer->chunks[c]);
+  const size_t n = mp_stage_layout_num_params(mp_stage_cpu_layout(trainer->chunks[c]));
   for (int d = 0; d < trainer->zero_size; ++d) {
     size_t part_first = 0, part_count = 0;
     mp_zero_part(n, trainer->zero_size, d, &part_first, &part_count);
@@ -226,8 +226,8 @@ static mp_status zero3_gather_outside(mp_trainer *trainer, int c, mp_error *err)
   mp_stage_gpu *gpu = trainer->gpu_chunks != NULL ? trainer->gpu_chunks[c] : NULL;
   mp_nccl_comm *nccl = gpu != NULL ? trainer->options.nccl_dp : NULL;
   size_t blocks_first = 0, blocks_end = 0, largest = 0;
-  mp_stage_cpu_blocks_range(chunk, &blocks_first, &blocks_end, &largest);
-  const size_t n = mp_stage_cpu_num_params(chunk);
+  mp_stage_layout_blocks_range(mp_stage_cpu_layout(chunk), &blocks_first, &blocks_end, &largest);
+  const size_t n = mp_stage_layout_num_params(mp_stage_cpu_layout(chunk));
   const size_t runs[2][2] = {{0, blocks_first}, {blocks_end, n - blocks_end}};
   for (int r = 0; r < 2 && trainer->zero_comm != NULL; ++r) {
     if (runs[r][1] == 0) continue;
@@ -297,9 +297,9 @@ mp_status mp_train_zero2_array_grads(mp_trainer *trainer, int c, mp_error *err) 
                             : mp_stage_cpu_grads(chunk);
   size_t run_first = 0, run_packed = 0, run_count = 0; /* flat first, packed first, floats */
   size_t at = 0; /* the packed array's cursor: its tensors are in the layout's order */
-  for (int j = 0; j < mp_stage_cpu_num_tensors(chunk); ++j) {
-    if (mp_stage_cpu_grad_in_window(chunk, j, window)) continue;
-    const mp_stage_tensor *t = mp_stage_cpu_tensor_at(chunk, j);
+  for (int j = 0; j < mp_stage_layout_num_tensors(mp_stage_cpu_layout(chunk)); ++j) {
+    if (mp_stage_layout_grad_in_window(mp_stage_cpu_layout(chunk), j, window)) continue;
+    const mp_stage_tensor *t = mp_stage_layout_tensor(mp_stage_cpu_layout(chunk), j);
     if (run_count > 0 && t->offset == run_first + run_count) {
       run_count += t->count;
     } else {
@@ -319,7 +319,7 @@ mp_status mp_train_zero2_array_grads(mp_trainer *trainer, int c, mp_error *err) 
  * tp. */
 mp_status mp_train_zero2_norm_squared(mp_trainer *trainer, int c, double *out, mp_error *err) {
   mp_stage_cpu *chunk = trainer->chunks[c];
-  const int num_tensors = mp_stage_cpu_num_tensors(chunk);
+  const int num_tensors = mp_stage_layout_num_tensors(mp_stage_cpu_layout(chunk));
   const int dp = trainer->zero_comm != NULL ? trainer->zero_size : 1;
   const size_t first = trainer->zero_first[c], end = first + trainer->zero_count[c];
   double *squares = calloc((size_t)num_tensors * ((size_t)dp + 1) + 1, sizeof(double));
@@ -330,7 +330,7 @@ mp_status mp_train_zero2_norm_squared(mp_trainer *trainer, int c, double *out, m
     status = mp_stage_gpu_part_squares(trainer->gpu_chunks[c], squares, err);
   }
   for (int i = 0; i < num_tensors && trainer->gpu_chunks == NULL; ++i) {
-    const mp_stage_tensor *t = mp_stage_cpu_tensor_at(chunk, i);
+    const mp_stage_tensor *t = mp_stage_layout_tensor(mp_stage_cpu_layout(chunk), i);
     const size_t lo = t->offset > first ? t->offset : first;
     const size_t hi = t->offset + t->count < end ? t->offset + t->count : end;
     if (lo < hi) {
@@ -453,7 +453,7 @@ mp_status mp_train_zero_gather_updated(mp_trainer *trainer, int c, mp_error *err
     /* ZeRO 1 and 2: the whole array from every dp rank's part (over the shard group with HSDP:
      * the replicas updated the same parts alike), on the GPU the master weights, over NCCL or
      * over MPI through the host. */
-    const size_t n = mp_stage_cpu_num_params(trainer->chunks[c]);
+    const size_t n = mp_stage_layout_num_params(mp_stage_cpu_layout(trainer->chunks[c]));
     const int size = trainer->zero_size;
     const size_t part = (n + (size_t)size - 1) / (size_t)size;
     zero_comms comms = {trainer->zero_comm, nccl};

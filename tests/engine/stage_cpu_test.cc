@@ -35,6 +35,12 @@
 
 namespace {
 
+// mp_stage_cpu_create_stage over a config built in place.
+static mp_status CreateStageCpu(const mp_model *model, const mp_stage_cpu_config &config,
+                                mp_stage_cpu **out, mp_error *err) {
+  return mp_stage_cpu_create_stage(model, &config, out, err);
+}
+
 mp_comm_world *g_world = nullptr;
 mp_comm *g_all = nullptr;
 mp_tp_comm g_tp;
@@ -136,8 +142,8 @@ void CheckStart(bool sp, const char *text = kModel) {
   mp_gpt_init_params(m.one, 1337);
   ASSERT_EQ(MP_OK, mp_stage_cpu_init_params(m.shard, 1337, &m.err)) << m.err.message;
   const float *full = mp_gpt_params(m.one);
-  for (int i = 0; i < mp_stage_cpu_num_tensors(m.shard); i++) {
-    const mp_stage_tensor *t = mp_stage_cpu_tensor_at(m.shard, i);
+  for (int i = 0; i < mp_stage_layout_num_tensors(mp_stage_cpu_layout(m.shard)); i++) {
+    const mp_stage_tensor *t = mp_stage_layout_tensor(mp_stage_cpu_layout(m.shard), i);
     fvec expected(t->count);
     ASSERT_EQ(MP_OK, mp_tp_shard_extract(expected.data(), full + t->full->offset, t->split,
                                          t->full->rows, t->full->cols, g_tp.rank, g_tp.size,
@@ -185,8 +191,8 @@ void CheckGradients(bool sp, const char *text = kModel) {
                       gathered.data() + t->offset, mp_gpt_grads(m.one) + t->offset,
                       t->rows * t->cols));
   }
-  for (int i = 0; i < mp_stage_cpu_num_tensors(m.shard); i++) {
-    const mp_stage_tensor *t = mp_stage_cpu_tensor_at(m.shard, i);
+  for (int i = 0; i < mp_stage_layout_num_tensors(mp_stage_cpu_layout(m.shard)); i++) {
+    const mp_stage_tensor *t = mp_stage_layout_tensor(mp_stage_cpu_layout(m.shard), i);
     if (t->split != MP_TP_REPLICATED) continue;
     EXPECT_TRUE(SameOnEveryRank(std::string("gradient of ") + t->full->name + Where(sp),
                                 mp_stage_cpu_grads(m.shard) + t->offset, t->count));
@@ -247,18 +253,20 @@ fvec StageGradients(const mp_model *model, bool sp, const Variant &v, mp_error *
   const mp_stage_span whole = mp_stage_span_whole(mp_param_layout_config(layout)->num_layers);
   mp_param_layout_free(layout);
   const mp_stage_zero zero = {2, 0, v.windowed, v.zero3};
-  if (mp_stage_cpu_create_stage(model, kB, kT, &g_tp, sp, &whole, 2, v.deferred, v.recompute,
-                             v.windowed ? &zero : nullptr, &stage, err) != MP_OK ||
+  if (CreateStageCpu(
+          model,
+          {kB, kT, &g_tp, sp, whole, 2, v.deferred, v.recompute, v.windowed ? &zero : nullptr},
+          &stage, err) != MP_OK ||
       mp_stage_cpu_init_params(stage, 11, err) != MP_OK) {
     mp_stage_cpu_free(stage);
     return {};
   }
-  fvec windowed(mp_stage_cpu_num_params(stage), 0.0f);
+  fvec windowed(mp_stage_layout_num_params(mp_stage_cpu_layout(stage)), 0.0f);
   if (v.windowed) mp_stage_chain_set_grads_hook(mp_stage_cpu_chain(stage), AddWindow, &windowed);
   mp_stage_cpu *reference = nullptr;  // ZeRO-3: the whole parameters the dp ranks' parts make
   if (v.zero3) {
-    if (mp_stage_cpu_create_stage(model, kB, kT, &g_tp, sp, &whole, 1, false, MP_RECOMPUTE_NONE,
-                               nullptr, &reference, err) != MP_OK ||
+    if (CreateStageCpu(model, {kB, kT, &g_tp, sp, whole, 1, false, MP_RECOMPUTE_NONE, nullptr},
+                       &reference, err) != MP_OK ||
         mp_stage_cpu_init_params(reference, 11, err) != MP_OK) {
       mp_stage_cpu_free(reference);
       mp_stage_cpu_free(stage);
@@ -269,10 +277,10 @@ fvec StageGradients(const mp_model *model, bool sp, const Variant &v, mp_error *
     // The sharded stage initialised exactly its own elements: every tensor's held ones equal
     // the whole stage's, and of the blocks it holds the first half of the parameters' part.
     size_t held = 0;
-    for (int i = 0; i < mp_stage_cpu_num_tensors(stage); ++i) {
+    for (int i = 0; i < mp_stage_layout_num_tensors(mp_stage_cpu_layout(stage)); ++i) {
       size_t first = 0, count = 0;
-      mp_stage_cpu_held_params(stage, i, &first, &count);
-      const size_t offset = mp_stage_cpu_tensor_at(stage, i)->offset;
+      mp_stage_layout_held_params(mp_stage_cpu_layout(stage), i, &first, &count);
+      const size_t offset = mp_stage_layout_tensor(mp_stage_cpu_layout(stage), i)->offset;
       const float *want = mp_stage_cpu_params(reference) + offset;
       std::vector<float> data(count);
       if (count > 0 &&
@@ -286,7 +294,7 @@ fvec StageGradients(const mp_model *model, bool sp, const Variant &v, mp_error *
       }
       held += count;
     }
-    if (held >= mp_stage_cpu_num_params(stage)) {
+    if (held >= mp_stage_layout_num_params(mp_stage_cpu_layout(stage))) {
       mp_fail(err, MP_ERR_RUNTIME, "ZeRO-3: the stage holds all %zu parameters", held);
       mp_stage_cpu_free(reference);
       mp_stage_cpu_free(stage);
@@ -310,18 +318,19 @@ fvec StageGradients(const mp_model *model, bool sp, const Variant &v, mp_error *
   if (ok) ok = mp_stage_cpu_finish_grads(stage, err) == MP_OK;
   fvec grads;
   if (ok && !v.windowed) {
-    grads.assign(mp_stage_cpu_grads(stage),
-                 mp_stage_cpu_grads(stage) + mp_stage_cpu_num_params(stage));
+    grads.assign(
+        mp_stage_cpu_grads(stage),
+        mp_stage_cpu_grads(stage) + mp_stage_layout_num_params(mp_stage_cpu_layout(stage)));
   }
   if (ok && v.windowed) {
     // The blocks' gradients came through the hook; the rest stays in the packed array.
     // Every tensor is in the window (no array gradient) or in the packed array, which holds
     // exactly the others.
     size_t first = 0, end = 0, largest = 0, in_array = 0;
-    mp_stage_cpu_blocks_range(stage, &first, &end, &largest);
+    mp_stage_layout_blocks_range(mp_stage_cpu_layout(stage), &first, &end, &largest);
     ok = first < end && largest < end - first;
-    for (int i = 0; i < mp_stage_cpu_num_tensors(stage) && ok; ++i) {
-      const mp_stage_tensor *t = mp_stage_cpu_tensor_at(stage, i);
+    for (int i = 0; i < mp_stage_layout_num_tensors(mp_stage_cpu_layout(stage)) && ok; ++i) {
+      const mp_stage_tensor *t = mp_stage_layout_tensor(mp_stage_cpu_layout(stage), i);
       const float *g = mp_stage_cpu_tensor_grad(stage, i);
       ok = g != nullptr || (t->offset >= first && t->offset < end);
       if (g != nullptr) std::copy(g, g + t->count, windowed.begin() + (long)t->offset);
@@ -374,8 +383,9 @@ void CheckVariants(bool sp, const char *text = kModel) {
   mp_param_layout_free(layout);
   mp_stage_cpu *stage = nullptr;
   const mp_stage_zero zero2 = {1, 0, true, false};
-  ASSERT_EQ(MP_OK, mp_stage_cpu_create_stage(model, kB, kT, &g_tp, sp, &stage_range, 1, false,
-                                          MP_RECOMPUTE_NONE, &zero2, &stage, &err))
+  ASSERT_EQ(MP_OK, CreateStageCpu(
+                       model, {kB, kT, &g_tp, sp, stage_range, 1, false, MP_RECOMPUTE_NONE, &zero2},
+                       &stage, &err))
       << err.message;
   const auto tokens = Tokens(300, kB * kT, 45);
   double loss = 0;
@@ -390,18 +400,21 @@ void CheckVariants(bool sp, const char *text = kModel) {
   // ZeRO-3's blocks cannot run without their weights: a forward with no weights hook is refused,
   // and so are ZeRO-3 with deferred weight gradients and the full gather of a sharded stage.
   const mp_stage_zero zero3 = {2, 1, true, true};
-  ASSERT_EQ(MP_OK, mp_stage_cpu_create_stage(model, kB, kT, &g_tp, sp, &stage_range, 1, false,
-                                          MP_RECOMPUTE_NONE, &zero3, &stage, &err))
+  ASSERT_EQ(MP_OK, CreateStageCpu(
+                       model, {kB, kT, &g_tp, sp, stage_range, 1, false, MP_RECOMPUTE_NONE, &zero3},
+                       &stage, &err))
       << err.message;
   EXPECT_EQ(MP_ERR_INPUT, mp_stage_cpu_forward_stage(stage, 0, tokens.data(), tokens.data(),
                                                      nullptr, nullptr, 1.0f, &loss, &err));
   EXPECT_NE(nullptr, std::strstr(err.message, "no weights hook is set")) << err.message;
-  std::vector<float> full(mp_stage_cpu_num_params(stage));
+  std::vector<float> full(mp_stage_layout_num_params(mp_stage_cpu_layout(stage)));
   EXPECT_EQ(MP_ERR_INPUT, mp_stage_cpu_gather_params(stage, full.data(), &err));
   mp_stage_cpu_free(stage);
   stage = nullptr;
-  EXPECT_EQ(MP_ERR_INPUT, mp_stage_cpu_create_stage(model, kB, kT, &g_tp, sp, &stage_range, 1, true,
-                                                 MP_RECOMPUTE_NONE, &zero3, &stage, &err));
+  EXPECT_EQ(
+      MP_ERR_INPUT,
+      CreateStageCpu(model, {kB, kT, &g_tp, sp, stage_range, 1, true, MP_RECOMPUTE_NONE, &zero3},
+                     &stage, &err));
   EXPECT_NE(nullptr, std::strstr(err.message, "ZeRO-3")) << err.message;
   mp_model_free(model);
 }
@@ -512,8 +525,9 @@ void CheckTrainer(bool sp) {
   }
   mp_stage_cpu *shard = mp_trainer_model_tp(par.trainer);
   ASSERT_NE(nullptr, shard);
-  for (int i = 0; shard != nullptr && i < mp_stage_cpu_num_tensors(shard); i++) {
-    const mp_stage_tensor *t = mp_stage_cpu_tensor_at(shard, i);
+  for (int i = 0; shard != nullptr && i < mp_stage_layout_num_tensors(mp_stage_cpu_layout(shard));
+       i++) {
+    const mp_stage_tensor *t = mp_stage_layout_tensor(mp_stage_cpu_layout(shard), i);
     if (t->split != MP_TP_REPLICATED) continue;
     EXPECT_TRUE(SameOnEveryRank(std::string("weights of ") + t->full->name + Where(sp),
                                 mp_stage_cpu_params(shard) + t->offset, t->count));
@@ -527,7 +541,7 @@ void CheckTrainer(bool sp) {
   if (g_tp.rank != 0) return;
   mp_stage_cpu *one_model = mp_trainer_model_tp(one.trainer);
   ASSERT_NE(nullptr, one_model);
-  ASSERT_EQ(n, mp_stage_cpu_num_params(one_model));
+  ASSERT_EQ(n, mp_stage_layout_num_params(mp_stage_cpu_layout(one_model)));
   fvec pa(mp_stage_cpu_params(one_model), mp_stage_cpu_params(one_model) + n);
   fvec pb(n);
   ASSERT_EQ(MP_OK, mp_param_layout_load_llmc(mp_trainer_layout(one.trainer), pb.data(),

@@ -43,6 +43,12 @@
 
 namespace {
 
+// mp_stage_cpu_create_stage over a config built in place.
+static mp_status CreateStageCpu(const mp_model *model, const mp_stage_cpu_config &config,
+                                mp_stage_cpu **out, mp_error *err) {
+  return mp_stage_cpu_create_stage(model, &config, out, err);
+}
+
 #define REQUIRE_GPU()                                                                 \
   do {                                                                                \
     if (mp_device_count() == 0) {                                                     \
@@ -142,8 +148,8 @@ struct Fixture {
   bool Host(Stage *s, int first = 0, int end = kL + 3, bool sp = false) {
     mp_stage_span range;
     if (mp_stage_span_of_chain(kL, first, end, &range, &err) != MP_OK) return false;
-    return mp_stage_cpu_create_stage(model, kB, kT, &single, sp, &range, 0, false,
-                                  MP_RECOMPUTE_NONE, nullptr, &s->host, &err) == MP_OK;
+    return CreateStageCpu(model, {kB, kT, &single, sp, range, 0, false, MP_RECOMPUTE_NONE, nullptr},
+                          &s->host, &err) == MP_OK;
   }
 
   // Host stage, its GPU twin with num_slots slots, parameters from kSeed written to the device
@@ -212,12 +218,14 @@ TEST(GptStageGpuRefuses, ShardedHostWithoutWindows) {
   mp_stage_span range;
   ASSERT_EQ(mp_stage_span_of_chain(kL, 0, kL + 3, &range, &f.err), MP_OK) << f.err.message;
   const mp_stage_zero zero = {2, 1, false, true};
-  ASSERT_EQ(mp_stage_cpu_create_stage(f.model, kB, kT, &f.single, false, &range, 0, false,
-                                   MP_RECOMPUTE_NONE, &zero, &s.host, &f.err),
-            MP_OK)
+  ASSERT_EQ(
+      CreateStageCpu(f.model, {kB, kT, &f.single, false, range, 0, false, MP_RECOMPUTE_NONE, &zero},
+                     &s.host, &f.err),
+      MP_OK)
       << f.err.message;
-  ASSERT_TRUE(mp_stage_cpu_sharded_params(s.host));
-  EXPECT_LT(mp_stage_cpu_params_floats(s.host), mp_stage_cpu_num_params(s.host));
+  ASSERT_TRUE(mp_stage_layout_sharded_params(mp_stage_cpu_layout(s.host)));
+  EXPECT_LT(mp_stage_layout_params_floats(mp_stage_cpu_layout(s.host)),
+            mp_stage_layout_num_params(mp_stage_cpu_layout(s.host)));
   ExpectRefusal(s.host, 2, false, MP_RECOMPUTE_NONE,
                 {"block parameters are sharded (ZeRO-3)", "windowed block gradients"});
 }
@@ -262,7 +270,8 @@ bool WholeStageStep(Fixture *f, Stage *s, StepResult *r) {
       mp_stage_gpu_download_grads(s->gpu, &f->err) != MP_OK) {
     return false;
   }
-  r->grads.assign(mp_param_layout_num_params(mp_stage_cpu_layout(s->host)), 0.0f);
+  r->grads.assign(mp_param_layout_num_params(mp_stage_layout_model(mp_stage_cpu_layout(s->host))),
+                  0.0f);
   return mp_stage_cpu_gather_grads(s->host, r->grads.data(), &f->err) == MP_OK;
 }
 
@@ -328,7 +337,7 @@ void ExpectGpuStageMatchesCpuStage(int first, int end, const char *model = kMode
   Stage gpu;
   ASSERT_TRUE(f.Gpu(&gpu, first, end)) << f.err.message;
   // Both stages start from the same bf16-exact weights, so only the arithmetic differs.
-  const size_t n = mp_stage_cpu_num_params(gpu.host);
+  const size_t n = mp_stage_layout_num_params(mp_stage_cpu_layout(gpu.host));
   fvec params(n);
   ASSERT_EQ(mp_stage_cpu_read_params(gpu.host, 0, n, params.data(), &f.err), MP_OK)
       << f.err.message;
@@ -338,14 +347,15 @@ void ExpectGpuStageMatchesCpuStage(int first, int end, const char *model = kMode
   mp_stage_span range;
   ASSERT_EQ(mp_stage_span_of_chain(kL, first, end, &range, &f.err), MP_OK) << f.err.message;
   Stage cpu;
-  ASSERT_EQ(mp_stage_cpu_create_stage(f.model, kB, kT, &f.single, false, &range, 1, false,
-                                   MP_RECOMPUTE_NONE, nullptr, &cpu.host, &f.err),
+  ASSERT_EQ(CreateStageCpu(f.model,
+                           {kB, kT, &f.single, false, range, 1, false, MP_RECOMPUTE_NONE, nullptr},
+                           &cpu.host, &f.err),
             MP_OK)
       << f.err.message;
-  ASSERT_EQ(mp_stage_cpu_num_params(cpu.host), n);
+  ASSERT_EQ(mp_stage_layout_num_params(mp_stage_cpu_layout(cpu.host)), n);
   std::memcpy(mp_stage_cpu_params(cpu.host), params.data(), n * sizeof(float));
 
-  const size_t nb = mp_stage_cpu_boundary_floats(cpu.host);
+  const size_t nb = mp_stage_layout_boundary_floats(mp_stage_cpu_layout(cpu.host));
   float *d_input = nullptr, *d_output = nullptr, *d_doutput = nullptr, *d_dinput = nullptr;
   for (float **buffer : {&d_input, &d_output, &d_doutput, &d_dinput}) {
     ASSERT_EQ(mp_device_alloc((void **)buffer, nb * sizeof(float), &f.err), MP_OK);
@@ -408,8 +418,8 @@ void ExpectGpuStageMatchesCpuStage(int first, int end, const char *model = kMode
   const float *want = mp_stage_cpu_grads(cpu.host), *got = mp_stage_cpu_grads(gpu.host);
   double worst = 0.0;
   std::string worst_name = "-";
-  for (int i = 0; i < mp_stage_cpu_num_tensors(cpu.host); ++i) {
-    const mp_stage_tensor *t = mp_stage_cpu_tensor_at(cpu.host, i);
+  for (int i = 0; i < mp_stage_layout_num_tensors(mp_stage_cpu_layout(cpu.host)); ++i) {
+    const mp_stage_tensor *t = mp_stage_layout_tensor(mp_stage_cpu_layout(cpu.host), i);
     // wte's padding rows have no gradient on either side; the real rows are compared.
     const size_t count = std::strcmp(t->full->name, "embedding.wte") == 0
                              ? (size_t)kV * t->full->cols
@@ -445,7 +455,7 @@ TEST(GptStageGpu, KeptMomentsAreThePartOnly) {
       << f.err.message;
   const size_t before = mp_stage_gpu_device_bytes(part.gpu);
   EXPECT_EQ(mp_stage_gpu_device_bytes(whole.gpu), before);  // no moments at creation
-  const size_t n = mp_stage_cpu_num_params(part.host), half = n / 2;
+  const size_t n = mp_stage_layout_num_params(mp_stage_cpu_layout(part.host)), half = n / 2;
   ASSERT_EQ(mp_stage_gpu_keep_moments(part.gpu, n - half, half, &f.err), MP_OK)
       << f.err.message;
   ASSERT_EQ(mp_stage_cpu_init_params(whole.host, kSeed, &f.err), MP_OK) << f.err.message;
@@ -469,10 +479,11 @@ TEST(GptStageGpu, WholeStageMatchesTheCpuStage) {
     Fixture f;
     Stage s;
     ASSERT_TRUE(f.Gpu(&s)) << f.err.message;
-    const mp_param_layout *layout = mp_stage_cpu_layout(s.host);
-    ASSERT_EQ(mp_stage_cpu_num_params(s.host), mp_param_layout_num_params(layout));
-    for (int i = 0; i < mp_stage_cpu_num_tensors(s.host); ++i) {
-      const mp_stage_tensor *t = mp_stage_cpu_tensor_at(s.host, i);
+    const mp_param_layout *layout = mp_stage_layout_model(mp_stage_cpu_layout(s.host));
+    ASSERT_EQ(mp_stage_layout_num_params(mp_stage_cpu_layout(s.host)),
+              mp_param_layout_num_params(layout));
+    for (int i = 0; i < mp_stage_layout_num_tensors(mp_stage_cpu_layout(s.host)); ++i) {
+      const mp_stage_tensor *t = mp_stage_layout_tensor(mp_stage_cpu_layout(s.host), i);
       ASSERT_EQ(t->offset, t->full->offset) << t->full->name;
       ASSERT_FALSE(t->tied_copy) << t->full->name;
     }
@@ -515,23 +526,24 @@ TEST(GptStageGpu, TwoStagesThroughAHostBoundaryMatchTheWholeStage) {
   ASSERT_TRUE(f.Gpu(&whole)) << f.err.message;
   ASSERT_TRUE(f.Gpu(&a, 0, k)) << f.err.message;
   ASSERT_TRUE(f.Gpu(&b, k, kL + 3)) << f.err.message;
-  const mp_stage_span *sa = mp_stage_cpu_span(a.host), *sb = mp_stage_cpu_span(b.host);
+  const mp_stage_span *sa = mp_stage_layout_span(mp_stage_cpu_layout(a.host)),
+                      *sb = mp_stage_layout_span(mp_stage_cpu_layout(b.host));
   ASSERT_TRUE(sa->embedding && !sa->head && !sa->final_norm && sa->num_layers == 1);
   ASSERT_TRUE(!sb->embedding && sb->head && sb->final_norm && sb->first_layer == 1 &&
               sb->num_layers == 2);
-  const mp_stage_tensor *tied = mp_stage_cpu_tensor_at(b.host, 0);
+  const mp_stage_tensor *tied = mp_stage_layout_tensor(mp_stage_cpu_layout(b.host), 0);
   ASSERT_TRUE(tied->tied_copy);
   ASSERT_EQ(tied->full->offset, 0u);  // wte
-  const mp_stage_tensor *wte = mp_stage_cpu_tensor_at(a.host, 0);
+  const mp_stage_tensor *wte = mp_stage_layout_tensor(mp_stage_cpu_layout(a.host), 0);
   ASSERT_FALSE(wte->tied_copy);
   ASSERT_EQ(wte->count, tied->count);
-  ASSERT_EQ(mp_stage_cpu_boundary_floats(a.host), (size_t)kB * kT * 64);
+  ASSERT_EQ(mp_stage_layout_boundary_floats(mp_stage_cpu_layout(a.host)), (size_t)kB * kT * 64);
 
   StepResult expected;
   ASSERT_TRUE(WholeStageStep(&f, &whole, &expected)) << f.err.message;
 
   // The boundaries live on the device, as the trainer's stage worker keeps them.
-  const size_t n = mp_stage_cpu_boundary_floats(a.host);
+  const size_t n = mp_stage_layout_boundary_floats(mp_stage_cpu_layout(a.host));
   float *boundary = nullptr, *dboundary = nullptr;
   ASSERT_EQ(mp_device_alloc((void **)&boundary, n * sizeof(float), &f.err), MP_OK);
   ASSERT_EQ(mp_device_alloc((void **)&dboundary, n * sizeof(float), &f.err), MP_OK);
@@ -575,7 +587,7 @@ TEST(GptStageGpu, TwoStagesThroughAHostBoundaryMatchTheWholeStage) {
   ASSERT_EQ(mp_device_synchronize(&f.err), MP_OK) << f.err.message;
   ASSERT_EQ(mp_stage_gpu_download_grads(a.gpu, &f.err), MP_OK) << f.err.message;
   ASSERT_EQ(mp_stage_gpu_download_grads(b.gpu, &f.err), MP_OK) << f.err.message;
-  const mp_param_layout *layout = mp_stage_cpu_layout(whole.host);
+  const mp_param_layout *layout = mp_stage_layout_model(mp_stage_cpu_layout(whole.host));
   fvec split(expected.grads.size(), NAN);
   ASSERT_EQ(mp_stage_cpu_gather_grads(a.host, split.data(), &f.err), MP_OK) << f.err.message;
   ASSERT_EQ(mp_stage_cpu_gather_grads(b.host, split.data(), &f.err), MP_OK) << f.err.message;
@@ -626,9 +638,9 @@ TEST(GptStageGpu, SequenceParallelAtOneRankMatchesTheWholeStage) {
   ASSERT_TRUE(f.Gpu(&sp, 0, kL + 3, 1, /*sp=*/true)) << f.err.message;
   ASSERT_TRUE(f.Gpu(&a, 0, k, 1, /*sp=*/true)) << f.err.message;
   ASSERT_TRUE(f.Gpu(&b, k, kL + 3, 1, /*sp=*/true)) << f.err.message;
-  ASSERT_TRUE(mp_stage_cpu_sequence_parallel(sp.host));
+  ASSERT_TRUE(mp_stage_layout_sequence_parallel(mp_stage_cpu_layout(sp.host)));
   // One rank's token slice is all B*T tokens: the boundary is the whole micro-batch's.
-  ASSERT_EQ(mp_stage_cpu_boundary_floats(a.host), (size_t)kB * kT * 64);
+  ASSERT_EQ(mp_stage_layout_boundary_floats(mp_stage_cpu_layout(a.host)), (size_t)kB * kT * 64);
 
   StepResult expected, got;
   ASSERT_TRUE(WholeStageStep(&f, &plain, &expected)) << f.err.message;
@@ -653,12 +665,12 @@ TEST(GptStageGpu, SequenceParallelAtOneRankMatchesTheWholeStage) {
          got.loss[0], got.loss[1], expected.loss[0], expected.loss[1]);
   EXPECT_EQ(got.loss[0], expected.loss[0]);
   EXPECT_EQ(got.loss[1], expected.loss[1]);
-  const mp_param_layout *layout = mp_stage_cpu_layout(plain.host);
+  const mp_param_layout *layout = mp_stage_layout_model(mp_stage_cpu_layout(plain.host));
   ExpectSameGrads("gpu stage tp=1 sequence parallel vs not, gradients", layout, got.grads,
                   expected.grads, 0.0);
 
   // Two sequence-parallel stages through a device boundary: the same losses.
-  const size_t n = mp_stage_cpu_boundary_floats(a.host);
+  const size_t n = mp_stage_layout_boundary_floats(mp_stage_cpu_layout(a.host));
   float *boundary = nullptr, *dboundary = nullptr;
   ASSERT_EQ(mp_device_alloc((void **)&boundary, n * sizeof(float), &f.err), MP_OK);
   ASSERT_EQ(mp_device_alloc((void **)&dboundary, n * sizeof(float), &f.err), MP_OK);
@@ -748,8 +760,9 @@ TEST(GptStageGpu, TwoSlotsInFlightMatchOneSlotAtATime) {
          loss[0], loss[1], expected.loss[0], expected.loss[1]);
   EXPECT_EQ(loss[0], expected.loss[0]);
   EXPECT_EQ(loss[1], expected.loss[1]);
-  ExpectSameGrads("gpu stage two slots vs one slot gradients", mp_stage_cpu_layout(two.host), grads,
-                  expected.grads, kRel);
+  ExpectSameGrads("gpu stage two slots vs one slot gradients",
+                  mp_stage_layout_model(mp_stage_cpu_layout(two.host)), grads, expected.grads,
+                  kRel);
   // Both slots are free again: the next step can use them.
   EXPECT_EQ(mp_stage_gpu_forward(two.gpu, 1, in1.data(), tg1.data(), nullptr, nullptr, kDloss,
                                      &ignored, &f.err),
@@ -777,7 +790,8 @@ TEST(GptStageGpu, TrainingStepsTrackTheCpuModel) {
   mp_gpt *cpu = nullptr;
   ASSERT_EQ(mp_gpt_create(f.model, kB, kT, &cpu, &f.err), MP_OK) << f.err.message;
   const size_t n = mp_gpt_num_params(cpu);
-  ASSERT_EQ(mp_stage_cpu_num_params(s.host), n);  // tp = 1, whole model: the one-rank layout
+  ASSERT_EQ(mp_stage_layout_num_params(mp_stage_cpu_layout(s.host)),
+            n);  // tp = 1, whole model: the one-rank layout
   float *params = mp_gpt_params(cpu);
   mp_gpt_init_params(cpu, kSeed);
   for (size_t i = 0; i < n; ++i) params[i] = mp_bf16_to_float(mp_bf16_from_float(params[i]));
@@ -868,7 +882,7 @@ bool Grads(Fixture *f, Stage *s, fvec *out) {
     return false;
   }
   const float *g = mp_stage_cpu_grads(s->host);
-  out->assign(g, g + mp_stage_cpu_num_params(s->host));
+  out->assign(g, g + mp_stage_layout_num_params(mp_stage_cpu_layout(s->host)));
   return true;
 }
 
@@ -881,7 +895,7 @@ struct SplitResult {
 // Two micro-batches through a (embedding side) and b (head side), two slots each, both in flight:
 // F0 F1 B0 B1, and with defer (zero-bubble's split) W0 W1 after, as zb-h1's tail orders them.
 bool SplitStep(Fixture *f, Stage *a, Stage *b, bool defer, SplitResult *r) {
-  const size_t n = mp_stage_cpu_boundary_floats(a->host);
+  const size_t n = mp_stage_layout_boundary_floats(mp_stage_cpu_layout(a->host));
   std::vector<float *> buffers(4, nullptr);  // boundary 0, 1, dboundary 0, 1
   bool ok = true;
   for (float *&p : buffers) {
@@ -964,8 +978,8 @@ TEST(GptStageGpu, ZeroBubbleSplitMatchesTheWholeBackward) {
   fvec after_b;
   ASSERT_TRUE(Grads(&f, &zb, &after_b)) << f.err.message;
   size_t gemm = 0, rest = 0, wrong = 0;
-  for (int i = 0; i < mp_stage_cpu_num_tensors(zb.host); ++i) {
-    const mp_stage_tensor *t = mp_stage_cpu_tensor_at(zb.host, i);
+  for (int i = 0; i < mp_stage_layout_num_tensors(mp_stage_cpu_layout(zb.host)); ++i) {
+    const mp_stage_tensor *t = mp_stage_layout_tensor(mp_stage_cpu_layout(zb.host), i);
     const bool deferred = IsBlockGemmWeight(t->full->name);
     for (size_t k = t->offset; k < t->offset + t->count; ++k) {
       const float want = deferred ? 0.0f : whole[k];
