@@ -197,6 +197,7 @@ for page in "${pages[@]}"; do
     continue
   fi
   rel=${page#"$runfiles"/}
+  rel=${rel#./}
   workdir=$tmp/work/$page_index
   mkdir -p "$workdir"
   for d in examples tests; do
