@@ -42,6 +42,12 @@
 // ---------------------------------------------------------------------------------------------
 // kernels
 
+// float -> bf16, round to nearest even, a NaN to sign | 0x7fc0: cuda_common.cuh's rounding, the
+// host's bits (common/float16.h).
+static __device__ __forceinline__ __nv_bfloat16 round_bf16(float value) {
+  return __ushort_as_bfloat16(mp_bf16_from_float_device(value));
+}
+
 // qkv (B, T, W) -> q, k, v (B, NH, T, HS), W = (NH + 2 KVH) HS: query head h gets its own q and
 // the k and v of kv head h / (NH / KVH) (a kv head is copied to each query head of its group).
 // One thread per element of q.
@@ -118,7 +124,7 @@ __global__ static void accumulate_dqkv_kernel(__nv_bfloat16 *dqkv, const float *
     g = from[0];
     for (int j = 1; j < group; j++) g += from[j * per_head];
   }
-  dqkv[idx] = __float2bfloat16_rn(__bfloat162float(dqkv[idx]) + g);
+  dqkv[idx] = round_bf16(__bfloat162float(dqkv[idx]) + g);
 }
 
 // In place over att (rows, T), rows = B * NH * T, row r being query t = r % T: scores of keys
@@ -141,7 +147,7 @@ __global__ static void causal_softmax_kernel(__nv_bfloat16 *att, int rows, int T
   const float inv_sum = 1.0f / sum;
   for (int t2 = lane; t2 < T; t2 += 32) {
     const float p = t2 <= t ? expf(__bfloat162float(x[t2]) - maxval) * inv_sum : 0.0f;
-    x[t2] = __float2bfloat16_rn(p);
+    x[t2] = round_bf16(p);
   }
 }
 
@@ -162,7 +168,7 @@ __global__ static void causal_softmax_backward_kernel(__nv_bfloat16 *datt,
   for (int t2 = lane; t2 < T; t2 += 32) {
     const float g =
         t2 <= t ? __bfloat162float(a[t2]) * (__bfloat162float(d[t2]) - dot) : 0.0f;
-    d[t2] = __float2bfloat16_rn(g);
+    d[t2] = round_bf16(g);
   }
 }
 

@@ -2,8 +2,8 @@
  * layers/cuda_common.cuh — private helpers of the CUDA twins in layers/ (.cu only).
  *
  * bf16 is carried as its 16 bits (mp_bf16) so the C API needs no CUDA header; here it is widened
- * to float for all arithmetic and rounded back to nearest even, as mp_bf16_from_float does on the
- * host. Eight bf16 values (16 bytes) move with one 128-bit load or store where a launcher has
+ * to float for all arithmetic and rounded back to nearest even, to the same bits as
+ * mp_bf16_from_float on the host (common/float16.h, NaN included). Eight bf16 values (16 bytes) move with one 128-bit load or store where a launcher has
  * checked the alignment. Reductions go through warp shuffles and one shared-memory step in a fixed
  * tree, never atomics, so every reduction gives the same bits on every run.
  */
@@ -38,7 +38,11 @@ static __device__ __forceinline__ float mp_bf16_to_float_device(mp_bf16 value) {
   return __uint_as_float((unsigned)value << 16);
 }
 
+// Round to nearest even, the same bits as the host reference, common/float16.c
+// (mp_float16_bf16_from_float): a NaN becomes sign | 0x7fc0, where cvt.rn.bf16.f32 alone would
+// give 0x7fff.
 static __device__ __forceinline__ mp_bf16 mp_bf16_from_float_device(float value) {
+  if (isnan(value)) return (mp_bf16)(((__float_as_uint(value) >> 16) & 0x8000u) | 0x7fc0u);
   return __bfloat16_as_ushort(__float2bfloat16_rn(value));
 }
 

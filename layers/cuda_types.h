@@ -4,7 +4,8 @@
  * C code (the engine, tests) never includes CUDA headers, so the GPU API is written in these
  * plain types: a bf16 value is its 16 bits (the top half of a float32), a stream is CUDA's own
  * opaque pointer type under its real struct name, and a cuBLAS handle likewise. Conversions
- * between float and bf16 round to nearest even, as the hardware does.
+ * between float and bf16 round to nearest even, as the hardware does; they are common/float16.h's,
+ * the one host definition of the rounding (the kernels' device twin is cuda_common.cuh's).
  */
 #ifndef MPENGINE_LAYERS_CUDA_TYPES_H
 #define MPENGINE_LAYERS_CUDA_TYPES_H
@@ -24,7 +25,7 @@ typedef struct CUstream_st *mp_cuda_stream; /* == cudaStream_t; NULL is the defa
 struct cublasLtContext;
 typedef struct cublasLtContext *mp_cublaslt_handle; /* == cublasLtHandle_t */
 
-/* float -> bf16 with round-to-nearest-even (NaN stays NaN). */
+/* float -> bf16 with round-to-nearest-even; a NaN becomes the quiet NaN sign | 0x7fc0. */
 mp_bf16 mp_bf16_from_float(float value);
 float mp_bf16_to_float(mp_bf16 value);
 void mp_bf16_from_floats(mp_bf16 *out, const float *in, size_t n);

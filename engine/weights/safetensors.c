@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "common/atomic_file.h"
+#include "common/float16.h"
 #include "common/json_reader.h"
 #include "common/text_buffer.h"
 
@@ -59,7 +60,8 @@ static bool is_float_dtype(mp_safetensors_dtype dtype) {
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Conversions between fp32 and the file's dtypes
+ * Conversions between fp32 and the file's dtypes (BF16 and F16 rounding: common/float16.h, torch's
+ * round to nearest even; a NaN becomes BF16 sign | 0x7fc0, F16 sign | 0x7e00)
  * ------------------------------------------------------------------------------------------- */
 
 static uint32_t float_bits(float value) {
@@ -74,53 +76,6 @@ static float bits_float(uint32_t bits) {
   return value;
 }
 
-static float bf16_to_f32(uint16_t h) { return bits_float((uint32_t)h << 16); }
-
-static float f16_to_f32(uint16_t h) {
-  const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
-  const uint32_t exponent = (h >> 10) & 0x1f;
-  const uint32_t mantissa = h & 0x3ff;
-  if (exponent == 0) {
-    /* Zero or subnormal: mantissa x 2^-24, exact in fp32. */
-    const float magnitude = (float)mantissa * 0x1p-24f;
-    return sign ? -magnitude : magnitude;
-  }
-  if (exponent == 31) return bits_float(sign | 0x7f800000u | mantissa << 13); /* inf, NaN */
-  return bits_float(sign | (exponent + 112) << 23 | mantissa << 13);
-}
-
-/* Round to nearest even; a NaN stays a quiet NaN with its sign. */
-static uint16_t f32_to_bf16(float value) {
-  const uint32_t bits = float_bits(value);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)(((bits >> 16) & 0x8000) | 0x7fc0);
-  return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1)) >> 16);
-}
-
-/* Round to nearest even, IEEE binary16 with subnormals; overflow goes to inf; NaN to a quiet NaN
- * with its sign (as torch's c10::Half). */
-static uint16_t f32_to_f16(float value) {
-  const uint32_t bits = float_bits(value);
-  const uint16_t sign = (uint16_t)((bits >> 16) & 0x8000);
-  const uint32_t magnitude = bits & 0x7fffffffu;
-  if (magnitude > 0x7f800000u) return sign | 0x7e00;
-  if (magnitude >= 0x477ff000u) return sign | 0x7c00; /* >= 65520, half-way past 65504: inf */
-  if (magnitude >= 0x38800000u) {                     /* >= 2^-14: a normal fp16 */
-    uint32_t h = ((magnitude >> 23) - 112) << 10 | ((magnitude >> 13) & 0x3ff);
-    const uint32_t rest = magnitude & 0x1fff;
-    if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) ++h; /* a carry moves into the exponent */
-    return (uint16_t)(sign | h);
-  }
-  if (magnitude <= 0x33000000u) return sign; /* <= 2^-25, half the smallest subnormal: to zero */
-  /* A subnormal fp16: the value in units of 2^-24 is the 24-bit significand shifted right. */
-  const uint32_t exponent = magnitude >> 23; /* 102 .. 112 */
-  const uint32_t significand = (magnitude & 0x7fffff) | 0x800000;
-  const uint32_t shift = 126 - exponent; /* 14 .. 24 */
-  uint32_t h = significand >> shift;
-  const uint32_t rest = significand & ((1u << shift) - 1), half = 1u << (shift - 1);
-  if (rest > half || (rest == half && (h & 1))) ++h;
-  return (uint16_t)(sign | h);
-}
-
 /* count elements of dtype at bytes -> fp32 at out[0], out[stride], ... */
 static void decode_floats(mp_safetensors_dtype dtype, const unsigned char *bytes, int64_t count,
                           float *out, int64_t stride) {
@@ -133,12 +88,12 @@ static void decode_floats(mp_safetensors_dtype dtype, const unsigned char *bytes
       break;
     case MP_SAFETENSORS_BF16:
       for (int64_t i = 0; i < count; ++i, bytes += 2) {
-        out[i * stride] = bf16_to_f32((uint16_t)(bytes[0] | bytes[1] << 8));
+        out[i * stride] = mp_float16_bf16_to_float((uint16_t)(bytes[0] | bytes[1] << 8));
       }
       break;
     case MP_SAFETENSORS_F16:
       for (int64_t i = 0; i < count; ++i, bytes += 2) {
-        out[i * stride] = f16_to_f32((uint16_t)(bytes[0] | bytes[1] << 8));
+        out[i * stride] = mp_float16_fp16_to_float((uint16_t)(bytes[0] | bytes[1] << 8));
       }
       break;
     default:
@@ -154,8 +109,8 @@ static void encode_floats(mp_safetensors_dtype dtype, const float *values, int64
       const uint32_t bits = float_bits(values[i]);
       for (int b = 0; b < 4; ++b) *bytes++ = (unsigned char)(bits >> (8 * b));
     } else {
-      const uint16_t h =
-          dtype == MP_SAFETENSORS_BF16 ? f32_to_bf16(values[i]) : f32_to_f16(values[i]);
+      const uint16_t h = dtype == MP_SAFETENSORS_BF16 ? mp_float16_bf16_from_float(values[i])
+                                                      : mp_float16_fp16_from_float(values[i]);
       *bytes++ = (unsigned char)(h & 0xff);
       *bytes++ = (unsigned char)(h >> 8);
     }

@@ -959,4 +959,27 @@ TEST_F(CudaElementwise, Bf16FromFloatMatchesHost) {
   }
 }
 
+// NaNs (either sign, quiet or signalling, any payload), infinities, zeros, ties and overflow:
+// the device's rounding gives the host's bits (common/float16.h: a NaN becomes sign | 0x7fc0).
+TEST_F(CudaElementwise, Bf16FromFloatSpecialsMatchHost) {
+  const uint32_t patterns[] = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff800001u, 0x7fffffffu,
+                               0xffffffffu, 0x7fa5a5a5u, 0x7f800000u, 0xff800000u, 0x00000000u,
+                               0x80000000u, 0x3f808000u, 0x3f818000u, 0x7f7fffffu, 0xff7fffffu,
+                               0x00000001u, 0x807fffffu};
+  const size_t n = sizeof patterns / sizeof patterns[0];
+  std::vector<float> values(n);
+  for (size_t i = 0; i < n; i++) std::memcpy(&values[i], &patterns[i], sizeof(float));
+  DeviceArray<float> d_values(n);
+  DeviceArray<mp_bf16> d_out(n);
+  d_values.upload(values);
+  d_out.poison();
+  ASSERT_TRUE(Synced());
+  mp_bf16_from_float_cuda(d_out.get(), d_values.get(), n, stream_);
+  ASSERT_TRUE(Synced());
+  const std::vector<mp_bf16> got = d_out.download();
+  expect_same_bits("bf16_from_float specials against mp_bf16_from_floats", got, to_bf16(values));
+  EXPECT_EQ(got[0], 0x7fc0);
+  EXPECT_EQ(got[1], 0xffc0);
+}
+
 }  // namespace
