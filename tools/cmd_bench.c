@@ -381,7 +381,7 @@ static int bench_step(int argc, char **argv) {
     mp_weight_source *reader = NULL;
     mp_status loaded = mp_weight_source_open(mp_stage_layout_model(mp_stage_cpu_layout(state.gpt)),
                                              init_from, &reader, &err);
-    if (loaded == MP_OK) loaded = mp_weight_source_load_stage(reader, state.gpt, &err);
+    if (loaded == MP_OK) loaded = mp_stage_cpu_fill_params(state.gpt, mp_weight_source_fill, reader, &err);
     mp_weight_source_close(reader);
     if (loaded != MP_OK) {
       exit_code = cli_report(&command, &err);

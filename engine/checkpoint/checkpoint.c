@@ -111,16 +111,15 @@ static mp_status view_create(const mp_checkpoint_context *ctx, rank_view *view, 
     mp_trainer_chunk_state state;
     status = mp_trainer_chunk_state_of(trainer, c, &state, err);
     if (status != MP_OK) break;
-    mp_stage_cpu *gpt = mp_trainer_chunk(trainer, c);
+    const mp_stage_layout *stage_layout = mp_trainer_chunk_layout(trainer, c);
     chunk->index = c;
     chunk->count = state.params_count;
     chunk->first = state.moments_first;
     chunk->moments = state.moments_count;
-    chunk->stage = *mp_stage_layout_span(mp_stage_cpu_layout(gpt));
+    chunk->stage = *mp_stage_layout_span(stage_layout);
     chunk->stage_index = c * ctx->plan->pp + ctx->pp_rank;
-    view->tp_rank = mp_stage_cpu_comm(gpt)->rank;
-    view->tp_size = mp_stage_cpu_comm(gpt)->size;
-    const int count = mp_stage_layout_num_tensors(mp_stage_cpu_layout(gpt));
+    mp_stage_layout_tp(stage_layout, &view->tp_rank, &view->tp_size);
+    const int count = mp_stage_layout_num_tensors(stage_layout);
     chunk->tensors = calloc((size_t)(count > 0 ? count : 1), sizeof *chunk->tensors);
     if (chunk->tensors == NULL) {
       status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
@@ -128,7 +127,7 @@ static mp_status view_create(const mp_checkpoint_context *ctx, rank_view *view, 
     }
     int cursor = 0; /* the chunk's tensors come in the layout's order */
     for (int j = 0; j < count && status == MP_OK; ++j) {
-      const mp_stage_tensor *t = mp_stage_layout_tensor(mp_stage_cpu_layout(gpt), j);
+      const mp_stage_tensor *t = mp_stage_layout_tensor(stage_layout, j);
       while (cursor < n &&
              strcmp(mp_param_layout_tensor(layout, cursor)->name, t->full->name) != 0) {
         ++cursor;
@@ -144,9 +143,9 @@ static mp_status view_create(const mp_checkpoint_context *ctx, rank_view *view, 
       vt->count = t->count;
       vt->split = t->split;
       vt->tied_copy = t->tied_copy;
-      mp_stage_layout_held_params(mp_stage_cpu_layout(gpt), j, &vt->held_first, &vt->held_count);
+      mp_stage_layout_held_params(stage_layout, j, &vt->held_first, &vt->held_count);
     }
-    chunk->sharded_params = mp_stage_layout_sharded_params(mp_stage_cpu_layout(gpt));
+    chunk->sharded_params = mp_stage_layout_sharded_params(stage_layout);
   }
   if (status != MP_OK) view_free(view);
   return status;

@@ -877,3 +877,20 @@ mp_status mp_stage_chain_finish_grads(mp_stage_chain *ch, mp_error *err) {
   if (ch->stage.final_norm) MP_TRY(sum_norm_grads(ch, ch->dlnfw, ch->dlnfb, err));
   return MP_OK;
 }
+
+mp_status mp_stage_norm_from_squares(const mp_stage_layout *layout, const mp_tp_comm *tp,
+                                     const double *squares, double *out, mp_error *err) {
+  double replicated = 0.0, sharded = 0.0;
+  for (int i = 0; i < mp_stage_layout_num_tensors(layout); ++i) {
+    const mp_stage_tensor *t = mp_stage_layout_tensor(layout, i);
+    if (t->tied_copy) continue;
+    if (t->split == MP_TP_REPLICATED) {
+      replicated += squares[i];
+    } else {
+      sharded += squares[i];
+    }
+  }
+  MP_TRY(mp_tp_sum_double(tp, &sharded, err));
+  *out = replicated + sharded;
+  return MP_OK;
+}

@@ -175,6 +175,14 @@ void mp_stage_chain_set_weights_hook(mp_stage_chain *chain, mp_stage_weights_hoo
  * *first == *end without blocks. */
 void mp_stage_chain_blocks_range(const mp_stage_chain *chain, size_t *first, size_t *end);
 
+/* The squared global norm of a stage's gradient from each tensor's sum of squares, squares[i] for
+ * mp_stage_layout_tensor(layout, i): every sharded tensor's squares summed over the group tp,
+ * each replicated tensor counted once, a tied copy of wte not at all. The partial sums travel as
+ * doubles and are added in rank order, so *out is bitwise the same on every rank and clipping
+ * agrees; both backends count alike. Collective. */
+mp_status mp_stage_norm_from_squares(const mp_stage_layout *layout, const mp_tp_comm *tp,
+                                     const double *squares, double *out, mp_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -15,18 +15,14 @@ struct mp_stage_cpu {
   mp_tp_comm tp;
   float *params;         /* (mp_stage_layout_params_floats,) the stored array: the flat shard,
                             or under ZeRO-3 the tensors outside the blocks and the held block
-                            elements; NULL for a stage without slots, whose parameters are in
-                            its store */
-  mp_stage_param_store store; /* a stage without slots: where its parameters are (read NULL:
-                                 nowhere yet) */
+                            elements */
   void *weight_window;   /* ZeRO-3: (the largest block's floats) the chain's weights window */
   float *grads;          /* (grads_floats,): num_params, or windowed the tensors outside the
                             blocks, packed */
   size_t grads_floats;
   mp_grad_window window; /* ZeRO-2: which gradients pass through block_window */
   float *block_window;   /* (the largest block's floats) */
-  /* The forward and backward: the stage chain over the CPU's kernels (NULL for a stage without
-   * slots). */
+  /* The forward and backward: the stage chain over the CPU's kernels. */
   mp_stage_kernels *kernels;
   mp_stage_chain *chain;
 };
@@ -68,21 +64,12 @@ mp_status mp_stage_cpu_create_stage(const mp_model *model, const mp_stage_cpu_co
   const int num_slots = config->num_slots;
   const bool windowed_block_grads = zero != NULL && zero->window_block_grads;
   const bool shard_params = zero != NULL && zero->shard_block_params;
-  if (windowed_block_grads && num_slots == 0) {
-    return mp_fail(err, MP_ERR_INPUT,
-                   "windowed block gradients (ZeRO-2) need a stage with activation slots, not a "
-                   "stage without slots");
-  }
-  /* A stage without slots (a GPU stage's host side) runs no chain. */
-  if (shard_params && num_slots > 0 && (!windowed_block_grads || config->deferred_weights)) {
+  if (shard_params && (!windowed_block_grads || config->deferred_weights)) {
     return mp_fail(err, MP_ERR_INPUT,
                    "sharded block parameters (ZeRO-3) need windowed block gradients and whole "
                    "backwards (not a zero-bubble schedule's deferred weight gradients)");
   }
-  /* A stage without slots runs no chain; one with slots must be one it can run. */
-  if (num_slots > 0 &&
-      mp_stage_chain_check(num_slots, config->deferred_weights, config->recompute, err) !=
-          MP_OK) {
+  if (mp_stage_chain_check(num_slots, config->deferred_weights, config->recompute, err) != MP_OK) {
     mp_error inner = *err;
     return mp_fail(err, MP_ERR_INPUT, "%s: %s", mp_model_source(model), inner.message);
   }
@@ -90,10 +77,6 @@ mp_status mp_stage_cpu_create_stage(const mp_model *model, const mp_stage_cpu_co
   if (tp->size < 1 || tp->rank < 0 || tp->rank >= tp->size) {
     return mp_fail(err, MP_ERR_INPUT, "tensor-parallel rank %d of %d: not a rank of the group",
                    tp->rank, tp->size);
-  }
-  if (num_slots < 0) {
-    return mp_fail(err, MP_ERR_INPUT, "a stage needs zero or more activation slots; got %d",
-                   num_slots);
   }
   mp_stage_cpu *gpt = calloc(1, sizeof *gpt);
   if (gpt == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory creating the model");
@@ -108,29 +91,23 @@ mp_status mp_stage_cpu_create_stage(const mp_model *model, const mp_stage_cpu_co
   gpt->tp = *tp;
   size_t blocks_first = 0, blocks_end = 0, largest_block = 0;
   mp_stage_layout_blocks_range(gpt->layout, &blocks_first, &blocks_end, &largest_block);
-  if (shard_params && num_slots > 0) {
+  if (shard_params) {
     gpt->weight_window = calloc(largest_block > 0 ? largest_block : 1, sizeof(float));
   }
-  /* A stage without slots keeps no host copy: its parameters live in its store (a GPU twin). */
   const size_t param_floats = mp_stage_layout_params_floats(gpt->layout);
-  if (num_slots > 0) gpt->params = calloc(param_floats > 0 ? param_floats : 1, sizeof(float));
+  gpt->params = calloc(param_floats > 0 ? param_floats : 1, sizeof(float));
   gpt->window = mp_grad_window_for(windowed_block_grads, config->deferred_weights);
   gpt->grads_floats = mp_stage_layout_grad_array_floats(gpt->layout, gpt->window);
   const bool windowed = gpt->window != MP_GRAD_WINDOW_NONE;
-  /* Without slots the stage only holds arrays, and its gradients live elsewhere (the GPU). */
-  if (num_slots > 0) {
-    gpt->grads = calloc(gpt->grads_floats > 0 ? gpt->grads_floats : 1, sizeof(float));
-  }
+  gpt->grads = calloc(gpt->grads_floats > 0 ? gpt->grads_floats : 1, sizeof(float));
   if (windowed) gpt->block_window = calloc(largest_block > 0 ? largest_block : 1, sizeof(float));
-  if ((num_slots > 0 && (gpt->params == NULL || gpt->grads == NULL)) ||
-      (windowed && gpt->block_window == NULL) ||
-      (shard_params && num_slots > 0 && gpt->weight_window == NULL)) {
+  if (gpt->params == NULL || gpt->grads == NULL || (windowed && gpt->block_window == NULL) ||
+      (shard_params && gpt->weight_window == NULL)) {
     const size_t n = mp_stage_layout_num_params(gpt->layout);
     mp_stage_cpu_free(gpt);
     return mp_fail(err, MP_ERR_RUNTIME, "out of memory for a shard of %zu parameters", n);
   }
-  /* Without slots the stage holds no chain (a GPU stage's host side). */
-  if (num_slots > 0) {
+  {
     const mp_stage_dims dims = mp_stage_chain_dims(gpt->layout, &gpt->tp);
     /* One gradient window: a CPU rank's reduce-scatter runs on the cores that compute. */
     const mp_stage_chain_config chain_config = {.layout = gpt->layout,
@@ -166,64 +143,29 @@ float *mp_stage_cpu_params_at(mp_stage_cpu *gpt, size_t first, size_t count) {
   return gpt->params + at;
 }
 
-mp_status mp_stage_cpu_set_param_store(mp_stage_cpu *gpt, const mp_stage_param_store *store,
-                                       mp_error *err) {
-  if (gpt->chain != NULL) {
-    return mp_fail(err, MP_ERR_INPUT,
-                   "a stage with activation slots keeps its parameters in host memory, where its "
-                   "chain reads them: it takes no parameter store");
-  }
-  memset(&gpt->store, 0, sizeof gpt->store);
-  if (store != NULL) gpt->store = *store;
+static mp_status host_read(void *context, size_t at, size_t count, float *dest, mp_error *err) {
+  (void)err;
+  memcpy(dest, (const float *)context + at, count * sizeof(float));
   return MP_OK;
 }
 
-static mp_status need_storage(const mp_stage_cpu *gpt, mp_error *err) {
-  if (gpt->params != NULL || gpt->store.read != NULL) return MP_OK;
-  return mp_fail(err, MP_ERR_INPUT,
-                 "the stage keeps no parameters: a stage without activation slots holds them in "
-                 "its GPU twin (mp_stage_gpu_create), and none was made");
-}
-
-/* Moves flat elements [first, first + count) between host memory (dest or src) and where the
- * stage keeps them, stretch by stretch. */
-static mp_status move_params(mp_stage_cpu *gpt, size_t first, size_t count, float *dest,
-                             const float *src, mp_error *err) {
-  MP_TRY(need_storage(gpt, err));
-  size_t at = first;
-  while (at < first + count) {
-    size_t lo = 0, hi = 0, stored = 0;
-    if (!mp_stage_layout_params_stretch(gpt->layout, at, &lo, &hi, &stored)) {
-      size_t held_first = 0, held_end = 0;
-      mp_stage_layout_held_blocks(gpt->layout, &held_first, &held_end);
-      return mp_fail(err, MP_ERR_INPUT,
-                     "parameter %zu of the stage is another dp rank's (ZeRO-3 holds elements "
-                     "[%zu, %zu) of the blocks here)",
-                     at, held_first, held_end);
-    }
-    const size_t n = hi < first + count ? hi - at : first + count - at;
-    const size_t where = stored + (at - lo);
-    if (gpt->params != NULL) {
-      if (dest != NULL) memcpy(dest + (at - first), gpt->params + where, n * sizeof(float));
-      if (src != NULL) memcpy(gpt->params + where, src + (at - first), n * sizeof(float));
-    } else if (dest != NULL) {
-      MP_TRY(gpt->store.read(gpt->store.context, where, n, dest + (at - first), err));
-    } else {
-      MP_TRY(gpt->store.write(gpt->store.context, where, n, src + (at - first), err));
-    }
-    at += n;
-  }
+static mp_status host_write(void *context, size_t at, size_t count, const float *src,
+                            mp_error *err) {
+  (void)err;
+  memcpy((float *)context + at, src, count * sizeof(float));
   return MP_OK;
 }
 
 mp_status mp_stage_cpu_read_params(mp_stage_cpu *gpt, size_t first, size_t count, float *dest,
                                    mp_error *err) {
-  return move_params(gpt, first, count, dest, NULL, err);
+  const mp_stage_param_io io = {gpt->params, host_read, host_write};
+  return mp_stage_layout_read_params(gpt->layout, &io, first, count, dest, err);
 }
 
 mp_status mp_stage_cpu_write_params(mp_stage_cpu *gpt, size_t first, size_t count,
                                     const float *src, mp_error *err) {
-  return move_params(gpt, first, count, NULL, src, err);
+  const mp_stage_param_io io = {gpt->params, host_read, host_write};
+  return mp_stage_layout_write_params(gpt->layout, &io, first, count, src, err);
 }
 
 mp_grad_window mp_stage_cpu_grad_window(const mp_stage_cpu *gpt) { return gpt->window; }
@@ -241,73 +183,30 @@ float *mp_stage_cpu_tensor_grad(mp_stage_cpu *gpt, int index) {
   return gpt->grads + offset;
 }
 
-mp_status mp_stage_cpu_alloc_grads(mp_stage_cpu *gpt, mp_error *err) {
-  if (gpt->grads != NULL) return MP_OK;
-  const size_t n = mp_stage_layout_num_params(gpt->layout);
-  gpt->grads = calloc(n > 0 ? n : 1, sizeof(float));
-  if (gpt->grads == NULL) {
-    return mp_fail(err, MP_ERR_RUNTIME, "out of memory for the host gradients of %zu parameters",
-                   n);
-  }
-  return MP_OK;
-}
-
-/* A stage whose parameters live in its store fills them through a host buffer of this many
- * floats (1 MiB), rectangle piece by piece, so that no host array of the shard exists. */
-enum { STORE_PIECE_FLOATS = 1 << 18 };
 
 typedef struct {
   mp_stage_cpu *stage;
   mp_stage_fill_fn fill;
   void *context;
-  float *piece; /* NULL: fill in place in the host array */
 } fill_call;
 
+/* In place: the host array holds every rectangle the stage holds as one stretch. */
 static mp_status fill_rect(void *context, const mp_stage_rect *rect, mp_error *err) {
   const fill_call *call = context;
-  const size_t n = rect->rows * rect->cols;
-  float *dest = call->piece != NULL ? call->piece
-                                    : mp_stage_cpu_params_at(call->stage, rect->flat_first, n);
-  MP_TRY(call->fill(call->context, rect->tensor, rect->row, rect->rows, rect->col, rect->cols,
-                    dest, err));
-  if (call->piece == NULL) return MP_OK;
-  return mp_stage_cpu_write_params(call->stage, rect->flat_first, n, call->piece, err);
+  float *dest = mp_stage_cpu_params_at(call->stage, rect->flat_first, rect->rows * rect->cols);
+  return call->fill(call->context, rect->tensor, rect->row, rect->rows, rect->col, rect->cols,
+                    dest, err);
 }
 
 mp_status mp_stage_cpu_fill_params(mp_stage_cpu *gpt, mp_stage_fill_fn fill, void *context,
                                    mp_error *err) {
-  fill_call call = {gpt, fill, context, NULL};
-  if (gpt->params != NULL) {
-    return mp_stage_layout_for_each_held_rect(gpt->layout, SIZE_MAX, fill_rect, &call, err);
-  }
-  MP_TRY(need_storage(gpt, err));
-  call.piece = malloc(STORE_PIECE_FLOATS * sizeof(float));
-  if (call.piece == NULL) {
-    return mp_fail(err, MP_ERR_RUNTIME, "out of memory for a parameter piece");
-  }
-  const mp_status status = mp_stage_layout_for_each_held_rect(gpt->layout, STORE_PIECE_FLOATS,
-                                                              fill_rect, &call, err);
-  free(call.piece);
-  return status;
-}
-
-typedef struct {
-  const mp_param_layout *model;
-  uint64_t seed;
-} init_call;
-
-static mp_status init_rect(void *context, int tensor, size_t row, size_t rows, size_t col,
-                           size_t cols, float *dest, mp_error *err) {
-  (void)err;
-  const init_call *call = context;
-  mp_param_tensor_init_block(call->model, mp_param_layout_tensor(call->model, tensor), dest, rows,
-                             cols, row, col, call->seed);
-  return MP_OK;
+  fill_call call = {gpt, fill, context};
+  return mp_stage_layout_for_each_held_rect(gpt->layout, SIZE_MAX, fill_rect, &call, err);
 }
 
 mp_status mp_stage_cpu_init_params(mp_stage_cpu *gpt, uint64_t seed, mp_error *err) {
-  init_call call = {mp_stage_layout_model(gpt->layout), seed};
-  return mp_stage_cpu_fill_params(gpt, init_rect, &call, err);
+  mp_stage_init_context init = {mp_stage_layout_model(gpt->layout), seed};
+  return mp_stage_cpu_fill_params(gpt, mp_stage_init_fill, &init, err);
 }
 
 /* full (one-rank layout) = every rank's shard of `shard` put back, on every rank. */
@@ -345,11 +244,6 @@ mp_status mp_stage_cpu_gather_params(mp_stage_cpu *gpt, float *full, mp_error *e
                    "gathering the parameters: the stage's block parameters are sharded over dp "
                    "(ZeRO-3)");
   }
-  if (gpt->params == NULL) {
-    return mp_fail(err, MP_ERR_INPUT,
-                   "gathering the parameters: the stage keeps them in its store, not in host "
-                   "memory");
-  }
   return gather_all(gpt, gpt->params, full, err);
 }
 
@@ -363,7 +257,6 @@ static mp_status refuse_windowed(const mp_stage_cpu *gpt, const char *what, mp_e
 
 mp_status mp_stage_cpu_gather_grads(mp_stage_cpu *gpt, float *full, mp_error *err) {
   MP_TRY(refuse_windowed(gpt, "gathering the gradients", err));
-  MP_TRY(mp_stage_cpu_alloc_grads(gpt, err));
   return gather_all(gpt, gpt->grads, full, err);
 }
 
@@ -371,31 +264,23 @@ void mp_stage_cpu_zero_grads(mp_stage_cpu *gpt) {
   if (gpt->grads != NULL) memset(gpt->grads, 0, gpt->grads_floats * sizeof(float));
 }
 
-static mp_status need_chain(const mp_stage_cpu *gpt, mp_error *err) {
-  if (gpt->chain != NULL) return MP_OK;
-  return mp_fail(err, MP_ERR_INPUT, "a stage without activation slots runs no forward "
-                                    "or backward");
-}
 
 mp_stage_chain *mp_stage_cpu_chain(mp_stage_cpu *gpt) { return gpt->chain; }
 
 mp_status mp_stage_cpu_forward_stage(mp_stage_cpu *gpt, int slot, const int32_t *inputs,
                                   const int32_t *targets, const float *input, float *output,
                                   float dloss, double *loss, mp_error *err) {
-  MP_TRY(need_chain(gpt, err));
   return mp_stage_chain_forward(gpt->chain, slot, inputs, targets, input, output, dloss, loss,
                                 err);
 }
 
 mp_status mp_stage_cpu_backward_stage(mp_stage_cpu *gpt, int slot, const float *doutput,
                                       float *dinput, bool defer_weights, mp_error *err) {
-  MP_TRY(need_chain(gpt, err));
   return mp_stage_chain_backward(gpt->chain, slot, doutput, dinput, defer_weights, err);
 }
 
 mp_status mp_stage_cpu_forward(mp_stage_cpu *gpt, const int32_t *inputs, const int32_t *targets,
                             float dloss, double *loss, mp_error *err) {
-  MP_TRY(need_chain(gpt, err));
   mp_stage_chain_discard(gpt->chain, 0); /* an evaluation's forward starts over */
   return mp_stage_cpu_forward_stage(gpt, 0, inputs, targets, NULL, NULL, dloss, loss, err);
 }
@@ -405,30 +290,12 @@ mp_status mp_stage_cpu_backward(mp_stage_cpu *gpt, mp_error *err) {
 }
 
 mp_status mp_stage_cpu_finish_grads(mp_stage_cpu *gpt, mp_error *err) {
-  MP_TRY(need_chain(gpt, err));
   return mp_stage_chain_finish_grads(gpt->chain, err);
 }
 
-mp_status mp_stage_cpu_norm_from_squares(const mp_stage_cpu *gpt, const double *squares,
-                                         double *out, mp_error *err) {
-  double replicated = 0.0, sharded = 0.0;
-  for (int i = 0; i < mp_stage_layout_num_tensors(gpt->layout); ++i) {
-    const mp_stage_tensor *t = mp_stage_layout_tensor(gpt->layout, i);
-    if (t->tied_copy) continue;
-    if (t->split == MP_TP_REPLICATED) {
-      replicated += squares[i];
-    } else {
-      sharded += squares[i];
-    }
-  }
-  MP_TRY(mp_tp_sum_double(&gpt->tp, &sharded, err));
-  *out = replicated + sharded;
-  return MP_OK;
-}
 
 mp_status mp_stage_cpu_grad_norm_squared(mp_stage_cpu *gpt, double *out, mp_error *err) {
   MP_TRY(refuse_windowed(gpt, "the gradient norm", err));
-  MP_TRY(mp_stage_cpu_alloc_grads(gpt, err));
   const int num_tensors = mp_stage_layout_num_tensors(gpt->layout);
   double *squares = malloc((size_t)(num_tensors > 0 ? num_tensors : 1) * sizeof(double));
   if (squares == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
@@ -436,7 +303,7 @@ mp_status mp_stage_cpu_grad_norm_squared(mp_stage_cpu *gpt, double *out, mp_erro
     const mp_stage_tensor *t = mp_stage_layout_tensor(gpt->layout, i);
     squares[i] = mp_grad_norm_squared_cpu(gpt->grads + t->offset, t->count);
   }
-  const mp_status status = mp_stage_cpu_norm_from_squares(gpt, squares, out, err);
+  const mp_status status = mp_stage_norm_from_squares(gpt->layout, &gpt->tp, squares, out, err);
   free(squares);
   return status;
 }

@@ -60,12 +60,10 @@ mp_status mp_stage_cpu_create(const mp_model *model, int micro_batch, int seq_le
                            const mp_tp_comm *tp, bool sequence_parallel, mp_stage_cpu **out,
                            mp_error *err);
 
-/* Lays out this rank's shard of `stage` of `model` on group tp (tp->size ranks, this one
- * tp->rank) and allocates parameters, gradients and num_slots activation slots, each holding
- * one (micro_batch, seq_len) micro-batch between its forward and its backward (a pipeline rank
- * has several in flight). num_slots 0 makes a stage without slots: its tensor table, layout and
- * groups only (no activations, no working memory, no host arrays: the host side of a GPU stage,
- * engine/model/stage_gpu.h, which keeps the parameters), whose forward and backward refuse. With
+/* Lays out this rank's shard of config->span of `model` on group config->tp (tp->size ranks, this
+ * one tp->rank; mp_stage_layout_create) and allocates parameters, gradients and num_slots (>= 1)
+ * activation slots, each holding one (micro_batch, seq_len) micro-batch between its forward and
+ * its backward (a pipeline rank has several in flight). With
  * deferred_weights each slot also keeps what the weight-gradient pass of a zero-bubble schedule
  * needs (mp_stage_chain_backward_weights). recompute trades compute for memory as the plan says:
  * selective keeps no attention matrices (B, NH/tp, T, T) per slot and recomputes each layer's right
@@ -74,13 +72,13 @@ mp_status mp_stage_cpu_create(const mp_model *model, int micro_batch, int seq_le
  * gradients of none. The table is copied; its context must outlive the model. MP_ERR_INPUT, naming
  * the model file and what to change, when the runtime cannot train the model
  * (mp_param_layout_create), the heads, ffn_hidden or padded vocabulary do not divide over tp, or
- * with sequence parallelism micro_batch x seq_len does not. zero->window_block_grads (ZeRO 2 and 3,
- * a stage with slots): the stage holds no gradient of its blocks between their backwards (or with
+ * with sequence parallelism micro_batch x seq_len does not. zero->window_block_grads (ZeRO 2 and
+ * 3): the stage holds no gradient of its blocks between their backwards (or with
  * deferred weights, of their GEMM weights between their Ws): each block's is formed in one window
  * of the largest block's floats, which the chain's hook must take after every block
  * (engine/model/stage_chain.h), and the gradient array holds only the other tensors
  * (mp_grad_window). zero->shard_block_params (ZeRO-3, with window_block_grads, without deferred
- * weights; or a stage without slots, a GPU stage's host side): the parameters too (below).
+ * weights): the parameters too (mp_stage_layout_held_params).
  * Parameters start at zero: call an init or write function. */
 typedef struct {
   int micro_batch, seq_len;      /* (B, T) of one micro-batch */
@@ -88,7 +86,7 @@ typedef struct {
                                     must outlive the stage) */
   bool sequence_parallel;
   mp_stage_span span;            /* which piece of the chain */
-  int num_slots;                 /* micro-batches in flight; 0: a GPU stage's host side */
+  int num_slots;                 /* micro-batches in flight, >= 1 */
   bool deferred_weights;         /* slots keep what a zero-bubble W needs */
   mp_recompute recompute;
   const mp_stage_zero *zero;     /* ZeRO's cut, or NULL */
@@ -102,37 +100,19 @@ void mp_stage_cpu_free(mp_stage_cpu *gpt);
 const mp_stage_layout *mp_stage_cpu_layout(const mp_stage_cpu *gpt);
 const mp_tp_comm *mp_stage_cpu_comm(const mp_stage_cpu *gpt);
 
-/* The flat shard arrays, mp_stage_layout_num_params floats each. A stage
- * without activation slots (a GPU stage's host side) holds neither in host memory: its
- * parameters are in its store (below), mp_stage_cpu_params is NULL, and it holds no host gradient
- * array until mp_stage_cpu_alloc_grads makes one (mp_stage_cpu_grads is NULL before, and zeroing,
- * gathering and norms of the gradients are for stages that have them). */
+/* The stored parameter array (mp_stage_layout_params_floats floats: the flat shard, or under
+ * ZeRO-3 the outside tensors and the held block elements) and the gradient array
+ * (mp_stage_cpu_grads_floats). */
 float *mp_stage_cpu_params(mp_stage_cpu *gpt);
 float *mp_stage_cpu_grads(mp_stage_cpu *gpt);
 
-/* Where a stage without activation slots keeps its parameters: a GPU twin's device arrays
- * (engine/model/stage_gpu.h sets itself as the store when it is created), which mirror the
- * stage's stored order (mp_stage_layout_params_floats floats, mp_stage_layout_params_index below).
- * read and write move count floats at stored index `at` from and to host memory. */
-typedef struct {
-  void *context;
-  mp_status (*read)(void *context, size_t at, size_t count, float *dest, mp_error *err);
-  mp_status (*write)(void *context, size_t at, size_t count, const float *src, mp_error *err);
-} mp_stage_param_store;
-
-/* Sets (store copied) or with NULL removes the stage's store. MP_ERR_INPUT for a stage with
- * activation slots, whose chain reads its parameters in host memory. */
-mp_status mp_stage_cpu_set_param_store(mp_stage_cpu *gpt, const mp_stage_param_store *store,
-                                    mp_error *err);
-
 /* The parameters by their place in the flat layout (mp_stage_layout_params_index finds where
- * they are stored, under ZeRO-3 too), wherever the stage keeps them (host memory or its store):
- *   params_at     a pointer into the host array; NULL without one, or when the elements are not
- *                 one stretch of the stored array
+ * they are stored, under ZeRO-3 too):
+ *   params_at     a pointer into the host array; NULL when the elements are not one stretch of
+ *                 the stored array
  *   read_params   dest = elements [first, first + count)
  *   write_params  elements [first, first + count) = src
- * read and write: MP_ERR_INPUT naming the element when the stage does not hold them all, or when
- * it keeps no parameters (no slots and no store); a store's errors. */
+ * read and write: MP_ERR_INPUT naming the element when the stage does not hold them all. */
 float *mp_stage_cpu_params_at(mp_stage_cpu *gpt, size_t first, size_t count);
 mp_status mp_stage_cpu_read_params(mp_stage_cpu *gpt, size_t first, size_t count, float *dest,
                                    mp_error *err);
@@ -142,27 +122,21 @@ mp_status mp_stage_cpu_write_params(mp_stage_cpu *gpt, size_t first, size_t coun
 /* Windowed block gradients (config->zero->window_block_grads): mp_stage_cpu_grads has
  * mp_stage_cpu_grads_floats floats, the tensors outside the window in the layout's order, packed
  * (mp_stage_layout_grad_offset; without a window, num_params floats in the shard's layout).
- * mp_stage_cpu_tensor_grad is tensor index's gradient in it, NULL for a tensor of the window or
- * a stage without gradients. */
+ * mp_stage_cpu_tensor_grad is tensor index's gradient in it, NULL for a tensor of the window. */
 mp_grad_window mp_stage_cpu_grad_window(const mp_stage_cpu *gpt);
 size_t mp_stage_cpu_grads_floats(const mp_stage_cpu *gpt);
 float *mp_stage_cpu_tensor_grad(mp_stage_cpu *gpt, int index);
-/* The host gradient array (zeroed) if the stage has none yet; MP_ERR_RUNTIME out of memory. */
-mp_status mp_stage_cpu_alloc_grads(mp_stage_cpu *gpt, mp_error *err);
 
 /* GPT-2 initialisation from seed: this rank's shard of mp_param_layout_init_params, drawn block by
- * block without the full tensors (through a 1 MiB host buffer into a store). Fails only as
- * mp_stage_cpu_write_params does. */
+ * block without the full tensors (mp_stage_init_fill). */
 mp_status mp_stage_cpu_init_params(mp_stage_cpu *gpt, uint64_t seed, mp_error *err);
 
 /* Fills this rank's shard of each of the stage's tensors from fill, rectangle by rectangle, so
  * that no rank ever holds a full tensor: fill writes the (rows, cols) block at (row, col) of the
  * one-rank tensor of layout index `tensor` into dest (rows x cols, row-major). A source laid out
- * otherwise (GPT-2's transposed weights) still reads whole rows. Into a store the blocks go
- * through a 1 MiB host buffer. Errors of fill and of mp_stage_cpu_write_params. Loading weights is
- * this over a weight source (engine/weights/weight_source.h, mp_weight_source_load_stage). */
-typedef mp_status (*mp_stage_fill_fn)(void *context, int tensor, size_t row, size_t rows,
-                                       size_t col, size_t cols, float *dest, mp_error *err);
+ * otherwise (GPT-2's transposed weights) still reads whole rows; on the CPU in place. Errors of
+ * fill. Loading weights is this over a weight source (engine/weights/weight_source.h,
+ * mp_weight_source_fill). */
 mp_status mp_stage_cpu_fill_params(mp_stage_cpu *gpt, mp_stage_fill_fn fill, void *context,
                                 mp_error *err);
 
@@ -176,8 +150,7 @@ mp_status mp_stage_cpu_gather_grads(mp_stage_cpu *gpt, float *full, mp_error *er
 
 void mp_stage_cpu_zero_grads(mp_stage_cpu *gpt);
 
-/* The stage's forward and backward (engine/model/stage_chain.h, over the CPU's kernels); NULL for a
- * stage without slots. */
+/* The stage's forward and backward (engine/model/stage_chain.h, over the CPU's kernels). */
 typedef struct mp_stage_chain mp_stage_chain;
 mp_stage_chain *mp_stage_cpu_chain(mp_stage_cpu *gpt);
 
@@ -209,13 +182,9 @@ mp_status mp_stage_cpu_finish_grads(mp_stage_cpu *gpt, mp_error *err);
 /* The squared global norm of the stage's gradient: every sharded tensor's squares summed over
  * the group, each replicated tensor counted once, a tied copy of wte not at all. The partial sums
  * travel as doubles and are added in rank order, so *out is bitwise the same on every rank and
- * clipping agrees. Call after mp_stage_cpu_finish_grads. Collective. */
+ * clipping agrees (mp_stage_norm_from_squares). Call after mp_stage_cpu_finish_grads.
+ * Collective. */
 mp_status mp_stage_cpu_grad_norm_squared(mp_stage_cpu *gpt, double *out, mp_error *err);
-
-/* The same from each tensor's sum of squares, squares[i] for mp_stage_layout_tensor(gpt, i) (so a
- * GPU twin of the stage, engine/model/stage_gpu.h, counts as the CPU does). Collective. */
-mp_status mp_stage_cpu_norm_from_squares(const mp_stage_cpu *gpt, const double *squares,
-                                         double *out, mp_error *err);
 
 /* ---------------------------------------------------------------------------------------------
  * The one-rank model: the whole chain as one stage at tp = 1 (the stage above with one activation

@@ -12,27 +12,25 @@
  * forces the latter, for benchmarks. A build without CUDA compiles stage_gpu_none.c, whose
  * create says so.
  *
- * It mirrors a host stage (an mp_stage_cpu without activation slots, created by the caller with the
- * same stage, group and sizes): the same tensor table, the same flat shard layout. The device
+ * Its shard is laid out by the stage layout (engine/model/stage_layout.h), the CPU stage's too: the
+ * same tensor table, the same flat shard layout. The stage owns its state outright: the device
  * holds fp32 master weights, their bf16 copy, fp32 gradients, AdamW moments and the bf16
  * activation slots (with ZeRO-3 of the block parameters only this dp rank's part, each block
- * gathered into a window to run); the host holds none of them. The GPU stage is the host
- * stage's parameter store (mp_stage_param_store), so initialisation, llm.c and Hugging Face
- * files, saves and checkpoints read and write the device's master weights (the bf16 copy
- * refreshed) through the host stage, in bounded pieces (mp_stage_cpu_read_params, _write_params,
- * mp_stage_cpu_init_params, mp_weight_source_load_stage), and the moments through
- * mp_stage_gpu_moments_at.
+ * gathered into a window to run); the host holds none of them. Initialisation, llm.c and Hugging
+ * Face files, saves and checkpoints read and write the device's master weights (the bf16 copy
+ * refreshed) in bounded pieces (mp_stage_gpu_read_params, _write_params, _fill_params,
+ * _init_params), and the moments through mp_stage_gpu_moments_at.
  *
  * Tensor parallelism is Megatron's, as on the CPU (tensor_parallel/): qkv and fc column-parallel,
  * attn_proj and fc_proj row-parallel (their bf16 partial products widened to fp32, summed over
  * the group, the bias added, rounded once), the column-parallel input gradients summed likewise;
  * the vocabulary-parallel embedding and cross-entropy never gather the (B*T, Vp) logits. The
  * collectives take device pointers: over NCCL (engine/comm/tp_comm_nccl.h) when each rank has a GPU
- * of its own, or the host stage's MPI table, whose communicators stage GPU buffers through the host
+ * of its own, or the stage's MPI table, whose communicators stage GPU buffers through the host
  * so that several ranks may share one GPU. With tp = 1 no collective runs: the kernels are a
  * one-GPU model's.
  *
- * Sequence parallelism (the host stage's; Korthikanti et al. 2022, as tensor_parallel/ does it on
+ * Sequence parallelism (the layout's; Korthikanti et al. 2022, as tensor_parallel/ does it on
  * the CPU): with tp > 1 the layernorms, residual adds and stage boundaries hold this rank's token
  * slice, rows [rank * B*T/tp, (rank + 1) * B*T/tp) of the micro-batch; the layernorm output is
  * all-gathered before each column-parallel GEMM (qkv, fc, the LM head) and each row-parallel
@@ -42,7 +40,7 @@
  * tokens of this rank's heads, as without it. With tp = 1 it changes nothing.
  *
  * Boundaries between stages are fp32 arrays of
- * mp_stage_layout_boundary_floats(mp_stage_cpu_layout(host)) floats in device memory: (B*T, C), or
+ * mp_stage_layout_boundary_floats(mp_stage_gpu_layout(gpu)) floats in device memory: (B*T, C), or
  * with sequence parallelism (B*T/tp, C), this rank's token slice (the stage worker's buffers, which
  * the trainer allocates on the GPU and sends over MPI or NCCL); the stage widens its bf16 output
  * into them exactly and rounds its input from them.
@@ -69,7 +67,11 @@
 #include <stdint.h>
 
 #include "common/error.h"
-#include "engine/model/stage_cpu.h"
+#include "engine/model/stage_chain.h"
+#include "engine/model/stage_layout.h"
+#include "tensor_parallel/tp_comm.h"
+#include "topology/layer_cost.h"
+#include "topology/model.h"
 #include "layers/cuda_types.h"
 
 #ifdef __cplusplus
@@ -85,51 +87,75 @@ typedef struct {
   double grad_clip;                                     /* max global norm; 0 = none */
 } mp_gpu_adamw;
 
-/* The GPU twin of host (which must outlive it) with num_slots activation slots of one
- * (micro_batch, seq_len) micro-batch each, on the current GPU. device_tp: the tensor-parallel
- * group for collectives on device buffers (engine/comm/tp_comm_nccl.h), the same ranks in the same
- * order as the host stage's group, copied (its context must outlive the stage); NULL: the host
- * stage's table (MPI, which stages device buffers through the host). recompute is the plan's
- * (selective changes nothing; full keeps the slots light, see above); deferred_weights: the slots
- * also keep what a deferred backward's W needs (zero-bubble schedules). Both together are refused
- * with MP_ERR_INPUT, as on the CPU. Sequence parallelism is the host stage's
- * (mp_stage_layout_sequence_parallel). windowed_block_grads (ZeRO 2 and 3; with deferred weights the
- * GEMM weights' only): the blocks' gradients pass through two one-block device windows in turn
- * (so that one block's reduce-scatter may overlap the next block's backward), which the chain's
- * hook must take after every block (engine/model/stage_chain.h), the device gradient array holds
- * the tensors outside the blocks packed (mp_stage_layout_grad_offset), and the stage keeps the
- * gradients of its moments' part (mp_stage_gpu_keep_moments), which the hook's sums are added into
+/* What a GPU stage is made of. */
+typedef struct {
+  int micro_batch, seq_len;      /* (B, T) of one micro-batch */
+  const mp_tp_comm *tp;          /* the tensor-parallel group's host-side table (MPI; the norm's
+                                    sums), copied: its context must outlive the stage */
+  const mp_tp_comm *device_tp;   /* the same ranks in the same order for collectives on device
+                                    buffers (engine/comm/tp_comm_nccl.h), copied; NULL: tp (MPI,
+                                    which stages device buffers through the host) */
+  bool sequence_parallel;
+  mp_stage_span span;            /* which piece of the chain */
+  int num_slots;                 /* micro-batches in flight, >= 1 */
+  bool deferred_weights;         /* slots keep what a zero-bubble W needs */
+  mp_recompute recompute;
+  const mp_stage_zero *zero;     /* ZeRO 2 and 3's cut, or NULL (ZeRO-1 keeps its moments'
+                                    part with mp_stage_gpu_keep_moments) */
+} mp_stage_gpu_config;
+
+/* This rank's shard of config->span of model (mp_stage_layout_create's checks and messages) on the
+ * current GPU, with num_slots activation slots of one (micro_batch, seq_len) micro-batch each.
+ * recompute is the plan's (selective changes nothing; full keeps the slots light, see above);
+ * deferred_weights: the slots also keep what a deferred backward's W needs (zero-bubble
+ * schedules). Both together are refused with MP_ERR_INPUT, as on the CPU.
+ * zero->window_block_grads (ZeRO 2 and 3; with deferred weights the GEMM weights' only): the
+ * blocks' gradients pass through two one-block device windows in turn (so that one block's
+ * reduce-scatter may overlap the next block's backward), which the chain's hook must take after
+ * every block (engine/model/stage_chain.h), the device gradient array holds the tensors outside
+ * the blocks packed (mp_stage_layout_grad_offset), and the stage keeps the gradients of its
+ * moments' part (mp_stage_gpu_keep_moments), which the hook's sums are added into
  * (mp_stage_gpu_add_to_part); scaling, the norm's squares and AdamW then run on that part.
- * A host stage whose block parameters are sharded (ZeRO-3, mp_stage_layout_sharded_params; it needs
- * windowed_block_grads and no deferred weights) makes a ZeRO-3 stage: the device mirrors the
- * host's array (the tensors outside the blocks, then this dp rank's block elements), and the
- * chain takes each block's bf16 weights from two one-block device windows in turn, which its
- * weights hook fills before every pass, the next one's perhaps while this one runs
- * (mp_stage_chain_set_weights_hook; mp_stage_gpu_weights_at finds this rank's run of them).
- * The stage becomes host's parameter store until it is freed. Parameters start at zero: write
- * them through the host stage (mp_stage_cpu_init_params, mp_weight_source_load_stage,
- * mp_stage_cpu_write_params). MP_ERR_INPUT, before the GPU is looked for, for a host stage with
- * activation slots. */
-mp_status mp_stage_gpu_create(mp_stage_cpu *host, const mp_tp_comm *device_tp, int micro_batch,
-                                  int seq_len, int num_slots, bool deferred_weights,
-                                  mp_recompute recompute, bool windowed_block_grads,
-                                  mp_stage_gpu **out, mp_error *err);
+ * zero->shard_block_params (ZeRO-3; it needs window_block_grads and no deferred weights): the
+ * device holds the layout's stored array (the tensors outside the blocks, then this dp rank's
+ * block elements), and the chain takes each block's bf16 weights from two one-block device
+ * windows in turn, which its weights hook fills before every pass, the next one's perhaps while
+ * this one runs (mp_stage_chain_set_weights_hook; mp_stage_gpu_weights_at finds this rank's run
+ * of them). Parameters start at zero: call an init, fill or write function. MP_ERR_INPUT, before
+ * the GPU is looked for, for what the chain or the layout refuses, or device_tp not tp's ranks;
+ * then without a visible GPU. */
+mp_status mp_stage_gpu_create(const mp_model *model, const mp_stage_gpu_config *config,
+                              mp_stage_gpu **out, mp_error *err);
 void mp_stage_gpu_free(mp_stage_gpu *gpu);
+
+/* Where each number of the stage goes (its span, micro-batch, tensor table, ZeRO's cuts). */
+const mp_stage_layout *mp_stage_gpu_layout(const mp_stage_gpu *gpu);
+
+/* The fp32 master weights by their place in the flat layout, between host memory and the device
+ * (the bf16 copy refreshed on a write): MP_ERR_INPUT naming the element when the stage does not
+ * hold them all (ZeRO-3). fill_params and init_params as the CPU stage's
+ * (mp_stage_cpu_fill_params), through a 1 MiB host buffer. Each synchronises. */
+mp_status mp_stage_gpu_read_params(mp_stage_gpu *gpu, size_t first, size_t count, float *dest,
+                                   mp_error *err);
+mp_status mp_stage_gpu_write_params(mp_stage_gpu *gpu, size_t first, size_t count,
+                                    const float *src, mp_error *err);
+mp_status mp_stage_gpu_fill_params(mp_stage_gpu *gpu, mp_stage_fill_fn fill, void *context,
+                                   mp_error *err);
+mp_status mp_stage_gpu_init_params(mp_stage_gpu *gpu, uint64_t seed, mp_error *err);
 
 /* The stage's forward and backward (engine/model/stage_chain.h over the CUDA kernels); the calls
  * below that run a slot are the chain's. */
-typedef struct mp_stage_chain mp_stage_chain;
 mp_stage_chain *mp_stage_gpu_chain(mp_stage_gpu *gpu);
 
 /* Bytes of device memory the stage holds. */
 size_t mp_stage_gpu_device_bytes(const mp_stage_gpu *gpu);
 
-/* The gradients to the host stage's gradient array (mp_stage_cpu_grads), for tests. Synchronises.
- * */
-mp_status mp_stage_gpu_download_grads(mp_stage_gpu *gpu, mp_error *err);
+/* The gradients into dest (mp_stage_layout_num_params floats of host memory), for tests; not a
+ * windowed stage's. Synchronises. */
+mp_status mp_stage_gpu_download_grads(mp_stage_gpu *gpu, float *dest, mp_error *err);
 
-/* The fp32 gradients on the device, mp_stage_layout_num_params(mp_stage_cpu_layout(host)) floats in
- * the host's layout (or windowed, mp_stage_gpu_grads_floats packed), for the data-parallel
+/* The fp32 gradients on the device, mp_stage_layout_num_params(mp_stage_gpu_layout(gpu)) floats in
+ * the layout's order (or windowed, mp_stage_gpu_grads_floats packed), for the data-parallel
  * all-reduce and the tied embedding's sum; mp_device_synchronize first. tensor_grad: tensor index's
  * gradient in it (NULL for a windowed block tensor). */
 float *mp_stage_gpu_device_grads(mp_stage_gpu *gpu);
@@ -140,7 +166,7 @@ size_t mp_stage_gpu_grads_floats(const mp_stage_gpu *gpu);
  * of the stage's flat layout, inside the moments' part; MP_ERR_INPUT otherwise), on stream (NULL:
  * the default stream; a communicator's, to follow the reduce-scatter that wrote sums there);
  * and each tensor's squares over the part into squares
- * (mp_stage_layout_num_tensors(mp_stage_cpu_layout(host)) doubles, host memory), for a norm the
+ * (mp_stage_layout_num_tensors(mp_stage_gpu_layout(gpu)) doubles, host memory), for a norm the
  * caller sums over dp. */
 mp_status mp_stage_gpu_add_to_part(mp_stage_gpu *gpu, const float *sums, size_t first,
                                        size_t count, mp_cuda_stream stream, mp_error *err);
@@ -173,8 +199,8 @@ mp_status mp_stage_gpu_forward(mp_stage_gpu *gpu, int slot, const int32_t *input
  * mp_stage_gpu_refresh_weights. MP_ERR_INPUT for a range outside the stage. */
 mp_status mp_stage_gpu_keep_moments(mp_stage_gpu *gpu, size_t first, size_t count,
                                         mp_error *err);
-/* The fp32 master weights on the device (mp_stage_layout_params_floats(mp_stage_cpu_layout(host))
- * floats, the host's array: with ZeRO-3 not the flat layout). */
+/* The fp32 master weights on the device (mp_stage_layout_params_floats(mp_stage_gpu_layout(gpu))
+ * floats, the layout's stored array: with ZeRO-3 not the flat layout). */
 float *mp_stage_gpu_device_params(mp_stage_gpu *gpu);
 /* The device's master (fp32) and working (bf16) copies of flat elements [first, first + count)
  * where the stage holds them as one stretch (mp_stage_layout_params_index's), else NULL. */

@@ -1,12 +1,9 @@
 /* engine/model/stage_gpu_none.c — stage_gpu.h in a build without CUDA: create says so. */
 #include "engine/model/stage_gpu.h"
 
-mp_status mp_stage_gpu_create(mp_stage_cpu *host, const mp_tp_comm *device_tp, int micro_batch,
-                                  int seq_len, int num_slots, bool deferred_weights,
-                                  mp_recompute recompute, bool windowed_block_grads,
-                                  mp_stage_gpu **out, mp_error *err) {
-  (void)host, (void)device_tp, (void)micro_batch, (void)seq_len, (void)num_slots;
-  (void)deferred_weights, (void)recompute, (void)windowed_block_grads;
+mp_status mp_stage_gpu_create(const mp_model *model, const mp_stage_gpu_config *config,
+                              mp_stage_gpu **out, mp_error *err) {
+  (void)model, (void)config;
   *out = NULL;
   return mp_fail(err, MP_ERR_INPUT,
                  "--backend cuda: this mpengine was built without CUDA (no /usr/local/cuda when "
@@ -25,8 +22,28 @@ mp_status mp_stage_gpu_moments_at(mp_stage_gpu *gpu, size_t first, size_t count,
   (void)gpu, (void)first, (void)count, (void)adam_m, (void)adam_v;
   return unreachable(err);
 }
-mp_status mp_stage_gpu_download_grads(mp_stage_gpu *gpu, mp_error *err) {
-  (void)gpu;
+mp_status mp_stage_gpu_download_grads(mp_stage_gpu *gpu, float *dest, mp_error *err) {
+  (void)gpu, (void)dest;
+  return unreachable(err);
+}
+const mp_stage_layout *mp_stage_gpu_layout(const mp_stage_gpu *gpu) { (void)gpu; return NULL; }
+mp_status mp_stage_gpu_read_params(mp_stage_gpu *gpu, size_t first, size_t count, float *dest,
+                                   mp_error *err) {
+  (void)gpu, (void)first, (void)count, (void)dest;
+  return unreachable(err);
+}
+mp_status mp_stage_gpu_write_params(mp_stage_gpu *gpu, size_t first, size_t count,
+                                    const float *src, mp_error *err) {
+  (void)gpu, (void)first, (void)count, (void)src;
+  return unreachable(err);
+}
+mp_status mp_stage_gpu_fill_params(mp_stage_gpu *gpu, mp_stage_fill_fn fill, void *context,
+                                   mp_error *err) {
+  (void)gpu, (void)fill, (void)context;
+  return unreachable(err);
+}
+mp_status mp_stage_gpu_init_params(mp_stage_gpu *gpu, uint64_t seed, mp_error *err) {
+  (void)gpu, (void)seed;
   return unreachable(err);
 }
 float *mp_stage_gpu_device_grads(mp_stage_gpu *gpu) { (void)gpu; return NULL; }

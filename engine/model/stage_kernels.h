@@ -153,6 +153,13 @@ mp_status mp_stage_kernels_cpu_create(const mp_stage_dims *dims, mp_stage_kernel
                                       mp_error *err);
 void mp_stage_kernels_cpu_free(mp_stage_kernels *kernels);
 
+/* The GPU's table (bf16 CUDA kernels, the layers/ CUDA twins, collectives on device buffers) on
+ * the current GPU; *device_bytes: the device memory of its scratch. Freed with
+ * mp_stage_kernels_gpu_free. Built where CUDA is (or emulated); the GPU stage's only. */
+mp_status mp_stage_kernels_gpu_create(const mp_stage_dims *dims, mp_stage_kernels **out,
+                                      size_t *device_bytes, mp_error *err);
+void mp_stage_kernels_gpu_free(mp_stage_kernels *kernels);
+
 #ifdef __cplusplus
 }
 #endif

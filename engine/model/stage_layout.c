@@ -404,3 +404,73 @@ mp_status mp_stage_layout_for_each_held_rect(const mp_stage_layout *layout, size
   }
   return MP_OK;
 }
+
+/* Moves flat elements [first, first + count) between host memory and io's stored array. */
+static mp_status move_params(const mp_stage_layout *layout, const mp_stage_param_io *io,
+                             size_t first, size_t count, float *dest, const float *src,
+                             mp_error *err) {
+  size_t at = first;
+  while (at < first + count) {
+    size_t lo = 0, hi = 0, stored = 0;
+    if (!mp_stage_layout_params_stretch(layout, at, &lo, &hi, &stored)) {
+      size_t held_first = 0, held_end = 0;
+      mp_stage_layout_held_blocks(layout, &held_first, &held_end);
+      return mp_fail(err, MP_ERR_INPUT,
+                     "parameter %zu of the stage is another dp rank's (ZeRO-3 holds elements "
+                     "[%zu, %zu) of the blocks here)",
+                     at, held_first, held_end);
+    }
+    const size_t n = hi < first + count ? hi - at : first + count - at;
+    const size_t where = stored + (at - lo);
+    if (dest != NULL) {
+      MP_TRY(io->read(io->context, where, n, dest + (at - first), err));
+    } else {
+      MP_TRY(io->write(io->context, where, n, src + (at - first), err));
+    }
+    at += n;
+  }
+  return MP_OK;
+}
+
+mp_status mp_stage_layout_read_params(const mp_stage_layout *layout, const mp_stage_param_io *io,
+                                      size_t first, size_t count, float *dest, mp_error *err) {
+  return move_params(layout, io, first, count, dest, NULL, err);
+}
+
+mp_status mp_stage_layout_write_params(const mp_stage_layout *layout,
+                                       const mp_stage_param_io *io, size_t first, size_t count,
+                                       const float *src, mp_error *err) {
+  return move_params(layout, io, first, count, NULL, src, err);
+}
+
+typedef struct {
+  const mp_stage_layout *layout;
+  mp_stage_fill_fn fill;
+  void *context;
+  float *piece;
+  const mp_stage_param_io *io;
+} fill_call;
+
+static mp_status fill_rect(void *context, const mp_stage_rect *rect, mp_error *err) {
+  const fill_call *call = context;
+  MP_TRY(call->fill(call->context, rect->tensor, rect->row, rect->rows, rect->col, rect->cols,
+                    call->piece, err));
+  return mp_stage_layout_write_params(call->layout, call->io, rect->flat_first,
+                                      rect->rows * rect->cols, call->piece, err);
+}
+
+mp_status mp_stage_layout_fill_params(const mp_stage_layout *layout, mp_stage_fill_fn fill,
+                                      void *fill_context, float *piece, size_t piece_floats,
+                                      const mp_stage_param_io *io, mp_error *err) {
+  const fill_call call = {layout, fill, fill_context, piece, io};
+  return mp_stage_layout_for_each_held_rect(layout, piece_floats, fill_rect, (void *)&call, err);
+}
+
+mp_status mp_stage_init_fill(void *context, int tensor, size_t row, size_t rows, size_t col,
+                             size_t cols, float *dest, mp_error *err) {
+  (void)err;
+  const mp_stage_init_context *init = context;
+  mp_param_tensor_init_block(init->model, mp_param_layout_tensor(init->model, tensor), dest, rows,
+                             cols, row, col, init->seed);
+  return MP_OK;
+}

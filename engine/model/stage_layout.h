@@ -20,6 +20,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "common/error.h"
 #include "engine/model/param_layout.h"
@@ -184,6 +185,43 @@ typedef mp_status (*mp_stage_rect_visit)(void *context, const mp_stage_rect *rec
 mp_status mp_stage_layout_for_each_held_rect(const mp_stage_layout *layout, size_t max_floats,
                                              mp_stage_rect_visit visit, void *context,
                                              mp_error *err);
+
+/* A backend's stored parameter array, seen from host memory: read copies count floats at stored
+ * index `at` (mp_stage_layout_params_index) into dest, write the other way. */
+typedef struct {
+  void *context;
+  mp_status (*read)(void *context, size_t at, size_t count, float *dest, mp_error *err);
+  mp_status (*write)(void *context, size_t at, size_t count, const float *src, mp_error *err);
+} mp_stage_param_io;
+
+/* Flat elements [first, first + count) between host memory (dest, or src) and a stored array,
+ * stretch by stretch. MP_ERR_INPUT naming the element when the stage does not hold them all
+ * (ZeRO-3: another dp rank's); io's errors. */
+mp_status mp_stage_layout_read_params(const mp_stage_layout *layout, const mp_stage_param_io *io,
+                                      size_t first, size_t count, float *dest, mp_error *err);
+mp_status mp_stage_layout_write_params(const mp_stage_layout *layout,
+                                       const mp_stage_param_io *io, size_t first, size_t count,
+                                       const float *src, mp_error *err);
+
+/* Every parameter the stage holds, from fill: fill writes the (rows, cols) block at (row, col) of
+ * the one-rank tensor of layout index `tensor` into dest (rows x cols, row-major), rectangle by
+ * rectangle of at most piece_floats into piece (host memory the caller owns), which io then
+ * writes. So no rank ever holds a full tensor, nor a host copy of its shard. Errors of fill and
+ * of io. */
+typedef mp_status (*mp_stage_fill_fn)(void *context, int tensor, size_t row, size_t rows,
+                                      size_t col, size_t cols, float *dest, mp_error *err);
+mp_status mp_stage_layout_fill_params(const mp_stage_layout *layout, mp_stage_fill_fn fill,
+                                      void *fill_context, float *piece, size_t piece_floats,
+                                      const mp_stage_param_io *io, mp_error *err);
+
+/* A fill function (mp_stage_fill_fn) of the initial values: context is an
+ * mp_stage_init_context, its numbers those of mp_param_tensor_init_block from seed. */
+typedef struct {
+  const mp_param_layout *model;
+  uint64_t seed;
+} mp_stage_init_context;
+mp_status mp_stage_init_fill(void *context, int tensor, size_t row, size_t rows, size_t col,
+                             size_t cols, float *dest, mp_error *err);
 
 #ifdef __cplusplus
 }

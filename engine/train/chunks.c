@@ -65,6 +65,7 @@ mp_status mp_train_create_chunks(mp_trainer *trainer, const mp_model *model, mp_
   }
   trainer->num_chunks = v;
   trainer->chunks = calloc((size_t)v, sizeof *trainer->chunks);
+  trainer->layouts = calloc((size_t)v, sizeof *trainer->layouts);
   trainer->chains = calloc((size_t)v, sizeof *trainer->chains);
   trainer->chunk_m = calloc((size_t)v, sizeof *trainer->chunk_m);
   trainer->chunk_v = calloc((size_t)v, sizeof *trainer->chunk_v);
@@ -87,7 +88,8 @@ mp_status mp_train_create_chunks(mp_trainer *trainer, const mp_model *model, mp_
   if (status == MP_OK && on_gpu && trainer->gpu_chunks == NULL) {
     status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
   }
-  if (status == MP_OK && (trainer->chunks == NULL || trainer->chains == NULL ||
+  if (status == MP_OK && (trainer->chunks == NULL || trainer->layouts == NULL ||
+                          trainer->chains == NULL ||
                           trainer->chunk_m == NULL || trainer->chunk_v == NULL ||
                           trainer->zero_first == NULL ||
                           trainer->zero_count == NULL)) {
@@ -110,42 +112,50 @@ mp_status mp_train_create_chunks(mp_trainer *trainer, const mp_model *model, mp_
       break;
     }
     const int slots = mp_stage_worker_slots(&trainer->schedule, pp_rank, c);
-    /* On the GPU the host stage is the tensor table and layout the GPU stage mirrors: no
-     * activation slots, no arrays (the GPU stage is its parameter store). */
-    /* ZeRO's cut of the host stage: its gradients and (ZeRO-3) parameters. A GPU stage's host
-     * side has no gradients (the GPU stage windows its own), and with ZeRO-3 lays out the same
-     * parts of the parameters as the device. */
-    const mp_stage_zero zero = {dp, dp_rank, zero2 && !on_gpu, trainer->zero3};
-    const mp_stage_cpu_config config = {
-        .micro_batch = (int)plan->micro_batch,
-        .seq_len = (int)plan->seq_len,
-        .tp = &trainer->tp_table,
-        .sequence_parallel = plan->sequence_parallel,
-        .span = range,
-        .num_slots = on_gpu ? 0 : slots,
-        .deferred_weights = zero_bubble && !on_gpu,
-        .recompute = on_gpu ? MP_RECOMPUTE_NONE : plan->recompute,
-        .zero = (zero2 && !on_gpu) || trainer->zero3 ? &zero : NULL};
-    status = mp_stage_cpu_create_stage(model, &config, &trainer->chunks[c], err);
-    if (status == MP_OK && !on_gpu) {
-      status = mp_stage_cpu_init_params(trainer->chunks[c], plan->training.seed, err);
-    }
-    if (status == MP_OK && on_gpu) {
-      status = mp_stage_gpu_create(trainer->chunks[c], trainer->options.tp_device,
-                                       (int)plan->micro_batch,
-                                       (int)plan->seq_len, slots, zero_bubble, plan->recompute,
-                                       zero2, &trainer->gpu_chunks[c], err);
+    /* ZeRO's cut of the stage: its gradients (ZeRO 2 and 3) and parameters (ZeRO-3). */
+    const mp_stage_zero zero = {dp, dp_rank, zero2, trainer->zero3};
+    if (on_gpu) {
+      /* The GPU stage owns its state on the device: the host holds no copy of it. */
+      const mp_stage_gpu_config config = {
+          .micro_batch = (int)plan->micro_batch,
+          .seq_len = (int)plan->seq_len,
+          .tp = &trainer->tp_table,
+          .device_tp = trainer->options.tp_device,
+          .sequence_parallel = plan->sequence_parallel,
+          .span = range,
+          .num_slots = slots,
+          .deferred_weights = zero_bubble,
+          .recompute = plan->recompute,
+          .zero = zero2 ? &zero : NULL};
+      status = mp_stage_gpu_create(model, &config, &trainer->gpu_chunks[c], err);
       if (status != MP_OK) {
         mp_error inner = *err;
         status = mp_fail(err, status, "%s: stage %d on the GPU: %s", plan->source, stage,
                          inner.message);
+        break;
       }
-      if (status != MP_OK) break;
+      trainer->layouts[c] = mp_stage_gpu_layout(trainer->gpu_chunks[c]);
+    } else {
+      const mp_stage_cpu_config config = {
+          .micro_batch = (int)plan->micro_batch,
+          .seq_len = (int)plan->seq_len,
+          .tp = &trainer->tp_table,
+          .sequence_parallel = plan->sequence_parallel,
+          .span = range,
+          .num_slots = slots,
+          .deferred_weights = zero_bubble,
+          .recompute = plan->recompute,
+          .zero = zero2 ? &zero : NULL};
+      status = mp_stage_cpu_create_stage(model, &config, &trainer->chunks[c], err);
+      if (status == MP_OK) {
+        trainer->layouts[c] = mp_stage_cpu_layout(trainer->chunks[c]);
+        status = mp_stage_cpu_init_params(trainer->chunks[c], plan->training.seed, err);
+      }
     }
     if (status != MP_OK) break;
     trainer->chains[c] = on_gpu ? mp_stage_gpu_chain(trainer->gpu_chunks[c])
                                 : mp_stage_cpu_chain(trainer->chunks[c]);
-    const size_t n = mp_stage_layout_num_params(mp_stage_cpu_layout(trainer->chunks[c]));
+    const size_t n = mp_stage_layout_num_params(trainer->layouts[c]);
     size_t first_param = 0, count = n;
     if (plan->zero_stage >= 1) {
       mp_zero_part(n, dp, dp_rank, &first_param, &count);
@@ -156,7 +166,7 @@ mp_status mp_train_create_chunks(mp_trainer *trainer, const mp_model *model, mp_
     trainer->zero_count[c] = count;
     if (zero2) {
       size_t blocks_first = 0, blocks_end = 0, block = 0;
-      mp_stage_layout_blocks_range(mp_stage_cpu_layout(trainer->chunks[c]), &blocks_first,
+      mp_stage_layout_blocks_range(trainer->layouts[c], &blocks_first,
                                    &blocks_end, &block);
       if (block > largest_block) largest_block = block;
       if (!on_gpu) trainer->grad_part[c] = calloc(count > 0 ? count : 1, sizeof(float));
@@ -182,7 +192,7 @@ mp_status mp_train_create_chunks(mp_trainer *trainer, const mp_model *model, mp_
         status = mp_stage_gpu_keep_moments(trainer->gpu_chunks[c], first_param, count, err);
       }
       if (status == MP_OK) {
-        status = mp_stage_cpu_init_params(trainer->chunks[c], plan->training.seed, err);
+        status = mp_stage_gpu_init_params(trainer->gpu_chunks[c], plan->training.seed, err);
       }
       if (status != MP_OK) {
         mp_error inner = *err;
@@ -252,7 +262,11 @@ mp_status mp_trainer_load_weights(mp_trainer *trainer, const char *path, mp_erro
   mp_status status = MP_OK;
   for (int c = 0; c < trainer->num_chunks && status == MP_OK; ++c) {
     /* On the GPU straight into the device's weights, through a bounded host buffer. */
-    status = mp_weight_source_load_stage(reader, trainer->chunks[c], err);
+    status = trainer->gpu_chunks != NULL
+                 ? mp_stage_gpu_fill_params(trainer->gpu_chunks[c], mp_weight_source_fill,
+                                            reader, err)
+                 : mp_stage_cpu_fill_params(trainer->chunks[c], mp_weight_source_fill, reader,
+                                            err);
   }
   mp_weight_source_close(reader);
   return status;
@@ -264,7 +278,7 @@ mp_status mp_trainer_chunk_state_of(const mp_trainer *trainer, int chunk,
     return mp_fail(err, MP_ERR_INPUT, "chunk %d: the run has %d model chunks on this rank", chunk,
                    trainer->num_chunks);
   }
-  out->params_count = mp_stage_layout_num_params(mp_stage_cpu_layout(trainer->chunks[chunk]));
+  out->params_count = mp_stage_layout_num_params(trainer->layouts[chunk]);
   out->moments_first = trainer->zero_first[chunk];
   out->moments_count = trainer->zero_count[chunk];
   return MP_OK;
@@ -277,8 +291,8 @@ static mp_status move_state(mp_trainer *trainer, int chunk, mp_trainer_array arr
   mp_trainer_chunk_state state;
   MP_TRY(mp_trainer_chunk_state_of(trainer, chunk, &state, err));
   if (array == MP_TRAINER_PARAMS) {
-    return dest != NULL ? mp_stage_cpu_read_params(trainer->chunks[chunk], first, count, dest, err)
-                        : mp_stage_cpu_write_params(trainer->chunks[chunk], first, count, src, err);
+    return dest != NULL ? mp_train_read_params(trainer, chunk, first, count, dest, err)
+                        : mp_train_write_params(trainer, chunk, first, count, src, err);
   }
   if (array != MP_TRAINER_ADAM_M && array != MP_TRAINER_ADAM_V) {
     return mp_fail(err, MP_ERR_INPUT, "state array %d: not parameters or a moment", (int)array);
@@ -314,4 +328,18 @@ mp_status mp_trainer_read_state(mp_trainer *trainer, int chunk, mp_trainer_array
 mp_status mp_trainer_write_state(mp_trainer *trainer, int chunk, mp_trainer_array array,
                                  size_t first, size_t count, const float *src, mp_error *err) {
   return move_state(trainer, chunk, array, first, count, NULL, src, err);
+}
+
+mp_status mp_train_read_params(mp_trainer *trainer, int c, size_t first, size_t count,
+                               float *dest, mp_error *err) {
+  return trainer->gpu_chunks != NULL
+             ? mp_stage_gpu_read_params(trainer->gpu_chunks[c], first, count, dest, err)
+             : mp_stage_cpu_read_params(trainer->chunks[c], first, count, dest, err);
+}
+
+mp_status mp_train_write_params(mp_trainer *trainer, int c, size_t first, size_t count,
+                                const float *src, mp_error *err) {
+  return trainer->gpu_chunks != NULL
+             ? mp_stage_gpu_write_params(trainer->gpu_chunks[c], first, count, src, err)
+             : mp_stage_cpu_write_params(trainer->chunks[c], first, count, src, err);
 }

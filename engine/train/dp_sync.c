@@ -99,10 +99,10 @@ mp_status mp_train_post_chunk_all_reduce(void *context, int chunk, mp_error *err
   if (trainer->gpu_chunks == NULL) {
     return post_dp_all_reduce(
         trainer, mp_stage_cpu_grads(trainer->chunks[chunk]),
-        mp_stage_layout_num_params(mp_stage_cpu_layout(trainer->chunks[chunk])), err);
+        mp_stage_layout_num_params(trainer->layouts[chunk]), err);
   }
   float *grads = mp_stage_gpu_device_grads(trainer->gpu_chunks[chunk]);
-  const size_t n = mp_stage_layout_num_params(mp_stage_cpu_layout(trainer->chunks[chunk]));
+  const size_t n = mp_stage_layout_num_params(trainer->layouts[chunk]);
   size_t first = 0, end = 0; /* the blocks' range */
   mp_stage_chain_blocks_range(trainer->chains[chunk], &first, &end);
   MP_TRY(post_dp_all_reduce(trainer, grads, first, err));
@@ -159,7 +159,7 @@ mp_status mp_train_reduce_step_grads(mp_trainer *trainer, double *grad_norm, mp_
         mp_stage_gpu_scale_grads(gpu[c], scale);
       } else {
         mp_grad_scale_cpu(mp_stage_cpu_grads(trainer->chunks[c]),
-                          mp_stage_layout_num_params(mp_stage_cpu_layout(trainer->chunks[c])),
+                          mp_stage_layout_num_params(trainer->layouts[c]),
                           scale);
       }
     }
@@ -171,16 +171,16 @@ mp_status mp_train_reduce_step_grads(mp_trainer *trainer, double *grad_norm, mp_
   /* The tied embedding: the first stage's wte gradient plus the last stage's copy's (an untied
    * head is the last stage's own). */
   const bool tied =
-      mp_param_layout_config(mp_stage_layout_model(mp_stage_cpu_layout(trainer->chunks[0])))
+      mp_param_layout_config(mp_stage_layout_model(trainer->layouts[0]))
           ->tied_head;
   if (tied && o->embedding != NULL && mp_comm_size(o->embedding) > 1) {
     for (int c = 0; c < trainer->num_chunks; ++c) {
       mp_stage_cpu *chunk = trainer->chunks[c];
-      const mp_stage_span *stage = mp_stage_layout_span(mp_stage_cpu_layout(chunk));
+      const mp_stage_span *stage = mp_stage_layout_span(trainer->layouts[c]);
       const bool first = stage->embedding && c == 0;
       const bool last = stage->head && c == trainer->num_chunks - 1;
       if (!first && !last) continue;
-      const mp_stage_tensor *wte = mp_stage_layout_tensor(mp_stage_cpu_layout(chunk), 0);
+      const mp_stage_tensor *wte = mp_stage_layout_tensor(trainer->layouts[c], 0);
       float *grads = gpu != NULL ? mp_stage_gpu_tensor_grad(gpu[c], 0)
                                  : mp_stage_cpu_tensor_grad(chunk, 0);
       /* In buckets: a transient buffer of the whole table (the collective's, or the staging's

@@ -25,7 +25,7 @@ static mp_status chunk_forward(void *context, int chunk, int micro_batch, int sl
   const float dloss = 1.0f / (float)trainer->plan->num_micro_batches;
   MP_TRY(mp_stage_chain_forward(trainer->chains[chunk], slot, inputs, targets, input, output,
                                 dloss, &loss, err));
-  if (mp_stage_layout_span(mp_stage_cpu_layout(trainer->chunks[chunk]))->head)
+  if (mp_stage_layout_span(trainer->layouts[chunk])->head)
     trainer->loss_sum += loss;
   return MP_OK;
 }

@@ -75,15 +75,14 @@ static mp_status save_parallel(mp_trainer *trainer, const char *path, mp_error *
    * collected from the dp ranks' parts. */
   float *own = gathered + (size_t)tp->size * SAVE_PIECE_FLOATS;
   for (int c = 0; c < trainer->num_chunks && status == MP_OK; ++c) {
-    mp_stage_cpu *chunk = trainer->chunks[c];
     size_t blocks_first = 0, blocks_end = 0, largest = 0;
-    mp_stage_layout_blocks_range(mp_stage_cpu_layout(chunk), &blocks_first, &blocks_end, &largest);
+    mp_stage_layout_blocks_range(trainer->layouts[c], &blocks_first, &blocks_end, &largest);
     /* Each chunk has its own copy of the layout: indices, not pointers, cross between them. */
     const mp_param_tensor *first_tensor =
-        mp_param_layout_tensor(mp_stage_layout_model(mp_stage_cpu_layout(chunk)), 0);
-    for (int j = 0; j < mp_stage_layout_num_tensors(mp_stage_cpu_layout(chunk)) && status == MP_OK;
+        mp_param_layout_tensor(mp_stage_layout_model(trainer->layouts[c]), 0);
+    for (int j = 0; j < mp_stage_layout_num_tensors(trainer->layouts[c]) && status == MP_OK;
          ++j) {
-      const mp_stage_tensor *t = mp_stage_layout_tensor(mp_stage_cpu_layout(chunk), j);
+      const mp_stage_tensor *t = mp_stage_layout_tensor(trainer->layouts[c], j);
       if (t->tied_copy) continue; /* the first stage writes wte */
       const bool replicated = t->split == MP_TP_REPLICATED;
       for (size_t at = 0; at < t->count && status == MP_OK; at += SAVE_PIECE_FLOATS) {
@@ -93,7 +92,7 @@ static mp_status save_parallel(mp_trainer *trainer, const char *path, mp_error *
         if (trainer->zero3 && t->offset >= blocks_first && t->offset < blocks_end) {
           status = mp_train_zero3_collect(trainer, c, t->offset + at, n, own, err);
         } else if (o->dp_rank == 0) {
-          status = mp_stage_cpu_read_params(chunk, t->offset + at, n, own, err);
+          status = mp_train_read_params(trainer, c, t->offset + at, n, own, err);
         }
         if (status != MP_OK || o->dp_rank != 0) continue;
         if (replicated) {

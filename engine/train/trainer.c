@@ -101,12 +101,12 @@ static mp_status create_parallel(mp_trainer *trainer, const mp_model *model, mp_
   }
   /* The layout (config, tensor table) every chunk is cut from. */
   MP_TRY(mp_train_create_chunks(trainer, model, err));
-  trainer->layout = mp_stage_layout_model(mp_stage_cpu_layout(trainer->chunks[0]));
+  trainer->layout = mp_stage_layout_model(trainer->layouts[0]);
   mp_stage_ops ops;
   mp_stage_p2p p2p;
   mp_stage_observer observer;
   mp_train_worker_callbacks(trainer, &ops, &p2p, &observer);
-  const size_t boundary = mp_stage_layout_boundary_floats(mp_stage_cpu_layout(trainer->chunks[0]));
+  const size_t boundary = mp_stage_layout_boundary_floats(trainer->layouts[0]);
   status = mp_stage_worker_create(&trainer->schedule, o->pp_rank, boundary, &ops, &p2p,
                                   o->trace != NULL ? &observer : NULL, &trainer->worker, err);
   if (status == MP_OK && o->dp != NULL && plan->dp > 1 && plan->zero_stage < 2) {
@@ -196,6 +196,7 @@ void mp_trainer_free(mp_trainer *trainer) {
   free(trainer->gpu_chunks);
   free(trainer->nccl_sends);
   free(trainer->chunks);
+  free(trainer->layouts);
   free(trainer->chains);
   free(trainer->chunk_m);
   free(trainer->chunk_v);
@@ -223,8 +224,8 @@ void mp_trainer_free(mp_trainer *trainer) {
 }
 
 mp_stage_cpu *mp_trainer_model_tp(mp_trainer *trainer) {
-  return trainer->plan->pp == 1 && trainer->plan->virtual_stages <= 1 ? trainer->chunks[0]
-                                                                         : NULL;
+  const bool whole = trainer->plan->pp == 1 && trainer->plan->virtual_stages <= 1;
+  return whole && trainer->chunks != NULL ? trainer->chunks[0] : NULL;
 }
 
 int mp_trainer_num_chunks(const mp_trainer *trainer) { return trainer->num_chunks; }
@@ -241,6 +242,10 @@ size_t mp_trainer_device_bytes(const mp_trainer *trainer) {
 
 mp_stage_cpu *mp_trainer_chunk(mp_trainer *trainer, int chunk) {
   return chunk >= 0 && chunk < trainer->num_chunks ? trainer->chunks[chunk] : NULL;
+}
+
+const mp_stage_layout *mp_trainer_chunk_layout(const mp_trainer *trainer, int chunk) {
+  return chunk >= 0 && chunk < trainer->num_chunks ? trainer->layouts[chunk] : NULL;
 }
 
 int mp_trainer_tp(const mp_trainer *trainer) { return trainer->plan->tp; }

@@ -165,14 +165,16 @@ mp_status mp_trainer_create_parallel(const mp_plan *plan, const mp_model *model,
                                      mp_error *err);
 void mp_trainer_free(mp_trainer *trainer);
 
-/* The shard of the whole model being trained (pp = 1, one chunk; on one rank the whole model in
- * the one-rank layout's order; on the GPU its host side, without arrays), or NULL. */
+/* The CPU shard of the whole model being trained (pp = 1, one chunk; on one rank the whole model
+ * in the one-rank layout's order), or NULL (another layout, or the CUDA backend). */
 mp_stage_cpu *mp_trainer_model_tp(mp_trainer *trainer);
 
 /* This rank's model chunks (virtual_stages of them, chunk c holds stage c x pp + pp_rank; one on
- * one rank, on either backend: on the GPU each is the host side of its GPU twin, its tensor
- * table, whose parameters it reads and writes on the device). */
+ * one rank): each one's layout on either backend, and its CPU stage (NULL on the CUDA backend,
+ * whose GPU stages own their state on the device; read and write it with
+ * mp_trainer_read_state and mp_trainer_write_state). */
 int mp_trainer_num_chunks(const mp_trainer *trainer);
+const mp_stage_layout *mp_trainer_chunk_layout(const mp_trainer *trainer, int chunk);
 mp_stage_cpu *mp_trainer_chunk(mp_trainer *trainer, int chunk);
 
 /* Bytes of device memory this rank's GPU stages hold (parameters, their bf16 copy, gradients,
@@ -199,7 +201,7 @@ mp_status mp_trainer_save_llmc(mp_trainer *trainer, const char *path, mp_error *
 
 /* A chunk's training state (0 .. mp_trainer_num_chunks - 1), for checkpoints
  * (engine/checkpoint/checkpoint.h): its fp32 parameters, params_count floats in the flat shard
- * layout of mp_trainer_chunk (with ZeRO-3 this rank keeps of its blocks only its part,
+ * layout of mp_trainer_chunk_layout (with ZeRO-3 this rank keeps of its blocks only its part,
  * mp_stage_layout_held_params), and AdamW's first and second moments of elements [moments_first,
  * moments_first + moments_count) of that layout: all of them without ZeRO, this dp rank's part
  * with ZeRO (dp rank d holds part d of dp equal parts of ceil(params_count / dp) floats, the

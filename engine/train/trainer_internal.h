@@ -41,9 +41,9 @@ struct mp_trainer {
   mp_trainer_options options;
   mp_tp_comm tp_table;    /* options->tp, or the one-rank table */
   int num_chunks;         /* virtual_stages */
-  mp_stage_cpu **chunks;     /* (num_chunks) chunk c holds stage c x pp + pp_rank */
-  mp_stage_gpu **gpu_chunks; /* CUDA backend: chunk c on the GPU, the twin of chunks[c]
-                                    (which then is its tensor table, and keeps no arrays) */
+  mp_stage_cpu **chunks;     /* (num_chunks) CPU: chunk c holds stage c x pp + pp_rank */
+  mp_stage_gpu **gpu_chunks; /* CUDA backend: chunk c on the GPU (chunks[c] is NULL) */
+  const mp_stage_layout **layouts; /* (num_chunks) chunk c's layout, on either backend */
   mp_stage_chain **chains; /* (num_chunks) chunk c's forward and backward, on either backend */
   float **chunk_m, **chunk_v; /* CPU: AdamW moments per chunk: its whole array, or with ZeRO
                                  this dp rank's part [zero_first, zero_first + zero_count) */
@@ -114,6 +114,13 @@ double mp_train_trace_now(const mp_trainer *trainer);
 
 mp_status mp_train_create_chunks(mp_trainer *trainer, const mp_model *model, mp_error *err);
 
+/* Flat elements [first, first + count) of chunk c's parameters between host memory and wherever
+ * the backend keeps them (mp_stage_cpu_read_params, mp_stage_gpu_read_params). */
+mp_status mp_train_read_params(mp_trainer *trainer, int c, size_t first, size_t count,
+                               float *dest, mp_error *err);
+mp_status mp_train_write_params(mp_trainer *trainer, int c, size_t first, size_t count,
+                                const float *src, mp_error *err);
+
 /* ---- pipeline_p2p.c: the stage worker's actions and pipeline messages ---- */
 
 /* The stage worker's callbacks over this trainer: its chunks' actions, the pipeline's
@@ -178,7 +185,7 @@ mp_status mp_train_zero2_array_grads(mp_trainer *trainer, int c, mp_error *err);
 
 /* The squared global norm of chunk c's gradient from the dp ranks' parts: each tensor's squares
  * over this rank's part of it, summed over dp in rank order (so bitwise the same everywhere),
- * then over tp as the stage counts them (mp_stage_cpu_norm_from_squares). Collective over dp and
+ * then over tp as the stage counts them (mp_stage_norm_from_squares). Collective over dp and
  * tp. */
 mp_status mp_train_zero2_norm_squared(mp_trainer *trainer, int c, double *out, mp_error *err);
 

@@ -16,7 +16,7 @@
  * rank d's part holds (its part is contiguous, the parts in dp-rank order). */
 static void part_counts(const mp_trainer *trainer, int c, size_t first, size_t count,
                         size_t *counts) {
-  const size_t n = mp_stage_layout_num_params(mp_stage_cpu_layout(trainer->chunks[c]));
+  const size_t n = mp_stage_layout_num_params(trainer->layouts[c]);
   for (int d = 0; d < trainer->zero_size; ++d) {
     size_t part_first = 0, part_count = 0;
     mp_zero_part(n, trainer->zero_size, d, &part_first, &part_count);
@@ -116,7 +116,7 @@ static mp_status zero3_gather(mp_trainer *trainer, int c, void *window, size_t f
   mp_stage_cpu *chunk = trainer->chunks[c];
   mp_stage_gpu *gpu = trainer->gpu_chunks != NULL ? trainer->gpu_chunks[c] : NULL;
   if (trainer->zero_comm == NULL && gpu == NULL) {
-    return mp_stage_cpu_read_params(chunk, first, count, window, err);
+    return mp_train_read_params(trainer, c, first, count, window, err);
   }
   part_counts(trainer, c, first, count, trainer->scatter_counts);
   const size_t mine = trainer->scatter_counts[trainer->zero_rank];
@@ -226,8 +226,8 @@ static mp_status zero3_gather_outside(mp_trainer *trainer, int c, mp_error *err)
   mp_stage_gpu *gpu = trainer->gpu_chunks != NULL ? trainer->gpu_chunks[c] : NULL;
   mp_nccl_comm *nccl = gpu != NULL ? trainer->options.nccl_dp : NULL;
   size_t blocks_first = 0, blocks_end = 0, largest = 0;
-  mp_stage_layout_blocks_range(mp_stage_cpu_layout(chunk), &blocks_first, &blocks_end, &largest);
-  const size_t n = mp_stage_layout_num_params(mp_stage_cpu_layout(chunk));
+  mp_stage_layout_blocks_range(trainer->layouts[c], &blocks_first, &blocks_end, &largest);
+  const size_t n = mp_stage_layout_num_params(trainer->layouts[c]);
   const size_t runs[2][2] = {{0, blocks_first}, {blocks_end, n - blocks_end}};
   for (int r = 0; r < 2 && trainer->zero_comm != NULL; ++r) {
     if (runs[r][1] == 0) continue;
@@ -257,14 +257,13 @@ static mp_status zero3_gather_outside(mp_trainer *trainer, int c, mp_error *err)
  * dest is a send buffer of count floats). */
 mp_status mp_train_zero3_collect(mp_trainer *trainer, int c, size_t first, size_t count,
                                float *dest, mp_error *err) {
-  mp_stage_cpu *chunk = trainer->chunks[c];
-  if (trainer->zero_comm == NULL) return mp_stage_cpu_read_params(chunk, first, count, dest, err);
+  if (trainer->zero_comm == NULL) return mp_train_read_params(trainer, c, first, count, dest, err);
   part_counts(trainer, c, first, count, trainer->scatter_counts);
   size_t at = 0;
   for (int d = 0; d < trainer->zero_size; ++d) {
     const size_t len = trainer->scatter_counts[d];
     if (len > 0 && d == trainer->zero_rank) {
-      MP_TRY(mp_stage_cpu_read_params(chunk, first + at, len, dest + at, err));
+      MP_TRY(mp_train_read_params(trainer, c, first + at, len, dest + at, err));
       if (d != 0) MP_TRY(mp_comm_send(trainer->zero_comm, dest + at, len * sizeof(float), 0, err));
     } else if (len > 0 && trainer->zero_rank == 0) {
       MP_TRY(mp_comm_recv(trainer->zero_comm, dest + at, len * sizeof(float), d, err));
@@ -297,9 +296,9 @@ mp_status mp_train_zero2_array_grads(mp_trainer *trainer, int c, mp_error *err) 
                             : mp_stage_cpu_grads(chunk);
   size_t run_first = 0, run_packed = 0, run_count = 0; /* flat first, packed first, floats */
   size_t at = 0; /* the packed array's cursor: its tensors are in the layout's order */
-  for (int j = 0; j < mp_stage_layout_num_tensors(mp_stage_cpu_layout(chunk)); ++j) {
-    if (mp_stage_layout_grad_in_window(mp_stage_cpu_layout(chunk), j, window)) continue;
-    const mp_stage_tensor *t = mp_stage_layout_tensor(mp_stage_cpu_layout(chunk), j);
+  for (int j = 0; j < mp_stage_layout_num_tensors(trainer->layouts[c]); ++j) {
+    if (mp_stage_layout_grad_in_window(trainer->layouts[c], j, window)) continue;
+    const mp_stage_tensor *t = mp_stage_layout_tensor(trainer->layouts[c], j);
     if (run_count > 0 && t->offset == run_first + run_count) {
       run_count += t->count;
     } else {
@@ -315,11 +314,10 @@ mp_status mp_train_zero2_array_grads(mp_trainer *trainer, int c, mp_error *err) 
 
 /* The squared global norm of chunk c's gradient from the dp ranks' parts: each tensor's squares
  * over this rank's part of it, summed over dp in rank order (so bitwise the same everywhere),
- * then over tp as the stage counts them (mp_stage_cpu_norm_from_squares). Collective over dp and
+ * then over tp as the stage counts them (mp_stage_norm_from_squares). Collective over dp and
  * tp. */
 mp_status mp_train_zero2_norm_squared(mp_trainer *trainer, int c, double *out, mp_error *err) {
-  mp_stage_cpu *chunk = trainer->chunks[c];
-  const int num_tensors = mp_stage_layout_num_tensors(mp_stage_cpu_layout(chunk));
+  const int num_tensors = mp_stage_layout_num_tensors(trainer->layouts[c]);
   const int dp = trainer->zero_comm != NULL ? trainer->zero_size : 1;
   const size_t first = trainer->zero_first[c], end = first + trainer->zero_count[c];
   double *squares = calloc((size_t)num_tensors * ((size_t)dp + 1) + 1, sizeof(double));
@@ -330,7 +328,7 @@ mp_status mp_train_zero2_norm_squared(mp_trainer *trainer, int c, double *out, m
     status = mp_stage_gpu_part_squares(trainer->gpu_chunks[c], squares, err);
   }
   for (int i = 0; i < num_tensors && trainer->gpu_chunks == NULL; ++i) {
-    const mp_stage_tensor *t = mp_stage_layout_tensor(mp_stage_cpu_layout(chunk), i);
+    const mp_stage_tensor *t = mp_stage_layout_tensor(trainer->layouts[c], i);
     const size_t lo = t->offset > first ? t->offset : first;
     const size_t hi = t->offset + t->count < end ? t->offset + t->count : end;
     if (lo < hi) {
@@ -347,7 +345,7 @@ mp_status mp_train_zero2_norm_squared(mp_trainer *trainer, int c, double *out, m
       squares[i] = sum;
     }
   }
-  if (status == MP_OK) status = mp_stage_cpu_norm_from_squares(chunk, squares, out, err);
+  if (status == MP_OK) status = mp_stage_norm_from_squares(trainer->layouts[c], &trainer->tp_table, squares, out, err);
   free(squares);
   return status;
 }
@@ -453,7 +451,7 @@ mp_status mp_train_zero_gather_updated(mp_trainer *trainer, int c, mp_error *err
     /* ZeRO 1 and 2: the whole array from every dp rank's part (over the shard group with HSDP:
      * the replicas updated the same parts alike), on the GPU the master weights, over NCCL or
      * over MPI through the host. */
-    const size_t n = mp_stage_layout_num_params(mp_stage_cpu_layout(trainer->chunks[c]));
+    const size_t n = mp_stage_layout_num_params(trainer->layouts[c]);
     const int size = trainer->zero_size;
     const size_t part = (n + (size_t)size - 1) / (size_t)size;
     zero_comms comms = {trainer->zero_comm, nccl};

@@ -46,14 +46,9 @@ mp_status mp_weight_source_read(mp_weight_source *source, int tensor, size_t row
   return source->ops->read(source->impl, tensor, t, row, rows, col, cols, dest, err);
 }
 
-static mp_status read_into(void *source, int tensor, size_t row, size_t rows, size_t col,
-                           size_t cols, float *dest, mp_error *err) {
+mp_status mp_weight_source_fill(void *source, int tensor, size_t row, size_t rows, size_t col,
+                                size_t cols, float *dest, mp_error *err) {
   return mp_weight_source_read(source, tensor, row, rows, col, cols, dest, err);
-}
-
-mp_status mp_weight_source_load_stage(mp_weight_source *source, mp_stage_cpu *stage,
-                                      mp_error *err) {
-  return mp_stage_cpu_fill_params(stage, read_into, source, err);
 }
 
 const char *mp_weight_source_kind(const mp_weight_source *source) { return source->ops->kind; }

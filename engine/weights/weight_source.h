@@ -4,7 +4,7 @@
  * with an implementation per file format. Two today: llm.c's GPT-2 checkpoint file (mp_llmc_reader)
  * and a Hugging Face GPT2LMHeadModel directory (config.json and model.safetensors, or a sharded set
  * through model.safetensors.index.json, read with engine/weights/safetensors.h). The next model
- * family adds a third implementation, not a second loader: the stage (mp_weight_source_load_stage)
+ * family adds a third implementation, not a second loader: the stages (mp_weight_source_fill)
  * and the trainer only see mp_weight_source_read. The Llama family's directories (LlamaForCausalLM,
  * MistralForCausalLM, Qwen2ForCausalLM) are the Hugging Face implementation's second name table.
  *
@@ -39,7 +39,6 @@
 
 #include "common/error.h"
 #include "engine/model/param_layout.h"
-#include "engine/model/stage_cpu.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -88,10 +87,12 @@ mp_status mp_weight_source_open_hf(const mp_param_layout *layout, const char *di
 mp_status mp_weight_source_read(mp_weight_source *source, int tensor, size_t row, size_t rows,
                                 size_t col, size_t cols, float *dest, mp_error *err);
 
-/* The stage's parameters from source, opened for the stage's layout: this rank's shard of each of
- * the stage's tensors, reading only those elements (mp_stage_cpu_fill_params). Errors of the source
- * and of mp_stage_cpu_write_params. */
-mp_status mp_weight_source_load_stage(mp_weight_source *source, mp_stage_cpu *stage, mp_error *err);
+/* mp_weight_source_read as a stage's fill function (engine/model/stage_layout.h's
+ * mp_stage_fill_fn; context: the source, opened for the stage's model), so that a stage reads
+ * only its shard's elements: mp_stage_cpu_fill_params(stage, mp_weight_source_fill, source, err),
+ * or mp_stage_gpu_fill_params. */
+mp_status mp_weight_source_fill(void *source, int tensor, size_t row, size_t rows, size_t col,
+                                size_t cols, float *dest, mp_error *err);
 
 /* "llm.c checkpoint" or "Hugging Face checkpoint", for messages. */
 const char *mp_weight_source_kind(const mp_weight_source *source);

@@ -1,9 +1,10 @@
-// tests/engine/stage_gpu_test.cc — engine/model/stage_gpu.h, the GPU twin of a host pipeline
-// stage, with tp = 1 on one process.
+// tests/engine/stage_gpu_test.cc — engine/model/stage_gpu.h, a pipeline stage on the GPU that
+// owns its state, with tp = 1 on one process.
 //
 // Everywhere (no GPU needed): mp_stage_gpu_create refuses what the GPU stage cannot run (no
-// activation slot; full recomputation with the zero-bubble split, as on the CPU) with MP_ERR_INPUT
-// and a message naming what to change, before it looks for a GPU.
+// activation slot; full recomputation with the zero-bubble split, as on the CPU; ZeRO-3 without
+// windows; a device group that is not the stage's) with MP_ERR_INPUT and a message naming what
+// to change, before it looks for a GPU.
 //
 // With a GPU (skipped, by name, without one). First against the CPU stage of the same chain
 // range (engine/model/stage_cpu.h, fp32), from the same bf16-rounded parameters: the loss, the
@@ -14,7 +15,7 @@
 // each tensor's largest element (noise only; there are no atomics in the kernels). A two-stage
 // split of the chain through a device boundary gives the whole stage's loss and gradients (wte's
 // split between the embedding and the LM head's tied copy), two activation slots in flight give
-// what one slot gives, and a sequence-parallel host stage at tp = 1 (where sequence parallelism
+// what one slot gives, and a sequence-parallel stage at tp = 1 (where sequence parallelism
 // is the identity: one token slice of all B*T rows) gives the whole stage's numbers bit for bit,
 // finish_grads included.
 // Zero-bubble's split (B then W, in the order F0 F1 B0 B1 W0 W1) and full recomputation give the
@@ -123,15 +124,36 @@ Diff Compare(const float *actual, const float *expected, size_t n) {
                                        << " x " << d.scale;
 }
 
-// A host stage (tp = 1) and, optionally, its GPU twin.
+// A GPU stage (tp = 1), or a CPU stage to compare it with; grads: the GPU stage's gradients
+// downloaded (DownloadGrads).
 struct Stage {
   mp_stage_cpu *host = nullptr;
   mp_stage_gpu *gpu = nullptr;
+  fvec grads;
   ~Stage() {
     mp_stage_gpu_free(gpu);
     mp_stage_cpu_free(host);
   }
 };
+
+// s->grads = the GPU stage's gradients, in its shard layout.
+bool DownloadGrads(Stage *s, mp_error *err) {
+  s->grads.assign(mp_stage_layout_num_params(mp_stage_gpu_layout(s->gpu)), 0.0f);
+  return mp_stage_gpu_download_grads(s->gpu, s->grads.data(), err) == MP_OK;
+}
+
+// The GPU stage's gradients put into full (the one-rank layout), as mp_stage_cpu_gather_grads
+// does at tp = 1: each tensor of the stage at its one-rank offset, a tied copy of wte not.
+mp_status GatherGrads(Stage *s, float *full, mp_error *err) {
+  if (!DownloadGrads(s, err)) return err->status;
+  const mp_stage_layout *layout = mp_stage_gpu_layout(s->gpu);
+  for (int i = 0; i < mp_stage_layout_num_tensors(layout); ++i) {
+    const mp_stage_tensor *t = mp_stage_layout_tensor(layout, i);
+    if (t->tied_copy) continue;
+    std::memcpy(full + t->full->offset, s->grads.data() + t->offset, t->count * sizeof(float));
+  }
+  return MP_OK;
+}
 
 struct Fixture {
   mp_model *model = nullptr;
@@ -143,38 +165,35 @@ struct Fixture {
   }
   ~Fixture() { mp_model_free(model); }
 
-  // The host stage of chain positions [first, end) (the whole model by default): no activation
-  // slots and no arrays, as the trainer makes a GPU stage's host side.
-  bool Host(Stage *s, int first = 0, int end = kL + 3, bool sp = false) {
+  // The GPU stage config of chain positions [first, end) (the whole model by default).
+  bool Config(mp_stage_gpu_config *config, int first = 0, int end = kL + 3, int num_slots = 1,
+              bool sp = false, bool deferred = false,
+              mp_recompute recompute = MP_RECOMPUTE_NONE) {
     mp_stage_span range;
     if (mp_stage_span_of_chain(kL, first, end, &range, &err) != MP_OK) return false;
-    return CreateStageCpu(model, {kB, kT, &single, sp, range, 0, false, MP_RECOMPUTE_NONE, nullptr},
-                          &s->host, &err) == MP_OK;
+    *config = {kB, kT, &single, nullptr, sp, range, num_slots, deferred, recompute, nullptr};
+    return true;
   }
 
-  // Host stage, its GPU twin with num_slots slots, parameters from kSeed written to the device
-  // through the host stage.
+  // The GPU stage with num_slots slots, parameters initialised from kSeed on the device.
   bool Gpu(Stage *s, int first = 0, int end = kL + 3, int num_slots = 1, bool sp = false,
            bool deferred = false, mp_recompute recompute = MP_RECOMPUTE_NONE) {
-    return Host(s, first, end, sp) &&
-           mp_stage_gpu_create(s->host, nullptr, kB, kT, num_slots, deferred, recompute,
-                                   false, &s->gpu, &err) == MP_OK &&
-           mp_stage_cpu_init_params(s->host, kSeed, &err) == MP_OK;
+    mp_stage_gpu_config config;
+    return Config(&config, first, end, num_slots, sp, deferred, recompute) &&
+           mp_stage_gpu_create(model, &config, &s->gpu, &err) == MP_OK &&
+           mp_stage_gpu_init_params(s->gpu, kSeed, &err) == MP_OK;
   }
 };
 
 // ---------------------------------------------------------------------------------------------
 // Refusals: no GPU needed, they come before the GPU is looked for.
 
-// create's refusal of host/arguments: MP_ERR_INPUT, *out NULL, and every one of `wanted` in the
-// message.
-void ExpectRefusal(mp_stage_cpu *host, int num_slots, bool deferred, mp_recompute recompute,
+// create's refusal of config: MP_ERR_INPUT, *out NULL, and every one of `wanted` in the message.
+void ExpectRefusal(const mp_model *model, const mp_stage_gpu_config &config,
                    const std::vector<std::string> &wanted) {
   mp_error err = MP_ERROR_INITIALIZER;
   mp_stage_gpu *gpu = reinterpret_cast<mp_stage_gpu *>(&err);  // must be reset to NULL
-  const mp_status status =
-      mp_stage_gpu_create(host, nullptr, kB, kT, num_slots, deferred, recompute, false, &gpu,
-                              &err);
+  const mp_status status = mp_stage_gpu_create(model, &config, &gpu, &err);
   const std::string message = err.message;
   if (message.find("built without CUDA") != std::string::npos) {
     GTEST_SKIP() << "this build has no CUDA: " << message;
@@ -192,55 +211,62 @@ void ExpectRefusal(mp_stage_cpu *host, int num_slots, bool deferred, mp_recomput
 
 TEST(GptStageGpuRefuses, FullRecomputationWithDeferredWeights) {
   Fixture f;
-  Stage s;
-  ASSERT_TRUE(f.Host(&s)) << f.err.message;
-  ExpectRefusal(s.host, 2, true, MP_RECOMPUTE_FULL,
+  mp_stage_gpu_config config;
+  ASSERT_TRUE(f.Config(&config, 0, kL + 3, 2, false, true, MP_RECOMPUTE_FULL)) << f.err.message;
+  ExpectRefusal(f.model, config,
                 {"full recomputation cannot run a zero-bubble schedule", "\"selective\"",
                  "\"none\"", "another schedule"});
 }
 
 TEST(GptStageGpuRefuses, NoActivationSlot) {
   Fixture f;
-  Stage s;
-  ASSERT_TRUE(f.Host(&s)) << f.err.message;
-  ExpectRefusal(s.host, 0, false, MP_RECOMPUTE_NONE,
-                {"at least one activation slot", "got 0"});
-  ExpectRefusal(s.host, -3, false, MP_RECOMPUTE_NONE,
-                {"at least one activation slot", "got -3"});
+  mp_stage_gpu_config config;
+  ASSERT_TRUE(f.Config(&config, 0, kL + 3, 0)) << f.err.message;
+  ExpectRefusal(f.model, config, {"at least one activation slot", "got 0"});
+  config.num_slots = -3;
+  ExpectRefusal(f.model, config, {"at least one activation slot", "got -3"});
 }
 
-// A host stage holding only its ZeRO-3 part of the blocks needs a GPU twin that gathers each
-// block into a window and reduce-scatters each block's gradients out of one: not a plain stage,
-// whose chain would read the part as if it were the whole shard.
-TEST(GptStageGpuRefuses, ShardedHostWithoutWindows) {
+// A stage holding only its ZeRO-3 part of the blocks must gather each block into a window and
+// reduce-scatter each block's gradients out of one: not a plain stage, whose chain would read
+// the part as if it were the whole shard.
+TEST(GptStageGpuRefuses, ShardedWithoutWindows) {
   Fixture f;
-  Stage s;
-  mp_stage_span range;
-  ASSERT_EQ(mp_stage_span_of_chain(kL, 0, kL + 3, &range, &f.err), MP_OK) << f.err.message;
+  mp_stage_gpu_config config;
+  ASSERT_TRUE(f.Config(&config, 0, kL + 3, 2)) << f.err.message;
   const mp_stage_zero zero = {2, 1, false, true};
-  ASSERT_EQ(
-      CreateStageCpu(f.model, {kB, kT, &f.single, false, range, 0, false, MP_RECOMPUTE_NONE, &zero},
-                     &s.host, &f.err),
-      MP_OK)
-      << f.err.message;
-  ASSERT_TRUE(mp_stage_layout_sharded_params(mp_stage_cpu_layout(s.host)));
-  EXPECT_LT(mp_stage_layout_params_floats(mp_stage_cpu_layout(s.host)),
-            mp_stage_layout_num_params(mp_stage_cpu_layout(s.host)));
-  ExpectRefusal(s.host, 2, false, MP_RECOMPUTE_NONE,
-                {"block parameters are sharded (ZeRO-3)", "windowed block gradients"});
+  config.zero = &zero;
+  ExpectRefusal(f.model, config,
+                {"sharded block parameters (ZeRO-3)", "windowed block gradients"});
+  // ZeRO-3 with deferred weight gradients (zb-h1), windows or not.
+  const mp_stage_zero windowed = {2, 1, true, true};
+  config.zero = &windowed;
+  config.deferred_weights = true;
+  ExpectRefusal(f.model, config, {"sharded block parameters (ZeRO-3)", "whole backwards"});
+}
+
+// A device group that is not the stage's group is refused by name.
+TEST(GptStageGpuRefuses, DeviceGroupNotTheStagesGroup) {
+  Fixture f;
+  mp_stage_gpu_config config;
+  ASSERT_TRUE(f.Config(&config)) << f.err.message;
+  mp_tp_comm other = f.single;
+  other.size = 2;
+  config.device_tp = &other;
+  ExpectRefusal(f.model, config, {"device tensor-parallel group", "rank 0 of 2", "rank 0 of 1"});
 }
 
 TEST(GptStageGpuRefuses, WithoutAGpuCreateSaysSo) {
   if (mp_device_count() > 0) GTEST_SKIP() << "a GPU is visible: this checks the no-GPU message";
   Fixture f;
   Stage s;
-  ASSERT_TRUE(f.Host(&s)) << f.err.message;
+  mp_stage_gpu_config config;
+  ASSERT_TRUE(f.Config(&config, 0, kL + 3, 2, false, false, MP_RECOMPUTE_SELECTIVE))
+      << f.err.message;
   // Selective recomputation is accepted (the fused attention keeps no T x T matrix anyway), so
   // what stops it here is the missing GPU.
   mp_error err = MP_ERROR_INITIALIZER;
-  EXPECT_EQ(mp_stage_gpu_create(s.host, nullptr, kB, kT, 2, false, MP_RECOMPUTE_SELECTIVE,
-                                    false, &s.gpu, &err),
-            MP_ERR_INPUT);
+  EXPECT_EQ(mp_stage_gpu_create(f.model, &config, &s.gpu, &err), MP_ERR_INPUT);
   EXPECT_EQ(s.gpu, nullptr);
   EXPECT_NE(std::string(err.message).find("--backend cuda"), std::string::npos) << err.message;
 }
@@ -255,7 +281,7 @@ struct StepResult {
 };
 
 // Two micro-batches, forward and backward each, through a whole-model GPU stage (slot 0).
-// Leaves the gradients downloaded into the host stage.
+// Leaves the gradients downloaded into the stage's grads.
 bool WholeStageStep(Fixture *f, Stage *s, StepResult *r) {
   if (mp_stage_gpu_zero_grads(s->gpu, &f->err) != MP_OK) return false;
   for (int mb = 0; mb < 2; ++mb) {
@@ -266,13 +292,10 @@ bool WholeStageStep(Fixture *f, Stage *s, StepResult *r) {
       return false;
     }
   }
-  if (mp_device_synchronize(&f->err) != MP_OK ||
-      mp_stage_gpu_download_grads(s->gpu, &f->err) != MP_OK) {
-    return false;
-  }
-  r->grads.assign(mp_param_layout_num_params(mp_stage_layout_model(mp_stage_cpu_layout(s->host))),
+  if (mp_device_synchronize(&f->err) != MP_OK) return false;
+  r->grads.assign(mp_param_layout_num_params(mp_stage_layout_model(mp_stage_gpu_layout(s->gpu))),
                   0.0f);
-  return mp_stage_cpu_gather_grads(s->host, r->grads.data(), &f->err) == MP_OK;
+  return GatherGrads(s, r->grads.data(), &f->err) == MP_OK;
 }
 
 // Every tensor of the full layout within rel of expected's (each tensor's largest element);
@@ -326,7 +349,7 @@ fvec Values(uint64_t seed, size_t n, float scale) {
 constexpr double kBf16Loss = 1e-2, kBf16Rel = 5e-2;
 
 // Chain positions [first, end) as the CPU stage (engine/model/stage_cpu.h, fp32, one activation
-// slot) and as its GPU twin, from the same parameters (kSeed's, rounded to bf16 so that only the
+// slot) and on the GPU, from the same parameters (kSeed's, rounded to bf16 so that only the
 // arithmetic differs), through two micro-batches: a stage without the embedding reads the same
 // input activation, one without the head the same output gradient. The loss, the output, the
 // input gradient and every tensor's gradient (the tied copy of wte included) must agree to bf16
@@ -337,12 +360,12 @@ void ExpectGpuStageMatchesCpuStage(int first, int end, const char *model = kMode
   Stage gpu;
   ASSERT_TRUE(f.Gpu(&gpu, first, end)) << f.err.message;
   // Both stages start from the same bf16-exact weights, so only the arithmetic differs.
-  const size_t n = mp_stage_layout_num_params(mp_stage_cpu_layout(gpu.host));
+  const size_t n = mp_stage_layout_num_params(mp_stage_gpu_layout(gpu.gpu));
   fvec params(n);
-  ASSERT_EQ(mp_stage_cpu_read_params(gpu.host, 0, n, params.data(), &f.err), MP_OK)
+  ASSERT_EQ(mp_stage_gpu_read_params(gpu.gpu, 0, n, params.data(), &f.err), MP_OK)
       << f.err.message;
   for (size_t i = 0; i < n; ++i) params[i] = mp_bf16_to_float(mp_bf16_from_float(params[i]));
-  ASSERT_EQ(mp_stage_cpu_write_params(gpu.host, 0, n, params.data(), &f.err), MP_OK)
+  ASSERT_EQ(mp_stage_gpu_write_params(gpu.gpu, 0, n, params.data(), &f.err), MP_OK)
       << f.err.message;
   mp_stage_span range;
   ASSERT_EQ(mp_stage_span_of_chain(kL, first, end, &range, &f.err), MP_OK) << f.err.message;
@@ -414,8 +437,8 @@ void ExpectGpuStageMatchesCpuStage(int first, int end, const char *model = kMode
   }
   for (float *buffer : {d_input, d_output, d_doutput, d_dinput}) mp_device_free(buffer);
 
-  ASSERT_EQ(mp_stage_gpu_download_grads(gpu.gpu, &f.err), MP_OK) << f.err.message;
-  const float *want = mp_stage_cpu_grads(cpu.host), *got = mp_stage_cpu_grads(gpu.host);
+  ASSERT_EQ(DownloadGrads(&gpu, &f.err), true) << f.err.message;
+  const float *want = mp_stage_cpu_grads(cpu.host), *got = gpu.grads.data();
   double worst = 0.0;
   std::string worst_name = "-";
   for (int i = 0; i < mp_stage_layout_num_tensors(mp_stage_cpu_layout(cpu.host)); ++i) {
@@ -444,21 +467,16 @@ TEST(GptStageGpu, KeptMomentsAreThePartOnly) {
   REQUIRE_GPU();
   Fixture f;
   Stage whole, part;
-  ASSERT_TRUE(f.Host(&whole) && f.Host(&part)) << f.err.message;
-  ASSERT_EQ(mp_stage_gpu_create(whole.host, nullptr, kB, kT, 1, false, MP_RECOMPUTE_NONE,
-                                    false, &whole.gpu, &f.err),
-            MP_OK)
-      << f.err.message;
-  ASSERT_EQ(mp_stage_gpu_create(part.host, nullptr, kB, kT, 1, false, MP_RECOMPUTE_NONE,
-                                    false, &part.gpu, &f.err),
-            MP_OK)
-      << f.err.message;
+  mp_stage_gpu_config config;
+  ASSERT_TRUE(f.Config(&config)) << f.err.message;
+  ASSERT_EQ(mp_stage_gpu_create(f.model, &config, &whole.gpu, &f.err), MP_OK) << f.err.message;
+  ASSERT_EQ(mp_stage_gpu_create(f.model, &config, &part.gpu, &f.err), MP_OK) << f.err.message;
   const size_t before = mp_stage_gpu_device_bytes(part.gpu);
   EXPECT_EQ(mp_stage_gpu_device_bytes(whole.gpu), before);  // no moments at creation
-  const size_t n = mp_stage_layout_num_params(mp_stage_cpu_layout(part.host)), half = n / 2;
+  const size_t n = mp_stage_layout_num_params(mp_stage_gpu_layout(part.gpu)), half = n / 2;
   ASSERT_EQ(mp_stage_gpu_keep_moments(part.gpu, n - half, half, &f.err), MP_OK)
       << f.err.message;
-  ASSERT_EQ(mp_stage_cpu_init_params(whole.host, kSeed, &f.err), MP_OK) << f.err.message;
+  ASSERT_EQ(mp_stage_gpu_init_params(whole.gpu, kSeed, &f.err), MP_OK) << f.err.message;
   EXPECT_EQ(mp_stage_gpu_device_bytes(whole.gpu), before);
   float *m = nullptr, *v = nullptr;
   ASSERT_EQ(mp_stage_gpu_moments_at(part.gpu, n - half, half, &m, &v, &f.err), MP_OK)
@@ -475,23 +493,22 @@ TEST(GptStageGpu, KeptMomentsAreThePartOnly) {
 TEST(GptStageGpu, WholeStageMatchesTheCpuStage) {
   REQUIRE_GPU();
   {
-    // tp = 1, whole model: the host stage's shard is the one-rank flat array, number for number.
+    // tp = 1, whole model: the stage's shard is the one-rank flat array, number for number.
     Fixture f;
     Stage s;
     ASSERT_TRUE(f.Gpu(&s)) << f.err.message;
-    const mp_param_layout *layout = mp_stage_layout_model(mp_stage_cpu_layout(s.host));
-    ASSERT_EQ(mp_stage_layout_num_params(mp_stage_cpu_layout(s.host)),
+    const mp_param_layout *layout = mp_stage_layout_model(mp_stage_gpu_layout(s.gpu));
+    ASSERT_EQ(mp_stage_layout_num_params(mp_stage_gpu_layout(s.gpu)),
               mp_param_layout_num_params(layout));
-    for (int i = 0; i < mp_stage_layout_num_tensors(mp_stage_cpu_layout(s.host)); ++i) {
-      const mp_stage_tensor *t = mp_stage_layout_tensor(mp_stage_cpu_layout(s.host), i);
+    for (int i = 0; i < mp_stage_layout_num_tensors(mp_stage_gpu_layout(s.gpu)); ++i) {
+      const mp_stage_tensor *t = mp_stage_layout_tensor(mp_stage_gpu_layout(s.gpu), i);
       ASSERT_EQ(t->offset, t->full->offset) << t->full->name;
       ASSERT_FALSE(t->tied_copy) << t->full->name;
     }
     fvec full(mp_param_layout_num_params(layout)), device(full.size());
     mp_param_layout_init_params(layout, full.data(), kSeed);
-    // The host keeps no copy: what init wrote went to the device, piece by piece.
-    EXPECT_EQ(mp_stage_cpu_params(s.host), nullptr);
-    ASSERT_EQ(mp_stage_cpu_read_params(s.host, 0, device.size(), device.data(), &f.err), MP_OK)
+    // What init wrote went to the device, piece by piece.
+    ASSERT_EQ(mp_stage_gpu_read_params(s.gpu, 0, device.size(), device.data(), &f.err), MP_OK)
         << f.err.message;
     ASSERT_EQ(std::memcmp(full.data(), device.data(), full.size() * sizeof(float)), 0);
   }
@@ -526,24 +543,24 @@ TEST(GptStageGpu, TwoStagesThroughAHostBoundaryMatchTheWholeStage) {
   ASSERT_TRUE(f.Gpu(&whole)) << f.err.message;
   ASSERT_TRUE(f.Gpu(&a, 0, k)) << f.err.message;
   ASSERT_TRUE(f.Gpu(&b, k, kL + 3)) << f.err.message;
-  const mp_stage_span *sa = mp_stage_layout_span(mp_stage_cpu_layout(a.host)),
-                      *sb = mp_stage_layout_span(mp_stage_cpu_layout(b.host));
+  const mp_stage_span *sa = mp_stage_layout_span(mp_stage_gpu_layout(a.gpu)),
+                      *sb = mp_stage_layout_span(mp_stage_gpu_layout(b.gpu));
   ASSERT_TRUE(sa->embedding && !sa->head && !sa->final_norm && sa->num_layers == 1);
   ASSERT_TRUE(!sb->embedding && sb->head && sb->final_norm && sb->first_layer == 1 &&
               sb->num_layers == 2);
-  const mp_stage_tensor *tied = mp_stage_layout_tensor(mp_stage_cpu_layout(b.host), 0);
+  const mp_stage_tensor *tied = mp_stage_layout_tensor(mp_stage_gpu_layout(b.gpu), 0);
   ASSERT_TRUE(tied->tied_copy);
   ASSERT_EQ(tied->full->offset, 0u);  // wte
-  const mp_stage_tensor *wte = mp_stage_layout_tensor(mp_stage_cpu_layout(a.host), 0);
+  const mp_stage_tensor *wte = mp_stage_layout_tensor(mp_stage_gpu_layout(a.gpu), 0);
   ASSERT_FALSE(wte->tied_copy);
   ASSERT_EQ(wte->count, tied->count);
-  ASSERT_EQ(mp_stage_layout_boundary_floats(mp_stage_cpu_layout(a.host)), (size_t)kB * kT * 64);
+  ASSERT_EQ(mp_stage_layout_boundary_floats(mp_stage_gpu_layout(a.gpu)), (size_t)kB * kT * 64);
 
   StepResult expected;
   ASSERT_TRUE(WholeStageStep(&f, &whole, &expected)) << f.err.message;
 
   // The boundaries live on the device, as the trainer's stage worker keeps them.
-  const size_t n = mp_stage_layout_boundary_floats(mp_stage_cpu_layout(a.host));
+  const size_t n = mp_stage_layout_boundary_floats(mp_stage_gpu_layout(a.gpu));
   float *boundary = nullptr, *dboundary = nullptr;
   ASSERT_EQ(mp_device_alloc((void **)&boundary, n * sizeof(float), &f.err), MP_OK);
   ASSERT_EQ(mp_device_alloc((void **)&dboundary, n * sizeof(float), &f.err), MP_OK);
@@ -585,15 +602,15 @@ TEST(GptStageGpu, TwoStagesThroughAHostBoundaryMatchTheWholeStage) {
   EXPECT_EQ(loss[1], expected.loss[1]);
 
   ASSERT_EQ(mp_device_synchronize(&f.err), MP_OK) << f.err.message;
-  ASSERT_EQ(mp_stage_gpu_download_grads(a.gpu, &f.err), MP_OK) << f.err.message;
-  ASSERT_EQ(mp_stage_gpu_download_grads(b.gpu, &f.err), MP_OK) << f.err.message;
-  const mp_param_layout *layout = mp_stage_layout_model(mp_stage_cpu_layout(whole.host));
+  ASSERT_EQ(DownloadGrads(&a, &f.err), true) << f.err.message;
+  ASSERT_EQ(DownloadGrads(&b, &f.err), true) << f.err.message;
+  const mp_param_layout *layout = mp_stage_layout_model(mp_stage_gpu_layout(whole.gpu));
   fvec split(expected.grads.size(), NAN);
-  ASSERT_EQ(mp_stage_cpu_gather_grads(a.host, split.data(), &f.err), MP_OK) << f.err.message;
-  ASSERT_EQ(mp_stage_cpu_gather_grads(b.host, split.data(), &f.err), MP_OK) << f.err.message;
+  ASSERT_EQ(GatherGrads(&a, split.data(), &f.err), MP_OK) << f.err.message;
+  ASSERT_EQ(GatherGrads(&b, split.data(), &f.err), MP_OK) << f.err.message;
   // wte: A holds the embedding's part, B's tied copy the LM head's; the embedding group sums
   // them. Everything else is one stage's and must be the whole stage's.
-  const float *head_part = mp_stage_cpu_grads(b.host) + tied->offset;
+  const float *head_part = b.grads.data() + tied->offset;
   fvec wte_sum(wte->count);
   for (size_t i = 0; i < wte->count; ++i) wte_sum[i] = split[i] + head_part[i];
   const Diff dwte = Compare(wte_sum.data(), expected.grads.data(), wte->count);
@@ -623,9 +640,20 @@ TEST(GptStageGpu, TwoStagesThroughAHostBoundaryMatchTheWholeStage) {
          na, nb, na + nb, nwhole, std::fabs(na + nb - nwhole) / nwhole);
   EXPECT_GT(nwhole, 0.0);
   EXPECT_NEAR(na + nb, nwhole, 1e-5 * nwhole);
-  // The host's counting on the same numbers agrees with the device's.
+  // The CPU's counting on the same numbers agrees with the device's.
+  ASSERT_TRUE(DownloadGrads(&whole, &f.err)) << f.err.message;
+  const mp_stage_layout *whole_layout = mp_stage_gpu_layout(whole.gpu);
+  std::vector<double> squares(mp_stage_layout_num_tensors(whole_layout));
+  for (size_t i = 0; i < squares.size(); ++i) {
+    const mp_stage_tensor *t = mp_stage_layout_tensor(whole_layout, (int)i);
+    for (size_t k = 0; k < t->count; ++k) {
+      squares[i] += (double)whole.grads[t->offset + k] * whole.grads[t->offset + k];
+    }
+  }
   double host_whole = 0.0;
-  ASSERT_EQ(mp_stage_cpu_grad_norm_squared(whole.host, &host_whole, &f.err), MP_OK);
+  ASSERT_EQ(mp_stage_norm_from_squares(whole_layout, &f.single, squares.data(), &host_whole,
+                                       &f.err),
+            MP_OK);
   EXPECT_NEAR(host_whole, nwhole, 1e-5 * nwhole);
 }
 
@@ -638,9 +666,9 @@ TEST(GptStageGpu, SequenceParallelAtOneRankMatchesTheWholeStage) {
   ASSERT_TRUE(f.Gpu(&sp, 0, kL + 3, 1, /*sp=*/true)) << f.err.message;
   ASSERT_TRUE(f.Gpu(&a, 0, k, 1, /*sp=*/true)) << f.err.message;
   ASSERT_TRUE(f.Gpu(&b, k, kL + 3, 1, /*sp=*/true)) << f.err.message;
-  ASSERT_TRUE(mp_stage_layout_sequence_parallel(mp_stage_cpu_layout(sp.host)));
+  ASSERT_TRUE(mp_stage_layout_sequence_parallel(mp_stage_gpu_layout(sp.gpu)));
   // One rank's token slice is all B*T tokens: the boundary is the whole micro-batch's.
-  ASSERT_EQ(mp_stage_layout_boundary_floats(mp_stage_cpu_layout(a.host)), (size_t)kB * kT * 64);
+  ASSERT_EQ(mp_stage_layout_boundary_floats(mp_stage_gpu_layout(a.gpu)), (size_t)kB * kT * 64);
 
   StepResult expected, got;
   ASSERT_TRUE(WholeStageStep(&f, &plain, &expected)) << f.err.message;
@@ -657,20 +685,20 @@ TEST(GptStageGpu, SequenceParallelAtOneRankMatchesTheWholeStage) {
   // The once-per-step sum of the layernorm gradients over a group of one changes nothing.
   ASSERT_EQ(mp_stage_gpu_finish_grads(sp.gpu, &f.err), MP_OK) << f.err.message;
   ASSERT_EQ(mp_device_synchronize(&f.err), MP_OK) << f.err.message;
-  ASSERT_EQ(mp_stage_gpu_download_grads(sp.gpu, &f.err), MP_OK) << f.err.message;
+  ASSERT_EQ(DownloadGrads(&sp, &f.err), true) << f.err.message;
   got.grads.assign(expected.grads.size(), NAN);
-  ASSERT_EQ(mp_stage_cpu_gather_grads(sp.host, got.grads.data(), &f.err), MP_OK) << f.err.message;
+  ASSERT_EQ(GatherGrads(&sp, got.grads.data(), &f.err), MP_OK) << f.err.message;
   printf("model gpu stage tp=1 with sequence parallelism vs without: losses %.6f %.6f vs %.6f "
          "%.6f\n",
          got.loss[0], got.loss[1], expected.loss[0], expected.loss[1]);
   EXPECT_EQ(got.loss[0], expected.loss[0]);
   EXPECT_EQ(got.loss[1], expected.loss[1]);
-  const mp_param_layout *layout = mp_stage_layout_model(mp_stage_cpu_layout(plain.host));
+  const mp_param_layout *layout = mp_stage_layout_model(mp_stage_gpu_layout(plain.gpu));
   ExpectSameGrads("gpu stage tp=1 sequence parallel vs not, gradients", layout, got.grads,
                   expected.grads, 0.0);
 
   // Two sequence-parallel stages through a device boundary: the same losses.
-  const size_t n = mp_stage_layout_boundary_floats(mp_stage_cpu_layout(a.host));
+  const size_t n = mp_stage_layout_boundary_floats(mp_stage_gpu_layout(a.gpu));
   float *boundary = nullptr, *dboundary = nullptr;
   ASSERT_EQ(mp_device_alloc((void **)&boundary, n * sizeof(float), &f.err), MP_OK);
   ASSERT_EQ(mp_device_alloc((void **)&dboundary, n * sizeof(float), &f.err), MP_OK);
@@ -752,16 +780,16 @@ TEST(GptStageGpu, TwoSlotsInFlightMatchOneSlotAtATime) {
   ASSERT_EQ(mp_stage_gpu_backward(two.gpu, 1, nullptr, nullptr, false, &f.err), MP_OK)
       << f.err.message;
   ASSERT_EQ(mp_device_synchronize(&f.err), MP_OK) << f.err.message;
-  ASSERT_EQ(mp_stage_gpu_download_grads(two.gpu, &f.err), MP_OK) << f.err.message;
+  ASSERT_EQ(DownloadGrads(&two, &f.err), true) << f.err.message;
   fvec grads(expected.grads.size());
-  ASSERT_EQ(mp_stage_cpu_gather_grads(two.host, grads.data(), &f.err), MP_OK) << f.err.message;
+  ASSERT_EQ(GatherGrads(&two, grads.data(), &f.err), MP_OK) << f.err.message;
 
   printf("model gpu stage, two slots in flight vs one at a time: losses %.6f %.6f vs %.6f %.6f\n",
          loss[0], loss[1], expected.loss[0], expected.loss[1]);
   EXPECT_EQ(loss[0], expected.loss[0]);
   EXPECT_EQ(loss[1], expected.loss[1]);
   ExpectSameGrads("gpu stage two slots vs one slot gradients",
-                  mp_stage_layout_model(mp_stage_cpu_layout(two.host)), grads, expected.grads,
+                  mp_stage_layout_model(mp_stage_gpu_layout(two.gpu)), grads, expected.grads,
                   kRel);
   // Both slots are free again: the next step can use them.
   EXPECT_EQ(mp_stage_gpu_forward(two.gpu, 1, in1.data(), tg1.data(), nullptr, nullptr, kDloss,
@@ -790,12 +818,12 @@ TEST(GptStageGpu, TrainingStepsTrackTheCpuModel) {
   mp_gpt *cpu = nullptr;
   ASSERT_EQ(mp_gpt_create(f.model, kB, kT, &cpu, &f.err), MP_OK) << f.err.message;
   const size_t n = mp_gpt_num_params(cpu);
-  ASSERT_EQ(mp_stage_layout_num_params(mp_stage_cpu_layout(s.host)),
+  ASSERT_EQ(mp_stage_layout_num_params(mp_stage_gpu_layout(s.gpu)),
             n);  // tp = 1, whole model: the one-rank layout
   float *params = mp_gpt_params(cpu);
   mp_gpt_init_params(cpu, kSeed);
   for (size_t i = 0; i < n; ++i) params[i] = mp_bf16_to_float(mp_bf16_from_float(params[i]));
-  ASSERT_EQ(mp_stage_cpu_write_params(s.host, 0, n, params, &f.err), MP_OK) << f.err.message;
+  ASSERT_EQ(mp_stage_gpu_write_params(s.gpu, 0, n, params, &f.err), MP_OK) << f.err.message;
   // A learnable batch (each token's target is the one three on): random targets would be
   // memorised until the gradients are bf16 noise, where no norm tracks another.
   ivec inputs((size_t)kB * kT), targets((size_t)kB * kT);
@@ -875,14 +903,10 @@ TEST(GptStageGpu, TrainingStepsTrackTheCpuModel) {
                                        << expected[first];
 }
 
-// The stage's device gradients, as the host's shard layout.
+// The stage's device gradients, in its shard layout.
 bool Grads(Fixture *f, Stage *s, fvec *out) {
-  if (mp_device_synchronize(&f->err) != MP_OK ||
-      mp_stage_gpu_download_grads(s->gpu, &f->err) != MP_OK) {
-    return false;
-  }
-  const float *g = mp_stage_cpu_grads(s->host);
-  out->assign(g, g + mp_stage_layout_num_params(mp_stage_cpu_layout(s->host)));
+  if (mp_device_synchronize(&f->err) != MP_OK || !DownloadGrads(s, &f->err)) return false;
+  *out = s->grads;
   return true;
 }
 
@@ -895,7 +919,7 @@ struct SplitResult {
 // Two micro-batches through a (embedding side) and b (head side), two slots each, both in flight:
 // F0 F1 B0 B1, and with defer (zero-bubble's split) W0 W1 after, as zb-h1's tail orders them.
 bool SplitStep(Fixture *f, Stage *a, Stage *b, bool defer, SplitResult *r) {
-  const size_t n = mp_stage_layout_boundary_floats(mp_stage_cpu_layout(a->host));
+  const size_t n = mp_stage_layout_boundary_floats(mp_stage_gpu_layout(a->gpu));
   std::vector<float *> buffers(4, nullptr);  // boundary 0, 1, dboundary 0, 1
   bool ok = true;
   for (float *&p : buffers) {
@@ -978,8 +1002,8 @@ TEST(GptStageGpu, ZeroBubbleSplitMatchesTheWholeBackward) {
   fvec after_b;
   ASSERT_TRUE(Grads(&f, &zb, &after_b)) << f.err.message;
   size_t gemm = 0, rest = 0, wrong = 0;
-  for (int i = 0; i < mp_stage_layout_num_tensors(mp_stage_cpu_layout(zb.host)); ++i) {
-    const mp_stage_tensor *t = mp_stage_layout_tensor(mp_stage_cpu_layout(zb.host), i);
+  for (int i = 0; i < mp_stage_layout_num_tensors(mp_stage_gpu_layout(zb.gpu)); ++i) {
+    const mp_stage_tensor *t = mp_stage_layout_tensor(mp_stage_gpu_layout(zb.gpu), i);
     const bool deferred = IsBlockGemmWeight(t->full->name);
     for (size_t k = t->offset; k < t->offset + t->count; ++k) {
       const float want = deferred ? 0.0f : whole[k];

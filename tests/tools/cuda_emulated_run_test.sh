@@ -322,8 +322,8 @@ for name in llama-pp2tp2 llama-pp2tp2spzb llama-dp2pp2; do
   compare "$name on the GPU vs one rank" "$tmp/llama-one-cuda.jsonl" "$tmp/$name-cuda.jsonl" 1e-2
 done
 
-# Hugging Face weights into and out of the GPU, which keeps the only copy (the host stage reads
-# and writes the device's master weights in pieces): transformers' tiny Llama 3 golden (4 query
+# Hugging Face weights into and out of the GPU, which keeps the only copy (the GPU stage reads
+# and writes its master weights in pieces): transformers' tiny Llama 3 golden (4 query
 # heads over 2 kv heads, untied head) loaded at pp = 2 x tp = 2, step 1's loss within 2e-2 (bf16)
 # of transformers' own on that batch, and its checkpoint (a learning rate too small to move a
 # weight) exported to exactly transformers' model.safetensors, byte for byte.

@@ -1,0 +1,509 @@
+/*
+ * engine/model/stage_kernels_gpu.c — the GPU's kernel table of the stage chain
+ * (engine/model/stage_kernels.h): layers/' CUDA twins in bf16, and around the row-parallel
+ * GEMMs, the column-parallel input gradients, the embedding lookup and the cross-entropy the
+ * collectives of tensor_parallel/ on device buffers. Every collective moves fp32 (bf16 widened
+ * exactly, rounded once after a sum). The GPU stage (stage_gpu.c) runs the chain over it.
+ */
+#include "engine/model/stage_kernels.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/device/device.h"
+#include "layers/adamw.h"
+#include "layers/attention.h"
+#include "layers/cross_entropy.h"
+#include "layers/cuda_launch.h"
+#include "layers/cuda_types.h"
+#include "layers/embedding.h"
+#include "layers/gelu.h"
+#include "layers/layernorm.h"
+#include "layers/matmul.h"
+#include "layers/residual.h"
+#include "layers/rmsnorm.h"
+#include "layers/rope.h"
+#include "layers/swiglu.h"
+#include "layers/tensor_parallel_cuda.h"
+
+/* ---------------------------------------------------------------------------------------------
+ * The CUDA kernel table (engine/model/stage_kernels.h)
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct {
+  mp_stage_kernels table; /* first: the table's context is this struct */
+  mp_stage_dims d;
+  mp_cublas *cublas;
+  bool fused_attention;
+  size_t device_bytes;       /* of the scratch below */
+  float *reduce;             /* (BT, C) fp32: what a collective sums, the embedding lookup */
+  float *slice;              /* (BTl, C) fp32, SP: a collective's slice of reduce */
+  float *losses;             /* (BT) */
+  float *losses_host;        /* (BT) */
+  float *row_max, *gathered_max, *ce_stats; /* (BT), (tp, BT), (2, BT) */
+  float *layernorm_scratch, *matmul_scratch;
+  float *rmsnorm_scratch;    /* the RMSNorm backward's, with rmsnorm */
+  float *inv_freq;           /* (HS / 2) rotary frequencies, with rope */
+  float *dwpe_unused;        /* (T, C) the embedding backward's position gradient without a
+                                position table, dropped */
+  void *attention_scratch;
+  int32_t *embedding_workspace;
+  float *dwte_rows;          /* (Vl + 1, C) tp > 1: the embedding gradient by shard row; the last
+                                row collects tokens of other ranks' ranges */
+  int32_t *shard_tokens;     /* (BT) device: tokens as rows of dwte_rows */
+  int32_t *shard_tokens_host;
+} cuda_kernels;
+
+static mp_status cuda_alloc(void *context, size_t bytes, void **out, mp_error *err) {
+  (void)context;
+  MP_TRY(mp_device_alloc(out, bytes > 0 ? bytes : 1, err));
+  /* The chain's buffers start at zero, as on the CPU (device memory holds garbage). */
+  return mp_device_memset(*out, 0, bytes > 0 ? bytes : 1, err);
+}
+
+static void cuda_release(void *context, void *memory) {
+  (void)context;
+  mp_device_free(memory);
+}
+
+static mp_status cuda_zero(void *context, void *memory, size_t bytes, mp_error *err) {
+  (void)context;
+  return mp_device_memset(memory, 0, bytes, err);
+}
+
+static mp_status cuda_copy(void *context, void *dst, const void *src, size_t bytes,
+                           mp_error *err) {
+  (void)context;
+  return mp_device_copy_on_device(dst, src, bytes, err);
+}
+
+static mp_status cuda_tokens_in(void *context, int32_t *dst, const int32_t *host, size_t count,
+                                mp_error *err) {
+  (void)context;
+  return mp_device_copy_to_device(dst, host, count * sizeof(int32_t), err);
+}
+
+/* A stage boundary fp32 -> bf16 (the one rounding a one-GPU model makes there too), and back
+ * exactly. */
+static void cuda_from_boundary(void *context, void *act, const float *boundary, size_t n) {
+  (void)context;
+  mp_bf16_from_float_cuda(act, boundary, n, NULL);
+}
+
+static void cuda_to_boundary(void *context, float *boundary, const void *act, size_t n) {
+  (void)context;
+  mp_float_from_bf16_cuda(boundary, act, n, NULL);
+}
+
+static void cuda_layernorm_forward(void *context, void *out, float *mean, float *rstd,
+                                   const void *inp, const void *weight, const void *bias,
+                                   int rows, int C) {
+  (void)context;
+  mp_layernorm_forward_cuda(out, mean, rstd, inp, weight, bias, 1, rows, C, NULL);
+}
+
+static void cuda_layernorm_backward(void *context, void *dinp, float *dweight, float *dbias,
+                                    const void *dout, const void *inp, const void *weight,
+                                    const float *mean, const float *rstd, int rows, int C) {
+  const cuda_kernels *k = context;
+  mp_layernorm_backward_cuda(dinp, dweight, dbias, dout, inp, weight, mean, rstd,
+                             k->layernorm_scratch, 1, rows, C, NULL);
+}
+
+static void cuda_rmsnorm_forward(void *context, void *out, float *rstd, const void *inp,
+                                 const void *weight, int rows, int C) {
+  const cuda_kernels *k = context;
+  mp_rmsnorm_forward_cuda(out, rstd, inp, weight, rows, C, k->d.norm_eps, NULL);
+}
+
+static void cuda_rmsnorm_backward(void *context, void *dinp, float *dweight, const void *dout,
+                                  const void *inp, const void *weight, const float *rstd,
+                                  int rows, int C) {
+  const cuda_kernels *k = context;
+  mp_rmsnorm_backward_cuda(dinp, dweight, dout, inp, weight, rstd, k->rmsnorm_scratch, rows, C,
+                           NULL);
+}
+
+static void cuda_swiglu_forward(void *context, void *out, const void *inp, int rows, int F) {
+  (void)context;
+  mp_swiglu_forward_cuda(out, inp, rows, F, NULL);
+}
+
+static void cuda_swiglu_backward(void *context, void *dinp, const void *inp, const void *dout,
+                                 int rows, int F) {
+  (void)context;
+  mp_swiglu_backward_cuda(dinp, inp, dout, rows, F, NULL);
+}
+
+/* q and k are the first NHl + KVHl heads of a qkv row. */
+static void cuda_rope_forward(void *context, void *qkv) {
+  const cuda_kernels *k = context;
+  const mp_stage_dims *d = &k->d;
+  mp_rope_forward_cuda(qkv, k->inv_freq, d->B, d->T, d->NHl + d->KVHl, d->HS, (size_t)d->QKVl,
+                       NULL);
+}
+
+static void cuda_rope_backward(void *context, void *dqkv) {
+  const cuda_kernels *k = context;
+  const mp_stage_dims *d = &k->d;
+  mp_rope_backward_cuda(dqkv, k->inv_freq, d->B, d->T, d->NHl + d->KVHl, d->HS, (size_t)d->QKVl,
+                        NULL);
+}
+
+static void cuda_matmul_forward(void *context, void *out, const void *inp, const void *weight,
+                                const void *bias, int BT, int C, int OC) {
+  const cuda_kernels *k = context;
+  mp_matmul_forward_cuda(k->cublas, out, inp, weight, bias, BT, C, OC, NULL);
+}
+
+static void cuda_matmul_backward(void *context, void *dinp, float *dweight, float *dbias,
+                                 const void *dout, const void *inp, const void *weight, int BT,
+                                 int C, int OC) {
+  const cuda_kernels *k = context;
+  mp_matmul_backward_cuda(k->cublas, dinp, dweight, dbias, dout, inp, weight, k->matmul_scratch,
+                          BT, C, OC, NULL);
+}
+
+/* saved: the fused attention's row statistics lse (B, NHl, T) fp32, or cuBLAS attention's
+ * probabilities (B, NHl, T, T) bf16. */
+static void cuda_attention_forward(void *context, void *out, void *saved, const void *qkv) {
+  const cuda_kernels *k = context;
+  const mp_stage_dims *d = &k->d;
+  if (k->fused_attention) {
+    mp_flash_attention_forward_cuda(out, saved, qkv, d->B, d->T, d->NHl, d->KVHl, d->HS, NULL);
+  } else {
+    mp_attention_forward_cuda(k->cublas, out, saved, qkv, k->attention_scratch, d->B, d->T,
+                              d->NHl, d->KVHl, d->HS, NULL);
+  }
+}
+
+static void cuda_attention_backward(void *context, void *dqkv, const void *dout, const void *qkv,
+                                    const void *out, const void *saved) {
+  const cuda_kernels *k = context;
+  const mp_stage_dims *d = &k->d;
+  if (k->fused_attention) {
+    mp_flash_attention_backward_cuda(dqkv, dout, qkv, out, saved, k->attention_scratch, d->B,
+                                     d->T, d->NHl, d->KVHl, d->HS, NULL);
+  } else {
+    mp_attention_backward_cuda(k->cublas, dqkv, dout, qkv, saved, k->attention_scratch, d->B,
+                               d->T, d->NHl, d->KVHl, d->HS, NULL);
+  }
+}
+
+static void cuda_gelu_forward(void *context, void *out, const void *inp, size_t n) {
+  (void)context;
+  mp_gelu_forward_cuda(out, inp, n, NULL);
+}
+
+static void cuda_gelu_backward(void *context, void *dinp, const void *inp, const void *dout,
+                               size_t n) {
+  (void)context;
+  mp_gelu_backward_cuda(dinp, inp, dout, n, NULL);
+}
+
+static void cuda_residual_forward(void *context, void *out, const void *a, const void *b,
+                                  size_t n) {
+  (void)context;
+  mp_residual_forward_cuda(out, a, b, n, NULL);
+}
+
+/* x (rows, cols) bf16, each rank's partial sum: summed over the group in fp32 (the reduce
+ * buffer), the bias added, rounded once. */
+static mp_status sum_over_group(cuda_kernels *k, mp_bf16 *x, const mp_bf16 *bias, int rows,
+                                int cols, mp_error *err) {
+  const size_t n = (size_t)rows * (size_t)cols;
+  mp_float_from_bf16_cuda(k->reduce, x, n, NULL);
+  MP_TRY(mp_tp_all_reduce_sum(&k->d.tp, k->reduce, n, err));
+  mp_bf16_from_float_bias_cuda(x, k->reduce, bias, rows, cols, NULL);
+  return MP_OK;
+}
+
+/* Megatron's gather_from_sequence_parallel_region through fp32 (exact both ways). */
+static mp_status cuda_gather_sequence(void *context, void *full, const void *slice,
+                                      mp_error *err) {
+  cuda_kernels *k = context;
+  const size_t n_local = (size_t)k->d.BTl * (size_t)k->d.C;
+  mp_float_from_bf16_cuda(k->slice, slice, n_local, NULL);
+  MP_TRY(mp_tp_all_gather(&k->d.tp, k->slice, k->reduce, n_local, err));
+  mp_bf16_from_float_cuda(full, k->reduce, n_local * (size_t)k->d.tp.size, NULL);
+  return MP_OK;
+}
+
+/* reduce_scatter_to_sequence_parallel_region: slice (BTl, C) = this rank's rows of partial
+ * (BT, C) summed over the group in fp32, + bias (or NULL), rounded once. slice may be partial's
+ * first rows (partial is widened whole before slice is written). */
+static mp_status scatter_sequence(cuda_kernels *k, mp_bf16 *slice, const mp_bf16 *partial,
+                                  const mp_bf16 *bias, mp_error *err) {
+  const size_t n_local = (size_t)k->d.BTl * (size_t)k->d.C;
+  mp_float_from_bf16_cuda(k->reduce, partial, n_local * (size_t)k->d.tp.size, NULL);
+  MP_TRY(mp_tp_reduce_scatter_sum(&k->d.tp, k->reduce, k->slice, n_local, err));
+  mp_bf16_from_float_bias_cuda(slice, k->slice, bias, k->d.BTl, k->d.C, NULL);
+  return MP_OK;
+}
+
+/* Megatron's RowParallelLinear; at tp = 1 the one-GPU model's call (the bias in the epilogue). */
+static mp_status cuda_row_parallel_linear_forward(void *context, void *out, const void *inp,
+                                                  const void *weight, const void *bias, int Cl,
+                                                  int OC, mp_error *err) {
+  cuda_kernels *k = context;
+  const int BT = k->d.BT;
+  if (k->d.tp.size == 1) {
+    mp_matmul_forward_cuda(k->cublas, out, inp, weight, bias, BT, Cl, OC, NULL);
+    return MP_OK;
+  }
+  mp_matmul_forward_cuda(k->cublas, out, inp, weight, NULL, BT, Cl, OC, NULL);
+  if (k->d.sp) return scatter_sequence(k, out, out, bias, err);
+  return sum_over_group(k, out, bias, BT, OC, err);
+}
+
+static mp_status cuda_column_parallel_input_grad(void *context, void *dinp, mp_error *err) {
+  cuda_kernels *k = context;
+  if (k->d.tp.size == 1) return MP_OK;
+  if (k->d.sp) return scatter_sequence(k, dinp, dinp, NULL, err);
+  return sum_over_group(k, dinp, NULL, k->d.BT, k->d.C, err);
+}
+
+static mp_status cuda_embedding_forward(void *context, void *out, const int32_t *tokens,
+                                        const int32_t *tokens_host, const void *wte,
+                                        const void *wpe, void *work, mp_error *err) {
+  (void)tokens_host, (void)work;
+  cuda_kernels *k = context;
+  const mp_stage_dims *d = &k->d;
+  if (d->tp.size == 1 && wpe != NULL) {
+    mp_embedding_forward_cuda(out, tokens, wte, wpe, d->B, d->T, d->C, NULL);
+    return MP_OK;
+  }
+  /* Megatron's VocabParallelEmbedding: each rank looks up the tokens of its vocabulary rows,
+   * zeros elsewhere; the sum over the group is the whole lookup. Without a position table
+   * (rotary embeddings) the lookup is the output: exact through fp32, at any tp. */
+  mp_vocab_embedding_lookup_cuda(k->reduce, tokens, wte, d->vocab_start, d->Vl, d->BT, d->C,
+                                 NULL);
+  if (d->sp) {
+    /* Summed onto this rank's token slice only, with the positions of its rows. */
+    MP_TRY(mp_tp_reduce_scatter_sum(&d->tp, k->reduce, k->slice, (size_t)d->BTl * d->C, err));
+    if (wpe == NULL) {
+      mp_bf16_from_float_cuda(out, k->slice, (size_t)d->BTl * d->C, NULL);
+    } else {
+      mp_add_position_rows_cuda(out, k->slice, wpe, d->row0, d->BTl, d->T, d->C, NULL);
+    }
+    return MP_OK;
+  }
+  if (d->tp.size > 1) {
+    MP_TRY(mp_tp_all_reduce_sum(&d->tp, k->reduce, (size_t)d->BT * d->C, err));
+  }
+  if (wpe == NULL) {
+    mp_bf16_from_float_cuda(out, k->reduce, (size_t)d->BT * d->C, NULL);
+  } else {
+    mp_add_position_cuda(out, k->reduce, wpe, d->B, d->T, d->C, NULL);
+  }
+  return MP_OK;
+}
+
+static mp_status cuda_embedding_backward(void *context, float *dwte, float *dwpe,
+                                         const void *dout, const int32_t *tokens,
+                                         const int32_t *tokens_host, void *work, mp_error *err) {
+  cuda_kernels *k = context;
+  const mp_stage_dims *d = &k->d;
+  /* Without a position table the kernel's position gradient goes to a buffer nobody reads. */
+  if (dwpe == NULL) dwpe = k->dwpe_unused;
+  if (d->tp.size == 1) {
+    mp_embedding_backward_cuda(dwte, dwpe, dout, tokens, tokens_host, k->embedding_workspace,
+                               d->B, d->T, d->C, NULL);
+    return MP_OK;
+  }
+  /* The one-GPU kernel on rows of this rank's shard: a token of another rank's range goes to an
+   * extra row that is then dropped. wpe is replicated: every rank adds the whole gradient (with
+   * sequence parallelism, of every rank's token slice, all-gathered into work). */
+  if (d->sp) {
+    MP_TRY(cuda_gather_sequence(k, work, dout, err));
+    dout = work;
+  }
+  for (int i = 0; i < d->BT; ++i) {
+    const int row = tokens_host[i] - d->vocab_start;
+    k->shard_tokens_host[i] = row >= 0 && row < d->Vl ? row : d->Vl;
+  }
+  MP_TRY(mp_device_copy_to_device(k->shard_tokens, k->shard_tokens_host,
+                                  (size_t)d->BT * sizeof(int32_t), err));
+  const size_t rows_floats = ((size_t)d->Vl + 1) * (size_t)d->C;
+  MP_TRY(mp_device_memset(k->dwte_rows, 0, rows_floats * sizeof(float), err));
+  mp_embedding_backward_cuda(k->dwte_rows, dwpe, dout, k->shard_tokens, k->shard_tokens_host,
+                             k->embedding_workspace, d->B, d->T, d->C, NULL);
+  mp_add_f32_cuda(dwte, k->dwte_rows, (size_t)d->Vl * (size_t)d->C, NULL);
+  return MP_OK;
+}
+
+/* The LM head's loss: fused in one kernel on one rank; over the group, Megatron's
+ * vocabulary-parallel cross-entropy (row maxima, then sums of exponentials and target logits,
+ * each combined over the group). Leaves dlogits in logits. */
+static mp_status cuda_loss(void *context, void *logits, const int32_t *targets, float dloss,
+                           double *mean_loss, mp_error *err) {
+  cuda_kernels *k = context;
+  const mp_stage_dims *d = &k->d;
+  const int BT = d->BT;
+  if (d->tp.size == 1) {
+    mp_cross_entropy_fused_cuda(k->losses, logits, targets, dloss, d->B, d->T, d->V, d->Vp, NULL);
+  } else {
+    mp_vocab_ce_max_cuda(k->row_max, logits, BT, d->Vl, d->vocab_start, d->V, NULL);
+    MP_TRY(mp_tp_all_gather(&d->tp, k->row_max, k->gathered_max, (size_t)BT, err));
+    mp_max_over_ranks_cuda(k->row_max, k->gathered_max, d->tp.size, BT, NULL);
+    mp_vocab_ce_partials_cuda(k->ce_stats, logits, targets, k->row_max, BT, d->Vl, d->vocab_start,
+                              d->V, NULL);
+    MP_TRY(mp_tp_all_reduce_sum(&d->tp, k->ce_stats, 2 * (size_t)BT, err));
+    mp_vocab_ce_finish_cuda(k->losses, logits, targets, k->row_max, k->ce_stats, dloss, BT, d->Vl,
+                            d->vocab_start, d->V, NULL);
+  }
+  if (mean_loss == NULL) return MP_OK;
+  MP_TRY(mp_cublas_check(k->cublas, err));
+  MP_TRY(mp_device_copy_to_host(k->losses_host, k->losses, (size_t)BT * sizeof(float), err));
+  double sum = 0.0;
+  for (int i = 0; i < BT; ++i) sum += k->losses_host[i];
+  *mean_loss = sum / (double)BT;
+  return MP_OK;
+}
+
+/* The enqueued work's errors that no call returned: a failed cuBLAS call, a failed launch (each
+ * named where it happened; layers/cuda_launch.h). */
+static mp_status cuda_check(void *context, mp_error *err) {
+  cuda_kernels *k = context;
+  MP_TRY(mp_cublas_check(k->cublas, err));
+  return mp_cuda_take_launch_failure(err);
+}
+
+static void cuda_kernels_free(cuda_kernels *k) {
+  if (k == NULL) return;
+  void *buffers[] = {k->reduce, k->slice, k->losses, k->row_max, k->gathered_max, k->ce_stats,
+                     k->layernorm_scratch, k->matmul_scratch, k->attention_scratch,
+                     k->embedding_workspace, k->dwte_rows, k->shard_tokens,
+                     k->rmsnorm_scratch, k->inv_freq, k->dwpe_unused};
+  for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; ++i) mp_device_free(buffers[i]);
+  if (k->cublas != NULL) mp_cublas_free(k->cublas);
+  free(k->losses_host);
+  free(k->shard_tokens_host);
+  free(k);
+}
+
+static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
+
+static mp_status scratch_alloc(cuda_kernels *k, void **out, size_t bytes, mp_error *err) {
+  MP_TRY(mp_device_alloc(out, bytes > 0 ? bytes : 1, err));
+  k->device_bytes += bytes;
+  return MP_OK;
+}
+
+#define SCRATCH(field, count)                                                                  \
+  do {                                                                                         \
+    if (scratch_alloc(k, (void **)&(field), (size_t)(count) * sizeof(*(field)), err) != MP_OK) \
+      goto fail;                                                                               \
+  } while (0)
+
+mp_status mp_stage_kernels_gpu_create(const mp_stage_dims *d, mp_stage_kernels **out,
+                                      size_t *device_bytes, mp_error *err) {
+  *out = NULL;
+  *device_bytes = 0;
+  cuda_kernels *k = calloc(1, sizeof *k);
+  if (k == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of host memory");
+  k->d = *d;
+  const size_t BT = (size_t)d->BT, C = (size_t)d->C;
+  k->losses_host = calloc(BT, sizeof(float));
+  k->shard_tokens_host = calloc(BT, sizeof(int32_t));
+  if (k->losses_host == NULL || k->shard_tokens_host == NULL) {
+    mp_fail(err, MP_ERR_RUNTIME, "out of host memory");
+    goto fail;
+  }
+  if (mp_cublas_create(&k->cublas, err) != MP_OK) goto fail;
+  const char *attention_choice = getenv("MPENGINE_ATTENTION");
+  k->fused_attention = mp_flash_attention_supported(d->HS) &&
+                       !(attention_choice != NULL && strcmp(attention_choice, "cublas") == 0);
+  SCRATCH(k->reduce, BT * C);
+  if (d->sp) SCRATCH(k->slice, (size_t)d->BTl * C);
+  SCRATCH(k->losses, BT);
+  SCRATCH(k->row_max, BT);
+  SCRATCH(k->gathered_max, BT * (size_t)d->tp.size);
+  SCRATCH(k->ce_stats, 2 * BT);
+  SCRATCH(k->layernorm_scratch, mp_layernorm_backward_cuda_scratch_floats(d->B, d->T, d->C));
+  if (d->rmsnorm) {
+    SCRATCH(k->rmsnorm_scratch, mp_rmsnorm_backward_cuda_scratch_floats((int)BT, d->C));
+  }
+  if (d->rope && d->HS >= 2) {
+    float inv_freq[512];
+    const size_t half = (size_t)d->HS / 2;
+    if (half > sizeof inv_freq / sizeof inv_freq[0]) {
+      mp_fail(err, MP_ERR_INPUT, "rotary embeddings: head size %d is above the 1024 supported",
+              d->HS);
+      goto fail;
+    }
+    mp_rope_inv_freq(inv_freq, d->HS, &d->rope_spec);
+    SCRATCH(k->inv_freq, half);
+    if (mp_device_copy_to_device(k->inv_freq, inv_freq, half * sizeof(float), err) != MP_OK) {
+      goto fail;
+    }
+  }
+  if (d->embedding && d->rope) SCRATCH(k->dwpe_unused, (size_t)d->T * C);
+  const size_t widest =
+      max_size((size_t)d->Vl, max_size((size_t)d->FCl, max_size((size_t)d->QKVl, C)));
+  SCRATCH(k->matmul_scratch, mp_matmul_backward_cuda_scratch_floats((int)BT, (int)widest));
+  const size_t attention_bytes =
+      d->num_layers == 0 ? 0
+      : k->fused_attention ? mp_flash_attention_scratch_bytes(d->B, d->T, d->NHl, d->HS)
+                           : mp_attention_cuda_scratch_bytes(d->B, d->T, d->NHl, d->HS);
+  if (scratch_alloc(k, &k->attention_scratch, attention_bytes, err) != MP_OK) goto fail;
+  if (d->embedding) {
+    SCRATCH(k->embedding_workspace, mp_embedding_backward_cuda_workspace_ints(d->B, d->T));
+    if (d->tp.size > 1) {
+      SCRATCH(k->dwte_rows, ((size_t)d->Vl + 1) * C);
+      SCRATCH(k->shard_tokens, BT);
+    }
+  }
+  mp_stage_kernels *t = &k->table;
+  t->context = k;
+  t->name = "CUDA";
+  t->element_bytes = sizeof(mp_bf16);
+  t->attention_saved_bytes =
+      k->fused_attention ? (size_t)d->B * d->NHl * d->T * sizeof(float)
+                         : (size_t)d->B * d->NHl * d->T * (size_t)d->T * sizeof(mp_bf16);
+  /* The fused attention keeps no T x T matrix anyway; cuBLAS attention keeps its probabilities. */
+  t->attention_recomputable = false;
+  t->alloc = cuda_alloc;
+  t->release = cuda_release;
+  t->zero = cuda_zero;
+  t->copy = cuda_copy;
+  t->tokens_in = cuda_tokens_in;
+  t->from_boundary = cuda_from_boundary;
+  t->to_boundary = cuda_to_boundary;
+  t->layernorm_forward = cuda_layernorm_forward;
+  t->layernorm_backward = cuda_layernorm_backward;
+  t->rmsnorm_forward = cuda_rmsnorm_forward;
+  t->rmsnorm_backward = cuda_rmsnorm_backward;
+  t->grouped_attention = true;
+  t->swiglu_forward = cuda_swiglu_forward;
+  t->swiglu_backward = cuda_swiglu_backward;
+  t->rope_forward = cuda_rope_forward;
+  t->rope_backward = cuda_rope_backward;
+  t->matmul_forward = cuda_matmul_forward;
+  t->matmul_backward = cuda_matmul_backward;
+  t->attention_forward = cuda_attention_forward;
+  t->attention_backward = cuda_attention_backward;
+  t->gelu_forward = cuda_gelu_forward;
+  t->gelu_backward = cuda_gelu_backward;
+  t->residual_forward = cuda_residual_forward;
+  t->row_parallel_linear_forward = cuda_row_parallel_linear_forward;
+  t->gather_sequence = cuda_gather_sequence;
+  t->column_parallel_input_grad = cuda_column_parallel_input_grad;
+  t->embedding_forward = cuda_embedding_forward;
+  t->embedding_backward = cuda_embedding_backward;
+  t->loss = cuda_loss;
+  t->check = cuda_check;
+  *out = &k->table;
+  *device_bytes = k->device_bytes;
+  return MP_OK;
+fail:
+  cuda_kernels_free(k);
+  return err != NULL && err->status != MP_OK ? err->status : MP_ERR_RUNTIME;
+}
+
+void mp_stage_kernels_gpu_free(mp_stage_kernels *kernels) {
+  /* The table is the struct's first member. */
+  cuda_kernels_free((cuda_kernels *)kernels);
+}
