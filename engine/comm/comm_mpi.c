@@ -17,22 +17,19 @@
 #include "engine/comm/comm.h"
 
 #include "engine/comm/comm_staging.h"
+#include "engine/comm/poll_wait.h"
 
 #include <limits.h>
 /* Debian puts Open MPI's headers under /usr/include/<triplet>/mpi, which gcc searches through the
  * multiarch directory; @system//:mpi's -isystem copt does not reach dependents (Bazel copts do not
  * propagate), so the header is named with its directory. */
 #include <mpi/mpi.h>
-#include <sched.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 enum {
-  kFirstSleepNs = 10000,           /* past kSpinSeconds, sleep 10 us between polls, doubling ... */
-  kMaxSleepNs = 1000000,           /* ... up to 1 ms */
   kTagP2P = 1,
   kNameBytes = 32,
   kMembersTextBytes = 160,
@@ -47,7 +44,7 @@ static const double kCancelGraceS = 1.0; /* how long a cancelled receive may tak
  * spins on MPI_Test, yielding the core to other ranks between polls (what Open MPI's own
  * MPI_Wait does when oversubscribed), for its first kSpinSeconds; a wait that has lasted that
  * long is almost surely on a stuck or far-behind peer, and from then on it sleeps between polls
- * so that waiting out a long timeout costs little CPU. */
+ * (poll_wait.h) so that waiting out a long timeout costs little CPU. */
 static const double kSpinSeconds = 10.0;
 
 struct mp_comm_world {
@@ -96,12 +93,6 @@ static mp_status mpi_check(int world_rank, int code, const char *call, const cha
 #define MPI_CALL(world_rank, function, args, err) \
   mpi_check((world_rank), function args, #function, __FILE__, __LINE__, (err))
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Outcome of a wait that did not fail in MPI itself. */
 typedef enum {
   WAIT_DONE,          /* the operation completed */
@@ -109,30 +100,44 @@ typedef enum {
   WAIT_LEFT_PENDING,  /* timed out, and is still inside MPI */
 } wait_outcome;
 
-/* Polls *request until it completes or the deadline passes: spinning (with sched_yield) for the
- * first kSpinSeconds, then sleeping between polls with a doubling backoff up to 1 ms. On timeout a cancellable (point-to-point) request is cancelled; if
- * it then turns out to have completed after all, the outcome is WAIT_DONE. */
+/* An MPI request under mp_poll_wait. After MPI_Cancel the poll also asks whether the request was
+ * cancelled (cancelled, set when it completes). */
+typedef struct {
+  int world_rank;
+  MPI_Request *request;
+  bool after_cancel;
+  bool cancelled;
+} request_poll;
+
+static mp_status poll_request(void *context, bool *done, mp_error *err) {
+  request_poll *poll = context;
+  int completed = 0;
+  MPI_Status status;
+  MP_TRY(MPI_CALL(poll->world_rank, MPI_Test,
+                  (poll->request, &completed, poll->after_cancel ? &status : MPI_STATUS_IGNORE),
+                  err));
+  if (completed && poll->after_cancel) {
+    int cancelled = 0;
+    MP_TRY(MPI_CALL(poll->world_rank, MPI_Test_cancelled, (&status, &cancelled), err));
+    poll->cancelled = cancelled != 0;
+  }
+  *done = completed != 0;
+  return MP_OK;
+}
+
+/* Polls *request until it completes or the deadline passes (mp_poll_wait: spinning with
+ * sched_yield for the first kSpinSeconds, then sleeping between polls with a doubling backoff up
+ * to 1 ms). On timeout a cancellable (point-to-point) request is cancelled, and polled for
+ * kCancelGraceS more; if it then turns out to have completed after all, the outcome is
+ * WAIT_DONE. */
 static mp_status wait_for(mp_comm_world *world, MPI_Request *request, double deadline,
                           bool cancellable, wait_outcome *outcome, mp_error *err) {
-  long sleep_ns = kFirstSleepNs;
-  double spin_until = now_s() + kSpinSeconds;
-  for (;;) {
-    int done = 0;
-    MP_TRY(MPI_CALL(world->rank, MPI_Test, (request, &done, MPI_STATUS_IGNORE), err));
-    if (done) {
-      *outcome = WAIT_DONE;
-      return MP_OK;
-    }
-    double now = now_s();
-    if (now >= deadline) break;
-    if (now < spin_until) {
-      sched_yield();
-    } else {
-      struct timespec pause = {0, sleep_ns};
-      nanosleep(&pause, NULL);
-      if (sleep_ns < kMaxSleepNs) sleep_ns *= 2;
-      if (sleep_ns > kMaxSleepNs) sleep_ns = kMaxSleepNs;
-    }
+  request_poll poll = {world->rank, request, false, false};
+  bool timed_out = false;
+  MP_TRY(mp_poll_wait(poll_request, &poll, deadline, kSpinSeconds, &timed_out, err));
+  if (!timed_out) {
+    *outcome = WAIT_DONE;
+    return MP_OK;
   }
   *outcome = WAIT_LEFT_PENDING;
   if (!cancellable) {
@@ -140,19 +145,11 @@ static mp_status wait_for(mp_comm_world *world, MPI_Request *request, double dea
     return MP_OK;
   }
   MP_TRY(MPI_CALL(world->rank, MPI_Cancel, (request), err));
-  double grace_end = now_s() + kCancelGraceS;
-  for (;;) {
-    int done = 0, cancelled = 0;
-    MPI_Status status;
-    MP_TRY(MPI_CALL(world->rank, MPI_Test, (request, &done, &status), err));
-    if (done) {
-      MP_TRY(MPI_CALL(world->rank, MPI_Test_cancelled, (&status, &cancelled), err));
-      *outcome = cancelled ? WAIT_WITHDRAWN : WAIT_DONE;
-      return MP_OK;
-    }
-    if (now_s() >= grace_end) break;
-    struct timespec pause = {0, kMaxSleepNs};
-    nanosleep(&pause, NULL);
+  poll.after_cancel = true;
+  MP_TRY(mp_poll_wait(poll_request, &poll, mp_poll_now_s() + kCancelGraceS, 0.0, &timed_out, err));
+  if (!timed_out) {
+    *outcome = poll.cancelled ? WAIT_WITHDRAWN : WAIT_DONE;
+    return MP_OK;
   }
   world->pending++;
   return MP_OK;
@@ -184,7 +181,7 @@ typedef struct {
 } comm_op;
 
 static comm_op comm_op_begin(const mp_comm *comm, const char *operation, int peer, size_t bytes) {
-  comm_op op = {operation, peer, bytes, now_s() + comm->world->timeout_s};
+  comm_op op = {operation, peer, bytes, mp_poll_now_s() + comm->world->timeout_s};
   return op;
 }
 
@@ -383,9 +380,9 @@ void mp_comm_world_finalize(mp_comm_world *world) {
     MPI_Request request = MPI_REQUEST_NULL;
     wait_outcome outcome = WAIT_LEFT_PENDING;
     mp_error ignored = MP_ERROR_INITIALIZER;
+    const double deadline = mp_poll_now_s() + world->timeout_s;
     clean = MPI_CALL(world->rank, MPI_Ibarrier, (world->comm, &request), &ignored) == MP_OK &&
-            wait_for(world, &request, now_s() + world->timeout_s, false, &outcome, &ignored) ==
-                MP_OK &&
+            wait_for(world, &request, deadline, false, &outcome, &ignored) == MP_OK &&
             outcome == WAIT_DONE;
   }
   if (clean) {
@@ -418,7 +415,7 @@ static mp_status world_all_reduce_int(mp_comm_world *world, int *value, MPI_Op o
   MP_TRY(MPI_CALL(world->rank, MPI_Iallreduce,
                   (MPI_IN_PLACE, value, 1, MPI_INT, op, world->comm, &request), err));
   wait_outcome outcome = WAIT_DONE;
-  MP_TRY(wait_for(world, &request, now_s() + world->timeout_s, false, &outcome, err));
+  MP_TRY(wait_for(world, &request, mp_poll_now_s() + world->timeout_s, false, &outcome, err));
   if (outcome != WAIT_DONE) {
     return mp_fail(err, MP_ERR_RUNTIME,
                    "rank %d: creating group %s timed out after %.1f s waiting for all %d ranks; a "
@@ -512,7 +509,7 @@ mp_status mp_comm_group_create(mp_comm_world *world, const int *members, int cou
                       (&world->rank, 1, MPI_INT, formed, 1, MPI_INT, comm->comm, &request), err);
     wait_outcome outcome = WAIT_DONE;
     if (status == MP_OK) {
-      status = wait_for(world, &request, now_s() + world->timeout_s, false, &outcome, err);
+      status = wait_for(world, &request, mp_poll_now_s() + world->timeout_s, false, &outcome, err);
     }
     if (status == MP_OK && outcome != WAIT_DONE) {
       comm->comm = MPI_COMM_NULL; /* the exchange is still pending on it: left to MPI */

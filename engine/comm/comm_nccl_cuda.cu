@@ -10,9 +10,10 @@
  *
  * The watchdog is not a thread: every wait is a polling loop (cudaEventQuery, or the
  * communicator's state, then ncclCommGetAsyncError), spinning with sched_yield for its first
- * second and then sleeping with a backoff up to 1 ms, against the operation's deadline. On a
- * timeout or an asynchronous NCCL error it aborts every communicator of the process (the list
- * g_comms), because a rank that stops here leaves its peers in other groups waiting too.
+ * second and then sleeping with a backoff up to 1 ms, against the operation's deadline (the
+ * communicators' one wait, poll_wait.h). On a timeout or an asynchronous NCCL error it aborts every
+ * communicator of the process (the list g_comms), because a rank that stops here leaves its peers
+ * in other groups waiting too.
  *
  * Non-blocking communicators (config.blocking = 0) return ncclInProgress from calls that have not
  * finished (creation, ncclGroupEnd, a collective whose launch is deferred); such a communicator
@@ -21,22 +22,20 @@
  */
 #include <cuda_runtime.h>
 #include <nccl.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "engine/comm/comm_nccl.h"
+#include "engine/comm/comm_nccl_checks.h"
+#include "engine/comm/poll_wait.h"
 #include "layers/cuda_check.cuh"
 
 namespace {
 
 const double kSpinSeconds = 1.0;  // poll without sleeping this long, then sleep between polls
-const long kFirstSleepNs = 10000;
-const long kMaxSleepNs = 1000000;
 const double kDefaultTimeoutS = 300.0;
-enum { kNameBytes = 32, kMembersTextBytes = 160, kWhatBytes = 320, kReasonBytes = 1024 };
+enum { kWhatBytes = MP_NCCL_WHAT_BYTES, kReasonBytes = 1024 };
 
 struct pending_op {
   cudaEvent_t event;       // recorded after the operation on the communication stream
@@ -55,15 +54,12 @@ struct mp_nccl_world {
 };
 
 struct mp_nccl_comm {
+  mp_nccl_group_info info;  // name, members, rank: what checks and messages say
   mp_nccl_world *world;
   ncclComm_t nccl;     // NULL once aborted
   cudaStream_t stream; // the communication stream
   cudaEvent_t order;   // scratch event for mp_nccl_comm_wait_stream / mp_nccl_stream_wait_comm
   cudaEvent_t marks[MP_NCCL_MARKS];  // mp_nccl_comm_mark's
-  char name[kNameBytes];
-  int rank, size;
-  int *members;        // (size) world ranks
-  char members_text[kMembersTextBytes];
   pending_op *pending; // (num_pending) oldest first
   int num_pending, pending_capacity;
   cudaEvent_t *spare;  // (num_spare) events ready for reuse
@@ -75,28 +71,6 @@ namespace {
 
 mp_nccl_comm *g_comms = NULL;          // every live communicator of the process
 char g_abort_reason[kReasonBytes] = "";  // why they were aborted; "" while they were not
-
-double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-// One poll-loop pause: yield while young, then sleep with a doubling backoff.
-struct backoff {
-  double spin_until;
-  long sleep_ns;
-};
-backoff backoff_begin(void) { return backoff{now_s() + kSpinSeconds, kFirstSleepNs}; }
-void backoff_pause(backoff *b) {
-  if (now_s() < b->spin_until) {
-    sched_yield();
-    return;
-  }
-  struct timespec pause = {0, b->sleep_ns};
-  nanosleep(&pause, NULL);
-  b->sleep_ns = b->sleep_ns * 2 < kMaxSleepNs ? b->sleep_ns * 2 : kMaxSleepNs;
-}
 
 double world_timeout(const mp_nccl_world *world) {
   return world->mpi != NULL ? mp_comm_world_timeout(world->mpi) : world->timeout_s;
@@ -152,7 +126,7 @@ mp_status usable(const mp_nccl_comm *comm, mp_error *err) {
   return mp_fail(err, MP_ERR_RUNTIME,
                  "rank %d: group %s (ranks %s) can no longer be used: the NCCL communicators of "
                  "this process were aborted after: %s; stop the run",
-                 comm->world->rank, comm->name, comm->members_text,
+                 comm->world->rank, comm->info.name, comm->info.members_text,
                  g_abort_reason[0] != '\0' ? g_abort_reason : "an earlier failure");
 }
 
@@ -217,65 +191,80 @@ bytes_note bytes_text(size_t bytes) {
   return note;
 }
 
-// Waits until the non-blocking communicator has finished its last call (state ncclSuccess), or
-// fails (its asynchronous error, or the deadline) naming `what`; both abort every communicator.
-mp_status settle(mp_nccl_comm *comm, const char *what, size_t bytes, double posted_s,
-                 double deadline_s, mp_error *err) {
-  backoff b = backoff_begin();
-  for (;;) {
-    if (comm->nccl == NULL) return usable(comm, err);
-    ncclResult_t state = ncclSuccess;
-    NCCL_TRY(comm->world, ncclCommGetAsyncError(comm->nccl, &state));
-    if (state == ncclSuccess) return MP_OK;
-    char message[kReasonBytes];
-    if (state != ncclInProgress) {
-      char text[kReasonBytes / 2];
-      nccl_describe(state, text, sizeof text);
-      snprintf(message, sizeof message, "rank %d: %s failed on NCCL after %.1f s%s: %s",
-               comm->world->rank, what, now_s() - posted_s, bytes_text(bytes).text, text);
-      return fail_and_abort(err, message);
-    }
-    if (now_s() >= deadline_s) {
-      snprintf(message, sizeof message, "rank %d: %s timed out after %.1f s%s on NCCL",
-               comm->world->rank, what, deadline_s - posted_s, bytes_text(bytes).text);
-      return fail_and_abort(err, message);
-    }
-    backoff_pause(&b);
-  }
-}
+// A wait for an operation of comm under mp_poll_wait: until `event` completes (NULL: until the
+// non-blocking communicator has finished its last call, state ncclSuccess), with the
+// communicator's asynchronous error polled too. what, size_note (" (4096 bytes)" or "") and
+// posted_s are for messages.
+struct op_poll {
+  mp_nccl_comm *comm;
+  cudaEvent_t event;
+  const char *what;
+  const char *size_note;
+  double posted_s;
+};
 
-// Waits for one posted operation: its event, polled with the communicator's asynchronous error,
-// against its deadline.
-mp_status wait_op(mp_nccl_comm *comm, const pending_op *op, mp_error *err) {
-  backoff b = backoff_begin();
-  for (;;) {
-    cudaError_t done = cudaEventQuery(op->event);
-    if (done == cudaSuccess) return MP_OK;
-    if (done == cudaErrorNotReady) {
+// One poll (an mp_poll_fn): the event if any, then the communicator's state. A failure (of the
+// event, or an asynchronous NCCL error) aborts every communicator, naming the operation.
+mp_status poll_op(void *context, bool *done, mp_error *err) {
+  const op_poll *op = static_cast<const op_poll *>(context);
+  mp_nccl_comm *comm = op->comm;
+  *done = false;
+  if (op->event != NULL) {
+    cudaError_t status = cudaEventQuery(op->event);
+    if (status == cudaSuccess) {
+      *done = true;
+      return MP_OK;
+    }
+    if (status == cudaErrorNotReady) {
       cudaGetLastError();  // "not ready" is no error; keep it from the caller's next check
     } else {
       char call[kWhatBytes + 64];
       snprintf(call, sizeof call, "cudaEventQuery (the end of %s)", op->what);
-      return cuda_failed(comm->world, done, call, __FILE__, __LINE__, true, err);
+      return cuda_failed(comm->world, status, call, __FILE__, __LINE__, true, err);
     }
-    if (comm->nccl == NULL) return usable(comm, err);
-    ncclResult_t state = ncclSuccess;
-    NCCL_TRY(comm->world, ncclCommGetAsyncError(comm->nccl, &state));
-    char message[kReasonBytes];
-    if (state != ncclSuccess && state != ncclInProgress) {
-      char text[kReasonBytes / 2];
-      nccl_describe(state, text, sizeof text);
-      snprintf(message, sizeof message, "rank %d: %s failed on NCCL after %.1f s (%zu bytes): %s",
-               comm->world->rank, op->what, now_s() - op->posted_s, op->bytes, text);
-      return fail_and_abort(err, message);
-    }
-    if (now_s() >= op->deadline_s) {
-      snprintf(message, sizeof message, "rank %d: %s timed out after %.1f s (%zu bytes) on NCCL",
-               comm->world->rank, op->what, op->deadline_s - op->posted_s, op->bytes);
-      return fail_and_abort(err, message);
-    }
-    backoff_pause(&b);
   }
+  if (comm->nccl == NULL) return usable(comm, err);
+  ncclResult_t state = ncclSuccess;
+  NCCL_TRY(comm->world, ncclCommGetAsyncError(comm->nccl, &state));
+  if (state == ncclSuccess || state == ncclInProgress) {
+    *done = op->event == NULL && state == ncclSuccess;
+    return MP_OK;
+  }
+  char text[kReasonBytes / 2], message[kReasonBytes];
+  nccl_describe(state, text, sizeof text);
+  snprintf(message, sizeof message, "rank %d: %s failed on NCCL after %.1f s%s: %s",
+           comm->world->rank, op->what, mp_poll_now_s() - op->posted_s, op->size_note, text);
+  return fail_and_abort(err, message);
+}
+
+// Polls op (poll_op) against deadline_s, the watchdog's wait; past it, aborts every communicator.
+mp_status wait_polled(const op_poll *op, double deadline_s, mp_error *err) {
+  bool timed_out = false;
+  MP_TRY(mp_poll_wait(poll_op, const_cast<op_poll *>(op), deadline_s, kSpinSeconds, &timed_out,
+                      err));
+  if (!timed_out) return MP_OK;
+  char message[kReasonBytes];
+  snprintf(message, sizeof message, "rank %d: %s timed out after %.1f s%s on NCCL",
+           op->comm->world->rank, op->what, deadline_s - op->posted_s, op->size_note);
+  return fail_and_abort(err, message);
+}
+
+// Waits until the non-blocking communicator has finished its last call (state ncclSuccess), or
+// fails (its asynchronous error, or the deadline) naming `what`; both abort every communicator.
+mp_status settle(mp_nccl_comm *comm, const char *what, size_t bytes, double posted_s,
+                 double deadline_s, mp_error *err) {
+  const bytes_note note = bytes_text(bytes);
+  const op_poll op = {comm, NULL, what, note.text, posted_s};
+  return wait_polled(&op, deadline_s, err);
+}
+
+// Waits for one posted operation: its event, polled with the communicator's asynchronous error,
+// against its deadline.
+mp_status wait_op(mp_nccl_comm *comm, const pending_op *pending, mp_error *err) {
+  char note[48];
+  snprintf(note, sizeof note, " (%zu bytes)", pending->bytes);
+  const op_poll op = {comm, pending->event, pending->what, note, pending->posted_s};
+  return wait_polled(&op, pending->deadline_s, err);
 }
 
 // Moves the completed operations at the front of the list to the spare events.
@@ -345,66 +334,26 @@ mp_status finish(mp_nccl_comm *comm, const char *what, size_t bytes, double post
   return MP_OK;
 }
 
-// --- argument checks (MP_ERR_INPUT, nothing posted) ---
+// --- argument checks (MP_ERR_INPUT, nothing posted): comm_nccl_checks.h, shared with the
+// emulated communicators ---
 
-mp_status check_comm(const mp_nccl_comm *comm, const char *operation, mp_error *err) {
-  if (comm == NULL) {
-    return mp_fail(err, MP_ERR_INPUT, "%s: NULL NCCL communicator", operation);
-  }
-  return MP_OK;
+// The communicator's group for the checks; NULL for a NULL communicator.
+const mp_nccl_group_info *info_of(const mp_nccl_comm *comm) {
+  return comm != NULL ? &comm->info : NULL;
 }
 
-size_t dtype_bytes(mp_nccl_dtype dtype) {
-  switch (dtype) {
-    case MP_NCCL_FLOAT32: return 4;
-    case MP_NCCL_BFLOAT16: return 2;
-  }
-  return 0;
+// The checks' test of a buffer: device (or managed) memory, as NCCL needs; it faults on host
+// memory.
+bool is_device_memory(const void *buffer) {
+  cudaPointerAttributes attributes;
+  cudaError_t status = cudaPointerGetAttributes(&attributes, buffer);
+  if (status != cudaSuccess) cudaGetLastError();
+  return status == cudaSuccess &&
+         (attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged);
 }
 
 ncclDataType_t dtype_nccl(mp_nccl_dtype dtype) {
   return dtype == MP_NCCL_BFLOAT16 ? ncclBfloat16 : ncclFloat32;
-}
-
-mp_status check_dtype(const mp_nccl_comm *comm, const char *operation, mp_nccl_dtype dtype,
-                      mp_error *err) {
-  if (dtype_bytes(dtype) == 0) {
-    return mp_fail(err, MP_ERR_INPUT,
-                   "rank %d: %s in group %s: unknown element type %d (MP_NCCL_FLOAT32 or "
-                   "MP_NCCL_BFLOAT16)",
-                   comm->world->rank, operation, comm->name, (int)dtype);
-  }
-  return MP_OK;
-}
-
-// buffer must be device memory (or managed) when bytes > 0: NCCL faults on host memory.
-mp_status check_buffer(const mp_nccl_comm *comm, const char *operation, const char *which,
-                       const void *buffer, size_t bytes, mp_error *err) {
-  if (bytes == 0) return MP_OK;
-  if (buffer == NULL) {
-    return mp_fail(err, MP_ERR_INPUT, "rank %d: %s in group %s: NULL %s of %zu bytes",
-                   comm->world->rank, operation, comm->name, which, bytes);
-  }
-  cudaPointerAttributes attributes;
-  cudaError_t status = cudaPointerGetAttributes(&attributes, buffer);
-  if (status != cudaSuccess) cudaGetLastError();
-  if (status != cudaSuccess || (attributes.type != cudaMemoryTypeDevice &&
-                                attributes.type != cudaMemoryTypeManaged)) {
-    return mp_fail(err, MP_ERR_INPUT,
-                   "rank %d: %s in group %s: the %s (%zu bytes) is host memory; NCCL needs GPU "
-                   "memory (cudaMalloc). The MPI communicators (engine/comm/comm.h) take host buffers",
-                   comm->world->rank, operation, comm->name, which, bytes);
-  }
-  return MP_OK;
-}
-
-mp_status check_count(const mp_nccl_comm *comm, const char *operation, size_t count,
-                      size_t multiple, mp_nccl_dtype dtype, mp_error *err) {
-  if (count > ((size_t)-1 / 2) / multiple / dtype_bytes(dtype)) {
-    return mp_fail(err, MP_ERR_INPUT, "rank %d: %s in group %s: %zu elements is too many",
-                   comm->world->rank, operation, comm->name, count);
-  }
-  return MP_OK;
 }
 
 }  // namespace
@@ -498,7 +447,7 @@ void release(mp_nccl_comm *comm) {
   cudaGetLastError();
   free(comm->pending);
   free(comm->spare);
-  free(comm->members);
+  mp_nccl_group_info_free(&comm->info);
   free(comm);
 }
 
@@ -522,7 +471,7 @@ mp_status create(mp_nccl_world *world, mp_comm *group, mp_nccl_comm *comm, mp_er
   id_message message;
   memset(&message, 0, sizeof message);
   mp_error local = MP_ERROR_INITIALIZER;
-  if (comm->rank == 0) {
+  if (comm->info.rank == 0) {
     ncclResult_t made = ncclGetUniqueId(&message.id);
     message.ok = made == ncclSuccess;
     if (!message.ok) {
@@ -532,49 +481,49 @@ mp_status create(mp_nccl_world *world, mp_comm *group, mp_nccl_comm *comm, mp_er
               world->rank, text, __FILE__, __LINE__);
     }
   }
-  if (group != NULL && comm->size > 1) {
+  if (group != NULL && comm->info.size > 1) {
     mp_error broadcast = MP_ERROR_INITIALIZER;
     if (mp_comm_broadcast(group, &message, sizeof message, 0, &broadcast) != MP_OK) {
       // A member that does not arrive stops the run: the other groups' peers are told by abort.
       char reason[kReasonBytes];
       snprintf(reason, sizeof reason,
                "rank %d: creating the NCCL communicator of group %s (ranks %s): %s", world->rank,
-               comm->name, comm->members_text, broadcast.message);
+               comm->info.name, comm->info.members_text, broadcast.message);
       return fail_and_abort(err, reason);
     }
   }
   if (!message.ok) {
-    if (comm->rank == 0) return mp_fail(err, local.status, "%s", local.message);
+    if (comm->info.rank == 0) return mp_fail(err, local.status, "%s", local.message);
     return mp_fail(err, MP_ERR_RUNTIME,
                    "rank %d: creating the NCCL communicator of group %s (ranks %s): its rank 0 "
                    "could not make an NCCL id (see its message)",
-                   world->rank, comm->name, comm->members_text);
+                   world->rank, comm->info.name, comm->info.members_text);
   }
 
   // Join, without blocking: the communicator is polled to readiness under the deadline.
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
-  config.commName = comm->name;
-  const double posted_s = now_s();
+  config.commName = comm->info.name;
+  const double posted_s = mp_poll_now_s();
   comm->next = g_comms;  // registered first: an abort while it forms must reach it too
   g_comms = comm;
-  ncclResult_t joined = ncclCommInitRankConfig(&comm->nccl, comm->size, message.id, comm->rank,
-                                               &config);
+  const int size = comm->info.size, rank = comm->info.rank;
+  ncclResult_t joined = ncclCommInitRankConfig(&comm->nccl, size, message.id, rank, &config);
   if (joined != ncclSuccess && joined != ncclInProgress) {
     char text[kReasonBytes / 2], reason[kReasonBytes];
     nccl_describe(joined, text, sizeof text);
     snprintf(reason, sizeof reason,
              "rank %d: creating the NCCL communicator of group %s (ranks %s): "
-             "ncclCommInitRankConfig(&comm->nccl, comm->size, message.id, comm->rank, &config) "
-             "failed: %s at %s:%d",
-             world->rank, comm->name, comm->members_text, text, __FILE__, __LINE__);
+             "ncclCommInitRankConfig(&comm->nccl, size, message.id, rank, &config) failed: %s at "
+             "%s:%d",
+             world->rank, comm->info.name, comm->info.members_text, text, __FILE__, __LINE__);
     if (comm->nccl != NULL) (void)ncclCommAbort(comm->nccl);
     comm->nccl = NULL;
     return mp_fail(err, MP_ERR_RUNTIME, "%s", reason);
   }
   char what[kWhatBytes];
-  snprintf(what, sizeof what, "creating the NCCL communicator of group %s (ranks %s)", comm->name,
-           comm->members_text);
+  snprintf(what, sizeof what, "creating the NCCL communicator of group %s (ranks %s)",
+           comm->info.name, comm->info.members_text);
   return settle(comm, what, 0, posted_s, posted_s + world_timeout(world), err);
 }
 
@@ -591,27 +540,17 @@ extern "C" mp_status mp_nccl_comm_create(mp_nccl_world *world, mp_comm *group, m
                    world->rank, g_abort_reason);
   }
   mp_nccl_comm *comm = (mp_nccl_comm *)calloc(1, sizeof *comm);
-  int size = group != NULL ? mp_comm_size(group) : 1;
-  int *members = (int *)malloc((size_t)size * sizeof *members);
-  if (comm == NULL || members == NULL) {
-    free(comm);
-    free(members);
+  if (comm == NULL) {
     return mp_fail(err, MP_ERR_RUNTIME, "rank %d: out of memory for an NCCL communicator",
                    world->rank);
   }
-  comm->world = world;
-  comm->members = members;
-  comm->size = size;
-  if (group != NULL) {
-    comm->rank = mp_comm_rank(group);
-    for (int i = 0; i < size; ++i) members[i] = mp_comm_member(group, i);
-    snprintf(comm->name, sizeof comm->name, "%s", mp_comm_name(group));
-  } else {
-    comm->rank = 0;
-    members[0] = world->rank;
-    snprintf(comm->name, sizeof comm->name, "self");
+  const mp_status made = mp_nccl_group_info_init(&comm->info, world->rank, group, err);
+  if (made != MP_OK) {
+    free(comm);
+    return made;
   }
-  mp_comm_format_members(comm->members_text, sizeof comm->members_text, members, size);
+  comm->info.is_device_memory = is_device_memory;
+  comm->world = world;
   const mp_status status = create(world, group, comm, err);
   if (status != MP_OK) {
     if (comm->nccl != NULL) {
@@ -625,6 +564,22 @@ extern "C" mp_status mp_nccl_comm_create(mp_nccl_world *world, mp_comm *group, m
   return MP_OK;
 }
 
+namespace {
+
+// One poll of a finalizing communicator (an mp_poll_fn): done at state ncclSuccess; a state other
+// than ncclInProgress, or a query that fails, is a failure.
+mp_status poll_finalized(void *context, bool *done, mp_error *err) {
+  mp_nccl_comm *comm = static_cast<mp_nccl_comm *>(context);
+  ncclResult_t state = ncclSuccess;
+  const ncclResult_t queried = ncclCommGetAsyncError(comm->nccl, &state);
+  *done = queried == ncclSuccess && state == ncclSuccess;
+  if (queried == ncclSuccess && (state == ncclSuccess || state == ncclInProgress)) return MP_OK;
+  return mp_fail(err, MP_ERR_RUNTIME, "rank %d: finalizing the NCCL communicator of group %s",
+                 comm->world->rank, comm->info.name);
+}
+
+}  // namespace
+
 extern "C" void mp_nccl_comm_free(mp_nccl_comm *comm) {
   if (comm == NULL) return;
   mp_error ignored = MP_ERROR_INITIALIZER;
@@ -633,19 +588,14 @@ extern "C" void mp_nccl_comm_free(mp_nccl_comm *comm) {
     mp_status status = mp_nccl_comm_synchronize(comm, &ignored);  // aborts all on failure
     if (status == MP_OK && comm->nccl != NULL) {
       // Finalize flushes and waits for the peers to be quiescent: polled, under the timeout.
-      const double posted_s = now_s();
+      const double posted_s = mp_poll_now_s();
       ncclResult_t finalized = ncclCommFinalize(comm->nccl);
       bool clean = finalized == ncclSuccess || finalized == ncclInProgress;
-      backoff b = backoff_begin();
-      while (clean) {
-        ncclResult_t state = ncclSuccess;
-        if (ncclCommGetAsyncError(comm->nccl, &state) != ncclSuccess) clean = false;
-        if (state == ncclSuccess) break;
-        if (state != ncclInProgress || now_s() >= posted_s + world_timeout(comm->world)) {
-          clean = false;
-        }
-        backoff_pause(&b);
-      }
+      bool timed_out = false;
+      clean = clean &&
+              mp_poll_wait(poll_finalized, comm, posted_s + world_timeout(comm->world),
+                           kSpinSeconds, &timed_out, &ignored) == MP_OK &&
+              !timed_out;
       if (clean) {
         (void)ncclCommDestroy(comm->nccl);
       } else {
@@ -657,9 +607,9 @@ extern "C" void mp_nccl_comm_free(mp_nccl_comm *comm) {
   release(comm);
 }
 
-extern "C" int mp_nccl_comm_rank(const mp_nccl_comm *comm) { return comm->rank; }
-extern "C" int mp_nccl_comm_size(const mp_nccl_comm *comm) { return comm->size; }
-extern "C" const char *mp_nccl_comm_name(const mp_nccl_comm *comm) { return comm->name; }
+extern "C" int mp_nccl_comm_rank(const mp_nccl_comm *comm) { return comm->info.rank; }
+extern "C" int mp_nccl_comm_size(const mp_nccl_comm *comm) { return comm->info.size; }
+extern "C" const char *mp_nccl_comm_name(const mp_nccl_comm *comm) { return comm->info.name; }
 extern "C" mp_cuda_stream mp_nccl_comm_stream(const mp_nccl_comm *comm) { return comm->stream; }
 
 // ---------------------------------------------------------------------------------------------
@@ -667,7 +617,7 @@ extern "C" mp_cuda_stream mp_nccl_comm_stream(const mp_nccl_comm *comm) { return
 
 extern "C" mp_status mp_nccl_comm_wait_stream(mp_nccl_comm *comm, mp_cuda_stream stream,
                                               mp_error *err) {
-  MP_TRY(check_comm(comm, "waiting for a stream", err));
+  MP_TRY(mp_nccl_check_comm(info_of(comm), "waiting for a stream", err));
   MP_TRY(usable(comm, err));
   CUDA_TRY(comm->world, cudaEventRecord(comm->order, (cudaStream_t)stream));
   CUDA_TRY(comm->world, cudaStreamWaitEvent(comm->stream, comm->order, 0));
@@ -676,26 +626,15 @@ extern "C" mp_status mp_nccl_comm_wait_stream(mp_nccl_comm *comm, mp_cuda_stream
 
 extern "C" mp_status mp_nccl_stream_wait_comm(mp_cuda_stream stream, mp_nccl_comm *comm,
                                               mp_error *err) {
-  MP_TRY(check_comm(comm, "making a stream wait", err));
+  MP_TRY(mp_nccl_check_comm(info_of(comm), "making a stream wait", err));
   MP_TRY(usable(comm, err));
   CUDA_TRY(comm->world, cudaEventRecord(comm->order, comm->stream));
   CUDA_TRY(comm->world, cudaStreamWaitEvent((cudaStream_t)stream, comm->order, 0));
   return MP_OK;
 }
 
-namespace {
-
-mp_status check_mark(const mp_nccl_comm *comm, int slot, mp_error *err) {
-  if (slot >= 0 && slot < MP_NCCL_MARKS) return MP_OK;
-  return mp_fail(err, MP_ERR_INPUT, "rank %d: group %s: mark %d is not one of 0 .. %d",
-                 comm->world->rank, comm->name, slot, MP_NCCL_MARKS - 1);
-}
-
-}  // namespace
-
 extern "C" mp_status mp_nccl_comm_mark(mp_nccl_comm *comm, int slot, mp_error *err) {
-  MP_TRY(check_comm(comm, "marking", err));
-  MP_TRY(check_mark(comm, slot, err));
+  MP_TRY(mp_nccl_check_mark(info_of(comm), "marking", slot, err));
   MP_TRY(usable(comm, err));
   CUDA_TRY(comm->world, cudaEventRecord(comm->marks[slot], comm->stream));
   return MP_OK;
@@ -703,15 +642,14 @@ extern "C" mp_status mp_nccl_comm_mark(mp_nccl_comm *comm, int slot, mp_error *e
 
 extern "C" mp_status mp_nccl_stream_wait_mark(mp_cuda_stream stream, mp_nccl_comm *comm, int slot,
                                               mp_error *err) {
-  MP_TRY(check_comm(comm, "making a stream wait", err));
-  MP_TRY(check_mark(comm, slot, err));
+  MP_TRY(mp_nccl_check_mark(info_of(comm), "making a stream wait", slot, err));
   MP_TRY(usable(comm, err));
   CUDA_TRY(comm->world, cudaStreamWaitEvent((cudaStream_t)stream, comm->marks[slot], 0));
   return MP_OK;
 }
 
 extern "C" mp_status mp_nccl_comm_synchronize(mp_nccl_comm *comm, mp_error *err) {
-  MP_TRY(check_comm(comm, "synchronize", err));
+  MP_TRY(mp_nccl_check_comm(info_of(comm), "synchronize", err));
   int done = 0;
   mp_status status = MP_OK;
   for (; done < comm->num_pending; ++done) {
@@ -731,44 +669,14 @@ extern "C" mp_status mp_nccl_comm_synchronize(mp_nccl_comm *comm, mp_error *err)
 
 extern "C" mp_status mp_nccl_p2p(mp_nccl_comm *comm, const mp_nccl_p2p_op *ops, int count,
                                  mp_error *err) {
-  MP_TRY(check_comm(comm, "send/recv", err));
-  if (count < 0 || (ops == NULL && count > 0)) {
-    return mp_fail(err, MP_ERR_INPUT, "rank %d: send/recv in group %s: %d operations at %p",
-                   comm->world->rank, comm->name, count, (const void *)ops);
-  }
+  // The description for messages: "send to rank 3 and recv from rank 1 in group pp".
+  char what[kWhatBytes];
+  size_t bytes = 0;
+  MP_TRY(mp_nccl_check_p2p(info_of(comm), ops, count, what, sizeof what, &bytes, err));
   if (count == 0) return MP_OK;
-  // Checks, and the description for messages: "send to rank 3 and recv from rank 1 in group pp".
-  char what[kWhatBytes] = "";
-  size_t used = 0, bytes = 0;
-  for (int i = 0; i < count; ++i) {
-    const mp_nccl_p2p_op *op = &ops[i];
-    const char *kind = op->kind == MP_NCCL_SEND ? "send" : "recv";
-    if (op->kind != MP_NCCL_SEND && op->kind != MP_NCCL_RECV) {
-      return mp_fail(err, MP_ERR_INPUT,
-                     "rank %d: send/recv in group %s: operation %d has kind %d (MP_NCCL_SEND or "
-                     "MP_NCCL_RECV)",
-                     comm->world->rank, comm->name, i, (int)op->kind);
-    }
-    if (op->peer < 0 || op->peer >= comm->size) {
-      return mp_fail(err, MP_ERR_INPUT,
-                     "rank %d: %s in group %s (ranks %s): peer %d is not a group rank (0 .. %d)",
-                     comm->world->rank, kind, comm->name, comm->members_text, op->peer,
-                     comm->size - 1);
-    }
-    MP_TRY(check_buffer(comm, kind, op->kind == MP_NCCL_SEND ? "send buffer" : "receive buffer",
-                        op->buffer, op->bytes, err));
-    bytes += op->bytes;
-    if (used < sizeof what) {
-      int n = snprintf(what + used, sizeof what - used, "%s%s %s rank %d", i > 0 ? " and " : "",
-                       kind, op->kind == MP_NCCL_SEND ? "to" : "from",
-                       comm->members[op->peer]);
-      if (n > 0) used += (size_t)n;
-    }
-  }
-  if (used < sizeof what) snprintf(what + used, sizeof what - used, " in group %s", comm->name);
 
   MP_TRY(begin(comm, err));
-  const double posted_s = now_s();
+  const double posted_s = mp_poll_now_s();
   NCCL_TRY(comm->world, ncclGroupStart());
   ncclResult_t failed = ncclSuccess;
   const char *failed_call = NULL;
@@ -797,39 +705,31 @@ extern "C" mp_status mp_nccl_p2p(mp_nccl_comm *comm, const mp_nccl_p2p_op *ops, 
 
 extern "C" mp_status mp_nccl_all_reduce_sum(mp_nccl_comm *comm, void *buffer, size_t count,
                                             mp_nccl_dtype dtype, mp_error *err) {
-  MP_TRY(check_comm(comm, "all-reduce", err));
-  MP_TRY(check_dtype(comm, "all-reduce", dtype, err));
-  MP_TRY(check_count(comm, "all-reduce", count, 1, dtype, err));
-  const size_t bytes = count * dtype_bytes(dtype);
-  MP_TRY(check_buffer(comm, "all-reduce", "buffer", buffer, bytes, err));
+  MP_TRY(mp_nccl_check_all_reduce(info_of(comm), buffer, count, dtype, err));
+  const size_t bytes = count * mp_nccl_dtype_bytes(dtype);
   if (count == 0) return MP_OK;
   MP_TRY(begin(comm, err));
-  const double posted_s = now_s();
+  const double posted_s = mp_poll_now_s();
   NCCL_TRY(comm->world, ncclAllReduce(buffer, buffer, count, dtype_nccl(dtype), ncclSum,
                                       comm->nccl, comm->stream));
   char what[kWhatBytes];
-  snprintf(what, sizeof what, "all-reduce in group %s (ranks %s)", comm->name, comm->members_text);
+  mp_nccl_describe(&comm->info, "all-reduce", what, sizeof what);
   return finish(comm, what, bytes, posted_s, err);
 }
 
 extern "C" mp_status mp_nccl_reduce_scatter_sum(mp_nccl_comm *comm, const void *input,
                                                 void *output, size_t count, mp_nccl_dtype dtype,
                                                 mp_error *err) {
-  MP_TRY(check_comm(comm, "reduce-scatter", err));
-  MP_TRY(check_dtype(comm, "reduce-scatter", dtype, err));
-  MP_TRY(check_count(comm, "reduce-scatter", count, (size_t)comm->size, dtype, err));
-  const size_t bytes = count * dtype_bytes(dtype);
-  MP_TRY(check_buffer(comm, "reduce-scatter", "input", input, bytes * comm->size, err));
-  MP_TRY(check_buffer(comm, "reduce-scatter", "output", output, bytes, err));
+  MP_TRY(mp_nccl_check_reduce_scatter(info_of(comm), input, output, count, dtype, err));
+  const size_t bytes = count * mp_nccl_dtype_bytes(dtype);
   if (count == 0) return MP_OK;
   MP_TRY(begin(comm, err));
-  const double posted_s = now_s();
+  const double posted_s = mp_poll_now_s();
   NCCL_TRY(comm->world, ncclReduceScatter(input, output, count, dtype_nccl(dtype), ncclSum,
                                           comm->nccl, comm->stream));
   char what[kWhatBytes];
-  snprintf(what, sizeof what, "reduce-scatter in group %s (ranks %s)", comm->name,
-           comm->members_text);
-  return finish(comm, what, bytes * comm->size, posted_s, err);
+  mp_nccl_describe(&comm->info, "reduce-scatter", what, sizeof what);
+  return finish(comm, what, bytes * comm->info.size, posted_s, err);
 }
 
 // NCCL's reduce-scatter and all-gather take equal counts: the uneven ones post one rooted
@@ -844,7 +744,7 @@ mp_status post_rooted_runs(mp_nccl_comm *comm, const size_t *counts, const char 
   NCCL_TRY(comm->world, ncclGroupStart());
   ncclResult_t failed = ncclSuccess;
   size_t at = 0;
-  for (int r = 0; r < comm->size && failed == ncclSuccess; ++r) {
+  for (int r = 0; r < comm->info.size && failed == ncclSuccess; ++r) {
     if (counts[r] > 0) {
       ncclResult_t result = post(r, at);
       if (result != ncclSuccess && result != ncclInProgress) failed = result;
@@ -864,18 +764,11 @@ mp_status post_rooted_runs(mp_nccl_comm *comm, const size_t *counts, const char 
 extern "C" mp_status mp_nccl_reduce_scatter_v_sum_f32(mp_nccl_comm *comm, const float *input,
                                                       float *output, const size_t *counts,
                                                       mp_error *err) {
-  MP_TRY(check_comm(comm, "reduce-scatter", err));
   size_t total = 0;
-  for (int r = 0; r < comm->size; ++r) {
-    MP_TRY(check_count(comm, "reduce-scatter", counts[r], 1, MP_NCCL_FLOAT32, err));
-    total += counts[r];
-  }
-  const size_t mine = counts[comm->rank];
-  MP_TRY(check_buffer(comm, "reduce-scatter", "input", input, total * sizeof(float), err));
-  MP_TRY(check_buffer(comm, "reduce-scatter", "output", output, mine * sizeof(float), err));
+  MP_TRY(mp_nccl_check_reduce_scatter_v(info_of(comm), input, output, counts, &total, err));
   if (total == 0) return MP_OK;
   MP_TRY(begin(comm, err));
-  const double posted_s = now_s();
+  const double posted_s = mp_poll_now_s();
   // One reduce per rank's run, rooted there. recvbuff is read on the root only; the others pass
   // their own (valid) buffer.
   MP_TRY(post_rooted_runs(
@@ -888,48 +781,33 @@ extern "C" mp_status mp_nccl_reduce_scatter_v_sum_f32(mp_nccl_comm *comm, const 
       },
       err));
   char what[kWhatBytes];
-  snprintf(what, sizeof what, "reduce-scatter in group %s (ranks %s)", comm->name,
-           comm->members_text);
+  mp_nccl_describe(&comm->info, "reduce-scatter", what, sizeof what);
   return finish(comm, what, total * sizeof(float), posted_s, err);
 }
 
 extern "C" mp_status mp_nccl_all_gather(mp_nccl_comm *comm, const void *input, void *output,
                                         size_t count, mp_nccl_dtype dtype, mp_error *err) {
-  MP_TRY(check_comm(comm, "all-gather", err));
-  MP_TRY(check_dtype(comm, "all-gather", dtype, err));
-  MP_TRY(check_count(comm, "all-gather", count, (size_t)comm->size, dtype, err));
-  const size_t bytes = count * dtype_bytes(dtype);
-  MP_TRY(check_buffer(comm, "all-gather", "input", input, bytes, err));
-  MP_TRY(check_buffer(comm, "all-gather", "output", output, bytes * comm->size, err));
+  MP_TRY(mp_nccl_check_all_gather(info_of(comm), input, output, count, dtype, err));
+  const size_t bytes = count * mp_nccl_dtype_bytes(dtype);
   if (count == 0) return MP_OK;
   MP_TRY(begin(comm, err));
-  const double posted_s = now_s();
+  const double posted_s = mp_poll_now_s();
   NCCL_TRY(comm->world, ncclAllGather(input, output, count, dtype_nccl(dtype), comm->nccl,
                                       comm->stream));
   char what[kWhatBytes];
-  snprintf(what, sizeof what, "all-gather in group %s (ranks %s)", comm->name, comm->members_text);
-  return finish(comm, what, bytes * comm->size, posted_s, err);
+  mp_nccl_describe(&comm->info, "all-gather", what, sizeof what);
+  return finish(comm, what, bytes * comm->info.size, posted_s, err);
 }
 
 extern "C" mp_status mp_nccl_all_gather_v(mp_nccl_comm *comm, const void *input, void *output,
                                           const size_t *counts, mp_nccl_dtype dtype,
                                           mp_error *err) {
-  MP_TRY(check_comm(comm, "all-gather", err));
-  MP_TRY(check_dtype(comm, "all-gather", dtype, err));
-  const size_t elem = dtype_bytes(dtype);
   size_t total = 0;
-  for (int r = 0; r < comm->size; ++r) {
-    MP_TRY(check_count(comm, "all-gather", counts[r], 1, dtype, err));
-    total += counts[r];
-  }
-  const size_t mine = counts[comm->rank];
-  if (input != NULL) {
-    MP_TRY(check_buffer(comm, "all-gather", "input", input, mine * elem, err));
-  }
-  MP_TRY(check_buffer(comm, "all-gather", "output", output, total * elem, err));
+  MP_TRY(mp_nccl_check_all_gather_v(info_of(comm), input, output, counts, dtype, &total, err));
+  const size_t elem = mp_nccl_dtype_bytes(dtype);
   if (total == 0) return MP_OK;
   MP_TRY(begin(comm, err));
-  const double posted_s = now_s();
+  const double posted_s = mp_poll_now_s();
   // One broadcast per rank's run, rooted there. sendbuff is read on the root only; in place it is
   // the run's own place in output.
   char *out = static_cast<char *>(output);
@@ -938,32 +816,25 @@ extern "C" mp_status mp_nccl_all_gather_v(mp_nccl_comm *comm, const void *input,
       "ncclBroadcast(send, out + at * elem, counts[r], dtype_nccl(dtype), r, comm->nccl, "
       "comm->stream)",
       [&](int r, size_t at) {
-        const void *send = r == comm->rank && input != NULL ? input : out + at * elem;
+        const void *send = r == comm->info.rank && input != NULL ? input : out + at * elem;
         return ncclBroadcast(send, out + at * elem, counts[r], dtype_nccl(dtype), r, comm->nccl,
                              comm->stream);
       },
       err));
   char what[kWhatBytes];
-  snprintf(what, sizeof what, "all-gather in group %s (ranks %s)", comm->name, comm->members_text);
+  mp_nccl_describe(&comm->info, "all-gather", what, sizeof what);
   return finish(comm, what, total * elem, posted_s, err);
 }
 
 extern "C" mp_status mp_nccl_broadcast(mp_nccl_comm *comm, void *buffer, size_t bytes, int root,
                                        mp_error *err) {
-  MP_TRY(check_comm(comm, "broadcast", err));
-  if (root < 0 || root >= comm->size) {
-    return mp_fail(err, MP_ERR_INPUT,
-                   "rank %d: broadcast in group %s (ranks %s): root %d is not a group rank "
-                   "(0 .. %d)",
-                   comm->world->rank, comm->name, comm->members_text, root, comm->size - 1);
-  }
-  MP_TRY(check_buffer(comm, "broadcast", "buffer", buffer, bytes, err));
+  MP_TRY(mp_nccl_check_broadcast(info_of(comm), buffer, bytes, root, err));
   if (bytes == 0) return MP_OK;
   MP_TRY(begin(comm, err));
-  const double posted_s = now_s();
+  const double posted_s = mp_poll_now_s();
   NCCL_TRY(comm->world, ncclBroadcast(buffer, buffer, bytes, ncclUint8, root, comm->nccl,
                                       comm->stream));
   char what[kWhatBytes];
-  snprintf(what, sizeof what, "broadcast in group %s (ranks %s)", comm->name, comm->members_text);
+  mp_nccl_describe(&comm->info, "broadcast", what, sizeof what);
   return finish(comm, what, bytes, posted_s, err);
 }

@@ -47,7 +47,9 @@
  * an MPI error, a member that never arrives at creation) "aborts" every communicator of the
  * process: its error ends in "; communicators aborted", mp_nccl_world_aborted turns true, and
  * every later call on any communicator fails at once, saying which failure aborted them. Bad
- * arguments are MP_ERR_INPUT naming the argument and the group, and abort nothing.
+ * arguments are MP_ERR_INPUT naming the argument and the group, and abort nothing: the real
+ * communicators' checks (comm_nccl_checks.h), and here also a send to this rank itself without its
+ * matching receive.
  */
 #include <stdbool.h>
 #include <stdio.h>
@@ -55,11 +57,10 @@
 #include <string.h>
 
 #include "engine/comm/comm_nccl.h"
+#include "engine/comm/comm_nccl_checks.h"
 
 enum {
-  kNameBytes = 32,
-  kMembersTextBytes = 160,
-  kWhatBytes = 320,
+  kWhatBytes = MP_NCCL_WHAT_BYTES,
   kReasonBytes = 1536,
 };
 
@@ -87,12 +88,9 @@ struct mp_nccl_world {
 };
 
 struct mp_nccl_comm {
+  mp_nccl_group_info info; /* name, members, rank: what checks and messages say */
   mp_nccl_world *world;
   mp_comm *group; /* the MPI group (not owned); NULL for "self" */
-  char name[kNameBytes];
-  int rank, size;
-  int *members; /* (size) world ranks */
-  char members_text[kMembersTextBytes];
   buffered_send *sends; /* (num_sends) oldest first */
   int num_sends, sends_capacity;
   size_t sends_bytes;   /* the sum of their bytes */
@@ -110,7 +108,7 @@ static mp_status usable(const mp_nccl_comm *comm, mp_error *err) {
   return mp_fail(err, MP_ERR_RUNTIME,
                  "rank %d: group %s (ranks %s) can no longer be used: the NCCL communicators of "
                  "this process were aborted after: %s; stop the run",
-                 comm->world->rank, comm->name, comm->members_text, g_abort_reason);
+                 comm->world->rank, comm->info.name, comm->info.members_text, g_abort_reason);
 }
 
 /* `inner`, a message of engine/comm/comm.h, without its leading "rank N: " when N is this rank (the
@@ -138,58 +136,12 @@ static mp_status mpi_failed(const mp_nccl_world *world, const char *what, const 
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Argument checks (MP_ERR_INPUT, nothing posted), worded as the real ones
+ * Argument checks: comm_nccl_checks.h, shared with the real communicators
  * ------------------------------------------------------------------------------------------- */
 
-static mp_status check_comm(const mp_nccl_comm *comm, const char *operation, mp_error *err) {
-  if (comm == NULL) return mp_fail(err, MP_ERR_INPUT, "%s: NULL NCCL communicator", operation);
-  return MP_OK;
-}
-
-static size_t dtype_bytes(mp_nccl_dtype dtype) {
-  switch (dtype) {
-    case MP_NCCL_FLOAT32: return 4;
-    case MP_NCCL_BFLOAT16: return 2;
-  }
-  return 0;
-}
-
-static mp_status check_dtype(const mp_nccl_comm *comm, const char *operation, mp_nccl_dtype dtype,
-                             mp_error *err) {
-  if (dtype_bytes(dtype) == 0) {
-    return mp_fail(err, MP_ERR_INPUT,
-                   "rank %d: %s in group %s: unknown element type %d (MP_NCCL_FLOAT32 or "
-                   "MP_NCCL_BFLOAT16)",
-                   comm->world->rank, operation, comm->name, (int)dtype);
-  }
-  return MP_OK;
-}
-
-/* Any pointer is "device memory" here; only NULL is refused. */
-static mp_status check_buffer(const mp_nccl_comm *comm, const char *operation, const char *which,
-                              const void *buffer, size_t bytes, mp_error *err) {
-  if (bytes > 0 && buffer == NULL) {
-    return mp_fail(err, MP_ERR_INPUT, "rank %d: %s in group %s: NULL %s of %zu bytes",
-                   comm->world->rank, operation, comm->name, which, bytes);
-  }
-  return MP_OK;
-}
-
-/* count * multiple elements of dtype (and their fp32 temporaries) fit a size_t. */
-static mp_status check_count(const mp_nccl_comm *comm, const char *operation, size_t count,
-                             size_t multiple, mp_nccl_dtype dtype, mp_error *err) {
-  if (count > ((size_t)-1 / 2) / multiple / dtype_bytes(dtype)) {
-    return mp_fail(err, MP_ERR_INPUT, "rank %d: %s in group %s: %zu elements is too many",
-                   comm->world->rank, operation, comm->name, count);
-  }
-  return MP_OK;
-}
-
-/* "all-reduce in group dp (ranks 1,3)" */
-static void describe(const mp_nccl_comm *comm, const char *operation, char *what,
-                     size_t capacity) {
-  snprintf(what, capacity, "%s in group %s (ranks %s)", operation, comm->name,
-           comm->members_text);
+/* The communicator's group for the checks; NULL for a NULL communicator. */
+static const mp_nccl_group_info *info_of(const mp_nccl_comm *comm) {
+  return comm != NULL ? &comm->info : NULL;
 }
 
 /* fp32 temporaries for bf16 operations. */
@@ -199,7 +151,7 @@ static mp_status alloc_floats(const mp_nccl_comm *comm, const char *operation, s
   if (*out == NULL) {
     return mp_fail(err, MP_ERR_RUNTIME,
                    "rank %d: %s in group %s: out of host memory for %zu fp32 temporaries",
-                   comm->world->rank, operation, comm->name, count);
+                   comm->world->rank, operation, comm->info.name, count);
   }
   return MP_OK;
 }
@@ -256,7 +208,7 @@ bool mp_nccl_world_aborted(const mp_nccl_world *world) {
 
 static void release(mp_nccl_comm *comm) {
   free(comm->sends);
-  free(comm->members);
+  mp_nccl_group_info_free(&comm->info);
   free(comm);
 }
 
@@ -271,37 +223,26 @@ mp_status mp_nccl_comm_create(mp_nccl_world *world, mp_comm *group, mp_nccl_comm
                    world->rank, g_abort_reason);
   }
   mp_nccl_comm *comm = calloc(1, sizeof *comm);
-  const int size = group != NULL ? mp_comm_size(group) : 1;
-  int *members = malloc((size_t)size * sizeof *members);
-  if (comm == NULL || members == NULL) {
-    free(comm);
-    free(members);
+  if (comm == NULL) {
     return mp_fail(err, MP_ERR_RUNTIME, "rank %d: out of memory for an NCCL communicator",
                    world->rank);
   }
+  const mp_status made = mp_nccl_group_info_init(&comm->info, world->rank, group, err);
+  if (made != MP_OK) {
+    free(comm);
+    return made;
+  }
   comm->world = world;
   comm->group = group;
-  comm->members = members;
-  comm->size = size;
-  if (group != NULL) {
-    comm->rank = mp_comm_rank(group);
-    for (int i = 0; i < size; ++i) members[i] = mp_comm_member(group, i);
-    snprintf(comm->name, sizeof comm->name, "%s", mp_comm_name(group));
-  } else {
-    comm->rank = 0;
-    members[0] = world->rank;
-    snprintf(comm->name, sizeof comm->name, "self");
-  }
-  mp_comm_format_members(comm->members_text, sizeof comm->members_text, members, size);
 
   /* Creation is collective over the group, as ncclCommInitRank is: a barrier, bounded by the
    * timeout, so a member that never arrives is an error here too, and aborts. */
-  if (group != NULL && size > 1) {
+  if (group != NULL && comm->info.size > 1) {
     mp_error inner = MP_ERROR_INITIALIZER;
     if (mp_comm_barrier(group, &inner) != MP_OK) {
       char what[kWhatBytes];
       snprintf(what, sizeof what, "creating the NCCL communicator of group %s (ranks %s)",
-               comm->name, comm->members_text);
+               comm->info.name, comm->info.members_text);
       const mp_status status = mpi_failed(world, what, &inner, err);
       release(comm);
       return status;
@@ -336,7 +277,7 @@ static mp_status wait_buffered(mp_nccl_comm *comm, int count, mp_error *err) {
   if (status == MP_OK) return MP_OK;
   char what[kWhatBytes];
   snprintf(what, sizeof what, "buffered send to rank %d in group %s (%zu bytes)", failed_peer,
-           comm->name, failed_bytes);
+           comm->info.name, failed_bytes);
   return mpi_failed(comm->world, what, &inner, err);
 }
 
@@ -352,9 +293,9 @@ void mp_nccl_comm_free(mp_nccl_comm *comm) {
   release(comm);
 }
 
-int mp_nccl_comm_rank(const mp_nccl_comm *comm) { return comm->rank; }
-int mp_nccl_comm_size(const mp_nccl_comm *comm) { return comm->size; }
-const char *mp_nccl_comm_name(const mp_nccl_comm *comm) { return comm->name; }
+int mp_nccl_comm_rank(const mp_nccl_comm *comm) { return comm->info.rank; }
+int mp_nccl_comm_size(const mp_nccl_comm *comm) { return comm->info.size; }
+const char *mp_nccl_comm_name(const mp_nccl_comm *comm) { return comm->info.name; }
 
 /* Emulated streams are NULL (engine/device/device_emulated.c). */
 mp_cuda_stream mp_nccl_comm_stream(const mp_nccl_comm *comm) {
@@ -368,39 +309,31 @@ mp_cuda_stream mp_nccl_comm_stream(const mp_nccl_comm *comm) {
 
 mp_status mp_nccl_comm_wait_stream(mp_nccl_comm *comm, mp_cuda_stream stream, mp_error *err) {
   (void)stream;
-  MP_TRY(check_comm(comm, "waiting for a stream", err));
+  MP_TRY(mp_nccl_check_comm(info_of(comm), "waiting for a stream", err));
   return usable(comm, err);
 }
 
 mp_status mp_nccl_stream_wait_comm(mp_cuda_stream stream, mp_nccl_comm *comm, mp_error *err) {
   (void)stream;
-  MP_TRY(check_comm(comm, "making a stream wait", err));
+  MP_TRY(mp_nccl_check_comm(info_of(comm), "making a stream wait", err));
   return usable(comm, err);
 }
 
 /* Every operation here completes before its call returns: a mark only checks its slot. */
-static mp_status check_mark(const mp_nccl_comm *comm, int slot, mp_error *err) {
-  if (slot >= 0 && slot < MP_NCCL_MARKS) return MP_OK;
-  return mp_fail(err, MP_ERR_INPUT, "rank %d: group %s: mark %d is not one of 0 .. %d",
-                 comm->world->rank, comm->name, slot, MP_NCCL_MARKS - 1);
-}
-
 mp_status mp_nccl_comm_mark(mp_nccl_comm *comm, int slot, mp_error *err) {
-  MP_TRY(check_comm(comm, "marking", err));
-  MP_TRY(check_mark(comm, slot, err));
+  MP_TRY(mp_nccl_check_mark(info_of(comm), "marking", slot, err));
   return usable(comm, err);
 }
 
 mp_status mp_nccl_stream_wait_mark(mp_cuda_stream stream, mp_nccl_comm *comm, int slot,
                                    mp_error *err) {
   (void)stream;
-  MP_TRY(check_comm(comm, "making a stream wait", err));
-  MP_TRY(check_mark(comm, slot, err));
+  MP_TRY(mp_nccl_check_mark(info_of(comm), "making a stream wait", slot, err));
   return usable(comm, err);
 }
 
 mp_status mp_nccl_comm_synchronize(mp_nccl_comm *comm, mp_error *err) {
-  MP_TRY(check_comm(comm, "synchronize", err));
+  MP_TRY(mp_nccl_check_comm(info_of(comm), "synchronize", err));
   return usable(comm, err);
 }
 
@@ -408,47 +341,20 @@ mp_status mp_nccl_comm_synchronize(mp_nccl_comm *comm, mp_error *err) {
  * Point to point
  * ------------------------------------------------------------------------------------------- */
 
-/* Checks ops and writes the description for messages: "send to rank 3 and recv from rank 1 in
- * group pp". Sends to this rank itself must pair, in order, with receives from it, byte counts
- * equal (NCCL would hang on an unmatched one; here it is refused before anything is posted). */
-static mp_status check_p2p(const mp_nccl_comm *comm, const mp_nccl_p2p_op *ops, int count,
-                           char *what, size_t capacity, mp_error *err) {
-  size_t used = 0;
-  what[0] = '\0';
+/* Beyond the shared checks: sends to this rank itself must pair, in order, with receives from it,
+ * byte counts equal (NCCL would hang on an unmatched one; here it is refused before anything is
+ * posted). what describes the call for messages. */
+static mp_status check_self_pairs(const mp_nccl_comm *comm, const mp_nccl_p2p_op *ops, int count,
+                                  const char *what, mp_error *err) {
   int self_sends = 0, self_recvs = 0;
   for (int i = 0; i < count; ++i) {
-    const mp_nccl_p2p_op *op = &ops[i];
-    if (op->kind != MP_NCCL_SEND && op->kind != MP_NCCL_RECV) {
-      return mp_fail(err, MP_ERR_INPUT,
-                     "rank %d: send/recv in group %s: operation %d has kind %d (MP_NCCL_SEND or "
-                     "MP_NCCL_RECV)",
-                     comm->world->rank, comm->name, i, (int)op->kind);
-    }
-    const bool send = op->kind == MP_NCCL_SEND;
-    const char *kind = send ? "send" : "recv";
-    if (op->peer < 0 || op->peer >= comm->size) {
-      return mp_fail(err, MP_ERR_INPUT,
-                     "rank %d: %s in group %s (ranks %s): peer %d is not a group rank (0 .. %d)",
-                     comm->world->rank, kind, comm->name, comm->members_text, op->peer,
-                     comm->size - 1);
-    }
-    MP_TRY(check_buffer(comm, kind, send ? "send buffer" : "receive buffer", op->buffer,
-                        op->bytes, err));
-    if (op->peer == comm->rank) {
-      if (send) {
-        ++self_sends;
-      } else {
-        ++self_recvs;
-      }
-    }
-    if (used < capacity) {
-      int n = snprintf(what + used, capacity - used, "%s%s %s rank %d", i > 0 ? " and " : "",
-                       kind, send ? "to" : "from", comm->members[op->peer]);
-      if (n > 0) used += (size_t)n;
+    if (ops[i].peer != comm->info.rank) continue;
+    if (ops[i].kind == MP_NCCL_SEND) {
+      ++self_sends;
+    } else {
+      ++self_recvs;
     }
   }
-  if (used < capacity) snprintf(what + used, capacity - used, " in group %s", comm->name);
-
   if (self_sends != self_recvs) {
     return mp_fail(err, MP_ERR_INPUT,
                    "rank %d: %s: %d send%s to this rank itself but %d receive%s from it; each "
@@ -457,8 +363,8 @@ static mp_status check_p2p(const mp_nccl_comm *comm, const mp_nccl_p2p_op *ops, 
                    self_recvs == 1 ? "" : "s");
   }
   for (int s = 0, r = 0, pair = 0; pair < self_sends; ++pair, ++s, ++r) {
-    while (ops[s].kind != MP_NCCL_SEND || ops[s].peer != comm->rank) ++s;
-    while (ops[r].kind != MP_NCCL_RECV || ops[r].peer != comm->rank) ++r;
+    while (ops[s].kind != MP_NCCL_SEND || ops[s].peer != comm->info.rank) ++s;
+    while (ops[r].kind != MP_NCCL_RECV || ops[r].peer != comm->info.rank) ++r;
     if (ops[s].bytes != ops[r].bytes) {
       return mp_fail(err, MP_ERR_INPUT,
                      "rank %d: %s: send %d to this rank itself has %zu bytes but its receive "
@@ -470,21 +376,18 @@ static mp_status check_p2p(const mp_nccl_comm *comm, const mp_nccl_p2p_op *ops, 
 }
 
 mp_status mp_nccl_p2p(mp_nccl_comm *comm, const mp_nccl_p2p_op *ops, int count, mp_error *err) {
-  MP_TRY(check_comm(comm, "send/recv", err));
-  if (count < 0 || (ops == NULL && count > 0)) {
-    return mp_fail(err, MP_ERR_INPUT, "rank %d: send/recv in group %s: %d operations at %p",
-                   comm->world->rank, comm->name, count, (const void *)ops);
-  }
-  if (count == 0) return MP_OK;
   char what[kWhatBytes];
-  MP_TRY(check_p2p(comm, ops, count, what, sizeof what, err));
+  size_t bytes = 0;
+  MP_TRY(mp_nccl_check_p2p(info_of(comm), ops, count, what, sizeof what, &bytes, err));
+  if (count == 0) return MP_OK;
+  MP_TRY(check_self_pairs(comm, ops, count, what, err));
   MP_TRY(usable(comm, err));
 
   /* Room for this call's sends; past the limits, the oldest buffered sends are waited for. */
   int new_sends = 0;
   size_t new_bytes = 0;
   for (int i = 0; i < count; ++i) {
-    if (ops[i].kind != MP_NCCL_SEND || ops[i].peer == comm->rank) continue;
+    if (ops[i].kind != MP_NCCL_SEND || ops[i].peer == comm->info.rank) continue;
     ++new_sends;
     new_bytes += ops[i].bytes;
   }
@@ -513,7 +416,7 @@ mp_status mp_nccl_p2p(mp_nccl_comm *comm, const mp_nccl_p2p_op *ops, int count, 
    * comment). */
   for (int i = 0; i < count && status == MP_OK; ++i) {
     const mp_nccl_p2p_op *op = &ops[i];
-    if (op->kind != MP_NCCL_SEND || op->peer == comm->rank) continue;
+    if (op->kind != MP_NCCL_SEND || op->peer == comm->info.rank) continue;
     buffered_send *send = &comm->sends[comm->num_sends];
     send->copy = malloc(op->bytes > 0 ? op->bytes : 1);
     if (send->copy == NULL) {
@@ -523,7 +426,7 @@ mp_status mp_nccl_p2p(mp_nccl_comm *comm, const mp_nccl_p2p_op *ops, int count, 
     }
     if (op->bytes > 0) memcpy(send->copy, op->buffer, op->bytes);
     send->bytes = op->bytes;
-    send->peer = comm->members[op->peer];
+    send->peer = comm->info.members[op->peer];
     status = mp_comm_isend(comm->group, send->copy, op->bytes, op->peer, &send->request, &inner);
     if (status != MP_OK) break; /* the copy stays: chunks already posted may still read it */
     comm->sends_bytes += op->bytes;
@@ -531,8 +434,8 @@ mp_status mp_nccl_p2p(mp_nccl_comm *comm, const mp_nccl_p2p_op *ops, int count, 
   }
   /* 2. Sends to itself, into the matching receives from itself. */
   for (int s = 0, r = 0; status == MP_OK; ++s, ++r) {
-    while (s < count && (ops[s].kind != MP_NCCL_SEND || ops[s].peer != comm->rank)) ++s;
-    while (r < count && (ops[r].kind != MP_NCCL_RECV || ops[r].peer != comm->rank)) ++r;
+    while (s < count && (ops[s].kind != MP_NCCL_SEND || ops[s].peer != comm->info.rank)) ++s;
+    while (r < count && (ops[r].kind != MP_NCCL_RECV || ops[r].peer != comm->info.rank)) ++r;
     if (s >= count || r >= count) break;
     if (ops[r].bytes > 0 && ops[r].buffer != ops[s].buffer) {
       memmove(ops[r].buffer, ops[s].buffer, ops[r].bytes);
@@ -541,7 +444,7 @@ mp_status mp_nccl_p2p(mp_nccl_comm *comm, const mp_nccl_p2p_op *ops, int count, 
   /* 3. Receives from the other ranks, in the order given. */
   for (int i = 0; i < count && status == MP_OK; ++i) {
     const mp_nccl_p2p_op *op = &ops[i];
-    if (op->kind != MP_NCCL_RECV || op->peer == comm->rank) continue;
+    if (op->kind != MP_NCCL_RECV || op->peer == comm->info.rank) continue;
     status = mp_comm_recv(comm->group, op->buffer, op->bytes, op->peer, &inner);
   }
   if (status != MP_OK) return mpi_failed(comm->world, what, &inner, err);
@@ -554,16 +457,13 @@ mp_status mp_nccl_p2p(mp_nccl_comm *comm, const mp_nccl_p2p_op *ops, int count, 
 
 mp_status mp_nccl_all_reduce_sum(mp_nccl_comm *comm, void *buffer, size_t count,
                                  mp_nccl_dtype dtype, mp_error *err) {
-  MP_TRY(check_comm(comm, "all-reduce", err));
-  MP_TRY(check_dtype(comm, "all-reduce", dtype, err));
-  MP_TRY(check_count(comm, "all-reduce", count, 1, dtype, err));
-  MP_TRY(check_buffer(comm, "all-reduce", "buffer", buffer, count * dtype_bytes(dtype), err));
+  MP_TRY(mp_nccl_check_all_reduce(info_of(comm), buffer, count, dtype, err));
   if (count == 0) return MP_OK;
   MP_TRY(usable(comm, err));
-  if (comm->size == 1) return MP_OK; /* the sum of one member */
+  if (comm->info.size == 1) return MP_OK; /* the sum of one member */
 
   char what[kWhatBytes];
-  describe(comm, "all-reduce", what, sizeof what);
+  mp_nccl_describe(&comm->info, "all-reduce", what, sizeof what);
   mp_error inner = MP_ERROR_INITIALIZER;
   mp_status status;
   if (dtype == MP_NCCL_FLOAT32) {
@@ -582,27 +482,23 @@ mp_status mp_nccl_all_reduce_sum(mp_nccl_comm *comm, void *buffer, size_t count,
 
 mp_status mp_nccl_reduce_scatter_sum(mp_nccl_comm *comm, const void *input, void *output,
                                      size_t count, mp_nccl_dtype dtype, mp_error *err) {
-  MP_TRY(check_comm(comm, "reduce-scatter", err));
-  MP_TRY(check_dtype(comm, "reduce-scatter", dtype, err));
-  MP_TRY(check_count(comm, "reduce-scatter", count, (size_t)comm->size, dtype, err));
-  const size_t bytes = count * dtype_bytes(dtype);
-  MP_TRY(check_buffer(comm, "reduce-scatter", "input", input, bytes * comm->size, err));
-  MP_TRY(check_buffer(comm, "reduce-scatter", "output", output, bytes, err));
+  MP_TRY(mp_nccl_check_reduce_scatter(info_of(comm), input, output, count, dtype, err));
+  const size_t bytes = count * mp_nccl_dtype_bytes(dtype);
   if (count == 0) return MP_OK;
   MP_TRY(usable(comm, err));
-  if (comm->size == 1) {
+  if (comm->info.size == 1) {
     if (output != input) memmove(output, input, bytes);
     return MP_OK;
   }
 
   char what[kWhatBytes];
-  describe(comm, "reduce-scatter", what, sizeof what);
+  mp_nccl_describe(&comm->info, "reduce-scatter", what, sizeof what);
   mp_error inner = MP_ERROR_INITIALIZER;
   mp_status status;
   if (dtype == MP_NCCL_FLOAT32) {
     status = mp_comm_reduce_scatter_sum_f32(comm->group, input, output, count, &inner);
   } else {
-    const size_t total = count * (size_t)comm->size;
+    const size_t total = count * (size_t)comm->info.size;
     float *wide = NULL;
     MP_TRY(alloc_floats(comm, "reduce-scatter", total + count, &wide, err));
     float *sum = wide + total;
@@ -617,20 +513,17 @@ mp_status mp_nccl_reduce_scatter_sum(mp_nccl_comm *comm, const void *input, void
 
 mp_status mp_nccl_reduce_scatter_v_sum_f32(mp_nccl_comm *comm, const float *input, float *output,
                                            const size_t *counts, mp_error *err) {
-  MP_TRY(check_comm(comm, "reduce-scatter", err));
   size_t total = 0;
-  for (int r = 0; r < comm->size; ++r) total += counts[r];
-  const size_t mine = counts[comm->rank];
-  MP_TRY(check_buffer(comm, "reduce-scatter", "input", input, total * sizeof(float), err));
-  MP_TRY(check_buffer(comm, "reduce-scatter", "output", output, mine * sizeof(float), err));
+  MP_TRY(mp_nccl_check_reduce_scatter_v(info_of(comm), input, output, counts, &total, err));
+  const size_t mine = counts[comm->info.rank];
   if (total == 0) return MP_OK;
   MP_TRY(usable(comm, err));
-  if (comm->size == 1) {
+  if (comm->info.size == 1) {
     if (output != input) memmove(output, input, mine * sizeof(float));
     return MP_OK;
   }
   char what[kWhatBytes];
-  describe(comm, "reduce-scatter", what, sizeof what);
+  mp_nccl_describe(&comm->info, "reduce-scatter", what, sizeof what);
   mp_error inner = MP_ERROR_INITIALIZER;
   const mp_status status = mp_comm_reduce_scatter_v_sum_f32(comm->group, input, output, counts,
                                                             &inner);
@@ -640,28 +533,24 @@ mp_status mp_nccl_reduce_scatter_v_sum_f32(mp_nccl_comm *comm, const float *inpu
 
 mp_status mp_nccl_all_gather(mp_nccl_comm *comm, const void *input, void *output, size_t count,
                              mp_nccl_dtype dtype, mp_error *err) {
-  MP_TRY(check_comm(comm, "all-gather", err));
-  MP_TRY(check_dtype(comm, "all-gather", dtype, err));
-  MP_TRY(check_count(comm, "all-gather", count, (size_t)comm->size, dtype, err));
-  const size_t bytes = count * dtype_bytes(dtype);
-  MP_TRY(check_buffer(comm, "all-gather", "input", input, bytes, err));
-  MP_TRY(check_buffer(comm, "all-gather", "output", output, bytes * comm->size, err));
+  MP_TRY(mp_nccl_check_all_gather(info_of(comm), input, output, count, dtype, err));
+  const size_t bytes = count * mp_nccl_dtype_bytes(dtype);
   if (count == 0) return MP_OK;
   MP_TRY(usable(comm, err));
-  if (comm->size == 1) {
+  if (comm->info.size == 1) {
     if (output != input) memmove(output, input, bytes);
     return MP_OK;
   }
 
   char what[kWhatBytes];
-  describe(comm, "all-gather", what, sizeof what);
+  mp_nccl_describe(&comm->info, "all-gather", what, sizeof what);
   mp_error inner = MP_ERROR_INITIALIZER;
   mp_status status;
   if (dtype == MP_NCCL_FLOAT32) {
     status = mp_comm_all_gather_f32(comm->group, input, output, count, &inner);
   } else {
     /* bf16 -> fp32 -> bf16 is exact, so the gather moves the bits unchanged (NaNs aside). */
-    const size_t total = count * (size_t)comm->size;
+    const size_t total = count * (size_t)comm->info.size;
     float *wide = NULL;
     MP_TRY(alloc_floats(comm, "all-gather", count + total, &wide, err));
     float *gathered = wide + count;
@@ -676,27 +565,21 @@ mp_status mp_nccl_all_gather(mp_nccl_comm *comm, const void *input, void *output
 
 mp_status mp_nccl_all_gather_v(mp_nccl_comm *comm, const void *input, void *output,
                                const size_t *counts, mp_nccl_dtype dtype, mp_error *err) {
-  MP_TRY(check_comm(comm, "all-gather", err));
-  MP_TRY(check_dtype(comm, "all-gather", dtype, err));
-  const size_t elem = dtype_bytes(dtype);
-  size_t total = 0, mine_at = 0;
-  for (int r = 0; r < comm->size; ++r) {
-    MP_TRY(check_count(comm, "all-gather", counts[r], 1, dtype, err));
-    if (r < comm->rank) mine_at += counts[r];
-    total += counts[r];
-  }
-  const size_t mine = counts[comm->rank];
-  if (input != NULL) MP_TRY(check_buffer(comm, "all-gather", "input", input, mine * elem, err));
-  MP_TRY(check_buffer(comm, "all-gather", "output", output, total * elem, err));
+  size_t total = 0;
+  MP_TRY(mp_nccl_check_all_gather_v(info_of(comm), input, output, counts, dtype, &total, err));
+  const size_t elem = mp_nccl_dtype_bytes(dtype);
+  size_t mine_at = 0;
+  for (int r = 0; r < comm->info.rank; ++r) mine_at += counts[r];
+  const size_t mine = counts[comm->info.rank];
   if (total == 0) return MP_OK;
   MP_TRY(usable(comm, err));
   char *out = output;
-  if (comm->size == 1) {
+  if (comm->info.size == 1) {
     if (input != NULL && mine > 0) memmove(out + mine_at * elem, input, mine * elem);
     return MP_OK;
   }
   char what[kWhatBytes];
-  describe(comm, "all-gather", what, sizeof what);
+  mp_nccl_describe(&comm->info, "all-gather", what, sizeof what);
   /* Emulated device memory is host memory: the gather runs over MPI in place in an fp32 copy
    * (bf16 -> fp32 -> bf16 is exact: the bits go through unchanged, NaNs aside). */
   float *wide = NULL;
@@ -718,20 +601,13 @@ mp_status mp_nccl_all_gather_v(mp_nccl_comm *comm, const void *input, void *outp
 
 mp_status mp_nccl_broadcast(mp_nccl_comm *comm, void *buffer, size_t bytes, int root,
                             mp_error *err) {
-  MP_TRY(check_comm(comm, "broadcast", err));
-  if (root < 0 || root >= comm->size) {
-    return mp_fail(err, MP_ERR_INPUT,
-                   "rank %d: broadcast in group %s (ranks %s): root %d is not a group rank "
-                   "(0 .. %d)",
-                   comm->world->rank, comm->name, comm->members_text, root, comm->size - 1);
-  }
-  MP_TRY(check_buffer(comm, "broadcast", "buffer", buffer, bytes, err));
+  MP_TRY(mp_nccl_check_broadcast(info_of(comm), buffer, bytes, root, err));
   if (bytes == 0) return MP_OK;
   MP_TRY(usable(comm, err));
-  if (comm->size == 1) return MP_OK;
+  if (comm->info.size == 1) return MP_OK;
 
   char what[kWhatBytes];
-  describe(comm, "broadcast", what, sizeof what);
+  mp_nccl_describe(&comm->info, "broadcast", what, sizeof what);
   mp_error inner = MP_ERROR_INITIALIZER;
   if (mp_comm_broadcast(comm->group, buffer, bytes, root, &inner) != MP_OK) {
     return mpi_failed(comm->world, what, &inner, err);
