@@ -11,7 +11,8 @@
  * throughput over that peak, by its FLOPs); one thread's memory bandwidth (an in-place update
  * over 64 MiB arrays, the pattern of the optimizer); the cores this process may run on
  * (cores_per_node: the ranks of `run` share them, topology/cluster.h "Shared cores"); the
- * machine's memory over those cores as each rank's device memory; and the resident memory of this
+ * machine's memory, which the ranks of a job share (node_memory_gib, and device_memory_gib: one
+ * rank alone may use all of it; "Shared memory"); and the resident memory of this
  * process after loading its libraries and OpenBLAS, before any big allocation, as the workspace
  * every rank holds (workspace_gib); and one thread's rate on the elementwise kernels' arithmetic
  * (vector_tflops from the runtime's vectorised GELU, scalar_tflops from a softmax's expf loop as
@@ -278,7 +279,7 @@ int cmd_calibrate(int argc, char **argv) {
                  "linear layers of n features and n/8 tokens), the elementwise kernels' "
                  "arithmetic rate and Open MPI's all-reduce, and write the cpu-local cluster description with the measured "
                  "peak and efficiency curve, one thread's memory bandwidth, the cores the ranks "
-                 "share, the memory per core, a bare rank's resident memory (its workspace), and "
+                 "share, the memory they share, a bare rank's resident memory (its workspace), and "
                  "the point-to-point latency and bandwidth between two ranks (mpirun -np 2 "
                  "mpengine bench comm). By default it is kept as this "
                  "machine's cpu-local (~/.cache/mpengine/cpu-local.json, or $MPENGINE_CALIBRATION),"
@@ -357,10 +358,13 @@ int cmd_calibrate(int argc, char **argv) {
             calibration_tokens(kWideIn), kWideIn, kWideOut, wide_rate / 1e9, wide_efficiency);
   }
   snprintf(cluster.name, sizeof cluster.name, "cpu-local-calibrated");
-  /* This machine: its cores, its memory (each core's share per rank), one thread's memory
+  /* This machine: its cores, its memory (shared by the ranks of a job: each holds its share,
+   * one rank alone all of it; topology/cluster.h "Shared memory"), one thread's memory
    * bandwidth, a bare rank's resident memory. */
   cluster.cores_per_node = cores;
-  if (memory_kib > 0) cluster.device_memory_bytes = memory_kib * 1024 / cores;
+  if (memory_kib > 0) {
+    cluster.device_memory_bytes = cluster.node_memory_bytes = memory_kib * 1024;
+  }
   const double memory_bandwidth = time_memory_bandwidth(min_seconds);
   if (memory_bandwidth > 0) cluster.memory_bandwidth_bytes_per_s = memory_bandwidth;
   double vector_rate = 0.0, scalar_rate = 0.0;
@@ -370,10 +374,12 @@ int cmd_calibrate(int argc, char **argv) {
   if (resident_kib > 0 && resident_kib * 1024 < cluster.device_memory_bytes) {
     cluster.workspace_bytes = resident_kib * 1024;
   }
-  fprintf(stderr, "cores: %d; memory %.1f GiB (%.2f GiB per core); memory bandwidth (one thread) "
+  fprintf(stderr, "cores: %d; memory %.1f GiB (shared by the ranks: %.2f GiB each of as many "
+                  "ranks as cores); memory bandwidth (one thread) "
                   "%.2f GB/s; elementwise arithmetic %.2f GFLOP/s vectorised, %.2f scalar; a bare "
                   "rank's resident memory %.0f MiB\n",
-          cores, memory_kib / 1048576.0, cluster.device_memory_bytes / 1073741824.0,
+          cores, memory_kib / 1048576.0,
+          (double)mp_cluster_device_memory(&cluster, cores) / 1073741824.0,
           cluster.memory_bandwidth_bytes_per_s / 1e9, cluster.vector_flops_per_s / 1e9,
           cluster.scalar_flops_per_s / 1e9, cluster.workspace_bytes / 1048576.0);
   double latency_s = 0, bandwidth = 0, collective_efficiency = 1.0, collective_latency_s = 0;
@@ -409,11 +415,10 @@ int cmd_calibrate(int argc, char **argv) {
            "(%d to %d features, an LM head's shape) runs at %.2f of the curve's rate "
            "(wide_gemm_efficiency); %s. "
            "%d cores (the ranks of run share them; blas_thread_efficiency: the same GEMMs on all "
-           "of them as BLAS threads over cores x one thread's rate); device memory is the "
-           "machine's %.1f GiB over "
-           "its cores; memory bandwidth is one thread's in-place update over 64 MiB arrays (%.2f "
-           "GB/s); vector_tflops is one thread's GELU forward (%.2f GFLOP/s, a tanh counting 20), "
-           "scalar_tflops a causal softmax's expf loop (%.2f GFLOP/s); workspace is a bare "
+           "of them as BLAS threads over cores x one thread's rate); node memory is the "
+           "machine's %.1f GiB, shared by a job's ranks; memory bandwidth is one thread's "
+           "in-place update over 64 MiB arrays (%.2f GB/s); vector_tflops is one thread's GELU "
+           "forward (%.2f GFLOP/s, a tanh counting 20), scalar_tflops a causal softmax's expf loop (%.2f GFLOP/s); workspace is a bare "
            "rank's resident memory (%.0f MiB).",
            openblas_get_corename(), peak / 1e9, kWideIn, kWideOut, wide_efficiency, link_notes,
            cores, memory_kib / 1048576.0,

@@ -84,14 +84,50 @@ static const char *short_schedule(mp_schedule_kind kind) {
   return kind == MP_SCHEDULE_INTERLEAVED_1F1B ? "interleaved" : mp_schedule_kind_name(kind);
 }
 
+/* Where the devices sit and what each holds, for the table's first line. GPUs: "8 per node, 80
+ * GiB each". CPU ranks (cpu-local, or a cluster whose nodes' cores or memory its devices share):
+ * the ranks a node really runs, not devices_per_node (cpu-local's 4096, "any number"): "2 ranks
+ * on one node of 2 cores, sharing its 23.4 GiB: 11.7 GiB each". device_memory_bytes is already a
+ * rank's share (cmd_plan sets it with mp_cluster_device_memory). */
+static void describe_devices(const mp_cluster *cluster, int gpus, char *out, size_t out_bytes) {
+  const double each = (double)cluster->device_memory_bytes / kGiB;
+  if (cluster->node_memory_bytes <= 0 && cluster->cores_per_node <= 0 && !cluster->placeholder) {
+    snprintf(out, out_bytes, "%d per node, %.0f GiB each", cluster->devices_per_node, each);
+    return;
+  }
+  const int on_node = mp_cluster_devices_on_node(cluster, gpus);
+  const int nodes = mp_cluster_nodes_used(cluster, gpus);
+  char where[64] = "one node";
+  if (nodes > 1) snprintf(where, sizeof where, "each of %d nodes", nodes);
+  char cores[32] = "";
+  if (cluster->cores_per_node > 0) {
+    snprintf(cores, sizeof cores, " of %d core%s", cluster->cores_per_node,
+             cluster->cores_per_node == 1 ? "" : "s");
+  }
+  char memory[96];
+  if (cluster->node_memory_bytes > 0) {
+    snprintf(memory, sizeof memory, ", sharing its %.1f GiB: %.1f GiB each",
+             (double)cluster->node_memory_bytes / kGiB, each);
+  } else {
+    snprintf(memory, sizeof memory, ", %.1f GiB each", each);
+  }
+  snprintf(out, out_bytes, "%d rank%s on %s%s%s", on_node, on_node == 1 ? "" : "s", where, cores,
+           memory);
+}
+
 static void print_table(const mp_planner_result *r, const mp_cluster *cluster,
                         const mp_model *model, int gpus) {
-  printf("model %s on %d GPUs of %s (%d per node, %.0f GiB each); global batch %lld x %lld "
-         "tokens\n",
-         mp_model_name(model), gpus, cluster->name, cluster->devices_per_node,
-         (double)cluster->device_memory_bytes / kGiB, (long long)r->global_batch,
+  char devices[256];
+  describe_devices(cluster, gpus, devices, sizeof devices);
+  printf("model %s on %d GPUs of %s (%s); global batch %lld x %lld tokens\n",
+         mp_model_name(model), gpus, cluster->name, devices, (long long)r->global_batch,
          (long long)r->seq_len);
-  if (cluster->placeholder) {
+  if (cluster->placeholder && cluster->node_memory_bytes > 0) {
+    printf("%s is uncalibrated: its figures are placeholders, not this machine's, except its "
+           "memory (%.1f GiB, read from this machine and shared by the ranks); `mpengine "
+           "calibrate` measures the rest\n",
+           cluster->name, (double)cluster->node_memory_bytes / kGiB);
+  } else if (cluster->placeholder) {
     printf("%s is uncalibrated: its figures are placeholders, not this machine's; `mpengine "
            "calibrate` measures them\n",
            cluster->name);
@@ -299,8 +335,9 @@ static mp_status write_plan(const char *out_path, const char *model_path, const 
 int cmd_plan(int argc, char **argv) {
   cli_option options[] = {
       {"gpus", "N", "devices to plan for (required)", NULL},
-      {"cluster", "NAME|FILE", "a100-80g, h100-sxm, h200-sxm, cpu-local (default) or a file",
-       NULL},
+      {"cluster", "NAME|FILE", "a100-80g, h100-sxm, h200-sxm, cpu-local (default: this machine, "
+       "its ranks sharing its memory; calibrated by `mpengine calibrate`, else placeholder "
+       "speeds) or a file", NULL},
       {"global-batch", "B", "sequences per optimizer step (default: N, one per GPU)", NULL},
       {"seq-len", "S", "tokens per sequence (default: the model's)", NULL},
       {"top", "K", "layouts to list (default 5)", NULL},
@@ -348,6 +385,8 @@ int cmd_plan(int argc, char **argv) {
     mp_error_prefix(&err, "--cluster");
     return cli_report(&command, &err);
   }
+  /* Ranks that share a node's memory (CPU ranks) each plan with their share of it. */
+  cluster.device_memory_bytes = mp_cluster_device_memory(&cluster, planner_options.gpus);
   mp_model *model = NULL;
   if (mp_model_load(command.positionals[0], &model, &err) != MP_OK) {
     return cli_report(&command, &err);
@@ -376,6 +415,14 @@ int cmd_plan(int argc, char **argv) {
   }
   mp_planner_result_free(&result);
   mp_model_free(model);
+  if (status == MP_ERR_INPUT && cluster.node_memory_bytes > 0 &&
+      strstr(err.message, "fits on no layout") != NULL) {
+    /* "Use more GPUs" does not help ranks that share one machine's memory. */
+    const mp_error inner = err;
+    mp_fail(&err, status, "%s (the ranks of %s share each node's %.1f GiB: more ranks on a node "
+            "hold less each)", inner.message, cluster.name,
+            (double)cluster.node_memory_bytes / kGiB);
+  }
   if (status != MP_OK) return cli_report(&command, &err);
   return CLI_EXIT_OK;
 }

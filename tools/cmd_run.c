@@ -16,13 +16,15 @@
  *
  * Data comes from llm.c token shards (--data
  * GLOB) or, by default, from a synthetic Markov source generated in memory whose entropy rate is
- * printed next to the loss: the floor no model can beat. One line per step, or a progress bar
- * with an ETA when stdout is a terminal; --metrics FILE also writes one JSON object per step.
+ * printed next to the loss: the floor no model can beat. A line per step (every --log-every K
+ * steps, by default about 50 lines a run, always the first and last step), or a progress bar
+ * with an ETA when stdout is a terminal; --metrics FILE also writes one JSON object per step,
+ * every step.
  *
- * Checkpoints (engine/checkpoint/checkpoint.h): --checkpoint-dir DIR saves every --save-every K steps and at
- * the end, keeping the --keep N newest; SIGTERM or SIGINT finishes the current step, saves and
- * exits 0 (with several ranks they agree on stopping with a one-float all-reduce per step; the
- * launcher passes SIGTERM / SIGINT it receives to the ranks as SIGTERM). --resume
+ * Checkpoints (engine/checkpoint/checkpoint.h): --checkpoint-dir DIR saves every --save-every K
+ * steps and at the end, keeping the --keep N newest; SIGTERM or SIGINT finishes the current step,
+ * saves and exits 0 (with several ranks they agree on stopping with a one-float all-reduce per
+ * step; the launcher passes SIGTERM / SIGINT it receives to the ranks as SIGTERM). --resume
  * continues from the newest complete checkpoint in DIR, under this plan's layout (any dp, pp, tp,
  * virtual stages and ZeRO stage: resharded when it differs from the saved one), and exits 2 when
  * there is none.
@@ -627,6 +629,7 @@ typedef struct {
   mp_backend backend;
   char backend_reason[128]; /* why auto chose it, for the banner */
   int64_t steps, save_every, keep, eval_every, eval_batches, np;
+  int64_t log_every;        /* a step line every K steps (and the run's first and last) */
   double comm_timeout;      /* seconds */
   run_fault fault;
 } run_options;
@@ -708,6 +711,23 @@ static mp_status check_save_weights(const run_state *state, const char *path, mp
                  path, state->plan.model_path);
 }
 
+/* Steps a run of `steps` prints at most this many lines for by default (--log-every). */
+enum { RUN_DEFAULT_STEP_LINES = 50 };
+
+/* --log-every's default: every step of a short run (at most RUN_DEFAULT_STEP_LINES steps), else
+ * ceil(steps / RUN_DEFAULT_STEP_LINES), about that many lines. */
+static int64_t default_log_every(int64_t steps) {
+  if (steps <= RUN_DEFAULT_STEP_LINES) return 1;
+  return (steps + RUN_DEFAULT_STEP_LINES - 1) / RUN_DEFAULT_STEP_LINES;
+}
+
+/* Whether step (0-based) gets its printed line: every --log-every-th, the run's first (the
+ * resumed one after --resume) and its last; on a terminal every step redraws the progress bar.
+ * --metrics keeps every step whatever this says. */
+static bool step_logged(const run_options *o, int64_t first_step, int64_t step, bool terminal) {
+  return terminal || step == first_step || step + 1 == o->steps || (step + 1) % o->log_every == 0;
+}
+
 /* Reads and checks every option, loads the plan and model into state. */
 static mp_status read_options(cli_command *command, run_state *state, run_options *o,
                               mp_error *err) {
@@ -734,6 +754,7 @@ static mp_status read_options(cli_command *command, run_state *state, run_option
   MP_TRY(cli_int(command, "keep", 1, 0, &o->keep, err));
   MP_TRY(cli_int(command, "eval-every", 1, 0, &o->eval_every, err));
   MP_TRY(cli_int(command, "eval-batches", 1, 4, &o->eval_batches, err));
+  MP_TRY(cli_int(command, "log-every", 1, default_log_every(o->steps), &o->log_every, err));
   MP_TRY(mp_model_load(state->plan.model_path, &state->model, err));
   state->plan.training.steps = o->steps; /* the schedule decays over the steps actually run */
   MP_TRY(mp_trainer_check_layout(&state->plan, o->backend, err));
@@ -866,11 +887,16 @@ static mp_status print_banner(run_state *state, const run_options *o, const run_
              plan->sequence_parallel ? ", sequence parallelism" : "", plan->schedule,
              plan->virtual_stages, plan->virtual_stages == 1 ? "" : "s");
   }
+  char every_text[64] = "";
+  if (o->log_every > 1) {
+    snprintf(every_text, sizeof every_text, " (a line every %lld: --log-every)",
+             (long long)o->log_every);
+  }
   printf("plan %s: %s, global batch %lld = %lld micro-batches x %lld sequences x %lld "
-         "tokens, %lld steps\n",
+         "tokens, %lld steps%s\n",
          o->config, ranks_text, (long long)plan->global_batch,
          (long long)plan->num_micro_batches, (long long)plan->micro_batch,
-         (long long)plan->seq_len, (long long)o->steps);
+         (long long)plan->seq_len, (long long)o->steps, every_text);
   char ranks_times[64] = "";
   if (shared_cores) {
     snprintf(ranks_times, sizeof ranks_times, "%.0f busy core%s x ", busy_cores,
@@ -955,8 +981,11 @@ static mp_status train_steps(run_state *state, const run_options *o, const run_s
     t->elapsed += t->metrics.seconds;
     double memory_bytes = 0.0;
     MP_TRY(max_resident_bytes(state, &memory_bytes, err));
-    print_step(&t->metrics, o->steps, state->entropy_floor, terminal, t->elapsed,
-               state->peak_flops_per_s, state->world_size, memory_bytes);
+    const bool logged = step_logged(o, s->first_step, step, terminal);
+    if (logged) {
+      print_step(&t->metrics, o->steps, state->entropy_floor, terminal, t->elapsed,
+                 state->peak_flops_per_s, state->world_size, memory_bytes);
+    }
     if (state->metrics_fd >= 0) write_metrics(state->metrics_fd, &t->metrics);
     if (o->eval_every > 0 && ((step + 1) % o->eval_every == 0 || step + 1 == o->steps)) {
       MP_TRY(run_evaluation(state, o, step, terminal, t, err));
@@ -967,6 +996,11 @@ static mp_status train_steps(run_state *state, const run_options *o, const run_s
       MP_TRY(mp_comm_all_reduce_sum_f32(state->world_group, &stop, 1, err));
     }
     t->stopped = stop > 0.0f;
+    if (t->stopped && !logged) {
+      /* A stopped run's last step is shown too. */
+      print_step(&t->metrics, o->steps, state->entropy_floor, terminal, t->elapsed,
+                 state->peak_flops_per_s, state->world_size, memory_bytes);
+    }
     const bool due = (o->save_every > 0 && (step + 1) % o->save_every == 0) || step + 1 == o->steps;
     if (due || t->stopped) {
       if (terminal) printf("\n");
@@ -1036,6 +1070,7 @@ int cmd_run(int argc, char **argv) {
       {"backend", "auto|cpu|cuda", "where to compute (default auto: CUDA when a GPU is visible, else CPU)", NULL},
       {"init-from", "GPT2.bin|HF_DIR", "start from llm.c's GPT-2 checkpoint (fp32 or bf16) or a Hugging Face GPT-2 directory (config.json, safetensors)", NULL},
       {"metrics", "FILE", "also write one JSON object per step to FILE", NULL},
+      {"log-every", "K", "print a step line every K steps, and for the first and last (default: every step of a run of at most 50, else about 50 lines; --metrics keeps every step)", NULL},
       {"checkpoint-dir", "DIR", "save sharded checkpoints under DIR/step-<N>/ (every --save-every steps, at the end, and on SIGTERM/SIGINT)", NULL},
       {"save-every", "K", "with --checkpoint-dir: save every K steps (default: only at the end)", NULL},
       {"keep", "N", "with --checkpoint-dir: keep the N newest checkpoints (default: all)", NULL},
@@ -1053,16 +1088,16 @@ int cmd_run(int argc, char **argv) {
   cli_command command = {
       .command = "run",
       .usage = "mpengine run --config PLAN.json [--steps N] [--data GLOB] "
-               "[--backend auto|cpu|cuda] [--init-from GPT2.bin|HF_DIR] [--metrics FILE] "
+               "[--backend auto|cpu|cuda] [--init-from GPT2.bin|HF_DIR] [--metrics FILE] [--log-every K] "
                "[--checkpoint-dir DIR [--save-every K] [--keep N] [--resume [--override-training]]] "
                "[--overwrite-metrics] [--eval-every K [--eval-batches N] [--val-data GLOB]] "
                "[--trace TRACE.json] [--save-weights FILE.bin] [--np N] [--mpirun PATH] "
                "[--comm-timeout SECONDS] [--gpu-comm auto|nccl|mpi]",
       .summary = "Train the model of a parallelism config on one rank or on its dp x pp x tp "
                  "ranks (launched\nunder mpirun; pipeline ranks execute the plan's schedule). "
-                 "Prints one line per step (a\nprogress bar with ETA on a terminal): loss, "
-                 "learning rate, gradient norm, time, tokens/s,\nTFLOP/s per rank, MFU and the "
-                 "largest memory of a rank.",
+                 "Prints a line per step (about 50\nin all for a long run, --log-every; a "
+                 "progress bar with ETA on a terminal): loss, learning\nrate, gradient norm, "
+                 "time, tokens/s, TFLOP/s per rank, MFU and the largest memory of a rank.",
       .max_positionals = 0,
       .options = options,
   };

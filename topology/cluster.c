@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/json_reader.h"
 
@@ -40,7 +41,7 @@ static const char *const kClusterKeys[] = {
     "memory_bandwidth_gbytes_per_s", "memory_efficiency", "peak_tflops", "intra_node",
     "inter_node", "gemm_efficiency", "flash_attention_efficiency", "vector_tflops", "scalar_tflops",
     "cores_per_node", "blas_thread_efficiency", "wide_gemm_efficiency",
-    "workspace_gib", NULL};
+    "workspace_gib", "node_memory_gib", NULL};
 static const char *const kPeakKeys[] = {"fp32", "tf32", "bf16", "fp16", "fp8", NULL};
 static const char *const kLinkKeys[] = {"bandwidth_gbytes_per_s", "latency_us", "efficiency",
                                         "collective_latency_us", NULL};
@@ -278,9 +279,32 @@ static void fill_default_gemm_efficiency(mp_cluster *cluster) {
   cluster->gemm_efficiency_given = false;
 }
 
-/* The optional "cores_per_node" and "workspace_gib" (cluster.h: shared cores, workspace). */
+/* The optional "node_memory_gib" (cluster.h: shared memory). */
+static mp_status read_node_memory(const mp_json_reader *reader, const cJSON *object,
+                                  const char *path, mp_cluster *cluster) {
+  double gib = 0;
+  MP_TRY(mp_json_optional_number(reader, object, path, "node_memory_gib", MP_JSON_POSITIVE, 0,
+                                 &gib));
+  if (gib <= 0) return MP_OK;
+  if (gib > kMaxDeviceMemoryGib * MAX_DEVICES_PER_NODE) {
+    return mp_fail(reader->err, MP_ERR_INPUT, "%s: %s.node_memory_gib: must be at most %.17g, got "
+                   "%.17g", reader->source, path, kMaxDeviceMemoryGib * MAX_DEVICES_PER_NODE, gib);
+  }
+  const double bytes = llround(to_si_units(gib, kGibi));
+  if (bytes <= 0) {
+    return mp_fail(reader->err, MP_ERR_INPUT,
+                   "%s: %s.node_memory_gib: %.17g GiB is less than one byte", reader->source, path,
+                   gib);
+  }
+  cluster->node_memory_bytes = (int64_t)bytes;
+  return MP_OK;
+}
+
+/* The optional "cores_per_node", "workspace_gib" and "node_memory_gib" (cluster.h: shared cores,
+ * workspace, shared memory). */
 static mp_status read_shared_cores(const mp_json_reader *reader, const cJSON *object,
                                    const char *path, mp_cluster *cluster) {
+  MP_TRY(read_node_memory(reader, object, path, cluster));
   MP_TRY(read_int(reader, object, path, "cores_per_node", false, MAX_CORES_PER_NODE,
                   &cluster->cores_per_node));
   MP_TRY(mp_json_optional_number(reader, object, path, "blas_thread_efficiency",
@@ -451,6 +475,48 @@ mp_status mp_cluster_preset(const char *name, mp_cluster *out, mp_error *err) {
   return MP_OK;
 }
 
+mp_status mp_cluster_machine_memory(int64_t *bytes, mp_error *err) {
+  *bytes = 0;
+  const char *given = getenv("MPENGINE_CPU_LOCAL_MEMORY_GIB");
+  if (given != NULL) {
+    char *end = NULL;
+    const double gib = strtod(given, &end);
+    if (end == given || *end != '\0' || !(gib > 0) || gib > kMaxDeviceMemoryGib) {
+      return mp_fail(err, MP_ERR_INPUT,
+                     "MPENGINE_CPU_LOCAL_MEMORY_GIB: expected this machine's memory as a positive "
+                     "number of GiB (at most %.0f), got '%s'; unset it to read the machine's",
+                     kMaxDeviceMemoryGib, given);
+    }
+    *bytes = llround(to_si_units(gib, kGibi));
+    return MP_OK;
+  }
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_bytes = sysconf(_SC_PAGE_SIZE);
+  if (pages > 0 && page_bytes > 0) *bytes = (int64_t)pages * (int64_t)page_bytes;
+  return MP_OK;
+}
+
+mp_status mp_cluster_cpu_local_placeholder(int64_t machine_memory_bytes, mp_cluster *out,
+                                           mp_error *err) {
+  MP_TRY(mp_cluster_preset("cpu-local", out, err));
+  if (machine_memory_bytes <= 0) return MP_OK;
+  /* The machine's memory, shared by the ranks on it; a byte count a description writes back. */
+  const double gib = from_si_units((double)machine_memory_bytes, kGibi);
+  out->device_memory_bytes = out->node_memory_bytes = machine_memory_bytes;
+  const int64_t workspace = llround(to_si_units(MP_CLUSTER_CPU_RANK_WORKSPACE_GIB, kGibi));
+  out->workspace_bytes = workspace < machine_memory_bytes ? workspace : 0;
+  snprintf(out->notes, sizeof out->notes,
+           "Uncalibrated placeholder derived from this machine: its memory (%.1f GiB) is shared "
+           "by the ranks on it; the speeds are not measured but placeholders for one rank on one "
+           "core of a typical x86-64 server: fp32 GEMM through OpenBLAS at about 50 GFLOP/s (AVX2 "
+           "FMA), about 10 GB/s of DRAM bandwidth, elementwise arithmetic at about 30 GFLOP/s "
+           "vectorised and 6 GFLOP/s in the attention softmax's scalar loop, MPI shared-memory "
+           "messages at about 5 GB/s with 2 us latency. Ranks are CPU processes on this machine, "
+           "any number of them (up to 4096). Run `mpengine calibrate` to measure this machine.",
+           gib);
+  return MP_OK;
+}
+
 static bool looks_like_path(const char *argument) {
   size_t length = strlen(argument);
   if (strchr(argument, '/') != NULL) return true;
@@ -486,6 +552,11 @@ mp_status mp_cluster_load(const char *name_or_path, mp_cluster *out, mp_error *e
       mp_cluster_calibration_path(calibration, sizeof calibration) &&
       stat(calibration, &calibrated) == 0) {
     name_or_path = calibration;
+  } else if (strcmp(name_or_path, "cpu-local") == 0) {
+    /* Uncalibrated: the preset's speeds, this machine's memory. */
+    int64_t machine_memory = 0;
+    MP_TRY(mp_cluster_machine_memory(&machine_memory, err));
+    return mp_cluster_cpu_local_placeholder(machine_memory, out, err);
   } else if (mp_cluster_preset_json(name_or_path) != NULL) {
     return mp_cluster_preset(name_or_path, out, err);
   }
@@ -610,6 +681,10 @@ static bool add_shared_cores_json(cJSON *root, const mp_cluster *cluster) {
   if (ok && cluster->workspace_bytes > 0) {
     ok = add_number(root, "workspace_gib", from_si_units((double)cluster->workspace_bytes, kGibi));
   }
+  if (ok && cluster->node_memory_bytes > 0) {
+    ok = add_number(root, "node_memory_gib",
+                    from_si_units((double)cluster->node_memory_bytes, kGibi));
+  }
   return ok;
 }
 
@@ -725,7 +800,14 @@ bool mp_cluster_same_node(const mp_cluster *cluster, int device_a, int device_b)
   return device_a / cluster->devices_per_node == device_b / cluster->devices_per_node;
 }
 
-/* ---- shared cores ------------------------------------------------------------------------- */
+/* ---- shared cores and memory -------------------------------------------------------------- */
+
+int64_t mp_cluster_device_memory(const mp_cluster *cluster, int devices) {
+  const int on_node = mp_cluster_devices_on_node(cluster, devices);
+  if (cluster->node_memory_bytes <= 0 || on_node <= 0) return cluster->device_memory_bytes;
+  const int64_t share = cluster->node_memory_bytes / on_node;
+  return share < cluster->device_memory_bytes ? share : cluster->device_memory_bytes;
+}
 
 int mp_cluster_devices_on_node(const mp_cluster *cluster, int devices) {
   if (devices <= 0) return 0;

@@ -68,10 +68,16 @@
  *                                            weight streams through the caches: OpenBLAS ran
  *                                            128 x 768 x 50304 at 88 GFLOP/s where square
  *                                            products of those FLOPs ran at 140); absent: 1
- *     "workspace_gib": 0.17                  optional: memory every device uses besides the
+ *     "workspace_gib": 0.17,                 optional: memory every device uses besides the
  *                                            model's state and activations (a CPU rank's
  *                                            process: libraries, runtime buffers); absent: the
  *                                            cost model's 5% of device_memory_gib
+ *     "node_memory_gib": 23.4                optional: the memory the devices of one node share
+ *                                            (CPU ranks: the machine's); a job's D ranks on a
+ *                                            node hold node_memory / D each, at most
+ *                                            device_memory_gib (mp_cluster_device_memory);
+ *                                            absent: each device holds device_memory_gib of its
+ *                                            own (a GPU)
  *   }
  *
  * GB and TFLOP are decimal (1e9 bytes, 1e12 FLOP), GiB is 2^30 bytes. In mp_cluster every value
@@ -102,6 +108,15 @@
  * by mp_cluster_compute_slowdown = max(1, D x threads / cores) (8 ranks of one thread on 2 cores:
  * 4; Open MPI's waits spin, so a waiting rank competes for a core as much as a computing one).
  * `mpengine calibrate` writes the cores it may run on (sched_getaffinity).
+ *
+ * Shared memory (cpu-local): the ranks of one machine share its memory, so with "node_memory_gib"
+ * a job of D ranks on a node gives each node_memory / D (mp_cluster_device_memory; `mpengine
+ * plan` plans with that share, and says so). `mpengine calibrate` writes the machine's memory as
+ * both node_memory_gib and device_memory_gib (one rank alone may use all of it).
+ *
+ * cpu-local uncalibrated: the preset's speeds are placeholders (one core of a typical x86-64
+ * server), but its memory is this machine's: mp_cluster_load("cpu-local") without a calibration
+ * file returns mp_cluster_cpu_local_placeholder(this machine's memory), marked placeholder.
  */
 #ifndef MPENGINE_TOPOLOGY_CLUSTER_H
 #define MPENGINE_TOPOLOGY_CLUSTER_H
@@ -172,13 +187,15 @@ typedef struct {
   double vector_flops_per_s;            /* elementwise arithmetic; 0: the fp32 peak */
   double scalar_flops_per_s;            /* the same in scalar loops; 0: vector_flops_per_s */
   bool flash_attention_efficiency_given; /* false: the default, and to_json leaves it out */
-  bool placeholder; /* cpu-local's built-in figures, not this machine's (no calibration file) */
+  bool placeholder; /* cpu-local uncalibrated (no calibration file): the preset's speeds, not
+                       this machine's (its memory is: mp_cluster_cpu_local_placeholder) */
   /* Shared cores and workspace (optional keys; 0 when absent). */
   int cores_per_node;      /* processor cores the devices of one node share; 0: one each */
   double blas_thread_efficiency; /* of threads x the one-thread GEMM rate on all cores; 0: 1 */
   double wide_gemm_efficiency;   /* a wide GEMM's rate over the curve's (mp_cluster_wide_gemm);
                                     0: 1 */
   int64_t workspace_bytes; /* per device besides state and activations; 0: the default */
+  int64_t node_memory_bytes; /* memory the devices of one node share; 0: each its own */
 } mp_cluster;
 
 /* Where `mpengine calibrate` keeps this machine's measured cpu-local description, which
@@ -188,6 +205,25 @@ typedef struct {
  * Writes the path into out and returns true; false when there is none (no HOME, or disabled).
  * Refresh it by running `mpengine calibrate` again. */
 bool mp_cluster_calibration_path(char *out, size_t out_bytes);
+
+/* This machine's physical memory in bytes, what cpu-local's placeholder shares among its ranks:
+ * $MPENGINE_CPU_LOCAL_MEMORY_GIB when it is set (tests fix the machine so; a positive number of
+ * GiB), else sysconf's physical pages x page size (MemTotal). *bytes is 0 when neither says.
+ * Fails with MP_ERR_INPUT, naming the variable, when it is set but not a positive number. */
+mp_status mp_cluster_machine_memory(int64_t *bytes, mp_error *err);
+
+/* cpu-local's placeholder on a machine of machine_memory_bytes (mp_cluster_machine_memory): the
+ * preset's speeds and links, with this memory shared by the ranks (node_memory_bytes and
+ * device_memory_bytes both the machine's), a bare CPU rank's workspace
+ * (MP_CLUSTER_CPU_RANK_WORKSPACE_GIB, where the machine holds more), notes that say so, and
+ * placeholder set. machine_memory_bytes <= 0 (unknown): the preset itself (2 GiB per rank).
+ * Pure: the same figures give the same cluster. Fails only if the preset does not parse. */
+mp_status mp_cluster_cpu_local_placeholder(int64_t machine_memory_bytes, mp_cluster *out,
+                                           mp_error *err);
+
+/* A bare CPU rank's resident memory before any model (libraries, OpenBLAS's and Open MPI's
+ * buffers): measured VmHWM of tiny-gpt ranks was 172-174 MiB (topology/cost_model.h). */
+#define MP_CLUSTER_CPU_RANK_WORKSPACE_GIB 0.17
 
 /* "fp32", "tf32", "bf16", "fp16", "fp8" (the keys of "peak_tflops"); "?" for other values. */
 const char *mp_dtype_name(mp_dtype dtype);
@@ -206,9 +242,11 @@ const char *mp_cluster_preset_json(const char *name);
  * closest preset and listing them all. */
 mp_status mp_cluster_preset(const char *name, mp_cluster *out, mp_error *err);
 
-/* What `--cluster` takes: a preset name, else the path of a cluster JSON file. Fails with
- * MP_ERR_INPUT when it is neither (suggesting the closest preset), when the file cannot be read,
- * or when the description is invalid (naming the file and the JSON path). */
+/* What `--cluster` takes: a preset name, else the path of a cluster JSON file. "cpu-local" is
+ * this machine's calibration file when there is one (mp_cluster_calibration_path), else
+ * mp_cluster_cpu_local_placeholder of mp_cluster_machine_memory (whose failure it returns).
+ * Fails with MP_ERR_INPUT when it is neither (suggesting the closest preset), when the file
+ * cannot be read, or when the description is invalid (naming the file and the JSON path). */
 mp_status mp_cluster_load(const char *name_or_path, mp_cluster *out, mp_error *err);
 
 /* Parses a cluster description from text; source names it in messages (a file name). */
@@ -287,7 +325,12 @@ int mp_cluster_nodes_used(const mp_cluster *cluster, int devices);
 /* Whether devices a and b (0-based, node-major numbering) sit in the same node. */
 bool mp_cluster_same_node(const mp_cluster *cluster, int device_a, int device_b);
 
-/* ---- shared cores (see "Shared cores" at the top of this file) ---------------------------- */
+/* ---- shared cores and memory (see "Shared cores" and "Shared memory" at the top) ---------- */
+
+/* Bytes one device of a job of `devices` devices holds: device_memory_bytes, or where the devices
+ * of a node share its memory (node_memory_bytes) node_memory / mp_cluster_devices_on_node, at
+ * most device_memory_bytes. device_memory_bytes for devices <= 0. */
+int64_t mp_cluster_device_memory(const mp_cluster *cluster, int devices);
 
 /* The devices on the fullest node when devices devices fill the nodes one after another:
  * min(devices, devices_per_node); 0 for devices <= 0. */

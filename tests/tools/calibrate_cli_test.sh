@@ -4,7 +4,8 @@
 # above 100% (tiny-gpt beats the 0.05 TFLOP/s placeholder here); `mpengine calibrate` keeps its
 # measurement where MPENGINE_CALIBRATION points, and plan and run then use it for cpu-local; with
 # MPENGINE_CALIBRATION empty there is nowhere to keep it, and calibrate says so (exit 2). The
-# description it writes has this machine's cores (cores_per_node) and a bare rank's workspace.
+# description it writes has this machine's cores (cores_per_node), its memory (node_memory_gib)
+# and a bare rank's workspace.
 set -uo pipefail
 mpengine=${1:-${MPENGINE:-tools/mpengine}}
 tmp=${TEST_TMPDIR:-$(mktemp -d)}/calibrate_cli
@@ -57,6 +58,12 @@ grep -qE "\"cores_per_node\":[[:space:]]+$cores," <<<"$out" ||
   fail "calibrate does not write this machine's $cores cores: $(grep cores_per <<<"$out")"
 grep -qE "\"workspace_gib\":[[:space:]]+0\.[0-9]+" <<<"$out" ||
   fail "calibrate writes no workspace_gib below 1 GiB: $(grep workspace <<<"$out")"
+# The machine's memory, which the ranks of a job share (node_memory_gib, issue 29): the same
+# figure as device_memory_gib (one rank alone may use all of it).
+node_gib=$(grep -oE '"node_memory_gib":[[:space:]]+[0-9.]+' <<<"$out" | grep -oE '[0-9.]+$')
+device_gib=$(grep -oE '"device_memory_gib":[[:space:]]+[0-9.]+' <<<"$out" | grep -oE '[0-9.]+$')
+[ -n "$node_gib" ] && [ "$node_gib" = "$device_gib" ] ||
+  fail "calibrate writes node_memory_gib '${node_gib}', device_memory_gib '${device_gib}': want the machine's memory in both"
 MPENGINE_CALIBRATION= expect 2 "no calibration file to write (MPENGINE_CALIBRATION is empty, or no HOME)" -- \
   $mpengine calibrate --quick --no-comm
 

@@ -185,8 +185,9 @@ fi
 expect 0 "done: 6 steps" -- run --config "$tmp/tp1.json" --steps 6 --checkpoint-dir "$tmp/keep" --save-every 2 --keep 2
 [ "$(ls "$tmp/keep")" = "$(printf 'step-4\nstep-6')" ] || fail "--keep 2 left: $(ls "$tmp/keep" | tr '\n' ' ')"
 
-# SIGTERM: finish the step, save, exit 0; the checkpoint resumes.
-$mpengine run --backend cpu --config "$tmp/tp1.json" --steps 100000 --checkpoint-dir "$tmp/sig" > "$tmp/sig.log" 2>&1 &
+# SIGTERM: finish the step, save, exit 0; the checkpoint resumes. (--log-every 1: the wait below
+# reads step 3's line, which a run of 100000 steps would not print by default.)
+$mpengine run --backend cpu --config "$tmp/tp1.json" --steps 100000 --log-every 1 --checkpoint-dir "$tmp/sig" > "$tmp/sig.log" 2>&1 &
 pid=$!
 for _ in $(seq 50); do grep -q '^step 3/' "$tmp/sig.log" && break; sleep 0.2; done
 kill -TERM $pid
@@ -202,7 +203,7 @@ saved=$(ls "$tmp/sig" | sed -n 's/^step-\([0-9]*\)$/\1/p' | head -1)
 
 # Under tp = 2, SIGTERM to `mpengine run` (the launcher) reaches every rank: they finish the same
 # step (agreeing through an all-reduce), save, and the run exits 0.
-$mpengine run --backend cpu --config "$tmp/tp2.json" --steps 100000 --checkpoint-dir "$tmp/sig2" > "$tmp/sig2.log" 2>&1 &
+$mpengine run --backend cpu --config "$tmp/tp2.json" --steps 100000 --log-every 1 --checkpoint-dir "$tmp/sig2" > "$tmp/sig2.log" 2>&1 &
 pid=$!
 for _ in $(seq 100); do grep -q '^step 3/' "$tmp/sig2.log" && break; sleep 0.2; done
 kill -TERM $pid

@@ -85,7 +85,7 @@ timed "rank 1 killed, no report from mpirun" 30 1 \
 no_leftovers "rank 1 killed, no report from mpirun"
 
 # The same with a real kill -9 from outside, while the run trains: rank 1's process is found by
-# its OMPI_COMM_WORLD_RANK.
+# its OMPI_COMM_WORLD_RANK. (--log-every 1: the wait reads step 2's line.)
 rank_pid() { # rank_pid RANK: the pid of that rank of this test's run, or nothing
   local p
   for p in $(pgrep -f "$tmp/tp2.json"); do
@@ -95,7 +95,7 @@ rank_pid() { # rank_pid RANK: the pid of that rank of this test's run, or nothin
     fi
   done
 }
-timeout 60 $mpengine run --backend cpu --config "$tmp/tp2.json" --steps 1000000 \
+timeout 60 $mpengine run --backend cpu --config "$tmp/tp2.json" --steps 1000000 --log-every 1 \
   > "$tmp/kill9.log" 2>&1 &
 launcher=$!
 victim=""

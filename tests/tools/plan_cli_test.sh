@@ -103,6 +103,31 @@ if ! grep -q "link figures are cpu-local's placeholders (not measured: --no-comm
   echo "FAIL: --no-comm notes"; failures=$((failures + 1))
 fi
 expect 0 "of cpu-local-calibrated" -- $mpengine plan $tiny --gpus 2 --cluster "$tmp/c.json"
+# A calibrated cpu-local says how many ranks share the node (not devices_per_node, its 4096 "any
+# number"), its cores and the memory they share (issue 29).
+out=$($mpengine plan $tiny --gpus 2 --cluster "$tmp/c.json" 2>&1)
+grep -qE "^model tiny-gpt on 2 GPUs of cpu-local-calibrated \(2 ranks on one node of [0-9]+ cores?, sharing its [0-9.]+ GiB: [0-9.]+ GiB each\)" <<<"$out" ||
+  fail "calibrated plan: the first line does not say the ranks share the node: $(head -1 <<<"$out")"
+grep -q "per node" <<<"$out" && fail "calibrated plan still prints devices per node: $(head -1 <<<"$out")"
+
+# cpu-local uncalibrated (issue 29): the speeds are placeholders, the memory this machine's
+# (MPENGINE_CPU_LOCAL_MEMORY_GIB fixes the machine here), shared by the ranks: gpt2-124m at dp 2
+# fits in a 24 GiB machine's 12 GiB a rank; 8 ranks of a 4 GiB machine hold too little each.
+gpt2=examples/models/gpt2-124m.json
+MPENGINE_CALIBRATION= MPENGINE_CPU_LOCAL_MEMORY_GIB=24 expect 0 \
+  "model gpt2-124m on 2 GPUs of cpu-local (2 ranks on one node, sharing its 24.0 GiB: 12.0 GiB each)" \
+  "cpu-local is uncalibrated: its figures are placeholders, not this machine's, except its memory (24.0 GiB, read from this machine and shared by the ranks)" \
+  "/12" -- $mpengine plan $gpt2 --gpus 2 --cluster cpu-local --dp 2
+MPENGINE_CALIBRATION= MPENGINE_CPU_LOCAL_MEMORY_GIB=4 expect 2 \
+  "model gpt2-124m fits on no layout of 8 GPUs of cpu-local" "over the 0.50 GiB a device holds" \
+  "(the ranks of cpu-local share each node's 4.0 GiB: more ranks on a node hold less each)" -- \
+  $mpengine plan $gpt2 --gpus 8 --cluster cpu-local --dp 8
+MPENGINE_CALIBRATION= MPENGINE_CPU_LOCAL_MEMORY_GIB=lots expect 2 \
+  "--cluster: MPENGINE_CPU_LOCAL_MEMORY_GIB: expected this machine's memory as a positive number of GiB" -- \
+  $mpengine plan $tiny --gpus 2 --cluster cpu-local
+# Without the override: this machine's memory, whatever it is.
+MPENGINE_CALIBRATION= expect 0 "model tiny-gpt on 2 GPUs of cpu-local (2 ranks on one node, sharing its" -- \
+  $mpengine plan $tiny --gpus 2 --cluster cpu-local
 
 # CPU ranks sharing cores (cores_per_node): plan says how they share them, and the 8 ranks on 2
 # cores take 4x the time of 8 on 8 (every time of the model is stretched, the layout unchanged).
@@ -118,6 +143,9 @@ expect 0 "8 ranks on 2 cores (cores2): 1 BLAS thread each, taking turns on the c
   $mpengine plan $tiny --gpus 8 --cluster "$tmp/cores2.json" --dp 2 --pp 2 --tp 2 --global-batch 16
 expect 0 "1 rank on 2 cores (cores2): 2 BLAS threads for its GEMMs" -- \
   $mpengine plan $tiny --gpus 1 --cluster "$tmp/cores2.json"
+# Without node_memory_gib each rank holds device_memory_gib; the first line says where they run.
+expect 0 "model tiny-gpt on 8 GPUs of cores8 (8 ranks on one node of 8 cores, 2.0 GiB each)" -- \
+  $mpengine plan $tiny --gpus 8 --cluster "$tmp/cores8.json"
 step_of() { "$mpengine" plan $tiny --gpus 8 --cluster "$1" --dp 2 --pp 2 --tp 2 --global-batch 16 \
   --micro-batch 1 --schedule 1f1b --recompute none --sequence-parallel on --zero 1 --json |
   grep -oE '"step_time_s":[[:space:]]*[0-9.e+-]+' | head -1 | grep -oE '[0-9.e+-]+$'; }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tests/tools/run_cli_test.sh — `mpengine run` as a user meets it: a short one-rank training run
-# with its log lines and --metrics file, --data shards, --init-from llm.c checkpoints, and exit 2
+# with its log lines (thinned by --log-every on long runs) and --metrics file, --data shards, --init-from llm.c checkpoints, and exit 2
 # with the file named for a bad plan, bad data and a checkpoint of another model.
 set -uo pipefail
 mpengine=${1:-${MPENGINE:-tools/mpengine}}
@@ -31,6 +31,38 @@ $mpengine run --config "$tmp/plan.json" --steps 2 --metrics "$tmp/again.jsonl" >
 if ! diff <(cut -d, -f1-2 "$tmp/metrics.jsonl") <(cut -d, -f1-2 "$tmp/again.jsonl") > /dev/null; then
   echo "FAIL: two runs of one plan differ"; failures=$((failures + 1))
 fi
+
+# --log-every (issue 29): a run of at most 50 steps prints every step; a longer one about 50
+# lines (every ceil(steps / 50)-th step: 3 of 150) and always its first and last; --metrics keeps
+# every step; held-out lines are not thinned; a resumed run prints the step it resumes at.
+steps_printed() { grep -c '^step [0-9]*/' <<<"$1"; }
+out=$($mpengine run --config "$tmp/plan.json" --steps 150 --eval-every 25 --metrics "$tmp/long.jsonl" 2>&1)
+[ "$(steps_printed "$out")" -eq 51 ] || fail "150 steps: $(steps_printed "$out") step lines, want 51 (step 1, then every 3rd)"
+for step in 1 3 6 75 147 150; do
+  grep -q "^step $step/150 | loss " <<<"$out" || fail "150 steps: no line for step $step"
+done
+for step in 2 4 149; do
+  grep -q "^step $step/150 " <<<"$out" && fail "150 steps: step $step printed, want every 3rd"
+done
+grep -qF "150 steps (a line every 3: --log-every)" <<<"$out" || fail "150 steps: the banner does not say --log-every 3: $(grep '^plan' <<<"$out")"
+[ "$(grep -c '^eval after step ' <<<"$out")" -eq 6 ] || fail "150 steps, --eval-every 25: $(grep -c '^eval after step ' <<<"$out") held-out lines, want 6"
+[ "$(grep -c '"loss": ' "$tmp/long.jsonl")" -eq 150 ] || fail "--metrics of 150 steps: $(grep -c '"loss": ' "$tmp/long.jsonl") step lines, want 150"
+out=$($mpengine run --config "$tmp/plan.json" --steps 50 2>&1)
+[ "$(steps_printed "$out")" -eq 50 ] || fail "50 steps: $(steps_printed "$out") step lines, want every step"
+grep -q "(a line every" <<<"$out" && fail "50 steps: the banner mentions --log-every"
+out=$($mpengine run --config "$tmp/plan.json" --steps 150 --log-every 1 2>&1)
+[ "$(steps_printed "$out")" -eq 150 ] || fail "--log-every 1: $(steps_printed "$out") step lines, want 150"
+out=$($mpengine run --config "$tmp/plan.json" --steps 150 --log-every 40 2>&1)
+[ "$(grep '^step ' <<<"$out" | cut -d' ' -f2 | tr '\n' ' ')" = "1/150 40/150 80/150 120/150 150/150 " ] ||
+  fail "--log-every 40: printed $(grep '^step ' <<<"$out" | cut -d' ' -f2 | tr '\n' ' '), want 1 40 80 120 150"
+expect 0 "checkpoint: saved $tmp/log-every/step-100" -- \
+  $mpengine run --config "$tmp/plan.json" --steps 100 --checkpoint-dir "$tmp/log-every"
+out=$($mpengine run --config "$tmp/plan.json" --steps 120 --checkpoint-dir "$tmp/log-every" --resume --override-training 2>&1)
+[ "$(grep '^step ' <<<"$out" | head -2 | cut -d' ' -f2 | tr '\n' ' ')" = "101/120 102/120 " ] ||
+  fail "resumed at step 100 of 120: first lines $(grep '^step ' <<<"$out" | head -2 | cut -d' ' -f2 | tr '\n' ' '), want 101 (the first) and 102"
+grep -q "^step 120/120 " <<<"$out" || fail "resumed run: no line for its last step"
+expect 2 "--log-every: must be at least 1, got 0" -- $mpengine run --config "$tmp/plan.json" --log-every 0
+expect 2 "--log-every: expected an integer, got 'often'" -- $mpengine run --config "$tmp/plan.json" --log-every often
 
 # Token shards.
 $mpengine data synth --out "$tmp/train.bin" --vocab 128 --tokens 5000 > /dev/null

@@ -47,6 +47,7 @@ void ExpectSameCluster(const mp_cluster &a, const mp_cluster &b) {
   }
   EXPECT_EQ(a.cores_per_node, b.cores_per_node);
   EXPECT_EQ(a.workspace_bytes, b.workspace_bytes);
+  EXPECT_EQ(a.node_memory_bytes, b.node_memory_bytes);
 }
 
 mp_cluster Preset(const char *name) {
@@ -497,7 +498,7 @@ TEST(ClusterErrors, UnknownTopLevelKeySuggestsClosest) {
             "memory_bandwidth_gbytes_per_s, memory_efficiency, peak_tflops, intra_node, "
             "inter_node, gemm_efficiency, flash_attention_efficiency, vector_tflops, "
             "scalar_tflops, cores_per_node, blas_thread_efficiency, wide_gemm_efficiency, "
-            "workspace_gib)");
+            "workspace_gib, node_memory_gib)");
 }
 
 TEST(ClusterErrors, EfficienciesAreFractions) {
@@ -672,8 +673,118 @@ TEST(ClusterSharedCores, KeysAreOptionalAndRoundTrip) {
   for (const char *const *name = mp_cluster_preset_names(); *name != nullptr; ++name) {
     EXPECT_EQ(Preset(*name).cores_per_node, 0) << *name;
     EXPECT_EQ(Preset(*name).workspace_bytes, 0) << *name;
+    EXPECT_EQ(Preset(*name).node_memory_bytes, 0) << *name;
   }
 }
+
+// ---- shared memory (node_memory_gib) and cpu-local's placeholder ---------------------------
+
+TEST(ClusterSharedMemory, RanksOfANodeShareItsMemory) {
+  mp_cluster gpus = Parse(Description());
+  EXPECT_EQ(gpus.node_memory_bytes, 0);
+  // Without node_memory_gib each device holds its own, however many there are.
+  EXPECT_EQ(mp_cluster_device_memory(&gpus, 1), 80LL * 1073741824LL);
+  EXPECT_EQ(mp_cluster_device_memory(&gpus, 64), 80LL * 1073741824LL);
+  mp_cluster c = Parse(Description({{"node_memory_gib", "16"}}));
+  EXPECT_EQ(c.node_memory_bytes, 16LL * 1073741824LL);
+  ExpectSameCluster(RoundTrip(c), c);
+  // The ranks on the fullest node (at most devices_per_node = 8) share its 16 GiB.
+  EXPECT_EQ(mp_cluster_device_memory(&c, 1), 16LL * 1073741824LL);
+  EXPECT_EQ(mp_cluster_device_memory(&c, 2), 8LL * 1073741824LL);
+  EXPECT_EQ(mp_cluster_device_memory(&c, 8), 2LL * 1073741824LL);
+  EXPECT_EQ(mp_cluster_device_memory(&c, 64), 2LL * 1073741824LL);
+  EXPECT_EQ(mp_cluster_device_memory(&c, 0), c.device_memory_bytes);
+  // Never more than a device holds.
+  mp_cluster big = Parse(Description({{"node_memory_gib", "1000"}}));
+  EXPECT_EQ(mp_cluster_device_memory(&big, 2), 80LL * 1073741824LL);
+  cJSON *json = nullptr;
+  mp_error err = MP_ERROR_INITIALIZER;
+  ASSERT_EQ(mp_cluster_to_json(&gpus, &json, &err), MP_OK);
+  EXPECT_EQ(cJSON_GetObjectItemCaseSensitive(json, "node_memory_gib"), nullptr);
+  cJSON_Delete(json);
+  EXPECT_EQ(ParseError(Description({{"node_memory_gib", "0"}})),
+            "c.json: $.node_memory_gib: must be a positive number, got 0");
+  EXPECT_EQ(ParseError(Description({{"node_memory_gib", "1e-12"}})),
+            "c.json: $.node_memory_gib: 9.9999999999999998e-13 GiB is less than one byte");
+}
+
+// cpu-local uncalibrated: the preset's speeds, the given machine's memory shared by its ranks.
+TEST(ClusterSharedMemory, CpuLocalPlaceholderIsDerivedFromTheMachine) {
+  const int64_t machine = 24LL * 1073741824LL;
+  mp_cluster c;
+  mp_error err = MP_ERROR_INITIALIZER;
+  ASSERT_EQ(mp_cluster_cpu_local_placeholder(machine, &c, &err), MP_OK) << err.message;
+  const mp_cluster preset = Preset("cpu-local");
+  EXPECT_TRUE(c.placeholder);
+  EXPECT_STREQ(c.name, "cpu-local");
+  EXPECT_EQ(c.device_memory_bytes, machine);
+  EXPECT_EQ(c.node_memory_bytes, machine);
+  EXPECT_EQ(c.workspace_bytes, std::llround(MP_CLUSTER_CPU_RANK_WORKSPACE_GIB * kGib));
+  EXPECT_EQ(c.cores_per_node, 0);  // the cores stay calibrate's to measure
+  EXPECT_EQ(c.nodes, preset.nodes);
+  EXPECT_EQ(c.devices_per_node, preset.devices_per_node);
+  EXPECT_EQ(c.peak_flops_per_s[MP_DTYPE_FP32], preset.peak_flops_per_s[MP_DTYPE_FP32]);
+  EXPECT_EQ(c.memory_bandwidth_bytes_per_s, preset.memory_bandwidth_bytes_per_s);
+  EXPECT_EQ(c.intra_node_bandwidth_bytes_per_s, preset.intra_node_bandwidth_bytes_per_s);
+  EXPECT_NE(std::string(c.notes).find("Uncalibrated placeholder derived from this machine: its "
+                                      "memory (24.0 GiB) is shared by the ranks on it"),
+            std::string::npos)
+      << c.notes;
+  // gpt2-124m at dp 2 needs about 3.3 GiB a rank: 2 ranks of a 24 GiB machine hold 12 each.
+  EXPECT_EQ(mp_cluster_device_memory(&c, 2), 12LL * 1073741824LL);
+  EXPECT_EQ(mp_cluster_device_memory(&c, 8), 3LL * 1073741824LL);
+  EXPECT_EQ(mp_cluster_device_memory(&c, 1), machine);
+  // The same machine gives the same cluster, and it reads back from its JSON.
+  mp_cluster again;
+  ASSERT_EQ(mp_cluster_cpu_local_placeholder(machine, &again, &err), MP_OK);
+  ExpectSameCluster(again, c);
+  ExpectSameCluster(RoundTrip(c), c);
+  // A machine whose memory is unknown gets the preset (2 GiB a rank).
+  mp_cluster unknown;
+  ASSERT_EQ(mp_cluster_cpu_local_placeholder(0, &unknown, &err), MP_OK);
+  ExpectSameCluster(unknown, preset);
+  EXPECT_TRUE(unknown.placeholder);
+}
+
+}  // namespace
+
+// This machine's memory: $MPENGINE_CPU_LOCAL_MEMORY_GIB when set (refused naming it when it is
+// not a positive number), else the physical memory; mp_cluster_load("cpu-local") uses it.
+TEST(ClusterSharedMemory, MachineMemoryAndTheOverride) {
+  int64_t bytes = -1;
+  mp_error err = MP_ERROR_INITIALIZER;
+  unsetenv("MPENGINE_CPU_LOCAL_MEMORY_GIB");
+  ASSERT_EQ(mp_cluster_machine_memory(&bytes, &err), MP_OK);
+  EXPECT_GT(bytes, 0);  // Linux says
+  setenv("MPENGINE_CPU_LOCAL_MEMORY_GIB", "24", 1);
+  ASSERT_EQ(mp_cluster_machine_memory(&bytes, &err), MP_OK);
+  EXPECT_EQ(bytes, 24LL * 1073741824LL);
+  for (const char *bad : {"0", "-1", "24GiB", "", "lots"}) {
+    setenv("MPENGINE_CPU_LOCAL_MEMORY_GIB", bad, 1);
+    EXPECT_EQ(mp_cluster_machine_memory(&bytes, &err), MP_ERR_INPUT) << bad;
+    EXPECT_EQ(std::string(err.message),
+              std::string("MPENGINE_CPU_LOCAL_MEMORY_GIB: expected this machine's memory as a "
+                          "positive number of GiB (at most 1048576), got '") +
+                  bad + "'; unset it to read the machine's");
+  }
+  // cpu-local without a calibration file: the placeholder of this (overridden) machine.
+  setenv("MPENGINE_CALIBRATION", "", 1);
+  setenv("MPENGINE_CPU_LOCAL_MEMORY_GIB", "6", 1);
+  mp_cluster c;
+  ASSERT_EQ(mp_cluster_load("cpu-local", &c, &err), MP_OK) << err.message;
+  EXPECT_TRUE(c.placeholder);
+  EXPECT_EQ(c.node_memory_bytes, 6LL * 1073741824LL);
+  EXPECT_EQ(mp_cluster_device_memory(&c, 2), 3LL * 1073741824LL);
+  setenv("MPENGINE_CPU_LOCAL_MEMORY_GIB", "six", 1);
+  EXPECT_EQ(mp_cluster_load("cpu-local", &c, &err), MP_ERR_INPUT);
+  // Other presets never read the machine.
+  ASSERT_EQ(mp_cluster_load("h100-sxm", &c, &err), MP_OK) << err.message;
+  EXPECT_EQ(c.node_memory_bytes, 0);
+  unsetenv("MPENGINE_CPU_LOCAL_MEMORY_GIB");
+  unsetenv("MPENGINE_CALIBRATION");
+}
+
+namespace {
 
 TEST(ClusterSharedCores, BadValuesNameFileAndPath) {
   EXPECT_EQ(ParseError(Description({{"cores_per_node", "0"}})),
