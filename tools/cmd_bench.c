@@ -39,6 +39,7 @@
 #include "engine/model/stage_cpu.h"
 #include "engine/data/markov_source.h"
 #include "engine/weights/weight_source.h"
+#include "engine/weights/llmc_file.h"
 #include "layers/adamw.h"
 #include "topology/model.h"
 #include "common/atomic_file.h"
@@ -152,9 +153,9 @@ static mp_status dump_step(mp_stage_cpu *gpt, const char *dir, const int32_t *in
   const mp_param_layout *layout = mp_stage_layout_model(mp_stage_cpu_layout(gpt));
   char path[1024];
   snprintf(path, sizeof path, "%s/model.bin", dir);
-  MP_TRY(mp_param_layout_save_llmc(layout, mp_stage_cpu_params(gpt), path, err));
+  MP_TRY(mp_llmc_save(layout, mp_stage_cpu_params(gpt), path, err));
   snprintf(path, sizeof path, "%s/grads.bin", dir);
-  MP_TRY(mp_param_layout_save_llmc(layout, mp_stage_cpu_grads(gpt), path, err));
+  MP_TRY(mp_llmc_save(layout, mp_stage_cpu_grads(gpt), path, err));
 
   const size_t tokens = (size_t)B * (size_t)T;
   const int32_t header[4] = {kTokensMagic, kTokensVersion, B, T};

@@ -266,7 +266,7 @@ PY
 echo "measured bf16 GEMM peak: ${peak:-unavailable} TFLOP/s (datasheet dense: 989)"
 
 section "one-GPU training: tiny-gpt on its synthetic source (loss vs the entropy floor)"
-timeout 300 .device/bin/mpengine run --config examples/plans/tiny-gpt-1rank.json --backend cuda \
+timeout 300 .device/bin/mpengine run --config examples/plans/tiny-gpt-1rank.json --backend cuda --log-every 100 \
   | grep -E "^(model|backend|entropy|done)|step (1|100|200|300)/" || fail "tiny-gpt on cuda"
 
 section "checkpoints on the GPU: 10 steps saving at 5 vs a resume from step 5 (bit for bit)"

@@ -3,8 +3,8 @@
  * its one flat array (so the optimizer, clipping and checkpoints walk one buffer), the tensor table
  * every stage, shard, checkpoint and llm.c file reads (each tensor's shape, tensor-parallel split
  * and init rule), the initialisation, and llm.c's checkpoint files. The forward and backward are
- * the stage's (engine/model/stage_cpu.h); the one-rank model (mp_gpt there) is that stage at tp =
- * 1.
+ * the stage's (engine/model/stage_cpu.h); the one-rank model (tests/support/one_rank_model.h) is
+ * that stage at tp = 1.
  *
  * Built from a model description (topology/model.h) that the runtime can train: an embedding,
  * transformer blocks, a final norm and an LM head. Two families share the chain
@@ -129,7 +129,9 @@ typedef enum {
  * thing everywhere (initialisation, llm.c files, checkpoints). */
 typedef struct mp_param_layout mp_param_layout;
 
-/* Checks that the runtime can train `model` at seq_len (see mp_gpt_create) and lays it out. */
+/* Checks that the runtime can train `model` at seq_len and lays it out. MP_ERR_INPUT naming the
+ * model file and the layer for models it cannot run (custom nodes, dropout, blocks of different
+ * shapes), or a seq_len beyond the position table. */
 mp_status mp_param_layout_create(const mp_model *model, int seq_len, mp_param_layout **out,
                                mp_error *err);
 void mp_param_layout_free(mp_param_layout *layout);
@@ -156,36 +158,6 @@ void mp_param_layout_init_params(const mp_param_layout *layout, float *params, u
 void mp_param_tensor_init_block(const mp_param_layout *layout, const mp_param_tensor *tensor,
                               float *out, size_t rows, size_t cols, size_t row_offset,
                               size_t col_offset, uint64_t seed);
-
-/* llm.c files into / out of a flat array in this layout (see mp_gpt_load_llmc). llm.c's files
- * hold GPT-2: a Llama-family layout is refused naming the model. */
-mp_status mp_param_layout_load_llmc(const mp_param_layout *layout, float *params, const char *path,
-                                  mp_error *err);
-mp_status mp_param_layout_save_llmc(const mp_param_layout *layout, const float *array,
-                                  const char *path, mp_error *err);
-
-/* llm.c files in parts, so a rank of a parallel run reads only its shards' elements and a save
- * is assembled tensor by tensor (or piece by piece) without the whole model in memory.
- * mp_llmc_reader_open checks the header against the layout and the size against the header
- * (errors as mp_gpt_load_llmc); mp_llmc_reader_read gets elements [first, first + count) of
- * tensor `tensor` (layout index) as fp32, one pread per run (bf16 widened). */
-typedef struct mp_llmc_reader mp_llmc_reader;
-mp_status mp_llmc_reader_open(const mp_param_layout *layout, const char *path,
-                              mp_llmc_reader **out, mp_error *err);
-mp_status mp_llmc_reader_read(mp_llmc_reader *reader, int tensor, size_t first, size_t count,
-                              float *dest, mp_error *err);
-void mp_llmc_reader_close(mp_llmc_reader *reader);
-
-/* A version 3 (fp32) llm.c file written in any order: the header at open, then each element of
- * every tensor exactly once through mp_llmc_writer_write; commit renames it into place (and
- * frees the writer), abort removes it. The bytes equal mp_param_layout_save_llmc's. */
-typedef struct mp_llmc_writer mp_llmc_writer;
-mp_status mp_llmc_writer_open(const mp_param_layout *layout, const char *path,
-                              mp_llmc_writer **out, mp_error *err);
-void mp_llmc_writer_write(mp_llmc_writer *writer, int tensor, size_t first, const float *data,
-                          size_t count);
-mp_status mp_llmc_writer_commit(mp_llmc_writer *writer, mp_error *err);
-void mp_llmc_writer_abort(mp_llmc_writer *writer);
 
 #ifdef __cplusplus
 }

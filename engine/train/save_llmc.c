@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "engine/model/param_layout.h"
+#include "engine/weights/llmc_file.h"
 #include "tensor_parallel/shard.h"
 
 /* A streamed save moves each shard in pieces of at most this many floats per tp rank. */

@@ -14,6 +14,7 @@
 #include "engine/weights/safetensors.h"
 #include "topology/hf_config.h"
 #include "topology/model.h"
+#include "engine/weights/llmc_file.h"
 
 struct mp_weight_source {
   const mp_weight_source_ops *ops;

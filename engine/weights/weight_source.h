@@ -39,6 +39,7 @@
 
 #include "common/error.h"
 #include "engine/model/param_layout.h"
+#include "engine/weights/llmc_file.h"
 
 #ifdef __cplusplus
 extern "C" {

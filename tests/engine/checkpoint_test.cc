@@ -23,6 +23,7 @@
 #include "engine/data/markov_source.h"
 #include "engine/trace/trace.h"
 #include "engine/train/trainer.h"
+#include "engine/weights/llmc_file.h"
 #include "tensor_parallel/shard.h"
 #include "topology/model.h"
 #include "topology/plan.h"
@@ -150,7 +151,7 @@ TEST(Checkpoint, SaveLoadResumesExactly) {
   const mp_param_layout *layout = mp_trainer_layout(a.trainer);
   ASSERT_EQ(n, mp_param_layout_num_params(layout));
   std::vector<float> loaded(n);
-  ASSERT_EQ(mp_param_layout_load_llmc(layout, loaded.data(), bin.c_str(), &a.err), MP_OK);
+  ASSERT_EQ(mp_llmc_load(layout, loaded.data(), bin.c_str(), &a.err), MP_OK);
   Job c;
   ASSERT_TRUE(c.make(kTiny)) << c.err.message;
   mp_checkpoint_context ctx_c = c.context();

@@ -12,7 +12,9 @@
 
 #include "engine/model/param_layout.h"
 #include "engine/model/stage_cpu.h"
+#include "tests/support/one_rank_model.h"
 #include "engine/model/param_init.h"
+#include "engine/weights/llmc_file.h"
 #include "topology/layer_cost.h"
 #include "topology/model.h"
 
@@ -325,7 +327,7 @@ TEST(GptModel, LlmcFileIsWhatLlmcWrites) {
     }
   }
   const std::string path = temp_path("mpengine_llmc.bin");
-  ASSERT_EQ(mp_param_layout_save_llmc(layout, params.data(), path.c_str(), &err), MP_OK)
+  ASSERT_EQ(mp_llmc_save(layout, params.data(), path.c_str(), &err), MP_OK)
       << err.message;
   auto read_all = [](const std::string &file_path) {
     std::vector<unsigned char> bytes;
@@ -345,7 +347,7 @@ TEST(GptModel, LlmcFileIsWhatLlmcWrites) {
                                   << ((long)b - 1024) / 4 << " after the header)";
   }
   std::vector<float> loaded(params.size(), -1.0f);
-  ASSERT_EQ(mp_param_layout_load_llmc(layout, loaded.data(), golden_path.c_str(), &err), MP_OK)
+  ASSERT_EQ(mp_llmc_load(layout, loaded.data(), golden_path.c_str(), &err), MP_OK)
       << err.message;
   for (int i = 0; i < mp_param_layout_num_tensors(layout); ++i) {
     const mp_param_tensor *t = mp_param_layout_tensor(layout, i);

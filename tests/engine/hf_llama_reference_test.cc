@@ -22,6 +22,7 @@
 
 #include "engine/model/param_layout.h"
 #include "engine/model/stage_cpu.h"
+#include "tests/support/one_rank_model.h"
 #include "engine/weights/weight_source.h"
 #include "topology/hf_config.h"
 #include "topology/model.h"

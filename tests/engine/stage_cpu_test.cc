@@ -23,10 +23,12 @@
 #include "engine/data/data_loader.h"
 #include "engine/model/param_layout.h"
 #include "engine/model/stage_cpu.h"
+#include "tests/support/one_rank_model.h"
 #include "engine/data/markov_source.h"
 #include "engine/model/stage_chain.h"
 #include "engine/comm/tp_comm_mpi.h"
 #include "engine/train/trainer.h"
+#include "engine/weights/llmc_file.h"
 #include "layers/adamw.h"
 #include "tensor_parallel/shard.h"
 #include "topology/model.h"
@@ -544,7 +546,7 @@ void CheckTrainer(bool sp) {
   ASSERT_EQ(n, mp_stage_layout_num_params(mp_stage_cpu_layout(one_model)));
   fvec pa(mp_stage_cpu_params(one_model), mp_stage_cpu_params(one_model) + n);
   fvec pb(n);
-  ASSERT_EQ(MP_OK, mp_param_layout_load_llmc(mp_trainer_layout(one.trainer), pb.data(),
+  ASSERT_EQ(MP_OK, mp_llmc_load(mp_trainer_layout(one.trainer), pb.data(),
                                            path.c_str(), &one.err))
       << one.err.message;
   double worst = 0;

@@ -36,6 +36,7 @@
 #include "engine/device/device.h"
 #include "engine/model/param_layout.h"
 #include "engine/model/stage_cpu.h"
+#include "tests/support/one_rank_model.h"
 #include "engine/model/stage_gpu.h"
 #include "layers/adamw.h"
 #include "tensor_parallel/tp_comm.h"

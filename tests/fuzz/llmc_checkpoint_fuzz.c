@@ -1,6 +1,6 @@
 /*
  * tests/fuzz/llmc_checkpoint_fuzz.c — libFuzzer target: llm.c GPT-2 checkpoints
- * (mp_param_layout_load_llmc: the 256 x int32 header and the fp32 or bf16 payload), through a
+ * (mp_llmc_load: the 256 x int32 header and the fp32 or bf16 payload), through a
  * memfd.
  *
  * The input is loaded into two tiny layouts: one llm.c can describe (L = 1, C = 4, 1 head,
@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "engine/model/param_layout.h"
+#include "engine/weights/llmc_file.h"
 #include "topology/model.h"
 
 static const char *const kModels[2] = {
@@ -53,7 +54,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (fd < 0) return 0;
   for (int i = 0; i < 2; ++i) {
     mp_error err = MP_ERROR_INITIALIZER;
-    mp_status status = mp_param_layout_load_llmc(g_layouts[i], g_params[i], path, &err);
+    mp_status status = mp_llmc_load(g_layouts[i], g_params[i], path, &err);
     if (status != MP_OK && err.message[0] == '\0') abort();
   }
   close(fd);

@@ -70,7 +70,7 @@ root=()
 expect 0 "done: 20 steps" -- mpirun -np 2 --oversubscribe "${root[@]}" $mpengine run --config "$tmp/tp2.json" --metrics "$tmp/direct.jsonl"
 compare "tp = 2 under mpirun directly" "$tmp/direct.jsonl"
 
-# The README's example plan, two steps.
+# The example plan of docs/parallelism.md (Tensor parallelism), two steps.
 expect 0 "step 2/2 | loss " -- $mpengine run --config examples/plans/tiny-gpt-tp2.json --steps 2
 
 # Refusals.

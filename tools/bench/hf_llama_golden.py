@@ -17,7 +17,7 @@ samples (sample k is tokens [k T, k T + T]), in float64, for tests/tools/hf_llam
 loads DIR (an `mpengine export --format hf`) with from_pretrained and prints transformers' float64
 loss over NAME's shard.bin (tools/bench/hf_llama_roundtrip.sh compares it with mpengine's).
 
-Needs torch and transformers 4.46.3 (README "References"); CI only reads the committed files:
+Needs torch and transformers 4.46.3 (docs/benchmarks.md, "References and their versions"); CI only reads the committed files:
   /usr/bin/python3 -m venv --system-site-packages V && V/bin/pip install transformers==4.46.3 safetensors
   V/bin/python tools/bench/hf_llama_golden.py
 """

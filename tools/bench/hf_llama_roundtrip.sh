@@ -8,7 +8,7 @@
 # 1). Prints both and their relative difference; the target is 1e-5.
 #
 #   PYTHON=V/bin/python tools/bench/hf_llama_roundtrip.sh   (V: a venv with transformers 4.46.3,
-#                                                            see the README's References)
+#                                                            see docs/benchmarks.md, References)
 # Uses bazel-bin/tools/mpengine (bazel build //tools:mpengine) unless MPENGINE says otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/../.."

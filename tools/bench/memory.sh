@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tools/bench/memory.sh — per-rank peak resident memory (VmHWM) of `mpengine run` against the
-# planner's prediction for that rank, shard-first's benchmark (../../README.md, "Memory").
+# planner's prediction for that rank, shard-first's benchmark (docs/benchmarks.md, "Memory per rank").
 #
 # For each layout (pp, tp) of LAYOUTS (default 1,1 2,1 1,2 2,2 4,1) it plans MODEL (default
 # examples/models/gpt2-350m.json) on cpu-local (with 6 GiB per rank) with that layout fixed (1F1B, micro-batch 1, 4

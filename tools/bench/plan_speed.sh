@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tools/bench/plan_speed.sh — how fast the planner searches: times `mpengine plan ... --json` on
-# one core for the README's large cases and prints, per case, the wall time, the planner's own
+# one core for the large cases of docs/plan.md (Speed of the search) and prints, per case, the wall time, the planner's own
 # search time, the candidates it considered, those it simulated and those a bound ruled out
 # without simulating. The bar (issue 19): gpt-1t on 3072 a100-80g GPUs, full search, under 0.2 s
 # of wall time on one core. The wall time includes starting the process (loading the CUDA, NCCL,
