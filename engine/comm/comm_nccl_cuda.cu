@@ -27,7 +27,7 @@
 #include <string.h>
 
 #include "engine/comm/comm_nccl.h"
-#include "engine/comm/comm_nccl_checks.h"
+#include "engine/comm/comm_nccl_internal.h"
 #include "engine/comm/poll_wait.h"
 #include "layers/cuda_check.cuh"
 
@@ -334,7 +334,7 @@ mp_status finish(mp_nccl_comm *comm, const char *what, size_t bytes, double post
   return MP_OK;
 }
 
-// --- argument checks (MP_ERR_INPUT, nothing posted): comm_nccl_checks.h, shared with the
+// --- argument checks (MP_ERR_INPUT, nothing posted): comm_nccl_internal.h, shared with the
 // emulated communicators ---
 
 // The communicator's group for the checks; NULL for a NULL communicator.

@@ -48,8 +48,8 @@
  * process: its error ends in "; communicators aborted", mp_nccl_world_aborted turns true, and
  * every later call on any communicator fails at once, saying which failure aborted them. Bad
  * arguments are MP_ERR_INPUT naming the argument and the group, and abort nothing: the real
- * communicators' checks (comm_nccl_checks.h), and here also a send to this rank itself without its
- * matching receive.
+ * communicators' checks (comm_nccl_internal.h), and here also a send to this rank itself without
+ * its matching receive.
  */
 #include <stdbool.h>
 #include <stdio.h>
@@ -57,7 +57,7 @@
 #include <string.h>
 
 #include "engine/comm/comm_nccl.h"
-#include "engine/comm/comm_nccl_checks.h"
+#include "engine/comm/comm_nccl_internal.h"
 
 enum {
   kWhatBytes = MP_NCCL_WHAT_BYTES,
@@ -136,7 +136,7 @@ static mp_status mpi_failed(const mp_nccl_world *world, const char *what, const 
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Argument checks: comm_nccl_checks.h, shared with the real communicators
+ * Argument checks: comm_nccl_internal.h, shared with the real communicators
  * ------------------------------------------------------------------------------------------- */
 
 /* The communicator's group for the checks; NULL for a NULL communicator. */

@@ -1,15 +1,16 @@
 /*
- * engine/comm/comm_nccl_checks.h — private to the NCCL communicators (comm_nccl_cuda.cu and
- * comm_nccl_emulated.c): what both know of a communicator's group (its name, members and this
- * process's place, for messages), and the argument checks of every comm_nccl.h call, written once
- * so that the two implementations refuse the same arguments with the same words.
+ * engine/comm/comm_nccl_internal.h — comm_nccl.h's private header, for its implementations
+ * (comm_nccl_cuda.cu and comm_nccl_emulated.c): what both know of a communicator's group (its
+ * name, members and this process's place, for messages), and the argument checks of every
+ * comm_nccl.h call, written once so that the two implementations refuse the same arguments with
+ * the same words.
  *
  * Every check fails with MP_ERR_INPUT naming this rank, the operation, the group and the argument,
  * and posts nothing. Checks take the communicator's mp_nccl_group_info, NULL for a NULL
  * communicator, which is refused first ("<operation>: NULL NCCL communicator").
  */
-#ifndef MPENGINE_ENGINE_COMM_NCCL_CHECKS_H
-#define MPENGINE_ENGINE_COMM_NCCL_CHECKS_H
+#ifndef MPENGINE_ENGINE_COMM_NCCL_INTERNAL_H
+#define MPENGINE_ENGINE_COMM_NCCL_INTERNAL_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -98,4 +99,4 @@ mp_status mp_nccl_check_broadcast(const mp_nccl_group_info *info, const void *bu
 }
 #endif
 
-#endif /* MPENGINE_ENGINE_COMM_NCCL_CHECKS_H */
+#endif /* MPENGINE_ENGINE_COMM_NCCL_INTERNAL_H */

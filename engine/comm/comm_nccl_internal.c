@@ -1,6 +1,6 @@
-/* engine/comm/comm_nccl_checks.c — the NCCL communicators' group description and argument checks;
- * see comm_nccl_checks.h. */
-#include "engine/comm/comm_nccl_checks.h"
+/* engine/comm/comm_nccl_internal.c — the NCCL communicators' group description and argument
+ * checks; see comm_nccl_internal.h. */
+#include "engine/comm/comm_nccl_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
