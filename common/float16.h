@@ -8,7 +8,9 @@
  * canonical quiet NaN with its sign: bf16 sign | 0x7fc0, fp16 sign | 0x7e00 (torch's scalar
  * conversions, c10::BFloat16 and c10::Half; safetensors files written here match torch's byte
  * for byte). The CUDA kernels round on the device with their own code
- * (layers/cuda_common.cuh, mp_bf16_from_float_device), which gives these same bits.
+ * (layers/cuda_common.cuh, mp_bf16_from_float_device), which gives these same bits; only what
+ * cuBLAS and the fused attention's tensor-core conversions write is the hardware's (a NaN there
+ * is 0x7fff).
  *
  * Widening (to float) is exact: bf16 is the top half of a float32; fp16 subnormals, infinities
  * and NaNs (payload kept) map to their float32 values.
