@@ -1,4 +1,6 @@
-/* topology/plan.c — reading and checking parallelism configs; see plan.h for the format. */
+/* topology/plan.c — reading, checking and writing parallelism configs; see plan.h for the format.
+ * The one writer and the one reader of the plan's JSON: the plan file (`mpengine plan --out`) and
+ * the "plan" object of a checkpoint manifest (engine/checkpoint/) both go through them. */
 #include "topology/plan.h"
 
 #include <errno.h>
@@ -288,14 +290,21 @@ static mp_status parse_plan(const mp_json_reader *reader, const cJSON *root, con
   return parse_training(reader, root, plan);
 }
 
+mp_status mp_plan_parse_json(const cJSON *root, const char *source, const char *base_dir,
+                             mp_plan *out, mp_error *err) {
+  memset(out, 0, sizeof *out);
+  snprintf(out->source, sizeof out->source, "%s", source);
+  mp_json_reader reader = {source, err};
+  return parse_plan(&reader, root, base_dir, out);
+}
+
 mp_status mp_plan_parse_text(const char *text, const char *source, const char *base_dir,
                              mp_plan *out, mp_error *err) {
   memset(out, 0, sizeof *out);
   snprintf(out->source, sizeof out->source, "%s", source);
   cJSON *root = NULL;
   MP_TRY(mp_json_parse_text(text, source, &root, err));
-  mp_json_reader reader = {source, err};
-  mp_status status = parse_plan(&reader, root, base_dir, out);
+  mp_status status = mp_plan_parse_json(root, source, base_dir, out, err);
   cJSON_Delete(root);
   return status;
 }
@@ -313,16 +322,14 @@ mp_status mp_plan_load(const char *path, mp_plan *out, mp_error *err) {
   } else {
     snprintf(base_dir, sizeof base_dir, ".");
   }
-  mp_json_reader reader = {path, err};
-  mp_status status = parse_plan(&reader, root, base_dir, out);
+  mp_status status = mp_plan_parse_json(root, path, base_dir, out, err);
   cJSON_Delete(root);
   return status;
 }
 
-mp_status mp_plan_write(const mp_plan *plan, const mp_plan_prediction *predicted,
-                        const char *path, mp_error *err) {
+cJSON *mp_plan_to_json(const mp_plan *plan, const mp_plan_prediction *predicted) {
   cJSON *root = cJSON_CreateObject();
-  if (root == NULL) return mp_fail(err, MP_ERR_RUNTIME, "%s: out of memory", path);
+  if (root == NULL) return NULL;
   cJSON_AddStringToObject(root, "format", "mpengine-plan");
   cJSON_AddNumberToObject(root, "version", 1);
   cJSON_AddStringToObject(root, "model", plan->model_path);
@@ -375,7 +382,13 @@ mp_status mp_plan_write(const mp_plan *plan, const mp_plan_prediction *predicted
       cJSON_AddItemToArray(memory, cJSON_CreateNumber(predicted->memory_bytes_per_rank[i]));
     }
   }
-  char *text = cJSON_Print(root);
+  return root;
+}
+
+mp_status mp_plan_write(const mp_plan *plan, const mp_plan_prediction *predicted,
+                        const char *path, mp_error *err) {
+  cJSON *root = mp_plan_to_json(plan, predicted);
+  char *text = root != NULL ? cJSON_Print(root) : NULL;
   cJSON_Delete(root);
   if (text == NULL) return mp_fail(err, MP_ERR_RUNTIME, "%s: out of memory", path);
   mp_atomic_file file;

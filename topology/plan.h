@@ -39,6 +39,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <cjson/cJSON.h>
+
 #include "common/error.h"
 #include "topology/layer_cost.h"
 
@@ -93,6 +95,11 @@ mp_status mp_plan_load(const char *path, mp_plan *out, mp_error *err);
 mp_status mp_plan_parse_text(const char *text, const char *source, const char *base_dir,
                              mp_plan *out, mp_error *err);
 
+/* The same from a parsed JSON object (the plan file's root, or the "plan" object a checkpoint
+ * manifest holds); source names it in messages, which give JSON paths from that object ($). */
+mp_status mp_plan_parse_json(const cJSON *root, const char *source, const char *base_dir,
+                             mp_plan *out, mp_error *err);
+
 /* What the planner predicts for a plan, written as its "predicted" object (run does not read
  * it). memory_bytes_per_rank has num_ranks entries, one per pipeline rank. */
 typedef struct {
@@ -102,11 +109,19 @@ typedef struct {
   double memory_bytes_per_rank[MP_PLAN_MAX_STAGES];
 } mp_plan_prediction;
 
+/* The plan (and predicted, when not NULL) as a JSON object in the format above: the one writer
+ * of a plan, for the plan file (mp_plan_write) and a checkpoint manifest's "plan". model_path and
+ * cluster are written as they are; the training section in full, its seed a number (exact for
+ * every seed a plan file can hold, which are within 2^53); zero_shard_size only when it is below
+ * dp. mp_plan_parse_json of it gives back the plan. NULL when out of memory; cJSON_Delete frees.
+ */
+cJSON *mp_plan_to_json(const mp_plan *plan, const mp_plan_prediction *predicted);
+
 /* Writes plan (and predicted, when not NULL) to path in the format above, through a temporary
  * name in the same directory renamed into place, so a reader never sees half a file; an existing
- * file at path is replaced (the caller decides whether that is wanted). model_path and cluster
- * are written as they are. The training section is written in full. Fails with MP_ERR_RUNTIME
- * naming the path when it cannot be written. mp_plan_load of the file gives back the plan. */
+ * file at path is replaced (the caller decides whether that is wanted); the text is
+ * mp_plan_to_json's. Fails with MP_ERR_RUNTIME naming the path when it cannot be written.
+ * mp_plan_load of the file gives back the plan. */
 mp_status mp_plan_write(const mp_plan *plan, const mp_plan_prediction *predicted,
                         const char *path, mp_error *err);
 

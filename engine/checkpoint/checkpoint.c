@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -414,40 +415,12 @@ static void manifest_header(cJSON *root, const mp_checkpoint_context *ctx,
    * --keep prunes only its own (mp_checkpoint_check_dir). */
   cJSON *run = cJSON_AddObjectToObject(root, "run");
   cJSON_AddStringToObject(run, "id", ctx->run_id != NULL ? ctx->run_id : "");
-
-  cJSON *p = cJSON_AddObjectToObject(root, "plan");
-  cJSON_AddStringToObject(p, "source", plan->source);
-  cJSON_AddNumberToObject(p, "dp", plan->dp);
-  cJSON_AddNumberToObject(p, "pp", plan->pp);
-  cJSON_AddNumberToObject(p, "tp", plan->tp);
-  cJSON_AddNumberToObject(p, "virtual_stages", plan->virtual_stages);
-  cJSON_AddNumberToObject(p, "zero_stage", plan->zero_stage);
-  cJSON_AddNumberToObject(p, "zero_shard_size", mp_plan_zero_shard(plan));
-  cJSON_AddBoolToObject(p, "sequence_parallel", plan->sequence_parallel);
-  cJSON_AddStringToObject(p, "schedule", plan->schedule);
-  if (plan->num_stage_counts > 0) {
-    cJSON_AddItemToObject(p, "layers_per_stage",
-                          cJSON_CreateIntArray(plan->layers_per_stage, plan->num_stage_counts));
-  }
-  cJSON *batch = cJSON_AddObjectToObject(p, "batch");
-  cJSON_AddNumberToObject(batch, "global_batch", (double)plan->global_batch);
-  cJSON_AddNumberToObject(batch, "micro_batch", (double)plan->micro_batch);
-  cJSON_AddNumberToObject(batch, "num_micro_batches", (double)plan->num_micro_batches);
-  cJSON_AddNumberToObject(batch, "seq_len", (double)plan->seq_len);
+  cJSON_AddStringToObject(run, "plan", plan->source); /* the plan file it was started with */
+  /* The plan in the plan file's form, from its one writer (topology/plan.c), read back by
+   * mp_plan_parse_json (ck_manifest_open); the seed a number, as below. */
+  cJSON_AddItemToObject(root, "plan", mp_plan_to_json(plan, NULL));
   const mp_training_config *t = &plan->training;
-  cJSON *training = cJSON_AddObjectToObject(p, "training");
-  char seed[32];
-  snprintf(seed, sizeof seed, "%" PRIu64, (uint64_t)t->seed);
-  cJSON_AddNumberToObject(training, "steps", (double)t->steps);
-  cJSON_AddStringToObject(training, "seed", seed);
-  cJSON_AddNumberToObject(training, "learning_rate", t->learning_rate);
-  cJSON_AddNumberToObject(training, "warmup_steps", (double)t->warmup_steps);
-  cJSON_AddNumberToObject(training, "min_lr_ratio", t->min_lr_ratio);
-  cJSON_AddNumberToObject(training, "weight_decay", t->weight_decay);
-  cJSON_AddNumberToObject(training, "beta1", t->beta1);
-  cJSON_AddNumberToObject(training, "beta2", t->beta2);
-  cJSON_AddNumberToObject(training, "eps", t->eps);
-  cJSON_AddNumberToObject(training, "grad_clip", t->grad_clip);
+  const double seed = (double)t->seed;
 
   cJSON *model = cJSON_AddObjectToObject(root, "model");
   cJSON_AddStringToObject(model, "name", mp_model_name(ctx->model));
@@ -463,7 +436,7 @@ static void manifest_header(cJSON *root, const mp_checkpoint_context *ctx,
   }
 
   cJSON *data = cJSON_AddObjectToObject(root, "data");
-  cJSON_AddStringToObject(data, "seed", seed);
+  cJSON_AddNumberToObject(data, "seed", seed);
   cJSON_AddNumberToObject(data, "global_batch", (double)plan->global_batch);
   cJSON_AddNumberToObject(data, "seq_len", (double)plan->seq_len);
   cJSON_AddNumberToObject(data, "next_step", (double)step);
@@ -471,7 +444,7 @@ static void manifest_header(cJSON *root, const mp_checkpoint_context *ctx,
                           "the batch of a step is a pure function of (seed, step): the position "
                           "is the step");
   cJSON *rng = cJSON_AddObjectToObject(root, "rng");
-  cJSON_AddStringToObject(rng, "seed", seed);
+  cJSON_AddNumberToObject(rng, "seed", seed);
   cJSON_AddStringToObject(rng, "note",
                           "no RNG state beyond the seed: initialisation and data are pure "
                           "functions of (seed, name, index) and (seed, step); no dropout");
@@ -908,59 +881,40 @@ static mp_status read_view(ck_shard_reader *reader, const rank_view *view, float
   return MP_OK;
 }
 
-/* A training setting that shapes the rest of the run, as the manifest writes it under
- * plan.training. */
-typedef struct {
-  const char *key;
-  double value;
-} training_field;
-
+/* A resume continues the saved run: the same batch and seed (the data order depends on them),
+ * and unless override_training the same training settings (ck_training_keys), every one that
+ * differs named with both values. A flat plan's missing setting is not compared. */
 static mp_status check_run(const ck_manifest *mf, const mp_plan *plan, bool override_training,
                            mp_error *err) {
-  const cJSON *p = cJSON_GetObjectItemCaseSensitive(mf->root, "plan");
-  const cJSON *batch = cJSON_GetObjectItemCaseSensitive(p, "batch");
-  const cJSON *training = cJSON_GetObjectItemCaseSensitive(p, "training");
-  int64_t global_batch = 0, seq_len = 0;
-  MP_TRY(ck_manifest_int(mf, batch, "$.plan.batch", "global_batch", &global_batch, err));
-  MP_TRY(ck_manifest_int(mf, batch, "$.plan.batch", "seq_len", &seq_len, err));
-  const cJSON *seed = cJSON_GetObjectItemCaseSensitive(training, "seed");
-  char want[32];
-  snprintf(want, sizeof want, "%" PRIu64, (uint64_t)plan->training.seed);
-  if (global_batch != plan->global_batch || seq_len != plan->seq_len) {
+  const ck_saved_plan *saved = &mf->plan;
+  if (saved->global_batch != plan->global_batch || saved->seq_len != plan->seq_len) {
     return mp_fail(err, MP_ERR_INPUT,
                    "%s was saved with global batch %lld x seq_len %lld, %s has %lld x %lld; "
                    "resume with the same batch (the data position depends on it)",
-                   mf->path, (long long)global_batch, (long long)seq_len, plan->source,
-                   (long long)plan->global_batch, (long long)plan->seq_len);
+                   mf->path, (long long)saved->global_batch, (long long)saved->seq_len,
+                   plan->source, (long long)plan->global_batch, (long long)plan->seq_len);
   }
-  if (!cJSON_IsString(seed) || strcmp(seed->valuestring, want) != 0) {
+  if (!saved->has_seed || saved->seed != plan->training.seed) {
+    char was[32] = "?";
+    if (saved->has_seed) snprintf(was, sizeof was, "%" PRIu64, saved->seed);
     return mp_fail(err, MP_ERR_INPUT,
-                   "%s was saved with seed %s, %s has seed %s; resume with the same seed (the "
-                   "data order depends on it)",
-                   mf->path, cJSON_IsString(seed) ? seed->valuestring : "?", plan->source, want);
+                   "%s was saved with seed %s, %s has seed %" PRIu64 "; resume with the same "
+                   "seed (the data order depends on it)",
+                   mf->path, was, plan->source, (uint64_t)plan->training.seed);
   }
   if (override_training) return MP_OK;
   /* Every field that differs, with both values: a changed --steps or learning rate silently
    * bends the learning-rate curve of a resumed run. */
-  const mp_training_config *t = &plan->training;
-  const training_field fields[] = {
-      {"steps", (double)t->steps},               {"learning_rate", t->learning_rate},
-      {"warmup_steps", (double)t->warmup_steps}, {"min_lr_ratio", t->min_lr_ratio},
-      {"weight_decay", t->weight_decay},         {"beta1", t->beta1},
-      {"beta2", t->beta2},                       {"eps", t->eps},
-      {"grad_clip", t->grad_clip},
-  };
-  const int n = (int)(sizeof fields / sizeof fields[0]);
+  double now[CK_TRAINING_SETTINGS];
+  ck_training_values(&plan->training, now);
   char differs[MP_ERROR_MESSAGE_BYTES / 2] = "";
   size_t used = 0;
   int count = 0;
-  for (int i = 0; i < n; ++i) {
-    const cJSON *saved = cJSON_GetObjectItemCaseSensitive(training, fields[i].key);
-    if (!cJSON_IsNumber(saved)) continue; /* an older manifest without it */
-    if (saved->valuedouble == fields[i].value) continue;
+  for (int i = 0; i < CK_TRAINING_SETTINGS; ++i) {
+    const double was = saved->training[i];
+    if (isnan(was) || was == now[i]) continue;
     const int wrote = snprintf(differs + used, sizeof differs - used, "%s%s %.9g (now %.9g)",
-                               count > 0 ? ", " : "", fields[i].key, saved->valuedouble,
-                               fields[i].value);
+                               count > 0 ? ", " : "", ck_training_keys[i], was, now[i]);
     if (wrote > 0 && (size_t)wrote < sizeof differs - used) used += (size_t)wrote;
     ++count;
   }

@@ -26,8 +26,10 @@
  *                   Why per (pp, tp) and not per world rank: the dp replicas hold the same state,
  *                   so one copy is enough (dp times less disk and I/O), and the files do not depend
  *                   on dp at all; the price is one gather of ZeRO-1's moments over dp per save.
- *   manifest.json   format "mpengine-checkpoint", version 2: the step, the plan (layout, schedule,
- *                   batch, training settings), the model (name, shape, and its description's JSON
+ *   manifest.json   format "mpengine-checkpoint", version 2: the step, the plan (the plan file's
+ *                   object, topology/plan.h's mp_plan_to_json; manifests written before it held
+ *                   a flat one, layout beside batch and training with the seed a string, still
+ *                   read), the run (its id and plan file), the model (name, shape, and its description's JSON
  *                   text so export needs nothing else), the data position and RNG state (the seed
  *                   and the step: batches and initialisation are pure functions of them, so there
  *                   is nothing else to save), the learning-rate schedule state; the GLOBAL tensor
@@ -158,11 +160,11 @@ mp_status mp_checkpoint_export(const char *path, mp_weight_format format,
                                int64_t *step, size_t *num_params, mp_error *err);
 
 /* Parses and checks a manifest's JSON text as a load does before it opens any shard file (format,
- * version, layout, file list, the tensor table and every shard's place in its file, batch, and,
- * when the manifest carries the model's description, that description and the tensor table
- * against it), without touching the disk; everything it
- * allocates is freed. source names the text in messages. MP_ERR_INPUT saying what is wrong. For
- * the fuzz target tests/fuzz/checkpoint_manifest_fuzz.c and for tools that vet a manifest. */
+ * version, the plan in either form, file list, the tensor table and every shard's place in its
+ * file, and, when the manifest carries the model's description, that description and the tensor
+ * table against it), without touching the disk; everything it allocates is freed. source names
+ * the text in messages. MP_ERR_INPUT saying what is wrong. For the fuzz target
+ * tests/fuzz/checkpoint_manifest_fuzz.c and for tools that vet a manifest. */
 mp_status mp_checkpoint_manifest_check_text(const char *text, const char *source, mp_error *err);
 
 /* FNV-1a 64 of a file's bytes (the manifest's checksums). MP_ERR_INPUT when it cannot be read. */

@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -241,8 +242,115 @@ static mp_status parse_tensors(ck_manifest *mf, mp_error *err) {
   return MP_OK;
 }
 
+const char *const ck_training_keys[CK_TRAINING_SETTINGS] = {
+    "steps", "learning_rate", "warmup_steps", "min_lr_ratio", "weight_decay",
+    "beta1", "beta2",         "eps",          "grad_clip"};
+
+void ck_training_values(const mp_training_config *t, double out[CK_TRAINING_SETTINGS]) {
+  const double values[CK_TRAINING_SETTINGS] = {
+      (double)t->steps, t->learning_rate, (double)t->warmup_steps,
+      t->min_lr_ratio,  t->weight_decay,  t->beta1,
+      t->beta2,         t->eps,           t->grad_clip};
+  memcpy(out, values, sizeof values);
+}
+
+/* $.plan in the plan file's form, as mp_plan_to_json writes it: topology/plan.c's reader checks
+ * the whole plan; its messages name "<manifest> $.plan" and the path inside the object. */
+static mp_status parse_plan_object(ck_manifest *mf, const cJSON *object, mp_error *err) {
+  char source[CK_PATH_BYTES + 16];
+  snprintf(source, sizeof source, "%s $.plan", mf->file);
+  mp_plan *plan = malloc(sizeof *plan); /* large (two 1024-entry arrays): off the stack */
+  if (plan == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  mp_status status = mp_plan_parse_json(object, source, NULL, plan, err);
+  ck_saved_plan *saved = &mf->plan;
+  if (status == MP_OK) {
+    saved->dp = plan->dp;
+    saved->pp = plan->pp;
+    saved->tp = plan->tp;
+    saved->global_batch = plan->global_batch;
+    saved->seq_len = plan->seq_len;
+    saved->has_seed = true;
+    saved->seed = plan->training.seed;
+    ck_training_values(&plan->training, saved->training);
+  }
+  free(plan);
+  MP_TRY(status);
+  const struct {
+    const char *key;
+    int value;
+  } grid[] = {{"dp", saved->dp}, {"pp", saved->pp}, {"tp", saved->tp}};
+  for (int i = 0; i < 3; ++i) {
+    if (grid[i].value > CK_MAX_GRID) {
+      return mp_fail(err, MP_ERR_INPUT, "%s: $.plan.parallel.%s is %d; want 1 to %d", mf->file,
+                     grid[i].key, grid[i].value, CK_MAX_GRID);
+    }
+  }
+  return MP_OK;
+}
+
+/* A flat plan's seed: the string of its decimal digits that older manifests wrote, or a number
+ * as the plan file writes it. False when it is neither. */
+static bool flat_seed(const cJSON *item, uint64_t *out) {
+  if (cJSON_IsNumber(item)) {
+    const double value = item->valuedouble;
+    if (!(value >= 0 && value <= 9007199254740992.0) || value != (double)(uint64_t)value) {
+      return false;
+    }
+    *out = (uint64_t)value;
+    return true;
+  }
+  if (!cJSON_IsString(item) || item->valuestring[0] < '0' || item->valuestring[0] > '9') {
+    return false;
+  }
+  errno = 0;
+  char *end = NULL;
+  const unsigned long long value = strtoull(item->valuestring, &end, 10);
+  char again[32];
+  snprintf(again, sizeof again, "%llu", value);
+  if (errno != 0 || *end != '\0' || strcmp(again, item->valuestring) != 0) return false;
+  *out = (uint64_t)value;
+  return true;
+}
+
+/* $.plan in the flat form of manifests written before it held the plan file's object: dp, pp, tp
+ * (each 1 to CK_MAX_GRID), batch's global_batch and seq_len, training's settings where present
+ * (NaN where not) and its seed (has_seed false when missing or not a whole number). */
+static mp_status parse_flat_plan(ck_manifest *mf, const cJSON *object, mp_error *err) {
+  ck_saved_plan *saved = &mf->plan;
+  int64_t dp = 0, pp = 0, tp = 0;
+  MP_TRY(manifest_range(mf, object, "$.plan", "dp", 1, CK_MAX_GRID, &dp, err));
+  MP_TRY(manifest_range(mf, object, "$.plan", "pp", 1, CK_MAX_GRID, &pp, err));
+  MP_TRY(manifest_range(mf, object, "$.plan", "tp", 1, CK_MAX_GRID, &tp, err));
+  saved->dp = (int)dp;
+  saved->pp = (int)pp;
+  saved->tp = (int)tp;
+  const cJSON *batch = cJSON_GetObjectItemCaseSensitive(object, "batch");
+  MP_TRY(ck_manifest_int(mf, batch, "$.plan.batch", "global_batch", &saved->global_batch, err));
+  MP_TRY(ck_manifest_int(mf, batch, "$.plan.batch", "seq_len", &saved->seq_len, err));
+  if (saved->seq_len < 1 || saved->seq_len > INT32_MAX) {
+    return mp_fail(err, MP_ERR_INPUT, "%s: $.plan.batch.seq_len %lld is out of range", mf->file,
+                   (long long)saved->seq_len);
+  }
+  const cJSON *training = cJSON_GetObjectItemCaseSensitive(object, "training");
+  for (int i = 0; i < CK_TRAINING_SETTINGS; ++i) {
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(training, ck_training_keys[i]);
+    saved->training[i] = cJSON_IsNumber(item) ? item->valuedouble : NAN;
+  }
+  saved->has_seed = flat_seed(cJSON_GetObjectItemCaseSensitive(training, "seed"), &saved->seed);
+  return MP_OK;
+}
+
+/* $.plan, either form: the plan file's object has "parallel", the flat one never had. */
+static mp_status parse_plan(ck_manifest *mf, mp_error *err) {
+  const cJSON *object = cJSON_GetObjectItemCaseSensitive(mf->root, "plan");
+  if (cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(object, "parallel"))) {
+    return parse_plan_object(mf, object, err);
+  }
+  return parse_flat_plan(mf, object, err);
+}
+
 /* Parses a manifest's text into mf (mf->path and mf->file set by the caller) and checks it:
- * format, version, step, layout, the files and the tensor table. */
+ * format, version, step, the plan, the files and the tensor table. */
 static mp_status manifest_parse(const char *text, ck_manifest *mf, mp_error *err) {
   const char *file = mf->file;
   mf->root = cJSON_Parse(text);
@@ -253,7 +361,7 @@ static mp_status manifest_parse(const char *text, ck_manifest *mf, mp_error *err
                    "%s: not a checkpoint manifest (want an object with \"format\": \"%s\")",
                    file, CK_FORMAT_NAME);
   }
-  int64_t version = 0, tp = 0, dp = 0, pp = 0;
+  int64_t version = 0;
   MP_TRY(ck_manifest_int(mf, mf->root, "$", "version", &version, err));
   if (version != 1 && version != CK_FORMAT_VERSION) {
     return mp_fail(err, MP_ERR_INPUT,
@@ -262,10 +370,8 @@ static mp_status manifest_parse(const char *text, ck_manifest *mf, mp_error *err
   }
   mf->version = (int)version;
   MP_TRY(ck_manifest_int(mf, mf->root, "$", "step", &mf->step, err));
-  const cJSON *plan = cJSON_GetObjectItemCaseSensitive(mf->root, "plan");
-  MP_TRY(manifest_range(mf, plan, "$.plan", "dp", 1, CK_MAX_GRID, &dp, err));
-  MP_TRY(manifest_range(mf, plan, "$.plan", "pp", 1, CK_MAX_GRID, &pp, err));
-  MP_TRY(manifest_range(mf, plan, "$.plan", "tp", 1, CK_MAX_GRID, &tp, err));
+  MP_TRY(parse_plan(mf, err));
+  const int64_t dp = mf->plan.dp, pp = mf->plan.pp, tp = mf->plan.tp;
   if (version == 1 && (dp != 1 || pp != 1)) {
     return mp_fail(err, MP_ERR_INPUT,
                    "%s: a version-1 checkpoint saved with dp x pp x tp = %lld x %lld x %lld; "
@@ -491,15 +597,7 @@ mp_status mp_checkpoint_export(const char *path, mp_weight_format format,
   mp_status status = ck_manifest_open(path, &mf, err);
   const cJSON *model = cJSON_GetObjectItemCaseSensitive(mf.root, "model");
   const cJSON *description = cJSON_GetObjectItemCaseSensitive(model, "description");
-  const cJSON *batch =
-      cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(mf.root, "plan"), "batch");
-  int64_t seq_len = 0;
-  if (status == MP_OK)
-    status = ck_manifest_int(&mf, batch, "$.plan.batch", "seq_len", &seq_len, err);
-  if (status == MP_OK && (seq_len < 1 || seq_len > INT32_MAX)) {
-    status = mp_fail(err, MP_ERR_INPUT, "%s: $.plan.batch.seq_len %lld is out of range", mf.file,
-                     (long long)seq_len);
-  }
+  const int64_t seq_len = mf.plan.seq_len; /* 1 to INT32_MAX: checked with the plan */
   if (status == MP_OK && !cJSON_IsString(description)) {
     status = mp_fail(err, MP_ERR_INPUT,
                      "%s/manifest.json: $.model.description is missing (the model file could "
@@ -558,19 +656,8 @@ mp_status mp_checkpoint_manifest_check_text(const char *text, const char *source
   memset(&mf, 0, sizeof mf);
   snprintf(mf.path, sizeof mf.path, "%s", source);
   snprintf(mf.file, sizeof mf.file, "%s", source);
-  mp_status status = manifest_parse(text, &mf, err);
-  const cJSON *plan = cJSON_GetObjectItemCaseSensitive(mf.root, "plan");
-  const cJSON *batch = cJSON_GetObjectItemCaseSensitive(plan, "batch");
-  int64_t global_batch = 0, seq_len = 0;
-  if (status == MP_OK) {
-    status = ck_manifest_int(&mf, batch, "$.plan.batch", "global_batch", &global_batch, err);
-  }
-  if (status == MP_OK)
-    status = ck_manifest_int(&mf, batch, "$.plan.batch", "seq_len", &seq_len, err);
-  if (status == MP_OK && (seq_len < 1 || seq_len > INT32_MAX)) {
-    status = mp_fail(err, MP_ERR_INPUT, "%s: $.plan.batch.seq_len %lld is out of range", source,
-                     (long long)seq_len);
-  }
+  mp_status status = manifest_parse(text, &mf, err); /* the plan included, either form */
+  const int64_t seq_len = mf.plan.seq_len;
   /* The model: its description (when saved) must parse, and the shape and tensor table must be
    * those of the model it describes laid out at the saved seq_len, as export checks them. */
   const cJSON *model = cJSON_GetObjectItemCaseSensitive(mf.root, "model");

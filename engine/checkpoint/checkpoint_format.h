@@ -1,8 +1,8 @@
 /*
  * engine/checkpoint/checkpoint_format.h — the on-disk format of a checkpoint
  * (engine/checkpoint/checkpoint.h), for the checkpoint library's own files: the shard files' names
- * and headers, the manifest as parsed and checked (its files, and every tensor with the place of
- * each of its tp shards), and reading any range of any tensor's shard, in any tp layout, from the
+ * and headers, the manifest as parsed and checked (the plan it was saved with, its files, and every
+ * tensor with the place of each of its tp shards), and reading any range of any tensor's shard, in any tp layout, from the
  * shards that hold it. Saving and loading (engine/checkpoint/checkpoint.c) build on it; export
  * (mp_checkpoint_export) and the manifest check for the fuzzer live with it
  * (engine/checkpoint/checkpoint_format.c). Not an API: callers use checkpoint.h.
@@ -12,6 +12,7 @@
 
 #include <cjson/cJSON.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -19,6 +20,7 @@
 #include "common/error.h"
 #include "engine/model/param_layout.h"
 #include "tensor_parallel/shard.h"
+#include "topology/plan.h"
 
 #define CK_SHARD_MAGIC_V1 "MPCKSHD1"
 #define CK_SHARD_MAGIC_V2 "MPCKSHD2"
@@ -73,12 +75,32 @@ typedef struct {
   ck_piece *pieces;  /* (tp) by tp rank */
 } ck_tensor;
 
+/* The training settings a resume compares with its plan's (all but the seed): their keys under
+ * $.plan.training, and ck_training_values gives a config's in the same order. */
+enum { CK_TRAINING_SETTINGS = 9 };
+extern const char *const ck_training_keys[CK_TRAINING_SETTINGS];
+void ck_training_values(const mp_training_config *t, double out[CK_TRAINING_SETTINGS]);
+
+/* The plan a checkpoint was saved with ($.plan), as far as loading it needs. The manifest holds
+ * the plan file's object (topology/plan.h: mp_plan_to_json, read back by mp_plan_parse_json);
+ * manifests written before that hold a flat object (dp, pp, tp beside batch and training, the
+ * seed a string), which is still read. */
+typedef struct {
+  int dp, pp, tp;
+  int64_t global_batch, seq_len;
+  bool has_seed;                /* false: a flat plan whose seed is missing or not a number */
+  uint64_t seed;
+  double training[CK_TRAINING_SETTINGS]; /* ck_training_keys' values; NaN where a flat plan
+                                            lacks one (a resume then does not compare it) */
+} ck_saved_plan;
+
 typedef struct {
   char path[CK_PATH_BYTES]; /* the checkpoint directory */
   char file[CK_PATH_BYTES]; /* the manifest, as messages name it */
   cJSON *root;
   int version;
   int64_t step;
+  ck_saved_plan plan;
   int num_files;
   ck_file *files;
   int num_tensors;
@@ -94,8 +116,8 @@ typedef struct {
 /* The manifest's whole number at object[key] (where: its JSON path in messages). */
 mp_status ck_manifest_int(const ck_manifest *mf, const cJSON *object, const char *where,
                           const char *key, int64_t *out, mp_error *err);
-/* Reads and checks path/manifest.json (format, version, files, tensors); ck_manifest_close frees.
- * */
+/* Reads and checks path/manifest.json (format, version, plan, files, tensors); ck_manifest_close
+ * frees. */
 mp_status ck_manifest_open(const char *path, ck_manifest *mf, mp_error *err);
 void ck_manifest_close(ck_manifest *mf);
 /* A file's text (at most 64 MiB), NUL-terminated, or NULL; free() it. */

@@ -2,10 +2,14 @@
 // into a fresh trainer restore parameters and AdamW moments bit for bit and the next steps' losses
 // exactly; the exported global parameters (through llm.c's file) equal the trainer's; the
 // one-rank model and the chunked trainer (the stage worker's, here through --trace's path) read
-// each other's checkpoints; a version-1 checkpoint (rank-<R>.bin, "MPCKSHD1") still loads; a
-// flipped byte, a missing shard, another model and a foreign manifest are refused naming the file.
+// each other's checkpoints; a version-1 checkpoint (rank-<R>.bin, "MPCKSHD1") still loads; the
+// manifest's plan is the plan file's object (topology/plan.c's writer and reader), and the flat
+// plan of earlier manifests (the seed a string) still loads and is checked; a flipped byte, a
+// missing shard, another model and a foreign manifest are refused naming the file.
 // Layouts of several ranks are covered by tests/tools/checkpoint_test.sh.
 #include <gtest/gtest.h>
+
+#include <cjson/cJSON.h>
 
 #include <dirent.h>
 #include <sys/stat.h>
@@ -435,6 +439,162 @@ TEST(Checkpoint, ReadsVersionOne) {
             MP_ERR_INPUT);
   EXPECT_NE(std::string(a.err.message).find("$.model.description is missing"), std::string::npos)
       << a.err.message;
+}
+
+std::string read_text(const std::string &path) {
+  std::string text;
+  FILE *f = fopen(path.c_str(), "rb");
+  EXPECT_NE(f, nullptr) << path;
+  if (f == nullptr) return text;
+  char buffer[4096];
+  size_t got;
+  while ((got = fread(buffer, 1, sizeof buffer, f)) > 0) text.append(buffer, got);
+  fclose(f);
+  return text;
+}
+
+// The manifest's "plan" is what `mpengine plan --out` writes for the same plan (one writer,
+// mp_plan_to_json), and topology/plan.c's reader gives the plan back from it.
+TEST(Checkpoint, ManifestHoldsThePlanAsThePlanFileDoes) {
+  const std::string dir = temp_dir();
+  Job a;
+  ASSERT_TRUE(a.make(kTiny)) << a.err.message;
+  mp_checkpoint_context ctx = a.context();
+  ASSERT_EQ(mp_checkpoint_save(dir.c_str(), 1, 0, &ctx, &a.err), MP_OK) << a.err.message;
+  cJSON *root = cJSON_Parse(read_text(dir + "/step-1/manifest.json").c_str());
+  ASSERT_NE(root, nullptr);
+  const cJSON *saved = cJSON_GetObjectItemCaseSensitive(root, "plan");
+  cJSON *written = mp_plan_to_json(&a.plan, nullptr);
+  EXPECT_TRUE(cJSON_Compare(saved, written, true));
+  cJSON_Delete(written);
+  const cJSON *training = cJSON_GetObjectItemCaseSensitive(saved, "training");
+  EXPECT_TRUE(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(training, "seed")));
+  mp_plan back;
+  ASSERT_EQ(mp_plan_parse_json(saved, "manifest $.plan", nullptr, &back, &a.err), MP_OK)
+      << a.err.message;
+  EXPECT_STREQ(back.model_path, a.plan.model_path);
+  EXPECT_EQ(back.dp, 1);
+  EXPECT_EQ(back.global_batch, a.plan.global_batch);
+  EXPECT_EQ(back.seq_len, a.plan.seq_len);
+  EXPECT_EQ(back.training.seed, a.plan.training.seed);
+  EXPECT_EQ(back.training.steps, a.plan.training.steps);
+  EXPECT_EQ(back.training.learning_rate, a.plan.training.learning_rate);
+  const cJSON *run = cJSON_GetObjectItemCaseSensitive(root, "run");
+  EXPECT_STREQ(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(run, "plan")), "plan.json");
+  cJSON_Delete(root);
+}
+
+// The "plan" object as mpengine wrote it before the plan file's writer wrote it too (the code of
+// engine/checkpoint/checkpoint.c then): flat, the seed a string.
+cJSON *flat_plan(const mp_plan &plan) {
+  cJSON *p = cJSON_CreateObject();
+  cJSON_AddStringToObject(p, "source", plan.source);
+  cJSON_AddNumberToObject(p, "dp", plan.dp);
+  cJSON_AddNumberToObject(p, "pp", plan.pp);
+  cJSON_AddNumberToObject(p, "tp", plan.tp);
+  cJSON_AddNumberToObject(p, "virtual_stages", plan.virtual_stages);
+  cJSON_AddNumberToObject(p, "zero_stage", plan.zero_stage);
+  cJSON_AddNumberToObject(p, "zero_shard_size", mp_plan_zero_shard(&plan));
+  cJSON_AddBoolToObject(p, "sequence_parallel", plan.sequence_parallel);
+  cJSON_AddStringToObject(p, "schedule", plan.schedule);
+  cJSON *batch = cJSON_AddObjectToObject(p, "batch");
+  cJSON_AddNumberToObject(batch, "global_batch", (double)plan.global_batch);
+  cJSON_AddNumberToObject(batch, "micro_batch", (double)plan.micro_batch);
+  cJSON_AddNumberToObject(batch, "num_micro_batches", (double)plan.num_micro_batches);
+  cJSON_AddNumberToObject(batch, "seq_len", (double)plan.seq_len);
+  const mp_training_config *t = &plan.training;
+  cJSON *training = cJSON_AddObjectToObject(p, "training");
+  cJSON_AddNumberToObject(training, "steps", (double)t->steps);
+  cJSON_AddStringToObject(training, "seed", std::to_string(t->seed).c_str());
+  cJSON_AddNumberToObject(training, "learning_rate", t->learning_rate);
+  cJSON_AddNumberToObject(training, "warmup_steps", (double)t->warmup_steps);
+  cJSON_AddNumberToObject(training, "min_lr_ratio", t->min_lr_ratio);
+  cJSON_AddNumberToObject(training, "weight_decay", t->weight_decay);
+  cJSON_AddNumberToObject(training, "beta1", t->beta1);
+  cJSON_AddNumberToObject(training, "beta2", t->beta2);
+  cJSON_AddNumberToObject(training, "eps", t->eps);
+  cJSON_AddNumberToObject(training, "grad_clip", t->grad_clip);
+  return p;
+}
+
+// Rewrites path's manifest with `plan` as its "plan" object; returns the text.
+std::string replace_plan(const std::string &path, cJSON *plan) {
+  const std::string file = path + "/manifest.json";
+  cJSON *root = cJSON_Parse(read_text(file).c_str());
+  EXPECT_NE(root, nullptr);
+  cJSON_ReplaceItemInObjectCaseSensitive(root, "plan", plan);
+  char *text = cJSON_Print(root);
+  const std::string out = text;
+  free(text);
+  cJSON_Delete(root);
+  write_file(file, out);
+  return out;
+}
+
+// A checkpoint whose manifest has the flat plan of earlier mpengines loads exactly, and its
+// batch, seed and training settings are checked as before; its seed may be a string or a number.
+TEST(Checkpoint, ReadsTheFlatPlanOfEarlierManifests) {
+  const std::string dir = temp_dir();
+  Job a, b, c;
+  ASSERT_TRUE(a.make(kTiny)) << a.err.message;
+  ASSERT_TRUE(b.make(kTiny)) << b.err.message;
+  ASSERT_TRUE(c.make(kTiny, false, 1e-3, 12)) << c.err.message;
+  mp_step_metrics metrics;
+  for (int64_t s = 0; s < 3; ++s) {
+    ASSERT_EQ(mp_trainer_step(a.trainer, s, &metrics, &a.err), MP_OK);
+  }
+  mp_checkpoint_context ctx = a.context();
+  ASSERT_EQ(mp_checkpoint_save(dir.c_str(), 3, 0, &ctx, &a.err), MP_OK) << a.err.message;
+  const std::string ck = dir + "/step-3";
+  const std::string manifest = replace_plan(ck, flat_plan(a.plan));
+  ASSERT_NE(manifest.find("\"seed\":\t\"1337\""), std::string::npos);
+  EXPECT_EQ(mp_checkpoint_manifest_check_text(manifest.c_str(), "old", &a.err), MP_OK)
+      << a.err.message;
+  mp_checkpoint_context ctx_b = b.context();
+  int64_t step = 0;
+  ASSERT_EQ(mp_checkpoint_load(ck.c_str(), &ctx_b, &step, &b.err), MP_OK) << b.err.message;
+  EXPECT_EQ(step, 3);
+  EXPECT_EQ(b.state(), a.state());
+  // Its training settings are compared as the plan file's are.
+  mp_checkpoint_context ctx_c = c.context();
+  EXPECT_EQ(mp_checkpoint_load(ck.c_str(), &ctx_c, &step, &c.err), MP_ERR_INPUT);
+  EXPECT_EQ(std::string(c.err.message),
+            ck + " was saved with other training settings than plan.json (with --steps): steps "
+                 "8 (now 12), learning_rate 0.003 (now 0.001); resume with the same settings, or "
+                 "give --override-training to continue with the new ones (the learning-rate "
+                 "curve changes from here on)");
+  // Its seed, as a string, and as a number (the plan file's form).
+  cJSON *other_seed = flat_plan(a.plan);
+  cJSON_ReplaceItemInObjectCaseSensitive(cJSON_GetObjectItemCaseSensitive(other_seed, "training"),
+                                         "seed", cJSON_CreateString("99"));
+  replace_plan(ck, other_seed);
+  EXPECT_EQ(mp_checkpoint_load(ck.c_str(), &ctx_b, &step, &b.err), MP_ERR_INPUT);
+  EXPECT_EQ(std::string(b.err.message),
+            ck + " was saved with seed 99, plan.json has seed 1337; resume with the same seed "
+                 "(the data order depends on it)");
+  cJSON *number_seed = flat_plan(a.plan);
+  cJSON_ReplaceItemInObjectCaseSensitive(cJSON_GetObjectItemCaseSensitive(number_seed, "training"),
+                                         "seed", cJSON_CreateNumber(1337));
+  replace_plan(ck, number_seed);
+  EXPECT_EQ(mp_checkpoint_load(ck.c_str(), &ctx_b, &step, &b.err), MP_OK) << b.err.message;
+  // The plan file's form with a changed seed is refused the same way.
+  cJSON *plan_file = mp_plan_to_json(&a.plan, nullptr);
+  cJSON_ReplaceItemInObjectCaseSensitive(cJSON_GetObjectItemCaseSensitive(plan_file, "training"),
+                                         "seed", cJSON_CreateNumber(99));
+  replace_plan(ck, plan_file);
+  EXPECT_EQ(mp_checkpoint_load(ck.c_str(), &ctx_b, &step, &b.err), MP_ERR_INPUT);
+  EXPECT_EQ(std::string(b.err.message),
+            ck + " was saved with seed 99, plan.json has seed 1337; resume with the same seed "
+                 "(the data order depends on it)");
+  // A plan-file-form plan that its reader refuses names the manifest and the path in it.
+  cJSON *bad = mp_plan_to_json(&a.plan, nullptr);
+  cJSON_ReplaceItemInObjectCaseSensitive(cJSON_GetObjectItemCaseSensitive(bad, "parallel"), "tp",
+                                         cJSON_CreateNumber(0));
+  const std::string refused = replace_plan(ck, bad);
+  EXPECT_EQ(mp_checkpoint_manifest_check_text(refused.c_str(), "ck/manifest.json", &a.err),
+            MP_ERR_INPUT);
+  EXPECT_EQ(std::string(a.err.message),
+            "ck/manifest.json $.plan: $.parallel.tp: must be a positive integer, got 0");
 }
 
 }  // namespace

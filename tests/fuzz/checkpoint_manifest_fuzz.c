@@ -1,5 +1,7 @@
 /* tests/fuzz/checkpoint_manifest_fuzz.c — libFuzzer target: checkpoint manifests
- * (mp_checkpoint_manifest_check_text: the manifest checks of a load, without the shard files). */
+ * (mp_checkpoint_manifest_check_text: the manifest checks of a load, without the shard files; the
+ * "plan" object in either form, the plan file's through topology/plan.c's reader, or the flat one
+ * of earlier manifests). */
 #include "tests/fuzz/fuzz_util.h" /* first: it defines _GNU_SOURCE for memfd_create */
 
 #include <stdint.h>

@@ -1,8 +1,11 @@
-/* tests/fuzz/plan_json_fuzz.c — libFuzzer target: parallelism plans (mp_plan_parse_text). */
+/* tests/fuzz/plan_json_fuzz.c — libFuzzer target: parallelism plans (mp_plan_parse_text); every
+ * plan it accepts is written by mp_plan_to_json (the plan file's and a checkpoint manifest's one
+ * writer) and must read back by mp_plan_parse_json as the same plan. */
 #include "tests/fuzz/fuzz_util.h" /* first: it defines _GNU_SOURCE for memfd_create */
 
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "topology/plan.h"
 
@@ -17,6 +20,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       volatile double sink = mp_training_learning_rate(&plan->training, 0) +
                              mp_training_learning_rate(&plan->training, plan->training.steps - 1);
       (void)sink;
+      mp_plan *back = malloc(sizeof *back);
+      cJSON *object = mp_plan_to_json(plan, NULL);
+      if (back != NULL && object != NULL) {
+        if (mp_plan_parse_json(object, plan->source, NULL, back, &err) != MP_OK ||
+            memcmp(back, plan, sizeof *plan) != 0) {
+          abort(); /* the writer wrote what its reader refuses, or another plan */
+        }
+      }
+      cJSON_Delete(object);
+      free(back);
     } else if (err.message[0] == '\0') {
       abort();
     }

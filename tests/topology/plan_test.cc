@@ -1,8 +1,13 @@
 // tests/topology/plan_test.cc — parallelism configs: what run and schedule read, the learning-rate
-// schedule they drive, and the message for each mistake in a hand-written plan.
+// schedule they drive, the JSON object that the plan file and a checkpoint manifest both hold
+// (written and read back), and the message for each mistake in a hand-written plan.
 #include <gtest/gtest.h>
 
+#include <cjson/cJSON.h>
+
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "topology/plan.h"
@@ -56,6 +61,58 @@ TEST(Plan, LearningRateWarmsUpThenDecaysByCosine) {
   EXPECT_DOUBLE_EQ(mp_training_learning_rate(&t, 2), 1.0);  // decay starts at the peak
   EXPECT_NEAR(mp_training_learning_rate(&t, 6), 0.55, 1e-12);  // halfway: mean of peak and min
   EXPECT_NEAR(mp_training_learning_rate(&t, 10), 0.1, 1e-12);  // last step: the minimum
+}
+
+// mp_plan_to_json is the one writer (the plan file, a checkpoint's manifest) and
+// mp_plan_parse_json reads it back: every field, the seed a number, zero_shard_size only when it
+// is below dp, "predicted" only when given.
+TEST(Plan, ItsJsonObjectReadsBackAsThePlan) {
+  mp_plan plan;
+  mp_error err = MP_ERROR_INITIALIZER;
+  std::string text = plan_text(
+      "{\"dp\": 4, \"pp\": 2, \"tp\": 2, \"virtual_stages\": 2, \"sequence_parallel\": true, "
+      "\"zero_stage\": 2, \"zero_shard_size\": 2}",
+      "{\"global_batch\": 32, \"micro_batch\": 2, \"num_micro_batches\": 4, \"seq_len\": 64}",
+      "\"cluster\": \"h100-sxm\", \"schedule\": \"interleaved-1f1b\", \"recompute\": "
+      "\"selective\", \"layers_per_stage\": [1, 2, 3, 4], \"training\": {\"steps\": 7, "
+      "\"seed\": 9007199254740992, \"learning_rate\": 1e-3, \"warmup_steps\": 2, "
+      "\"min_lr_ratio\": 0.5, \"weight_decay\": 0.01, \"beta1\": 0.8, \"beta2\": 0.99, "
+      "\"eps\": 1e-6, \"grad_clip\": 0}, ");
+  ASSERT_EQ(mp_plan_parse_text(text.c_str(), "plans/p.json", "plans", &plan, &err), MP_OK)
+      << err.message;
+  cJSON *object = mp_plan_to_json(&plan, nullptr);
+  ASSERT_NE(object, nullptr);
+  EXPECT_EQ(cJSON_GetObjectItemCaseSensitive(object, "predicted"), nullptr);
+  const cJSON *seed = cJSON_GetObjectItemCaseSensitive(
+      cJSON_GetObjectItemCaseSensitive(object, "training"), "seed");
+  ASSERT_TRUE(cJSON_IsNumber(seed));
+  EXPECT_EQ(seed->valuedouble, 9007199254740992.0);
+  mp_plan back;
+  ASSERT_EQ(mp_plan_parse_json(object, "manifest.json $.plan", nullptr, &back, &err), MP_OK)
+      << err.message;
+  cJSON_Delete(object);
+  EXPECT_STREQ(back.source, "manifest.json $.plan");
+  memset(back.source, 0, sizeof back.source);
+  memcpy(back.source, plan.source, strlen(plan.source));
+  EXPECT_STREQ(back.model_path, "plans/../models/m.json");  // as written, not resolved again
+  EXPECT_EQ(back.zero_shard_size, 2);
+  EXPECT_EQ(back.training.seed, 9007199254740992ull);
+  EXPECT_EQ(memcmp(&back, &plan, sizeof plan), 0);  // both zeroed first, so padding matches too
+
+  // ZeRO over all of dp: no zero_shard_size written, dp read back.
+  text = plan_text("{\"dp\": 2, \"pp\": 1, \"tp\": 1, \"zero_stage\": 1}", kBatch);
+  ASSERT_EQ(mp_plan_parse_text(text.c_str(), "p.json", ".", &plan, &err), MP_OK) << err.message;
+  mp_plan_prediction predicted = {};
+  predicted.num_ranks = 1;
+  object = mp_plan_to_json(&plan, &predicted);
+  EXPECT_EQ(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(object, "parallel"),
+                                             "zero_shard_size"),
+            nullptr);
+  EXPECT_NE(cJSON_GetObjectItemCaseSensitive(object, "predicted"), nullptr);
+  ASSERT_EQ(mp_plan_parse_json(object, "p.json", nullptr, &back, &err), MP_OK) << err.message;
+  cJSON_Delete(object);
+  EXPECT_EQ(back.zero_shard_size, 2);
+  EXPECT_EQ(mp_plan_zero_shard(&back), 2);
 }
 
 struct BadPlan {
