@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "common/atomic_file.h"
+#include "common/float16.h"
 
 enum {
   kLlmcMagic = 20240326,
@@ -237,9 +238,8 @@ mp_status mp_llmc_reader_read(mp_llmc_reader *r, int tensor, size_t first, size_
     const size_t n = count < kPiece ? count : kPiece;
     MP_TRY(pread_all(r, piece, n * 2, at, err));
     for (size_t i = 0; i < n; ++i) {
-      const unsigned char *b = (const unsigned char *)&piece[i];
-      const uint32_t bits = (uint32_t)(b[0] | (b[1] << 8)) << 16;
-      memcpy(&dest[i], &bits, sizeof bits);
+      const unsigned char *b = (const unsigned char *)&piece[i]; /* little-endian on disk */
+      dest[i] = mp_float16_bf16_to_float((uint16_t)(b[0] | (b[1] << 8)));
     }
     dest += n;
     count -= n;
