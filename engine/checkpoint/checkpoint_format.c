@@ -1,8 +1,8 @@
 /* engine/checkpoint/checkpoint_format.c — reading a checkpoint: its manifest parsed and checked,
  * its shard files verified and read range by range, and export to llm.c's format; see
- * checkpoint_format.h.
+ * checkpoint_internal.h.
  */
-#include "engine/checkpoint/checkpoint_format.h"
+#include "engine/checkpoint/checkpoint_internal.h"
 
 #include <errno.h>
 #include <inttypes.h>

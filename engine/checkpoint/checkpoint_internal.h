@@ -1,14 +1,15 @@
 /*
- * engine/checkpoint/checkpoint_format.h — the on-disk format of a checkpoint
- * (engine/checkpoint/checkpoint.h), for the checkpoint library's own files: the shard files' names
- * and headers, the manifest as parsed and checked (the plan it was saved with, its files, and every
- * tensor with the place of each of its tp shards), and reading any range of any tensor's shard, in any tp layout, from the
- * shards that hold it. Saving and loading (engine/checkpoint/checkpoint.c) build on it; export
- * (mp_checkpoint_export) and the manifest check for the fuzzer live with it
- * (engine/checkpoint/checkpoint_format.c). Not an API: callers use checkpoint.h.
+ * engine/checkpoint/checkpoint_internal.h — private to engine/checkpoint: what its three files
+ * share.
+ * The on-disk format (checkpoint_format.c): the shard files' names and headers, the manifest as
+ * parsed and checked (the plan it was saved with, its files, and every tensor with the place of
+ * each of its tp shards), and reading any range of any tensor's shard, in any tp layout, from the
+ * shards that hold it; export (mp_checkpoint_export) and the fuzzer's manifest check live with it.
+ * This rank's view of its state and the checkpoints of a directory (checkpoint.c), which saving
+ * (checkpoint_save.c) and loading (checkpoint.c) build on. Not an API: callers use checkpoint.h.
  */
-#ifndef MPENGINE_ENGINE_CHECKPOINT_FORMAT_H
-#define MPENGINE_ENGINE_CHECKPOINT_FORMAT_H
+#ifndef MPENGINE_ENGINE_CHECKPOINT_INTERNAL_H
+#define MPENGINE_ENGINE_CHECKPOINT_INTERNAL_H
 
 #include <cjson/cJSON.h>
 #include <inttypes.h>
@@ -18,6 +19,7 @@
 #include <stdio.h>
 
 #include "common/error.h"
+#include "engine/checkpoint/checkpoint.h"
 #include "engine/model/param_layout.h"
 #include "tensor_parallel/shard.h"
 #include "topology/plan.h"
@@ -135,4 +137,54 @@ void ck_reader_close(ck_shard_reader *reader);
 mp_status ck_read_shard(ck_shard_reader *reader, int i, int array, int rank, int size,
                         size_t first, size_t count, float *dest, mp_error *err);
 
-#endif /* MPENGINE_ENGINE_CHECKPOINT_FORMAT_H */
+/* ---- this rank's state: its chunks and their tensors (checkpoint.c) ---- */
+
+typedef struct {
+  int global;          /* index in the one-rank layout */
+  size_t offset;       /* floats from the start of the chunk's flat layout */
+  size_t count;        /* floats of this rank's shard */
+  mp_tp_split split;
+  bool tied_copy;      /* the last stage's copy of wte: not saved, loaded from wte */
+  /* The elements [held_first, held_first + held_count) of the shard this rank keeps: all of
+   * them, or with ZeRO-3 a block tensor's part (mp_stage_layout_held_params). */
+  size_t held_first, held_count;
+} view_tensor;
+
+typedef struct {
+  int index;           /* the trainer's chunk, whose arrays mp_trainer_read_state reads */
+  size_t count;        /* floats of its flat layout */
+  size_t first, moments; /* the AdamW moments it keeps: of elements [first, first + moments) */
+  int num_tensors;
+  view_tensor *tensors;
+  mp_stage_span stage;  /* the piece of the chain it holds */
+  int stage_index;     /* c x pp + pp rank */
+  bool sharded_params; /* ZeRO-3: this rank keeps only its part of the blocks' parameters */
+} view_chunk;
+
+typedef struct {
+  const mp_param_layout *layout;
+  mp_trainer *trainer;
+  int num_chunks;
+  view_chunk *chunks;
+  int tp_rank, tp_size;
+} rank_view;
+
+/* Saves and loads move the AdamW moments (and ZeRO-3's parameters) in pieces of at most this many
+ * floats, so that no rank holds more than its own part and one piece. */
+enum { CK_PIECE_FLOATS = 1 << 18 };
+
+/* The trainer's chunks and their tensors, as the files name them; ck_view_free frees. */
+mp_status ck_view_create(const mp_checkpoint_context *ctx, rank_view *view, mp_error *err);
+void ck_view_free(rank_view *view);
+
+/* ---- the checkpoints of a directory (checkpoint.c) ---- */
+
+enum { CK_MAX_LISTED = 4096 };
+/* Complete checkpoints under dir, newest first: steps[] (up to max); returns how many. */
+int ck_list_checkpoints(const char *dir, int64_t *steps, int max);
+/* True when path/manifest.json is a checkpoint manifest; run_id (run_id_bytes) gets its run's id
+ * (may be NULL). */
+bool ck_read_manifest_run(const char *path, char *run_id, size_t run_id_bytes);
+bool ck_has_manifest(const char *path);
+
+#endif /* MPENGINE_ENGINE_CHECKPOINT_INTERNAL_H */
