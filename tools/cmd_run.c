@@ -50,6 +50,7 @@
 #include "engine/checkpoint/checkpoint.h"
 #include "engine/comm/comm.h"
 #include "engine/comm/comm_nccl.h"
+#include "engine/cuda_backend/cuda_backend.h"
 #include "engine/data/data_loader.h"
 #include "engine/device/device.h"
 #include "engine/device/gpu_probe.h"
@@ -679,7 +680,8 @@ static mp_status choose_backend(cli_command *command, run_options *o, mp_error *
   if (strcmp(name, "cuda") == 0) {
     o->backend = MP_BACKEND_CUDA;
   } else if (strcmp(name, "auto") == 0) {
-    const int gpus = mp_device_count();
+    /* Without an NVIDIA driver the CUDA backend is not even loaded: a CPU rank maps no CUDA. */
+    const int gpus = mp_cuda_backend_gpu_possible() ? mp_device_count() : 0;
     o->backend = gpus > 0 ? MP_BACKEND_CUDA : MP_BACKEND_CPU;
     mp_gpu_report report;
     mp_error probe = MP_ERROR_INITIALIZER;
@@ -758,6 +760,7 @@ static mp_status read_options(cli_command *command, run_state *state, run_option
   MP_TRY(mp_model_load(state->plan.model_path, &state->model, err));
   state->plan.training.steps = o->steps; /* the schedule decays over the steps actually run */
   MP_TRY(mp_trainer_check_layout(&state->plan, o->backend, err));
+  if (o->backend == MP_BACKEND_CUDA) MP_TRY(mp_cuda_backend_load(err));
   if (o->backend == MP_BACKEND_CUDA && mp_device_count() == 0) {
     return mp_fail(err, MP_ERR_INPUT,
                    "--backend cuda: no CUDA GPU is visible (check nvidia-smi and "

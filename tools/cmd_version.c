@@ -5,6 +5,7 @@
  */
 #include <stdio.h>
 
+#include "engine/cuda_backend/cuda_backend.h"
 #include "engine/device/gpu_probe.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
@@ -24,6 +25,13 @@ int cmd_version(int argc, char **argv) {
   mp_error err = MP_ERROR_INITIALIZER;
   mp_gpu_report report;
   printf("mpengine %s\n", MPENGINE_VERSION);
+  /* A backend that cannot load is a finding here, not a failure: CPU runs still work. */
+  mp_error load_err = MP_ERROR_INITIALIZER;
+  if (mp_cuda_backend_load(&load_err) != MP_OK) {
+    printf("cuda: %s\n", load_err.message);
+    if (!cli_flag(&command, "smoke-test")) return CLI_EXIT_OK;
+    return cli_report(&command, &load_err);
+  }
   if (mp_gpu_probe(&report, &err) != MP_OK) return cli_report(&command, &err);
   if (!report.built_with_cuda) {
     printf("cuda: %s\n", report.no_device_reason);

@@ -41,6 +41,8 @@ for target in "${binaries[@]}"; do
   path=${path/://}
   cp "$path" .device/bin/
 done
+# The CUDA backend mpengine loads from beside itself (engine/cuda_backend/cuda_backend.h).
+cp bazel-bin/tools/libmpengine_cuda.so .device/bin/
 
 skip='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|librt\.|libpthread\.|libstdc\+\+|libgcc_s|libcuda\.|libcudart|libcublas|libnccl)'
 carry_libraries() { # the non-CUDA, non-libc libraries the given binaries load, into .device/lib
