@@ -16,28 +16,16 @@
 #define _POSIX_C_SOURCE 200809L
 #include "engine/comm/comm.h"
 
-#include "engine/comm/comm_staging.h"
-#include "engine/comm/poll_wait.h"
-
 #include <limits.h>
-/* Debian puts Open MPI's headers under /usr/include/<triplet>/mpi, which gcc searches through the
- * multiarch directory; @system//:mpi's -isystem copt does not reach dependents (Bazel copts do not
- * propagate), so the header is named with its directory. */
-#include <mpi/mpi.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-enum {
-  kTagP2P = 1,
-  kNameBytes = 32,
-  kMembersTextBytes = 160,
-  kBrokenBytes = 512,
-  kStagingSlots = 8,               /* pinned blocks a world keeps for reuse */
-};
-static const size_t kChunkBytes = (size_t)1 << 30;
-static const size_t kChunkFloats = (size_t)1 << 28;
+#include "engine/comm/comm_mpi_internal.h" /* the structs, MPI_CALL, the waits and the staging */
+#include "engine/comm/comm_staging.h"
+#include "engine/comm/poll_wait.h"
+
 static const double kCancelGraceS = 1.0; /* how long a cancelled receive may take to complete */
 /* Open MPI moves a non-blocking operation forward only inside MPI calls, so a sleep between polls
  * stalls the transfer (a 16 MiB all-reduce ran 6x slower with 1 ms sleeps). A wait therefore
@@ -47,35 +35,12 @@ static const double kCancelGraceS = 1.0; /* how long a cancelled receive may tak
  * (poll_wait.h) so that waiting out a long timeout costs little CPU. */
 static const double kSpinSeconds = 10.0;
 
-struct mp_comm_world {
-  MPI_Comm comm;     /* a duplicate of MPI_COMM_WORLD with MPI_ERRORS_RETURN */
-  int rank, size;
-  double timeout_s;
-  bool owns_mpi;     /* this world called MPI_Init_thread, so it calls MPI_Finalize */
-  int pending;       /* requests left inside MPI by timeouts that could not be withdrawn */
-  struct {
-    void *pointer;   /* pinned host memory, NULL for an empty slot */
-    size_t capacity; /* bytes */
-    bool in_use;
-  } staging[kStagingSlots];
-};
-
-struct mp_comm {
-  mp_comm_world *world;
-  MPI_Comm comm;
-  char name[kNameBytes];
-  int rank, size;
-  int *members;                     /* (size) world ranks, ascending */
-  char members_text[kMembersTextBytes]; /* "0,1,2,3", for messages */
-  char broken[kBrokenBytes];        /* why the group can no longer be used; "" while it can */
-};
-
 /* ---------------------------------------------------------------------------------------------
  * Checks and clocks
  * ------------------------------------------------------------------------------------------- */
 
-static mp_status mpi_check(int world_rank, int code, const char *call, const char *file, int line,
-                           mp_error *err) {
+mp_status comm_mpi_check(int world_rank, int code, const char *call, const char *file, int line,
+                         mp_error *err) {
   if (code == MPI_SUCCESS) return MP_OK;
   char text[MPI_MAX_ERROR_STRING] = {0};
   int length = 0;
@@ -89,9 +54,6 @@ static mp_status mpi_check(int world_rank, int code, const char *call, const cha
                  line, text);
 }
 
-/* MPI_CALL(rank, MPI_Foo, (args), err): calls MPI_Foo(args); yields MP_OK or the failure. */
-#define MPI_CALL(world_rank, function, args, err) \
-  mpi_check((world_rank), function args, #function, __FILE__, __LINE__, (err))
 
 /* Outcome of a wait that did not fail in MPI itself. */
 typedef enum {
@@ -173,20 +135,13 @@ void mp_comm_format_members(char *text, size_t capacity, const int *members, int
  * Waiting on a group's operation, and what a timeout says
  * ------------------------------------------------------------------------------------------- */
 
-typedef struct {
-  const char *operation; /* "send", "recv", "all-reduce", ... */
-  int peer;              /* group rank for send/recv; -1 for collectives */
-  size_t bytes;          /* the caller's whole message, for the message */
-  double deadline;
-} comm_op;
 
-static comm_op comm_op_begin(const mp_comm *comm, const char *operation, int peer, size_t bytes) {
+comm_op comm_op_begin(const mp_comm *comm, const char *operation, int peer, size_t bytes) {
   comm_op op = {operation, peer, bytes, mp_poll_now_s() + comm->world->timeout_s};
   return op;
 }
 
-static mp_status comm_wait(mp_comm *comm, MPI_Request *request, const comm_op *op,
-                           mp_error *err) {
+mp_status comm_wait(mp_comm *comm, MPI_Request *request, const comm_op *op, mp_error *err) {
   wait_outcome outcome = WAIT_DONE;
   bool p2p = op->peer >= 0;
   MP_TRY(wait_for(comm->world, request, op->deadline, p2p, &outcome, err));
@@ -219,7 +174,7 @@ static mp_status comm_wait(mp_comm *comm, MPI_Request *request, const comm_op *o
                  rank, what, timeout_s, op->bytes, who, comm->name);
 }
 
-static mp_status comm_usable(const mp_comm *comm, mp_error *err) {
+mp_status comm_usable(const mp_comm *comm, mp_error *err) {
   if (comm->broken[0] != '\0') return mp_fail(err, MP_ERR_RUNTIME, "%s", comm->broken);
   return MP_OK;
 }
@@ -228,14 +183,6 @@ static mp_status comm_usable(const mp_comm *comm, mp_error *err) {
  * GPU buffers, staged through pinned host memory
  * ------------------------------------------------------------------------------------------- */
 
-/* A caller's buffer as MPI sees it: the buffer itself when it is host memory, else a pinned block
- * of the world's (or one of its own when every slot is taken). */
-typedef struct {
-  void *user;   /* the caller's buffer */
-  void *host;   /* what MPI reads or writes: user, or the pinned block */
-  size_t bytes;
-  bool device;  /* user is GPU memory, host is a pinned block */
-} staged_buffer;
 
 /* A pinned block of at least `bytes`: the smallest free one that fits, else a new one in a free
  * slot (replacing the smallest free block too small), else one outside the slots. */
@@ -281,8 +228,8 @@ static void staging_release(mp_comm_world *world, void *block) {
 
 /* The host view of `user` for an operation that reads it (fill: copied from the GPU) or only
  * writes it. Host memory is its own view. */
-static mp_status stage_in(mp_comm *comm, const char *operation, const void *user, size_t bytes,
-                          bool fill, staged_buffer *staged, mp_error *err) {
+mp_status comm_stage_in(mp_comm *comm, const char *operation, const void *user, size_t bytes,
+                        bool fill, staged_buffer *staged, mp_error *err) {
   staged->user = (void *)user;
   staged->host = (void *)user;
   staged->bytes = bytes;
@@ -302,15 +249,15 @@ static mp_status stage_in(mp_comm *comm, const char *operation, const void *user
 }
 
 /* Returns the block of a buffer that MPI never saw. */
-static void stage_drop(mp_comm *comm, staged_buffer *staged) {
+void comm_stage_drop(mp_comm *comm, staged_buffer *staged) {
   if (staged->device) staging_release(comm->world, staged->host);
   staged->device = false;
 }
 
 /* After the operation: on success copies what it wrote back to the GPU (copy_back) and returns the
  * block; after a failure the block is abandoned, since MPI may still use it. */
-static mp_status stage_out(mp_comm *comm, const char *operation, staged_buffer *staged,
-                           bool copy_back, mp_status status, mp_error *err) {
+mp_status comm_stage_out(mp_comm *comm, const char *operation, staged_buffer *staged,
+                         bool copy_back, mp_status status, mp_error *err) {
   if (!staged->device) return status;
   if (status != MP_OK) return status; /* the block stays in use: a pending request may hold it */
   if (copy_back) status = mp_staging_copy(staged->user, staged->host, staged->bytes, err);
@@ -581,19 +528,9 @@ static mp_status check_peer(const mp_comm *comm, int peer, const char *operation
   return comm_usable(comm, err);
 }
 
-/* A posted operation: one MPI request per chunk of at most kChunkBytes (sends) or kChunkFloats
- * (all-reduces), waited on in order against the deadline of its post. */
-struct mp_comm_request {
-  mp_comm *comm;
-  comm_op op;
-  staged_buffer staged; /* the caller's buffer and, for a GPU buffer, its pinned block */
-  bool copy_back;       /* the operation writes the buffer: copy the block back to the GPU */
-  int num_chunks;
-  MPI_Request chunks[]; /* (num_chunks) */
-};
 
-static mp_comm_request *request_new(mp_comm *comm, const char *operation, int peer, size_t bytes,
-                                    size_t num_chunks) {
+mp_comm_request *comm_request_new(mp_comm *comm, const char *operation, int peer, size_t bytes,
+                                  size_t num_chunks) {
   mp_comm_request *request = malloc(sizeof *request + num_chunks * sizeof(MPI_Request));
   if (request == NULL) return NULL;
   request->comm = comm;
@@ -606,17 +543,17 @@ static mp_comm_request *request_new(mp_comm *comm, const char *operation, int pe
 
 /* Frees a request that failed while posting; its pinned block, if any, is abandoned with it
  * (chunks already posted may still read it). */
-static void request_abandon(mp_comm_request *request) { free(request); }
+void comm_request_abandon(mp_comm_request *request) { free(request); }
 
 mp_status mp_comm_isend(mp_comm *comm, const void *buffer, size_t bytes, int peer,
                         mp_comm_request **out, mp_error *err) {
   *out = NULL;
   MP_TRY(check_peer(comm, peer, "send", buffer, bytes, err));
   const size_t num_chunks = bytes == 0 ? 1 : (bytes + kChunkBytes - 1) / kChunkBytes;
-  mp_comm_request *request = request_new(comm, "send", peer, bytes, num_chunks);
+  mp_comm_request *request = comm_request_new(comm, "send", peer, bytes, num_chunks);
   if (request == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory posting a send");
   /* A GPU buffer is copied out now, so the caller may reuse it as soon as this returns. */
-  const mp_status staged = stage_in(comm, "send", buffer, bytes, true, &request->staged, err);
+  const mp_status staged = comm_stage_in(comm, "send", buffer, bytes, true, &request->staged, err);
   if (staged != MP_OK) {
     free(request);
     return staged;
@@ -632,7 +569,7 @@ mp_status mp_comm_isend(mp_comm *comm, const void *buffer, size_t bytes, int pee
                  (host + offset, (int)chunk, MPI_BYTE, peer, kTagP2P, comm->comm, slot), err);
     if (status != MP_OK) {
       /* The chunks already posted cannot be withdrawn; the caller stops the run. */
-      request_abandon(request);
+      comm_request_abandon(request);
       return status;
     }
     request->num_chunks++;
@@ -648,7 +585,7 @@ mp_status mp_comm_wait(mp_comm_request *request, mp_error *err) {
   for (int i = 0; i < request->num_chunks && status == MP_OK; ++i) {
     status = comm_wait(request->comm, &request->chunks[i], &request->op, err);
   }
-  status = stage_out(request->comm, request->op.operation, &request->staged, request->copy_back,
+  status = comm_stage_out(request->comm, request->op.operation, &request->staged, request->copy_back,
                      status, err);
   free(request);
   return status;
@@ -664,7 +601,7 @@ mp_status mp_comm_recv(mp_comm *comm, void *buffer, size_t bytes, int peer, mp_e
   MP_TRY(check_peer(comm, peer, "recv", buffer, bytes, err));
   comm_op op = comm_op_begin(comm, "recv", peer, bytes);
   staged_buffer staged;
-  MP_TRY(stage_in(comm, "recv", buffer, bytes, false, &staged, err));
+  MP_TRY(comm_stage_in(comm, "recv", buffer, bytes, false, &staged, err));
   char *host = staged.host;
   mp_status status = MP_OK;
   size_t offset = 0;
@@ -677,311 +614,5 @@ mp_status mp_comm_recv(mp_comm *comm, void *buffer, size_t bytes, int peer, mp_e
     if (status == MP_OK) status = comm_wait(comm, &request, &op, err);
     offset += chunk;
   } while (status == MP_OK && offset < bytes);
-  return stage_out(comm, "recv", &staged, true, status, err);
-}
-
-/* ---------------------------------------------------------------------------------------------
- * Collectives
- * ------------------------------------------------------------------------------------------- */
-
-static mp_status check_collective(const mp_comm *comm, const char *operation, const void *a,
-                                  const void *b, size_t count, mp_error *err) {
-  if ((a == NULL || b == NULL) && count > 0) {
-    return mp_fail(err, MP_ERR_INPUT, "rank %d: %s in group %s: NULL buffer for %zu elements",
-                   comm->world->rank, operation, comm->name, count);
-  }
-  return comm_usable(comm, err);
-}
-
-/* A one-member reduce-scatter or all-gather: output = input (either may be GPU memory). */
-static mp_status copy_alone(const mp_comm *comm, const char *operation, float *output,
-                            const float *input, size_t count, mp_error *err) {
-  if (output == input || count == 0) return MP_OK;
-  if (!mp_staging_is_device(output) && !mp_staging_is_device(input)) {
-    memmove(output, input, count * sizeof(float));
-    return MP_OK;
-  }
-  if (mp_staging_copy(output, input, count * sizeof(float), err) != MP_OK) {
-    return mp_error_prefix(err, "rank %d: %s in group %s", comm->world->rank, operation,
-                           comm->name);
-  }
-  return MP_OK;
-}
-
-static mp_status check_int_count(const mp_comm *comm, const char *operation, size_t count,
-                                 mp_error *err) {
-  if (count > (size_t)INT_MAX / (size_t)comm->size) {
-    return mp_fail(err, MP_ERR_INPUT,
-                   "rank %d: %s in group %s: %zu floats per member x %d members is more than one "
-                   "MPI call carries (%d); split the buffer",
-                   comm->world->rank, operation, comm->name, count, comm->size, INT_MAX);
-  }
-  return MP_OK;
-}
-
-mp_status mp_comm_iall_reduce_sum_f32(mp_comm *comm, float *buffer, size_t count,
-                                      mp_comm_request **out, mp_error *err) {
-  *out = NULL;
-  MP_TRY(check_collective(comm, "all-reduce", buffer, buffer, count, err));
-  const size_t num_chunks = count == 0 ? 1 : (count + kChunkFloats - 1) / kChunkFloats;
-  mp_comm_request *request =
-      request_new(comm, "all-reduce", -1, count * sizeof(float), num_chunks);
-  if (request == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory posting an all-reduce");
-  if (comm->size > 1) { /* a GPU buffer is summed in a pinned block, copied back by the wait */
-    const mp_status staged =
-        stage_in(comm, "all-reduce", buffer, count * sizeof(float), true, &request->staged, err);
-    if (staged != MP_OK) {
-      free(request);
-      return staged;
-    }
-    request->copy_back = true;
-    buffer = request->staged.host;
-  }
-  size_t offset = 0;
-  while (comm->size > 1 && offset < count) { /* one rank: nothing to sum, the wait is free */
-    size_t chunk = count - offset < kChunkFloats ? count - offset : kChunkFloats;
-    MPI_Request *slot = &request->chunks[request->num_chunks];
-    *slot = MPI_REQUEST_NULL;
-    const mp_status status =
-        MPI_CALL(comm->world->rank, MPI_Iallreduce,
-                 (MPI_IN_PLACE, buffer + offset, (int)chunk, MPI_FLOAT, MPI_SUM, comm->comm,
-                  slot),
-                 err);
-    if (status != MP_OK) {
-      request_abandon(request);
-      return status;
-    }
-    request->num_chunks++;
-    offset += chunk;
-  }
-  *out = request;
-  return MP_OK;
-}
-
-mp_status mp_comm_all_reduce_sum_f32(mp_comm *comm, float *buffer, size_t count, mp_error *err) {
-  mp_comm_request *request = NULL;
-  MP_TRY(mp_comm_iall_reduce_sum_f32(comm, buffer, count, &request, err));
-  return mp_comm_wait(request, err);
-}
-
-mp_status mp_comm_reduce_scatter_sum_f32(mp_comm *comm, const float *input, float *output,
-                                         size_t count, mp_error *err) {
-  MP_TRY(check_collective(comm, "reduce-scatter", input, output, count, err));
-  MP_TRY(check_int_count(comm, "reduce-scatter", count, err));
-  if (comm->size == 1) return copy_alone(comm, "reduce-scatter", output, input, count, err);
-  comm_op op = comm_op_begin(comm, "reduce-scatter", -1, count * comm->size * sizeof(float));
-  staged_buffer in, out;
-  MP_TRY(stage_in(comm, "reduce-scatter", input, count * comm->size * sizeof(float), true, &in,
-                  err));
-  mp_status status = stage_in(comm, "reduce-scatter", output, count * sizeof(float), false, &out,
-                              err);
-  if (status != MP_OK) {
-    stage_drop(comm, &in);
-    return status;
-  }
-  MPI_Request request = MPI_REQUEST_NULL;
-  status = MPI_CALL(comm->world->rank, MPI_Ireduce_scatter_block,
-                    (in.host, out.host, (int)count, MPI_FLOAT, MPI_SUM, comm->comm, &request),
-                    err);
-  if (status == MP_OK) status = comm_wait(comm, &request, &op, err);
-  status = stage_out(comm, "reduce-scatter", &in, false, status, err);
-  return stage_out(comm, "reduce-scatter", &out, true, status, err);
-}
-
-/* The uneven collectives' counts (counts[r] floats for group rank r) as MPI takes them: *total
- * their sum, which must fit an int, and *out the int counts followed by their displacements
- * (2 x size ints, the caller frees). */
-static mp_status uneven_counts(const mp_comm *comm, const char *operation, const size_t *counts,
-                               size_t *total, int **out, mp_error *err) {
-  *total = 0;
-  for (int r = 0; r < comm->size; ++r) *total += counts[r];
-  if (*total > (size_t)INT_MAX) {
-    return mp_fail(err, MP_ERR_INPUT,
-                   "rank %d: %s in group %s: %zu floats is more than one MPI call carries (%d); "
-                   "split the buffer",
-                   comm->world->rank, operation, comm->name, *total, INT_MAX);
-  }
-  *out = malloc((size_t)comm->size * 2 * sizeof **out);
-  if (*out == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
-  size_t at = 0;
-  for (int r = 0; r < comm->size; ++r) {
-    (*out)[r] = (int)counts[r];
-    (*out)[comm->size + r] = (int)at;
-    at += counts[r];
-  }
-  return MP_OK;
-}
-
-mp_status mp_comm_reduce_scatter_v_sum_f32(mp_comm *comm, const float *input, float *output,
-                                           const size_t *counts, mp_error *err) {
-  MP_TRY(check_collective(comm, "reduce-scatter", input, output, 0, err)); /* usable */
-  const size_t mine = counts[comm->rank];
-  size_t total = 0;
-  int *recv_counts = NULL;
-  MP_TRY(uneven_counts(comm, "reduce-scatter", counts, &total, &recv_counts, err));
-  if ((input == NULL && total > 0) || (output == NULL && mine > 0)) {
-    free(recv_counts);
-    return mp_fail(err, MP_ERR_INPUT, "rank %d: reduce-scatter in group %s: NULL buffer",
-                   comm->world->rank, comm->name);
-  }
-  if (comm->size == 1) {
-    free(recv_counts);
-    return copy_alone(comm, "reduce-scatter", output, input, mine, err);
-  }
-  comm_op op = comm_op_begin(comm, "reduce-scatter", -1, total * sizeof(float));
-  staged_buffer in, out;
-  mp_status status =
-      stage_in(comm, "reduce-scatter", input, total * sizeof(float), true, &in, err);
-  if (status != MP_OK) {
-    free(recv_counts);
-    return status;
-  }
-  status = stage_in(comm, "reduce-scatter", output, mine * sizeof(float), false, &out, err);
-  if (status != MP_OK) {
-    stage_drop(comm, &in);
-    free(recv_counts);
-    return status;
-  }
-  MPI_Request request = MPI_REQUEST_NULL;
-  status = MPI_CALL(comm->world->rank, MPI_Ireduce_scatter,
-                    (in.host, out.host, recv_counts, MPI_FLOAT, MPI_SUM, comm->comm, &request),
-                    err);
-  if (status == MP_OK) status = comm_wait(comm, &request, &op, err);
-  free(recv_counts);
-  status = stage_out(comm, "reduce-scatter", &in, false, status, err);
-  return stage_out(comm, "reduce-scatter", &out, true, status, err);
-}
-
-mp_status mp_comm_all_gather_f32(mp_comm *comm, const float *input, float *output, size_t count,
-                                 mp_error *err) {
-  MP_TRY(check_collective(comm, "all-gather", input, output, count, err));
-  MP_TRY(check_int_count(comm, "all-gather", count, err));
-  if (comm->size == 1) return copy_alone(comm, "all-gather", output, input, count, err);
-  comm_op op = comm_op_begin(comm, "all-gather", -1, count * comm->size * sizeof(float));
-  staged_buffer in, out;
-  MP_TRY(stage_in(comm, "all-gather", input, count * sizeof(float), true, &in, err));
-  mp_status status = stage_in(comm, "all-gather", output, count * comm->size * sizeof(float),
-                              false, &out, err);
-  if (status != MP_OK) {
-    stage_drop(comm, &in);
-    return status;
-  }
-  MPI_Request request = MPI_REQUEST_NULL;
-  status = MPI_CALL(comm->world->rank, MPI_Iallgather,
-                    (in.host, (int)count, MPI_FLOAT, out.host, (int)count, MPI_FLOAT, comm->comm,
-                     &request),
-                    err);
-  if (status == MP_OK) status = comm_wait(comm, &request, &op, err);
-  status = stage_out(comm, "all-gather", &in, false, status, err);
-  return stage_out(comm, "all-gather", &out, true, status, err);
-}
-
-/* The uneven all-gathers' one body: counts in elements of `type` (elem_bytes each). */
-static mp_status all_gather_v(mp_comm *comm, const void *input, void *output,
-                              const size_t *counts, MPI_Datatype type, size_t elem_bytes,
-                              mp_error *err) {
-  MP_TRY(check_collective(comm, "all-gather", output, output, 0, err)); /* usable */
-  const size_t mine = counts[comm->rank];
-  if (mp_staging_is_device(output) || (input != NULL && mp_staging_is_device(input))) {
-    return mp_fail(err, MP_ERR_INPUT,
-                   "rank %d: all-gather (uneven) in group %s takes host buffers only",
-                   comm->world->rank, comm->name);
-  }
-  size_t total = 0;
-  int *recv_counts = NULL;
-  MP_TRY(uneven_counts(comm, "all-gather", counts, &total, &recv_counts, err));
-  const int *displacements = recv_counts + comm->size;
-  if (output == NULL && total > 0) {
-    free(recv_counts);
-    return mp_fail(err, MP_ERR_INPUT, "rank %d: all-gather in group %s: NULL output",
-                   comm->world->rank, comm->name);
-  }
-  mp_status status = MP_OK;
-  if (comm->size == 1) {
-    if (input != NULL && mine > 0) memmove(output, input, mine * elem_bytes);
-  } else {
-    comm_op op = comm_op_begin(comm, "all-gather", -1, total * elem_bytes);
-    MPI_Request request = MPI_REQUEST_NULL;
-    status = MPI_CALL(comm->world->rank, MPI_Iallgatherv,
-                      (input != NULL ? input : MPI_IN_PLACE, (int)mine, type, output,
-                       recv_counts, displacements, type, comm->comm, &request),
-                      err);
-    if (status == MP_OK) status = comm_wait(comm, &request, &op, err);
-  }
-  free(recv_counts);
-  return status;
-}
-
-mp_status mp_comm_all_gather_v_f32(mp_comm *comm, const float *input, float *output,
-                                   const size_t *counts, mp_error *err) {
-  return all_gather_v(comm, input, output, counts, MPI_FLOAT, sizeof(float), err);
-}
-
-mp_status mp_comm_all_gather_v_bf16(mp_comm *comm, const uint16_t *input, uint16_t *output,
-                                    const size_t *counts, mp_error *err) {
-  return all_gather_v(comm, input, output, counts, MPI_UINT16_T, sizeof(uint16_t), err);
-}
-
-mp_status mp_comm_broadcast(mp_comm *comm, void *buffer, size_t bytes, int root, mp_error *err) {
-  MP_TRY(check_collective(comm, "broadcast", buffer, buffer, bytes, err));
-  if (root < 0 || root >= comm->size) {
-    return mp_fail(err, MP_ERR_INPUT,
-                   "rank %d: broadcast in group %s (ranks %s): root %d is not a group rank "
-                   "(0 .. %d)",
-                   comm->world->rank, comm->name, comm->members_text, root, comm->size - 1);
-  }
-  if (comm->size == 1) return MP_OK;
-  comm_op op = comm_op_begin(comm, "broadcast", -1, bytes);
-  const bool is_root = comm->rank == root;
-  staged_buffer staged;
-  MP_TRY(stage_in(comm, "broadcast", buffer, bytes, is_root, &staged, err));
-  char *host = staged.host;
-  mp_status status = MP_OK;
-  size_t offset = 0;
-  do {
-    size_t chunk = bytes - offset < kChunkBytes ? bytes - offset : kChunkBytes;
-    MPI_Request request = MPI_REQUEST_NULL;
-    status = MPI_CALL(comm->world->rank, MPI_Ibcast,
-                      (host + offset, (int)chunk, MPI_BYTE, root, comm->comm, &request), err);
-    if (status == MP_OK) status = comm_wait(comm, &request, &op, err);
-    offset += chunk;
-  } while (status == MP_OK && offset < bytes);
-  return stage_out(comm, "broadcast", &staged, !is_root, status, err);
-}
-
-mp_status mp_comm_barrier(mp_comm *comm, mp_error *err) {
-  MP_TRY(comm_usable(comm, err));
-  if (comm->size == 1) return MP_OK;
-  comm_op op = comm_op_begin(comm, "barrier", -1, 0);
-  MPI_Request request = MPI_REQUEST_NULL;
-  MP_TRY(MPI_CALL(comm->world->rank, MPI_Ibarrier, (comm->comm, &request), err));
-  return comm_wait(comm, &request, &op, err);
-}
-
-mp_status mp_comm_agree(mp_comm *comm, mp_status status, mp_error *err) {
-  if (comm == NULL) return status;
-  mp_error mine = MP_ERROR_INITIALIZER;
-  if (status != MP_OK) {
-    if (err != NULL) mine = *err;
-    mine.status = status;
-  }
-  const bool failed = status != MP_OK;
-  float failures = failed ? 1.0f : 0.0f;
-  MP_TRY(mp_comm_all_reduce_sum_f32(comm, &failures, 1, err));
-  if (failures == 0.0f) return MP_OK;
-  /* The lowest failing rank lies in [lo, hi): halve by counting the failures below the middle. */
-  int lo = 0, hi = mp_comm_size(comm);
-  while (hi - lo > 1) {
-    const int mid = lo + (hi - lo) / 2;
-    float below = failed && mp_comm_rank(comm) < mid ? 1.0f : 0.0f;
-    MP_TRY(mp_comm_all_reduce_sum_f32(comm, &below, 1, err));
-    if (below > 0.0f) {
-      hi = mid;
-    } else {
-      lo = mid;
-    }
-  }
-  MP_TRY(mp_comm_broadcast(comm, &mine, sizeof mine, lo, err));
-  if (err != NULL) *err = mine;
-  return mine.status != MP_OK ? mine.status : MP_ERR_RUNTIME;
+  return comm_stage_out(comm, "recv", &staged, true, status, err);
 }
