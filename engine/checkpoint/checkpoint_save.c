@@ -89,7 +89,6 @@ static void put(hashed_file *out, const void *data, size_t bytes) {
   out->bytes += bytes;
 }
 
-
 /* The arrays of the file, in its order after the parameters: the AdamW moments. */
 static const mp_trainer_array kMoments[2] = {MP_TRAINER_ADAM_M, MP_TRAINER_ADAM_V};
 
@@ -492,7 +491,6 @@ static void remove_unfinished_saves(const char *dir) {
     remove_dir(found);
   }
 }
-
 
 /* World rank 0, every file written: the manifest last, the directory into place, --keep. */
 static mp_status finish_save(const mp_checkpoint_context *ctx, const mp_param_layout *layout,

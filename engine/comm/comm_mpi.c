@@ -54,7 +54,6 @@ mp_status comm_mpi_check(int world_rank, int code, const char *call, const char 
                  line, text);
 }
 
-
 /* Outcome of a wait that did not fail in MPI itself. */
 typedef enum {
   WAIT_DONE,          /* the operation completed */
@@ -135,7 +134,6 @@ void mp_comm_format_members(char *text, size_t capacity, const int *members, int
  * Waiting on a group's operation, and what a timeout says
  * ------------------------------------------------------------------------------------------- */
 
-
 comm_op comm_op_begin(const mp_comm *comm, const char *operation, int peer, size_t bytes) {
   comm_op op = {operation, peer, bytes, mp_poll_now_s() + comm->world->timeout_s};
   return op;
@@ -182,7 +180,6 @@ mp_status comm_usable(const mp_comm *comm, mp_error *err) {
 /* ---------------------------------------------------------------------------------------------
  * GPU buffers, staged through pinned host memory
  * ------------------------------------------------------------------------------------------- */
-
 
 /* A pinned block of at least `bytes`: the smallest free one that fits, else a new one in a free
  * slot (replacing the smallest free block too small), else one outside the slots. */
@@ -242,8 +239,10 @@ mp_status comm_stage_in(mp_comm *comm, const char *operation, const void *user, 
     if (staged->host != NULL) staging_release(comm->world, staged->host);
     staged->host = NULL;
     staged->device = false;
-    return mp_error_prefix(err, "rank %d: %s in group %s: staging %zu bytes of a GPU buffer through "
-                           "host memory", comm->world->rank, operation, comm->name, bytes);
+    return mp_error_prefix(err,
+                           "rank %d: %s in group %s: staging %zu bytes of a GPU buffer through "
+                           "host memory",
+                           comm->world->rank, operation, comm->name, bytes);
   }
   return MP_OK;
 }
@@ -528,7 +527,6 @@ static mp_status check_peer(const mp_comm *comm, int peer, const char *operation
   return comm_usable(comm, err);
 }
 
-
 mp_comm_request *comm_request_new(mp_comm *comm, const char *operation, int peer, size_t bytes,
                                   size_t num_chunks) {
   mp_comm_request *request = malloc(sizeof *request + num_chunks * sizeof(MPI_Request));
@@ -585,8 +583,8 @@ mp_status mp_comm_wait(mp_comm_request *request, mp_error *err) {
   for (int i = 0; i < request->num_chunks && status == MP_OK; ++i) {
     status = comm_wait(request->comm, &request->chunks[i], &request->op, err);
   }
-  status = comm_stage_out(request->comm, request->op.operation, &request->staged, request->copy_back,
-                     status, err);
+  status = comm_stage_out(request->comm, request->op.operation, &request->staged,
+                          request->copy_back, status, err);
   free(request);
   return status;
 }

@@ -61,8 +61,8 @@ mp_status mp_comm_iall_reduce_sum_f32(mp_comm *comm, float *buffer, size_t count
       comm_request_new(comm, "all-reduce", -1, count * sizeof(float), num_chunks);
   if (request == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory posting an all-reduce");
   if (comm->size > 1) { /* a GPU buffer is summed in a pinned block, copied back by the wait */
-    const mp_status staged =
-        comm_stage_in(comm, "all-reduce", buffer, count * sizeof(float), true, &request->staged, err);
+    const mp_status staged = comm_stage_in(comm, "all-reduce", buffer, count * sizeof(float), true,
+                                           &request->staged, err);
     if (staged != MP_OK) {
       free(request);
       return staged;
@@ -105,9 +105,9 @@ mp_status mp_comm_reduce_scatter_sum_f32(mp_comm *comm, const float *input, floa
   comm_op op = comm_op_begin(comm, "reduce-scatter", -1, count * comm->size * sizeof(float));
   staged_buffer in, out;
   MP_TRY(comm_stage_in(comm, "reduce-scatter", input, count * comm->size * sizeof(float), true, &in,
-                  err));
-  mp_status status = comm_stage_in(comm, "reduce-scatter", output, count * sizeof(float), false, &out,
-                              err);
+                       err));
+  mp_status status =
+      comm_stage_in(comm, "reduce-scatter", output, count * sizeof(float), false, &out, err);
   if (status != MP_OK) {
     comm_stage_drop(comm, &in);
     return status;
@@ -194,7 +194,7 @@ mp_status mp_comm_all_gather_f32(mp_comm *comm, const float *input, float *outpu
   staged_buffer in, out;
   MP_TRY(comm_stage_in(comm, "all-gather", input, count * sizeof(float), true, &in, err));
   mp_status status = comm_stage_in(comm, "all-gather", output, count * comm->size * sizeof(float),
-                              false, &out, err);
+                                   false, &out, err);
   if (status != MP_OK) {
     comm_stage_drop(comm, &in);
     return status;
