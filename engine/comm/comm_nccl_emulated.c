@@ -455,13 +455,58 @@ mp_status mp_nccl_p2p(mp_nccl_comm *comm, const mp_nccl_p2p_op *ops, int count, 
  * Collectives
  * ------------------------------------------------------------------------------------------- */
 
+/* What every collective does once its arguments are checked, before MPI: nothing for no elements,
+ * a communicator aborted by the watchdog refused, and a one-rank group's result, which is its input
+ * (`own_bytes` of it copied to `own_output`), made here. *left_to_mpi is false when that was all. */
+static mp_status collective_begin(const mp_nccl_comm *comm, size_t total_elements,
+                                  const void *input, void *own_output, size_t own_bytes,
+                                  bool *left_to_mpi, mp_error *err) {
+  *left_to_mpi = false;
+  if (total_elements == 0) return MP_OK;
+  MP_TRY(usable(comm, err));
+  if (comm->info.size == 1) {
+    if (input != NULL && own_output != input && own_bytes > 0) {
+      memmove(own_output, input, own_bytes);
+    }
+    return MP_OK;
+  }
+  *left_to_mpi = true;
+  return MP_OK;
+}
+
+/* One of comm.h's fp32 collectives (count: its count argument) run on NCCL's dtype: bf16 buffers
+ * go through fp32 copies of input_count and output_count elements (bf16 -> fp32 -> bf16 is exact,
+ * so a gather moves the bits unchanged, NaNs aside, and a sum is rounded to bf16 once). */
+typedef mp_status (*fp32_collective)(mp_comm *group, const float *input, float *output,
+                                     size_t count, mp_error *err);
+static mp_status over_floats(mp_nccl_comm *comm, const char *operation, fp32_collective run,
+                             const void *input, size_t input_count, void *output,
+                             size_t output_count, size_t count, mp_nccl_dtype dtype,
+                             mp_error *err) {
+  char what[kWhatBytes];
+  mp_nccl_describe(&comm->info, operation, what, sizeof what);
+  mp_error inner = MP_ERROR_INITIALIZER;
+  mp_status status;
+  if (dtype == MP_NCCL_FLOAT32) {
+    status = run(comm->group, input, output, count, &inner);
+  } else {
+    float *wide = NULL;
+    MP_TRY(alloc_floats(comm, operation, input_count + output_count, &wide, err));
+    mp_bf16_to_floats(wide, input, input_count);
+    status = run(comm->group, wide, wide + input_count, count, &inner);
+    if (status == MP_OK) mp_bf16_from_floats(output, wide + input_count, output_count);
+    free(wide);
+  }
+  if (status != MP_OK) return mpi_failed(comm->world, what, &inner, err);
+  return MP_OK;
+}
+
 mp_status mp_nccl_all_reduce_sum(mp_nccl_comm *comm, void *buffer, size_t count,
                                  mp_nccl_dtype dtype, mp_error *err) {
   MP_TRY(mp_nccl_check_all_reduce(info_of(comm), buffer, count, dtype, err));
-  if (count == 0) return MP_OK;
-  MP_TRY(usable(comm, err));
-  if (comm->info.size == 1) return MP_OK; /* the sum of one member */
-
+  bool left_to_mpi; /* one member: the sum is the buffer */
+  MP_TRY(collective_begin(comm, count, buffer, buffer, 0, &left_to_mpi, err));
+  if (!left_to_mpi) return MP_OK;
   char what[kWhatBytes];
   mp_nccl_describe(&comm->info, "all-reduce", what, sizeof what);
   mp_error inner = MP_ERROR_INITIALIZER;
@@ -483,45 +528,22 @@ mp_status mp_nccl_all_reduce_sum(mp_nccl_comm *comm, void *buffer, size_t count,
 mp_status mp_nccl_reduce_scatter_sum(mp_nccl_comm *comm, const void *input, void *output,
                                      size_t count, mp_nccl_dtype dtype, mp_error *err) {
   MP_TRY(mp_nccl_check_reduce_scatter(info_of(comm), input, output, count, dtype, err));
-  const size_t bytes = count * mp_nccl_dtype_bytes(dtype);
-  if (count == 0) return MP_OK;
-  MP_TRY(usable(comm, err));
-  if (comm->info.size == 1) {
-    if (output != input) memmove(output, input, bytes);
-    return MP_OK;
-  }
-
-  char what[kWhatBytes];
-  mp_nccl_describe(&comm->info, "reduce-scatter", what, sizeof what);
-  mp_error inner = MP_ERROR_INITIALIZER;
-  mp_status status;
-  if (dtype == MP_NCCL_FLOAT32) {
-    status = mp_comm_reduce_scatter_sum_f32(comm->group, input, output, count, &inner);
-  } else {
-    const size_t total = count * (size_t)comm->info.size;
-    float *wide = NULL;
-    MP_TRY(alloc_floats(comm, "reduce-scatter", total + count, &wide, err));
-    float *sum = wide + total;
-    mp_bf16_to_floats(wide, input, total);
-    status = mp_comm_reduce_scatter_sum_f32(comm->group, wide, sum, count, &inner);
-    if (status == MP_OK) mp_bf16_from_floats(output, sum, count);
-    free(wide);
-  }
-  if (status != MP_OK) return mpi_failed(comm->world, what, &inner, err);
-  return MP_OK;
+  bool left_to_mpi;
+  MP_TRY(collective_begin(comm, count, input, output, count * mp_nccl_dtype_bytes(dtype),
+                          &left_to_mpi, err));
+  if (!left_to_mpi) return MP_OK;
+  return over_floats(comm, "reduce-scatter", mp_comm_reduce_scatter_sum_f32, input,
+                     count * (size_t)comm->info.size, output, count, count, dtype, err);
 }
 
 mp_status mp_nccl_reduce_scatter_v_sum_f32(mp_nccl_comm *comm, const float *input, float *output,
                                            const size_t *counts, mp_error *err) {
   size_t total = 0;
   MP_TRY(mp_nccl_check_reduce_scatter_v(info_of(comm), input, output, counts, &total, err));
-  const size_t mine = counts[comm->info.rank];
-  if (total == 0) return MP_OK;
-  MP_TRY(usable(comm, err));
-  if (comm->info.size == 1) {
-    if (output != input) memmove(output, input, mine * sizeof(float));
-    return MP_OK;
-  }
+  bool left_to_mpi;
+  MP_TRY(collective_begin(comm, total, input, output, counts[comm->info.rank] * sizeof(float),
+                          &left_to_mpi, err));
+  if (!left_to_mpi) return MP_OK;
   char what[kWhatBytes];
   mp_nccl_describe(&comm->info, "reduce-scatter", what, sizeof what);
   mp_error inner = MP_ERROR_INITIALIZER;
@@ -534,33 +556,12 @@ mp_status mp_nccl_reduce_scatter_v_sum_f32(mp_nccl_comm *comm, const float *inpu
 mp_status mp_nccl_all_gather(mp_nccl_comm *comm, const void *input, void *output, size_t count,
                              mp_nccl_dtype dtype, mp_error *err) {
   MP_TRY(mp_nccl_check_all_gather(info_of(comm), input, output, count, dtype, err));
-  const size_t bytes = count * mp_nccl_dtype_bytes(dtype);
-  if (count == 0) return MP_OK;
-  MP_TRY(usable(comm, err));
-  if (comm->info.size == 1) {
-    if (output != input) memmove(output, input, bytes);
-    return MP_OK;
-  }
-
-  char what[kWhatBytes];
-  mp_nccl_describe(&comm->info, "all-gather", what, sizeof what);
-  mp_error inner = MP_ERROR_INITIALIZER;
-  mp_status status;
-  if (dtype == MP_NCCL_FLOAT32) {
-    status = mp_comm_all_gather_f32(comm->group, input, output, count, &inner);
-  } else {
-    /* bf16 -> fp32 -> bf16 is exact, so the gather moves the bits unchanged (NaNs aside). */
-    const size_t total = count * (size_t)comm->info.size;
-    float *wide = NULL;
-    MP_TRY(alloc_floats(comm, "all-gather", count + total, &wide, err));
-    float *gathered = wide + count;
-    mp_bf16_to_floats(wide, input, count);
-    status = mp_comm_all_gather_f32(comm->group, wide, gathered, count, &inner);
-    if (status == MP_OK) mp_bf16_from_floats(output, gathered, total);
-    free(wide);
-  }
-  if (status != MP_OK) return mpi_failed(comm->world, what, &inner, err);
-  return MP_OK;
+  bool left_to_mpi;
+  MP_TRY(collective_begin(comm, count, input, output, count * mp_nccl_dtype_bytes(dtype),
+                          &left_to_mpi, err));
+  if (!left_to_mpi) return MP_OK;
+  return over_floats(comm, "all-gather", mp_comm_all_gather_f32, input, count, output,
+                     count * (size_t)comm->info.size, count, dtype, err);
 }
 
 mp_status mp_nccl_all_gather_v(mp_nccl_comm *comm, const void *input, void *output,
@@ -571,13 +572,11 @@ mp_status mp_nccl_all_gather_v(mp_nccl_comm *comm, const void *input, void *outp
   size_t mine_at = 0;
   for (int r = 0; r < comm->info.rank; ++r) mine_at += counts[r];
   const size_t mine = counts[comm->info.rank];
-  if (total == 0) return MP_OK;
-  MP_TRY(usable(comm, err));
   char *out = output;
-  if (comm->info.size == 1) {
-    if (input != NULL && mine > 0) memmove(out + mine_at * elem, input, mine * elem);
-    return MP_OK;
-  }
+  bool left_to_mpi; /* input NULL: this rank's part is already in place */
+  MP_TRY(collective_begin(comm, total, input, out + mine_at * elem, mine * elem, &left_to_mpi,
+                          err));
+  if (!left_to_mpi) return MP_OK;
   char what[kWhatBytes];
   mp_nccl_describe(&comm->info, "all-gather", what, sizeof what);
   /* Emulated device memory is host memory: the gather runs over MPI in place in an fp32 copy
@@ -602,10 +601,9 @@ mp_status mp_nccl_all_gather_v(mp_nccl_comm *comm, const void *input, void *outp
 mp_status mp_nccl_broadcast(mp_nccl_comm *comm, void *buffer, size_t bytes, int root,
                             mp_error *err) {
   MP_TRY(mp_nccl_check_broadcast(info_of(comm), buffer, bytes, root, err));
-  if (bytes == 0) return MP_OK;
-  MP_TRY(usable(comm, err));
-  if (comm->info.size == 1) return MP_OK;
-
+  bool left_to_mpi; /* one member: it is the root */
+  MP_TRY(collective_begin(comm, bytes, buffer, buffer, 0, &left_to_mpi, err));
+  if (!left_to_mpi) return MP_OK;
   char what[kWhatBytes];
   mp_nccl_describe(&comm->info, "broadcast", what, sizeof what);
   mp_error inner = MP_ERROR_INITIALIZER;
