@@ -363,9 +363,9 @@ static mp_status manifest_parse(const char *text, ck_manifest *mf, mp_error *err
   }
   int64_t version = 0;
   MP_TRY(ck_manifest_int(mf, mf->root, "$", "version", &version, err));
-  if (version != 1 && version != CK_FORMAT_VERSION) {
+  if (version < 1 || version > CK_FORMAT_VERSION) {
     return mp_fail(err, MP_ERR_INPUT,
-                   "%s: checkpoint format version %lld; this mpengine reads versions 1 and %d",
+                   "%s: checkpoint format version %lld; this mpengine reads versions 1 to %d",
                    file, (long long)version, CK_FORMAT_VERSION);
   }
   mf->version = (int)version;

@@ -29,7 +29,9 @@
 enum {
   CK_SHARD_HEADER_BYTES = 32,
   CK_PATH_BYTES = 4096,
-  CK_FORMAT_VERSION = 2,
+  /* 3: the manifest's "plan" is the plan file's object (topology/plan.h); 2 wrote a flat plan of
+   * its own, still read, as is 1 (one rank). */
+  CK_FORMAT_VERSION = 3,
   CK_MAX_GRID = 4096,       /* dp, pp, tp each at most this in a manifest */
   CK_MAX_FILES = 1 << 16,   /* pp x tp files at most */
   CK_FILE_NAME_BYTES = 256, /* a shard file's name */

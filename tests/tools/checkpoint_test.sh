@@ -93,7 +93,7 @@ expect 0 "checkpoint: saved $tmp/one/step-10" "checkpoint: saved $tmp/one/step-2
   run --config "$tmp/tp1.json" --checkpoint-dir "$tmp/one" --save-every 10 --metrics "$tmp/one.jsonl"
 [ -f "$tmp/one/step-10/manifest.json" ] && [ -f "$tmp/one/step-10/pp-00000-tp-00000.bin" ] || fail "one rank: step-10 files missing"
 grep -q '"format":	"mpengine-checkpoint"' "$tmp/one/step-10/manifest.json" || fail "manifest has no format"
-grep -q '"version":	2' "$tmp/one/step-10/manifest.json" || fail "manifest is not version 2"
+grep -q '"version":	3' "$tmp/one/step-10/manifest.json" || fail "manifest is not version 3"
 resume_from one-resumed "$tmp/one/step-10" "$tmp/tp1.json" "$tmp/one-resumed.jsonl"
 exact "tp = 1" "$tmp/one.jsonl" "$tmp/one-resumed.jsonl" "$tmp/one" "$tmp/one-resumed"
 
