@@ -52,7 +52,7 @@ static mp_status post_dp_all_reduce(mp_trainer *trainer, float *grads, size_t n,
   mp_nccl_comm *nccl = trainer->options.nccl_dp;
   /* GPU gradients over MPI are staged through a pinned host block per all-reduce in flight:
    * with every bucket in flight that is a host copy of the gradients, so a few at most. */
-  const bool staged = trainer->gpu_chunks != NULL && nccl == NULL;
+  const bool staged = trainer->state_ops->on_device && nccl == NULL;
   if (nccl != NULL && n > 0) MP_TRY(mp_nccl_comm_wait_stream(nccl, NULL, err));
   for (size_t offset = 0; offset < n; offset += MP_TRAINER_BUCKET_FLOATS) {
     const size_t count = n - offset < MP_TRAINER_BUCKET_FLOATS ? n - offset
@@ -96,13 +96,10 @@ static mp_status post_dp_all_reduce(mp_trainer *trainer, float *grads, size_t n,
  * */
 mp_status mp_train_post_chunk_all_reduce(void *context, int chunk, mp_error *err) {
   mp_trainer *trainer = context;
-  if (trainer->gpu_chunks == NULL) {
-    return post_dp_all_reduce(
-        trainer, mp_stage_cpu_grads(trainer->chunks[chunk]),
-        mp_stage_layout_num_params(trainer->layouts[chunk]), err);
-  }
-  float *grads = mp_stage_gpu_device_grads(trainer->gpu_chunks[chunk]);
+  const mp_stage_state *stage = &trainer->stages[chunk];
+  float *grads = stage->ops->grads(stage->stage);
   const size_t n = mp_stage_layout_num_params(trainer->layouts[chunk]);
+  if (!stage->ops->on_device) return post_dp_all_reduce(trainer, grads, n, err);
   size_t first = 0, end = 0; /* the blocks' range */
   mp_stage_chain_blocks_range(trainer->chains[chunk], &first, &end);
   MP_TRY(post_dp_all_reduce(trainer, grads, first, err));
@@ -147,7 +144,6 @@ mp_status mp_train_wait_dp_all_reduces(mp_trainer *trainer, mp_error *err) {
 mp_status mp_train_reduce_step_grads(mp_trainer *trainer, double *grad_norm, mp_error *err) {
   const mp_plan *plan = trainer->plan;
   const mp_trainer_options *o = &trainer->options;
-  mp_stage_gpu **gpu = trainer->gpu_chunks;
   /* First the dp all-reduces posted as the chunks' gradients completed: until they end, MPI or
    * NCCL may still write the gradients. */
   const bool zero2 = trainer->zero2;
@@ -155,19 +151,13 @@ mp_status mp_train_reduce_step_grads(mp_trainer *trainer, double *grad_norm, mp_
     MP_TRY(mp_train_wait_dp_all_reduces(trainer, err));
     const float scale = 1.0f / (float)plan->dp;
     for (int c = 0; c < trainer->num_chunks; ++c) {
-      if (gpu != NULL) {
-        mp_stage_gpu_scale_grads(gpu[c], scale);
-      } else {
-        mp_grad_scale_cpu(mp_stage_cpu_grads(trainer->chunks[c]),
-                          mp_stage_layout_num_params(trainer->layouts[c]),
-                          scale);
-      }
+      trainer->stages[c].ops->scale_grads(trainer->stages[c].stage, scale);
     }
   }
   for (int c = 0; c < trainer->num_chunks; ++c) {
     MP_TRY(mp_stage_chain_finish_grads(trainer->chains[c], err));
   }
-  if (gpu != NULL) MP_TRY(mp_device_synchronize(err));
+  MP_TRY(trainer->state_ops->synchronize(err));
   /* The tied embedding: the first stage's wte gradient plus the last stage's copy's (an untied
    * head is the last stage's own). */
   const bool tied =
@@ -175,14 +165,13 @@ mp_status mp_train_reduce_step_grads(mp_trainer *trainer, double *grad_norm, mp_
           ->tied_head;
   if (tied && o->embedding != NULL && mp_comm_size(o->embedding) > 1) {
     for (int c = 0; c < trainer->num_chunks; ++c) {
-      mp_stage_cpu *chunk = trainer->chunks[c];
+      const mp_stage_state *chunk = &trainer->stages[c];
       const mp_stage_span *stage = mp_stage_layout_span(trainer->layouts[c]);
       const bool first = stage->embedding && c == 0;
       const bool last = stage->head && c == trainer->num_chunks - 1;
       if (!first && !last) continue;
       const mp_stage_tensor *wte = mp_stage_layout_tensor(trainer->layouts[c], 0);
-      float *grads = gpu != NULL ? mp_stage_gpu_tensor_grad(gpu[c], 0)
-                                 : mp_stage_cpu_tensor_grad(chunk, 0);
+      float *grads = chunk->ops->tensor_grad(chunk->stage, 0);
       /* In buckets: a transient buffer of the whole table (the collective's, or the staging's
        * for device memory) would be the rank's largest allocation after its state. */
       for (size_t at = 0; at < wte->count; at += MP_TRAINER_BUCKET_FLOATS) {
@@ -196,26 +185,28 @@ mp_status mp_train_reduce_step_grads(mp_trainer *trainer, double *grad_norm, mp_
     /* The blocks' gradients are in the parts already; the rest joins them, then the dp mean. */
     const float scale = 1.0f / (float)plan->dp;
     for (int c = 0; c < trainer->num_chunks; ++c) {
+      const mp_stage_state *chunk = &trainer->stages[c];
       MP_TRY(mp_train_zero2_array_grads(trainer, c, err));
       /* On the GPU the reduce-scatters and their adds into the part ran on the dp
        * communicator's stream: what follows on the default stream waits for them. */
-      if (gpu != NULL && o->nccl_dp != NULL) {
+      if (trainer->state_ops->on_device && o->nccl_dp != NULL) {
         MP_TRY(mp_nccl_stream_wait_comm(NULL, o->nccl_dp, err));
       }
-      /* HSDP: each shard group summed its own dp ranks; the replicas' parts add up to dp's. */
+      /* HSDP (host memory only): each shard group summed its own dp ranks; the replicas' parts
+       * add up to dp's. */
+      float *part = chunk->ops->grad_part(chunk->stage);
+      if (o->zero_replica != NULL && part == NULL) {
+        return mp_fail(err, MP_ERR_INPUT, "hybrid sharding: the %s stage keeps no gradient part",
+                       chunk->ops->backend);
+      }
       for (size_t at = 0; o->zero_replica != NULL && at < trainer->zero_count[c];
            at += MP_TRAINER_BUCKET_FLOATS) {
         const size_t count = trainer->zero_count[c] - at < MP_TRAINER_BUCKET_FLOATS
                                  ? trainer->zero_count[c] - at
                                  : MP_TRAINER_BUCKET_FLOATS;
-        MP_TRY(traced_all_reduce(trainer, o->zero_replica, trainer->grad_part[c] + at, count,
-                                 err));
+        MP_TRY(traced_all_reduce(trainer, o->zero_replica, part + at, count, err));
       }
-      if (gpu != NULL) {
-        mp_stage_gpu_scale_grads(gpu[c], scale);
-      } else {
-        mp_grad_scale_cpu(trainer->grad_part[c], trainer->zero_count[c], scale);
-      }
+      chunk->ops->scale_grads(chunk->stage, scale);
     }
   }
   double squares = 0.0;
@@ -224,8 +215,8 @@ mp_status mp_train_reduce_step_grads(mp_trainer *trainer, double *grad_norm, mp_
     if (zero2) {
       MP_TRY(mp_train_zero2_norm_squared(trainer, c, &chunk_squares, err));
     } else {
-      MP_TRY(gpu != NULL ? mp_stage_gpu_grad_norm_squared(gpu[c], &chunk_squares, err)
-                         : mp_stage_cpu_grad_norm_squared(trainer->chunks[c], &chunk_squares, err));
+      const mp_stage_state *chunk = &trainer->stages[c];
+      MP_TRY(chunk->ops->grad_norm_squared(chunk->stage, &chunk_squares, err));
     }
     squares += chunk_squares;
   }
@@ -242,9 +233,9 @@ mp_status mp_train_sum_grads_over_nccl_alone(mp_trainer *trainer, mp_error *err)
   MP_TRY(mp_nccl_comm_wait_stream(nccl, NULL, err));
   for (int c = 0; c < trainer->num_chunks; ++c) {
     /* The stage's gradient array as it is (with ZeRO-2 the packed tensors outside the blocks). */
-    MP_TRY(mp_nccl_all_reduce_sum(nccl, mp_stage_gpu_device_grads(trainer->gpu_chunks[c]),
-                                  mp_stage_gpu_grads_floats(trainer->gpu_chunks[c]),
-                                  MP_NCCL_FLOAT32, err));
+    const mp_stage_state *chunk = &trainer->stages[c];
+    MP_TRY(mp_nccl_all_reduce_sum(nccl, chunk->ops->grads(chunk->stage),
+                                  chunk->ops->grads_floats(chunk->stage), MP_NCCL_FLOAT32, err));
   }
   return mp_nccl_comm_synchronize(nccl, err);
 }

@@ -35,7 +35,7 @@ static void part_counts(const mp_trainer *trainer, int c, size_t first, size_t c
 static mp_status scatter_add_grads(mp_trainer *trainer, int c, const float *grads, size_t first,
                                    size_t count, mp_error *err) {
   mp_comm *dp = trainer->zero_comm;
-  mp_nccl_comm *nccl = trainer->gpu_chunks != NULL ? trainer->options.nccl_dp : NULL;
+  mp_nccl_comm *nccl = trainer->state_ops->on_device ? trainer->options.nccl_dp : NULL;
   const int size = trainer->zero_size;
   part_counts(trainer, c, first, count, trainer->scatter_counts);
   const size_t mine = trainer->scatter_counts[trainer->zero_rank];
@@ -54,7 +54,7 @@ static mp_status scatter_add_grads(mp_trainer *trainer, int c, const float *grad
       MP_TRY(mp_nccl_reduce_scatter_v_sum_f32(nccl, grads, trainer->scatter_out,
                                               trainer->scatter_counts, err));
     } else {
-      if (trainer->gpu_chunks != NULL) MP_TRY(mp_device_synchronize(err));
+      MP_TRY(trainer->state_ops->synchronize(err));
       MP_TRY(mp_comm_reduce_scatter_v_sum_f32(dp, grads, trainer->scatter_out,
                                               trainer->scatter_counts, err));
     }
@@ -65,14 +65,10 @@ static mp_status scatter_add_grads(mp_trainer *trainer, int c, const float *grad
     sum = trainer->scatter_out;
   }
   if (mine == 0) return MP_OK;
-  if (trainer->gpu_chunks != NULL) {
-    const bool on_comm = nccl != NULL && dp != NULL && size > 1;
-    return mp_stage_gpu_add_to_part(trainer->gpu_chunks[c], sum, mine_first, mine,
-                                        on_comm ? mp_nccl_comm_stream(nccl) : NULL, err);
-  }
-  float *to = trainer->grad_part[c] + (mine_first - trainer->zero_first[c]);
-  for (size_t i = 0; i < mine; ++i) to[i] += sum[i];
-  return MP_OK;
+  const mp_stage_state *chunk = &trainer->stages[c];
+  const bool on_comm = nccl != NULL && dp != NULL && size > 1;
+  return chunk->ops->add_to_part(chunk->stage, sum, mine_first, mine,
+                                 on_comm ? mp_nccl_comm_stream(nccl) : NULL, err);
 }
 
 /* The chain's hook after each block's backward: the window's gradients into the parts. */
@@ -113,9 +109,9 @@ static mp_status zero3_gather_device_weights(mp_trainer *trainer, const void *ow
  * window (on the GPU the bf16 working copy's), traced. */
 static mp_status zero3_gather(mp_trainer *trainer, int c, void *window, size_t first,
                               size_t count, mp_error *err) {
-  mp_stage_cpu *chunk = trainer->chunks[c];
-  mp_stage_gpu *gpu = trainer->gpu_chunks != NULL ? trainer->gpu_chunks[c] : NULL;
-  if (trainer->zero_comm == NULL && gpu == NULL) {
+  const mp_stage_state *chunk = &trainer->stages[c];
+  const bool gpu = chunk->ops->on_device;
+  if (trainer->zero_comm == NULL && !gpu) {
     return mp_train_read_params(trainer, c, first, count, window, err);
   }
   part_counts(trainer, c, first, count, trainer->scatter_counts);
@@ -123,15 +119,14 @@ static mp_status zero3_gather(mp_trainer *trainer, int c, void *window, size_t f
   const size_t mine_first = first > trainer->zero_first[c] ? first : trainer->zero_first[c];
   const void *own = NULL;
   if (mine > 0) {
-    own = gpu != NULL ? mp_stage_gpu_weights_at(gpu, mine_first, mine)
-                      : (const void *)mp_stage_cpu_params_at(chunk, mine_first, mine);
+    own = chunk->ops->weights_at(chunk->stage, mine_first, mine);
     if (own == NULL) {
       return mp_fail(err, MP_ERR_RUNTIME, "ZeRO-3: this rank does not hold its part [%zu, +%zu)",
                      mine_first, mine);
     }
   }
   const double start = mp_train_trace_now(trainer);
-  if (gpu != NULL) {
+  if (gpu) {
     MP_TRY(zero3_gather_device_weights(trainer, own, window, first, count, mine_first, mine,
                                        err));
   } else {
@@ -141,7 +136,7 @@ static mp_status zero3_gather(mp_trainer *trainer, int c, void *window, size_t f
   if (trainer->options.trace != NULL && trainer->zero_comm != NULL) {
     mp_trace_comm(trainer->options.trace, trainer->step, "all-gather",
                   mp_comm_name(trainer->zero_comm), -1,
-                  count * (gpu != NULL ? sizeof(uint16_t) : sizeof(float)), NULL, start,
+                  count * chunk->ops->weight_bytes, NULL, start,
                   mp_train_trace_now(trainer));
   }
   return MP_OK;
@@ -156,7 +151,7 @@ mp_status mp_train_zero3_block_weights(void *context, void *window, size_t first
                                      const mp_stage_weights_next *next, mp_error *err) {
   const struct zero2_hook *hook = context;
   mp_trainer *trainer = hook->trainer;
-  mp_nccl_comm *nccl = trainer->gpu_chunks != NULL && trainer->zero_comm != NULL
+  mp_nccl_comm *nccl = trainer->state_ops->on_device && trainer->zero_comm != NULL
                            ? trainer->options.nccl_dp
                            : NULL;
   if (nccl == NULL) return zero3_gather(trainer, hook->chunk, window, first, count, err);
@@ -222,23 +217,23 @@ static mp_status zero3_gather_outside_staged(mp_trainer *trainer, int c, float *
  * weights: over NCCL in place, or over MPI staged through the host in pieces; the caller
  * refreshes the bf16 copy. */
 static mp_status zero3_gather_outside(mp_trainer *trainer, int c, mp_error *err) {
-  mp_stage_cpu *chunk = trainer->chunks[c];
-  mp_stage_gpu *gpu = trainer->gpu_chunks != NULL ? trainer->gpu_chunks[c] : NULL;
-  mp_nccl_comm *nccl = gpu != NULL ? trainer->options.nccl_dp : NULL;
+  const mp_stage_state *chunk = &trainer->stages[c];
+  const bool gpu = chunk->ops->on_device;
+  mp_nccl_comm *nccl = gpu ? trainer->options.nccl_dp : NULL;
   size_t blocks_first = 0, blocks_end = 0, largest = 0;
   mp_stage_layout_blocks_range(trainer->layouts[c], &blocks_first, &blocks_end, &largest);
   const size_t n = mp_stage_layout_num_params(trainer->layouts[c]);
   const size_t runs[2][2] = {{0, blocks_first}, {blocks_end, n - blocks_end}};
   for (int r = 0; r < 2 && trainer->zero_comm != NULL; ++r) {
     if (runs[r][1] == 0) continue;
-    if (gpu == NULL) {
-      float *run = mp_stage_cpu_params_at(chunk, runs[r][0], runs[r][1]);
+    float *run = chunk->ops->params_at(chunk->stage, runs[r][0], runs[r][1]);
+    if (!gpu) {
       part_counts(trainer, c, runs[r][0], runs[r][1], trainer->scatter_counts);
       MP_TRY(mp_comm_all_gather_v_f32(trainer->zero_comm, NULL, run, trainer->scatter_counts,
                                       err));
       continue;
     }
-    float *device_run = mp_stage_gpu_params_at(gpu, runs[r][0], runs[r][1]);
+    float *device_run = run;
     if (nccl == NULL) {
       MP_TRY(zero3_gather_outside_staged(trainer, c, device_run, runs[r][0], runs[r][1], err));
       continue;
@@ -288,12 +283,10 @@ static mp_status scatter_add_run(mp_trainer *trainer, int c, const float *packed
  * the blocks; with zb-h1 the blocks' norms and biases too), run by run of tensors adjacent in
  * the flat layout, into the parts in buckets. */
 mp_status mp_train_zero2_array_grads(mp_trainer *trainer, int c, mp_error *err) {
-  mp_stage_cpu *chunk = trainer->chunks[c];
+  const mp_stage_state *chunk = &trainer->stages[c];
   const mp_grad_window window =
       mp_grad_window_for(true, trainer->schedule.kind == MP_SCHEDULE_ZB_H1);
-  const float *packed = trainer->gpu_chunks != NULL
-                            ? mp_stage_gpu_device_grads(trainer->gpu_chunks[c])
-                            : mp_stage_cpu_grads(chunk);
+  const float *packed = chunk->ops->grads(chunk->stage);
   size_t run_first = 0, run_packed = 0, run_count = 0; /* flat first, packed first, floats */
   size_t at = 0; /* the packed array's cursor: its tensors are in the layout's order */
   for (int j = 0; j < mp_stage_layout_num_tensors(trainer->layouts[c]); ++j) {
@@ -319,22 +312,11 @@ mp_status mp_train_zero2_array_grads(mp_trainer *trainer, int c, mp_error *err) 
 mp_status mp_train_zero2_norm_squared(mp_trainer *trainer, int c, double *out, mp_error *err) {
   const int num_tensors = mp_stage_layout_num_tensors(trainer->layouts[c]);
   const int dp = trainer->zero_comm != NULL ? trainer->zero_size : 1;
-  const size_t first = trainer->zero_first[c], end = first + trainer->zero_count[c];
   double *squares = calloc((size_t)num_tensors * ((size_t)dp + 1) + 1, sizeof(double));
   if (squares == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
   double *gathered = squares + num_tensors;
-  mp_status status = MP_OK;
-  if (trainer->gpu_chunks != NULL) {
-    status = mp_stage_gpu_part_squares(trainer->gpu_chunks[c], squares, err);
-  }
-  for (int i = 0; i < num_tensors && trainer->gpu_chunks == NULL; ++i) {
-    const mp_stage_tensor *t = mp_stage_layout_tensor(trainer->layouts[c], i);
-    const size_t lo = t->offset > first ? t->offset : first;
-    const size_t hi = t->offset + t->count < end ? t->offset + t->count : end;
-    if (lo < hi) {
-      squares[i] = mp_grad_norm_squared_cpu(trainer->grad_part[c] + (lo - first), hi - lo);
-    }
-  }
+  const mp_stage_state *chunk = &trainer->stages[c];
+  mp_status status = chunk->ops->part_squares(chunk->stage, squares, err);
   if (dp > 1 && status == MP_OK) {
     /* Doubles travel as pairs of floats: an all-gather only copies them. */
     status = mp_comm_all_gather_f32(trainer->zero_comm, (const float *)squares,
@@ -363,62 +345,16 @@ size_t mp_train_zero_piece_floats(size_t part, int dp) {
 }
 
 /* ZeRO-1, after each dp rank updated its part of a chunk's n parameters (dp parts of `part`
- * floats, the last one shorter): the whole array on every rank, gathered piece by piece.
- * gather(context, input, output, count) all-gathers count floats per rank; copy(context, dest,
- * source, count) copies floats and zero(context, dest, NULL, count) clears them (host or device
- * memory). */
-typedef mp_status (*zero_gather_fn)(void *context, const float *input, float *output,
-                                    size_t count, mp_error *err);
-typedef mp_status (*zero_copy_fn)(void *context, float *dest, const float *source, size_t count,
-                                  mp_error *err);
-
-static mp_status zero_gather_params(float *params, size_t n, size_t part, int dp, int dp_rank,
-                                    float *gathered, float *mine, size_t piece,
-                                    zero_gather_fn gather, zero_copy_fn copy, zero_copy_fn zero,
-                                    void *context, mp_error *err) {
-  const size_t first = part * (size_t)dp_rank < n ? part * (size_t)dp_rank : n;
-  for (size_t at = 0; at < part; at += piece) {
-    const size_t count = part - at < piece ? part - at : piece;
-    /* This rank's floats [first + at, + count), zero-padded past the end of the array. */
-    const size_t own = first + at < n ? (n - (first + at) < count ? n - (first + at) : count) : 0;
-    if (own < count) MP_TRY(zero(context, mine + own, NULL, count - own, err));
-    if (own > 0) MP_TRY(copy(context, mine, params + first + at, own, err));
-    MP_TRY(gather(context, mine, gathered, count, err));
-    for (int d = 0; d < dp; ++d) {
-      const size_t to = (size_t)d * part + at;
-      if (to >= n) continue;
-      const size_t len = n - to < count ? n - to : count;
-      MP_TRY(copy(context, params + to, gathered + (size_t)d * count, len, err));
-    }
-  }
-  return MP_OK;
-}
-
+ * floats, the last one shorter): the whole array on every rank, gathered piece by piece through
+ * gathered (dp pieces of `piece` floats) and mine (one), in the stage's memory (ops's copy and
+ * clear). */
 typedef struct {
   mp_comm *dp;
   mp_nccl_comm *nccl;
 } zero_comms;
 
-static mp_status host_gather(void *context, const float *input, float *output, size_t count,
-                             mp_error *err) {
-  return mp_comm_all_gather_f32(((const zero_comms *)context)->dp, input, output, count, err);
-}
-
-static mp_status host_copy(void *context, float *dest, const float *source, size_t count,
-                           mp_error *err) {
-  memcpy(dest, source, count * sizeof(float));
-  return MP_OK;
-}
-
-static mp_status host_zero(void *context, float *dest, const float *source, size_t count,
-                           mp_error *err) {
-  memset(dest, 0, count * sizeof(float));
-  return MP_OK;
-}
-
-static mp_status device_gather(void *context, const float *input, float *output, size_t count,
-                               mp_error *err) {
-  const zero_comms *comms = context;
+static mp_status gather_piece(const zero_comms *comms, const float *input, float *output,
+                              size_t count, mp_error *err) {
   if (comms->nccl == NULL) return mp_comm_all_gather_f32(comms->dp, input, output, count, err);
   /* Ordered by events on the GPU, the host going on: the gather after the copy into input, the
    * copies out of output after the gather; the caller waits once, after the last piece. */
@@ -427,22 +363,34 @@ static mp_status device_gather(void *context, const float *input, float *output,
   return mp_nccl_stream_wait_comm(NULL, comms->nccl, err);
 }
 
-static mp_status device_copy(void *context, float *dest, const float *source, size_t count,
-                             mp_error *err) {
-  return mp_device_copy_on_device(dest, source, count * sizeof(float), err);
-}
-
-static mp_status device_zero(void *context, float *dest, const float *source, size_t count,
-                             mp_error *err) {
-  return mp_device_memset(dest, 0, count * sizeof(float), err);
+static mp_status zero_gather_params(float *params, size_t n, size_t part, int dp, int dp_rank,
+                                    float *gathered, float *mine, size_t piece,
+                                    const mp_stage_state_ops *ops, const zero_comms *comms,
+                                    mp_error *err) {
+  const size_t first = part * (size_t)dp_rank < n ? part * (size_t)dp_rank : n;
+  for (size_t at = 0; at < part; at += piece) {
+    const size_t count = part - at < piece ? part - at : piece;
+    /* This rank's floats [first + at, + count), zero-padded past the end of the array. */
+    const size_t own = first + at < n ? (n - (first + at) < count ? n - (first + at) : count) : 0;
+    if (own < count) MP_TRY(ops->clear(mine + own, (count - own) * sizeof(float), err));
+    if (own > 0) MP_TRY(ops->copy(mine, params + first + at, own * sizeof(float), err));
+    MP_TRY(gather_piece(comms, mine, gathered, count, err));
+    for (int d = 0; d < dp; ++d) {
+      const size_t to = (size_t)d * part + at;
+      if (to >= n) continue;
+      const size_t len = n - to < count ? n - to : count;
+      MP_TRY(ops->copy(params + to, gathered + (size_t)d * count, len * sizeof(float), err));
+    }
+  }
+  return MP_OK;
 }
 
 mp_status mp_train_zero_gather_updated(mp_trainer *trainer, int c, mp_error *err) {
   if (trainer->plan->zero_stage < 1 || trainer->zero_comm == NULL || trainer->zero_size == 1) {
     return MP_OK;
   }
-  mp_stage_gpu *gpu = trainer->gpu_chunks != NULL ? trainer->gpu_chunks[c] : NULL;
-  mp_nccl_comm *nccl = gpu != NULL ? trainer->options.nccl_dp : NULL;
+  const mp_stage_state *chunk = &trainer->stages[c];
+  mp_nccl_comm *nccl = chunk->ops->on_device ? trainer->options.nccl_dp : NULL;
   if (trainer->zero3) {
     /* Only the tensors every rank keeps whole; the blocks' stay in the parts (on the GPU AdamW
      * refreshed the part's bf16 weights already). */
@@ -454,22 +402,13 @@ mp_status mp_train_zero_gather_updated(mp_trainer *trainer, int c, mp_error *err
     const size_t n = mp_stage_layout_num_params(trainer->layouts[c]);
     const int size = trainer->zero_size;
     const size_t part = (n + (size_t)size - 1) / (size_t)size;
-    zero_comms comms = {trainer->zero_comm, nccl};
-    if (gpu != NULL) {
-      MP_TRY(zero_gather_params(mp_stage_gpu_device_params(gpu), n, part, size,
-                                trainer->zero_rank, trainer->zero_gather_device,
-                                trainer->zero_part, trainer->zero_piece, device_gather,
-                                device_copy, device_zero, &comms, err));
-    } else {
-      MP_TRY(zero_gather_params(mp_stage_cpu_params(trainer->chunks[c]), n, part, size,
-                                trainer->zero_rank, trainer->zero_gather, trainer->zero_part,
-                                trainer->zero_piece, host_gather, host_copy, host_zero, &comms,
-                                err));
-    }
+    const zero_comms comms = {trainer->zero_comm, nccl};
+    MP_TRY(zero_gather_params(chunk->ops->params(chunk->stage), n, part, size,
+                              trainer->zero_rank, trainer->zero_gather, trainer->zero_part,
+                              trainer->zero_piece, chunk->ops, &comms, err));
   }
-  if (gpu == NULL) return MP_OK;
-  /* Then the gathered master weights' bf16 copy. */
+  /* Then the gathered master weights' working copy (bf16 on the GPU). */
   if (nccl != NULL) MP_TRY(mp_nccl_comm_synchronize(nccl, err));
-  mp_stage_gpu_refresh_weights(gpu);
+  chunk->ops->refresh_weights(chunk->stage);
   return MP_OK;
 }
