@@ -112,9 +112,7 @@ mp_status mp_train_create_chunks(mp_trainer *trainer, const mp_model *model, mp_
                        plan->source, sum, mp_model_name(model), num_layers + 3, num_layers);
     }
   }
-  const bool on_gpu = trainer->backend == MP_BACKEND_CUDA;
-  const mp_stage_state_ops *ops = on_gpu ? mp_stage_gpu_state_ops() : mp_stage_cpu_state_ops();
-  trainer->state_ops = ops;
+  const mp_stage_state_ops *ops = trainer->state_ops;
   trainer->num_chunks = v;
   trainer->stages = calloc((size_t)v, sizeof *trainer->stages);
   trainer->layouts = calloc((size_t)v, sizeof *trainer->layouts);
@@ -208,13 +206,6 @@ mp_status mp_train_create_chunks(mp_trainer *trainer, const mp_model *model, mp_
     }
     status = buffer_alloc(trainer, (void **)&trainer->scatter_out,
                           trainer->scatter_floats * sizeof(float), err);
-    if (status == MP_OK && trainer->zero3 && ops->on_device &&
-        trainer->options.nccl_dp == NULL) {
-      trainer->zero3_staging = calloc(largest_block > 0 ? largest_block : 1, sizeof(uint16_t));
-      if (trainer->zero3_staging == NULL) {
-        status = mp_fail(err, MP_ERR_RUNTIME, "out of memory for a block's weights");
-      }
-    }
   }
   if (status == MP_OK && largest > 0) {
     /* The parameter all-gather goes in pieces: dp pieces of at most zero_piece floats (its

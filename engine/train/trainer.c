@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "engine/model/stage_cpu.h"
+#include "engine/model/stage_gpu.h"
 #include "topology/cost_model.h"
 #include "topology/layer_cost.h"
 
@@ -80,6 +81,38 @@ static mp_status check_group(const mp_plan *plan, const char *name, mp_comm *com
                  plan->dp * plan->pp * plan->tp);
 }
 
+static double dp_observer_now(void *context) { return mp_train_trace_now(context); }
+
+static void dp_observer_completed(void *context, size_t bytes, double posted_s, double end_s) {
+  const mp_trainer *trainer = context;
+  mp_trace_comm(trainer->options.trace, trainer->step, "all-reduce", "dp", -1, bytes, NULL,
+                posted_s, end_s);
+}
+
+/* The backend's stage table, and the dp communicators on its buffers: over NCCL where the run
+ * gave the dp group one (a GPU run), else over MPI, which stages GPU memory through the host
+ * with a few all-reduces in flight at most. */
+static mp_status create_dp_comms(mp_trainer *trainer, mp_error *err) {
+  const mp_plan *plan = trainer->plan;
+  const mp_trainer_options *o = &trainer->options;
+  const bool on_gpu = trainer->backend == MP_BACKEND_CUDA;
+  trainer->state_ops = on_gpu ? mp_stage_gpu_state_ops() : mp_stage_cpu_state_ops();
+  mp_nccl_comm *nccl = on_gpu ? o->nccl_dp : NULL;
+  const mp_dp_comm_observer observer = {trainer, dp_observer_now, dp_observer_completed};
+  const mp_dp_comm_observer *traced = o->trace != NULL ? &observer : NULL;
+  const int in_flight = on_gpu ? MP_TRAINER_STAGED_IN_FLIGHT : 0;
+  if (nccl != NULL) {
+    MP_TRY(mp_dp_comm_over_nccl(nccl, traced, &trainer->dp_sync, err));
+  } else if (o->dp != NULL && plan->dp > 1) {
+    MP_TRY(mp_dp_comm_over_mpi(o->dp, on_gpu, in_flight, traced, &trainer->dp_sync, err));
+  }
+  if (trainer->zero_comm == NULL) return MP_OK;
+  /* HSDP's shard group runs on the CPU only (mp_trainer_check_layout): zero_comm is dp's there. */
+  return nccl != NULL ? mp_dp_comm_over_nccl(nccl, NULL, &trainer->zero_dp, err)
+                      : mp_dp_comm_over_mpi(trainer->zero_comm, on_gpu, 0, NULL,
+                                            &trainer->zero_dp, err);
+}
+
 static mp_status create_parallel(mp_trainer *trainer, const mp_model *model, mp_error *err) {
   const mp_plan *plan = trainer->plan;
   mp_trainer_options *o = &trainer->options;
@@ -98,6 +131,7 @@ static mp_status create_parallel(mp_trainer *trainer, const mp_model *model, mp_
     return mp_fail(err, status, "%s: schedule %s: %s", plan->source, plan->schedule,
                    inner.message);
   }
+  MP_TRY(create_dp_comms(trainer, err));
   /* The layout (config, tensor table) every chunk is cut from. */
   MP_TRY(mp_train_create_chunks(trainer, model, err));
   trainer->layout = mp_stage_layout_model(trainer->layouts[0]);
@@ -180,9 +214,8 @@ void mp_trainer_free(mp_trainer *trainer) {
   if (trainer == NULL) return;
   mp_error ignored = MP_ERROR_INITIALIZER;
   mp_train_wait_dp_all_reduces(trainer, &ignored);
-  free(trainer->dp_requests);
-  free(trainer->dp_posted_s);
-  free(trainer->dp_bytes);
+  mp_dp_comm_free(trainer->dp_sync);
+  mp_dp_comm_free(trainer->zero_dp);
   mp_stage_worker_free(trainer->worker);
   mp_stage_worker_free(trainer->eval_worker);
   mp_schedule_free(&trainer->eval_schedule);
@@ -200,8 +233,6 @@ void mp_trainer_free(mp_trainer *trainer) {
     trainer->state_ops->release(trainer->zero_gather);
   }
   free(trainer->scatter_counts);
-  free(trainer->zero3_staging);
-  free(trainer->zero3_outside_piece);
   free(trainer->zero_first);
   free(trainer->zero_count);
   mp_schedule_free(&trainer->schedule);
@@ -300,8 +331,8 @@ mp_status mp_trainer_step(mp_trainer *trainer, int64_t step, mp_step_metrics *me
   trainer->loss_sum = 0.0;
   MP_TRY(mp_stage_worker_run(trainer->worker, err));
   MP_TRY(parallel_step_loss(trainer, &loss, err));
-  if (trainer->state_ops->on_device && trainer->options.nccl_dp != NULL && plan->dp == 1) {
-    MP_TRY(mp_train_sum_grads_over_nccl_alone(trainer, err));
+  if (trainer->dp_sync != NULL && plan->dp == 1) {
+    MP_TRY(mp_train_sum_grads_alone(trainer, err));
   }
   if (!isfinite(loss)) {
     return mp_fail(err, MP_ERR_RUNTIME,

@@ -20,6 +20,7 @@
 
 #include "engine/comm/comm.h"
 #include "engine/comm/comm_nccl.h"
+#include "engine/comm/dp_comm.h"
 #include "engine/model/stage_chain.h"
 #include "engine/model/stage_state.h"
 #include "engine/train/trainer.h"
@@ -62,10 +63,6 @@ struct mp_trainer {
   bool zero3;             /* ZeRO-3: the blocks' parameters sharded too; each block's gathered
                              into the chain's weights window before every pass (on the GPU
                              its bf16 working copy) */
-  float *zero3_outside_piece; /* the same: a host piece of the tensors outside the blocks
-                                 (MP_TRAINER_BUCKET_FLOATS at most), made at the first update */
-  uint16_t *zero3_staging; /* ZeRO-3 on a GPU whose dp group has no NCCL: a block's bf16
-                              weights (the largest block's), staged through the host */
   struct {                 /* ZeRO-3 over NCCL: the block gather posted ahead of its pass */
     void *window;          /* NULL: none */
     size_t first, count;
@@ -75,6 +72,11 @@ struct mp_trainer {
    * zero_rank-th, over zero_comm (NULL alone). */
   int zero_size, zero_rank;
   mp_comm *zero_comm;
+  /* The data-parallel collectives on the stages' buffers (engine/comm/dp_comm.h: over NCCL on a
+   * GPU whose dp group has it, else over MPI): dp_sync the gradient all-reduces over dp (NULL
+   * at dp = 1 unless NCCL checks itself alone), zero_dp ZeRO's over zero_comm (NULL alone). */
+  mp_dp_comm *dp_sync;
+  mp_dp_comm *zero_dp;
   struct zero2_hook *zero2_hooks; /* (num_chunks) the chains' hook contexts */
   float *scatter_out;     /* a reduce-scatter's output before it is added into a part (the
                              stages' memory) */
@@ -85,12 +87,6 @@ struct mp_trainer {
   mp_schedule eval_schedule;  /* the same layout's forward-only list (a held-out loss) */
   mp_stage_worker *eval_worker;
   bool evaluating;            /* the eval worker runs: its messages stay out of the trace */
-  mp_comm_request **dp_requests; /* this step's posted dp all-reduces, one per bucket */
-  double *dp_posted_s;    /* when each was posted, for the trace */
-  size_t *dp_bytes;
-  int num_dp_requests, dp_request_capacity;
-  int dp_requests_waited; /* dp_requests[0, this) finished already (a staged GPU run's) */
-  bool nccl_dp_posted;    /* dp all-reduces enqueued on options->nccl_dp, not yet waited for */
   mp_nccl_p2p_op *nccl_sends; /* NCCL pipeline: sends posted but not yet enqueued, which go with
                                  this rank's next receive (or the step's end) in one group */
   int num_nccl_sends, nccl_send_capacity;
@@ -152,10 +148,10 @@ mp_status mp_train_wait_dp_all_reduces(mp_trainer *trainer, mp_error *err);
  * sequence-parallel layernorm sums, the tied embedding, and the global norm into *grad_norm. */
 mp_status mp_train_reduce_step_grads(mp_trainer *trainer, double *grad_norm, mp_error *err);
 
-/* `--gpu-comm nccl` without data parallelism: the chunks' gradients through the dp group's NCCL
+/* `--gpu-comm nccl` without data parallelism: the chunks' gradients through the dp group's
  * communicator anyway (a sum over one member leaves them as they are: a check of NCCL on one
  * GPU). */
-mp_status mp_train_sum_grads_over_nccl_alone(mp_trainer *trainer, mp_error *err);
+mp_status mp_train_sum_grads_alone(mp_trainer *trainer, mp_error *err);
 
 /* ---- zero.c: ZeRO 1-3 and hybrid sharding ---- */
 
