@@ -4,8 +4,10 @@
  * library exports (cuda_backend_exports.c) and the loader reads (cuda_backend_loader.c).
  *
  * A function of device.h, gpu_probe.h, comm_staging.h, comm_nccl.h or stage_gpu.h belongs in the
- * list; the loader then defines it in every process as a forwarder into the loaded library. How a
- * forwarder behaves before the library is loaded is its kind:
+ * list; the loader then defines it in every process as a forwarder into the loaded library. (The
+ * one exception is mp_stage_gpu_state_ops: stage_gpu_state.c builds that table over the other
+ * functions, so it lives beside the header, on this side of the forwarders.) How a forwarder
+ * behaves before the library is loaded is its kind:
  *   STATUS(name, params, args)                   loads the library first; returns its error
  *   LOADING(ret, name, params, args, fallback)   loads the library first; fallback if it cannot
  *   QUERY(ret, name, params, args, fallback)     never loads: fallback until something else has

@@ -25,6 +25,11 @@ struct mp_stage_cpu {
   /* The forward and backward: the stage chain over the CPU's kernels. */
   mp_stage_kernels *kernels;
   mp_stage_chain *chain;
+  /* AdamW's moments of flat elements [moments_first, + moments_count): the whole stage, or with
+   * ZeRO this dp rank's part (mp_stage_cpu_keep_moments); NULL until first needed. */
+  float *adam_m, *adam_v;
+  size_t moments_first, moments_count;
+  float *grad_part;      /* windowed (ZeRO-2): (moments_count,) the part's summed gradients */
 };
 
 void mp_stage_cpu_free(mp_stage_cpu *gpt) {
@@ -32,6 +37,9 @@ void mp_stage_cpu_free(mp_stage_cpu *gpt) {
   mp_stage_chain_free(gpt->chain);
   mp_stage_kernels_cpu_free(gpt->kernels);
   free(gpt->grads);
+  free(gpt->adam_m);
+  free(gpt->adam_v);
+  free(gpt->grad_part);
   free(gpt->block_window);
   free(gpt->weight_window);
   free(gpt->params);
@@ -262,6 +270,7 @@ mp_status mp_stage_cpu_gather_grads(mp_stage_cpu *gpt, float *full, mp_error *er
 
 void mp_stage_cpu_zero_grads(mp_stage_cpu *gpt) {
   if (gpt->grads != NULL) memset(gpt->grads, 0, gpt->grads_floats * sizeof(float));
+  if (gpt->grad_part != NULL) memset(gpt->grad_part, 0, gpt->moments_count * sizeof(float));
 }
 
 
@@ -306,4 +315,123 @@ mp_status mp_stage_cpu_grad_norm_squared(mp_stage_cpu *gpt, double *out, mp_erro
   const mp_status status = mp_stage_norm_from_squares(gpt->layout, &gpt->tp, squares, out, err);
   free(squares);
   return status;
+}
+
+/* ---- The optimizer's state: AdamW's moments, ZeRO-2's gradient part, AdamW ---- */
+
+static bool windowed(const mp_stage_cpu *gpt) { return gpt->window != MP_GRAD_WINDOW_NONE; }
+
+mp_status mp_stage_cpu_keep_moments(mp_stage_cpu *gpt, size_t first, size_t count,
+                                    mp_error *err) {
+  const size_t n = mp_stage_layout_num_params(gpt->layout);
+  if (first > n || count > n - first) {
+    return mp_fail(err, MP_ERR_INPUT, "moments of elements [%zu, %zu): the stage has %zu", first,
+                   first + count, n);
+  }
+  free(gpt->adam_m);
+  free(gpt->adam_v);
+  free(gpt->grad_part);
+  gpt->grad_part = NULL;
+  gpt->moments_first = first;
+  gpt->moments_count = count;
+  gpt->adam_m = calloc(count > 0 ? count : 1, sizeof(float));
+  gpt->adam_v = calloc(count > 0 ? count : 1, sizeof(float));
+  /* ZeRO-2: the part's gradients cover the moments' elements. */
+  if (windowed(gpt)) gpt->grad_part = calloc(count > 0 ? count : 1, sizeof(float));
+  if (gpt->adam_m == NULL || gpt->adam_v == NULL || (windowed(gpt) && gpt->grad_part == NULL)) {
+    return mp_fail(err, MP_ERR_RUNTIME, "out of memory for optimizer state (%zu floats)", count);
+  }
+  return MP_OK;
+}
+
+/* The whole stage's moments unless a part was kept; a windowed stage keeps a part, always. */
+static mp_status whole_moments(mp_stage_cpu *gpt, mp_error *err) {
+  if (gpt->adam_m != NULL) return MP_OK;
+  if (windowed(gpt)) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "the CPU stage's gradients are windowed (ZeRO-2) but it keeps no part: call "
+                   "mp_stage_cpu_keep_moments first");
+  }
+  return mp_stage_cpu_keep_moments(gpt, 0, mp_stage_layout_num_params(gpt->layout), err);
+}
+
+mp_status mp_stage_cpu_moments_at(mp_stage_cpu *gpt, size_t first, size_t count, float **adam_m,
+                                  float **adam_v, mp_error *err) {
+  MP_TRY(whole_moments(gpt, err));
+  if (first < gpt->moments_first || first - gpt->moments_first > gpt->moments_count ||
+      count > gpt->moments_count - (first - gpt->moments_first)) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "moments of elements [%zu, %zu): the CPU stage keeps those of [%zu, %zu)",
+                   first, first + count, gpt->moments_first,
+                   gpt->moments_first + gpt->moments_count);
+  }
+  *adam_m = gpt->adam_m + (first - gpt->moments_first);
+  *adam_v = gpt->adam_v + (first - gpt->moments_first);
+  return MP_OK;
+}
+
+mp_status mp_stage_cpu_add_to_part(mp_stage_cpu *gpt, const float *sums, size_t first,
+                                   size_t count, mp_error *err) {
+  if (gpt->grad_part == NULL || first < gpt->moments_first ||
+      first + count > gpt->moments_first + gpt->moments_count) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "gradient sums of elements [%zu, %zu) are not in the stage's ZeRO-2 part "
+                   "[%zu, %zu)",
+                   first, first + count, gpt->moments_first,
+                   gpt->moments_first + (gpt->grad_part != NULL ? gpt->moments_count : 0));
+  }
+  float *to = gpt->grad_part + (first - gpt->moments_first);
+  for (size_t i = 0; i < count; ++i) to[i] += sums[i];
+  return MP_OK;
+}
+
+mp_status mp_stage_cpu_part_squares(mp_stage_cpu *gpt, double *squares, mp_error *err) {
+  if (gpt->grad_part == NULL) {
+    return mp_fail(err, MP_ERR_INPUT, "the CPU stage keeps no ZeRO-2 part");
+  }
+  const size_t first = gpt->moments_first, end = first + gpt->moments_count;
+  for (int i = 0; i < mp_stage_layout_num_tensors(gpt->layout); ++i) {
+    const mp_stage_tensor *t = mp_stage_layout_tensor(gpt->layout, i);
+    const size_t lo = t->offset > first ? t->offset : first;
+    const size_t hi = t->offset + t->count < end ? t->offset + t->count : end;
+    squares[i] = lo < hi ? mp_grad_norm_squared_cpu(gpt->grad_part + (lo - first), hi - lo) : 0.0;
+  }
+  return MP_OK;
+}
+
+float *mp_stage_cpu_grad_part(mp_stage_cpu *gpt) { return gpt->grad_part; }
+
+void mp_stage_cpu_scale_grads(mp_stage_cpu *gpt, float scale) {
+  if (gpt->grad_part != NULL) {
+    mp_grad_scale_cpu(gpt->grad_part, gpt->moments_count, scale);
+  } else {
+    mp_grad_scale_cpu(gpt->grads, mp_stage_layout_num_params(gpt->layout), scale);
+  }
+}
+
+mp_status mp_stage_cpu_adamw(mp_stage_cpu *gpt, const mp_stage_adamw *adamw, mp_error *err) {
+  MP_TRY(whole_moments(gpt, err));
+  /* Tensor by tensor (weight decay is a property of the tensor), over the elements whose moments
+   * this rank keeps, the clip factor applied inside the update (no pass of its own). */
+  const size_t first = gpt->moments_first, end = first + gpt->moments_count;
+  const float *grads = gpt->grad_part != NULL ? gpt->grad_part : gpt->grads + first;
+  for (int i = 0; i < mp_stage_layout_num_tensors(gpt->layout); ++i) {
+    const mp_stage_tensor *t = mp_stage_layout_tensor(gpt->layout, i);
+    const size_t lo = t->offset > first ? t->offset : first;
+    const size_t hi = t->offset + t->count < end ? t->offset + t->count : end;
+    if (lo >= hi) continue;
+    /* Where the stage keeps them (with ZeRO-3 not at their offsets: the part's own). */
+    float *params = mp_stage_cpu_params_at(gpt, lo, hi - lo);
+    if (params == NULL) {
+      return mp_fail(err, MP_ERR_INPUT,
+                     "AdamW on elements [%zu, %zu): the stage does not hold them (ZeRO-3 part)",
+                     lo, hi);
+    }
+    mp_adamw_update_scaled_cpu(params, grads + (lo - first), gpt->adam_m + (lo - first),
+                               gpt->adam_v + (lo - first), hi - lo, adamw->learning_rate,
+                               adamw->beta1, adamw->beta2, adamw->eps,
+                               t->full->weight_decay ? adamw->weight_decay : 0.0f, adamw->step,
+                               adamw->grad_scale);
+  }
+  return MP_OK;
 }

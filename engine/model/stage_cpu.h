@@ -44,6 +44,7 @@
 #include "common/error.h"
 #include "engine/model/param_layout.h"
 #include "engine/model/stage_layout.h"
+#include "engine/model/stage_state.h"
 #include "tensor_parallel/shard.h"
 #include "tensor_parallel/tp_comm.h"
 #include "topology/layer_cost.h"
@@ -148,6 +149,7 @@ mp_status mp_stage_cpu_fill_params(mp_stage_cpu *gpt, mp_stage_fill_fn fill, voi
 mp_status mp_stage_cpu_gather_params(mp_stage_cpu *gpt, float *full, mp_error *err);
 mp_status mp_stage_cpu_gather_grads(mp_stage_cpu *gpt, float *full, mp_error *err);
 
+/* Zeroes the gradients, and ZeRO-2's part of them (mp_stage_cpu_keep_moments). */
 void mp_stage_cpu_zero_grads(mp_stage_cpu *gpt);
 
 /* The stage's forward and backward (engine/model/stage_chain.h, over the CPU's kernels). */
@@ -185,6 +187,35 @@ mp_status mp_stage_cpu_finish_grads(mp_stage_cpu *gpt, mp_error *err);
  * clipping agrees (mp_stage_norm_from_squares). Call after mp_stage_cpu_finish_grads.
  * Collective. */
 mp_status mp_stage_cpu_grad_norm_squared(mp_stage_cpu *gpt, double *out, mp_error *err);
+
+/* The optimizer's state, as the GPU stage keeps it (mp_stage_gpu_keep_moments and the rest; the
+ * trainer reaches both through mp_stage_cpu_state_ops, engine/model/stage_state.h):
+ *   keep_moments  ZeRO: the AdamW moments of flat elements [first, first + count) only (this dp
+ *                 rank's part), zeroed, and with windowed block gradients (ZeRO-2) the part's
+ *                 summed gradients; without the call the moments are the whole stage's, made
+ *                 when first needed. MP_ERR_INPUT for a range outside the stage.
+ *   moments_at    pointers to the moments of [first, first + count); MP_ERR_INPUT outside them
+ *   add_to_part   ZeRO-2: part += sums (count floats, elements [first, first + count) inside it)
+ *   part_squares  ZeRO-2: each tensor's squares over the part (num_tensors doubles)
+ *   grad_part     ZeRO-2: the part's gradients (count floats), NULL without a part
+ *   scale_grads   gradients *= scale; with a ZeRO-2 part, the part's
+ *   adamw         AdamW over the kept moments' elements, the gradients times
+ *                 adamw->grad_scale inside the update (bitwise the separate scaling's result is
+ *                 not promised: this is the CPU's one pass). */
+mp_status mp_stage_cpu_keep_moments(mp_stage_cpu *gpt, size_t first, size_t count,
+                                    mp_error *err);
+mp_status mp_stage_cpu_moments_at(mp_stage_cpu *gpt, size_t first, size_t count, float **adam_m,
+                                  float **adam_v, mp_error *err);
+mp_status mp_stage_cpu_add_to_part(mp_stage_cpu *gpt, const float *sums, size_t first,
+                                   size_t count, mp_error *err);
+mp_status mp_stage_cpu_part_squares(mp_stage_cpu *gpt, double *squares, mp_error *err);
+float *mp_stage_cpu_grad_part(mp_stage_cpu *gpt);
+void mp_stage_cpu_scale_grads(mp_stage_cpu *gpt, float scale);
+mp_status mp_stage_cpu_adamw(mp_stage_cpu *gpt, const mp_stage_adamw *adamw, mp_error *err);
+
+/* The CPU stage's state table (engine/model/stage_state.h): its calls are this header's, its
+ * memory the host's. */
+const mp_stage_state_ops *mp_stage_cpu_state_ops(void);
 
 #ifdef __cplusplus
 }

@@ -69,6 +69,7 @@
 #include "common/error.h"
 #include "engine/model/stage_chain.h"
 #include "engine/model/stage_layout.h"
+#include "engine/model/stage_state.h"
 #include "tensor_parallel/tp_comm.h"
 #include "topology/layer_cost.h"
 #include "topology/model.h"
@@ -239,6 +240,12 @@ mp_status mp_stage_gpu_grad_norm_squared(mp_stage_gpu *gpu, double *out, mp_erro
  * mp_stage_gpu_scale_grads first), refreshing the bf16 weights; with ZeRO-1
  * (mp_stage_gpu_keep_moments) on this rank's part only. Synchronises. */
 mp_status mp_stage_gpu_adamw(mp_stage_gpu *gpu, const mp_gpu_adamw *adamw, mp_error *err);
+
+/* The GPU stage's state table (engine/model/stage_state.h), which the trainer drives as it drives
+ * the CPU stage's: its calls are this header's (AdamW's clip factor a scale_grads pass first),
+ * its memory the device's (engine/device/device.h). Built from their public calls alone
+ * (stage_gpu_state.c), in a build without CUDA too. */
+const mp_stage_state_ops *mp_stage_gpu_state_ops(void);
 
 #ifdef __cplusplus
 }

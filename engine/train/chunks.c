@@ -1,13 +1,15 @@
 /* engine/train/chunks.c — building this rank's chunks: the plan's stage split, each chunk's CPU
- * or GPU stage with its ZeRO cut and hooks, its AdamW moments, ZeRO's bounded buffers; weights
- * loaded into them, and their state read and written in pieces for checkpoints. */
+ * or GPU stage (the one place that tells them apart: after creation the trainer drives either
+ * through its state table, engine/model/stage_state.h) with its ZeRO cut, hooks and AdamW
+ * moments, ZeRO's bounded buffers; weights loaded into them, and their state read and written in
+ * pieces for checkpoints. */
 #include "engine/train/trainer_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/device/device.h"
 #include "engine/model/stage_chain.h"
+#include "engine/model/stage_cpu.h"
 #include "engine/model/stage_gpu.h"
 #include "engine/weights/weight_source.h"
 #include "topology/cost_model.h"
@@ -42,6 +44,53 @@ static mp_status stage_split(const mp_plan *plan, const mp_model *model, int *co
   return MP_OK;
 }
 
+/* One chunk's stage on the trainer's backend, span `range` of model with `slots` activation
+ * slots, ZeRO's cut `zero` (NULL: none). */
+static mp_status create_stage(mp_trainer *trainer, const mp_model *model, int stage,
+                              const mp_stage_span *range, int slots, bool zero_bubble,
+                              const mp_stage_zero *zero, void **out, mp_error *err) {
+  const mp_plan *plan = trainer->plan;
+  if (trainer->state_ops->on_device) {
+    /* The GPU stage owns its state on the device: the host holds no copy of it. */
+    const mp_stage_gpu_config config = {
+        .micro_batch = (int)plan->micro_batch,
+        .seq_len = (int)plan->seq_len,
+        .tp = &trainer->tp_table,
+        .device_tp = trainer->options.tp_device,
+        .sequence_parallel = plan->sequence_parallel,
+        .span = *range,
+        .num_slots = slots,
+        .deferred_weights = zero_bubble,
+        .recompute = plan->recompute,
+        .zero = zero};
+    const mp_status status = mp_stage_gpu_create(model, &config, (mp_stage_gpu **)out, err);
+    if (status != MP_OK) {
+      mp_error inner = *err;
+      return mp_fail(err, status, "%s: stage %d on the GPU: %s", plan->source, stage,
+                     inner.message);
+    }
+    return MP_OK;
+  }
+  const mp_stage_cpu_config config = {
+      .micro_batch = (int)plan->micro_batch,
+      .seq_len = (int)plan->seq_len,
+      .tp = &trainer->tp_table,
+      .sequence_parallel = plan->sequence_parallel,
+      .span = *range,
+      .num_slots = slots,
+      .deferred_weights = zero_bubble,
+      .recompute = plan->recompute,
+      .zero = zero};
+  return mp_stage_cpu_create_stage(model, &config, (mp_stage_cpu **)out, err);
+}
+
+/* A buffer of the trainer's beside the stages, in their memory, counted when on the GPU. */
+static mp_status buffer_alloc(mp_trainer *trainer, void **out, size_t bytes, mp_error *err) {
+  MP_TRY(trainer->state_ops->alloc(out, bytes, err));
+  if (trainer->state_ops->on_device) trainer->device_buffer_bytes += bytes;
+  return MP_OK;
+}
+
 mp_status mp_train_create_chunks(mp_trainer *trainer, const mp_model *model, mp_error *err) {
   const mp_plan *plan = trainer->plan;
   const int pp = plan->pp, v = plan->virtual_stages, stages = pp * v;
@@ -63,35 +112,25 @@ mp_status mp_train_create_chunks(mp_trainer *trainer, const mp_model *model, mp_
                        plan->source, sum, mp_model_name(model), num_layers + 3, num_layers);
     }
   }
+  const mp_stage_state_ops *ops = trainer->state_ops;
   trainer->num_chunks = v;
-  trainer->chunks = calloc((size_t)v, sizeof *trainer->chunks);
+  trainer->stages = calloc((size_t)v, sizeof *trainer->stages);
   trainer->layouts = calloc((size_t)v, sizeof *trainer->layouts);
   trainer->chains = calloc((size_t)v, sizeof *trainer->chains);
-  trainer->chunk_m = calloc((size_t)v, sizeof *trainer->chunk_m);
-  trainer->chunk_v = calloc((size_t)v, sizeof *trainer->chunk_v);
   trainer->zero_first = calloc((size_t)v, sizeof *trainer->zero_first);
   trainer->zero_count = calloc((size_t)v, sizeof *trainer->zero_count);
-  const bool on_gpu = trainer->backend == MP_BACKEND_CUDA;
   const bool zero2 = plan->zero_stage >= 2;
   trainer->zero2 = zero2;
   trainer->zero3 = plan->zero_stage == 3;
   if (zero2) {
-    if (!on_gpu) trainer->grad_part = calloc((size_t)v, sizeof *trainer->grad_part);
     trainer->zero2_hooks = calloc((size_t)v, sizeof *trainer->zero2_hooks);
     trainer->scatter_counts = calloc((size_t)trainer->zero_size, sizeof *trainer->scatter_counts);
-    if (status == MP_OK && ((!on_gpu && trainer->grad_part == NULL) ||
-                            trainer->zero2_hooks == NULL || trainer->scatter_counts == NULL)) {
+    if (status == MP_OK && (trainer->zero2_hooks == NULL || trainer->scatter_counts == NULL)) {
       status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
     }
   }
-  if (on_gpu) trainer->gpu_chunks = calloc((size_t)v, sizeof *trainer->gpu_chunks);
-  if (status == MP_OK && on_gpu && trainer->gpu_chunks == NULL) {
-    status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
-  }
-  if (status == MP_OK && (trainer->chunks == NULL || trainer->layouts == NULL ||
-                          trainer->chains == NULL ||
-                          trainer->chunk_m == NULL || trainer->chunk_v == NULL ||
-                          trainer->zero_first == NULL ||
+  if (status == MP_OK && (trainer->stages == NULL || trainer->layouts == NULL ||
+                          trainer->chains == NULL || trainer->zero_first == NULL ||
                           trainer->zero_count == NULL)) {
     status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
   }
@@ -114,53 +153,31 @@ mp_status mp_train_create_chunks(mp_trainer *trainer, const mp_model *model, mp_
     const int slots = mp_stage_worker_slots(&trainer->schedule, pp_rank, c);
     /* ZeRO's cut of the stage: its gradients (ZeRO 2 and 3) and parameters (ZeRO-3). */
     const mp_stage_zero zero = {dp, dp_rank, zero2, trainer->zero3};
-    if (on_gpu) {
-      /* The GPU stage owns its state on the device: the host holds no copy of it. */
-      const mp_stage_gpu_config config = {
-          .micro_batch = (int)plan->micro_batch,
-          .seq_len = (int)plan->seq_len,
-          .tp = &trainer->tp_table,
-          .device_tp = trainer->options.tp_device,
-          .sequence_parallel = plan->sequence_parallel,
-          .span = range,
-          .num_slots = slots,
-          .deferred_weights = zero_bubble,
-          .recompute = plan->recompute,
-          .zero = zero2 ? &zero : NULL};
-      status = mp_stage_gpu_create(model, &config, &trainer->gpu_chunks[c], err);
-      if (status != MP_OK) {
-        mp_error inner = *err;
-        status = mp_fail(err, status, "%s: stage %d on the GPU: %s", plan->source, stage,
-                         inner.message);
-        break;
-      }
-      trainer->layouts[c] = mp_stage_gpu_layout(trainer->gpu_chunks[c]);
-    } else {
-      const mp_stage_cpu_config config = {
-          .micro_batch = (int)plan->micro_batch,
-          .seq_len = (int)plan->seq_len,
-          .tp = &trainer->tp_table,
-          .sequence_parallel = plan->sequence_parallel,
-          .span = range,
-          .num_slots = slots,
-          .deferred_weights = zero_bubble,
-          .recompute = plan->recompute,
-          .zero = zero2 ? &zero : NULL};
-      status = mp_stage_cpu_create_stage(model, &config, &trainer->chunks[c], err);
-      if (status == MP_OK) {
-        trainer->layouts[c] = mp_stage_cpu_layout(trainer->chunks[c]);
-        status = mp_stage_cpu_init_params(trainer->chunks[c], plan->training.seed, err);
-      }
-    }
+    trainer->stages[c].ops = ops;
+    status = create_stage(trainer, model, stage, &range, slots, zero_bubble, zero2 ? &zero : NULL,
+                          &trainer->stages[c].stage, err);
     if (status != MP_OK) break;
-    trainer->chains[c] = on_gpu ? mp_stage_gpu_chain(trainer->gpu_chunks[c])
-                                : mp_stage_cpu_chain(trainer->chunks[c]);
+    mp_stage_state *chunk = &trainer->stages[c];
+    trainer->layouts[c] = ops->layout(chunk->stage);
+    trainer->chains[c] = ops->chain(chunk->stage);
     const size_t n = mp_stage_layout_num_params(trainer->layouts[c]);
     size_t first_param = 0, count = n;
     if (plan->zero_stage >= 1) {
       mp_zero_part(n, dp, dp_rank, &first_param, &count);
       const size_t part = (n + (size_t)dp - 1) / (size_t)dp;
       if (part * (size_t)dp > largest) largest = part * (size_t)dp;
+      /* The AdamW moments of this rank's part only (with ZeRO-2 the part's gradients too);
+       * without ZeRO the stage makes the whole stage's when first needed. */
+      status = ops->keep_moments(chunk->stage, first_param, count, err);
+    }
+    /* The parameters, initialised where the stage keeps them (on the GPU through a bounded
+     * host buffer: the host holds no copy of the state). */
+    if (status == MP_OK) status = ops->init_params(chunk->stage, plan->training.seed, err);
+    if (status != MP_OK) {
+      mp_error inner = *err;
+      status = mp_fail(err, status, "%s: stage %d (%s): %s", plan->source, stage, ops->backend,
+                       inner.message);
+      break;
     }
     trainer->zero_first[c] = first_param;
     trainer->zero_count[c] = count;
@@ -169,12 +186,6 @@ mp_status mp_train_create_chunks(mp_trainer *trainer, const mp_model *model, mp_
       mp_stage_layout_blocks_range(trainer->layouts[c], &blocks_first,
                                    &blocks_end, &block);
       if (block > largest_block) largest_block = block;
-      if (!on_gpu) trainer->grad_part[c] = calloc(count > 0 ? count : 1, sizeof(float));
-      if (!on_gpu && trainer->grad_part[c] == NULL) {
-        status = mp_fail(err, MP_ERR_RUNTIME, "out of memory for a gradient part (%zu floats)",
-                         count);
-        break;
-      }
       trainer->zero2_hooks[c].trainer = trainer;
       trainer->zero2_hooks[c].chunk = c;
       mp_stage_chain_set_grads_hook(trainer->chains[c], mp_train_zero2_block_grads,
@@ -183,30 +194,6 @@ mp_status mp_train_create_chunks(mp_trainer *trainer, const mp_model *model, mp_
         mp_stage_chain_set_weights_hook(trainer->chains[c], mp_train_zero3_block_weights,
                                         &trainer->zero2_hooks[c]);
       }
-    }
-    if (on_gpu) {
-      /* The AdamW moments live on the GPU (this rank's part with ZeRO; with ZeRO-2 the part's
-       * gradients too), and so do the parameters, initialised through a bounded host buffer:
-       * the host holds no copy of the state. */
-      if (plan->zero_stage >= 1) {
-        status = mp_stage_gpu_keep_moments(trainer->gpu_chunks[c], first_param, count, err);
-      }
-      if (status == MP_OK) {
-        status = mp_stage_gpu_init_params(trainer->gpu_chunks[c], plan->training.seed, err);
-      }
-      if (status != MP_OK) {
-        mp_error inner = *err;
-        status = mp_fail(err, status, "%s: stage %d on the GPU: %s", plan->source, stage,
-                         inner.message);
-        break;
-      }
-      continue;
-    }
-    trainer->chunk_m[c] = calloc(count > 0 ? count : 1, sizeof(float));
-    trainer->chunk_v[c] = calloc(count > 0 ? count : 1, sizeof(float));
-    if (trainer->chunk_m[c] == NULL || trainer->chunk_v[c] == NULL) {
-      status = mp_fail(err, MP_ERR_RUNTIME, "out of memory for optimizer state (%zu floats)",
-                       count);
     }
   }
   if (status == MP_OK && zero2) {
@@ -217,39 +204,20 @@ mp_status mp_train_create_chunks(mp_trainer *trainer, const mp_model *model, mp_
     if (trainer->scatter_floats > largest / (size_t)dp + 1) {
       trainer->scatter_floats = largest / (size_t)dp + 1;
     }
-    if (on_gpu) {
-      void *memory = NULL;
-      status = mp_device_alloc(&memory, trainer->scatter_floats * sizeof(float), err);
-      trainer->scatter_out = memory;
-      if (status == MP_OK) trainer->device_buffer_bytes += trainer->scatter_floats * sizeof(float);
-      if (status == MP_OK && trainer->zero3 && trainer->options.nccl_dp == NULL) {
-        trainer->zero3_staging = calloc(largest_block > 0 ? largest_block : 1, sizeof(uint16_t));
-        if (trainer->zero3_staging == NULL) {
-          status = mp_fail(err, MP_ERR_RUNTIME, "out of memory for a block's weights");
-        }
-      }
-    } else {
-      trainer->scatter_out = calloc(trainer->scatter_floats, sizeof(float));
-      if (trainer->scatter_out == NULL) status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
-    }
+    status = buffer_alloc(trainer, (void **)&trainer->scatter_out,
+                          trainer->scatter_floats * sizeof(float), err);
   }
   if (status == MP_OK && largest > 0) {
     /* The parameter all-gather goes in pieces: dp pieces of at most zero_piece floats (its
-     * output), then one (its input), on the GPU for a GPU run: a bounded buffer, not a chunk. */
+     * output), then one (its input), where the stages keep their parameters: a bounded buffer,
+     * not a chunk. */
     const size_t largest_part = largest / (size_t)dp;
     trainer->zero_piece = mp_train_zero_piece_floats(largest_part, dp);
     const size_t floats = trainer->zero_piece * ((size_t)dp + 1);
-    if (on_gpu) {
-      void *memory = NULL;
-      status = mp_device_alloc(&memory, floats * sizeof(float), err);
-      trainer->zero_gather_device = memory;
-      if (status == MP_OK) trainer->device_buffer_bytes += floats * sizeof(float);
-    } else {
-      trainer->zero_gather = calloc(floats, sizeof(float));
-      if (trainer->zero_gather == NULL) status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+    status = buffer_alloc(trainer, (void **)&trainer->zero_gather, floats * sizeof(float), err);
+    if (trainer->zero_gather != NULL) {
+      trainer->zero_part = trainer->zero_gather + trainer->zero_piece * (size_t)dp;
     }
-    float *gather = on_gpu ? trainer->zero_gather_device : trainer->zero_gather;
-    if (gather != NULL) trainer->zero_part = gather + trainer->zero_piece * (size_t)dp;
   }
   free(counts);
   return status;
@@ -261,12 +229,10 @@ mp_status mp_trainer_load_weights(mp_trainer *trainer, const char *path, mp_erro
   MP_TRY(mp_weight_source_open(trainer->layout, path, &reader, err));
   mp_status status = MP_OK;
   for (int c = 0; c < trainer->num_chunks && status == MP_OK; ++c) {
-    /* On the GPU straight into the device's weights, through a bounded host buffer. */
-    status = trainer->gpu_chunks != NULL
-                 ? mp_stage_gpu_fill_params(trainer->gpu_chunks[c], mp_weight_source_fill,
-                                            reader, err)
-                 : mp_stage_cpu_fill_params(trainer->chunks[c], mp_weight_source_fill, reader,
-                                            err);
+    /* Straight into where the stage keeps its weights (on the GPU through a bounded host
+     * buffer). */
+    const mp_stage_state *chunk = &trainer->stages[c];
+    status = chunk->ops->fill_params(chunk->stage, mp_weight_source_fill, reader, err);
   }
   mp_weight_source_close(reader);
   return status;
@@ -306,18 +272,12 @@ static mp_status move_state(mp_trainer *trainer, int chunk, mp_trainer_array arr
                    first, first + count, chunk, lo, lo + state.moments_count);
   }
   const size_t bytes = count * sizeof(float);
-  if (trainer->gpu_chunks == NULL) {
-    float *moment = (array == MP_TRAINER_ADAM_M ? trainer->chunk_m : trainer->chunk_v)[chunk];
-    if (dest != NULL) memcpy(dest, moment + (first - lo), bytes);
-    if (src != NULL) memcpy(moment + (first - lo), src, bytes);
-    return MP_OK;
-  }
+  const mp_stage_state *stage = &trainer->stages[chunk];
   float *adam_m = NULL, *adam_v = NULL;
-  MP_TRY(mp_stage_gpu_moments_at(trainer->gpu_chunks[chunk], first, count, &adam_m, &adam_v,
-                                     err));
+  MP_TRY(stage->ops->moments_at(stage->stage, first, count, &adam_m, &adam_v, err));
   float *moment = array == MP_TRAINER_ADAM_M ? adam_m : adam_v;
-  return dest != NULL ? mp_device_copy_to_host(dest, moment, bytes, err)
-                      : mp_device_copy_to_device(moment, src, bytes, err);
+  return dest != NULL ? stage->ops->to_host(dest, moment, bytes, err)
+                      : stage->ops->from_host(moment, src, bytes, err);
 }
 
 mp_status mp_trainer_read_state(mp_trainer *trainer, int chunk, mp_trainer_array array,
@@ -332,14 +292,12 @@ mp_status mp_trainer_write_state(mp_trainer *trainer, int chunk, mp_trainer_arra
 
 mp_status mp_train_read_params(mp_trainer *trainer, int c, size_t first, size_t count,
                                float *dest, mp_error *err) {
-  return trainer->gpu_chunks != NULL
-             ? mp_stage_gpu_read_params(trainer->gpu_chunks[c], first, count, dest, err)
-             : mp_stage_cpu_read_params(trainer->chunks[c], first, count, dest, err);
+  const mp_stage_state *chunk = &trainer->stages[c];
+  return chunk->ops->read_params(chunk->stage, first, count, dest, err);
 }
 
 mp_status mp_train_write_params(mp_trainer *trainer, int c, size_t first, size_t count,
                                 const float *src, mp_error *err) {
-  return trainer->gpu_chunks != NULL
-             ? mp_stage_gpu_write_params(trainer->gpu_chunks[c], first, count, src, err)
-             : mp_stage_cpu_write_params(trainer->chunks[c], first, count, src, err);
+  const mp_stage_state *chunk = &trainer->stages[c];
+  return chunk->ops->write_params(chunk->stage, first, count, src, err);
 }

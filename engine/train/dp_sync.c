@@ -7,9 +7,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "engine/device/device.h"
 #include "engine/model/stage_chain.h"
-#include "engine/model/stage_gpu.h"
 #include "engine/comm/tp_comm_mpi.h"
 #include "layers/adamw.h"
 
@@ -31,61 +29,17 @@ mp_status mp_train_sum_double_over(mp_comm *comm, double *value, mp_error *err) 
   return mp_tp_sum_double(&group, value, err);
 }
 
-/* Waits for the dp all-reduce request k, traced. */
-static mp_status wait_dp_request(mp_trainer *trainer, int k, mp_error *err) {
-  const mp_status status = mp_comm_wait(trainer->dp_requests[k], err);
-  if (trainer->options.trace != NULL) {
-    mp_trace_comm(trainer->options.trace, trainer->step, "all-reduce", "dp", -1,
-                  trainer->dp_bytes[k], NULL, trainer->dp_posted_s[k], mp_train_trace_now(trainer));
-  }
-  return status;
-}
-
-/* The worker's hook: chunk's gradients are final for the step, so its data-parallel all-reduce
- * starts now, bucket by bucket, and runs while the other chunks' backwards do. */
-/* Posts the dp all-reduce of grads [0, n) in buckets without waiting: non-blocking MPI
- * (mp_comm_iall_reduce_sum_f32, which stages GPU memory through the host), or on the CUDA backend
- * with the dp group on NCCL, enqueued on its stream after the compute so far (the host goes on;
- * the GPU overlaps it with the backward still to come). mp_train_wait_dp_all_reduces finishes them.
- * */
+/* Posts the dp all-reduce of grads [0, n) in buckets without waiting, after the compute so far
+ * (engine/comm/dp_comm.h: non-blocking MPI, which stages GPU memory through the host with a few
+ * buckets in flight at most, or enqueued on NCCL's stream, the GPU overlapping it with the
+ * backward still to come). mp_train_wait_dp_all_reduces finishes them. */
 static mp_status post_dp_all_reduce(mp_trainer *trainer, float *grads, size_t n, mp_error *err) {
-  mp_nccl_comm *nccl = trainer->options.nccl_dp;
-  /* GPU gradients over MPI are staged through a pinned host block per all-reduce in flight:
-   * with every bucket in flight that is a host copy of the gradients, so a few at most. */
-  const bool staged = trainer->gpu_chunks != NULL && nccl == NULL;
-  if (nccl != NULL && n > 0) MP_TRY(mp_nccl_comm_wait_stream(nccl, NULL, err));
+  mp_dp_comm *dp = trainer->dp_sync;
+  if (n > 0) MP_TRY(mp_dp_comm_after_compute(dp, err));
   for (size_t offset = 0; offset < n; offset += MP_TRAINER_BUCKET_FLOATS) {
     const size_t count = n - offset < MP_TRAINER_BUCKET_FLOATS ? n - offset
                                                                : MP_TRAINER_BUCKET_FLOATS;
-    if (nccl != NULL) {
-      MP_TRY(mp_nccl_all_reduce_sum(nccl, grads + offset, count, MP_NCCL_FLOAT32, err));
-      trainer->nccl_dp_posted = true;
-      continue;
-    }
-    if (trainer->num_dp_requests == trainer->dp_request_capacity) {
-      const int capacity = trainer->dp_request_capacity > 0 ? 2 * trainer->dp_request_capacity : 8;
-      mp_comm_request **requests =
-          realloc(trainer->dp_requests, (size_t)capacity * sizeof *requests);
-      double *posted = realloc(trainer->dp_posted_s, (size_t)capacity * sizeof *posted);
-      size_t *bytes = realloc(trainer->dp_bytes, (size_t)capacity * sizeof *bytes);
-      if (requests != NULL) trainer->dp_requests = requests;
-      if (posted != NULL) trainer->dp_posted_s = posted;
-      if (bytes != NULL) trainer->dp_bytes = bytes;
-      if (requests == NULL || posted == NULL || bytes == NULL) {
-        return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
-      }
-      trainer->dp_request_capacity = capacity;
-    }
-    while (staged && trainer->num_dp_requests - trainer->dp_requests_waited >=
-                         MP_TRAINER_STAGED_IN_FLIGHT) {
-      MP_TRY(wait_dp_request(trainer, trainer->dp_requests_waited++, err));
-    }
-    const int k = trainer->num_dp_requests;
-    trainer->dp_posted_s[k] = mp_train_trace_now(trainer);
-    trainer->dp_bytes[k] = count * sizeof(float);
-    MP_TRY(mp_comm_iall_reduce_sum_f32(trainer->options.dp, grads + offset, count,
-                                       &trainer->dp_requests[k], err));
-    trainer->num_dp_requests++;
+    MP_TRY(mp_dp_comm_post_all_reduce_sum_f32(dp, grads + offset, count, err));
   }
   return MP_OK;
 }
@@ -96,13 +50,10 @@ static mp_status post_dp_all_reduce(mp_trainer *trainer, float *grads, size_t n,
  * */
 mp_status mp_train_post_chunk_all_reduce(void *context, int chunk, mp_error *err) {
   mp_trainer *trainer = context;
-  if (trainer->gpu_chunks == NULL) {
-    return post_dp_all_reduce(
-        trainer, mp_stage_cpu_grads(trainer->chunks[chunk]),
-        mp_stage_layout_num_params(trainer->layouts[chunk]), err);
-  }
-  float *grads = mp_stage_gpu_device_grads(trainer->gpu_chunks[chunk]);
+  const mp_stage_state *stage = &trainer->stages[chunk];
+  float *grads = stage->ops->grads(stage->stage);
   const size_t n = mp_stage_layout_num_params(trainer->layouts[chunk]);
+  if (!stage->ops->on_device) return post_dp_all_reduce(trainer, grads, n, err);
   size_t first = 0, end = 0; /* the blocks' range */
   mp_stage_chain_blocks_range(trainer->chains[chunk], &first, &end);
   MP_TRY(post_dp_all_reduce(trainer, grads, first, err));
@@ -121,24 +72,7 @@ mp_status mp_train_block_grads_ready(void *context, float *grads, size_t first, 
 /* Waits for every posted dp all-reduce (all of them, even after a failure, so none is left
  * pending on a buffer the trainer may free). */
 mp_status mp_train_wait_dp_all_reduces(mp_trainer *trainer, mp_error *err) {
-  mp_status status = MP_OK;
-  if (trainer->nccl_dp_posted) {
-    const double start = mp_train_trace_now(trainer);
-    trainer->nccl_dp_posted = false;
-    status = mp_nccl_comm_synchronize(trainer->options.nccl_dp, err);
-    if (trainer->options.trace != NULL) {
-      mp_trace_comm(trainer->options.trace, trainer->step, "all-reduce", "dp", -1, 0, NULL, start,
-                    mp_train_trace_now(trainer));
-    }
-  }
-  for (int k = trainer->dp_requests_waited; k < trainer->num_dp_requests; ++k) {
-    mp_error ignored = MP_ERROR_INITIALIZER;
-    const mp_status one = wait_dp_request(trainer, k, status == MP_OK ? err : &ignored);
-    if (status == MP_OK) status = one;
-  }
-  trainer->num_dp_requests = 0;
-  trainer->dp_requests_waited = 0;
-  return status;
+  return trainer->dp_sync != NULL ? mp_dp_comm_synchronize(trainer->dp_sync, err) : MP_OK;
 }
 
 /* Steps 3-4 of the file comment, after the stage worker has run the step's actions (the dp
@@ -147,27 +81,20 @@ mp_status mp_train_wait_dp_all_reduces(mp_trainer *trainer, mp_error *err) {
 mp_status mp_train_reduce_step_grads(mp_trainer *trainer, double *grad_norm, mp_error *err) {
   const mp_plan *plan = trainer->plan;
   const mp_trainer_options *o = &trainer->options;
-  mp_stage_gpu **gpu = trainer->gpu_chunks;
   /* First the dp all-reduces posted as the chunks' gradients completed: until they end, MPI or
    * NCCL may still write the gradients. */
   const bool zero2 = trainer->zero2;
-  if (o->dp != NULL && plan->dp > 1 && !zero2) {
+  if (trainer->dp_sync != NULL && plan->dp > 1 && !zero2) {
     MP_TRY(mp_train_wait_dp_all_reduces(trainer, err));
     const float scale = 1.0f / (float)plan->dp;
     for (int c = 0; c < trainer->num_chunks; ++c) {
-      if (gpu != NULL) {
-        mp_stage_gpu_scale_grads(gpu[c], scale);
-      } else {
-        mp_grad_scale_cpu(mp_stage_cpu_grads(trainer->chunks[c]),
-                          mp_stage_layout_num_params(trainer->layouts[c]),
-                          scale);
-      }
+      trainer->stages[c].ops->scale_grads(trainer->stages[c].stage, scale);
     }
   }
   for (int c = 0; c < trainer->num_chunks; ++c) {
     MP_TRY(mp_stage_chain_finish_grads(trainer->chains[c], err));
   }
-  if (gpu != NULL) MP_TRY(mp_device_synchronize(err));
+  MP_TRY(trainer->state_ops->synchronize(err));
   /* The tied embedding: the first stage's wte gradient plus the last stage's copy's (an untied
    * head is the last stage's own). */
   const bool tied =
@@ -175,14 +102,13 @@ mp_status mp_train_reduce_step_grads(mp_trainer *trainer, double *grad_norm, mp_
           ->tied_head;
   if (tied && o->embedding != NULL && mp_comm_size(o->embedding) > 1) {
     for (int c = 0; c < trainer->num_chunks; ++c) {
-      mp_stage_cpu *chunk = trainer->chunks[c];
+      const mp_stage_state *chunk = &trainer->stages[c];
       const mp_stage_span *stage = mp_stage_layout_span(trainer->layouts[c]);
       const bool first = stage->embedding && c == 0;
       const bool last = stage->head && c == trainer->num_chunks - 1;
       if (!first && !last) continue;
       const mp_stage_tensor *wte = mp_stage_layout_tensor(trainer->layouts[c], 0);
-      float *grads = gpu != NULL ? mp_stage_gpu_tensor_grad(gpu[c], 0)
-                                 : mp_stage_cpu_tensor_grad(chunk, 0);
+      float *grads = chunk->ops->tensor_grad(chunk->stage, 0);
       /* In buckets: a transient buffer of the whole table (the collective's, or the staging's
        * for device memory) would be the rank's largest allocation after its state. */
       for (size_t at = 0; at < wte->count; at += MP_TRAINER_BUCKET_FLOATS) {
@@ -196,26 +122,26 @@ mp_status mp_train_reduce_step_grads(mp_trainer *trainer, double *grad_norm, mp_
     /* The blocks' gradients are in the parts already; the rest joins them, then the dp mean. */
     const float scale = 1.0f / (float)plan->dp;
     for (int c = 0; c < trainer->num_chunks; ++c) {
+      const mp_stage_state *chunk = &trainer->stages[c];
       MP_TRY(mp_train_zero2_array_grads(trainer, c, err));
-      /* On the GPU the reduce-scatters and their adds into the part ran on the dp
+      /* Over NCCL the reduce-scatters and their adds into the part ran on the dp
        * communicator's stream: what follows on the default stream waits for them. */
-      if (gpu != NULL && o->nccl_dp != NULL) {
-        MP_TRY(mp_nccl_stream_wait_comm(NULL, o->nccl_dp, err));
+      if (trainer->zero_dp != NULL) MP_TRY(mp_dp_comm_before_compute(trainer->zero_dp, err));
+      /* HSDP (host memory only): each shard group summed its own dp ranks; the replicas' parts
+       * add up to dp's. */
+      float *part = chunk->ops->grad_part(chunk->stage);
+      if (o->zero_replica != NULL && part == NULL) {
+        return mp_fail(err, MP_ERR_INPUT, "hybrid sharding: the %s stage keeps no gradient part",
+                       chunk->ops->backend);
       }
-      /* HSDP: each shard group summed its own dp ranks; the replicas' parts add up to dp's. */
       for (size_t at = 0; o->zero_replica != NULL && at < trainer->zero_count[c];
            at += MP_TRAINER_BUCKET_FLOATS) {
         const size_t count = trainer->zero_count[c] - at < MP_TRAINER_BUCKET_FLOATS
                                  ? trainer->zero_count[c] - at
                                  : MP_TRAINER_BUCKET_FLOATS;
-        MP_TRY(traced_all_reduce(trainer, o->zero_replica, trainer->grad_part[c] + at, count,
-                                 err));
+        MP_TRY(traced_all_reduce(trainer, o->zero_replica, part + at, count, err));
       }
-      if (gpu != NULL) {
-        mp_stage_gpu_scale_grads(gpu[c], scale);
-      } else {
-        mp_grad_scale_cpu(trainer->grad_part[c], trainer->zero_count[c], scale);
-      }
+      chunk->ops->scale_grads(chunk->stage, scale);
     }
   }
   double squares = 0.0;
@@ -224,8 +150,8 @@ mp_status mp_train_reduce_step_grads(mp_trainer *trainer, double *grad_norm, mp_
     if (zero2) {
       MP_TRY(mp_train_zero2_norm_squared(trainer, c, &chunk_squares, err));
     } else {
-      MP_TRY(gpu != NULL ? mp_stage_gpu_grad_norm_squared(gpu[c], &chunk_squares, err)
-                         : mp_stage_cpu_grad_norm_squared(trainer->chunks[c], &chunk_squares, err));
+      const mp_stage_state *chunk = &trainer->stages[c];
+      MP_TRY(chunk->ops->grad_norm_squared(chunk->stage, &chunk_squares, err));
     }
     squares += chunk_squares;
   }
@@ -234,17 +160,17 @@ mp_status mp_train_reduce_step_grads(mp_trainer *trainer, double *grad_norm, mp_
   return MP_OK;
 }
 
-/* `--gpu-comm nccl` without data parallelism: the chunks' gradients through the dp group's NCCL
+/* `--gpu-comm nccl` without data parallelism: the chunks' gradients through the dp group's
  * communicator anyway (a sum over one member leaves them as they are: a check of NCCL on one
  * GPU). */
-mp_status mp_train_sum_grads_over_nccl_alone(mp_trainer *trainer, mp_error *err) {
-  mp_nccl_comm *nccl = trainer->options.nccl_dp;
-  MP_TRY(mp_nccl_comm_wait_stream(nccl, NULL, err));
+mp_status mp_train_sum_grads_alone(mp_trainer *trainer, mp_error *err) {
+  mp_dp_comm *dp = trainer->dp_sync;
+  MP_TRY(mp_dp_comm_after_compute(dp, err));
   for (int c = 0; c < trainer->num_chunks; ++c) {
     /* The stage's gradient array as it is (with ZeRO-2 the packed tensors outside the blocks). */
-    MP_TRY(mp_nccl_all_reduce_sum(nccl, mp_stage_gpu_device_grads(trainer->gpu_chunks[c]),
-                                  mp_stage_gpu_grads_floats(trainer->gpu_chunks[c]),
-                                  MP_NCCL_FLOAT32, err));
+    const mp_stage_state *chunk = &trainer->stages[c];
+    MP_TRY(mp_dp_comm_all_reduce_sum_f32(dp, chunk->ops->grads(chunk->stage),
+                                         chunk->ops->grads_floats(chunk->stage), err));
   }
-  return mp_nccl_comm_synchronize(nccl, err);
+  return mp_dp_comm_synchronize(dp, err);
 }

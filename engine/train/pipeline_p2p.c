@@ -5,9 +5,7 @@
 
 #include <stdlib.h>
 
-#include "engine/device/device.h"
 #include "engine/model/stage_chain.h"
-#include "engine/model/stage_gpu.h"
 
 static const int32_t *micro_batch_rows(const mp_trainer *trainer, const int32_t *rows,
                                        int micro_batch) {
@@ -38,12 +36,13 @@ static void chunk_release(void *context, int chunk, int micro_batch, int slot) {
 }
 
 /* A chunk's gradients complete inside its last gradient action of the step (the worker knows
- * which: a whole backward, or with zb-h1 a W). On a GPU with dp > 1 the blocks' all-reduces are
- * posted there as they finish (mp_train_block_grads_ready; mp_train_post_chunk_all_reduce posts the
- * rest); a CPU rank posts the chunk at once, so that no more than one copy of its gradients is in
- * flight. */
+ * which: a whole backward, or with zb-h1 a W). With device gradients and dp > 1 the blocks'
+ * all-reduces are posted there as they finish (mp_train_block_grads_ready;
+ * mp_train_post_chunk_all_reduce posts the rest): the GPU computes while the host posts. A CPU
+ * rank's all-reduce runs on the cores that compute, so it posts the chunk at once, and no more
+ * than one copy of its gradients is in flight. */
 static bool overlap_dp(mp_trainer *trainer, int chunk) {
-  return trainer->gpu_chunks != NULL && trainer->options.dp != NULL && trainer->plan->dp > 1 &&
+  return trainer->state_ops->on_device && trainer->options.dp != NULL && trainer->plan->dp > 1 &&
          !trainer->zero2 && mp_stage_worker_completes_chunk(trainer->worker, chunk);
 }
 
@@ -172,17 +171,19 @@ static mp_status pp_recv(void *context, float *buffer, size_t count, int peer,
   return MP_OK;
 }
 
-/* CUDA backend: the stage worker's boundary buffers live on the GPU. */
-static float *device_buffer_alloc(void *context, size_t count) {
-  (void)context;
+/* The stage worker's boundary buffers live where the stages compute (the GPU's memory on the
+ * CUDA backend). */
+static float *boundary_buffer_alloc(void *context, size_t count) {
+  const mp_trainer *trainer = context;
   void *buffer = NULL;
   mp_error ignored = MP_ERROR_INITIALIZER;
-  return mp_device_alloc(&buffer, count * sizeof(float), &ignored) == MP_OK ? buffer : NULL;
+  return trainer->state_ops->alloc(&buffer, count * sizeof(float), &ignored) == MP_OK ? buffer
+                                                                                       : NULL;
 }
 
-static void device_buffer_free(void *context, float *buffer) {
-  (void)context;
-  mp_device_free(buffer);
+static void boundary_buffer_free(void *context, float *buffer) {
+  const mp_trainer *trainer = context;
+  trainer->state_ops->release(buffer);
 }
 
 static double observer_now(void *context) { return mp_train_trace_now(context); }
@@ -198,10 +199,7 @@ void mp_train_worker_callbacks(mp_trainer *trainer, mp_stage_ops *ops, mp_stage_
                                mp_stage_observer *observer) {
   *ops = (mp_stage_ops){trainer, chunk_forward, chunk_backward, chunk_backward_weights,
                         chunk_release};
-  *p2p = (mp_stage_p2p){trainer, pp_post_send, pp_wait_send, pp_recv, NULL, NULL};
-  if (trainer->gpu_chunks != NULL) {
-    p2p->alloc_buffer = device_buffer_alloc;
-    p2p->free_buffer = device_buffer_free;
-  }
+  *p2p = (mp_stage_p2p){trainer,        pp_post_send,          pp_wait_send, pp_recv,
+                        boundary_buffer_alloc, boundary_buffer_free};
   *observer = (mp_stage_observer){trainer, observer_now, observer_action_done};
 }

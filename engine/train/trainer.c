@@ -8,7 +8,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine/device/device.h"
+#include "engine/model/stage_cpu.h"
 #include "engine/model/stage_gpu.h"
 #include "topology/cost_model.h"
 #include "topology/layer_cost.h"
@@ -81,6 +81,38 @@ static mp_status check_group(const mp_plan *plan, const char *name, mp_comm *com
                  plan->dp * plan->pp * plan->tp);
 }
 
+static double dp_observer_now(void *context) { return mp_train_trace_now(context); }
+
+static void dp_observer_completed(void *context, size_t bytes, double posted_s, double end_s) {
+  const mp_trainer *trainer = context;
+  mp_trace_comm(trainer->options.trace, trainer->step, "all-reduce", "dp", -1, bytes, NULL,
+                posted_s, end_s);
+}
+
+/* The backend's stage table, and the dp communicators on its buffers: over NCCL where the run
+ * gave the dp group one (a GPU run), else over MPI, which stages GPU memory through the host
+ * with a few all-reduces in flight at most. */
+static mp_status create_dp_comms(mp_trainer *trainer, mp_error *err) {
+  const mp_plan *plan = trainer->plan;
+  const mp_trainer_options *o = &trainer->options;
+  const bool on_gpu = trainer->backend == MP_BACKEND_CUDA;
+  trainer->state_ops = on_gpu ? mp_stage_gpu_state_ops() : mp_stage_cpu_state_ops();
+  mp_nccl_comm *nccl = on_gpu ? o->nccl_dp : NULL;
+  const mp_dp_comm_observer observer = {trainer, dp_observer_now, dp_observer_completed};
+  const mp_dp_comm_observer *traced = o->trace != NULL ? &observer : NULL;
+  const int in_flight = on_gpu ? MP_TRAINER_STAGED_IN_FLIGHT : 0;
+  if (nccl != NULL) {
+    MP_TRY(mp_dp_comm_over_nccl(nccl, traced, &trainer->dp_sync, err));
+  } else if (o->dp != NULL && plan->dp > 1) {
+    MP_TRY(mp_dp_comm_over_mpi(o->dp, on_gpu, in_flight, traced, &trainer->dp_sync, err));
+  }
+  if (trainer->zero_comm == NULL) return MP_OK;
+  /* HSDP's shard group runs on the CPU only (mp_trainer_check_layout): zero_comm is dp's there. */
+  return nccl != NULL ? mp_dp_comm_over_nccl(nccl, NULL, &trainer->zero_dp, err)
+                      : mp_dp_comm_over_mpi(trainer->zero_comm, on_gpu, 0, NULL,
+                                            &trainer->zero_dp, err);
+}
+
 static mp_status create_parallel(mp_trainer *trainer, const mp_model *model, mp_error *err) {
   const mp_plan *plan = trainer->plan;
   mp_trainer_options *o = &trainer->options;
@@ -99,6 +131,7 @@ static mp_status create_parallel(mp_trainer *trainer, const mp_model *model, mp_
     return mp_fail(err, status, "%s: schedule %s: %s", plan->source, plan->schedule,
                    inner.message);
   }
+  MP_TRY(create_dp_comms(trainer, err));
   /* The layout (config, tensor table) every chunk is cut from. */
   MP_TRY(mp_train_create_chunks(trainer, model, err));
   trainer->layout = mp_stage_layout_model(trainer->layouts[0]);
@@ -181,42 +214,27 @@ void mp_trainer_free(mp_trainer *trainer) {
   if (trainer == NULL) return;
   mp_error ignored = MP_ERROR_INITIALIZER;
   mp_train_wait_dp_all_reduces(trainer, &ignored);
-  free(trainer->dp_requests);
-  free(trainer->dp_posted_s);
-  free(trainer->dp_bytes);
+  mp_dp_comm_free(trainer->dp_sync);
+  mp_dp_comm_free(trainer->zero_dp);
   mp_stage_worker_free(trainer->worker);
   mp_stage_worker_free(trainer->eval_worker);
   mp_schedule_free(&trainer->eval_schedule);
-  for (int c = 0; c < trainer->num_chunks; ++c) {
-    if (trainer->gpu_chunks != NULL) mp_stage_gpu_free(trainer->gpu_chunks[c]);
-    if (trainer->chunks != NULL) mp_stage_cpu_free(trainer->chunks[c]);
-    if (trainer->chunk_m != NULL) free(trainer->chunk_m[c]);
-    if (trainer->chunk_v != NULL) free(trainer->chunk_v[c]);
+  for (int c = 0; trainer->stages != NULL && c < trainer->num_chunks; ++c) {
+    const mp_stage_state *chunk = &trainer->stages[c];
+    if (chunk->stage != NULL) chunk->ops->free(chunk->stage);
   }
-  free(trainer->gpu_chunks);
+  free(trainer->stages);
   free(trainer->nccl_sends);
-  free(trainer->chunks);
   free(trainer->layouts);
   free(trainer->chains);
-  free(trainer->chunk_m);
-  free(trainer->chunk_v);
-  for (int c = 0; trainer->grad_part != NULL && c < trainer->num_chunks; ++c) {
-    free(trainer->grad_part[c]);
-  }
-  free(trainer->grad_part);
   free(trainer->zero2_hooks);
-  if (trainer->gpu_chunks != NULL) {
-    mp_device_free(trainer->scatter_out);
-  } else {
-    free(trainer->scatter_out);
+  if (trainer->state_ops != NULL) {
+    trainer->state_ops->release(trainer->scatter_out);
+    trainer->state_ops->release(trainer->zero_gather);
   }
   free(trainer->scatter_counts);
-  free(trainer->zero3_staging);
-  free(trainer->zero3_outside_piece);
   free(trainer->zero_first);
   free(trainer->zero_count);
-  free(trainer->zero_gather);
-  mp_device_free(trainer->zero_gather_device);
   mp_schedule_free(&trainer->schedule);
   free(trainer->targets);
   free(trainer->inputs);
@@ -225,23 +243,25 @@ void mp_trainer_free(mp_trainer *trainer) {
 
 mp_stage_cpu *mp_trainer_model_tp(mp_trainer *trainer) {
   const bool whole = trainer->plan->pp == 1 && trainer->plan->virtual_stages <= 1;
-  return whole && trainer->chunks != NULL ? trainer->chunks[0] : NULL;
+  return whole ? mp_trainer_chunk(trainer, 0) : NULL;
 }
 
 int mp_trainer_num_chunks(const mp_trainer *trainer) { return trainer->num_chunks; }
 
 size_t mp_trainer_device_bytes(const mp_trainer *trainer) {
   size_t bytes = trainer->device_buffer_bytes;
-  for (int c = 0; trainer->gpu_chunks != NULL && c < trainer->num_chunks; ++c) {
-    if (trainer->gpu_chunks[c] != NULL) {
-      bytes += mp_stage_gpu_device_bytes(trainer->gpu_chunks[c]);
-    }
+  for (int c = 0; trainer->stages != NULL && c < trainer->num_chunks; ++c) {
+    const mp_stage_state *chunk = &trainer->stages[c];
+    if (chunk->stage != NULL) bytes += chunk->ops->device_bytes(chunk->stage);
   }
   return bytes;
 }
 
+/* The CPU stage itself, for tests that compare it with a one-rank model: NULL on the GPU. */
 mp_stage_cpu *mp_trainer_chunk(mp_trainer *trainer, int chunk) {
-  return chunk >= 0 && chunk < trainer->num_chunks ? trainer->chunks[chunk] : NULL;
+  if (chunk < 0 || chunk >= trainer->num_chunks) return NULL;
+  const mp_stage_state *state = &trainer->stages[chunk];
+  return state->ops == mp_stage_cpu_state_ops() ? state->stage : NULL;
 }
 
 const mp_stage_layout *mp_trainer_chunk_layout(const mp_trainer *trainer, int chunk) {
@@ -303,24 +323,16 @@ mp_status mp_trainer_step(mp_trainer *trainer, int64_t step, mp_step_metrics *me
   double loss = 0.0, grad_norm = 0.0;
   trainer->step = step;
   trainer->zero3_prefetch.window = NULL; /* the weights changed: no gather of the last step's */
-  if (trainer->gpu_chunks != NULL) {
-    for (int c = 0; c < trainer->num_chunks; ++c) {
-      MP_TRY(mp_stage_gpu_zero_grads(trainer->gpu_chunks[c], err));
-    }
-  } else {
-    for (int c = 0; c < trainer->num_chunks; ++c) {
-      mp_stage_cpu_zero_grads(trainer->chunks[c]);
-      if (trainer->grad_part != NULL) {
-        memset(trainer->grad_part[c], 0, trainer->zero_count[c] * sizeof(float));
-      }
-    }
+  for (int c = 0; c < trainer->num_chunks; ++c) {
+    const mp_stage_state *chunk = &trainer->stages[c];
+    MP_TRY(chunk->ops->zero_grads(chunk->stage, err));
   }
   MP_TRY(load_batch(trainer, trainer->data, step, err));
   trainer->loss_sum = 0.0;
   MP_TRY(mp_stage_worker_run(trainer->worker, err));
   MP_TRY(parallel_step_loss(trainer, &loss, err));
-  if (trainer->gpu_chunks != NULL && trainer->options.nccl_dp != NULL && plan->dp == 1) {
-    MP_TRY(mp_train_sum_grads_over_nccl_alone(trainer, err));
+  if (trainer->dp_sync != NULL && plan->dp == 1) {
+    MP_TRY(mp_train_sum_grads_alone(trainer, err));
   }
   if (!isfinite(loss)) {
     return mp_fail(err, MP_ERR_RUNTIME,

@@ -20,9 +20,9 @@
 
 #include "engine/comm/comm.h"
 #include "engine/comm/comm_nccl.h"
+#include "engine/comm/dp_comm.h"
 #include "engine/model/stage_chain.h"
-#include "engine/model/stage_cpu.h"
-#include "engine/model/stage_gpu.h"
+#include "engine/model/stage_state.h"
 #include "engine/train/trainer.h"
 #include "pipeline/stage_worker.h"
 #include "schedules/schedule.h"
@@ -41,31 +41,28 @@ struct mp_trainer {
   mp_trainer_options options;
   mp_tp_comm tp_table;    /* options->tp, or the one-rank table */
   int num_chunks;         /* virtual_stages */
-  mp_stage_cpu **chunks;     /* (num_chunks) CPU: chunk c holds stage c x pp + pp_rank */
-  mp_stage_gpu **gpu_chunks; /* CUDA backend: chunk c on the GPU (chunks[c] is NULL) */
-  const mp_stage_layout **layouts; /* (num_chunks) chunk c's layout, on either backend */
-  mp_stage_chain **chains; /* (num_chunks) chunk c's forward and backward, on either backend */
-  float **chunk_m, **chunk_v; /* CPU: AdamW moments per chunk: its whole array, or with ZeRO
-                                 this dp rank's part [zero_first, zero_first + zero_count) */
+  /* The backend's stage table (engine/model/stage_state.h): every chunk's, and the memory of
+   * the trainer's buffers beside them (host memory, or the GPU's). */
+  const mp_stage_state_ops *state_ops;
+  mp_stage_state *stages;  /* (num_chunks) chunk c holds stage c x pp + pp_rank */
+  const mp_stage_layout **layouts; /* (num_chunks) chunk c's layout */
+  mp_stage_chain **chains; /* (num_chunks) chunk c's forward and backward */
   size_t *zero_first, *zero_count; /* (num_chunks) */
   float *zero_gather;     /* ZeRO-1: the parameter all-gather's output, dp pieces of zero_piece
-                             floats, then its input (zero_part), one piece */
+                             floats, then its input (zero_part), one piece (the stages'
+                             memory) */
   float *zero_part;
   size_t zero_piece;
-  float *zero_gather_device; /* the same on the GPU, for a GPU run */
-  size_t device_buffer_bytes; /* what the trainer itself holds on the GPU (the two above) */
+  size_t device_buffer_bytes; /* what the trainer itself holds on the GPU (zero_gather,
+                                 scatter_out) */
   /* ZeRO-2: each chunk's blocks form their gradients in a window that each block's backward
-   * reduce-scatters over dp into this rank's part (the same elements as the moments'): on the
-   * CPU grad_part, on the GPU the stage's (mp_stage_gpu_add_to_part); the tensors outside
-   * the blocks accumulate whole and are reduce-scattered once, at the step's end. */
+   * reduce-scatters over dp into this rank's part (the same elements as the moments'), which
+   * the stage keeps (its table's add_to_part); the tensors outside the blocks accumulate whole
+   * and are reduce-scattered once, at the step's end. */
   bool zero2;             /* ZeRO 2 and 3 */
   bool zero3;             /* ZeRO-3: the blocks' parameters sharded too; each block's gathered
                              into the chain's weights window before every pass (on the GPU
                              its bf16 working copy) */
-  float *zero3_outside_piece; /* the same: a host piece of the tensors outside the blocks
-                                 (MP_TRAINER_BUCKET_FLOATS at most), made at the first update */
-  uint16_t *zero3_staging; /* ZeRO-3 on a GPU whose dp group has no NCCL: a block's bf16
-                              weights (the largest block's), staged through the host */
   struct {                 /* ZeRO-3 over NCCL: the block gather posted ahead of its pass */
     void *window;          /* NULL: none */
     size_t first, count;
@@ -75,10 +72,14 @@ struct mp_trainer {
    * zero_rank-th, over zero_comm (NULL alone). */
   int zero_size, zero_rank;
   mp_comm *zero_comm;
-  float **grad_part;      /* CPU: (num_chunks) zero_count floats each */
+  /* The data-parallel collectives on the stages' buffers (engine/comm/dp_comm.h: over NCCL on a
+   * GPU whose dp group has it, else over MPI): dp_sync the gradient all-reduces over dp (NULL
+   * at dp = 1 unless NCCL checks itself alone), zero_dp ZeRO's over zero_comm (NULL alone). */
+  mp_dp_comm *dp_sync;
+  mp_dp_comm *zero_dp;
   struct zero2_hook *zero2_hooks; /* (num_chunks) the chains' hook contexts */
-  float *scatter_out;     /* a reduce-scatter's output before it is added into a part (device
-                             memory on the GPU) */
+  float *scatter_out;     /* a reduce-scatter's output before it is added into a part (the
+                             stages' memory) */
   size_t scatter_floats;
   size_t *scatter_counts; /* (dp) */
   mp_schedule schedule;
@@ -86,12 +87,6 @@ struct mp_trainer {
   mp_schedule eval_schedule;  /* the same layout's forward-only list (a held-out loss) */
   mp_stage_worker *eval_worker;
   bool evaluating;            /* the eval worker runs: its messages stay out of the trace */
-  mp_comm_request **dp_requests; /* this step's posted dp all-reduces, one per bucket */
-  double *dp_posted_s;    /* when each was posted, for the trace */
-  size_t *dp_bytes;
-  int num_dp_requests, dp_request_capacity;
-  int dp_requests_waited; /* dp_requests[0, this) finished already (a staged GPU run's) */
-  bool nccl_dp_posted;    /* dp all-reduces enqueued on options->nccl_dp, not yet waited for */
   mp_nccl_p2p_op *nccl_sends; /* NCCL pipeline: sends posted but not yet enqueued, which go with
                                  this rank's next receive (or the step's end) in one group */
   int num_nccl_sends, nccl_send_capacity;
@@ -115,7 +110,7 @@ double mp_train_trace_now(const mp_trainer *trainer);
 mp_status mp_train_create_chunks(mp_trainer *trainer, const mp_model *model, mp_error *err);
 
 /* Flat elements [first, first + count) of chunk c's parameters between host memory and wherever
- * the backend keeps them (mp_stage_cpu_read_params, mp_stage_gpu_read_params). */
+ * the backend keeps them (the stage table's read_params and write_params). */
 mp_status mp_train_read_params(mp_trainer *trainer, int c, size_t first, size_t count,
                                float *dest, mp_error *err);
 mp_status mp_train_write_params(mp_trainer *trainer, int c, size_t first, size_t count,
@@ -153,10 +148,10 @@ mp_status mp_train_wait_dp_all_reduces(mp_trainer *trainer, mp_error *err);
  * sequence-parallel layernorm sums, the tied embedding, and the global norm into *grad_norm. */
 mp_status mp_train_reduce_step_grads(mp_trainer *trainer, double *grad_norm, mp_error *err);
 
-/* `--gpu-comm nccl` without data parallelism: the chunks' gradients through the dp group's NCCL
+/* `--gpu-comm nccl` without data parallelism: the chunks' gradients through the dp group's
  * communicator anyway (a sum over one member leaves them as they are: a check of NCCL on one
  * GPU). */
-mp_status mp_train_sum_grads_over_nccl_alone(mp_trainer *trainer, mp_error *err);
+mp_status mp_train_sum_grads_alone(mp_trainer *trainer, mp_error *err);
 
 /* ---- zero.c: ZeRO 1-3 and hybrid sharding ---- */
 

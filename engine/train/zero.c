@@ -1,15 +1,15 @@
 /* engine/train/zero.c — ZeRO 1-3 and hybrid sharding: each dp rank's part of a chunk, gradients
  * reduce-scattered into the parts (ZeRO-2), block weights gathered around each pass (ZeRO-3,
- * with prefetch over NCCL), the norm over the parts, and the parameters gathered after the
- * update, on host or device memory. */
+ * prefetched when the dp communicator enqueues), the norm over the parts, and the parameters
+ * gathered after the update; on either backend through the stage's table
+ * (engine/model/stage_state.h), over either transport through the dp communicator
+ * (engine/comm/dp_comm.h). */
 #include "engine/train/trainer_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/device/device.h"
 #include "engine/model/stage_chain.h"
-#include "engine/model/stage_gpu.h"
 #include "layers/adamw.h"
 
 /* ZeRO 2 and 3: counts[d] = how many of elements [first, first + count) of chunk c's flat layout dp
@@ -27,154 +27,110 @@ static void part_counts(const mp_trainer *trainer, int c, size_t first, size_t c
   }
 }
 
-/* grads (count floats, elements [first, first + count) of chunk c's flat layout; device memory
- * on the GPU) summed over dp, each dp rank adding the elements of its part ([zero_first,
+/* grads (count floats, elements [first, first + count) of chunk c's flat layout, in the stage's
+ * memory) summed over dp, each dp rank adding the elements of its part ([zero_first,
  * + zero_count), the moments' too) into its gradients of the part: one reduce-scatter, since the
- * parts are contiguous and in dp-rank order (NCCL on the GPU with the dp group on it, else MPI,
- * which stages device memory through the host). */
+ * parts are contiguous and in dp-rank order. */
 static mp_status scatter_add_grads(mp_trainer *trainer, int c, const float *grads, size_t first,
                                    size_t count, mp_error *err) {
-  mp_comm *dp = trainer->zero_comm;
-  mp_nccl_comm *nccl = trainer->gpu_chunks != NULL ? trainer->options.nccl_dp : NULL;
-  const int size = trainer->zero_size;
+  mp_dp_comm *dp = trainer->zero_dp;
   part_counts(trainer, c, first, count, trainer->scatter_counts);
   const size_t mine = trainer->scatter_counts[trainer->zero_rank];
   const size_t mine_first = first > trainer->zero_first[c] ? first : trainer->zero_first[c];
   const float *sum = grads + (mine > 0 ? mine_first - first : 0); /* alone: grads themselves */
-  if (dp != NULL && size > 1) {
+  mp_cuda_stream after = NULL; /* where the sums are ready */
+  if (dp != NULL && trainer->zero_size > 1) {
     const double start = mp_train_trace_now(trainer);
-    if (nccl != NULL) {
-      /* Overlapped with the next block's backward (Megatron's gradient buckets): the kernels
-       * enqueued after this point, which write the other gradient window, wait for the
-       * reduce-scatters posted so far, the last of which reads it (engine/model/stage_chain.h);
-       * this one runs after the kernels that wrote grads, and its add into the part follows it on
-       * the communicator's stream. mp_train_reduce_step_grads waits for the last. */
-      MP_TRY(mp_nccl_stream_wait_comm(NULL, nccl, err));
-      MP_TRY(mp_nccl_comm_wait_stream(nccl, NULL, err));
-      MP_TRY(mp_nccl_reduce_scatter_v_sum_f32(nccl, grads, trainer->scatter_out,
-                                              trainer->scatter_counts, err));
-    } else {
-      if (trainer->gpu_chunks != NULL) MP_TRY(mp_device_synchronize(err));
-      MP_TRY(mp_comm_reduce_scatter_v_sum_f32(dp, grads, trainer->scatter_out,
-                                              trainer->scatter_counts, err));
-    }
+    /* Overlapped with the next block's backward (Megatron's gradient buckets): the kernels
+     * enqueued after this point, which write the other gradient window, wait for the
+     * reduce-scatters posted so far, the last of which reads it (engine/model/stage_chain.h);
+     * this one runs after the kernels that wrote grads, and its add into the part follows it on
+     * the communicator's stream. mp_train_reduce_step_grads waits for the last. (Over MPI it is
+     * done on return.) */
+    MP_TRY(mp_dp_comm_before_compute(dp, err));
+    MP_TRY(mp_dp_comm_after_compute(dp, err));
+    MP_TRY(mp_dp_comm_reduce_scatter_v_sum_f32(dp, grads, trainer->scatter_out,
+                                               trainer->scatter_counts, err));
     if (trainer->options.trace != NULL) {
-      mp_trace_comm(trainer->options.trace, trainer->step, "reduce-scatter", mp_comm_name(dp), -1,
-                    count * sizeof(float), NULL, start, mp_train_trace_now(trainer));
+      mp_trace_comm(trainer->options.trace, trainer->step, "reduce-scatter", mp_dp_comm_name(dp),
+                    -1, count * sizeof(float), NULL, start, mp_train_trace_now(trainer));
     }
     sum = trainer->scatter_out;
+    after = mp_dp_comm_stream(dp);
   }
   if (mine == 0) return MP_OK;
-  if (trainer->gpu_chunks != NULL) {
-    const bool on_comm = nccl != NULL && dp != NULL && size > 1;
-    return mp_stage_gpu_add_to_part(trainer->gpu_chunks[c], sum, mine_first, mine,
-                                        on_comm ? mp_nccl_comm_stream(nccl) : NULL, err);
-  }
-  float *to = trainer->grad_part[c] + (mine_first - trainer->zero_first[c]);
-  for (size_t i = 0; i < mine; ++i) to[i] += sum[i];
-  return MP_OK;
+  const mp_stage_state *chunk = &trainer->stages[c];
+  return chunk->ops->add_to_part(chunk->stage, sum, mine_first, mine, after, err);
 }
 
 /* The chain's hook after each block's backward: the window's gradients into the parts. */
 mp_status mp_train_zero2_block_grads(void *context, float *grads, size_t first, size_t count,
-                                   mp_error *err) {
+                                     mp_error *err) {
   const struct zero2_hook *hook = context;
   return scatter_add_grads(hook->trainer, hook->chunk, grads, first, count, err);
 }
 
-/* ZeRO-3 on the GPU: this rank's run of block weights (own, device memory, bf16) into its place
- * in window, and every other rank's run from its owner (trainer->scatter_counts): over NCCL on
- * the dp communicator's stream, after the kernels enqueued so far (those that read window
- * before), or through the host over MPI. */
-static mp_status zero3_gather_device_weights(mp_trainer *trainer, const void *own, void *window,
-                                             size_t first, size_t count, size_t mine_first,
-                                             size_t mine, mp_error *err) {
-  mp_nccl_comm *nccl = trainer->options.nccl_dp;
-  if (trainer->zero_comm == NULL) {
-    return mp_device_copy_on_device(window, own, count * sizeof(uint16_t), err);
-  }
-  if (nccl != NULL) {
-    MP_TRY(mp_nccl_comm_wait_stream(nccl, NULL, err));
-    return mp_nccl_all_gather_v(nccl, own, window, trainer->scatter_counts, MP_NCCL_BFLOAT16,
-                                err);
-  }
-  uint16_t *staging = trainer->zero3_staging;
-  MP_TRY(mp_device_synchronize(err));
-  if (mine > 0) {
-    MP_TRY(mp_device_copy_to_host(staging + (mine_first - first), own, mine * sizeof(uint16_t),
-                                  err));
-  }
-  MP_TRY(mp_comm_all_gather_v_bf16(trainer->zero_comm, NULL, staging, trainer->scatter_counts,
-                                   err));
-  return mp_device_copy_to_device(window, staging, count * sizeof(uint16_t), err);
-}
-
 /* ZeRO-3: block weights [first, first + count) of chunk c gathered over dp from the parts into
- * window (on the GPU the bf16 working copy's), traced. */
+ * window (the chain's working copy: fp32 on the CPU, bf16 on the GPU), after the kernels
+ * enqueued so far (those that read window before), traced. Over NCCL it is enqueued: the caller
+ * orders the compute after it. */
 static mp_status zero3_gather(mp_trainer *trainer, int c, void *window, size_t first,
                               size_t count, mp_error *err) {
-  mp_stage_cpu *chunk = trainer->chunks[c];
-  mp_stage_gpu *gpu = trainer->gpu_chunks != NULL ? trainer->gpu_chunks[c] : NULL;
-  if (trainer->zero_comm == NULL && gpu == NULL) {
-    return mp_train_read_params(trainer, c, first, count, window, err);
-  }
+  const mp_stage_state *chunk = &trainer->stages[c];
+  const size_t elem = chunk->ops->weight_bytes;
   part_counts(trainer, c, first, count, trainer->scatter_counts);
   const size_t mine = trainer->scatter_counts[trainer->zero_rank];
   const size_t mine_first = first > trainer->zero_first[c] ? first : trainer->zero_first[c];
   const void *own = NULL;
   if (mine > 0) {
-    own = gpu != NULL ? mp_stage_gpu_weights_at(gpu, mine_first, mine)
-                      : (const void *)mp_stage_cpu_params_at(chunk, mine_first, mine);
+    own = chunk->ops->weights_at(chunk->stage, mine_first, mine);
     if (own == NULL) {
       return mp_fail(err, MP_ERR_RUNTIME, "ZeRO-3: this rank does not hold its part [%zu, +%zu)",
                      mine_first, mine);
     }
   }
+  mp_dp_comm *dp = trainer->zero_dp;
+  if (dp == NULL) return chunk->ops->copy(window, own, count * elem, err); /* alone */
   const double start = mp_train_trace_now(trainer);
-  if (gpu != NULL) {
-    MP_TRY(zero3_gather_device_weights(trainer, own, window, first, count, mine_first, mine,
-                                       err));
-  } else {
-    MP_TRY(mp_comm_all_gather_v_f32(trainer->zero_comm, own, window, trainer->scatter_counts,
-                                    err));
-  }
-  if (trainer->options.trace != NULL && trainer->zero_comm != NULL) {
-    mp_trace_comm(trainer->options.trace, trainer->step, "all-gather",
-                  mp_comm_name(trainer->zero_comm), -1,
-                  count * (gpu != NULL ? sizeof(uint16_t) : sizeof(float)), NULL, start,
-                  mp_train_trace_now(trainer));
+  MP_TRY(mp_dp_comm_after_compute(dp, err));
+  MP_TRY(mp_dp_comm_all_gather_v(dp, own, window, trainer->scatter_counts,
+                                 elem == sizeof(float) ? MP_DP_FLOAT32 : MP_DP_BFLOAT16, err));
+  if (trainer->options.trace != NULL) {
+    mp_trace_comm(trainer->options.trace, trainer->step, "all-gather", mp_dp_comm_name(dp), -1,
+                  count * elem, NULL, start, mp_train_trace_now(trainer));
   }
   return MP_OK;
 }
 
 /* ZeRO-3, the chain's weights hook: block weights [first, first + count) of chunk c into the
- * window before a pass over the block. Over NCCL with a next block (two windows), that block's
- * gather is posted now into the other window, ahead of its pass (torchtitan's and FSDP's
- * prefetch): it runs while this pass computes, and the next call only makes the compute stream
- * wait for it, through its mark, not for the reduce-scatters posted behind it. */
+ * window before a pass over the block. When the dp communicator enqueues (NCCL) and there is a
+ * next block (two windows), that block's gather is posted now into the other window, ahead of
+ * its pass (torchtitan's and FSDP's prefetch): it runs while this pass computes, and the next
+ * call only makes the compute stream wait for it, through its mark, not for the reduce-scatters
+ * posted behind it. */
 mp_status mp_train_zero3_block_weights(void *context, void *window, size_t first, size_t count,
-                                     const mp_stage_weights_next *next, mp_error *err) {
+                                       const mp_stage_weights_next *next, mp_error *err) {
   const struct zero2_hook *hook = context;
   mp_trainer *trainer = hook->trainer;
-  mp_nccl_comm *nccl = trainer->gpu_chunks != NULL && trainer->zero_comm != NULL
-                           ? trainer->options.nccl_dp
-                           : NULL;
-  if (nccl == NULL) return zero3_gather(trainer, hook->chunk, window, first, count, err);
+  mp_dp_comm *dp = trainer->zero_dp;
+  if (dp == NULL || !mp_dp_comm_enqueues(dp)) {
+    return zero3_gather(trainer, hook->chunk, window, first, count, err);
+  }
   const bool prefetched = trainer->zero3_prefetch.window == window &&
                           trainer->zero3_prefetch.first == first &&
                           trainer->zero3_prefetch.count == count;
   trainer->zero3_prefetch.window = NULL;
   if (prefetched) {
-    MP_TRY(mp_nccl_stream_wait_mark(NULL, nccl, trainer->zero3_prefetch.mark, err));
+    MP_TRY(mp_dp_comm_before_compute_to_mark(dp, trainer->zero3_prefetch.mark, err));
   } else {
     MP_TRY(zero3_gather(trainer, hook->chunk, window, first, count, err));
-    MP_TRY(mp_nccl_stream_wait_comm(NULL, nccl, err));
+    MP_TRY(mp_dp_comm_before_compute(dp, err));
   }
   if (next == NULL) return MP_OK;
   /* After the kernels enqueued so far, the last pass's, which read next->window. */
   MP_TRY(zero3_gather(trainer, hook->chunk, next->window, next->first, next->count, err));
   const int mark = 1 - trainer->zero3_prefetch.mark;
-  MP_TRY(mp_nccl_comm_mark(nccl, mark, err));
+  MP_TRY(mp_dp_comm_mark(dp, mark, err));
   trainer->zero3_prefetch.window = next->window;
   trainer->zero3_prefetch.first = next->first;
   trainer->zero3_prefetch.count = next->count;
@@ -182,72 +138,23 @@ mp_status mp_train_zero3_block_weights(void *context, void *window, size_t first
   return MP_OK;
 }
 
-/* ZeRO-3 over MPI on the GPU: device_run (count floats, flat elements [first, first + count) of
- * chunk c's master weights) all-gathered from the parts in place, through a host buffer of at
- * most MP_TRAINER_BUCKET_FLOATS, piece by piece. */
-static mp_status zero3_gather_outside_staged(mp_trainer *trainer, int c, float *device_run,
-                                             size_t first, size_t count, mp_error *err) {
-  const size_t most = MP_TRAINER_BUCKET_FLOATS;
-  if (trainer->zero3_outside_piece == NULL) {
-    trainer->zero3_outside_piece = malloc(most * sizeof(float));
-    if (trainer->zero3_outside_piece == NULL) {
-      return mp_fail(err, MP_ERR_RUNTIME, "out of memory for a ZeRO-3 piece");
-    }
-  }
-  float *piece = trainer->zero3_outside_piece;
-  mp_status status = mp_device_synchronize(err);
-  for (size_t at = 0; at < count && status == MP_OK; at += most) {
-    const size_t n = count - at < most ? count - at : most;
-    part_counts(trainer, c, first + at, n, trainer->scatter_counts);
-    size_t mine_at = 0;
-    for (int d = 0; d < trainer->zero_rank; ++d) mine_at += trainer->scatter_counts[d];
-    const size_t mine = trainer->scatter_counts[trainer->zero_rank];
-    if (mine > 0) {
-      status = mp_device_copy_to_host(piece + mine_at, device_run + at + mine_at,
-                                      mine * sizeof(float), err);
-    }
-    if (status == MP_OK) {
-      status = mp_comm_all_gather_v_f32(trainer->zero_comm, NULL, piece, trainer->scatter_counts,
-                                        err);
-    }
-    if (status == MP_OK) {
-      status = mp_device_copy_to_device(device_run + at, piece, n * sizeof(float), err);
-    }
-  }
-  return status;
-}
-
 /* ZeRO-3 after the update: the tensors outside chunk c's blocks, which every rank keeps whole,
- * gathered from the parts in place (the blocks' stay in the parts). On the GPU the master
- * weights: over NCCL in place, or over MPI staged through the host in pieces; the caller
- * refreshes the bf16 copy. */
+ * gathered from the parts in place (the blocks' stay in the parts); on the GPU the master
+ * weights, whose working copy the caller refreshes. */
 static mp_status zero3_gather_outside(mp_trainer *trainer, int c, mp_error *err) {
-  mp_stage_cpu *chunk = trainer->chunks[c];
-  mp_stage_gpu *gpu = trainer->gpu_chunks != NULL ? trainer->gpu_chunks[c] : NULL;
-  mp_nccl_comm *nccl = gpu != NULL ? trainer->options.nccl_dp : NULL;
+  const mp_stage_state *chunk = &trainer->stages[c];
+  mp_dp_comm *dp = trainer->zero_dp;
   size_t blocks_first = 0, blocks_end = 0, largest = 0;
   mp_stage_layout_blocks_range(trainer->layouts[c], &blocks_first, &blocks_end, &largest);
   const size_t n = mp_stage_layout_num_params(trainer->layouts[c]);
   const size_t runs[2][2] = {{0, blocks_first}, {blocks_end, n - blocks_end}};
-  for (int r = 0; r < 2 && trainer->zero_comm != NULL; ++r) {
+  for (int r = 0; r < 2 && dp != NULL; ++r) {
     if (runs[r][1] == 0) continue;
-    if (gpu == NULL) {
-      float *run = mp_stage_cpu_params_at(chunk, runs[r][0], runs[r][1]);
-      part_counts(trainer, c, runs[r][0], runs[r][1], trainer->scatter_counts);
-      MP_TRY(mp_comm_all_gather_v_f32(trainer->zero_comm, NULL, run, trainer->scatter_counts,
-                                      err));
-      continue;
-    }
-    float *device_run = mp_stage_gpu_params_at(gpu, runs[r][0], runs[r][1]);
-    if (nccl == NULL) {
-      MP_TRY(zero3_gather_outside_staged(trainer, c, device_run, runs[r][0], runs[r][1], err));
-      continue;
-    }
+    float *run = chunk->ops->params_at(chunk->stage, runs[r][0], runs[r][1]);
     part_counts(trainer, c, runs[r][0], runs[r][1], trainer->scatter_counts);
-    MP_TRY(mp_nccl_comm_wait_stream(nccl, NULL, err));
-    MP_TRY(mp_nccl_all_gather_v(nccl, NULL, device_run, trainer->scatter_counts,
-                                MP_NCCL_FLOAT32, err));
-    MP_TRY(mp_nccl_stream_wait_comm(NULL, nccl, err));
+    MP_TRY(mp_dp_comm_after_compute(dp, err));
+    MP_TRY(mp_dp_comm_all_gather_v(dp, NULL, run, trainer->scatter_counts, MP_DP_FLOAT32, err));
+    MP_TRY(mp_dp_comm_before_compute(dp, err));
   }
   return MP_OK;
 }
@@ -288,12 +195,10 @@ static mp_status scatter_add_run(mp_trainer *trainer, int c, const float *packed
  * the blocks; with zb-h1 the blocks' norms and biases too), run by run of tensors adjacent in
  * the flat layout, into the parts in buckets. */
 mp_status mp_train_zero2_array_grads(mp_trainer *trainer, int c, mp_error *err) {
-  mp_stage_cpu *chunk = trainer->chunks[c];
+  const mp_stage_state *chunk = &trainer->stages[c];
   const mp_grad_window window =
       mp_grad_window_for(true, trainer->schedule.kind == MP_SCHEDULE_ZB_H1);
-  const float *packed = trainer->gpu_chunks != NULL
-                            ? mp_stage_gpu_device_grads(trainer->gpu_chunks[c])
-                            : mp_stage_cpu_grads(chunk);
+  const float *packed = chunk->ops->grads(chunk->stage);
   size_t run_first = 0, run_packed = 0, run_count = 0; /* flat first, packed first, floats */
   size_t at = 0; /* the packed array's cursor: its tensors are in the layout's order */
   for (int j = 0; j < mp_stage_layout_num_tensors(trainer->layouts[c]); ++j) {
@@ -318,23 +223,12 @@ mp_status mp_train_zero2_array_grads(mp_trainer *trainer, int c, mp_error *err) 
  * tp. */
 mp_status mp_train_zero2_norm_squared(mp_trainer *trainer, int c, double *out, mp_error *err) {
   const int num_tensors = mp_stage_layout_num_tensors(trainer->layouts[c]);
-  const int dp = trainer->zero_comm != NULL ? trainer->zero_size : 1;
-  const size_t first = trainer->zero_first[c], end = first + trainer->zero_count[c];
+  const int dp = trainer->zero_dp != NULL ? trainer->zero_size : 1;
   double *squares = calloc((size_t)num_tensors * ((size_t)dp + 1) + 1, sizeof(double));
   if (squares == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
   double *gathered = squares + num_tensors;
-  mp_status status = MP_OK;
-  if (trainer->gpu_chunks != NULL) {
-    status = mp_stage_gpu_part_squares(trainer->gpu_chunks[c], squares, err);
-  }
-  for (int i = 0; i < num_tensors && trainer->gpu_chunks == NULL; ++i) {
-    const mp_stage_tensor *t = mp_stage_layout_tensor(trainer->layouts[c], i);
-    const size_t lo = t->offset > first ? t->offset : first;
-    const size_t hi = t->offset + t->count < end ? t->offset + t->count : end;
-    if (lo < hi) {
-      squares[i] = mp_grad_norm_squared_cpu(trainer->grad_part[c] + (lo - first), hi - lo);
-    }
-  }
+  const mp_stage_state *chunk = &trainer->stages[c];
+  mp_status status = chunk->ops->part_squares(chunk->stage, squares, err);
   if (dp > 1 && status == MP_OK) {
     /* Doubles travel as pairs of floats: an all-gather only copies them. */
     status = mp_comm_all_gather_f32(trainer->zero_comm, (const float *)squares,
@@ -363,86 +257,46 @@ size_t mp_train_zero_piece_floats(size_t part, int dp) {
 }
 
 /* ZeRO-1, after each dp rank updated its part of a chunk's n parameters (dp parts of `part`
- * floats, the last one shorter): the whole array on every rank, gathered piece by piece.
- * gather(context, input, output, count) all-gathers count floats per rank; copy(context, dest,
- * source, count) copies floats and zero(context, dest, NULL, count) clears them (host or device
- * memory). */
-typedef mp_status (*zero_gather_fn)(void *context, const float *input, float *output,
-                                    size_t count, mp_error *err);
-typedef mp_status (*zero_copy_fn)(void *context, float *dest, const float *source, size_t count,
-                                  mp_error *err);
+ * floats, the last one shorter): the whole array on every rank, gathered piece by piece through
+ * gathered (dp pieces of `piece` floats) and mine (one), in the stage's memory (ops's copy and
+ * clear). */
+/* One piece's all-gather, ordered by the dp communicator after the copy into input, and the
+ * copies out of output after it (over NCCL on the GPU, the host going on; the caller waits once,
+ * after the last piece). */
+static mp_status gather_piece(mp_dp_comm *dp, const float *input, float *output, size_t count,
+                              mp_error *err) {
+  MP_TRY(mp_dp_comm_after_compute(dp, err));
+  MP_TRY(mp_dp_comm_all_gather_f32(dp, input, output, count, err));
+  return mp_dp_comm_before_compute(dp, err);
+}
 
-static mp_status zero_gather_params(float *params, size_t n, size_t part, int dp, int dp_rank,
+static mp_status zero_gather_params(float *params, size_t n, size_t part, int size, int rank,
                                     float *gathered, float *mine, size_t piece,
-                                    zero_gather_fn gather, zero_copy_fn copy, zero_copy_fn zero,
-                                    void *context, mp_error *err) {
-  const size_t first = part * (size_t)dp_rank < n ? part * (size_t)dp_rank : n;
+                                    const mp_stage_state_ops *ops, mp_dp_comm *dp,
+                                    mp_error *err) {
+  const size_t first = part * (size_t)rank < n ? part * (size_t)rank : n;
   for (size_t at = 0; at < part; at += piece) {
     const size_t count = part - at < piece ? part - at : piece;
     /* This rank's floats [first + at, + count), zero-padded past the end of the array. */
     const size_t own = first + at < n ? (n - (first + at) < count ? n - (first + at) : count) : 0;
-    if (own < count) MP_TRY(zero(context, mine + own, NULL, count - own, err));
-    if (own > 0) MP_TRY(copy(context, mine, params + first + at, own, err));
-    MP_TRY(gather(context, mine, gathered, count, err));
-    for (int d = 0; d < dp; ++d) {
+    if (own < count) MP_TRY(ops->clear(mine + own, (count - own) * sizeof(float), err));
+    if (own > 0) MP_TRY(ops->copy(mine, params + first + at, own * sizeof(float), err));
+    MP_TRY(gather_piece(dp, mine, gathered, count, err));
+    for (int d = 0; d < size; ++d) {
       const size_t to = (size_t)d * part + at;
       if (to >= n) continue;
       const size_t len = n - to < count ? n - to : count;
-      MP_TRY(copy(context, params + to, gathered + (size_t)d * count, len, err));
+      MP_TRY(ops->copy(params + to, gathered + (size_t)d * count, len * sizeof(float), err));
     }
   }
   return MP_OK;
-}
-
-typedef struct {
-  mp_comm *dp;
-  mp_nccl_comm *nccl;
-} zero_comms;
-
-static mp_status host_gather(void *context, const float *input, float *output, size_t count,
-                             mp_error *err) {
-  return mp_comm_all_gather_f32(((const zero_comms *)context)->dp, input, output, count, err);
-}
-
-static mp_status host_copy(void *context, float *dest, const float *source, size_t count,
-                           mp_error *err) {
-  memcpy(dest, source, count * sizeof(float));
-  return MP_OK;
-}
-
-static mp_status host_zero(void *context, float *dest, const float *source, size_t count,
-                           mp_error *err) {
-  memset(dest, 0, count * sizeof(float));
-  return MP_OK;
-}
-
-static mp_status device_gather(void *context, const float *input, float *output, size_t count,
-                               mp_error *err) {
-  const zero_comms *comms = context;
-  if (comms->nccl == NULL) return mp_comm_all_gather_f32(comms->dp, input, output, count, err);
-  /* Ordered by events on the GPU, the host going on: the gather after the copy into input, the
-   * copies out of output after the gather; the caller waits once, after the last piece. */
-  MP_TRY(mp_nccl_comm_wait_stream(comms->nccl, NULL, err));
-  MP_TRY(mp_nccl_all_gather(comms->nccl, input, output, count, MP_NCCL_FLOAT32, err));
-  return mp_nccl_stream_wait_comm(NULL, comms->nccl, err);
-}
-
-static mp_status device_copy(void *context, float *dest, const float *source, size_t count,
-                             mp_error *err) {
-  return mp_device_copy_on_device(dest, source, count * sizeof(float), err);
-}
-
-static mp_status device_zero(void *context, float *dest, const float *source, size_t count,
-                             mp_error *err) {
-  return mp_device_memset(dest, 0, count * sizeof(float), err);
 }
 
 mp_status mp_train_zero_gather_updated(mp_trainer *trainer, int c, mp_error *err) {
   if (trainer->plan->zero_stage < 1 || trainer->zero_comm == NULL || trainer->zero_size == 1) {
     return MP_OK;
   }
-  mp_stage_gpu *gpu = trainer->gpu_chunks != NULL ? trainer->gpu_chunks[c] : NULL;
-  mp_nccl_comm *nccl = gpu != NULL ? trainer->options.nccl_dp : NULL;
+  const mp_stage_state *chunk = &trainer->stages[c];
   if (trainer->zero3) {
     /* Only the tensors every rank keeps whole; the blocks' stay in the parts (on the GPU AdamW
      * refreshed the part's bf16 weights already). */
@@ -454,22 +308,12 @@ mp_status mp_train_zero_gather_updated(mp_trainer *trainer, int c, mp_error *err
     const size_t n = mp_stage_layout_num_params(trainer->layouts[c]);
     const int size = trainer->zero_size;
     const size_t part = (n + (size_t)size - 1) / (size_t)size;
-    zero_comms comms = {trainer->zero_comm, nccl};
-    if (gpu != NULL) {
-      MP_TRY(zero_gather_params(mp_stage_gpu_device_params(gpu), n, part, size,
-                                trainer->zero_rank, trainer->zero_gather_device,
-                                trainer->zero_part, trainer->zero_piece, device_gather,
-                                device_copy, device_zero, &comms, err));
-    } else {
-      MP_TRY(zero_gather_params(mp_stage_cpu_params(trainer->chunks[c]), n, part, size,
-                                trainer->zero_rank, trainer->zero_gather, trainer->zero_part,
-                                trainer->zero_piece, host_gather, host_copy, host_zero, &comms,
-                                err));
-    }
+    MP_TRY(zero_gather_params(chunk->ops->params(chunk->stage), n, part, size,
+                              trainer->zero_rank, trainer->zero_gather, trainer->zero_part,
+                              trainer->zero_piece, chunk->ops, trainer->zero_dp, err));
   }
-  if (gpu == NULL) return MP_OK;
-  /* Then the gathered master weights' bf16 copy. */
-  if (nccl != NULL) MP_TRY(mp_nccl_comm_synchronize(nccl, err));
-  mp_stage_gpu_refresh_weights(gpu);
+  /* Then the gathered master weights' working copy (bf16 on the GPU). */
+  MP_TRY(mp_dp_comm_synchronize(trainer->zero_dp, err));
+  chunk->ops->refresh_weights(chunk->stage);
   return MP_OK;
 }
