@@ -248,16 +248,16 @@ static mp_status create_zero_groups(run_state *state, const mp_grid_shape *grid,
 
 static mp_status join_job(run_state *state, const mp_grid_shape *grid, double comm_timeout,
                           const char *config, mp_error *err) {
-  const int plan_world = grid->dp * grid->pp * grid->tp;
+  const int plan_world = mp_grid_world_size(grid);
   MP_TRY(mp_comm_world_init(NULL, NULL, comm_timeout, &state->world, err));
   state->rank = mp_comm_world_rank(state->world);
   state->world_size = mp_comm_world_size(state->world);
   if (state->world_size != plan_world) {
     return mp_fail(err, MP_ERR_INPUT,
-                   "the MPI job has %d rank%s but %s needs dp x pp x tp = %d x %d x %d = %d; "
-                   "start it with -np %d (or drop --np)",
+                   "the MPI job has %d rank%s but %s needs dp x cp x pp x tp = %d x %d x %d x %d "
+                   "= %d; start it with -np %d (or drop --np)",
                    state->world_size, state->world_size == 1 ? "" : "s", config, state->plan.dp,
-                   state->plan.pp, state->plan.tp, plan_world, plan_world);
+                   grid->cp, state->plan.pp, state->plan.tp, plan_world, plan_world);
   }
   /* Every rank creates its groups in this one order (lazily created communicators in
    * different orders are a known source of hangs). */
@@ -320,7 +320,7 @@ static mp_status open_gpu_comms(run_state *state, mp_backend backend, const char
     }
     if (state->nccl_tp != NULL) state->tp_device_table = mp_tp_comm_over_nccl(state->nccl_tp);
   }
-  if (state->plan.dp * state->plan.pp * state->plan.tp > 1 || state->nccl_world != NULL) {
+  if (mp_plan_world_size(&state->plan) > 1 || state->nccl_world != NULL) {
     snprintf(text, text_bytes, "; communication over %s",
              state->nccl_world != NULL ? "NCCL" : "MPI through the host");
   }
@@ -766,7 +766,7 @@ static mp_status read_options(cli_command *command, run_state *state, run_option
                    "--backend cuda: no CUDA GPU is visible (check nvidia-smi and "
                    "CUDA_VISIBLE_DEVICES), or use --backend cpu");
   }
-  const int plan_world = state->plan.dp * state->plan.pp * state->plan.tp;
+  const int plan_world = mp_plan_world_size(&state->plan);
   MP_TRY(cli_int(command, "np", 1, plan_world, &o->np, err));
   o->comm_timeout = 300.0;
   const char *timeout_text = cli_value(command, "comm-timeout");
@@ -1128,7 +1128,7 @@ int cmd_run(int argc, char **argv) {
     exit_code = run_relaunch(&command, argc, argv, (int)o.np, mpirun);
     goto done;
   }
-  const mp_grid_shape grid = {state.plan.dp, state.plan.pp, state.plan.tp};
+  const mp_grid_shape grid = {state.plan.dp, state.plan.pp, state.plan.tp, state.plan.cp};
   if (launcher_inside_job() && join_job(&state, &grid, o.comm_timeout, o.config, &err) != MP_OK) {
     exit_code = rank_report(&command, &state, &err);
     goto done;

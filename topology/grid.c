@@ -1,40 +1,48 @@
-/* topology/grid.c — rank <-> (dp, pp, tp) with tp fastest, then dp, then pp; see grid.h. */
+/* topology/grid.c — rank <-> (dp, cp, pp, tp) with tp fastest, then cp, then dp, then pp; see
+ * grid.h. */
 #include "topology/grid.h"
 
 #include <limits.h>
 #include <stdbool.h>
 
 mp_status mp_grid_check(const mp_grid_shape *shape, int world_size, mp_error *err) {
-  if (shape->dp < 1 || shape->pp < 1 || shape->tp < 1) {
+  if (shape->dp < 1 || shape->pp < 1 || shape->tp < 1 || shape->cp < 1) {
     return mp_fail(err, MP_ERR_INPUT,
-                   "parallel layout dp %d x pp %d x tp %d: every dimension must be at least 1",
-                   shape->dp, shape->pp, shape->tp);
+                   "parallel layout dp %d x cp %d x pp %d x tp %d: every dimension must be at "
+                   "least 1",
+                   shape->dp, shape->cp, shape->pp, shape->tp);
   }
   long long product = (long long)shape->dp * shape->pp;
-  if (product > INT_MAX || product * shape->tp > INT_MAX || product * shape->tp != world_size) {
+  if (product > INT_MAX || product * shape->tp > INT_MAX ||
+      product * shape->tp * shape->cp > INT_MAX ||
+      product * shape->tp * shape->cp != world_size) {
+    const long long ranks = product * shape->tp * shape->cp;
     return mp_fail(err, MP_ERR_INPUT,
-                   "parallel layout dp %d x pp %d x tp %d = %lld ranks does not match the world "
-                   "size %d; launch %lld ranks or change dp, pp or tp so that dp x pp x tp = %d",
-                   shape->dp, shape->pp, shape->tp, product * shape->tp, world_size,
-                   product * shape->tp, world_size);
+                   "parallel layout dp %d x cp %d x pp %d x tp %d = %lld ranks does not match "
+                   "the world size %d; launch %lld ranks or change dp, cp, pp or tp so that "
+                   "dp x cp x pp x tp = %d",
+                   shape->dp, shape->cp, shape->pp, shape->tp, ranks, world_size, ranks,
+                   world_size);
   }
   return MP_OK;
 }
 
 int mp_grid_world_size(const mp_grid_shape *shape) {
-  return shape->dp * shape->pp * shape->tp;
+  return shape->dp * shape->cp * shape->pp * shape->tp;
 }
 
 mp_grid_coord mp_grid_coord_of(const mp_grid_shape *shape, int rank) {
   mp_grid_coord coord;
   coord.tp_rank = rank % shape->tp;
-  coord.dp_rank = (rank / shape->tp) % shape->dp;
-  coord.pp_rank = rank / (shape->tp * shape->dp);
+  coord.cp_rank = (rank / shape->tp) % shape->cp;
+  coord.dp_rank = (rank / (shape->tp * shape->cp)) % shape->dp;
+  coord.pp_rank = rank / (shape->tp * shape->cp * shape->dp);
   return coord;
 }
 
 int mp_grid_rank_of(const mp_grid_shape *shape, mp_grid_coord coord) {
-  return coord.tp_rank + shape->tp * (coord.dp_rank + shape->dp * coord.pp_rank);
+  return coord.tp_rank +
+         shape->tp * (coord.cp_rank + shape->cp * (coord.dp_rank + shape->dp * coord.pp_rank));
 }
 
 /* Walking one coordinate from 0 upwards with the others fixed gives ascending ranks, because the
@@ -80,12 +88,37 @@ int mp_grid_embedding_group(const mp_grid_shape *shape, int rank, int *members) 
   return 2;
 }
 
+int mp_grid_cp_group(const mp_grid_shape *shape, int rank, int *members) {
+  mp_grid_coord coord = mp_grid_coord_of(shape, rank);
+  for (int i = 0; i < shape->cp; ++i) {
+    coord.cp_rank = i;
+    members[i] = mp_grid_rank_of(shape, coord);
+  }
+  return shape->cp;
+}
+
+/* (dp_rank, cp_rank) in that order walks ascending ranks: cp is the faster of the two. */
+int mp_grid_dp_cp_group(const mp_grid_shape *shape, int rank, int *members) {
+  mp_grid_coord coord = mp_grid_coord_of(shape, rank);
+  int count = 0;
+  for (int d = 0; d < shape->dp; ++d) {
+    for (int c = 0; c < shape->cp; ++c) {
+      coord.dp_rank = d;
+      coord.cp_rank = c;
+      members[count++] = mp_grid_rank_of(shape, coord);
+    }
+  }
+  return count;
+}
+
 int mp_grid_group_of(const mp_grid_shape *shape, mp_grid_kind kind, int rank, int *members) {
   switch (kind) {
     case MP_GRID_TP: return mp_grid_tp_group(shape, rank, members);
     case MP_GRID_DP: return mp_grid_dp_group(shape, rank, members);
     case MP_GRID_PP: return mp_grid_pp_group(shape, rank, members);
     case MP_GRID_EMBEDDING: return mp_grid_embedding_group(shape, rank, members);
+    case MP_GRID_CP: return mp_grid_cp_group(shape, rank, members);
+    case MP_GRID_DP_CP: return mp_grid_dp_cp_group(shape, rank, members);
   }
   return 0;
 }
@@ -96,6 +129,8 @@ int mp_grid_group_capacity(const mp_grid_shape *shape, mp_grid_kind kind) {
     case MP_GRID_DP: return shape->dp;
     case MP_GRID_PP: return shape->pp;
     case MP_GRID_EMBEDDING: return shape->pp < 2 ? shape->pp : 2;
+    case MP_GRID_CP: return shape->cp;
+    case MP_GRID_DP_CP: return shape->dp * shape->cp;
   }
   return 0;
 }
@@ -108,6 +143,8 @@ static bool opens_group(const mp_grid_shape *shape, mp_grid_kind kind, int rank)
     case MP_GRID_DP: return coord.dp_rank == 0;
     case MP_GRID_PP: return coord.pp_rank == 0;
     case MP_GRID_EMBEDDING: return shape->pp == 1 || coord.pp_rank < shape->pp - 1;
+    case MP_GRID_CP: return coord.cp_rank == 0;
+    case MP_GRID_DP_CP: return coord.dp_rank == 0 && coord.cp_rank == 0;
   }
   return false;
 }
@@ -132,6 +169,8 @@ const char *mp_grid_kind_name(mp_grid_kind kind) {
     case MP_GRID_DP: return "dp";
     case MP_GRID_PP: return "pp";
     case MP_GRID_EMBEDDING: return "embedding";
+    case MP_GRID_CP: return "cp";
+    case MP_GRID_DP_CP: return "dp-cp";
   }
   return "?";
 }

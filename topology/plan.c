@@ -16,7 +16,7 @@
 static const char *const kTopKeys[] = {"format", "version", "model", "cluster", "parallel",
                                        "batch", "schedule", "layers_per_stage", "recompute",
                                        "training", "predicted", NULL};
-static const char *const kParallelKeys[] = {"dp", "pp", "tp", "virtual_stages",
+static const char *const kParallelKeys[] = {"dp", "cp", "pp", "tp", "virtual_stages",
                                             "sequence_parallel", "zero_stage",
                                             "zero_shard_size", NULL};
 static const char *const kBatchKeys[] = {"global_batch", "micro_batch", "num_micro_batches",
@@ -90,8 +90,9 @@ static mp_status parse_parallel(const mp_json_reader *reader, const cJSON *root,
   }
   MP_TRY(mp_json_expect_object(reader, parallel, "$.parallel", "the parallel layout"));
   MP_TRY(mp_json_check_keys(reader, parallel, "$.parallel", kParallelKeys));
-  int64_t dp, pp, tp, virtual_stages, zero_stage;
+  int64_t dp, cp, pp, tp, virtual_stages, zero_stage;
   MP_TRY(parse_int_field(reader, parallel, "$.parallel", "dp", true, 1, &dp));
+  MP_TRY(mp_json_optional_int(reader, parallel, "$.parallel", "cp", MP_JSON_POSITIVE, 1, &cp));
   MP_TRY(parse_int_field(reader, parallel, "$.parallel", "pp", true, 1, &pp));
   MP_TRY(parse_int_field(reader, parallel, "$.parallel", "tp", true, 1, &tp));
   MP_TRY(parse_int_field(reader, parallel, "$.parallel", "virtual_stages", false, 1,
@@ -106,16 +107,19 @@ static mp_status parse_parallel(const mp_json_reader *reader, const cJSON *root,
                    "(optimizer state sharded across dp), 2 (and gradients) or 3 (and parameters)",
                    reader->source, (long long)zero_stage);
   }
-  /* Each size may be up to 2^26 here, so dp x pp x tp could overflow int64 (undefined
-   * behaviour, found by tests/fuzz/plan_json_fuzz.c): bound the factors first, after which the
-   * product is at most 2^60. */
-  if (dp > kMaxParallel || pp > kMaxParallel || tp > kMaxParallel || dp * pp * tp > kMaxParallel) {
+  /* Each size may be up to 2^26 here, so dp x cp x pp x tp could overflow int64 (undefined
+   * behaviour, found by tests/fuzz/plan_json_fuzz.c): bound the factors and the products one by
+   * one, so that no product exceeds 2^40. */
+  if (dp > kMaxParallel || pp > kMaxParallel || tp > kMaxParallel || cp > kMaxParallel ||
+      dp * pp > kMaxParallel || dp * pp * tp > kMaxParallel || dp * pp * tp * cp > kMaxParallel) {
     return mp_fail(reader->err, MP_ERR_INPUT,
-                   "%s: $.parallel: dp x pp x tp = %lld x %lld x %lld ranks is more than the "
-                   "supported %d",
-                   reader->source, (long long)dp, (long long)pp, (long long)tp, kMaxParallel);
+                   "%s: $.parallel: dp x cp x pp x tp = %lld x %lld x %lld x %lld ranks is more "
+                   "than the supported %d",
+                   reader->source, (long long)dp, (long long)cp, (long long)pp, (long long)tp,
+                   kMaxParallel);
   }
   plan->dp = (int)dp;
+  plan->cp = (int)cp;
   plan->pp = (int)pp;
   plan->tp = (int)tp;
   plan->virtual_stages = (int)virtual_stages;
@@ -137,13 +141,24 @@ static mp_status parse_parallel(const mp_json_reader *reader, const cJSON *root,
                    reader->source, (long long)shard, (long long)shard, (long long)dp,
                    (long long)zero_stage);
   }
+  if (shard < dp && cp > 1) {
+    return mp_fail(reader->err, MP_ERR_INPUT,
+                   "%s: $.parallel.zero_shard_size: hybrid sharding (%lld of the %lld dp ranks) "
+                   "does not run with context parallelism (cp %lld) yet; drop zero_shard_size to "
+                   "shard ZeRO's state over all dp x cp ranks",
+                   reader->source, (long long)shard, (long long)dp, (long long)cp);
+  }
   plan->zero_shard_size = (int)shard;
   return MP_OK;
 }
 
+int mp_plan_replicas(const mp_plan *plan) { return plan->dp * (plan->cp > 1 ? plan->cp : 1); }
+
+int mp_plan_world_size(const mp_plan *plan) { return mp_plan_replicas(plan) * plan->pp * plan->tp; }
+
 int mp_plan_zero_shard(const mp_plan *plan) {
   const int s = plan->zero_shard_size;
-  return s > 0 && s < plan->dp ? s : plan->dp;
+  return s > 0 && s < plan->dp ? s : mp_plan_replicas(plan);
 }
 
 static mp_status parse_batch(const mp_json_reader *reader, const cJSON *root, mp_plan *plan) {
@@ -174,6 +189,13 @@ static mp_status parse_batch(const mp_json_reader *reader, const cJSON *root, mp
                    "dp ranks and micro-batches",
                    reader->source, (long long)plan->global_batch, plan->dp,
                    (long long)plan->micro_batch, (long long)plan->num_micro_batches);
+  }
+  if (plan->cp > 1 && plan->seq_len % (2 * plan->cp) != 0) {
+    return mp_fail(reader->err, MP_ERR_INPUT,
+                   "%s: $.batch.seq_len: %lld tokens do not divide into 2 x cp = %d chunks "
+                   "(context parallelism gives each of the cp %d ranks two chunks of every "
+                   "sequence, one from each end); use a multiple of %d",
+                   reader->source, (long long)plan->seq_len, 2 * plan->cp, plan->cp, 2 * plan->cp);
   }
   if (product != plan->global_batch) {
     return mp_fail(reader->err, MP_ERR_INPUT,
@@ -336,6 +358,7 @@ cJSON *mp_plan_to_json(const mp_plan *plan, const mp_plan_prediction *predicted)
   cJSON_AddStringToObject(root, "cluster", plan->cluster);
   cJSON *parallel = cJSON_AddObjectToObject(root, "parallel");
   cJSON_AddNumberToObject(parallel, "dp", plan->dp);
+  if (plan->cp > 1) cJSON_AddNumberToObject(parallel, "cp", plan->cp);
   cJSON_AddNumberToObject(parallel, "pp", plan->pp);
   cJSON_AddNumberToObject(parallel, "tp", plan->tp);
   cJSON_AddNumberToObject(parallel, "virtual_stages", plan->virtual_stages);

@@ -10,6 +10,9 @@
  *                                           plan file's own directory
  *     "cluster": "cpu-local",               preset name or cluster file (relative as above)
  *     "parallel": {"dp": 1, "pp": 1, "tp": 1,
+ *                  "cp": 1,                 optional: context parallelism, the ranks that
+ *                                           share each sequence (seq_len a multiple of 2 cp);
+ *                                           written only above 1
  *                  "virtual_stages": 1,     model chunks per pipeline rank (interleaving)
  *                  "sequence_parallel": false, "zero_stage": 0,
  *                  "zero_shard_size": 4},      optional, with zero_stage 1 or 2: ZeRO shards
@@ -66,6 +69,8 @@ typedef struct {
   char model_path[MP_PLAN_PATH_BYTES]; /* resolved against the plan's directory */
   char cluster[MP_PLAN_PATH_BYTES];    /* preset name, or resolved path */
   int dp, pp, tp, virtual_stages;
+  int cp;                              /* context-parallel ranks per sequence (1: none); the
+                                          world is dp x cp x pp x tp */
   bool sequence_parallel;
   int zero_stage;                      /* 0 .. 3 */
   int zero_shard_size;                 /* dp ranks a ZeRO part is cut over: dp, or fewer
@@ -82,13 +87,20 @@ typedef struct {
 /* The defaults of the "training" section. */
 mp_training_config mp_training_config_default(void);
 
-/* The dp ranks the plan's ZeRO state is cut over: zero_shard_size when it is set and below dp,
- * else dp. */
+/* The ranks that hold the same weights and sum their gradients: dp x cp (cp 0, a plan built in
+ * code, counts as 1). */
+int mp_plan_replicas(const mp_plan *plan);
+
+/* The ranks the plan runs on: dp x cp x pp x tp. */
+int mp_plan_world_size(const mp_plan *plan);
+
+/* The ranks the plan's ZeRO state is cut over: zero_shard_size when it is set and below dp
+ * (hybrid sharding, cp 1 only), else all dp x cp replicas. */
 int mp_plan_zero_shard(const mp_plan *plan);
 
 /* Reads and validates a plan file: sizes positive, global_batch = dp x micro_batch x
  * num_micro_batches, schedule and recompute known, layers_per_stage has pp x virtual_stages
- * entries. Errors name the file and the JSON path (MP_ERR_INPUT). */
+ * entries, seq_len a multiple of 2 cp. Errors name the file and the JSON path (MP_ERR_INPUT). */
 mp_status mp_plan_load(const char *path, mp_plan *out, mp_error *err);
 
 /* The same from text; relative model and cluster paths are resolved against base_dir. */

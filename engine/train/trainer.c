@@ -52,6 +52,12 @@ mp_status mp_trainer_check_layout(const mp_plan *plan, mp_backend backend, mp_er
                    "gradients; use 1f1b or interleaved-1f1b, or zero_stage 2",
                    plan->source);
   }
+  if (plan->cp > 1) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "%s: parallel.cp %d: context parallelism is planned but not run yet; use cp "
+                   "1",
+                   plan->source, plan->cp);
+  }
   if (backend == MP_BACKEND_CUDA && mp_plan_zero_shard(plan) < plan->dp) {
     return mp_fail(err, MP_ERR_INPUT,
                    "%s: parallel.zero_shard_size %d (hybrid sharding) runs on the CPU backend "
@@ -76,9 +82,9 @@ static mp_status check_group(const mp_plan *plan, const char *name, mp_comm *com
   if (size == wanted) return MP_OK;
   return mp_fail(err, MP_ERR_INPUT,
                  "%s: the plan has %s = %d but this process's %s group has %d rank%s; start it "
-                 "with `mpengine run`, which launches dp x pp x tp = %d ranks under mpirun",
+                 "with `mpengine run`, which launches dp x cp x pp x tp = %d ranks under mpirun",
                  plan->source, name, wanted, name, size, size == 1 ? "" : "s",
-                 plan->dp * plan->pp * plan->tp);
+                 mp_plan_world_size(plan));
 }
 
 static double dp_observer_now(void *context) { return mp_train_trace_now(context); }
@@ -171,10 +177,10 @@ mp_status mp_trainer_create_parallel(const mp_plan *plan, const mp_model *model,
   if (tp_size != plan->tp) {
     return mp_fail(err, MP_ERR_INPUT,
                    "%s: the plan has tp = %d but this process's tensor-parallel group has %d "
-                   "rank%s; start it with `mpengine run`, which launches dp x pp x tp = %d "
+                   "rank%s; start it with `mpengine run`, which launches dp x cp x pp x tp = %d "
                    "ranks under mpirun",
                    plan->source, plan->tp, tp_size, tp_size == 1 ? "" : "s",
-                   plan->dp * plan->pp * plan->tp);
+                   mp_plan_world_size(plan));
   }
   MP_TRY(check_group(plan, "pp", o.pp, plan->pp, err));
   MP_TRY(check_group(plan, "dp", o.dp, plan->dp, err));

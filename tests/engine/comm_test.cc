@@ -73,20 +73,25 @@ std::vector<mp_grid_shape> shapes_of_world() {
   int n = world_size();
   for (int dp = 1; dp <= n; ++dp) {
     for (int pp = 1; pp <= n; ++pp) {
-      if (n % (dp * pp) == 0) shapes.push_back(mp_grid_shape{dp, pp, n / (dp * pp)});
+      for (int cp = 1; cp <= n; ++cp) {
+        if (n % (dp * pp * cp) == 0) {
+          shapes.push_back(mp_grid_shape{dp, pp, n / (dp * pp * cp), cp});
+        }
+      }
     }
   }
   return shapes;
 }
 
 std::string shape_text(const mp_grid_shape &shape, mp_grid_kind kind) {
-  return "dp " + std::to_string(shape.dp) + " pp " + std::to_string(shape.pp) + " tp " +
-         std::to_string(shape.tp) + ", group " + mp_grid_kind_name(kind);
+  return "dp " + std::to_string(shape.dp) + " cp " + std::to_string(shape.cp) + " pp " +
+         std::to_string(shape.pp) + " tp " + std::to_string(shape.tp) + ", group " +
+         mp_grid_kind_name(kind);
 }
 
 TEST(Comm, WorldAndGroupRanks) {
   ASSERT_GE(world_size(), 2) << "run under mpirun with at least 2 ranks (comm_test.sh)";
-  mp_grid_shape shape = {1, 2, world_size() / 2};
+  mp_grid_shape shape = {1, 2, world_size() / 2, 1};
   if (world_size() % 2 != 0) GTEST_SKIP() << "needs an even world";
   Comm tp = make_group(shape, MP_GRID_TP);
   Comm pp = make_group(shape, MP_GRID_PP);
@@ -134,7 +139,7 @@ TEST(Comm, SendRecvRoundTrip) {
 // which checks the values, like activations moving forward.
 TEST(Comm, PipelineChainAlongPpGroups) {
   int n = world_size();
-  mp_grid_shape shape = n % 2 == 0 ? mp_grid_shape{1, n / 2, 2} : mp_grid_shape{1, n, 1};
+  mp_grid_shape shape = n % 2 == 0 ? mp_grid_shape{1, n / 2, 2, 1} : mp_grid_shape{1, n, 1, 1};
   Comm pp = make_group(shape, MP_GRID_PP);
   ASSERT_TRUE(pp);
   int stage = mp_comm_rank(pp.get()), stages = mp_comm_size(pp.get());
@@ -157,7 +162,7 @@ TEST(Comm, PipelineChainAlongPpGroups) {
   }
 }
 
-// Every shape dp x pp x tp of the world, every kind of group: each collective against its closed
+// Every shape dp x cp x pp x tp of the world, every kind of group: each collective against its closed
 // form, for counts that take Open MPI's small- and large-message algorithms.
 TEST(Comm, CollectivesOnEveryGridShape) {
   mp_error err = MP_ERROR_INITIALIZER;
@@ -411,7 +416,7 @@ TEST(Comm, RefusesBadPeersAndRoots) {
 // operation and size; the receive is cancelled, so the same group still works afterwards.
 TEST(Comm, RecvFromAPeerThatNeverSendsTimesOut) {
   if (world_size() % 2 != 0) GTEST_SKIP() << "needs an even world";
-  mp_grid_shape shape = {world_size() / 2, 1, 2};
+  mp_grid_shape shape = {world_size() / 2, 1, 2, 1};
   Comm tp = make_group(shape, MP_GRID_TP);
   Comm world = make_world_group();
   ASSERT_TRUE(tp && world);

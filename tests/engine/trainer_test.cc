@@ -125,7 +125,7 @@ TEST(Trainer, RefusesPlansForSeveralRanks) {
   EXPECT_FALSE(job.make(plan_json(2, 16, 4, 2, "{}"), 4096));
   EXPECT_EQ(std::string(job.err.message),
             "plan.json: the plan has dp = 2 but this process's dp group has 1 rank; start it with "
-            "`mpengine run`, which launches dp x pp x tp = 2 ranks under mpirun");
+            "`mpengine run`, which launches dp x cp x pp x tp = 2 ranks under mpirun");
 }
 
 }  // namespace

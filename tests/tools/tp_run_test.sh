@@ -74,8 +74,8 @@ compare "tp = 2 under mpirun directly" "$tmp/direct.jsonl"
 expect 0 "step 2/2 | loss " -- $mpengine run --config examples/plans/tiny-gpt-tp2.json --steps 2
 
 # Refusals.
-expect 2 "the MPI job has 3 ranks but $tmp/tp2.json needs dp x pp x tp = 1 x 1 x 2 = 2" -- $mpengine run --config "$tmp/tp2.json" --np 3 --steps 1
-expect 2 "the MPI job has 1 rank but $tmp/tp2.json needs dp x pp x tp = 1 x 1 x 2 = 2" -- mpirun -np 1 --oversubscribe "${root[@]}" $mpengine run --config "$tmp/tp2.json" --steps 1
+expect 2 "the MPI job has 3 ranks but $tmp/tp2.json needs dp x cp x pp x tp = 1 x 1 x 1 x 2 = 2" -- $mpengine run --config "$tmp/tp2.json" --np 3 --steps 1
+expect 2 "the MPI job has 1 rank but $tmp/tp2.json needs dp x cp x pp x tp = 1 x 1 x 1 x 2 = 2" -- mpirun -np 1 --oversubscribe "${root[@]}" $mpengine run --config "$tmp/tp2.json" --steps 1
 expect 2 "--comm-timeout: expected a positive number of seconds, got 'soon'" -- $mpengine run --config "$tmp/tp2.json" --comm-timeout soon
 expect 1 "cannot run $tmp/no-mpirun to start 2 ranks" -- $mpengine run --config "$tmp/tp2.json" --mpirun "$tmp/no-mpirun"
 # A runtime failure on the ranks: each prints it with its rank, the run exits 1.

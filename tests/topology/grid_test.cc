@@ -1,4 +1,4 @@
-// tests/topology/grid_test.cc — the 3D rank grid against golden tables (Megatron-LM's 16-GPU
+// tests/topology/grid_test.cc — the 4D rank grid against golden tables (Megatron-LM's 16-GPU
 // example and small hand-written layouts), and properties over many shapes: coordinates round
 // trip, every kind of group partitions the world, and a rank's group is the enumerated one.
 #include <gtest/gtest.h>
@@ -35,7 +35,7 @@ std::vector<int> group_of(const mp_grid_shape &shape, mp_grid_kind kind, int ran
 
 // Megatron-LM's example (parallel_state.initialize_model_parallel): 16 GPUs, tp 2, pp 4, so dp 2.
 TEST(Grid, MegatronSixteenGpuExample) {
-  mp_grid_shape shape = {2, 4, 2};
+  mp_grid_shape shape = {2, 4, 2, 1};
   mp_error err = MP_ERROR_INITIALIZER;
   ASSERT_EQ(mp_grid_check(&shape, 16, &err), MP_OK) << err.message;
   EXPECT_EQ(all_groups(shape, MP_GRID_TP),
@@ -52,7 +52,7 @@ TEST(Grid, MegatronSixteenGpuExample) {
   EXPECT_EQ(coord.tp_rank, 1);
   EXPECT_EQ(coord.dp_rank, 0);
   EXPECT_EQ(coord.pp_rank, 3);
-  EXPECT_EQ(mp_grid_rank_of(&shape, mp_grid_coord{1, 2, 0}), 10);  // dp 1, pp 2, tp 0
+  EXPECT_EQ(mp_grid_rank_of(&shape, mp_grid_coord{1, 2, 0, 0}), 10);  // dp 1, pp 2, tp 0, cp 0
 
   EXPECT_EQ(group_of(shape, MP_GRID_TP, 7), (std::vector<int>{6, 7}));
   EXPECT_EQ(group_of(shape, MP_GRID_DP, 7), (std::vector<int>{5, 7}));
@@ -64,7 +64,7 @@ TEST(Grid, MegatronSixteenGpuExample) {
 
 // 8 ranks as dp 2 x pp 2 x tp 2, written out by hand.
 TEST(Grid, EightRanksTable) {
-  mp_grid_shape shape = {2, 2, 2};
+  mp_grid_shape shape = {2, 2, 2, 1};
   // rank: (dp, pp, tp)
   const int table[8][3] = {{0, 0, 0}, {0, 0, 1}, {1, 0, 0}, {1, 0, 1},
                            {0, 1, 0}, {0, 1, 1}, {1, 1, 0}, {1, 1, 1}};
@@ -82,20 +82,20 @@ TEST(Grid, EightRanksTable) {
 
 // pp = 1: the embedding group is the rank alone; tp = 1: tensor groups are singletons.
 TEST(Grid, DegenerateDimensions) {
-  mp_grid_shape data_only = {4, 1, 1};
+  mp_grid_shape data_only = {4, 1, 1, 1};
   EXPECT_EQ(all_groups(data_only, MP_GRID_DP), (Groups{{0, 1, 2, 3}}));
   EXPECT_EQ(all_groups(data_only, MP_GRID_TP), (Groups{{0}, {1}, {2}, {3}}));
   EXPECT_EQ(all_groups(data_only, MP_GRID_PP), (Groups{{0}, {1}, {2}, {3}}));
   EXPECT_EQ(all_groups(data_only, MP_GRID_EMBEDDING), (Groups{{0}, {1}, {2}, {3}}));
   EXPECT_EQ(mp_grid_group_capacity(&data_only, MP_GRID_EMBEDDING), 1);
 
-  mp_grid_shape pipeline_tensor = {1, 2, 2};  // 4 ranks: the comm tests' layout
+  mp_grid_shape pipeline_tensor = {1, 2, 2, 1};  // 4 ranks: the comm tests' layout
   EXPECT_EQ(all_groups(pipeline_tensor, MP_GRID_TP), (Groups{{0, 1}, {2, 3}}));
   EXPECT_EQ(all_groups(pipeline_tensor, MP_GRID_PP), (Groups{{0, 2}, {1, 3}}));
   EXPECT_EQ(all_groups(pipeline_tensor, MP_GRID_DP), (Groups{{0}, {1}, {2}, {3}}));
   EXPECT_EQ(all_groups(pipeline_tensor, MP_GRID_EMBEDDING), (Groups{{0, 2}, {1, 3}}));
 
-  mp_grid_shape one = {1, 1, 1};
+  mp_grid_shape one = {1, 1, 1, 1};
   for (int kind = 0; kind < MP_GRID_NUM_KINDS; ++kind) {
     EXPECT_EQ(all_groups(one, (mp_grid_kind)kind), (Groups{{0}}));
   }
@@ -103,17 +103,17 @@ TEST(Grid, DegenerateDimensions) {
 
 TEST(Grid, CheckNamesTheMismatch) {
   mp_error err = MP_ERROR_INITIALIZER;
-  mp_grid_shape shape = {2, 2, 2};
+  mp_grid_shape shape = {2, 2, 2, 1};
   EXPECT_EQ(mp_grid_check(&shape, 8, &err), MP_OK);
   EXPECT_EQ(mp_grid_check(&shape, 6, &err), MP_ERR_INPUT);
   EXPECT_STREQ(err.message,
-               "parallel layout dp 2 x pp 2 x tp 2 = 8 ranks does not match the world size 6; "
-               "launch 8 ranks or change dp, pp or tp so that dp x pp x tp = 6");
-  mp_grid_shape zero = {0, 2, 2};
+               "parallel layout dp 2 x cp 1 x pp 2 x tp 2 = 8 ranks does not match the world "
+               "size 6; launch 8 ranks or change dp, cp, pp or tp so that dp x cp x pp x tp = 6");
+  mp_grid_shape zero = {0, 2, 2, 1};
   EXPECT_EQ(mp_grid_check(&zero, 0, &err), MP_ERR_INPUT);
   EXPECT_STREQ(err.message,
-               "parallel layout dp 0 x pp 2 x tp 2: every dimension must be at least 1");
-  mp_grid_shape huge = {1 << 16, 1 << 16, 4};
+               "parallel layout dp 0 x cp 1 x pp 2 x tp 2: every dimension must be at least 1");
+  mp_grid_shape huge = {1 << 16, 1 << 16, 4, 1};
   EXPECT_EQ(mp_grid_check(&huge, 0, &err), MP_ERR_INPUT);
 }
 
@@ -122,6 +122,32 @@ TEST(Grid, KindNames) {
   EXPECT_STREQ(mp_grid_kind_name(MP_GRID_DP), "dp");
   EXPECT_STREQ(mp_grid_kind_name(MP_GRID_PP), "pp");
   EXPECT_STREQ(mp_grid_kind_name(MP_GRID_EMBEDDING), "embedding");
+  EXPECT_STREQ(mp_grid_kind_name(MP_GRID_CP), "cp");
+  EXPECT_STREQ(mp_grid_kind_name(MP_GRID_DP_CP), "dp-cp");
+}
+
+// Megatron-LM's order tp-cp-dp-pp (parallel_state with context_parallel_size), written out by
+// hand for 16 ranks as tp 2, cp 2, dp 2, pp 2: rank = tp + 2 (cp + 2 (dp + 2 pp)).
+TEST(Grid, ContextParallelSixteenRanks) {
+  mp_grid_shape shape = {2, 2, 2, 2};
+  mp_error err = MP_ERROR_INITIALIZER;
+  ASSERT_EQ(mp_grid_check(&shape, 16, &err), MP_OK) << err.message;
+  EXPECT_EQ(all_groups(shape, MP_GRID_TP),
+            (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}, {12, 13}, {14, 15}}));
+  EXPECT_EQ(all_groups(shape, MP_GRID_CP),
+            (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}}));
+  EXPECT_EQ(all_groups(shape, MP_GRID_DP),
+            (Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}, {8, 12}, {9, 13}, {10, 14}, {11, 15}}));
+  EXPECT_EQ(all_groups(shape, MP_GRID_DP_CP),
+            (Groups{{0, 2, 4, 6}, {1, 3, 5, 7}, {8, 10, 12, 14}, {9, 11, 13, 15}}));
+  EXPECT_EQ(all_groups(shape, MP_GRID_PP),
+            (Groups{{0, 8}, {1, 9}, {2, 10}, {3, 11}, {4, 12}, {5, 13}, {6, 14}, {7, 15}}));
+  mp_grid_coord coord = mp_grid_coord_of(&shape, 14);
+  EXPECT_EQ(coord.tp_rank, 0);
+  EXPECT_EQ(coord.cp_rank, 1);
+  EXPECT_EQ(coord.dp_rank, 1);
+  EXPECT_EQ(coord.pp_rank, 1);
+  EXPECT_EQ(group_of(shape, MP_GRID_DP_CP, 14), (std::vector<int>{8, 10, 12, 14}));
 }
 
 // Every shape with up to 64 ranks: coordinates round trip in Megatron's order, each kind of group
@@ -132,19 +158,21 @@ TEST(Grid, PropertiesOverManyShapes) {
   for (int dp = 1; dp <= 8; ++dp) {
     for (int pp = 1; pp <= 8; ++pp) {
       for (int tp = 1; tp <= 8; ++tp) {
-        if (dp * pp * tp > 64) continue;
+       for (int cp = 1; cp <= 4; ++cp) {
+        if (dp * pp * tp * cp > 64) continue;
         ++shapes;
-        mp_grid_shape shape = {dp, pp, tp};
-        int world = dp * pp * tp;
+        mp_grid_shape shape = {dp, pp, tp, cp};
+        int world = dp * pp * tp * cp;
         SCOPED_TRACE("dp " + std::to_string(dp) + " pp " + std::to_string(pp) + " tp " +
-                     std::to_string(tp));
+                     std::to_string(tp) + " cp " + std::to_string(cp));
         ASSERT_EQ(mp_grid_check(&shape, world, nullptr), MP_OK);
         ASSERT_EQ(mp_grid_world_size(&shape), world);
         for (int rank = 0; rank < world; ++rank) {
           mp_grid_coord coord = mp_grid_coord_of(&shape, rank);
           ASSERT_EQ(coord.tp_rank, rank % tp);
-          ASSERT_EQ(coord.dp_rank, rank / tp % dp);
-          ASSERT_EQ(coord.pp_rank, rank / (tp * dp));
+          ASSERT_EQ(coord.cp_rank, rank / tp % cp);
+          ASSERT_EQ(coord.dp_rank, rank / (tp * cp) % dp);
+          ASSERT_EQ(coord.pp_rank, rank / (tp * cp * dp));
           ASSERT_EQ(mp_grid_rank_of(&shape, coord), rank);
         }
         for (int kind = 0; kind < MP_GRID_NUM_KINDS; ++kind) {
@@ -178,8 +206,11 @@ TEST(Grid, PropertiesOverManyShapes) {
               if (k != MP_GRID_TP) {
                 ASSERT_EQ(other.tp_rank, self.tp_rank);
               }
-              if (k != MP_GRID_DP) {
+              if (k != MP_GRID_DP && k != MP_GRID_DP_CP) {
                 ASSERT_EQ(other.dp_rank, self.dp_rank);
+              }
+              if (k != MP_GRID_CP && k != MP_GRID_DP_CP) {
+                ASSERT_EQ(other.cp_rank, self.cp_rank);
               }
               if (k != MP_GRID_PP && k != MP_GRID_EMBEDDING) {
                 ASSERT_EQ(other.pp_rank, self.pp_rank);
@@ -189,6 +220,8 @@ TEST(Grid, PropertiesOverManyShapes) {
           int expected_groups = k == MP_GRID_TP ? world / tp
                                 : k == MP_GRID_DP ? world / dp
                                 : k == MP_GRID_PP ? world / pp
+                                : k == MP_GRID_CP ? world / cp
+                                : k == MP_GRID_DP_CP ? world / (dp * cp)
                                 : pp == 1 ? world
                                           : world / pp * (pp - 1);
           ASSERT_EQ((int)groups.size(), expected_groups);
@@ -206,10 +239,11 @@ TEST(Grid, PropertiesOverManyShapes) {
             ASSERT_EQ(embedding, (std::vector<int>{rank}));
           }
         }
+       }
       }
     }
   }
-  EXPECT_GT(shapes, 100);
+  EXPECT_GT(shapes, 200);
 }
 
 }  // namespace

@@ -113,6 +113,22 @@ TEST(Plan, ItsJsonObjectReadsBackAsThePlan) {
   cJSON_Delete(object);
   EXPECT_EQ(back.zero_shard_size, 2);
   EXPECT_EQ(mp_plan_zero_shard(&back), 2);
+  EXPECT_EQ(back.cp, 1);
+
+  // Context parallelism: "cp" written only above 1; ZeRO shards over dp x cp.
+  text = plan_text("{\"dp\": 2, \"cp\": 4, \"pp\": 1, \"tp\": 1, \"zero_stage\": 1}", kBatch);
+  ASSERT_EQ(mp_plan_parse_text(text.c_str(), "p.json", ".", &plan, &err), MP_OK) << err.message;
+  EXPECT_EQ(plan.cp, 4);
+  EXPECT_EQ(mp_plan_replicas(&plan), 8);
+  EXPECT_EQ(mp_plan_zero_shard(&plan), 8);
+  object = mp_plan_to_json(&plan, nullptr);
+  const cJSON *cp = cJSON_GetObjectItemCaseSensitive(
+      cJSON_GetObjectItemCaseSensitive(object, "parallel"), "cp");
+  ASSERT_TRUE(cJSON_IsNumber(cp));
+  EXPECT_EQ(cp->valueint, 4);
+  ASSERT_EQ(mp_plan_parse_json(object, "p.json", nullptr, &back, &err), MP_OK) << err.message;
+  cJSON_Delete(object);
+  EXPECT_EQ(back.cp, 4);
 }
 
 struct BadPlan {
@@ -140,8 +156,23 @@ INSTANTIATE_TEST_SUITE_P(
                 "micro-batches"},
         BadPlan{plan_text("{\"dp\": 2, \"pp\": 2, \"tp\": 1, \"virtual_stage\": 2}", kBatch),
                 "p.json: $.parallel: unknown key \"virtual_stage\"; did you mean "
-                "\"virtual_stages\"? (known keys: dp, pp, tp, virtual_stages, sequence_parallel, "
-                "zero_stage, zero_shard_size)"},
+                "\"virtual_stages\"? (known keys: dp, cp, pp, tp, virtual_stages, "
+                "sequence_parallel, zero_stage, zero_shard_size)"},
+        BadPlan{plan_text("{\"dp\": 2, \"cp\": 4, \"pp\": 1, \"tp\": 1}",
+                          "{\"global_batch\": 16, \"micro_batch\": 2, \"num_micro_batches\": 4, "
+                          "\"seq_len\": 36}"),
+                "p.json: $.batch.seq_len: 36 tokens do not divide into 2 x cp = 8 chunks "
+                "(context parallelism gives each of the cp 4 ranks two chunks of every sequence, "
+                "one from each end); use a multiple of 8"},
+        BadPlan{plan_text("{\"dp\": 2, \"cp\": 0, \"pp\": 1, \"tp\": 1}", kBatch),
+                "p.json: $.parallel.cp: must be a positive integer, got 0"},
+        BadPlan{plan_text("{\"dp\": 4, \"cp\": 2, \"pp\": 1, \"tp\": 1, \"zero_stage\": 1, "
+                          "\"zero_shard_size\": 2}",
+                          "{\"global_batch\": 16, \"micro_batch\": 2, \"num_micro_batches\": 2, "
+                          "\"seq_len\": 64}"),
+                "p.json: $.parallel.zero_shard_size: hybrid sharding (2 of the 4 dp ranks) does "
+                "not run with context parallelism (cp 2) yet; drop zero_shard_size to shard "
+                "ZeRO's state over all dp x cp ranks"},
         BadPlan{plan_text("{\"dp\": 2, \"pp\": 0, \"tp\": 1}", kBatch),
                 "p.json: $.parallel.pp: must be a positive integer, got 0"},
         BadPlan{plan_text("{\"dp\": 2, \"pp\": 2, \"tp\": 1, \"zero_stage\": 4}", kBatch),
@@ -172,8 +203,8 @@ INSTANTIATE_TEST_SUITE_P(
                 "p.json: $: missing required key \"parallel\" (an object with dp, pp, tp)"},
         // Products of sizes that once overflowed (tests/fuzz/corpus/plan_json/regress_*).
         BadPlan{plan_text("{\"dp\": 67108864, \"pp\": 67108864, \"tp\": 67108864}", kBatch),
-                "p.json: $.parallel: dp x pp x tp = 67108864 x 67108864 x 67108864 ranks is "
-                "more than the supported 1048576"},
+                "p.json: $.parallel: dp x cp x pp x tp = 67108864 x 1 x 67108864 x 67108864 "
+                "ranks is more than the supported 1048576"},
         BadPlan{plan_text("{\"dp\": 1048576, \"pp\": 1, \"tp\": 1}",
                           "{\"global_batch\": 1, \"micro_batch\": 67108864, "
                           "\"num_micro_batches\": 67108864, \"seq_len\": 1}"),
