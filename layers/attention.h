@@ -22,6 +22,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "layers/cublas_context.h"
 #include "layers/cuda_types.h"
@@ -53,6 +54,28 @@ void mp_attention_forward_cpu(float *out, float *preatt, float *att, const float
 void mp_attention_backward_cpu(float *dinp, float *dpreatt, float *datt, const float *dout,
                                const float *inp, const float *att, int B, int T, int NH, int KVH,
                                int HS);
+
+/* Context parallelism (context_parallel/): this rank's queries against the whole sequence's keys
+ * and values, gathered from the cp group. Query t of a sequence sits at global position
+ * positions[t] (Tq entries) and attends to keys 0 .. positions[t]; the same math and order as
+ * mp_attention_forward_cpu, which it equals when Tq = Tk and positions[t] = t.
+ *   out    (B, Tq, C)        written
+ *   preatt (B, NH, Tq, Tk)   written as in mp_attention_forward_cpu, or NULL
+ *   att    (B, NH, Tq, Tk)   written
+ *   qkv    (B, Tq, W)        this rank's tokens; only their queries are read
+ *   kv     (B, Tk, 2 KVH HS) every token's key (KVH HS) then value, by global position */
+void mp_attention_forward_at_cpu(float *out, float *preatt, float *att, const float *qkv,
+                                 const float *kv, const int32_t *positions, int B, int Tq, int Tk,
+                                 int NH, int KVH, int HS);
+
+/* Backward of mp_attention_forward_at_cpu: dqkv's queries (B, Tq, W) += their gradient (its keys
+ * and values are not touched), dkv (B, Tk, 2 KVH HS) += the keys' and values' gradient from this
+ * rank's queries (the cp group sums them: context_parallel/kv_exchange.h). dpreatt and datt
+ * (B, NH, Tq, Tk) are scratch. */
+void mp_attention_backward_at_cpu(float *dqkv, float *dkv, float *dpreatt, float *datt,
+                                  const float *dout, const float *qkv, const float *kv,
+                                  const float *att, const int32_t *positions, int B, int Tq,
+                                  int Tk, int NH, int KVH, int HS);
 
 /* ---------------------------------------------------------------------------------------------
  * CUDA twin (layers/attention_cuda.cu, Bazel target //layers:cuda_gemm), llm.c's attention on

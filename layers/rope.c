@@ -31,13 +31,13 @@ void mp_rope_inv_freq(float *inv_freq, int HS, const mp_rope_spec *spec) {
 }
 
 /* sign +1 turns by the angle, -1 back. */
-static void rotate(float *x, const float *inv_freq, int B, int T, int heads, int HS,
-                   size_t row_stride, float sign) {
+static void rotate(float *x, const float *inv_freq, const int32_t *positions, int B, int T,
+                   int heads, int HS, size_t row_stride, float sign) {
   const int half = HS / 2;
   for (int t = 0; t < T; t++) {
     for (int i = 0; i < half; i++) {
       /* Hugging Face forms the angle as an fp32 product, then its cos and sin. */
-      const float angle = (float)t * inv_freq[i];
+      const float angle = (float)(positions != NULL ? positions[t] : t) * inv_freq[i];
       const float c = cosf(angle), s = sign * sinf(angle);
       for (int b = 0; b < B; b++) {
         float *row = x + ((size_t)b * T + t) * row_stride;
@@ -54,10 +54,20 @@ static void rotate(float *x, const float *inv_freq, int B, int T, int heads, int
 
 void mp_rope_forward_cpu(float *x, const float *inv_freq, int B, int T, int heads, int HS,
                          size_t row_stride) {
-  rotate(x, inv_freq, B, T, heads, HS, row_stride, 1.0f);
+  rotate(x, inv_freq, NULL, B, T, heads, HS, row_stride, 1.0f);
 }
 
 void mp_rope_backward_cpu(float *dx, const float *inv_freq, int B, int T, int heads, int HS,
                           size_t row_stride) {
-  rotate(dx, inv_freq, B, T, heads, HS, row_stride, -1.0f);
+  rotate(dx, inv_freq, NULL, B, T, heads, HS, row_stride, -1.0f);
+}
+
+void mp_rope_forward_at_cpu(float *x, const float *inv_freq, const int32_t *positions, int B,
+                            int T, int heads, int HS, size_t row_stride) {
+  rotate(x, inv_freq, positions, B, T, heads, HS, row_stride, 1.0f);
+}
+
+void mp_rope_backward_at_cpu(float *dx, const float *inv_freq, const int32_t *positions, int B,
+                             int T, int heads, int HS, size_t row_stride) {
+  rotate(dx, inv_freq, positions, B, T, heads, HS, row_stride, -1.0f);
 }

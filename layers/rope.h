@@ -17,6 +17,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "layers/cuda_types.h"
 
@@ -45,6 +46,14 @@ void mp_rope_forward_cpu(float *x, const float *inv_freq, int B, int T, int head
 /* Backward: the gradient of the rotated heads turned back, in place (dx = R(-angle) dx'). */
 void mp_rope_backward_cpu(float *dx, const float *inv_freq, int B, int T, int heads, int HS,
                           size_t row_stride);
+
+/* The same with token t of every sequence at position positions[t] (T entries; NULL: t), for a
+ * context-parallel rank whose tokens are two pieces of the sequence
+ * (context_parallel/sequence_split.h). */
+void mp_rope_forward_at_cpu(float *x, const float *inv_freq, const int32_t *positions, int B,
+                            int T, int heads, int HS, size_t row_stride);
+void mp_rope_backward_at_cpu(float *dx, const float *inv_freq, const int32_t *positions, int B,
+                             int T, int heads, int HS, size_t row_stride);
 
 /* ---------------------------------------------------------------------------------------------
  * CUDA twin (layers/rope_cuda.cu, Bazel target //layers:cuda_elementwise): x in device memory as

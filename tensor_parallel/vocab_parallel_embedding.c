@@ -34,20 +34,28 @@ static void lookup(float *out, const int32_t *tokens, size_t first, size_t rows,
   }
 }
 
-/* out (rows, C) += wpe[(first + i) % T] for each row i; nothing without a table (rope). */
-static void add_positions(float *out, const float *wpe, size_t first, size_t rows, int T, int C) {
+/* The wpe row of flattened token i: its position in its sequence (positions[i % T], or i % T). */
+static size_t position_of(const int32_t *positions, size_t i, int T) {
+  const size_t t = i % (size_t)T;
+  return positions != NULL ? (size_t)positions[t] : t;
+}
+
+/* out (rows, C) += wpe[position of token first + i] for each row i; nothing without a table
+ * (rope). */
+static void add_positions(float *out, const float *wpe, const int32_t *positions, size_t first,
+                          size_t rows, int T, int C) {
   if (wpe == NULL) return;
   for (size_t i = 0; i < rows; i++) {
     float *row = out + i * C;
-    const float *pos = wpe + ((first + i) % (size_t)T) * C;
+    const float *pos = wpe + position_of(positions, first + i, T) * C;
     for (int c = 0; c < C; c++) row[c] += pos[c];
   }
 }
 
 mp_status mp_tp_vocab_embedding_forward(const mp_tp_comm *tp, bool sequence_parallel, float *out,
                                         const int32_t *tokens, const float *wte_shard,
-                                        const float *wpe, float *work, int B, int T, int C, int Vp,
-                                        mp_error *err) {
+                                        const float *wpe, const int32_t *positions, float *work,
+                                        int B, int T, int C, int Vp, mp_error *err) {
   MP_TRY(mp_tp_vocab_check(Vp, tp->size, err));
   const size_t bt = (size_t)B * T;
   const int Vl = Vp / tp->size, start = mp_tp_vocab_start(Vp, tp->size, tp->rank);
@@ -55,19 +63,20 @@ mp_status mp_tp_vocab_embedding_forward(const mp_tp_comm *tp, bool sequence_para
     const size_t rows_local = bt / (size_t)tp->size;
     lookup(work, tokens, 0, bt, wte_shard, C, start, Vl);
     MP_TRY(mp_tp_reduce_scatter_to_sequence_forward(tp, work, out, rows_local * C, err));
-    add_positions(out, wpe, (size_t)tp->rank * rows_local, rows_local, T, C);
+    add_positions(out, wpe, positions, (size_t)tp->rank * rows_local, rows_local, T, C);
     return MP_OK;
   }
   lookup(out, tokens, 0, bt, wte_shard, C, start, Vl);
   MP_TRY(mp_tp_reduce_from_region_forward(tp, out, bt * C, err));
-  add_positions(out, wpe, 0, bt, T, C);
+  add_positions(out, wpe, positions, 0, bt, T, C);
   return MP_OK;
 }
 
 mp_status mp_tp_vocab_embedding_backward(const mp_tp_comm *tp, bool sequence_parallel,
-                                         float *dwte_shard, float *dwpe, const float *dout,
-                                         float *dout_total, const int32_t *tokens, int B, int T,
-                                         int C, int Vp, mp_error *err) {
+                                         float *dwte_shard, float *dwpe, const int32_t *positions,
+                                         const float *dout, float *dout_total,
+                                         const int32_t *tokens, int B, int T, int C, int Vp,
+                                         mp_error *err) {
   MP_TRY(mp_tp_vocab_check(Vp, tp->size, err));
   const size_t bt = (size_t)B * T;
   const int Vl = Vp / tp->size, start = mp_tp_vocab_start(Vp, tp->size, tp->rank);
@@ -86,7 +95,7 @@ mp_status mp_tp_vocab_embedding_backward(const mp_tp_comm *tp, bool sequence_par
       for (int c = 0; c < C; c++) drow[c] += d[c];
     }
     if (dwpe == NULL) continue;
-    float *dpos = dwpe + (i % (size_t)T) * C;
+    float *dpos = dwpe + position_of(positions, i, T) * C;
     for (int c = 0; c < C; c++) dpos[c] += d[c];
   }
   return MP_OK;

@@ -38,31 +38,37 @@ mp_status mp_tp_vocab_check(int Vp, int tp, mp_error *err);
 /* First row of rank `rank`'s vocabulary range: rank * Vp / tp. */
 int mp_tp_vocab_start(int Vp, int tp, int rank);
 
-/* out[b, t, :] = wte[tokens[b, t], :] + wpe[t, :], the rows of wte owned across the group.
+/* out[b, t, :] = wte[tokens[b, t], :] + wpe[p(t), :], the rows of wte owned across the group;
+ * p(t) = positions[t], or t when positions is NULL (a context-parallel rank's tokens sit at the
+ * positions context_parallel/sequence_split.h gives).
  *   out       (BT, C) replicated, or with sequence parallelism (BT/tp, C), this rank's token
  *             slice (rows [rank*BT/tp, (rank+1)*BT/tp) of the flattened batch)
  *   tokens    (B, T)  every token of the micro-batch, each in [0, V)
  *   wte_shard (Vp/tp, C) this rank's rows of wte
- *   wpe       (maxT, C)  replicated, T <= maxT; NULL: no position table (rotary embeddings)
+ *   wpe       (maxT, C)  replicated, every p(t) < maxT; NULL: no position table (rotary
+ *             embeddings)
+ *   positions (T) or NULL
  *   work      (BT, C) with sequence parallelism: scratch for the partial lookup; NULL without */
 mp_status mp_tp_vocab_embedding_forward(const mp_tp_comm *tp, bool sequence_parallel, float *out,
                                         const int32_t *tokens, const float *wte_shard,
-                                        const float *wpe, float *work, int B, int T, int C, int Vp,
-                                        mp_error *err);
+                                        const float *wpe, const int32_t *positions, float *work,
+                                        int B, int T, int C, int Vp, mp_error *err);
 
 /* Backward: adds (+=) each token's output gradient into its wte row where this rank owns it, and
- * every token's into its position's wpe row, in token order (so the one-rank sums, bit for bit).
+ * every token's into its position's wpe row (p(t) as in the forward), in token order (so the one-rank sums, bit for bit).
  * dwpe is whole on every rank (from all tokens): nothing to all-reduce.
  *   dwte_shard (Vp/tp, C) +=
- *   dwpe       (maxT, C)  += (rows 0..T-1); NULL without a position table
+ *   dwpe       (maxT, C)  += (rows p(t)); NULL without a position table
+ *   positions  (T) or NULL
  *   dout       (BT, C) replicated, or with sequence parallelism (BT/tp, C), this rank's slice
  *   dout_total (BT, C) with sequence parallelism: written with the all-gathered dout; NULL
  *              without
  *   tokens     (B, T) */
 mp_status mp_tp_vocab_embedding_backward(const mp_tp_comm *tp, bool sequence_parallel,
-                                         float *dwte_shard, float *dwpe, const float *dout,
-                                         float *dout_total, const int32_t *tokens, int B, int T,
-                                         int C, int Vp, mp_error *err);
+                                         float *dwte_shard, float *dwpe, const int32_t *positions,
+                                         const float *dout, float *dout_total,
+                                         const int32_t *tokens, int B, int T, int C, int Vp,
+                                         mp_error *err);
 
 /* The tied LM head: logits of this rank's vocabulary range.
  *   logits    (BT, Vp/tp) written: column j is vocabulary entry mp_tp_vocab_start + j

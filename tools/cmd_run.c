@@ -79,7 +79,9 @@ typedef struct {
   mp_trainer *trainer;
   mp_comm_world *world;     /* inside an MPI job of more than one rank, else NULL */
   mp_comm *tp_group;        /* this rank's tensor-parallel group, or NULL */
-  mp_comm *dp_group, *pp_group, *embedding_group; /* its other groups, or NULL */
+  mp_comm *dp_group, *pp_group, *embedding_group; /* its other groups, or NULL; dp_group is
+                                                     the dp x cp replicas' with cp > 1 */
+  mp_comm *cp_group;        /* context parallelism (cp > 1): the ranks sharing each sequence */
   mp_comm *world_group;     /* every rank: stop agreement, memory report, trace */
   mp_comm *zero_shard_group, *zero_replica_group; /* HSDP (zero_shard_size < dp), else NULL */
   mp_tp_comm tp_table;      /* the table over tp_group the trainer calls */
@@ -114,6 +116,7 @@ static void run_state_free(run_state *state) {
   mp_comm_free(state->embedding_group);
   mp_comm_free(state->pp_group);
   mp_comm_free(state->dp_group);
+  mp_comm_free(state->cp_group);
   mp_comm_free(state->tp_group);
 }
 
@@ -264,9 +267,13 @@ static mp_status join_job(run_state *state, const mp_grid_shape *grid, double co
   int *everyone = malloc((size_t)state->world_size * sizeof(int));
   if (everyone == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
   for (int r = 0; r < state->world_size; ++r) everyone[r] = r;
+  /* The weights' replicas: the dp group, or with context parallelism dp x cp. */
+  const mp_grid_kind replicas = grid->cp > 1 ? MP_GRID_DP_CP : MP_GRID_DP;
   const mp_status groups =
       create_group(state, grid, MP_GRID_TP, &state->tp_group, err) != MP_OK ||
-              create_group(state, grid, MP_GRID_DP, &state->dp_group, err) != MP_OK ||
+              (grid->cp > 1 && create_group(state, grid, MP_GRID_CP, &state->cp_group, err) !=
+                                   MP_OK) ||
+              create_group(state, grid, replicas, &state->dp_group, err) != MP_OK ||
               create_group(state, grid, MP_GRID_PP, &state->pp_group, err) != MP_OK ||
               create_group(state, grid, MP_GRID_EMBEDDING, &state->embedding_group, err) !=
                   MP_OK ||
@@ -327,18 +334,26 @@ static mp_status open_gpu_comms(run_state *state, mp_backend backend, const char
   return MP_OK;
 }
 
+/* This rank's place among the dp x cp replicas: the dp-cp group's order (topology/grid.h). */
+static int replica_rank(const run_state *state) {
+  const int cp = state->plan.cp > 1 ? state->plan.cp : 1;
+  return state->coord.dp_rank * cp + state->coord.cp_rank;
+}
+
 /* The trace recorder of this rank (engine/trace/trace.h), for --trace. */
 static mp_status open_trace(run_state *state, const char *config, mp_error *err) {
   mp_trace_layout layout;
   memset(&layout, 0, sizeof layout);
   snprintf(layout.plan, sizeof layout.plan, "%s", config);
   snprintf(layout.schedule, sizeof layout.schedule, "%s", state->plan.schedule);
-  layout.dp = state->plan.dp;
+  /* The trace's grid is dp x pp x tp: with context parallelism its "dp" counts the dp x cp
+   * replicas, and a rank's dp index is its replica's. */
+  layout.dp = mp_plan_replicas(&state->plan);
   layout.pp = state->plan.pp;
   layout.tp = state->plan.tp;
   layout.virtual_stages = state->plan.virtual_stages;
   layout.num_micro_batches = (int)state->plan.num_micro_batches;
-  return mp_trace_create(&layout, state->rank, state->coord.dp_rank, state->coord.pp_rank,
+  return mp_trace_create(&layout, state->rank, replica_rank(state), state->coord.pp_rank,
                          state->coord.tp_rank, &state->trace, err);
 }
 
@@ -348,6 +363,7 @@ static mp_trainer_options trainer_options_of(run_state *state) {
   if (state->world != NULL) {
     options.tp = &state->tp_table;
     options.dp = state->dp_group;
+    options.cp = state->cp_group;
     options.pp = state->pp_group;
     options.embedding = state->embedding_group;
     options.dp_rank = state->coord.dp_rank;
@@ -839,7 +855,7 @@ static mp_status start_rank(run_state *state, const run_options *o, run_start *s
   }
   const mp_checkpoint_context checkpoint = {
       .plan = &state->plan, .model = state->model, .trainer = state->trainer,
-      .world = state->world_group, .dp = state->dp_group, .dp_rank = state->coord.dp_rank,
+      .world = state->world_group, .dp = state->dp_group, .dp_rank = replica_rank(state),
       .pp_rank = state->coord.pp_rank, .tp_rank = state->coord.tp_rank, .run_id = s->run_id,
       .override_training = o->override_training};
   s->checkpoint = checkpoint;
@@ -884,9 +900,11 @@ static mp_status print_banner(run_state *state, const run_options *o, const run_
          c->padded_vocab_size, mp_param_layout_num_params(layout));
   char ranks_text[160] = "1 rank";
   if (state->world_size > 1) {
+    char cp_text[32] = "";
+    if (plan->cp > 1) snprintf(cp_text, sizeof cp_text, " x cp %d", plan->cp);
     snprintf(ranks_text, sizeof ranks_text,
-             "%d ranks (dp %d x pp %d x tp %d%s; schedule %s, %d chunk%s per pipeline rank)",
-             state->world_size, plan->dp, plan->pp, plan->tp,
+             "%d ranks (dp %d%s x pp %d x tp %d%s; schedule %s, %d chunk%s per pipeline rank)",
+             state->world_size, plan->dp, cp_text, plan->pp, plan->tp,
              plan->sequence_parallel ? ", sequence parallelism" : "", plan->schedule,
              plan->virtual_stages, plan->virtual_stages == 1 ? "" : "s");
   }

@@ -88,8 +88,10 @@ typedef struct {
   const mp_model *model;
   mp_trainer *trainer;
   mp_comm *world; /* every rank of the job, group rank = world rank; NULL on one rank */
-  mp_comm *dp;    /* this rank's data-parallel group (group rank = dp rank); NULL when dp = 1 */
-  int dp_rank, pp_rank, tp_rank; /* this rank's coordinates; 0 on one rank */
+  mp_comm *dp;    /* the ranks that hold the same state: this rank's dp x cp group (group rank =
+                     dp_rank below); NULL when dp = cp = 1 */
+  int dp_rank, pp_rank, tp_rank; /* this rank's coordinates, dp_rank its place among the dp x cp
+                                    replicas (dp rank x cp + cp rank); 0 on one rank */
   /* The run a save belongs to (the manifest's "run": {"id"}), the same on every rank: a fresh
    * run's new id, or on --resume the id of the checkpoint it continues. --keep prunes only
    * checkpoints of this id. NULL or "" for none. */

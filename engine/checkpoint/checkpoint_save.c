@@ -634,8 +634,9 @@ mp_status mp_checkpoint_save(const char *dir, int64_t step, int keep,
         status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
         break;
       }
-      /* topology/grid.h: rank = tp_rank + tp x (dp_rank + dp x pp_rank), here dp_rank 0. */
-      const int writer = r + plan->tp * plan->dp * p;
+      /* topology/grid.h: rank = tp_rank + tp x (cp_rank + cp x (dp_rank + dp x pp_rank)), here
+       * dp_rank and cp_rank 0. */
+      const int writer = r + plan->tp * mp_plan_replicas(plan) * p;
       if (writer != 0) status = mp_comm_recv(world, records[f], bytes, writer, err);
     }
     if (status == MP_OK) {

@@ -97,6 +97,10 @@ struct mp_stage_chain {
   void *dqkv;          /* (BT, QKVl) */
   void *dfch;          /* (BT, FCl) */
   void *dfch_gelu;     /* (BT, Fl) */
+  /* Context parallelism: the whole sequence's keys and values (B, Tseq, 2 KVHl HS), gathered
+   * for each block's attention (again in its backward: a slot keeps its own tokens' only), and
+   * their gradient from this rank's queries. NULL without. */
+  void *kv_full, *dkv_full;
   void **owned;        /* every allocation, for free */
   int num_owned, owned_capacity;
   size_t bytes;
@@ -125,7 +129,8 @@ static mp_status chain_alloc(mp_stage_chain *ch, void *out, size_t bytes, mp_err
 #define ALLOC(field, elements, size) \
   MP_TRY(chain_alloc(ch, &(field), (size_t)(elements) * (size), err))
 
-mp_stage_dims mp_stage_chain_dims(const mp_stage_layout *layout, const mp_tp_comm *tp) {
+mp_stage_dims mp_stage_chain_dims(const mp_stage_layout *layout, const mp_tp_comm *tp,
+                                  const mp_tp_comm *cp) {
   const mp_model_config *c = mp_param_layout_config(mp_stage_layout_model(layout));
   mp_stage_dims d;
   memset(&d, 0, sizeof d);
@@ -156,6 +161,9 @@ mp_stage_dims mp_stage_chain_dims(const mp_stage_layout *layout, const mp_tp_com
   d.embedding = stage->embedding;
   d.head = stage->head;
   d.tp = *tp;
+  mp_stage_layout_cp(layout, &d.cp_rank, &d.cp);
+  d.Tseq = d.T * d.cp;
+  d.cp_comm = cp != NULL ? *cp : mp_tp_comm_single();
   return d;
 }
 
@@ -375,6 +383,11 @@ static mp_status chain_setup(mp_stage_chain *ch, const mp_stage_chain_config *co
   ALLOC(ch->dqkv, BT * (size_t)d->QKVl, eb);
   ALLOC(ch->dfch, BT * (size_t)d->FCl, eb);
   ALLOC(ch->dfch_gelu, BT * (size_t)d->Fl, eb);
+  if (d->cp > 1 && ch->stage.num_layers > 0) {
+    const size_t kv_full = (size_t)d->B * (size_t)d->Tseq * 2 * (size_t)d->KVHl * (size_t)d->HS;
+    ALLOC(ch->kv_full, kv_full, eb);
+    ALLOC(ch->dkv_full, kv_full, eb);
+  }
   return MP_OK;
 }
 
@@ -407,6 +420,9 @@ static mp_status check_kernels(const mp_stage_chain *ch, mp_error *err) {
     missing = "rotary embeddings";
   } else if (d->num_layers > 0 && d->KVHl != d->NHl && !k->grouped_attention) {
     missing = "grouped-query attention (kv_heads < heads)";
+  } else if (d->cp > 1 && (k->cp_gather_kv == NULL || k->cp_attention_forward == NULL ||
+                           k->cp_attention_backward == NULL || k->cp_reduce_scatter_kv == NULL)) {
+    missing = "context-parallel attention (cp > 1)";
   }
   if (missing == NULL) return MP_OK;
   return mp_fail(err, MP_ERR_INPUT,
@@ -426,7 +442,7 @@ mp_status mp_stage_chain_create(const mp_stage_chain_config *config,
   ch->k = kernels;
   ch->layout = config->layout;
   ch->stage = *mp_stage_layout_span(config->layout);
-  ch->d = mp_stage_chain_dims(config->layout, config->tp);
+  ch->d = mp_stage_chain_dims(config->layout, config->tp, config->cp);
   ch->eb = kernels->element_bytes;
   ch->deferred_weights = config->deferred_weights;
   ch->recompute = config->recompute;
@@ -509,6 +525,38 @@ static void norm_backward(const mp_stage_chain *ch, void *dinp, float *dweight, 
   }
 }
 
+/* The attention of a block's kept qkv into atty and its saved attention: over this rank's
+ * tokens, or with context parallelism against the cp group's gathered keys and values (left in
+ * kv_full for the backward that follows a recomputation). */
+static mp_status attention_forward(mp_stage_chain *ch, block_acts *a, mp_error *err) {
+  const mp_stage_kernels *k = ch->k;
+  if (ch->d.cp <= 1) {
+    k->attention_forward(k->context, a->atty, a->attention, a->qkv);
+    return MP_OK;
+  }
+  MP_TRY(k->cp_gather_kv(k->context, ch->kv_full, a->qkv, err));
+  k->cp_attention_forward(k->context, a->atty, a->attention, a->qkv, ch->kv_full);
+  return MP_OK;
+}
+
+/* The attention's backward into dqkv (zeroed): with context parallelism the keys' and values'
+ * gradient comes back from every cp rank's queries. kv_full must hold this block's keys and
+ * values (gathered at the start of the block's backward). */
+static mp_status attention_backward(mp_stage_chain *ch, block_acts *a, void *dqkv,
+                                    mp_error *err) {
+  const mp_stage_kernels *k = ch->k;
+  void *cx = k->context;
+  if (ch->d.cp <= 1) {
+    k->attention_backward(cx, dqkv, ch->datty, a->qkv, a->atty, a->attention);
+    return MP_OK;
+  }
+  const mp_stage_dims *d = &ch->d;
+  const size_t kv_full = (size_t)d->B * (size_t)d->Tseq * 2 * (size_t)d->KVHl * (size_t)d->HS;
+  MP_TRY(k->zero(cx, ch->dkv_full, kv_full * ch->eb, err));
+  k->cp_attention_backward(cx, dqkv, ch->dkv_full, ch->datty, a->qkv, ch->kv_full, a->attention);
+  return k->cp_reduce_scatter_kv(cx, dqkv, ch->dkv_full, err);
+}
+
 static mp_status block_forward(mp_stage_chain *ch, int l, block_acts *a, const void *x,
                                mp_error *err) {
   const mp_stage_kernels *k = ch->k;
@@ -527,7 +575,7 @@ static mp_status block_forward(mp_stage_chain *ch, int l, block_acts *a, const v
   k->matmul_forward(cx, a->qkv, ln1_total, w[MP_BLOCK_QKV_WEIGHT], w[MP_BLOCK_QKV_BIAS], BT, C,
                     d->QKVl);
   if (d->rope) k->rope_forward(cx, a->qkv);
-  k->attention_forward(cx, a->atty, a->attention, a->qkv);
+  MP_TRY(attention_forward(ch, a, err));
   MP_TRY(k->row_parallel_linear_forward(cx, ch->projection, a->atty, w[MP_BLOCK_ATTN_PROJ_WEIGHT],
                                         w[MP_BLOCK_ATTN_PROJ_BIAS], Cl, C, err));
   k->residual_forward(cx, a->residual2, x, ch->projection, (size_t)BTl * C);
@@ -600,8 +648,11 @@ static mp_status block_backward(mp_stage_chain *ch, int l, block_acts *a, const 
   void *dqkv = defer ? q->dqkv : ch->dqkv;
   if (ch->shared_attention != NULL) {
     /* Selective recomputation: this layer's attention matrices again (and atty, to the same
-     * values) from its kept qkv. */
-    k->attention_forward(cx, a->atty, a->attention, a->qkv);
+     * values) from its kept qkv (gathering the keys and values with context parallelism). */
+    MP_TRY(attention_forward(ch, a, err));
+  } else if (d->cp > 1) {
+    /* The block's keys and values again: the slot keeps this rank's tokens' only. */
+    MP_TRY(k->cp_gather_kv(cx, ch->kv_full, a->qkv, err));
   }
   /* The MLP branch: fc_proj is row-parallel, fc column-parallel. */
   const void *dout = NULL;
@@ -631,7 +682,7 @@ static mp_status block_backward(mp_stage_chain *ch, int l, block_acts *a, const 
                      g[MP_BLOCK_ATTN_PROJ_BIAS], dout, a->atty, w[MP_BLOCK_ATTN_PROJ_WEIGHT], BT,
                      Cl, C);
   MP_TRY(k->zero(cx, dqkv, (size_t)BT * d->QKVl * eb, err));
-  k->attention_backward(cx, dqkv, ch->datty, a->qkv, a->atty, a->attention);
+  MP_TRY(attention_backward(ch, a, dqkv, err));
   if (d->rope) k->rope_backward(cx, dqkv);
   const void *ln1_total = NULL;
   MP_TRY(column_input(ch, a->ln1, &ln1_total, err));

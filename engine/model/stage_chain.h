@@ -60,6 +60,7 @@ typedef struct mp_stage_chain mp_stage_chain;
 typedef struct {
   const mp_stage_layout *layout; /* span, shard table, micro-batch; must outlive the chain */
   const mp_tp_comm *tp;   /* the group for the kernels' collectives (copied) */
+  const mp_tp_comm *cp;   /* the context-parallel group (copied); NULL without */
   void *weights;          /* the shard's weights, backend elements, in the layout's order */
   float *grads;           /* the shard's fp32 gradients, in the layout's order */
   int num_slots;          /* micro-batches in flight, >= 1 */
@@ -91,7 +92,8 @@ typedef struct {
 } mp_stage_chain_config;
 
 /* The stage's sizes on this rank (for a backend's create). */
-mp_stage_dims mp_stage_chain_dims(const mp_stage_layout *layout, const mp_tp_comm *tp);
+mp_stage_dims mp_stage_chain_dims(const mp_stage_layout *layout, const mp_tp_comm *tp,
+                                  const mp_tp_comm *cp);
 
 /* MP_OK when a chain of num_slots slots can run deferred weights and recompute; MP_ERR_INPUT
  * naming what to change otherwise (no slot; full recomputation with a zero-bubble schedule). A

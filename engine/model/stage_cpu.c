@@ -13,6 +13,7 @@
 struct mp_stage_cpu {
   mp_stage_layout *layout; /* where each number of the shard goes */
   mp_tp_comm tp;
+  mp_tp_comm cp;          /* the context-parallel group (the one-rank table without) */
   float *params;         /* (mp_stage_layout_params_floats,) the stored array: the flat shard,
                             or under ZeRO-3 the tensors outside the blocks and the held block
                             elements */
@@ -88,15 +89,22 @@ mp_status mp_stage_cpu_create_stage(const mp_model *model, const mp_stage_cpu_co
   }
   mp_stage_cpu *gpt = calloc(1, sizeof *gpt);
   if (gpt == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory creating the model");
-  const mp_stage_layout_config layout_config = {config->micro_batch, config->seq_len, tp->rank,
-                                                tp->size, config->sequence_parallel,
-                                                config->span, zero};
+  const mp_stage_layout_config layout_config = {config->micro_batch,
+                                                config->seq_len,
+                                                tp->rank,
+                                                tp->size,
+                                                config->sequence_parallel,
+                                                config->span,
+                                                zero,
+                                                config->cp != NULL ? config->cp->rank : 0,
+                                                config->cp != NULL ? config->cp->size : 1};
   mp_status status = mp_stage_layout_create(model, &layout_config, &gpt->layout, err);
   if (status != MP_OK) {
     mp_stage_cpu_free(gpt);
     return status;
   }
   gpt->tp = *tp;
+  gpt->cp = config->cp != NULL ? *config->cp : mp_tp_comm_single();
   size_t blocks_first = 0, blocks_end = 0, largest_block = 0;
   mp_stage_layout_blocks_range(gpt->layout, &blocks_first, &blocks_end, &largest_block);
   if (shard_params) {
@@ -116,10 +124,11 @@ mp_status mp_stage_cpu_create_stage(const mp_model *model, const mp_stage_cpu_co
     return mp_fail(err, MP_ERR_RUNTIME, "out of memory for a shard of %zu parameters", n);
   }
   {
-    const mp_stage_dims dims = mp_stage_chain_dims(gpt->layout, &gpt->tp);
+    const mp_stage_dims dims = mp_stage_chain_dims(gpt->layout, &gpt->tp, &gpt->cp);
     /* One gradient window: a CPU rank's reduce-scatter runs on the cores that compute. */
     const mp_stage_chain_config chain_config = {.layout = gpt->layout,
                                                 .tp = &gpt->tp,
+                                                .cp = &gpt->cp,
                                                 .weights = gpt->params,
                                                 .grads = gpt->grads,
                                                 .num_slots = num_slots,

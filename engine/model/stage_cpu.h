@@ -82,9 +82,11 @@ mp_status mp_stage_cpu_create(const mp_model *model, int micro_batch, int seq_le
  * weights): the parameters too (mp_stage_layout_held_params).
  * Parameters start at zero: call an init or write function. */
 typedef struct {
-  int micro_batch, seq_len;      /* (B, T) of one micro-batch */
+  int micro_batch, seq_len;      /* (B, T) of one micro-batch; T this rank's tokens of each
+                                    sequence (seq_len / cp with context parallelism) */
   const mp_tp_comm *tp;          /* the tensor-parallel group (the table is copied; its context
                                     must outlive the stage) */
+  const mp_tp_comm *cp;          /* the context-parallel group, copied likewise; NULL: none */
   bool sequence_parallel;
   mp_stage_span span;            /* which piece of the chain */
   int num_slots;                 /* micro-batches in flight, >= 1 */

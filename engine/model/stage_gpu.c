@@ -187,7 +187,7 @@ mp_status mp_stage_gpu_create(const mp_model *model, const mp_stage_gpu_config *
     if (mp_device_memset(gpu->weights, 0, P * sizeof(mp_bf16), err) != MP_OK) goto fail;
   }
   ALLOC(gpu->norm_scratch, mp_grad_norm_cuda_scratch_floats(P));
-  const mp_stage_dims dims = mp_stage_chain_dims(gpu->layout, &gpu->tp);
+  const mp_stage_dims dims = mp_stage_chain_dims(gpu->layout, &gpu->tp, NULL);
   size_t kernel_bytes = 0;
   if (mp_stage_kernels_gpu_create(&dims, &gpu->kernels, &kernel_bytes, err) != MP_OK) goto fail;
   const mp_stage_chain_config chain_config = {.layout = gpu->layout,

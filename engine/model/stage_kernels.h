@@ -53,6 +53,11 @@ typedef struct {
   int BT, BTl, row0;  /* tokens; this rank's token rows [row0, row0 + BTl) */
   bool sp;            /* sequence parallelism with tp > 1 */
   int num_layers;     /* the stage's blocks (0: no attention scratch is needed) */
+  /* Context parallelism: T is this rank's tokens of each sequence, Tseq = cp x T the whole
+   * sequence's; token t sits at position positions[t] (context_parallel/sequence_split.h); the
+   * cp group's collectives run over cp_comm. cp 1: none (Tseq = T, positions t). */
+  int cp, cp_rank, Tseq;
+  mp_tp_comm cp_comm;
   bool embedding, head; /* the stage looks tokens up; it ends in the LM head and loss */
   mp_tp_comm tp;      /* the group the collectives run over (device buffers on a GPU) */
 } mp_stage_dims;
@@ -115,6 +120,23 @@ typedef struct {
    * position t); the backward turns their gradients back, in place. */
   void (*rope_forward)(void *context, void *qkv);
   void (*rope_backward)(void *context, void *dqkv);
+
+  /* Context parallelism (dims cp > 1; NULL where the backend has none, and the chain then
+   * refuses cp): kv_full (B, Tseq, 2 KVHl HS) holds every token's keys then values by global
+   * position (context_parallel/kv_exchange.h).
+   *   cp_gather_kv: kv_full from every cp rank's qkv (BT, QKVl), collective over the group.
+   *   cp_attention_forward / _backward: attention_forward / _backward for this rank's queries at
+   *     their positions against kv_full; the backward adds into dqkv's queries and into
+   *     dkv_full (B, Tseq, 2 KVHl HS), and leaves dqkv's keys and values alone.
+   *   cp_reduce_scatter_kv: dqkv's keys and values += the group's sum of dkv_full at this rank's
+   *     tokens, collective. */
+  mp_status (*cp_gather_kv)(void *context, void *kv_full, const void *qkv, mp_error *err);
+  void (*cp_attention_forward)(void *context, void *out, void *saved, const void *qkv,
+                               const void *kv_full);
+  void (*cp_attention_backward)(void *context, void *dqkv, void *dkv_full, const void *dout,
+                                const void *qkv, const void *kv_full, const void *saved);
+  mp_status (*cp_reduce_scatter_kv)(void *context, void *dqkv, const void *dkv_full,
+                                    mp_error *err);
 
   /* tensor_parallel/: Megatron's linear layers, embedding and loss over the group.
    * row_parallel_linear_forward: out (BT, OC) = inp (BT, Cl) @ weight^T summed over the group,

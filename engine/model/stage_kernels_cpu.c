@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "context_parallel/kv_exchange.h"
+#include "context_parallel/sequence_split.h"
 #include "layers/attention.h"
 #include "layers/gelu.h"
 #include "layers/layernorm.h"
@@ -21,9 +23,12 @@
 typedef struct {
   mp_stage_kernels table; /* first: the table's context is this struct */
   mp_stage_dims d;
-  size_t attention_floats; /* (B, NHl, T, T): one of preatt, att */
+  size_t attention_floats; /* (B, NHl, T, Tseq): one of preatt, att */
   float *slice;            /* (BTl, C) a collective's slice, with sequence parallelism */
-  float *dpreatt, *datt;   /* (B, NHl, T, T) the attention backward's scratch */
+  float *dpreatt, *datt;   /* (B, NHl, T, Tseq) the attention backward's scratch */
+  int32_t *positions;      /* (T) each local token's position in its sequence; NULL with cp 1 */
+  mp_cp_kv_shape kv_shape; /* context parallelism: the key/value exchange's shape */
+  float *kv_send, *kv_recv; /* its scratch: (B T, 2 KVHl HS) and cp times that */
   float *ce_work;          /* mp_tp_vocab_cross_entropy_work_floats */
   float *inv_freq;         /* (HS / 2) rotary frequencies, with rope */
 } cpu_kernels;
@@ -112,6 +117,37 @@ static void cpu_attention_backward(void *context, void *dqkv, const void *dout, 
                             k->d.KVHl, k->d.HS);
 }
 
+static void cpu_cp_attention_forward(void *context, void *out, void *saved, const void *qkv,
+                                     const void *kv_full) {
+  const cpu_kernels *k = context;
+  float *preatt = saved;
+  mp_attention_forward_at_cpu(out, preatt, preatt + k->attention_floats, qkv, kv_full,
+                              k->positions, k->d.B, k->d.T, k->d.Tseq, k->d.NHl, k->d.KVHl,
+                              k->d.HS);
+}
+
+static void cpu_cp_attention_backward(void *context, void *dqkv, void *dkv_full,
+                                      const void *dout, const void *qkv, const void *kv_full,
+                                      const void *saved) {
+  const cpu_kernels *k = context;
+  const float *att = (const float *)saved + k->attention_floats;
+  mp_attention_backward_at_cpu(dqkv, dkv_full, k->dpreatt, k->datt, dout, qkv, kv_full, att,
+                               k->positions, k->d.B, k->d.T, k->d.Tseq, k->d.NHl, k->d.KVHl,
+                               k->d.HS);
+}
+
+static mp_status cpu_cp_gather_kv(void *context, void *kv_full, const void *qkv, mp_error *err) {
+  cpu_kernels *k = context;
+  return mp_cp_gather_kv(&k->d.cp_comm, &k->kv_shape, kv_full, qkv, k->kv_send, k->kv_recv, err);
+}
+
+static mp_status cpu_cp_reduce_scatter_kv(void *context, void *dqkv, const void *dkv_full,
+                                          mp_error *err) {
+  cpu_kernels *k = context;
+  return mp_cp_reduce_scatter_kv(&k->d.cp_comm, &k->kv_shape, dqkv, dkv_full, k->kv_send,
+                                 k->kv_recv, err);
+}
+
 static void cpu_rmsnorm_forward(void *context, void *out, float *rstd, const void *inp,
                                 const void *weight, int rows, int C) {
   const cpu_kernels *k = context;
@@ -139,14 +175,14 @@ static void cpu_swiglu_backward(void *context, void *dinp, const void *inp, cons
 /* q and k are the first NHl + KVHl heads of a qkv row. */
 static void cpu_rope_forward(void *context, void *qkv) {
   const cpu_kernels *k = context;
-  mp_rope_forward_cpu(qkv, k->inv_freq, k->d.B, k->d.T, k->d.NHl + k->d.KVHl, k->d.HS,
-                      (size_t)k->d.QKVl);
+  mp_rope_forward_at_cpu(qkv, k->inv_freq, k->positions, k->d.B, k->d.T, k->d.NHl + k->d.KVHl,
+                         k->d.HS, (size_t)k->d.QKVl);
 }
 
 static void cpu_rope_backward(void *context, void *dqkv) {
   const cpu_kernels *k = context;
-  mp_rope_backward_cpu(dqkv, k->inv_freq, k->d.B, k->d.T, k->d.NHl + k->d.KVHl, k->d.HS,
-                       (size_t)k->d.QKVl);
+  mp_rope_backward_at_cpu(dqkv, k->inv_freq, k->positions, k->d.B, k->d.T,
+                          k->d.NHl + k->d.KVHl, k->d.HS, (size_t)k->d.QKVl);
 }
 
 static void cpu_gelu_forward(void *context, void *out, const void *inp, size_t n) {
@@ -206,18 +242,21 @@ static mp_status cpu_embedding_forward(void *context, void *out, const int32_t *
                                        const int32_t *tokens_host, const void *wte,
                                        const void *wpe, void *work, mp_error *err) {
   (void)tokens_host;
-  const mp_stage_dims *d = &((cpu_kernels *)context)->d;
-  return mp_tp_vocab_embedding_forward(&d->tp, d->sp, out, tokens, wte, wpe, d->sp ? work : NULL,
-                                       d->B, d->T, d->C, d->Vp, err);
+  const cpu_kernels *k = context;
+  const mp_stage_dims *d = &k->d;
+  return mp_tp_vocab_embedding_forward(&d->tp, d->sp, out, tokens, wte, wpe, k->positions,
+                                       d->sp ? work : NULL, d->B, d->T, d->C, d->Vp, err);
 }
 
 static mp_status cpu_embedding_backward(void *context, float *dwte, float *dwpe, const void *dout,
                                         const int32_t *tokens, const int32_t *tokens_host,
                                         void *work, mp_error *err) {
   (void)tokens_host;
-  const mp_stage_dims *d = &((cpu_kernels *)context)->d;
-  return mp_tp_vocab_embedding_backward(&d->tp, d->sp, dwte, dwpe, dout, d->sp ? work : NULL,
-                                        tokens, d->B, d->T, d->C, d->Vp, err);
+  const cpu_kernels *k = context;
+  const mp_stage_dims *d = &k->d;
+  return mp_tp_vocab_embedding_backward(&d->tp, d->sp, dwte, dwpe, k->positions, dout,
+                                        d->sp ? work : NULL, tokens, d->B, d->T, d->C, d->Vp,
+                                        err);
 }
 
 static mp_status cpu_loss(void *context, void *logits, const int32_t *targets, float dloss,
@@ -241,6 +280,9 @@ void mp_stage_kernels_cpu_free(mp_stage_kernels *kernels) {
   free(k->datt);
   free(k->ce_work);
   free(k->inv_freq);
+  free(k->positions);
+  free(k->kv_send);
+  free(k->kv_recv);
   free(k);
 }
 
@@ -250,9 +292,11 @@ mp_status mp_stage_kernels_cpu_create(const mp_stage_dims *dims, mp_stage_kernel
   cpu_kernels *k = calloc(1, sizeof *k);
   if (k == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
   k->d = *dims;
-  k->attention_floats = (size_t)dims->B * (size_t)dims->NHl * (size_t)dims->T * (size_t)dims->T;
-  /* Scratch for what the stage runs only: the attention backward's two (B, NHl, T, T) matrices
-   * are the largest working memory of a stage with blocks. */
+  const int cp = dims->cp > 1 ? dims->cp : 1;
+  const size_t Tseq = (size_t)dims->T * (size_t)cp;
+  k->attention_floats = (size_t)dims->B * (size_t)dims->NHl * (size_t)dims->T * Tseq;
+  /* Scratch for what the stage runs only: the attention backward's two (B, NHl, T, Tseq)
+   * matrices are the largest working memory of a stage with blocks. */
   const size_t slice = dims->sp ? (size_t)dims->BTl * (size_t)dims->C : 1;
   const size_t attention =
       dims->num_layers > 0 && k->attention_floats > 0 ? k->attention_floats : 1;
@@ -266,6 +310,20 @@ mp_status mp_stage_kernels_cpu_create(const mp_stage_dims *dims, mp_stage_kernel
       k->inv_freq == NULL) {
     mp_stage_kernels_cpu_free(&k->table);
     return mp_fail(err, MP_ERR_RUNTIME, "out of memory for the stage's scratch");
+  }
+  if (cp > 1) {
+    const size_t kv = (size_t)dims->B * (size_t)dims->T * 2 * (size_t)dims->KVHl * dims->HS;
+    k->positions = malloc((size_t)dims->T * sizeof(int32_t));
+    k->kv_send = malloc((kv > 0 ? kv : 1) * sizeof(float));
+    k->kv_recv = malloc((kv > 0 ? kv : 1) * (size_t)cp * sizeof(float));
+    if (k->positions == NULL || k->kv_send == NULL || k->kv_recv == NULL) {
+      mp_stage_kernels_cpu_free(&k->table);
+      return mp_fail(err, MP_ERR_RUNTIME, "out of memory for the stage's scratch");
+    }
+    mp_cp_positions(k->positions, (int64_t)Tseq, cp, dims->cp_rank);
+    const mp_cp_kv_shape shape = {dims->B, (int)Tseq, dims->NHl * dims->HS,
+                                  2 * dims->KVHl * dims->HS};
+    k->kv_shape = shape;
   }
   if (dims->rope) mp_rope_inv_freq(k->inv_freq, dims->HS, &dims->rope_spec);
   mp_stage_kernels *t = &k->table;
@@ -297,6 +355,10 @@ mp_status mp_stage_kernels_cpu_create(const mp_stage_dims *dims, mp_stage_kernel
   t->swiglu_backward = cpu_swiglu_backward;
   t->rope_forward = cpu_rope_forward;
   t->rope_backward = cpu_rope_backward;
+  t->cp_gather_kv = cpu_cp_gather_kv;
+  t->cp_attention_forward = cpu_cp_attention_forward;
+  t->cp_attention_backward = cpu_cp_attention_backward;
+  t->cp_reduce_scatter_kv = cpu_cp_reduce_scatter_kv;
   t->row_parallel_linear_forward = cpu_row_parallel_linear_forward;
   t->gather_sequence = cpu_gather_sequence;
   t->column_parallel_input_grad = cpu_column_parallel_input_grad;

@@ -12,6 +12,7 @@ struct mp_stage_layout {
   mp_param_layout *model;  /* the one-rank layout */
   mp_stage_span span;
   int tp_rank, tp_size;
+  int cp_rank, cp_size;
   bool sp;
   int B, T;
   int BTl;                 /* B*T/tp with sequence parallelism, else B*T */
@@ -149,9 +150,17 @@ mp_status mp_stage_layout_create(const mp_model *model, const mp_stage_layout_co
     return mp_fail(err, MP_ERR_INPUT, "tensor-parallel rank %d of %d: not a rank of the group",
                    config->tp_rank, tp);
   }
+  const int cp = config->cp_size > 1 ? config->cp_size : 1;
+  if (config->cp_rank < 0 || config->cp_rank >= cp) {
+    return mp_fail(err, MP_ERR_INPUT, "context-parallel rank %d of %d: not a rank of the group",
+                   config->cp_rank, cp);
+  }
   mp_stage_layout *layout = calloc(1, sizeof *layout);
   if (layout == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory creating the model");
-  mp_status status = mp_param_layout_create(model, config->seq_len, &layout->model, err);
+  layout->cp_rank = config->cp_rank;
+  layout->cp_size = cp;
+  /* The positions reach the whole sequence's: the table must hold cp x T. */
+  mp_status status = mp_param_layout_create(model, config->seq_len * cp, &layout->model, err);
   if (status != MP_OK) {
     mp_stage_layout_free(layout);
     return status;
@@ -237,6 +246,11 @@ void mp_stage_layout_tp(const mp_stage_layout *layout, int *tp_rank, int *tp_siz
 }
 
 bool mp_stage_layout_sequence_parallel(const mp_stage_layout *layout) { return layout->sp; }
+
+void mp_stage_layout_cp(const mp_stage_layout *layout, int *cp_rank, int *cp_size) {
+  *cp_rank = layout->cp_rank;
+  *cp_size = layout->cp_size;
+}
 
 size_t mp_stage_layout_boundary_floats(const mp_stage_layout *layout) {
   return (size_t)layout->BTl * (size_t)mp_param_layout_config(layout->model)->channels;

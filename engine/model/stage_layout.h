@@ -92,11 +92,15 @@ mp_grad_window mp_grad_window_for(bool windowed_block_grads, bool deferred_weigh
 
 /* What a stage layout is cut by. */
 typedef struct {
-  int micro_batch, seq_len;   /* (B, T) of one micro-batch */
+  int micro_batch, seq_len;   /* (B, T) of one micro-batch: T this rank's tokens of a sequence
+                                 (seq_len / cp with context parallelism) */
   int tp_rank, tp_size;       /* this rank's place in its tensor-parallel group */
   bool sequence_parallel;     /* norms, residuals and the boundary hold B*T/tp tokens */
   mp_stage_span span;
   const mp_stage_zero *zero;  /* NULL: no ZeRO cut of the parameters */
+  int cp_rank, cp_size;       /* context parallelism: this rank's place in the group that shares
+                                 each sequence (context_parallel/sequence_split.h); cp_size 0 or 1:
+                                 none */
 } mp_stage_layout_config;
 
 typedef struct mp_stage_layout mp_stage_layout;
@@ -115,6 +119,9 @@ const mp_stage_span *mp_stage_layout_span(const mp_stage_layout *layout);
 void mp_stage_layout_micro_batch(const mp_stage_layout *layout, int *micro_batch, int *seq_len);
 void mp_stage_layout_tp(const mp_stage_layout *layout, int *tp_rank, int *tp_size);
 bool mp_stage_layout_sequence_parallel(const mp_stage_layout *layout);
+/* Context parallelism: this rank's cp rank and the group's size (1: none); the whole sequence is
+ * cp_size x the layout's T tokens. */
+void mp_stage_layout_cp(const mp_stage_layout *layout, int *cp_rank, int *cp_size);
 
 /* Floats of the activation a stage sends to the next one (and the gradient it gets back):
  * (B*T, C), or with sequence parallelism this rank's (B*T/tp, C). */

@@ -54,7 +54,7 @@ static mp_status create_stage(mp_trainer *trainer, const mp_model *model, int st
     /* The GPU stage owns its state on the device: the host holds no copy of it. */
     const mp_stage_gpu_config config = {
         .micro_batch = (int)plan->micro_batch,
-        .seq_len = (int)plan->seq_len,
+        .seq_len = (int)trainer->local_seq_len,
         .tp = &trainer->tp_table,
         .device_tp = trainer->options.tp_device,
         .sequence_parallel = plan->sequence_parallel,
@@ -73,8 +73,9 @@ static mp_status create_stage(mp_trainer *trainer, const mp_model *model, int st
   }
   const mp_stage_cpu_config config = {
       .micro_batch = (int)plan->micro_batch,
-      .seq_len = (int)plan->seq_len,
+      .seq_len = (int)trainer->local_seq_len,
       .tp = &trainer->tp_table,
+      .cp = &trainer->cp_table,
       .sequence_parallel = plan->sequence_parallel,
       .span = *range,
       .num_slots = slots,

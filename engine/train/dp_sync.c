@@ -84,9 +84,11 @@ mp_status mp_train_reduce_step_grads(mp_trainer *trainer, double *grad_norm, mp_
   /* First the dp all-reduces posted as the chunks' gradients completed: until they end, MPI or
    * NCCL may still write the gradients. */
   const bool zero2 = trainer->zero2;
-  if (trainer->dp_sync != NULL && plan->dp > 1 && !zero2) {
+  const int replicas = mp_plan_replicas(plan);
+  if (trainer->dp_sync != NULL && replicas > 1 && !zero2) {
     MP_TRY(mp_train_wait_dp_all_reduces(trainer, err));
-    const float scale = 1.0f / (float)plan->dp;
+    /* The mean over the replicas: dp ranks' batches and cp ranks' tokens, each the same count. */
+    const float scale = 1.0f / (float)replicas;
     for (int c = 0; c < trainer->num_chunks; ++c) {
       trainer->stages[c].ops->scale_grads(trainer->stages[c].stage, scale);
     }
@@ -119,8 +121,9 @@ mp_status mp_train_reduce_step_grads(mp_trainer *trainer, double *grad_norm, mp_
     }
   }
   if (zero2) {
-    /* The blocks' gradients are in the parts already; the rest joins them, then the dp mean. */
-    const float scale = 1.0f / (float)plan->dp;
+    /* The blocks' gradients are in the parts already; the rest joins them, then the mean over
+     * the dp x cp replicas. */
+    const float scale = 1.0f / (float)replicas;
     for (int c = 0; c < trainer->num_chunks; ++c) {
       const mp_stage_state *chunk = &trainer->stages[c];
       MP_TRY(mp_train_zero2_array_grads(trainer, c, err));

@@ -9,7 +9,7 @@
 
 static const int32_t *micro_batch_rows(const mp_trainer *trainer, const int32_t *rows,
                                        int micro_batch) {
-  const size_t tokens = (size_t)(trainer->plan->micro_batch * trainer->plan->seq_len);
+  const size_t tokens = (size_t)trainer->plan->micro_batch * (size_t)trainer->local_seq_len;
   return rows + (size_t)micro_batch * tokens;
 }
 
@@ -42,7 +42,8 @@ static void chunk_release(void *context, int chunk, int micro_batch, int slot) {
  * rank's all-reduce runs on the cores that compute, so it posts the chunk at once, and no more
  * than one copy of its gradients is in flight. */
 static bool overlap_dp(mp_trainer *trainer, int chunk) {
-  return trainer->state_ops->on_device && trainer->options.dp != NULL && trainer->plan->dp > 1 &&
+  return trainer->state_ops->on_device && trainer->options.dp != NULL &&
+         mp_plan_replicas(trainer->plan) > 1 &&
          !trainer->zero2 && mp_stage_worker_completes_chunk(trainer->worker, chunk);
 }
 

@@ -57,12 +57,13 @@ static mp_status write_piece(mp_llmc_writer *writer, const mp_param_layout *layo
  * in turn. No rank holds more than its state and tp x SAVE_PIECE_FLOATS floats. */
 static mp_status save_parallel(mp_trainer *trainer, const char *path, mp_error *err) {
   const mp_trainer_options *o = &trainer->options;
-  /* Every dp replica holds the same parameters; with ZeRO-3 the blocks' are spread over the dp
-   * ranks, which send dp rank 0 their parts of each piece. */
-  if (o->dp_rank != 0 && !trainer->zero3) return MP_OK;
+  /* Every dp x cp replica holds the same parameters; with ZeRO-3 the blocks' are spread over the
+   * replicas, which send replica 0 their parts of each piece. */
+  const int replica_rank = trainer->replica_rank;
+  if (replica_rank != 0 && !trainer->zero3) return MP_OK;
   const mp_tp_comm *tp = &trainer->tp_table;
   const int P = trainer->plan->pp;
-  const bool writer_rank = o->dp_rank == 0 && o->pp_rank == 0 && tp->rank == 0;
+  const bool writer_rank = replica_rank == 0 && o->pp_rank == 0 && tp->rank == 0;
   mp_status status = MP_OK, file_status = MP_OK;
   mp_error file_err = MP_ERROR_INITIALIZER;
   mp_llmc_writer *writer = NULL;
@@ -92,10 +93,10 @@ static mp_status save_parallel(mp_trainer *trainer, const char *path, mp_error *
                                   replicated ? 1 : tp->size};
         if (trainer->zero3 && t->offset >= blocks_first && t->offset < blocks_end) {
           status = mp_train_zero3_collect(trainer, c, t->offset + at, n, own, err);
-        } else if (o->dp_rank == 0) {
+        } else if (replica_rank == 0) {
           status = mp_train_read_params(trainer, c, t->offset + at, n, own, err);
         }
-        if (status != MP_OK || o->dp_rank != 0) continue;
+        if (status != MP_OK || replica_rank != 0) continue;
         if (replicated) {
           if (tp->rank == 0) memcpy(gathered, own, n * sizeof(float));
         } else {
@@ -114,7 +115,7 @@ static mp_status save_parallel(mp_trainer *trainer, const char *path, mp_error *
       }
     }
   }
-  if (status == MP_OK && o->dp_rank == 0 && tp->rank == 0 && o->pp_rank > 0) {
+  if (status == MP_OK && replica_rank == 0 && tp->rank == 0 && o->pp_rank > 0) {
     const save_piece end = {-1, 0, 0, 0};
     status = mp_comm_send(o->pp, &end, sizeof end, 0, err);
   }

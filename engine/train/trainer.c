@@ -8,6 +8,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "context_parallel/sequence_split.h"
+#include "engine/comm/tp_comm_mpi.h"
 #include "engine/model/stage_cpu.h"
 #include "engine/model/stage_gpu.h"
 #include "topology/cost_model.h"
@@ -52,10 +54,10 @@ mp_status mp_trainer_check_layout(const mp_plan *plan, mp_backend backend, mp_er
                    "gradients; use 1f1b or interleaved-1f1b, or zero_stage 2",
                    plan->source);
   }
-  if (plan->cp > 1) {
+  if (plan->cp > 1 && backend == MP_BACKEND_CUDA) {
     return mp_fail(err, MP_ERR_INPUT,
-                   "%s: parallel.cp %d: context parallelism is planned but not run yet; use cp "
-                   "1",
+                   "%s: parallel.cp %d: context parallelism runs on the CPU backend only for now; "
+                   "use --backend cpu, or cp 1",
                    plan->source, plan->cp);
   }
   if (backend == MP_BACKEND_CUDA && mp_plan_zero_shard(plan) < plan->dp) {
@@ -109,7 +111,7 @@ static mp_status create_dp_comms(mp_trainer *trainer, mp_error *err) {
   const int in_flight = on_gpu ? MP_TRAINER_STAGED_IN_FLIGHT : 0;
   if (nccl != NULL) {
     MP_TRY(mp_dp_comm_over_nccl(nccl, traced, &trainer->dp_sync, err));
-  } else if (o->dp != NULL && plan->dp > 1) {
+  } else if (o->dp != NULL && mp_plan_replicas(plan) > 1) {
     MP_TRY(mp_dp_comm_over_mpi(o->dp, on_gpu, in_flight, traced, &trainer->dp_sync, err));
   }
   if (trainer->zero_comm == NULL) return MP_OK;
@@ -123,8 +125,11 @@ static mp_status create_parallel(mp_trainer *trainer, const mp_model *model, mp_
   const mp_plan *plan = trainer->plan;
   mp_trainer_options *o = &trainer->options;
   trainer->tp_table = o->tp != NULL ? *o->tp : mp_tp_comm_single();
+  trainer->cp_table = o->cp != NULL ? mp_tp_comm_over_group(o->cp) : mp_tp_comm_single();
+  trainer->replica_rank = o->dp != NULL ? mp_comm_rank(o->dp) : 0;
+  const int replicas = mp_plan_replicas(plan);
   const bool hybrid = mp_plan_zero_shard(plan) < plan->dp;
-  trainer->zero_comm = hybrid ? o->zero_shard : plan->dp > 1 ? o->dp : NULL;
+  trainer->zero_comm = hybrid ? o->zero_shard : replicas > 1 ? o->dp : NULL;
   trainer->zero_size = trainer->zero_comm != NULL ? mp_comm_size(trainer->zero_comm) : 1;
   trainer->zero_rank = trainer->zero_comm != NULL ? mp_comm_rank(trainer->zero_comm) : 0;
   if (!hybrid) o->zero_replica = NULL;
@@ -148,7 +153,7 @@ static mp_status create_parallel(mp_trainer *trainer, const mp_model *model, mp_
   const size_t boundary = mp_stage_layout_boundary_floats(trainer->layouts[0]);
   status = mp_stage_worker_create(&trainer->schedule, o->pp_rank, boundary, &ops, &p2p,
                                   o->trace != NULL ? &observer : NULL, &trainer->worker, err);
-  if (status == MP_OK && o->dp != NULL && plan->dp > 1 && plan->zero_stage < 2) {
+  if (status == MP_OK && o->dp != NULL && replicas > 1 && plan->zero_stage < 2) {
     mp_stage_worker_on_chunk_done(trainer->worker, mp_train_post_chunk_all_reduce);
   }
   /* Evaluation runs the same stages through the same worker code, forwards only (untraced: the
@@ -183,7 +188,9 @@ mp_status mp_trainer_create_parallel(const mp_plan *plan, const mp_model *model,
                    mp_plan_world_size(plan));
   }
   MP_TRY(check_group(plan, "pp", o.pp, plan->pp, err));
-  MP_TRY(check_group(plan, "dp", o.dp, plan->dp, err));
+  MP_TRY(check_group(plan, plan->cp > 1 ? "dp x cp" : "dp", o.dp, mp_plan_replicas(plan), err));
+  MP_TRY(check_group(plan, "cp", o.cp, plan->cp > 1 ? plan->cp : 1, err));
+  MP_TRY(mp_cp_check(plan->seq_len, plan->cp > 1 ? plan->cp : 1, err));
   if (mp_plan_zero_shard(plan) < plan->dp) {
     const int shard = mp_plan_zero_shard(plan);
     MP_TRY(check_group(plan, "zero-shard", o.zero_shard, shard, err));
@@ -198,9 +205,16 @@ mp_status mp_trainer_create_parallel(const mp_plan *plan, const mp_model *model,
   trainer->options = o;
   trainer->flops_per_step = step_flops(plan, model);
   const size_t rows = (size_t)(plan->num_micro_batches * plan->micro_batch);
-  trainer->inputs = calloc(rows * (size_t)plan->seq_len, sizeof(int32_t));
-  trainer->targets = calloc(rows * (size_t)plan->seq_len, sizeof(int32_t));
-  if (trainer->inputs == NULL || trainer->targets == NULL) {
+  const int cp = plan->cp > 1 ? plan->cp : 1;
+  trainer->local_seq_len = plan->seq_len / cp;
+  trainer->inputs = calloc(rows * (size_t)trainer->local_seq_len, sizeof(int32_t));
+  trainer->targets = calloc(rows * (size_t)trainer->local_seq_len, sizeof(int32_t));
+  if (cp > 1) {
+    trainer->whole_inputs = calloc(rows * (size_t)plan->seq_len, sizeof(int32_t));
+    trainer->whole_targets = calloc(rows * (size_t)plan->seq_len, sizeof(int32_t));
+  }
+  if (trainer->inputs == NULL || trainer->targets == NULL ||
+      (cp > 1 && (trainer->whole_inputs == NULL || trainer->whole_targets == NULL))) {
     mp_trainer_free(trainer);
     return mp_fail(err, MP_ERR_RUNTIME, "out of memory for the batch");
   }
@@ -244,6 +258,8 @@ void mp_trainer_free(mp_trainer *trainer) {
   mp_schedule_free(&trainer->schedule);
   free(trainer->targets);
   free(trainer->inputs);
+  free(trainer->whole_targets);
+  free(trainer->whole_inputs);
   free(trainer);
 }
 
@@ -285,12 +301,22 @@ static mp_status load_batch(mp_trainer *trainer, mp_data_loader *data, int64_t s
   const mp_plan *plan = trainer->plan;
   const int64_t rows = plan->num_micro_batches * plan->micro_batch;
   const int64_t first_row = (int64_t)trainer->options.dp_rank * rows;
-  return mp_data_loader_batch(data, plan->training.seed, plan->seq_len, plan->global_batch, step,
-                              first_row, rows, trainer->inputs, trainer->targets, err);
+  const int cp = plan->cp > 1 ? plan->cp : 1;
+  int32_t *inputs = cp > 1 ? trainer->whole_inputs : trainer->inputs;
+  int32_t *targets = cp > 1 ? trainer->whole_targets : trainer->targets;
+  MP_TRY(mp_data_loader_batch(data, plan->training.seed, plan->seq_len, plan->global_batch, step,
+                              first_row, rows, inputs, targets, err));
+  if (cp > 1) {
+    /* This cp rank's two chunks of every row (context_parallel/sequence_split.h). */
+    const int cp_rank = trainer->cp_table.rank;
+    mp_cp_take_local(trainer->inputs, inputs, rows, plan->seq_len, cp, cp_rank);
+    mp_cp_take_local(trainer->targets, targets, rows, plan->seq_len, cp, cp_rank);
+  }
+  return MP_OK;
 }
 
 /* The step's loss on every rank: the last stage's mean over its micro-batches, broadcast over
- * pp, averaged over dp. */
+ * pp, averaged over the dp x cp replicas (each cp rank's mean is over as many tokens). */
 static mp_status parallel_step_loss(mp_trainer *trainer, double *loss, mp_error *err) {
   const mp_plan *plan = trainer->plan;
   const mp_trainer_options *o = &trainer->options;
@@ -298,9 +324,10 @@ static mp_status parallel_step_loss(mp_trainer *trainer, double *loss, mp_error 
   if (o->pp != NULL) {
     MP_TRY(mp_comm_broadcast(o->pp, &value, sizeof value, mp_comm_size(o->pp) - 1, err));
   }
-  if (o->dp != NULL && plan->dp > 1) {
+  const int replicas = mp_plan_replicas(plan);
+  if (o->dp != NULL && replicas > 1) {
     MP_TRY(mp_train_sum_double_over(o->dp, &value, err));
-    value /= (double)plan->dp;
+    value /= (double)replicas;
   }
   *loss = value;
   return MP_OK;
@@ -337,7 +364,7 @@ mp_status mp_trainer_step(mp_trainer *trainer, int64_t step, mp_step_metrics *me
   trainer->loss_sum = 0.0;
   MP_TRY(mp_stage_worker_run(trainer->worker, err));
   MP_TRY(parallel_step_loss(trainer, &loss, err));
-  if (trainer->dp_sync != NULL && plan->dp == 1) {
+  if (trainer->dp_sync != NULL && mp_plan_replicas(plan) == 1) {
     MP_TRY(mp_train_sum_grads_alone(trainer, err));
   }
   if (!isfinite(loss)) {

@@ -122,9 +122,14 @@ typedef struct {
   const mp_tp_comm *tp; /* this rank's tensor-parallel group (engine/comm/tp_comm_mpi.h), copied;
                            its context must outlive the trainer. NULL: tp = 1 */
   mp_comm *pp;          /* the pipeline group, members in pipeline-rank order; NULL: pp = 1 */
-  mp_comm *dp;          /* the data-parallel group; NULL: dp = 1 */
+  mp_comm *dp;          /* the ranks that hold the same weights: the dp x cp group
+                           (topology/grid.h's dp-cp; the dp group when cp = 1), which gradients
+                           are summed and ZeRO's state cut over; NULL: dp = cp = 1 */
+  mp_comm *cp;          /* the context-parallel group (the ranks sharing each sequence); NULL:
+                           cp = 1 */
   mp_comm *embedding;   /* the first and last pipeline rank (topology/grid.h); NULL: pp = 1 */
-  int dp_rank, pp_rank; /* this rank's coordinates (topology/grid.h) */
+  int dp_rank, pp_rank; /* this rank's coordinates (topology/grid.h); dp_rank picks its rows of
+                           the global batch */
   mp_trace *trace;      /* records actions and communication (engine/trace/trace.h); NULL: none */
   mp_nccl_comm *nccl_dp; /* CUDA backend: the data-parallel group on NCCL (on one rank: the
                             gradients still pass through it, a check of NCCL); NULL: they go
@@ -144,7 +149,7 @@ typedef struct {
 } mp_trainer_options;
 
 #define MP_TRAINER_OPTIONS_INITIALIZER \
-  {sizeof(mp_trainer_options), NULL, NULL, NULL, NULL, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL}
+  {sizeof(mp_trainer_options), NULL, NULL, NULL, NULL, NULL, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL}
 
 /* Gradients cross the data-parallel group in all-reduces of at most this many floats. */
 enum { MP_TRAINER_BUCKET_FLOATS = 1 << 22 };

@@ -35,11 +35,17 @@ struct mp_trainer {
   mp_backend backend;
   const mp_param_layout *layout;
   double flops_per_step;  /* forward + backward over the global batch */
-  int32_t *inputs;        /* (num_micro_batches * micro_batch, T) this step's rows */
+  int32_t *inputs;        /* (num_micro_batches * micro_batch, local_seq_len) this step's rows:
+                             with context parallelism this cp rank's tokens of them */
   int32_t *targets;       /* same shape */
+  int32_t *whole_inputs, *whole_targets; /* cp > 1: the rows whole (seq_len each), cut into
+                                            inputs and targets; else NULL */
+  int64_t local_seq_len;  /* seq_len / cp: the tokens of each sequence this rank holds */
   /* This rank's chunks (one on one rank) and how a step drives them. */
   mp_trainer_options options;
   mp_tp_comm tp_table;    /* options->tp, or the one-rank table */
+  mp_tp_comm cp_table;    /* options->cp, or the one-rank table */
+  int replica_rank;       /* this rank's place among the dp x cp replicas (options->dp) */
   int num_chunks;         /* virtual_stages */
   /* The backend's stage table (engine/model/stage_state.h): every chunk's, and the memory of
    * the trainer's buffers beside them (host memory, or the GPU's). */

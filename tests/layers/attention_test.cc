@@ -1,6 +1,8 @@
 // tests/layers/attention_test.cc — causal multi-head attention against a double reference, its
 // mask, and its backward against central finite differences, for several head splits, with
-// grouped-query (kv heads < heads) and multi-query (one kv head) attention among them.
+// grouped-query (kv heads < heads) and multi-query (one kv head) attention among them; and the
+// context-parallel form: each cp rank's queries at their global positions against the gathered
+// keys give the whole sequence's outputs at those positions, and its gradients sum to the whole's.
 #include "layers/attention.h"
 
 #include <gtest/gtest.h>
@@ -8,6 +10,7 @@
 #include <cmath>
 #include <vector>
 
+#include "context_parallel/sequence_split.h"
 #include "tests/layers/finite_difference.h"
 #include "tests/layers/reference.h"
 
@@ -151,6 +154,98 @@ INSTANTIATE_TEST_SUITE_P(HeadSplits, Attention,
                            return "NH" + std::to_string(info.param.NH) + "_HS" +
                                   std::to_string(info.param.HS) + "_KV" +
                                   std::to_string(info.param.KVH);
+                         });
+
+// Context parallelism: the sequence (T = 8) cut into 2 cp chunks, rank r holding chunks r and
+// 2cp-1-r. Every rank's outputs are the double reference's rows at its positions; its query
+// gradients are the whole backward's rows there, and the ranks' key/value gradients, summed, are
+// the whole backward's (itself checked against finite differences above).
+struct CpCase {
+  Heads heads;
+  int cp;
+};
+
+class ContextParallelAttention : public ::testing::TestWithParam<CpCase> {};
+
+TEST_P(ContextParallelAttention, RanksTogetherAreTheWholeSequence) {
+  constexpr int kT = 8;
+  const int NH = GetParam().heads.NH, HS = GetParam().heads.HS, KVH = GetParam().heads.KVH;
+  const int cp = GetParam().cp, Tl = kT / cp, C = NH * HS, W = (NH + 2 * KVH) * HS;
+  const int KV = 2 * KVH * HS;
+  Rng rng{static_cast<uint64_t>(7 + NH + 10 * KVH + 100 * cp)};
+  std::vector<float> inp = rng.uniform_vector(B * kT * W, -1.5f, 1.5f);
+  std::vector<float> dout = rng.uniform_vector(B * kT * C, -1.0f, 1.0f);
+  std::vector<double> want = mp_test::ref_attention(mp_test::to_double(inp), B, kT, NH, HS,
+                                                    nullptr, KVH);
+  // The whole sequence's backward.
+  std::vector<float> out(B * kT * C), att(B * NH * kT * kT);
+  mp_attention_forward_cpu(out.data(), nullptr, att.data(), inp.data(), B, kT, NH, KVH, HS);
+  std::vector<float> dpreatt(att.size()), datt(att.size()), dinp(inp.size(), 0.0f);
+  mp_attention_backward_cpu(dinp.data(), dpreatt.data(), datt.data(), dout.data(), inp.data(),
+                            att.data(), B, kT, NH, KVH, HS);
+  // The gathered keys and values (B, T, k | v), as context_parallel/kv_exchange.h lays them.
+  std::vector<float> kv(B * kT * KV);
+  for (int i = 0; i < B * kT; ++i) {
+    std::copy(inp.begin() + i * W + NH * HS, inp.begin() + (i + 1) * W, kv.begin() + i * KV);
+  }
+  std::vector<float> dkv_sum(kv.size(), 0.0f);
+  int compared = 0;
+  for (int r = 0; r < cp; ++r) {
+    std::vector<int32_t> positions(Tl);
+    mp_cp_positions(positions.data(), kT, cp, r);
+    std::vector<float> qkv_local(B * Tl * W), dout_local(B * Tl * C);
+    for (int b = 0; b < B; ++b) {
+      for (int t = 0; t < Tl; ++t) {
+        const int whole = b * kT + positions[t], local = b * Tl + t;
+        std::copy(inp.begin() + whole * W, inp.begin() + (whole + 1) * W,
+                  qkv_local.begin() + local * W);
+        std::copy(dout.begin() + whole * C, dout.begin() + (whole + 1) * C,
+                  dout_local.begin() + local * C);
+      }
+    }
+    std::vector<float> out_local(B * Tl * C), att_local(B * NH * Tl * kT);
+    mp_attention_forward_at_cpu(out_local.data(), nullptr, att_local.data(), qkv_local.data(),
+                                kv.data(), positions.data(), B, Tl, kT, NH, KVH, HS);
+    std::vector<float> scratch1(att_local.size()), scratch2(att_local.size());
+    std::vector<float> dqkv_local(qkv_local.size(), 0.0f), dkv(kv.size(), 0.0f);
+    mp_attention_backward_at_cpu(dqkv_local.data(), dkv.data(), scratch1.data(), scratch2.data(),
+                                 dout_local.data(), qkv_local.data(), kv.data(), att_local.data(),
+                                 positions.data(), B, Tl, kT, NH, KVH, HS);
+    for (size_t i = 0; i < dkv.size(); ++i) dkv_sum[i] += dkv[i];
+    for (int b = 0; b < B; ++b) {
+      for (int t = 0; t < Tl; ++t) {
+        const int whole = b * kT + positions[t], local = b * Tl + t;
+        for (int c = 0; c < C; ++c) {
+          ASSERT_NEAR(out_local[local * C + c], want[whole * C + c], 1e-6)
+              << "rank " << r << " token " << positions[t];
+        }
+        for (int c = 0; c < NH * HS; ++c) {  // the queries' gradient
+          ASSERT_NEAR(dqkv_local[local * W + c], dinp[whole * W + c], 1e-5)
+              << "rank " << r << " dq of token " << positions[t];
+        }
+        for (int c = NH * HS; c < W; ++c) {  // its keys and values are left to the exchange
+          ASSERT_EQ(dqkv_local[local * W + c], 0.0f);
+        }
+        ++compared;
+      }
+    }
+  }
+  EXPECT_EQ(compared, B * kT);  // every token on exactly one rank
+  for (int i = 0; i < B * kT; ++i) {
+    for (int c = 0; c < KV; ++c) {
+      ASSERT_NEAR(dkv_sum[i * KV + c], dinp[i * W + NH * HS + c], 1e-5) << "token " << i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(CpSizes, ContextParallelAttention,
+                         ::testing::Values(CpCase{{2, 4, 2}, 2}, CpCase{{2, 4, 2}, 4},
+                                           CpCase{{4, 4, 2}, 2}, CpCase{{4, 2, 1}, 4},
+                                           CpCase{{6, 2, 3}, 2}),
+                         [](const ::testing::TestParamInfo<CpCase> &info) {
+                           return "NH" + std::to_string(info.param.heads.NH) + "_KV" +
+                                  std::to_string(info.param.heads.KVH) + "_cp" +
+                                  std::to_string(info.param.cp);
                          });
 
 }  // namespace

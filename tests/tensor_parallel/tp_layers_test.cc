@@ -354,8 +354,8 @@ void CheckVocab(const mp_tp_comm &tp, bool sp) {
   // Embedding: zeros from the ranks that do not own a token add exactly, so the one-rank bits.
   fvec emb_l((size_t)BTl * C), work(sp ? (size_t)kBT * C : 0);
   ASSERT_EQ(MP_OK, mp_tp_vocab_embedding_forward(&tp, sp, emb_l.data(), tokens.data(), wte_s.data(),
-                                                 wpe.data(), sp ? work.data() : nullptr, kB, kT, C,
-                                                 Vp, &err))
+                                                 wpe.data(), nullptr, sp ? work.data() : nullptr,
+                                                 kB, kT, C, Vp, &err))
       << err.message;
   EXPECT_TRUE(Close("embedding" + where, emb_l, Rows(emb, C, row0, BTl), 0.0));
 
@@ -393,7 +393,7 @@ void CheckVocab(const mp_tp_comm &tp, bool sp) {
                                           head_work.data(), kBT, C, Vp, &err))
       << err.message;
   EXPECT_TRUE(Close("d(embedding output)" + where, demb_l, Rows(demb, C, row0, BTl)));
-  ASSERT_EQ(MP_OK, mp_tp_vocab_embedding_backward(&tp, sp, dwte_s.data(), dwpe_l.data(),
+  ASSERT_EQ(MP_OK, mp_tp_vocab_embedding_backward(&tp, sp, dwte_s.data(), dwpe_l.data(), nullptr,
                                                   demb_l.data(), sp ? dout_total.data() : nullptr,
                                                   tokens.data(), kB, kT, C, Vp, &err))
       << err.message;
