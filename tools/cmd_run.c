@@ -186,29 +186,32 @@ static mp_status print_peak_memory(run_state *state, mp_error *err) {
   const int n = state->world_size;
   const size_t device_bytes =
       state->trainer != NULL ? mp_trainer_device_bytes(state->trainer) : 0;
-  float mine[5] = {(float)(peak_resident_bytes() / 1048576.0), (float)state->coord.dp_rank,
-                   (float)state->coord.pp_rank, (float)state->coord.tp_rank,
-                   (float)(device_bytes / 1048576.0)};
+  enum { kFields = 6 };
+  float mine[kFields] = {(float)(peak_resident_bytes() / 1048576.0), (float)state->coord.dp_rank,
+                         (float)state->coord.pp_rank, (float)state->coord.tp_rank,
+                         (float)(device_bytes / 1048576.0), (float)state->coord.cp_rank};
   float *all = malloc((size_t)n * sizeof mine);
   if (all == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
   mp_status status = MP_OK;
   if (state->world_group == NULL) {
     memcpy(all, mine, sizeof mine);
   } else {
-    status = mp_comm_all_gather_f32(state->world_group, mine, all, 5, err);
+    status = mp_comm_all_gather_f32(state->world_group, mine, all, kFields, err);
   }
   if (status == MP_OK) {
     printf("memory: peak resident per rank (VmHWM):");
     for (int r = 0; r < n; ++r) {
-      const float *m = all + 5 * r;
-      printf("%s rank %d (dp %d, pp %d, tp %d) %.0f MiB", r > 0 ? "," : "", r, (int)m[1],
-             (int)m[2], (int)m[3], (double)m[0]);
+      const float *m = all + kFields * r;
+      char cp_text[16] = "";
+      if (state->plan.cp > 1) snprintf(cp_text, sizeof cp_text, ", cp %d", (int)m[5]);
+      printf("%s rank %d (dp %d%s, pp %d, tp %d) %.0f MiB", r > 0 ? "," : "", r, (int)m[1],
+             cp_text, (int)m[2], (int)m[3], (double)m[0]);
     }
     printf("\n");
     if (device_bytes > 0) {
       printf("memory: device held by the stages per rank:");
       for (int r = 0; r < n; ++r) {
-        printf("%s rank %d %.1f MiB", r > 0 ? "," : "", r, (double)all[5 * r + 4]);
+        printf("%s rank %d %.1f MiB", r > 0 ? "," : "", r, (double)all[kFields * r + 4]);
       }
       printf("\n");
     }

@@ -27,6 +27,13 @@
 # ZeRO 2 and 1; and ZeRO-3 (the blocks' parameters sharded too) at (2,1,1), (4,1,1), (2,2,1),
 # (2,1,2) with sequence parallelism, (2,2,2), (2,2,1) interleaved and (2,2,1) with full
 # recomputation.
+#
+# A third argument `cp` runs context parallelism instead (issue 32): each sequence's tokens over
+# cp ranks, alone at cp 2 and 4, and with tp 2 (and sequence parallelism), pp 2 (1f1b,
+# interleaved, zb-h1), dp 2, ZeRO 1 to 3 and both recomputations; then a checkpoint saved at
+# cp 4 resumes at cp 1 and one saved at cp 1 resumes at cp 4, within 1e-5 of the uninterrupted
+# runs; and a sequence length that does not cut into 2 x cp chunks is refused before any rank
+# starts, naming both numbers.
 set -uo pipefail
 mpengine=${1:-${MPENGINE:-tools/mpengine}}
 model=${2:-tiny-gpt}
@@ -40,10 +47,14 @@ cp "examples/models/$model.json" "$tmp/$model.json"
 weights=llmc
 [ "$model" = tiny-gpt ] || weights=hf
 
-plan() { # plan NAME DP PP TP SCHEDULE [VIRTUAL] [SEQUENCE_PARALLEL] [ZERO] [RECOMPUTE] [SHARD]
+# plan NAME DP PP TP SCHEDULE [VIRTUAL] [SEQUENCE_PARALLEL] [ZERO] [RECOMPUTE] [SHARD]; the
+# context-parallel size is $cp (1 unless set).
+cp=1
+plan() {
   local name=$1 dp=$2 pp=$3 tp=$4 schedule=$5 v=${6:-1} sp=${7:-false} zero=${8:-0}
   local recompute=${9:-none} shard_json=""
   [ -n "${10:-}" ] && shard_json=", \"zero_shard_size\": ${10}"
+  [ "$cp" -gt 1 ] && shard_json="$shard_json, \"cp\": $cp"
   cat > "$tmp/$name.json" <<JSON
 {"model": "$model.json", "cluster": "cpu-local",
  "parallel": {"dp": $dp, "pp": $pp, "tp": $tp, "virtual_stages": $v, "sequence_parallel": $sp, "zero_stage": $zero$shard_json},
@@ -153,15 +164,66 @@ if [ "$mode" = zero ]; then
            "dp2-pp2-interleaved-v2-zero3 2 2 1 interleaved-1f1b 2 false 3"
            "dp2-pp2-recompute-full-zero3 2 2 1 1f1b 1 false 3 full")
 fi
+if [ "$mode" = cp ]; then
+  # NAME CP DP PP TP SCHEDULE [VIRTUAL] [SEQUENCE_PARALLEL] [ZERO] [RECOMPUTE]
+  layouts=("cp2 2 1 1 1 1f1b" "cp4 4 1 1 1 1f1b" "cp2-tp2-sp 2 1 1 2 1f1b 1 true"
+           "cp2-pp2 2 1 2 1 1f1b" "cp2-pp2-interleaved-v2 2 1 2 1 interleaved-1f1b 2"
+           "cp2-pp2-zb-h1 2 1 2 1 zb-h1" "cp2-dp2 2 2 1 1 1f1b"
+           "cp2-dp2-zero1 2 2 1 1 1f1b 1 false 1" "cp2-dp2-zero2 2 2 1 1 1f1b 1 false 2"
+           "cp2-dp2-zero3 2 2 1 1 1f1b 1 false 3" "cp4-zero3 4 1 1 1 1f1b 1 false 3"
+           "cp2-pp2-tp2-recompute-selective 2 1 2 2 1f1b 1 false 0 selective"
+           "cp2-pp2-recompute-full 2 1 2 1 1f1b 1 false 0 full")
+fi
 plan serial 1 1 1 1f1b
 run serial
 for spec in "${layouts[@]}"; do
   set -- $spec
+  if [ "$mode" = cp ]; then
+    name=$1 cp=$2
+    shift 2
+    set -- "$name" "$@"
+  fi
   plan "$@"
   run "$1"
   compare "$1"
+  cp=1
 done
-if [ "$model" != tiny-gpt ] || [ "$mode" = zero ]; then
+if [ "$mode" = cp ]; then
+  # The banner and the memory line name the cp size and each rank's cp rank.
+  out=$($mpengine run --config "$tmp/cp2-dp2.json" --steps 1 2>&1)
+  grep -qF "4 ranks (dp 2 x cp 2 x pp 1 x tp 1; schedule 1f1b" <<<"$out" ||
+    { fail "cp2-dp2: the banner does not name cp:"; echo "$out" | head -5; }
+  grep -qF "rank 3 (dp 1, cp 1, pp 0, tp 0)" <<<"$out" ||
+    { fail "cp2-dp2: the memory line does not name rank 3's cp rank:"; echo "$out" | tail -3; }
+  # Checkpoints: the weights are replicated over cp, so a checkpoint does not depend on it.
+  cp=4; plan cp4-zero1 1 1 1 1f1b 1 false 1; cp=1
+  for name in serial cp4-zero1; do
+    rm -rf "$tmp/ck-save-$name"
+    $mpengine run --config "$tmp/$name.json" --checkpoint-dir "$tmp/ck-save-$name" --save-every 10 \
+      --metrics "$tmp/save-$name.jsonl" --overwrite-metrics > "$tmp/save-$name.log" 2>&1 ||
+      { fail "$name: the run saving checkpoints failed:"; tail -5 "$tmp/save-$name.log"; }
+  done
+  resumed() { # resumed NAME FROM PLAN: FROM's step-10 resumed under PLAN, steps 10..19 vs FROM's
+    rm -rf "$tmp/ck-$1" && mkdir -p "$tmp/ck-$1" && cp -r "$tmp/ck-save-$2/step-10" "$tmp/ck-$1/"
+    if ! $mpengine run --config "$tmp/$3.json" --checkpoint-dir "$tmp/ck-$1" --resume \
+         --metrics "$tmp/$1.jsonl" --overwrite-metrics > "$tmp/$1.log" 2>&1; then
+      fail "$1: the resumed run failed:"; tail -5 "$tmp/$1.log"; return
+    fi
+    local verdict
+    verdict=$(paste -d' ' <(tail -n 10 "$tmp/save-$2.jsonl" | losses /dev/stdin) <(losses "$tmp/$1.jsonl") | awk '
+      { d = $2 - $1; if (d < 0) d = -d; r = d / ($1 < 0 ? -$1 : $1); if (r > worst) worst = r; n++ }
+      END { printf "%s %.3g", (n == 10 && worst <= 1e-5 ? "ok" : "bad"), worst }')
+    echo "$1: steps 10..19 against the uninterrupted run, max relative loss difference ${verdict#* }"
+    [ "${verdict%% *}" = ok ] || fail "$1: resumed losses differ by more than 1e-5 (${verdict#* })"
+  }
+  resumed cp4-to-one cp4-zero1 serial
+  resumed one-to-cp4 serial cp4-zero1
+  # A sequence that does not cut into 2 x cp chunks: refused before any rank starts.
+  cp=4; plan bad-cp 1 1 1 1f1b; cp=1
+  sed -i 's/"seq_len": 32/"seq_len": 36/' "$tmp/bad-cp.json"
+  expect 2 "$tmp/bad-cp.json: \$.batch.seq_len: 36 tokens do not divide into 2 x cp = 8 chunks" -- $mpengine run --config "$tmp/bad-cp.json" --steps 1
+fi
+if [ "$model" != tiny-gpt ] || [ "$mode" != layouts ]; then
   if [ $failures -ne 0 ]; then
     echo "$failures check(s) failed"
     exit 1
