@@ -58,7 +58,8 @@ static mp_status check_same_layout(const char *plan_path, const mp_plan *plan,
       {"pp", plan->pp, layout->pp},
       {"virtual stages", plan->virtual_stages, layout->virtual_stages},
       {"micro-batches", (long long)plan->num_micro_batches, layout->num_micro_batches},
-      {"dp", plan->dp, layout->dp},
+      /* A trace's dp counts the weights' replicas: dp x cp with context parallelism. */
+      {plan->cp > 1 ? "dp x cp" : "dp", mp_plan_replicas(plan), layout->dp},
       {"tp", plan->tp, layout->tp},
   };
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; ++i) {
