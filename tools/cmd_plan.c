@@ -53,9 +53,9 @@ static mp_status read_options(const cli_command *command, mp_planner_options *o,
   MP_TRY(cli_int(command, "seq-len", 1, 0, &o->seq_len, err));
   MP_TRY(cli_int(command, "top", 1, 5, &value, err));
   o->top_k = value > MP_PLANNER_MAX_TOP ? MP_PLANNER_MAX_TOP + 1 : (int)value;
-  const char *sizes[] = {"dp", "pp", "tp", "virtual-stages"};
-  int *targets[] = {&o->dp, &o->pp, &o->tp, &o->virtual_stages};
-  for (int i = 0; i < 4; ++i) {
+  const char *sizes[] = {"dp", "pp", "tp", "virtual-stages", "cp"};
+  int *targets[] = {&o->dp, &o->pp, &o->tp, &o->virtual_stages, &o->cp};
+  for (int i = 0; i < 5; ++i) {
     MP_TRY(cli_int(command, sizes[i], 1, 0, &value, err));
     if (value > (1 << 20)) return mp_fail(err, MP_ERR_INPUT, "--%s: too large", sizes[i]);
     *targets[i] = (int)value;
@@ -148,17 +148,18 @@ static void print_table(const mp_planner_result *r, const mp_cluster *cluster,
   printf("searched %ld layouts, simulated %ld (bounds ruled out %ld, %ld by memory); best %d "
          "that fit:\n\n",
          r->candidates, r->simulated, r->pruned, r->pruned_by_memory, r->num_results);
-  printf("%4s %4s %4s %4s %4s %-12s %2s %-9s %3s %4s %10s %11s %8s %6s %7s %15s\n", "rank", "dp",
-         "pp", "tp", "mb", "schedule", "v", "recompute", "sp", "zero", "step s", "tokens/s",
-         "TFLOP/s", "MFU", "bubble", "memory GiB");
+  printf("%4s %4s %4s %4s %4s %4s %-12s %2s %-9s %3s %4s %10s %11s %8s %6s %7s %15s\n", "rank",
+         "dp", "cp", "pp", "tp", "mb", "schedule", "v", "recompute", "sp", "zero", "step s",
+         "tokens/s", "TFLOP/s", "MFU", "bubble", "memory GiB");
   for (int i = 0; i < r->num_results; ++i) {
     const mp_estimate *e = &r->results[i];
     const mp_layout *l = &e->layout;
     char memory[40];
     snprintf(memory, sizeof memory, "%.1f/%.0f", e->memory_bytes / kGiB, e->capacity_bytes / kGiB);
-    printf("%4d %4d %4d %4d %4lld %-12s %2d %-9s %3s %4d %10.4g %11.4g %8.3g %5.1f%% %6.1f%% "
-           "%15s\n",
-           i + 1, l->dp, l->pp, l->tp, (long long)l->micro_batch, short_schedule(l->schedule),
+    printf("%4d %4d %4d %4d %4d %4lld %-12s %2d %-9s %3s %4d %10.4g %11.4g %8.3g %5.1f%% "
+           "%6.1f%% %15s\n",
+           i + 1, l->dp, mp_layout_cp(l), l->pp, l->tp, (long long)l->micro_batch,
+           short_schedule(l->schedule),
            l->virtual_stages, mp_recompute_name(l->recompute), l->sequence_parallel ? "on" : "off",
            l->zero_stage, e->step_s, e->tokens_per_s, e->tflops_per_gpu, 100.0 * e->mfu,
            100.0 * e->bubble_fraction, memory);
@@ -177,19 +178,36 @@ static void print_explain(const mp_planner_result *r, const mp_cluster *cluster)
          "message (%s)\n",
          (long long)l->num_micro_batches, (long long)l->micro_batch, (long long)l->seq_len,
          e->p2p_s * 1e3, l->pp == 1 ? "none: one stage" : e->p2p_inter_node ? "across nodes" : "inside a node");
+  const int cp = mp_layout_cp(l);
+  if (cp > 1) {
+    /* Context parallelism (cost_model.h): where its time and memory go. */
+    printf("  context parallelism: cp %d ranks share each sequence, %lld of its %lld tokens each "
+           "(2 chunks of %lld); activations per rank are those of %lld-token sequences, plus "
+           "the gathered K and V of every block\n",
+           cp, (long long)(l->seq_len / cp), (long long)l->seq_len,
+           (long long)(l->seq_len / (2 * cp)), (long long)(l->seq_len / cp));
+    printf("  K/V all-gather %.3f ms per block per micro-batch forward (%.2f MiB gathered), "
+           "dK/dV reduce-scatter%s %.3f ms backward, exposed, over the cp group of %d on %s\n",
+           e->cp_layer_forward_s * 1e3, e->cp_layer_gather_bytes / (1024.0 * 1024.0),
+           l->recompute == MP_RECOMPUTE_FULL ? " and re-gather" : "", e->cp_layer_backward_s * 1e3,
+           cp, e->cp_inter_node ? "the inter-node link" : "the intra-node link");
+  }
   printf("  step time %.4f s = pipeline %.4f s (simulated %s) + gradient reduction and optimizer "
          "%.4f s\n",
          e->step_s, e->pipeline_s, mp_schedule_kind_name(l->schedule), e->step_s - e->pipeline_s);
   printf("\n  time per pipeline rank, seconds (each row sums to the step time):\n");
-  printf("  %4s %10s %10s %10s %12s %10s %10s %10s %9s\n", "pp", "compute", "(recomp)", "tp comm",
-         "bubble+p2p", "dp exposed", "optimizer", "end wait", "dp total");
+  printf("  %4s %10s %10s %10s", "pp", "compute", "(recomp)", "tp comm");
+  if (cp > 1) printf(" %10s", "cp comm");
+  printf(" %12s %10s %10s %10s %9s\n", "bubble+p2p", "dp exposed", "optimizer", "end wait",
+         "dp total");
   for (int p = 0; p < l->pp; ++p) {
     const mp_rank_estimate *k = &e->ranks[p];
-    printf("  %4d %10.4f %10.4f %10.4f %12.4f %10.4f %10.4f %10.4f %9.4f\n", p, k->compute_s,
-           k->recompute_s, k->tp_comm_s, k->idle_s, k->dp_exposed_s, k->optimizer_s,
+    printf("  %4d %10.4f %10.4f %10.4f", p, k->compute_s, k->recompute_s, k->tp_comm_s);
+    if (cp > 1) printf(" %10.4f", k->cp_comm_s);
+    printf(" %12.4f %10.4f %10.4f %10.4f %9.4f\n", k->idle_s, k->dp_exposed_s, k->optimizer_s,
            k->end_wait_s, k->dp_comm_s);
   }
-  if (l->zero_stage >= 1 && l->dp > 1) {
+  if (l->zero_stage >= 1 && mp_layout_replicas(l) > 1) {
     static const char *const kWhat[] = {"", "optimizer state", "optimizer state and gradients",
                                         "optimizer state, gradients and parameters"};
     const int shard = mp_layout_zero_shard(l);
@@ -197,6 +215,9 @@ static void print_explain(const mp_planner_result *r, const mp_cluster *cluster)
       printf("\n  ZeRO-%d in groups of %d dp ranks, replicated %d times (HSDP; %s sharded); dp "
              "traffic per rank and step, GiB:\n",
              l->zero_stage, shard, l->dp / shard, kWhat[l->zero_stage]);
+    } else if (cp > 1) {
+      printf("\n  ZeRO-%d over dp %d x cp %d (%s sharded); dp traffic per rank and step, GiB:\n",
+             l->zero_stage, l->dp, cp, kWhat[l->zero_stage]);
     } else {
       printf("\n  ZeRO-%d over dp %d (%s sharded); dp traffic per rank and step, GiB:\n",
              l->zero_stage, l->dp, kWhat[l->zero_stage]);
@@ -237,6 +258,7 @@ static void print_explain(const mp_planner_result *r, const mp_cluster *cluster)
 static void add_estimate(cJSON *row, const mp_estimate *e) {
   const mp_layout *l = &e->layout;
   cJSON_AddNumberToObject(row, "dp", l->dp);
+  cJSON_AddNumberToObject(row, "cp", mp_layout_cp(l));
   cJSON_AddNumberToObject(row, "pp", l->pp);
   cJSON_AddNumberToObject(row, "tp", l->tp);
   cJSON_AddNumberToObject(row, "micro_batch", (double)l->micro_batch);
@@ -302,10 +324,12 @@ static mp_status write_plan(const char *out_path, const char *model_path, const 
   plan.dp = l->dp;
   plan.pp = l->pp;
   plan.tp = l->tp;
+  plan.cp = mp_layout_cp(l);
   plan.virtual_stages = l->virtual_stages;
   plan.sequence_parallel = l->sequence_parallel;
   plan.zero_stage = l->zero_stage;
-  plan.zero_shard_size = mp_layout_zero_shard(l);
+  /* As the plan reader has it: the HSDP group, else dp (the state then spans dp x cp). */
+  plan.zero_shard_size = mp_layout_zero_shard(l) < l->dp ? mp_layout_zero_shard(l) : l->dp;
   plan.micro_batch = l->micro_batch;
   plan.num_micro_batches = l->num_micro_batches;
   plan.global_batch = l->dp * l->micro_batch * l->num_micro_batches;
@@ -347,6 +371,8 @@ int cmd_plan(int argc, char **argv) {
       {"dp", "D", "fix the data-parallel size", NULL},
       {"pp", "P", "fix the pipeline-parallel size", NULL},
       {"tp", "T", "fix the tensor-parallel size", NULL},
+      {"cp", "C", "fix the context-parallel size: C ranks share each sequence (the sequence "
+       "length a multiple of 2 C; searched: powers of two, chunks of 512 tokens or more)", NULL},
       {"micro-batch", "B", "fix the sequences per micro-batch", NULL},
       {"schedule", "K", "fix the schedule: gpipe, 1f1b, interleaved-1f1b, zb-h1", NULL},
       {"virtual-stages", "V", "fix the model chunks per pipeline rank", NULL},
@@ -364,8 +390,8 @@ int cmd_plan(int argc, char **argv) {
       .usage = "mpengine plan MODEL.json --gpus N [--cluster NAME|FILE] [--global-batch B] "
                "[--seq-len S] [--top K] [--out PLAN.json] [--json] [--explain]",
       .summary =
-          "Search dp x pp x tp, micro-batch, schedule, virtual stages, recomputation, sequence "
-          "parallelism and ZeRO-1 for the fastest layout that fits in memory. Each layout's "
+          "Search dp x cp x pp x tp, micro-batch, schedule, virtual stages, recomputation, "
+          "sequence parallelism and ZeRO-1 for the fastest layout that fits in memory. Each layout's "
           "layers are cut into stages by dynamic programming, its pipeline is simulated with the "
           "cost model's durations (the schedule `mpengine schedule` draws), and the fastest "
           "that fit are ranked. Any choice can be fixed with its option.",

@@ -33,6 +33,25 @@ double mp_cost_allreduce_seconds(double bytes, int ranks, double bandwidth, doub
   return 2.0 * (n - 1.0) / n * bytes / bandwidth + 2.0 * (n - 1.0) * latency;
 }
 
+double mp_cost_allgather_seconds(double bytes, int ranks, double bandwidth, double latency) {
+  if (ranks <= 1 || bytes <= 0.0) return 0.0;
+  const double n = (double)ranks;
+  return (n - 1.0) / n * bytes / bandwidth + (n - 1.0) * latency;
+}
+
+int mp_layout_cp(const mp_layout *layout) { return layout->cp > 1 ? layout->cp : 1; }
+
+int mp_layout_replicas(const mp_layout *layout) { return layout->dp * mp_layout_cp(layout); }
+
+bool mp_cost_cp_intra_node(const mp_cluster *cluster, const mp_layout *layout) {
+  return mp_cluster_same_node(cluster, 0, layout->tp * mp_layout_cp(layout) - 1);
+}
+
+double mp_layer_time_seconds(const mp_layer_time *t) {
+  return t->forward_compute_s + t->backward_compute_s + t->forward_tp_s + t->backward_tp_s +
+         t->forward_cp_s + t->backward_cp_s;
+}
+
 /* Seconds of one GEMM shape on one tp rank: the roofline of its FLOPs, at peak x the efficiency
  * of one launch of that many FLOPs (a batched product is one launch; a wide one, an LM head, at
  * the cluster's wide_gemm_efficiency of that), and of its bytes (both operands and the result, in
@@ -62,13 +81,15 @@ void mp_cost_layer(const mp_cluster *cluster, const mp_layer_spec *layer, const 
   memset(out, 0, sizeof *out);
   const int elem = mp_cost_activation_bytes_per_element(cluster);
   /* Our CUDA backend (bf16) runs flash attention, the CPU backend (fp32) the unfused products. */
+  const int cp = mp_layout_cp(layout);
   const mp_cost_shape shape = {layout->micro_batch, layout->seq_len, elem,
-                               mp_cluster_training_dtype(cluster) == MP_DTYPE_BF16};
+                               mp_cluster_training_dtype(cluster) == MP_DTYPE_BF16, cp};
   mp_layer_cost cost;
   mp_layer_cost_compute(layer, &shape, &cost);
   const double t = (double)layout->tp;
   const bool sp = layout->sequence_parallel;
-  const double tokens = (double)layout->micro_batch * (double)layout->seq_len;
+  /* This cp rank's tokens: the tp collectives move (B, T / cp, C). */
+  const double tokens = (double)layout->micro_batch * (double)layout->seq_len / (double)cp;
   const double bsh = tokens * (double)layer->hidden * elem; /* one (B, T, C) tensor */
   const double memory_bw = mp_cluster_memory_bandwidth(cluster);
 
@@ -129,7 +150,7 @@ void mp_cost_layer(const mp_cluster *cluster, const mp_layer_spec *layer, const 
   const double replicated = cost.activation_replicated_bytes[layout->recompute];
   out->activation_bytes = (kept - replicated) / t + replicated * replicated_share;
   switch (layer->kind) {
-    case MP_LAYER_TRANSFORMER:
+    case MP_LAYER_TRANSFORMER: {
       out->forward_tp_s = 2.0 * ar;
       out->backward_tp_s = 2.0 * ar;
       if (layout->recompute == MP_RECOMPUTE_FULL) {
@@ -139,7 +160,21 @@ void mp_cost_layer(const mp_cluster *cluster, const mp_layer_spec *layer, const 
          * inputs, so backward all-gathers both again for the weight gradients (Megatron-LM). */
         out->backward_tp_s += ar;
       }
+      /* Context parallelism: this tp rank's kv heads of the whole sequence, gathered in forward
+       * and their gradients reduce-scattered in backward over the cp group (a ring each, the
+       * same bytes), exposed (cost_model.h); full recomputation gathers them again. */
+      const double kv = cost.kv_gather_bytes / t;
+      const bool intra = mp_cost_cp_intra_node(cluster, layout);
+      const double gather =
+          mp_cost_allgather_seconds(kv, cp, mp_cluster_link_bandwidth(cluster, intra),
+                                    mp_cluster_collective_latency(cluster, intra));
+      const bool full = layout->recompute == MP_RECOMPUTE_FULL;
+      out->forward_cp_s = gather;
+      out->backward_cp_s = full ? 2.0 * gather : gather;
+      out->cp_buffer_bytes = full ? 2.0 * kv : kv;
+      out->cp_gather_bytes = cp > 1 ? kv : 0.0;
       break;
+    }
     case MP_LAYER_EMBEDDING: out->forward_tp_s = ar; break;
     case MP_LAYER_LM_HEAD: out->backward_tp_s = ar; break;
     case MP_LAYER_LAYERNORM:
@@ -148,8 +183,8 @@ void mp_cost_layer(const mp_cluster *cluster, const mp_layer_spec *layer, const 
 }
 
 int mp_layout_zero_shard(const mp_layout *layout) {
-  const int s = layout->zero_shard_size;
-  return s > 0 && s < layout->dp ? s : layout->dp;
+  const int s = layout->zero_shard_size; /* HSDP: groups of s of the dp ranks (cp 1) */
+  return s > 0 && s < layout->dp ? s : mp_layout_replicas(layout);
 }
 
 mp_state_bytes mp_cost_sharded_state_bytes(const mp_cluster *cluster, const mp_layout *layout) {
@@ -179,14 +214,19 @@ double mp_cost_optimizer_seconds(const mp_cluster *cluster, const mp_layout *lay
 
 /* ---- ranks sharing a node's cores (cost_model.h, "Shared cores") -------------------------- */
 
+/* The ranks of layout: dp x cp x pp x tp. */
+static int layout_ranks(const mp_layout *layout) {
+  return layout->dp * mp_layout_cp(layout) * layout->pp * layout->tp;
+}
+
 double mp_cost_compute_slowdown(const mp_cluster *cluster, const mp_layout *layout) {
-  const int devices = mp_cluster_devices_on_node(cluster, layout->dp * layout->pp * layout->tp);
+  const int devices = mp_cluster_devices_on_node(cluster, layout_ranks(layout));
   return mp_cluster_compute_slowdown(cluster, devices);
 }
 
 void mp_cost_layer_on_node(const mp_cluster *cluster, const mp_layer_spec *layer,
                            const mp_layout *layout, mp_layer_time *out) {
-  const int devices = mp_cluster_devices_on_node(cluster, layout->dp * layout->pp * layout->tp);
+  const int devices = mp_cluster_devices_on_node(cluster, layout_ranks(layout));
   const int threads = mp_cluster_threads_per_device(cluster, devices);
   if (threads > 1) {
     /* The rank's GEMMs run on its BLAS threads: the one-thread peak times the threads, at the
@@ -206,6 +246,8 @@ void mp_cost_layer_on_node(const mp_cluster *cluster, const mp_layer_spec *layer
   out->recompute_s *= slowdown;
   out->forward_tp_s *= slowdown;
   out->backward_tp_s *= slowdown;
+  out->forward_cp_s *= slowdown;
+  out->backward_cp_s *= slowdown;
 }
 
 double mp_cost_workspace_bytes(const mp_cluster *cluster) {
@@ -222,8 +264,7 @@ void mp_cost_partition_costs(const mp_cluster *cluster, const mp_model *model,
   for (int i = 0; i < mp_model_num_layers(model); ++i) {
     mp_layer_time time;
     mp_cost_layer_on_node(cluster, mp_model_layer(model, i), layout, &time);
-    costs[i] = time.forward_compute_s + time.backward_compute_s + time.forward_tp_s +
-               time.backward_tp_s;
+    costs[i] = mp_layer_time_seconds(&time);
   }
 }
 
@@ -240,9 +281,16 @@ static double tied_table_params(const mp_model *model) {
 
 static mp_status check_layout(const mp_model *model, const mp_layout *l, mp_error *err) {
   if (l->dp < 1 || l->pp < 1 || l->tp < 1 || l->virtual_stages < 1 || l->micro_batch < 1 ||
-      l->num_micro_batches < 1 || l->seq_len < 1) {
-    return mp_fail(err, MP_ERR_INPUT, "dp, pp, tp, virtual stages, micro-batch, micro-batches "
-                                      "and sequence length must all be at least 1");
+      l->num_micro_batches < 1 || l->seq_len < 1 || l->cp < 0) {
+    return mp_fail(err, MP_ERR_INPUT, "dp, cp, pp, tp, virtual stages, micro-batch, "
+                                      "micro-batches and sequence length must all be at least 1");
+  }
+  const int cp = mp_layout_cp(l);
+  if (cp > 1 && l->seq_len % (2 * cp) != 0) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "cp %d needs the sequence length to be a multiple of 2 x cp = %d (each cp rank "
+                   "holds 2 of 2 cp equal chunks of a sequence), but it is %lld",
+                   cp, 2 * cp, (long long)l->seq_len);
   }
   const int stages = l->pp * l->virtual_stages;
   if (stages > mp_model_num_layers(model) || stages > MP_COST_MAX_STAGES) {
@@ -296,8 +344,7 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
   }
   for (int i = 0; i < n; ++i) {
     mp_cost_layer_on_node(cluster, mp_model_layer(model, i), layout, &times[i]);
-    costs[i] = times[i].forward_compute_s + times[i].backward_compute_s +
-               times[i].forward_tp_s + times[i].backward_tp_s;
+    costs[i] = mp_layer_time_seconds(&times[i]);
   }
   mp_status status = MP_OK;
   if (layers_per_stage != NULL) {
@@ -330,6 +377,8 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
   double stage_params[MP_COST_MAX_STAGES], stage_act[MP_COST_MAX_STAGES];
   double stage_compute[MP_COST_MAX_STAGES], stage_recompute[MP_COST_MAX_STAGES];
   double stage_tp[MP_COST_MAX_STAGES], stage_fwd_compute[MP_COST_MAX_STAGES];
+  double stage_cp[MP_COST_MAX_STAGES];            /* the cp collectives, one micro-batch */
+  double stage_cp_buffer[MP_COST_MAX_STAGES];     /* the largest layer's transient cp bytes */
   double stage_largest_layer[MP_COST_MAX_STAGES]; /* parameters of its largest layer */
   /* ZeRO-2: the blocks' parameters (their gradients pass through a one-block window) and the
    * largest block's; the rest (embedding, final norm, head) keeps whole gradients. */
@@ -339,7 +388,7 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
   int layer = 0;
   for (int s = 0; s < stages; ++s) {
     double f = 0, b = 0, tpf = 0, tpb = 0, params = 0, act = 0, rec = 0, largest = 0;
-    double block_params = 0, largest_block = 0;
+    double block_params = 0, largest_block = 0, cpf = 0, cpb = 0, cp_buffer = 0;
     for (int i = 0; i < out->layers_per_stage[s]; ++i, ++layer) {
       const mp_layer_time *t = &times[layer];
       if (t->params > largest) largest = t->params;
@@ -352,15 +401,26 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
       rec += t->recompute_s;
       tpf += t->forward_tp_s;
       tpb += t->backward_tp_s;
+      cpf += t->forward_cp_s;
+      cpb += t->backward_cp_s;
+      if (t->cp_buffer_bytes > cp_buffer) cp_buffer = t->cp_buffer_bytes;
+      if (t->forward_cp_s > out->cp_layer_forward_s) {
+        out->cp_layer_forward_s = t->forward_cp_s;
+        out->cp_layer_backward_s = t->backward_cp_s;
+        out->cp_layer_gather_bytes = t->cp_gather_bytes;
+      }
       params += t->params;
       act += t->activation_bytes;
       model_flops += t->model_flops;
       const double hidden = (double)mp_model_layer(model, layer)->hidden;
-      const double bytes = (double)layout->micro_batch * (double)layout->seq_len * hidden * elem;
+      const double bytes = (double)layout->micro_batch * (double)layout->seq_len /
+                           (double)mp_layout_cp(layout) * hidden * elem;
       if (bytes > boundary_bytes) boundary_bytes = bytes;
     }
-    out->stage_forward_s[s] = f + tpf;
-    out->stage_backward_s[s] = b + tpb;
+    out->stage_forward_s[s] = f + tpf + cpf;
+    out->stage_backward_s[s] = b + tpb + cpb;
+    stage_cp[s] = cpf + cpb;
+    stage_cp_buffer[s] = cp_buffer;
     stage_compute[s] = f + b;
     stage_fwd_compute[s] = f;
     stage_recompute[s] = rec;
@@ -379,7 +439,9 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
 
   /* Point-to-point: the slowest boundary between neighbouring pipeline ranks. */
   if (layout->sequence_parallel) boundary_bytes /= layout->tp;
-  const int block = layout->tp * layout->dp;
+  /* A pipeline rank's ranks: tp fastest, then cp, then dp (grid.h). */
+  const int block = layout->tp * mp_layout_cp(layout) * layout->dp;
+  out->cp_inter_node = mp_layout_cp(layout) > 1 && !mp_cost_cp_intra_node(cluster, layout);
   bool inter = false;
   for (int r = 0; r + 1 < pp; ++r) {
     if (!mp_cluster_same_node(cluster, r * block, (r + 2) * block - 1)) inter = true;
@@ -432,7 +494,7 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
 
   /* Data parallelism, optimizer and memory, per pipeline rank. */
   const mp_state_bytes state = mp_cost_state_bytes(cluster);
-  const int d = layout->dp;
+  const int d = mp_layout_replicas(layout); /* the gradients are summed over dp x cp */
   const bool dp_intra = mp_cluster_same_node(cluster, 0, block - 1);
   const double dp_bw = mp_cluster_link_bandwidth(cluster, dp_intra);
   const double dp_lat = mp_cluster_collective_latency(cluster, dp_intra);
@@ -442,7 +504,7 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
     mp_rank_estimate *rank = &out->ranks[r];
     rank->first_stage = r;
     double params = 0.0, last_backward = 0.0, all_compute = 0.0, largest_layer = 0.0;
-    double block_params = 0.0, largest_block = 0.0;
+    double block_params = 0.0, largest_block = 0.0, cp_buffer = 0.0;
     for (int c = 0; c < v; ++c) {
       const int s = c * pp + r;
       params += stage_params[s];
@@ -453,6 +515,8 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
       rank->compute_s += m * stage_compute[s];
       rank->recompute_s += m * stage_recompute[s];
       rank->tp_comm_s += m * stage_tp[s];
+      rank->cp_comm_s += m * stage_cp[s];
+      if (stage_cp_buffer[s] > cp_buffer) cp_buffer = stage_cp_buffer[s];
       last_backward += out->stage_backward_s[s];
     }
     rank->idle_s = sim.step_time - sim.busy_time[r];
@@ -545,7 +609,9 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
     rank->optimizer_bytes = params * sharded.optimizer;
     rank->activation_bytes = sim.peak_activation_memory[r];
     rank->peak_live = sim.peak_live[r];
-    rank->workspace_bytes = mp_cost_workspace_bytes(cluster);
+    /* cp > 1: the dK and dV (and with full recomputation the gathered K and V) of the layer
+     * being computed. */
+    rank->workspace_bytes = mp_cost_workspace_bytes(cluster) + cp_buffer;
     /* The dp collectives' buffers: every bucket's temporaries on CPU ranks (ZeRO 0 and 1). ZeRO-2:
      * the one-block window, and one reduce-scatter's input at a time (the window, or a bucket of
      * the tensors outside the blocks) and its output; ZeRO-3: one layer's gradients. */
@@ -571,9 +637,10 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
     out->ranks[r].end_wait_s = tail - out->ranks[r].dp_exposed_s - out->ranks[r].optimizer_s;
   }
   out->step_s = sim.step_time + tail;
-  const double gpus = (double)layout->dp * pp * layout->tp;
+  const double gpus = (double)layout_ranks(layout);
   const double global_batch = (double)layout->dp * (double)layout->micro_batch * m;
-  out->model_flops_per_step = model_flops * m * layout->dp;
+  /* Each cp rank computes 1/cp of every sequence's FLOPs. */
+  out->model_flops_per_step = model_flops * m * layout->dp * mp_layout_cp(layout);
   out->tokens_per_s = global_batch * (double)layout->seq_len / out->step_s;
   out->tflops_per_gpu = out->model_flops_per_step / out->step_s / gpus / 1e12;
   /* Against the job's peak (on shared cores, the cores its ranks keep busy). */
@@ -603,6 +670,7 @@ mp_status mp_cost_estimate_plan(const mp_plan *plan, const mp_model *model, mp_e
   layout.sequence_parallel = plan->sequence_parallel;
   layout.zero_stage = plan->zero_stage;
   layout.zero_shard_size = plan->zero_shard_size;
+  layout.cp = plan->cp;
   if (mp_schedule_kind_parse(plan->schedule, &layout.schedule, err) != MP_OK) {
     return mp_error_prefix(err, "%s: $.schedule", plan->source);
   }

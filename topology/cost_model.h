@@ -38,31 +38,62 @@
  * in backward instead. The vocab-parallel embedding does 1 all-reduce forward, the LM head 1
  * backward. Not overlapped with compute.
  *
- * Pipeline. Each stage boundary sends B x T x C activations (divided by tp with sequence
+ * Context parallelism (cp > 1; Megatron-Core's context_parallel_size, run as Llama 3 does it:
+ * Dubey et al. 2024, section 3.3.2). Each of the cp ranks of a sequence holds T / cp of its
+ * tokens, load-balanced (the sequence cut into 2 cp chunks, rank i holding chunks i and
+ * 2 cp - 1 - i, so that each does the same causal work). Embedding, norms, linears, MLP, head
+ * and loss run on the local B x T / cp tokens, so their compute, memory traffic, activations,
+ * tp collectives and pipeline messages are those of a micro-batch of T / cp tokens per sequence
+ * (layer_cost.h). Attention takes the local queries against the whole sequence's keys and
+ * values: 4 B (T / cp) T h FLOPs per rank, 1/cp of the sequence's. Before it, each block
+ * all-gathers K and V over the cp group (after tp's head split: this tp rank's kv heads, 2 x B x
+ * T/cp x kv_heads/tp x head size elements from each rank in the training dtype); backward
+ * reduce-scatters dK and dV, the same bytes; each is a ring, (cp-1)/cp x the gathered bytes at
+ * the link's bandwidth x efficiency plus (cp-1) latencies, on the intra-node link when the
+ * tp x cp ranks of a cp group share a node (tp fastest, then cp: they are consecutive), else the
+ * inter-node one. Full recomputation gathers K and V once more for the recomputed forward.
+ * Overlap assumption: none. Megatron-Core's ring attention (p2p) hides its K/V exchange under
+ * the attention of the chunk before; the all-gather version runs before the attention that
+ * needs it, and Llama 3 chose it knowing its latency is exposed in the critical path, because
+ * with grouped-query attention the K and V are much smaller than Q and the attention's
+ * O(T^2) compute dwarfs the O(T) gather (Dubey et al. 2024, 3.3.2). So the gather and the
+ * reduce-scatter add to the block's forward and backward time. Memory per rank: the block's
+ * activations of its T / cp tokens, plus the gathered K and V of every block (kept for its
+ * backward, which reads them rather than gathering again; with full recomputation only the
+ * block's input is kept), plus, in the workspace, the dK and dV of the block being computed
+ * (and with full recomputation its re-gathered K and V). The weights are replicated over dp x cp:
+ * the gradient reduction and ZeRO (below) run over the dp x cp ranks (tp x cp x dp consecutive
+ * ranks hold one pipeline rank's replicas). The global batch is still dp x micro-batch x
+ * micro-batches sequences of T tokens; model FLOPs per step count every cp rank's share.
+ *
+ * Pipeline. Each stage boundary sends B x T/cp x C activations (divided by tp with sequence
  * parallelism, which scatters them over the tp ranks) in forward and the same gradient back;
- * ranks are placed tp fastest, then dp, then pp, so a boundary stays inside a node only when
- * both pp ranks' blocks of tp x dp ranks share one. The slowest boundary's transfer time is the
- * simulator's point-to-point latency. The pipeline time is mp_schedule_simulate of the generated
- * schedule with these per-stage durations: the same code `mpengine schedule` draws.
+ * ranks are placed tp fastest, then cp, then dp, then pp, so a boundary stays inside a node only
+ * when both pp ranks' blocks of tp x cp x dp ranks share one. The slowest boundary's transfer
+ * time is the simulator's point-to-point latency. The pipeline time is mp_schedule_simulate of
+ * the generated schedule with these per-stage durations: the same code `mpengine schedule`
+ * draws.
  *
  * Data parallelism. Each pipeline rank reduces its gradients (fp32, 4 bytes per parameter) over
- * dp: a ring all-reduce 2(d-1)/d x bytes, or with ZeRO-1 a reduce-scatter of the gradients plus an
- * all-gather of the bf16 weights ((d-1)/d each), on the inter-node link unless the whole dp group
- * sits in one node. Overlap assumption: gradients are bucketed and reduced as the last
- * micro-batch's backward produces them, so the duration of the rank's last backward (all its
- * chunks) is hidden, and so is the time the rank idles after its last action while other ranks
- * finish the pipeline; the rest is exposed. On CPU ranks (a cluster with cores_per_node) nothing
- * is hidden: Open MPI copies and reduces on the cores that compute and progresses a collective
- * only inside MPI calls. Links reach bandwidth x efficiency here too. With a tied LM head and
- * pp > 1 the first and last pipeline rank then all-reduce the token table's gradient between
- * them (fp32, their tp shard), exposed. Then the
- * optimizer step, memory-bound at the reachable bandwidth: 30 bytes per parameter (fp32 gradient, master weight, Adam m and v read, the three written back, bf16 weights
- * written), the optimizer part divided by dp with ZeRO-1.
+ * its d = dp x cp replicas: a ring all-reduce 2(d-1)/d x bytes, or with ZeRO-1 a reduce-scatter
+ * of the gradients plus an all-gather of the bf16 weights ((d-1)/d each), on the inter-node link
+ * unless the whole dp x cp group sits in one node. Overlap assumption: gradients are bucketed
+ * and reduced as the last micro-batch's backward produces them, so the duration of the rank's
+ * last backward (all its chunks) is hidden, and so is the time the rank idles after its last
+ * action while other ranks finish the pipeline; the rest is exposed. On CPU ranks (a cluster with
+ * cores_per_node) nothing is hidden: Open MPI copies and reduces on the cores that compute and
+ * progresses a collective only inside MPI calls. Links reach bandwidth x efficiency here too. With
+ * a tied LM head and pp > 1 the first and last pipeline rank then all-reduce the token table's
+ * gradient between them (fp32, their tp shard), exposed. Then the optimizer step, memory-bound at
+ * the reachable bandwidth: 30 bytes per parameter (fp32 gradient, master weight, Adam m and v
+ * read, the three written back, bf16 weights written), the optimizer part divided by dp with
+ * ZeRO-1.
  * Step time = pipeline time + the largest (exposed dp + optimizer) over pipeline ranks.
  *
  * Memory per rank (mixed precision on a bf16 device: 2 B bf16 weights, 4 B fp32 gradients, 12 B
- * fp32 master weights and Adam m, v per parameter, the 12 B divided by dp with ZeRO-1; fp32 on an
- * fp32 device: 4 + 4 + 8). Parameters are divided by tp (norms too: a small overcount ignored).
+ * fp32 master weights and Adam m, v per parameter, the 12 B divided by dp x cp with ZeRO-1; fp32
+ * on an fp32 device: 4 + 4 + 8). Parameters are divided by tp (norms too: a small overcount
+ * ignored).
  * With a tied LM head and pp > 1 the last stage keeps its own copy of the token table, with its
  * gradients and optimizer state (Megatron's). Activations: layer_cost's bytes for the recompute
  * mode; of a block's, the 4 (B, T, C) norm inputs and outputs (with full recomputation the one
@@ -81,7 +112,7 @@
  * workspace.
  *
  * Shared cores (a cluster with "cores_per_node", cpu-local once calibrated; cluster.h). The D
- * ranks of the fullest node (min(dp x pp x tp, devices_per_node)) share its cores: each rank's
+ * ranks of the fullest node (min(dp x cp x pp x tp, devices_per_node)) share its cores: each rank's
  * GEMMs run at the one-thread peak times its BLAS threads (mp_cluster_threads_per_device: `run`
  * gives each rank floor(cores / D) of them, at least 1), the rest of its work on one thread, and
  * every time of the rank (its layers' compute and tp collectives, the point-to-point transfer,
@@ -144,9 +175,18 @@ typedef struct {
    * links: within a node when the group fits one) and each part is all-reduced across the
    * dp / zero_shard_size replicas. 0 or dp: all of dp. */
   int zero_shard_size;
+  /* Context parallelism: the ranks that share each sequence, T / cp tokens each (0 or 1: none;
+   * last, so that a layout written without it has none). The weights' replicas are dp x cp. */
+  int cp;
 } mp_layout;
 
-/* The dp ranks layout's ZeRO state is divided over: zero_shard_size, or dp. */
+/* cp of layout: its cp, 1 when it is 0. */
+int mp_layout_cp(const mp_layout *layout);
+
+/* The ranks that hold the same weights and sum their gradients: dp x cp. */
+int mp_layout_replicas(const mp_layout *layout);
+
+/* The ranks layout's ZeRO state is divided over: zero_shard_size (HSDP, cp 1), or dp x cp. */
 int mp_layout_zero_shard(const mp_layout *layout);
 
 /* One layer on one tp rank for one micro-batch. */
@@ -156,10 +196,21 @@ typedef struct {
   double recompute_s;        /* the recomputation part of backward_compute_s */
   double forward_tp_s;       /* tensor-parallel collectives */
   double backward_tp_s;
+  double forward_cp_s;       /* context parallelism: the K and V all-gather */
+  double backward_cp_s;      /* the dK and dV reduce-scatter (and with full recomputation the
+                                recomputed forward's all-gather) */
   double params;             /* parameters held by one tp rank */
-  double activation_bytes;   /* kept from forward to backward, one tp rank */
+  double activation_bytes;   /* kept from forward to backward, one tp (and cp) rank */
+  double cp_buffer_bytes;    /* held only while the layer computes, cp > 1: dK and dV of the
+                                whole sequence (and with full recomputation the gathered K and V,
+                                not kept), one tp rank */
+  double cp_gather_bytes;    /* cp > 1: the K and V one all-gather collects, one tp rank */
   double model_flops;        /* forward + backward FLOPs of the whole layer (no recompute) */
 } mp_layer_time;
+
+/* Everything one layer's micro-batch costs a rank: compute, tp and cp collectives, forward and
+ * backward; what the partitioner balances. */
+double mp_layer_time_seconds(const mp_layer_time *time);
 
 /* Bytes per parameter under mixed precision on this cluster (see the top of this file). */
 typedef struct {
@@ -177,13 +228,22 @@ int mp_cost_activation_bytes_per_element(const mp_cluster *cluster);
  * plus 2(n-1) latencies); 0 for ranks <= 1. */
 double mp_cost_allreduce_seconds(double bytes, int ranks, double bandwidth, double latency);
 
+/* Seconds of one ring all-gather (or reduce-scatter) over ranks devices whose gathered buffer
+ * (the reduce-scatter's input) is bytes: (n-1)/n of the bytes plus (n-1) latencies; 0 for
+ * ranks <= 1. */
+double mp_cost_allgather_seconds(double bytes, int ranks, double bandwidth, double latency);
+
+/* Whether layout's cp groups sit inside one node (tp x cp consecutive ranks), so that their
+ * collectives run on the intra-node link. */
+bool mp_cost_cp_intra_node(const mp_cluster *cluster, const mp_layout *layout);
+
 /* Seconds of the memory-bound AdamW step over params parameters of one rank under layout (only
  * dp and the ZeRO stage matter, and the shared-core slowdown): MP_COST_OPTIMIZER_BYTES_PER_PARAM
  * bytes each, less the moments ZeRO-1 leaves to other dp ranks, at the reachable bandwidth. */
 double mp_cost_optimizer_seconds(const mp_cluster *cluster, const mp_layout *layout,
                                  double params);
 
-/* The costs of one layer under a layout (only tp, micro_batch, seq_len, recompute and
+/* The costs of one layer under a layout (only tp, cp, micro_batch, seq_len, recompute and
  * sequence_parallel matter), on a device that is its own processor (no shared cores). */
 void mp_cost_layer(const mp_cluster *cluster, const mp_layer_spec *layer, const mp_layout *layout,
                    mp_layer_time *out);
@@ -215,6 +275,7 @@ typedef struct {
   double compute_s;      /* forward + backward + recomputation, whole step */
   double recompute_s;    /* of which recomputation */
   double tp_comm_s;      /* tensor-parallel collectives, whole step */
+  double cp_comm_s;      /* context-parallel K/V all-gathers and reduce-scatters, whole step */
   double idle_s;         /* pipeline time - busy: bubble and point-to-point waits */
   double dp_comm_s;      /* gradient reduction, whole (on the first and last pipeline rank of a
                             tied head with pp > 1, with the token table's sum between them) */
@@ -240,6 +301,12 @@ typedef struct {
   double stage_activation_bytes[MP_COST_MAX_STAGES]; /* kept per alive micro-batch, one tp rank */
   double p2p_s;                           /* one activation transfer at the slowest boundary */
   bool p2p_inter_node;
+  /* cp > 1: one block's K/V all-gather in forward and its backward's collectives (the
+   * reduce-scatter, and the re-gather of full recomputation), one micro-batch, the costliest
+   * block's; on the inter-node link unless the tp x cp ranks of a cp group share a node. */
+  double cp_layer_forward_s, cp_layer_backward_s;
+  double cp_layer_gather_bytes;           /* the gathered K and V of one block, one rank */
+  bool cp_inter_node;
   double pipeline_s;                      /* simulated */
   double step_s;                          /* pipeline + the largest dp exposed + optimizer */
   double bubble_fraction;                 /* the simulator's, of the pipeline time */

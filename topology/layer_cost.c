@@ -115,10 +115,20 @@ bool mp_layer_flash_attention(const mp_layer_spec *layer, const mp_cost_shape *s
          (layer->attention == MP_ATTENTION_BACKEND && shape->backend_flash);
 }
 
+int mp_cost_shape_cp(const mp_cost_shape *shape) {
+  return shape->context_parallel > 1 ? shape->context_parallel : 1;
+}
+
+/* This cp rank's tokens per sequence: T / cp (T itself without cp). */
+static double local_seq_len(const mp_cost_shape *shape) {
+  return (double)shape->seq_len / (double)mp_cost_shape_cp(shape);
+}
+
 static void transformer_cost(const mp_layer_spec *layer, const mp_cost_shape *shape,
                              mp_layer_cost *out) {
-  const double tokens = (double)shape->micro_batch * (double)shape->seq_len; /* B * T */
-  const double t = (double)shape->seq_len;
+  const double tq = local_seq_len(shape); /* queries per sequence on this cp rank */
+  const double tokens = (double)shape->micro_batch * tq; /* B * T / cp */
+  const double t = (double)shape->seq_len;               /* keys per sequence: all of them */
   const double h = (double)layer->hidden;
   const double heads = (double)layer->heads;
   const double head_size = (double)(layer->hidden / layer->heads);
@@ -136,8 +146,8 @@ static void transformer_cost(const mp_layer_spec *layer, const mp_cost_shape *sh
     out->flash_attention_flops = attention_core_flops;
     out->forward_flops += attention_core_flops;
   } else {
-    add_gemm(out, t, t, head_size, sequences_x_heads, MP_GEMM_SPLIT_BATCH, true); /* Q K^T */
-    add_gemm(out, t, head_size, t, sequences_x_heads, MP_GEMM_SPLIT_BATCH, true); /* P V */
+    add_gemm(out, tq, t, head_size, sequences_x_heads, MP_GEMM_SPLIT_BATCH, true); /* Q K^T */
+    add_gemm(out, tq, head_size, t, sequences_x_heads, MP_GEMM_SPLIT_BATCH, true); /* P V */
   }
   add_gemm(out, tokens, h, h, 1.0, MP_GEMM_SPLIT_K, false);                      /* projection */
   add_gemm(out, tokens, swiglu ? 2.0 * f : f, h, 1.0, MP_GEMM_SPLIT_N, false);  /* fc1 / gate+up */
@@ -198,11 +208,17 @@ static void transformer_cost(const mp_layer_spec *layer, const mp_cost_shape *sh
   const double residual_masks = 2.0 * mask * h;
   const double probabilities = scores * elem * (1.0 + mask) + scores * mask; /* + dropout's */
   const double softmax_stats = heads * kStatBytes;      /* (B, NH, T) per token */
+  /* cp > 1: the whole sequence's K and V, gathered over the cp group and kept for backward. */
+  out->kv_gather_bytes = mp_cost_shape_cp(shape) > 1
+                             ? 2.0 * (double)shape->micro_batch * t * kv_width * elem
+                             : 0.0;
   out->activation_bytes[MP_RECOMPUTE_NONE] =
       tokens * (dense_elements * elem + stats + residual_masks +
-                (flash ? softmax_stats : probabilities));
+                (flash ? softmax_stats : probabilities)) +
+      out->kv_gather_bytes;
   out->activation_bytes[MP_RECOMPUTE_SELECTIVE] =
-      tokens * (dense_elements * elem + stats + residual_masks + softmax_stats);
+      tokens * (dense_elements * elem + stats + residual_masks + softmax_stats) +
+      out->kv_gather_bytes;
   out->activation_bytes[MP_RECOMPUTE_FULL] = tokens * h * elem;
   /* The 4 (B, T, C) norm inputs and outputs (the norm outputs are the column-parallel linears'
    * inputs) and the residual masks; with full recomputation the layer's input. */
@@ -217,7 +233,7 @@ void mp_layer_cost_compute(const mp_layer_spec *layer, const mp_cost_shape *shap
                            mp_layer_cost *out) {
   memset(out, 0, sizeof *out);
   out->params = mp_layer_params(layer);
-  const double tokens = (double)shape->micro_batch * (double)shape->seq_len;
+  const double tokens = (double)shape->micro_batch * local_seq_len(shape); /* this cp rank's */
   const double elem = (double)shape->bytes_per_element;
   const double h = (double)layer->hidden;
   double kept = 0.0, replicated = 0.0;

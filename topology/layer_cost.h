@@ -54,6 +54,15 @@
  *     their description says in every mode. activation_replicated_bytes is the part tp does not
  *     split (the norms' inputs and outputs and the masks; the LM head's input), which only sequence
  *     parallelism divides.
+ *   - Context parallelism (shape->context_parallel = cp > 1): each of cp ranks holds T / cp of
+ *     every sequence's tokens (2 cp chunks, rank i chunks i and 2 cp - 1 - i, so that causal work
+ *     is balanced) and the costs are one such rank's. Everything token-wise (the linears, norms,
+ *     MLP, embedding, head, loss, their bytes and activations) is for its B T / cp tokens; the
+ *     attention takes its T / cp queries against all T keys and values, gathered over the cp
+ *     group: its FLOPs are 4 B (T / cp) T h (1/cp of the whole sequence's), its scores heads x T
+ *     per local token. The gathered K and V (kv_gather_bytes, 2 B T kv_width elements) are kept
+ *     for backward (it reads them; it reduce-scatters dK and dV rather than gathering again)
+ *     except with full recomputation, whose recomputed forward gathers them anew.
  */
 #ifndef MPENGINE_TOPOLOGY_LAYER_COST_H
 #define MPENGINE_TOPOLOGY_LAYER_COST_H
@@ -79,10 +88,15 @@ const char *mp_recompute_name(mp_recompute mode);
 
 typedef struct {
   int64_t micro_batch;   /* B, sequences per micro-batch */
-  int64_t seq_len;       /* T, tokens per sequence */
+  int64_t seq_len;       /* T, tokens per sequence (the whole sequence, also with cp) */
   int bytes_per_element; /* activation element size: 2 for bf16, 4 for fp32 */
   bool backend_flash;    /* the backend runs flash attention where the layer does not say */
+  int context_parallel;  /* cp, the ranks sharing each sequence (0 or 1: none): the costs are
+                            then one cp rank's, for its T / cp tokens (see the top of this file) */
 } mp_cost_shape;
+
+/* cp of shape: context_parallel, 1 when it is 0 (a shape built without it). */
+int mp_cost_shape_cp(const mp_cost_shape *shape);
 
 /* One memory-bound kernel between the GEMMs, for (B, T): what it reads and writes and the vector
  * (non-matrix) FLOPs it computes, an exp, tanh or sigmoid counting 20. */
@@ -136,6 +150,10 @@ typedef struct {
   double flash_attention_flops;                 /* the fused attention kernel's forward FLOPs (in
                                                    forward_flops; its products are not in gemms);
                                                    0 when the attention is unfused */
+  double kv_gather_bytes;                       /* cp > 1: the K and V of the whole sequence that
+                                                   attention gathers over the cp group, 2 B T x
+                                                   kv_heads x head size elements (all tp ranks'
+                                                   heads); 0 otherwise */
 } mp_layer_cost;
 
 /* Whether a transformer layer's attention runs as one fused (flash) kernel under shape. */

@@ -14,10 +14,11 @@ enum { kMaxVirtual = 8, kDefaultTop = 5 };
 int64_t mp_padded_vocab(int64_t vocab) { return (vocab + 63) / 64 * 64; }
 
 const char *mp_layout_describe(const mp_layout *l, char *out, int out_bytes) {
-  char zero[16] = "";
+  char zero[16] = "", cp[24] = "";
   if (l->zero_stage > 0) snprintf(zero, sizeof zero, " zero-%d", l->zero_stage);
-  snprintf(out, (size_t)out_bytes, "dp %d pp %d tp %d micro-batch %lld %s v%d recompute %s%s%s",
-           l->dp, l->pp, l->tp, (long long)l->micro_batch, mp_schedule_kind_name(l->schedule),
+  if (mp_layout_cp(l) > 1) snprintf(cp, sizeof cp, " cp %d", l->cp);
+  snprintf(out, (size_t)out_bytes, "dp %d%s pp %d tp %d micro-batch %lld %s v%d recompute %s%s%s",
+           l->dp, cp, l->pp, l->tp, (long long)l->micro_batch, mp_schedule_kind_name(l->schedule),
            l->virtual_stages, mp_recompute_name(l->recompute),
            l->sequence_parallel ? " sequence-parallel" : "", zero);
   return out;
@@ -32,14 +33,15 @@ static bool exceeds(double bound, double limit) {
   return !(bound <= limit * (1.0 + BOUND_SLACK));
 }
 
-/* Per-layer costs of one (tp, micro-batch, recompute, sp) from mp_cost_layer, as prefix sums, and
- * the stage splits its candidates use. */
+/* Per-layer costs of one (tp, cp, micro-batch, recompute, sp) from mp_cost_layer, as prefix sums,
+ * and the stage splits its candidates use. */
 typedef struct {
-  int tp;
+  int tp, cp;
   int64_t micro_batch;
   int recompute, sp;
   double *fwd, *bwd, *params, *act; /* prefix sums, (n + 1): the simulator's F and B (compute and
-                                       tp collectives), parameters and kept activation bytes */
+                                       tp and cp collectives), parameters and kept activation
+                                       bytes */
   double *cost;                     /* (n) forward + backward: what the partitioner balances */
   double max_cost;                  /* the largest entry of cost */
   bool may_fit;                     /* some candidate's quick memory bound is within capacity;
@@ -55,8 +57,8 @@ typedef struct {
                                        whose per-layer costs are the same to the bit */
 } layer_table;
 
-/* Fills t (whose tp, micro_batch, recompute and sp are set) for layout from mp_cost_layer. false
- * when out of memory; t's arrays are freed by free_table either way. */
+/* Fills t (whose tp, cp, micro_batch, recompute and sp are set) for layout from mp_cost_layer.
+ * false when out of memory; t's arrays are freed by free_table either way. */
 static bool fill_table(const mp_cluster *cluster, const mp_model *model, const mp_layout *layout,
                        layer_table *t) {
   const int n = mp_model_num_layers(model);
@@ -70,13 +72,13 @@ static bool fill_table(const mp_cluster *cluster, const mp_model *model, const m
   t->max_cost = 0.0;
   for (int i = 0; i < n; ++i) {
     mp_layer_time time;
-    /* On the node: every candidate has dp x pp x tp = --gpus, so the table may ignore dp, pp. */
+    /* On the node: every candidate has dp x cp x pp x tp = --gpus, so the table may ignore dp,
+     * pp. */
     mp_cost_layer_on_node(cluster, mp_model_layer(model, i), layout, &time);
-    const double f = time.forward_compute_s + time.forward_tp_s;
-    const double b = time.backward_compute_s + time.backward_tp_s;
+    const double f = time.forward_compute_s + time.forward_tp_s + time.forward_cp_s;
+    const double b = time.backward_compute_s + time.backward_tp_s + time.backward_cp_s;
     /* The partition cost exactly as mp_cost_estimate sums it, so the splits are its splits. */
-    t->cost[i] = time.forward_compute_s + time.backward_compute_s + time.forward_tp_s +
-                 time.backward_tp_s;
+    t->cost[i] = mp_layer_time_seconds(&time);
     if (t->cost[i] > t->max_cost) t->max_cost = t->cost[i];
     t->fwd[i + 1] = t->fwd[i] + f;
     t->bwd[i + 1] = t->bwd[i] + b;
@@ -210,7 +212,8 @@ typedef struct {
   double tied_params;
   layer_table *tables;
   int num_tables, cap_tables;
-  int *table_slots; /* open addressing over (tp, micro-batch, recompute, sp): table index or -1 */
+  int *table_slots; /* open addressing over (tp, cp, micro-batch, recompute, sp): table index or
+                       -1 */
   int num_slots;    /* a power of two, at least twice num_tables */
   candidate *candidates;
   long num_candidates, cap_candidates;
@@ -256,20 +259,23 @@ static void free_search(search *s) {
   free(s->schedules);
 }
 
-static unsigned table_hash(int tp, int64_t micro_batch, int recompute, int sp) {
+static unsigned table_hash(int tp, int cp, int64_t micro_batch, int recompute, int sp) {
   uint64_t h = (uint64_t)micro_batch * 0x9E3779B97F4A7C15ull;
-  h ^= ((uint64_t)tp << 8 | (uint64_t)recompute << 1 | (uint64_t)sp) * 0xC2B2AE3D27D4EB4Full;
+  h ^= ((uint64_t)cp << 32 | (uint64_t)tp << 8 | (uint64_t)recompute << 1 | (uint64_t)sp) *
+       0xC2B2AE3D27D4EB4Full;
   return (unsigned)(h ^ (h >> 29));
 }
 
 /* The slot of the key: its table's or the empty one where it would go. */
-static int find_slot(const search *s, int tp, int64_t micro_batch, int recompute, int sp) {
+static int find_slot(const search *s, int tp, int cp, int64_t micro_batch, int recompute,
+                     int sp) {
   const unsigned mask = (unsigned)s->num_slots - 1;
-  for (unsigned i = table_hash(tp, micro_batch, recompute, sp) & mask;; i = (i + 1) & mask) {
+  for (unsigned i = table_hash(tp, cp, micro_batch, recompute, sp) & mask;; i = (i + 1) & mask) {
     const int index = s->table_slots[i];
     if (index < 0) return (int)i;
     const layer_table *t = &s->tables[index];
-    if (t->tp == tp && t->micro_batch == micro_batch && t->recompute == recompute && t->sp == sp) {
+    if (t->tp == tp && t->cp == cp && t->micro_batch == micro_batch &&
+        t->recompute == recompute && t->sp == sp) {
       return (int)i;
     }
   }
@@ -285,17 +291,18 @@ static bool grow_slots(search *s) {
   s->num_slots = slots;
   for (int index = 0; index < s->num_tables; ++index) {
     const layer_table *t = &s->tables[index];
-    s->table_slots[find_slot(s, t->tp, t->micro_batch, t->recompute, t->sp)] = index;
+    s->table_slots[find_slot(s, t->tp, t->cp, t->micro_batch, t->recompute, t->sp)] = index;
   }
   return true;
 }
 
-/* The table of the layout's (tp, micro-batch, recompute, sp), made on first use; -1 when out of
+/* The table of the layout's (tp, cp, micro-batch, recompute, sp), made on first use; -1 when out of
  * memory. */
 static int get_table(search *s, const mp_layout *layout) {
   const int rc = (int)layout->recompute, sp = layout->sequence_parallel ? 1 : 0;
+  const int cp = mp_layout_cp(layout);
   if (2 * (s->num_tables + 1) > s->num_slots && !grow_slots(s)) return -1;
-  const int slot = find_slot(s, layout->tp, layout->micro_batch, rc, sp);
+  const int slot = find_slot(s, layout->tp, cp, layout->micro_batch, rc, sp);
   if (s->table_slots[slot] >= 0) return s->table_slots[slot];
   if (s->num_tables == s->cap_tables) {
     const int cap = s->cap_tables ? 2 * s->cap_tables : 64;
@@ -307,6 +314,7 @@ static int get_table(search *s, const mp_layout *layout) {
   layer_table *t = &s->tables[s->num_tables];
   memset(t, 0, sizeof *t);
   t->tp = layout->tp;
+  t->cp = cp;
   t->micro_batch = layout->micro_batch;
   t->recompute = rc;
   t->sp = sp;
@@ -325,7 +333,7 @@ static bool wants(const layer_table *t, int k) { return (t->wanted[k / 64] >> (k
  * wants. */
 static const int *get_counts(search *s, layer_table *t, int k) {
   if (t->splits == NULL) {
-    const int twin_slot = find_slot(s, t->tp, t->micro_batch, t->recompute, 1 - t->sp);
+    const int twin_slot = find_slot(s, t->tp, t->cp, t->micro_batch, t->recompute, 1 - t->sp);
     if (s->table_slots[twin_slot] >= 0) {
       const layer_table *twin = &s->tables[s->table_slots[twin_slot]];
       bool covered = twin->splits != NULL;
@@ -717,18 +725,56 @@ static double tied_table(const mp_model *model) {
   return 0.0;
 }
 
-static mp_status check_fixed(const mp_planner_options *o, int64_t global_batch, mp_error *err) {
+/* Whether the free search tries cp on sequences of seq_len tokens: a power of two, seq_len a
+ * multiple of 2 cp, chunks of at least MP_PLANNER_MIN_CP_CHUNK (planner.h). */
+static bool cp_searched(int cp, int64_t seq_len) {
+  return cp >= 1 && (cp & (cp - 1)) == 0 && seq_len % (2 * (int64_t)cp) == 0 &&
+         (cp == 1 || seq_len / (2 * (int64_t)cp) >= MP_PLANNER_MIN_CP_CHUNK);
+}
+
+static mp_status check_fixed(const mp_planner_options *o, int64_t global_batch, int64_t seq_len,
+                             mp_error *err) {
   const int n = o->gpus;
-  if (o->dp && o->pp && o->tp && (int64_t)o->dp * o->pp * o->tp != n) {
+  if (o->cp > 1 && seq_len % (2 * (int64_t)o->cp) != 0) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "--cp %d needs the sequence length to be a multiple of 2 x cp = %d (each cp "
+                   "rank holds 2 of 2 cp equal chunks of every sequence), but it is %lld; choose "
+                   "a --cp whose 2 cp divides %lld, or another --seq-len",
+                   o->cp, 2 * o->cp, (long long)seq_len, (long long)seq_len);
+  }
+  if (o->cp > 1 && o->zero_shard_size > 0) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "--zero-shard-size %d (hybrid sharding) is not planned with context "
+                   "parallelism, but --cp is %d: drop one of them",
+                   o->zero_shard_size, o->cp);
+  }
+  const int64_t sizes = (int64_t)o->dp * o->pp * o->tp;
+  if (o->dp && o->pp && o->tp && o->cp && sizes * o->cp != n) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "--dp %d x --cp %d x --pp %d x --tp %d = %lld, but --gpus is %d; fix one of "
+                   "them so that dp x cp x pp x tp = %d",
+                   o->dp, o->cp, o->pp, o->tp, (long long)(sizes * o->cp), n, n);
+  }
+  if (o->dp && o->pp && o->tp && !o->cp && sizes != n &&
+      (sizes > n || n % sizes != 0 || !cp_searched((int)(n / sizes), seq_len) ||
+       o->zero_shard_size > 0)) {
+    /* What dp x pp x tp leaves for cp (n / (dp pp tp)) is no cp the search tries. */
+    char hint[160] = "";
+    if (sizes < n && n % sizes == 0) {
+      snprintf(hint, sizeof hint, ", or fix --cp %lld if sequences of %lld tokens take it",
+               (long long)(n / sizes), (long long)seq_len);
+    }
     return mp_fail(err, MP_ERR_INPUT,
                    "--dp %d x --pp %d x --tp %d = %lld, but --gpus is %d; fix one of them so "
-                   "that dp x pp x tp = %d",
-                   o->dp, o->pp, o->tp, (long long)o->dp * o->pp * o->tp, n, n);
+                   "that dp x pp x tp = %d%s",
+                   o->dp, o->pp, o->tp, (long long)sizes, n, n, hint);
   }
-  const int fixed = (o->dp ? o->dp : 1) * (o->pp ? o->pp : 1) * (o->tp ? o->tp : 1);
+  const int fixed =
+      (o->dp ? o->dp : 1) * (o->pp ? o->pp : 1) * (o->tp ? o->tp : 1) * (o->cp ? o->cp : 1);
   if (n % fixed != 0) {
     return mp_fail(err, MP_ERR_INPUT,
-                   "the fixed sizes (dp x pp x tp = %d) do not divide --gpus %d", fixed, n);
+                   "the fixed sizes (dp x %spp x tp = %d) do not divide --gpus %d",
+                   o->cp ? "cp x " : "", fixed, n);
   }
   if (o->virtual_stages > 1 && o->schedule >= 0 && o->schedule != MP_SCHEDULE_INTERLEAVED_1F1B) {
     return mp_fail(err, MP_ERR_INPUT,
@@ -743,7 +789,9 @@ static mp_status check_fixed(const mp_planner_options *o, int64_t global_batch, 
     return mp_fail(err, MP_ERR_INPUT,
                    "--sequence-parallel needs tensor parallelism, but --tp is 1");
   }
-  if (o->zero_stage >= 1 && o->dp == 1) {
+  if (o->zero_stage >= 1 && o->dp == 1 && o->cp <= 1) {
+    /* (With --cp fixed above 1 the state is sharded over the cp ranks, which hold the same
+     * weights.) */
     return mp_fail(err, MP_ERR_INPUT,
                    "--zero %d shards %s across data-parallel ranks, but --dp is 1",
                    o->zero_stage,
@@ -788,48 +836,54 @@ static void enumerate(search *s, const mp_planner_options *o, int64_t global_bat
         tp_refusal(s->cluster, s->model, tp, why, sizeof why)) {
       continue;
     }
-    for (int pp = 1; pp <= n / tp; ++pp) {
-      if ((n / tp) % pp != 0 || (o->pp && pp != o->pp) || pp > layers) continue;
-      const int dp = n / tp / pp;
-      if ((o->dp && dp != o->dp) || global_batch % dp != 0) continue;
-      ++*layouts;
-      const int64_t per_dp = global_batch / dp;
-      for (int64_t mb = 1; mb <= per_dp; ++mb) {
-        if (per_dp % mb != 0 || (o->micro_batch && mb != o->micro_batch)) continue;
-        const int64_t m = per_dp / mb;
-        if (m > MP_SCHEDULE_MAX_MICRO_BATCHES) continue;
-        for (int kind = 0; kind < MP_SCHEDULE_CUSTOM; ++kind) {
-          if (o->schedule >= 0 && kind != o->schedule) continue;
-          /* With one stage every schedule is the same: keep 1f1b only. */
-          if (pp == 1 && kind != MP_SCHEDULE_1F1B && o->schedule < 0) continue;
-          const bool interleaved = kind == MP_SCHEDULE_INTERLEAVED_1F1B;
-          if (interleaved && (pp < 2 || m % pp != 0)) continue;
-          for (int v = interleaved ? 2 : 1; v <= (interleaved ? kMaxVirtual : 1); ++v) {
-            if (o->virtual_stages && v != o->virtual_stages) continue;
-            if (pp * v > layers || pp * v > MP_COST_MAX_STAGES ||
-                (int64_t)pp * m * v > MP_SCHEDULE_MAX_WORK) {
-              continue;
-            }
-            for (int rc = 0; rc < MP_RECOMPUTE_COUNT; ++rc) {
-              if (o->recompute >= 0 && rc != o->recompute) continue;
-              for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
-                if (o->sequence_parallel >= 0 && sp != o->sequence_parallel) continue;
-                /* The stages the runtime trains as the cost model has them: on GPUs 0, 1 and 2
-                 * (ZeRO-2's reduce-scatters overlap the next block's backward), and 3 only when
-                 * asked for (--zero): its gathers are prefetched one block ahead, but the first
-                 * block of every pass waits for its own, which the model's full overlap does
-                 * not see, and it is not yet measured on a GPU; on CPU ranks (nothing overlaps
-                 * there, as the model has it) all four. */
-                const int runnable = s->cluster->cores_per_node > 0 ? 3 : 2;
-                const int last_zero = dp == 1                    ? 0
-                                      : o->zero_stage > runnable ? o->zero_stage
-                                                                 : runnable;
-                for (int zero = 0; zero <= last_zero; ++zero) {
-                  if (o->zero_stage >= 0 && zero != o->zero_stage) continue;
-                  if (zero >= 3 && kind == MP_SCHEDULE_ZB_H1) continue; /* see the refusal */
-                  mp_layout layout = {dp, pp, tp, v, mb, m, seq_len, (mp_schedule_kind)kind,
-                                      (mp_recompute)rc, sp == 1, zero, o->zero_shard_size};
-                  if (add_candidate(s, &layout) != 0) *oom = true;
+    for (int cp = 1; cp <= n / tp; ++cp) {
+      if ((n / tp) % cp != 0) continue;
+      if (o->cp ? cp != o->cp : !cp_searched(cp, seq_len) || (cp > 1 && o->zero_shard_size > 0)) {
+        continue;
+      }
+      for (int pp = 1; pp <= n / tp / cp; ++pp) {
+        if ((n / tp / cp) % pp != 0 || (o->pp && pp != o->pp) || pp > layers) continue;
+        const int dp = n / tp / cp / pp;
+        if ((o->dp && dp != o->dp) || global_batch % dp != 0) continue;
+        ++*layouts;
+        const int64_t per_dp = global_batch / dp;
+        for (int64_t mb = 1; mb <= per_dp; ++mb) {
+          if (per_dp % mb != 0 || (o->micro_batch && mb != o->micro_batch)) continue;
+          const int64_t m = per_dp / mb;
+          if (m > MP_SCHEDULE_MAX_MICRO_BATCHES) continue;
+          for (int kind = 0; kind < MP_SCHEDULE_CUSTOM; ++kind) {
+            if (o->schedule >= 0 && kind != o->schedule) continue;
+            /* With one stage every schedule is the same: keep 1f1b only. */
+            if (pp == 1 && kind != MP_SCHEDULE_1F1B && o->schedule < 0) continue;
+            const bool interleaved = kind == MP_SCHEDULE_INTERLEAVED_1F1B;
+            if (interleaved && (pp < 2 || m % pp != 0)) continue;
+            for (int v = interleaved ? 2 : 1; v <= (interleaved ? kMaxVirtual : 1); ++v) {
+              if (o->virtual_stages && v != o->virtual_stages) continue;
+              if (pp * v > layers || pp * v > MP_COST_MAX_STAGES ||
+                  (int64_t)pp * m * v > MP_SCHEDULE_MAX_WORK) {
+                continue;
+              }
+              for (int rc = 0; rc < MP_RECOMPUTE_COUNT; ++rc) {
+                if (o->recompute >= 0 && rc != o->recompute) continue;
+                for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
+                  if (o->sequence_parallel >= 0 && sp != o->sequence_parallel) continue;
+                  /* The stages the runtime trains as the cost model has them: on GPUs 0, 1 and 2
+                   * (ZeRO-2's reduce-scatters overlap the next block's backward), and 3 only when
+                   * asked for (--zero): its gathers are prefetched one block ahead, but the first
+                   * block of every pass waits for its own, which the model's full overlap does
+                   * not see, and it is not yet measured on a GPU; on CPU ranks (nothing overlaps
+                   * there, as the model has it) all four. */
+                  const int runnable = s->cluster->cores_per_node > 0 ? 3 : 2;
+                  const int last_zero = dp * cp == 1               ? 0
+                                        : o->zero_stage > runnable ? o->zero_stage
+                                                                   : runnable;
+                  for (int zero = 0; zero <= last_zero; ++zero) {
+                    if (o->zero_stage >= 0 && zero != o->zero_stage) continue;
+                    if (zero >= 3 && kind == MP_SCHEDULE_ZB_H1) continue; /* see the refusal */
+                    mp_layout layout = {dp, pp, tp, v, mb, m, seq_len, (mp_schedule_kind)kind,
+                                        (mp_recompute)rc, sp == 1, zero, o->zero_shard_size, cp};
+                    if (add_candidate(s, &layout) != 0) *oom = true;
+                  }
                 }
               }
             }
@@ -918,7 +972,7 @@ static mp_status search_layouts(const mp_cluster *cluster, const mp_model *model
   const int64_t seq_len = options->seq_len > 0 ? options->seq_len : mp_model_seq_len(model);
   out->global_batch = global_batch;
   out->seq_len = seq_len;
-  MP_TRY(check_fixed(options, global_batch, err));
+  MP_TRY(check_fixed(options, global_batch, seq_len, err));
   if (options->tp) {
     char buffer[128];
     const char *why = tp_refusal(cluster, model, options->tp, buffer, sizeof buffer);

@@ -1,19 +1,22 @@
 /*
  * topology/planner.h — the search behind `mpengine plan`: every layout of a model on N devices
- * (dp x pp x tp = N, micro-batch size, schedule, virtual stages, recomputation, sequence
+ * (dp x cp x pp x tp = N, micro-batch size, schedule, virtual stages, recomputation, sequence
  * parallelism, ZeRO-1), each cut into stages by the partitioner and predicted by the cost model,
  * the fastest that fit in memory ranked.
  *
  * Candidates: tp divides N, is at most the devices per node, and divides the heads, the MLP width
- * and the vocabulary padded to a multiple of 64 (the runtime's padding) of every block; pp divides
- * N / tp and pp x v is at most the number of layers; dp = N / (tp pp) divides the global batch;
+ * and the vocabulary padded to a multiple of 64 (the runtime's padding) of every block; cp is a
+ * power of two with the sequence length a multiple of 2 cp and each of the 2 cp chunks at least
+ * MP_PLANNER_MIN_CP_CHUNK tokens (a fixed --cp needs only the multiple); pp divides N / (tp cp)
+ * and pp x v is at most the number of layers; dp = N / (tp cp pp) divides the global batch;
  * the micro-batch divides global batch / dp; interleaving needs pp >= 2, v in 2..8 and the number
  * of micro-batches a multiple of pp; sequence parallelism needs tp > 1, ZeRO-1 dp > 1.
  *
  * Speed (planning gpt-1t on 3072 GPUs, 20 000 layouts, takes well under 0.2 s on one core), by
  * exact pruning only: the top K are the top K of simulating every layout (exhaustive, below), the
  * same layouts with the same step times in the same order. Each layout's per-layer costs come from
- * mp_cost_layer once per (tp, micro-batch, recompute, sequence parallelism), its stage split from
+ * mp_cost_layer once per (tp, cp, micro-batch, recompute, sequence parallelism), its stage split
+ * from
  * one dynamic programme per such table for all numbers of stages at once. Each layout then gets a
  * lower bound of the step time and of the memory mp_cost_estimate will give it, from those same
  * per-layer costs and split (mp_planner_layout_bounds):
@@ -56,6 +59,14 @@ extern "C" {
 
 enum { MP_PLANNER_MAX_TOP = 100 };
 
+/* The fewest tokens in each of the 2 cp chunks of a sequence for the free search to try a cp:
+ * below a few flash-attention tiles a chunk's attention runs far under the kernel efficiency the
+ * cost model assumes (it has one figure for every length), and the all-gather's latencies
+ * approach its transfer time. So a sequence of 2048 tokens is tried at cp 2 at most, 131072 at
+ * cp 128. Published long-context runs use far longer chunks (NeMo's Llama 3 8B table starts
+ * context parallelism at 32K tokens with cp 2; Llama 3 ran 131072 at cp 16: chunks of 4096). */
+enum { MP_PLANNER_MIN_CP_CHUNK = 512 };
+
 /* The stage split: by time, the partitioner's fastest (topology/partition.h); or by memory, the
  * split whose fullest pipeline rank holds the least (its parameters' state, its activations
  * times the micro-batches the schedule keeps alive there, the last stage's tied head), as
@@ -86,10 +97,12 @@ typedef struct {
                             (needs --dp and --zero 1 or 2 fixed, and divides dp) */
   mp_planner_split split; /* how layouts of one chunk per rank (virtual stages 1, pp > 1) are
                              cut into stages */
+  int cp;                /* context parallelism: 0 searched (see the top of this file), else
+                            fixed (the sequence length a multiple of 2 cp) */
 } mp_planner_options;
 
 #define MP_PLANNER_OPTIONS_INITIALIZER \
-  {0, 0, 0, 0, 0, 0, 0, 0, 0, -1, -1, -1, -1, false, 0, MP_SPLIT_TIME}
+  {0, 0, 0, 0, 0, 0, 0, 0, 0, -1, -1, -1, -1, false, 0, MP_SPLIT_TIME, 0}
 
 typedef struct {
   int num_results;             /* fitting layouts, fastest first, at most top_k */
@@ -136,7 +149,8 @@ mp_status mp_planner_layout_bounds(const mp_cluster *cluster, const mp_model *mo
 /* The vocabulary padded as the runtime pads it: up to a multiple of 64. */
 int64_t mp_padded_vocab(int64_t vocab);
 
-/* "dp 16 pp 8 tp 8 mb 1 1f1b v1 recompute selective sp zero1", for messages. */
+/* "dp 16 pp 8 tp 8 micro-batch 1 1f1b v1 recompute selective sequence-parallel zero-1", for
+ * messages; "dp 4 cp 16 pp 16 ..." with context parallelism. */
 const char *mp_layout_describe(const mp_layout *layout, char *out, int out_bytes);
 
 #ifdef __cplusplus

@@ -10,7 +10,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/cli_expect.sh" || { echo "cannot load cli
 
 tiny=examples/models/tiny-gpt.json
 expect 0 "model tiny-gpt on 8 GPUs of cpu-local" -- $mpengine plan $tiny --gpus 8
-expect 0 "rank   dp   pp   tp   mb schedule" -- $mpengine plan $tiny --gpus 8 --global-batch 16
+expect 0 "rank   dp   cp   pp   tp   mb schedule" -- $mpengine plan $tiny --gpus 8 --global-batch 16
 expect 0 '"plans":' -- $mpengine plan $tiny --gpus 8 --json
 expect 0 "each row sums to the step time" -- $mpengine plan $tiny --gpus 8 --explain
 expect 0 "memory per GPU of each pipeline rank" -- $mpengine plan $tiny --gpus 8 --explain
@@ -51,8 +51,8 @@ code=$?
 if [ $code -ne 0 ] || ! grep -qF "model gpt3-175b on 1024 GPUs of a100-80g" <<<"$out"; then
   fail "plan gpt3-175b on 1024 a100-80g: exit $code, output: $out"
 else
-  # The first ranked row: rank dp pp tp mb schedule v recompute sp zero step tokens/s TFLOP/s MFU ...
-  read -r tokens tflops mfu < <(awk '$1 == "1" && NF >= 15 { print $12, $13, $14; exit }' <<<"$out")
+  # The first ranked row: rank dp cp pp tp mb schedule v recompute sp zero step tokens/s TFLOP/s MFU
+  read -r tokens tflops mfu < <(awk '$1 == "1" && NF >= 16 { print $13, $14, $15; exit }' <<<"$out")
   if ! awk -v tok="${tokens:-x}" -v tf="${tflops:-x}" -v mfu="${mfu:-x}" 'BEGIN {
       sub(/%$/, "", mfu)
       if (tf !~ /^[0-9.]+$/ || mfu !~ /^[0-9.]+$/ || tok !~ /^[0-9.e+]+$/) exit 1
@@ -66,7 +66,20 @@ $out"
   fi
 fi
 
+# Context parallelism (cost_model.h): Llama 3 8B at 131072 tokens on 64 H100s in one stage with
+# selective recomputation fits only with cp; the table, the JSON, --explain and the plan say so.
+llama_long="examples/models/llama3-8b.json --gpus 64 --cluster h100-sxm --seq-len 131072 --global-batch 64 --pp 1 --recompute selective"
+expect 2 "model llama3-8b fits on no layout of 64 GPUs of h100-sxm" -- $mpengine plan $llama_long --cp 1
+expect 0 "context parallelism: cp 4 ranks share each sequence, 32768 of its 131072 tokens each" \
+  "K/V all-gather" "dK/dV reduce-scatter" "over the cp group of 4 on the inter-node link" "cp comm" \
+  "ZeRO-2 over dp 4 x cp 4" -- $mpengine plan $llama_long --explain --out "$tmp/cp.json"
+grep -q '"cp":[[:space:]]*4' "$tmp/cp.json" || fail "plan --out wrote no cp 4: $(grep -A3 parallel "$tmp/cp.json")"
+expect 0 '"cp":	4' -- $mpengine plan $llama_long --json --top 1
+expect 0 "checked: complete, ordered, no deadlock" -- $mpengine schedule --config "$tmp/cp.json"
+
 # Refusals, exit 2.
+expect 2 "--cp 3 needs the sequence length to be a multiple of 2 x cp = 6 (each cp rank holds 2 of 2 cp equal chunks of every sequence), but it is 64" -- \
+  $mpengine plan $tiny --gpus 6 --global-batch 6 --cp 3
 expect 2 "--gpus N is required" -- $mpengine plan $tiny
 expect 2 "--split: expected one of time, memory, got 'params'" -- $mpengine plan $tiny --gpus 8 --split params
 # --split memory: llama3-8b over 8 stages puts fewer blocks on the stages holding the embedding

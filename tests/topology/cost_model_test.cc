@@ -93,7 +93,7 @@ TEST(CostModel, TransformerLayerByHand) {
   mp_layer_time t;
   mp_cost_layer(&c, block, &l, &t);
   // Megatron's forward FLOPs: 24 B T h^2 + 4 B T^2 h = 24*2*8*64^2 + 4*2*64*64 = 1605632.
-  const mp_cost_shape shape = {2, 8, 2, false};
+  const mp_cost_shape shape = {2, 8, 2, false, 1};
   mp_layer_cost cost;
   mp_layer_cost_compute(block, &shape, &cost);
   ASSERT_DOUBLE_EQ(cost.forward_flops, 1605632.0);
@@ -140,6 +140,153 @@ TEST(CostModel, TransformerLayerByHand) {
   EXPECT_DOUBLE_EQ(t.recompute_s, t.forward_compute_s);
   EXPECT_DOUBLE_EQ(t.backward_tp_s, 8.192e-6);  // the forward's all-reduces again
   EXPECT_DOUBLE_EQ(t.activation_bytes, 2048.0 / 2);  // only the input, split by SP
+}
+
+// Context parallelism (cost_model.h), by hand: cp 2 x tp 2 ranks share each of the 2 sequences
+// of 8 tokens, 4 tokens of each on a rank (chunks 0 and 3, or 1 and 2, of 2 tokens). Everything
+// token-wise runs on the rank's 8 tokens; attention takes its 4 queries per sequence against all
+// 8 keys; K and V are all-gathered forward and their gradients reduce-scattered backward over the
+// cp group (inside the hand cluster's node of 8: tp x cp = 4 consecutive ranks).
+TEST(CostModel, ContextParallelLayerByHand) {
+  Model m;
+  mp_cluster c = hand_cluster();
+  const mp_layer_spec *block = mp_model_layer(m.model, 1);
+  mp_layout l = layout(1, 1, 2, 2, 1);
+  l.cp = 2;
+  mp_layer_time t;
+  mp_cost_layer(&c, block, &l, &t);
+  // On one of 2 tp ranks, 8 local tokens: qkv (8 x 96 x 64); Q K^T and P V over 2 x 4 / 2 heads,
+  // 4 queries against 8 keys of size 16 (4 x 8 x 16 and 4 x 16 x 8); the projection (8 x 64 x
+  // 32), fc1 (8 x 128 x 64), fc2 (8 x 64 x 128).
+  const double attention = roofline(4, 8, 16, 4) + roofline(4, 16, 8, 4);
+  const double gemms = roofline(8, 96, 64) + attention + roofline(8, 64, 32) +
+                       roofline(8, 128, 64) + roofline(8, 64, 128);
+  // The memory-bound kernels of TransformerLayerByHand for 8 tokens instead of 16: a local
+  // token's softmax still reads and writes 4 heads x 8 keys.
+  const double replicated = 8 * 2 * ((2 * 64 * 2 + 8) + 3 * 64 * 2);
+  const double split = 8 * (2 * 4 * 8 * 2 + 2 * 256 * 2);
+  EXPECT_DOUBLE_EQ(t.forward_compute_s, gemms + (replicated + split / 2) / 1e11);
+  // The attention FLOPs of the rank: 4 B (T / cp) T h / tp = 4 * 2 * 4 * 8 * 64 / 2, half the
+  // whole sequence's of this tp rank; the rest of the layer's FLOPs halve with the tokens.
+  const mp_cost_shape whole = {2, 8, 2, false, 1}, shared = {2, 8, 2, false, 2};
+  mp_layer_cost one, two;
+  mp_layer_cost_compute(block, &whole, &one);
+  mp_layer_cost_compute(block, &shared, &two);
+  EXPECT_DOUBLE_EQ(two.forward_flops, one.forward_flops / 2);  // 802816
+  EXPECT_DOUBLE_EQ(two.forward_flops, 24.0 * 2 * 4 * 64 * 64 + 4.0 * 2 * 4 * 8 * 64);
+  // Tensor parallelism all-reduces the rank's (B, T / cp, C) = 1024 bytes: 2 x (1/2) x 1024 / 1e9.
+  EXPECT_DOUBLE_EQ(t.forward_tp_s, 2 * 1.024e-6);
+  // K and V of the whole sequence, this tp rank's 2 heads of 16: 2 x 2 x 8 x 32 bf16 = 2048
+  // bytes gathered, a ring over 2 ranks: (2 - 1) / 2 x 2048 / 1e9; the same reduce-scattered.
+  EXPECT_DOUBLE_EQ(two.kv_gather_bytes, 2.0 * 2 * 8 * 64 * 2);
+  EXPECT_DOUBLE_EQ(t.cp_gather_bytes, 2048.0);
+  EXPECT_DOUBLE_EQ(t.forward_cp_s, 0.5 * 2048 / 1e9);
+  EXPECT_DOUBLE_EQ(t.backward_cp_s, 0.5 * 2048 / 1e9);
+  EXPECT_DOUBLE_EQ(t.cp_buffer_bytes, 2048.0);  // dK and dV of the block being computed
+  // Kept: the local tokens' activations (half of cp 1's, per token the same) plus the gathered K
+  // and V, split by tp; the 4 norm tensors of the 8 tokens whole on each tp rank.
+  EXPECT_DOUBLE_EQ(two.activation_bytes[MP_RECOMPUTE_NONE],
+                   one.activation_bytes[MP_RECOMPUTE_NONE] / 2 + 4096.0);
+  const double norms = 8 * 4 * 64 * 2;
+  EXPECT_DOUBLE_EQ(t.activation_bytes,
+                   (two.activation_bytes[MP_RECOMPUTE_NONE] - norms) / 2 + norms);
+  // Across nodes the ring runs on the inter-node link (1e8 B/s) with its latencies.
+  c.devices_per_node = 2;
+  c.inter_node_latency_s = 1e-6;
+  mp_cost_layer(&c, block, &l, &t);
+  EXPECT_DOUBLE_EQ(t.forward_cp_s, 0.5 * 2048 / 1e8 + 1e-6);
+  // Full recomputation keeps only the input: the recomputed forward gathers K and V again.
+  c = hand_cluster();
+  l.recompute = MP_RECOMPUTE_FULL;
+  mp_cost_layer(&c, block, &l, &t);
+  EXPECT_DOUBLE_EQ(t.backward_cp_s, 2 * 0.5 * 2048 / 1e9);
+  EXPECT_DOUBLE_EQ(t.cp_buffer_bytes, 2 * 2048.0);
+  EXPECT_DOUBLE_EQ(t.activation_bytes, 8 * 64 * 2);
+}
+
+// A step at cp 2 (dp 1, pp 1, tp 1, 4 micro-batches of 2 sequences), by hand: the weights'
+// replicas are the 2 cp ranks, so ZeRO-1 halves the optimizer state and the gradient reduction is
+// ZeRO-1's over 2 ranks; the step computes the same tokens as a one-rank run, and its model FLOPs
+// are the whole model's (each rank does half of every sequence's).
+TEST(CostModel, ContextParallelStepByHand) {
+  Model m;
+  mp_cluster c = hand_cluster();
+  const double P = 108800;
+  mp_layout l = layout(1, 1, 1, 2, 4);
+  l.cp = 2;
+  l.zero_stage = 1;
+  EXPECT_EQ(mp_layout_replicas(&l), 2);
+  EXPECT_EQ(mp_layout_zero_shard(&l), 2);
+  auto e = std::make_unique<mp_estimate>();
+  auto one = std::make_unique<mp_estimate>();
+  mp_error err = MP_ERROR_INITIALIZER;
+  ASSERT_EQ(mp_cost_estimate(&c, m.model, &l, nullptr, e.get(), &err), MP_OK) << err.message;
+  const mp_rank_estimate &r = e->ranks[0];
+  EXPECT_DOUBLE_EQ(r.weights_bytes, 2 * P);
+  EXPECT_DOUBLE_EQ(r.optimizer_bytes, 12 * P / 2);
+  EXPECT_NEAR(r.dp_comm_s, 0.5 * 4 * P / 1e9 + 0.5 * 2 * P / 1e9, 1e-15);
+  // Two blocks, each an all-gather forward and a reduce-scatter backward of 2 x 2 x 8 x 64 bf16
+  // bytes over 2 ranks, in each of the 4 micro-batches.
+  EXPECT_NEAR(r.cp_comm_s, 4 * 2 * 2 * (0.5 * 4096 / 1e9), 1e-18);
+  EXPECT_DOUBLE_EQ(e->cp_layer_forward_s, 0.5 * 4096 / 1e9);
+  EXPECT_FALSE(e->cp_inter_node);
+  EXPECT_DOUBLE_EQ(r.workspace_bytes, 0.05 * kGiB + 4096);  // one block's dK and dV
+  double act = 0;
+  for (int i = 0; i < mp_model_num_layers(m.model); ++i) {
+    mp_layer_time t;
+    mp_cost_layer(&c, mp_model_layer(m.model, i), &l, &t);
+    act += t.activation_bytes;
+  }
+  EXPECT_DOUBLE_EQ(r.activation_bytes, act);
+  const double F = e->stage_forward_s[0], B = e->stage_backward_s[0];
+  EXPECT_NEAR(e->pipeline_s, 4 * (F + B), 1e-15);
+  EXPECT_NEAR(r.compute_s + r.tp_comm_s + r.cp_comm_s + r.idle_s + r.dp_exposed_s +
+                  r.optimizer_s + r.end_wait_s,
+              e->step_s, 1e-15);
+  EXPECT_DOUBLE_EQ(e->tokens_per_s, 8 * 8 / e->step_s);  // dp x 2 x 4 sequences of 8 tokens
+  mp_layout serial = layout(1, 1, 1, 2, 4);
+  ASSERT_EQ(mp_cost_estimate(&c, m.model, &serial, nullptr, one.get(), &err), MP_OK)
+      << err.message;
+  EXPECT_NEAR(e->model_flops_per_step, one->model_flops_per_step,
+              1e-12 * one->model_flops_per_step);
+  // A sequence that does not cut into 2 cp chunks is refused, naming both numbers.
+  l.cp = 3;
+  EXPECT_EQ(mp_cost_estimate(&c, m.model, &l, nullptr, e.get(), &err), MP_ERR_INPUT);
+  EXPECT_STREQ(err.message,
+               "cp 3 needs the sequence length to be a multiple of 2 x cp = 6 (each cp rank holds "
+               "2 of 2 cp equal chunks of a sequence), but it is 8");
+}
+
+// Llama 3 8B at 32K tokens on H100s (tp 8, one micro-batch of one sequence): each doubling of cp
+// halves the activations of a rank's tokens, and adds the gathered K and V of every block (2 x
+// 32768 x 1 kv head of 128, bf16 = 16 MiB a block): memory per rank falls with cp.
+TEST(CostModel, MemoryPerRankFallsWithContextParallelism) {
+  Loaded llama;
+  mp_error err = MP_ERROR_INITIALIZER;
+  ASSERT_EQ(mp_model_load("examples/models/llama3-8b.json", &llama.model, &err), MP_OK)
+      << err.message;
+  mp_cluster h100;
+  ASSERT_EQ(mp_cluster_preset("h100-sxm", &h100, &err), MP_OK) << err.message;
+  auto e = std::make_unique<mp_estimate>();
+  double previous_memory = 0, previous_act = 0;
+  for (int cp = 1; cp <= 8; cp *= 2) {
+    mp_layout l = layout(1, 1, 8, 1, 1);
+    l.seq_len = 32768;
+    l.cp = cp;
+    l.sequence_parallel = true;
+    ASSERT_EQ(mp_cost_estimate(&h100, llama.model, &l, nullptr, e.get(), &err), MP_OK)
+        << err.message;
+    const double act = e->ranks[0].activation_bytes, memory = e->memory_bytes;
+    if (cp > 1) {
+      const double gathered = 32 * 2.0 * 32768 * 128 * 2;  // 32 blocks
+      EXPECT_NEAR(act, (previous_act - (cp > 2 ? gathered : 0)) / 2 + gathered,
+                  1e-9 * previous_act)
+          << "cp " << cp;
+      EXPECT_LT(memory, previous_memory) << "cp " << cp;
+    }
+    previous_memory = memory;
+    previous_act = act;
+  }
 }
 
 // The fraction of a link's or of memory's bandwidth the cluster says is reached scales the

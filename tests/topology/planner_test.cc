@@ -134,6 +134,95 @@ TEST(Planner, RefusesAModelThatFitsNowhere) {
       << f.err.message;
 }
 
+// Context parallelism (--cp): a fixed cp needs the sequence cut into 2 cp chunks, and the fixed
+// sizes must multiply to the GPUs with it.
+TEST(Planner, RefusesAContextParallelSizeTheSequenceOrTheGpusCannotTake) {
+  Fixture f("examples/models/tiny-gpt.json", "cpu-local");
+  mp_planner_options o = MP_PLANNER_OPTIONS_INITIALIZER;
+  o.gpus = 6;
+  o.global_batch = 6;
+  o.cp = 3;
+  EXPECT_EQ(f.search(o), MP_ERR_INPUT);
+  EXPECT_STREQ(f.err.message,
+               "--cp 3 needs the sequence length to be a multiple of 2 x cp = 6 (each cp rank "
+               "holds 2 of 2 cp equal chunks of every sequence), but it is 64; choose a --cp "
+               "whose 2 cp divides 64, or another --seq-len");
+  o.seq_len = 96;  // 6 chunks of 16 tokens: a fixed cp may go below the searched chunks
+  ASSERT_EQ(f.search(o), MP_OK) << f.err.message;
+  EXPECT_EQ(f.result.results[0].layout.cp, 3);
+  EXPECT_EQ(f.result.results[0].layout.dp * f.result.results[0].layout.pp *
+                f.result.results[0].layout.tp,
+            2);
+  o.gpus = 8;
+  o.global_batch = 8;
+  o.seq_len = 0;
+  o.cp = 2;
+  o.dp = 2;
+  o.pp = 2;
+  o.tp = 4;
+  EXPECT_EQ(f.search(o), MP_ERR_INPUT);
+  EXPECT_STREQ(f.err.message,
+               "--dp 2 x --cp 2 x --pp 2 x --tp 4 = 32, but --gpus is 8; fix one of them so that "
+               "dp x cp x pp x tp = 8");
+  o.cp = 0;  // cp is what dp x pp x tp leave, 2: tiny-gpt's 64 tokens are too few to search it
+  o.tp = 1;
+  EXPECT_EQ(f.search(o), MP_ERR_INPUT);
+  EXPECT_STREQ(f.err.message,
+               "--dp 2 x --pp 2 x --tp 1 = 4, but --gpus is 8; fix one of them so that dp x pp x "
+               "tp = 8, or fix --cp 2 if sequences of 64 tokens take it");
+  o.cp = 2;  // fixed, it is planned
+  ASSERT_EQ(f.search(o), MP_OK) << f.err.message;
+  EXPECT_EQ(f.result.results[0].layout.cp, 2);
+}
+
+// Llama 3 8B at long sequences on 64 H100s: context parallelism is what makes a one-stage layout
+// fit at 131072 tokens with selective recomputation (without it, even tp 8 with sequence
+// parallelism holds more than 80 GiB of activations), and it wins the free search at 65536; at
+// 2048 tokens, where cp 2 is searched too, the planner keeps cp 1: cp 2 with twice the
+// micro-batch computes the same tokens per rank, plus the gathers.
+TEST(Planner, PicksContextParallelismForLongSequencesOnly) {
+  Fixture f("examples/models/llama3-8b.json", "h100-sxm");
+  mp_planner_options o = MP_PLANNER_OPTIONS_INITIALIZER;
+  o.gpus = 64;
+  o.global_batch = 64;
+  o.seq_len = 131072;
+  o.pp = 1;
+  o.recompute = MP_RECOMPUTE_SELECTIVE;
+  o.cp = 1;
+  EXPECT_EQ(f.search(o), MP_ERR_INPUT);
+  EXPECT_NE(std::string(f.err.message).find("model llama3-8b fits on no layout of 64 GPUs"),
+            std::string::npos)
+      << f.err.message;
+  o.cp = 0;
+  ASSERT_EQ(f.search(o), MP_OK) << f.err.message;
+  for (int i = 0; i < f.result.num_results; ++i) {
+    const mp_layout &l = f.result.results[i].layout;
+    EXPECT_GT(l.cp, 1) << i;
+    EXPECT_EQ(l.dp * l.cp * l.pp * l.tp, 64);
+    EXPECT_TRUE(f.result.results[i].fits);
+  }
+  o = MP_PLANNER_OPTIONS_INITIALIZER;
+  o.gpus = 64;
+  o.global_batch = 64;
+  o.seq_len = 65536;
+  ASSERT_EQ(f.search(o), MP_OK) << f.err.message;
+  EXPECT_GT(f.result.results[0].layout.cp, 1);
+  const double with_cp = f.result.results[0].step_s;
+  o.cp = 1;
+  ASSERT_EQ(f.search(o), MP_OK) << f.err.message;
+  EXPECT_LT(with_cp, f.result.results[0].step_s);
+  o = MP_PLANNER_OPTIONS_INITIALIZER;
+  o.gpus = 64;
+  o.global_batch = 512;
+  o.seq_len = 2048;
+  ASSERT_EQ(f.search(o), MP_OK) << f.err.message;
+  EXPECT_EQ(mp_layout_cp(&f.result.results[0].layout), 1);
+  o.cp = 2;  // searched at 2048 (2 chunks of 512 each), and slower
+  const double without_cp = f.result.results[0].step_s;
+  ASSERT_EQ(f.search(o), MP_OK) << f.err.message;
+  EXPECT_GT(f.result.results[0].step_s, without_cp);
+}
+
 // On GPUs a free search tries ZeRO 0, 1 and 2 (the runtime overlaps ZeRO-2's reduce-scatters
 // with the backward, as the model assumes) and plans 3 only when fixed (each pass's first block
 // waits for its gather, which the model does not see): --zero 2 holds less state per rank than
@@ -281,7 +370,8 @@ TEST(Planner, RefusesContradictoryFixedOptions) {
 }
 
 bool SameLayout(const mp_layout &a, const mp_layout &b) {
-  return a.dp == b.dp && a.pp == b.pp && a.tp == b.tp && a.virtual_stages == b.virtual_stages &&
+  return a.dp == b.dp && a.cp == b.cp && a.pp == b.pp && a.tp == b.tp &&
+         a.virtual_stages == b.virtual_stages &&
          a.micro_batch == b.micro_batch && a.num_micro_batches == b.num_micro_batches &&
          a.seq_len == b.seq_len && a.schedule == b.schedule && a.recompute == b.recompute &&
          a.sequence_parallel == b.sequence_parallel && a.zero_stage == b.zero_stage;
@@ -365,7 +455,7 @@ TEST(Planner, PrunedSearchRanksAsTheExhaustiveOneWithFixedOptions) {
   long pruned = 0, pruned_by_memory = 0;
   for (const char *cluster : {"cpu-local", "a100-80g"}) {
     for (const char *model : {"gpt2-124m", "gpt2-350m"}) {
-      for (int fixed = 0; fixed < 11; ++fixed) {
+      for (int fixed = 0; fixed < 13; ++fixed) {
         mp_planner_options o = MP_PLANNER_OPTIONS_INITIALIZER;
         o.gpus = 16;
         o.global_batch = 64;
@@ -381,6 +471,8 @@ TEST(Planner, PrunedSearchRanksAsTheExhaustiveOneWithFixedOptions) {
           case 8: o.seq_len = 2048; o.top_k = 20; break;
           case 9: o.dp = 2; o.virtual_stages = 2; break;
           case 10: o.split = MP_SPLIT_MEMORY; o.pp = 4; break;
+          case 11: o.seq_len = 4096; o.top_k = 20; break;  // cp 2 and 4 searched too
+          case 12: o.seq_len = 4096; o.cp = 2; break;
         }
         ExpectSameRanking(model, cluster, o, &pruned, &pruned_by_memory);
       }
@@ -410,7 +502,8 @@ TEST(Planner, BoundsNeverExceedTheEstimate) {
     const int n = mp_model_num_layers(f.model);
     for (int tp = 1; tp <= 8 && tp <= c.gpus; tp *= 2) {
       for (int pp = 1; pp * tp <= c.gpus; pp *= 2) {
-        const int dp = c.gpus / tp / pp;
+       for (int cp = 1; cp <= 2 && cp * pp * tp <= c.gpus; cp *= 2) {
+        const int dp = c.gpus / tp / pp / cp;
         if (c.global_batch % dp != 0 || pp > n) continue;
         const int64_t per_dp = c.global_batch / dp;
         for (int64_t mb = 1; mb <= per_dp; mb *= 2) {
@@ -419,9 +512,10 @@ TEST(Planner, BoundsNeverExceedTheEstimate) {
             for (int v = 1; v <= (kind == MP_SCHEDULE_INTERLEAVED_1F1B ? 4 : 1); ++v) {
               for (int rc = 0; rc < MP_RECOMPUTE_COUNT; ++rc) {
                 for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
-                  for (int zero = 0; zero <= (dp > 1 ? 1 : 0); ++zero) {
+                  for (int zero = 0; zero <= (dp * cp > 1 ? 1 : 0); ++zero) {
                     mp_layout l = {dp, pp, tp, v, mb, per_dp / mb, mp_model_seq_len(f.model),
-                                   (mp_schedule_kind)kind, (mp_recompute)rc, sp == 1, zero, 0};
+                                   (mp_schedule_kind)kind, (mp_recompute)rc, sp == 1, zero, 0,
+                                   cp};
                     if (mp_cost_estimate(&f.cluster, f.model, &l, nullptr, estimate.get(),
                                          &f.err) != MP_OK) {
                       continue;  // a schedule that cannot run these numbers
@@ -441,7 +535,7 @@ TEST(Planner, BoundsNeverExceedTheEstimate) {
                     EXPECT_LE(bounds.memory_bytes, memory * (1 + 1e-12));
                     EXPECT_GT(bounds.quick_step_s, 0.0);
                     EXPECT_GT(bounds.quick_memory_bytes, 0.0);
-                    if (pp == 1 && dp == 1) {
+                    if (pp == 1 && dp * cp == 1) {
                       EXPECT_NEAR(bounds.step_s, step, 1e-12 * step);
                       EXPECT_NEAR(bounds.memory_bytes, memory, 1e-12 * memory);
                       ++exact;
@@ -453,6 +547,7 @@ TEST(Planner, BoundsNeverExceedTheEstimate) {
             }
           }
         }
+       }
       }
     }
   }
