@@ -160,9 +160,11 @@ void mp_cost_layer(const mp_cluster *cluster, const mp_layer_spec *layer, const 
          * inputs, so backward all-gathers both again for the weight gradients (Megatron-LM). */
         out->backward_tp_s += ar;
       }
-      /* Context parallelism: this tp rank's kv heads of the whole sequence, gathered in forward
-       * and their gradients reduce-scattered in backward over the cp group (a ring each, the
-       * same bytes), exposed (cost_model.h); full recomputation gathers them again. */
+      /* Context parallelism: this tp rank's kv heads of the whole sequence, gathered in forward,
+       * gathered again in backward (a micro-batch keeps its own tokens' only) and their
+       * gradients reduce-scattered (a ring each, the same bytes), exposed (cost_model.h); full
+       * recomputation's forward gathers once more. One block's gathered K and V and their
+       * gradient are the stage's working buffers. */
       const double kv = cost.kv_gather_bytes / t;
       const bool intra = mp_cost_cp_intra_node(cluster, layout);
       const double gather =
@@ -170,8 +172,8 @@ void mp_cost_layer(const mp_cluster *cluster, const mp_layer_spec *layer, const 
                                     mp_cluster_collective_latency(cluster, intra));
       const bool full = layout->recompute == MP_RECOMPUTE_FULL;
       out->forward_cp_s = gather;
-      out->backward_cp_s = full ? 2.0 * gather : gather;
-      out->cp_buffer_bytes = full ? 2.0 * kv : kv;
+      out->backward_cp_s = full ? 3.0 * gather : 2.0 * gather;
+      out->cp_buffer_bytes = 2.0 * kv;
       out->cp_gather_bytes = cp > 1 ? kv : 0.0;
       break;
     }

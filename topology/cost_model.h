@@ -48,6 +48,7 @@
  * values: 4 B (T / cp) T h FLOPs per rank, 1/cp of the sequence's. Before it, each block
  * all-gathers K and V over the cp group (after tp's head split: this tp rank's kv heads, 2 x B x
  * T/cp x kv_heads/tp x head size elements from each rank in the training dtype); backward
+ * gathers them again (a micro-batch keeps only its own tokens' K and V, as the runtime does) and
  * reduce-scatters dK and dV, the same bytes; each is a ring, (cp-1)/cp x the gathered bytes at
  * the link's bandwidth x efficiency plus (cp-1) latencies, on the intra-node link when the
  * tp x cp ranks of a cp group share a node (tp fastest, then cp: they are consecutive), else the
@@ -58,10 +59,8 @@
  * with grouped-query attention the K and V are much smaller than Q and the attention's
  * O(T^2) compute dwarfs the O(T) gather (Dubey et al. 2024, 3.3.2). So the gather and the
  * reduce-scatter add to the block's forward and backward time. Memory per rank: the block's
- * activations of its T / cp tokens, plus the gathered K and V of every block (kept for its
- * backward, which reads them rather than gathering again; with full recomputation only the
- * block's input is kept), plus, in the workspace, the dK and dV of the block being computed
- * (and with full recomputation its re-gathered K and V). The weights are replicated over dp x cp:
+ * activations of its T / cp tokens, plus, in the workspace, the gathered K and V of the block
+ * being computed and their gradient (the stage's two working buffers). The weights are replicated over dp x cp:
  * the gradient reduction and ZeRO (below) run over the dp x cp ranks (tp x cp x dp consecutive
  * ranks hold one pipeline rank's replicas). The global batch is still dp x micro-batch x
  * micro-batches sequences of T tokens; model FLOPs per step count every cp rank's share.
@@ -197,13 +196,13 @@ typedef struct {
   double forward_tp_s;       /* tensor-parallel collectives */
   double backward_tp_s;
   double forward_cp_s;       /* context parallelism: the K and V all-gather */
-  double backward_cp_s;      /* the dK and dV reduce-scatter (and with full recomputation the
-                                recomputed forward's all-gather) */
+  double backward_cp_s;      /* the K and V all-gather again and the dK and dV reduce-scatter
+                                (and with full recomputation the recomputed forward's
+                                all-gather) */
   double params;             /* parameters held by one tp rank */
   double activation_bytes;   /* kept from forward to backward, one tp (and cp) rank */
-  double cp_buffer_bytes;    /* held only while the layer computes, cp > 1: dK and dV of the
-                                whole sequence (and with full recomputation the gathered K and V,
-                                not kept), one tp rank */
+  double cp_buffer_bytes;    /* held only while the layer computes, cp > 1: the whole
+                                sequence's K and V and their gradient, one tp rank */
   double cp_gather_bytes;    /* cp > 1: the K and V one all-gather collects, one tp rank */
   double model_flops;        /* forward + backward FLOPs of the whole layer (no recompute) */
 } mp_layer_time;
@@ -302,8 +301,8 @@ typedef struct {
   double p2p_s;                           /* one activation transfer at the slowest boundary */
   bool p2p_inter_node;
   /* cp > 1: one block's K/V all-gather in forward and its backward's collectives (the
-   * reduce-scatter, and the re-gather of full recomputation), one micro-batch, the costliest
-   * block's; on the inter-node link unless the tp x cp ranks of a cp group share a node. */
+   * re-gather and the reduce-scatter, and the recomputed forward's gather with full
+   * recomputation), one micro-batch, the costliest block's; on the inter-node link unless the tp x cp ranks of a cp group share a node. */
   double cp_layer_forward_s, cp_layer_backward_s;
   double cp_layer_gather_bytes;           /* the gathered K and V of one block, one rank */
   bool cp_inter_node;

@@ -208,17 +208,16 @@ static void transformer_cost(const mp_layer_spec *layer, const mp_cost_shape *sh
   const double residual_masks = 2.0 * mask * h;
   const double probabilities = scores * elem * (1.0 + mask) + scores * mask; /* + dropout's */
   const double softmax_stats = heads * kStatBytes;      /* (B, NH, T) per token */
-  /* cp > 1: the whole sequence's K and V, gathered over the cp group and kept for backward. */
+  /* cp > 1: the whole sequence's K and V, gathered over the cp group for each pass over the
+   * block (not kept between them: working memory, not activations). */
   out->kv_gather_bytes = mp_cost_shape_cp(shape) > 1
                              ? 2.0 * (double)shape->micro_batch * t * kv_width * elem
                              : 0.0;
   out->activation_bytes[MP_RECOMPUTE_NONE] =
       tokens * (dense_elements * elem + stats + residual_masks +
-                (flash ? softmax_stats : probabilities)) +
-      out->kv_gather_bytes;
+                (flash ? softmax_stats : probabilities));
   out->activation_bytes[MP_RECOMPUTE_SELECTIVE] =
-      tokens * (dense_elements * elem + stats + residual_masks + softmax_stats) +
-      out->kv_gather_bytes;
+      tokens * (dense_elements * elem + stats + residual_masks + softmax_stats);
   out->activation_bytes[MP_RECOMPUTE_FULL] = tokens * h * elem;
   /* The 4 (B, T, C) norm inputs and outputs (the norm outputs are the column-parallel linears'
    * inputs) and the residual masks; with full recomputation the layer's input. */

@@ -60,9 +60,10 @@
  *     MLP, embedding, head, loss, their bytes and activations) is for its B T / cp tokens; the
  *     attention takes its T / cp queries against all T keys and values, gathered over the cp
  *     group: its FLOPs are 4 B (T / cp) T h (1/cp of the whole sequence's), its scores heads x T
- *     per local token. The gathered K and V (kv_gather_bytes, 2 B T kv_width elements) are kept
- *     for backward (it reads them; it reduce-scatters dK and dV rather than gathering again)
- *     except with full recomputation, whose recomputed forward gathers them anew.
+ *     per local token. The gathered K and V (kv_gather_bytes, 2 B T kv_width elements) are not
+ *     kept: a block's backward gathers them again (the runtime keeps each micro-batch's own
+ *     tokens only; engine/model/stage_chain.c), so they are working memory of one block, with
+ *     their gradient (cost_model.h's cp buffers), not activations.
  */
 #ifndef MPENGINE_TOPOLOGY_LAYER_COST_H
 #define MPENGINE_TOPOLOGY_LAYER_COST_H
