@@ -313,16 +313,17 @@ void mp_swiglu_backward_cuda(mp_bf16 *dinp, const mp_bf16 *inp, const mp_bf16 *d
 
 /* The CPU twin on an fp32 copy of x's whole extent; only the rotated heads are written back, so
  * the rest of each row keeps its bits (whatever they are, NaN payloads included). */
-static void rope_emulated(mp_bf16 *x, const float *inv_freq, int B, int T, int heads, int HS,
-                          size_t row_stride, int backward, const char *who) {
+static void rope_emulated(mp_bf16 *x, const float *inv_freq, const int32_t *positions, int B,
+                          int T, int heads, int HS, size_t row_stride, int backward,
+                          const char *who) {
   if (B <= 0 || T <= 0 || heads <= 0 || HS / 2 <= 0) return;
   const size_t rows = (size_t)B * T, width = (size_t)heads * HS;
   const size_t extent = (rows - 1) * row_stride + width;
   float *x_f = widen(x, extent, who);
   if (backward) {
-    mp_rope_backward_cpu(x_f, inv_freq, B, T, heads, HS, row_stride);
+    mp_rope_backward_at_cpu(x_f, inv_freq, positions, B, T, heads, HS, row_stride);
   } else {
-    mp_rope_forward_cpu(x_f, inv_freq, B, T, heads, HS, row_stride);
+    mp_rope_forward_at_cpu(x_f, inv_freq, positions, B, T, heads, HS, row_stride);
   }
   for (size_t r = 0; r < rows; r++) {
     mp_bf16_from_floats(x + r * row_stride, x_f + r * row_stride, width);
@@ -333,11 +334,26 @@ static void rope_emulated(mp_bf16 *x, const float *inv_freq, int B, int T, int h
 void mp_rope_forward_cuda(mp_bf16 *x, const float *inv_freq, int B, int T, int heads, int HS,
                           size_t row_stride, mp_cuda_stream stream) {
   (void)stream;
-  rope_emulated(x, inv_freq, B, T, heads, HS, row_stride, 0, "mp_rope_forward_cuda");
+  rope_emulated(x, inv_freq, NULL, B, T, heads, HS, row_stride, 0, "mp_rope_forward_cuda");
 }
 
 void mp_rope_backward_cuda(mp_bf16 *dx, const float *inv_freq, int B, int T, int heads, int HS,
                            size_t row_stride, mp_cuda_stream stream) {
   (void)stream;
-  rope_emulated(dx, inv_freq, B, T, heads, HS, row_stride, 1, "mp_rope_backward_cuda");
+  rope_emulated(dx, inv_freq, NULL, B, T, heads, HS, row_stride, 1, "mp_rope_backward_cuda");
+}
+
+void mp_rope_forward_at_cuda(mp_bf16 *x, const float *inv_freq, const int32_t *positions, int B,
+                             int T, int heads, int HS, size_t row_stride, mp_cuda_stream stream) {
+  (void)stream;
+  rope_emulated(x, inv_freq, positions, B, T, heads, HS, row_stride, 0,
+                "mp_rope_forward_at_cuda");
+}
+
+void mp_rope_backward_at_cuda(mp_bf16 *dx, const float *inv_freq, const int32_t *positions,
+                              int B, int T, int heads, int HS, size_t row_stride,
+                              mp_cuda_stream stream) {
+  (void)stream;
+  rope_emulated(dx, inv_freq, positions, B, T, heads, HS, row_stride, 1,
+                "mp_rope_backward_at_cuda");
 }

@@ -67,6 +67,12 @@ void mp_rope_forward_cuda(mp_bf16 *x, const float *inv_freq, int B, int T, int h
                           size_t row_stride, mp_cuda_stream stream);
 void mp_rope_backward_cuda(mp_bf16 *dx, const float *inv_freq, int B, int T, int heads, int HS,
                            size_t row_stride, mp_cuda_stream stream);
+/* The same at positions[t] (T device ints; NULL: t), as the CPU twins' _at. */
+void mp_rope_forward_at_cuda(mp_bf16 *x, const float *inv_freq, const int32_t *positions, int B,
+                             int T, int heads, int HS, size_t row_stride, mp_cuda_stream stream);
+void mp_rope_backward_at_cuda(mp_bf16 *dx, const float *inv_freq, const int32_t *positions,
+                              int B, int T, int heads, int HS, size_t row_stride,
+                              mp_cuda_stream stream);
 
 #ifdef __cplusplus
 }

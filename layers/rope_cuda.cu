@@ -23,16 +23,17 @@ static constexpr int kMaxRopeThreads = 256;
 // ---------------------------------------------------------------------------------------------
 // kernels
 
-// Rotates heads [0, heads) of row blockIdx.x of x (rows, row_stride) by sign * t * inv_freq,
-// t = row % T. Dynamic shared memory: HS floats (cosines, then sines, HS / 2 each).
+// Rotates heads [0, heads) of row blockIdx.x of x (rows, row_stride) by sign * p * inv_freq,
+// p = positions[row % T] (device; NULL: row % T). Dynamic shared memory: HS floats (cosines,
+// then sines, HS / 2 each).
 template <int VEC>
-__global__ void rope_kernel(mp_bf16 *x, const float *inv_freq, int T, int heads, int HS,
-                            size_t row_stride, float sign) {
+__global__ void rope_kernel(mp_bf16 *x, const float *inv_freq, const int32_t *positions, int T,
+                            int heads, int HS, size_t row_stride, float sign) {
   extern __shared__ float rope_shared[];
   const int half = HS / 2;
   float *cosines = rope_shared, *sines = rope_shared + half;
   const int row = blockIdx.x;
-  const int t = row % T;
+  const int t = positions != nullptr ? positions[row % T] : row % T;
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
     const float angle = (float)t * inv_freq[i];  // one fp32 product, as rope.c
     sincosf(angle, &sines[i], &cosines[i]);
@@ -61,8 +62,9 @@ __global__ void rope_kernel(mp_bf16 *x, const float *inv_freq, int T, int heads,
 // ---------------------------------------------------------------------------------------------
 // launchers
 
-static void rope_launch(mp_bf16 *x, const float *inv_freq, int B, int T, int heads, int HS,
-                        size_t row_stride, float sign, mp_cuda_stream stream) {
+static void rope_launch(mp_bf16 *x, const float *inv_freq, const int32_t *positions, int B, int T,
+                        int heads, int HS, size_t row_stride, float sign,
+                        mp_cuda_stream stream) {
   const int half = HS / 2;
   if (B <= 0 || T <= 0 || heads <= 0 || half <= 0) return;
   const unsigned rows = (unsigned)((size_t)B * T);
@@ -73,23 +75,35 @@ static void rope_launch(mp_bf16 *x, const float *inv_freq, int B, int T, int hea
   const size_t wanted = mp_ceil_div(work > (size_t)half ? work : (size_t)half, kWarp) * kWarp;
   const int threads = wanted < (size_t)kMaxRopeThreads ? (int)wanted : kMaxRopeThreads;
   if (vectorised) {
-    rope_kernel<8><<<rows, threads, shared, stream>>>(x, inv_freq, T, heads, HS, row_stride,
-                                                      sign);
+    rope_kernel<8><<<rows, threads, shared, stream>>>(x, inv_freq, positions, T, heads, HS,
+                                                      row_stride, sign);
     MP_CUDA_CHECK_LAUNCH("rope_kernel");
   } else {
-    rope_kernel<1><<<rows, threads, shared, stream>>>(x, inv_freq, T, heads, HS, row_stride,
-                                                      sign);
+    rope_kernel<1><<<rows, threads, shared, stream>>>(x, inv_freq, positions, T, heads, HS,
+                                                      row_stride, sign);
     MP_CUDA_CHECK_LAUNCH("rope_kernel");
   }
 }
 
 extern "C" void mp_rope_forward_cuda(mp_bf16 *x, const float *inv_freq, int B, int T, int heads,
                                      int HS, size_t row_stride, mp_cuda_stream stream) {
-  rope_launch(x, inv_freq, B, T, heads, HS, row_stride, 1.0f, stream);
+  rope_launch(x, inv_freq, nullptr, B, T, heads, HS, row_stride, 1.0f, stream);
 }
 
 extern "C" void mp_rope_backward_cuda(mp_bf16 *dx, const float *inv_freq, int B, int T,
                                       int heads, int HS, size_t row_stride,
                                       mp_cuda_stream stream) {
-  rope_launch(dx, inv_freq, B, T, heads, HS, row_stride, -1.0f, stream);
+  rope_launch(dx, inv_freq, nullptr, B, T, heads, HS, row_stride, -1.0f, stream);
+}
+
+extern "C" void mp_rope_forward_at_cuda(mp_bf16 *x, const float *inv_freq,
+                                        const int32_t *positions, int B, int T, int heads, int HS,
+                                        size_t row_stride, mp_cuda_stream stream) {
+  rope_launch(x, inv_freq, positions, B, T, heads, HS, row_stride, 1.0f, stream);
+}
+
+extern "C" void mp_rope_backward_at_cuda(mp_bf16 *dx, const float *inv_freq,
+                                         const int32_t *positions, int B, int T, int heads,
+                                         int HS, size_t row_stride, mp_cuda_stream stream) {
+  rope_launch(dx, inv_freq, positions, B, T, heads, HS, row_stride, -1.0f, stream);
 }

@@ -142,6 +142,7 @@ void mp_cost_layer(const mp_cluster *cluster, const mp_layer_spec *layer, const 
   out->backward_compute_s = backward_gemm + backward_memory + out->recompute_s;
   out->model_flops = cost.forward_flops + cost.backward_flops;
   out->params = (double)cost.params / t;
+  out->attention_scratch_bytes = cost.attention_scratch_bytes / t;
 
   const double ar = mp_cost_allreduce_seconds(bsh, layout->tp,
                                               mp_cluster_link_bandwidth(cluster, true),
@@ -380,7 +381,7 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
   double stage_compute[MP_COST_MAX_STAGES], stage_recompute[MP_COST_MAX_STAGES];
   double stage_tp[MP_COST_MAX_STAGES], stage_fwd_compute[MP_COST_MAX_STAGES];
   double stage_cp[MP_COST_MAX_STAGES];            /* the cp collectives, one micro-batch */
-  double stage_cp_buffer[MP_COST_MAX_STAGES];     /* the largest layer's transient cp bytes */
+  double stage_cp_buffer[MP_COST_MAX_STAGES];     /* the largest layer's transient bytes */
   double stage_largest_layer[MP_COST_MAX_STAGES]; /* parameters of its largest layer */
   /* ZeRO-2: the blocks' parameters (their gradients pass through a one-block window) and the
    * largest block's; the rest (embedding, final norm, head) keeps whole gradients. */
@@ -405,7 +406,10 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
       tpb += t->backward_tp_s;
       cpf += t->forward_cp_s;
       cpb += t->backward_cp_s;
-      if (t->cp_buffer_bytes > cp_buffer) cp_buffer = t->cp_buffer_bytes;
+      /* What a layer holds only while it computes: the cp buffers and the unfused attention's
+       * backward scratch (the largest layer's, in the workspace). */
+      const double transient = t->cp_buffer_bytes + t->attention_scratch_bytes;
+      if (transient > cp_buffer) cp_buffer = transient;
       if (t->forward_cp_s > out->cp_layer_forward_s) {
         out->cp_layer_forward_s = t->forward_cp_s;
         out->cp_layer_backward_s = t->backward_cp_s;
@@ -611,8 +615,8 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
     rank->optimizer_bytes = params * sharded.optimizer;
     rank->activation_bytes = sim.peak_activation_memory[r];
     rank->peak_live = sim.peak_live[r];
-    /* cp > 1: the dK and dV (and with full recomputation the gathered K and V) of the layer
-     * being computed. */
+    /* What the layer being computed holds only then: with cp > 1 the gathered K and V and their
+     * gradient, and the unfused attention's backward scratch. */
     rank->workspace_bytes = mp_cost_workspace_bytes(cluster) + cp_buffer;
     /* The dp collectives' buffers: every bucket's temporaries on CPU ranks (ZeRO 0 and 1). ZeRO-2:
      * the one-block window, and one reduce-scatter's input at a time (the window, or a bucket of

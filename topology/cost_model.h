@@ -204,6 +204,8 @@ typedef struct {
   double cp_buffer_bytes;    /* held only while the layer computes, cp > 1: the whole
                                 sequence's K and V and their gradient, one tp rank */
   double cp_gather_bytes;    /* cp > 1: the K and V one all-gather collects, one tp rank */
+  double attention_scratch_bytes; /* held only while the layer's backward runs: the unfused
+                                     attention's two score-sized matrices, one tp rank */
   double model_flops;        /* forward + backward FLOPs of the whole layer (no recompute) */
 } mp_layer_time;
 

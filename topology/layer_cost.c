@@ -208,6 +208,7 @@ static void transformer_cost(const mp_layer_spec *layer, const mp_cost_shape *sh
   const double residual_masks = 2.0 * mask * h;
   const double probabilities = scores * elem * (1.0 + mask) + scores * mask; /* + dropout's */
   const double softmax_stats = heads * kStatBytes;      /* (B, NH, T) per token */
+  out->attention_scratch_bytes = tokens * 2.0 * scores * elem;
   /* cp > 1: the whole sequence's K and V, gathered over the cp group for each pass over the
    * block (not kept between them: working memory, not activations). */
   out->kv_gather_bytes = mp_cost_shape_cp(shape) > 1

@@ -151,6 +151,9 @@ typedef struct {
   double flash_attention_flops;                 /* the fused attention kernel's forward FLOPs (in
                                                    forward_flops; its products are not in gemms);
                                                    0 when the attention is unfused */
+  double attention_scratch_bytes;               /* unfused attention: what its backward holds
+                                                   while it runs, two matrices of the scores
+                                                   (the CPU's dpreatt and datt); 0 when fused */
   double kv_gather_bytes;                       /* cp > 1: the K and V of the whole sequence that
                                                    attention gathers over the cp group, 2 B T x
                                                    kv_heads x head size elements (all tp ranks'

@@ -43,6 +43,8 @@ typedef struct {
                                        tp and cp collectives), parameters and kept activation
                                        bytes */
   double *cost;                     /* (n) forward + backward: what the partitioner balances */
+  double *transient;                /* (n) what a layer holds only while it computes (the cp
+                                       buffers, the unfused attention's backward scratch) */
   double max_cost;                  /* the largest entry of cost */
   bool may_fit;                     /* some candidate's quick memory bound is within capacity;
                                        without one the table is never split (see quick_bounds) */
@@ -68,7 +70,8 @@ static bool fill_table(const mp_cluster *cluster, const mp_model *model, const m
   t->params = calloc(n1, sizeof(double));
   t->act = calloc(n1, sizeof(double));
   t->cost = calloc(n1, sizeof(double));
-  if (!t->fwd || !t->bwd || !t->params || !t->act || !t->cost) return false;
+  t->transient = calloc(n1, sizeof(double));
+  if (!t->fwd || !t->bwd || !t->params || !t->act || !t->cost || !t->transient) return false;
   t->max_cost = 0.0;
   for (int i = 0; i < n; ++i) {
     mp_layer_time time;
@@ -84,6 +87,7 @@ static bool fill_table(const mp_cluster *cluster, const mp_model *model, const m
     t->bwd[i + 1] = t->bwd[i] + b;
     t->params[i + 1] = t->params[i] + time.params;
     t->act[i + 1] = t->act[i] + time.activation_bytes;
+    t->transient[i] = time.cp_buffer_bytes + time.attention_scratch_bytes;
   }
   return true;
 }
@@ -94,6 +98,7 @@ static void free_table(layer_table *t) {
   free(t->params);
   free(t->act);
   free(t->cost);
+  free(t->transient);
   if (!t->shares_splits) {
     free(t->split_at);
     free(t->splits);
@@ -151,7 +156,7 @@ static void split_bounds(const mp_cluster *cluster, const layer_table *t, const 
   const bool backward_tail = l->schedule != MP_SCHEDULE_ZB_H1;
   double pipeline = 0.0, fullest = 0.0, slowest_optimizer = 0.0;
   for (int r = 0; r < pp; ++r) {
-    double busy = 0.0, params = 0.0, least_activations = INFINITY;
+    double busy = 0.0, params = 0.0, least_activations = INFINITY, transient = 0.0;
     for (int ch = 0; ch < v; ++ch) {
       const int st = ch * pp + r;
       const double f = t->fwd[start[st + 1]] - t->fwd[start[st]];
@@ -160,6 +165,9 @@ static void split_bounds(const mp_cluster *cluster, const layer_table *t, const 
       params += t->params[start[st + 1]] - t->params[start[st]];
       const double act = t->act[start[st + 1]] - t->act[start[st]];
       if (act < least_activations) least_activations = act;
+      for (int i = start[st]; i < start[st + 1]; ++i) {
+        if (t->transient[i] > transient) transient = t->transient[i];
+      }
     }
     if (r == pp - 1 && pp > 1) params += tied_params / l->tp;
     /* Rank r starts after micro-batch 0's forward through stages 0 .. r - 1 (chunk 0, layers
@@ -169,7 +177,7 @@ static void split_bounds(const mp_cluster *cluster, const layer_table *t, const 
     if (chain + busy > pipeline) pipeline = chain + busy;
     const double rank_memory = params * (sharded.weights + sharded.grads + sharded.optimizer) +
                                fewest_live(l, r) * least_activations +
-                               mp_cost_workspace_bytes(cluster);
+                               mp_cost_workspace_bytes(cluster) + transient;
     if (rank_memory > fullest) fullest = rank_memory;
     const double optimizer = mp_cost_optimizer_seconds(cluster, l, params);
     if (optimizer > slowest_optimizer) slowest_optimizer = optimizer;

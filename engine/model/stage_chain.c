@@ -97,9 +97,9 @@ struct mp_stage_chain {
   void *dqkv;          /* (BT, QKVl) */
   void *dfch;          /* (BT, FCl) */
   void *dfch_gelu;     /* (BT, Fl) */
-  /* Context parallelism: the whole sequence's keys and values (B, Tseq, 2 KVHl HS), gathered
-   * for each block's attention (again in its backward: a slot keeps its own tokens' only), and
-   * their gradient from this rank's queries. NULL without. */
+  /* Context parallelism: the whole sequence's keys and values (the kernels' cp_kv_full_bytes),
+   * gathered for each block's attention (again in its backward: a slot keeps its own tokens'
+   * only), and their gradient from this rank's queries. NULL without. */
   void *kv_full, *dkv_full;
   void **owned;        /* every allocation, for free */
   int num_owned, owned_capacity;
@@ -384,9 +384,8 @@ static mp_status chain_setup(mp_stage_chain *ch, const mp_stage_chain_config *co
   ALLOC(ch->dfch, BT * (size_t)d->FCl, eb);
   ALLOC(ch->dfch_gelu, BT * (size_t)d->Fl, eb);
   if (d->cp > 1 && ch->stage.num_layers > 0) {
-    const size_t kv_full = (size_t)d->B * (size_t)d->Tseq * 2 * (size_t)d->KVHl * (size_t)d->HS;
-    ALLOC(ch->kv_full, kv_full, eb);
-    ALLOC(ch->dkv_full, kv_full, eb);
+    ALLOC(ch->kv_full, ch->k->cp_kv_full_bytes, 1);
+    ALLOC(ch->dkv_full, ch->k->cp_kv_full_bytes, 1);
   }
   return MP_OK;
 }
@@ -535,8 +534,7 @@ static mp_status attention_forward(mp_stage_chain *ch, block_acts *a, mp_error *
     return MP_OK;
   }
   MP_TRY(k->cp_gather_kv(k->context, ch->kv_full, a->qkv, err));
-  k->cp_attention_forward(k->context, a->atty, a->attention, a->qkv, ch->kv_full);
-  return MP_OK;
+  return k->cp_attention_forward(k->context, a->atty, a->attention, a->qkv, ch->kv_full, err);
 }
 
 /* The attention's backward into dqkv (zeroed): with context parallelism the keys' and values'
@@ -550,10 +548,9 @@ static mp_status attention_backward(mp_stage_chain *ch, block_acts *a, void *dqk
     k->attention_backward(cx, dqkv, ch->datty, a->qkv, a->atty, a->attention);
     return MP_OK;
   }
-  const mp_stage_dims *d = &ch->d;
-  const size_t kv_full = (size_t)d->B * (size_t)d->Tseq * 2 * (size_t)d->KVHl * (size_t)d->HS;
-  MP_TRY(k->zero(cx, ch->dkv_full, kv_full * ch->eb, err));
-  k->cp_attention_backward(cx, dqkv, ch->dkv_full, ch->datty, a->qkv, ch->kv_full, a->attention);
+  MP_TRY(k->zero(cx, ch->dkv_full, k->cp_kv_full_bytes, err));
+  MP_TRY(k->cp_attention_backward(cx, dqkv, ch->dkv_full, ch->datty, a->qkv, ch->kv_full,
+                                  a->atty, a->attention, err));
   return k->cp_reduce_scatter_kv(cx, dqkv, ch->dkv_full, err);
 }
 

@@ -86,13 +86,14 @@ typedef struct {
                                     sequence (seq_len / cp with context parallelism) */
   const mp_tp_comm *tp;          /* the tensor-parallel group (the table is copied; its context
                                     must outlive the stage) */
-  const mp_tp_comm *cp;          /* the context-parallel group, copied likewise; NULL: none */
   bool sequence_parallel;
   mp_stage_span span;            /* which piece of the chain */
   int num_slots;                 /* micro-batches in flight, >= 1 */
   bool deferred_weights;         /* slots keep what a zero-bubble W needs */
   mp_recompute recompute;
   const mp_stage_zero *zero;     /* ZeRO's cut, or NULL */
+  const mp_tp_comm *cp;          /* the context-parallel group (the table is copied, as tp's);
+                                    NULL: none */
 } mp_stage_cpu_config;
 mp_status mp_stage_cpu_create_stage(const mp_model *model, const mp_stage_cpu_config *config,
                                     mp_stage_cpu **out, mp_error *err);

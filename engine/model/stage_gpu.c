@@ -27,6 +27,8 @@ struct mp_stage_gpu {
   mp_stage_layout *layout;                 /* where each number of the shard goes */
   mp_tp_comm tp;                           /* the kernels' collectives (device buffers) */
   mp_tp_comm host_tp;                      /* the same group's host-side sums (MPI) */
+  mp_tp_comm cp;                           /* the context-parallel group (MPI, staging device
+                                              buffers through the host), or the one-rank table */
   size_t num_params, device_bytes;         /* num_params: floats of the shard's flat layout */
   size_t params_floats;                    /* mp_stage_layout_params_floats: num_params, or with
                                               ZeRO-3 the outside tensors and the held block
@@ -129,10 +131,15 @@ mp_status mp_stage_gpu_create(const mp_model *model, const mp_stage_gpu_config *
                    "(rank %d of %d)",
                    tp->rank, tp->size, host_tp->rank, host_tp->size);
   }
-  const mp_stage_layout_config layout_config = {config->micro_batch, config->seq_len,
-                                                host_tp->rank,       host_tp->size,
-                                                config->sequence_parallel, config->span,
-                                                config->zero};
+  const mp_stage_layout_config layout_config = {config->micro_batch,
+                                                config->seq_len,
+                                                host_tp->rank,
+                                                host_tp->size,
+                                                config->sequence_parallel,
+                                                config->span,
+                                                config->zero,
+                                                config->cp != NULL ? config->cp->rank : 0,
+                                                config->cp != NULL ? config->cp->size : 1};
   mp_stage_layout *layout = NULL;
   MP_TRY(mp_stage_layout_create(model, &layout_config, &layout, err));
   if (mp_device_count() == 0) {
@@ -151,6 +158,7 @@ mp_status mp_stage_gpu_create(const mp_model *model, const mp_stage_gpu_config *
   gpu->layout = layout;
   gpu->tp = *tp;
   gpu->host_tp = *host_tp;
+  gpu->cp = config->cp != NULL ? *config->cp : mp_tp_comm_single();
   gpu->num_params = mp_stage_layout_num_params(gpu->layout);
   gpu->params_floats = mp_stage_layout_params_floats(gpu->layout);
   /* What the device holds of the parameters (with ZeRO-3 not the whole flat layout). */
@@ -187,11 +195,12 @@ mp_status mp_stage_gpu_create(const mp_model *model, const mp_stage_gpu_config *
     if (mp_device_memset(gpu->weights, 0, P * sizeof(mp_bf16), err) != MP_OK) goto fail;
   }
   ALLOC(gpu->norm_scratch, mp_grad_norm_cuda_scratch_floats(P));
-  const mp_stage_dims dims = mp_stage_chain_dims(gpu->layout, &gpu->tp, NULL);
+  const mp_stage_dims dims = mp_stage_chain_dims(gpu->layout, &gpu->tp, &gpu->cp);
   size_t kernel_bytes = 0;
   if (mp_stage_kernels_gpu_create(&dims, &gpu->kernels, &kernel_bytes, err) != MP_OK) goto fail;
   const mp_stage_chain_config chain_config = {.layout = gpu->layout,
                                         .tp = &gpu->tp,
+                                        .cp = &gpu->cp,
                                         .weights = gpu->weights,
                                         .grads = gpu->grads,
                                         .num_slots = num_slots,

@@ -103,6 +103,9 @@ typedef struct {
   mp_recompute recompute;
   const mp_stage_zero *zero;     /* ZeRO 2 and 3's cut, or NULL (ZeRO-1 keeps its moments'
                                     part with mp_stage_gpu_keep_moments) */
+  const mp_tp_comm *cp;          /* the context-parallel group for collectives on device buffers
+                                    (MPI stages them through the host), copied; NULL: none.
+                                    seq_len is then this rank's tokens of a sequence */
 } mp_stage_gpu_config;
 
 /* This rank's shard of config->span of model (mp_stage_layout_create's checks and messages) on the

@@ -122,19 +122,22 @@ typedef struct {
   void (*rope_backward)(void *context, void *dqkv);
 
   /* Context parallelism (dims cp > 1; NULL where the backend has none, and the chain then
-   * refuses cp): kv_full (B, Tseq, 2 KVHl HS) holds every token's keys then values by global
-   * position (context_parallel/kv_exchange.h).
+   * refuses cp): kv_full and dkv_full are cp_kv_full_bytes each, the whole sequence's keys and
+   * values (and their gradient) in the backend's layout: the CPU's (B, Tseq, 2 KVHl HS) keys
+   * then values by global position (context_parallel/kv_exchange.h), the GPU's whole qkv rows.
    *   cp_gather_kv: kv_full from every cp rank's qkv (BT, QKVl), collective over the group.
    *   cp_attention_forward / _backward: attention_forward / _backward for this rank's queries at
-   *     their positions against kv_full; the backward adds into dqkv's queries and into
-   *     dkv_full (B, Tseq, 2 KVHl HS), and leaves dqkv's keys and values alone.
-   *   cp_reduce_scatter_kv: dqkv's keys and values += the group's sum of dkv_full at this rank's
-   *     tokens, collective. */
+   *     their positions against kv_full; the backward gets its forward's output (out) and
+   *     writes into dkv_full (zeroed) and, on the CPU, its queries' gradient into dqkv.
+   *   cp_reduce_scatter_kv: the group's sum of every rank's dkv_full at this rank's tokens, into
+   *     dqkv (which the chain zeroed before the backward), collective. */
+  size_t cp_kv_full_bytes;
   mp_status (*cp_gather_kv)(void *context, void *kv_full, const void *qkv, mp_error *err);
-  void (*cp_attention_forward)(void *context, void *out, void *saved, const void *qkv,
-                               const void *kv_full);
-  void (*cp_attention_backward)(void *context, void *dqkv, void *dkv_full, const void *dout,
-                                const void *qkv, const void *kv_full, const void *saved);
+  mp_status (*cp_attention_forward)(void *context, void *out, void *saved, const void *qkv,
+                                    const void *kv_full, mp_error *err);
+  mp_status (*cp_attention_backward)(void *context, void *dqkv, void *dkv_full,
+                                     const void *dout, const void *qkv, const void *kv_full,
+                                     const void *out, const void *saved, mp_error *err);
   mp_status (*cp_reduce_scatter_kv)(void *context, void *dqkv, const void *dkv_full,
                                     mp_error *err);
 

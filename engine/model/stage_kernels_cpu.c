@@ -23,7 +23,7 @@
 typedef struct {
   mp_stage_kernels table; /* first: the table's context is this struct */
   mp_stage_dims d;
-  size_t attention_floats; /* (B, NHl, T, Tseq): one of preatt, att */
+  size_t attention_floats; /* (B, NHl, T, Tseq): the saved probabilities */
   float *slice;            /* (BTl, C) a collective's slice, with sequence parallelism */
   float *dpreatt, *datt;   /* (B, NHl, T, Tseq) the attention backward's scratch */
   int32_t *positions;      /* (T) each local token's position in its sequence; NULL with cp 1 */
@@ -100,40 +100,41 @@ static void cpu_matmul_backward(void *context, void *dinp, float *dweight, float
   mp_matmul_backward_cpu(dinp, dweight, dbias, dout, inp, weight, BT, C, OC);
 }
 
-/* saved: preatt then att, (B, NHl, T, T) each. */
+/* saved: the probabilities att (B, NHl, T, T), all the backward reads (the scores before the
+ * softmax, which layers/attention.h can also write, are not kept). */
 static void cpu_attention_forward(void *context, void *out, void *saved, const void *qkv) {
   const cpu_kernels *k = context;
-  float *preatt = saved;
-  mp_attention_forward_cpu(out, preatt, preatt + k->attention_floats, qkv, k->d.B, k->d.T,
-                           k->d.NHl, k->d.KVHl, k->d.HS);
+  mp_attention_forward_cpu(out, NULL, saved, qkv, k->d.B, k->d.T, k->d.NHl, k->d.KVHl, k->d.HS);
 }
 
 static void cpu_attention_backward(void *context, void *dqkv, const void *dout, const void *qkv,
                                    const void *out, const void *saved) {
   (void)out;
   const cpu_kernels *k = context;
-  const float *att = (const float *)saved + k->attention_floats;
+  const float *att = saved;
   mp_attention_backward_cpu(dqkv, k->dpreatt, k->datt, dout, qkv, att, k->d.B, k->d.T, k->d.NHl,
                             k->d.KVHl, k->d.HS);
 }
 
-static void cpu_cp_attention_forward(void *context, void *out, void *saved, const void *qkv,
-                                     const void *kv_full) {
+static mp_status cpu_cp_attention_forward(void *context, void *out, void *saved,
+                                          const void *qkv, const void *kv_full, mp_error *err) {
+  (void)err;
   const cpu_kernels *k = context;
-  float *preatt = saved;
-  mp_attention_forward_at_cpu(out, preatt, preatt + k->attention_floats, qkv, kv_full,
-                              k->positions, k->d.B, k->d.T, k->d.Tseq, k->d.NHl, k->d.KVHl,
-                              k->d.HS);
+  mp_attention_forward_at_cpu(out, NULL, saved, qkv, kv_full, k->positions, k->d.B, k->d.T,
+                              k->d.Tseq, k->d.NHl, k->d.KVHl, k->d.HS);
+  return MP_OK;
 }
 
-static void cpu_cp_attention_backward(void *context, void *dqkv, void *dkv_full,
-                                      const void *dout, const void *qkv, const void *kv_full,
-                                      const void *saved) {
+static mp_status cpu_cp_attention_backward(void *context, void *dqkv, void *dkv_full,
+                                           const void *dout, const void *qkv, const void *kv_full,
+                                           const void *out, const void *saved, mp_error *err) {
+  (void)out, (void)err;
   const cpu_kernels *k = context;
-  const float *att = (const float *)saved + k->attention_floats;
+  const float *att = saved;
   mp_attention_backward_at_cpu(dqkv, dkv_full, k->dpreatt, k->datt, dout, qkv, kv_full, att,
                                k->positions, k->d.B, k->d.T, k->d.Tseq, k->d.NHl, k->d.KVHl,
                                k->d.HS);
+  return MP_OK;
 }
 
 static mp_status cpu_cp_gather_kv(void *context, void *kv_full, const void *qkv, mp_error *err) {
@@ -330,7 +331,7 @@ mp_status mp_stage_kernels_cpu_create(const mp_stage_dims *dims, mp_stage_kernel
   t->context = k;
   t->name = "CPU";
   t->element_bytes = sizeof(float);
-  t->attention_saved_bytes = 2 * k->attention_floats * sizeof(float);
+  t->attention_saved_bytes = k->attention_floats * sizeof(float);
   t->attention_recomputable = true;
   t->alloc = cpu_alloc;
   t->release = cpu_release;
@@ -355,6 +356,9 @@ mp_status mp_stage_kernels_cpu_create(const mp_stage_dims *dims, mp_stage_kernel
   t->swiglu_backward = cpu_swiglu_backward;
   t->rope_forward = cpu_rope_forward;
   t->rope_backward = cpu_rope_backward;
+  t->cp_kv_full_bytes = cp > 1 ? (size_t)dims->B * Tseq * 2 * (size_t)dims->KVHl *
+                                      (size_t)dims->HS * sizeof(float)
+                               : 0;
   t->cp_gather_kv = cpu_cp_gather_kv;
   t->cp_attention_forward = cpu_cp_attention_forward;
   t->cp_attention_backward = cpu_cp_attention_backward;

@@ -4,6 +4,16 @@
  * GEMMs, the column-parallel input gradients, the embedding lookup and the cross-entropy the
  * collectives of tensor_parallel/ on device buffers. Every collective moves fp32 (bf16 widened
  * exactly, rounded once after a sum). The GPU stage (stage_gpu.c) runs the chain over it.
+ *
+ * Context parallelism: the cp group all-gathers each rank's whole qkv rows into the sequence's
+ * (B, Tseq, QKVl) at their global positions, and the attention kernels run on the whole sequence
+ * there; this rank keeps the outputs of its own tokens. In the backward only its own tokens'
+ * output gradients are non-zero, so the whole-sequence backward gives every token's key and
+ * value gradient from this rank's queries, and this rank's queries' gradient (the other tokens'
+ * query gradients are zero); the group's reduce-scatter of those rows sums them for each
+ * token's owner. The result is exactly this rank's share, but the kernels compute the whole
+ * sequence's attention on every cp rank (cp times the FLOPs of a kernel that takes a query
+ * offset); with the fused attention its memory stays O(T): row statistics, no T x T matrix.
  */
 #include "engine/model/stage_kernels.h"
 
@@ -12,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "context_parallel/sequence_split.h"
 #include "engine/device/device.h"
 #include "layers/adamw.h"
 #include "layers/attention.h"
@@ -54,6 +65,13 @@ typedef struct {
                                 row collects tokens of other ranks' ranges */
   int32_t *shard_tokens;     /* (BT) device: tokens as rows of dwte_rows */
   int32_t *shard_tokens_host;
+  /* Context parallelism (cp > 1), else NULL: */
+  int32_t *positions;        /* (T) device: each local token's position in its sequence */
+  mp_bf16 *wpe_local;        /* (T, C) the position table's rows of this rank's tokens */
+  float *dwpe_local;         /* (T, C) their gradient, added into the table's rows */
+  float *cp_send, *cp_recv;  /* (B T, QKVl) and (cp, B T, QKVl) fp32: the exchange's */
+  mp_bf16 *out_full, *dout_full; /* (B, Tseq, Cl) the whole sequence's attention output and its
+                                    gradient (non-zero at this rank's tokens only) */
 } cuda_kernels;
 
 static mp_status cuda_alloc(void *context, size_t bytes, void **out, mp_error *err) {
@@ -137,19 +155,20 @@ static void cuda_swiglu_backward(void *context, void *dinp, const void *inp, con
   mp_swiglu_backward_cuda(dinp, inp, dout, rows, F, NULL);
 }
 
-/* q and k are the first NHl + KVHl heads of a qkv row. */
+/* q and k are the first NHl + KVHl heads of a qkv row; with context parallelism each token
+ * turns by its global position. */
 static void cuda_rope_forward(void *context, void *qkv) {
   const cuda_kernels *k = context;
   const mp_stage_dims *d = &k->d;
-  mp_rope_forward_cuda(qkv, k->inv_freq, d->B, d->T, d->NHl + d->KVHl, d->HS, (size_t)d->QKVl,
-                       NULL);
+  mp_rope_forward_at_cuda(qkv, k->inv_freq, k->positions, d->B, d->T, d->NHl + d->KVHl, d->HS,
+                          (size_t)d->QKVl, NULL);
 }
 
 static void cuda_rope_backward(void *context, void *dqkv) {
   const cuda_kernels *k = context;
   const mp_stage_dims *d = &k->d;
-  mp_rope_backward_cuda(dqkv, k->inv_freq, d->B, d->T, d->NHl + d->KVHl, d->HS, (size_t)d->QKVl,
-                        NULL);
+  mp_rope_backward_at_cuda(dqkv, k->inv_freq, k->positions, d->B, d->T, d->NHl + d->KVHl, d->HS,
+                           (size_t)d->QKVl, NULL);
 }
 
 static void cuda_matmul_forward(void *context, void *out, const void *inp, const void *weight,
@@ -190,6 +209,119 @@ static void cuda_attention_backward(void *context, void *dqkv, const void *dout,
     mp_attention_backward_cuda(k->cublas, dqkv, dout, qkv, saved, k->attention_scratch, d->B,
                                d->T, d->NHl, d->KVHl, d->HS, NULL);
   }
+}
+
+/* ---- context parallelism ---- */
+
+/* The first global position of chunk j (0 or 1) of cp rank r: the rank's local tokens
+ * [j c, (j + 1) c) of every sequence, c = T / 2, sit at positions [that, that + c). */
+static int64_t chunk_position(const mp_stage_dims *d, int r, int j) {
+  return mp_cp_position(d->Tseq, d->cp, r, (int64_t)j * (d->T / 2));
+}
+
+/* Between cp rank r's local rows (B T rows of `width` elements, bf16) and their rows of the
+ * whole sequence's (B Tseq rows): two contiguous runs per sequence. */
+static mp_status copy_rank_rows(const cuda_kernels *k, int r, mp_bf16 *full, mp_bf16 *local,
+                                size_t width, bool to_full, mp_error *err) {
+  const mp_stage_dims *d = &k->d;
+  const size_t c = (size_t)d->T / 2, bytes = c * width * sizeof(mp_bf16);
+  for (int b = 0; b < d->B; ++b) {
+    for (int j = 0; j < 2; ++j) {
+      mp_bf16 *whole =
+          full + ((size_t)b * (size_t)d->Tseq + (size_t)chunk_position(d, r, j)) * width;
+      mp_bf16 *mine = local + ((size_t)b * (size_t)d->T + (size_t)j * c) * width;
+      MP_TRY(to_full ? mp_device_copy_on_device(whole, mine, bytes, err)
+                     : mp_device_copy_on_device(mine, whole, bytes, err));
+    }
+  }
+  return MP_OK;
+}
+
+/* kv_full (B, Tseq, QKVl): every cp rank's qkv rows at their positions, through fp32. */
+static mp_status cuda_cp_gather_kv(void *context, void *kv_full, const void *qkv,
+                                   mp_error *err) {
+  cuda_kernels *k = context;
+  const mp_stage_dims *d = &k->d;
+  const size_t width = (size_t)d->QKVl, c = (size_t)d->T / 2;
+  const size_t per_rank = (size_t)d->BT * width;
+  mp_float_from_bf16_cuda(k->cp_send, qkv, per_rank, NULL);
+  MP_TRY(mp_tp_all_gather(&d->cp_comm, k->cp_send, k->cp_recv, per_rank, err));
+  for (int r = 0; r < d->cp; ++r) {
+    for (int b = 0; b < d->B; ++b) {
+      for (int j = 0; j < 2; ++j) {
+        const size_t row = (size_t)b * (size_t)d->Tseq + (size_t)chunk_position(d, r, j);
+        const size_t local = (size_t)b * (size_t)d->T + (size_t)j * c;
+        mp_bf16_from_float_cuda((mp_bf16 *)kv_full + row * width,
+                                k->cp_recv + (size_t)r * per_rank + local * width, c * width,
+                                NULL);
+      }
+    }
+  }
+  return MP_OK;
+}
+
+/* saved: the whole sequence's lse (B, NHl, Tseq), or cuBLAS attention's (B, NHl, Tseq, Tseq). */
+static mp_status cuda_cp_attention_forward(void *context, void *out, void *saved,
+                                           const void *qkv, const void *kv_full, mp_error *err) {
+  (void)qkv;
+  cuda_kernels *k = context;
+  const mp_stage_dims *d = &k->d;
+  if (k->fused_attention) {
+    mp_flash_attention_forward_cuda(k->out_full, saved, kv_full, d->B, d->Tseq, d->NHl, d->KVHl,
+                                    d->HS, NULL);
+  } else {
+    mp_attention_forward_cuda(k->cublas, k->out_full, saved, kv_full, k->attention_scratch, d->B,
+                              d->Tseq, d->NHl, d->KVHl, d->HS, NULL);
+  }
+  return copy_rank_rows(k, d->cp_rank, k->out_full, out, (size_t)d->Cl, false, err);
+}
+
+/* dkv_full (B, Tseq, QKVl), zeroed by the chain: the whole-sequence backward with this rank's
+ * output gradients at its tokens and zeros elsewhere. */
+static mp_status cuda_cp_attention_backward(void *context, void *dqkv, void *dkv_full,
+                                            const void *dout, const void *qkv,
+                                            const void *kv_full, const void *out,
+                                            const void *saved, mp_error *err) {
+  (void)dqkv, (void)qkv;
+  cuda_kernels *k = context;
+  const mp_stage_dims *d = &k->d;
+  const size_t full_bytes = (size_t)d->B * (size_t)d->Tseq * (size_t)d->Cl * sizeof(mp_bf16);
+  MP_TRY(mp_device_memset(k->out_full, 0, full_bytes, err));
+  MP_TRY(mp_device_memset(k->dout_full, 0, full_bytes, err));
+  MP_TRY(copy_rank_rows(k, d->cp_rank, k->out_full, (mp_bf16 *)out, (size_t)d->Cl, true, err));
+  MP_TRY(copy_rank_rows(k, d->cp_rank, k->dout_full, (mp_bf16 *)dout, (size_t)d->Cl, true, err));
+  if (k->fused_attention) {
+    mp_flash_attention_backward_cuda(dkv_full, k->dout_full, kv_full, k->out_full, saved,
+                                     k->attention_scratch, d->B, d->Tseq, d->NHl, d->KVHl, d->HS,
+                                     NULL);
+  } else {
+    mp_attention_backward_cuda(k->cublas, dkv_full, k->dout_full, kv_full, saved,
+                               k->attention_scratch, d->B, d->Tseq, d->NHl, d->KVHl, d->HS,
+                               NULL);
+  }
+  return MP_OK;
+}
+
+/* dqkv (B T, QKVl) = the group's sum of every rank's dkv_full rows at this rank's tokens. */
+static mp_status cuda_cp_reduce_scatter_kv(void *context, void *dqkv, const void *dkv_full,
+                                           mp_error *err) {
+  cuda_kernels *k = context;
+  const mp_stage_dims *d = &k->d;
+  const size_t width = (size_t)d->QKVl, c = (size_t)d->T / 2;
+  const size_t per_rank = (size_t)d->BT * width;
+  for (int r = 0; r < d->cp; ++r) {
+    for (int b = 0; b < d->B; ++b) {
+      for (int j = 0; j < 2; ++j) {
+        const size_t row = (size_t)b * (size_t)d->Tseq + (size_t)chunk_position(d, r, j);
+        const size_t local = (size_t)b * (size_t)d->T + (size_t)j * c;
+        mp_float_from_bf16_cuda(k->cp_recv + (size_t)r * per_rank + local * width,
+                                (const mp_bf16 *)dkv_full + row * width, c * width, NULL);
+      }
+    }
+  }
+  MP_TRY(mp_tp_reduce_scatter_sum(&d->cp_comm, k->cp_recv, k->cp_send, per_rank, err));
+  mp_bf16_from_float_cuda(dqkv, k->cp_send, per_rank, NULL);
+  return MP_OK;
 }
 
 static void cuda_gelu_forward(void *context, void *out, const void *inp, size_t n) {
@@ -271,6 +403,16 @@ static mp_status cuda_embedding_forward(void *context, void *out, const int32_t 
   (void)tokens_host, (void)work;
   cuda_kernels *k = context;
   const mp_stage_dims *d = &k->d;
+  if (d->cp > 1 && wpe != NULL) {
+    /* The table's rows of this rank's tokens (two runs), so that local token t reads row t. */
+    const size_t c = (size_t)d->T / 2, bytes = c * (size_t)d->C * sizeof(mp_bf16);
+    for (int j = 0; j < 2; ++j) {
+      MP_TRY(mp_device_copy_on_device(
+          k->wpe_local + (size_t)j * c * d->C,
+          (const mp_bf16 *)wpe + (size_t)chunk_position(d, d->cp_rank, j) * d->C, bytes, err));
+    }
+    wpe = k->wpe_local;
+  }
   if (d->tp.size == 1 && wpe != NULL) {
     mp_embedding_forward_cuda(out, tokens, wte, wpe, d->B, d->T, d->C, NULL);
     return MP_OK;
@@ -301,13 +443,39 @@ static mp_status cuda_embedding_forward(void *context, void *out, const int32_t 
   return MP_OK;
 }
 
+static mp_status embedding_backward_rows(cuda_kernels *k, float *dwte, float *dwpe,
+                                         const void *dout, const int32_t *tokens,
+                                         const int32_t *tokens_host, void *work, mp_error *err);
+
 static mp_status cuda_embedding_backward(void *context, float *dwte, float *dwpe,
                                          const void *dout, const int32_t *tokens,
                                          const int32_t *tokens_host, void *work, mp_error *err) {
   cuda_kernels *k = context;
   const mp_stage_dims *d = &k->d;
+  float *table_grad = NULL; /* context parallelism: where dwpe_local's rows go */
+  if (d->cp > 1 && dwpe != NULL) {
+    table_grad = dwpe;
+    dwpe = k->dwpe_local;
+    MP_TRY(mp_device_memset(dwpe, 0, (size_t)d->T * d->C * sizeof(float), err));
+  }
   /* Without a position table the kernel's position gradient goes to a buffer nobody reads. */
   if (dwpe == NULL) dwpe = k->dwpe_unused;
+  MP_TRY(embedding_backward_rows(k, dwte, dwpe, dout, tokens, tokens_host, work, err));
+  if (table_grad != NULL) {
+    const size_t c = (size_t)d->T / 2;
+    for (int j = 0; j < 2; ++j) {
+      mp_add_f32_cuda(table_grad + (size_t)chunk_position(d, d->cp_rank, j) * d->C,
+                      dwpe + (size_t)j * c * d->C, c * (size_t)d->C, NULL);
+    }
+  }
+  return MP_OK;
+}
+
+/* The embedding backward into dwte and dwpe (rows of this rank's local tokens). */
+static mp_status embedding_backward_rows(cuda_kernels *k, float *dwte, float *dwpe,
+                                         const void *dout, const int32_t *tokens,
+                                         const int32_t *tokens_host, void *work, mp_error *err) {
+  const mp_stage_dims *d = &k->d;
   if (d->tp.size == 1) {
     mp_embedding_backward_cuda(dwte, dwpe, dout, tokens, tokens_host, k->embedding_workspace,
                                d->B, d->T, d->C, NULL);
@@ -376,7 +544,9 @@ static void cuda_kernels_free(cuda_kernels *k) {
   void *buffers[] = {k->reduce, k->slice, k->losses, k->row_max, k->gathered_max, k->ce_stats,
                      k->layernorm_scratch, k->matmul_scratch, k->attention_scratch,
                      k->embedding_workspace, k->dwte_rows, k->shard_tokens,
-                     k->rmsnorm_scratch, k->inv_freq, k->dwpe_unused};
+                     k->rmsnorm_scratch, k->inv_freq, k->dwpe_unused, k->positions,
+                     k->wpe_local, k->dwpe_local, k->cp_send, k->cp_recv, k->out_full,
+                     k->dout_full};
   for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; ++i) mp_device_free(buffers[i]);
   if (k->cublas != NULL) mp_cublas_free(k->cublas);
   free(k->losses_host);
@@ -444,10 +614,12 @@ mp_status mp_stage_kernels_gpu_create(const mp_stage_dims *d, mp_stage_kernels *
   const size_t widest =
       max_size((size_t)d->Vl, max_size((size_t)d->FCl, max_size((size_t)d->QKVl, C)));
   SCRATCH(k->matmul_scratch, mp_matmul_backward_cuda_scratch_floats((int)BT, (int)widest));
+  /* With context parallelism the attention runs on the whole sequence (the file comment). */
+  const int cp = d->cp > 1 ? d->cp : 1, Tseq = d->T * cp;
   const size_t attention_bytes =
       d->num_layers == 0 ? 0
-      : k->fused_attention ? mp_flash_attention_scratch_bytes(d->B, d->T, d->NHl, d->HS)
-                           : mp_attention_cuda_scratch_bytes(d->B, d->T, d->NHl, d->HS);
+      : k->fused_attention ? mp_flash_attention_scratch_bytes(d->B, Tseq, d->NHl, d->HS)
+                           : mp_attention_cuda_scratch_bytes(d->B, Tseq, d->NHl, d->HS);
   if (scratch_alloc(k, &k->attention_scratch, attention_bytes, err) != MP_OK) goto fail;
   if (d->embedding) {
     SCRATCH(k->embedding_workspace, mp_embedding_backward_cuda_workspace_ints(d->B, d->T));
@@ -456,13 +628,40 @@ mp_status mp_stage_kernels_gpu_create(const mp_stage_dims *d, mp_stage_kernels *
       SCRATCH(k->shard_tokens, BT);
     }
   }
+  if (cp > 1) {
+    int32_t *positions = malloc((size_t)d->T * sizeof(int32_t));
+    if (positions == NULL) {
+      mp_fail(err, MP_ERR_RUNTIME, "out of host memory");
+      goto fail;
+    }
+    mp_cp_positions(positions, Tseq, cp, d->cp_rank);
+    mp_status copied = MP_OK;
+    if (scratch_alloc(k, (void **)&k->positions, (size_t)d->T * sizeof(int32_t), err) == MP_OK) {
+      copied = mp_device_copy_to_device(k->positions, positions,
+                                        (size_t)d->T * sizeof(int32_t), err);
+    } else {
+      copied = err->status;
+    }
+    free(positions);
+    if (copied != MP_OK) goto fail;
+    if (d->embedding && !d->rope) {
+      SCRATCH(k->wpe_local, (size_t)d->T * C);
+      SCRATCH(k->dwpe_local, (size_t)d->T * C);
+    }
+    if (d->num_layers > 0) {
+      SCRATCH(k->cp_send, BT * (size_t)d->QKVl);
+      SCRATCH(k->cp_recv, BT * (size_t)d->QKVl * (size_t)cp);
+      SCRATCH(k->out_full, (size_t)d->B * (size_t)Tseq * (size_t)d->Cl);
+      SCRATCH(k->dout_full, (size_t)d->B * (size_t)Tseq * (size_t)d->Cl);
+    }
+  }
   mp_stage_kernels *t = &k->table;
   t->context = k;
   t->name = "CUDA";
   t->element_bytes = sizeof(mp_bf16);
   t->attention_saved_bytes =
-      k->fused_attention ? (size_t)d->B * d->NHl * d->T * sizeof(float)
-                         : (size_t)d->B * d->NHl * d->T * (size_t)d->T * sizeof(mp_bf16);
+      k->fused_attention ? (size_t)d->B * d->NHl * Tseq * sizeof(float)
+                         : (size_t)d->B * d->NHl * Tseq * (size_t)Tseq * sizeof(mp_bf16);
   /* The fused attention keeps no T x T matrix anyway; cuBLAS attention keeps its probabilities. */
   t->attention_recomputable = false;
   t->alloc = cuda_alloc;
@@ -485,6 +684,12 @@ mp_status mp_stage_kernels_gpu_create(const mp_stage_dims *d, mp_stage_kernels *
   t->matmul_backward = cuda_matmul_backward;
   t->attention_forward = cuda_attention_forward;
   t->attention_backward = cuda_attention_backward;
+  t->cp_kv_full_bytes =
+      cp > 1 ? (size_t)d->B * (size_t)Tseq * (size_t)d->QKVl * sizeof(mp_bf16) : 0;
+  t->cp_gather_kv = cuda_cp_gather_kv;
+  t->cp_attention_forward = cuda_cp_attention_forward;
+  t->cp_attention_backward = cuda_cp_attention_backward;
+  t->cp_reduce_scatter_kv = cuda_cp_reduce_scatter_kv;
   t->gelu_forward = cuda_gelu_forward;
   t->gelu_backward = cuda_gelu_backward;
   t->residual_forward = cuda_residual_forward;

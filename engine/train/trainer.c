@@ -54,12 +54,6 @@ mp_status mp_trainer_check_layout(const mp_plan *plan, mp_backend backend, mp_er
                    "gradients; use 1f1b or interleaved-1f1b, or zero_stage 2",
                    plan->source);
   }
-  if (plan->cp > 1 && backend == MP_BACKEND_CUDA) {
-    return mp_fail(err, MP_ERR_INPUT,
-                   "%s: parallel.cp %d: context parallelism runs on the CPU backend only for now; "
-                   "use --backend cpu, or cp 1",
-                   plan->source, plan->cp);
-  }
   if (backend == MP_BACKEND_CUDA && mp_plan_zero_shard(plan) < plan->dp) {
     return mp_fail(err, MP_ERR_INPUT,
                    "%s: parallel.zero_shard_size %d (hybrid sharding) runs on the CPU backend "

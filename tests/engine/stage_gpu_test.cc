@@ -172,7 +172,8 @@ struct Fixture {
               mp_recompute recompute = MP_RECOMPUTE_NONE) {
     mp_stage_span range;
     if (mp_stage_span_of_chain(kL, first, end, &range, &err) != MP_OK) return false;
-    *config = {kB, kT, &single, nullptr, sp, range, num_slots, deferred, recompute, nullptr};
+    *config = {kB, kT, &single, nullptr, sp, range, num_slots, deferred, recompute, nullptr,
+               nullptr};
     return true;
   }
 
@@ -372,7 +373,8 @@ void ExpectGpuStageMatchesCpuStage(int first, int end, const char *model = kMode
   ASSERT_EQ(mp_stage_span_of_chain(kL, first, end, &range, &f.err), MP_OK) << f.err.message;
   Stage cpu;
   ASSERT_EQ(CreateStageCpu(f.model,
-                           {kB, kT, &f.single, false, range, 1, false, MP_RECOMPUTE_NONE, nullptr},
+                           {kB, kT, &f.single, false, range, 1, false, MP_RECOMPUTE_NONE, nullptr,
+                            nullptr},
                            &cpu.host, &f.err),
             MP_OK)
       << f.err.message;

@@ -231,8 +231,10 @@ TEST(CostModel, ContextParallelStepByHand) {
   EXPECT_NEAR(r.cp_comm_s, 4 * 2 * 3 * (0.5 * 4096 / 1e9), 1e-18);
   EXPECT_DOUBLE_EQ(e->cp_layer_forward_s, 0.5 * 4096 / 1e9);
   EXPECT_FALSE(e->cp_inter_node);
-  // One block's K and V and their gradient: the stage's two working buffers.
-  EXPECT_DOUBLE_EQ(r.workspace_bytes, 0.05 * kGiB + 2 * 4096);
+  // One block's K and V and their gradient: the stage's two working buffers; and the unfused
+  // attention's backward scratch, two score matrices of its 2 x 4 local queries x 4 heads x 8
+  // keys in bf16.
+  EXPECT_DOUBLE_EQ(r.workspace_bytes, 0.05 * kGiB + 2 * 4096 + 2 * (2 * 4 * 4 * 8) * 2);
   double act = 0;
   for (int i = 0; i < mp_model_num_layers(m.model); ++i) {
     mp_layer_time t;
@@ -389,7 +391,9 @@ TEST(CostModel, OneStageStepAndMemoryByHand) {
   EXPECT_DOUBLE_EQ(r.weights_bytes, 2 * P);
   EXPECT_DOUBLE_EQ(r.grads_bytes, 4 * P);
   EXPECT_DOUBLE_EQ(r.optimizer_bytes, 12 * P / 2);
-  EXPECT_DOUBLE_EQ(r.workspace_bytes, 0.05 * kGiB);
+  // The unfused attention's backward scratch: two score matrices of a block, 2 sequences x 4
+  // heads x 8 x 8 in bf16.
+  EXPECT_DOUBLE_EQ(r.workspace_bytes, 0.05 * kGiB + 2 * (2 * 4 * 8 * 8) * 2);
   EXPECT_EQ(r.peak_live, 1);
   double act = 0;
   for (int i = 0; i < mp_model_num_layers(m.model); ++i) {
@@ -443,9 +447,10 @@ TEST(CostModel, ZeroStagesDivideTheModelStatesAndCostTheirCollectives) {
     EXPECT_DOUBLE_EQ(r.optimizer_bytes, optimizer) << "zero " << zero;
     // Two one-block gradient windows with 2 and 3 on a GPU (a block's reduce-scatter overlaps
     // the next one's backward) and a reduce-scatter's output; none beyond the workspace
-    // otherwise.
+    // otherwise, but the unfused attention's backward scratch (a micro-batch of one sequence:
+    // two score matrices of 4 heads x 8 x 8 in bf16).
     EXPECT_DOUBLE_EQ(r.workspace_bytes, 0.05 * kGiB + (zero >= 2 ? 2 * 4 * largest : 0.0) +
-                                            (zero >= 2 ? 4 * P / d : 0.0))
+                                            (zero >= 2 ? 4 * P / d : 0.0) + 2 * (4 * 8 * 8) * 2)
         << "zero " << zero;
     expected_memory[zero] = r.memory_bytes;
     // ZeRO-3 gathers each block's weights for its forward and its backward in every
@@ -748,7 +753,9 @@ TEST(CostModelSharedCores, GpuPresetIsUnaffected) {
 }
 
 // Workspace: the cluster's workspace_gib when given, else 5% of device memory; CPU ranks with
-// dp > 1 add a copy of their gradients (Open MPI's in-flight all-reduce temporaries).
+// dp > 1 add a copy of their gradients (Open MPI's in-flight all-reduce temporaries); every rank
+// the unfused attention's backward scratch (two fp32 score matrices of a micro-batch of one
+// sequence: 4 heads x 8 x 8).
 TEST(CostModelSharedCores, WorkspaceIsTheClustersAndCpuRanksAddTheDpTemporaries) {
   Model m;
   mp_cluster c = cpu_cluster(2);
@@ -759,10 +766,12 @@ TEST(CostModelSharedCores, WorkspaceIsTheClustersAndCpuRanksAddTheDpTemporaries)
   mp_error err = MP_ERROR_INITIALIZER;
   mp_layout one = layout(1, 1, 1, 1, 2);
   ASSERT_EQ(mp_cost_estimate(&c, m.model, &one, nullptr, e.get(), &err), MP_OK) << err.message;
-  EXPECT_DOUBLE_EQ(e->ranks[0].workspace_bytes, 170.0 * 1048576);
+  const double scratch = 2 * (4 * 8 * 8) * 4.0;
+  EXPECT_DOUBLE_EQ(e->ranks[0].workspace_bytes, 170.0 * 1048576 + scratch);
   mp_layout two = layout(2, 1, 1, 1, 2);
   ASSERT_EQ(mp_cost_estimate(&c, m.model, &two, nullptr, e.get(), &err), MP_OK) << err.message;
-  EXPECT_DOUBLE_EQ(e->ranks[0].workspace_bytes, 170.0 * 1048576 + e->ranks[0].grads_bytes);
+  EXPECT_DOUBLE_EQ(e->ranks[0].workspace_bytes,
+                   170.0 * 1048576 + e->ranks[0].grads_bytes + scratch);
   EXPECT_DOUBLE_EQ(e->ranks[0].memory_bytes,
                    e->ranks[0].weights_bytes + e->ranks[0].grads_bytes +
                        e->ranks[0].optimizer_bytes + e->ranks[0].activation_bytes +
