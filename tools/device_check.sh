@@ -216,6 +216,27 @@ JSON
     "$work/gpu-pp2tp2sp.jsonl" 1e-3
   compare_losses "GPU pp = 2, tp = 2 sequence parallel vs GPU one rank" "$work/gpu-pp1tp1.jsonl" \
     "$work/gpu-pp2tp2sp.jsonl" 1e-2
+  # Context parallelism on the GPU (issue 32): cp = 2 sharing the GPU over MPI, the whole
+  # sequence's qkv gathered for the fused attention, each rank keeping its tokens' outputs.
+  section "context parallelism on the GPU: cp = 2 vs one rank, tiny-gpt and tiny-llama"
+  sed 's/"tp": 1}/"tp": 1, "cp": 2}/' "$work/pp1tp1.json" > "$work/cp2.json"
+  timeout 240 env "${mpi_env[@]}" "$mpirun" -np 2 --bind-to none .device/bin/mpengine run \
+    --config "$work/cp2.json" --backend cuda --gpu-comm mpi \
+    --metrics "$work/gpu-cp2.jsonl" --comm-timeout 60 | grep -E "^plan|^step 20/|^done" \
+    || fail "cp = 2 on cuda"
+  compare_losses "GPU cp = 2 vs GPU one rank" "$work/gpu-pp1tp1.jsonl" "$work/gpu-cp2.jsonl" 1e-3
+  sed 's/tiny-gpt.json/tiny-llama.json/' "$work/pp1tp1.json" > "$work/llama1.json"
+  sed 's/tiny-gpt.json/tiny-llama.json/' "$work/cp2.json" > "$work/llama-cp2.json"
+  for name in llama1 llama-cp2; do
+    np=1
+    [ $name = llama-cp2 ] && np=2
+    timeout 240 env "${mpi_env[@]}" "$mpirun" -np $np --bind-to none .device/bin/mpengine run \
+      --config "$work/$name.json" --backend cuda --gpu-comm mpi \
+      --metrics "$work/gpu-$name.jsonl" --comm-timeout 60 | grep -E "^step 20/|^done" \
+      || fail "$name on cuda"
+  done
+  compare_losses "GPU tiny-llama cp = 2 vs GPU one rank" "$work/gpu-llama1.jsonl" \
+    "$work/gpu-llama-cp2.jsonl" 1e-3
   # Zero-bubble on the GPU: B and W split (each block's GEMM weight gradients deferred to W), which
   # adds what the whole backward adds: the same run as 1f1b's up to the GPU's own noise.
   section "zero-bubble zb-h1 on the GPU: pp = 2 vs pp = 2 on 1f1b"
