@@ -182,14 +182,16 @@ static void print_explain(const mp_planner_result *r, const mp_cluster *cluster)
   if (cp > 1) {
     /* Context parallelism (cost_model.h): where its time and memory go. */
     printf("  context parallelism: cp %d ranks share each sequence, %lld of its %lld tokens each "
-           "(2 chunks of %lld); activations per rank are those of %lld-token sequences, plus "
-           "the gathered K and V of every block\n",
+           "(2 chunks of %lld); activations per rank are those of %lld-token sequences (a "
+           "block's gathered K and V are working memory)\n",
            cp, (long long)(l->seq_len / cp), (long long)l->seq_len,
            (long long)(l->seq_len / (2 * cp)), (long long)(l->seq_len / cp));
     printf("  K/V all-gather %.3f ms per block per micro-batch forward (%.2f MiB gathered), "
-           "dK/dV reduce-scatter%s %.3f ms backward, exposed, over the cp group of %d on %s\n",
+           "the K/V re-gather%s and dK/dV reduce-scatter %.3f ms backward, exposed, over the "
+           "cp group of %d on %s\n",
            e->cp_layer_forward_s * 1e3, e->cp_layer_gather_bytes / (1024.0 * 1024.0),
-           l->recompute == MP_RECOMPUTE_FULL ? " and re-gather" : "", e->cp_layer_backward_s * 1e3,
+           l->recompute == MP_RECOMPUTE_FULL ? "s (with the recomputed forward's)" : "",
+           e->cp_layer_backward_s * 1e3,
            cp, e->cp_inter_node ? "the inter-node link" : "the intra-node link");
   }
   printf("  step time %.4f s = pipeline %.4f s (simulated %s) + gradient reduction and optimizer "

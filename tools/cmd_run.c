@@ -86,6 +86,8 @@ typedef struct {
   mp_comm *zero_shard_group, *zero_replica_group; /* HSDP (zero_shard_size < dp), else NULL */
   mp_tp_comm tp_table;      /* the table over tp_group the trainer calls */
   mp_nccl_world *nccl_world; /* CUDA backend over NCCL (a GPU per rank), else NULL */
+  mp_nccl_comm *nccl_cp;     /* with cp > 1 over NCCL: the context-parallel group's, or NULL */
+  mp_tp_comm cp_device_table; /* over nccl_cp: the GPU stage's key/value exchange */
   mp_nccl_comm *nccl_tp, *nccl_pp, *nccl_dp; /* its communicators of the groups with more than
                                                 one rank (dp: also --gpu-comm nccl), or NULL */
   mp_tp_comm tp_device_table; /* over nccl_tp: the GPU stage's device collectives */
@@ -109,6 +111,7 @@ static void run_state_free(run_state *state) {
   mp_nccl_comm_free(state->nccl_dp);
   mp_nccl_comm_free(state->nccl_pp);
   mp_nccl_comm_free(state->nccl_tp);
+  mp_nccl_comm_free(state->nccl_cp);
   mp_nccl_world_free(state->nccl_world);
   mp_comm_free(state->zero_replica_group);
   mp_comm_free(state->zero_shard_group);
@@ -329,6 +332,12 @@ static mp_status open_gpu_comms(run_state *state, mp_backend backend, const char
       return err->status;
     }
     if (state->nccl_tp != NULL) state->tp_device_table = mp_tp_comm_over_nccl(state->nccl_tp);
+    /* Context parallelism's exchange, last so that the order above stays the one every rank of
+     * a run without cp takes. */
+    if (state->plan.cp > 1) {
+      MP_TRY(mp_nccl_comm_create(state->nccl_world, state->cp_group, &state->nccl_cp, err));
+      state->cp_device_table = mp_tp_comm_over_nccl(state->nccl_cp);
+    }
   }
   if (mp_plan_world_size(&state->plan) > 1 || state->nccl_world != NULL) {
     snprintf(text, text_bytes, "; communication over %s",
@@ -378,6 +387,7 @@ static mp_trainer_options trainer_options_of(run_state *state) {
   options.zero_replica = state->zero_replica_group;
   options.nccl_pp = state->nccl_pp;
   options.tp_device = state->nccl_tp != NULL ? &state->tp_device_table : NULL;
+  options.cp_device = state->nccl_cp != NULL ? &state->cp_device_table : NULL;
   return options;
 }
 

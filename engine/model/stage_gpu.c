@@ -27,8 +27,9 @@ struct mp_stage_gpu {
   mp_stage_layout *layout;                 /* where each number of the shard goes */
   mp_tp_comm tp;                           /* the kernels' collectives (device buffers) */
   mp_tp_comm host_tp;                      /* the same group's host-side sums (MPI) */
-  mp_tp_comm cp;                           /* the context-parallel group (MPI, staging device
-                                              buffers through the host), or the one-rank table */
+  mp_tp_comm cp;                           /* the context-parallel group on device buffers
+                                              (NCCL, or MPI through the host), or the one-rank
+                                              table */
   size_t num_params, device_bytes;         /* num_params: floats of the shard's flat layout */
   size_t params_floats;                    /* mp_stage_layout_params_floats: num_params, or with
                                               ZeRO-3 the outside tensors and the held block

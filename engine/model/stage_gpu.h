@@ -104,7 +104,8 @@ typedef struct {
   const mp_stage_zero *zero;     /* ZeRO 2 and 3's cut, or NULL (ZeRO-1 keeps its moments'
                                     part with mp_stage_gpu_keep_moments) */
   const mp_tp_comm *cp;          /* the context-parallel group for collectives on device buffers
-                                    (MPI stages them through the host), copied; NULL: none.
+                                    (NCCL's, or MPI's, which stages them through the host),
+                                    copied; NULL: none.
                                     seq_len is then this rank's tokens of a sequence */
 } mp_stage_gpu_config;
 

@@ -57,7 +57,7 @@ static mp_status create_stage(mp_trainer *trainer, const mp_model *model, int st
         .seq_len = (int)trainer->local_seq_len,
         .tp = &trainer->tp_table,
         .device_tp = trainer->options.tp_device,
-        .cp = &trainer->cp_table,
+        .cp = trainer->options.cp_device != NULL ? trainer->options.cp_device : &trainer->cp_table,
         .sequence_parallel = plan->sequence_parallel,
         .span = *range,
         .num_slots = slots,

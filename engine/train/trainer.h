@@ -138,6 +138,9 @@ typedef struct {
   mp_nccl_comm *nccl_pp; /* CUDA backend, pp > 1: the pipeline group on NCCL (same members, same
                             order as options->pp) for the activations and their gradients; NULL:
                             over options->pp through the host */
+  const mp_tp_comm *cp_device; /* CUDA backend, cp > 1: the context-parallel group on NCCL for
+                                  the key/value exchange, copied; NULL: options->cp (MPI, through
+                                  the host) */
   const mp_tp_comm *tp_device; /* CUDA backend, tp > 1: the tensor-parallel group for collectives
                                   on device buffers (engine/comm/tp_comm_nccl.h), copied; NULL:
                                   options->tp through the host */
@@ -149,7 +152,8 @@ typedef struct {
 } mp_trainer_options;
 
 #define MP_TRAINER_OPTIONS_INITIALIZER \
-  {sizeof(mp_trainer_options), NULL, NULL, NULL, NULL, NULL, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL}
+  {sizeof(mp_trainer_options), NULL, NULL, NULL, NULL, NULL, 0, 0, NULL, NULL, NULL, NULL, NULL, \
+   NULL, NULL}
 
 /* Gradients cross the data-parallel group in all-reduces of at most this many floats. */
 enum { MP_TRAINER_BUCKET_FLOATS = 1 << 22 };

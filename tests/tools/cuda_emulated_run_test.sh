@@ -47,7 +47,7 @@
 #     within 1e-2 of its one-rank GPU run;
 #   - context parallelism (cp 2, cp 4, cp 2 with tp 2 and sequence parallelism, with dp 2 and
 #     ZeRO-2; tiny-llama cp 2 x pp 2): within 1e-3 of the one-rank GPU run and 2e-2 of the CPU
-#     run of the same layout;
+#     run of the same layout; cp 2 x tp 2 over NCCL equal to over MPI (1e-6);
 #   - transformers' tiny Llama 3 golden loaded into the GPU (--init-from, pp = 2 x tp = 2): step
 #     1's loss within 2e-2 of transformers', its checkpoint exported byte for byte to the golden.
 # Run by tools/test.sh in its emulated pass; built normally (no GPU) it fails, saying so.
@@ -346,6 +346,9 @@ for name in cp2 cp4 cp2tp2sp cp2dp2zero2 llama-cp2pp2; do
   compare "$name on the GPU vs one rank" "$tmp/$reference-cuda.jsonl" "$tmp/$name-cuda.jsonl" 1e-3
   compare "$name on the GPU vs on the CPU" "$tmp/$name-cpu.jsonl" "$tmp/$name-cuda.jsonl" 2e-2
 done
+# The key/value exchange over the cp group's NCCL communicator (emulated over MPI: the same sums).
+GPU_COMM=nccl run cp2tp2sp cuda
+compare "cp2tp2sp over NCCL vs over MPI" "$tmp/cp2tp2sp-cuda.jsonl" "$tmp/cp2tp2sp-cuda-nccl.jsonl" 1e-6
 
 # Hugging Face weights into and out of the GPU, which keeps the only copy (the GPU stage reads
 # and writes its master weights in pieces): transformers' tiny Llama 3 golden (4 query
