@@ -346,6 +346,27 @@ static mp_status open_gpu_comms(run_state *state, mp_backend backend, const char
   return MP_OK;
 }
 
+/* The state line: ZeRO and recomputation as the trainer really runs them (read from its chunks,
+ * not the plan), so that an option it dropped shows here. */
+static void print_effective_state(const mp_trainer *trainer) {
+  mp_trainer_effective e;
+  mp_trainer_effective_of(trainer, &e);
+  static const char *const kCut[] = {"", "optimizer state", "optimizer state and gradients",
+                                     "optimizer state, gradients and block parameters"};
+  char zero_text[200];
+  if (e.zero_stage == 0) {
+    snprintf(zero_text, sizeof zero_text, "no ZeRO (each rank keeps its shard's whole state)");
+  } else if (e.zero_replicas > 1) {
+    snprintf(zero_text, sizeof zero_text,
+             "ZeRO-%d (%s cut over groups of %d ranks, %d replicas: hybrid sharding)",
+             e.zero_stage, kCut[e.zero_stage], e.zero_ranks, e.zero_replicas);
+  } else {
+    snprintf(zero_text, sizeof zero_text, "ZeRO-%d (%s cut over %d ranks)", e.zero_stage,
+             kCut[e.zero_stage], e.zero_ranks);
+  }
+  printf("state: %s; recomputation %s\n", zero_text, mp_recompute_name(e.recompute));
+}
+
 /* This rank's place among the dp x cp replicas: the dp-cp group's order (topology/grid.h). */
 static int replica_rank(const run_state *state) {
   const int cp = state->plan.cp > 1 ? state->plan.cp : 1;
@@ -931,6 +952,7 @@ static mp_status print_banner(run_state *state, const run_options *o, const run_
          o->config, ranks_text, (long long)plan->global_batch,
          (long long)plan->num_micro_batches, (long long)plan->micro_batch,
          (long long)plan->seq_len, (long long)o->steps, every_text);
+  print_effective_state(state->trainer);
   char ranks_times[64] = "";
   if (shared_cores) {
     snprintf(ranks_times, sizeof ranks_times, "%.0f busy core%s x ", busy_cores,

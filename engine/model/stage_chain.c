@@ -468,6 +468,20 @@ mp_status mp_stage_chain_create(const mp_stage_chain_config *config,
 
 size_t mp_stage_chain_bytes(const mp_stage_chain *ch) { return ch->bytes; }
 
+mp_recompute mp_stage_chain_recompute(const mp_stage_chain *ch) {
+  if (ch->num_slots > 0 && ch->slots[0].light) return MP_RECOMPUTE_FULL;
+  if (ch->shared_attention != NULL) return MP_RECOMPUTE_SELECTIVE;
+  return MP_RECOMPUTE_NONE;
+}
+
+mp_grad_window mp_stage_chain_grad_window(const mp_stage_chain *ch) {
+  return ch->window != NULL ? ch->window_kind : MP_GRAD_WINDOW_NONE;
+}
+
+bool mp_stage_chain_gathers_weights(const mp_stage_chain *ch) {
+  return ch->weights_window != NULL;
+}
+
 void mp_stage_chain_set_grads_hook(mp_stage_chain *ch, mp_stage_grads_hook hook, void *context) {
   ch->hook = hook;
   ch->hook_context = context;

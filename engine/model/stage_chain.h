@@ -111,6 +111,19 @@ void mp_stage_chain_free(mp_stage_chain *chain);
 /* Bytes the chain allocated through its backend (activations and working memory). */
 size_t mp_stage_chain_bytes(const mp_stage_chain *chain);
 
+/* The recomputation the chain really does, read from what it allocated: full when its slots keep
+ * only their input (and the forward reruns at each backward), selective when its layers share one
+ * set of attention matrices (rebuilt before each layer's backward), else none. A backend whose
+ * attention keeps no T x T matrix (attention_recomputable false) has nothing for selective to
+ * drop: none. */
+mp_recompute mp_stage_chain_recompute(const mp_stage_chain *chain);
+
+/* The gradient window the chain forms block gradients in (ZeRO 2 and 3), and whether it gathers
+ * block weights into a window before each pass (ZeRO-3): what it really does, not what was
+ * asked. */
+mp_grad_window mp_stage_chain_grad_window(const mp_stage_chain *chain);
+bool mp_stage_chain_gathers_weights(const mp_stage_chain *chain);
+
 /* Forward of one micro-batch into slot.
  *   inputs, targets (B, T)  host token ids: inputs read by an embedding stage, targets by a head
  *   input   (boundary)      the previous stage's output, fp32 in the backend's memory; NULL on an

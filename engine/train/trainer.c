@@ -286,6 +286,30 @@ const mp_stage_layout *mp_trainer_chunk_layout(const mp_trainer *trainer, int ch
 
 int mp_trainer_tp(const mp_trainer *trainer) { return trainer->plan->tp; }
 
+void mp_trainer_effective_of(const mp_trainer *trainer, mp_trainer_effective *out) {
+  memset(out, 0, sizeof *out);
+  out->recompute = MP_RECOMPUTE_NONE;
+  for (int c = 0; c < trainer->num_chunks; ++c) {
+    const mp_stage_chain *chain = trainer->chains[c];
+    int stage = 0;
+    if (mp_stage_chain_gathers_weights(chain)) {
+      stage = 3;
+    } else if (mp_stage_chain_grad_window(chain) != MP_GRAD_WINDOW_NONE) {
+      stage = 2;
+    } else if (trainer->zero_count[c] < mp_stage_layout_num_params(trainer->layouts[c])) {
+      stage = 1;
+    }
+    if (stage > out->zero_stage) out->zero_stage = stage;
+    const mp_recompute recompute = mp_stage_chain_recompute(chain);
+    if (recompute > out->recompute) out->recompute = recompute;
+  }
+  out->zero_ranks = out->zero_stage > 0 ? trainer->zero_size : 1;
+  out->zero_replicas =
+      out->zero_stage > 0 && trainer->options.zero_replica != NULL
+          ? mp_comm_size(trainer->options.zero_replica)
+          : 1;
+}
+
 const mp_param_layout *mp_trainer_layout(const mp_trainer *trainer) { return trainer->layout; }
 
 /* This dp rank's rows of the global batch of `step` from data, for the stage worker's

@@ -191,6 +191,20 @@ mp_stage_cpu *mp_trainer_chunk(mp_trainer *trainer, int chunk);
  * buffers (ZeRO's pieces); 0 on the CPU backend. */
 size_t mp_trainer_device_bytes(const mp_trainer *trainer);
 
+/* What the trainer really runs, read from its chunks rather than from the plan, so that an option
+ * the trainer dropped shows (`run` prints it; the tests assert it):
+ *   zero_stage     3 when the chunks gather their block weights into a window before each pass,
+ *                  2 when they form block gradients in a window, 1 when this rank keeps the AdamW
+ *                  moments of a part of its chunks only, else 0
+ *   zero_ranks     the ranks ZeRO's parts are cut over (1 without ZeRO)
+ *   zero_replicas  hybrid sharding: the groups that hold the same parts (1 otherwise)
+ *   recompute      the chunks' recomputation (mp_stage_chain_recompute) */
+typedef struct {
+  int zero_stage, zero_ranks, zero_replicas;
+  mp_recompute recompute;
+} mp_trainer_effective;
+void mp_trainer_effective_of(const mp_trainer *trainer, mp_trainer_effective *out);
+
 /* Tensor-parallel size of the run (1 on one rank). */
 int mp_trainer_tp(const mp_trainer *trainer);
 

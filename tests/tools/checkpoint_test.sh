@@ -31,7 +31,13 @@ plan() { # plan FILE DP PP TP [SCHEDULE] [VIRTUAL] [ZERO] [MODEL]: global batch 
 JSON
 }
 cp examples/models/tiny-gpt.json "$tmp/tiny-gpt.json"
-sed 's/"repeat": 4/"repeat": 2/' examples/models/tiny-gpt.json > "$tmp/tiny-gpt-2.json"
+# edited SED_EXPRESSION SOURCE TARGET: sed, refusing an expression that matched nothing (a plan
+# left as it was would test the plain layout under another name).
+edited() {
+  sed "$1" "$2" > "$3"
+  cmp -s "$2" "$3" && fail "sed '$1' changed nothing in $2"
+}
+edited 's/"repeat": 4/"repeat": 2/' examples/models/tiny-gpt.json "$tmp/tiny-gpt-2.json"
 plan "$tmp/tp1.json" 1 1 1
 plan "$tmp/tp2.json" 1 1 2
 plan "$tmp/tp4.json" 1 1 4
@@ -44,7 +50,7 @@ plan "$tmp/dp2-pp2-zero2.json" 2 2 1 1f1b 1 2
 plan "$tmp/dp4-zero2.json" 4 1 1 1f1b 1 2
 plan "$tmp/dp2-pp2-zero3.json" 2 2 1 1f1b 1 3
 # Hybrid sharding: ZeRO-2 in two groups of 2 dp ranks (zero_shard_size 2).
-sed 's/"zero_stage": 2}/"zero_stage": 2, "zero_shard_size": 2}/' "$tmp/dp4-zero2.json" > "$tmp/dp4-zero2-hsdp.json"
+edited 's/"zero_stage": 2}/"zero_stage": 2, "zero_shard_size": 2}/' "$tmp/dp4-zero2.json" "$tmp/dp4-zero2-hsdp.json"
 run() { $mpengine run --backend cpu "$@"; }
 
 # The loss field of each line of a --metrics file.
@@ -156,7 +162,8 @@ close "saved (2,2,1) ZeRO-2, resumed ZeRO-3" "$tmp/z2.jsonl" "$tmp/z2-to-z3.json
 
 # HSDP: the first shard group's moments make the files (its replicas hold the same); bit-exact
 # under its own layout, and resumed with ZeRO-2 over all 4 dp ranks.
-expect 0 "checkpoint: saved $tmp/hsdp/step-10" "done: 20 steps" -- \
+expect 0 "checkpoint: saved $tmp/hsdp/step-10" "done: 20 steps" \
+  "state: ZeRO-2 (optimizer state and gradients cut over groups of 2 ranks, 2 replicas: hybrid sharding)" -- \
   run --config "$tmp/dp4-zero2-hsdp.json" --checkpoint-dir "$tmp/hsdp" --save-every 10 --metrics "$tmp/hsdp.jsonl"
 resume_from hsdp-resumed "$tmp/hsdp/step-10" "$tmp/dp4-zero2-hsdp.json" "$tmp/hsdp-resumed.jsonl"
 exact "(4,1,1) ZeRO-2 in groups of 2" "$tmp/hsdp.jsonl" "$tmp/hsdp-resumed.jsonl" "$tmp/hsdp" "$tmp/hsdp-resumed"
@@ -253,7 +260,7 @@ rm -rf "$tmp/fake" && mkdir -p "$tmp/fake/step-5" && echo '{"format": "something
 expect 2 "$tmp/fake/step-5/manifest.json: not a checkpoint manifest (want an object with \"format\": \"mpengine-checkpoint\")" -- \
   $mpengine export --checkpoint "$tmp/fake/step-5" --out "$tmp/fake.bin"
 expect 2 "--resume: no checkpoint in $tmp/fake" -- run --config "$tmp/tp1.json" --checkpoint-dir "$tmp/fake" --resume
-sed 's/"global_batch": 8, "micro_batch": 2, "num_micro_batches": 4/"global_batch": 4, "micro_batch": 2, "num_micro_batches": 2/' "$tmp/tp1.json" > "$tmp/batch4.json"
+edited 's/"global_batch": 8, "micro_batch": 2, "num_micro_batches": 4/"global_batch": 4, "micro_batch": 2, "num_micro_batches": 2/' "$tmp/tp1.json" "$tmp/batch4.json"
 expect 2 "$tmp/one/step-20 was saved with global batch 8 x seq_len 32, $tmp/batch4.json has 4 x 32" -- \
   run --config "$tmp/batch4.json" --checkpoint-dir "$tmp/one" --resume
 expect 0 "done: $tmp/one/step-20 already has all 20 steps; nothing to run" -- run --config "$tmp/tp1.json" --checkpoint-dir "$tmp/one" --resume
@@ -281,7 +288,7 @@ expect 0 "resumed from $tmp/app/step-10: 10 of 20 steps done" -- \
 expect 0 "done: 2 steps" -- run --config "$tmp/tp1.json" --steps 2 --metrics "$tmp/app.jsonl" --overwrite-metrics
 [ "$(wc -l < "$tmp/app.jsonl")" -eq 2 ] || fail "--overwrite-metrics: $(wc -l < "$tmp/app.jsonl") lines, want 2"
 # A resume under another learning rate or step count is refused naming both values of each.
-sed 's/"learning_rate": 3e-3/"learning_rate": 1e-3/' "$tmp/tp1.json" > "$tmp/lr.json"
+edited 's/"learning_rate": 3e-3/"learning_rate": 1e-3/' "$tmp/tp1.json" "$tmp/lr.json"
 expect 2 "$tmp/one/step-20 was saved with other training settings than $tmp/lr.json (with --steps): steps 20 (now 30), learning_rate 0.003 (now 0.001)" \
   "give --override-training to continue with the new ones" -- \
   run --config "$tmp/lr.json" --steps 30 --checkpoint-dir "$tmp/one" --resume

@@ -62,10 +62,20 @@ mpi_ranks_env
 cp examples/models/tiny-gpt.json "$tmp/tiny-gpt.json"
 cp examples/models/tiny-llama.json "$tmp/tiny-llama.json"
 
+# The run's "state:" line (what the trainer really runs, read from its GPU stages) must say what
+# the plan asks for: ZeRO 2 and 3 and recomputation change no number, so only this shows them.
+declare -A state_of
 plan() { # plan NAME DP PP TP [SCHEDULE] [VIRTUAL] [SEQUENCE_PARALLEL] [ZERO_STAGE] [RECOMPUTE]
   # (MODEL=tiny-llama for the Llama family's model)
   # (CP=N for context parallelism)
-  local dp=$2
+  local dp=$2 zero=${8:-0} replicas=$(($2 * ${CP:-1}))
+  local cut=("" "optimizer state" "optimizer state and gradients"
+             "optimizer state, gradients and block parameters")
+  if [ "$zero" = 0 ] || [ $replicas = 1 ]; then
+    state_of[$1]="state: no ZeRO (each rank keeps its shard's whole state); recomputation ${9:-none}"
+  else
+    state_of[$1]="state: ZeRO-$zero (${cut[$zero]} cut over $replicas ranks); recomputation ${9:-none}"
+  fi
   cat > "$tmp/$1.json" <<JSON
 {"model": "${MODEL:-tiny-gpt}.json", "cluster": "cpu-local",
  "parallel": {"dp": $dp, "cp": ${CP:-1}, "pp": $3, "tp": $4, "virtual_stages": ${6:-1}, "sequence_parallel": ${7:-false}, "zero_stage": ${8:-0}},
@@ -115,6 +125,9 @@ run() {
   if [ $code -ne 0 ] || ! grep -q "^done: 10 steps" <<<"$out"; then
     fail "$name on $backend: exit $code, output:"
     echo "$out" | tail -15
+  fi
+  if [ -n "${state_of[$name]:-}" ] && ! grep -qxF -- "${state_of[$name]}" <<<"$out"; then
+    fail "$name on $backend: want the line '${state_of[$name]}', got '$(grep '^state:' <<<"$out")'"
   fi
 }
 

@@ -28,6 +28,10 @@
 # (2,1,2) with sequence parallelism, (2,2,2), (2,2,1) interleaved and (2,2,1) with full
 # recomputation.
 #
+# Every run's "state:" line must name the ZeRO stage, its shard group and the recomputation its
+# plan asks for (run reads them from what the trainer built), and a zb-h1 run's trace must hold
+# its W actions: options that by design give the same numbers are seen to take effect.
+#
 # A third argument `cp` runs context parallelism instead (issue 32): each sequence's tokens over
 # cp ranks, alone at cp 2 and 4, and with tp 2 (and sequence parallelism), pp 2 (1f1b,
 # interleaved, zb-h1), dp 2, ZeRO 1 to 3 and both recomputations; then a checkpoint saved at
@@ -49,12 +53,24 @@ weights=llmc
 
 # plan NAME DP PP TP SCHEDULE [VIRTUAL] [SEQUENCE_PARALLEL] [ZERO] [RECOMPUTE] [SHARD]; the
 # context-parallel size is $cp (1 unless set).
+# The run's "state:" line must say what the plan asks for (run prints what its trainer really
+# does: an option dropped on the way shows there even where the numbers cannot show it).
 cp=1
+declare -A state_of
 plan() {
   local name=$1 dp=$2 pp=$3 tp=$4 schedule=$5 v=${6:-1} sp=${7:-false} zero=${8:-0}
   local recompute=${9:-none} shard_json=""
   [ -n "${10:-}" ] && shard_json=", \"zero_shard_size\": ${10}"
   [ "$cp" -gt 1 ] && shard_json="$shard_json, \"cp\": $cp"
+  local replicas=$((dp * cp)) cut=("" "optimizer state" "optimizer state and gradients"
+                                   "optimizer state, gradients and block parameters")
+  if [ "$zero" = 0 ] || [ $replicas = 1 ]; then
+    state_of[$name]="state: no ZeRO (each rank keeps its shard's whole state); recomputation $recompute"
+  elif [ -n "${10:-}" ]; then
+    state_of[$name]="state: ZeRO-$zero (${cut[$zero]} cut over groups of ${10} ranks, $((dp / ${10})) replicas: hybrid sharding); recomputation $recompute"
+  else
+    state_of[$name]="state: ZeRO-$zero (${cut[$zero]} cut over $replicas ranks); recomputation $recompute"
+  fi
   cat > "$tmp/$name.json" <<JSON
 {"model": "$model.json", "cluster": "cpu-local",
  "parallel": {"dp": $dp, "pp": $pp, "tp": $tp, "virtual_stages": $v, "sequence_parallel": $sp, "zero_stage": $zero$shard_json},
@@ -126,6 +142,9 @@ run() { # run NAME: trains the plan NAME, keeping metrics and weights (in $tmp/N
   code=$?
   if [ $code -ne 0 ] || ! grep -q "^done: 20 steps" <<<"$out"; then
     fail "$name: exit $code, output:"; echo "$out" | tail -15
+  fi
+  if ! grep -qxF -- "${state_of[$name]}" <<<"$out"; then
+    fail "$name: want the line '${state_of[$name]}', got '$(grep '^state:' <<<"$out")'"
   fi
   if [ "$weights" = hf ] && ! $mpengine export --checkpoint "$tmp/ck-$name" --format hf \
        --out "$tmp/$name.bin" > /dev/null; then
@@ -231,6 +250,20 @@ if [ "$model" != tiny-gpt ] || [ "$mode" != layouts ]; then
   echo "parallel_equals_serial_test ($model, $mode): all checks passed"
   exit 0
 fi
+
+# zb-h1 really splits the backward: its trace holds a weight-gradient action (W) for every
+# micro-batch on every pipeline rank, each step (2 ranks x 4 micro-batches x 2 steps), where
+# 1f1b's holds none. Their numbers are the same by design, so only the trace can tell.
+for name in pp2-zb-h1 pp2; do
+  rm -f "$tmp/$name-trace.json"
+  $mpengine run --config "$tmp/$name.json" --steps 2 --trace "$tmp/$name-trace.json" > /dev/null 2>&1 ||
+    fail "$name: the traced run failed"
+done
+w_actions() { grep -o '"name":"W[0-9]*"' "$1" 2>/dev/null | wc -l; }
+[ "$(w_actions "$tmp/pp2-zb-h1-trace.json")" -eq 16 ] ||
+  fail "pp2-zb-h1: its trace holds $(w_actions "$tmp/pp2-zb-h1-trace.json") W actions, want 16"
+[ "$(w_actions "$tmp/pp2-trace.json")" -eq 0 ] ||
+  fail "pp2 (1f1b): its trace holds $(w_actions "$tmp/pp2-trace.json") W actions, want none"
 
 # The log of a 3D run names the layout once, from rank 0.
 out=$($mpengine run --config "$tmp/dp2-pp2-tp2.json" --steps 2 2>&1)
