@@ -296,8 +296,20 @@ fvec StageGradients(const mp_model *model, bool sp, const Variant &v, mp_error *
       }
       held += count;
     }
-    if (held >= mp_stage_layout_num_params(mp_stage_cpu_layout(stage))) {
-      mp_fail(err, MP_ERR_RUNTIME, "ZeRO-3: the stage holds all %zu parameters", held);
+    // Exactly its part: the tensors outside the blocks whole, and of the blocks the elements of
+    // dp rank 0's part (the first of 2 equal parts of the flat layout) that are block elements.
+    const mp_stage_layout *layout = mp_stage_cpu_layout(stage);
+    const size_t n = mp_stage_layout_num_params(layout);
+    size_t blocks_first = 0, blocks_end = 0, largest = 0, part_first = 0, part_count = 0;
+    mp_stage_layout_blocks_range(layout, &blocks_first, &blocks_end, &largest);
+    mp_zero_part(n, 2, 0, &part_first, &part_count);
+    const size_t lo = std::max(part_first, blocks_first);
+    const size_t hi = std::min(part_first + part_count, blocks_end);
+    const size_t want_held = (n - (blocks_end - blocks_first)) + (hi > lo ? hi - lo : 0);
+    if (held != want_held) {
+      mp_fail(err, MP_ERR_RUNTIME,
+              "ZeRO-3: the stage holds %zu parameters, not its part's %zu (of %zu)", held,
+              want_held, n);
       mp_stage_cpu_free(reference);
       mp_stage_cpu_free(stage);
       return {};

@@ -32,6 +32,11 @@ no_mfu_over_100() {
 expect 0 "cpu-local is uncalibrated: its figures are placeholders, not this machine's" -- \
   $mpengine plan "$tmp/tiny-gpt.json" --gpus 2 --cluster cpu-local
 out=$($mpengine run --config "$tmp/plan.json" 2>&1)
+code=$?
+# The MFU checks below read a finished run's lines: a run that failed prints none, so they must
+# not pass on it.
+[ $code -eq 0 ] && grep -q "^done: 4 steps" <<<"$out" ||
+  fail "run on the placeholder cpu-local: exit $code, no 'done: 4 steps': $(tail -3 <<<"$out")"
 grep -qF "(uncalibrated placeholder: \`mpengine calibrate\` measures it)" <<<"$out" ||
   fail "run on the placeholder cpu-local does not say so: $(grep backend <<<"$out")"
 no_mfu_over_100 "$out" "placeholder cpu-local"
@@ -43,6 +48,9 @@ out=$($mpengine plan "$tmp/tiny-gpt.json" --gpus 2 --cluster cpu-local 2>&1)
 grep -q "GPUs of cpu-local-calibrated" <<<"$out" || fail "plan does not use the calibration: $(head -1 <<<"$out")"
 grep -q "uncalibrated" <<<"$out" && fail "plan still calls the calibrated cpu-local uncalibrated"
 out=$($mpengine run --config "$tmp/plan.json" 2>&1)
+code=$?
+[ $code -eq 0 ] && grep -q "^done: 4 steps" <<<"$out" ||
+  fail "run on the calibrated cpu-local: exit $code, no 'done: 4 steps': $(tail -3 <<<"$out")"
 # Against the cores the run keeps busy (one rank's two BLAS threads here), never one core's peak.
 grep -qE "MFU against [0-9]+ busy cores? x cpu-local-calibrated's fp32 peak" <<<"$out" || fail "run does not use the calibration: $(grep backend <<<"$out")"
 # (n/a is allowed: a --quick calibration on a loaded machine may measure less than a step reaches.)

@@ -8,9 +8,10 @@
 #                                               ranks on this machine (below)
 # Both count into $failures, which the script reports at its end.
 #
-# expect needs at least one PATTERN: a call with none used to check nothing at all, exit code
-# included (the check lived inside the loop over patterns), so it is refused as a failed check,
-# and the exit code is checked on its own, before the patterns.
+# expect needs at least one PATTERN, and no empty one: a call with none used to check nothing at
+# all, exit code included (the check lived inside the loop over patterns), and an empty pattern
+# matches any output; both are refused as a failed check. The exit code is checked on its own,
+# before the patterns.
 failures=${failures:-0}
 
 expect() {
@@ -32,6 +33,13 @@ expect() {
     failures=$((failures + 1))
     return
   fi
+  for pattern in "${patterns[@]}"; do
+    if [ -z "$pattern" ]; then
+      echo "FAIL: expect $want_code '' -- $*: an empty pattern matches any output; say what to expect"
+      failures=$((failures + 1))
+      return
+    fi
+  done
   local output code pattern
   output=$("$@" 2>&1)
   code=$?

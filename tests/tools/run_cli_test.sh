@@ -91,7 +91,7 @@ head -c 2000 "$tmp/train.bin" > "$tmp/short.bin"
 expect 2 "$tmp/short.bin:" -- $mpengine run --config "$tmp/plan.json" --data "$tmp/short.bin"
 
 # llm.c checkpoints: our own export of the initial weights loads; another model's is refused.
-expect 0 "" -- $mpengine bench step examples/models/tiny-gpt.json --micro-batch 1 --seq-len 16 --steps 1 --dump "$tmp/dump"
+expect 0 "wrote $tmp/dump/{model.bin, grads.bin, tokens.bin, loss.txt}" -- $mpengine bench step examples/models/tiny-gpt.json --micro-batch 1 --seq-len 16 --steps 1 --dump "$tmp/dump"
 expect 0 "initialised from $tmp/dump/model.bin" -- $mpengine run --config "$tmp/plan.json" --init-from "$tmp/dump/model.bin"
 sed 's/"repeat": 4/"repeat": 3/' examples/models/tiny-gpt.json > "$tmp/three.json"
 plan "$tmp/three-plan.json" three.json
