@@ -22,10 +22,66 @@ expect 0 "1f1b, pp = 4, m = 8" \
 
 # A plan by default: the cost model's durations of its stages on its cluster (milliseconds), the
 # same prediction `mpengine plan` makes; the bubble grows past the unit-cost 3/11 because the
-# first and last stages carry the embedding and the LM head.
-expect 0 "1f1b, pp = 4, m = 8" "one cell = 0.5 ms" "step time: 18.6687 ms" "bubble fraction: 0.3216" \
-  "peak activation memory: 2.63168e+06 bytes" -- \
+# first and last stages carry the embedding and the LM head. The step time and the bubble are
+# not pinned: they are recomputed here, independently of the simulator, from the stage
+# durations its chrome timeline holds (one F and one B duration per stage, the point-to-point
+# latency from rank 1's first wait) by running 1F1B's action lists with their dependencies.
+expect 0 "1f1b, pp = 4, m = 8" "one cell = 0.5 ms" "peak micro-batches alive: rank 0: 4" -- \
   $mpengine schedule --config "$plan"
+out=$($mpengine schedule --config "$plan" 2>&1)
+$mpengine schedule --config "$plan" --format chrome --out "$tmp/plan-1f1b.json" > /dev/null 2>&1 ||
+  fail "schedule --config --format chrome failed"
+printed_step=$(sed -n 's/^step time: \([0-9.]*\) ms$/\1/p' <<<"$out")
+printed_bubble=$(sed -n 's/^bubble fraction: \([0-9.]*\) .*/\1/p' <<<"$out")
+verdict=$(python3 - "$tmp/plan-1f1b.json" "$printed_step" "$printed_bubble" <<'PY'
+import json, sys
+events = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e.get("ph") == "X"]
+p, m = 4, 8
+dur = {}  # (kind, stage) -> microseconds, the same for every micro-batch
+for e in events:
+    dur[(e["name"][0], e["tid"])] = e["dur"]
+start = {(e["name"][0], e["tid"], e["args"]["micro_batch"]): e["ts"] for e in events}
+latency = start[("F", 1, 0)] - dur[("F", 0)]  # rank 1 waits for F0 of rank 0, then the message
+# 1F1B on rank r: p - 1 - r warm-up forwards, then one forward and one backward in turn, then the
+# remaining backwards (Narayanan et al. 2021).
+def actions(r):
+    warm = min(p - 1 - r, m)
+    order = [("F", i) for i in range(warm)]
+    f, b = warm, 0
+    while b < m:
+        if f < m:
+            order.append(("F", f)); f += 1
+        order.append(("B", b)); b += 1
+    return order
+lists = [actions(r) for r in range(p)]
+done, free, nxt = {}, [0.0] * p, [0] * p
+while any(nxt[r] < len(lists[r]) for r in range(p)):
+    moved = False
+    for r in range(p):
+        if nxt[r] == len(lists[r]):
+            continue
+        kind, mb = lists[r][nxt[r]]
+        dep = None if (kind == "F" and r == 0) or (kind == "B" and r == p - 1) else \
+            (("F", r - 1, mb) if kind == "F" else ("B", r + 1, mb))
+        if kind == "B" and ("F", r, mb) not in done:
+            continue
+        if dep is not None and dep not in done:
+            continue
+        ready = free[r] if dep is None else max(free[r], done[dep] + latency)
+        done[(kind, r, mb)] = ready + dur[(kind, r)]
+        free[r] = done[(kind, r, mb)]
+        nxt[r] += 1
+        moved = True
+    assert moved, "deadlock"
+step = max(free)
+busy = [m * (dur[("F", r)] + dur[("B", r)]) for r in range(p)]
+bubble = sum(1 - b / step for b in busy) / p
+ok = abs(step / 1000 - float(sys.argv[2])) <= 1e-4 * step / 1000 and abs(bubble - float(sys.argv[3])) <= 1e-4
+print("ok" if ok else "bad", "%.4f ms %.4f" % (step / 1000, bubble))
+PY
+)
+echo "schedule of the example plan: recomputed step time and bubble ${verdict#* } against the printed $printed_step ms $printed_bubble"
+[ "${verdict%% *}" = ok ] || fail "schedule --config: printed step time $printed_step ms and bubble $printed_bubble, recomputed ${verdict#* }"
 
 # Without a plan, every kind; interleaving divides the bubble by v, zb-h1 keeps a third of it.
 expect 0 "step time: 33 time units" "bubble fraction: 0.2727" -- \
