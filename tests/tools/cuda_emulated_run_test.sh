@@ -7,14 +7,15 @@
 # buffers and vocabulary-parallel loss, and the trainer's GPU step (dp sums, the tied embedding,
 # the global norm, AdamW on the device).
 #
-#   - tiny-gpt, 10 steps: the one-rank GPU run's losses within 2e-2 relative of the CPU run's
+#   - tiny-gpt, 10 steps: the one-rank GPU run's losses within 8e-3 relative of the CPU run's
 #     (bf16 activations against fp32);
+#   - every layout below also against the CPU run of the same layout (within 8e-3);
 #   - pp = 2, tp = 2, pp = 2 x tp = 2, interleaved pp = 2 with v = 2, dp = 2 (the one-GPU model,
-#     gradients over MPI) and dp = 2 x pp = 2: each within 1e-2 of the one-rank GPU run (the same
-#     bf16 kernels, other rounding points around the collectives), the 4-rank run also within 2e-2
+#     gradients over MPI) and dp = 2 x pp = 2: each within 3e-3 of the one-rank GPU run (the same
+#     bf16 kernels, other rounding points around the collectives), the 4-rank run also within 8e-3
 #     of the CPU run of the same plan, and its --save-weights within 1e-2 relative L2 of the CPU's;
-#   - sequence parallelism on the GPU (tp = 2, pp = 2 x tp = 2): each within 1e-2 of the one-rank
-#     GPU run and within 1e-6 of the same layout without it, the 4-rank one also within 2e-2 of
+#   - sequence parallelism on the GPU (tp = 2, pp = 2 x tp = 2): each within 3e-3 of the one-rank
+#     GPU run and within 1e-6 of the same layout without it, the 4-rank one also within 8e-3 of
 #     the CPU run of the same plan;
 #   - pp = 2 x tp = 2 (with and without sequence parallelism), dp = 2 x pp = 2 and interleaved over
 #     the NCCL communicators (emulated on MPI, so the losses equal the MPI runs' within 1e-6);
@@ -23,7 +24,7 @@
 #   - ZeRO-1 on the GPU (dp = 2, dp = 2 x pp = 2): AdamW on this rank's part, parameters gathered;
 #   - ZeRO-2 on the GPU (dp = 2, dp = 2 x pp = 2, also over NCCL and with zb-h1, and a checkpoint
 #     resumed bit for bit): each block's gradients reduce-scattered from a device window into this rank's part,
-#     the rest at the step's end, the norm and AdamW on the part; within 1e-2 of the one-rank GPU
+#     the rest at the step's end, the norm and AdamW on the part; within 3e-3 of the one-rank GPU
 #     run and 1e-4 of the same layout's ZeRO-1 (the same sums in another order, then bf16);
 #   - ZeRO-3 on the GPU (dp = 2, dp = 2 x pp = 2, also over NCCL and resumed from a checkpoint bit
 #     for bit, and dp = 2 x tp = 2 with sequence parallelism): the device holds its part of the
@@ -32,24 +33,24 @@
 #     weights are the ones ZeRO-2's whole copy holds);
 #   - zero-bubble zb-h1 on the GPU (pp = 2, pp = 2 x tp = 2 with and without sequence parallelism,
 #     dp = 2 x pp = 2; the last two over NCCL too), B and W split (deferred weight gradients), and
-#     full recomputation (pp = 4): each within 1e-2 of the
+#     full recomputation (pp = 4): each within 3e-3 of the
 #     one-rank GPU run and within 1e-6 of the same layout on 1f1b / without recomputation (B then
 #     W adds what the whole backward adds, the recomputed forward gives the kept activations: the
 #     same numbers);
 #   - checkpoints: a GPU run resumed from its step-5 checkpoint continues bit for bit (one rank,
-#     pp = 2 x tp = 2, dp = 2 x pp = 2 with ZeRO-1), and the pp x tp checkpoint resumes on one CPU rank (within 2e-2);
+#     pp = 2 x tp = 2, dp = 2 x pp = 2 with ZeRO-1), and the pp x tp checkpoint resumes on one CPU rank (within 3e-3);
 #   - the held-out loss (--eval-every: the forward-only schedule) of every run above compared as its
 #     losses are, and at fixed weights against the one-rank GPU run within 1e-6 (1e-4 with tp);
 #   - refusals: full recomputation with zb-h1 on the cuda backend, as on the CPU (exit 2, naming
 #     why); --backend auto runs a zb-h1 plan on the (emulated) GPU.
 #   - tiny-llama (the Llama family's kernels and tensors on the GPU): one rank against the CPU
-#     within 2e-2, pp = 2 x tp = 2 (also with sequence parallelism and zb-h1) and dp = 2 x pp = 2
-#     within 1e-2 of its one-rank GPU run;
+#     within 8e-3, pp = 2 x tp = 2 (also with sequence parallelism and zb-h1) and dp = 2 x pp = 2
+#     within 3e-3 of its one-rank GPU run;
 #   - context parallelism (cp 2, cp 4, cp 2 with tp 2 and sequence parallelism, with dp 2 and
-#     ZeRO-2; tiny-llama cp 2 x pp 2): within 1e-3 of the one-rank GPU run and 2e-2 of the CPU
+#     ZeRO-2; tiny-llama cp 2 x pp 2): within 3e-3 of the one-rank GPU run and 8e-3 of the CPU
 #     run of the same layout; cp 2 x tp 2 over NCCL equal to over MPI (1e-6);
 #   - transformers' tiny Llama 3 golden loaded into the GPU (--init-from, pp = 2 x tp = 2): step
-#     1's loss within 2e-2 of transformers', its checkpoint exported byte for byte to the golden.
+#     1's loss within 1e-3 of transformers', its checkpoint exported byte for byte to the golden.
 # Run by tools/test.sh in its emulated pass; built normally (no GPU) it fails, saying so.
 set -uo pipefail
 mpengine=${1:-${MPENGINE:-tools/mpengine}}
@@ -94,6 +95,12 @@ floats() { od -An -v -f -j 1024 "$1" | tr -s ' ' '\n' | sed '/^$/d'; }
 # steps 5 and 10: the layout's forward-only schedule on the GPU stage) within BOUND relative, and its
 # gradient norm (which AdamW's scale invariance would hide from the loss: a gradient summed twice
 # doubles it) within 5e-2, or BOUND when that is tighter (bf16 gradients move the norm by ~2%).
+# The bounds (issue 34): the emulation is deterministic, so each comparison is bounded at about
+# ten times what it measures here, not at what a real GPU's noise would need (tools/
+# device_check.sh keeps those): a GPU layout against the one-rank GPU run, measured at most
+# 3.3e-4 (loss; tensor parallelism's bf16 rounding points), bound 3e-3; the GPU against the CPU
+# run of the same layout (bf16 against fp32), measured at most 7.8e-4, bound 8e-3.
+VS_ONE=3e-3 VS_CPU=8e-3
 compare() {
   local name=$1 reference=$2 run=$3 loss_bound=$4 verdict field bound
   if [ "$(grep -c '"loss"' "$run" 2>/dev/null)" != 10 ] || [ "$(grep -c '"val_loss"' "$run")" != 2 ]; then
@@ -141,7 +148,7 @@ fi
 
 run one cpu
 run one cuda
-compare "one rank: GPU (emulated bf16) vs CPU" "$tmp/one-cpu.jsonl" "$tmp/one-cuda.jsonl" 2e-2
+compare "one rank: GPU (emulated bf16) vs CPU" "$tmp/one-cpu.jsonl" "$tmp/one-cuda.jsonl" $VS_CPU
 
 plan pp2 1 2 1
 plan tp2 1 1 2
@@ -158,10 +165,14 @@ plan dp2pp2zero3 2 2 1 1f1b 1 false 3
 plan dp2tp2spzero3 2 1 2 1f1b 1 true 3
 plan tp2sp 1 1 2 1f1b 1 true
 plan pp2tp2sp 1 2 2 1f1b 1 true
+# Each against the one-rank GPU run and against the CPU run of the same layout (so a layout
+# whose GPU and CPU runs were wrong alike would still differ from one rank).
 for name in pp2 tp2 interleaved dp2 dp2pp2 dp2zero1 dp2pp2zero1 dp2zero2 dp2pp2zero2 dp2zero3 \
   dp2tp2spzero3 tp2sp; do
   run $name cuda
-  compare "$name on the GPU vs one rank" "$tmp/one-cuda.jsonl" "$tmp/$name-cuda.jsonl" 1e-2
+  run $name cpu
+  compare "$name on the GPU vs one rank" "$tmp/one-cuda.jsonl" "$tmp/$name-cuda.jsonl" $VS_ONE
+  compare "$name on the GPU vs on the CPU" "$tmp/$name-cpu.jsonl" "$tmp/$name-cuda.jsonl" $VS_CPU
 done
 # ZeRO-1 runs AdamW's same operations on each element, only on another rank: the same numbers.
 compare "dp2zero1 vs dp2 on the GPU" "$tmp/dp2-cuda.jsonl" "$tmp/dp2zero1-cuda.jsonl" 1e-6
@@ -174,7 +185,7 @@ compare "dp2pp2zero2 vs dp2pp2zero1 on the GPU" "$tmp/dp2pp2zero1-cuda.jsonl" \
 compare "dp2zero3 vs dp2zero2 on the GPU" "$tmp/dp2zero2-cuda.jsonl" "$tmp/dp2zero3-cuda.jsonl" 1e-6
 run dp2pp2zero2 cuda --save-weights "$tmp/dp2pp2zero2-cuda.bin"
 run dp2pp2zero3 cuda --save-weights "$tmp/dp2pp2zero3-cuda.bin"
-compare "dp2pp2zero3 vs one rank on the GPU" "$tmp/one-cuda.jsonl" "$tmp/dp2pp2zero3-cuda.jsonl" 1e-2
+compare "dp2pp2zero3 vs one rank on the GPU" "$tmp/one-cuda.jsonl" "$tmp/dp2pp2zero3-cuda.jsonl" $VS_ONE
 compare "dp2pp2zero3 vs dp2pp2zero2 on the GPU" "$tmp/dp2pp2zero2-cuda.jsonl" \
   "$tmp/dp2pp2zero3-cuda.jsonl" 1e-6
 if [ -s "$tmp/dp2pp2zero3-cuda.bin" ] && cmp -s "$tmp/dp2pp2zero2-cuda.bin" "$tmp/dp2pp2zero3-cuda.bin"; then
@@ -184,8 +195,8 @@ else
 fi
 run pp2tp2 cuda --save-weights "$tmp/pp2tp2-cuda.bin"
 run pp2tp2 cpu --save-weights "$tmp/pp2tp2-cpu.bin"
-compare "pp2tp2 on the GPU vs one rank" "$tmp/one-cuda.jsonl" "$tmp/pp2tp2-cuda.jsonl" 1e-2
-compare "pp2tp2 on the GPU vs on the CPU" "$tmp/pp2tp2-cpu.jsonl" "$tmp/pp2tp2-cuda.jsonl" 2e-2
+compare "pp2tp2 on the GPU vs one rank" "$tmp/one-cuda.jsonl" "$tmp/pp2tp2-cuda.jsonl" $VS_ONE
+compare "pp2tp2 on the GPU vs on the CPU" "$tmp/pp2tp2-cpu.jsonl" "$tmp/pp2tp2-cuda.jsonl" $VS_CPU
 if [ -s "$tmp/pp2tp2-cuda.bin" ] && [ -s "$tmp/pp2tp2-cpu.bin" ]; then
   verdict=$(paste -d' ' <(floats "$tmp/pp2tp2-cpu.bin") <(floats "$tmp/pp2tp2-cuda.bin") | awk '
     NF != 2 { bad = 1 }
@@ -201,8 +212,8 @@ fi
 # tp once per step; the boundaries between the stages are token slices.
 run pp2tp2sp cuda
 run pp2tp2sp cpu
-compare "pp2tp2sp on the GPU vs one rank" "$tmp/one-cuda.jsonl" "$tmp/pp2tp2sp-cuda.jsonl" 1e-2
-compare "pp2tp2sp on the GPU vs on the CPU" "$tmp/pp2tp2sp-cpu.jsonl" "$tmp/pp2tp2sp-cuda.jsonl" 2e-2
+compare "pp2tp2sp on the GPU vs one rank" "$tmp/one-cuda.jsonl" "$tmp/pp2tp2sp-cuda.jsonl" $VS_ONE
+compare "pp2tp2sp on the GPU vs on the CPU" "$tmp/pp2tp2sp-cpu.jsonl" "$tmp/pp2tp2sp-cuda.jsonl" $VS_CPU
 # Against the same layouts without it: the same bf16 roundings at the same points (a reduce-scatter
 # sums what the all-reduce sums), only the layernorm gradients' fp32 sums run in another order. So
 # 1e-6 (measured: equal in every printed digit), which a missing sum of the layernorm gradients over
@@ -223,7 +234,9 @@ plan pp4 1 4 1
 plan pp4full 1 4 1 1f1b 1 false 0 full
 for name in pp2zb pp2tp2zb pp2tp2spzb dp2pp2zb dp2pp2zbzero2 pp4 pp4full; do
   run $name cuda
-  compare "$name on the GPU vs one rank" "$tmp/one-cuda.jsonl" "$tmp/$name-cuda.jsonl" 1e-2
+  run $name cpu
+  compare "$name on the GPU vs one rank" "$tmp/one-cuda.jsonl" "$tmp/$name-cuda.jsonl" $VS_ONE
+  compare "$name on the GPU vs on the CPU" "$tmp/$name-cpu.jsonl" "$tmp/$name-cuda.jsonl" $VS_CPU
 done
 # dp2pp2zb: the blocks' all-reduces go during the chunk's last W (not its B), the rest after it.
 for twin in pp2:pp2zb pp2tp2:pp2tp2zb pp2tp2sp:pp2tp2spzb dp2pp2:dp2pp2zb; do
@@ -319,8 +332,8 @@ expect 0 "resumed from $tmp/gpu-to-cpu/step-5: 5 of 10 steps done" "done: 10 ste
   --metrics "$tmp/gpu-to-cpu.jsonl"
 verdict=$(paste -d' ' <(tail -n 5 "$tmp/ckpt-pp2tp2.jsonl" | losses /dev/stdin) <(losses "$tmp/gpu-to-cpu.jsonl") | awk '
   { d = $2 - $1; if (d < 0) d = -d; r = d / $1; if (r > worst) worst = r; n++ }
-  END { printf "%s %.3g", (n == 5 && worst <= 2e-2 ? "ok" : "bad"), worst }')
-echo "pp2tp2 GPU checkpoint resumed on one CPU rank: max relative loss difference ${verdict#* } (bound 2e-2)"
+  END { printf "%s %.3g", (n == 5 && worst <= 3e-3 ? "ok" : "bad"), worst }')
+echo "pp2tp2 GPU checkpoint resumed on one CPU rank: max relative loss difference ${verdict#* } (bound 3e-3; measured 2.6e-4)"
 [ "${verdict%% *}" = ok ] || fail "GPU checkpoint resumed on the CPU: losses differ (${verdict#* })"
 
 # The Llama family on the GPU (issue 16: RMSNorm, SwiGLU, rotary embeddings, 4 query heads over
@@ -333,10 +346,10 @@ MODEL=tiny-llama plan llama-pp2tp2spzb 1 2 2 zb-h1 1 true
 MODEL=tiny-llama plan llama-dp2pp2 2 2 1
 run llama-one cpu
 run llama-one cuda
-compare "tiny-llama, one rank: GPU (emulated bf16) vs CPU" "$tmp/llama-one-cpu.jsonl" "$tmp/llama-one-cuda.jsonl" 2e-2
+compare "tiny-llama, one rank: GPU (emulated bf16) vs CPU" "$tmp/llama-one-cpu.jsonl" "$tmp/llama-one-cuda.jsonl" $VS_CPU
 for name in llama-pp2tp2 llama-pp2tp2spzb llama-dp2pp2; do
   run $name cuda
-  compare "$name on the GPU vs one rank" "$tmp/llama-one-cuda.jsonl" "$tmp/$name-cuda.jsonl" 1e-2
+  compare "$name on the GPU vs one rank" "$tmp/llama-one-cuda.jsonl" "$tmp/$name-cuda.jsonl" $VS_ONE
 done
 
 # Context parallelism on the GPU (issue 32): each sequence's tokens over cp ranks, the whole
@@ -356,8 +369,8 @@ for name in cp2 cp4 cp2tp2sp cp2dp2zero2 llama-cp2pp2; do
   [[ $name == llama-* ]] && reference=llama-one
   run $name cuda
   run $name cpu
-  compare "$name on the GPU vs one rank" "$tmp/$reference-cuda.jsonl" "$tmp/$name-cuda.jsonl" 1e-3
-  compare "$name on the GPU vs on the CPU" "$tmp/$name-cpu.jsonl" "$tmp/$name-cuda.jsonl" 2e-2
+  compare "$name on the GPU vs one rank" "$tmp/$reference-cuda.jsonl" "$tmp/$name-cuda.jsonl" $VS_ONE
+  compare "$name on the GPU vs on the CPU" "$tmp/$name-cpu.jsonl" "$tmp/$name-cuda.jsonl" $VS_CPU
 done
 # The key/value exchange over the cp group's NCCL communicator (emulated over MPI: the same sums).
 GPU_COMM=nccl run cp2tp2sp cuda
@@ -381,8 +394,10 @@ expect 0 "initialised from $golden" -- \
   $mpengine run --config "$tmp/hf-pp2tp2.json" --backend cuda --init-from "$golden" \
   --data "$golden/shard.bin" --metrics "$tmp/hf-pp2tp2.jsonl" --checkpoint-dir "$tmp/ck-hf"
 hf_gpu_loss=$(losses "$tmp/hf-pp2tp2.jsonl" | head -1)
-if awk -v a="${hf_gpu_loss:-nan}" -v b="${hf_loss:-0}" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a == a && b > 0 && d <= 2e-2 * b) }'; then
-  echo "Llama 3 golden at pp2tp2 on the GPU: step 1 loss $hf_gpu_loss, transformers' $hf_loss (bound 2e-2 relative)"
+# Measured 9e-5 relative; bound 1e-3, which a model with uniform logits (ln 100 = 4.605 against
+# transformers' 4.661, 1.2e-2) fails.
+if awk -v a="${hf_gpu_loss:-nan}" -v b="${hf_loss:-0}" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a == a && b > 0 && d <= 1e-3 * b) }'; then
+  echo "Llama 3 golden at pp2tp2 on the GPU: step 1 loss $hf_gpu_loss, transformers' $hf_loss (bound 1e-3 relative)"
 else
   fail "Llama 3 golden at pp2tp2 on the GPU: step 1 loss ${hf_gpu_loss:-none}, transformers' ${hf_loss:-none}"
 fi
