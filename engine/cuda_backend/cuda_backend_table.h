@@ -54,6 +54,8 @@
       mp_error *err), (timer, stream, seconds, err))                                               \
   STATUS(mp_device_memory, (size_t *free_bytes, size_t *total_bytes, mp_error *err), (free_bytes,  \
       total_bytes, err))                                                                           \
+  QUERY(bool, mp_device_allocator_usage, (size_t *live_bytes, size_t *peak_bytes),                 \
+      (live_bytes, peak_bytes), false)                                                             \
   /* engine/device/gpu_probe.h */                                                                  \
   STATUS(mp_gpu_probe, (mp_gpu_report *report, mp_error *err), (report, err))                      \
   STATUS(mp_gpu_smoke_test, (size_t n, double *max_abs_error, mp_error *err), (n, max_abs_error,   \

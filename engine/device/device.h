@@ -54,6 +54,12 @@ mp_status mp_device_timer_stop(mp_device_timer *timer, mp_cuda_stream stream, do
 /* Free and total memory of the current device, in bytes. */
 mp_status mp_device_memory(size_t *free_bytes, size_t *total_bytes, mp_error *err);
 
+/* Emulated CUDA only: the bytes of device memory live now and the most live at once since the
+ * process started, counted by the allocator itself, so that a test can check what a stage holds
+ * without trusting the stage's own totals. false, with nothing written, where no such count is
+ * kept (a real GPU, whose driver's mp_device_memory also counts other processes; no CUDA). */
+bool mp_device_allocator_usage(size_t *live_bytes, size_t *peak_bytes);
+
 #ifdef __cplusplus
 }
 #endif

@@ -117,6 +117,11 @@ extern "C" mp_status mp_device_timer_stop(mp_device_timer *timer, mp_cuda_stream
   return MP_OK;
 }
 
+extern "C" bool mp_device_allocator_usage(size_t *live_bytes, size_t *peak_bytes) {
+  (void)live_bytes, (void)peak_bytes;
+  return false;
+}
+
 extern "C" mp_status mp_device_memory(size_t *free_bytes, size_t *total_bytes, mp_error *err) {
   MP_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
   return MP_OK;

@@ -25,17 +25,43 @@ mp_status mp_device_select(int device, mp_error *err) {
   return MP_OK;
 }
 
+/* The allocator's own count of live device bytes (mp_device_allocator_usage): each block starts
+ * with a header holding its size, as long as malloc's alignment so the block keeps it. */
+enum { kHeaderBytes = 64 };
+static size_t live_bytes, peak_bytes;
+
 mp_status mp_device_alloc(void **out, size_t bytes, mp_error *err) {
-  *out = malloc(bytes > 0 ? bytes : 1);
-  if (*out == NULL) {
+  char *block = malloc(kHeaderBytes + (bytes > 0 ? bytes : 1));
+  *out = NULL;
+  if (block == NULL) {
     return mp_fail(err, MP_ERR_RUNTIME, "emulated cudaMalloc of %zu bytes: out of host memory",
                    bytes);
   }
+  memcpy(block, &bytes, sizeof bytes);
+  *out = block + kHeaderBytes;
   memset(*out, 0xFF, bytes);
+  const size_t now = __atomic_add_fetch(&live_bytes, bytes, __ATOMIC_RELAXED);
+  size_t peak = __atomic_load_n(&peak_bytes, __ATOMIC_RELAXED);
+  while (now > peak && !__atomic_compare_exchange_n(&peak_bytes, &peak, now, true,
+                                                    __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  }
   return MP_OK;
 }
 
-void mp_device_free(void *pointer) { free(pointer); }
+void mp_device_free(void *pointer) {
+  if (pointer == NULL) return;
+  char *block = (char *)pointer - kHeaderBytes;
+  size_t bytes = 0;
+  memcpy(&bytes, block, sizeof bytes);
+  __atomic_sub_fetch(&live_bytes, bytes, __ATOMIC_RELAXED);
+  free(block);
+}
+
+bool mp_device_allocator_usage(size_t *live, size_t *peak) {
+  *live = __atomic_load_n(&live_bytes, __ATOMIC_RELAXED);
+  *peak = __atomic_load_n(&peak_bytes, __ATOMIC_RELAXED);
+  return true;
+}
 
 mp_status mp_device_copy_to_device(void *device_dst, const void *host_src, size_t bytes,
                                    mp_error *err) {

@@ -52,6 +52,11 @@ mp_status mp_device_timer_stop(mp_device_timer *t, mp_cuda_stream s, double *sec
   *seconds = 0;
   return no_cuda(err);
 }
+bool mp_device_allocator_usage(size_t *live_bytes, size_t *peak_bytes) {
+  (void)live_bytes, (void)peak_bytes;
+  return false;
+}
+
 mp_status mp_device_memory(size_t *free_bytes, size_t *total_bytes, mp_error *err) {
   *free_bytes = *total_bytes = 0;
   return no_cuda(err);

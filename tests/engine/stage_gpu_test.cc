@@ -487,6 +487,25 @@ TEST(GptStageGpu, KeptMomentsAreThePartOnly) {
   ASSERT_EQ(mp_stage_gpu_moments_at(whole.gpu, 0, n, &m, &v, &f.err), MP_OK) << f.err.message;
   EXPECT_EQ(mp_stage_gpu_device_bytes(part.gpu), before + 2 * half * sizeof(float));
   EXPECT_EQ(mp_stage_gpu_device_bytes(whole.gpu), before + 2 * n * sizeof(float));
+  // The same from the allocator's own count (emulated CUDA keeps one; a real GPU's driver counts
+  // every process), so the stage's running total is not checked against itself: a fresh stage's
+  // moments add exactly 2 x half floats of device memory, the whole stage's 2 x n.
+  size_t live = 0, peak = 0;
+  if (mp_device_allocator_usage(&live, &peak)) {
+    Stage counted;
+    ASSERT_EQ(mp_stage_gpu_create(f.model, &config, &counted.gpu, &f.err), MP_OK) << f.err.message;
+    size_t created = 0;
+    ASSERT_TRUE(mp_device_allocator_usage(&created, &peak));
+    ASSERT_EQ(mp_stage_gpu_keep_moments(counted.gpu, n - half, half, &f.err), MP_OK)
+        << f.err.message;
+    ASSERT_EQ(mp_stage_gpu_moments_at(counted.gpu, n - half, half, &m, &v, &f.err), MP_OK)
+        << f.err.message;
+    size_t kept = 0;
+    ASSERT_TRUE(mp_device_allocator_usage(&kept, &peak));
+    EXPECT_EQ(kept - created, 2 * half * sizeof(float)) << "the part's moments, by the allocator";
+    EXPECT_EQ(created - live, mp_stage_gpu_device_bytes(counted.gpu) - 2 * half * sizeof(float))
+        << "the stage's own total against the allocator's";
+  }
   // Another rank's moments are not here.
   EXPECT_EQ(mp_stage_gpu_moments_at(part.gpu, 0, 1, &m, &v, &f.err), MP_ERR_INPUT);
   EXPECT_NE(std::string(f.err.message).find("keeps those of"), std::string::npos)
