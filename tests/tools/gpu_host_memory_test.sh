@@ -8,7 +8,8 @@
 # (--save-weights and a checkpoint), loaded from the llm.c file (--init-from) and resumed from the
 # checkpoint; and at dp = 2 with ZeRO-1 and ZeRO-3, saved and resumed (over NCCL, and ZeRO-1 over
 # MPI, whose staging may add two gradient buckets). Each rank's host memory
-# outside its GPU stages (peak resident minus device) minus the same rank's in the same run of
+# outside its device memory (peak resident minus what the emulated allocator itself counts live,
+# which the stages' own totals must match within 1 MiB) minus the same rank's in the same run of
 # tiny-gpt (the baseline: libraries, MPI, the emulation's own) must stay under 32 MiB, the
 # emulated NCCL's copy of a ZeRO-3 block gather (12 MiB here) included. One host fp32 copy of a
 # pp = 2 rank's weights adds 48 MiB; host copies of a ZeRO-1 rank's moments 96 MiB, and of a
@@ -40,11 +41,14 @@ for m in wide tiny; do
 done
 margin=32
 
-# outside NAME: "rank host_mib_outside_the_stages" lines from a run's output file
+# outside NAME: "rank host_mib_outside_the_device" lines from a run's output file: the device
+# memory is what the emulated allocator itself counts live at the end of the run (run prints it),
+# not what the stages say they hold, so a stage that undercounted its device memory cannot hide
+# a host copy here. (The stages' own totals must agree with it: checked below.)
 outside() {
   join <(peaks "$1" | sort) \
-       <(grep '^memory: device held by the stages' "$1" | grep -o 'rank [0-9]* [0-9.]* MiB' |
-         sed 's/^rank \([0-9]*\) \([0-9.]*\) MiB/\1 \2/' | sort) |
+       <(grep '^memory: device allocator per rank' "$1" | grep -o 'rank [0-9]* [0-9.]* / ' |
+         sed 's/^rank \([0-9]*\) \([0-9.]*\) \/ /\1 \2/' | sort) |
     awk '{ printf "%s %.0f\n", $1, $2 - $3 }'
 }
 
@@ -61,6 +65,16 @@ phase() {
     fail "$name: wide run failed:"; tail -5 "$tmp/$file-wide.out"; return; }
   "$mpengine" run --backend cuda "${tiny[@]}" > "$tmp/$file-tiny.out" 2>&1 || {
     fail "$name: tiny run failed:"; tail -5 "$tmp/$file-tiny.out"; return; }
+  # The stages' own totals agree with the allocator's count (within 1 MiB: cuBLAS's and the
+  # trainer's small buffers): device memory they did not count would not show above.
+  local stages allocator
+  stages=$(grep '^memory: device held by the stages' "$tmp/$file-wide.out" | grep -o 'rank [0-9]* [0-9.]* MiB' | awk '{ print $3 }' | tr '\n' ' ')
+  allocator=$(grep '^memory: device allocator per rank' "$tmp/$file-wide.out" | grep -o 'rank [0-9]* [0-9.]* / ' | awk '{ print $3 }' | tr '\n' ' ')
+  if ! awk -v a="$stages" -v b="$allocator" 'BEGIN { n = split(a, x, " "); m = split(b, y, " ")
+         if (n != m || n == 0) exit 1
+         for (i = 1; i <= n; i++) if (x[i] > y[i] + 0.05 || y[i] - x[i] > 1) exit 1 }'; then
+    fail "$name: the stages say they hold [$stages] MiB of device memory, the allocator counts [$allocator]"
+  fi
   local lines
   lines=$(join <(outside "$tmp/$file-wide.out") <(outside "$tmp/$file-tiny.out"))
   if [ "$(wc -l <<< "$lines")" -ne 2 ] || [ -z "$lines" ]; then
