@@ -6,16 +6,21 @@
 
 #include "layers/adamw.h"
 
-mp_status mp_train_optimizer_step(mp_trainer *trainer, double lr, double grad_norm,
-                                  mp_error *err) {
-  const mp_training_config *t = &trainer->plan->training;
-  const mp_stage_adamw adamw = {.learning_rate = (float)lr,
+mp_stage_adamw mp_trainer_adamw_settings(const mp_training_config *t, int64_t step,
+                                         double grad_norm) {
+  const mp_stage_adamw adamw = {.learning_rate = (float)mp_training_learning_rate(t, step),
                                 .beta1 = (float)t->beta1,
                                 .beta2 = (float)t->beta2,
                                 .eps = (float)t->eps,
                                 .weight_decay = (float)t->weight_decay,
-                                .step = (int)(trainer->step + 1),
+                                .step = (int)(step + 1),
                                 .grad_scale = mp_clip_scale(grad_norm, t->grad_clip)};
+  return adamw;
+}
+
+mp_status mp_train_optimizer_step(mp_trainer *trainer, double grad_norm, mp_error *err) {
+  const mp_stage_adamw adamw =
+      mp_trainer_adamw_settings(&trainer->plan->training, trainer->step, grad_norm);
   for (int c = 0; c < trainer->num_chunks; ++c) {
     const mp_stage_state *chunk = &trainer->stages[c];
     MP_TRY(chunk->ops->adamw(chunk->stage, &adamw, err));

@@ -391,7 +391,7 @@ mp_status mp_trainer_step(mp_trainer *trainer, int64_t step, mp_step_metrics *me
                    (long long)step, loss, t->learning_rate);
   }
   MP_TRY(mp_train_reduce_step_grads(trainer, &grad_norm, err));
-  MP_TRY(mp_train_optimizer_step(trainer, lr, grad_norm, err));
+  MP_TRY(mp_train_optimizer_step(trainer, grad_norm, err));
   const double seconds = now_seconds() - start;
   if (trainer->options.trace != NULL) {
     const double end_s = mp_trace_now(trainer->options.trace);

@@ -102,6 +102,14 @@ typedef struct {
 
 typedef struct mp_trainer mp_trainer;
 
+/* The AdamW settings of 0-based step `step` of `training`, as mp_trainer_step hands them to
+ * every stage: the schedule's learning rate (mp_training_learning_rate), beta1, beta2, eps and
+ * weight_decay (applied by the stage to its decaying tensors only), the 1-based step for bias
+ * correction, and the clip factor of the global gradient norm grad_norm against grad_clip
+ * (mp_clip_scale). Pure; it cannot fail. */
+mp_stage_adamw mp_trainer_adamw_settings(const mp_training_config *training, int64_t step,
+                                         double grad_norm);
+
 /* Builds the model of a one-rank plan (dp = pp = tp = 1) on `backend` and its optimizer state,
  * initialised from plan->training.seed. The trainer borrows plan, model and data; they must
  * outlive it. MP_ERR_INPUT naming the plan file for any other plan. */

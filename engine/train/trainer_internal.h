@@ -201,9 +201,9 @@ mp_status mp_train_zero_gather_updated(mp_trainer *trainer, int c, mp_error *err
 
 /* ---- optimizer.c: clipping and AdamW ---- */
 
-/* After mp_train_reduce_step_grads: every chunk's AdamW step (its ZeRO part) with the gradients
- * clipped to the global norm, then ZeRO's parameter gather. */
-mp_status mp_train_optimizer_step(mp_trainer *trainer, double lr, double grad_norm,
-                                  mp_error *err);
+/* After mp_train_reduce_step_grads: every chunk's AdamW step (its ZeRO part) with the settings
+ * of trainer->step (mp_trainer_adamw_settings: the schedule's learning rate, the gradients
+ * clipped to the global norm grad_norm), then ZeRO's parameter gather. */
+mp_status mp_train_optimizer_step(mp_trainer *trainer, double grad_norm, mp_error *err);
 
 #endif /* MPENGINE_ENGINE_TRAIN_TRAINER_INTERNAL_H */

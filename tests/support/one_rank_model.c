@@ -69,6 +69,17 @@ void mp_gpt_init_params(mp_gpt *gpt, uint64_t seed) {
 
 void mp_gpt_zero_grads(mp_gpt *gpt) { mp_stage_cpu_zero_grads(gpt->stage); }
 
+double mp_gpt_grad_norm(mp_gpt *gpt) {
+  mp_error err = MP_ERROR_INITIALIZER;
+  double squares = 0.0;
+  return mp_stage_cpu_grad_norm_squared(gpt->stage, &squares, &err) == MP_OK ? sqrt(squares)
+                                                                                : NAN;
+}
+
+mp_status mp_gpt_adamw(mp_gpt *gpt, const mp_stage_adamw *settings, mp_error *err) {
+  return mp_stage_cpu_adamw(gpt->stage, settings, err);
+}
+
 double mp_gpt_forward(mp_gpt *gpt, const int32_t *inputs, const int32_t *targets, float dloss) {
   mp_error err = MP_ERROR_INITIALIZER;
   double loss = 0.0;

@@ -14,6 +14,7 @@
 
 #include "common/error.h"
 #include "engine/model/param_layout.h"
+#include "engine/model/stage_state.h"
 #include "topology/model.h"
 
 #ifdef __cplusplus
@@ -54,6 +55,15 @@ double mp_gpt_forward(mp_gpt *gpt, const int32_t *inputs, const int32_t *targets
 
 /* Backward of the last forward: adds d(dloss * mean loss)/d(params) into the gradients. */
 void mp_gpt_backward(mp_gpt *gpt);
+
+/* The global gradient norm, the square root of the stage's sum of squares
+ * (mp_stage_cpu_grad_norm_squared) as the trainer takes it before clipping. */
+double mp_gpt_grad_norm(mp_gpt *gpt);
+
+/* The stage's AdamW step (mp_stage_cpu_adamw) with settings (mp_trainer_adamw_settings gives a
+ * step's): decay on the tensors the layout marks, the clip factor inside the update. The moments
+ * are the stage's, zero before the first call. MP_OK, or the stage's error. */
+mp_status mp_gpt_adamw(mp_gpt *gpt, const mp_stage_adamw *settings, mp_error *err);
 
 /* Loads llm.c's GPT-2 checkpoint (version 3 fp32, or 5 bf16 converted to fp32). MP_ERR_INPUT
  * naming the file when it is not one, or when its header differs from the model (naming the

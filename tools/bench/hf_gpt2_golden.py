@@ -21,8 +21,15 @@ Writes, with transformers' own GPT2LMHeadModel (4.46.3) and save_pretrained (saf
   tests/engine/testdata/hf_gpt2_tiny_200KB/      what save_pretrained(max_shard_size="200KB")
       writes of the golden, but only its model.safetensors.index.json and SHA256SUMS of the
       shard files (the shards themselves would double the test data)
+  tests/engine/testdata/hf_gpt2_tiny_grads.json  transformers' gradients of the golden checkpoint
+      (GPT2LMHeadModel in fp32, loss.backward() of the mean cross-entropy over the same (4, 16)
+      batch), for tests/engine/hf_gpt2_reference_test.cc: the fp32 loss and, per parameter, in
+      mpengine's orientation (Conv1D weights transposed to (out, in)), the gradient's L2 norm, its
+      first values and values spread through it (element (k n) / SPREAD for k < SPREAD)
 
   /tmp/hfv2/bin/python tools/bench/hf_gpt2_golden.py            (writes the files above)
+  /tmp/hfv2/bin/python tools/bench/hf_gpt2_golden.py --grads   (only the gradients, of the
+      committed checkpoint: the other files stay as they are)
   /tmp/hfv2/bin/python tools/bench/hf_gpt2_golden.py --check DIR (loads DIR with
       from_pretrained, e.g. an `mpengine export --format hf`, and prints its loss and the largest
       logit difference against the golden; not part of CI)
@@ -36,6 +43,7 @@ import struct
 import sys
 
 import torch
+import transformers
 from transformers import GPT2Config, GPT2LMHeadModel
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -45,6 +53,9 @@ TOKENS = os.path.join(DATA, "hf_gpt2_tiny_tokens.bin")
 LOSS = os.path.join(DATA, "hf_gpt2_tiny_loss.txt")
 LOSS_BF16 = os.path.join(DATA, "hf_gpt2_tiny_loss_bf16.txt")
 LOSS_F16 = os.path.join(DATA, "hf_gpt2_tiny_loss_f16.txt")
+GRADS = os.path.join(DATA, "hf_gpt2_tiny_grads.json")
+FIRST, SPREAD = 8, 16  # gradient values kept per tensor
+CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 V, C, NH, L, P = 128, 64, 4, 4, 64
 G, T = 4, 16
 
@@ -111,6 +122,36 @@ def write():
         f.write("%.9g\n" % loss_f16.item())
     print("wrote %s; loss fp64 %.9g, fp32 %.9g, bf16 weights %.9g, f16 weights %.9g"
           % (GOLDEN, loss64.item(), loss32.item(), loss_bf16.item(), loss_f16.item()))
+    write_grads()
+
+
+def write_grads():
+    """transformers' fp32 gradients of the committed golden on batch() (GRADS)."""
+    model = GPT2LMHeadModel.from_pretrained(GOLDEN).float().eval()
+    model.config._attn_implementation = "eager"
+    x, y = batch()
+    model.zero_grad()
+    loss, _ = loss_of(model, x, y)
+    loss.backward()
+    grads = {}
+    for name, p in model.named_parameters():  # the tied lm_head is wte: one entry
+        g = p.grad.detach()
+        if name.endswith(CONV1D):
+            g = g.t()  # Conv1D keeps (in, out); mpengine (out, in)
+        flat = g.contiguous().flatten().double()
+        n = flat.numel()
+        grads[name] = {"shape": list(g.shape), "norm": float(flat.norm()),
+                       "first": [float(v) for v in flat[:FIRST]],
+                       "spread": [float(flat[(k * n) // SPREAD]) for k in range(SPREAD)]}
+    golden = {"source": "tools/bench/hf_gpt2_golden.py, transformers %s, torch %s" %
+                        (transformers.__version__, torch.__version__),
+              "B": G, "T": T, "loss": float(loss), "spread": SPREAD, "grads": None}
+    with open(GRADS, "w") as f:  # one line per tensor
+        text = json.dumps(golden, indent=1).split('\n "grads"')[0]
+        f.write(text + '\n "grads": {\n')
+        f.write(",\n".join("  %s: %s" % (json.dumps(k), json.dumps(v)) for k, v in grads.items()))
+        f.write("\n }\n}\n")
+    print("wrote %s: fp32 loss %.9g, %d gradients" % (GRADS, float(loss), len(grads)))
 
 
 def check(path):
@@ -127,5 +168,7 @@ def check(path):
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--check":
         check(sys.argv[2])
+    elif len(sys.argv) == 2 and sys.argv[1] == "--grads":
+        write_grads()
     else:
         write()
