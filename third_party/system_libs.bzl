@@ -1,6 +1,6 @@
 """Repository rules that expose Debian's system libraries and /usr/local/cuda to Bazel by name.
 
-Headers of cJSON, OpenBLAS, GoogleTest and Open MPI live under /usr/include, which the auto-
+Headers of cJSON, OpenBLAS, PCRE2, ICU, GoogleTest and Open MPI live under /usr/include, which the auto-
 configured C toolchain already treats as a system include directory, so the libraries are plain
 link options. A missing library is reported when the repository is built, with the Debian package
 that provides it and the script that installs it (tools/setup.sh).
@@ -15,6 +15,11 @@ _SYSTEM_LIBS = [
     ("cjson", "/usr/include/cjson/cJSON.h", "libcjson-dev", ["-lcjson"], []),
     ("openblas", "/usr/include/x86_64-linux-gnu/cblas.h", "libopenblas-dev", ["-lopenblas"], []),
     ("gtest", "/usr/include/gtest/gtest.h", "libgtest-dev", ["-lgtest", "-lpthread"], []),
+    # UTF-mode regexes for tokenizers' split patterns (\p{L}, look-ahead), with its JIT; define
+    # PCRE2_CODE_UNIT_WIDTH 8 before including pcre2.h.
+    ("pcre2", "/usr/include/pcre2.h", "libpcre2-dev", ["-lpcre2-8"], []),
+    # Unicode normalization (NFC, NFKC, NFD, NFKD) for tokenizers' normalizers.
+    ("icu", "/usr/include/unicode/unorm2.h", "libicu-dev", ["-licuuc", "-licudata"], []),
     ("gtest_main", "/usr/include/gtest/gtest.h", "libgtest-dev", ["-lgtest_main", "-lgtest", "-lpthread"], []),
 ]
 

@@ -14,6 +14,10 @@ packages=(
   libopenmpi-dev    # one process per rank, CPU communicators
   openmpi-bin       # mpirun
   libgtest-dev      # GoogleTest suites
+  libpcre2-dev      # tokenizers' split regexes (Unicode classes, look-ahead)
+  libicu-dev        # tokenizers' Unicode normalizers (NFC, NFKC)
+  fortunes fortunes-de fortunes-es fortunes-it fortunes-pl fortunes-ru fortunes-zh fortunes-cs
+                    # real multilingual text: the tokenizer goldens are compared on it
 )
 
 missing=()
