@@ -73,8 +73,13 @@ mp_status cli_parse(cli_command *command, int argc, char **argv, mp_error *err) 
     if (arg[0] == '-' && arg[1] != '\0') {
       return mp_fail(err, MP_ERR_INPUT, "unknown option '%s' (options are spelled --name)", arg);
     }
-    if (command->num_positionals >= command->max_positionals ||
-        command->num_positionals >= 8) {
+    if (command->num_positionals >= CLI_MAX_POSITIONALS) {
+      return mp_fail(err, MP_ERR_INPUT,
+                     "more than %d arguments: pass a quoted glob ('data/*.txt') instead, which "
+                     "mpengine expands itself",
+                     CLI_MAX_POSITIONALS);
+    }
+    if (command->num_positionals >= command->max_positionals) {
       return mp_fail(err, MP_ERR_INPUT, "unexpected argument '%s' (usage: %s)", arg,
                      command->usage);
     }

@@ -15,6 +15,10 @@
 
 enum { CLI_EXIT_OK = 0, CLI_EXIT_FAILURE = 1, CLI_EXIT_USAGE = 2 };
 
+/* Most positional arguments one command takes (`data tokenize FILES...`); a longer list is
+ * given as a quoted glob, which the command expands itself. */
+enum { CLI_MAX_POSITIONALS = 4096 };
+
 typedef struct {
   const char *name;        /* "seq-len", without the dashes */
   const char *value_name;  /* "S"; NULL for a flag */
@@ -28,7 +32,7 @@ typedef struct {
   const char *summary;     /* a paragraph: what it does */
   int min_positionals, max_positionals;
   cli_option *options;     /* terminated by an entry with name NULL */
-  const char *positionals[8];
+  const char *positionals[CLI_MAX_POSITIONALS];
   int num_positionals;
   bool help_requested;
 } cli_command;

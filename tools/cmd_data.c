@@ -23,7 +23,9 @@
 enum { kDefaultSeed = 1337, kDefaultTokens = 1000000 };
 
 static const char kDataUsage[] =
-    "mpengine data synth --out FILE --vocab V [--tokens N] [--seed S] [--successors K]\n"
+    "mpengine data tokenize --tokenizer DIR|tokenizer.json --out PREFIX [options] FILES...\n"
+    "       mpengine data decode --tokenizer DIR|tokenizer.json SHARD | --ids I,J,...\n"
+    "       mpengine data synth --out FILE --vocab V [--tokens N] [--seed S] [--successors K]\n"
     "       mpengine data inspect FILE|GLOB... [--vocab V]";
 
 static int data_synth(int argc, char **argv) {
@@ -212,15 +214,20 @@ static int data_inspect(int argc, char **argv) {
 }
 
 int cmd_data(int argc, char **argv) {
-  static const char *const kActions[] = {"synth", "inspect", NULL};
+  static const char *const kActions[] = {"tokenize", "decode", "synth", "inspect", NULL};
   const char *action = argc >= 2 ? argv[1] : NULL;
+  if (action != NULL && strcmp(action, "tokenize") == 0) return data_tokenize(argc - 1, argv + 1);
+  if (action != NULL && strcmp(action, "decode") == 0) return data_decode(argc - 1, argv + 1);
   if (action != NULL && strcmp(action, "synth") == 0) return data_synth(argc - 1, argv + 1);
   if (action != NULL && strcmp(action, "inspect") == 0) return data_inspect(argc - 1, argv + 1);
   if (action != NULL && (strcmp(action, "--help") == 0 || strcmp(action, "-h") == 0)) {
     printf("usage: %s\n\n"
            "Token data for `run --data GLOB` (llm.c token shards: a 256 x int32 header, then\n"
-           "uint16 token ids).\n\n"
+           "uint16 token ids, or uint32 for vocabularies over 65,536).\n\n"
            "actions:\n"
+           "  tokenize   text files or JSON lines to shards, with exactly the ids of a Hugging\n"
+           "             Face tokenizer.json\n"
+           "  decode     a shard's ids (or --ids) back to text\n"
            "  synth      write a shard drawn from a random Markov source and print its entropy\n"
            "             rate, the lowest loss any model can reach on it\n"
            "  inspect    validate shards as `run --data` will and print what they hold\n\n"
@@ -229,14 +236,14 @@ int cmd_data(int argc, char **argv) {
     return CLI_EXIT_OK;
   }
   if (action == NULL) {
-    fprintf(stderr, "mpengine data: missing action: synth or inspect\n");
+    fprintf(stderr, "mpengine data: missing action: tokenize, decode, synth or inspect\n");
   } else {
     const char *closest = mp_closest_word(action, kActions);
     if (closest != NULL) {
       fprintf(stderr, "mpengine data: unknown action '%s'; did you mean '%s'?\n", action,
               closest);
     } else {
-      fprintf(stderr, "mpengine data: unknown action '%s' (actions: synth, inspect)\n", action);
+      fprintf(stderr, "mpengine data: unknown action '%s' (actions: tokenize, decode, synth, inspect)\n", action);
     }
   }
   fprintf(stderr, "run 'mpengine data --help' for the actions\n");

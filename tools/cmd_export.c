@@ -99,15 +99,8 @@ int cmd_export(int argc, char **argv) {
     return cli_report(&command, &err);
   }
   char path[4096];
-  snprintf(path, sizeof path, "%s/manifest.json", dir);
   int64_t step = 0;
-  if (access(path, F_OK) == 0) {
-    snprintf(path, sizeof path, "%s", dir);
-  } else if (mp_checkpoint_find_latest(dir, path, sizeof path, &step, &err) != MP_OK) {
-    mp_fail(&err, MP_ERR_INPUT,
-            "--checkpoint %s: neither a checkpoint (no manifest.json) nor a directory of "
-            "checkpoints (no step-<N> with a valid manifest.json)",
-            dir);
+  if (mp_checkpoint_resolve(dir, "--checkpoint", path, sizeof path, &step, &err) != MP_OK) {
     return cli_report(&command, &err);
   }
   size_t num_params = 0;

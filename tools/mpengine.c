@@ -32,10 +32,11 @@ static const subcommand kSubcommands[] = {
     {"plan", cmd_plan, "find the fastest dp x pp x tp layout that fits, write it as PLAN.json"},
     {"schedule", cmd_schedule, "show the pipeline schedule a plan will run"},
     {"run", cmd_run, "train with a parallelism config"},
-    {"export", cmd_export, "write a checkpoint's weights in llm.c's GPT-2 format"},
+    {"export", cmd_export, "write a checkpoint's weights as llm.c's GPT-2 file or a Hugging Face directory"},
+    {"sample", cmd_sample, "continue a prompt with a trained model"},
     {"timeline", cmd_timeline, "show what a run really did, against its plan"},
     {"calibrate", cmd_calibrate, "measure this machine for the cost model"},
-    {"data", cmd_data, "synthetic token data with a known loss floor; check token shards"},
+    {"data", cmd_data, "text to token shards with a Hugging Face tokenizer, and back; check shards"},
     {"bench", cmd_bench, "benchmarks: time training steps (and dump them to check against a peer)"},
     {"version", cmd_version, "print the version, the build and the devices found"},
 };

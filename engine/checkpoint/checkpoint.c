@@ -159,6 +159,20 @@ mp_status mp_checkpoint_find_latest(const char *dir, char *path, size_t path_byt
                  dir);
 }
 
+mp_status mp_checkpoint_resolve(const char *dir, const char *option, char *path,
+                                size_t path_bytes, int64_t *step, mp_error *err) {
+  snprintf(path, path_bytes, "%s/manifest.json", dir);
+  if (access(path, F_OK) == 0) {
+    snprintf(path, path_bytes, "%s", dir);
+    return MP_OK;
+  }
+  if (mp_checkpoint_find_latest(dir, path, path_bytes, step, err) == MP_OK) return MP_OK;
+  return mp_fail(err, MP_ERR_INPUT,
+                 "%s %s: neither a checkpoint (no manifest.json) nor a directory of checkpoints "
+                 "(no step-<N> with a valid manifest.json)",
+                 option, dir);
+}
+
 /* Elements [first, first + count) of array `array` (0 parameters, 1 and 2 the moments) of
  * tensor t's shard in the checkpoint into the trainer's chunk, from its flat element `dest`, in
  * pieces of CK_PIECE_FLOATS through piece. */

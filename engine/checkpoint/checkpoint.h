@@ -139,6 +139,12 @@ mp_status mp_checkpoint_save(const char *dir, int64_t step, int keep,
 mp_status mp_checkpoint_find_latest(const char *dir, char *path, size_t path_bytes,
                                     int64_t *step, mp_error *err);
 
+/* What a user's --checkpoint DIR names (export, sample): DIR itself when it holds manifest.json,
+ * else the newest checkpoint under it (mp_checkpoint_find_latest, *step set; left alone for DIR
+ * itself). MP_ERR_INPUT saying it is neither, naming `option` ("--checkpoint"). */
+mp_status mp_checkpoint_resolve(const char *dir, const char *option, char *path,
+                                size_t path_bytes, int64_t *step, mp_error *err);
+
 /* Loads checkpoint directory path (saved under any layout, version 1 or 2) into ctx->trainer:
  * checks the manifest, that it is of the same model (naming the first difference), batch and
  * seed, the training settings (each one that differs, with both values, unless

@@ -82,6 +82,7 @@ struct mp_stage_chain {
   float *dwte, *dwpe, *dlnfw, *dlnfb;
   const void *head_w; /* wte when tied, else lm_head */
   float *dhead;
+  float *logits_capture; /* (BT, Vl) fp32 in the backend's memory, or NULL: sampling's copy */
   block_tensors *blocks;
   mp_stage_grads_hook hook;
   void *hook_context;
@@ -776,6 +777,9 @@ static mp_status stage_forward(mp_stage_chain *ch, slot_acts *s, const int32_t *
     x = total;
   }
   k->matmul_forward(cx, s->logits, x, ch->head_w, NULL, d->BT, d->C, d->Vl);
+  if (ch->logits_capture != NULL && !recomputing) {
+    k->to_boundary(cx, ch->logits_capture, s->logits, (size_t)d->BT * (size_t)d->Vl);
+  }
   MP_TRY(k->loss(cx, s->logits, s->targets, s->dloss, recomputing ? NULL : loss, err));
   return kernels_check(ch, err);
 }
@@ -790,6 +794,8 @@ mp_status mp_stage_chain_forward(mp_stage_chain *ch, int slot, const int32_t *in
   s->in_use = true;
   return MP_OK;
 }
+
+void mp_stage_chain_capture_logits(mp_stage_chain *ch, float *dest) { ch->logits_capture = dest; }
 
 void mp_stage_chain_discard(mp_stage_chain *ch, int slot) {
   if (slot < 0 || slot >= ch->num_slots) return;

@@ -140,6 +140,11 @@ mp_status mp_stage_chain_forward(mp_stage_chain *chain, int slot, const int32_t 
 /* Frees slot without a backward (a held-out loss). Out-of-range slots are ignored. */
 void mp_stage_chain_discard(mp_stage_chain *chain, int slot);
 
+/* For sampling (`mpengine sample`): while dest is set, every forward of a head stage copies its
+ * logits, (B, T, Vl) fp32 in the backend's memory (Vl: this rank's padded vocabulary range), into
+ * dest before the loss overwrites them with their gradient. NULL stops it. */
+void mp_stage_chain_capture_logits(mp_stage_chain *chain, float *dest);
+
 /* Backward of slot's micro-batch: doutput, the next stage's input gradient (NULL on a head
  * stage); dinput written with the gradient of the stage's input (NULL on an embedding stage).
  * defer_weights: zero-bubble's B (needs deferred_weights); the slot stays in use until its W.
