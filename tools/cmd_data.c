@@ -99,7 +99,8 @@ static int data_synth(int argc, char **argv) {
   }
   if (vocab > MP_MARKOV_MAX_VOCAB) {
     mp_fail(&err, MP_ERR_INPUT,
-            "--vocab: must be at most %d (a token shard stores ids as uint16), got %lld",
+            "--vocab: must be at most %d (the synthetic Markov source draws uint16 ids), got "
+            "%lld",
             MP_MARKOV_MAX_VOCAB, (long long)vocab);
     return cli_report(&command, &err);
   }
