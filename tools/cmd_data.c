@@ -28,6 +28,31 @@ static const char kDataUsage[] =
     "       mpengine data synth --out FILE --vocab V [--tokens N] [--seed S] [--successors K]\n"
     "       mpengine data inspect FILE|GLOB... [--vocab V]";
 
+/* Writes the sample as a shard through the streaming writer, whose id width follows vocab. */
+static mp_status write_sample(const char *path, int64_t vocab, const uint16_t *sample,
+                              int64_t count, mp_error *err) {
+  mp_token_shard_writer *writer = NULL;
+  MP_TRY(mp_token_shard_writer_open(path, vocab, &writer, err));
+  enum { kPieceTokens = 1 << 16 };
+  uint32_t *piece = malloc(kPieceTokens * sizeof *piece);
+  if (piece == NULL) {
+    mp_token_shard_writer_abort(writer);
+    return mp_fail(err, MP_ERR_RUNTIME, "%s: out of memory", path);
+  }
+  mp_status status = MP_OK;
+  for (int64_t at = 0; at < count && status == MP_OK; at += kPieceTokens) {
+    const int64_t n = count - at < kPieceTokens ? count - at : kPieceTokens;
+    for (int64_t i = 0; i < n; ++i) piece[i] = sample[at + i];
+    status = mp_token_shard_writer_append(writer, piece, n, err);
+  }
+  free(piece);
+  if (status != MP_OK) {
+    mp_token_shard_writer_abort(writer);
+    return status;
+  }
+  return mp_token_shard_writer_close(writer, err);
+}
+
 static int data_synth(int argc, char **argv) {
   cli_option options[] = {
       {"out", "FILE", "the token shard to write (replaced whole, never left half-written)", NULL},
@@ -76,7 +101,8 @@ static int data_synth(int argc, char **argv) {
   }
   if (vocab > MP_MARKOV_MAX_VOCAB) {
     mp_fail(&err, MP_ERR_INPUT,
-            "--vocab: must be at most %d (a token shard stores ids as uint16), got %lld",
+            "--vocab: must be at most %d (the synthetic Markov source draws uint16 ids), got "
+            "%lld",
             MP_MARKOV_MAX_VOCAB, (long long)vocab);
     return cli_report(&command, &err);
   }
@@ -105,7 +131,7 @@ static int data_synth(int argc, char **argv) {
   }
   mp_markov_source_sample(source, (uint64_t)seed, tokens, sample);
   int exit_code = CLI_EXIT_OK;
-  if (mp_token_shard_write(out_path, sample, tokens, &err) != MP_OK) {
+  if (write_sample(out_path, vocab, sample, tokens, &err) != MP_OK) {
     exit_code = cli_report(&command, &err);
   } else {
     printf("wrote %s: %lld tokens, vocab %lld, seed %lld; entropy rate %.4f nats/token (the "
@@ -127,50 +153,75 @@ static int data_synth(int argc, char **argv) {
   return exit_code;
 }
 
-/* Prints one shard's summary; fills err and returns its status when the shard is bad. */
+/* Prints one shard's summary after checking every id; fills err and returns its status when the
+ * shard is bad. */
 static mp_status inspect_file(const char *path, int64_t vocab, int64_t *total_tokens,
                               mp_error *err) {
-  uint16_t *tokens = NULL;
-  int64_t count = 0;
-  MP_TRY(mp_token_shard_read(path, vocab, &tokens, &count, err));
-  unsigned char *seen = calloc(MP_TOKEN_SHARD_MAX_VOCAB, 1);
-  if (seen == NULL) {
-    free(tokens);
-    return mp_fail(err, MP_ERR_RUNTIME, "%s: out of memory", path);
-  }
-  int64_t distinct = 0, largest = -1;
-  for (int64_t i = 0; i < count; ++i) {
-    if (!seen[tokens[i]]) {
-      seen[tokens[i]] = 1;
-      ++distinct;
+  mp_token_shard *shard = NULL;
+  MP_TRY(mp_token_shard_open(path, vocab, &shard, err));
+  const int64_t count = mp_token_shard_count(shard);
+  /* Which ids occur: a bitmap grown to the largest id seen, so a uint32 shard of a 128K
+   * vocabulary needs 16 KB, not the 512 MB of every uint32. */
+  enum { kPieceTokens = 1 << 20 };
+  uint32_t *piece = malloc(kPieceTokens * sizeof *piece);
+  unsigned char *seen = NULL;
+  int64_t seen_bytes = 0, distinct = 0, largest = -1;
+  mp_status status = piece != NULL ? MP_OK : mp_fail(err, MP_ERR_RUNTIME, "%s: out of memory", path);
+  for (int64_t at = 0; at < count && status == MP_OK; at += kPieceTokens) {
+    const int64_t n = count - at < kPieceTokens ? count - at : kPieceTokens;
+    status = mp_token_shard_read(shard, at, n, piece, err);
+    for (int64_t i = 0; i < n && status == MP_OK; ++i) {
+      const int64_t id = piece[i];
+      if (id / 8 >= seen_bytes) {
+        const int64_t bytes = id / 8 + 1 + seen_bytes;
+        unsigned char *grown = realloc(seen, (size_t)bytes);
+        if (grown == NULL) {
+          status = mp_fail(err, MP_ERR_RUNTIME, "%s: out of memory", path);
+          break;
+        }
+        memset(grown + seen_bytes, 0, (size_t)(bytes - seen_bytes));
+        seen = grown;
+        seen_bytes = bytes;
+      }
+      if (!(seen[id / 8] & (1u << (id % 8)))) {
+        seen[id / 8] |= (unsigned char)(1u << (id % 8));
+        ++distinct;
+      }
+      if (id > largest) largest = id;
     }
-    if (tokens[i] > largest) largest = tokens[i];
   }
-  if (count == 0) {
-    printf("%s: 0 tokens (an empty shard)\n", path);
-  } else {
-    printf("%s: %lld tokens, %lld distinct ids, largest id %lld; valid llm.c token shard "
-           "(version %d)\n",
-           path, (long long)count, (long long)distinct, (long long)largest,
-           MP_TOKEN_SHARD_VERSION);
+  if (status == MP_OK) {
+    const int width = mp_token_shard_id_bytes(shard);
+    char format[96];
+    snprintf(format, sizeof format, "uint%d ids, magic %d, version %d", 8 * width,
+             (int)mp_token_shard_magic(shard), (int)mp_token_shard_version(shard));
+    if (count == 0) {
+      printf("%s: 0 tokens (an empty shard); %s\n", path, format);
+    } else {
+      printf("%s: %lld tokens, %lld distinct ids, largest id %lld; valid llm.c token shard "
+             "(%s)\n",
+             path, (long long)count, (long long)distinct, (long long)largest, format);
+    }
+    *total_tokens += count;
   }
-  *total_tokens += count;
   free(seen);
-  free(tokens);
-  return MP_OK;
+  free(piece);
+  mp_token_shard_close(shard);
+  return status;
 }
 
 static int data_inspect(int argc, char **argv) {
   cli_option options[] = {
-      {"vocab", "V", "also check every id is below V, the model's vocab_size (default 65536)",
-       NULL},
+      {"vocab", "V", "also check every id is below V, the model's vocab_size (default: any id "
+       "the shard's width holds)", NULL},
       {0},
   };
   cli_command command = {
       .command = "data inspect",
       .usage = "mpengine data inspect FILE|GLOB... [--vocab V]",
-      .summary = "Validate llm.c token shards exactly as `run --data` will (magic, version, size\n"
-                 "against the token count, ids below the vocabulary) and print what each holds.\n"
+      .summary = "Validate llm.c token shards, uint16 (magic 20240520) or uint32 (magic\n"
+                 "20240801), as `run --data` will (magic, version, size against the token count,\n"
+                 "every id below the vocabulary) and print what each holds and its format.\n"
                  "A quoted glob pattern is expanded in name order, as `run --data` expands it.",
       .min_positionals = 1,
       .max_positionals = 8,
@@ -181,13 +232,14 @@ static int data_inspect(int argc, char **argv) {
 
   mp_error err = MP_ERROR_INITIALIZER;
   int64_t vocab = 0;
-  if (cli_int(&command, "vocab", 1, MP_TOKEN_SHARD_MAX_VOCAB, &vocab, &err) != MP_OK) {
+  if (cli_int(&command, "vocab", 1, MP_TOKEN_SHARD_U32_MAX_VOCAB, &vocab, &err) != MP_OK) {
     return cli_report(&command, &err);
   }
-  if (vocab > MP_TOKEN_SHARD_MAX_VOCAB) {
+  if (vocab > MP_TOKEN_SHARD_U32_MAX_VOCAB) {
     mp_fail(&err, MP_ERR_INPUT,
-            "--vocab: must be at most %d (a token shard stores ids as uint16), got %lld",
-            MP_TOKEN_SHARD_MAX_VOCAB, (long long)vocab);
+            "--vocab: must be at most %lld (a token shard stores ids as uint32 at most), got "
+            "%lld",
+            (long long)MP_TOKEN_SHARD_U32_MAX_VOCAB, (long long)vocab);
     return cli_report(&command, &err);
   }
   int64_t total_tokens = 0;

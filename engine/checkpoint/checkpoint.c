@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "engine/checkpoint/checkpoint_internal.h"
+#include "engine/data/data_loader.h"
 
 void ck_view_free(rank_view *view) {
   for (int c = 0; c < view->num_chunks && view->chunks != NULL; ++c) {
@@ -214,12 +215,44 @@ static mp_status read_view(ck_shard_reader *reader, const rank_view *view, float
   return MP_OK;
 }
 
+/* The data order a checkpoint's batches were drawn in (data_loader.h): $.data.order, or 1 (the
+ * Fisher-Yates shuffle) in manifests written before the order was recorded. */
+static mp_status check_data_order(const ck_manifest *mf, mp_error *err) {
+  const cJSON *data = cJSON_GetObjectItemCaseSensitive(mf->root, "data");
+  const cJSON *order = cJSON_GetObjectItemCaseSensitive(data, "order");
+  int64_t saved = MP_DATA_ORDER_FISHER_YATES;
+  if (order != NULL) {
+    if (!cJSON_IsNumber(order) || order->valuedouble != (double)(int64_t)order->valuedouble) {
+      return mp_fail(err, MP_ERR_INPUT, "%s: $.data.order must be a whole number", mf->file);
+    }
+    saved = (int64_t)order->valuedouble;
+  }
+  if (saved == MP_DATA_ORDER_VERSION) return MP_OK;
+  if (saved > MP_DATA_ORDER_VERSION) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "checkpoint %s was written with data order %lld; this mpengine reads data "
+                   "order %d (%s) only: resume it with the newer mpengine that wrote it",
+                   mf->path, (long long)saved, MP_DATA_ORDER_VERSION, MP_DATA_ORDER_NAME);
+  }
+  return mp_fail(err, MP_ERR_INPUT,
+                 "checkpoint %s was written with data order %lld%s; this mpengine reads data "
+                 "order %d (%s), which draws other batches from the same seed, so the run cannot "
+                 "continue exactly. Finish that run with the mpengine that wrote it, or start a "
+                 "new run from its weights: `mpengine export --checkpoint %s --out model.bin` "
+                 "(or `--format hf --out HF_DIR`), then `mpengine run --init-from` that file or "
+                 "directory",
+                 mf->path, (long long)saved,
+                 saved == MP_DATA_ORDER_FISHER_YATES ? " (Fisher-Yates)" : "",
+                 MP_DATA_ORDER_VERSION, MP_DATA_ORDER_NAME, mf->path);
+}
+
 /* A resume continues the saved run: the same batch and seed (the data order depends on them),
  * and unless override_training the same training settings (ck_training_keys), every one that
  * differs named with both values. A flat plan's missing setting is not compared. */
 static mp_status check_run(const ck_manifest *mf, const mp_plan *plan, bool override_training,
                            mp_error *err) {
   const ck_saved_plan *saved = &mf->plan;
+  MP_TRY(check_data_order(mf, err));
   if (saved->global_batch != plan->global_batch || saved->seq_len != plan->seq_len) {
     return mp_fail(err, MP_ERR_INPUT,
                    "%s was saved with global batch %lld x seq_len %lld, %s has %lld x %lld; "

@@ -20,6 +20,7 @@
 
 #include "common/atomic_file.h"
 #include "engine/checkpoint/checkpoint_internal.h"
+#include "engine/data/data_loader.h"
 #include "engine/model/stage_cpu.h"
 #include "tensor_parallel/shard.h"
 
@@ -328,6 +329,10 @@ static void manifest_header(cJSON *root, const mp_checkpoint_context *ctx,
   cJSON_AddNumberToObject(data, "global_batch", (double)plan->global_batch);
   cJSON_AddNumberToObject(data, "seq_len", (double)plan->seq_len);
   cJSON_AddNumberToObject(data, "next_step", (double)step);
+  /* Which order the samples are drawn in (data_loader.h): a resume under another order would
+   * draw other batches, so it is refused (check_run). */
+  cJSON_AddNumberToObject(data, "order", MP_DATA_ORDER_VERSION);
+  cJSON_AddStringToObject(data, "order_name", MP_DATA_ORDER_NAME);
   cJSON_AddStringToObject(data, "note",
                           "the batch of a step is a pure function of (seed, step): the position "
                           "is the step");

@@ -2,9 +2,11 @@
  * engine/data/data_loader.c — stateless batches over a token stream; see data_loader.h for the
  * sample layout and the per-epoch order.
  *
- * All tokens are held in memory as one uint16 array (2 bytes per token: 100 M tokens = 200 MB).
- * The only state is a cache of one epoch's permutation, rebuilt from (seed, epoch) whenever a
- * call needs another epoch, so results never depend on the order of calls.
+ * The stream is a list of mapped shards (or one in-memory array), shared by reference between a
+ * loader and its held-out split, each of which reads a range of it. A window is read straight
+ * from the shard (or shards: it may span a boundary) that holds it, so memory stays bounded by
+ * one window whatever the corpus. The only state is a cache of one epoch's round keys and the
+ * window buffer, so results never depend on the order of calls.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "engine/data/data_loader.h"
@@ -15,33 +17,81 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/rng.h"
-
+#include "engine/data/sample_order.h"
 #include "engine/data/token_shard.h"
 
-struct mp_data_loader {
-  char *name;             /* the glob pattern, or the in-memory source's description */
-  char **files;           /* (num_files,) shard paths in reading order */
+/* Largest vocabulary a loader serves: its batches hold ids as int32. */
+#define kMaxLoaderVocab ((int64_t)1 << 31)
+
+/* The tokens, shared by a loader and its held-out split (whichever is freed last closes them). */
+typedef struct {
+  int references;
+  char **files;              /* (num_files,) shard paths in reading order */
+  mp_token_shard **shards;   /* (num_files,) open shards */
+  int64_t *starts;           /* (num_files + 1,) stream index of each shard's first token; the
+                                last is the stream's length */
   int num_files;
-  uint16_t *tokens;       /* (num_tokens,) the concatenated stream */
-  int64_t num_tokens;     /* N */
-  /* The cached permutation perm_e of one epoch: valid when permutation != NULL. */
-  int64_t *permutation;   /* (permutation_size,) sample index at each position of the epoch */
-  int64_t permutation_size;
-  uint64_t permutation_seed;
-  int64_t permutation_epoch;
+  uint16_t *memory;          /* (total,) in-memory tokens, checked at construction; or NULL */
+  int64_t total;             /* tokens in the stream */
+} token_stream;
+
+struct mp_data_loader {
+  char *name;              /* the glob pattern, or the in-memory source's description */
+  token_stream *stream;
+  int64_t first_token;     /* this loader's tokens are stream[first_token, first_token + N) */
+  int64_t num_tokens;      /* N */
+  /* The order of one epoch, cached: valid when has_order. */
+  bool has_order;
+  mp_sample_order order;
+  uint64_t order_seed;
+  int64_t order_epoch;
+  uint32_t *window;        /* (window_capacity,) one window's ids */
+  int64_t window_capacity;
 };
 
-/* ---- randomness: splitmix64 (Steele, Lea, Flood 2014), one stream per (seed, epoch) ---- */
+/* ---- the stream ---- */
 
-typedef mp_rng rng;
+static void stream_release(token_stream *stream) {
+  if (stream == NULL || --stream->references > 0) return;
+  for (int i = 0; i < stream->num_files; ++i) {
+    mp_token_shard_close(stream->shards[i]);
+    free(stream->files[i]);
+  }
+  free(stream->shards);
+  free(stream->files);
+  free(stream->starts);
+  free(stream->memory);
+  free(stream);
+}
 
-/* The stream that shuffles epoch `epoch`; the constant keeps it apart from the Markov source's
- * streams for the same seed. */
-static rng rng_for_epoch(uint64_t seed, int64_t epoch) {
-  const uint64_t kShuffleStream = 0x53485546464C45ull; /* "SHUFFLE" */
-  rng r = mp_rng_keyed(seed, kShuffleStream + (uint64_t)epoch * 0xD1B54A32D192ED03ull);
-  return r;
+/* Copies stream tokens [first, first + count) into dest, crossing shard boundaries. */
+static mp_status stream_read(const token_stream *stream, int64_t first, int64_t count,
+                             uint32_t *dest, mp_error *err) {
+  if (stream->memory != NULL) {
+    for (int64_t i = 0; i < count; ++i) dest[i] = stream->memory[first + i];
+    return MP_OK;
+  }
+  /* The last shard that starts at or before `first` (binary search: there may be thousands). */
+  int lo = 0, hi = stream->num_files - 1;
+  while (lo < hi) {
+    const int mid = lo + (hi - lo + 1) / 2;
+    if (stream->starts[mid] <= first) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  for (int shard = lo; count > 0; ++shard) {
+    const int64_t local = first - stream->starts[shard];
+    const int64_t available = stream->starts[shard + 1] - first;
+    if (available <= 0) continue; /* an empty shard */
+    const int64_t n = count < available ? count : available;
+    MP_TRY(mp_token_shard_read(stream->shards[shard], local, n, dest, err));
+    first += n;
+    dest += n;
+    count -= n;
+  }
+  return MP_OK;
 }
 
 /* ---- construction ---- */
@@ -59,12 +109,33 @@ static char *copy_string(const char *text) {
 
 void mp_data_loader_free(mp_data_loader *loader) {
   if (loader == NULL) return;
-  for (int i = 0; i < loader->num_files; ++i) free(loader->files[i]);
-  free(loader->files);
+  stream_release(loader->stream);
   free(loader->name);
-  free(loader->tokens);
-  free(loader->permutation);
+  free(loader->window);
   free(loader);
+}
+
+/* A loader named `name` over a new, empty stream. */
+static mp_data_loader *new_loader(const char *name) {
+  mp_data_loader *loader = calloc(1, sizeof *loader);
+  if (loader == NULL) return NULL;
+  loader->stream = calloc(1, sizeof *loader->stream);
+  loader->name = copy_string(name);
+  if (loader->stream == NULL || loader->name == NULL) {
+    mp_data_loader_free(loader);
+    return NULL;
+  }
+  loader->stream->references = 1;
+  return loader;
+}
+
+static mp_status check_loader_vocab(const char *name, int64_t vocab_size, mp_error *err) {
+  if (vocab_size < 1 || vocab_size > kMaxLoaderVocab) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "%s: vocabulary size %lld is outside 1 .. %lld (batches hold ids as int32)",
+                   name, (long long)vocab_size, (long long)kMaxLoaderVocab);
+  }
+  return MP_OK;
 }
 
 static int compare_paths(const void *a, const void *b) {
@@ -74,6 +145,7 @@ static int compare_paths(const void *a, const void *b) {
 mp_status mp_data_loader_open_glob(const char *pattern, int64_t vocab_size, mp_data_loader **out,
                                    mp_error *err) {
   *out = NULL;
+  MP_TRY(check_loader_vocab(pattern, vocab_size, err));
   glob_t matches;
   const int found = glob(pattern, 0, NULL, &matches);
   if (found == GLOB_NOMATCH || (found == 0 && matches.gl_pathc == 0)) {
@@ -88,42 +160,34 @@ mp_status mp_data_loader_open_glob(const char *pattern, int64_t vocab_size, mp_d
                    "%s: cannot expand the pattern (%s)", pattern,
                    found == GLOB_NOSPACE ? "out of memory" : "a directory could not be read");
   }
-  mp_data_loader *loader = calloc(1, sizeof *loader);
   mp_status status = MP_OK;
-  if (loader == NULL || (loader->name = copy_string(pattern)) == NULL ||
-      (loader->files = calloc(matches.gl_pathc, sizeof *loader->files)) == NULL) {
+  mp_data_loader *loader = new_loader(pattern);
+  token_stream *stream = loader != NULL ? loader->stream : NULL;
+  const size_t n = matches.gl_pathc;
+  if (loader == NULL || (stream->files = calloc(n, sizeof *stream->files)) == NULL ||
+      (stream->shards = calloc(n, sizeof *stream->shards)) == NULL ||
+      (stream->starts = calloc(n + 1, sizeof *stream->starts)) == NULL) {
     status = out_of_memory(pattern, err);
     goto done;
   }
-  for (size_t i = 0; i < matches.gl_pathc; ++i) {
-    if ((loader->files[i] = copy_string(matches.gl_pathv[i])) == NULL) {
+  for (size_t i = 0; i < n; ++i) {
+    if ((stream->files[i] = copy_string(matches.gl_pathv[i])) == NULL) {
       status = out_of_memory(pattern, err);
       goto done;
     }
-    loader->num_files = (int)i + 1;
+    stream->num_files = (int)i + 1;
   }
   /* Byte order of the names, whatever the locale's collation, so every machine reads the same
    * stream. */
-  qsort(loader->files, (size_t)loader->num_files, sizeof *loader->files, compare_paths);
-  for (int i = 0; i < loader->num_files; ++i) {
-    uint16_t *shard = NULL;
-    int64_t count = 0;
-    status = mp_token_shard_read(loader->files[i], vocab_size, &shard, &count, err);
+  qsort(stream->files, n, sizeof *stream->files, compare_paths);
+  for (int i = 0; i < stream->num_files; ++i) {
+    status = mp_token_shard_open(stream->files[i], vocab_size, &stream->shards[i], err);
     if (status != MP_OK) goto done;
-    if (count > 0) {
-      uint16_t *grown =
-          realloc(loader->tokens, (size_t)(loader->num_tokens + count) * sizeof *grown);
-      if (grown == NULL) {
-        free(shard);
-        status = out_of_memory(pattern, err);
-        goto done;
-      }
-      loader->tokens = grown;
-      memcpy(loader->tokens + loader->num_tokens, shard, (size_t)count * sizeof *shard);
-      loader->num_tokens += count;
-    }
-    free(shard);
+    stream->starts[i] = stream->total;
+    stream->total += mp_token_shard_count(stream->shards[i]);
   }
+  stream->starts[stream->num_files] = stream->total;
+  loader->num_tokens = stream->total;
 
 done:
   globfree(&matches);
@@ -138,6 +202,7 @@ done:
 mp_status mp_data_loader_from_tokens(const uint16_t *tokens, int64_t count, int64_t vocab_size,
                                      const char *name, mp_data_loader **out, mp_error *err) {
   *out = NULL;
+  MP_TRY(check_loader_vocab(name, vocab_size, err));
   if (count < 0) {
     return mp_fail(err, MP_ERR_INPUT, "%s: negative token count %lld", name, (long long)count);
   }
@@ -150,13 +215,14 @@ mp_status mp_data_loader_from_tokens(const uint16_t *tokens, int64_t count, int6
                      (long long)vocab_size - 1);
     }
   }
-  mp_data_loader *loader = calloc(1, sizeof *loader);
-  if (loader == NULL || (loader->name = copy_string(name)) == NULL ||
-      (count > 0 && (loader->tokens = malloc((size_t)count * sizeof *tokens)) == NULL)) {
+  mp_data_loader *loader = new_loader(name);
+  if (loader == NULL ||
+      (count > 0 && (loader->stream->memory = malloc((size_t)count * sizeof *tokens)) == NULL)) {
     mp_data_loader_free(loader);
     return out_of_memory(name, err);
   }
-  if (count > 0) memcpy(loader->tokens, tokens, (size_t)count * sizeof *tokens);
+  if (count > 0) memcpy(loader->stream->memory, tokens, (size_t)count * sizeof *tokens);
+  loader->stream->total = count;
   loader->num_tokens = count;
   *out = loader;
   return MP_OK;
@@ -174,19 +240,19 @@ mp_status mp_data_loader_hold_out(mp_data_loader *loader, int64_t count, mp_data
   char name[512];
   snprintf(name, sizeof name, "%s, its last %lld tokens (held out)", loader->name,
            (long long)count);
-  /* The tokens were checked when the loader was made: copy them as they are. */
   mp_data_loader *held = calloc(1, sizeof *held);
-  if (held == NULL || (held->name = copy_string(name)) == NULL ||
-      (held->tokens = malloc((size_t)count * sizeof *held->tokens)) == NULL) {
+  if (held == NULL || (held->name = copy_string(name)) == NULL) {
     mp_data_loader_free(held);
     return out_of_memory(loader->name, err);
   }
-  memcpy(held->tokens, loader->tokens + (loader->num_tokens - count),
-         (size_t)count * sizeof *held->tokens);
+  /* The same stream, a range of it: the tokens were checked (or will be, as they are read)
+   * against the same vocabulary. */
+  held->stream = loader->stream;
+  ++loader->stream->references;
+  held->first_token = loader->first_token + loader->num_tokens - count;
   held->num_tokens = count;
   loader->num_tokens -= count;
-  free(loader->permutation); /* S changed: every epoch's order is drawn again */
-  loader->permutation = NULL;
+  loader->has_order = false; /* S changed: every epoch's order is drawn again */
   *out = held;
   return MP_OK;
 }
@@ -195,11 +261,11 @@ mp_status mp_data_loader_hold_out(mp_data_loader *loader, int64_t count, mp_data
 
 const char *mp_data_loader_name(const mp_data_loader *loader) { return loader->name; }
 
-int mp_data_loader_num_files(const mp_data_loader *loader) { return loader->num_files; }
+int mp_data_loader_num_files(const mp_data_loader *loader) { return loader->stream->num_files; }
 
 const char *mp_data_loader_file(const mp_data_loader *loader, int index) {
-  if (index < 0 || index >= loader->num_files) return NULL;
-  return loader->files[index];
+  if (index < 0 || index >= loader->stream->num_files) return NULL;
+  return loader->stream->files[index];
 }
 
 int64_t mp_data_loader_num_tokens(const mp_data_loader *loader) { return loader->num_tokens; }
@@ -230,35 +296,18 @@ int64_t mp_data_loader_epoch(const mp_data_loader *loader, int64_t seq_len, int6
   return (step * global_batch + sample) / samples;
 }
 
-/* Makes loader->permutation perm_epoch for (seed, samples): a Fisher-Yates shuffle of
- * 0 .. samples - 1 (Durstenfeld's form, from the last position down). */
-static mp_status use_epoch(mp_data_loader *loader, uint64_t seed, int64_t samples, int64_t epoch,
-                           mp_error *err) {
-  if (loader->permutation != NULL && loader->permutation_size == samples &&
-      loader->permutation_seed == seed && loader->permutation_epoch == epoch) {
-    return MP_OK;
+/* The sample at `position` of the endless sequence of epochs, through the cached order. */
+static int64_t sample_at(mp_data_loader *loader, uint64_t seed, int64_t samples,
+                         int64_t position) {
+  const int64_t epoch = position / samples;
+  if (!loader->has_order || loader->order.samples != samples || loader->order_seed != seed ||
+      loader->order_epoch != epoch) {
+    mp_sample_order_init(&loader->order, seed, epoch, samples);
+    loader->order_seed = seed;
+    loader->order_epoch = epoch;
+    loader->has_order = true;
   }
-  if (loader->permutation == NULL || loader->permutation_size != samples) {
-    free(loader->permutation);
-    loader->permutation = malloc((size_t)samples * sizeof *loader->permutation);
-    if (loader->permutation == NULL) {
-      return mp_fail(err, MP_ERR_RUNTIME, "%s: out of memory for the order of %lld samples",
-                     loader->name, (long long)samples);
-    }
-  }
-  int64_t *perm = loader->permutation;
-  for (int64_t i = 0; i < samples; ++i) perm[i] = i;
-  rng r = rng_for_epoch(seed, epoch);
-  for (int64_t i = samples - 1; i > 0; --i) {
-    const int64_t j = (int64_t)mp_rng_below(&r, (uint64_t)i + 1);
-    const int64_t swap = perm[i];
-    perm[i] = perm[j];
-    perm[j] = swap;
-  }
-  loader->permutation_size = samples;
-  loader->permutation_seed = seed;
-  loader->permutation_epoch = epoch;
-  return MP_OK;
+  return mp_sample_order_at(&loader->order, position % samples);
 }
 
 mp_status mp_data_loader_batch(mp_data_loader *loader, uint64_t seed, int64_t seq_len,
@@ -284,17 +333,27 @@ mp_status mp_data_loader_batch(mp_data_loader *loader, uint64_t seed, int64_t se
     return mp_fail(err, MP_ERR_INPUT, "%s: step %lld x global batch %lld overflows 64 bits",
                    loader->name, (long long)step, (long long)global_batch);
   }
+  const int64_t window_tokens = seq_len + 1;
+  if (loader->window_capacity < window_tokens) {
+    uint32_t *grown = realloc(loader->window, (size_t)window_tokens * sizeof *grown);
+    if (grown == NULL) {
+      return mp_fail(err, MP_ERR_RUNTIME, "%s: out of memory for a window of %lld tokens",
+                     loader->name, (long long)window_tokens);
+    }
+    loader->window = grown;
+    loader->window_capacity = window_tokens;
+  }
   const int64_t samples = mp_data_loader_num_samples(loader, seq_len);
   for (int64_t row = 0; row < num_samples; ++row) {
     const int64_t position = step * global_batch + first_sample + row;
-    MP_TRY(use_epoch(loader, seed, samples, position / samples, err));
-    const int64_t sample = loader->permutation[position % samples];
-    const uint16_t *window = loader->tokens + sample * seq_len; /* seq_len + 1 tokens */
+    const int64_t sample = sample_at(loader, seed, samples, position);
+    MP_TRY(stream_read(loader->stream, loader->first_token + sample * seq_len, window_tokens,
+                       loader->window, err));
     int32_t *input_row = inputs + row * seq_len;
     int32_t *target_row = targets + row * seq_len;
     for (int64_t t = 0; t < seq_len; ++t) {
-      input_row[t] = window[t];
-      target_row[t] = window[t + 1];
+      input_row[t] = (int32_t)loader->window[t];
+      target_row[t] = (int32_t)loader->window[t + 1];
     }
   }
   return MP_OK;

@@ -19,11 +19,17 @@
  *
  * Order: the global batch of step s, size G, is positions p = s G + j for j = 0 .. G - 1 of an
  * endless sequence of epochs; position p belongs to epoch e = p / S and is sample
- * perm_e[p mod S], where perm_e is a Fisher-Yates shuffle of 0 .. S - 1 driven by a splitmix64
- * stream seeded with (seed, e). So every sample appears exactly once per epoch, the order changes
- * every epoch (PyTorch's DistributedSampler with set_epoch, without its padding: epochs are
- * whole because positions flow on into the next epoch rather than being dropped), and a batch
- * may straddle two epochs.
+ * order_e(p mod S), where order_e is a keyed bijection of 0 .. S - 1 computed per position
+ * (sample_order.h: a cycle-walking Feistel permutation keyed by (seed, e)). So every sample
+ * appears exactly once per epoch, the order changes every epoch (PyTorch's DistributedSampler
+ * with set_epoch, without its padding: epochs are whole because positions flow on into the next
+ * epoch rather than being dropped), and a batch may straddle two epochs. This is data order
+ * MP_DATA_ORDER_VERSION; checkpoints record it, and a resume refuses another.
+ *
+ * Memory: nothing grows with the corpus. Shards are opened (header and size checked) and mapped,
+ * never read whole; a call reads only the windows of the rows it asks for (token_shard.h), and
+ * checks their ids then; the order is computed, never stored. A held-out split is a range of the
+ * same stream, not a copy.
  */
 #ifndef MPENGINE_ENGINE_DATA_LOADER_H
 #define MPENGINE_ENGINE_DATA_LOADER_H
@@ -38,10 +44,18 @@ extern "C" {
 
 typedef struct mp_data_loader mp_data_loader;
 
-/* Opens every file matching the glob pattern (glob(3): *, ?, [...]), sorted by name, and reads
- * and validates each as an llm.c token shard against vocab_size (see token_shard.h). Fails with
- * MP_ERR_INPUT naming the pattern when nothing matches, or the first bad shard's own error;
- * MP_ERR_RUNTIME when memory runs out. On success *out is freed with mp_data_loader_free. */
+/* The data order this loader draws, recorded in checkpoints ($.data.order): 1 was a Fisher-Yates
+ * shuffle of each epoch, materialised; 2 is the Feistel order of sample_order.h. */
+enum { MP_DATA_ORDER_FISHER_YATES = 1, MP_DATA_ORDER_FEISTEL = 2 };
+#define MP_DATA_ORDER_VERSION MP_DATA_ORDER_FEISTEL
+#define MP_DATA_ORDER_NAME "Feistel"
+
+/* Opens every file matching the glob pattern (glob(3): *, ?, [...]), sorted by name, as llm.c
+ * token shards of uint16 or uint32 ids for a vocabulary of vocab_size ids (1 .. 2^31, so that an
+ * id fits the int32 batches): each header and size is checked now (token_shard.h), each id when
+ * a window holding it is read. Fails with MP_ERR_INPUT naming the pattern when nothing matches,
+ * or the first bad shard's own error; MP_ERR_RUNTIME when memory runs out. On success *out is
+ * freed with mp_data_loader_free. */
 mp_status mp_data_loader_open_glob(const char *pattern, int64_t vocab_size, mp_data_loader **out,
                                    mp_error *err);
 
@@ -52,17 +66,19 @@ mp_status mp_data_loader_from_tokens(const uint16_t *tokens, int64_t count, int6
 
 void mp_data_loader_free(mp_data_loader *loader);
 
-/* Splits the last `count` tokens off the stream into a loader of their own (*out, a copy), for a
- * held-out loss: `loader` keeps the first N - count tokens, so no training batch ever reads one
- * of them (a window never crosses the cut: the held-out part is a stream of its own). MP_ERR_INPUT
- * when count is not in 1 .. N - 1. */
+/* Splits the last `count` tokens off the stream into a loader of their own (*out), for a held-out
+ * loss: `loader` keeps the first N - count tokens, so no training batch ever reads one of them (a
+ * window never crosses the cut: the held-out part is a stream of its own). Both read the same
+ * shards (or tokens), which stay open until both are freed, in either order; nothing is copied.
+ * MP_ERR_INPUT when count is not in 1 .. N - 1. */
 mp_status mp_data_loader_hold_out(mp_data_loader *loader, int64_t count, mp_data_loader **out,
                                   mp_error *err);
 
 /* What the tokens came from: the glob pattern, or the name given to from_tokens. */
 const char *mp_data_loader_name(const mp_data_loader *loader);
 
-/* Number of shard files (0 for in-memory tokens), and the i-th in the order they are read. */
+/* Number of shard files (0 for in-memory tokens), and the i-th in the order they are read (a
+ * held-out split lists the files of the stream it is a range of). */
 int mp_data_loader_num_files(const mp_data_loader *loader);
 const char *mp_data_loader_file(const mp_data_loader *loader, int index);
 
@@ -86,11 +102,12 @@ int64_t mp_data_loader_epoch(const mp_data_loader *loader, int64_t seq_len, int6
  *   inputs  (num_samples, T) int32   tokens [k T, k T + T)       of each row's sample k
  *   targets (num_samples, T) int32   tokens [k T + 1, k T + T]   the next token of each input
  * The result depends only on (tokens, seed, seq_len, global_batch, step, first_sample,
- * num_samples), never on earlier calls. The loader caches the permutation of the last epoch it
- * used, so one loader must not be shared between threads without a lock. Fails with
- * MP_ERR_INPUT when the stream holds no sample (see mp_data_loader_check), or step < 0,
- * global_batch < 1, or the rows are not inside 0 .. global_batch - 1; MP_ERR_RUNTIME when
- * memory for the permutation runs out. */
+ * num_samples), never on earlier calls. It reads only those rows' windows. The loader caches the
+ * round keys of the last epoch it used and a window's buffer, so one loader must not be shared
+ * between threads without a lock. Fails with MP_ERR_INPUT when the stream holds no sample (see
+ * mp_data_loader_check), or step < 0, global_batch < 1, or the rows are not inside
+ * 0 .. global_batch - 1, or a window holds an id outside the vocabulary (the shard's message:
+ * file, token index, byte offset); MP_ERR_RUNTIME when memory for a window runs out. */
 mp_status mp_data_loader_batch(mp_data_loader *loader, uint64_t seed, int64_t seq_len,
                                int64_t global_batch, int64_t step, int64_t first_sample,
                                int64_t num_samples, int32_t *inputs, int32_t *targets,

@@ -423,6 +423,15 @@ TEST(Checkpoint, ReadsVersionOne) {
   int64_t step = 0;
   ASSERT_EQ(mp_checkpoint_find_latest(dir.c_str(), path, sizeof path, &step, &b.err), MP_OK);
   mp_checkpoint_context ctx_b = b.context();
+  // As the previous mpengine wrote it, it drew data order 1 (no $.data.order): a resume is
+  // refused, naming the order.
+  EXPECT_EQ(mp_checkpoint_load(path, &ctx_b, &step, &b.err), MP_ERR_INPUT);
+  EXPECT_NE(std::string(b.err.message).find("was written with data order 1 (Fisher-Yates)"),
+            std::string::npos)
+      << b.err.message;
+  // Its tensors read exactly once it says it drew today's order (as if saved by a run of it).
+  manifest.insert(manifest.size() - 2, ",\n \"data\": {\"order\": 2}");
+  write_file(ck + "/manifest.json", manifest);
   ASSERT_EQ(mp_checkpoint_load(path, &ctx_b, &step, &b.err), MP_OK) << b.err.message;
   EXPECT_EQ(step, 3);
   EXPECT_EQ(b.state(), saved);
@@ -595,6 +604,62 @@ TEST(Checkpoint, ReadsTheFlatPlanOfEarlierManifests) {
             MP_ERR_INPUT);
   EXPECT_EQ(std::string(a.err.message),
             "ck/manifest.json $.plan: $.parallel.tp: must be a positive integer, got 0");
+}
+
+// The manifest records the data order (data_loader.h); a checkpoint of another order, or of the
+// Fisher-Yates order of mpengines before it was recorded, is refused at resume with what to do.
+TEST(Checkpoint, ResumeRefusesAnotherDataOrder) {
+  const std::string dir = temp_dir();
+  Job a, b;
+  ASSERT_TRUE(a.make(kTiny)) << a.err.message;
+  ASSERT_TRUE(b.make(kTiny)) << b.err.message;
+  mp_step_metrics metrics;
+  ASSERT_EQ(mp_trainer_step(a.trainer, 0, &metrics, &a.err), MP_OK);
+  mp_checkpoint_context ctx = a.context();
+  ASSERT_EQ(mp_checkpoint_save(dir.c_str(), 1, 0, &ctx, &a.err), MP_OK) << a.err.message;
+  const std::string ck = dir + "/step-1";
+  const std::string file = ck + "/manifest.json";
+  cJSON *root = cJSON_Parse(read_text(file).c_str());
+  ASSERT_NE(root, nullptr);
+  cJSON *data = cJSON_GetObjectItemCaseSensitive(root, "data");
+  EXPECT_EQ(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(data, "order")), 2);
+  EXPECT_STREQ(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(data, "order_name")),
+               "Feistel");
+  auto with_order = [&](cJSON *order) {
+    if (order == nullptr) {
+      cJSON_DeleteItemFromObjectCaseSensitive(data, "order");
+    } else if (cJSON_HasObjectItem(data, "order")) {
+      cJSON_ReplaceItemInObjectCaseSensitive(data, "order", order);
+    } else {
+      cJSON_AddItemToObject(data, "order", order);
+    }
+    char *text = cJSON_Print(root);
+    write_file(file, text);
+    free(text);
+  };
+  mp_checkpoint_context ctx_b = b.context();
+  int64_t step = 0;
+  with_order(nullptr);  // as mpengines before data order 2 wrote it
+  EXPECT_EQ(mp_checkpoint_load(ck.c_str(), &ctx_b, &step, &b.err), MP_ERR_INPUT);
+  EXPECT_EQ(std::string(b.err.message),
+            "checkpoint " + ck + " was written with data order 1 (Fisher-Yates); this mpengine "
+            "reads data order 2 (Feistel), which draws other batches from the same seed, so the "
+            "run cannot continue exactly. Finish that run with the mpengine that wrote it, or "
+            "start a new run from its weights: `mpengine export --checkpoint " + ck +
+            " --out model.bin` (or `--format hf --out HF_DIR`), then `mpengine run --init-from` "
+            "that file or directory");
+  with_order(cJSON_CreateNumber(3));
+  EXPECT_EQ(mp_checkpoint_load(ck.c_str(), &ctx_b, &step, &b.err), MP_ERR_INPUT);
+  EXPECT_EQ(std::string(b.err.message),
+            "checkpoint " + ck + " was written with data order 3; this mpengine reads data order "
+            "2 (Feistel) only: resume it with the newer mpengine that wrote it");
+  with_order(cJSON_CreateString("2"));
+  EXPECT_EQ(mp_checkpoint_load(ck.c_str(), &ctx_b, &step, &b.err), MP_ERR_INPUT);
+  EXPECT_EQ(std::string(b.err.message), file + ": $.data.order must be a whole number");
+  with_order(cJSON_CreateNumber(2));
+  EXPECT_EQ(mp_checkpoint_load(ck.c_str(), &ctx_b, &step, &b.err), MP_OK) << b.err.message;
+  EXPECT_EQ(step, 1);
+  cJSON_Delete(root);
 }
 
 }  // namespace

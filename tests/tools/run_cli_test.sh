@@ -89,6 +89,24 @@ $mpengine data synth --out "$tmp/wide.bin" --vocab 300 --tokens 5000 > /dev/null
 expect 2 "$tmp/wide.bin: token" -- $mpengine run --config "$tmp/plan.json" --data "$tmp/wide.bin"
 head -c 2000 "$tmp/train.bin" > "$tmp/short.bin"
 expect 2 "$tmp/short.bin:" -- $mpengine run --config "$tmp/plan.json" --data "$tmp/short.bin"
+# uint32 shards (magic 20240801) for a vocabulary over 65,536: ids are checked against the
+# model's vocab_size as windows are read; one past it is named with its file and byte offset.
+sed 's/"vocab_size": 128/"vocab_size": 70000/' examples/models/tiny-gpt.json > "$tmp/wide-vocab.json"
+plan "$tmp/wide-plan.json" wide-vocab.json
+python3 - "$tmp" <<'PY'
+import struct, sys
+def shard(path, ids):
+    header = [0] * 256
+    header[0:3] = [20240801, 7, len(ids)]
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", *header) + struct.pack("<%dI" % len(ids), *ids))
+shard(sys.argv[1] + "/u32.bin", [(i * 7919) % 70000 for i in range(5000)])
+shard(sys.argv[1] + "/u32_over.bin", [70000] * 5000)
+PY
+expect 0 "data: $tmp/u32.bin (1 file), 5000 tokens" "step 3/3 | loss " -- \
+  $mpengine run --config "$tmp/wide-plan.json" --data "$tmp/u32.bin"
+expect 2 "$tmp/u32_over.bin: token id 70000 at token " "is outside the vocabulary of 70000 ids" -- \
+  $mpengine run --config "$tmp/wide-plan.json" --data "$tmp/u32_over.bin"
 
 # llm.c checkpoints: our own export of the initial weights loads; another model's is refused.
 expect 0 "wrote $tmp/dump/{model.bin, grads.bin, tokens.bin, loss.txt}" -- $mpengine bench step examples/models/tiny-gpt.json --micro-batch 1 --seq-len 16 --steps 1 --dump "$tmp/dump"
