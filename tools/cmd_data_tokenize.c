@@ -417,11 +417,12 @@ static mp_status expand_inputs(const cli_command *command, char ***out_paths, in
       const char *path = from_glob ? matches.gl_pathv[i] : arg;
       struct stat info;
       if (strcmp(path, "-") != 0 && stat(path, &info) == 0 && S_ISDIR(info.st_mode)) {
+        mp_fail(err, MP_ERR_INPUT, "%s: is a directory (name its files, or a quoted glob such "
+                "as '%s/*.txt')", path, path);
         if (from_glob) globfree(&matches);
         for (int j = 0; j < count; ++j) free(paths[j]);
         free(paths);
-        return mp_fail(err, MP_ERR_INPUT, "%s: is a directory (name its files, or a quoted "
-                       "glob such as '%s/*.txt')", path, path);
+        return MP_ERR_INPUT;
       }
       if (count == capacity) {
         capacity = capacity == 0 ? 64 : 2 * capacity;
