@@ -60,7 +60,7 @@ json=(common/error.c common/json_reader.c)
 sources_model_json=("${json[@]}" topology/model.c topology/layer_cost.c)
 sources_cluster_json=("${json[@]}" topology/cluster.c topology/cluster_presets.c)
 sources_plan_json=("${json[@]}" topology/plan.c topology/layer_cost.c topology/model.c)
-sources_token_shard=(common/error.c engine/data/token_shard.c)
+sources_token_shard=(common/error.c common/atomic_file.c engine/data/token_shard.c)
 sources_llmc_checkpoint=("${json[@]}" topology/model.c engine/model/param_layout.c engine/weights/llmc_file.c common/float16.c engine/model/param_init.c
   common/rng.c common/atomic_file.c)
 # The manifest checks live with the rest of the on-disk format in checkpoint_format.c, which calls
