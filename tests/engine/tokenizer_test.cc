@@ -141,7 +141,8 @@ TEST_P(TokenizerGolden, EveryTestDocumentOfTheFortunes) {
     if (it == files.end()) {
       std::string bytes = ReadFile(std::string(kFortunes) + "/" + path);
       ASSERT_FALSE(bytes.empty()) << kFortunes << "/" << path
-                                  << " is missing: tools/setup.sh installs the fortunes packages";
+                                  << " is missing: install the fortunes packages (tools/setup.sh; "
+                                     "eo-iso3/ is Debian's fortunes-eo-iso3)";
       it = files.emplace(path, bytes).first;
     }
     ASSERT_LE(offset + length, it->second.size()) << path << ": changed since the goldens";
