@@ -50,6 +50,7 @@ struct mp_bpe_scratch {
 };
 
 bool mp_token_ids_append(mp_token_ids *out, const uint32_t *ids, size_t count) {
+  if (count == 0) return true;
   if (out->count + count > out->capacity) {
     size_t capacity = out->capacity == 0 ? 256 : out->capacity;
     while (capacity < out->count + count) capacity *= 2;
@@ -228,7 +229,7 @@ static void cache_put(mp_bpe_scratch *s, const char *word, size_t bytes, bool by
   e->byte_level = byte_level;
   memcpy(s->keys + s->keys_bytes, word, bytes);
   s->keys_bytes += bytes;
-  memcpy(s->ids + s->ids_count, ids, count * sizeof *ids);
+  if (count > 0) memcpy(s->ids + s->ids_count, ids, count * sizeof *ids);
   s->ids_count += count;
   size_t slot = hash & s->slot_mask;
   while (s->slots[slot] != 0) slot = (slot + 1) & s->slot_mask;
@@ -350,7 +351,7 @@ static mp_status initial_symbols(const mp_bpe *bpe, mp_bpe_scratch *s, const cha
         return mp_fail(err, MP_ERR_INPUT, "tokenizer: continuing_subword_prefix or "
                        "end_of_word_suffix longer than %zu bytes", sizeof piece - 8);
       }
-      memcpy(piece, bpe->continuing_subword_prefix, p);
+      if (p > 0) memcpy(piece, bpe->continuing_subword_prefix, p);
       memcpy(piece + p, text + i, length);
       if (q > 0) memcpy(piece + p + length, bpe->end_of_word_suffix, q);
       key = piece;

@@ -67,7 +67,7 @@ static bool translate(const char *p, size_t n, mp_text_buffer *out, char *why, s
                    "PCRE2's", e, i - 1);
           return false;
         case 'u':
-          if (i + 4 < n + 0 && is_hex(p[i + 1]) && is_hex(p[i + 2]) && is_hex(p[i + 3]) &&
+          if (i + 4 < n && is_hex(p[i + 1]) && is_hex(p[i + 2]) && is_hex(p[i + 3]) &&
               is_hex(p[i + 4])) {
             mp_text_buffer_append_text(out, "\\x{");
             mp_text_buffer_append(out, p + i + 1, 4);

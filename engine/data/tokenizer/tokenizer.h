@@ -7,10 +7,18 @@
  *   - byte-level BPE behind a split regex (GPT-2; Llama 3 with `ignore_merges`; Qwen2 with NFC);
  *   - SentencePiece-style BPE: Prepend/Replace normalizers or the Metaspace pre-tokenizer, with
  *     byte fallback (`<0xNN>` tokens) and fused unknowns (Llama 2, Mistral);
- *   - added and special tokens, split out before everything else; the TemplateProcessing and
- *     ByteLevel post-processors; the decoders those files name.
- * Anything else (WordPiece, Unigram, an unknown normalizer or pre-tokenizer, an option whose value
- * would change the ids) is refused at load time, naming the JSON path: never approximated.
+ *   - added and special tokens, split out before everything else; the TemplateProcessing,
+ *     ByteLevel, RobertaProcessing and BertProcessing post-processors; the decoders those files
+ *     name.
+ * In detail: the BPE model (merges as "a b" or ["a", "b"], unk_token, fuse_unk, byte_fallback,
+ * ignore_merges, continuing_subword_prefix, end_of_word_suffix; dropout null or 0); normalizers
+ * NFC, NFD, NFKC, NFKD, Prepend, Replace, Lowercase, Strip, ByteLevel, Sequence; pre-tokenizers
+ * Split (every behavior, invert), ByteLevel, Metaspace, Digits, WhitespaceSplit,
+ * CharDelimiterSplit, Sequence; decoders ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip,
+ * Sequence. Patterns are Oniguruma's (as in `tokenizers`), run on PCRE2 (hf_regex.h).
+ * Anything else (WordPiece, Unigram, WordLevel, an unknown normalizer or pre-tokenizer, BPE
+ * dropout, truncation or padding, a pattern PCRE2 cannot match the same way) is refused at load
+ * time, naming the JSON path: never approximated.
  *
  * Text is UTF-8. Bytes that are not valid UTF-8 are read as U+FFFD, one per maximal invalid
  * subpart, exactly as Python's `bytes.decode("utf-8", "replace")` and Rust's
@@ -86,7 +94,7 @@ mp_status mp_token_encoder_encode(mp_token_encoder *encoder, const char *text, s
 
 /* Decodes count ids to UTF-8 text (`decode(ids, skip_special_tokens=...)`), malloc'ed into
  * *out_text (NUL-terminated, length in *out_bytes). MP_ERR_INPUT naming the first id that is
- * out of range. */
+ * out of range (Hugging Face silently drops such ids; a shard holding one is corrupt). */
 mp_status mp_tokenizer_decode(const mp_tokenizer *tokenizer, const uint32_t *ids, size_t count,
                               int skip_special_tokens, char **out_text, size_t *out_bytes,
                               mp_error *err);

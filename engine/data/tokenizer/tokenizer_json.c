@@ -627,7 +627,7 @@ static mp_status read_added_tokens(const loader *l, const cJSON *root, mp_tokeni
   mp_text_buffer_free(&spare);
   if (status != MP_OK) goto done;
   /* Own copies of the contents, sorted by id for lookups. */
-  qsort(by_id.items, by_id.count, sizeof *by_id.items, compare_ids);
+  if (by_id.count > 1) qsort(by_id.items, by_id.count, sizeof *by_id.items, compare_ids);
   for (size_t i = 0; i < by_id.count; i++) {
     by_id.items[i].content = copy_text(by_id.items[i].content);
     if (by_id.items[i].content == NULL) {
@@ -655,6 +655,7 @@ typedef struct {
 } id_frame;
 
 static bool append_ids(uint32_t **ids, size_t *count, const uint32_t *more, size_t more_count) {
+  if (more_count == 0) return true;
   uint32_t *grown = realloc(*ids, (*count + more_count + 1) * sizeof *grown);
   if (grown == NULL) return false;
   memcpy(grown + *count, more, more_count * sizeof *more);

@@ -107,6 +107,10 @@ size_t mp_utf8_valid_prefix(const char *text, size_t bytes) {
 
 void mp_utf8_append_lossy(mp_text_buffer *out, const char *text, size_t bytes) {
   static const char replacement[3] = {(char)0xEF, (char)0xBF, (char)0xBD};
+  if (bytes == 0) {
+    mp_text_buffer_append(out, "", 0); /* text may be NULL */
+    return;
+  }
   const unsigned char *s = (const unsigned char *)text;
   size_t i = 0;
   while (i < bytes) {
