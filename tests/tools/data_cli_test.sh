@@ -76,9 +76,10 @@ expect 2 "--successors: must be at least 2, got 1" -- \
 expect 2 "$tmp/no_dir/x.bin: cannot create: No such file or directory" -- \
   $mpengine data synth --out "$tmp/no_dir/x.bin" --vocab 64
 [ -e "$tmp/x.bin" ] && fail "a failed synth left $tmp/x.bin"
-expect 2 "mpengine data: missing action: synth or inspect" -- $mpengine data
+expect 2 "mpengine data: missing action: tokenize, decode, synth or inspect" -- $mpengine data
 expect 2 "mpengine data: unknown action 'synt'; did you mean 'synth'?" -- $mpengine data synt
-expect 0 "usage: mpengine data synth" "mpengine data inspect FILE|GLOB..." -- $mpengine data --help
+expect 0 "usage: mpengine data tokenize --tokenizer" "mpengine data decode" "mpengine data inspect FILE|GLOB..." "uint32 for vocabularies over 65,536" -- $mpengine data --help
+expect 2 "did you mean 'decode'" -- $mpengine data decod
 expect 0 "usage: mpengine data synth --out FILE --vocab V" "--successors K" -- \
   $mpengine data synth --help
 
