@@ -245,7 +245,9 @@ int cmd_sample(int argc, char **argv) {
     goto fail;
   }
   memcpy(sequence, separator, (size_t)separator_count * sizeof *sequence);
-  memcpy(sequence + separator_count, prompt_ids.ids, prompt_ids.count * sizeof *sequence);
+  if (prompt_ids.count > 0) {
+    memcpy(sequence + separator_count, prompt_ids.ids, prompt_ids.count * sizeof *sequence);
+  }
 
   /* The window: as long as prompt and completion, up to the model's context. */
   const mp_tp_comm single = mp_tp_comm_single();
