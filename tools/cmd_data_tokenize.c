@@ -362,6 +362,31 @@ static void output_free(tokenize_output *output) {
   free(output->written_tokens);
 }
 
+/* Creates the directories PREFIX's shards go in, as llm.c's scripts create their data directory;
+ * an existing one is fine. */
+static mp_status make_prefix_directory(const char *prefix, mp_error *err) {
+  char path[4096];
+  if (snprintf(path, sizeof path, "%s", prefix) >= (int)sizeof path) {
+    return mp_fail(err, MP_ERR_INPUT, "--out %s: the path is too long", prefix);
+  }
+  char *slash = strrchr(path, '/');
+  if (slash == NULL || slash == path) return MP_OK;
+  *slash = '\0';
+  for (char *cursor = path + 1; ; ++cursor) {
+    const int end = *cursor == '\0';
+    if (*cursor == '/' || end) {
+      *cursor = '\0';
+      if (mkdir(path, 0777) != 0 && errno != EEXIST) {
+        return mp_fail(err, MP_ERR_INPUT, "--out %s: cannot create the directory %s: %s", prefix,
+                       path, strerror(errno));
+      }
+      if (end) break;
+      *cursor = '/';
+    }
+  }
+  return MP_OK;
+}
+
 /* Refuses to run when shards of this prefix exist already, unless overwriting was asked for. */
 static mp_status check_prefix_free(const char *prefix, int overwrite, mp_error *err) {
   char pattern[4200];
@@ -521,7 +546,8 @@ int data_tokenize(int argc, char **argv) {
   }
   mp_tokenizer *tokenizer = NULL;
   if (mp_tokenizer_load(tokenizer_path, &tokenizer, &err) != MP_OK ||
-      check_prefix_free(prefix, cli_flag(&command, "overwrite"), &err) != MP_OK) {
+      check_prefix_free(prefix, cli_flag(&command, "overwrite"), &err) != MP_OK ||
+      make_prefix_directory(prefix, &err) != MP_OK) {
     for (int i = 0; i < num_paths; ++i) free(paths[i]);
     free(paths);
     mp_tokenizer_free(tokenizer);

@@ -87,6 +87,10 @@ head -c "$(stat -c %s "$tmp/globbed/a.txt")" "$tmp/decoded.txt" | cmp -s - "$tmp
 expect 0 "<|endoftext|>A" \
   -- "$mpengine" data decode --tokenizer "$tokenizers/gpt2_style" --ids 4000,32
 
+# The prefix's directories are made, as llm.c's scripts make their data directory.
+expect 0 "wrote $tmp/made/for/it/p_train_000000.bin" \
+  -- "$mpengine" data tokenize --tokenizer "$tokenizers/gpt2_style" --out "$tmp/made/for/it/p" "$tmp/globbed/a.txt"
+
 # Nothing a user wrote is replaced; a failure leaves no shard of its own.
 expect 2 "--out $tmp/gpt2_style: $tmp/gpt2_style_train_000001.bin exists (7 shards of that prefix)" "pass --overwrite" \
   -- "$mpengine" data tokenize --tokenizer "$tokenizers/gpt2_style" --out "$tmp/gpt2_style" "${inputs[@]}"
