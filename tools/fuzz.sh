@@ -10,7 +10,7 @@
 #   --merge    after fuzzing, add to the committed corpus the new inputs that reach new coverage
 #              (libFuzzer's -merge=1; existing files stay); review the diff before committing
 #   TARGET     model_json cluster_json plan_json token_shard llmc_checkpoint checkpoint_manifest
-#              trace_json safetensors
+#              trace_json safetensors tokenizer_json
 #              (default: all)
 #
 # Work files (binaries, new inputs, logs, crash-* reproducers) go to $FUZZ_WORK (default
@@ -35,7 +35,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 all_targets=(model_json cluster_json plan_json token_shard llmc_checkpoint checkpoint_manifest
-  trace_json safetensors)
+  trace_json safetensors tokenizer_json)
 if [ ${#targets[@]} -eq 0 ]; then targets=("${all_targets[@]}"); fi
 
 CLANG=${CLANG:-clang}
@@ -73,16 +73,19 @@ sources_trace_json=("${json[@]}" engine/trace/trace_reader.c schedules/schedule.
   schedules/timeline_svg.c schedules/timeline_chrome.c)
 # The safetensors reader and writer (the target writes accepted files back through the writer).
 sources_safetensors=("${json[@]}" common/atomic_file.c engine/weights/safetensors.c)
+# Hugging Face tokenizer.json files, loaded, encoded and decoded.
+sources_tokenizer_json=("${json[@]}" common/text_buffer.c $(ls engine/data/tokenizer/*.c))
 # Largest input worth trying: JSON files of a few KiB; a whole valid shard of a few hundred
 # tokens; a whole fp32 checkpoint of the tiny fuzz layout (3120 bytes) with room to spare; a whole
 # manifest of tiny-gpt at tp = 2 (19 KB); a trace of a few steps of a small pipeline (2 to 11 KB);
-# the safetensors goldens (0.7 to 8.4 KB).
+# the safetensors goldens (0.7 to 8.4 KB); the cut-down tokenizer.json seeds (5 to 7 KB).
 declare -A max_len=([model_json]=4096 [cluster_json]=4096 [plan_json]=4096 [token_shard]=4096
-  [llmc_checkpoint]=4096 [checkpoint_manifest]=32768 [trace_json]=16384 [safetensors]=16384)
+  [llmc_checkpoint]=4096 [checkpoint_manifest]=32768 [trace_json]=16384 [safetensors]=16384
+  [tokenizer_json]=16384)
 
 cflags=(-g -O1 -std=gnu11 -I. -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
   -fno-omit-frame-pointer)
-libs=(-lcjson -lopenblas -lm)
+libs=(-lcjson -lopenblas -lpcre2-8 -licuuc -licudata -lm)
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export OPENBLAS_NUM_THREADS=1

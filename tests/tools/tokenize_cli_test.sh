@@ -116,6 +116,15 @@ expect 2 "$tmp/globbed: is a directory" \
 printf '{"version": "1.0", "model": {"type": "WordPiece", "vocab": {"a": 0}}}\n' > "$tmp/wordpiece.json"
 expect 2 "$tmp/wordpiece.json" "\$.model.type" "WordPiece" \
   -- "$mpengine" data tokenize --tokenizer "$tmp/wordpiece.json" --out "$tmp/bad" "${inputs[@]}"
+cat > "$tmp/template.json" <<'JSON'
+{"version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null,
+ "pre_tokenizer": null, "decoder": null, "model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []},
+ "post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+   {"Sequence": {"id": "A", "type_id": 0}}], "pair": [],
+   "special_tokens": {"<s>": {"id": "<s>", "ids": [7], "tokens": ["<s>"]}}}}
+JSON
+expect 2 "$tmp/template.json: \$.post_processor: the template's special token id 7 is no token of the vocabulary" \
+  -- "$mpengine" data tokenize --tokenizer "$tmp/template.json" --out "$tmp/bad" "${inputs[@]}"
 expect 2 "--separator <nope>:" "has no such token" \
   -- "$mpengine" data tokenize --tokenizer "$tokenizers/gpt2_style" --separator "<nope>" --out "$tmp/bad" "${inputs[@]}"
 expect 2 "--field: only with --jsonl" \

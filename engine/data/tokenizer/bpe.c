@@ -423,7 +423,9 @@ mp_status mp_bpe_encode_word(const mp_bpe *bpe, mp_bpe_scratch *s, const char *w
     hash = mp_hash_bytes(word, bytes);
     const cache_entry *hit = cache_get(s, word, bytes, byte_level, hash);
     if (hit != NULL) {
-      if (!mp_token_ids_append(out, s->ids + hit->ids_offset, hit->ids_count)) {
+      /* A word may encode to no id at all (every symbol unknown and no unk token). */
+      if (hit->ids_count > 0 &&
+          !mp_token_ids_append(out, s->ids + hit->ids_offset, hit->ids_count)) {
         return out_of_memory(err);
       }
       return MP_OK;

@@ -886,6 +886,20 @@ static mp_status read_tokenizer(const loader *l, const cJSON *root, mp_tokenizer
     if ((int64_t)tokenizer->added.tokens[i].id + 1 > size) size = tokenizer->added.tokens[i].id + 1;
   }
   tokenizer->vocab_size = size;
+  /* HF emits a template's ids as written; one outside the vocabulary could be neither trained on
+   * nor decoded, so the file is refused rather than passed on. */
+  for (int part = 0; part < 2; part++) {
+    const uint32_t *ids = part == 0 ? tokenizer->prefix_ids : tokenizer->suffix_ids;
+    const size_t count = part == 0 ? tokenizer->prefix_count : tokenizer->suffix_count;
+    for (size_t i = 0; i < count; i++) {
+      if (mp_tokenizer_id_to_token(tokenizer, ids[i]) == NULL) {
+        return mp_fail(l->err, MP_ERR_INPUT,
+                       "%s: $.post_processor: the template's special token id %u is no token of "
+                       "the vocabulary ($.model.vocab and $.added_tokens, ids 0 .. %lld)",
+                       l->source, ids[i], (long long)size - 1);
+      }
+    }
+  }
   return MP_OK;
 }
 
