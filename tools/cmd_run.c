@@ -750,7 +750,9 @@ static mp_status open_metrics_file(const char *path, bool resume, int *fd, mp_er
 /* Fault injection, for the failure tests only (tests/tools/failure_test.sh):
  * MPENGINE_FAULT="kill:RANK:STEP" makes world rank RANK raise SIGKILL on itself just before step
  * STEP (counted from 1, as printed); "hang:RANK:STEP" makes it stop answering there (it sleeps
- * until it is killed). The other ranks then meet the lost or silent peer as in a real failure. */
+ * until it is killed). The other ranks then meet the lost or silent peer as in a real failure.
+ * A fault stands for one failure: a resumed run (--resume, or a --max-restarts restart) replays
+ * the steps after its checkpoint without it. */
 typedef struct {
   enum { FAULT_NONE, FAULT_KILL, FAULT_HANG } kind;
   long rank, step;
@@ -1179,7 +1181,7 @@ static mp_status train_steps(run_state *state, const run_options *o, const run_s
   t->saved_step = o->resume ? s->first_step : -1;
   for (t->step = s->first_step; t->step < o->steps; ++t->step) {
     const int64_t step = t->step;
-    inject_fault(&o->fault, state->rank, step);
+    if (!o->resume) inject_fault(&o->fault, state->rank, step);
     MP_TRY(mp_trainer_step(state->trainer, step, &t->metrics, err));
     t->elapsed += t->metrics.seconds;
     double memory_bytes = 0.0;
