@@ -75,6 +75,10 @@ typedef struct {
   int lost_signal;
   char lost_host[256];  /* the node mpirun names, or "" */
   char unreachable_from[256], unreachable_to[256], unreachable_why[256]; /* "" until seen */
+  /* A rank's start-up handshake that timed out (engine/comm: "rank R: start-up: no connection
+   * within T s (--comm-timeout) to world ranks A, B, ..."): the first such rank and peer. */
+  int silent_from, silent_to;
+  double silent_timeout;
 } stderr_watch;
 
 static void stderr_watch_line(stderr_watch *watch) {
@@ -101,6 +105,23 @@ static void stderr_watch_line(stderr_watch *watch) {
     const char *why = strrchr(unable, ':');
     snprintf(watch->unreachable_why, sizeof watch->unreachable_why, "%s",
              why != NULL ? why + 2 : "refused");
+  }
+  const char *startup = strstr(watch->line, ": start-up: no connection within ");
+  int peer = -1;
+  double timeout_s = 0;
+  if (startup != NULL && watch->silent_from < 0) {
+    const char *rank_text = strstr(watch->line, "rank ");
+    const char *peers = strstr(startup, " to world rank");
+    if (peers != NULL) peers += strlen(" to world rank");
+    if (peers != NULL && *peers == 's') ++peers; /* "ranks 4, 5" or "rank 4" */
+    if (rank_text != NULL && rank_text < startup && peers != NULL &&
+        sscanf(rank_text, "rank %d", &rank) == 1 &&
+        sscanf(startup, ": start-up: no connection within %lf", &timeout_s) == 1 &&
+        sscanf(peers, " %d", &peer) == 1) {
+      watch->silent_from = rank;
+      watch->silent_to = peer;
+      watch->silent_timeout = timeout_s;
+    }
   }
   watch->length = 0;
 }
@@ -370,7 +391,7 @@ int run_relaunch(cli_command *command, int argc, char **argv, int np, const char
   sigemptyset(&action.sa_mask);
   sigaction(SIGTERM, &action, NULL);
   sigaction(SIGINT, &action, NULL);
-  stderr_watch watch = {.lost_rank = -1};
+  stderr_watch watch = {.lost_rank = -1, .silent_from = -1, .silent_to = -1};
   int status = 0;
   bool exited = false, eof = false;
   /* Until mpirun has exited and its stderr is drained (a process that kept the pipe open past
@@ -453,6 +474,19 @@ int run_relaunch(cli_command *command, int argc, char **argv, int np, const char
             "them (or MPI picked the wrong interface: OMPI_MCA_btl_tcp_if_include); check "
             "every pair of hosts with `mpengine doctor%s%s`\n",
             watch.unreachable_from, watch.unreachable_to, watch.unreachable_why,
+            many_hosts ? " --hostfile " : "", many_hosts ? hosts->hostfile->path : "");
+    return CLI_EXIT_FAILURE;
+  }
+  if (watch.silent_from >= 0 && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+    char from_buffer[256], to_buffer[256];
+    const char *from = host_of_rank(hosts, watch.silent_from, from_buffer, sizeof from_buffer);
+    const char *to = host_of_rank(hosts, watch.silent_to, to_buffer, sizeof to_buffer);
+    fprintf(stderr,
+            "mpengine run: host %s (rank %d) and host %s (rank %d) could not connect within "
+            "--comm-timeout %g s at start-up, so the job stopped: a firewall between them drops "
+            "MPI's packets (or MPI picked an interface that does not connect them: "
+            "OMPI_MCA_btl_tcp_if_include); check every pair of hosts with `mpengine doctor%s%s`\n",
+            from, watch.silent_from, to, watch.silent_to, watch.silent_timeout,
             many_hosts ? " --hostfile " : "", many_hosts ? hosts->hostfile->path : "");
     return CLI_EXIT_FAILURE;
   }

@@ -61,7 +61,7 @@ bounded() {
   local took
   took=$(seconds_since "$start")
   netns_unblock node2 node1
-  echo "$name: exit $code after $took s: $(grep -m1 'mpengine run:' "$tmp/$name.log")"
+  echo "$name: exit $code after $took s: $(grep 'mpengine run:' "$tmp/$name.log" | tail -1)"
   [ "$code" -ne 0 ] && [ "$code" -ne 124 ] || fail "$name: exit $code (124: the run hung), want a failure"
   awk -v t="$took" -v m="$max" 'BEGIN { exit !(t < m) }' || fail "$name: took $took s, want < $max s"
   for word in node1 node2 "mpengine doctor"; do
@@ -73,6 +73,8 @@ bounded rejecting reject 20
 grep -qF "host node2 cannot reach host node1" "$tmp/rejecting.log" || fail "rejecting: not said in mpengine's words"
 bounded dropping drop 20
 grep -qF "start-up: no connection within 5 s (--comm-timeout)" "$tmp/dropping.log" || fail "dropping: no start-up deadline message"
+grep -q "^mpengine run: host node[12] (rank [0-9]) and host node[12] (rank [0-9]) could not connect within --comm-timeout 5 s" "$tmp/dropping.log" ||
+  fail "dropping: no summary naming both hosts; log: $(tail -3 "$tmp/dropping.log")"
 
 # 3. A rank lost on node2, and --max-restarts 1.
 run --hostfile "$tmp/hosts" --checkpoint-dir "$tmp/whole" --save-every 5 --metrics "$tmp/whole.jsonl" \
