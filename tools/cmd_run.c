@@ -303,8 +303,8 @@ static mp_status print_peak_memory(run_state *state, mp_error *err) {
       const float *m = all + kFields * r;
       char cp_text[16] = "";
       if (state->plan.cp > 1) snprintf(cp_text, sizeof cp_text, ", cp %d", (int)m[5]);
-      printf("%s rank %d (dp %d%s, pp %d, tp %d; %s) %.0f MiB", r > 0 ? "," : "", r, (int)m[1],
-             cp_text, (int)m[2], (int)m[3], rank_host(state, r), (double)m[0]);
+      printf("%s rank %d (dp %d%s, pp %d, tp %d) %.0f MiB on %s", r > 0 ? "," : "", r,
+             (int)m[1], cp_text, (int)m[2], (int)m[3], (double)m[0], rank_host(state, r));
     }
     printf("\n");
     if (device_bytes > 0) {

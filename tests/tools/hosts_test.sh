@@ -39,9 +39,11 @@ run() { timeout 120 "$mpengine" run --config "$tmp/plan.json" "$@"; }
 
 # 1. Two hosts against one.
 run --steps 8 --metrics "$tmp/one.jsonl" > "$tmp/one.log" 2>&1 || fail "one-host run: $(tail -5 "$tmp/one.log")"
-expect 0 "host node1: ranks 0-3 (dp 0-1, pp 0, tp 0-1)" "host node2: ranks 4-7 (dp 0-1, pp 1, tp 0-1)" \
-  "rank 3 (dp 1, pp 0, tp 1; node1)" "rank 4 (dp 0, pp 1, tp 0; node2)" -- \
+expect 0 "host node1: ranks 0-3 (dp 0-1, pp 0, tp 0-1)" "host node2: ranks 4-7 (dp 0-1, pp 1, tp 0-1)" -- \
   run --steps 8 --hostfile "$tmp/hosts" --metrics "$tmp/two.jsonl"
+run --steps 1 --hostfile "$tmp/hosts" > "$tmp/two.log" 2>&1
+grep '^memory: peak resident' "$tmp/two.log" | grep -q "rank 3 (dp 1, pp 0, tp 1) [0-9]* MiB on node1, rank 4 (dp 0, pp 1, tp 0) [0-9]* MiB on node2" ||
+  fail "the memory line does not name each rank's host: $(grep '^memory: peak' "$tmp/two.log")"
 losses() { grep -o '"loss": [^,]*' "$1" | awk '{ print $2 }'; }
 paste <(losses "$tmp/one.jsonl") <(losses "$tmp/two.jsonl") > "$tmp/pairs"
 steps=$(wc -l < "$tmp/pairs")
