@@ -65,6 +65,7 @@
 #include "topology/plan.h"
 #include "tools/cli.h"
 #include "engine/comm/tp_comm_nccl.h"
+#include "tools/hostfile.h"
 #include "tools/launcher_env.h"
 #include "tools/run_launcher.h"
 #include "tools/commands.h"
@@ -94,12 +95,16 @@ typedef struct {
   mp_grid_coord coord;      /* this rank's place in the grid */
   mp_trace *trace;          /* with --trace */
   int rank, world_size;     /* 0 and 1 without a world */
+  char (*hosts)[64];        /* (world_size) each rank's host name (gethostname), gathered at
+                               start-up; NULL until then */
   int metrics_fd;           /* --metrics, world rank 0 only; -1 otherwise */
   double entropy_floor;     /* nats per token, synthetic source only; NAN otherwise */
   double peak_flops_per_s;  /* the cluster's peak for the backend's dtype; 0 when unknown */
 } run_state;
 
 static void run_state_free(run_state *state) {
+  free(state->hosts);
+  state->hosts = NULL;
   if (state->metrics_fd >= 0) close(state->metrics_fd);
   mp_trainer_free(state->trainer);
   mp_data_loader_free(state->data);
@@ -182,6 +187,91 @@ static double peak_resident_bytes(void) {
   return kib * 1024.0;
 }
 
+/* The host of world rank r: gathered from the ranks (gethostname) once the world is up; before
+ * that, the launcher's placement (MPENGINE_RANK_HOSTS, "host:ranks,..." in rank order); else
+ * "?" for another rank, this machine's name for this one. */
+static const char *rank_host(const run_state *state, int r) {
+  static char placed[64], own[64];
+  if (state->hosts != NULL && r >= 0 && r < state->world_size) return state->hosts[r];
+  const char *table = getenv("MPENGINE_RANK_HOSTS");
+  int first = 0;
+  for (const char *entry = table; entry != NULL && *entry != '\0';) {
+    const char *colon = strchr(entry, ':');
+    if (colon == NULL) break;
+    const int count = atoi(colon + 1);
+    if (r >= first && r < first + count) {
+      snprintf(placed, sizeof placed, "%.*s", (int)(colon - entry), entry);
+      return placed;
+    }
+    first += count;
+    entry = strchr(colon, ',');
+    if (entry != NULL) ++entry;
+  }
+  if (r != state->rank) return "?";
+  if (gethostname(own, sizeof own) != 0) snprintf(own, sizeof own, "?");
+  own[sizeof own - 1] = '\0';
+  return own;
+}
+
+/* Every rank's host name, gathered to all (collective over the world group), and on rank 0 one
+ * line per host: its ranks and their (dp, pp, tp) ranges. A tp group's ranks are consecutive
+ * (topology/grid.h), so a host that holds whole tp groups shows tp 0..tp-1. The names travel as
+ * 32 uint16 words per rank through the bf16 all-gather, which moves the words unchanged. */
+static mp_status gather_hosts(run_state *state, const mp_grid_shape *grid, mp_error *err) {
+  enum { kWords = 32 };
+  const int n = state->world_size;
+  state->hosts = calloc((size_t)n, sizeof *state->hosts);
+  uint16_t *all = calloc((size_t)n * kWords, sizeof *all);
+  size_t *counts = malloc((size_t)n * sizeof *counts);
+  if (state->hosts == NULL || all == NULL || counts == NULL) {
+    free(all);
+    free(counts);
+    return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  }
+  uint16_t mine[kWords] = {0};
+  char name[2 * kWords] = "";
+  if (gethostname(name, sizeof name) != 0) snprintf(name, sizeof name, "?");
+  name[sizeof name - 1] = '\0';
+  memcpy(mine, name, sizeof mine);
+  for (int r = 0; r < n; ++r) counts[r] = kWords;
+  mp_status status = state->world_group == NULL
+                         ? (memcpy(all, mine, sizeof mine), MP_OK)
+                         : mp_comm_all_gather_v_bf16(state->world_group, mine, all, counts, err);
+  for (int r = 0; r < n && status == MP_OK; ++r) {
+    memcpy(state->hosts[r], all + (size_t)r * kWords, sizeof state->hosts[r]);
+    state->hosts[r][sizeof state->hosts[r] - 1] = '\0';
+  }
+  free(all);
+  free(counts);
+  if (status != MP_OK || n <= 1) return status;
+  for (int first = 0; first < n;) {
+    int last = first;
+    while (last + 1 < n && strcmp(state->hosts[last + 1], state->hosts[first]) == 0) ++last;
+    mp_grid_coord low = mp_grid_coord_of(grid, first), high = low;
+    for (int r = first; r <= last; ++r) {
+      const mp_grid_coord c = mp_grid_coord_of(grid, r);
+      if (c.dp_rank < low.dp_rank) low.dp_rank = c.dp_rank;
+      if (c.pp_rank < low.pp_rank) low.pp_rank = c.pp_rank;
+      if (c.tp_rank < low.tp_rank) low.tp_rank = c.tp_rank;
+      if (c.dp_rank > high.dp_rank) high.dp_rank = c.dp_rank;
+      if (c.pp_rank > high.pp_rank) high.pp_rank = c.pp_rank;
+      if (c.tp_rank > high.tp_rank) high.tp_rank = c.tp_rank;
+    }
+    char dp[24], pp[24], tp[24];
+    snprintf(dp, sizeof dp, low.dp_rank == high.dp_rank ? "%d" : "%d-%d", low.dp_rank,
+             high.dp_rank);
+    snprintf(pp, sizeof pp, low.pp_rank == high.pp_rank ? "%d" : "%d-%d", low.pp_rank,
+             high.pp_rank);
+    snprintf(tp, sizeof tp, low.tp_rank == high.tp_rank ? "%d" : "%d-%d", low.tp_rank,
+             high.tp_rank);
+    char ranks[32];
+    snprintf(ranks, sizeof ranks, first == last ? "rank %d" : "ranks %d-%d", first, last);
+    printf("host %s: %s (dp %s, pp %s, tp %s)\n", state->hosts[first], ranks, dp, pp, tp);
+    first = last + 1;
+  }
+  return MP_OK;
+}
+
 /* Prints every rank's peak resident memory with its grid coordinates (collective over the world
  * group when there is one), and on the CUDA backend the device memory its stages hold: what a
  * user compares with the plan's memory per rank. */
@@ -213,8 +303,8 @@ static mp_status print_peak_memory(run_state *state, mp_error *err) {
       const float *m = all + kFields * r;
       char cp_text[16] = "";
       if (state->plan.cp > 1) snprintf(cp_text, sizeof cp_text, ", cp %d", (int)m[5]);
-      printf("%s rank %d (dp %d%s, pp %d, tp %d) %.0f MiB", r > 0 ? "," : "", r, (int)m[1],
-             cp_text, (int)m[2], (int)m[3], (double)m[0]);
+      printf("%s rank %d (dp %d%s, pp %d, tp %d) %.0f MiB on %s", r > 0 ? "," : "", r,
+             (int)m[1], cp_text, (int)m[2], (int)m[3], (double)m[0], rank_host(state, r));
     }
     printf("\n");
     if (device_bytes > 0) {
@@ -426,6 +516,36 @@ static mp_trainer_options trainer_options_of(run_state *state) {
   return options;
 }
 
+/* Ends a rank's message with where it runs and, when the job spans hosts, which ranks run on
+ * which host (up to 8 hosts), so that the peers a message names (a group's ranks, a peer that
+ * did not answer) are hosts too: "(rank 4 runs on node2; ranks 0-3 on node1, 4-7 on node2)". */
+static void append_hosts(const run_state *state, mp_error *err) {
+  char legend[512] = "";
+  size_t used = 0;
+  int runs = 0;
+  bool several = false;
+  /* Other ranks' hosts are known once gathered, or from the launcher's placement. */
+  const bool known = state->hosts != NULL || getenv("MPENGINE_RANK_HOSTS") != NULL;
+  for (int first = 0; known && first < state->world_size && runs <= 8;) {
+    char host[64];
+    snprintf(host, sizeof host, "%s", rank_host(state, first));
+    int last = first;
+    while (last + 1 < state->world_size && strcmp(rank_host(state, last + 1), host) == 0) ++last;
+    if (first > 0 || last + 1 < state->world_size) several = true;
+    char span[32];
+    snprintf(span, sizeof span, first == last ? "%d" : "%d-%d", first, last);
+    if (used < sizeof legend) {
+      used += (size_t)snprintf(legend + used, sizeof legend - used, "%s%s on %s",
+                               runs > 0 ? ", " : "; ranks ", span, host);
+    }
+    ++runs;
+    first = last + 1;
+  }
+  const size_t length = strlen(err->message);
+  snprintf(err->message + length, sizeof err->message - length, " (rank %d runs on %s%s)",
+           state->rank, rank_host(state, state->rank), several && runs <= 8 ? legend : "");
+}
+
 /* cli_report from a rank of a parallel run: runtime errors are printed by the rank that met
  * them, prefixed "rank R: "; input errors, the same on every rank, by rank 0 alone. */
 static int rank_report(cli_command *command, const run_state *state, const mp_error *err) {
@@ -435,9 +555,11 @@ static int rank_report(cli_command *command, const run_state *state, const mp_er
   }
   char prefix[32];
   snprintf(prefix, sizeof prefix, "rank %d:", state->rank);
-  if (strncmp(err->message, prefix, strlen(prefix)) == 0) return cli_report(command, err);
   mp_error prefixed = *err;
-  snprintf(prefixed.message, sizeof prefixed.message, "rank %d: %s", state->rank, err->message);
+  if (strncmp(err->message, prefix, strlen(prefix)) != 0) {
+    snprintf(prefixed.message, sizeof prefixed.message, "rank %d: %s", state->rank, err->message);
+  }
+  append_hosts(state, &prefixed);
   return cli_report(command, &prefixed);
 }
 
@@ -628,7 +750,9 @@ static mp_status open_metrics_file(const char *path, bool resume, int *fd, mp_er
 /* Fault injection, for the failure tests only (tests/tools/failure_test.sh):
  * MPENGINE_FAULT="kill:RANK:STEP" makes world rank RANK raise SIGKILL on itself just before step
  * STEP (counted from 1, as printed); "hang:RANK:STEP" makes it stop answering there (it sleeps
- * until it is killed). The other ranks then meet the lost or silent peer as in a real failure. */
+ * until it is killed). The other ranks then meet the lost or silent peer as in a real failure.
+ * A fault stands for one failure: a resumed run (--resume, or a --max-restarts restart) replays
+ * the steps after its checkpoint without it. */
 typedef struct {
   enum { FAULT_NONE, FAULT_KILL, FAULT_HANG } kind;
   long rank, step;
@@ -694,6 +818,8 @@ typedef struct {
   mp_backend backend;
   char backend_reason[128]; /* why auto chose it, for the banner */
   int64_t steps, save_every, keep, eval_every, eval_batches, np;
+  int64_t max_restarts;     /* --max-restarts: restarts after a lost rank (0: none) */
+  const char *hostfile;     /* --hostfile, or NULL: this machine */
   int64_t log_every;        /* a step line every K steps (and the run's first and last) */
   double comm_timeout;      /* seconds */
   run_fault fault;
@@ -832,6 +958,15 @@ static mp_status read_options(cli_command *command, run_state *state, run_option
   }
   const int plan_world = mp_plan_world_size(&state->plan);
   MP_TRY(cli_int(command, "np", 1, plan_world, &o->np, err));
+  o->hostfile = cli_value(command, "hostfile");
+  o->max_restarts = 0;
+  MP_TRY(cli_int(command, "max-restarts", 0, 0, &o->max_restarts, err));
+  if (o->max_restarts > 0 && o->checkpoint_dir == NULL) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "--max-restarts %lld: a restart resumes from the latest checkpoint, so it "
+                   "needs --checkpoint-dir DIR (and --save-every K to lose at most K steps)",
+                   (long long)o->max_restarts);
+  }
   o->comm_timeout = 300.0;
   const char *timeout_text = cli_value(command, "comm-timeout");
   if (timeout_text != NULL) {
@@ -1046,7 +1181,7 @@ static mp_status train_steps(run_state *state, const run_options *o, const run_s
   t->saved_step = o->resume ? s->first_step : -1;
   for (t->step = s->first_step; t->step < o->steps; ++t->step) {
     const int64_t step = t->step;
-    inject_fault(&o->fault, state->rank, step);
+    if (!o->resume) inject_fault(&o->fault, state->rank, step);
     MP_TRY(mp_trainer_step(state->trainer, step, &t->metrics, err));
     t->elapsed += t->metrics.seconds;
     double memory_bytes = 0.0;
@@ -1127,6 +1262,62 @@ static void catch_stop_signals(void) {
   sigaction(SIGINT, &action, NULL);
 }
 
+/* Outside a job: the ranks under mpirun, on this machine or on --hostfile's hosts (read, names
+ * resolved and whole tp groups placed before anything starts: bad input exits 2 here), and after
+ * a lost rank with --max-restarts N, the job again from the latest complete checkpoint (--resume
+ * added), at most N times. Returns the exit code. */
+static int launch(cli_command *command, int argc, char **argv, const run_state *state,
+                  const run_options *o) {
+  const char *mpirun = cli_value(command, "mpirun") ? cli_value(command, "mpirun") : "mpirun";
+  mp_error err = MP_ERROR_INITIALIZER;
+  mp_hostfile hostfile = {0};
+  mp_placement placement = {0};
+  run_hosts hosts = {0};
+  if (o->hostfile != NULL) {
+    if (mp_hostfile_read(o->hostfile, &hostfile, &err) != MP_OK ||
+        mp_hostfile_check_resolves(&hostfile, &err) != MP_OK ||
+        mp_hostfile_place(&hostfile, (int)o->np, state->plan.tp, &placement, &err) != MP_OK) {
+      mp_hostfile_free(&hostfile);
+      return cli_report(command, &err);
+    }
+    hosts.hostfile = &hostfile;
+    hosts.placement = &placement;
+  }
+  char **args = calloc((size_t)argc + 2, sizeof *args);
+  if (args == NULL) {
+    mp_placement_free(&placement);
+    mp_hostfile_free(&hostfile);
+    mp_fail(&err, MP_ERR_RUNTIME, "out of memory");
+    return cli_report(command, &err);
+  }
+  int count = argc;
+  for (int i = 0; i < argc; ++i) args[i] = argv[i];
+  int exit_code = CLI_EXIT_FAILURE;
+  for (int64_t restart = 0;; ++restart) {
+    bool lost = false;
+    exit_code = run_relaunch(command, count, args, (int)o->np, mpirun, &hosts, &lost);
+    if (exit_code == CLI_EXIT_OK || !lost || restart >= o->max_restarts) break;
+    char latest[4096];
+    int64_t step = 0;
+    mp_error none = MP_ERROR_INITIALIZER;
+    if (mp_checkpoint_find_latest(o->checkpoint_dir, latest, sizeof latest, &step, &none) !=
+        MP_OK) {
+      fprintf(stderr,
+              "mpengine run: not restarting: %s holds no complete checkpoint yet to resume from "
+              "(save more often with --save-every K)\n",
+              o->checkpoint_dir);
+      break;
+    }
+    fprintf(stderr, "mpengine run: restart %lld of %lld: resuming from %s (step %lld)\n",
+            (long long)(restart + 1), (long long)o->max_restarts, latest, (long long)step);
+    if (count == argc && !o->resume) args[count++] = "--resume";
+  }
+  free(args);
+  mp_placement_free(&placement);
+  mp_hostfile_free(&hostfile);
+  return exit_code;
+}
+
 /* The run: options, the launcher (outside a job of several ranks), then on each rank start-up,
  * the steps and the finish; every error reported once, by the rank that met it. */
 int cmd_run(int argc, char **argv) {
@@ -1151,7 +1342,9 @@ int cmd_run(int argc, char **argv) {
       {"save-weights", "FILE.bin", "at the end, write the trained weights as an llm.c GPT-2 checkpoint (fp32)", NULL},
       {"np", "N", "ranks to start under mpirun (default: the plan's dp x pp x tp)", NULL},
       {"mpirun", "PATH", "the mpirun that starts the ranks (default: mpirun on PATH)", NULL},
-      {"comm-timeout", "SECONDS", "a wait on a peer longer than this is an error (default 300)", NULL},
+      {"comm-timeout", "SECONDS", "a wait on a peer longer than this is an error, start-up's first connections included (default 300)", NULL},
+      {"hostfile", "FILE", "run the ranks on the hosts of FILE (Open MPI's format: `host slots=N`), whole tensor-parallel groups per host, in the file's order", NULL},
+      {"max-restarts", "N", "when a rank is lost, end the job and start it again from the latest checkpoint of --checkpoint-dir, at most N times (default 0)", NULL},
       {"gpu-comm", "auto|nccl|mpi", "CUDA backend: the groups (tp, pp, dp) over NCCL, or over MPI through the host, which lets ranks share a GPU (default auto: NCCL when each rank of a node has its own GPU)", NULL},
       {0},
   };
@@ -1162,7 +1355,8 @@ int cmd_run(int argc, char **argv) {
                "[--checkpoint-dir DIR [--save-every K] [--keep N] [--resume [--override-training]]] "
                "[--overwrite-metrics] [--eval-every K [--eval-batches N] [--val-data GLOB]] "
                "[--trace TRACE.json] [--save-weights FILE.bin] [--np N] [--mpirun PATH] "
-               "[--comm-timeout SECONDS] [--gpu-comm auto|nccl|mpi]",
+               "[--comm-timeout SECONDS] [--gpu-comm auto|nccl|mpi] [--hostfile FILE] "
+               "[--max-restarts N]",
       .summary = "Train the model of a parallelism config on one rank or on its dp x pp x tp "
                  "ranks (launched\nunder mpirun; pipeline ranks execute the plan's schedule). "
                  "Prints a line per step (about 50\nin all for a long run, --log-every; a "
@@ -1190,17 +1384,27 @@ int cmd_run(int argc, char **argv) {
     exit_code = cli_report(&command, &err);
     goto done;
   }
-  if (!launcher_inside_job() && o.np > 1) {
-    const char *mpirun = cli_value(&command, "mpirun") ? cli_value(&command, "mpirun") : "mpirun";
-    exit_code = run_relaunch(&command, argc, argv, (int)o.np, mpirun);
+  if (!launcher_inside_job() && (o.np > 1 || o.hostfile != NULL)) {
+    exit_code = launch(&command, argc, argv, &state, &o);
     goto done;
   }
   const mp_grid_shape grid = {state.plan.dp, state.plan.pp, state.plan.tp, state.plan.cp};
   if (launcher_inside_job() && join_job(&state, &grid, o.comm_timeout, o.config, &err) != MP_OK) {
+    if (state.world == NULL && err.status == MP_ERR_RUNTIME) {
+      /* MPI's world never came up (the peers did not connect): the launcher's word for the rank. */
+      state.rank = launcher_world_rank();
+      state.world_size = launcher_world_size();
+    }
     exit_code = rank_report(&command, &state, &err);
     goto done;
   }
-  if (state.world != NULL) run_rank_joined(state.rank);
+  if (state.world != NULL) {
+    run_rank_joined(state.rank);
+    if (gather_hosts(&state, &grid, &err) != MP_OK) {
+      exit_code = rank_report(&command, &state, &err);
+      goto done;
+    }
+  }
   if (start_rank(&state, &o, &s, &err) != MP_OK || print_banner(&state, &o, &s, &err) != MP_OK) {
     exit_code = rank_report(&command, &state, &err);
     goto done;

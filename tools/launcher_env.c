@@ -34,6 +34,17 @@ int launcher_local_size(void) {
   return size > 0 ? size : 1;
 }
 
+int launcher_world_rank(void) {
+  static const char *const names[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"};
+  return first_set(names, sizeof names / sizeof names[0], 0);
+}
+
+int launcher_world_size(void) {
+  static const char *const names[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"};
+  const int size = first_set(names, sizeof names / sizeof names[0], 1);
+  return size > 0 ? size : 1;
+}
+
 bool launcher_first_rank(void) {
   static const char *const names[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"};
   return first_set(names, sizeof names / sizeof names[0], 0) == 0;

@@ -18,6 +18,11 @@ int launcher_local_rank(void);
 /* The number of the job's ranks on this node; 1 outside a job or when the launcher does not say. */
 int launcher_local_size(void);
 
+/* This process's rank in the job and the job's size, as the launcher says (0 and 1 outside a
+ * job): what a rank reports errors met before MPI's world is up with. */
+int launcher_world_rank(void);
+int launcher_world_size(void);
+
 /* False only when the launcher says this is a rank other than 0. */
 bool launcher_first_rank(void);
 

@@ -64,24 +64,64 @@ static int signal_children(pid_t parent) {
  * for the launcher's report of a rank that died, in Open MPI 4's words and PRRTE's (Open MPI 5):
  *   "mpirun noticed that process rank 1 with PID 0 on node vm exited on signal 9 (Killed)."
  *   "prterun noticed that process rank 1 with PID 4242 on node vm exited on signal 9 (Killed)." */
+/* Across hosts it also reads Open MPI's TCP transport giving up on a peer whose connection was
+ * refused or blocked (a prohibit route, a REJECT rule):
+ *   "[[16817,1],4][...btl_tcp_endpoint.c:793:mca_btl_tcp_endpoint_start_connect] from node2 to:
+ *    node1 Unable to connect to the peer 10.88.0.11 on port 1025: Permission denied" */
 typedef struct {
   char line[1024];
   size_t length;
   int lost_rank; /* -1 until a rank's death is seen */
   int lost_signal;
+  char lost_host[256];  /* the node mpirun names, or "" */
+  char unreachable_from[256], unreachable_to[256], unreachable_why[256]; /* "" until seen */
+  /* A rank's start-up handshake that timed out (engine/comm: "rank R: start-up: no connection
+   * within T s (--comm-timeout) to world ranks A, B, ..."): the first such rank and peer. */
+  int silent_from, silent_to;
+  double silent_timeout;
 } stderr_watch;
 
 static void stderr_watch_line(stderr_watch *watch) {
   watch->line[watch->length] = '\0';
   const char *noticed = strstr(watch->line, " noticed that process rank ");
   int rank = -1, signal_number = 0;
+  char host[256] = "";
   if (noticed != NULL && watch->lost_rank < 0 &&
-      sscanf(noticed, " noticed that process rank %d with PID %*d on node %*s exited on "
+      sscanf(noticed, " noticed that process rank %d with PID %*d on node %255s exited on "
                       "signal %d",
-             &rank, &signal_number) == 2 &&
+             &rank, host, &signal_number) == 3 &&
       rank >= 0) {
     watch->lost_rank = rank;
     watch->lost_signal = signal_number;
+    snprintf(watch->lost_host, sizeof watch->lost_host, "%s", host);
+  }
+  const char *from = strstr(watch->line, "] from ");
+  const char *unable = strstr(watch->line, " Unable to connect to the peer ");
+  char to[256] = "";
+  if (from != NULL && unable != NULL && watch->unreachable_from[0] == '\0' &&
+      sscanf(from, "] from %255s to: %255s", host, to) == 2) {
+    snprintf(watch->unreachable_from, sizeof watch->unreachable_from, "%s", host);
+    snprintf(watch->unreachable_to, sizeof watch->unreachable_to, "%s", to);
+    const char *why = strrchr(unable, ':');
+    snprintf(watch->unreachable_why, sizeof watch->unreachable_why, "%s",
+             why != NULL ? why + 2 : "refused");
+  }
+  const char *startup = strstr(watch->line, ": start-up: no connection within ");
+  int peer = -1;
+  double timeout_s = 0;
+  if (startup != NULL && watch->silent_from < 0) {
+    const char *rank_text = strstr(watch->line, "rank ");
+    const char *peers = strstr(startup, " to world rank");
+    if (peers != NULL) peers += strlen(" to world rank");
+    if (peers != NULL && *peers == 's') ++peers; /* "ranks 4, 5" or "rank 4" */
+    if (rank_text != NULL && rank_text < startup && peers != NULL &&
+        sscanf(rank_text, "rank %d", &rank) == 1 &&
+        sscanf(startup, ": start-up: no connection within %lf", &timeout_s) == 1 &&
+        sscanf(peers, " %d", &peer) == 1) {
+      watch->silent_from = rank;
+      watch->silent_to = peer;
+      watch->silent_timeout = timeout_s;
+    }
   }
   watch->length = 0;
 }
@@ -194,8 +234,47 @@ static void stderr_watch_feed(stderr_watch *watch, const char *data, size_t size
   }
 }
 
-int run_relaunch(cli_command *command, int argc, char **argv, int np, const char *mpirun) {
+/* The host of rank r: the placement's, else this machine's (buffer holds it). */
+static const char *host_of_rank(const run_hosts *hosts, int r, char *buffer, size_t bytes) {
+  if (hosts != NULL && hosts->hostfile != NULL) {
+    const int h = mp_placement_host_of(hosts->placement, r);
+    if (h >= 0) return hosts->hostfile->hosts[h].name;
+  }
+  if (gethostname(buffer, bytes) != 0) snprintf(buffer, bytes, "this machine");
+  buffer[bytes - 1] = '\0';
+  return buffer;
+}
+
+/* The placement as `--host` wants it ("node1:4,node2:4": the used hosts in rank order, with the
+ * ranks each runs, which Open MPI takes as their slots) and as the ranks read it
+ * (MPENGINE_RANK_HOSTS, the same text): NULL when out of memory. */
+static char *placement_text(const run_hosts *hosts) {
+  size_t bytes = 1;
+  for (int h = 0; h < hosts->placement->host_count; ++h) {
+    bytes += strlen(hosts->hostfile->hosts[h].name) + 16;
+  }
+  char *text = malloc(bytes);
+  if (text == NULL) return NULL;
+  size_t used = 0;
+  text[0] = '\0';
+  for (int h = 0; h < hosts->placement->host_count; ++h) {
+    if (hosts->placement->ranks[h] == 0) continue;
+    used += (size_t)snprintf(text + used, bytes - used, "%s%s:%d", used > 0 ? "," : "",
+                             hosts->hostfile->hosts[h].name, hosts->placement->ranks[h]);
+  }
+  return text;
+}
+
+int run_relaunch(cli_command *command, int argc, char **argv, int np, const char *mpirun,
+                 const run_hosts *hosts, bool *lost) {
   mp_error err = MP_ERROR_INITIALIZER;
+  if (lost != NULL) *lost = false;
+  const bool many_hosts = hosts != NULL && hosts->hostfile != NULL;
+  char *host_list = many_hosts ? placement_text(hosts) : NULL;
+  if (many_hosts && host_list == NULL) {
+    mp_fail(&err, MP_ERR_RUNTIME, "out of memory");
+    return cli_report(command, &err);
+  }
   char self[PATH_MAX];
   /* The path itself: /proc/self/exe in mpirun's arguments would name mpirun's own child. */
   const ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
@@ -206,8 +285,9 @@ int run_relaunch(cli_command *command, int argc, char **argv, int np, const char
   self[len] = '\0';
   char np_text[16];
   snprintf(np_text, sizeof np_text, "%d", np);
-  char **args = calloc((size_t)argc + 16, sizeof *args);
+  char **args = calloc((size_t)argc + 40, sizeof *args);
   if (args == NULL) {
+    free(host_list);
     mp_fail(&err, MP_ERR_RUNTIME, "out of memory");
     return cli_report(command, &err);
   }
@@ -215,20 +295,46 @@ int run_relaunch(cli_command *command, int argc, char **argv, int np, const char
   args[n++] = (char *)mpirun;
   args[n++] = "-np";
   args[n++] = np_text;
-  args[n++] = "--oversubscribe"; /* more ranks than cores is allowed (and slow) */
+  setenv("MPENGINE_STDOUT_TTY", isatty(STDOUT_FILENO) ? "1" : "0", 1);
+  int ranks_per_host = np;
+  if (many_hosts) {
+    /* Exactly the placement's ranks on each host, in rank order: Open MPI fills the hosts of
+     * --host in order, each up to its count. Nothing else of Open MPI's is set. */
+    args[n++] = "--host";
+    args[n++] = host_list;
+    ranks_per_host = 0;
+    for (int h = 0; h < hosts->placement->host_count; ++h) {
+      if (hosts->placement->ranks[h] > ranks_per_host) ranks_per_host = hosts->placement->ranks[h];
+    }
+    setenv("MPENGINE_RANK_HOSTS", host_list, 1);
+    /* mpirun passes a rank only the OMPI_* variables of its environment unless told (-x):
+     * these reach the ranks on the other hosts (a name set by nobody is skipped). */
+    static const char *const forwarded[] = {"MPENGINE_RANK_HOSTS", "MPENGINE_STDOUT_TTY",
+                                            "MPENGINE_RANK_DIR", "MPENGINE_FAULT",
+                                            "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"};
+    for (size_t i = 0; i < sizeof forwarded / sizeof forwarded[0]; ++i) {
+      if (strcmp(forwarded[i], "MPENGINE_FAULT") == 0 && getenv(forwarded[i]) == NULL) continue;
+      args[n++] = "-x";
+      args[n++] = (char *)forwarded[i];
+    }
+  } else {
+    args[n++] = "--oversubscribe"; /* more ranks than cores is allowed (and slow) */
+    /* One machine: shared memory and self transports, no ssh agent needed. The user's settings
+     * win. */
+    default_env("OMPI_MCA_btl", "self,vader");
+    default_env("OMPI_MCA_plm_rsh_agent", "");
+    default_env("OMPI_MCA_rmaps_base_oversubscribe", "1");
+  }
   if (geteuid() == 0) args[n++] = "--allow-run-as-root";
   args[n++] = self;
   for (int i = 0; i < argc; ++i) args[n++] = argv[i]; /* argv[0] is "run" */
   args[n] = NULL;
-  /* One machine: shared memory and self transports, no ssh agent needed; one BLAS thread per
-   * core's share, so the ranks do not fight over the cores. The user's settings win. */
-  default_env("OMPI_MCA_btl", "self,vader");
-  default_env("OMPI_MCA_plm_rsh_agent", "");
-  default_env("OMPI_MCA_rmaps_base_oversubscribe", "1");
-  /* The cost model assumes these threads (topology/cluster.h, mp_cluster_threads_per_device). */
+  /* One BLAS thread per core's share, so the ranks of a host do not fight over its cores (on a
+   * hostfile this machine's cores stand for every host's). The cost model assumes these threads
+   * (topology/cluster.h, mp_cluster_threads_per_device). */
   const int cores = launcher_usable_cores();
   char threads[16];
-  snprintf(threads, sizeof threads, "%d", cores / np > 1 ? cores / np : 1);
+  snprintf(threads, sizeof threads, "%d", cores / ranks_per_host > 1 ? cores / ranks_per_host : 1);
   default_env("OPENBLAS_NUM_THREADS", threads);
   default_env("OMP_NUM_THREADS", threads);
   setenv("MPENGINE_STDOUT_TTY", isatty(STDOUT_FILENO) ? "1" : "0", 1);
@@ -240,6 +346,7 @@ int run_relaunch(cli_command *command, int argc, char **argv, int np, const char
   if (ranks.pidfds == NULL || ranks.ended == NULL || mkdtemp(ranks.dir) == NULL) {
     ranks.dir[0] = '\0'; /* the text of mpirun's report is then the only source */
     ranks.np = 0;
+    setenv("MPENGINE_RANK_DIR", "", 1); /* none (and set, for -x) */
   } else {
     for (int r = 0; r < np; ++r) ranks.pidfds[r] = -1;
     setenv("MPENGINE_RANK_DIR", ranks.dir, 1);
@@ -251,12 +358,14 @@ int run_relaunch(cli_command *command, int argc, char **argv, int np, const char
   int err_pipe[2];
   if (pipe(err_pipe) != 0) {
     free(args);
+    free(host_list);
     mp_fail(&err, MP_ERR_RUNTIME, "cannot start %s: pipe failed: %s", mpirun, strerror(errno));
     return cli_report(command, &err);
   }
   const pid_t pid = fork();
   if (pid < 0) {
     free(args);
+    free(host_list);
     close(err_pipe[0]);
     close(err_pipe[1]);
     mp_fail(&err, MP_ERR_RUNTIME, "cannot start %s: fork failed: %s", mpirun, strerror(errno));
@@ -274,6 +383,7 @@ int run_relaunch(cli_command *command, int argc, char **argv, int np, const char
     _exit(127);
   }
   free(args);
+  free(host_list);
   close(err_pipe[1]);
   struct sigaction action;
   memset(&action, 0, sizeof action);
@@ -281,7 +391,7 @@ int run_relaunch(cli_command *command, int argc, char **argv, int np, const char
   sigemptyset(&action.sa_mask);
   sigaction(SIGTERM, &action, NULL);
   sigaction(SIGINT, &action, NULL);
-  stderr_watch watch = {.lost_rank = -1};
+  stderr_watch watch = {.lost_rank = -1, .silent_from = -1, .silent_to = -1};
   int status = 0;
   bool exited = false, eof = false;
   /* Until mpirun has exited and its stderr is drained (a process that kept the pipe open past
@@ -336,18 +446,48 @@ int run_relaunch(cli_command *command, int argc, char **argv, int np, const char
   rank_watch_scan(&ranks);
   const int silent_rank = ranks.lost_rank;
   rank_watch_free(&ranks);
+  char own_host[256];
   if (watch.lost_rank >= 0) {
+    if (lost != NULL) *lost = true;
     fprintf(stderr,
-            "mpengine run: rank %d was lost: its process died (signal %d) during the run; "
-            "mpirun stopped the other ranks\n",
-            watch.lost_rank, watch.lost_signal);
+            "mpengine run: rank %d was lost: its process died (signal %d) on host %s during the "
+            "run; mpirun stopped the other ranks\n",
+            watch.lost_rank, watch.lost_signal,
+            watch.lost_host[0] != '\0'
+                ? watch.lost_host
+                : host_of_rank(hosts, watch.lost_rank, own_host, sizeof own_host));
     return CLI_EXIT_FAILURE;
   }
   if (silent_rank >= 0 && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+    if (lost != NULL) *lost = true;
     fprintf(stderr,
             "mpengine run: rank %d was lost: its process ended without a word from mpengine "
-            "(killed by a signal, or crashed) during the run; mpirun stopped the other ranks\n",
-            silent_rank);
+            "(killed by a signal, or crashed) on host %s during the run; mpirun stopped the "
+            "other ranks\n",
+            silent_rank, host_of_rank(hosts, silent_rank, own_host, sizeof own_host));
+    return CLI_EXIT_FAILURE;
+  }
+  if (watch.unreachable_from[0] != '\0') {
+    fprintf(stderr,
+            "mpengine run: host %s cannot reach host %s: MPI's TCP connection between them "
+            "failed (%s), so the job stopped; a route or firewall blocks MPI's ports between "
+            "them (or MPI picked the wrong interface: OMPI_MCA_btl_tcp_if_include); check "
+            "every pair of hosts with `mpengine doctor%s%s`\n",
+            watch.unreachable_from, watch.unreachable_to, watch.unreachable_why,
+            many_hosts ? " --hostfile " : "", many_hosts ? hosts->hostfile->path : "");
+    return CLI_EXIT_FAILURE;
+  }
+  if (watch.silent_from >= 0 && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+    char from_buffer[256], to_buffer[256];
+    const char *from = host_of_rank(hosts, watch.silent_from, from_buffer, sizeof from_buffer);
+    const char *to = host_of_rank(hosts, watch.silent_to, to_buffer, sizeof to_buffer);
+    fprintf(stderr,
+            "mpengine run: host %s (rank %d) and host %s (rank %d) could not connect within "
+            "--comm-timeout %g s at start-up, so the job stopped: a firewall between them drops "
+            "MPI's packets (or MPI picked an interface that does not connect them: "
+            "OMPI_MCA_btl_tcp_if_include); check every pair of hosts with `mpengine doctor%s%s`\n",
+            from, watch.silent_from, to, watch.silent_to, watch.silent_timeout,
+            many_hosts ? " --hostfile " : "", many_hosts ? hosts->hostfile->path : "");
     return CLI_EXIT_FAILURE;
   }
   if (WIFEXITED(status)) {

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine/comm/comm_mpi_internal.h" /* the structs, MPI_CALL, the waits and the staging */
 #include "engine/comm/comm_staging.h"
@@ -273,6 +274,92 @@ mp_status comm_stage_out(mp_comm *comm, const char *operation, staged_buffer *st
  * The world
  * ------------------------------------------------------------------------------------------- */
 
+/* The first message between the ranks, before any blocking MPI call: every rank sends one int to
+ * and receives one from each peer below, nonblocking, and polls until all have arrived or
+ * timeout_s has passed. MPI's transports connect on the first message, and the first collective
+ * (MPI_Comm_dup below) is blocking: behind a firewall that drops packets its TCP connect never
+ * completes and MPI_Comm_dup would wait forever, printing nothing. Here the wait has a deadline and
+ * the error names the peers that did not answer. The peers: every other rank up to 256 ranks
+ * (N - 1 tiny messages a rank), beyond that rank +- 2^k (a dissemination pattern, log N peers),
+ * so that a large job does not open N^2 connections only to check them. */
+enum { kHandshakeTag = 0x6d70, kHandshakeAllPairsUpTo = 256 };
+
+static mp_status world_handshake(int rank, int size, double timeout_s, mp_error *err) {
+  if (size <= 1) return MP_OK;
+  int *peers = malloc((size_t)2 * (size_t)size * sizeof *peers);
+  MPI_Request *requests = malloc((size_t)4 * (size_t)size * sizeof *requests);
+  int *words = calloc((size_t)2 * (size_t)size, sizeof *words);
+  if (peers == NULL || requests == NULL || words == NULL) {
+    free(peers);
+    free(requests);
+    free(words);
+    return mp_fail(err, MP_ERR_RUNTIME, "rank %d: out of memory for the start-up handshake", rank);
+  }
+  int count = 0;
+  if (size <= kHandshakeAllPairsUpTo) {
+    for (int r = 0; r < size; ++r) {
+      if (r != rank) peers[count++] = r;
+    }
+  } else {
+    for (int step = 1; step < size; step *= 2) {
+      peers[count++] = (rank + step) % size;
+      peers[count++] = (rank - step % size + size) % size;
+    }
+  }
+  mp_status status = MP_OK;
+  for (int i = 0; i < count && status == MP_OK; ++i) {
+    words[i] = rank;
+    status = MPI_CALL(rank, MPI_Irecv,
+                      (&words[size + i], 1, MPI_INT, peers[i], kHandshakeTag, MPI_COMM_WORLD,
+                       &requests[2 * i]),
+                      err);
+    if (status == MP_OK) {
+      status = MPI_CALL(rank, MPI_Isend,
+                        (&words[i], 1, MPI_INT, peers[i], kHandshakeTag, MPI_COMM_WORLD,
+                         &requests[2 * i + 1]),
+                        err);
+    }
+  }
+  const double deadline = mp_poll_now_s() + timeout_s;
+  int left = 2 * count;
+  while (status == MP_OK && left > 0) {
+    left = 0;
+    for (int i = 0; i < 2 * count && status == MP_OK; ++i) {
+      if (requests[i] == MPI_REQUEST_NULL) continue;
+      int done = 0;
+      status = MPI_CALL(rank, MPI_Test, (&requests[i], &done, MPI_STATUS_IGNORE), err);
+      if (!done) ++left;
+    }
+    if (left > 0 && mp_poll_now_s() > deadline) break;
+    if (left > 0) nanosleep(&(struct timespec){.tv_nsec = 1000 * 1000}, NULL);
+  }
+  if (status == MP_OK && left > 0) {
+    /* The peers still pending, as a list; the requests are left to MPI (the caller ends the
+     * process: a transport stuck in connect cannot be withdrawn from). */
+    char list[1024] = "";
+    size_t used = 0;
+    int named = 0;
+    for (int i = 0; i < count; ++i) {
+      if (requests[2 * i] == MPI_REQUEST_NULL && requests[2 * i + 1] == MPI_REQUEST_NULL) continue;
+      if (used < sizeof list - 16) {
+        used += (size_t)snprintf(list + used, sizeof list - used, "%s%d", named > 0 ? ", " : "",
+                                 peers[i]);
+      }
+      ++named;
+    }
+    status = mp_fail(err, MP_ERR_RUNTIME,
+                     "rank %d: start-up: no connection within %g s (--comm-timeout) to world "
+                     "rank%s %s: the network between their hosts drops or blocks MPI's "
+                     "connections (a firewall, a route, the wrong interface); check the hosts "
+                     "with `mpengine doctor`",
+                     rank, timeout_s, named == 1 ? "" : "s", list);
+  }
+  free(peers);
+  free(requests);
+  free(words);
+  return status;
+}
+
 mp_status mp_comm_world_init(int *argc, char ***argv, double timeout_s, mp_comm_world **out,
                              mp_error *err) {
   *out = NULL;
@@ -302,7 +389,16 @@ mp_status mp_comm_world_init(int *argc, char ***argv, double timeout_s, mp_comm_
   world->timeout_s = timeout_s;
   world->owns_mpi = owns_mpi;
   world->comm = MPI_COMM_NULL;
-  mp_status status = MPI_CALL(-1, MPI_Comm_dup, (MPI_COMM_WORLD, &world->comm), err);
+  int world_rank = 0, world_size = 1;
+  mp_status status = MPI_CALL(-1, MPI_Comm_rank, (MPI_COMM_WORLD, &world_rank), err);
+  if (status == MP_OK) status = MPI_CALL(-1, MPI_Comm_size, (MPI_COMM_WORLD, &world_size), err);
+  if (status == MP_OK) status = world_handshake(world_rank, world_size, timeout_s, err);
+  if (status != MP_OK) {
+    /* No MPI_Finalize: it would wait on the peers that never answered. */
+    free(world);
+    return status;
+  }
+  status = MPI_CALL(-1, MPI_Comm_dup, (MPI_COMM_WORLD, &world->comm), err);
   if (status == MP_OK) {
     status = MPI_CALL(-1, MPI_Comm_set_errhandler, (world->comm, MPI_ERRORS_RETURN), err);
   }
