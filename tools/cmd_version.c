@@ -7,6 +7,7 @@
 
 #include "engine/cuda_backend/cuda_backend.h"
 #include "engine/device/gpu_probe.h"
+#include "tools/build_id.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 #include "tools/version.h"
@@ -25,6 +26,9 @@ int cmd_version(int argc, char **argv) {
   mp_error err = MP_ERROR_INITIALIZER;
   mp_gpu_report report;
   printf("mpengine %s\n", MPENGINE_VERSION);
+  /* Which build exactly (tools/build_id.h): doctor compares it across hosts. */
+  char build[MP_BUILD_ID_BYTES];
+  if (mp_build_id(build, &err) == MP_OK) printf("build: %s\n", build);
   /* A backend that cannot load is a finding here, not a failure: CPU runs still work. */
   mp_error load_err = MP_ERROR_INITIALIZER;
   if (mp_cuda_backend_load(&load_err) != MP_OK) {

@@ -13,6 +13,7 @@ int cmd_data(int argc, char **argv);
 int data_tokenize(int argc, char **argv); /* `data tokenize`: argv[0] = "tokenize" */
 int data_decode(int argc, char **argv);   /* `data decode`: argv[0] = "decode" */
 int cmd_describe(int argc, char **argv);
+int cmd_doctor(int argc, char **argv);
 int cmd_export(int argc, char **argv);
 int cmd_import(int argc, char **argv);
 int cmd_plan(int argc, char **argv);

@@ -8,6 +8,7 @@
  *   mpengine run --config PLAN.json  train
  *   mpengine timeline TRACE.json     what a run really did
  *   mpengine calibrate               measure this machine for the cost model
+ *   mpengine doctor --hostfile FILE  check a cluster's hosts before a job
  *   mpengine data synth|inspect      synthetic token data with a known floor; check shards
  *   mpengine bench step MODEL.json   time training steps; dump them for a peer to check
  *   mpengine version                 build and devices
@@ -36,6 +37,7 @@ static const subcommand kSubcommands[] = {
     {"sample", cmd_sample, "continue a prompt with a trained model"},
     {"timeline", cmd_timeline, "show what a run really did, against its plan"},
     {"calibrate", cmd_calibrate, "measure this machine for the cost model"},
+    {"doctor", cmd_doctor, "check a cluster's hosts before a job: builds, names, TCP, GPUs, links"},
     {"data", cmd_data, "text to token shards with a Hugging Face tokenizer, and back; check shards"},
     {"bench", cmd_bench, "benchmarks: time training steps (and dump them to check against a peer)"},
     {"version", cmd_version, "print the version, the build and the devices found"},
