@@ -9,7 +9,12 @@
 #                              test's own namespace (the "launcher" host, 10.88.0.1) and a slurmd
 #                              in every host's namespace under that host's name; exports
 #                              SLURM_CONF; waits until every node is idle
-#   netns_slurm_down           stops them all (also run on the script's exit)
+#   netns_slurm_down           ends the jobs, then the daemons, then whatever is left in the
+#                              hosts' namespaces; netns_slurm_up sets it as the EXIT trap (and
+#                              turns SIGTERM/SIGINT into an exit), so a test that needs a trap of
+#                              its own calls it there. The daemons run in the foreground as
+#                              children of the script, with SIGKILL as their parent-death signal:
+#                              none outlives a test that is killed.
 #   netns_slurm_logs           prints the daemons' logs (for a failing test)
 #
 # Everything lives under $NETNS_SLURM_DIR: $NETNS_DIR/slurm, or, where that path is too long for
@@ -19,10 +24,12 @@
 # munge's clients through NETNS_SLURM_MUNGE_SOCKET.
 NETNS_SLURM_DIR=${NETNS_SLURM_DIR:-}
 NETNS_SLURM_TMP=
+NETNS_SLURM_PIDS=
+NETNS_SLURM_HOSTS=
 
 netns_slurm_check() {
   local tool
-  for tool in munged slurmctld slurmd srun sbatch salloc sinfo scontrol; do
+  for tool in munged slurmctld slurmd srun sbatch salloc sinfo squeue scancel setpriv; do
     command -v "$tool" >/dev/null 2>&1 ||
       netns_skip "$tool is missing: install Debian's slurm-wlm and munge (tools/setup.sh)"
   done
@@ -32,7 +39,7 @@ netns_slurm_check() {
 
 netns_slurm_logs() {
   local log
-  for log in "$NETNS_SLURM_DIR"/log/*.log; do
+  for log in "$NETNS_SLURM_DIR"/log/*; do
     [ -f "$log" ] || continue
     echo "---- $log"
     tail -n 40 "$log"
@@ -41,24 +48,40 @@ netns_slurm_logs() {
 
 netns_slurm_down() {
   [ -n "$NETNS_SLURM_DIR" ] || return 0
-  local pidfile pid
-  for pidfile in "$NETNS_SLURM_DIR"/run/slurmd.*.pid "$NETNS_SLURM_DIR"/run/slurmctld.pid \
-    "$NETNS_SLURM_DIR"/run/munged.pid; do
-    [ -f "$pidfile" ] || continue
-    pid=$(cat "$pidfile")
-    [ -n "$pid" ] && kill "$pid" 2>/dev/null
+  # Jobs first (their slurmstepds end with them), then the daemons, then whatever is left in the
+  # hosts' network namespaces (a slurmstepd still cleaning up): all of it the test's own.
+  scancel --quiet --full --user=root 2>/dev/null
+  local pid tries host
+  for ((tries = 0; tries < 25; ++tries)); do
+    [ -z "$(squeue -h 2>/dev/null)" ] && break
+    sleep 0.2
   done
-  sleep 0.3
-  for pidfile in "$NETNS_SLURM_DIR"/run/*.pid; do
-    [ -f "$pidfile" ] || continue
-    pid=$(cat "$pidfile")
-    [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null
-    rm -f "$pidfile"
+  for pid in $NETNS_SLURM_PIDS; do kill "$pid" 2>/dev/null; done
+  for pid in $NETNS_SLURM_PIDS; do
+    for ((tries = 0; tries < 25; ++tries)); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.2
+    done
+    kill -9 "$pid" 2>/dev/null
   done
+  for host in $NETNS_SLURM_HOSTS; do
+    for pid in $(ip netns pids "$host" 2>/dev/null); do kill -9 "$pid" 2>/dev/null; done
+  done
+  wait 2>/dev/null
+  NETNS_SLURM_PIDS=
   if [ -n "$NETNS_SLURM_TMP" ]; then
     rm -rf "$NETNS_SLURM_TMP"
     NETNS_SLURM_TMP=
   fi
+}
+
+# netns_slurm_daemon LOG COMMAND...: COMMAND in the foreground of a child of this script, ended
+# with SIGKILL should the script die without netns_slurm_down (setpriv --pdeathsig).
+netns_slurm_daemon() {
+  local log=$1
+  shift
+  "$@" >>"$log" 2>&1 &
+  NETNS_SLURM_PIDS="$NETNS_SLURM_PIDS $!"
 }
 
 netns_slurm_up() {
@@ -69,6 +92,7 @@ netns_slurm_up() {
     NETNS_SLURM_DIR=$NETNS_SLURM_TMP
   fi
   trap netns_slurm_down EXIT
+  trap 'exit 143' TERM INT
   local dir=$NETNS_SLURM_DIR
   mkdir -p "$dir/munge" "$dir/state" "$dir/spool" "$dir/log" "$dir/run" "$dir/tmp" "$dir/nodetmp"
   chmod 0700 "$dir/munge"
@@ -77,10 +101,17 @@ netns_slurm_up() {
   head -c 1024 /dev/urandom > "$dir/munge/munge.key"
   chmod 0400 "$dir/munge/munge.key"
   export NETNS_SLURM_MUNGE_SOCKET=$dir/run/munge.socket
-  munged --force --socket="$NETNS_SLURM_MUNGE_SOCKET" --key-file="$dir/munge/munge.key" \
-    --pid-file="$dir/run/munged.pid" --log-file="$dir/log/munged.log" \
-    --seed-file="$dir/munge/seed" --origin="$NETNS_SUBNET.1" 2>>"$dir/log/munged.log" || {
-    netns_slurm_logs
+  netns_slurm_daemon "$dir/log/munged.out" setpriv --pdeathsig KILL \
+    munged --foreground --force --socket="$NETNS_SLURM_MUNGE_SOCKET" \
+    --key-file="$dir/munge/munge.key" --pid-file="$dir/run/munged.pid" \
+    --log-file="$dir/log/munged.log" --seed-file="$dir/munge/seed" --origin="$NETNS_SUBNET.1"
+  for ((i = 0; i < 50; ++i)); do
+    [ -S "$NETNS_SLURM_MUNGE_SOCKET" ] && break
+    sleep 0.1
+  done
+  [ -S "$NETNS_SLURM_MUNGE_SOCKET" ] || {
+    echo "netns_slurm_up: munged did not start" >&2
+    netns_slurm_logs >&2
     return 1
   }
   local cpus
@@ -126,11 +157,8 @@ netns_slurm_up() {
   } > "$dir/slurm.conf"
   export SLURM_CONF=$dir/slurm.conf
   # slurmctld on the launcher: its own UTS namespace, named as SlurmctldHost says.
-  unshare --uts /bin/bash -c 'hostname launcher; exec slurmctld -i -f "$0"' "$SLURM_CONF" \
-    2>>"$dir/log/slurmctld.log" || {
-    netns_slurm_logs
-    return 1
-  }
+  netns_slurm_daemon "$dir/log/slurmctld.out" unshare --uts /bin/bash -c \
+    'hostname launcher; exec setpriv --pdeathsig KILL slurmctld -D -i -f "$0"' "$SLURM_CONF"
   for ((i = 1; i <= count; ++i)); do
     mkdir -p "$dir/spool/node$i" "$dir/tmp/node$i"
     # `ip netns exec` mounts a fresh /sys, without /sys/fs/cgroup, and slurmd 22.05 will not start
@@ -141,17 +169,15 @@ netns_slurm_up() {
     # directories (/tmp/spmix_appdir_<uid>_<job>.<step>), is a directory of each host's own: the
     # hosts share one file system, and two slurmstepds of one step would collide in one /tmp
     # ("pmixp_mkdir: Cannot create directory ...: File exists").
-    ip netns exec "node$i" unshare --uts /bin/bash -c \
+    netns_slurm_daemon "$dir/log/slurmd.node$i.out" ip netns exec "node$i" unshare --uts /bin/bash -c \
       'hostname "$0"
        mount -t tmpfs cgroup /sys/fs/cgroup
        mkdir /sys/fs/cgroup/systemd
        mount -t cgroup -o none,name=systemd cgroup /sys/fs/cgroup/systemd
        mount --bind "$2/tmp/$0" "$2/nodetmp"
-       exec slurmd -N "$0" -f "$1"' \
-      "node$i" "$SLURM_CONF" "$dir" 2>>"$dir/log/slurmd.node$i.log" || {
-      netns_slurm_logs
-      return 1
-    }
+       exec setpriv --pdeathsig KILL slurmd -D -N "$0" -f "$1"' \
+      "node$i" "$SLURM_CONF" "$dir"
+    NETNS_SLURM_HOSTS="$NETNS_SLURM_HOSTS node$i"
   done
   # Every node idle, within 20 s.
   local tries
