@@ -17,6 +17,7 @@ packages=(
   libpcre2-dev      # tokenizers' split regexes (Unicode classes, look-ahead)
   libicu-dev        # tokenizers' Unicode normalizers (NFC, NFKC)
   iproute2 iptables # the test hosts of the many-hosts tests (tests/support/netns_cluster.sh)
+  slurm-wlm munge    # a real Slurm on those test hosts (tests/support/netns_slurm.sh)
   fortunes fortunes-de fortunes-es fortunes-it fortunes-pl fortunes-ru fortunes-zh fortunes-cs
   fortunes-eo-iso3
                     # real multilingual text: the tokenizer goldens are compared on it
