@@ -2,7 +2,10 @@
  * tools/cmd_describe.c — `mpengine describe MODEL.json`: the per-layer table a user checks before
  * planning: parameters, forward and backward FLOPs for a micro-batch, activation memory kept for
  * backward under each recomputation mode, and the tensor handed to the next layer; then totals.
- * `--format json` prints the same numbers for programs.
+ * `--format json` prints the same numbers for programs. A model with mixture-of-experts blocks
+ * also gets its active parameters (those one token uses: top_k of each block's experts, its router
+ * and shared MLP); its FLOPs are what a dropless token-choice layer computes, which are the active
+ * ones already.
  */
 #include <stdio.h>
 #include <string.h>
@@ -56,7 +59,7 @@ static const double kGiB = 1024.0 * 1024.0 * 1024.0;
 typedef struct {
   double forward_flops, backward_flops;
   double activation_bytes[MP_RECOMPUTE_COUNT];
-  long long params;
+  long long params, active_params;
 } totals;
 
 static void print_table(const mp_model *model, const mp_cost_shape *shape, const char *dtype) {
@@ -84,15 +87,26 @@ static void print_table(const mp_model *model, const mp_cost_shape *shape, const
            cost.activation_bytes[MP_RECOMPUTE_SELECTIVE] / kMiB,
            cost.activation_bytes[MP_RECOMPUTE_FULL] / kMiB, cost.output_bytes / kMiB);
     sum.params += cost.params;
+    sum.active_params += mp_layer_active_params(layer);
     sum.forward_flops += cost.forward_flops;
     sum.backward_flops += cost.backward_flops;
     for (int m = 0; m < MP_RECOMPUTE_COUNT; ++m) sum.activation_bytes[m] += cost.activation_bytes[m];
   }
-  char human[32];
+  char human[32], human_total[32];
   const double tokens = (double)shape->micro_batch * (double)shape->seq_len;
   printf("\nparameters: %s (%s)%s\n", with_commas(sum.params, buffer, sizeof buffer),
          human_count((double)sum.params, human, sizeof human),
          tied ? "; the LM head is tied to the embedding and owns none" : "");
+  const mp_layer_spec *moe = mp_model_first_moe_layer(model);
+  if (moe != NULL) {
+    printf("active parameters per token: %s (%s) of the %s total: each mixture-of-experts block "
+           "routes a token to %lld of its %lld experts%s\n",
+           with_commas(sum.active_params, buffer, sizeof buffer),
+           human_count((double)sum.active_params, human, sizeof human),
+           human_count((double)sum.params, human_total, sizeof human_total),
+           (long long)moe->moe.top_k, (long long)moe->moe.experts,
+           moe->moe.shared_ffn_hidden > 0 ? " plus its shared MLP" : "");
+  }
   printf("FLOPs per micro-batch: forward %.3f GFLOP, backward %.3f GFLOP, total %.3f GFLOP "
          "(%.3f GFLOP per token)\n",
          sum.forward_flops / 1e9, sum.backward_flops / 1e9,
@@ -128,6 +142,7 @@ static int print_json(const mp_model *model, const mp_cost_shape *shape, const c
     cJSON_AddStringToObject(row, "name", layer->name);
     cJSON_AddStringToObject(row, "kind", kind_name(layer->kind));
     add_number(row, "params", (double)cost.params);
+    add_number(row, "active_params", (double)mp_layer_active_params(layer));
     add_number(row, "forward_flops", cost.forward_flops);
     add_number(row, "backward_flops", cost.backward_flops);
     cJSON *activation = cJSON_AddObjectToObject(row, "activation_bytes");
@@ -140,11 +155,13 @@ static int print_json(const mp_model *model, const mp_cost_shape *shape, const c
     add_number(row, "output_bytes", cost.output_bytes);
     cJSON_AddItemToArray(layers, row);
     sum.params += cost.params;
+    sum.active_params += mp_layer_active_params(layer);
     sum.forward_flops += cost.forward_flops;
     sum.backward_flops += cost.backward_flops;
   }
   cJSON *total = cJSON_AddObjectToObject(root, "totals");
   add_number(total, "params", (double)sum.params);
+  add_number(total, "active_params", (double)sum.active_params);
   add_number(total, "forward_flops", sum.forward_flops);
   add_number(total, "backward_flops", sum.backward_flops);
   cJSON *activation = cJSON_AddObjectToObject(total, "activation_bytes");

@@ -36,7 +36,8 @@ static const char *with_commas(long long value, char *out, size_t out_bytes) {
 }
 
 /* "32 blocks, hidden 4096, 32 heads (8 kv), ffn 14336 swiglu, rmsnorm, rope 500000 llama3,
- * vocab 128256, seq_len 8192, untied head, 8,030,261,248 parameters" */
+ * vocab 128256, seq_len 8192, untied head, 8,030,261,248 parameters"; a mixture of experts:
+ * "ffn 8 experts x 14336 swiglu (top 2)", "+ shared 5632 gated", and "(12,879,925,248 active)". */
 static void summarize(const mp_model *model, char *out, size_t out_bytes) {
   const mp_layer_spec *block = NULL, *head = NULL;
   for (int i = 0; i < mp_model_num_layers(model); ++i) {
@@ -51,17 +52,33 @@ static void summarize(const mp_model *model, char *out, size_t out_bytes) {
              block->rope_scaling.llama3 ? " llama3-scaled" : "");
   }
   static const char *const kBias[] = {"no biases", "q-k-v biases", "biases"};
+  char ffn[128] = "", active[64] = "";
+  if (block != NULL && mp_layer_is_moe(block)) {
+    const mp_moe_spec *moe = &block->moe;
+    char shared[48] = "";
+    if (moe->shared_ffn_hidden > 0) {
+      snprintf(shared, sizeof shared, " + shared %lld%s", (long long)moe->shared_ffn_hidden,
+               moe->shared_gate ? " gated" : "");
+    }
+    snprintf(ffn, sizeof ffn, "%lld experts x %lld swiglu (top %lld)%s",
+             (long long)moe->experts, (long long)moe->expert_ffn_hidden, (long long)moe->top_k,
+             shared);
+    char count[32];
+    snprintf(active, sizeof active, " (%s active)",
+             with_commas((long long)mp_model_active_params(model), count, sizeof count));
+  } else {
+    snprintf(ffn, sizeof ffn, "%lld %s", block ? (long long)block->ffn_hidden : 0LL,
+             block && block->activation == MP_ACTIVATION_SWIGLU ? "swiglu" : "gelu");
+  }
   snprintf(out, out_bytes,
-           "%d blocks, hidden %lld, %lld heads (%lld kv), ffn %lld %s, %s, %s, %s, vocab %lld, "
-           "seq_len %lld, %s head, %s parameters",
+           "%d blocks, hidden %lld, %lld heads (%lld kv), ffn %s, %s, %s, %s, vocab %lld, "
+           "seq_len %lld, %s head, %s parameters%s",
            mp_model_num_transformer_layers(model), block ? (long long)block->hidden : 0LL,
            block ? (long long)block->heads : 0LL, block ? (long long)block->kv_heads : 0LL,
-           block ? (long long)block->ffn_hidden : 0LL,
-           block && block->activation == MP_ACTIVATION_SWIGLU ? "swiglu" : "gelu",
-           block && block->norm == MP_NORM_RMSNORM ? "rmsnorm" : "layernorm",
+           ffn, block && block->norm == MP_NORM_RMSNORM ? "rmsnorm" : "layernorm",
            block ? kBias[block->bias] : "", rope, (long long)mp_model_vocab_size(model),
            (long long)mp_model_seq_len(model), head && head->tie_embedding ? "tied" : "untied",
-           params);
+           params, active);
 }
 
 static mp_status write_description(const char *out, const char *text, mp_error *err) {

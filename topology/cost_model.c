@@ -689,6 +689,10 @@ mp_status mp_cost_estimate_plan(const mp_plan *plan, const mp_model *model, mp_e
     MP_TRY(mp_model_load(plan->model_path, &loaded, err));
     model = loaded;
   }
+  if (mp_model_refuse_moe(model, "planned or simulated", err) != MP_OK) {
+    mp_model_free(loaded);
+    return MP_ERR_INPUT;
+  }
   const mp_status status =
       mp_cost_estimate(&cluster, model, &layout,
                        plan->num_stage_counts > 0 ? plan->layers_per_stage : NULL, out, err);
@@ -700,6 +704,7 @@ mp_status mp_cost_estimate_plan(const mp_plan *plan, const mp_model *model, mp_e
 mp_status mp_cost_estimate(const mp_cluster *cluster, const mp_model *model,
                            const mp_layout *layout, const int *layers_per_stage,
                            mp_estimate *out, mp_error *err) {
+  MP_TRY(mp_model_refuse_moe(model, "planned or simulated", err));
   return estimate_layout(cluster, model, layout, layers_per_stage, NULL, out, err);
 }
 

@@ -28,7 +28,15 @@
 #include "common/text_buffer.h"
 #include "topology/model.h"
 
-typedef enum { FAMILY_LLAMA = 0, FAMILY_MISTRAL, FAMILY_QWEN2, FAMILY_GPT2 } hf_family;
+typedef enum {
+  FAMILY_LLAMA = 0,
+  FAMILY_MISTRAL,
+  FAMILY_QWEN2,
+  FAMILY_GPT2,
+  FAMILY_MIXTRAL,   /* Mistral's blocks with a mixture of experts */
+  FAMILY_QWEN2_MOE, /* Qwen2's with experts and a gated shared expert */
+  FAMILY_QWEN3_MOE, /* recognised to be refused by name: see read_llama_family */
+} hf_family;
 
 typedef struct {
   const char *architecture; /* the class in config.json's "architectures" */
@@ -41,11 +49,15 @@ static const hf_architecture kArchitectures[] = {
     {"MistralForCausalLM", "mistral", FAMILY_MISTRAL},
     {"Qwen2ForCausalLM", "qwen2", FAMILY_QWEN2},
     {"GPT2LMHeadModel", "gpt2", FAMILY_GPT2},
+    {"MixtralForCausalLM", "mixtral", FAMILY_MIXTRAL},
+    {"Qwen2MoeForCausalLM", "qwen2_moe", FAMILY_QWEN2_MOE},
+    {"Qwen3MoeForCausalLM", "qwen3_moe", FAMILY_QWEN3_MOE},
 };
 enum { kNumArchitectures = sizeof kArchitectures / sizeof kArchitectures[0] };
 
 static const char kSupportedArchitectures[] =
-    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel";
+    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel, "
+    "MixtralForCausalLM, Qwen2MoeForCausalLM";
 
 /* Keys that make a block a mixture of experts (Mixtral, Qwen2-MoE, DeepSeek, OLMoE): the
  * description has one dense MLP per block. */
@@ -72,6 +84,7 @@ typedef struct {
   double rope_theta; /* 0: no rotary embedding (GPT-2) */
   mp_rope_scaling rope_scaling;
   bool tie_embedding;
+  mp_moe_spec moe; /* experts > 0: Mixtral, Qwen2-MoE */
 } imported_model;
 
 /* ---- reading config keys --------------------------------------------------------------------- */
@@ -169,7 +182,8 @@ static mp_status read_architecture(const mp_json_reader *reader, const cJSON *co
     if (*out == NULL) {
       return mp_fail(reader->err, MP_ERR_INPUT,
                      "%s: $.model_type: \"%.60s\" cannot be imported (and there is no "
-                     "architectures list); supported model types: llama, mistral, qwen2, gpt2",
+                     "architectures list); supported model types: llama, mistral, qwen2, gpt2, "
+                     "mixtral, qwen2_moe",
                      reader->source, model_type);
     }
     return MP_OK;
@@ -322,8 +336,86 @@ static mp_status read_rope_scaling(const mp_json_reader *reader, const cJSON *co
   return MP_OK;
 }
 
+/* The experts of Mixtral and Qwen2-MoE, with transformers 4.46's defaults (MixtralConfig,
+ * Qwen2MoeConfig). The load-balancing loss joins transformers' loss only with
+ * output_router_logits true, so its coefficient is router_aux_loss_coef then and 0 otherwise. */
+static mp_status read_moe_config(const mp_json_reader *reader, const cJSON *config,
+                                 imported_model *m) {
+  mp_moe_spec *moe = &m->moe;
+  const bool mixtral = m->family == FAMILY_MIXTRAL;
+  const char *experts_key = mixtral ? "num_local_experts" : "num_experts";
+  MP_TRY(mp_json_optional_int(reader, config, "$", experts_key, MP_JSON_POSITIVE, mixtral ? 8 : 60,
+                              &moe->experts));
+  MP_TRY(mp_json_optional_int(reader, config, "$", "num_experts_per_tok", MP_JSON_POSITIVE,
+                              mixtral ? 2 : 4, &moe->top_k));
+  if (moe->top_k > moe->experts) {
+    return mp_fail(reader->err, MP_ERR_INPUT,
+                   "%s: $.num_experts_per_tok: %lld is more than $.%s %lld",
+                   reader->source, (long long)moe->top_k, experts_key, (long long)moe->experts);
+  }
+  bool output_router_logits = false;
+  double coefficient = 0.001;
+  MP_TRY(mp_json_optional_bool(reader, config, "$", "output_router_logits", false,
+                               &output_router_logits));
+  MP_TRY(mp_json_optional_number(reader, config, "$", "router_aux_loss_coef", MP_JSON_NONNEGATIVE,
+                                 0.001, &coefficient));
+  moe->aux_loss_coeff = output_router_logits ? coefficient : 0.0;
+  moe->router = MP_MOE_ROUTER_SOFTMAX;
+  if (mixtral) {
+    moe->expert_ffn_hidden = m->ffn_hidden; /* intermediate_size: each expert's width */
+    moe->normalize_top_k = true;            /* MixtralSparseMoeBlock always renormalises */
+    double jitter = 0.0;
+    MP_TRY(mp_json_optional_number(reader, config, "$", "router_jitter_noise",
+                                   MP_JSON_NONNEGATIVE, 0.0, &jitter));
+    if (jitter != 0.0) {
+      return mp_fail(reader->err, MP_ERR_INPUT,
+                     "%s: $.router_jitter_noise: %g cannot be imported; the model description's "
+                     "router has no input noise (set it to 0)",
+                     reader->source, jitter);
+    }
+    return MP_OK;
+  }
+  MP_TRY(mp_json_optional_int(reader, config, "$", "moe_intermediate_size", MP_JSON_POSITIVE,
+                              1408, &moe->expert_ffn_hidden));
+  MP_TRY(mp_json_optional_int(reader, config, "$", "shared_expert_intermediate_size",
+                              MP_JSON_POSITIVE, 5632, &moe->shared_ffn_hidden));
+  moe->shared_gate = true; /* Qwen2MoeSparseMoeBlock always gates its shared expert */
+  MP_TRY(mp_json_optional_bool(reader, config, "$", "norm_topk_prob", false,
+                               &moe->normalize_top_k));
+  int64_t step = 1;
+  MP_TRY(mp_json_optional_int(reader, config, "$", "decoder_sparse_step", MP_JSON_POSITIVE, 1,
+                              &step));
+  if (step != 1) {
+    return mp_fail(reader->err, MP_ERR_INPUT,
+                   "%s: $.decoder_sparse_step: %lld makes only one block in %lld a mixture of "
+                   "experts, which the import cannot represent yet (it writes one block shape "
+                   "for every layer); only 1 imports",
+                   reader->source, (long long)step, (long long)step);
+  }
+  const cJSON *dense_layers = config_item(config, "mlp_only_layers");
+  if (dense_layers != NULL && !cJSON_IsNull(dense_layers) &&
+      (!cJSON_IsArray(dense_layers) || cJSON_GetArraySize(dense_layers) > 0)) {
+    char text[80];
+    return mp_fail(reader->err, MP_ERR_INPUT,
+                   "%s: $.mlp_only_layers: %s gives those blocks a dense MLP, which the import "
+                   "cannot represent yet (it writes one block shape for every layer); only [] "
+                   "imports",
+                   reader->source, value_text(dense_layers, text, sizeof text));
+  }
+  return MP_OK;
+}
+
 static mp_status read_llama_family(const mp_json_reader *reader, const cJSON *config,
                                    imported_model *m, int64_t *max_position_embeddings) {
+  if (m->family == FAMILY_QWEN3_MOE) {
+    /* Qwen3MoeAttention normalises each head's queries and keys (q_norm, k_norm) and sets its
+     * head size by head_dim: neither is in the model description's block. */
+    return mp_fail(reader->err, MP_ERR_INPUT,
+                   "%s: $.architectures[0]: \"Qwen3MoeForCausalLM\" cannot be imported: its "
+                   "attention applies an RMSNorm to each head's queries and keys (q_norm, "
+                   "k_norm), which the model description cannot represent",
+                   reader->source);
+  }
   MP_TRY(require_size(reader, config, "hidden_size", &m->hidden));
   MP_TRY(require_size(reader, config, "num_attention_heads", &m->heads));
   MP_TRY(optional_int_or_null(reader, config, "num_key_value_heads", m->heads, &m->kv_heads));
@@ -335,7 +427,7 @@ static mp_status read_llama_family(const mp_json_reader *reader, const cJSON *co
   /* Llama and Mistral read head_dim (Llama 3.2 writes it); Qwen2 in transformers 4.46 always
    * uses hidden_size / num_attention_heads, whatever a head_dim key says. */
   int64_t head_dim = m->hidden / m->heads;
-  if (m->family != FAMILY_QWEN2) {
+  if (m->family != FAMILY_QWEN2 && m->family != FAMILY_QWEN2_MOE) {
     MP_TRY(optional_int_or_null(reader, config, "head_dim", m->hidden / m->heads, &head_dim));
   }
   if (head_dim != m->hidden / m->heads) {
@@ -345,7 +437,11 @@ static mp_status read_llama_family(const mp_json_reader *reader, const cJSON *co
                    "heads)",
                    reader->source, (long long)head_dim, (long long)(m->hidden / m->heads));
   }
-  MP_TRY(refuse_mixture_of_experts(reader, config));
+  if (m->family == FAMILY_MIXTRAL || m->family == FAMILY_QWEN2_MOE) {
+    MP_TRY(read_moe_config(reader, config, m));
+  } else {
+    MP_TRY(refuse_mixture_of_experts(reader, config));
+  }
 
   m->rmsnorm = true;
   m->swiglu = true;
@@ -424,7 +520,20 @@ static mp_status read_llama_family(const mp_json_reader *reader, const cJSON *co
       }
       break;
     }
-    case FAMILY_QWEN2: {
+    case FAMILY_MIXTRAL: {
+      /* MixtralConfig's sliding_window defaults to None (no window), unlike Mistral's. */
+      m->bias = MP_BIAS_NONE;
+      if (!absent_or_null(config, "sliding_window")) {
+        int64_t size = 0;
+        MP_TRY(require_size(reader, config, "sliding_window", &size));
+        char how[64];
+        snprintf(how, sizeof how, "%lld", (long long)size);
+        MP_TRY(check_window(reader, "sliding_window", how, size, *max_position_embeddings));
+      }
+      break;
+    }
+    case FAMILY_QWEN2:
+    case FAMILY_QWEN2_MOE: {
       m->bias = MP_BIAS_QKV; /* Qwen2ForCausalLM: biases on q, k and v, none elsewhere */
       bool use_window = false;
       MP_TRY(mp_json_optional_bool(reader, config, "$", "use_sliding_window", false,
@@ -443,6 +552,7 @@ static mp_status read_llama_family(const mp_json_reader *reader, const cJSON *co
       break;
     }
     case FAMILY_GPT2:
+    case FAMILY_QWEN3_MOE:
       break;
   }
   return MP_OK;
@@ -603,7 +713,7 @@ static cJSON *build_description(const imported_model *m) {
   ok = block != NULL && add_number(block, "hidden", (double)m->hidden) &&
        add_number(block, "heads", (double)m->heads) &&
        add_number(block, "kv_heads", (double)m->kv_heads) &&
-       add_number(block, "ffn_hidden", (double)m->ffn_hidden) &&
+       (m->moe.experts > 0 || add_number(block, "ffn_hidden", (double)m->ffn_hidden)) &&
        add_string(block, "norm", m->rmsnorm ? "rmsnorm" : "layernorm") &&
        add_number(block, "norm_eps", m->norm_eps) &&
        add_string(block, "activation", m->swiglu ? "swiglu" : "gelu");
@@ -622,6 +732,18 @@ static cJSON *build_description(const imported_model *m) {
          add_number(scaling, "high_freq_factor", r->high_freq_factor) &&
          add_number(scaling, "original_max_position_embeddings",
                     (double)r->original_max_positions);
+  }
+  if (ok && m->moe.experts > 0) {
+    const mp_moe_spec *e = &m->moe;
+    cJSON *moe = cJSON_AddObjectToObject(block, "moe");
+    ok = moe != NULL && add_number(moe, "experts", (double)e->experts) &&
+         add_number(moe, "top_k", (double)e->top_k) &&
+         add_number(moe, "expert_ffn_hidden", (double)e->expert_ffn_hidden) &&
+         add_number(moe, "shared_ffn_hidden", (double)e->shared_ffn_hidden) &&
+         add_bool(moe, "shared_gate", e->shared_gate) && add_string(moe, "router", "softmax") &&
+         add_bool(moe, "normalize_top_k", e->normalize_top_k) &&
+         add_number(moe, "aux_loss_coeff", e->aux_loss_coeff) &&
+         add_number(moe, "z_loss_coeff", 0.0) && cJSON_AddNullToObject(moe, "capacity_factor");
   }
   ok = ok && add_number(block, "repeat", (double)m->layers);
 

@@ -34,13 +34,25 @@
  *   activation, bias       gelu (activation_function "gelu_new" or "gelu_pytorch_tanh"), true
  *   dropout                resid_pdrop = embd_pdrop = attn_pdrop (default 0.1)
  *   tie_embedding          tie_word_embeddings (default true)
+ * and from MixtralForCausalLM (Mistral's keys; no sliding window unless sliding_window is set)
+ * and Qwen2MoeForCausalLM (Qwen2's keys), a "moe" block (topology/model.h):
+ *   experts                num_local_experts (default 8) / num_experts (default 60)
+ *   top_k                  num_experts_per_tok (default 2 / 4)
+ *   expert_ffn_hidden      Mixtral: intermediate_size; Qwen2-MoE: moe_intermediate_size (1408)
+ *   shared_ffn_hidden      Qwen2-MoE: shared_expert_intermediate_size (5632), shared_gate true
+ *   normalize_top_k        Mixtral: true; Qwen2-MoE: norm_topk_prob (default false)
+ *   aux_loss_coeff         router_aux_loss_coef (default 0.001) when output_router_logits is
+ *                          true, else 0: transformers adds the loss only then
+ *   router softmax, z_loss_coeff 0, capacity_factor null (both are dropless)
  * The name: options.name, else _name_or_path's last component, else the checkpoint
  * directory's name.
  *
  * Refused: another architecture (the message lists the supported ones); a model_type that disagrees
- * with the architecture; a sliding window shorter than max_position_embeddings (Mistral's
- * sliding_window, Qwen2's use_sliding_window); mixture-of-experts keys (num_local_experts,
- * num_experts, num_experts_per_tok, n_routed_experts, n_shared_experts, moe_intermediate_size,
+ * with the architecture; Qwen3MoeForCausalLM (its per-head query and key RMSNorm); Mixtral's
+ * router_jitter_noise above 0; Qwen2-MoE's decoder_sparse_step other than 1 and a non-empty
+ * mlp_only_layers (blocks of two shapes); a sliding window shorter than
+ * max_position_embeddings (Mistral's sliding_window, Qwen2's use_sliding_window); on the dense
+ * architectures, mixture-of-experts keys (num_local_experts, num_experts, num_experts_per_tok, n_routed_experts, n_shared_experts, moe_intermediate_size,
  * shared_expert_intermediate_size); a rope_scaling type other than llama3 / default (linear,
  * dynamic, yarn, longrope, ...), a llama3 one with high_freq_factor not above low_freq_factor, and
  * any scaling on Mistral (which transformers 4.46 ignores and later versions apply);

@@ -61,7 +61,16 @@ static int64_t norm_stats_per_token(mp_norm_kind norm) {
   return norm == MP_NORM_RMSNORM ? 1 : 2; /* rstd (and mean) */
 }
 
-static int64_t transformer_params(const mp_layer_spec *layer) {
+/* An MoE block's MLP with `routed` of its experts: the router, those experts (gate, up and down,
+ * no biases) and the shared MLP with its gate. */
+static int64_t moe_mlp_params(const mp_layer_spec *layer, int64_t routed) {
+  const mp_moe_spec *m = &layer->moe;
+  const int64_t h = layer->hidden;
+  return m->experts * h + routed * 3 * h * m->expert_ffn_hidden + 3 * h * m->shared_ffn_hidden +
+         (m->shared_gate ? h : 0);
+}
+
+static int64_t transformer_params_with(const mp_layer_spec *layer, bool active) {
   const int64_t h = layer->hidden;
   const int64_t kv_width = layer->kv_heads * (h / layer->heads);
   const int64_t f = layer->ffn_hidden;
@@ -70,12 +79,31 @@ static int64_t transformer_params(const mp_layer_spec *layer) {
   int64_t attention = h * (h + 2 * kv_width) + qkv_bias * (h + 2 * kv_width) /* qkv */
                       + h * h + bias * h;                                     /* projection */
   int64_t mlp;
-  if (layer->activation == MP_ACTIVATION_SWIGLU) {
+  if (mp_layer_is_moe(layer)) {
+    mlp = moe_mlp_params(layer, active ? layer->moe.top_k : layer->moe.experts);
+  } else if (layer->activation == MP_ACTIVATION_SWIGLU) {
     mlp = 2 * h * f + bias * 2 * f /* gate and up */ + f * h + bias * h /* down */;
   } else {
     mlp = h * f + bias * f + f * h + bias * h;
   }
   return attention + mlp + 2 * norm_params(layer->norm, h);
+}
+
+static int64_t transformer_params(const mp_layer_spec *layer) {
+  return transformer_params_with(layer, false);
+}
+
+int64_t mp_layer_active_params(const mp_layer_spec *layer) {
+  if (layer->kind == MP_LAYER_TRANSFORMER) return transformer_params_with(layer, true);
+  return mp_layer_params(layer);
+}
+
+int64_t mp_model_active_params(const mp_model *model) {
+  int64_t total = 0;
+  for (int i = 0; i < mp_model_num_layers(model); ++i) {
+    total += mp_layer_active_params(mp_model_layer(model, i));
+  }
+  return total;
 }
 
 int64_t mp_layer_params(const mp_layer_spec *layer) {
@@ -150,8 +178,27 @@ static void transformer_cost(const mp_layer_spec *layer, const mp_cost_shape *sh
     add_gemm(out, tq, head_size, t, sequences_x_heads, MP_GEMM_SPLIT_BATCH, true); /* P V */
   }
   add_gemm(out, tokens, h, h, 1.0, MP_GEMM_SPLIT_K, false);                      /* projection */
-  add_gemm(out, tokens, swiglu ? 2.0 * f : f, h, 1.0, MP_GEMM_SPLIT_N, false);  /* fc1 / gate+up */
-  add_gemm(out, tokens, h, f, 1.0, MP_GEMM_SPLIT_K, false);                      /* fc2 / down */
+  const bool moe = mp_layer_is_moe(layer);
+  const double experts = (double)layer->moe.experts;
+  const double top_k = (double)layer->moe.top_k;
+  const double shared_f = (double)layer->moe.shared_ffn_hidden;
+  if (moe) {
+    add_gemm(out, tokens, experts, h, 1.0, MP_GEMM_SPLIT_NONE, false);        /* router */
+    add_gemm(out, tokens * top_k, 2.0 * f, h, 1.0, MP_GEMM_SPLIT_N, false);   /* gate+up */
+    add_gemm(out, tokens * top_k, h, f, 1.0, MP_GEMM_SPLIT_K, false);         /* down */
+    if (shared_f > 0.0) {
+      add_gemm(out, tokens, 2.0 * shared_f, h, 1.0, MP_GEMM_SPLIT_N, false);  /* shared gate+up */
+      add_gemm(out, tokens, h, shared_f, 1.0, MP_GEMM_SPLIT_K, false);        /* shared down */
+      if (layer->moe.shared_gate) {
+        add_gemm(out, tokens, 1.0, h, 1.0, MP_GEMM_SPLIT_NONE, false);        /* its gate */
+      }
+    }
+  } else {
+    add_gemm(out, tokens, swiglu ? 2.0 * f : f, h, 1.0, MP_GEMM_SPLIT_N, false); /* fc1/gate+up */
+    add_gemm(out, tokens, h, f, 1.0, MP_GEMM_SPLIT_K, false);                     /* fc2 / down */
+  }
+  /* The activation's width per token: an MoE block's k routed copies and its shared MLP. */
+  const double act_f = moe ? top_k * f + shared_f : f;
   out->backward_flops = 2.0 * out->forward_flops;
   out->recompute_flops[MP_RECOMPUTE_NONE] = 0.0;
   out->recompute_flops[MP_RECOMPUTE_SELECTIVE] = flash ? 0.0 : attention_core_flops;
@@ -189,10 +236,23 @@ static void transformer_cost(const mp_layer_spec *layer, const mp_cost_shape *sh
                  tokens * scores * kDropoutFlops);
     }
   }
-  add_kernel(out, false, MP_TRAFFIC_SPLIT, false, tokens * (swiglu ? 3.0 : 2.0) * f * elem,
-             tokens * f * (swiglu ? kSwigluForwardFlops : kGeluForwardFlops));
-  add_kernel(out, true, MP_TRAFFIC_SPLIT, false, tokens * (swiglu ? 5.0 : 3.0) * f * elem,
-             tokens * f * (swiglu ? kSwigluBackwardFlops : kGeluBackwardFlops));
+  add_kernel(out, false, MP_TRAFFIC_SPLIT, false, tokens * (swiglu ? 3.0 : 2.0) * act_f * elem,
+             tokens * act_f * (swiglu ? kSwigluForwardFlops : kGeluForwardFlops));
+  add_kernel(out, true, MP_TRAFFIC_SPLIT, false, tokens * (swiglu ? 5.0 : 3.0) * act_f * elem,
+             tokens * act_f * (swiglu ? kSwigluBackwardFlops : kGeluBackwardFlops));
+  if (moe) {
+    /* The router's softmax and top-k over E fp32 logits, and its gradient. */
+    add_kernel(out, false, MP_TRAFFIC_REPLICATED, false, tokens * 3.0 * experts * kStatBytes,
+               tokens * experts * (3.0 + kTranscendentalFlops));
+    add_kernel(out, true, MP_TRAFFIC_REPLICATED, false, tokens * 3.0 * experts * kStatBytes,
+               tokens * experts * kSoftmaxBackwardFlops);
+    /* Gather each token's k copies to their experts, and the weighted combine back; the same
+     * twice in backward. */
+    add_kernel(out, false, MP_TRAFFIC_REPLICATED, false, tokens * 4.0 * top_k * h * elem,
+               tokens * top_k * h * 2.0 * kAddFlops);
+    add_kernel(out, true, MP_TRAFFIC_REPLICATED, false, tokens * 4.0 * top_k * h * elem,
+               tokens * top_k * h * 2.0 * kAddFlops);
+  }
   if (layer->rope_theta > 0.0) { /* rotate the queries and keys, and their gradients back */
     const double rotated = h + kv_width;
     add_kernel(out, false, MP_TRAFFIC_SPLIT, false, tokens * 2.0 * rotated * elem,
@@ -201,7 +261,12 @@ static void transformer_cost(const mp_layer_spec *layer, const mp_cost_shape *sh
                tokens * rotated * kRopeFlops);
   }
 
-  const double mlp_tensors = swiglu ? 3.0 * f : 2.0 * f;
+  /* MoE: per routed copy its gathered input, gate+up, activation and output; the shared MLP's
+   * three tensors and its gate; the router's probabilities in fp32 (counted in elements). */
+  const double mlp_tensors =
+      moe ? top_k * (2.0 * h + 3.0 * f) + 3.0 * shared_f + (layer->moe.shared_gate ? 1.0 : 0.0) +
+                experts * kStatBytes / elem
+          : (swiglu ? 3.0 * f : 2.0 * f);
   /* norm1 in, norm1 out, attention out, norm2 in, norm2 out: 5h; qkv: h + 2 kv_width. */
   const double dense_elements = 6.0 * h + 2.0 * kv_width + mlp_tensors;
   const double stats = 2.0 * norm_stats;

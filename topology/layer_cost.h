@@ -64,6 +64,18 @@
  *     kept: a block's backward gathers them again (the runtime keeps each micro-batch's own
  *     tokens only; engine/model/stage_chain.c), so they are working memory of one block, with
  *     their gradient (cost_model.h's cp buffers), not activations.
+ *   - A mixture-of-experts block (mp_layer_is_moe): its MLP is the router GEMM (tokens, E, C),
+ *     each token's top_k experts (as one GEMM pair over tokens x top_k rows: gate and up to 2F,
+ *     down to C), and the shared MLP (2Fs, then C) with its gate (tokens, 1, C) when it has one:
+ *     the FLOPs are those a dropless token-choice layer computes, whatever the routing. Its
+ *     parameters are all E experts (mp_layer_params); the active ones (mp_layer_active_params) those
+ *     a token uses: attention, norms, router, top_k experts and the shared MLP. Kept for backward,
+ *     per token, in place of the dense MLP's tensors: the router's E probabilities (fp32), and per
+ *     routed copy its gathered input (C), gate-and-up output (2F), activation (F) and expert
+ *     output (C), plus the shared MLP's 3 Fs and its gate; the memory-bound kernels add the
+ *     SwiGLU over k F + Fs, the router softmax and top-k over E, and the permutation and combine
+ *     (each reads and writes k C). Costs are for one rank holding every expert (ep 1): expert
+ *     parallelism is a later slice of issue 33, and the planner refuses MoE models until then.
  */
 #ifndef MPENGINE_TOPOLOGY_LAYER_COST_H
 #define MPENGINE_TOPOLOGY_LAYER_COST_H
@@ -126,8 +138,8 @@ typedef struct {
 } mp_gemm_shape;
 
 enum {
-  MP_LAYER_MAX_GEMMS = 6,
-  MP_LAYER_MAX_KERNELS = 20,
+  MP_LAYER_MAX_GEMMS = 10,
+  MP_LAYER_MAX_KERNELS = 24,
   MP_TRAFFIC_REPLICATED = 0, /* index of the memory-traffic arrays: replicated over tp unless SP */
   MP_TRAFFIC_SPLIT = 1,      /* divided by tp */
 };
@@ -163,8 +175,13 @@ typedef struct {
 /* Whether a transformer layer's attention runs as one fused (flash) kernel under shape. */
 bool mp_layer_flash_attention(const mp_layer_spec *layer, const mp_cost_shape *shape);
 
-/* Parameters of one layer (weights and biases); a tied LM head owns none. */
+/* Parameters of one layer (weights and biases); a tied LM head owns none. A mixture-of-experts
+ * block counts all its experts. */
 int64_t mp_layer_params(const mp_layer_spec *layer);
+
+/* Of mp_layer_params, those one token uses: an MoE block's top_k experts instead of all E (and
+ * its router and shared MLP); every parameter of any other layer. */
+int64_t mp_layer_active_params(const mp_layer_spec *layer);
 
 /* Costs of one layer for the given micro-batch shape. */
 void mp_layer_cost_compute(const mp_layer_spec *layer, const mp_cost_shape *shape,
@@ -172,6 +189,10 @@ void mp_layer_cost_compute(const mp_layer_spec *layer, const mp_cost_shape *shap
 
 /* Sum of mp_layer_params over the model: llm.c's count for GPT-2 (124,439,808 for 124M). */
 int64_t mp_model_params(const mp_model *model);
+
+/* Sum of mp_layer_active_params: Mixtral-8x7B's 12.9 B of its 46.7 B. Equal to mp_model_params
+ * for a model without experts. */
+int64_t mp_model_active_params(const mp_model *model);
 
 #ifdef __cplusplus
 }

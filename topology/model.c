@@ -50,7 +50,12 @@ static const char *const kEmbeddingKeys[] = {"type", "hidden", "vocab", "max_pos
 static const char *const kTransformerKeys[] = {"type", "hidden", "heads", "kv_heads",
                                                "ffn_hidden", "norm", "activation", "bias",
                                                "dropout", "attention", "norm_eps", "rope_theta",
-                                               "rope_scaling", "repeat", NULL};
+                                               "rope_scaling", "repeat", "moe", NULL};
+static const char *const kMoeKeys[] = {"experts", "top_k", "expert_ffn_hidden",
+                                       "shared_ffn_hidden", "shared_gate", "router",
+                                       "normalize_top_k", "aux_loss_coeff", "z_loss_coeff",
+                                       "capacity_factor", NULL};
+static const char *const kMoeRouterNames[] = {"softmax", NULL};
 static const char *const kLayernormKeys[] = {"type", "hidden", "norm", "norm_eps", NULL};
 static const char *const kRopeScalingKeys[] = {"rope_type", "factor", "low_freq_factor",
                                                "high_freq_factor",
@@ -153,6 +158,80 @@ static mp_status read_rope(const mp_json_reader *reader, const cJSON *node, cons
   return MP_OK;
 }
 
+/* "moe" of a transformer node (model.h). The summed width of the experts and the shared MLP is
+ * held to kMaxFfnHidden, the bound of one dense MLP, so that an MoE block's parameters stay within
+ * a dense block's and the counts of 2^17 layers within int64. */
+static mp_status read_moe(const mp_json_reader *reader, const cJSON *node, const char *path,
+                          mp_layer_spec *spec) {
+  const cJSON *moe = cJSON_GetObjectItemCaseSensitive(node, "moe");
+  if (moe == NULL) return MP_OK;
+  char moe_path[MP_JSON_PATH_BYTES];
+  mp_json_path_key(moe_path, sizeof moe_path, path, "moe");
+  MP_TRY(mp_json_expect_object(reader, moe, moe_path, "a mixture-of-experts object"));
+  MP_TRY(mp_json_check_keys(reader, moe, moe_path, kMoeKeys));
+  if (cJSON_GetObjectItemCaseSensitive(node, "ffn_hidden") != NULL) {
+    return mp_fail(reader->err, MP_ERR_INPUT,
+                   "%s: %s.ffn_hidden: a block with \"moe\" has no dense MLP; give each "
+                   "expert's width as moe.expert_ffn_hidden and remove ffn_hidden",
+                   reader->source, path);
+  }
+  mp_moe_spec *m = &spec->moe;
+  MP_TRY(read_size(reader, moe, moe_path, "experts", true, 0, kMaxFfnHidden, &m->experts));
+  MP_TRY(read_size(reader, moe, moe_path, "top_k", true, 0, kMaxFfnHidden, &m->top_k));
+  if (m->top_k > m->experts) {
+    return mp_fail(reader->err, MP_ERR_INPUT,
+                   "%s: %s.top_k: %lld is more than experts %lld; each token goes to top_k "
+                   "distinct experts",
+                   reader->source, moe_path, (long long)m->top_k, (long long)m->experts);
+  }
+  MP_TRY(read_size(reader, moe, moe_path, "expert_ffn_hidden", true, 0, kMaxFfnHidden,
+                   &m->expert_ffn_hidden));
+  MP_TRY(mp_json_optional_int(reader, moe, moe_path, "shared_ffn_hidden", MP_JSON_NONNEGATIVE, 0,
+                              &m->shared_ffn_hidden));
+  MP_TRY(at_most(reader, moe_path, "shared_ffn_hidden", m->shared_ffn_hidden, kMaxFfnHidden));
+  const int64_t width = m->experts * m->expert_ffn_hidden + m->shared_ffn_hidden;
+  if (width > kMaxFfnHidden) {
+    return mp_fail(reader->err, MP_ERR_INPUT,
+                   "%s: %s: experts x expert_ffn_hidden + shared_ffn_hidden = %lld is larger "
+                   "than the supported %d",
+                   reader->source, moe_path, (long long)width, kMaxFfnHidden);
+  }
+  MP_TRY(mp_json_optional_bool(reader, moe, moe_path, "shared_gate", false, &m->shared_gate));
+  if (m->shared_gate && m->shared_ffn_hidden == 0) {
+    return mp_fail(reader->err, MP_ERR_INPUT,
+                   "%s: %s.shared_gate: true, but there is no shared MLP to gate; set "
+                   "shared_ffn_hidden or remove shared_gate",
+                   reader->source, moe_path);
+  }
+  int router = 0;
+  MP_TRY(mp_json_optional_choice(reader, moe, moe_path, "router", kMoeRouterNames, 0, &router));
+  m->router = (mp_moe_router)router;
+  MP_TRY(mp_json_optional_bool(reader, moe, moe_path, "normalize_top_k", true,
+                               &m->normalize_top_k));
+  MP_TRY(mp_json_optional_number(reader, moe, moe_path, "aux_loss_coeff", MP_JSON_NONNEGATIVE,
+                                 0.0, &m->aux_loss_coeff));
+  MP_TRY(mp_json_optional_number(reader, moe, moe_path, "z_loss_coeff", MP_JSON_NONNEGATIVE, 0.0,
+                                 &m->z_loss_coeff));
+  const cJSON *capacity = cJSON_GetObjectItemCaseSensitive(moe, "capacity_factor");
+  if (capacity != NULL && !cJSON_IsNull(capacity)) {
+    MP_TRY(mp_json_require_number(reader, moe, moe_path, "capacity_factor", MP_JSON_POSITIVE,
+                                  &m->capacity_factor));
+  }
+  if (spec->activation != MP_ACTIVATION_SWIGLU) {
+    return mp_fail(reader->err, MP_ERR_INPUT,
+                   "%s: %s.activation: the experts are SwiGLU MLPs (Mixtral, Qwen2-MoE); set "
+                   "\"activation\": \"swiglu\"",
+                   reader->source, path);
+  }
+  if (spec->bias == MP_BIAS_ALL) {
+    return mp_fail(reader->err, MP_ERR_INPUT,
+                   "%s: %s.bias: the experts carry no biases; set \"bias\" to false or \"qkv\"",
+                   reader->source, path);
+  }
+  spec->ffn_hidden = m->expert_ffn_hidden;
+  return MP_OK;
+}
+
 /* Parses one node of $.layers into spec (repeat not yet expanded). */
 static mp_status parse_node(const mp_json_reader *reader, const cJSON *node, const char *path,
                             const mp_model *model, mp_layer_spec *spec, int64_t *repeat) {
@@ -220,6 +299,7 @@ static mp_status parse_node(const mp_json_reader *reader, const cJSON *node, con
                                      &attention));
       spec->attention = (mp_attention_kind)attention;
       MP_TRY(read_size(reader, node, path, "repeat", false, 1, kMaxRepeat, repeat));
+      MP_TRY(read_moe(reader, node, path, spec));
       if (spec->hidden % spec->heads != 0) {
         return mp_fail(reader->err, MP_ERR_INPUT,
                        "%s: %s: hidden %lld is not divisible by heads %lld; the head size "
@@ -467,4 +547,25 @@ int mp_model_num_transformer_layers(const mp_model *model) {
     if (model->layers[i].kind == MP_LAYER_TRANSFORMER) ++count;
   }
   return count;
+}
+
+bool mp_layer_is_moe(const mp_layer_spec *layer) {
+  return layer->kind == MP_LAYER_TRANSFORMER && layer->moe.experts > 0;
+}
+
+const mp_layer_spec *mp_model_first_moe_layer(const mp_model *model) {
+  for (int i = 0; i < model->num_layers; ++i) {
+    if (mp_layer_is_moe(&model->layers[i])) return &model->layers[i];
+  }
+  return NULL;
+}
+
+mp_status mp_model_refuse_moe(const mp_model *model, const char *what, mp_error *err) {
+  const mp_layer_spec *layer = mp_model_first_moe_layer(model);
+  if (layer == NULL) return MP_OK;
+  return mp_fail(err, MP_ERR_INPUT,
+                 "%s: $.layers[%d].moe (%s): mixture-of-experts blocks are described and counted "
+                 "(mpengine describe), not %s yet (issue 33: expert parallelism, the runtime and "
+                 "the planner come in its later slices)",
+                 model->source, layer->json_index, layer->name, what);
 }

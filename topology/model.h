@@ -40,6 +40,25 @@
  * per-row statistics, as our CUDA backend runs), or absent: the backend's own (flash on a bf16
  * device, unfused on an fp32 one). A `custom` node lets the planner plan
  * a layer the runtime cannot run: its costs are given, not derived.
+ *
+ * Mixture of experts (issue 33): a transformer node's MLP is E experts, of which a router sends
+ * every token to its top k, when the node has "moe" (Mixtral, Qwen2-MoE, Qwen3-MoE):
+ *   "moe": {"experts": 8, "top_k": 2, "expert_ffn_hidden": 14336,
+ *           "shared_ffn_hidden": 0, "shared_gate": false, "router": "softmax",
+ *           "normalize_top_k": true, "aux_loss_coeff": 0.02, "z_loss_coeff": 0,
+ *           "capacity_factor": null}
+ * experts (E), top_k (k <= E) and expert_ffn_hidden (each expert's SwiGLU width) are required.
+ * shared_ffn_hidden is the width of an MLP every token also goes through (Qwen2-MoE's
+ * shared_expert; several shared experts of one width are one MLP of their summed width), 0 or
+ * absent for none; shared_gate scales its output by sigmoid(x . w) per token (Qwen2-MoE's
+ * shared_expert_gate), and needs a shared MLP. router "softmax" (the only one): softmax over all
+ * E logits, then the k largest probabilities, ties to the lowest expert index; normalize_top_k
+ * (default true: Mixtral; Qwen2-MoE's norm_topk_prob false) divides them by their sum.
+ * aux_loss_coeff (default 0) weighs the Switch / Mixtral load-balancing loss, z_loss_coeff
+ * (default 0) ST-MoE's router z-loss; capacity_factor null or absent is dropless, a positive
+ * number caps each expert at capacity_factor x k x tokens / E. An MoE block needs activation
+ * swiglu and no MLP biases (bias false or "qkv"), and takes no "ffn_hidden" (its ffn_hidden
+ * field is set to expert_ffn_hidden).
  */
 #ifndef MPENGINE_TOPOLOGY_MODEL_H
 #define MPENGINE_TOPOLOGY_MODEL_H
@@ -82,6 +101,23 @@ typedef enum {
 
 enum { MP_MODEL_NAME_BYTES = 128 };
 
+typedef enum { MP_MOE_ROUTER_SOFTMAX = 0 } mp_moe_router;
+
+/* A transformer block's mixture-of-experts MLP (the "moe" object above); experts == 0: a dense
+ * block. */
+typedef struct {
+  int64_t experts;           /* E */
+  int64_t top_k;             /* k, 1 <= k <= E */
+  int64_t expert_ffn_hidden; /* F, each expert's SwiGLU width */
+  int64_t shared_ffn_hidden; /* Fs, the shared MLP's width; 0 for none */
+  bool shared_gate;          /* the shared MLP's output scaled by sigmoid(x . w_gate) */
+  mp_moe_router router;
+  bool normalize_top_k;      /* the k routing weights divided by their sum */
+  double aux_loss_coeff;     /* load-balancing loss weight */
+  double z_loss_coeff;       /* router z-loss weight */
+  double capacity_factor;    /* 0: dropless */
+} mp_moe_spec;
+
 /* One layer of the expanded chain. Fields that do not apply to a kind are 0. */
 typedef struct {
   mp_layer_kind kind;
@@ -102,6 +138,7 @@ typedef struct {
   mp_rope_scaling rope_scaling;   /* transformer, with rope_theta */
   double dropout;                 /* transformer: hidden and attention dropout probability */
   mp_attention_kind attention;
+  mp_moe_spec moe;                /* transformer: moe.experts > 0 for a mixture of experts */
   bool tie_embedding;             /* lm_head shares the embedding's token table */
   /* custom only */
   int64_t custom_params;
@@ -134,6 +171,18 @@ const mp_layer_spec *mp_model_layer(const mp_model *model, int index);
 
 /* Number of transformer layers (the "l" of the closed forms). */
 int mp_model_num_transformer_layers(const mp_model *model);
+
+/* Whether layer is a transformer block with a mixture-of-experts MLP. */
+bool mp_layer_is_moe(const mp_layer_spec *layer);
+
+/* The first mixture-of-experts layer of model, NULL when it has none. */
+const mp_layer_spec *mp_model_first_moe_layer(const mp_model *model);
+
+/* MP_OK when model has no mixture-of-experts block; else MP_ERR_INPUT naming the model's file,
+ * the JSON path of the first one and what cannot use it yet: `what` ("plan", "run") heads the
+ * message. Until the runtime and the planner carry experts (issue 33's later slices), everything
+ * that lays out, plans or trains a model calls this; describe and import do not. */
+mp_status mp_model_refuse_moe(const mp_model *model, const char *what, mp_error *err);
 
 #ifdef __cplusplus
 }

@@ -1140,6 +1140,9 @@ static mp_status search_layouts(const mp_cluster *cluster, const mp_model *model
 mp_status mp_plan_search(const mp_cluster *cluster, const mp_model *model,
                          const mp_planner_options *options, mp_planner_result *out,
                          mp_error *err) {
+  memset(out, 0, sizeof *out);
+  /* The costs would place every expert on every rank and no all-to-all: refuse, not mislead. */
+  MP_TRY(mp_model_refuse_moe(model, "planned", err));
   const mp_status status = search_layouts(cluster, model, options, false, out, err);
   /* Nothing fits cut by time: cut by memory the layouts whose time split cannot fit, and search
    * again (a search that found a layout does not pay for the memory splits: --split memory

@@ -340,6 +340,8 @@ static mp_status layout_init(const mp_model *model, int seq_len, mp_param_layout
 mp_status mp_param_layout_create(const mp_model *model, int seq_len, mp_param_layout **out,
                                mp_error *err) {
   *out = NULL;
+  /* Before anything is laid out: the block table has no experts yet (issue 33's later slice). */
+  MP_TRY(mp_model_refuse_moe(model, "trained, loaded or saved", err));
   mp_param_layout *layout = calloc(1, sizeof *layout);
   if (layout == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
   mp_status status = layout_init(model, seq_len, layout, err);

@@ -39,7 +39,7 @@ while IFS=$'\t' read -r name architecture hf_params published; do
   imported=$((imported + 1))
 done <"$hf/expected_params.tsv"
 # A shorter or broken table would pass the loop above vacuously.
-[ "$imported" -eq 14 ] || fail "expected_params.tsv: $imported fixtures, want 14"
+[ "$imported" -eq 20 ] || fail "expected_params.tsv: $imported fixtures, want 20"
 for dir in "$hf"/import/*/; do
   grep -q "^$(basename "$dir")	" "$hf/expected_params.tsv" ||
     fail "$dir has no line in expected_params.tsv"
@@ -59,6 +59,12 @@ compare_example() {  # name example extra-args...
 compare_example llama3-8b examples/models/llama3-8b.json --seq-len 8192
 compare_example qwen2.5-0.5b examples/models/qwen2.5-0.5b.json --seq-len 4096
 compare_example tiny-llama examples/models/tiny-llama.json
+compare_example mixtral-8x7b examples/models/mixtral-8x7b.json --name mixtral-8x7b
+compare_example qwen1.5-moe-a2.7b examples/models/qwen1.5-moe-a2.7b.json --name qwen1.5-moe-a2.7b
+expect 0 "ffn 8 experts x 14336 swiglu (top 2), rmsnorm, no biases" "46,702,792,704 parameters (12,879,925,248 active)" \
+  -- $mpengine import "$hf/import/mixtral-8x7b" --out -
+expect 0 "ffn 60 experts x 1408 swiglu (top 4) + shared 5632 gated" "14,315,784,192 parameters (2,689,173,504 active)" \
+  -- $mpengine import "$hf/import/qwen1.5-moe-a2.7b" --out -
 
 # 3. The fields themselves, where the count alone would not tell a mapping apart.
 field() {  # fixture pattern...: the imported description contains each pattern
@@ -86,6 +92,11 @@ field tiny-llama-tied-biased '"bias": true' '"tie_embedding": true' '"factor": 4
 field tiny-llama-legacy-type '"rope_scaling": {"rope_type": "llama3", "factor": 2'
 field tiny-mistral '"kv_heads": 1' '"bias": false'
 field tiny-qwen2 '"name": "Qwen2.5-tiny-test"' '"bias": "qkv"'
+# Mixtures of experts: the aux loss counts only with output_router_logits (as in transformers).
+field tiny-mixtral '"moe": {"experts": 4, "top_k": 2, "expert_ffn_hidden": 128, "shared_ffn_hidden": 0, "shared_gate": false, "router": "softmax", "normalize_top_k": true, "aux_loss_coeff": 0,' '"bias": false'
+field tiny-mixtral-aux '"aux_loss_coeff": 0.02,'
+field tiny-qwen2-moe '"moe": {"experts": 6, "top_k": 2, "expert_ffn_hidden": 32, "shared_ffn_hidden": 96, "shared_gate": true, "router": "softmax", "normalize_top_k": false, "aux_loss_coeff": 0,' '"bias": "qkv"'
+field tiny-qwen2-moe-norm '"normalize_top_k": true, "aux_loss_coeff": 0.001,'
 field tiny-gpt2 '"ffn_hidden": 256' '"max_positions": 64'
 field tiny-gpt2-dropout '"ffn_hidden": 96' '"dropout": 0.1'
 if grep -q dropout "$tmp/tiny-gpt2.json"; then fail "tiny-gpt2: dropout 0 is written"; fi
@@ -105,7 +116,10 @@ refuse mistral-7b-v0.1 "\$.sliding_window: 4096: attention sees only the last 40
 refuse mistral-window-absent "\$.sliding_window: absent, so MistralConfig's default 4096 applies: attention sees only the last 4096 tokens, $window_tail (8192), imports"
 refuse qwen2-sliding "\$.use_sliding_window: true with sliding_window 32: attention sees only the last 32 tokens, $window_tail (64), imports"
 refuse llama-moe '$.num_local_experts: 4 makes the blocks mixtures of experts, which the model description cannot represent (each block has one dense MLP)'
-refuse mixtral '$.architectures[0]: "MixtralForCausalLM" cannot be imported; supported architectures: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel'
+refuse mixtral-jitter '$.router_jitter_noise: 0.1 cannot be imported; the model description'"'"'s router has no input noise (set it to 0)'
+refuse qwen2-moe-sparse-step '$.decoder_sparse_step: 2 makes only one block in 2 a mixture of experts, which the import cannot represent yet (it writes one block shape for every layer); only 1 imports'
+refuse qwen2-moe-mlp-only '$.mlp_only_layers: [1] gives those blocks a dense MLP, which the import cannot represent yet (it writes one block shape for every layer); only [] imports'
+refuse qwen3-moe '$.architectures[0]: "Qwen3MoeForCausalLM" cannot be imported: its attention applies an RMSNorm to each head'"'"'s queries and keys (q_norm, k_norm), which the model description cannot represent'
 refuse llama-yarn '$.rope_scaling.rope_type: "yarn" cannot be imported; the model description knows "llama3" (Llama 3.1'"'"'s frequency scaling) and "default" (none)'
 refuse llama-dynamic '$.rope_scaling.type: "dynamic" cannot be imported; the model description knows "llama3"'
 refuse mistral-rope-scaling '$.rope_scaling.rope_type: "llama3" cannot be imported for MistralForCausalLM: transformers 4.46 ignores rope_scaling there and later versions apply it'
@@ -118,7 +132,7 @@ refuse gpt2-erf-gelu '$.activation_function: "gelu" cannot be imported; the mode
 refuse gpt2-inverse-layer-idx '$.scale_attn_by_inverse_layer_idx: true cannot be imported: the model description scales attention scores by 1/sqrt(head size) only, not by the layer index'
 refuse gpt2-dropouts-differ '$.attn_pdrop: 0 differs from resid_pdrop 0.1; the model description has one dropout probability for the embedding, attention and residual dropout'
 refused=$(ls -d "$hf"/refuse/*/ | wc -l)
-[ "$refused" -eq 16 ] || fail "testdata/hf/refuse holds $refused configs, the checks above 16"
+[ "$refused" -eq 19 ] || fail "testdata/hf/refuse holds $refused configs, the checks above 19"
 
 # 5. Configs edited from a good one (sed on transformers' one-key-per-line files).
 variant() {  # name sed-script: $tmp/variants/name/config.json from tiny-llama's
@@ -158,14 +172,14 @@ refuse_variant mistral-type '$.model_type: "mistral" does not match $.architectu
 variant two-architectures 's/"LlamaForCausalLM"/"LlamaForCausalLM", "MistralForCausalLM"/'
 refuse_variant two-architectures '$.architectures: ["LlamaForCausalLM","MistralForCausalLM"] names 2 classes; a checkpoint to import names one'
 variant architectures-string 's/^  "architectures": \[/  "architectures": "LlamaForCausalLM", "unused": [/'
-refuse_variant architectures-string '$.architectures: must be a list naming the model class (one of LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel), got "LlamaForCausalLM"'
+refuse_variant architectures-string '$.architectures: must be a list naming the model class (one of LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel, MixtralForCausalLM, Qwen2MoeForCausalLM), got "LlamaForCausalLM"'
 # Without an architectures list transformers goes by model_type, and so does import.
 variant by-model-type '/"architectures"/,/\]/d'
 expect 0 "(LlamaForCausalLM from $tmp/variants/by-model-type/config.json)" -- $mpengine import "$tmp/variants/by-model-type" --out -
 variant unknown-model-type '/"architectures"/,/\]/d; s/"model_type": "llama"/"model_type": "gemma"/'
-refuse_variant unknown-model-type '$.model_type: "gemma" cannot be imported (and there is no architectures list); supported model types: llama, mistral, qwen2, gpt2'
+refuse_variant unknown-model-type '$.model_type: "gemma" cannot be imported (and there is no architectures list); supported model types: llama, mistral, qwen2, gpt2, mixtral, qwen2_moe'
 variant nothing-to-go-by '/"architectures"/,/\]/d; /"model_type"/d'
-refuse_variant nothing-to-go-by '$: missing required key "architectures" (a list naming one of LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel)'
+refuse_variant nothing-to-go-by '$: missing required key "architectures" (a list naming one of LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel, MixtralForCausalLM, Qwen2MoeForCausalLM)'
 variant huge-vocab 's/"vocab_size": 128/"vocab_size": 33554432/'
 refuse_variant huge-vocab 'cannot be imported: the imported description: $.vocab_size: 33554432 is larger than the supported 16777216'
 variant truncated '/"vocab_size"/,$d'

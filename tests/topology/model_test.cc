@@ -265,7 +265,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"{\"type\": \"transformer\", \"hiden\": 64, \"heads\": 4}", "",
                  "m.json: $.layers[0]: unknown key \"hiden\"; did you mean \"hidden\"? (known "
                  "keys: type, hidden, heads, kv_heads, ffn_hidden, norm, activation, bias, "
-                 "dropout, attention, norm_eps, rope_theta, rope_scaling, repeat)"},
+                 "dropout, attention, norm_eps, rope_theta, rope_scaling, repeat, moe)"},
         BadInput{"{\"type\": \"transformer\", \"hidden\": 64, \"heads\": 4, \"bias\": \"kv\"}", "",
                  "m.json: $.layers[0].bias: \"kv\" is not one of \"none\", \"qkv\", \"all\"; "
                  "did you mean \"qkv\"?"},
@@ -377,3 +377,160 @@ TEST(ModelBadInput, SyntaxErrorAndMissingFile) {
 }
 
 }  // namespace
+
+// ---- mixture of experts (issue 33's first slice) ---------------------------------------------
+
+// The published totals: Mixtral-8x7B "46.7B total, 12.9B active" (Mistral AI, 2023-12) and
+// Qwen1.5-MoE-A2.7B "14.3B total, 2.7B activated" (Qwen, 2024-03), from the examples written
+// from their config.json files. The exact counts are the checkpoints' tensor sizes summed:
+// Mixtral's model.safetensors.index.json total_size 93,405,585,408 bytes / 2 = 46,702,792,704.
+TEST(ModelExamples, MixtureOfExpertsHaveTheirPublishedTotalAndActiveCounts) {
+  Loaded mixtral;
+  ASSERT_EQ(mp_model_load("examples/models/mixtral-8x7b.json", &mixtral.model, &mixtral.err),
+            MP_OK)
+      << mixtral.err.message;
+  EXPECT_EQ(mp_model_params(mixtral.model), 46702792704);
+  EXPECT_NEAR(mp_model_params(mixtral.model) / 1e9, 46.7, 0.05);
+  EXPECT_NEAR(mp_model_active_params(mixtral.model) / 1e9, 12.9, 0.05);
+  const mp_layer_spec *block = mp_model_layer(mixtral.model, 1);
+  ASSERT_TRUE(mp_layer_is_moe(block));
+  EXPECT_EQ(block->moe.experts, 8);
+  EXPECT_EQ(block->moe.top_k, 2);
+  EXPECT_EQ(block->ffn_hidden, 14336);  // each expert's width
+  EXPECT_TRUE(block->moe.normalize_top_k);
+  // Imported from the published config.json, whose output_router_logits is false: transformers
+  // adds no load-balancing loss then, and neither does the description.
+  EXPECT_DOUBLE_EQ(block->moe.aux_loss_coeff, 0.0);
+  EXPECT_EQ(block->moe.capacity_factor, 0.0);  // null: dropless
+
+  Loaded qwen;
+  ASSERT_EQ(mp_model_load("examples/models/qwen1.5-moe-a2.7b.json", &qwen.model, &qwen.err),
+            MP_OK)
+      << qwen.err.message;
+  EXPECT_NEAR(mp_model_params(qwen.model) / 1e9, 14.3, 0.05);
+  EXPECT_NEAR(mp_model_active_params(qwen.model) / 1e9, 2.7, 0.05);
+  EXPECT_TRUE(mp_model_layer(qwen.model, 1)->moe.shared_gate);
+  EXPECT_FALSE(mp_model_layer(qwen.model, 1)->moe.normalize_top_k);
+
+  // A dense model's active parameters are all of them.
+  Loaded llama;
+  ASSERT_EQ(mp_model_load("examples/models/llama3-8b.json", &llama.model, &llama.err), MP_OK);
+  EXPECT_EQ(mp_model_active_params(llama.model), mp_model_params(llama.model));
+  EXPECT_EQ(mp_model_first_moe_layer(llama.model), nullptr);
+  EXPECT_EQ(mp_model_refuse_moe(llama.model, "planned", &llama.err), MP_OK);
+}
+
+// One block by hand: h 16, 4 heads (kv 2), E 4 experts of F 8, top 2, a shared MLP of 12 with
+// its gate; (B, T) = (2, 8).
+TEST(LayerCost, MixtureOfExpertsParamsAndFlopsByHand) {
+  Loaded m;
+  ASSERT_NE(parse("{\"type\": \"transformer\", \"hidden\": 16, \"heads\": 4, \"kv_heads\": 2, "
+                  "\"norm\": \"rmsnorm\", \"activation\": \"swiglu\", \"bias\": false, "
+                  "\"moe\": {\"experts\": 4, \"top_k\": 2, \"expert_ffn_hidden\": 8, "
+                  "\"shared_ffn_hidden\": 12, \"shared_gate\": true}}",
+                  &m),
+            nullptr)
+      << m.err.message;
+  const mp_layer_spec *layer = mp_model_layer(m.model, 0);
+  const int64_t h = 16, kv = 8, E = 4, k = 2, F = 8, Fs = 12;
+  const int64_t attention = h * (h + 2 * kv) + h * h, norms = 2 * h;
+  const int64_t router = E * h, expert = 3 * h * F, shared = 3 * h * Fs + h;
+  EXPECT_EQ(mp_layer_params(layer), attention + norms + router + E * expert + shared);
+  EXPECT_EQ(mp_layer_active_params(layer), attention + norms + router + k * expert + shared);
+
+  mp_cost_shape shape = {2, 8, 2, true, 1};
+  mp_layer_cost cost;
+  mp_layer_cost_compute(layer, &shape, &cost);
+  const double tokens = 16, t = 8;
+  const double per_token_mlp = 2.0 * (E * h)            // router
+                               + k * 2.0 * (3.0 * h * F)  // top-k experts: gate, up, down
+                               + 2.0 * (3.0 * h * Fs + h);  // shared MLP and its gate
+  const double per_token_attention = 2.0 * (h * (h + 2 * kv) + h * h);
+  EXPECT_DOUBLE_EQ(cost.forward_flops,
+                   tokens * (per_token_attention + per_token_mlp) + 4.0 * tokens * t * h);
+  EXPECT_DOUBLE_EQ(cost.backward_flops, 2.0 * cost.forward_flops);
+  // qkv, projection (flash: no attention GEMMs), router, gate+up, down, the shared pair, its gate
+  EXPECT_EQ(cost.num_gemms, 8);
+  // Kept for backward, bf16, flash: the dense tensors, the router's fp32 probabilities, per
+  // routed copy input, gate+up, activation and output, the shared MLP's three and its gate.
+  const double elem = 2.0;
+  const double mlp = k * (2.0 * h + 3.0 * F) + 3.0 * Fs + 1.0 + E * 4.0 / elem;
+  const double stats = 2.0 * 4.0, softmax_stats = 4.0 * 4.0;
+  EXPECT_DOUBLE_EQ(cost.activation_bytes[MP_RECOMPUTE_NONE],
+                   tokens * ((6.0 * h + 2.0 * kv + mlp) * elem + stats + softmax_stats));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    MixtureOfExperts, ModelBadInput,
+    ::testing::Values(
+        BadInput{"{\"type\": \"transformer\", \"hidden\": 64, \"heads\": 4, \"activation\": "
+                 "\"swiglu\", \"bias\": false, \"moe\": {\"experts\": 4, \"top_k\": 5, "
+                 "\"expert_ffn_hidden\": 32}}",
+                 "",
+                 "m.json: $.layers[0].moe.top_k: 5 is more than experts 4; each token goes to "
+                 "top_k distinct experts"},
+        BadInput{"{\"type\": \"transformer\", \"hidden\": 64, \"heads\": 4, \"activation\": "
+                 "\"swiglu\", \"bias\": false, \"moe\": {\"experts\": 0, \"top_k\": 1, "
+                 "\"expert_ffn_hidden\": 32}}",
+                 "", "m.json: $.layers[0].moe.experts: must be a positive integer, got 0"},
+        BadInput{"{\"type\": \"transformer\", \"hidden\": 64, \"heads\": 4, \"activation\": "
+                 "\"swiglu\", \"bias\": false, \"moe\": {\"experts\": 4, \"topk\": 2, "
+                 "\"expert_ffn_hidden\": 32}}",
+                 "",
+                 "m.json: $.layers[0].moe: unknown key \"topk\"; did you mean \"top_k\"? (known "
+                 "keys: experts, top_k, expert_ffn_hidden, shared_ffn_hidden, shared_gate, router, "
+                 "normalize_top_k, aux_loss_coeff, z_loss_coeff, capacity_factor)"},
+        BadInput{"{\"type\": \"transformer\", \"hidden\": 64, \"heads\": 4, \"activation\": "
+                 "\"swiglu\", \"bias\": false, \"moe\": {\"experts\": 4, \"top_k\": 2, "
+                 "\"expert_ffn_hidden\": 32, \"router\": \"sigmoid\"}}",
+                 "", "m.json: $.layers[0].moe.router: \"sigmoid\" is not one of \"softmax\""},
+        BadInput{"{\"type\": \"transformer\", \"hidden\": 64, \"heads\": 4, \"activation\": "
+                 "\"swiglu\", \"bias\": false, \"moe\": {\"experts\": 4, \"top_k\": 2, "
+                 "\"expert_ffn_hidden\": 32, \"shared_gate\": true}}",
+                 "",
+                 "m.json: $.layers[0].moe.shared_gate: true, but there is no shared MLP to gate; "
+                 "set shared_ffn_hidden or remove shared_gate"},
+        BadInput{"{\"type\": \"transformer\", \"hidden\": 64, \"heads\": 4, \"activation\": "
+                 "\"swiglu\", \"bias\": false, \"moe\": {\"experts\": 4, \"top_k\": 2, "
+                 "\"expert_ffn_hidden\": 32, \"capacity_factor\": 0}}",
+                 "",
+                 "m.json: $.layers[0].moe.capacity_factor: must be a positive number, got 0"},
+        BadInput{"{\"type\": \"transformer\", \"hidden\": 64, \"heads\": 4, \"activation\": "
+                 "\"swiglu\", \"bias\": false, \"ffn_hidden\": 128, \"moe\": {\"experts\": 4, "
+                 "\"top_k\": 2, \"expert_ffn_hidden\": 32}}",
+                 "",
+                 "m.json: $.layers[0].ffn_hidden: a block with \"moe\" has no dense MLP; give each "
+                 "expert's width as moe.expert_ffn_hidden and remove ffn_hidden"},
+        BadInput{"{\"type\": \"transformer\", \"hidden\": 64, \"heads\": 4, \"moe\": "
+                 "{\"experts\": 4, \"top_k\": 2, \"expert_ffn_hidden\": 32}}",
+                 "",
+                 "m.json: $.layers[0].activation: the experts are SwiGLU MLPs (Mixtral, "
+                 "Qwen2-MoE); set \"activation\": \"swiglu\""},
+        BadInput{"{\"type\": \"transformer\", \"hidden\": 64, \"heads\": 4, \"activation\": "
+                 "\"swiglu\", \"moe\": {\"experts\": 4, \"top_k\": 2, "
+                 "\"expert_ffn_hidden\": 32}}",
+                 "",
+                 "m.json: $.layers[0].bias: the experts carry no biases; set \"bias\" to false or "
+                 "\"qkv\""},
+        BadInput{"{\"type\": \"transformer\", \"hidden\": 64, \"heads\": 4, \"activation\": "
+                 "\"swiglu\", \"bias\": false, \"moe\": {\"experts\": 4096, \"top_k\": 2, "
+                 "\"expert_ffn_hidden\": 4096}}",
+                 "",
+                 "m.json: $.layers[0].moe: experts x expert_ffn_hidden + shared_ffn_hidden = "
+                 "16777216 is larger than the supported 8388608"},
+        BadInput{"{\"type\": \"transformer\", \"hidden\": 64, \"heads\": 4, \"moe\": 8}", "",
+                 "m.json: $.layers[0].moe: expected a mixture-of-experts object (a JSON object), got a "
+                 "number"}));
+
+// Until the planner and the runtime carry experts, what would plan or lay one out refuses it,
+// naming the file and the layer (the commands: tests/tools/moe_refusal_cli_test.sh).
+TEST(Model, MixtureOfExpertsIsRefusedByWhatCannotRunIt) {
+  Loaded m;
+  ASSERT_EQ(mp_model_load("examples/models/mixtral-8x7b.json", &m.model, &m.err), MP_OK);
+  EXPECT_EQ(mp_model_first_moe_layer(m.model), mp_model_layer(m.model, 1));
+  EXPECT_EQ(mp_model_refuse_moe(m.model, "planned", &m.err), MP_ERR_INPUT);
+  EXPECT_EQ(std::string(m.err.message),
+            "examples/models/mixtral-8x7b.json: $.layers[1].moe (block.0): mixture-of-experts "
+            "blocks are described and counted (mpengine describe), not planned yet (issue 33: "
+            "expert parallelism, the runtime and the planner come in its later slices)");
+}

@@ -1,0 +1,121 @@
+/*
+ * layers/moe.h — a mixture-of-experts MLP on one device (CPU, fp32), forward and backward:
+ * the router, the top-k choice, one GEMM pair per expert over the tokens routed to it, the
+ * weighted combine, an optional shared MLP with its sigmoid gate, and the router's auxiliary
+ * losses (the Switch / Mixtral load-balancing loss and ST-MoE's z-loss).
+ *
+ * It is transformers 4.46's MixtralSparseMoeBlock and Qwen2MoeSparseMoeBlock, written once above
+ * layers/matmul.h and layers/swiglu.h (tests/layers/moe_test.cc holds it to their goldens):
+ *   logits (N, E) = x @ router^T;  p = softmax(logits) over all E experts
+ *   the k largest p of each token (ties to the lowest expert index: deterministic; torch.topk's
+ *     choice among equal values is not specified), their weights w = p, divided by their sum
+ *     when normalize_top_k (Mixtral; Qwen2-MoE's norm_topk_prob)
+ *   out[t] = sum over its k experts e of w * down_e(silu(gate_e x) * up_e x)
+ *            + [sigmoid(x . shared_gate)] * shared(x)
+ * Dropless: every token reaches its k experts, an expert with no token does no work. Expert
+ * weights are stacked: expert_fc1 (E, 2F, C) holds each expert's gate rows then up rows
+ * (swiglu.h's [gate | up]: Hugging Face's gate_proj / w1 over up_proj / w3), expert_fc2 (E, C, F)
+ * its down_proj / w2.
+ *
+ * The load-balancing loss is transformers' load_balancing_loss_func over the router logits of
+ * every layer it is given, as one set of tokens:
+ *   aux = E * sum_e (routed_e / n) * (sum of p_e / n),   n = tokens x layers counted
+ * where routed_e counts the (token, slot) pairs sent to e; only the probabilities carry a
+ * gradient. Defined per micro-batch (issue 33): a micro-batch's layers each add their statistics
+ * (mp_moe_stats_add) after their forward; the loss and its gradient then come from the sum, so
+ * every layer's backward needs the statistics of all of them. The z-loss is the mean over the
+ * same tokens of logsumexp(logits)^2.
+ */
+#ifndef MPENGINE_LAYERS_MOE_H
+#define MPENGINE_LAYERS_MOE_H
+
+#include <stdbool.h>
+
+#include "common/error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+  int tokens;          /* N = B * T */
+  int channels;        /* C */
+  int experts;         /* E */
+  int top_k;           /* K, 1 <= K <= E */
+  int expert_ffn;      /* F, each expert's width */
+  int shared_ffn;      /* Fs, the shared MLP's width; 0 for none */
+  bool shared_gate;    /* the shared MLP's output scaled by sigmoid(x . shared_gate) */
+  bool normalize_top_k;
+} mp_moe_shape;
+
+/* Parameters (or their gradients, the same shapes). The shared ones are NULL without them. */
+typedef struct {
+  float *router;      /* (E, C) */
+  float *expert_fc1;  /* (E, 2F, C) [gate | up] rows per expert */
+  float *expert_fc2;  /* (E, C, F) */
+  float *shared_fc1;  /* (2Fs, C) */
+  float *shared_fc2;  /* (C, Fs) */
+  float *shared_gate; /* (1, C) */
+} mp_moe_params;
+
+/* What the forward keeps for the backward (allocated by mp_moe_forward_cpu). */
+typedef struct {
+  mp_moe_shape shape;
+  float *logits;        /* (N, E) router logits */
+  float *probs;         /* (N, E) their softmax */
+  int *selected;        /* (N, K) the chosen experts, by falling probability */
+  float *weights;       /* (N, K) their combine weights */
+  int *expert_offset;   /* (E + 1) where each expert's rows start in the routed arrays */
+  int *routed_slot;     /* (N K) routed row -> token * K + slot, grouped by expert, tokens in
+                           order within an expert */
+  float *routed_in;     /* (N K, C) the tokens gathered to their experts */
+  float *routed_fc1;    /* (N K, 2F) */
+  float *routed_act;    /* (N K, F) */
+  float *routed_out;    /* (N K, C) each expert's output, before its weight */
+  float *shared_fc1;    /* (N, 2Fs) */
+  float *shared_act;    /* (N, Fs) */
+  float *shared_out;    /* (N, C) before its gate */
+  float *shared_gate;   /* (N) sigmoid of the gate's logit */
+} mp_moe_cache;
+
+/* Router statistics of the layers of one micro-batch, summed, for the auxiliary losses. */
+typedef struct {
+  int experts;
+  double tokens;          /* token x layer pairs counted */
+  double *routed;         /* (E) (token, slot) pairs sent to each expert; caller's storage */
+  double *prob_sum;       /* (E) sum of each expert's router probability; caller's storage */
+  double logsumexp_sq;    /* sum of logsumexp(logits)^2 */
+} mp_moe_stats;
+
+/* Forward: out (N, C) written; x (N, C). Fills *cache (free with mp_moe_cache_free).
+ * MP_ERR_RUNTIME when out of memory, MP_ERR_INPUT for a shape out of range (K not in [1, E],
+ * a shared gate without a shared MLP, missing shared weights). */
+mp_status mp_moe_forward_cpu(float *out, const float *x, const mp_moe_params *params,
+                             const mp_moe_shape *shape, mp_moe_cache *cache, mp_error *err);
+
+void mp_moe_cache_free(mp_moe_cache *cache);
+
+/* Zeroes stats->routed and prob_sum (experts of each) and the sums. */
+void mp_moe_stats_clear(mp_moe_stats *stats);
+
+/* Adds one layer's forward (its cache) to stats. */
+void mp_moe_stats_add(mp_moe_stats *stats, const mp_moe_cache *cache);
+
+/* The load-balancing loss and the z-loss of the statistics (0 when no token was counted). */
+double mp_moe_aux_loss(const mp_moe_stats *stats);
+double mp_moe_z_loss(const mp_moe_stats *stats);
+
+/* Backward of the loss  sum(out * dout) + aux_coeff * aux + z_coeff * z  through one layer,
+ * stats being the micro-batch's (this layer's included). Adds (+=) into dx (N, C) and every
+ * gradient in grads (the shared ones when the layer has them). MP_ERR_RUNTIME when out of
+ * memory. */
+mp_status mp_moe_backward_cpu(float *dx, mp_moe_params *grads, const float *dout,
+                              const float *x, const mp_moe_params *params,
+                              const mp_moe_cache *cache, const mp_moe_stats *stats,
+                              double aux_coeff, double z_coeff, mp_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MPENGINE_LAYERS_MOE_H */

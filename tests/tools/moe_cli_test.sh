@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# tests/tools/moe_cli_test.sh — mixture-of-experts models at the command line (issue 33's first
+# slice): `describe` counts them (total and active parameters), and everything that would plan,
+# simulate or train one refuses it with exit 2, naming the model file and the layer, until the
+# planner and the runtime carry experts.
+set -uo pipefail
+mpengine=${1:-${MPENGINE:-tools/mpengine}}
+tmp=${TEST_TMPDIR:-$(mktemp -d)}
+failures=0
+source "$(dirname "${BASH_SOURCE[0]}")/cli_expect.sh" || { echo "cannot load cli_expect.sh"; exit 1; }
+
+expect 0 "parameters: 46,702,792,704 (46.7 B)" \
+  "active parameters per token: 12,879,925,248 (12.9 B) of the 46.7 B total: each mixture-of-experts block routes a token to 2 of its 8 experts" \
+  -- $mpengine describe examples/models/mixtral-8x7b.json
+expect 0 "parameters: 14,315,784,192 (14.3 B)" \
+  "active parameters per token: 2,689,173,504 (2.7 B) of the 14.3 B total: each mixture-of-experts block routes a token to 4 of its 60 experts plus its shared MLP" \
+  -- $mpengine describe examples/models/qwen1.5-moe-a2.7b.json
+expect 0 '"active_params":	12879925248' -- $mpengine describe examples/models/mixtral-8x7b.json --format json
+
+refusal="mixture-of-experts blocks are described and counted (mpengine describe)"
+expect 2 "examples/models/mixtral-8x7b.json: \$.layers[1].moe (block.0): $refusal, not planned yet (issue 33" \
+  -- $mpengine plan examples/models/mixtral-8x7b.json --gpus 8
+
+# A tiny MoE model and a one-rank plan of it, as a user would write them by hand.
+cat > "$tmp/tiny-moe.json" <<'JSON'
+{
+  "name": "tiny-moe",
+  "vocab_size": 256,
+  "seq_len": 64,
+  "layers": [
+    {"type": "embedding", "hidden": 64, "max_positions": 0},
+    {"type": "transformer", "hidden": 64, "heads": 4, "kv_heads": 2, "norm": "rmsnorm", "activation": "swiglu", "bias": false, "rope_theta": 10000, "repeat": 2},
+    {"type": "transformer", "hidden": 64, "heads": 4, "kv_heads": 2, "norm": "rmsnorm", "activation": "swiglu", "bias": false, "rope_theta": 10000, "moe": {"experts": 4, "top_k": 2, "expert_ffn_hidden": 96}},
+    {"type": "layernorm", "hidden": 64, "norm": "rmsnorm"},
+    {"type": "lm_head", "hidden": 64, "tie_embedding": false}
+  ]
+}
+JSON
+cat > "$tmp/tiny-moe-plan.json" <<'JSON'
+{
+  "format": "mpengine-plan",
+  "version": 1,
+  "model": "tiny-moe.json",
+  "cluster": "cpu-local",
+  "parallel": {"dp": 1, "pp": 1, "tp": 1},
+  "batch": {"global_batch": 4, "micro_batch": 2, "num_micro_batches": 2, "seq_len": 64},
+  "schedule": "1f1b",
+  "recompute": "none"
+}
+JSON
+expect 0 "active parameters per token" -- $mpengine describe "$tmp/tiny-moe.json"
+expect 2 "tiny-moe.json: \$.layers[2].moe (block.2): $refusal, not planned yet" \
+  -- $mpengine plan "$tmp/tiny-moe.json" --gpus 1
+expect 2 "tiny-moe.json: \$.layers[2].moe (block.2): $refusal" \
+  -- $mpengine run --config "$tmp/tiny-moe-plan.json" --steps 1 --backend cpu
+expect 2 "tiny-moe.json: \$.layers[2].moe (block.2): $refusal" \
+  -- $mpengine schedule --config "$tmp/tiny-moe-plan.json"
+expect 2 "tiny-moe.json: \$.layers[2].moe (block.2): $refusal" \
+  -- $mpengine bench step "$tmp/tiny-moe.json" --steps 1
+
+if [ $failures -ne 0 ]; then
+  echo "$failures check(s) failed"
+  exit 1
+fi
+echo "all checks passed"
