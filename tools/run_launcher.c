@@ -317,6 +317,11 @@ int run_relaunch(cli_command *command, int argc, char **argv, int np, const char
       args[n++] = "-x";
       args[n++] = (char *)forwarded[i];
     }
+  } else if (getenv("SLURM_JOB_ID") != NULL && getenv("SLURM_STEP_ID") == NULL) {
+    /* Inside a Slurm allocation (salloc, sbatch): Open MPI reads the allocation's nodes and
+     * slots and starts its daemons through srun (docs/slurm.md), so nothing of one machine's is
+     * forced: not shared memory alone, which cannot reach the other nodes, and no
+     * oversubscription, so that mpirun refuses more ranks than the allocation's tasks. */
   } else {
     args[n++] = "--oversubscribe"; /* more ranks than cores is allowed (and slow) */
     /* One machine: shared memory and self transports, no ssh agent needed. The user's settings

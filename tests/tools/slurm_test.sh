@@ -78,9 +78,10 @@ placed=$(timeout 60 salloc -N2 --ntasks-per-node=4 mpirun hostname 2>/dev/null |
   awk '{print $2 "x" $1}' | tr '\n' ' ')
 [ "$placed" = "node1x4 node2x4 " ] || fail "salloc mpirun hostname placed '$placed', not 4 per host"
 
-# (a) salloc, mpengine run with no hostfile. OMPI_MCA_btl: until the launcher notices the
-# allocation it restricts Open MPI to self,vader (one machine), which cannot reach another host.
-OMPI_MCA_btl=self,vader,tcp timeout 120 salloc -N2 --ntasks-per-node=4 \
+# (a) salloc, mpengine run with no hostfile and no Open MPI setting: the launcher sees the
+# allocation and leaves transports and slots to Open MPI (one machine's self,vader would reach no
+# other host).
+env -u OMPI_MCA_btl timeout 120 salloc -N2 --ntasks-per-node=4 \
   "$mpengine" run --config "$plan" --steps 3 > salloc.log 2>&1
 check_run "salloc -N2 --ntasks-per-node=4 mpengine run" salloc.log
 
