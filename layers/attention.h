@@ -152,6 +152,25 @@ void mp_attention_backward_cuda(mp_cublas *cublas, mp_bf16 *dqkv, const mp_bf16 
  * (engine/device/device.h) reports them. Built without CUDA (cuda_gemm_none.c), nothing is supported and
  * the launchers do nothing. */
 
+/* Which queries a fused call computes (context parallelism, context_parallel/): the window's
+ * q_rows queries of each sequence sit at global positions [q_begin, q_begin + q_rows), rows of
+ * qkv (B, T, W) like the keys and values, and attend to keys 0 .. their position: the keys and
+ * values read are qkv's rows [0, q_begin + q_rows), so a cp rank's chunk attends to the gathered
+ * prefix without a mask tensor. out, lse and dout hold out_rows rows per sequence (this rank's
+ * tokens), the window's first query at row out_row0. The whole-sequence call is the window
+ * {0, T, T, 0}; one outside qkv or out makes the launchers do nothing. */
+typedef struct {
+  int q_begin;  /* global position (row of qkv) of the window's first query */
+  int q_rows;   /* queries per sequence */
+  int out_rows; /* rows per sequence of out, lse and dout */
+  int out_row0; /* their row of the window's first query */
+} mp_attention_window;
+
+static inline mp_attention_window mp_attention_whole_sequence(int T) {
+  mp_attention_window w = {0, T, T, 0};
+  return w;
+}
+
 /* True for the head sizes the fused kernels are compiled for: 32, 64 and 128. */
 bool mp_flash_attention_supported(int HS);
 
@@ -182,6 +201,21 @@ void mp_flash_attention_forward_cuda(mp_bf16 *out, float *lse, const mp_bf16 *qk
 void mp_flash_attention_backward_cuda(mp_bf16 *dqkv, const mp_bf16 *dout, const mp_bf16 *qkv,
                                       const mp_bf16 *out, const float *lse, void *scratch, int B,
                                       int T, int NH, int KVH, int HS, mp_cuda_stream stream);
+
+/* The two calls above for one window (mp_attention_window): out, lse and dout as
+ * (B, w.out_rows, C) and (B, NH, w.out_rows), only the window's rows written or read; dqkv
+ * (B, T, W) += the window's queries' gradient and the gradient of keys and values
+ * 0 .. q_begin + q_rows - 1 from them (a cp rank adds its share; the group sums them). The
+ * backward's scratch is mp_flash_attention_scratch_bytes(B, w.out_rows, NH, HS). The calls for
+ * the windows of one buffer may follow each other on a stream: each adds into dqkv. */
+void mp_flash_attention_forward_window_cuda(mp_bf16 *out, float *lse, const mp_bf16 *qkv, int B,
+                                            int T, int NH, int KVH, int HS,
+                                            mp_attention_window window, mp_cuda_stream stream);
+void mp_flash_attention_backward_window_cuda(mp_bf16 *dqkv, const mp_bf16 *dout,
+                                             const mp_bf16 *qkv, const mp_bf16 *out,
+                                             const float *lse, void *scratch, int B, int T,
+                                             int NH, int KVH, int HS,
+                                             mp_attention_window window, mp_cuda_stream stream);
 
 #ifdef __cplusplus
 }

@@ -15,10 +15,10 @@
  * What is not emulated: cuBLAS's exact bits, and the attention's bf16 intermediates (the CUDA
  * build rounds the scores, dy, datt and dpreatt to bf16; here they stay fp32 and only att and out
  * are rounded), so results agree with the CUDA build to the kernel tests' tolerances, not bit for
- * bit; asynchrony; the scratch buffers (sized as the CUDA build sizes them, never touched); and the
- * fused (flash) attention: mp_flash_attention_supported says no head size has it, so callers take
- * the cuBLAS path, and its launchers do nothing.
+ * bit; asynchrony; and the scratch buffers (sized as the CUDA build sizes them, never touched).
+ * The fused (flash) attention is its contract in fp32 (see its section below).
  */
+#include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -243,12 +243,13 @@ void mp_attention_backward_cuda(mp_cublas *cublas, mp_bf16 *dqkv, const mp_bf16 
   free(qkv_f);
 }
 
-/* ---- fused (flash) attention: not emulated ---- */
+/* ---- fused (flash) attention ----
+ * The fused kernels' contract (out, lse, the backward from lse; windows for context parallelism)
+ * in fp32 from the bf16 inputs, with one rounding per bf16 output and per bf16 += (dqkv): the
+ * probabilities and dS that the CUDA build rounds to bf16 stay fp32 here. Head sizes are the
+ * CUDA build's (32, 64, 128), so the same models take the fused path in both builds. */
 
-bool mp_flash_attention_supported(int HS) {
-  (void)HS;
-  return false;
-}
+bool mp_flash_attention_supported(int HS) { return HS == 32 || HS == 64 || HS == 128; }
 
 size_t mp_flash_attention_scratch_bytes(int B, int T, int NH, int HS) {
   if (B <= 0 || T <= 0 || NH <= 0 || HS <= 0) return 0;
@@ -256,14 +257,147 @@ size_t mp_flash_attention_scratch_bytes(int B, int T, int NH, int HS) {
   return (bytes + 255) / 256 * 256;
 }
 
+static bool flash_window_ok(int B, int T, int NH, int KVH, int HS, mp_attention_window w) {
+  return B > 0 && T > 0 && NH > 0 && KVH > 0 && NH % KVH == 0 &&
+         mp_flash_attention_supported(HS) && w.q_begin >= 0 && w.q_rows > 0 &&
+         w.q_begin + w.q_rows <= T && w.out_row0 >= 0 && w.out_row0 + w.q_rows <= w.out_rows;
+}
+
+/* The scaled scores of window query i (global position p) of head h against keys 0..p, their
+ * softmax against lse (or, lse NULL, their own max and sum: returned as the log-sum-exp), from
+ * the widened qkv (B, T, W) of batch b. probs (p + 1) written. */
+static float flash_probs(float *probs, const float *qkv_b, int p, int h, int g, int NH, int KVH,
+                         int HS, const float *lse) {
+  const size_t W = (size_t)(NH + 2 * KVH) * HS;
+  const float scale = 1.0f / sqrtf((float)HS);
+  const float *q = qkv_b + (size_t)p * W + (size_t)h * HS;
+  float max = -INFINITY;
+  for (int t = 0; t <= p; t++) {
+    const float *k = qkv_b + (size_t)t * W + (size_t)(NH + g) * HS;
+    float dot = 0.0f;
+    for (int c = 0; c < HS; c++) dot += q[c] * k[c];
+    probs[t] = dot * scale;
+    if (probs[t] > max) max = probs[t];
+  }
+  if (lse != NULL) {
+    for (int t = 0; t <= p; t++) probs[t] = expf(probs[t] - *lse);
+    return *lse;
+  }
+  float sum = 0.0f;
+  for (int t = 0; t <= p; t++) {
+    probs[t] = expf(probs[t] - max);
+    sum += probs[t];
+  }
+  for (int t = 0; t <= p; t++) probs[t] /= sum;
+  return max + logf(sum);
+}
+
+void mp_flash_attention_forward_window_cuda(mp_bf16 *out, float *lse, const mp_bf16 *qkv, int B,
+                                            int T, int NH, int KVH, int HS,
+                                            mp_attention_window w, mp_cuda_stream stream) {
+  (void)stream;
+  if (!flash_window_ok(B, T, NH, KVH, HS, w)) return;
+  const size_t W = (size_t)(NH + 2 * KVH) * HS, C = (size_t)NH * HS;
+  const int q_end = w.q_begin + w.q_rows;
+  float *qkv_f = widen(NULL, qkv, (size_t)B * T * W, "flash attention");
+  float *probs = malloc((size_t)q_end * sizeof(float));
+  float *row = malloc((size_t)HS * sizeof(float));
+  if (qkv_f != NULL && probs != NULL && row != NULL) {
+    for (int b = 0; b < B; b++) {
+      const float *qkv_b = qkv_f + (size_t)b * T * W;
+      for (int h = 0; h < NH; h++) {
+        const int g = h / (NH / KVH);
+        for (int i = 0; i < w.q_rows; i++) {
+          const int p = w.q_begin + i;
+          const size_t out_row = (size_t)b * w.out_rows + w.out_row0 + i;
+          lse[((size_t)b * NH + h) * w.out_rows + w.out_row0 + i] =
+              flash_probs(probs, qkv_b, p, h, g, NH, KVH, HS, NULL);
+          for (int c = 0; c < HS; c++) row[c] = 0.0f;
+          for (int t = 0; t <= p; t++) {
+            const float *v = qkv_b + (size_t)t * W + (size_t)(NH + KVH + g) * HS;
+            for (int c = 0; c < HS; c++) row[c] += probs[t] * v[c];
+          }
+          mp_bf16_from_floats(out + out_row * C + (size_t)h * HS, row, (size_t)HS);
+        }
+      }
+    }
+  }
+  free(row);
+  free(probs);
+  free(qkv_f);
+}
+
+void mp_flash_attention_backward_window_cuda(mp_bf16 *dqkv, const mp_bf16 *dout,
+                                             const mp_bf16 *qkv, const mp_bf16 *out,
+                                             const float *lse, void *scratch, int B, int T,
+                                             int NH, int KVH, int HS, mp_attention_window w,
+                                             mp_cuda_stream stream) {
+  (void)stream, (void)scratch;
+  if (!flash_window_ok(B, T, NH, KVH, HS, w)) return;
+  const size_t W = (size_t)(NH + 2 * KVH) * HS, C = (size_t)NH * HS;
+  const int q_end = w.q_begin + w.q_rows;
+  const float scale = 1.0f / sqrtf((float)HS);
+  float *qkv_f = widen(NULL, qkv, (size_t)B * T * W, "flash attention");
+  float *grad = calloc((size_t)B * T * W, sizeof(float));
+  float *probs = malloc((size_t)q_end * sizeof(float));
+  float *dy = malloc((size_t)HS * sizeof(float));
+  if (qkv_f != NULL && grad != NULL && probs != NULL && dy != NULL) {
+    for (int b = 0; b < B; b++) {
+      const float *qkv_b = qkv_f + (size_t)b * T * W;
+      float *grad_b = grad + (size_t)b * T * W;
+      for (int h = 0; h < NH; h++) {
+        const int g = h / (NH / KVH);
+        for (int i = 0; i < w.q_rows; i++) {
+          const int p = w.q_begin + i;
+          const size_t out_row = (size_t)b * w.out_rows + w.out_row0 + i;
+          const float row_lse = lse[((size_t)b * NH + h) * w.out_rows + w.out_row0 + i];
+          flash_probs(probs, qkv_b, p, h, g, NH, KVH, HS, &row_lse);
+          const mp_bf16 *dy_row = dout + out_row * C + (size_t)h * HS;
+          const mp_bf16 *y_row = out + out_row * C + (size_t)h * HS;
+          float D = 0.0f;
+          for (int c = 0; c < HS; c++) {
+            dy[c] = mp_bf16_to_float(dy_row[c]);
+            D += dy[c] * mp_bf16_to_float(y_row[c]);
+          }
+          const float *q = qkv_b + (size_t)p * W + (size_t)h * HS;
+          float *dq = grad_b + (size_t)p * W + (size_t)h * HS;
+          for (int t = 0; t <= p; t++) {
+            const float *k = qkv_b + (size_t)t * W + (size_t)(NH + g) * HS;
+            const float *v = k + (size_t)KVH * HS;
+            float *dk = grad_b + (size_t)t * W + (size_t)(NH + g) * HS;
+            float *dv = dk + (size_t)KVH * HS;
+            float dp = 0.0f;
+            for (int c = 0; c < HS; c++) dp += dy[c] * v[c];
+            const float ds = probs[t] * (dp - D) * scale;
+            for (int c = 0; c < HS; c++) {
+              dq[c] += ds * k[c];
+              dk[c] += ds * q[c];
+              dv[c] += probs[t] * dy[c];
+            }
+          }
+        }
+      }
+    }
+    for (int b = 0; b < B; b++) {
+      const size_t first = (size_t)b * T * W;
+      add_round(dqkv + first, grad + first, (size_t)q_end * W); /* rows past q_end: untouched */
+    }
+  }
+  free(dy);
+  free(probs);
+  free(grad);
+  free(qkv_f);
+}
+
 void mp_flash_attention_forward_cuda(mp_bf16 *out, float *lse, const mp_bf16 *qkv, int B, int T,
                                      int NH, int KVH, int HS, mp_cuda_stream stream) {
-  (void)out, (void)lse, (void)qkv, (void)B, (void)T, (void)NH, (void)KVH, (void)HS, (void)stream;
+  mp_flash_attention_forward_window_cuda(out, lse, qkv, B, T, NH, KVH, HS,
+                                         mp_attention_whole_sequence(T), stream);
 }
 
 void mp_flash_attention_backward_cuda(mp_bf16 *dqkv, const mp_bf16 *dout, const mp_bf16 *qkv,
                                       const mp_bf16 *out, const float *lse, void *scratch, int B,
                                       int T, int NH, int KVH, int HS, mp_cuda_stream stream) {
-  (void)dqkv, (void)dout, (void)qkv, (void)out, (void)lse, (void)scratch, (void)B, (void)T,
-      (void)NH, (void)KVH, (void)HS, (void)stream;
+  mp_flash_attention_backward_window_cuda(dqkv, dout, qkv, out, lse, scratch, B, T, NH, KVH, HS,
+                                          mp_attention_whole_sequence(T), stream);
 }

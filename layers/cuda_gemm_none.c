@@ -86,3 +86,19 @@ void mp_flash_attention_backward_cuda(mp_bf16 *dqkv, const mp_bf16 *dout, const 
   (void)dqkv, (void)dout, (void)qkv, (void)out, (void)lse, (void)scratch, (void)B, (void)T,
       (void)NH, (void)KVH, (void)HS, (void)stream;
 }
+
+void mp_flash_attention_forward_window_cuda(mp_bf16 *out, float *lse, const mp_bf16 *qkv, int B,
+                                            int T, int NH, int KVH, int HS,
+                                            mp_attention_window window, mp_cuda_stream stream) {
+  (void)out, (void)lse, (void)qkv, (void)B, (void)T, (void)NH, (void)KVH, (void)HS, (void)window,
+      (void)stream;
+}
+
+void mp_flash_attention_backward_window_cuda(mp_bf16 *dqkv, const mp_bf16 *dout,
+                                             const mp_bf16 *qkv, const mp_bf16 *out,
+                                             const float *lse, void *scratch, int B, int T,
+                                             int NH, int KVH, int HS,
+                                             mp_attention_window window, mp_cuda_stream stream) {
+  (void)dqkv, (void)dout, (void)qkv, (void)out, (void)lse, (void)scratch, (void)B, (void)T,
+      (void)NH, (void)KVH, (void)HS, (void)window, (void)stream;
+}

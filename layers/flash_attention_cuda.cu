@@ -232,15 +232,17 @@ static __device__ __forceinline__ void store_rows(__nv_bfloat16 *dst, size_t str
   }
 }
 
-// Forward. grid (B * NH, ceil(T / 64)), kThreads threads, ForwardSharedBytes<HS>() bytes.
-//   out (B, T, C) = ; lse (B, NH, T) = ; qkv (B, T, W), W = (NH + 2 KVH) HS.
-// Block (bh, y) computes query rows [q0, q0 + 64), q0 = 64 * (gridDim.y - 1 - y), of head bh
-// (against kv head h / (NH / KVH)); warp w rows q0 + 16w .. + 15. scale_log2 = log2(e) /
-// sqrt(HS): exp(scale * x) = exp2(x * scale_log2).
+// Forward. grid (B * NH, ceil(w.q_rows / 64)), kThreads threads, ForwardSharedBytes<HS>() bytes.
+//   out (B, w.out_rows, C) = ; lse (B, NH, w.out_rows) = ; qkv (B, T, W), W = (NH + 2 KVH) HS.
+// Block (bh, y) computes the window's query rows [q0, q0 + 64), q0 = 64 * (gridDim.y - 1 - y),
+// at global positions gq0 = w.q_begin + q0 on, of head bh (against kv head h / (NH / KVH)); warp
+// w rows q0 + 16w .. + 15. scale_log2 = log2(e) / sqrt(HS): exp(scale * x) = exp2(x *
+// scale_log2). With the whole-sequence window (q_begin 0) the key tiles are 0 .. q0 / 64 and only
+// the last is masked, as before windows existed.
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
     flash_forward_kernel(__nv_bfloat16 *out, float *lse, const __nv_bfloat16 *qkv, int T, int NH,
-                         int KVH, float scale, float scale_log2) {
+                         int KVH, mp_attention_window w, float scale, float scale_log2) {
   constexpr int LD = Stride<HS>();
   __nv_bfloat16 *q_tile = reinterpret_cast<__nv_bfloat16 *>(mp_flash_shared_memory());
   __nv_bfloat16 *k_tiles = q_tile + kRows * LD;   // [2][kKeys][LD]
@@ -248,15 +250,17 @@ __global__ void __launch_bounds__(kThreads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int bh = blockIdx.x, b = bh / NH, h = bh % NH, g = h / (NH / KVH);
   const int q_block = gridDim.y - 1 - blockIdx.y;
-  const int q0 = q_block * kRows;
+  const int q0 = q_block * kRows, gq0 = w.q_begin + q0;
+  const int q_end = w.q_begin + w.q_rows;  // keys at or past it are no query's
+  const int last_key_tile = min(gq0 + kRows - 1, q_end - 1) / kKeys;
   const size_t C = (size_t)NH * HS, stride = (size_t)(NH + 2 * KVH) * HS;
   const __nv_bfloat16 *q_head = qkv + (size_t)b * T * stride + (size_t)h * HS;
   const __nv_bfloat16 *k_head = qkv + (size_t)b * T * stride + (size_t)(NH + g) * HS;
   const __nv_bfloat16 *v_head = k_head + (size_t)KVH * HS;
 
-  load_tile_async<kRows, HS>(q_tile, q_head, stride, q0, T);
-  load_tile_async<kKeys, HS>(k_tiles, k_head, stride, 0, T);
-  load_tile_async<kKeys, HS>(v_tiles, v_head, stride, 0, T);
+  load_tile_async<kRows, HS>(q_tile, q_head, stride, gq0, q_end);
+  load_tile_async<kKeys, HS>(k_tiles, k_head, stride, 0, q_end);
+  load_tile_async<kKeys, HS>(v_tiles, v_head, stride, 0, q_end);
   mp_cp_async_commit();
   mp_cp_async_wait<0>();
   __syncthreads();
@@ -276,14 +280,14 @@ __global__ void __launch_bounds__(kThreads)
   float m[2] = {-INFINITY, -INFINITY};  // running max of the raw scores, rows g and g + 8
   float l[2] = {0.0f, 0.0f};            // this lane's part of the running sum of exp
 
-  // Key tiles 0 .. q_block; the last is the diagonal one.
-  for (int j = 0; j <= q_block; j++) {
+  // Key tiles 0 .. last_key_tile; those reaching past gq0 are masked.
+  for (int j = 0; j <= last_key_tile; j++) {
     const int buffer = j & 1;
-    if (j < q_block) {  // prefetch tile j + 1 into the other buffer (free since iteration j - 1)
+    if (j < last_key_tile) {  // prefetch tile j + 1 into the other buffer (free since j - 1)
       load_tile_async<kKeys, HS>(k_tiles + (buffer ^ 1) * kKeys * LD, k_head, stride,
-                                 (j + 1) * kKeys, T);
+                                 (j + 1) * kKeys, q_end);
       load_tile_async<kKeys, HS>(v_tiles + (buffer ^ 1) * kKeys * LD, v_head, stride,
-                                 (j + 1) * kKeys, T);
+                                 (j + 1) * kKeys, q_end);
     }
     mp_cp_async_commit();
     mp_cp_async_wait<1>();  // tile j has landed (tile j + 1 may still be in flight)
@@ -307,16 +311,17 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
 
-    // The causal mask, on the diagonal tile only (it also covers keys at or past T there, which
-    // lie above every valid row; rows at or past T are computed but never stored).
-    if (j == q_block) {
+    // The causal mask by global position, on the tiles that reach past the block's first query
+    // (it also covers keys at or past q_end, which lie above every valid row; rows at or past
+    // the window's end are computed but never stored).
+    if (j * kKeys + kKeys - 1 > gq0) {
       const int k0 = j * kKeys;
 #pragma unroll
       for (int n = 0; n < kKeys / 8; n++) {
 #pragma unroll
         for (int e = 0; e < 4; e++) {
           const int key = k0 + n * 8 + 2 * (lane & 3) + (e & 1);
-          const int row = q0 + warp * 16 + (lane >> 2) + 8 * (e >> 1);
+          const int row = gq0 + warp * 16 + (lane >> 2) + 8 * (e >> 1);
           if (key > row) s[n][e] = -INFINITY;
         }
       }
@@ -371,32 +376,36 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int e = 0; e < 4; e++) o[n][e] *= inv_l[e >> 1];
   }
-  const int first_row = q0 + warp * 16;
-  store_rows<HS>(out + ((size_t)b * T + first_row) * C + (size_t)h * HS, C, o, 1.0f, first_row, T,
-                 lane, false);
+  const int first_row = q0 + warp * 16;  // in the window
+  const size_t out_row = (size_t)b * w.out_rows + w.out_row0 + first_row;
+  store_rows<HS>(out + out_row * C + (size_t)h * HS, C, o, 1.0f, first_row, w.q_rows, lane,
+                 false);
   if ((lane & 3) == 0) {
 #pragma unroll
     for (int r = 0; r < 2; r++) {
       const int row = first_row + (lane >> 2) + 8 * r;
-      if (row < T) lse[(size_t)bh * T + row] = scale * m[r] + logf(l[r]);
+      if (row < w.q_rows) {
+        lse[(size_t)bh * w.out_rows + w.out_row0 + row] = scale * m[r] + logf(l[r]);
+      }
     }
   }
 }
 
-// D (B, NH, T) = rowsum(dout o out) per head and token, in fp32 from the bf16 values; one thread
-// per (b, t, h), h fastest. dout, out (B, T, C).
+// D (B, NH, w.out_rows) = rowsum(dout o out) per head and token of the window, in fp32 from the
+// bf16 values; one thread per (b, t, h), h fastest. dout, out (B, w.out_rows, C).
 template <int HS>
 __global__ void __launch_bounds__(256)
     flash_backward_dot_kernel(float *D, const __nv_bfloat16 *dout, const __nv_bfloat16 *out,
-                              int B, int T, int NH) {
+                              int B, int NH, mp_attention_window w) {
   const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (idx >= (size_t)B * T * NH) return;
+  if (idx >= (size_t)B * w.q_rows * NH) return;
   const int h = (int)(idx % NH);
   const size_t bt = idx / NH;
-  const int t = (int)(bt % T), b = (int)(bt / T);
-  // Row (b, t), head h starts at (bt * NH + h) * HS = idx * HS; 16-byte aligned (HS % 8 == 0).
-  const uint4 *dy = reinterpret_cast<const uint4 *>(dout + idx * HS);
-  const uint4 *y = reinterpret_cast<const uint4 *>(out + idx * HS);
+  const int t = w.out_row0 + (int)(bt % w.q_rows), b = (int)(bt / w.q_rows);
+  // Row (b, t), head h; 16-byte aligned (HS % 8 == 0).
+  const size_t at = (((size_t)b * w.out_rows + t) * NH + h) * HS;
+  const uint4 *dy = reinterpret_cast<const uint4 *>(dout + at);
+  const uint4 *y = reinterpret_cast<const uint4 *>(out + at);
   float sum = 0.0f;
 #pragma unroll
   for (int c = 0; c < HS / 8; c++) {
@@ -408,21 +417,25 @@ __global__ void __launch_bounds__(256)
       sum = fmaf(__uint_as_float(as[k] & 0xffff0000u), __uint_as_float(vs[k] & 0xffff0000u), sum);
     }
   }
-  D[((size_t)b * NH + h) * T + t] = sum;
+  D[((size_t)b * NH + h) * w.out_rows + t] = sum;
 }
 
-// Backward, dK and dV. grid (B * KVH, ceil(T / 64)), kThreads threads, DkvSharedBytes<HS>() bytes.
-//   dqkv (B, T, W) += (the k and v parts); dout (B, T, C); qkv (B, T, W); lse, D (B, NH, T).
+// Backward, dK and dV. grid (B * KVH, ceil((w.q_begin + w.q_rows) / 64)), kThreads threads,
+// DkvSharedBytes<HS>() bytes.
+//   dqkv (B, T, W) += (the k and v parts of keys 0 .. q_end - 1); dout (B, w.out_rows, C); qkv
+//   (B, T, W); lse, D (B, NH, w.out_rows).
 // Block (bg, y) owns keys [k0, k0 + 64), k0 = 64 * y, of kv head g of batch b (bg = b KVH + g);
 // warp w keys k0 + 16w .. + 15. For each query head h of the group (g * group .. + group - 1, in
-// order) it loops over the query tiles of BR rows that reach its keys (from the one holding k0 to
-// the last), one flat sequence of steps with the next step's tiles prefetched, and keeps dK, dV
-// (16, HS) per warp in registers over all of them.
+// order) it loops over the window's query tiles of BR rows that reach its keys (from the one
+// holding global position k0, or the window's first, to the last), one flat sequence of steps
+// with the next step's tiles prefetched, and keeps dK, dV (16, HS) per warp in registers over all
+// of them.
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
     flash_backward_dkv_kernel(__nv_bfloat16 *dqkv, const __nv_bfloat16 *dout,
                               const __nv_bfloat16 *qkv, const float *lse, const float *D, int T,
-                              int NH, int KVH, float scale, float scale_log2) {
+                              int NH, int KVH, mp_attention_window w, float scale,
+                              float scale_log2) {
   constexpr int LD = Stride<HS>();
   constexpr int BR = DkvQueryRows<HS>();
   __nv_bfloat16 *k_tile = reinterpret_cast<__nv_bfloat16 *>(mp_flash_shared_memory());
@@ -435,27 +448,33 @@ __global__ void __launch_bounds__(kThreads)
   const int bg = blockIdx.x, b = bg / KVH, g = bg % KVH;
   const int group = NH / KVH;
   const int k0 = blockIdx.y * kKeys;
+  const int q_end = w.q_begin + w.q_rows, Tq = w.q_rows;
   const size_t C = (size_t)NH * HS, stride = (size_t)(NH + 2 * KVH) * HS;
   const __nv_bfloat16 *qkv_b = qkv + (size_t)b * T * stride;  // batch b's token 0
+  const __nv_bfloat16 *q_b = qkv_b + (size_t)w.q_begin * stride;  // the window's first query
   const __nv_bfloat16 *k_head = qkv_b + (size_t)(NH + g) * HS;
   const __nv_bfloat16 *v_head = k_head + (size_t)KVH * HS;
-  const __nv_bfloat16 *dout_b = dout + (size_t)b * T * C;
-  const float *lse_b = lse + (size_t)b * NH * T, *d_b = D + (size_t)b * NH * T;
+  const size_t row0 = (size_t)b * w.out_rows + w.out_row0;  // the window's first out row
+  const __nv_bfloat16 *dout_b = dout + row0 * C;
+  const float *lse_b = lse + (size_t)b * NH * w.out_rows + w.out_row0;
+  const float *d_b = D + (size_t)b * NH * w.out_rows + w.out_row0;
 
-  // Query head h's tile of BR rows from t0 (q, dout, lse, D) into buffer `buffer`.
+  // Query head h's tile of BR window rows from t0 (q, dout, lse, D) into buffer `buffer`.
   auto load_query_tiles = [&](int h, int t0, int buffer) {
-    load_tile_async<BR, HS>(q_tiles + buffer * BR * LD, qkv_b + (size_t)h * HS, stride, t0, T);
-    load_tile_async<BR, HS>(do_tiles + buffer * BR * LD, dout_b + (size_t)h * HS, C, t0, T);
-    load_row_values_async<BR>(lse_tiles + buffer * BR, lse_b + (size_t)h * T, t0, T);
-    load_row_values_async<BR>(d_tiles + buffer * BR, d_b + (size_t)h * T, t0, T);
+    load_tile_async<BR, HS>(q_tiles + buffer * BR * LD, q_b + (size_t)h * HS, stride, t0, Tq);
+    load_tile_async<BR, HS>(do_tiles + buffer * BR * LD, dout_b + (size_t)h * HS, C, t0, Tq);
+    load_row_values_async<BR>(lse_tiles + buffer * BR, lse_b + (size_t)h * w.out_rows, t0, Tq);
+    load_row_values_async<BR>(d_tiles + buffer * BR, d_b + (size_t)h * w.out_rows, t0, Tq);
   };
 
   // Step s of the loop below: query head g * group + s / (n_tiles - first_tile), its query tile
-  // first_tile + s % (n_tiles - first_tile).
-  const int first_tile = k0 / BR, n_tiles = (T + BR - 1) / BR;
+  // first_tile + s % (n_tiles - first_tile). The first tile reaching key k0 is the one holding
+  // global position k0 (k0 < q_end, so there is one), or the window's first.
+  const int first_tile = k0 > w.q_begin ? (k0 - w.q_begin) / BR : 0;
+  const int n_tiles = (Tq + BR - 1) / BR;
   const int steps = group * (n_tiles - first_tile);
-  load_tile_async<kKeys, HS>(k_tile, k_head, stride, k0, T);
-  load_tile_async<kKeys, HS>(v_tile, v_head, stride, k0, T);
+  load_tile_async<kKeys, HS>(k_tile, k_head, stride, k0, q_end);
+  load_tile_async<kKeys, HS>(v_tile, v_head, stride, k0, q_end);
   load_query_tiles(g * group, first_tile * BR, 0);
   mp_cp_async_commit();
 
@@ -483,7 +502,7 @@ __global__ void __launch_bounds__(kThreads)
     const __nv_bfloat16 *do_tile = do_tiles + buffer * BR * LD;
     const float *lse_tile = lse_tiles + buffer * BR;
     const float *d_tile = d_tiles + buffer * BR;
-    const int q0 = i * BR;
+    const int q0 = i * BR, gq0 = w.q_begin + q0;  // in the window, and its global position
 
     // st (16 keys, BR queries) = k q^T.
     float st[BR / 8][4];
@@ -491,11 +510,11 @@ __global__ void __launch_bounds__(kThreads)
     for (int n = 0; n < BR / 8; n++) st[n][0] = st[n][1] = st[n][2] = st[n][3] = 0.0f;
     mma_rows_by_rows<HS / 16, BR / 8, LD>(st, k_tile + warp * 16 * LD, q_tile, lane);
 
-    // pt = exp(scale st - lse), 0 where key > query or query >= T (checked only in tiles that
-    // reach the warp's keys from above or run past T), kept as bf16 A fragments (st[n][e] is
+    // pt = exp(scale st - lse), 0 where key > query or the query is past the window (checked
+    // only in tiles that reach the warp's keys from above or run past the window), kept as bf16 A fragments (st[n][e] is
     // pt[n / 2][2 (n % 2) + e / 2], half e % 2): 16 registers instead of 32 while dP^T is formed,
     // which brings HS = 64 to 168 registers, 3 blocks per multiprocessor.
-    const bool masked = warp_key0 + 15 > q0 || q0 + BR > T;
+    const bool masked = warp_key0 + 15 > gq0 || q0 + BR > Tq;
     uint32_t pt[BR / 16][4];
 #pragma unroll
     for (int n = 0; n < BR / 8; n++) {
@@ -505,7 +524,7 @@ __global__ void __launch_bounds__(kThreads)
         const int key = warp_key0 + (lane >> 2) + 8 * (e >> 1);
         const int qi = n * 8 + 2 * (lane & 3) + (e & 1);
         p[e] = exp2f(fmaf(st[n][e], scale_log2, -lse_tile[qi] * kLog2e));
-        if (masked && (key > q0 + qi || q0 + qi >= T)) p[e] = 0.0f;
+        if (masked && (key > gq0 + qi || q0 + qi >= Tq)) p[e] = 0.0f;
       }
       pt[n / 2][(n & 1) * 2] = mp_pack_bf16x2(p[0], p[1]);
       pt[n / 2][(n & 1) * 2 + 1] = mp_pack_bf16x2(p[2], p[3]);
@@ -538,20 +557,23 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   __nv_bfloat16 *dk_warp = dqkv + ((size_t)b * T + warp_key0) * stride + (size_t)(NH + g) * HS;
-  store_rows<HS>(dk_warp, stride, dk, scale, warp_key0, T, lane, true);
-  store_rows<HS>(dk_warp + (size_t)KVH * HS, stride, dv, 1.0f, warp_key0, T, lane, true);
+  store_rows<HS>(dk_warp, stride, dk, scale, warp_key0, q_end, lane, true);
+  store_rows<HS>(dk_warp + (size_t)KVH * HS, stride, dv, 1.0f, warp_key0, q_end, lane, true);
 }
 
-// Backward, dQ. grid (B * NH, ceil(T / 64)), kThreads threads, DqSharedBytes<HS>() bytes.
-//   dqkv (B, T, W) += (the q part); dout (B, T, C); qkv (B, T, W); lse, D (B, NH, T).
-// Block (bh, y) owns query rows [q0, q0 + 64), q0 = 64 * (gridDim.y - 1 - y), of head bh (against
-// kv head h / (NH / KVH)); warp w rows q0 + 16w .. + 15. Loops over key tiles 0 .. the diagonal,
-// dQ (16, HS) per warp in registers.
+// Backward, dQ. grid (B * NH, ceil(w.q_rows / 64)), kThreads threads, DqSharedBytes<HS>() bytes.
+//   dqkv (B, T, W) += (the q part of the window's rows); dout (B, w.out_rows, C); qkv (B, T, W);
+//   lse, D (B, NH, w.out_rows).
+// Block (bh, y) owns the window's query rows [q0, q0 + 64), q0 = 64 * (gridDim.y - 1 - y), at
+// global positions gq0 = w.q_begin + q0 on, of head bh (against kv head h / (NH / KVH)); warp w
+// rows q0 + 16w .. + 15. Loops over key tiles 0 .. the one holding its last query, dQ (16, HS)
+// per warp in registers.
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
     flash_backward_dq_kernel(__nv_bfloat16 *dqkv, const __nv_bfloat16 *dout,
                              const __nv_bfloat16 *qkv, const float *lse, const float *D, int T,
-                             int NH, int KVH, float scale, float scale_log2) {
+                             int NH, int KVH, mp_attention_window w, float scale,
+                             float scale_log2) {
   constexpr int LD = Stride<HS>();
   __nv_bfloat16 *q_tile = reinterpret_cast<__nv_bfloat16 *>(mp_flash_shared_memory());
   __nv_bfloat16 *do_tile = q_tile + kRows * LD;
@@ -560,27 +582,31 @@ __global__ void __launch_bounds__(kThreads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int bh = blockIdx.x, b = bh / NH, h = bh % NH, g = h / (NH / KVH);
   const int q_block = gridDim.y - 1 - blockIdx.y;
-  const int q0 = q_block * kRows;
+  const int q0 = q_block * kRows, gq0 = w.q_begin + q0;
+  const int q_end = w.q_begin + w.q_rows;
+  const int last_key_tile = min(gq0 + kRows - 1, q_end - 1) / kKeys;
   const size_t C = (size_t)NH * HS, stride = (size_t)(NH + 2 * KVH) * HS;
+  const size_t row0 = (size_t)b * w.out_rows + w.out_row0;  // the window's first out row
   const __nv_bfloat16 *q_head = qkv + (size_t)b * T * stride + (size_t)h * HS;
   const __nv_bfloat16 *k_head = qkv + (size_t)b * T * stride + (size_t)(NH + g) * HS;
   const __nv_bfloat16 *v_head = k_head + (size_t)KVH * HS;
-  const __nv_bfloat16 *do_head = dout + (size_t)b * T * C + (size_t)h * HS;
+  const __nv_bfloat16 *do_head = dout + row0 * C + (size_t)h * HS;
 
-  load_tile_async<kRows, HS>(q_tile, q_head, stride, q0, T);
-  load_tile_async<kRows, HS>(do_tile, do_head, C, q0, T);
-  load_tile_async<kKeys, HS>(k_tiles, k_head, stride, 0, T);
-  load_tile_async<kKeys, HS>(v_tiles, v_head, stride, 0, T);
+  load_tile_async<kRows, HS>(q_tile, q_head, stride, gq0, q_end);
+  load_tile_async<kRows, HS>(do_tile, do_head, C, q0, w.q_rows);
+  load_tile_async<kKeys, HS>(k_tiles, k_head, stride, 0, q_end);
+  load_tile_async<kKeys, HS>(v_tiles, v_head, stride, 0, q_end);
   mp_cp_async_commit();
 
-  // This lane's rows g and g + 8: lse in log2 units, and D.
+  // This lane's rows g and g + 8 (in the window): lse in log2 units, and D.
   const int first_row = q0 + warp * 16;
+  const size_t stats = (size_t)bh * w.out_rows + w.out_row0;
   float lse2[2], d_row[2];
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     const int row = first_row + (lane >> 2) + 8 * r;
-    lse2[r] = row < T ? lse[(size_t)bh * T + row] * kLog2e : 0.0f;
-    d_row[r] = row < T ? D[(size_t)bh * T + row] : 0.0f;
+    lse2[r] = row < w.q_rows ? lse[stats + row] * kLog2e : 0.0f;
+    d_row[r] = row < w.q_rows ? D[stats + row] : 0.0f;
   }
 
   float dq[HS / 8][4];  // (16, HS) per warp
@@ -589,13 +615,13 @@ __global__ void __launch_bounds__(kThreads)
   const __nv_bfloat16 *q_warp = q_tile + warp * 16 * LD;
   const __nv_bfloat16 *do_warp = do_tile + warp * 16 * LD;
 
-  for (int j = 0; j <= q_block; j++) {
+  for (int j = 0; j <= last_key_tile; j++) {
     const int buffer = j & 1;
-    if (j < q_block) {
+    if (j < last_key_tile) {
       load_tile_async<kKeys, HS>(k_tiles + (buffer ^ 1) * kKeys * LD, k_head, stride,
-                                 (j + 1) * kKeys, T);
+                                 (j + 1) * kKeys, q_end);
       load_tile_async<kKeys, HS>(v_tiles + (buffer ^ 1) * kKeys * LD, v_head, stride,
-                                 (j + 1) * kKeys, T);
+                                 (j + 1) * kKeys, q_end);
     }
     mp_cp_async_commit();
     mp_cp_async_wait<1>();
@@ -613,17 +639,19 @@ __global__ void __launch_bounds__(kThreads)
     mma_rows_by_rows<HS / 16, kKeys / 8, LD>(s, q_warp, k_tile, lane);
     mma_rows_by_rows<HS / 16, kKeys / 8, LD>(dp, do_warp, v_tile, lane);
 
-    // p = exp(scale s - lse), 0 above the diagonal (diagonal tile only); ds = p (dp - D) in dp.
+    // p = exp(scale s - lse), 0 where key > query (by global position, on the tiles reaching past
+    // gq0 only); ds = p (dp - D) in dp.
     const int k0 = j * kKeys;
+    const bool masked = k0 + kKeys - 1 > gq0;
 #pragma unroll
     for (int n = 0; n < kKeys / 8; n++) {
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         const int r = e >> 1;
         const int key = k0 + n * 8 + 2 * (lane & 3) + (e & 1);
-        const int row = first_row + (lane >> 2) + 8 * r;
+        const int row = w.q_begin + first_row + (lane >> 2) + 8 * r;
         float p = exp2f(fmaf(s[n][e], scale_log2, -lse2[r]));
-        if (j == q_block && key > row) p = 0.0f;
+        if (masked && key > row) p = 0.0f;
         dp[n][e] = p * (dp[n][e] - d_row[r]);
       }
     }
@@ -633,8 +661,8 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
   }
 
-  store_rows<HS>(dqkv + ((size_t)b * T + first_row) * stride + (size_t)h * HS, stride, dq, scale,
-                 first_row, T, lane, true);
+  store_rows<HS>(dqkv + ((size_t)b * T + w.q_begin + first_row) * stride + (size_t)h * HS,
+                 stride, dq, scale, first_row, w.q_rows, lane, true);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -664,52 +692,82 @@ static void allow_shared_bytes(Kernel kernel, size_t bytes) {
   }
 }
 
+// A window inside qkv's rows and out's, or nothing to do.
+static bool window_ok(int T, mp_attention_window w) {
+  return w.q_begin >= 0 && w.q_rows > 0 && w.q_begin + w.q_rows <= T && w.out_row0 >= 0 &&
+         w.out_row0 + w.q_rows <= w.out_rows;
+}
+
 template <int HS>
 static void forward(mp_bf16 *out, float *lse, const mp_bf16 *qkv, int B, int T, int NH, int KVH,
-                    cudaStream_t stream) {
+                    mp_attention_window w, cudaStream_t stream) {
   const float scale = 1.0f / sqrtf((float)HS);
-  const dim3 grid((unsigned)(B * NH), ceil_div((size_t)T, kRows));
+  const dim3 grid((unsigned)(B * NH), ceil_div((size_t)w.q_rows, kRows));
   allow_shared_bytes(flash_forward_kernel<HS>, ForwardSharedBytes<HS>());
   flash_forward_kernel<HS><<<grid, kThreads, ForwardSharedBytes<HS>(), stream>>>(
       reinterpret_cast<__nv_bfloat16 *>(out), lse,
-      reinterpret_cast<const __nv_bfloat16 *>(qkv), T, NH, KVH, scale, scale * kLog2e);
+      reinterpret_cast<const __nv_bfloat16 *>(qkv), T, NH, KVH, w, scale, scale * kLog2e);
   MP_CUDA_CHECK_LAUNCH("flash_forward_kernel");
 }
 
 template <int HS>
 static void backward(mp_bf16 *dqkv, const mp_bf16 *dout, const mp_bf16 *qkv, const mp_bf16 *out,
                      const float *lse, float *D, int B, int T, int NH, int KVH,
-                     cudaStream_t stream) {
+                     mp_attention_window w, cudaStream_t stream) {
   const float scale = 1.0f / sqrtf((float)HS);
   const __nv_bfloat16 *dout_ = reinterpret_cast<const __nv_bfloat16 *>(dout);
   const __nv_bfloat16 *qkv_ = reinterpret_cast<const __nv_bfloat16 *>(qkv);
   __nv_bfloat16 *dqkv_ = reinterpret_cast<__nv_bfloat16 *>(dqkv);
-  const size_t rows = (size_t)B * T * NH;
+  const size_t rows = (size_t)B * w.q_rows * NH;
   flash_backward_dot_kernel<HS><<<ceil_div(rows, 256), 256, 0, stream>>>(
-      D, dout_, reinterpret_cast<const __nv_bfloat16 *>(out), B, T, NH);
+      D, dout_, reinterpret_cast<const __nv_bfloat16 *>(out), B, NH, w);
   MP_CUDA_CHECK_LAUNCH("flash_backward_dot_kernel");
-  const dim3 kv_grid((unsigned)(B * KVH), ceil_div((size_t)T, kKeys));
+  const dim3 kv_grid((unsigned)(B * KVH), ceil_div((size_t)(w.q_begin + w.q_rows), kKeys));
   allow_shared_bytes(flash_backward_dkv_kernel<HS>, DkvSharedBytes<HS>());
   flash_backward_dkv_kernel<HS><<<kv_grid, kThreads, DkvSharedBytes<HS>(), stream>>>(
-      dqkv_, dout_, qkv_, lse, D, T, NH, KVH, scale, scale * kLog2e);
+      dqkv_, dout_, qkv_, lse, D, T, NH, KVH, w, scale, scale * kLog2e);
   MP_CUDA_CHECK_LAUNCH("flash_backward_dkv_kernel");
-  const dim3 grid((unsigned)(B * NH), ceil_div((size_t)T, kRows));
+  const dim3 grid((unsigned)(B * NH), ceil_div((size_t)w.q_rows, kRows));
   allow_shared_bytes(flash_backward_dq_kernel<HS>, DqSharedBytes<HS>());
   flash_backward_dq_kernel<HS><<<grid, kThreads, DqSharedBytes<HS>(), stream>>>(
-      dqkv_, dout_, qkv_, lse, D, T, NH, KVH, scale, scale * kLog2e);
+      dqkv_, dout_, qkv_, lse, D, T, NH, KVH, w, scale, scale * kLog2e);
   MP_CUDA_CHECK_LAUNCH("flash_backward_dq_kernel");
+}
+
+extern "C" void mp_flash_attention_forward_window_cuda(mp_bf16 *out, float *lse,
+                                                       const mp_bf16 *qkv, int B, int T, int NH,
+                                                       int KVH, int HS, mp_attention_window w,
+                                                       mp_cuda_stream stream) {
+  if (!shape_ok(B, T, NH, KVH, HS) || !window_ok(T, w)) return;
+  switch (HS) {
+    case 32: forward<32>(out, lse, qkv, B, T, NH, KVH, w, stream); break;
+    case 64: forward<64>(out, lse, qkv, B, T, NH, KVH, w, stream); break;
+    case 128: forward<128>(out, lse, qkv, B, T, NH, KVH, w, stream); break;
+    default: break;
+  }
+}
+
+extern "C" void mp_flash_attention_backward_window_cuda(mp_bf16 *dqkv, const mp_bf16 *dout,
+                                                        const mp_bf16 *qkv, const mp_bf16 *out,
+                                                        const float *lse, void *scratch, int B,
+                                                        int T, int NH, int KVH, int HS,
+                                                        mp_attention_window w,
+                                                        mp_cuda_stream stream) {
+  if (!shape_ok(B, T, NH, KVH, HS) || !window_ok(T, w)) return;
+  float *D = static_cast<float *>(scratch);  // (B, NH, w.out_rows)
+  switch (HS) {
+    case 32: backward<32>(dqkv, dout, qkv, out, lse, D, B, T, NH, KVH, w, stream); break;
+    case 64: backward<64>(dqkv, dout, qkv, out, lse, D, B, T, NH, KVH, w, stream); break;
+    case 128: backward<128>(dqkv, dout, qkv, out, lse, D, B, T, NH, KVH, w, stream); break;
+    default: break;
+  }
 }
 
 extern "C" void mp_flash_attention_forward_cuda(mp_bf16 *out, float *lse, const mp_bf16 *qkv,
                                                 int B, int T, int NH, int KVH, int HS,
                                                 mp_cuda_stream stream) {
-  if (!shape_ok(B, T, NH, KVH, HS)) return;
-  switch (HS) {
-    case 32: forward<32>(out, lse, qkv, B, T, NH, KVH, stream); break;
-    case 64: forward<64>(out, lse, qkv, B, T, NH, KVH, stream); break;
-    case 128: forward<128>(out, lse, qkv, B, T, NH, KVH, stream); break;
-    default: break;
-  }
+  mp_flash_attention_forward_window_cuda(out, lse, qkv, B, T, NH, KVH, HS,
+                                         mp_attention_whole_sequence(T), stream);
 }
 
 extern "C" void mp_flash_attention_backward_cuda(mp_bf16 *dqkv, const mp_bf16 *dout,
@@ -717,12 +775,6 @@ extern "C" void mp_flash_attention_backward_cuda(mp_bf16 *dqkv, const mp_bf16 *d
                                                  const float *lse, void *scratch, int B, int T,
                                                  int NH, int KVH, int HS,
                                                  mp_cuda_stream stream) {
-  if (!shape_ok(B, T, NH, KVH, HS)) return;
-  float *D = static_cast<float *>(scratch);  // (B, NH, T)
-  switch (HS) {
-    case 32: backward<32>(dqkv, dout, qkv, out, lse, D, B, T, NH, KVH, stream); break;
-    case 64: backward<64>(dqkv, dout, qkv, out, lse, D, B, T, NH, KVH, stream); break;
-    case 128: backward<128>(dqkv, dout, qkv, out, lse, D, B, T, NH, KVH, stream); break;
-    default: break;
-  }
+  mp_flash_attention_backward_window_cuda(dqkv, dout, qkv, out, lse, scratch, B, T, NH, KVH, HS,
+                                          mp_attention_whole_sequence(T), stream);
 }

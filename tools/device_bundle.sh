@@ -27,6 +27,7 @@ binaries=(
   //tests/layers:cuda_elementwise_test
   //tests/layers:cuda_gemm_test
   //tests/layers:flash_attention_test
+  //tests/layers:flash_attention_window_test
   //tests/layers:cuda_tensor_parallel_test
   //tests/engine:stage_gpu_test
   //tests/engine:comm_nccl_test

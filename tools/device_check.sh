@@ -96,7 +96,8 @@ section "mpengine version --smoke-test"
 .device/bin/mpengine version --smoke-test || fail "smoke test"
 
 section "CUDA kernels against their CPU twins"
-for test in cuda_elementwise_test cuda_gemm_test flash_attention_test cuda_tensor_parallel_test \
+for test in cuda_elementwise_test cuda_gemm_test flash_attention_test flash_attention_window_test \
+            cuda_tensor_parallel_test \
             stage_gpu_test; do
   if [ -x ".device/bin/$test" ]; then
     timeout 300 ".device/bin/$test" 2>&1 | grep -E "kernel |model |gpu training|FAILED|Failure|Expected|Which is|error|PASSED|SKIPPED|tests? ran" \
@@ -237,6 +238,24 @@ JSON
   done
   compare_losses "GPU tiny-llama cp = 2 vs GPU one rank" "$work/gpu-llama1.jsonl" \
     "$work/gpu-llama-cp2.jsonl" 1e-3
+  # The fused attention's windows (head size 32: 2 query heads over 1 kv head): each cp rank's
+  # two chunks against the gathered prefix, its share of the FLOPs.
+  section "context parallelism with the fused attention's windows: cp = 2 vs one rank"
+  sed 's/"heads": 4, "kv_heads": 2/"heads": 2, "kv_heads": 1/' examples/models/tiny-llama.json \
+    > "$work/fused-llama.json"
+  sed "s|[^\"]*tiny-llama.json|$work/fused-llama.json|" "$work/llama1.json" > "$work/fused1.json"
+  sed "s|[^\"]*tiny-llama.json|$work/fused-llama.json|" "$work/llama-cp2.json" \
+    > "$work/fused-cp2.json"
+  for name in fused1 fused-cp2; do
+    np=1
+    [ $name = fused-cp2 ] && np=2
+    timeout 240 env "${mpi_env[@]}" "$mpirun" -np $np --bind-to none .device/bin/mpengine run \
+      --config "$work/$name.json" --backend cuda --gpu-comm mpi \
+      --metrics "$work/gpu-$name.jsonl" --comm-timeout 60 | grep -E "^step 20/|^done" \
+      || fail "$name on cuda"
+  done
+  compare_losses "GPU fused-attention cp = 2 vs GPU one rank" "$work/gpu-fused1.jsonl" \
+    "$work/gpu-fused-cp2.jsonl" 1e-3
   # Zero-bubble on the GPU: B and W split (each block's GEMM weight gradients deferred to W), which
   # adds what the whole backward adds: the same run as 1f1b's up to the GPU's own noise.
   section "zero-bubble zb-h1 on the GPU: pp = 2 vs pp = 2 on 1f1b"

@@ -6,14 +6,15 @@
  * exactly, rounded once after a sum). The GPU stage (stage_gpu.c) runs the chain over it.
  *
  * Context parallelism: the cp group all-gathers each rank's whole qkv rows into the sequence's
- * (B, Tseq, QKVl) at their global positions, and the attention kernels run on the whole sequence
- * there; this rank keeps the outputs of its own tokens. In the backward only its own tokens'
- * output gradients are non-zero, so the whole-sequence backward gives every token's key and
- * value gradient from this rank's queries, and this rank's queries' gradient (the other tokens'
- * query gradients are zero); the group's reduce-scatter of those rows sums them for each
- * token's owner. The result is exactly this rank's share, but the kernels compute the whole
- * sequence's attention on every cp rank (cp times the FLOPs of a kernel that takes a query
- * offset); with the fused attention its memory stays O(T): row statistics, no T x T matrix.
+ * (B, Tseq, QKVl) at their global positions. With the fused attention each of this rank's two
+ * chunks is one window call (layers/attention.h, mp_attention_window): its queries against the
+ * gathered prefix up to its last token, the outputs and row statistics written straight into
+ * this rank's (B, T, ...) rows, and in the backward the keys' and values' gradient of that
+ * prefix added into the sequence's rows; the group's reduce-scatter of those rows sums them for
+ * each token's owner. The attention FLOPs are this rank's share, the planner's assumption.
+ * The cuBLAS attention (head sizes the fused kernels lack) has no windows: it runs on the whole
+ * sequence, keeps this rank's tokens' outputs, and in the backward gets exactly this rank's share
+ * from output gradients that are non-zero at its tokens only (cp times the FLOPs).
  */
 #include "engine/model/stage_kernels.h"
 
@@ -70,8 +71,9 @@ typedef struct {
   mp_bf16 *wpe_local;        /* (T, C) the position table's rows of this rank's tokens */
   float *dwpe_local;         /* (T, C) their gradient, added into the table's rows */
   float *cp_send, *cp_recv;  /* (B T, QKVl) and (cp, B T, QKVl) fp32: the exchange's */
-  mp_bf16 *out_full, *dout_full; /* (B, Tseq, Cl) the whole sequence's attention output and its
-                                    gradient (non-zero at this rank's tokens only) */
+  mp_bf16 *out_full, *dout_full; /* cuBLAS attention: (B, Tseq, Cl) the whole sequence's
+                                    attention output and its gradient (non-zero at this rank's
+                                    tokens only); NULL with the fused attention */
 } cuda_kernels;
 
 static mp_status cuda_alloc(void *context, size_t bytes, void **out, mp_error *err) {
@@ -260,24 +262,35 @@ static mp_status cuda_cp_gather_kv(void *context, void *kv_full, const void *qkv
   return MP_OK;
 }
 
-/* saved: the whole sequence's lse (B, NHl, Tseq), or cuBLAS attention's (B, NHl, Tseq, Tseq). */
+/* Chunk j's window: its c = T / 2 queries at their global positions, into local rows j c on. */
+static mp_attention_window chunk_window(const mp_stage_dims *d, int j) {
+  const int c = d->T / 2;
+  const mp_attention_window w = {(int)chunk_position(d, d->cp_rank, j), c, d->T, j * c};
+  return w;
+}
+
+/* saved: this rank's tokens' lse (B, NHl, T) with the fused attention, or cuBLAS attention's
+ * whole-sequence probabilities (B, NHl, Tseq, Tseq). */
 static mp_status cuda_cp_attention_forward(void *context, void *out, void *saved,
                                            const void *qkv, const void *kv_full, mp_error *err) {
   (void)qkv;
   cuda_kernels *k = context;
   const mp_stage_dims *d = &k->d;
   if (k->fused_attention) {
-    mp_flash_attention_forward_cuda(k->out_full, saved, kv_full, d->B, d->Tseq, d->NHl, d->KVHl,
-                                    d->HS, NULL);
-  } else {
-    mp_attention_forward_cuda(k->cublas, k->out_full, saved, kv_full, k->attention_scratch, d->B,
-                              d->Tseq, d->NHl, d->KVHl, d->HS, NULL);
+    for (int j = 0; j < 2; ++j) {
+      mp_flash_attention_forward_window_cuda(out, saved, kv_full, d->B, d->Tseq, d->NHl, d->KVHl,
+                                             d->HS, chunk_window(d, j), NULL);
+    }
+    return MP_OK;
   }
+  mp_attention_forward_cuda(k->cublas, k->out_full, saved, kv_full, k->attention_scratch, d->B,
+                            d->Tseq, d->NHl, d->KVHl, d->HS, NULL);
   return copy_rank_rows(k, d->cp_rank, k->out_full, out, (size_t)d->Cl, false, err);
 }
 
-/* dkv_full (B, Tseq, QKVl), zeroed by the chain: the whole-sequence backward with this rank's
- * output gradients at its tokens and zeros elsewhere. */
+/* dkv_full (B, Tseq, QKVl), zeroed by the chain, += the gradient from this rank's queries: its
+ * two windows with the fused attention, else the whole-sequence backward with this rank's output
+ * gradients at its tokens and zeros elsewhere. */
 static mp_status cuda_cp_attention_backward(void *context, void *dqkv, void *dkv_full,
                                             const void *dout, const void *qkv,
                                             const void *kv_full, const void *out,
@@ -285,20 +298,21 @@ static mp_status cuda_cp_attention_backward(void *context, void *dqkv, void *dkv
   (void)dqkv, (void)qkv;
   cuda_kernels *k = context;
   const mp_stage_dims *d = &k->d;
+  if (k->fused_attention) {
+    for (int j = 0; j < 2; ++j) {
+      mp_flash_attention_backward_window_cuda(dkv_full, dout, kv_full, out, saved,
+                                              k->attention_scratch, d->B, d->Tseq, d->NHl,
+                                              d->KVHl, d->HS, chunk_window(d, j), NULL);
+    }
+    return MP_OK;
+  }
   const size_t full_bytes = (size_t)d->B * (size_t)d->Tseq * (size_t)d->Cl * sizeof(mp_bf16);
   MP_TRY(mp_device_memset(k->out_full, 0, full_bytes, err));
   MP_TRY(mp_device_memset(k->dout_full, 0, full_bytes, err));
   MP_TRY(copy_rank_rows(k, d->cp_rank, k->out_full, (mp_bf16 *)out, (size_t)d->Cl, true, err));
   MP_TRY(copy_rank_rows(k, d->cp_rank, k->dout_full, (mp_bf16 *)dout, (size_t)d->Cl, true, err));
-  if (k->fused_attention) {
-    mp_flash_attention_backward_cuda(dkv_full, k->dout_full, kv_full, k->out_full, saved,
-                                     k->attention_scratch, d->B, d->Tseq, d->NHl, d->KVHl, d->HS,
-                                     NULL);
-  } else {
-    mp_attention_backward_cuda(k->cublas, dkv_full, k->dout_full, kv_full, saved,
-                               k->attention_scratch, d->B, d->Tseq, d->NHl, d->KVHl, d->HS,
-                               NULL);
-  }
+  mp_attention_backward_cuda(k->cublas, dkv_full, k->dout_full, kv_full, saved,
+                             k->attention_scratch, d->B, d->Tseq, d->NHl, d->KVHl, d->HS, NULL);
   return MP_OK;
 }
 
@@ -614,11 +628,12 @@ mp_status mp_stage_kernels_gpu_create(const mp_stage_dims *d, mp_stage_kernels *
   const size_t widest =
       max_size((size_t)d->Vl, max_size((size_t)d->FCl, max_size((size_t)d->QKVl, C)));
   SCRATCH(k->matmul_scratch, mp_matmul_backward_cuda_scratch_floats((int)BT, (int)widest));
-  /* With context parallelism the attention runs on the whole sequence (the file comment). */
+  /* With context parallelism the fused attention's row statistics are this rank's tokens', the
+   * cuBLAS attention's matrices the whole sequence's (the file comment). */
   const int cp = d->cp > 1 ? d->cp : 1, Tseq = d->T * cp;
   const size_t attention_bytes =
       d->num_layers == 0 ? 0
-      : k->fused_attention ? mp_flash_attention_scratch_bytes(d->B, Tseq, d->NHl, d->HS)
+      : k->fused_attention ? mp_flash_attention_scratch_bytes(d->B, d->T, d->NHl, d->HS)
                            : mp_attention_cuda_scratch_bytes(d->B, Tseq, d->NHl, d->HS);
   if (scratch_alloc(k, &k->attention_scratch, attention_bytes, err) != MP_OK) goto fail;
   if (d->embedding) {
@@ -651,8 +666,10 @@ mp_status mp_stage_kernels_gpu_create(const mp_stage_dims *d, mp_stage_kernels *
     if (d->num_layers > 0) {
       SCRATCH(k->cp_send, BT * (size_t)d->QKVl);
       SCRATCH(k->cp_recv, BT * (size_t)d->QKVl * (size_t)cp);
-      SCRATCH(k->out_full, (size_t)d->B * (size_t)Tseq * (size_t)d->Cl);
-      SCRATCH(k->dout_full, (size_t)d->B * (size_t)Tseq * (size_t)d->Cl);
+      if (!k->fused_attention) {
+        SCRATCH(k->out_full, (size_t)d->B * (size_t)Tseq * (size_t)d->Cl);
+        SCRATCH(k->dout_full, (size_t)d->B * (size_t)Tseq * (size_t)d->Cl);
+      }
     }
   }
   mp_stage_kernels *t = &k->table;
@@ -660,7 +677,7 @@ mp_status mp_stage_kernels_gpu_create(const mp_stage_dims *d, mp_stage_kernels *
   t->name = "CUDA";
   t->element_bytes = sizeof(mp_bf16);
   t->attention_saved_bytes =
-      k->fused_attention ? (size_t)d->B * d->NHl * Tseq * sizeof(float)
+      k->fused_attention ? (size_t)d->B * d->NHl * d->T * sizeof(float)
                          : (size_t)d->B * d->NHl * Tseq * (size_t)Tseq * sizeof(mp_bf16);
   /* The fused attention keeps no T x T matrix anyway; cuBLAS attention keeps its probabilities. */
   t->attention_recomputable = false;

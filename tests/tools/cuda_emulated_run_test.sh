@@ -376,6 +376,24 @@ done
 GPU_COMM=nccl run cp2tp2sp cuda
 compare "cp2tp2sp over NCCL vs over MPI" "$tmp/cp2tp2sp-cuda.jsonl" "$tmp/cp2tp2sp-cuda-nccl.jsonl" 1e-6
 
+# The fused attention's windows under context parallelism (issue 32): a head size the fused
+# kernels have (32: 2 query heads over 1 kv head), so each cp rank runs its two chunks as windows
+# against the gathered prefix (layers/attention.h, mp_attention_window) instead of the whole
+# sequence. cp 2, cp 4 and cp 2 x pp 2 against the one-rank GPU run and the CPU run.
+sed 's/"heads": 4, "kv_heads": 2/"heads": 2, "kv_heads": 1/; s/"tiny-llama"/"fused-llama"/' \
+  "$tmp/tiny-llama.json" > "$tmp/fused-llama.json"
+MODEL=fused-llama plan fused-one 1 1 1
+CP=2 MODEL=fused-llama plan fused-cp2 1 1 1
+CP=4 MODEL=fused-llama plan fused-cp4 1 1 1
+CP=2 MODEL=fused-llama plan fused-cp2pp2 1 2 1
+run fused-one cuda
+for name in fused-cp2 fused-cp4 fused-cp2pp2; do
+  run $name cuda
+  run $name cpu
+  compare "$name on the GPU vs one rank" "$tmp/fused-one-cuda.jsonl" "$tmp/$name-cuda.jsonl" $VS_ONE
+  compare "$name on the GPU vs on the CPU" "$tmp/$name-cpu.jsonl" "$tmp/$name-cuda.jsonl" $VS_CPU
+done
+
 # Hugging Face weights into and out of the GPU, which keeps the only copy (the GPU stage reads
 # and writes its master weights in pieces): transformers' tiny Llama 3 golden (4 query
 # heads over 2 kv heads, untied head) loaded at pp = 2 x tp = 2, step 1's loss within 2e-2 (bf16)
