@@ -32,10 +32,12 @@
  * tokens with all E experts (every addition into them is in the same order; only the experts'
  * GEMMs see more rows, tests/expert_parallel checks it), its router and shared gradients are
  * those of its own tokens, and its local experts' weight gradients are the SUM over the ep ranks
- * of the one-device gradients of those experts (the GEMM over all received rows). The runtime
- * then sums the expert gradients over the expert-data-parallel group (the ranks holding the same
- * experts: dp x ep / ep of them) and everything else (router, shared MLP) over the whole dp x ep
- * group, as dense parameters are over dp.
+ * of the one-device gradients of those experts (the GEMM over all received rows). With ep folded
+ * over dp (an ep group is ep ranks of one dp group of D ranks), the runtime then sums the expert
+ * gradients over the expert-data-parallel group (the D / ep ranks of the dp group with the same
+ * ep rank, so holding the same experts) and everything else (router, shared MLP) over the whole
+ * dp group, as today; both then hold the sum over all D ranks' tokens, so they take the same
+ * scale (a mean over dp divides both by D, not the experts' by D / ep).
  *
  * The aux-loss statistics stay per rank (mp_moe_stats_add(stats, &cache->tokens), as on one
  * device): the caller sums them over whoever shares these tokens (tp with sp, cp).

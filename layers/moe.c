@@ -178,7 +178,8 @@ void mp_moe_combine_cpu(float *out, const float *x, const mp_moe_params *params,
         g = sigmoidf((float)dot);
       }
       cache->shared_gate[t] = g;
-      for (int c = 0; c < C; ++c) out[(size_t)t * C + c] += g * cache->shared_out[(size_t)t * C + c];
+      const float *shared = cache->shared_out + (size_t)t * C;
+      for (int c = 0; c < C; ++c) out[(size_t)t * C + c] += g * shared[c];
     }
   }
 }

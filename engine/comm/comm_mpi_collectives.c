@@ -290,7 +290,8 @@ mp_status mp_comm_all_to_all_v_f32(mp_comm *comm, const float *input, const size
   int *send = NULL, *recv = NULL; /* each: counts, then displacements */
   MP_TRY(uneven_counts(comm, "all-to-all", send_counts, &send_total, &send, err));
   mp_status status = uneven_counts(comm, "all-to-all", recv_counts, &recv_total, &recv, err);
-  if (status == MP_OK && ((input == NULL && send_total > 0) || (output == NULL && recv_total > 0))) {
+  if (status == MP_OK &&
+      ((input == NULL && send_total > 0) || (output == NULL && recv_total > 0))) {
     status = mp_fail(err, MP_ERR_INPUT, "rank %d: all-to-all in group %s: NULL buffer",
                      comm->world->rank, comm->name);
   }

@@ -358,7 +358,8 @@ void check_case(const Case &c, int ep_size) {
                  "dshared_gate");
   }
   // Local experts: the sum over the group's ranks of the one-device gradients.
-  const size_t fc1_each = (size_t)2 * kExpertFfn * kChannels, fc2_each = (size_t)kChannels * kExpertFfn;
+  const size_t fc1_each = (size_t)2 * kExpertFfn * kChannels;
+  const size_t fc2_each = (size_t)kChannels * kExpertFfn;
   std::vector<float> want_fc1(El * fc1_each), want_fc2(El * fc2_each);
   for (size_t i = 0; i < want_fc1.size(); ++i) {
     double sum = 0.0;
