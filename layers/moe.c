@@ -157,7 +157,7 @@ void mp_moe_combine_cpu(float *out, const float *x, const mp_moe_params *params,
   const int N = shape->tokens, C = shape->channels, K = shape->top_k, Fs = shape->shared_ffn;
   const size_t NK = (size_t)N * (size_t)K;
   /* Each token's expert outputs by their weights, then the shared MLP. */
-  memset(out, 0, sizeof(float) * (size_t)N * C);
+  if (N > 0) memset(out, 0, sizeof(float) * (size_t)N * C); /* out may be NULL for no token */
   for (size_t row = 0; row < NK; ++row) {
     const int slot = cache->routed_slot[row], t = slot / K;
     const float w = cache->weights[slot];

@@ -162,15 +162,16 @@ mp_status mp_comm_all_gather_v_bf16(mp_comm *comm, const uint16_t *input, uint16
 
 /* All-to-all (expert parallelism's per-expert row counts): input (size * count) holds count
  * elements for each group rank, in rank order; output (size * count) gets at chunk r what group
- * rank r's input held for this rank. Host memory; count * size must fit an int. */
+ * rank r's input held for this rank. Host memory, input and output apart; count * size must fit
+ * an int. */
 mp_status mp_comm_all_to_all_i32(mp_comm *comm, const int32_t *input, int32_t *output,
                                  size_t count, mp_error *err);
 
 /* All-to-all with variable counts (expert parallelism's dispatch and combine of token rows):
  * send_counts[r] floats of input go to group rank r and recv_counts[r] floats from group rank r
  * land in output, each side's runs in rank order (this rank's own run is copied). Any count may
- * be 0; what rank a sends to b must be what b expects from a. Host memory; each side's sum must
- * fit an int. */
+ * be 0; what rank a sends to b must be what b expects from a. Host memory, input and output
+ * apart; each side's sum must fit an int. */
 mp_status mp_comm_all_to_all_v_f32(mp_comm *comm, const float *input, const size_t *send_counts,
                                    float *output, const size_t *recv_counts, mp_error *err);
 
