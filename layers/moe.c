@@ -52,9 +52,9 @@ static void top_k(const float *p, int E, int K, int *chosen) {
   }
 }
 
-mp_status mp_moe_forward_cpu(float *out, const float *x, const mp_moe_params *params,
-                             const mp_moe_shape *shape, mp_moe_cache *cache, mp_error *err) {
-  memset(cache, 0, sizeof *cache);
+/* The shape's checks, shared by the forward and the route. */
+static mp_status check_shape(const mp_moe_params *params, const mp_moe_shape *shape,
+                             mp_error *err) {
   const int N = shape->tokens, C = shape->channels, E = shape->experts, K = shape->top_k;
   const int F = shape->expert_ffn, Fs = shape->shared_ffn;
   if (N < 0 || C < 1 || E < 1 || K < 1 || K > E || F < 1 || Fs < 0 ||
@@ -66,6 +66,15 @@ mp_status mp_moe_forward_cpu(float *out, const float *x, const mp_moe_params *pa
                    "expert_ffn %d, shared_ffn %d) or shared weights missing",
                    N, C, E, K, F, Fs);
   }
+  return MP_OK;
+}
+
+mp_status mp_moe_route_cpu(const float *x, const mp_moe_params *params, const mp_moe_shape *shape,
+                           mp_moe_cache *cache, mp_error *err) {
+  memset(cache, 0, sizeof *cache);
+  MP_TRY(check_shape(params, shape, err));
+  const int N = shape->tokens, C = shape->channels, E = shape->experts, K = shape->top_k;
+  const int Fs = shape->shared_ffn;
   cache->shape = *shape;
   const size_t NK = (size_t)N * (size_t)K;
   bool ok = true;
@@ -76,8 +85,6 @@ mp_status mp_moe_forward_cpu(float *out, const float *x, const mp_moe_params *pa
   cache->expert_offset = zalloc((size_t)E + 1, sizeof(int), &ok);
   cache->routed_slot = zalloc(NK, sizeof(int), &ok);
   cache->routed_in = zalloc(NK * C, sizeof(float), &ok);
-  cache->routed_fc1 = zalloc(NK * 2 * F, sizeof(float), &ok);
-  cache->routed_act = zalloc(NK * F, sizeof(float), &ok);
   cache->routed_out = zalloc(NK * C, sizeof(float), &ok);
   if (Fs > 0) {
     cache->shared_fc1 = zalloc((size_t)N * 2 * Fs, sizeof(float), &ok);
@@ -124,22 +131,33 @@ mp_status mp_moe_forward_cpu(float *out, const float *x, const mp_moe_params *pa
     const int t = cache->routed_slot[row] / K;
     memcpy(cache->routed_in + row * C, x + (size_t)t * C, sizeof(float) * (size_t)C);
   }
+  return MP_OK;
+}
 
+void mp_moe_experts_forward_cpu(const mp_moe_params *params, const mp_moe_shape *shape,
+                                mp_moe_expert_rows *rows) {
+  const int C = shape->channels, F = shape->expert_ffn;
   /* One GEMM pair per expert over its rows; an expert with none is skipped. */
-  for (int e = 0; e < E; ++e) {
-    const int first = cache->expert_offset[e], rows = cache->expert_offset[e + 1] - first;
-    if (rows == 0) continue;
-    float *fc1 = cache->routed_fc1 + (size_t)first * 2 * F;
-    float *act = cache->routed_act + (size_t)first * F;
-    mp_matmul_forward_cpu(fc1, cache->routed_in + (size_t)first * C,
-                          params->expert_fc1 + (size_t)e * 2 * F * C, NULL, rows, C, 2 * F);
-    mp_swiglu_forward_cpu(act, fc1, rows, F);
-    mp_matmul_forward_cpu(cache->routed_out + (size_t)first * C, act,
-                          params->expert_fc2 + (size_t)e * C * F, NULL, rows, F, C);
+  for (int e = 0; e < rows->experts; ++e) {
+    const int first = rows->offset[e], count = rows->offset[e + 1] - first;
+    if (count == 0) continue;
+    float *fc1 = rows->fc1 + (size_t)first * 2 * F;
+    float *act = rows->act + (size_t)first * F;
+    mp_matmul_forward_cpu(fc1, rows->in + (size_t)first * C,
+                          params->expert_fc1 + (size_t)e * 2 * F * C, NULL, count, C, 2 * F);
+    mp_swiglu_forward_cpu(act, fc1, count, F);
+    mp_matmul_forward_cpu(rows->out + (size_t)first * C, act,
+                          params->expert_fc2 + (size_t)e * C * F, NULL, count, F, C);
   }
+}
 
-  /* Combine: each token's expert outputs by their weights, then the shared MLP. */
-  memset(out, 0, sizeof(float) * (size_t)N * C);
+void mp_moe_combine_cpu(float *out, const float *x, const mp_moe_params *params,
+                        mp_moe_cache *cache) {
+  const mp_moe_shape *shape = &cache->shape;
+  const int N = shape->tokens, C = shape->channels, K = shape->top_k, Fs = shape->shared_ffn;
+  const size_t NK = (size_t)N * (size_t)K;
+  /* Each token's expert outputs by their weights, then the shared MLP. */
+  if (N > 0) memset(out, 0, sizeof(float) * (size_t)N * C); /* out may be NULL for no token */
   for (size_t row = 0; row < NK; ++row) {
     const int slot = cache->routed_slot[row], t = slot / K;
     const float w = cache->weights[slot];
@@ -160,9 +178,28 @@ mp_status mp_moe_forward_cpu(float *out, const float *x, const mp_moe_params *pa
         g = sigmoidf((float)dot);
       }
       cache->shared_gate[t] = g;
-      for (int c = 0; c < C; ++c) out[(size_t)t * C + c] += g * cache->shared_out[(size_t)t * C + c];
+      const float *shared = cache->shared_out + (size_t)t * C;
+      for (int c = 0; c < C; ++c) out[(size_t)t * C + c] += g * shared[c];
     }
   }
+}
+
+mp_status mp_moe_forward_cpu(float *out, const float *x, const mp_moe_params *params,
+                             const mp_moe_shape *shape, mp_moe_cache *cache, mp_error *err) {
+  MP_TRY(mp_moe_route_cpu(x, params, shape, cache, err));
+  const size_t NK = (size_t)shape->tokens * (size_t)shape->top_k;
+  bool ok = true;
+  cache->routed_fc1 = zalloc(NK * 2 * shape->expert_ffn, sizeof(float), &ok);
+  cache->routed_act = zalloc(NK * shape->expert_ffn, sizeof(float), &ok);
+  if (!ok) {
+    mp_moe_cache_free(cache);
+    return mp_fail(err, MP_ERR_RUNTIME, "moe: out of memory for %d tokens", shape->tokens);
+  }
+  /* Every expert is here: the rows are this device's own. */
+  mp_moe_expert_rows rows = {shape->experts,     cache->expert_offset, cache->routed_in,
+                             cache->routed_fc1, cache->routed_act,    cache->routed_out};
+  mp_moe_experts_forward_cpu(params, shape, &rows);
+  mp_moe_combine_cpu(out, x, params, cache);
   return MP_OK;
 }
 
@@ -214,31 +251,12 @@ static void mlp_backward(float *dinp, float *dfc1_w, float *dfc2_w, const float 
   mp_matmul_backward_cpu(dinp, dfc1_w, NULL, dfc1, inp, fc1_w, rows, C, 2 * F);
 }
 
-mp_status mp_moe_backward_cpu(float *dx, mp_moe_params *grads, const float *dout,
-                              const float *x, const mp_moe_params *params,
-                              const mp_moe_cache *cache, const mp_moe_stats *stats,
-                              double aux_coeff, double z_coeff, mp_error *err) {
-  const mp_moe_shape *shape = &cache->shape;
-  const int N = shape->tokens, C = shape->channels, E = shape->experts, K = shape->top_k;
-  const int F = shape->expert_ffn, Fs = shape->shared_ffn;
-  const size_t NK = (size_t)N * K;
-  const int widest = F > Fs ? F : Fs;
-  bool ok = true;
-  float *dweights = zalloc(NK, sizeof(float), &ok);          /* (N, K) */
-  float *dlogits = zalloc((size_t)N * E, sizeof(float), &ok); /* (N, E) */
-  float *drouted = zalloc(NK * C, sizeof(float), &ok);        /* (N K, C) d(expert output) */
-  float *drouted_in = zalloc(NK * C, sizeof(float), &ok);     /* (N K, C) */
-  float *scratch = zalloc((NK > (size_t)N ? NK : (size_t)N) * 3 * widest, sizeof(float), &ok);
-  float *dshared = Fs > 0 ? zalloc((size_t)N * C, sizeof(float), &ok) : NULL;
-  double *dp = zalloc((size_t)E, sizeof(double), &ok); /* (E) one token's d(probabilities) */
-  mp_status status = MP_OK;
-  if (!ok) {
-    status = mp_fail(err, MP_ERR_RUNTIME, "moe: out of memory for the backward of %d tokens", N);
-    goto done;
-  }
-
-  /* Combine: each routed row's output gradient is its weight times the token's, and each
-   * weight's gradient the dot product of the token's gradient with the expert's output. */
+void mp_moe_combine_backward_cpu(float *drouted, float *dweights, const float *dout,
+                                 const mp_moe_cache *cache) {
+  const int N = cache->shape.tokens, C = cache->shape.channels, K = cache->shape.top_k;
+  const size_t NK = (size_t)N * (size_t)K;
+  /* Each routed row's output gradient is its weight times the token's, and each weight's
+   * gradient the dot product of the token's gradient with the expert's output. */
   for (size_t row = 0; row < NK; ++row) {
     const int slot = cache->routed_slot[row], t = slot / K;
     const float *g = dout + (size_t)t * C, *y = cache->routed_out + row * C;
@@ -250,17 +268,52 @@ mp_status mp_moe_backward_cpu(float *dx, mp_moe_params *grads, const float *dout
     }
     dweights[slot] = (float)dot;
   }
+}
 
-  /* Experts, each over its rows; their input gradients scattered back to the tokens. */
-  for (int e = 0; e < E; ++e) {
-    const int first = cache->expert_offset[e], rows = cache->expert_offset[e + 1] - first;
-    if (rows == 0) continue;
-    mlp_backward(drouted_in + (size_t)first * C, grads->expert_fc1 + (size_t)e * 2 * F * C,
-                 grads->expert_fc2 + (size_t)e * C * F, drouted + (size_t)first * C,
-                 cache->routed_in + (size_t)first * C, cache->routed_fc1 + (size_t)first * 2 * F,
-                 cache->routed_act + (size_t)first * F, params->expert_fc1 + (size_t)e * 2 * F * C,
-                 params->expert_fc2 + (size_t)e * C * F, rows, C, F, scratch);
+mp_status mp_moe_experts_backward_cpu(float *din, mp_moe_params *grads, const float *dout,
+                                      const mp_moe_params *params, const mp_moe_shape *shape,
+                                      const mp_moe_expert_rows *rows, mp_error *err) {
+  const int C = shape->channels, F = shape->expert_ffn;
+  int widest = 0; /* the most rows of one expert */
+  for (int e = 0; e < rows->experts; ++e) {
+    const int count = rows->offset[e + 1] - rows->offset[e];
+    widest = count > widest ? count : widest;
   }
+  bool ok = true;
+  float *scratch = zalloc((size_t)widest * 3 * F, sizeof(float), &ok);
+  if (!ok) {
+    return mp_fail(err, MP_ERR_RUNTIME, "moe: out of memory for the backward of %d expert rows",
+                   widest);
+  }
+  for (int e = 0; e < rows->experts; ++e) {
+    const int first = rows->offset[e], count = rows->offset[e + 1] - first;
+    if (count == 0) continue;
+    mlp_backward(din + (size_t)first * C, grads->expert_fc1 + (size_t)e * 2 * F * C,
+                 grads->expert_fc2 + (size_t)e * C * F, dout + (size_t)first * C,
+                 rows->in + (size_t)first * C, rows->fc1 + (size_t)first * 2 * F,
+                 rows->act + (size_t)first * F, params->expert_fc1 + (size_t)e * 2 * F * C,
+                 params->expert_fc2 + (size_t)e * C * F, count, C, F, scratch);
+  }
+  free(scratch);
+  return MP_OK;
+}
+
+mp_status mp_moe_route_backward_cpu(float *dx, float *drouter, const float *drouted_in,
+                                    const float *dweights, const float *x, const float *router,
+                                    const mp_moe_cache *cache, const mp_moe_stats *stats,
+                                    double aux_coeff, double z_coeff, mp_error *err) {
+  const mp_moe_shape *shape = &cache->shape;
+  const int N = shape->tokens, C = shape->channels, E = shape->experts, K = shape->top_k;
+  const size_t NK = (size_t)N * K;
+  bool ok = true;
+  float *dlogits = zalloc((size_t)N * E, sizeof(float), &ok); /* (N, E) */
+  double *dp = zalloc((size_t)E, sizeof(double), &ok); /* (E) one token's d(probabilities) */
+  if (!ok) {
+    free(dlogits);
+    free(dp);
+    return mp_fail(err, MP_ERR_RUNTIME, "moe: out of memory for the backward of %d tokens", N);
+  }
+  /* The gathered rows' gradients back to their tokens. */
   for (size_t row = 0; row < NK; ++row) {
     const int t = cache->routed_slot[row] / K;
     for (int c = 0; c < C; ++c) dx[(size_t)t * C + c] += drouted_in[row * C + c];
@@ -301,36 +354,80 @@ mp_status mp_moe_backward_cpu(float *dx, mp_moe_params *grads, const float *dout
           (float)(p[e] * (dp[e] - p_dot_dp) + z_coeff * 2.0 * lse * p[e] / n);
     }
   }
-  mp_matmul_backward_cpu(dx, grads->router, NULL, dlogits, x, params->router, N, C, E);
+  mp_matmul_backward_cpu(dx, drouter, NULL, dlogits, x, router, N, C, E);
+  free(dlogits);
+  free(dp);
+  return MP_OK;
+}
 
-  /* The shared MLP and its gate. */
-  if (Fs > 0) {
-    for (int t = 0; t < N; ++t) {
-      const float g = cache->shared_gate[t];
-      const float *gout = dout + (size_t)t * C, *so = cache->shared_out + (size_t)t * C;
-      double dg = 0.0;
+mp_status mp_moe_shared_backward_cpu(float *dx, mp_moe_params *grads, const float *dout,
+                                     const float *x, const mp_moe_params *params,
+                                     const mp_moe_cache *cache, mp_error *err) {
+  const mp_moe_shape *shape = &cache->shape;
+  const int N = shape->tokens, C = shape->channels, Fs = shape->shared_ffn;
+  if (Fs == 0) return MP_OK;
+  bool ok = true;
+  float *dshared = zalloc((size_t)N * C, sizeof(float), &ok);       /* (N, C) */
+  float *scratch = zalloc((size_t)N * 3 * Fs, sizeof(float), &ok);  /* (N, 3Fs) */
+  if (!ok) {
+    free(dshared);
+    free(scratch);
+    return mp_fail(err, MP_ERR_RUNTIME,
+                   "moe: out of memory for the shared MLP's backward of %d tokens", N);
+  }
+  for (int t = 0; t < N; ++t) {
+    const float g = cache->shared_gate[t];
+    const float *gout = dout + (size_t)t * C, *so = cache->shared_out + (size_t)t * C;
+    double dg = 0.0;
+    for (int c = 0; c < C; ++c) {
+      dshared[(size_t)t * C + c] = g * gout[c];
+      dg += (double)gout[c] * so[c];
+    }
+    if (shape->shared_gate) {
+      const float dlogit = (float)(dg * g * (1.0f - g));
       for (int c = 0; c < C; ++c) {
-        dshared[(size_t)t * C + c] = g * gout[c];
-        dg += (double)gout[c] * so[c];
-      }
-      if (shape->shared_gate) {
-        const float dlogit = (float)(dg * g * (1.0f - g));
-        for (int c = 0; c < C; ++c) {
-          grads->shared_gate[c] += dlogit * x[(size_t)t * C + c];
-          dx[(size_t)t * C + c] += dlogit * params->shared_gate[c];
-        }
+        grads->shared_gate[c] += dlogit * x[(size_t)t * C + c];
+        dx[(size_t)t * C + c] += dlogit * params->shared_gate[c];
       }
     }
-    mlp_backward(dx, grads->shared_fc1, grads->shared_fc2, dshared, x, cache->shared_fc1,
-                 cache->shared_act, params->shared_fc1, params->shared_fc2, N, C, Fs, scratch);
   }
-done:
+  mlp_backward(dx, grads->shared_fc1, grads->shared_fc2, dshared, x, cache->shared_fc1,
+               cache->shared_act, params->shared_fc1, params->shared_fc2, N, C, Fs, scratch);
+  free(dshared);
+  free(scratch);
+  return MP_OK;
+}
+
+mp_status mp_moe_backward_cpu(float *dx, mp_moe_params *grads, const float *dout,
+                              const float *x, const mp_moe_params *params,
+                              const mp_moe_cache *cache, const mp_moe_stats *stats,
+                              double aux_coeff, double z_coeff, mp_error *err) {
+  const mp_moe_shape *shape = &cache->shape;
+  const int N = shape->tokens, C = shape->channels;
+  const size_t NK = (size_t)N * shape->top_k;
+  bool ok = true;
+  float *dweights = zalloc(NK, sizeof(float), &ok);       /* (N, K) */
+  float *drouted = zalloc(NK * C, sizeof(float), &ok);    /* (N K, C) d(expert output) */
+  float *drouted_in = zalloc(NK * C, sizeof(float), &ok); /* (N K, C) */
+  mp_status status = MP_OK;
+  if (!ok) {
+    status = mp_fail(err, MP_ERR_RUNTIME, "moe: out of memory for the backward of %d tokens", N);
+  } else {
+    mp_moe_combine_backward_cpu(drouted, dweights, dout, cache);
+    /* Every expert is here: the rows are this device's own. */
+    const mp_moe_expert_rows rows = {shape->experts,     cache->expert_offset, cache->routed_in,
+                                     cache->routed_fc1, cache->routed_act,    cache->routed_out};
+    status = mp_moe_experts_backward_cpu(drouted_in, grads, drouted, params, shape, &rows, err);
+  }
+  if (status == MP_OK) {
+    status = mp_moe_route_backward_cpu(dx, grads->router, drouted_in, dweights, x, params->router,
+                                       cache, stats, aux_coeff, z_coeff, err);
+  }
+  if (status == MP_OK) {
+    status = mp_moe_shared_backward_cpu(dx, grads, dout, x, params, cache, err);
+  }
   free(dweights);
-  free(dlogits);
   free(drouted);
   free(drouted_in);
-  free(scratch);
-  free(dshared);
-  free(dp);
   return status;
 }

@@ -17,6 +17,21 @@
  * (swiglu.h's [gate | up]: Hugging Face's gate_proj / w1 over up_proj / w3), expert_fc2 (E, C, F)
  * its down_proj / w2.
  *
+ * The layer is written as separable steps, so that expert parallelism (expert_parallel/) can move
+ * the grouped rows to the ranks holding their experts between them:
+ *   route    (mp_moe_route_cpu): router logits, softmax, top-k, weights; this rank's (token, slot)
+ *            pairs grouped by expert (expert e's rows after those of experts 0 .. e-1, tokens in
+ *            order within an expert) and gathered into routed_in (N K, C);
+ *   experts  (mp_moe_experts_forward_cpu / _backward_cpu): one GEMM pair per expert over any
+ *            (rows, C) buffer grouped by expert (mp_moe_expert_rows): this rank's own rows on one
+ *            device, the rows every rank sent to its local experts under expert parallelism;
+ *   combine  (mp_moe_combine_cpu): the weighted sum of routed_out back to the tokens, then the
+ *            shared MLP.
+ * The backward runs them in reverse: mp_moe_combine_backward_cpu, the experts' backward,
+ * mp_moe_route_backward_cpu (the gathered rows' gradients to the tokens, and the router's), then
+ * mp_moe_shared_backward_cpu. mp_moe_forward_cpu and mp_moe_backward_cpu are their one-device
+ * composition (every expert local), bit for bit what they computed before the split.
+ *
  * The load-balancing loss is transformers' load_balancing_loss_func over the router logits of
  * every layer it is given, as one set of tokens:
  *   aux = E * sum_e (routed_e / n) * (sum of p_e / n),   n = tokens x layers counted
@@ -69,9 +84,11 @@ typedef struct {
   int *routed_slot;     /* (N K) routed row -> token * K + slot, grouped by expert, tokens in
                            order within an expert */
   float *routed_in;     /* (N K, C) the tokens gathered to their experts */
-  float *routed_fc1;    /* (N K, 2F) */
-  float *routed_act;    /* (N K, F) */
-  float *routed_out;    /* (N K, C) each expert's output, before its weight */
+  float *routed_fc1;    /* (N K, 2F) (mp_moe_forward_cpu's; NULL after mp_moe_route_cpu alone:
+                           expert parallelism keeps its received rows' own) */
+  float *routed_act;    /* (N K, F) (likewise) */
+  float *routed_out;    /* (N K, C) each expert's output, before its weight, in routed_in's
+                           order */
   float *shared_fc1;    /* (N, 2Fs) */
   float *shared_act;    /* (N, Fs) */
   float *shared_out;    /* (N, C) before its gate */
@@ -113,6 +130,69 @@ mp_status mp_moe_backward_cpu(float *dx, mp_moe_params *grads, const float *dout
                               const float *x, const mp_moe_params *params,
                               const mp_moe_cache *cache, const mp_moe_stats *stats,
                               double aux_coeff, double z_coeff, mp_error *err);
+
+/* ---------------------------------------------------------------------------------------------
+ * The steps (expert_parallel/ep_dispatch.h composes them across an ep group)
+ * ------------------------------------------------------------------------------------------- */
+
+/* Rows of tokens grouped by expert, and what the experts' forward keeps of them. Expert e (of
+ * `experts`, indexed from the first expert of the weights given with them) owns the rows
+ * [offset[e], offset[e + 1]); R = offset[experts] rows in all (0 is fine, and so is an expert
+ * with none). */
+typedef struct {
+  int experts;       /* El: E on one device, E / ep under expert parallelism */
+  const int *offset; /* (El + 1) */
+  float *in;         /* (R, C) the rows' inputs */
+  float *fc1;        /* (R, 2F) [gate | up] (written by the forward) */
+  float *act;        /* (R, F) SwiGLU of fc1 (written by the forward) */
+  float *out;        /* (R, C) each row's expert output, before its weight (written) */
+} mp_moe_expert_rows;
+
+/* Route: checks the shape (as mp_moe_forward_cpu), allocates every array of *cache but
+ * routed_fc1 and routed_act, and fills the router's (logits, probs, selected, weights), the
+ * grouping (expert_offset, routed_slot) and routed_in. Only params->router (E, C) is read; the
+ * shared weights are checked to be there. Fails as mp_moe_forward_cpu. */
+mp_status mp_moe_route_cpu(const float *x, const mp_moe_params *params, const mp_moe_shape *shape,
+                           mp_moe_cache *cache, mp_error *err);
+
+/* The experts over rows grouped by expert: fc1, act and out written from in, expert e's GEMMs
+ * with params->expert_fc1 + e (2F C) and expert_fc2 + e (C F), that is the stacks of the
+ * rows->experts experts the rows belong to. shape gives C and F. Experts with no row do nothing. */
+void mp_moe_experts_forward_cpu(const mp_moe_params *params, const mp_moe_shape *shape,
+                                mp_moe_expert_rows *rows);
+
+/* Backward of the experts: din (R, C) += the rows' input gradients; grads->expert_fc1 and
+ * expert_fc2 (the same experts' stacks) += their weight gradients, from dout (R, C) the gradient
+ * of rows->out. MP_ERR_RUNTIME when out of memory (a scratch of the largest expert's rows). */
+mp_status mp_moe_experts_backward_cpu(float *din, mp_moe_params *grads, const float *dout,
+                                      const mp_moe_params *params, const mp_moe_shape *shape,
+                                      const mp_moe_expert_rows *rows, mp_error *err);
+
+/* Combine: out (N, C) = for each token the sum of its routed_out rows times their weights (rows
+ * in routed order), plus the gated shared MLP of x, whose arrays in *cache it fills. */
+void mp_moe_combine_cpu(float *out, const float *x, const mp_moe_params *params,
+                        mp_moe_cache *cache);
+
+/* Backward of the combine's weighted sum: drouted (N K, C) = each routed row's output gradient
+ * (its weight times its token's dout), dweights (N, K) = each weight's (dout . routed_out). Both
+ * written. */
+void mp_moe_combine_backward_cpu(float *drouted, float *dweights, const float *dout,
+                                 const mp_moe_cache *cache);
+
+/* Backward of the route: dx (N, C) += drouted_in (N K, C) (the gradient of routed_in) scattered
+ * back to the tokens, then += the router's input gradient; drouter (E, C) += its weight gradient,
+ * from dweights (N, K) and the auxiliary losses of stats (as mp_moe_backward_cpu). router (E, C)
+ * is the router's weight. MP_ERR_RUNTIME when out of memory. */
+mp_status mp_moe_route_backward_cpu(float *dx, float *drouter, const float *drouted_in,
+                                    const float *dweights, const float *x, const float *router,
+                                    const mp_moe_cache *cache, const mp_moe_stats *stats,
+                                    double aux_coeff, double z_coeff, mp_error *err);
+
+/* Backward of the shared MLP and its gate (nothing without one): dx += its input gradient,
+ * grads->shared_* += its weight gradients. MP_ERR_RUNTIME when out of memory. */
+mp_status mp_moe_shared_backward_cpu(float *dx, mp_moe_params *grads, const float *dout,
+                                     const float *x, const mp_moe_params *params,
+                                     const mp_moe_cache *cache, mp_error *err);
 
 #ifdef __cplusplus
 }

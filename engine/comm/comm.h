@@ -9,7 +9,8 @@
  * The implementation (comm_mpi.c) is Open MPI. It follows two rules:
  *
  * Every wait has a deadline. Each operation is posted non-blocking (MPI_Isend, MPI_Irecv,
- * MPI_Iallreduce, MPI_Ireduce_scatter_block, MPI_Iallgather, MPI_Ibcast, MPI_Ibarrier) and then
+ * MPI_Iallreduce, MPI_Ireduce_scatter_block, MPI_Iallgather, MPI_Ialltoall(v), MPI_Ibcast,
+ * MPI_Ibarrier) and then
  * polled with MPI_Test until it completes or the world's timeout (mp_comm_world_init) has passed
  * since the operation began: spinning with sched_yield for the first 10 s (Open MPI progresses a
  * non-blocking operation only inside MPI calls, so sleeping would slow transfers), then sleeping
@@ -158,6 +159,21 @@ mp_status mp_comm_all_gather_v_f32(mp_comm *comm, const float *input, float *out
  * uint16_t (layers/cuda_types.h). */
 mp_status mp_comm_all_gather_v_bf16(mp_comm *comm, const uint16_t *input, uint16_t *output,
                                     const size_t *counts, mp_error *err);
+
+/* All-to-all (expert parallelism's per-expert row counts): input (size * count) holds count
+ * elements for each group rank, in rank order; output (size * count) gets at chunk r what group
+ * rank r's input held for this rank. Host memory, input and output apart; count * size must fit
+ * an int. */
+mp_status mp_comm_all_to_all_i32(mp_comm *comm, const int32_t *input, int32_t *output,
+                                 size_t count, mp_error *err);
+
+/* All-to-all with variable counts (expert parallelism's dispatch and combine of token rows):
+ * send_counts[r] floats of input go to group rank r and recv_counts[r] floats from group rank r
+ * land in output, each side's runs in rank order (this rank's own run is copied). Any count may
+ * be 0; what rank a sends to b must be what b expects from a. Host memory, input and output
+ * apart; each side's sum must fit an int. */
+mp_status mp_comm_all_to_all_v_f32(mp_comm *comm, const float *input, const size_t *send_counts,
+                                   float *output, const size_t *recv_counts, mp_error *err);
 
 /* buffer (bytes) <- root's buffer; root is a group rank. */
 mp_status mp_comm_broadcast(mp_comm *comm, void *buffer, size_t bytes, int root, mp_error *err);

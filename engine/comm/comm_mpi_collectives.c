@@ -1,6 +1,7 @@
 /* engine/comm/comm_mpi_collectives.c — comm.h's collectives on Open MPI: all-reduce (blocking and
- * posted), reduce-scatter, all-gather (even and uneven), broadcast, barrier and agreement, each
- * bounded by the world's timeout and split into int-sized MPI calls (comm_mpi.c says how). */
+ * posted), reduce-scatter, all-gather (even and uneven), all-to-all (even and uneven), broadcast,
+ * barrier and agreement, each bounded by the world's timeout and split into int-sized MPI calls
+ * (comm_mpi.c says how). */
 #define _POSIX_C_SOURCE 200809L
 #include "engine/comm/comm.h"
 
@@ -253,6 +254,68 @@ mp_status mp_comm_all_gather_v_f32(mp_comm *comm, const float *input, float *out
 mp_status mp_comm_all_gather_v_bf16(mp_comm *comm, const uint16_t *input, uint16_t *output,
                                     const size_t *counts, mp_error *err) {
   return all_gather_v(comm, input, output, counts, MPI_UINT16_T, sizeof(uint16_t), err);
+}
+
+mp_status mp_comm_all_to_all_i32(mp_comm *comm, const int32_t *input, int32_t *output,
+                                 size_t count, mp_error *err) {
+  MP_TRY(check_collective(comm, "all-to-all", input, output, count, err));
+  MP_TRY(check_int_count(comm, "all-to-all", count, err));
+  if (mp_staging_is_device(output) || mp_staging_is_device(input)) {
+    return mp_fail(err, MP_ERR_INPUT, "rank %d: all-to-all in group %s takes host buffers only",
+                   comm->world->rank, comm->name);
+  }
+  if (comm->size == 1) {
+    if (count > 0 && output != input) memmove(output, input, count * sizeof(int32_t));
+    return MP_OK;
+  }
+  comm_op op = comm_op_begin(comm, "all-to-all", -1, count * comm->size * sizeof(int32_t));
+  MPI_Request request = MPI_REQUEST_NULL;
+  MP_TRY(MPI_CALL(comm->world->rank, MPI_Ialltoall,
+                  (input, (int)count, MPI_INT32_T, output, (int)count, MPI_INT32_T, comm->comm,
+                   &request),
+                  err));
+  return comm_wait(comm, &request, &op, err);
+}
+
+mp_status mp_comm_all_to_all_v_f32(mp_comm *comm, const float *input, const size_t *send_counts,
+                                   float *output, const size_t *recv_counts, mp_error *err) {
+  MP_TRY(check_collective(comm, "all-to-all", input, output, 0, err)); /* usable */
+  if ((input != NULL && mp_staging_is_device(input)) ||
+      (output != NULL && mp_staging_is_device(output))) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "rank %d: all-to-all (uneven) in group %s takes host buffers only",
+                   comm->world->rank, comm->name);
+  }
+  size_t send_total = 0, recv_total = 0;
+  int *send = NULL, *recv = NULL; /* each: counts, then displacements */
+  MP_TRY(uneven_counts(comm, "all-to-all", send_counts, &send_total, &send, err));
+  mp_status status = uneven_counts(comm, "all-to-all", recv_counts, &recv_total, &recv, err);
+  if (status == MP_OK &&
+      ((input == NULL && send_total > 0) || (output == NULL && recv_total > 0))) {
+    status = mp_fail(err, MP_ERR_INPUT, "rank %d: all-to-all in group %s: NULL buffer",
+                     comm->world->rank, comm->name);
+  }
+  if (status == MP_OK && comm->size == 1) {
+    if (send_counts[0] != recv_counts[0]) {
+      status = mp_fail(err, MP_ERR_INPUT,
+                       "rank %d: all-to-all in group %s: sends %zu floats to itself but expects "
+                       "%zu",
+                       comm->world->rank, comm->name, send_counts[0], recv_counts[0]);
+    } else if (send_total > 0 && output != input) {
+      memmove(output, input, send_total * sizeof(float));
+    }
+  } else if (status == MP_OK) {
+    comm_op op = comm_op_begin(comm, "all-to-all", -1, (send_total + recv_total) * sizeof(float));
+    MPI_Request request = MPI_REQUEST_NULL;
+    status = MPI_CALL(comm->world->rank, MPI_Ialltoallv,
+                      (input, send, send + comm->size, MPI_FLOAT, output, recv, recv + comm->size,
+                       MPI_FLOAT, comm->comm, &request),
+                      err);
+    if (status == MP_OK) status = comm_wait(comm, &request, &op, err);
+  }
+  free(send);
+  free(recv);
+  return status;
 }
 
 mp_status mp_comm_broadcast(mp_comm *comm, void *buffer, size_t bytes, int root, mp_error *err) {

@@ -4,7 +4,7 @@
 // sum(out * dout) + aux_coeff * aux + z_coeff * z with respect to the input, the router and every
 // expert (and shared expert) weight, all within 1e-5. Cases: Mixtral (renormalised top 2, aux and
 // z-loss), Qwen2-MoE (not renormalised, shared expert with its gate), an expert that receives no
-// token, and router logits that tie at the top-k boundary.
+// token, and router logits that tie at the top-k boundary; and a device with no token at all.
 #include <gtest/gtest.h>
 
 #include <cjson/cJSON.h>
@@ -164,6 +164,37 @@ TEST(Moe, AuxLossOverLayersIsTheLossOfTheirConcatenation) {
   mp_moe_stats_add(&stats, &cache);
   EXPECT_NEAR(mp_moe_aux_loss(&stats), g.at("aux_loss")[0], kTolerance);
   EXPECT_EQ(stats.tokens, 20.0);
+  mp_moe_cache_free(&cache);
+}
+
+// A device with no token (an expert-parallel rank whose micro-batch part is empty still runs the
+// layer): nothing to compute, no gradient but the weights' untouched zeros, and no statistic.
+TEST(Moe, NoTokenIsNoWork) {
+  Golden g;
+  load("mixtral", &g);
+  mp_moe_shape shape = {0, 8, 4, 2, 6, 0, false, true};
+  mp_moe_params params = {g.at("router").data(), g.at("expert_fc1").data(),
+                          g.at("expert_fc2").data(), nullptr, nullptr, nullptr};
+  std::vector<float> d_router(g.at("router").size()), d_fc1(g.at("expert_fc1").size()),
+      d_fc2(g.at("expert_fc2").size());
+  mp_moe_params grads = {d_router.data(), d_fc1.data(), d_fc2.data(), nullptr, nullptr, nullptr};
+  mp_moe_cache cache;
+  mp_error err = MP_ERROR_INITIALIZER;
+  ASSERT_EQ(mp_moe_forward_cpu(nullptr, nullptr, &params, &shape, &cache, &err), MP_OK)
+      << err.message;
+  for (int e = 0; e <= 4; ++e) EXPECT_EQ(cache.expert_offset[e], 0);
+  double routed[4], prob_sum[4];
+  mp_moe_stats stats = {4, 0.0, routed, prob_sum, 0.0};
+  mp_moe_stats_clear(&stats);
+  mp_moe_stats_add(&stats, &cache);
+  EXPECT_EQ(stats.tokens, 0.0);
+  EXPECT_EQ(mp_moe_aux_loss(&stats), 0.0);
+  ASSERT_EQ(mp_moe_backward_cpu(nullptr, &grads, nullptr, nullptr, &params, &cache, &stats, 0.02,
+                                0.001, &err),
+            MP_OK)
+      << err.message;
+  EXPECT_EQ(d_router, std::vector<float>(d_router.size(), 0.0f));
+  EXPECT_EQ(d_fc1, std::vector<float>(d_fc1.size(), 0.0f));
   mp_moe_cache_free(&cache);
 }
 
