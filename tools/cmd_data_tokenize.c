@@ -12,7 +12,10 @@
  * PREFIX_val_000000.bin, the rest to PREFIX_train_000001.bin, PREFIX_train_000002.bin, ... of at
  * most --shard-tokens each (a document may straddle two shards, as in llm.c). Shards are written
  * through temporary files and renamed, and existing shards under PREFIX are never replaced
- * unless --overwrite says so.
+ * unless --overwrite says so. Even then they stay whole until the new set is: an overwriting run
+ * writes under a hidden staging prefix beside PREFIX and renames its shards over the old ones
+ * only after its last shard, then removes the old shards it did not replace; a run that fails
+ * leaves the old set as it was.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -271,6 +274,13 @@ static void *encode_share(void *arg) {
   return NULL;
 }
 
+/* The shards of a prefix that exist: *found of them; the caller globfree()s when *found > 0. */
+static void glob_prefix_shards(const char *prefix, glob_t *matches, int *found) {
+  char pattern[4200];
+  snprintf(pattern, sizeof pattern, "%s_*_[0-9][0-9][0-9][0-9][0-9][0-9].bin", prefix);
+  *found = glob(pattern, 0, NULL, matches) == 0 ? (int)matches->gl_pathc : 0;
+}
+
 /* ---- output: val and train shards ----------------------------------------------------------- */
 
 typedef struct {
@@ -357,6 +367,45 @@ static void output_discard(tokenize_output *output) {
   output->num_written = 0;
 }
 
+/* Overwriting: the new shards were written under a staging prefix beside PREFIX
+ * (output->prefix), so that a failed run leaves the old ones whole. Now each is renamed to its
+ * name under final_prefix, and the old shards the new set does not replace are removed. */
+static mp_status output_commit(tokenize_output *output, const char *final_prefix,
+                               mp_error *err) {
+  const size_t staged_length = strlen(output->prefix);
+  for (int i = 0; i < output->num_written; ++i) {
+    char final_path[4096];
+    snprintf(final_path, sizeof final_path, "%s%s", final_prefix,
+             output->written[i] + staged_length);
+    if (rename(output->written[i], final_path) != 0) {
+      return mp_fail(err, MP_ERR_RUNTIME, "cannot rename %s to %s: %s", output->written[i],
+                     final_path, strerror(errno));
+    }
+    snprintf(output->written[i], sizeof output->written[0], "%s", final_path);
+  }
+  glob_t matches;
+  int found = 0;
+  glob_prefix_shards(final_prefix, &matches, &found);
+  for (int m = 0; m < found; ++m) {
+    int replaced = 0;
+    for (int i = 0; i < output->num_written && !replaced; ++i) {
+      replaced = strcmp(matches.gl_pathv[m], output->written[i]) == 0;
+    }
+    if (!replaced) unlink(matches.gl_pathv[m]);
+  }
+  if (found > 0) globfree(&matches);
+  return MP_OK;
+}
+
+/* The staging prefix of an overwrite: a hidden name beside PREFIX (same directory, so the final
+ * renames stay on one file system), unique to this process. */
+static void staging_prefix(const char *prefix, char *staged, size_t staged_bytes) {
+  const char *slash = strrchr(prefix, '/');
+  const int dir_length = slash != NULL ? (int)(slash - prefix) + 1 : 0;
+  snprintf(staged, staged_bytes, "%.*s.%s.tokenize-%ld", dir_length, prefix,
+           prefix + dir_length, (long)getpid());
+}
+
 static void output_free(tokenize_output *output) {
   free(output->written);
   free(output->written_tokens);
@@ -387,20 +436,21 @@ static mp_status make_prefix_directory(const char *prefix, mp_error *err) {
   return MP_OK;
 }
 
-/* Refuses to run when shards of this prefix exist already, unless overwriting was asked for. */
-static mp_status check_prefix_free(const char *prefix, int overwrite, mp_error *err) {
-  char pattern[4200];
-  snprintf(pattern, sizeof pattern, "%s_*_[0-9][0-9][0-9][0-9][0-9][0-9].bin", prefix);
+/* Refuses to run when shards of this prefix exist already, unless overwriting was asked for;
+ * *existing says whether there are some (they are replaced only once the new ones are whole:
+ * output_commit). */
+static mp_status check_prefix_free(const char *prefix, int overwrite, int *existing,
+                                   mp_error *err) {
   glob_t matches;
-  int found = glob(pattern, 0, NULL, &matches) == 0 ? (int)matches.gl_pathc : 0;
+  int found = 0;
+  glob_prefix_shards(prefix, &matches, &found);
+  *existing = found > 0;
   mp_status status = MP_OK;
   if (found > 0 && !overwrite) {
     status = mp_fail(err, MP_ERR_INPUT,
                      "--out %s: %s exists (%d shard%s of that prefix): choose another --out, or "
                      "pass --overwrite to replace them",
                      prefix, matches.gl_pathv[0], found, found == 1 ? "" : "s");
-  } else if (found > 0) {
-    for (size_t i = 0; i < matches.gl_pathc; ++i) unlink(matches.gl_pathv[i]);
   }
   if (found > 0) globfree(&matches);
   return status;
@@ -545,8 +595,9 @@ int data_tokenize(int argc, char **argv) {
     return cli_report(&command, &err);
   }
   mp_tokenizer *tokenizer = NULL;
+  int existing = 0;
   if (mp_tokenizer_load(tokenizer_path, &tokenizer, &err) != MP_OK ||
-      check_prefix_free(prefix, cli_flag(&command, "overwrite"), &err) != MP_OK ||
+      check_prefix_free(prefix, cli_flag(&command, "overwrite"), &existing, &err) != MP_OK ||
       make_prefix_directory(prefix, &err) != MP_OK) {
     for (int i = 0; i < num_paths; ++i) free(paths[i]);
     free(paths);
@@ -566,7 +617,9 @@ int data_tokenize(int argc, char **argv) {
       .jsonl = cli_flag(&command, "jsonl"),
       .field = field != NULL ? field : "text",
   };
-  output.prefix = prefix;
+  char staged[4096];
+  if (existing) staging_prefix(prefix, staged, sizeof staged);
+  output.prefix = existing ? staged : prefix;
   output.vocab_size = mp_tokenizer_vocab_size(tokenizer);
   output.val_tokens = val_tokens;
   output.shard_tokens = shard_tokens;
@@ -622,7 +675,8 @@ int data_tokenize(int argc, char **argv) {
       last_progress = now;
     }
   }
-  if (output_finish_shard(&output, &err) != MP_OK) {
+  if (output_finish_shard(&output, &err) != MP_OK ||
+      (existing && output_commit(&output, prefix, &err) != MP_OK)) {
     exit_code = data_tokenize_fail(&command, &err, &output);
     goto done;
   }

@@ -96,8 +96,17 @@ expect 2 "--out $tmp/gpt2_style: $tmp/gpt2_style_train_000001.bin exists (7 shar
   -- "$mpengine" data tokenize --tokenizer "$tokenizers/gpt2_style" --out "$tmp/gpt2_style" "${inputs[@]}"
 cmp -s "$testdata/expected_gpt2_style_val_000000.bin" "$tmp/gpt2_style_val_000000.bin" ||
   fail "a refused tokenize changed an existing shard"
-expect 0 "tokenized 3 documents" \
+# An overwrite that fails leaves the old shards whole (the new ones are staged beside them).
+printf '{"text": "fine"}\n\n{"body": "no text"}\n' > "$tmp/bad.jsonl"
+expect 2 "$tmp/bad.jsonl:3: \$.text: missing" \
+  -- "$mpengine" data tokenize --tokenizer "$tokenizers/gpt2_style" --out "$tmp/gpt2_style" --overwrite --jsonl "$tmp/bad.jsonl"
+cmp -s "$testdata/expected_gpt2_style_val_000000.bin" "$tmp/gpt2_style_val_000000.bin" ||
+  fail "a failed --overwrite run lost an existing shard"
+[ "$(ls "$tmp"/gpt2_style_*.bin | wc -l)" = 7 ] || fail "a failed --overwrite run changed the shard set: $(ls "$tmp"/gpt2_style_*.bin)"
+ls -a "$tmp" | grep -q "^\.gpt2_style\.tokenize-" && fail "a failed --overwrite run left staged shards: $(ls -a "$tmp" | grep tokenize-)"
+expect 0 "tokenized 3 documents" "wrote $tmp/gpt2_style_train_000000.bin" \
   -- "$mpengine" data tokenize --tokenizer "$tokenizers/gpt2_style" --out "$tmp/gpt2_style" --overwrite "${inputs[@]}"
+ls -a "$tmp" | grep -q "^\.gpt2_style\.tokenize-" && fail "--overwrite left staged shards: $(ls -a "$tmp" | grep tokenize-)"
 [ ! -e "$tmp/gpt2_style_val_000000.bin" ] || fail "--overwrite left the old val shard (this run wrote none)"
 printf '{"text": "fine"}\n\n{"body": "no text"}\n' > "$tmp/bad.jsonl"
 expect 2 "$tmp/bad.jsonl:3: \$.text: missing (choose the field with --field NAME)" \
