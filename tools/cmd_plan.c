@@ -148,17 +148,23 @@ static void print_table(const mp_planner_result *r, const mp_cluster *cluster,
   printf("searched %ld layouts, simulated %ld (bounds ruled out %ld, %ld by memory); best %d "
          "that fit:\n\n",
          r->candidates, r->simulated, r->pruned, r->pruned_by_memory, r->num_results);
-  printf("%4s %4s %4s %4s %4s %4s %4s %-12s %2s %-9s %3s %4s %10s %11s %8s %6s %7s %15s\n",
-         "rank", "dp", "cp", "ep", "pp", "tp", "mb", "schedule", "v", "recompute", "sp", "zero", "step s",
+  /* The ep column only for a model with experts (a dense model's is always 1). */
+  const bool experts = mp_model_first_moe_layer(model) != NULL;
+  printf("%4s %4s %4s", "rank", "dp", "cp");
+  if (experts) printf(" %4s", "ep");
+  printf(" %4s %4s %4s %-12s %2s %-9s %3s %4s %10s %11s %8s %6s %7s %15s\n",
+         "pp", "tp", "mb", "schedule", "v", "recompute", "sp", "zero", "step s",
          "tokens/s", "TFLOP/s", "MFU", "bubble", "memory GiB");
   for (int i = 0; i < r->num_results; ++i) {
     const mp_estimate *e = &r->results[i];
     const mp_layout *l = &e->layout;
     char memory[40];
     snprintf(memory, sizeof memory, "%.1f/%.0f", e->memory_bytes / kGiB, e->capacity_bytes / kGiB);
-    printf("%4d %4d %4d %4d %4d %4d %4lld %-12s %2d %-9s %3s %4d %10.4g %11.4g %8.3g %5.1f%% "
+    printf("%4d %4d %4d", i + 1, l->dp, mp_layout_cp(l));
+    if (experts) printf(" %4d", mp_layout_ep(l));
+    printf(" %4d %4d %4lld %-12s %2d %-9s %3s %4d %10.4g %11.4g %8.3g %5.1f%% "
            "%6.1f%% %15s\n",
-           i + 1, l->dp, mp_layout_cp(l), mp_layout_ep(l), l->pp, l->tp, (long long)l->micro_batch,
+           l->pp, l->tp, (long long)l->micro_batch,
            short_schedule(l->schedule),
            l->virtual_stages, mp_recompute_name(l->recompute), l->sequence_parallel ? "on" : "off",
            l->zero_stage, e->step_s, e->tokens_per_s, e->tflops_per_gpu, 100.0 * e->mfu,
