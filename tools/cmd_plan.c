@@ -247,6 +247,11 @@ static void print_explain(const mp_planner_result *r, const mp_cluster *cluster)
       printf("\n  ZeRO-%d over dp %d (%s sharded); dp traffic per rank and step, GiB:\n",
              l->zero_stage, l->dp, kWhat[l->zero_stage]);
     }
+    if (ep > 1) {
+      printf("  (the experts' state over the %d ranks of their expert-data-parallel group; the "
+             "traffic below is both)\n",
+             mp_layout_expert_shard(l));
+    }
     printf("  %4s %14s %16s %10s %10s %9s\n", "pp", "all-gathers", "reduce-scatters", "dp total",
            "exposed", "hidden");
     for (int p = 0; p < l->pp; ++p) {
