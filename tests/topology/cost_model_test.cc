@@ -94,7 +94,7 @@ TEST(CostModel, TransformerLayerByHand) {
   mp_layer_time t;
   mp_cost_layer(&c, block, &l, &t);
   // Megatron's forward FLOPs: 24 B T h^2 + 4 B T^2 h = 24*2*8*64^2 + 4*2*64*64 = 1605632.
-  const mp_cost_shape shape = {2, 8, 2, false, 1};
+  const mp_cost_shape shape = {2, 8, 2, false, 1, 1};
   mp_layer_cost cost;
   mp_layer_cost_compute(block, &shape, &cost);
   ASSERT_DOUBLE_EQ(cost.forward_flops, 1605632.0);
@@ -169,7 +169,7 @@ TEST(CostModel, ContextParallelLayerByHand) {
   EXPECT_DOUBLE_EQ(t.forward_compute_s, gemms + (replicated + split / 2) / 1e11);
   // The attention FLOPs of the rank: 4 B (T / cp) T h / tp = 4 * 2 * 4 * 8 * 64 / 2, half the
   // whole sequence's of this tp rank; the rest of the layer's FLOPs halve with the tokens.
-  const mp_cost_shape whole = {2, 8, 2, false, 1}, shared = {2, 8, 2, false, 2};
+  const mp_cost_shape whole = {2, 8, 2, false, 1, 1}, shared = {2, 8, 2, false, 2, 1};
   mp_layer_cost one, two;
   mp_layer_cost_compute(block, &whole, &one);
   mp_layer_cost_compute(block, &shared, &two);
