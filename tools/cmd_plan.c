@@ -53,9 +53,9 @@ static mp_status read_options(const cli_command *command, mp_planner_options *o,
   MP_TRY(cli_int(command, "seq-len", 1, 0, &o->seq_len, err));
   MP_TRY(cli_int(command, "top", 1, 5, &value, err));
   o->top_k = value > MP_PLANNER_MAX_TOP ? MP_PLANNER_MAX_TOP + 1 : (int)value;
-  const char *sizes[] = {"dp", "pp", "tp", "virtual-stages", "cp"};
-  int *targets[] = {&o->dp, &o->pp, &o->tp, &o->virtual_stages, &o->cp};
-  for (int i = 0; i < 5; ++i) {
+  const char *sizes[] = {"dp", "pp", "tp", "virtual-stages", "cp", "ep"};
+  int *targets[] = {&o->dp, &o->pp, &o->tp, &o->virtual_stages, &o->cp, &o->ep};
+  for (int i = 0; i < 6; ++i) {
     MP_TRY(cli_int(command, sizes[i], 1, 0, &value, err));
     if (value > (1 << 20)) return mp_fail(err, MP_ERR_INPUT, "--%s: too large", sizes[i]);
     *targets[i] = (int)value;
@@ -148,17 +148,23 @@ static void print_table(const mp_planner_result *r, const mp_cluster *cluster,
   printf("searched %ld layouts, simulated %ld (bounds ruled out %ld, %ld by memory); best %d "
          "that fit:\n\n",
          r->candidates, r->simulated, r->pruned, r->pruned_by_memory, r->num_results);
-  printf("%4s %4s %4s %4s %4s %4s %-12s %2s %-9s %3s %4s %10s %11s %8s %6s %7s %15s\n", "rank",
-         "dp", "cp", "pp", "tp", "mb", "schedule", "v", "recompute", "sp", "zero", "step s",
+  /* The ep column only for a model with experts (a dense model's is always 1). */
+  const bool experts = mp_model_first_moe_layer(model) != NULL;
+  printf("%4s %4s %4s", "rank", "dp", "cp");
+  if (experts) printf(" %4s", "ep");
+  printf(" %4s %4s %4s %-12s %2s %-9s %3s %4s %10s %11s %8s %6s %7s %15s\n",
+         "pp", "tp", "mb", "schedule", "v", "recompute", "sp", "zero", "step s",
          "tokens/s", "TFLOP/s", "MFU", "bubble", "memory GiB");
   for (int i = 0; i < r->num_results; ++i) {
     const mp_estimate *e = &r->results[i];
     const mp_layout *l = &e->layout;
     char memory[40];
     snprintf(memory, sizeof memory, "%.1f/%.0f", e->memory_bytes / kGiB, e->capacity_bytes / kGiB);
-    printf("%4d %4d %4d %4d %4d %4lld %-12s %2d %-9s %3s %4d %10.4g %11.4g %8.3g %5.1f%% "
+    printf("%4d %4d %4d", i + 1, l->dp, mp_layout_cp(l));
+    if (experts) printf(" %4d", mp_layout_ep(l));
+    printf(" %4d %4d %4lld %-12s %2d %-9s %3s %4d %10.4g %11.4g %8.3g %5.1f%% "
            "%6.1f%% %15s\n",
-           i + 1, l->dp, mp_layout_cp(l), l->pp, l->tp, (long long)l->micro_batch,
+           l->pp, l->tp, (long long)l->micro_batch,
            short_schedule(l->schedule),
            l->virtual_stages, mp_recompute_name(l->recompute), l->sequence_parallel ? "on" : "off",
            l->zero_stage, e->step_s, e->tokens_per_s, e->tflops_per_gpu, 100.0 * e->mfu,
@@ -194,18 +200,35 @@ static void print_explain(const mp_planner_result *r, const mp_cluster *cluster)
            e->cp_layer_backward_s * 1e3,
            cp, e->cp_inter_node ? "the inter-node link" : "the intra-node link");
   }
+  const int ep = mp_layout_ep(l);
+  if (ep > 1) {
+    /* Expert parallelism (cost_model.h): where the experts sit and what their all-to-alls cost. */
+    const int dp_cp = mp_layout_replicas(l);
+    printf("  expert parallelism: ep %d, folded over the dp x cp = %d ranks: each rank holds 1/%d "
+           "of every mixture-of-experts block's experts, their gradients summed and ZeRO-sharded "
+           "over the %d ranks of its expert-data-parallel group\n",
+           ep, dp_cp, ep, dp_cp / ep);
+    printf("  all-to-all (dispatch + combine) %.3f ms per MoE block per micro-batch forward, "
+           "%.3f ms backward (%.2f MiB sent per all-to-all, (ep-1)/ep of it to other ranks), "
+           "exposed, over the ep group of %d on %s\n",
+           e->ep_layer_forward_s * 1e3, e->ep_layer_backward_s * 1e3,
+           e->ep_layer_dispatch_bytes / (1024.0 * 1024.0), ep,
+           e->ep_inter_node ? "the inter-node link" : "the intra-node link");
+  }
   printf("  step time %.4f s = pipeline %.4f s (simulated %s) + gradient reduction and optimizer "
          "%.4f s\n",
          e->step_s, e->pipeline_s, mp_schedule_kind_name(l->schedule), e->step_s - e->pipeline_s);
   printf("\n  time per pipeline rank, seconds (each row sums to the step time):\n");
   printf("  %4s %10s %10s %10s", "pp", "compute", "(recomp)", "tp comm");
   if (cp > 1) printf(" %10s", "cp comm");
+  if (ep > 1) printf(" %10s", "ep a2a");
   printf(" %12s %10s %10s %10s %9s\n", "bubble+p2p", "dp exposed", "optimizer", "end wait",
          "dp total");
   for (int p = 0; p < l->pp; ++p) {
     const mp_rank_estimate *k = &e->ranks[p];
     printf("  %4d %10.4f %10.4f %10.4f", p, k->compute_s, k->recompute_s, k->tp_comm_s);
     if (cp > 1) printf(" %10.4f", k->cp_comm_s);
+    if (ep > 1) printf(" %10.4f", k->ep_comm_s);
     printf(" %12.4f %10.4f %10.4f %10.4f %9.4f\n", k->idle_s, k->dp_exposed_s, k->optimizer_s,
            k->end_wait_s, k->dp_comm_s);
   }
@@ -223,6 +246,11 @@ static void print_explain(const mp_planner_result *r, const mp_cluster *cluster)
     } else {
       printf("\n  ZeRO-%d over dp %d (%s sharded); dp traffic per rank and step, GiB:\n",
              l->zero_stage, l->dp, kWhat[l->zero_stage]);
+    }
+    if (ep > 1) {
+      printf("  (the experts' state over the %d ranks of their expert-data-parallel group; the "
+             "traffic below is both)\n",
+             mp_layout_expert_shard(l));
     }
     printf("  %4s %14s %16s %10s %10s %9s\n", "pp", "all-gathers", "reduce-scatters", "dp total",
            "exposed", "hidden");
@@ -261,6 +289,7 @@ static void add_estimate(cJSON *row, const mp_estimate *e) {
   const mp_layout *l = &e->layout;
   cJSON_AddNumberToObject(row, "dp", l->dp);
   cJSON_AddNumberToObject(row, "cp", mp_layout_cp(l));
+  cJSON_AddNumberToObject(row, "ep", mp_layout_ep(l));
   cJSON_AddNumberToObject(row, "pp", l->pp);
   cJSON_AddNumberToObject(row, "tp", l->tp);
   cJSON_AddNumberToObject(row, "micro_batch", (double)l->micro_batch);
@@ -327,6 +356,7 @@ static mp_status write_plan(const char *out_path, const char *model_path, const 
   plan.pp = l->pp;
   plan.tp = l->tp;
   plan.cp = mp_layout_cp(l);
+  plan.ep = mp_layout_ep(l);
   plan.virtual_stages = l->virtual_stages;
   plan.sequence_parallel = l->sequence_parallel;
   plan.zero_stage = l->zero_stage;
@@ -375,6 +405,9 @@ int cmd_plan(int argc, char **argv) {
       {"tp", "T", "fix the tensor-parallel size", NULL},
       {"cp", "C", "fix the context-parallel size: C ranks share each sequence (the sequence "
        "length a multiple of 2 C; searched: powers of two, chunks of 512 tokens or more)", NULL},
+      {"ep", "E", "fix the expert-parallel size (mixture-of-experts models): each MoE block's "
+       "experts split over E of the dp x cp ranks (E divides dp x cp and the experts; searched: "
+       "every such divisor; 1 on a dense model)", NULL},
       {"micro-batch", "B", "fix the sequences per micro-batch", NULL},
       {"schedule", "K", "fix the schedule: gpipe, 1f1b, interleaved-1f1b, zb-h1", NULL},
       {"virtual-stages", "V", "fix the model chunks per pipeline rank", NULL},
@@ -392,7 +425,7 @@ int cmd_plan(int argc, char **argv) {
       .usage = "mpengine plan MODEL.json --gpus N [--cluster NAME|FILE] [--global-batch B] "
                "[--seq-len S] [--top K] [--out PLAN.json] [--json] [--explain]",
       .summary =
-          "Search dp x cp x pp x tp, micro-batch, schedule, virtual stages, recomputation, "
+          "Search dp x cp x pp x tp (and ep over dp x cp for mixture-of-experts models), micro-batch, schedule, virtual stages, recomputation, "
           "sequence parallelism and ZeRO-1 for the fastest layout that fits in memory. Each layout's "
           "layers are cut into stages by dynamic programming, its pipeline is simulated with the "
           "cost model's durations (the schedule `mpengine schedule` draws), and the fastest "

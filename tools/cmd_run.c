@@ -941,6 +941,12 @@ static mp_status read_options(cli_command *command, run_state *state, run_option
   o->val_data = cli_value(command, "val-data");
   o->gpu_comm = cli_value(command, "gpu-comm") ? cli_value(command, "gpu-comm") : "auto";
   MP_TRY(mp_plan_load(o->config, &state->plan, err));
+  if (mp_plan_ep(&state->plan) > 1) { /* the planner lays experts out; the runtime cannot yet */
+    return mp_fail(err, MP_ERR_INPUT,
+                   "%s: $.parallel.ep: %d: expert parallelism is planned but not run yet (issue "
+                   "33); train with a plan without ep",
+                   o->config, state->plan.ep);
+  }
   MP_TRY(cli_int(command, "steps", 1, state->plan.training.steps, &o->steps, err));
   MP_TRY(cli_int(command, "save-every", 1, 0, &o->save_every, err));
   MP_TRY(cli_int(command, "keep", 1, 0, &o->keep, err));

@@ -41,6 +41,40 @@ double mp_cost_allgather_seconds(double bytes, int ranks, double bandwidth, doub
 
 int mp_layout_cp(const mp_layout *layout) { return layout->cp > 1 ? layout->cp : 1; }
 
+int mp_layout_ep(const mp_layout *layout) { return layout->ep > 1 ? layout->ep : 1; }
+
+double mp_cost_alltoall_seconds(double bytes, int ranks, double bandwidth, double latency) {
+  /* Each rank keeps 1/n of its bytes and exchanges the rest with the n-1 others: the bytes an
+   * all-gather of the same buffer moves, and as many latencies. */
+  return mp_cost_allgather_seconds(bytes, ranks, bandwidth, latency);
+}
+
+bool mp_cost_ep_intra_node(const mp_cluster *cluster, const mp_layout *layout) {
+  return mp_cluster_same_node(cluster, 0, layout->tp * mp_layout_ep(layout) - 1);
+}
+
+mp_status mp_cost_check_ep(const mp_model *model, int ep, mp_error *err) {
+  if (ep <= 1) return MP_OK;
+  const mp_layer_spec *first = mp_model_first_moe_layer(model);
+  if (first == NULL) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "ep %d splits the experts of mixture-of-experts blocks over ranks, but model "
+                   "%s (%s) has no such block; use ep 1",
+                   ep, mp_model_name(model), mp_model_source(model));
+  }
+  for (int i = 0; i < mp_model_num_layers(model); ++i) {
+    const mp_layer_spec *layer = mp_model_layer(model, i);
+    if (mp_layer_is_moe(layer) && layer->moe.experts % ep != 0) {
+      return mp_fail(err, MP_ERR_INPUT,
+                     "ep %d does not divide the %lld experts of %s (%s: $.layers[%d].moe.experts); "
+                     "each expert-parallel rank holds experts / ep whole experts",
+                     ep, (long long)layer->moe.experts, layer->name, mp_model_source(model),
+                     layer->json_index);
+    }
+  }
+  return MP_OK;
+}
+
 int mp_layout_replicas(const mp_layout *layout) { return layout->dp * mp_layout_cp(layout); }
 
 bool mp_cost_cp_intra_node(const mp_cluster *cluster, const mp_layout *layout) {
@@ -49,7 +83,7 @@ bool mp_cost_cp_intra_node(const mp_cluster *cluster, const mp_layout *layout) {
 
 double mp_layer_time_seconds(const mp_layer_time *t) {
   return t->forward_compute_s + t->backward_compute_s + t->forward_tp_s + t->backward_tp_s +
-         t->forward_cp_s + t->backward_cp_s;
+         t->forward_cp_s + t->backward_cp_s + t->forward_ep_s + t->backward_ep_s;
 }
 
 /* Seconds of one GEMM shape on one tp rank: the roofline of its FLOPs, at peak x the efficiency
@@ -68,7 +102,11 @@ static double gemm_shape_seconds(const mp_cluster *cluster, const mp_gemm_shape 
   }
   const double flops = 2.0 * g->m * n * k * batch;
   if (!(flops > 0.0)) return 0.0;
-  double compute = mp_cluster_gemm_seconds(cluster, mp_cluster_training_dtype(cluster), flops);
+  /* A grouped product (the experts) is batch GEMMs, each at the efficiency of its own size. */
+  double compute =
+      g->grouped ? batch * mp_cluster_gemm_seconds(cluster, mp_cluster_training_dtype(cluster),
+                                                   flops / batch)
+                 : mp_cluster_gemm_seconds(cluster, mp_cluster_training_dtype(cluster), flops);
   if (!g->attention_core && mp_cluster_wide_gemm(k, n)) {
     compute /= mp_cluster_wide_gemm_efficiency(cluster);
   }
@@ -81,9 +119,9 @@ void mp_cost_layer(const mp_cluster *cluster, const mp_layer_spec *layer, const 
   memset(out, 0, sizeof *out);
   const int elem = mp_cost_activation_bytes_per_element(cluster);
   /* Our CUDA backend (bf16) runs flash attention, the CPU backend (fp32) the unfused products. */
-  const int cp = mp_layout_cp(layout);
+  const int cp = mp_layout_cp(layout), ep = mp_layout_ep(layout);
   const mp_cost_shape shape = {layout->micro_batch, layout->seq_len, elem,
-                               mp_cluster_training_dtype(cluster) == MP_DTYPE_BF16, cp};
+                               mp_cluster_training_dtype(cluster) == MP_DTYPE_BF16, cp, ep};
   mp_layer_cost cost;
   mp_layer_cost_compute(layer, &shape, &cost);
   const double t = (double)layout->tp;
@@ -141,7 +179,9 @@ void mp_cost_layer(const mp_cluster *cluster, const mp_layer_spec *layer, const 
   }
   out->backward_compute_s = backward_gemm + backward_memory + out->recompute_s;
   out->model_flops = cost.forward_flops + cost.backward_flops;
-  out->params = (double)cost.params / t;
+  /* This rank's experts: E / ep of them. */
+  out->expert_params = (double)cost.expert_params / ep / t;
+  out->params = ((double)cost.params - (double)cost.expert_params) / t + out->expert_params;
   out->attention_scratch_bytes = cost.attention_scratch_bytes / t;
 
   const double ar = mp_cost_allreduce_seconds(bsh, layout->tp,
@@ -176,6 +216,18 @@ void mp_cost_layer(const mp_cluster *cluster, const mp_layer_spec *layer, const 
       out->backward_cp_s = full ? 3.0 * gather : 2.0 * gather;
       out->cp_buffer_bytes = 2.0 * kv;
       out->cp_gather_bytes = cp > 1 ? kv : 0.0;
+      /* Expert parallelism: dispatch and combine forward, their gradients backward (and the
+       * recomputed forward's two with full recomputation), exposed (cost_model.h). */
+      if (ep > 1 && cost.dispatch_bytes > 0.0) {
+        const double bytes = cost.dispatch_bytes / (sp ? t : 1.0);
+        const bool ep_intra = mp_cost_ep_intra_node(cluster, layout);
+        const double a2a =
+            mp_cost_alltoall_seconds(bytes, ep, mp_cluster_link_bandwidth(cluster, ep_intra),
+                                     mp_cluster_collective_latency(cluster, ep_intra));
+        out->forward_ep_s = 2.0 * a2a;
+        out->backward_ep_s = full ? 4.0 * a2a : 2.0 * a2a;
+        out->ep_dispatch_bytes = bytes;
+      }
       break;
     }
     case MP_LAYER_EMBEDDING: out->forward_tp_s = ar; break;
@@ -190,9 +242,15 @@ int mp_layout_zero_shard(const mp_layout *layout) {
   return s > 0 && s < layout->dp ? s : mp_layout_replicas(layout);
 }
 
-mp_state_bytes mp_cost_sharded_state_bytes(const mp_cluster *cluster, const mp_layout *layout) {
+int mp_layout_expert_shard(const mp_layout *layout) {
+  const int shard = mp_layout_zero_shard(layout), ep = mp_layout_ep(layout);
+  return shard % ep == 0 ? shard / ep : 1;
+}
+
+/* The state bytes per parameter when ZeRO divides by shard ranks. */
+static mp_state_bytes state_sharded_over(const mp_cluster *cluster, const mp_layout *layout,
+                                         int shard) {
   mp_state_bytes state = mp_cost_state_bytes(cluster);
-  const int shard = mp_layout_zero_shard(layout);
   const double d = shard > 1 ? (double)shard : 1.0;
   if (layout->zero_stage >= 1) state.optimizer /= d;
   if (layout->zero_stage >= 2) state.grads /= d;
@@ -200,10 +258,27 @@ mp_state_bytes mp_cost_sharded_state_bytes(const mp_cluster *cluster, const mp_l
   return state;
 }
 
-double mp_cost_optimizer_seconds(const mp_cluster *cluster, const mp_layout *layout,
-                                 double params) {
+mp_state_bytes mp_cost_rank_state_bytes(const mp_cluster *cluster, const mp_layout *layout,
+                                        double params, double expert_params) {
+  const mp_state_bytes dense = state_sharded_over(cluster, layout, mp_layout_zero_shard(layout));
+  const mp_state_bytes experts =
+      state_sharded_over(cluster, layout, mp_layout_expert_shard(layout));
+  const double others = params - expert_params;
+  mp_state_bytes bytes = {others * dense.weights + expert_params * experts.weights,
+                          others * dense.grads + expert_params * experts.grads,
+                          others * dense.optimizer + expert_params * experts.optimizer};
+  return bytes;
+}
+
+mp_state_bytes mp_cost_sharded_state_bytes(const mp_cluster *cluster, const mp_layout *layout) {
+  return state_sharded_over(cluster, layout, mp_layout_zero_shard(layout));
+}
+
+/* mp_cost_optimizer_seconds with ZeRO over shard ranks. */
+static double optimizer_seconds_over(const mp_cluster *cluster, const mp_layout *layout,
+                                     double params, int shard) {
   const mp_state_bytes state = mp_cost_state_bytes(cluster);
-  const double d = (double)mp_layout_zero_shard(layout);
+  const double d = (double)shard;
   /* ZeRO-1: each rank reads and writes only its 1/dp of the fp32 moments' state; ZeRO-2 and 3:
    * the whole update (gradients, master weights, moments) runs on its 1/dp of the parameters. */
   const double bytes_per_param =
@@ -213,6 +288,18 @@ double mp_cost_optimizer_seconds(const mp_cluster *cluster, const mp_layout *lay
                 (layout->zero_stage == 1 ? state.optimizer * 2.0 * (1.0 - 1.0 / d) : 0.0);
   return params * bytes_per_param / mp_cluster_memory_bandwidth(cluster) *
          mp_cost_compute_slowdown(cluster, layout);
+}
+
+double mp_cost_optimizer_seconds(const mp_cluster *cluster, const mp_layout *layout,
+                                 double params) {
+  return optimizer_seconds_over(cluster, layout, params, mp_layout_zero_shard(layout));
+}
+
+double mp_cost_rank_optimizer_seconds(const mp_cluster *cluster, const mp_layout *layout,
+                                      double params, double expert_params) {
+  return optimizer_seconds_over(cluster, layout, params - expert_params,
+                                mp_layout_zero_shard(layout)) +
+         optimizer_seconds_over(cluster, layout, expert_params, mp_layout_expert_shard(layout));
 }
 
 /* ---- ranks sharing a node's cores (cost_model.h, "Shared cores") -------------------------- */
@@ -251,6 +338,8 @@ void mp_cost_layer_on_node(const mp_cluster *cluster, const mp_layer_spec *layer
   out->backward_tp_s *= slowdown;
   out->forward_cp_s *= slowdown;
   out->backward_cp_s *= slowdown;
+  out->forward_ep_s *= slowdown;
+  out->backward_ep_s *= slowdown;
 }
 
 double mp_cost_workspace_bytes(const mp_cluster *cluster) {
@@ -295,6 +384,20 @@ static mp_status check_layout(const mp_model *model, const mp_layout *l, mp_erro
                    "holds 2 of 2 cp equal chunks of a sequence), but it is %lld",
                    cp, 2 * cp, (long long)l->seq_len);
   }
+  const int ep = mp_layout_ep(l);
+  if (l->ep < 0 || l->dp * cp % ep != 0) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "ep %d does not divide dp x cp = %d x %d = %d (the expert-parallel groups are "
+                   "cut out of the dp x cp ranks)",
+                   l->ep, l->dp, cp, l->dp * cp);
+  }
+  if (ep > 1 && l->zero_shard_size > 0 && l->zero_shard_size < l->dp) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "hybrid sharding (ZeRO over groups of %d of the %d dp ranks) is not modelled "
+                   "with expert parallelism (ep %d)",
+                   l->zero_shard_size, l->dp, ep);
+  }
+  MP_TRY(mp_cost_check_ep(model, ep, err));
   const int stages = l->pp * l->virtual_stages;
   if (stages > mp_model_num_layers(model) || stages > MP_COST_MAX_STAGES) {
     return mp_fail(err, MP_ERR_INPUT,
@@ -381,6 +484,8 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
   double stage_compute[MP_COST_MAX_STAGES], stage_recompute[MP_COST_MAX_STAGES];
   double stage_tp[MP_COST_MAX_STAGES], stage_fwd_compute[MP_COST_MAX_STAGES];
   double stage_cp[MP_COST_MAX_STAGES];            /* the cp collectives, one micro-batch */
+  double stage_ep[MP_COST_MAX_STAGES];            /* the ep all-to-alls, one micro-batch */
+  double stage_expert_params[MP_COST_MAX_STAGES]; /* of stage_params, the experts' */
   double stage_cp_buffer[MP_COST_MAX_STAGES];     /* the largest layer's transient bytes */
   double stage_largest_layer[MP_COST_MAX_STAGES]; /* parameters of its largest layer */
   /* ZeRO-2: the blocks' parameters (their gradients pass through a one-block window) and the
@@ -392,6 +497,7 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
   for (int s = 0; s < stages; ++s) {
     double f = 0, b = 0, tpf = 0, tpb = 0, params = 0, act = 0, rec = 0, largest = 0;
     double block_params = 0, largest_block = 0, cpf = 0, cpb = 0, cp_buffer = 0;
+    double epf = 0, epb = 0, expert_params = 0;
     for (int i = 0; i < out->layers_per_stage[s]; ++i, ++layer) {
       const mp_layer_time *t = &times[layer];
       if (t->params > largest) largest = t->params;
@@ -406,6 +512,14 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
       tpb += t->backward_tp_s;
       cpf += t->forward_cp_s;
       cpb += t->backward_cp_s;
+      epf += t->forward_ep_s;
+      epb += t->backward_ep_s;
+      expert_params += t->expert_params;
+      if (t->forward_ep_s > out->ep_layer_forward_s) {
+        out->ep_layer_forward_s = t->forward_ep_s;
+        out->ep_layer_backward_s = t->backward_ep_s;
+        out->ep_layer_dispatch_bytes = t->ep_dispatch_bytes;
+      }
       /* What a layer holds only while it computes: the cp buffers and the unfused attention's
        * backward scratch (the largest layer's, in the workspace). */
       const double transient = t->cp_buffer_bytes + t->attention_scratch_bytes;
@@ -423,9 +537,11 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
                            (double)mp_layout_cp(layout) * hidden * elem;
       if (bytes > boundary_bytes) boundary_bytes = bytes;
     }
-    out->stage_forward_s[s] = f + tpf + cpf;
-    out->stage_backward_s[s] = b + tpb + cpb;
+    out->stage_forward_s[s] = f + tpf + cpf + epf;
+    out->stage_backward_s[s] = b + tpb + cpb + epb;
     stage_cp[s] = cpf + cpb;
+    stage_ep[s] = epf + epb;
+    stage_expert_params[s] = expert_params;
     stage_cp_buffer[s] = cp_buffer;
     stage_compute[s] = f + b;
     stage_fwd_compute[s] = f;
@@ -448,6 +564,7 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
   /* A pipeline rank's ranks: tp fastest, then cp, then dp (grid.h). */
   const int block = layout->tp * mp_layout_cp(layout) * layout->dp;
   out->cp_inter_node = mp_layout_cp(layout) > 1 && !mp_cost_cp_intra_node(cluster, layout);
+  out->ep_inter_node = mp_layout_ep(layout) > 1 && !mp_cost_ep_intra_node(cluster, layout);
   bool inter = false;
   for (int r = 0; r + 1 < pp; ++r) {
     if (!mp_cluster_same_node(cluster, r * block, (r + 2) * block - 1)) inter = true;
@@ -510,10 +627,12 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
     mp_rank_estimate *rank = &out->ranks[r];
     rank->first_stage = r;
     double params = 0.0, last_backward = 0.0, all_compute = 0.0, largest_layer = 0.0;
-    double block_params = 0.0, largest_block = 0.0, cp_buffer = 0.0;
+    double block_params = 0.0, largest_block = 0.0, cp_buffer = 0.0, expert_params = 0.0;
     for (int c = 0; c < v; ++c) {
       const int s = c * pp + r;
       params += stage_params[s];
+      expert_params += stage_expert_params[s];
+      rank->ep_comm_s += m * stage_ep[s];
       block_params += stage_block_params[s];
       if (stage_largest_block[s] > largest_block) largest_block = stage_largest_block[s];
       all_compute += m * (out->stage_forward_s[s] + out->stage_backward_s[s]);
@@ -527,7 +646,14 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
     }
     rank->idle_s = sim.step_time - sim.busy_time[r];
     const double grad_bytes = params * state.grads, weight_bytes = params * state.weights;
-    const double block_grad_bytes = block_params * state.grads;
+    /* The experts' gradients are summed (and their state sharded) over the expert-data-parallel
+     * group of d / ep ranks, the rest over d: the collectives below are the rest's, the experts'
+     * are added after them. */
+    const double expert_grad_bytes = expert_params * state.grads;
+    const double expert_weight_bytes = expert_params * state.weights;
+    const double dense_grad_bytes = grad_bytes - expert_grad_bytes;
+    const double dense_weight_bytes = weight_bytes - expert_weight_bytes;
+    const double block_grad_bytes = block_params * state.grads - expert_grad_bytes;
     const int zero = d > 1 ? layout->zero_stage : 0;
     /* HSDP: ZeRO's collectives inside a group of `shard` dp ranks (tp x shard consecutive
      * ranks), then each rank's part all-reduced over the replicas. */
@@ -538,7 +664,8 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
     const double shard_lat =
         shard < d ? mp_cluster_collective_latency(cluster, shard_intra) : dp_lat;
     const double replicas_s =
-        shard < d ? mp_cost_allreduce_seconds(grad_bytes / shard, d / shard, dp_bw, dp_lat) : 0.0;
+        shard < d ? mp_cost_allreduce_seconds(dense_grad_bytes / shard, d / shard, dp_bw, dp_lat)
+                  : 0.0;
     /* The dp collectives of a step. ZeRO 0 and 1 reduce once, after the rank's last backward;
      * ZeRO-2 reduce-scatters each block's gradients in every micro-batch's backward and the
      * rest (embedding, final norm, head) once, after the last (engine/train/trainer.h); ZeRO-3 also
@@ -547,30 +674,50 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
      * update. The parameter all-gather of ZeRO 1 and 2 counts with the reduction, as one dp
      * time (the overlap assumption of cost_model.h). */
     double dp_comm = 0.0;
-    const double zero2_scatter_bytes = m * block_grad_bytes + (grad_bytes - block_grad_bytes);
-    const double block_weight_bytes = block_params * state.weights;
+    const double zero2_scatter_bytes =
+        m * block_grad_bytes + (dense_grad_bytes - block_grad_bytes);
+    const double block_weight_bytes = block_params * state.weights - expert_weight_bytes;
     const double passes = layout->recompute == MP_RECOMPUTE_FULL ? 3.0 : 2.0;
     const double zero3_gather_bytes =
-        m * passes * block_weight_bytes + (weight_bytes - block_weight_bytes);
+        m * passes * block_weight_bytes + (dense_weight_bytes - block_weight_bytes);
     if (zero == 1) {
-      dp_comm = frac * (grad_bytes + weight_bytes) / shard_bw + 2.0 * (shard - 1) * shard_lat +
-                replicas_s;
+      dp_comm = frac * (dense_grad_bytes + dense_weight_bytes) / shard_bw +
+                2.0 * (shard - 1) * shard_lat + replicas_s;
     } else if (zero == 2) {
       dp_comm = frac * zero2_scatter_bytes / shard_bw + (m + 1.0) * (shard - 1) * shard_lat +
-                frac * weight_bytes / shard_bw + (shard - 1) * shard_lat + replicas_s;
+                frac * dense_weight_bytes / shard_bw + (shard - 1) * shard_lat + replicas_s;
     } else if (zero == 3) {
       dp_comm = frac * (zero3_gather_bytes + zero2_scatter_bytes) / shard_bw +
                 (m * (passes + 1.0) + 2.0) * (shard - 1) * shard_lat;
     } else if (d > 1) {
-      dp_comm = mp_cost_allreduce_seconds(grad_bytes, d, dp_bw, dp_lat);
+      dp_comm = mp_cost_allreduce_seconds(dense_grad_bytes, d, dp_bw, dp_lat);
+    }
+    /* The experts (all inside blocks), over the de = d / ep ranks of their expert-data-parallel
+     * group, which spans the dp x cp group's ranks (the dp link); nothing with de = 1. */
+    const int de = mp_layout_expert_shard(layout);
+    const double efrac = (double)(de - 1) / de;
+    double expert_gather = 0.0, expert_scatter = 0.0;
+    if (expert_params > 0.0 && de > 1) {
+      if (zero == 0) {
+        dp_comm += mp_cost_allreduce_seconds(expert_grad_bytes, de, dp_bw, dp_lat);
+      } else {
+        /* ZeRO 1: one reduce-scatter and one all-gather; 2: a reduce-scatter per micro-batch;
+         * 3: and a gather per pass. */
+        expert_scatter = (zero >= 2 ? m : 1.0) * expert_grad_bytes;
+        expert_gather = (zero == 3 ? m * passes : 1.0) * expert_weight_bytes;
+        const double collectives = (zero == 1 ? 2.0 : zero == 2 ? m + 1.0 : m * (passes + 1.0));
+        dp_comm += efrac * (expert_scatter + expert_gather) / dp_bw +
+                   collectives * (de - 1) * dp_lat;
+      }
     }
     rank->dp_comm_s = dp_comm * slowdown;
-    rank->zero_gather_bytes = zero == 3   ? frac * zero3_gather_bytes
-                              : zero >= 1 ? frac * weight_bytes
+    rank->zero_gather_bytes = zero == 3   ? frac * zero3_gather_bytes + efrac * expert_gather
+                              : zero >= 1 ? frac * dense_weight_bytes + efrac * expert_gather
                                           : 0.0;
-    rank->zero_reduce_scatter_bytes = zero >= 2   ? frac * zero2_scatter_bytes
-                                      : zero == 1 ? frac * grad_bytes
-                                                  : 0.0;
+    rank->zero_reduce_scatter_bytes =
+        zero >= 2   ? frac * zero2_scatter_bytes + efrac * expert_scatter
+        : zero == 1 ? frac * dense_grad_bytes + efrac * expert_scatter
+                    : 0.0;
     const int last = schedule->ranks[r].num_actions - 1;
     const double idle_after = last >= 0 ? sim.step_time - sim.end[r][last] : 0.0;
     /* What hides it: the last backward (and the idle time after it) for one reduction after
@@ -593,26 +740,28 @@ static mp_status estimate_layout(const mp_cluster *cluster, const mp_model *mode
       rank->dp_comm_s += tied_s;
       rank->dp_exposed_s += tied_s;
     }
-    rank->optimizer_s = mp_cost_optimizer_seconds(cluster, layout, params);
+    rank->optimizer_s = mp_cost_rank_optimizer_seconds(cluster, layout, params, expert_params);
     if (rank->dp_exposed_s + rank->optimizer_s > tail) tail = rank->dp_exposed_s + rank->optimizer_s;
 
-    const mp_state_bytes sharded = mp_cost_sharded_state_bytes(cluster, layout);
-    rank->weights_bytes = params * sharded.weights;
+    /* The parameter state, the experts' sharded over their expert-data-parallel group. */
+    const mp_state_bytes held = mp_cost_rank_state_bytes(cluster, layout, params, expert_params);
+    rank->weights_bytes = held.weights;
     /* ZeRO-3 keeps its part of the blocks' weights, the weights outside the blocks whole (every
      * rank's embedding, final norm and head) and a block's at a time in a window: on GPUs two
      * (the next block's gather prefetched while one computes), on CPU ranks one. */
     if (zero == 3) {
       const double weight_windows = cluster->cores_per_node > 0 ? 1.0 : 2.0;
-      rank->weights_bytes = (block_params / (double)shard + (params - block_params)) *
+      rank->weights_bytes = ((block_params - expert_params) / (double)shard +
+                             expert_params / (double)de + (params - block_params)) *
                                 state.weights +
                             weight_windows * largest_block * state.weights;
     }
-    rank->grads_bytes = params * sharded.grads;
+    rank->grads_bytes = held.grads;
     /* ZeRO 2 and 3 keep the gradients outside the blocks whole until the step's end (their dp
      * part counted above, with the blocks'). */
     if (zero >= 2) rank->grads_bytes += (params - block_params) * state.grads;
     const double d_shard = (double)shard;
-    rank->optimizer_bytes = params * sharded.optimizer;
+    rank->optimizer_bytes = held.optimizer;
     rank->activation_bytes = sim.peak_activation_memory[r];
     rank->peak_live = sim.peak_live[r];
     /* What the layer being computed holds only then: with cp > 1 the gathered K and V and their
@@ -677,6 +826,7 @@ mp_status mp_cost_estimate_plan(const mp_plan *plan, const mp_model *model, mp_e
   layout.zero_stage = plan->zero_stage;
   layout.zero_shard_size = plan->zero_shard_size;
   layout.cp = plan->cp;
+  layout.ep = plan->ep;
   if (mp_schedule_kind_parse(plan->schedule, &layout.schedule, err) != MP_OK) {
     return mp_error_prefix(err, "%s: $.schedule", plan->source);
   }
@@ -689,9 +839,10 @@ mp_status mp_cost_estimate_plan(const mp_plan *plan, const mp_model *model, mp_e
     MP_TRY(mp_model_load(plan->model_path, &loaded, err));
     model = loaded;
   }
-  if (mp_model_refuse_moe(model, "planned or simulated", err) != MP_OK) {
+  /* ep against the model: a dense model takes none, an MoE one a divisor of its experts. */
+  if (mp_cost_check_ep(model, mp_plan_ep(plan), err) != MP_OK) {
     mp_model_free(loaded);
-    return MP_ERR_INPUT;
+    return mp_error_prefix(err, "%s: $.parallel.ep", plan->source);
   }
   const mp_status status =
       mp_cost_estimate(&cluster, model, &layout,
@@ -704,7 +855,6 @@ mp_status mp_cost_estimate_plan(const mp_plan *plan, const mp_model *model, mp_e
 mp_status mp_cost_estimate(const mp_cluster *cluster, const mp_model *model,
                            const mp_layout *layout, const int *layers_per_stage,
                            mp_estimate *out, mp_error *err) {
-  MP_TRY(mp_model_refuse_moe(model, "planned or simulated", err));
   return estimate_layout(cluster, model, layout, layers_per_stage, NULL, out, err);
 }
 

@@ -110,6 +110,32 @@
  * peaked 492 MiB above the one-rank run, its gradients being 475 MiB); it is counted in the
  * workspace.
  *
+ * Expert parallelism (ep > 1; Megatron-Core's expert_model_parallel_size with "parallel
+ * folding": the experts use tp x ep x expert-dp x pp over the ranks attention uses as
+ * tp x cp x dp x pp, expert-tp = tp here). A mixture-of-experts block's E experts are split over
+ * groups of ep of the dp x cp ranks that share the other weights: each rank holds E / ep of them
+ * (their weights, gradients and optimizer state), tp-split as a dense MLP is. The ep group of a
+ * rank is ep consecutive dp-cp ranks (Megatron's order tp-ep-dp-pp for the experts: tp fastest,
+ * so an ep group spans tp x ep consecutive world ranks); the expert-data-parallel group, which
+ * sums the experts' gradients and over which ZeRO shards their state, is the dp x cp / ep ranks
+ * with the same ep rank. Per MoE block and micro-batch the token dispatcher does 4 all-to-alls
+ * (forward: dispatch and combine; backward: their gradients), each of this rank's routed copies
+ * (B x T/cp x k x C elements in the training dtype, mp_layer_cost's dispatch_bytes; a tp rank
+ * sends them all unless sequence parallelism cut them by tp), of which (ep-1)/ep leave the rank:
+ * (ep-1)/ep x bytes / (bandwidth x efficiency) + (ep-1) latencies, on the intra-node link when
+ * the tp x ep ranks of a group share a node, else on the inter-node one (all of it: the part that
+ * stays inside a node is not credited). Full recomputation repeats the forward's 2 in backward.
+ * Exposed, like the cp collectives (Megatron 0.9 overlaps none of them by default). The counts
+ * exchanged before each dispatch (E integers) are not modelled. The expert GEMMs are the
+ * grouped products layer_cost.h lists: E / ep experts of ep x B x T/cp x k / E rows each, each
+ * its own GEMM on the cluster's efficiency curve (so small experts run below peak). Memory and
+ * the data-parallel step: the experts' parameters (expert_params) count 1/ep on a rank, their
+ * gradients reduce over the expert-data-parallel group (a ring over dp x cp / ep ranks, on the
+ * dp group's link: it spans the same ranks), and ZeRO divides their optimizer state (and, by
+ * stage, gradients and weights) by dp x cp / ep instead of dp x cp; the optimizer step of a
+ * rank's experts runs on its expert shard. Not modelled: load imbalance between experts (the
+ * routing is taken as balanced: dropless, each expert the average rows).
+ *
  * Shared cores (a cluster with "cores_per_node", cpu-local once calibrated; cluster.h). The D
  * ranks of the fullest node (min(dp x cp x pp x tp, devices_per_node)) share its cores: each rank's
  * GEMMs run at the one-thread peak times its BLAS threads (mp_cluster_threads_per_device: `run`
@@ -177,7 +203,27 @@ typedef struct {
   /* Context parallelism: the ranks that share each sequence, T / cp tokens each (0 or 1: none;
    * last, so that a layout written without it has none). The weights' replicas are dp x cp. */
   int cp;
+  /* Expert parallelism: the ranks of dp x cp that split each MoE block's experts (0 or 1: none;
+   * last, so that a layout written without it has none). It divides dp x cp and the experts. */
+  int ep;
 } mp_layout;
+
+/* ep of layout: its ep, 1 when it is 0. */
+int mp_layout_ep(const mp_layout *layout);
+
+/* MP_OK when model can be laid out with expert parallelism ep: ep 1 always; ep > 1 needs a
+ * mixture-of-experts block and every such block's experts a multiple of ep. Else MP_ERR_INPUT,
+ * the message naming ep, the model file and the block ($.layers[i].moe.experts), unprefixed:
+ * callers say where ep came from. */
+mp_status mp_cost_check_ep(const mp_model *model, int ep, mp_error *err);
+
+/* Whether layout's expert-parallel groups (tp x ep consecutive ranks) sit inside one node. */
+bool mp_cost_ep_intra_node(const mp_cluster *cluster, const mp_layout *layout);
+
+/* Seconds of one all-to-all over ranks devices of which each sends bytes in all (its share to
+ * itself included): (n-1)/n of the bytes cross the link, plus (n-1) latencies; 0 for
+ * ranks <= 1. */
+double mp_cost_alltoall_seconds(double bytes, int ranks, double bandwidth, double latency);
 
 /* cp of layout: its cp, 1 when it is 0. */
 int mp_layout_cp(const mp_layout *layout);
@@ -187,6 +233,10 @@ int mp_layout_replicas(const mp_layout *layout);
 
 /* The ranks layout's ZeRO state is divided over: zero_shard_size (HSDP, cp 1), or dp x cp. */
 int mp_layout_zero_shard(const mp_layout *layout);
+
+/* The ranks the experts' ZeRO state is divided over and their gradients summed over (the
+ * expert-data-parallel group): mp_layout_zero_shard / ep. */
+int mp_layout_expert_shard(const mp_layout *layout);
 
 /* One layer on one tp rank for one micro-batch. */
 typedef struct {
@@ -206,6 +256,11 @@ typedef struct {
   double cp_gather_bytes;    /* cp > 1: the K and V one all-gather collects, one tp rank */
   double attention_scratch_bytes; /* held only while the layer's backward runs: the unfused
                                      attention's two score-sized matrices, one tp rank */
+  double forward_ep_s;       /* expert parallelism: the dispatch and combine all-to-alls */
+  double backward_ep_s;      /* their gradients' (and with full recomputation the recomputed
+                                forward's) */
+  double expert_params;      /* of params, this rank's experts (E / ep of them, one tp rank's) */
+  double ep_dispatch_bytes;  /* ep > 1: one all-to-all's bytes from this rank */
   double model_flops;        /* forward + backward FLOPs of the whole layer (no recompute) */
 } mp_layer_time;
 
@@ -221,6 +276,12 @@ mp_state_bytes mp_cost_state_bytes(const mp_cluster *cluster);
 /* The same per parameter of a rank under layout's ZeRO stage: the optimizer state (1 and up),
  * the gradients (2 and up) and the weights (3) divided over dp. */
 mp_state_bytes mp_cost_sharded_state_bytes(const mp_cluster *cluster, const mp_layout *layout);
+/* Bytes of a rank's weights, gradients and optimizer state (sharded as layout's ZeRO stage
+ * shards them) for params parameters of which expert_params are experts (sharded over
+ * mp_layout_expert_shard instead of mp_layout_zero_shard): what the planner's bounds and the
+ * estimate's memory count for the parameter state. */
+mp_state_bytes mp_cost_rank_state_bytes(const mp_cluster *cluster, const mp_layout *layout,
+                                        double params, double expert_params);
 
 /* Activation element size: 2 on a bf16 device, 4 on an fp32 one. */
 int mp_cost_activation_bytes_per_element(const mp_cluster *cluster);
@@ -243,8 +304,12 @@ bool mp_cost_cp_intra_node(const mp_cluster *cluster, const mp_layout *layout);
  * bytes each, less the moments ZeRO-1 leaves to other dp ranks, at the reachable bandwidth. */
 double mp_cost_optimizer_seconds(const mp_cluster *cluster, const mp_layout *layout,
                                  double params);
+/* The same for a rank holding params parameters of which expert_params are experts, whose
+ * update runs on their expert shard (mp_layout_expert_shard). */
+double mp_cost_rank_optimizer_seconds(const mp_cluster *cluster, const mp_layout *layout,
+                                      double params, double expert_params);
 
-/* The costs of one layer under a layout (only tp, cp, micro_batch, seq_len, recompute and
+/* The costs of one layer under a layout (only tp, cp, ep, micro_batch, seq_len, recompute and
  * sequence_parallel matter), on a device that is its own processor (no shared cores). */
 void mp_cost_layer(const mp_cluster *cluster, const mp_layer_spec *layer, const mp_layout *layout,
                    mp_layer_time *out);
@@ -277,6 +342,7 @@ typedef struct {
   double recompute_s;    /* of which recomputation */
   double tp_comm_s;      /* tensor-parallel collectives, whole step */
   double cp_comm_s;      /* context-parallel K/V all-gathers and reduce-scatters, whole step */
+  double ep_comm_s;      /* expert-parallel all-to-alls, whole step */
   double idle_s;         /* pipeline time - busy: bubble and point-to-point waits */
   double dp_comm_s;      /* gradient reduction, whole (on the first and last pipeline rank of a
                             tied head with pp > 1, with the token table's sum between them) */
@@ -308,6 +374,11 @@ typedef struct {
   double cp_layer_forward_s, cp_layer_backward_s;
   double cp_layer_gather_bytes;           /* the gathered K and V of one block, one rank */
   bool cp_inter_node;
+  /* ep > 1: one MoE block's all-to-alls in forward (dispatch, combine) and backward, one
+   * micro-batch, the costliest block's; the bytes one all-to-all sends from a rank. */
+  double ep_layer_forward_s, ep_layer_backward_s;
+  double ep_layer_dispatch_bytes;
+  bool ep_inter_node;
   double pipeline_s;                      /* simulated */
   double step_s;                          /* pipeline + the largest dp exposed + optimizer */
   double bubble_fraction;                 /* the simulator's, of the pipeline time */

@@ -134,6 +134,7 @@ static void add_gemm(mp_layer_cost *out, double m, double n, double k, double ba
   g->batch = batch;
   g->split = split;
   g->attention_core = attention_core;
+  g->grouped = false;
   out->forward_flops += 2.0 * m * n * k * batch;
 }
 
@@ -141,6 +142,10 @@ bool mp_layer_flash_attention(const mp_layer_spec *layer, const mp_cost_shape *s
   if (layer->kind != MP_LAYER_TRANSFORMER) return false;
   return layer->attention == MP_ATTENTION_FLASH ||
          (layer->attention == MP_ATTENTION_BACKEND && shape->backend_flash);
+}
+
+int mp_cost_shape_ep(const mp_cost_shape *shape) {
+  return shape->expert_parallel > 1 ? shape->expert_parallel : 1;
 }
 
 int mp_cost_shape_cp(const mp_cost_shape *shape) {
@@ -184,8 +189,16 @@ static void transformer_cost(const mp_layer_spec *layer, const mp_cost_shape *sh
   const double shared_f = (double)layer->moe.shared_ffn_hidden;
   if (moe) {
     add_gemm(out, tokens, experts, h, 1.0, MP_GEMM_SPLIT_NONE, false);        /* router */
-    add_gemm(out, tokens * top_k, 2.0 * f, h, 1.0, MP_GEMM_SPLIT_N, false);   /* gate+up */
-    add_gemm(out, tokens * top_k, h, f, 1.0, MP_GEMM_SPLIT_K, false);         /* down */
+    /* The routed experts, grouped: this rank's E / ep experts, each over the rows its ep
+     * group's tokens send it (layer_cost.h). */
+    const double ep = (double)mp_cost_shape_ep(shape);
+    const double rows = ep * tokens * top_k / experts, local = experts / ep;
+    add_gemm(out, rows, 2.0 * f, h, local, MP_GEMM_SPLIT_N, false);           /* gate+up */
+    out->gemms[out->num_gemms - 1].grouped = true;
+    add_gemm(out, rows, h, f, local, MP_GEMM_SPLIT_K, false);                 /* down */
+    out->gemms[out->num_gemms - 1].grouped = true;
+    out->expert_params = layer->moe.experts * 3 * layer->hidden * layer->moe.expert_ffn_hidden;
+    out->dispatch_bytes = tokens * top_k * h * (double)shape->bytes_per_element;
     if (shared_f > 0.0) {
       add_gemm(out, tokens, 2.0 * shared_f, h, 1.0, MP_GEMM_SPLIT_N, false);  /* shared gate+up */
       add_gemm(out, tokens, h, shared_f, 1.0, MP_GEMM_SPLIT_K, false);        /* shared down */

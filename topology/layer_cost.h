@@ -74,8 +74,17 @@
  *     routed copy its gathered input (C), gate-and-up output (2F), activation (F) and expert
  *     output (C), plus the shared MLP's 3 Fs and its gate; the memory-bound kernels add the
  *     SwiGLU over k F + Fs, the router softmax and top-k over E, and the permutation and combine
- *     (each reads and writes k C). Costs are for one rank holding every expert (ep 1): expert
- *     parallelism is a later slice of issue 33, and the planner refuses MoE models until then.
+ *     (each reads and writes k C). The routed experts' products are listed at their real size
+ *     (grouped: one GEMM per expert, each with its own efficiency on a cost model's curve): under
+ *     expert parallelism ep (shape->expert_parallel), this rank holds E / ep experts and receives
+ *     the routed copies of the ep ranks of its expert-parallel group, so each local expert
+ *     multiplies ep x tokens x k / E rows on average (dropless, balanced routing: the average is
+ *     what is costed; a skewed router makes the busiest expert slower, not modelled), E / ep
+ *     of them; at ep 1, tokens x k / E rows for each of the E experts. The FLOPs and the kept
+ *     activations are the same at every ep (as many copies arrive as leave). expert_params is
+ *     the E experts' share of params (all of them, whatever ep: a cost model divides by ep);
+ *     dispatch_bytes is what one all-to-all of the block moves from this rank, its tokens' k
+ *     routed copies of C elements (B x T/cp x k x C).
  */
 #ifndef MPENGINE_TOPOLOGY_LAYER_COST_H
 #define MPENGINE_TOPOLOGY_LAYER_COST_H
@@ -106,7 +115,12 @@ typedef struct {
   bool backend_flash;    /* the backend runs flash attention where the layer does not say */
   int context_parallel;  /* cp, the ranks sharing each sequence (0 or 1: none): the costs are
                             then one cp rank's, for its T / cp tokens (see the top of this file) */
+  int expert_parallel;   /* ep, the ranks splitting each MoE block's experts (0 or 1: none): the
+                            routed experts' GEMMs are then this rank's E / ep experts' */
 } mp_cost_shape;
+
+/* ep of shape: expert_parallel, 1 when it is 0 (a shape built without it). */
+int mp_cost_shape_ep(const mp_cost_shape *shape);
 
 /* cp of shape: context_parallel, 1 when it is 0 (a shape built without it). */
 int mp_cost_shape_cp(const mp_cost_shape *shape);
@@ -135,6 +149,8 @@ typedef struct {
   double m, n, k, batch;
   mp_gemm_split split;
   bool attention_core; /* Q K^T or P V: what selective recomputation repeats */
+  bool grouped;        /* the batch products are separate GEMMs (a grouped GEMM: one per
+                          expert), each as small as it is; else one batched launch */
 } mp_gemm_shape;
 
 enum {
@@ -170,6 +186,10 @@ typedef struct {
                                                    attention gathers over the cp group, 2 B T x
                                                    kv_heads x head size elements (all tp ranks'
                                                    heads); 0 otherwise */
+  int64_t expert_params;                        /* MoE: of params, the E routed experts' (gate,
+                                                   up and down); 0 otherwise */
+  double dispatch_bytes;                        /* MoE: one all-to-all's bytes from this rank,
+                                                   B x T/cp x k x C elements; 0 otherwise */
 } mp_layer_cost;
 
 /* Whether a transformer layer's attention runs as one fused (flash) kernel under shape. */

@@ -16,7 +16,7 @@
 static const char *const kTopKeys[] = {"format", "version", "model", "cluster", "parallel",
                                        "batch", "schedule", "layers_per_stage", "recompute",
                                        "training", "predicted", NULL};
-static const char *const kParallelKeys[] = {"dp", "cp", "pp", "tp", "virtual_stages",
+static const char *const kParallelKeys[] = {"dp", "cp", "pp", "tp", "virtual_stages", "ep",
                                             "sequence_parallel", "zero_stage",
                                             "zero_shard_size", NULL};
 static const char *const kBatchKeys[] = {"global_batch", "micro_batch", "num_micro_batches",
@@ -149,10 +149,31 @@ static mp_status parse_parallel(const mp_json_reader *reader, const cJSON *root,
                    reader->source, (long long)shard, (long long)dp, (long long)cp);
   }
   plan->zero_shard_size = (int)shard;
+  /* Expert parallelism, folded over the dp x cp ranks as Megatron-Core does: the experts' ranks
+   * are groups of ep of them, so ep divides dp x cp (which is at most 2^20 here). */
+  int64_t ep = 1;
+  MP_TRY(mp_json_optional_int(reader, parallel, "$.parallel", "ep", MP_JSON_POSITIVE, 1, &ep));
+  if ((dp * cp) % ep != 0) {
+    return mp_fail(reader->err, MP_ERR_INPUT,
+                   "%s: $.parallel.ep: %lld does not divide dp x cp = %lld x %lld = %lld (the "
+                   "expert-parallel groups are cut out of the dp x cp ranks that share the "
+                   "other weights)",
+                   reader->source, (long long)ep, (long long)dp, (long long)cp,
+                   (long long)(dp * cp));
+  }
+  if (ep > 1 && shard < dp) {
+    return mp_fail(reader->err, MP_ERR_INPUT,
+                   "%s: $.parallel.zero_shard_size: hybrid sharding (%lld of the %lld dp ranks) "
+                   "is not planned with expert parallelism (ep %lld) yet; drop one of them",
+                   reader->source, (long long)shard, (long long)dp, (long long)ep);
+  }
+  plan->ep = (int)ep;
   return MP_OK;
 }
 
 int mp_plan_replicas(const mp_plan *plan) { return plan->dp * (plan->cp > 1 ? plan->cp : 1); }
+
+int mp_plan_ep(const mp_plan *plan) { return plan->ep > 1 ? plan->ep : 1; }
 
 int mp_plan_world_size(const mp_plan *plan) { return mp_plan_replicas(plan) * plan->pp * plan->tp; }
 
@@ -362,6 +383,7 @@ cJSON *mp_plan_to_json(const mp_plan *plan, const mp_plan_prediction *predicted)
   cJSON_AddNumberToObject(parallel, "pp", plan->pp);
   cJSON_AddNumberToObject(parallel, "tp", plan->tp);
   cJSON_AddNumberToObject(parallel, "virtual_stages", plan->virtual_stages);
+  if (mp_plan_ep(plan) > 1) cJSON_AddNumberToObject(parallel, "ep", plan->ep);
   cJSON_AddBoolToObject(parallel, "sequence_parallel", plan->sequence_parallel);
   cJSON_AddNumberToObject(parallel, "zero_stage", plan->zero_stage);
   if (plan->zero_shard_size > 0 && plan->zero_shard_size < plan->dp) {

@@ -13,6 +13,12 @@
  *                  "cp": 1,                 optional: context parallelism, the ranks that
  *                                           share each sequence (seq_len a multiple of 2 cp);
  *                                           written only above 1
+ *                  "ep": 1,                 optional: expert parallelism, the ranks that
+ *                                           split each mixture-of-experts block's experts,
+ *                                           folded over the dp x cp ranks (Megatron-Core's
+ *                                           expert_model_parallel_size): it divides dp x cp
+ *                                           (and the model's experts, checked with the
+ *                                           model); written only above 1
  *                  "virtual_stages": 1,     model chunks per pipeline rank (interleaving)
  *                  "sequence_parallel": false, "zero_stage": 0,
  *                  "zero_shard_size": 4},      optional, with zero_stage 1 or 2: ZeRO shards
@@ -71,6 +77,9 @@ typedef struct {
   int dp, pp, tp, virtual_stages;
   int cp;                              /* context-parallel ranks per sequence (1: none); the
                                           world is dp x cp x pp x tp */
+  int ep;                              /* expert-parallel ranks (0, a plan built in code, or 1:
+                                          none): each MoE block's experts are split over groups
+                                          of ep of the dp x cp ranks; it divides dp x cp */
   bool sequence_parallel;
   int zero_stage;                      /* 0 .. 3 */
   int zero_shard_size;                 /* dp ranks a ZeRO part is cut over: dp, or fewer
@@ -91,6 +100,9 @@ mp_training_config mp_training_config_default(void);
  * code, counts as 1). */
 int mp_plan_replicas(const mp_plan *plan);
 
+/* The plan's ep: its ep, 1 when it is 0 (a plan built in code). */
+int mp_plan_ep(const mp_plan *plan);
+
 /* The ranks the plan runs on: dp x cp x pp x tp. */
 int mp_plan_world_size(const mp_plan *plan);
 
@@ -100,7 +112,7 @@ int mp_plan_zero_shard(const mp_plan *plan);
 
 /* Reads and validates a plan file: sizes positive, global_batch = dp x micro_batch x
  * num_micro_batches, schedule and recompute known, layers_per_stage has pp x virtual_stages
- * entries, seq_len a multiple of 2 cp. Errors name the file and the JSON path (MP_ERR_INPUT). */
+ * entries, seq_len a multiple of 2 cp, ep dividing dp x cp (and not with hybrid sharding). Errors name the file and the JSON path (MP_ERR_INPUT). */
 mp_status mp_plan_load(const char *path, mp_plan *out, mp_error *err);
 
 /* The same from text; relative model and cluster paths are resolved against base_dir. */

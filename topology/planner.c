@@ -16,9 +16,12 @@ int64_t mp_padded_vocab(int64_t vocab) { return (vocab + 63) / 64 * 64; }
 const char *mp_layout_describe(const mp_layout *l, char *out, int out_bytes) {
   char zero[16] = "", cp[24] = "";
   if (l->zero_stage > 0) snprintf(zero, sizeof zero, " zero-%d", l->zero_stage);
+  char ep[24] = "";
   if (mp_layout_cp(l) > 1) snprintf(cp, sizeof cp, " cp %d", l->cp);
-  snprintf(out, (size_t)out_bytes, "dp %d%s pp %d tp %d micro-batch %lld %s v%d recompute %s%s%s",
-           l->dp, cp, l->pp, l->tp, (long long)l->micro_batch, mp_schedule_kind_name(l->schedule),
+  if (mp_layout_ep(l) > 1) snprintf(ep, sizeof ep, " ep %d", l->ep);
+  snprintf(out, (size_t)out_bytes,
+           "dp %d%s%s pp %d tp %d micro-batch %lld %s v%d recompute %s%s%s", l->dp, cp, ep, l->pp,
+           l->tp, (long long)l->micro_batch, mp_schedule_kind_name(l->schedule),
            l->virtual_stages, mp_recompute_name(l->recompute),
            l->sequence_parallel ? " sequence-parallel" : "", zero);
   return out;
@@ -33,15 +36,16 @@ static bool exceeds(double bound, double limit) {
   return !(bound <= limit * (1.0 + BOUND_SLACK));
 }
 
-/* Per-layer costs of one (tp, cp, micro-batch, recompute, sp) from mp_cost_layer, as prefix sums,
- * and the stage splits its candidates use. */
+/* Per-layer costs of one (tp, cp, ep, micro-batch, recompute, sp) from mp_cost_layer, as prefix
+ * sums, and the stage splits its candidates use. */
 typedef struct {
-  int tp, cp;
+  int tp, cp, ep;
   int64_t micro_batch;
   int recompute, sp;
   double *fwd, *bwd, *params, *act; /* prefix sums, (n + 1): the simulator's F and B (compute and
                                        tp and cp collectives), parameters and kept activation
                                        bytes */
+  double *eparams;                  /* prefix sums, (n + 1): of params, the experts' */
   double *cost;                     /* (n) forward + backward: what the partitioner balances */
   double *transient;                /* (n) what a layer holds only while it computes (the cp
                                        buffers, the unfused attention's backward scratch) */
@@ -71,21 +75,27 @@ static bool fill_table(const mp_cluster *cluster, const mp_model *model, const m
   t->act = calloc(n1, sizeof(double));
   t->cost = calloc(n1, sizeof(double));
   t->transient = calloc(n1, sizeof(double));
-  if (!t->fwd || !t->bwd || !t->params || !t->act || !t->cost || !t->transient) return false;
+  t->eparams = calloc(n1, sizeof(double));
+  if (!t->fwd || !t->bwd || !t->params || !t->act || !t->cost || !t->transient || !t->eparams) {
+    return false;
+  }
   t->max_cost = 0.0;
   for (int i = 0; i < n; ++i) {
     mp_layer_time time;
     /* On the node: every candidate has dp x cp x pp x tp = --gpus, so the table may ignore dp,
      * pp. */
     mp_cost_layer_on_node(cluster, mp_model_layer(model, i), layout, &time);
-    const double f = time.forward_compute_s + time.forward_tp_s + time.forward_cp_s;
-    const double b = time.backward_compute_s + time.backward_tp_s + time.backward_cp_s;
+    const double f =
+        time.forward_compute_s + time.forward_tp_s + time.forward_cp_s + time.forward_ep_s;
+    const double b =
+        time.backward_compute_s + time.backward_tp_s + time.backward_cp_s + time.backward_ep_s;
     /* The partition cost exactly as mp_cost_estimate sums it, so the splits are its splits. */
     t->cost[i] = mp_layer_time_seconds(&time);
     if (t->cost[i] > t->max_cost) t->max_cost = t->cost[i];
     t->fwd[i + 1] = t->fwd[i] + f;
     t->bwd[i + 1] = t->bwd[i] + b;
     t->params[i + 1] = t->params[i] + time.params;
+    t->eparams[i + 1] = t->eparams[i] + time.expert_params;
     t->act[i + 1] = t->act[i] + time.activation_bytes;
     t->transient[i] = time.cp_buffer_bytes + time.attention_scratch_bytes;
   }
@@ -99,6 +109,7 @@ static void free_table(layer_table *t) {
   free(t->act);
   free(t->cost);
   free(t->transient);
+  free(t->eparams);
   if (!t->shares_splits) {
     free(t->split_at);
     free(t->splits);
@@ -117,12 +128,12 @@ static void quick_bounds(const mp_cluster *cluster, const layer_table *t, int n,
   const double pp = l->pp, m = (double)l->num_micro_batches;
   double params = t->params[n];
   if (l->pp > 1) params += tied_params / l->tp;
+  const double experts = t->eparams[n];
   const double work = t->fwd[n] + t->bwd[n];
   const double busiest = m * (work / pp > t->max_cost ? work / pp : t->max_cost);
-  *time = busiest + mp_cost_optimizer_seconds(cluster, l, params / pp);
-  const mp_state_bytes sharded = mp_cost_sharded_state_bytes(cluster, l);
-  *memory = params / pp * (sharded.weights + sharded.grads + sharded.optimizer) +
-            mp_cost_workspace_bytes(cluster);
+  *time = busiest + mp_cost_rank_optimizer_seconds(cluster, l, params / pp, experts / pp);
+  const mp_state_bytes held = mp_cost_rank_state_bytes(cluster, l, params / pp, experts / pp);
+  *memory = held.weights + held.grads + held.optimizer + mp_cost_workspace_bytes(cluster);
 }
 
 /* The fewest (micro-batch, chunk) activation sets alive at once on pp rank r of the schedule: the
@@ -150,19 +161,20 @@ static void split_bounds(const mp_cluster *cluster, const layer_table *t, const 
   start[0] = 0;
   for (int i = 0; i < k; ++i) start[i + 1] = start[i] + counts[i];
   const double m = (double)l->num_micro_batches;
-  const mp_state_bytes sharded = mp_cost_sharded_state_bytes(cluster, l);
   /* zb-h1 runs weight gradients after a rank's last input gradient; the others end each rank
    * with the backward of the last micro-batch through its first chunk. */
   const bool backward_tail = l->schedule != MP_SCHEDULE_ZB_H1;
   double pipeline = 0.0, fullest = 0.0, slowest_optimizer = 0.0;
   for (int r = 0; r < pp; ++r) {
     double busy = 0.0, params = 0.0, least_activations = INFINITY, transient = 0.0;
+    double experts = 0.0;
     for (int ch = 0; ch < v; ++ch) {
       const int st = ch * pp + r;
       const double f = t->fwd[start[st + 1]] - t->fwd[start[st]];
       const double b = t->bwd[start[st + 1]] - t->bwd[start[st]];
       busy += m * (f + b);
       params += t->params[start[st + 1]] - t->params[start[st]];
+      experts += t->eparams[start[st + 1]] - t->eparams[start[st]];
       const double act = t->act[start[st + 1]] - t->act[start[st]];
       if (act < least_activations) least_activations = act;
       for (int i = start[st]; i < start[st + 1]; ++i) {
@@ -175,11 +187,12 @@ static void split_bounds(const mp_cluster *cluster, const layer_table *t, const 
      * goes back through those stages. */
     const double chain = t->fwd[start[r]] + (backward_tail ? t->bwd[start[r]] : 0.0);
     if (chain + busy > pipeline) pipeline = chain + busy;
-    const double rank_memory = params * (sharded.weights + sharded.grads + sharded.optimizer) +
+    const mp_state_bytes held = mp_cost_rank_state_bytes(cluster, l, params, experts);
+    const double rank_memory = held.weights + held.grads + held.optimizer +
                                fewest_live(l, r) * least_activations +
                                mp_cost_workspace_bytes(cluster) + transient;
     if (rank_memory > fullest) fullest = rank_memory;
-    const double optimizer = mp_cost_optimizer_seconds(cluster, l, params);
+    const double optimizer = mp_cost_rank_optimizer_seconds(cluster, l, params, experts);
     if (optimizer > slowest_optimizer) slowest_optimizer = optimizer;
   }
   *time = pipeline + slowest_optimizer;
@@ -220,8 +233,8 @@ typedef struct {
   double tied_params;
   layer_table *tables;
   int num_tables, cap_tables;
-  int *table_slots; /* open addressing over (tp, cp, micro-batch, recompute, sp): table index or
-                       -1 */
+  int *table_slots; /* open addressing over (tp, cp, ep, micro-batch, recompute, sp): table index
+                       or -1 */
   int num_slots;    /* a power of two, at least twice num_tables */
   candidate *candidates;
   long num_candidates, cap_candidates;
@@ -267,22 +280,23 @@ static void free_search(search *s) {
   free(s->schedules);
 }
 
-static unsigned table_hash(int tp, int cp, int64_t micro_batch, int recompute, int sp) {
-  uint64_t h = (uint64_t)micro_batch * 0x9E3779B97F4A7C15ull;
+static unsigned table_hash(int tp, int cp, int ep, int64_t micro_batch, int recompute, int sp) {
+  uint64_t h = ((uint64_t)micro_batch ^ (uint64_t)ep << 40) * 0x9E3779B97F4A7C15ull;
   h ^= ((uint64_t)cp << 32 | (uint64_t)tp << 8 | (uint64_t)recompute << 1 | (uint64_t)sp) *
        0xC2B2AE3D27D4EB4Full;
   return (unsigned)(h ^ (h >> 29));
 }
 
 /* The slot of the key: its table's or the empty one where it would go. */
-static int find_slot(const search *s, int tp, int cp, int64_t micro_batch, int recompute,
+static int find_slot(const search *s, int tp, int cp, int ep, int64_t micro_batch, int recompute,
                      int sp) {
   const unsigned mask = (unsigned)s->num_slots - 1;
-  for (unsigned i = table_hash(tp, cp, micro_batch, recompute, sp) & mask;; i = (i + 1) & mask) {
+  for (unsigned i = table_hash(tp, cp, ep, micro_batch, recompute, sp) & mask;;
+       i = (i + 1) & mask) {
     const int index = s->table_slots[i];
     if (index < 0) return (int)i;
     const layer_table *t = &s->tables[index];
-    if (t->tp == tp && t->cp == cp && t->micro_batch == micro_batch &&
+    if (t->tp == tp && t->cp == cp && t->ep == ep && t->micro_batch == micro_batch &&
         t->recompute == recompute && t->sp == sp) {
       return (int)i;
     }
@@ -299,18 +313,19 @@ static bool grow_slots(search *s) {
   s->num_slots = slots;
   for (int index = 0; index < s->num_tables; ++index) {
     const layer_table *t = &s->tables[index];
-    s->table_slots[find_slot(s, t->tp, t->cp, t->micro_batch, t->recompute, t->sp)] = index;
+    s->table_slots[find_slot(s, t->tp, t->cp, t->ep, t->micro_batch, t->recompute, t->sp)] =
+        index;
   }
   return true;
 }
 
-/* The table of the layout's (tp, cp, micro-batch, recompute, sp), made on first use; -1 when out of
- * memory. */
+/* The table of the layout's (tp, cp, ep, micro-batch, recompute, sp), made on first use; -1 when
+ * out of memory. */
 static int get_table(search *s, const mp_layout *layout) {
   const int rc = (int)layout->recompute, sp = layout->sequence_parallel ? 1 : 0;
-  const int cp = mp_layout_cp(layout);
+  const int cp = mp_layout_cp(layout), ep = mp_layout_ep(layout);
   if (2 * (s->num_tables + 1) > s->num_slots && !grow_slots(s)) return -1;
-  const int slot = find_slot(s, layout->tp, cp, layout->micro_batch, rc, sp);
+  const int slot = find_slot(s, layout->tp, cp, ep, layout->micro_batch, rc, sp);
   if (s->table_slots[slot] >= 0) return s->table_slots[slot];
   if (s->num_tables == s->cap_tables) {
     const int cap = s->cap_tables ? 2 * s->cap_tables : 64;
@@ -323,6 +338,7 @@ static int get_table(search *s, const mp_layout *layout) {
   memset(t, 0, sizeof *t);
   t->tp = layout->tp;
   t->cp = cp;
+  t->ep = ep;
   t->micro_batch = layout->micro_batch;
   t->recompute = rc;
   t->sp = sp;
@@ -341,7 +357,8 @@ static bool wants(const layer_table *t, int k) { return (t->wanted[k / 64] >> (k
  * wants. */
 static const int *get_counts(search *s, layer_table *t, int k) {
   if (t->splits == NULL) {
-    const int twin_slot = find_slot(s, t->tp, t->cp, t->micro_batch, t->recompute, 1 - t->sp);
+    const int twin_slot =
+        find_slot(s, t->tp, t->cp, t->ep, t->micro_batch, t->recompute, 1 - t->sp);
     if (s->table_slots[twin_slot] >= 0) {
       const layer_table *twin = &s->tables[s->table_slots[twin_slot]];
       bool covered = twin->splits != NULL;
@@ -627,7 +644,8 @@ static void candidate_bounds(search *s, candidate *c, bool quick) {
     const mp_layout *l = &c->layout;
     double params = t->params[s->n] + (pp > 1 ? s->tied_params / l->tp : 0.0);
     const double busiest = (double)l->num_micro_batches * t->bottleneck[pp];
-    const double bound = busiest + mp_cost_optimizer_seconds(s->cluster, l, params / pp);
+    const double bound = busiest + mp_cost_rank_optimizer_seconds(s->cluster, l, params / pp,
+                                                                  t->eparams[s->n] / pp);
     if (bound > c->time_bound) c->time_bound = bound;
   }
 }
@@ -756,6 +774,21 @@ static mp_status check_fixed(const mp_planner_options *o, int64_t global_batch, 
                    "parallelism, but --cp is %d: drop one of them",
                    o->zero_shard_size, o->cp);
   }
+  if (o->ep > 1 && o->zero_shard_size > 0) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "--zero-shard-size %d (hybrid sharding) is not planned with expert "
+                   "parallelism, but --ep is %d: drop one of them",
+                   o->zero_shard_size, o->ep);
+  }
+  if (o->ep > 1 && o->dp && o->cp && ((int64_t)o->dp * o->cp) % o->ep != 0) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "--ep %d does not divide dp x cp = %d x %d = %d (the expert-parallel groups "
+                   "are cut out of the dp x cp ranks); choose an --ep that divides it",
+                   o->ep, o->dp, o->cp ? o->cp : 1, o->dp * (o->cp ? o->cp : 1));
+  }
+  if (o->ep > 1 && n % o->ep != 0) {
+    return mp_fail(err, MP_ERR_INPUT, "--ep %d does not divide --gpus %d", o->ep, n);
+  }
   const int64_t sizes = (int64_t)o->dp * o->pp * o->tp;
   if (o->dp && o->pp && o->tp && o->cp && sizes * o->cp != n) {
     return mp_fail(err, MP_ERR_INPUT,
@@ -835,6 +868,14 @@ static mp_status check_fixed(const mp_planner_options *o, int64_t global_batch, 
   return MP_OK;
 }
 
+/* Whether the free search tries ep on s's model: 1 always; above 1, when it divides every MoE
+ * block's experts (mp_cost_check_ep), so never on a dense model. */
+static bool ep_searched(const search *s, int ep) {
+  if (ep == 1) return true;
+  mp_error ignored = MP_ERROR_INITIALIZER;
+  return mp_cost_check_ep(s->model, ep, &ignored) == MP_OK;
+}
+
 static void enumerate(search *s, const mp_planner_options *o, int64_t global_batch,
                       int64_t seq_len, long *layouts, bool *oom) {
   const int n = o->gpus, layers = s->n;
@@ -888,9 +929,18 @@ static void enumerate(search *s, const mp_planner_options *o, int64_t global_bat
                   for (int zero = 0; zero <= last_zero; ++zero) {
                     if (o->zero_stage >= 0 && zero != o->zero_stage) continue;
                     if (zero >= 3 && kind == MP_SCHEDULE_ZB_H1) continue; /* see the refusal */
-                    mp_layout layout = {dp, pp, tp, v, mb, m, seq_len, (mp_schedule_kind)kind,
-                                        (mp_recompute)rc, sp == 1, zero, o->zero_shard_size, cp};
-                    if (add_candidate(s, &layout) != 0) *oom = true;
+                    /* Expert parallelism: a divisor of dp x cp that splits every MoE block's
+                     * experts (1 alone for a dense model), or the fixed --ep. */
+                    for (int ep = 1; ep <= dp * cp; ++ep) {
+                      if ((dp * cp) % ep != 0 || (o->ep ? ep != o->ep : !ep_searched(s, ep)) ||
+                          (ep > 1 && o->zero_shard_size > 0)) {
+                        continue;
+                      }
+                      mp_layout layout = {dp, pp, tp, v, mb, m, seq_len, (mp_schedule_kind)kind,
+                                          (mp_recompute)rc, sp == 1, zero, o->zero_shard_size,
+                                          cp, ep};
+                      if (add_candidate(s, &layout) != 0) *oom = true;
+                    }
                   }
                 }
               }
@@ -1141,8 +1191,8 @@ mp_status mp_plan_search(const mp_cluster *cluster, const mp_model *model,
                          const mp_planner_options *options, mp_planner_result *out,
                          mp_error *err) {
   memset(out, 0, sizeof *out);
-  /* The costs would place every expert on every rank and no all-to-all: refuse, not mislead. */
-  MP_TRY(mp_model_refuse_moe(model, "planned", err));
+  if (options->ep < 0) return mp_fail(err, MP_ERR_INPUT, "--ep must be at least 1");
+  if (mp_cost_check_ep(model, options->ep, err) != MP_OK) return mp_error_prefix(err, "--ep");
   const mp_status status = search_layouts(cluster, model, options, false, out, err);
   /* Nothing fits cut by time: cut by memory the layouts whose time split cannot fit, and search
    * again (a search that found a layout does not pay for the memory splits: --split memory

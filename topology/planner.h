@@ -9,13 +9,14 @@
  * power of two with the sequence length a multiple of 2 cp and each of the 2 cp chunks at least
  * MP_PLANNER_MIN_CP_CHUNK tokens (a fixed --cp needs only the multiple); pp divides N / (tp cp)
  * and pp x v is at most the number of layers; dp = N / (tp cp pp) divides the global batch;
+ * ep (expert parallelism, MoE models only) divides dp x cp and every MoE block's experts;
  * the micro-batch divides global batch / dp; interleaving needs pp >= 2, v in 2..8 and the number
  * of micro-batches a multiple of pp; sequence parallelism needs tp > 1, ZeRO-1 dp > 1.
  *
  * Speed (planning gpt-1t on 3072 GPUs, 20 000 layouts, takes well under 0.2 s on one core), by
  * exact pruning only: the top K are the top K of simulating every layout (exhaustive, below), the
  * same layouts with the same step times in the same order. Each layout's per-layer costs come from
- * mp_cost_layer once per (tp, cp, micro-batch, recompute, sequence parallelism), its stage split
+ * mp_cost_layer once per (tp, cp, ep, micro-batch, recompute, sequence parallelism), its stage split
  * from
  * one dynamic programme per such table for all numbers of stages at once. Each layout then gets a
  * lower bound of the step time and of the memory mp_cost_estimate will give it, from those same
@@ -99,10 +100,14 @@ typedef struct {
                              cut into stages */
   int cp;                /* context parallelism: 0 searched (see the top of this file), else
                             fixed (the sequence length a multiple of 2 cp) */
+  int ep;                /* expert parallelism: 0 searched (every divisor of dp x cp that
+                            divides each MoE block's experts; 1 alone for a dense model), else
+                            fixed (refused on a dense model above 1, and where it does not
+                            divide the experts) */
 } mp_planner_options;
 
 #define MP_PLANNER_OPTIONS_INITIALIZER \
-  {0, 0, 0, 0, 0, 0, 0, 0, 0, -1, -1, -1, -1, false, 0, MP_SPLIT_TIME, 0}
+  {0, 0, 0, 0, 0, 0, 0, 0, 0, -1, -1, -1, -1, false, 0, MP_SPLIT_TIME, 0, 0}
 
 typedef struct {
   int num_results;             /* fitting layouts, fastest first, at most top_k */
@@ -150,7 +155,8 @@ mp_status mp_planner_layout_bounds(const mp_cluster *cluster, const mp_model *mo
 int64_t mp_padded_vocab(int64_t vocab);
 
 /* "dp 16 pp 8 tp 8 micro-batch 1 1f1b v1 recompute selective sequence-parallel zero-1", for
- * messages; "dp 4 cp 16 pp 16 ..." with context parallelism. */
+ * messages; "dp 4 cp 16 pp 16 ..." with context parallelism, "dp 16 ep 8 pp 4 ..." with expert
+ * parallelism. */
 const char *mp_layout_describe(const mp_layout *layout, char *out, int out_bytes);
 
 #ifdef __cplusplus

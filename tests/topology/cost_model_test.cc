@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <string>
 
 #include "topology/cost_model.h"
 #include "topology/layer_cost.h"
@@ -93,7 +94,7 @@ TEST(CostModel, TransformerLayerByHand) {
   mp_layer_time t;
   mp_cost_layer(&c, block, &l, &t);
   // Megatron's forward FLOPs: 24 B T h^2 + 4 B T^2 h = 24*2*8*64^2 + 4*2*64*64 = 1605632.
-  const mp_cost_shape shape = {2, 8, 2, false, 1};
+  const mp_cost_shape shape = {2, 8, 2, false, 1, 1};
   mp_layer_cost cost;
   mp_layer_cost_compute(block, &shape, &cost);
   ASSERT_DOUBLE_EQ(cost.forward_flops, 1605632.0);
@@ -168,7 +169,7 @@ TEST(CostModel, ContextParallelLayerByHand) {
   EXPECT_DOUBLE_EQ(t.forward_compute_s, gemms + (replicated + split / 2) / 1e11);
   // The attention FLOPs of the rank: 4 B (T / cp) T h / tp = 4 * 2 * 4 * 8 * 64 / 2, half the
   // whole sequence's of this tp rank; the rest of the layer's FLOPs halve with the tokens.
-  const mp_cost_shape whole = {2, 8, 2, false, 1}, shared = {2, 8, 2, false, 2};
+  const mp_cost_shape whole = {2, 8, 2, false, 1, 1}, shared = {2, 8, 2, false, 2, 1};
   mp_layer_cost one, two;
   mp_layer_cost_compute(block, &whole, &one);
   mp_layer_cost_compute(block, &shared, &two);
@@ -780,6 +781,200 @@ TEST(CostModelSharedCores, WorkspaceIsTheClustersAndCpuRanksAddTheDpTemporaries)
   mp_cluster gpu = hand_cluster();
   EXPECT_EQ(mp_cost_dp_transient_bytes(&gpu, 1e9), 0.0);
   EXPECT_EQ(mp_cost_dp_transient_bytes(&c, 1e9), 1e9);
+}
+
+// ---- expert parallelism (issue 33; cost_model.h, "Expert parallelism") ------------------------
+
+// Two MoE blocks of 8 experts (F 32, top 2) between an embedding and an untied head, h 64.
+const char *kMoeModel =
+    "{\"name\": \"hand-moe\", \"vocab_size\": 128, \"seq_len\": 8, \"layers\": ["
+    "{\"type\": \"embedding\", \"hidden\": 64, \"max_positions\": 0},"
+    "{\"type\": \"transformer\", \"hidden\": 64, \"heads\": 4, \"kv_heads\": 2, \"norm\": "
+    "\"rmsnorm\", \"activation\": \"swiglu\", \"bias\": false, \"repeat\": 2,"
+    " \"moe\": {\"experts\": 8, \"top_k\": 2, \"expert_ffn_hidden\": 32}},"
+    "{\"type\": \"layernorm\", \"hidden\": 64, \"norm\": \"rmsnorm\"},"
+    "{\"type\": \"lm_head\", \"hidden\": 64, \"tie_embedding\": false}]}";
+
+// One block's experts: 8 x (gate, up, down) of 64 x 32.
+const double kBlockExperts = 8.0 * 3.0 * 64.0 * 32.0;  // 49152
+
+struct MoeModel {
+  mp_model *model = nullptr;
+  MoeModel() {
+    mp_error err = MP_ERROR_INITIALIZER;
+    EXPECT_EQ(mp_model_parse_text(kMoeModel, "hand-moe.json", &model, &err), MP_OK)
+        << err.message;
+  }
+  ~MoeModel() { mp_model_free(model); }
+};
+
+// At ep 1, 2, 4, 8 a rank holds 1/ep of each block's experts, and so 1/ep of their bf16 weights
+// (2 B), fp32 gradients (4 B) and optimizer state (12 B); everything else whole. With ZeRO-1 the
+// experts' optimizer state is sharded over the dp / ep ranks of their expert-data-parallel group,
+// so a rank holds 1/dp of it whatever ep: the same bytes at every ep.
+TEST(CostModelExperts, ARankHoldsOneEpthOfTheExperts) {
+  MoeModel m;
+  mp_cluster c = hand_cluster();
+  const double total = (double)mp_model_params(m.model);
+  const double others = total - 2.0 * kBlockExperts;
+  auto e = std::make_unique<mp_estimate>();
+  mp_error err = MP_ERROR_INITIALIZER;
+  for (int ep : {1, 2, 4, 8}) {
+    SCOPED_TRACE("ep " + std::to_string(ep));
+    mp_layout l = layout(8, 1, 1, 1, 1);
+    l.ep = ep;
+    mp_layer_time block;
+    mp_cost_layer(&c, mp_model_layer(m.model, 1), &l, &block);
+    EXPECT_DOUBLE_EQ(block.expert_params, kBlockExperts / ep);
+    EXPECT_DOUBLE_EQ(block.params,
+                     (double)mp_layer_params(mp_model_layer(m.model, 1)) - kBlockExperts +
+                         kBlockExperts / ep);
+    ASSERT_EQ(mp_cost_estimate(&c, m.model, &l, nullptr, e.get(), &err), MP_OK) << err.message;
+    const double held = others + 2.0 * kBlockExperts / ep;
+    EXPECT_DOUBLE_EQ(e->ranks[0].weights_bytes, 2.0 * held);
+    EXPECT_DOUBLE_EQ(e->ranks[0].grads_bytes, 4.0 * held);
+    EXPECT_DOUBLE_EQ(e->ranks[0].optimizer_bytes, 12.0 * held);
+    l.zero_stage = 1;
+    ASSERT_EQ(mp_cost_estimate(&c, m.model, &l, nullptr, e.get(), &err), MP_OK) << err.message;
+    EXPECT_DOUBLE_EQ(e->ranks[0].weights_bytes, 2.0 * held);
+    EXPECT_DOUBLE_EQ(e->ranks[0].optimizer_bytes,
+                     12.0 * (others / 8.0 + 2.0 * kBlockExperts / 8.0));
+    EXPECT_EQ(mp_layout_expert_shard(&l), 8 / ep);
+  }
+}
+
+// The dispatch and combine all-to-alls: none at ep 1; at ep > 1, per block and micro-batch 2
+// forward and 2 backward (4 backward with full recomputation), each of the rank's tokens' k
+// copies, B x T x k x C x 2 B = 2 x 8 x 2 x 64 x 2 = 4096 B, (ep-1)/ep of which cross the link:
+// NVLink-like inside the node of 8 (tp x ep <= 8), the network beyond it.
+TEST(CostModelExperts, AllToAllsOnlyWithExpertParallelism) {
+  MoeModel m;
+  mp_cluster c = hand_cluster();
+  c.intra_node_collective_latency_s = 2e-6;
+  c.inter_node_collective_latency_s = 5e-6;
+  const mp_layer_spec *block = mp_model_layer(m.model, 1);
+  mp_layer_time t;
+  mp_layout l = layout(8, 1, 1, 2, 1);
+  mp_cost_layer(&c, block, &l, &t);
+  EXPECT_EQ(t.forward_ep_s, 0.0);
+  EXPECT_EQ(t.backward_ep_s, 0.0);
+  const double bytes = 2 * 8 * 2 * 64 * 2.0;
+  for (int ep : {2, 4, 8}) {
+    SCOPED_TRACE("ep " + std::to_string(ep));
+    l.ep = ep;
+    mp_cost_layer(&c, block, &l, &t);
+    const double a2a = (ep - 1.0) / ep * bytes / 1e9 + (ep - 1) * 2e-6;
+    EXPECT_DOUBLE_EQ(t.ep_dispatch_bytes, bytes);
+    EXPECT_DOUBLE_EQ(t.forward_ep_s, 2.0 * a2a);
+    EXPECT_DOUBLE_EQ(t.backward_ep_s, 2.0 * a2a);
+    EXPECT_DOUBLE_EQ(mp_layer_time_seconds(&t),
+                     t.forward_compute_s + t.backward_compute_s + 4.0 * a2a);
+    l.recompute = MP_RECOMPUTE_FULL;
+    mp_cost_layer(&c, block, &l, &t);
+    EXPECT_DOUBLE_EQ(t.backward_ep_s, 4.0 * a2a);
+    l.recompute = MP_RECOMPUTE_NONE;
+  }
+  // tp 2 x ep 8 = 16 ranks span two nodes of 8: the inter-node link.
+  l = layout(8, 1, 2, 2, 1);
+  l.ep = 8;
+  mp_cost_layer(&c, block, &l, &t);
+  EXPECT_DOUBLE_EQ(t.forward_ep_s, 2.0 * (7.0 / 8.0 * bytes / 1e8 + 7 * 5e-6));
+  // Layers without experts never pay one.
+  mp_cost_layer(&c, mp_model_layer(m.model, 0), &l, &t);
+  EXPECT_EQ(t.forward_ep_s + t.backward_ep_s, 0.0);
+  // The estimate: every stage's F and B carry them, 2 blocks x 4 a2a x 3 micro-batches a step.
+  auto e = std::make_unique<mp_estimate>();
+  mp_error err = MP_ERROR_INITIALIZER;
+  l = layout(8, 1, 1, 2, 3);
+  l.ep = 4;
+  ASSERT_EQ(mp_cost_estimate(&c, m.model, &l, nullptr, e.get(), &err), MP_OK) << err.message;
+  const double a2a = 3.0 / 4.0 * bytes / 1e9 + 3 * 2e-6;
+  EXPECT_DOUBLE_EQ(e->ranks[0].ep_comm_s, 3 * 2 * 4.0 * a2a);
+  EXPECT_DOUBLE_EQ(e->ep_layer_forward_s, 2.0 * a2a);
+  EXPECT_FALSE(e->ep_inter_node);
+}
+
+// The experts' products at their real size: ep x tokens x k / E rows for each of the E / ep local
+// experts, a grouped GEMM, each expert costed as its own launch. On h100-sxm's efficiency curve a
+// small expert runs below peak: the same FLOPs in 8 experts of 64 rows (ep 1) take longer than in
+// 1 expert of 512 (ep 8).
+TEST(CostModelExperts, SmallExpertGemmsRunBelowPeak) {
+  Loaded mixtral;
+  mp_error err = MP_ERROR_INITIALIZER;
+  ASSERT_EQ(mp_model_load("examples/models/mixtral-8x7b.json", &mixtral.model, &err), MP_OK)
+      << err.message;
+  const mp_layer_spec *block = mp_model_layer(mixtral.model, 1);
+  for (int ep : {1, 8}) {
+    const mp_cost_shape shape = {1, 256, 2, true, 1, ep};
+    mp_layer_cost cost;
+    mp_layer_cost_compute(block, &shape, &cost);
+    int grouped = 0;
+    for (int i = 0; i < cost.num_gemms; ++i) {
+      if (!cost.gemms[i].grouped) continue;
+      ++grouped;
+      EXPECT_DOUBLE_EQ(cost.gemms[i].m, ep * 256.0 * 2 / 8);
+      EXPECT_DOUBLE_EQ(cost.gemms[i].batch, 8.0 / ep);
+    }
+    EXPECT_EQ(grouped, 2);  // gate+up, down
+    EXPECT_DOUBLE_EQ(cost.expert_params, 8.0 * 3 * 4096 * 14336);
+  }
+  mp_cluster h100;
+  ASSERT_EQ(mp_cluster_preset("h100-sxm", &h100, &err), MP_OK) << err.message;
+  mp_layout l = layout(8, 1, 1, 1, 1);
+  l.seq_len = 256;
+  mp_layer_time one, eight;
+  l.ep = 1;
+  mp_cost_layer(&h100, block, &l, &one);
+  l.ep = 8;
+  mp_cost_layer(&h100, block, &l, &eight);
+  EXPECT_DOUBLE_EQ(one.model_flops, eight.model_flops);
+  EXPECT_GT(one.forward_compute_s, 1.5 * eight.forward_compute_s);
+}
+
+// What ep must be, each refusal naming the numbers: a divisor of dp x cp, a divisor of every MoE
+// block's experts, and 1 on a model without experts; a plan's refusal names its file and
+// $.parallel.ep.
+TEST(CostModelExperts, RefusesAnEpTheLayoutOrTheModelCannotTake) {
+  MoeModel moe;
+  Model dense;
+  mp_cluster c = hand_cluster();
+  auto e = std::make_unique<mp_estimate>();
+  mp_error err = MP_ERROR_INITIALIZER;
+  mp_layout l = layout(2, 1, 1, 1, 1);
+  l.ep = 4;
+  EXPECT_EQ(mp_cost_estimate(&c, moe.model, &l, nullptr, e.get(), &err), MP_ERR_INPUT);
+  EXPECT_STREQ(err.message,
+               "ep 4 does not divide dp x cp = 2 x 1 = 2 (the expert-parallel groups are cut out "
+               "of the dp x cp ranks)");
+  l = layout(6, 1, 1, 1, 1);
+  l.ep = 3;
+  EXPECT_EQ(mp_cost_estimate(&c, moe.model, &l, nullptr, e.get(), &err), MP_ERR_INPUT);
+  EXPECT_STREQ(err.message,
+               "ep 3 does not divide the 8 experts of block.0 (hand-moe.json: "
+               "$.layers[1].moe.experts); each expert-parallel rank holds experts / ep whole "
+               "experts");
+  l = layout(2, 1, 1, 1, 1);
+  l.ep = 2;
+  EXPECT_EQ(mp_cost_estimate(&c, dense.model, &l, nullptr, e.get(), &err), MP_ERR_INPUT);
+  EXPECT_STREQ(err.message,
+               "ep 2 splits the experts of mixture-of-experts blocks over ranks, but model hand "
+               "(hand.json) has no such block; use ep 1");
+  l.ep = 1;
+  EXPECT_EQ(mp_cost_estimate(&c, dense.model, &l, nullptr, e.get(), &err), MP_OK) << err.message;
+  // Through a plan: its file and the JSON path first.
+  mp_plan plan;
+  const char *text =
+      "{\"model\": \"hand.json\", \"cluster\": \"h100-sxm\", \"parallel\": {\"dp\": 2, \"pp\": 1, "
+      "\"tp\": 1, \"ep\": 2}, \"batch\": {\"global_batch\": 2, \"micro_batch\": 1, "
+      "\"num_micro_batches\": 1, \"seq_len\": 8}}";
+  ASSERT_EQ(mp_plan_parse_text(text, "p.json", ".", &plan, &err), MP_OK) << err.message;
+  EXPECT_EQ(mp_cost_estimate_plan(&plan, dense.model, e.get(), &err), MP_ERR_INPUT);
+  EXPECT_STREQ(err.message,
+               "p.json: $.parallel.ep: ep 2 splits the experts of mixture-of-experts blocks over "
+               "ranks, but model hand (hand.json) has no such block; use ep 1");
+  ASSERT_EQ(mp_cost_estimate_plan(&plan, moe.model, e.get(), &err), MP_OK) << err.message;
+  EXPECT_EQ(e->layout.ep, 2);
+  EXPECT_GT(e->ranks[0].ep_comm_s, 0.0);
 }
 
 }  // namespace

@@ -73,7 +73,7 @@ TEST(LayerCost, TransformerFlopsMatchMegatron) {
   Loaded m;
   ASSERT_NE(parse("{\"type\": \"transformer\", \"hidden\": 64, \"heads\": 4}", &m), nullptr)
       << m.err.message;
-  mp_cost_shape shape = {3, 16, 2, false, 1};
+  mp_cost_shape shape = {3, 16, 2, false, 1, 1};
   mp_layer_cost cost;
   mp_layer_cost_compute(mp_model_layer(m.model, 0), &shape, &cost);
   const double b = 3, s = 16, h = 64, a = 4;
@@ -101,7 +101,7 @@ TEST(LayerCost, ActivationsWithDropoutAreKorthikantisFormula) {
                   &m),
             nullptr)
       << m.err.message;
-  mp_cost_shape shape = {3, 16, 2, false, 1};
+  mp_cost_shape shape = {3, 16, 2, false, 1, 1};
   mp_layer_cost cost;
   mp_layer_cost_compute(mp_model_layer(m.model, 0), &shape, &cost);
   const double b = 3, s = 16, h = 64, a = 4;
@@ -142,7 +142,7 @@ TEST(LayerCost, LlamaFlopsAreMegatronCoresFormula) {
             nullptr)
       << m.err.message;
   const double b = 2, s = 8192, h = 4096, heads = 32, groups = 8, f = 14336, v = 128256;
-  mp_cost_shape shape = {2, 8192, 2, false, 1};
+  mp_cost_shape shape = {2, 8192, 2, false, 1, 1};
   mp_layer_cost block, head;
   mp_layer_cost_compute(mp_model_layer(m.model, 0), &shape, &block);
   mp_layer_cost_compute(mp_model_layer(m.model, 1), &shape, &head);
@@ -206,7 +206,7 @@ TEST(LayerCost, SwigluGroupedQueryRmsnormWithoutBias) {
   const mp_layer_spec *layer = mp_model_layer(m.model, 0);
   const int64_t h = 64, kv = 2 * 8, f = 96;  // kv width = kv_heads * head size (64 / 8)
   EXPECT_EQ(mp_layer_params(layer), h * (h + 2 * kv) + h * h + 3 * h * f + 2 * h);
-  mp_cost_shape shape = {1, 16, 4, false, 1};
+  mp_cost_shape shape = {1, 16, 4, false, 1, 1};
   mp_layer_cost cost;
   mp_layer_cost_compute(layer, &shape, &cost);
   EXPECT_DOUBLE_EQ(cost.forward_flops,
@@ -227,7 +227,7 @@ TEST(LayerCost, HeadEmbeddingAndCustom) {
   ASSERT_EQ(mp_model_num_layers(m.model), 4);
   EXPECT_STREQ(mp_model_layer(m.model, 1)->name, "router");
   EXPECT_STREQ(mp_model_layer(m.model, 2)->name, "router.1");
-  mp_cost_shape shape = {2, 16, 2, false, 1};
+  mp_cost_shape shape = {2, 16, 2, false, 1, 1};
   mp_layer_cost cost;
   mp_layer_cost_compute(mp_model_layer(m.model, 0), &shape, &cost);
   EXPECT_EQ(cost.params, 100 * 8 + 16 * 8);
@@ -438,7 +438,7 @@ TEST(LayerCost, MixtureOfExpertsParamsAndFlopsByHand) {
   EXPECT_EQ(mp_layer_params(layer), attention + norms + router + E * expert + shared);
   EXPECT_EQ(mp_layer_active_params(layer), attention + norms + router + k * expert + shared);
 
-  mp_cost_shape shape = {2, 8, 2, true, 1};
+  mp_cost_shape shape = {2, 8, 2, true, 1, 1};
   mp_layer_cost cost;
   mp_layer_cost_compute(layer, &shape, &cost);
   const double tokens = 16, t = 8;

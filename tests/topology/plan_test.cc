@@ -129,6 +129,27 @@ TEST(Plan, ItsJsonObjectReadsBackAsThePlan) {
   ASSERT_EQ(mp_plan_parse_json(object, "p.json", nullptr, &back, &err), MP_OK) << err.message;
   cJSON_Delete(object);
   EXPECT_EQ(back.cp, 4);
+  EXPECT_EQ(mp_plan_ep(&back), 1);
+
+  // Expert parallelism: "ep" folded over dp x cp, written only above 1; absent, ep 1.
+  EXPECT_EQ(plan.ep, 1);
+  object = mp_plan_to_json(&plan, nullptr);
+  EXPECT_EQ(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(object, "parallel"),
+                                             "ep"),
+            nullptr);
+  cJSON_Delete(object);
+  text = plan_text("{\"dp\": 2, \"cp\": 4, \"ep\": 8, \"pp\": 1, \"tp\": 1}", kBatch);
+  ASSERT_EQ(mp_plan_parse_text(text.c_str(), "p.json", ".", &plan, &err), MP_OK) << err.message;
+  EXPECT_EQ(plan.ep, 8);
+  EXPECT_EQ(mp_plan_world_size(&plan), 8);  // ep takes no ranks of its own
+  object = mp_plan_to_json(&plan, nullptr);
+  const cJSON *ep = cJSON_GetObjectItemCaseSensitive(
+      cJSON_GetObjectItemCaseSensitive(object, "parallel"), "ep");
+  ASSERT_TRUE(cJSON_IsNumber(ep));
+  EXPECT_EQ(ep->valueint, 8);
+  ASSERT_EQ(mp_plan_parse_json(object, "p.json", nullptr, &back, &err), MP_OK) << err.message;
+  cJSON_Delete(object);
+  EXPECT_EQ(back.ep, 8);
 }
 
 struct BadPlan {
@@ -156,7 +177,7 @@ INSTANTIATE_TEST_SUITE_P(
                 "micro-batches"},
         BadPlan{plan_text("{\"dp\": 2, \"pp\": 2, \"tp\": 1, \"virtual_stage\": 2}", kBatch),
                 "p.json: $.parallel: unknown key \"virtual_stage\"; did you mean "
-                "\"virtual_stages\"? (known keys: dp, cp, pp, tp, virtual_stages, "
+                "\"virtual_stages\"? (known keys: dp, cp, pp, tp, virtual_stages, ep, "
                 "sequence_parallel, zero_stage, zero_shard_size)"},
         BadPlan{plan_text("{\"dp\": 2, \"cp\": 4, \"pp\": 1, \"tp\": 1}",
                           "{\"global_batch\": 16, \"micro_batch\": 2, \"num_micro_batches\": 4, "
@@ -173,6 +194,18 @@ INSTANTIATE_TEST_SUITE_P(
                 "p.json: $.parallel.zero_shard_size: hybrid sharding (2 of the 4 dp ranks) does "
                 "not run with context parallelism (cp 2) yet; drop zero_shard_size to shard "
                 "ZeRO's state over all dp x cp ranks"},
+        BadPlan{plan_text("{\"dp\": 2, \"cp\": 2, \"ep\": 3, \"pp\": 1, \"tp\": 1}", kBatch),
+                "p.json: $.parallel.ep: 3 does not divide dp x cp = 2 x 2 = 4 (the "
+                "expert-parallel groups are cut out of the dp x cp ranks that share the other "
+                "weights)"},
+        BadPlan{plan_text("{\"dp\": 2, \"ep\": 0, \"pp\": 1, \"tp\": 1}", kBatch),
+                "p.json: $.parallel.ep: must be a positive integer, got 0"},
+        BadPlan{plan_text("{\"dp\": 4, \"ep\": 2, \"pp\": 1, \"tp\": 1, \"zero_stage\": 1, "
+                          "\"zero_shard_size\": 2}",
+                          "{\"global_batch\": 16, \"micro_batch\": 2, \"num_micro_batches\": 2, "
+                          "\"seq_len\": 64}"),
+                "p.json: $.parallel.zero_shard_size: hybrid sharding (2 of the 4 dp ranks) is not "
+                "planned with expert parallelism (ep 2) yet; drop one of them"},
         BadPlan{plan_text("{\"dp\": 2, \"pp\": 0, \"tp\": 1}", kBatch),
                 "p.json: $.parallel.pp: must be a positive integer, got 0"},
         BadPlan{plan_text("{\"dp\": 2, \"pp\": 2, \"tp\": 1, \"zero_stage\": 4}", kBatch),

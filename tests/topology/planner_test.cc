@@ -374,7 +374,8 @@ bool SameLayout(const mp_layout &a, const mp_layout &b) {
          a.virtual_stages == b.virtual_stages &&
          a.micro_batch == b.micro_batch && a.num_micro_batches == b.num_micro_batches &&
          a.seq_len == b.seq_len && a.schedule == b.schedule && a.recompute == b.recompute &&
-         a.sequence_parallel == b.sequence_parallel && a.zero_stage == b.zero_stage;
+         a.sequence_parallel == b.sequence_parallel && a.zero_stage == b.zero_stage &&
+         mp_layout_ep(&a) == mp_layout_ep(&b);
 }
 
 // The pruned search's top K against the exhaustive one's (options.exhaustive: every layout
@@ -480,6 +481,99 @@ TEST(Planner, PrunedSearchRanksAsTheExhaustiveOneWithFixedOptions) {
   EXPECT_GT(pruned_by_memory, 0);
 }
 
+// Mixture-of-experts models, ep searched (every divisor of dp x cp that divides the experts) or
+// fixed: Qwen1.5-MoE's 60 experts (ep 1, 2, 4) and Mixtral's 8, on GPUs roomy and tight (Mixtral
+// on 16 H100s fits in 73 of their 80 GiB at best), so both bounds prune.
+TEST(Planner, PrunedSearchRanksAsTheExhaustiveOneForMixturesOfExperts) {
+  long pruned = 0, pruned_by_memory = 0;
+  struct Case {
+    const char *model, *cluster;
+    int gpus;
+    int64_t global_batch, seq_len;
+    int ep;
+  } cases[] = {
+      {"qwen1.5-moe-a2.7b", "h100-sxm", 16, 64, 2048, 0},
+      {"mixtral-8x7b", "h200-sxm", 32, 64, 2048, 0},
+      {"mixtral-8x7b", "h100-sxm", 16, 32, 1024, 0},
+      {"mixtral-8x7b", "a100-80g", 16, 32, 2048, 4},
+  };
+  for (const Case &c : cases) {
+    mp_planner_options o = MP_PLANNER_OPTIONS_INITIALIZER;
+    o.gpus = c.gpus;
+    o.global_batch = c.global_batch;
+    o.seq_len = c.seq_len;
+    o.ep = c.ep;
+    ExpectSameRanking(c.model, c.cluster, o, &pruned, &pruned_by_memory);
+  }
+  EXPECT_GT(pruned, 0);
+  EXPECT_GT(pruned_by_memory, 0);
+}
+
+// Expert parallelism in the search: a dense model is planned at ep 1 only and refuses --ep 2;
+// --ep fixes it on an MoE model (Mixtral 8x7B on 64 H100s, Megatron-Core's layout), whose free
+// search tries ep above 1 and ranks such a layout first; an --ep that cannot split the experts or
+// the fixed dp x cp is refused with its numbers.
+TEST(Planner, PlansExpertParallelismForMixturesOfExpertsOnly) {
+  Fixture dense("examples/models/llama3-8b.json", "h100-sxm");
+  mp_planner_options o = MP_PLANNER_OPTIONS_INITIALIZER;
+  o.gpus = 16;
+  o.global_batch = 32;
+  o.seq_len = 2048;
+  ASSERT_EQ(dense.search(o), MP_OK) << dense.err.message;
+  for (int i = 0; i < dense.result.num_results; ++i) {
+    EXPECT_EQ(mp_layout_ep(&dense.result.results[i].layout), 1);
+  }
+  o.ep = 2;
+  EXPECT_EQ(dense.search(o), MP_ERR_INPUT);
+  EXPECT_STREQ(dense.err.message,
+               "--ep: ep 2 splits the experts of mixture-of-experts blocks over ranks, but model "
+               "llama3-8b (examples/models/llama3-8b.json) has no such block; use ep 1");
+
+  Fixture mixtral("examples/models/mixtral-8x7b.json", "h100-sxm");
+  o = MP_PLANNER_OPTIONS_INITIALIZER;
+  o.gpus = 64;
+  o.global_batch = 256;
+  o.seq_len = 4096;
+  ASSERT_EQ(mixtral.search(o), MP_OK) << mixtral.err.message;
+  const mp_layout &best = mixtral.result.results[0].layout;
+  EXPECT_GT(mp_layout_ep(&best), 1);
+  EXPECT_EQ(8 % mp_layout_ep(&best), 0);
+  EXPECT_EQ(mp_layout_replicas(&best) % mp_layout_ep(&best), 0);
+  o.ep = 8;
+  o.tp = 1;
+  o.pp = 4;
+  o.virtual_stages = 8;
+  o.micro_batch = 1;
+  ASSERT_EQ(mixtral.search(o), MP_OK) << mixtral.err.message;
+  for (int i = 0; i < mixtral.result.num_results; ++i) {
+    const mp_estimate &e = mixtral.result.results[i];
+    EXPECT_EQ(e.layout.ep, 8);
+    EXPECT_EQ(e.layout.pp, 4);
+    EXPECT_GT(e.ep_layer_forward_s, 0.0);
+    EXPECT_FALSE(e.ep_inter_node);  // tp 1 x ep 8: one node of 8
+    char text[200];
+    EXPECT_NE(std::strstr(mp_layout_describe(&e.layout, text, sizeof text), " ep 8 pp 4 "),
+              nullptr)
+        << text;
+  }
+  o = MP_PLANNER_OPTIONS_INITIALIZER;
+  o.gpus = 64;
+  o.global_batch = 256;
+  o.ep = 3;
+  EXPECT_EQ(mixtral.search(o), MP_ERR_INPUT);
+  EXPECT_STREQ(mixtral.err.message,
+               "--ep: ep 3 does not divide the 8 experts of block.0 "
+               "(examples/models/mixtral-8x7b.json: $.layers[1].moe.experts); each "
+               "expert-parallel rank holds experts / ep whole experts");
+  o.ep = 4;
+  o.dp = 2;
+  o.cp = 1;
+  EXPECT_EQ(mixtral.search(o), MP_ERR_INPUT);
+  EXPECT_STREQ(mixtral.err.message,
+               "--ep 4 does not divide dp x cp = 2 x 1 = 2 (the expert-parallel groups are cut "
+               "out of the dp x cp ranks); choose an --ep that divides it");
+}
+
 // The bounds the search prunes with, against mp_cost_estimate on every layout of small searches:
 // never above it (the rounding slack the search allows is far wider than the 1e-12 here), and
 // equal to it where the estimate has nothing the bound leaves out (one stage, one data-parallel
@@ -490,9 +584,11 @@ TEST(Planner, BoundsNeverExceedTheEstimate) {
     const char *model, *cluster;
     int gpus;
     int64_t global_batch;
+    int max_ep;  // expert parallelism tried: 1, 2, 4 ... up to this (MoE models)
   } cases[] = {
-      {"tiny-gpt", "cpu-local", 8, 16},   {"gpt2-124m", "a100-80g", 16, 64},
-      {"gpt2-350m", "cpu-local", 8, 32},  {"gpt2-350m", "h100-sxm", 32, 64},
+      {"tiny-gpt", "cpu-local", 8, 16, 1},   {"gpt2-124m", "a100-80g", 16, 64, 1},
+      {"gpt2-350m", "cpu-local", 8, 32, 1},  {"gpt2-350m", "h100-sxm", 32, 64, 1},
+      {"qwen1.5-moe-a2.7b", "h100-sxm", 8, 16, 4},
   };
   auto estimate = std::make_unique<mp_estimate>();
   for (const Case &c : cases) {
@@ -511,9 +607,11 @@ TEST(Planner, BoundsNeverExceedTheEstimate) {
               for (int rc = 0; rc < MP_RECOMPUTE_COUNT; ++rc) {
                 for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
                   for (int zero = 0; zero <= (dp * cp > 1 ? 1 : 0); ++zero) {
+                   for (int ep = 1; ep <= c.max_ep && ep <= dp * cp; ep *= 2) {
+                    if ((dp * cp) % ep != 0) continue;
                     mp_layout l = {dp, pp, tp, v, mb, per_dp / mb, mp_model_seq_len(f.model),
                                    (mp_schedule_kind)kind, (mp_recompute)rc, sp == 1, zero, 0,
-                                   cp};
+                                   cp, ep};
                     if (mp_cost_estimate(&f.cluster, f.model, &l, nullptr, estimate.get(),
                                          &f.err) != MP_OK) {
                       continue;  // a schedule that cannot run these numbers
@@ -539,6 +637,7 @@ TEST(Planner, BoundsNeverExceedTheEstimate) {
                       ++exact;
                     }
                     ++layouts;
+                   }
                   }
                 }
               }
