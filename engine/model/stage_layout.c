@@ -2,6 +2,8 @@
  * see stage_layout.h. */
 #include "engine/model/stage_layout.h"
 
+#include "engine/model/router_stats.h"
+
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -253,7 +255,10 @@ void mp_stage_layout_cp(const mp_stage_layout *layout, int *cp_rank, int *cp_siz
 }
 
 size_t mp_stage_layout_boundary_floats(const mp_stage_layout *layout) {
-  return (size_t)layout->BTl * (size_t)mp_param_layout_config(layout->model)->channels;
+  const mp_model_config *c = mp_param_layout_config(layout->model);
+  /* A mixture of experts carries the micro-batch's router statistics after the activations. */
+  return (size_t)layout->BTl * (size_t)c->channels +
+         mp_router_stats_boundary_floats(c->moe_experts);
 }
 
 size_t mp_stage_layout_num_params(const mp_stage_layout *layout) { return layout->num_params; }

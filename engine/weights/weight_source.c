@@ -119,9 +119,18 @@ static const struct {
     {"fc_proj.bias", "mlp.c_proj.bias", false},
 };
 
+/* One Hugging Face tensor holding a run of rows of one of ours: a mixture of experts' stacked
+ * tensors are many of theirs (each expert's gate, up and down projections). */
+typedef struct {
+  char name[kHfNameBytes];
+  size_t row0, rows; /* our rows [row0, row0 + rows) are the file tensor's rows */
+} hf_piece;
+
 typedef struct {
   const mp_param_layout *layout;
   mp_safetensors *st;
+  hf_piece **pieces;           /* (num_tensors,) NULL, or an MoE tensor's file tensors */
+  int *num_pieces;             /* (num_tensors,) 0: the tensor is names[i] whole */
   char (*names)[kHfNameBytes]; /* (num_tensors,) the file's name of each layout tensor */
   bool *transposed;            /* (num_tensors,) stored (cols, rows) */
   size_t *file_rows;           /* (num_tensors,) rows in the file (wte: vocab_size) */
@@ -131,6 +140,11 @@ static void hf_close(void *impl) {
   hf_source *s = impl;
   if (s == NULL) return;
   mp_safetensors_close(s->st);
+  for (int i = 0; s->pieces != NULL && i < mp_param_layout_num_tensors(s->layout); ++i) {
+    free(s->pieces[i]);
+  }
+  free(s->pieces);
+  free(s->num_pieces);
   free(s->names);
   free(s->transposed);
   free(s->file_rows);
@@ -183,6 +197,62 @@ static bool hf_llama_name(const char *ours, const char *prefix, char *out) {
     }
   }
   return false;
+}
+
+/* A mixture-of-experts block tensor as Hugging Face stores it, in pieces of our rows (out: room
+ * for 2E): Mixtral's layers.l.block_sparse_moe.{gate, experts.e.w1 | w3 | w2} (w1 the gate
+ * projection, w3 the up, w2 the down), Qwen2-MoE's layers.l.mlp.{gate, experts.e.gate_proj |
+ * up_proj | down_proj, shared_expert.{gate,up,down}_proj, shared_expert_gate}; nn.Linear (out,
+ * in) everywhere, as ours. Returns the number of pieces, 0 when `ours` is no MoE tensor. */
+static int hf_moe_pieces(const mp_model_config *c, const char *ours, const char *prefix,
+                         bool mixtral, hf_piece *out) {
+  int layer = 0, used = 0;
+  if (c->moe_experts == 0 || sscanf(ours, "block.%d.%n", &layer, &used) != 1 || used == 0) {
+    return 0;
+  }
+  const char *role = ours + used;
+  const size_t E = (size_t)c->moe_experts, F = (size_t)c->ffn_channels;
+  const size_t C = (size_t)c->channels, Fs = (size_t)c->moe_shared_ffn;
+  char base[kHfNameBytes];
+  snprintf(base, sizeof base, "%slayers.%d.%s", prefix, layer,
+           mixtral ? "block_sparse_moe" : "mlp");
+  const char *gate = mixtral ? "w1" : "gate_proj", *up = mixtral ? "w3" : "up_proj";
+  const char *down = mixtral ? "w2" : "down_proj";
+  int n = 0;
+#define PIECE(first, count, ...)                                          \
+  do {                                                                    \
+    snprintf(out[n].name, kHfNameBytes, __VA_ARGS__);                     \
+    out[n].row0 = (first);                                                \
+    out[n].rows = (count);                                                \
+    ++n;                                                                  \
+  } while (0)
+  if (strcmp(role, "router.weight") == 0) {
+    PIECE(0, E, "%s.gate.weight", base);
+  } else if (strcmp(role, "expert_fc1.weight") == 0) {
+    for (size_t e = 0; e < E; ++e) {
+      PIECE(e * 2 * F, F, "%s.experts.%zu.%s.weight", base, e, gate);
+      PIECE(e * 2 * F + F, F, "%s.experts.%zu.%s.weight", base, e, up);
+    }
+  } else if (strcmp(role, "expert_fc2.weight") == 0) {
+    for (size_t e = 0; e < E; ++e) PIECE(e * C, C, "%s.experts.%zu.%s.weight", base, e, down);
+  } else if (strcmp(role, "shared_fc1.weight") == 0) {
+    PIECE(0, Fs, "%s.shared_expert.gate_proj.weight", base);
+    PIECE(Fs, Fs, "%s.shared_expert.up_proj.weight", base);
+  } else if (strcmp(role, "shared_fc2.weight") == 0) {
+    PIECE(0, C, "%s.shared_expert.down_proj.weight", base);
+  } else if (strcmp(role, "shared_gate.weight") == 0) {
+    PIECE(0, 1, "%s.shared_expert_gate.weight", base);
+  }
+#undef PIECE
+  return n;
+}
+
+/* Whether an MoE layout's files name the experts as Mixtral does (block_sparse_moe) rather than
+ * Qwen2-MoE (mlp): the first layer's router says. */
+static bool hf_moe_mixtral_names(const mp_safetensors *st, const char *prefix) {
+  char name[kHfNameBytes];
+  snprintf(name, sizeof name, "%slayers.0.block_sparse_moe.gate.weight", prefix);
+  return mp_safetensors_find(st, name) != NULL;
 }
 
 /* GPT-2's file name for our tensor `ours` (prefix "transformer." or ""); false if unknown. */
@@ -288,6 +358,11 @@ static mp_status hf_check_config(const mp_param_layout *layout, const char *dir,
       {"$.layers[1].norm (1: rmsnorm)", a->rmsnorm, b->rmsnorm},
       {"$.layers[1].activation (1: swiglu)", a->swiglu, b->swiglu},
       {"$.layers[1].bias (0: none, 1: qkv, 2: all)", a->bias, b->bias},
+      {"num_local_experts (num_experts)", a->moe_experts, b->moe_experts},
+      {"num_experts_per_tok", a->moe_top_k, b->moe_top_k},
+      {"shared_expert_intermediate_size", a->moe_shared_ffn, b->moe_shared_ffn},
+      {"norm_topk_prob", a->moe_experts > 0 && a->moe_normalize_top_k,
+       b->moe_experts > 0 && b->moe_normalize_top_k},
   };
   mp_param_layout_free(theirs);
   for (size_t i = 0; i < sizeof fields / sizeof fields[0]; ++i) {
@@ -320,9 +395,28 @@ static mp_status hf_prepare(hf_source *s, mp_error *err) {
                                mp_safetensors_find(s->st, first) != NULL
                            ? ""
                            : base;
+  const mp_model_config *c = mp_param_layout_config(layout);
+  const bool mixtral = c->moe_experts > 0 && hf_moe_mixtral_names(s->st, prefix);
+  s->pieces = calloc((size_t)n, sizeof *s->pieces);
+  s->num_pieces = calloc((size_t)n, sizeof *s->num_pieces);
+  if (s->pieces == NULL || s->num_pieces == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
   for (int i = 0; i < n; ++i) {
     int64_t shape[2];
     int rank = 0;
+    if (c->moe_experts > 0) {
+      const mp_param_tensor *t = mp_param_layout_tensor(layout, i);
+      hf_piece *pieces = calloc(2 * (size_t)c->moe_experts + 2, sizeof *pieces);
+      if (pieces == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+      s->pieces[i] = pieces;
+      s->num_pieces[i] = hf_moe_pieces(c, t->name, prefix, mixtral, pieces);
+      for (int p = 0; p < s->num_pieces[i]; ++p) {
+        shape[0] = (int64_t)pieces[p].rows;
+        shape[1] = (int64_t)t->cols;
+        MP_TRY(mp_safetensors_expect(s->st, pieces[p].name, MP_SAFETENSORS_FLOAT_DTYPES, 2, shape,
+                                     NULL, err));
+      }
+      if (s->num_pieces[i] > 0) continue;
+    }
     MP_TRY(hf_tensor_of(layout, i, prefix, s->names[i], &rank, shape, &s->transposed[i],
                         &s->file_rows[i], err));
     MP_TRY(mp_safetensors_expect(s->st, s->names[i], MP_SAFETENSORS_FLOAT_DTYPES, rank, shape,
@@ -335,6 +429,21 @@ static mp_status hf_read(void *impl, int tensor, const mp_param_tensor *t, size_
                          size_t col, size_t cols, float *dest, mp_error *err) {
   const hf_source *s = impl;
   const char *name = s->names[tensor];
+  if (s->num_pieces[tensor] > 0) {
+    /* Each file tensor's share of our rows [row, row + rows): only those bytes are read. */
+    for (int p = 0; p < s->num_pieces[tensor]; ++p) {
+      const hf_piece *piece = &s->pieces[tensor][p];
+      const size_t lo = row > piece->row0 ? row : piece->row0;
+      const size_t hi = row + rows < piece->row0 + piece->rows ? row + rows
+                                                               : piece->row0 + piece->rows;
+      if (lo >= hi) continue;
+      MP_TRY(mp_safetensors_read_block(s->st, piece->name, (int64_t)(lo - piece->row0),
+                                       (int64_t)(hi - piece->row0), (int64_t)col,
+                                       (int64_t)(col + cols), MP_SAFETENSORS_ROW_MAJOR,
+                                       dest + (lo - row) * cols, err));
+    }
+    return MP_OK;
+  }
   if (s->transposed[tensor]) {
     /* The file holds the (cols, rows) transpose: our rows [row, +rows) x columns [col, +cols)
      * are its rows [col, +cols) x columns [row, +rows). */
