@@ -14,11 +14,19 @@ for each parameter the gradient of that loss (its L2 norm and its first values; 
 (out, in) as mpengine's tensors are). Weights are scaled up from the 0.02 init so every path
 carries a visible gradient, and the routers more, so routing is far from uniform.
 
+Beside it, shard.bin: an llm.c token shard (256 x int32 header: magic 20240520, version 1, count;
+uint16 tokens) of exactly G T + 1 = 65 tokens, so a run with global batch G = 4 of T = 16 in ONE
+micro-batch takes all of it at step 1, and golden.json's "shard_loss": transformers' loss with
+the aux loss over those four samples as one batch (sample k is tokens [k T, k T + T]), in
+float64, for tests/tools/moe_hf_checkpoint_test.sh.
+
 Needs torch and transformers 4.46.3 (docs/benchmarks.md); CI only reads the committed files:
   /work/venv-golden/bin/python tools/bench/moe_model_golden.py
 """
+import copy
 import json
 import os
+import struct
 import sys
 
 import torch
@@ -49,6 +57,23 @@ MODELS = {
 
 B, T = 2, 16
 FIRST = 8  # gradient values kept per tensor
+G = 4  # samples of T in shard.bin
+
+
+def shard_loss64(model, path):
+    """transformers' loss (cross-entropy + router_aux_loss_coef x aux) of shard.bin's G samples
+    as one batch, in float64."""
+    with open(path, "rb") as f:
+        header = struct.unpack("<256i", f.read(1024))
+        toks = list(struct.unpack("<%dH" % header[2], f.read(2 * header[2])))
+    x = torch.tensor([toks[k * T:k * T + T] for k in range(G)])
+    y = torch.tensor([toks[k * T + 1:k * T + T + 1] for k in range(G)])
+    model = model.double().eval()
+    with torch.no_grad():
+        out = model(input_ids=x, output_router_logits=True)
+        ce = torch.nn.functional.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]),
+                                               y.reshape(-1))
+        return float(ce + model.config.router_aux_loss_coef * out.aux_loss)
 
 
 def tokens(seed, n, below):
@@ -94,6 +119,12 @@ def main():
             top = torch.topk(torch.softmax(layer_logits.float(), -1), kwargs["num_experts_per_tok"], -1).indices
             for e in top.flatten().tolist():
                 routed[e] += 1
+        shard = os.path.join(out_dir, "shard.bin")
+        shard_tokens = tokens(9, G * T + 1, kwargs["vocab_size"])
+        with open(shard, "wb") as f:
+            f.write(struct.pack("<256i", 20240520, 1, G * T + 1, *([0] * 253)))
+            f.write(struct.pack("<%dH" % (G * T + 1), *shard_tokens.tolist()))
+        shard_loss = shard_loss64(copy.deepcopy(model), shard)
         grads = {}
         for p_name, p in model.named_parameters():
             g = p.grad.detach().double()
@@ -110,6 +141,7 @@ def main():
             "aux_loss": float(out.aux_loss),
             "router_aux_loss_coef": config.router_aux_loss_coef,
             "loss": float(loss),
+            "shard_loss": shard_loss,
             "routed_per_expert": routed,
             "grads": grads,
         }
