@@ -13,15 +13,18 @@
  *
  * Across tensor parallelism nothing is summed: every tp rank routes all of the micro-batch's
  * tokens (the experts are whole on every tp rank, expert-tp 1), so its sums are already the
- * micro-batch's. Context parallelism would need a sum over the cp group: the chain refuses cp
- * with MoE blocks for now.
+ * micro-batch's. Context parallelism splits each sequence's tokens over the cp group: a stage's
+ * own layers' sums are added over the group (mp_router_stats_sum) before they join the ones it
+ * received.
  */
 #ifndef MPENGINE_ENGINE_MODEL_ROUTER_STATS_H
 #define MPENGINE_ENGINE_MODEL_ROUTER_STATS_H
 
 #include <stddef.h>
 
+#include "common/error.h"
 #include "layers/moe.h"
+#include "tensor_parallel/tp_comm.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -36,6 +39,14 @@ void mp_router_stats_pack(const mp_moe_stats *stats, float *tail);
 
 /* tail (written by mp_router_stats_pack) into stats, replacing what it held. */
 void mp_router_stats_unpack(mp_moe_stats *stats, const float *tail);
+
+/* into += from (the same experts). */
+void mp_router_stats_add(mp_moe_stats *into, const mp_moe_stats *from);
+
+/* stats = the sum of every rank's stats over group, added in rank order, so bitwise the same on
+ * every rank (one all-gather). Collective; MP_ERR_RUNTIME when out of memory, the group's
+ * errors. */
+mp_status mp_router_stats_sum(mp_moe_stats *stats, const mp_tp_comm *group, mp_error *err);
 
 /* The auxiliary part of the micro-batch's loss: aux_coeff x load-balancing + z_coeff x z-loss. */
 double mp_router_stats_loss(const mp_moe_stats *stats, double aux_coeff, double z_coeff);

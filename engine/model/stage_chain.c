@@ -113,6 +113,10 @@ struct mp_stage_chain {
   /* Mixture of experts: the MoE MLP's output (BT, C), every token (the experts are whole on
    * every tp rank); NULL for a dense model. */
   void *moe_out;
+  /* With context parallelism: this stage's layers' router statistics of a micro-batch, summed
+   * over the cp group before they join the received ones. */
+  mp_moe_stats cp_stats;
+  double *cp_stats_storage; /* (2E) host */
   void **owned;        /* every allocation, for free */
   int num_owned, owned_capacity;
   size_t bytes;
@@ -361,6 +365,7 @@ void mp_stage_chain_free(mp_stage_chain *ch) {
   free_slot_arrays(ch, &ch->shared);
   for (int i = 0; i < ch->num_owned; ++i) ch->k->release(ch->k->context, ch->owned[i]);
   free(ch->owned);
+  free(ch->cp_stats_storage);
   free(ch->slots);
   free(ch->blocks);
   free(ch);
@@ -441,6 +446,12 @@ static mp_status chain_setup(mp_stage_chain *ch, const mp_stage_chain_config *co
     ALLOC(ch->dkv_full, ch->k->cp_kv_full_bytes, 1);
   }
   if (d->moe.experts > 0 && ch->stage.num_layers > 0) ALLOC(ch->moe_out, BT * C, eb);
+  if (d->moe.experts > 0 && d->cp > 1) {
+    slot_acts scratch;
+    MP_TRY(alloc_stats(ch, &scratch, err));
+    ch->cp_stats = scratch.stats;
+    ch->cp_stats_storage = scratch.stats_storage;
+  }
   return MP_OK;
 }
 
@@ -479,13 +490,6 @@ static mp_status check_kernels(const mp_stage_chain *ch, mp_error *err) {
   } else if (d->moe.experts > 0 &&
              (k->moe_forward == NULL || k->moe_backward == NULL || k->moe_release == NULL)) {
     missing = "mixture-of-experts";
-  }
-  if (d->moe.experts > 0 && d->cp > 1 && missing == NULL) {
-    return mp_fail(err, MP_ERR_INPUT,
-                   "%s: mixture-of-experts blocks with context parallelism (cp %d) are not run "
-                   "yet (the router statistics would have to be summed over the cp group); use "
-                   "cp 1",
-                   mp_param_layout_model_source(mp_stage_layout_model(ch->layout)), d->cp);
   }
   if (missing == NULL) return MP_OK;
   return mp_fail(err, MP_ERR_INPUT,
@@ -733,7 +737,9 @@ static mp_status column_input(mp_stage_chain *ch, const void *kept, const void *
  * experts' and router's gradients are already whole and equal on every rank (nothing to sum over
  * tp, with or without sequence parallelism), and so is the input gradient, of which a rank keeps
  * its rows. The auxiliary losses' gradients are weighted by the slot's dloss as the
- * cross-entropy's is. A deferred backward (zero-bubble's B) runs it whole: W has nothing left of
+ * cross-entropy's is; with context parallelism by cp too, since the trainer averages the
+ * gradients over the cp ranks while each holds only its tokens' part of the auxiliary losses'
+ * (one loss of the whole micro-batch). A deferred backward (zero-bubble's B) runs it whole: W has nothing left of
  * it. The backend's saved state is released after it. */
 static mp_status moe_backward(mp_stage_chain *ch, int l, block_acts *a, const slot_acts *s,
                               mp_error *err) {
@@ -747,9 +753,10 @@ static mp_status moe_backward(mp_stage_chain *ch, int l, block_acts *a, const sl
   MP_TRY(k->zero(cx, ch->dnorm, (size_t)d->BT * d->C * ch->eb, err));
   const mp_moe_params params = moe_tensors(ch->blocks[l].w);
   mp_moe_params grads = moe_tensors((const void *const *)ch->blocks[l].g);
+  const double weight = (double)s->dloss * (d->cp > 1 ? d->cp : 1);
   MP_TRY(k->moe_backward(cx, ch->dnorm, &grads, dout, ln2_total, &params, a->moe_saved,
-                         &s->stats, d->moe_aux_loss_coeff * s->dloss,
-                         d->moe_z_loss_coeff * s->dloss, err));
+                         &s->stats, d->moe_aux_loss_coeff * weight, d->moe_z_loss_coeff * weight,
+                         err));
   k->moe_release(cx, a->moe_saved);
   a->moe_saved = NULL;
   if (d->sp && mine > 0) MP_TRY(k->copy(cx, ch->dnorm, at(ch, ch->dnorm, mine), rows * ch->eb, err));
@@ -883,11 +890,20 @@ static mp_status stage_forward(mp_stage_chain *ch, slot_acts *s, const int32_t *
       mp_router_stats_unpack(&s->stats, input + local);
     }
   }
+  /* With context parallelism each cp rank routes its own tokens of the sequences: the stage's
+   * layers count into cp_stats, summed over the group after them. */
+  const bool cp_sum = moe && !recomputing && d->cp > 1;
+  mp_moe_stats *layer_stats = recomputing ? NULL : cp_sum ? &ch->cp_stats : &s->stats;
+  if (cp_sum) mp_moe_stats_clear(&ch->cp_stats);
   const void *x = s->input;
   for (int l = 0; l < st->num_layers; ++l) {
     MP_TRY(gather_block_weights(ch, l, l + 1 < st->num_layers ? l + 1 : -1, err));
-    MP_TRY(block_forward(ch, l, &s->acts[l], x, recomputing ? NULL : &s->stats, err));
+    MP_TRY(block_forward(ch, l, &s->acts[l], x, layer_stats, err));
     x = s->acts[l].out;
+  }
+  if (cp_sum) {
+    MP_TRY(mp_router_stats_sum(&ch->cp_stats, &d->cp_comm, err));
+    mp_router_stats_add(&s->stats, &ch->cp_stats);
   }
   if (st->final_norm) {
     norm_forward(ch, s->lnf, s->lnf_mean, s->lnf_rstd, x, ch->lnfw, ch->lnfb, d->BTl);

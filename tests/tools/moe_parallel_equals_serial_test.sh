@@ -3,7 +3,9 @@
 # models at ep 1 (issue 33): tests/tools/testdata/tiny-moe.json (4 Qwen2-MoE-shaped blocks: 8
 # experts, top 1, a gated shared expert, load-balancing and z-losses) trained 20 steps on
 # tp 2 with sequence parallelism, pp 2 (1f1b, zb-h1, interleaved with v = 2), dp 2, ZeRO 1, 2
-# (with zb-h1) and 3 (at dp 2 x pp 2 x tp 2), and full and selective recomputation gives the
+# (with zb-h1) and 3 (at dp 2 x pp 2 x tp 2), full and selective recomputation, and context
+# parallelism (cp 2 alone, with pp 2 x tp 2 zb-h1, and with dp 2, ZeRO-3 and full recomputation:
+# the router statistics summed over the cp group, the aux losses' gradients weighted by cp) gives the
 # loss of the one-rank run at every step within 1e-5 relative, the same gradient norm, the same
 # held-out loss (--eval-every 10) and the same final weights (a checkpoint exported as a Hugging
 # Face model.safetensors): relative L2 difference at most 1e-5, elementwise at most 1.5e-4 (see
@@ -25,13 +27,13 @@ source "$(dirname "${BASH_SOURCE[0]}")/cli_expect.sh" || { echo "cannot load cli
 mpi_ranks_env
 cp "$model_src" "$tmp/tiny-moe.json"
 
-# plan NAME DP PP TP SCHEDULE VIRTUAL SEQUENCE_PARALLEL ZERO RECOMPUTE STAGES [MICRO SEQ]
+# plan NAME DP PP TP SCHEDULE VIRTUAL SEQUENCE_PARALLEL ZERO RECOMPUTE STAGES [MICRO SEQ CP]
 plan() {
   local name=$1 dp=$2 pp=$3 tp=$4 schedule=$5 v=$6 sp=$7 zero=$8 recompute=$9 stages=${10}
-  local micro=${11:-2} seq=${12:-32}
+  local micro=${11:-2} seq=${12:-32} cp=${13:-1}
   cat > "$tmp/$name.json" <<JSON
 {"model": "tiny-moe.json", "cluster": "cpu-local",
- "parallel": {"dp": $dp, "pp": $pp, "tp": $tp, "virtual_stages": $v, "sequence_parallel": $sp, "zero_stage": $zero},
+ "parallel": {"dp": $dp, "cp": $cp, "pp": $pp, "tp": $tp, "virtual_stages": $v, "sequence_parallel": $sp, "zero_stage": $zero},
  "layers_per_stage": $stages,
  "batch": {"global_batch": 8, "micro_batch": $micro, "num_micro_batches": $((8 / (dp * micro))), "seq_len": $seq},
  "schedule": "$schedule", "recompute": "$recompute",
@@ -99,7 +101,10 @@ layouts=("tp2-sp 1 1 2 1f1b 1 true 0 none [7]"
          "dp2-pp2-zb-h1-zero2 2 2 1 zb-h1 1 false 2 none [3,4]"
          "dp2-pp2-tp2-zero3 2 2 2 1f1b 1 false 3 none [3,4]"
          "pp2-tp2-sp-recompute-full 1 2 2 1f1b 1 true 0 full [3,4]"
-         "pp2-tp2-sp-zb-h1-recompute-selective 1 2 2 zb-h1 1 true 0 selective [3,4]")
+         "pp2-tp2-sp-zb-h1-recompute-selective 1 2 2 zb-h1 1 true 0 selective [3,4]"
+         "cp2 1 1 1 1f1b 1 false 0 none [7] 2 32 2"
+         "cp2-pp2-tp2-sp-zb-h1 1 2 2 zb-h1 1 true 0 none [3,4] 2 32 2"
+         "cp2-dp2-zero3-recompute-full 2 1 1 1f1b 1 false 3 full [7] 2 32 2")
 plan serial 1 1 1 1f1b 1 false 0 none "[7]"
 run serial
 for spec in "${layouts[@]}"; do
