@@ -15,7 +15,10 @@
  *   the Llama family: RMSNorm (its epsilon), SwiGLU (gate and up tensors), rotary embeddings
  *     (Hugging Face's rotate-half, Llama 3.1's scaling), grouped-query attention with separate
  *     q, k, v tensors, biases none, on q-k-v only (Qwen2) or everywhere, a tied or untied head.
- * A model mixing the two (rmsnorm with gelu, say) is laid out as the Llama family. Custom nodes,
+ * A model mixing the two (rmsnorm with gelu, say) is laid out as the Llama family. A Llama-family
+ * model whose blocks all carry "moe" (Mixtral, Qwen2-MoE) has a router, stacked experts and an
+ * optional gated shared expert in place of the dense MLP's tensors (MP_BLOCK_ROUTER_WEIGHT ...);
+ * dense and MoE blocks mixed, and a capacity factor, are refused. Custom nodes,
  * dropout and blocks of different shapes can be planned but not run, and are refused naming the
  * layer.
  *
