@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # tests/tools/moe_parallel_equals_serial_test.sh — DESIGN.md principle 2 for mixture-of-experts
 # models at ep 1 (issue 33): tests/tools/testdata/tiny-moe.json (4 Qwen2-MoE-shaped blocks: 8
-# experts, top 1, a gated shared expert, load-balancing and z-losses) trained 20 steps on
+# experts of width 27 and a gated shared expert of width 45, neither divisible by tp: they are
+# whole on every tp rank; top 1, load-balancing and z-losses) trained 20 steps on
 # tp 2 with sequence parallelism, pp 2 (1f1b, zb-h1, interleaved with v = 2), dp 2, ZeRO 1, 2
-# (with zb-h1) and 3 (at dp 2 x pp 2 x tp 2), full and selective recomputation, and context
+# (with sequence parallelism, interleaved and zb-h1) and 3 (at dp 2 x pp 2 x tp 2), full and selective recomputation, and context
 # parallelism (cp 2 alone, with pp 2 x tp 2 zb-h1, and with dp 2, ZeRO-3 and full recomputation:
 # the router statistics summed over the cp group, the aux losses' gradients weighted by cp) gives the
 # loss of the one-rank run at every step within 1e-5 relative, the same gradient norm, the same
@@ -101,6 +102,8 @@ layouts=("tp2-sp 1 1 2 1f1b 1 true 0 none [7]"
          "pp2-interleaved-v2 1 2 1 interleaved-1f1b 2 false 0 none [2,2,1,2]"
          "dp2 2 1 1 1f1b 1 false 0 none [7]"
          "dp2-tp2-sp-zero1 2 1 2 1f1b 1 true 1 none [7]"
+         "dp2-tp2-sp-zero2 2 1 2 1f1b 1 true 2 none [7]"
+         "dp2-pp2-interleaved-v2-zero2 2 2 1 interleaved-1f1b 2 false 2 none [2,2,1,2]"
          "dp2-pp2-zb-h1-zero2 2 2 1 zb-h1 1 false 2 none [3,4]"
          "dp2-pp2-tp2-zero3 2 2 2 1f1b 1 false 3 none [3,4]"
          "pp2-tp2-sp-recompute-full 1 2 2 1f1b 1 true 0 full [3,4]"
