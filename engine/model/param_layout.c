@@ -237,7 +237,9 @@ static bool block_role(const mp_model_config *c, mp_block_tensor role, const cha
     case MP_BLOCK_EXPERT_FC2_WEIGHT: *suffix = "expert_fc2.weight"; return moe;
     case MP_BLOCK_SHARED_FC1_WEIGHT: *suffix = "shared_fc1.weight"; return shared;
     case MP_BLOCK_SHARED_FC2_WEIGHT: *suffix = "shared_fc2.weight"; return shared;
-    case MP_BLOCK_SHARED_GATE_WEIGHT: *suffix = "shared_gate.weight"; return shared && c->moe_shared_gate;
+    case MP_BLOCK_SHARED_GATE_WEIGHT:
+      *suffix = "shared_gate.weight";
+      return shared && c->moe_shared_gate;
     case MP_BLOCK_LN1_WEIGHT: *suffix = "ln1.weight"; return true;
     case MP_BLOCK_LN1_BIAS: *suffix = "ln1.bias"; return layernorm;
     case MP_BLOCK_QKV_WEIGHT: *suffix = gpt2 ? "qkv.weight" : "q.weight"; return true;

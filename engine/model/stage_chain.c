@@ -739,8 +739,8 @@ static mp_status column_input(mp_stage_chain *ch, const void *kept, const void *
  * its rows. The auxiliary losses' gradients are weighted by the slot's dloss as the
  * cross-entropy's is; with context parallelism by cp too, since the trainer averages the
  * gradients over the cp ranks while each holds only its tokens' part of the auxiliary losses'
- * (one loss of the whole micro-batch). A deferred backward (zero-bubble's B) runs it whole: W has nothing left of
- * it. The backend's saved state is released after it. */
+ * (one loss of the whole micro-batch). A deferred backward (zero-bubble's B) runs it whole: W
+ * has nothing left of it. The backend's saved state is released after it. */
 static mp_status moe_backward(mp_stage_chain *ch, int l, block_acts *a, const slot_acts *s,
                               mp_error *err) {
   const mp_stage_kernels *k = ch->k;
@@ -759,7 +759,9 @@ static mp_status moe_backward(mp_stage_chain *ch, int l, block_acts *a, const sl
                          err));
   k->moe_release(cx, a->moe_saved);
   a->moe_saved = NULL;
-  if (d->sp && mine > 0) MP_TRY(k->copy(cx, ch->dnorm, at(ch, ch->dnorm, mine), rows * ch->eb, err));
+  if (d->sp && mine > 0) {
+    MP_TRY(k->copy(cx, ch->dnorm, at(ch, ch->dnorm, mine), rows * ch->eb, err));
+  }
   return MP_OK;
 }
 

@@ -399,7 +399,9 @@ static mp_status hf_prepare(hf_source *s, mp_error *err) {
   const bool mixtral = c->moe_experts > 0 && hf_moe_mixtral_names(s->st, prefix);
   s->pieces = calloc((size_t)n, sizeof *s->pieces);
   s->num_pieces = calloc((size_t)n, sizeof *s->num_pieces);
-  if (s->pieces == NULL || s->num_pieces == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  if (s->pieces == NULL || s->num_pieces == NULL) {
+    return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  }
   for (int i = 0; i < n; ++i) {
     int64_t shape[2];
     int rank = 0;
