@@ -41,6 +41,10 @@ mp_status mp_tp_split_of(const char *name, mp_tp_split *split, mp_error *err) {
       {".v.weight", MP_TP_SPLIT_ROWS},         {".v.bias", MP_TP_SPLIT_ROWS},
       {".gate.weight", MP_TP_SPLIT_ROWS},      {".gate.bias", MP_TP_SPLIT_ROWS},
       {".up.weight", MP_TP_SPLIT_ROWS},        {".up.bias", MP_TP_SPLIT_ROWS},
+      /* A mixture of experts' (issue 33): whole on every tp rank (expert-tp 1). */
+      {".router.weight", MP_TP_REPLICATED},    {".expert_fc1.weight", MP_TP_REPLICATED},
+      {".expert_fc2.weight", MP_TP_REPLICATED}, {".shared_fc1.weight", MP_TP_REPLICATED},
+      {".shared_fc2.weight", MP_TP_REPLICATED}, {".shared_gate.weight", MP_TP_REPLICATED},
   };
   if (strcmp(name, "embedding.wte") == 0 || strcmp(name, "lm_head.weight") == 0) {
     *split = MP_TP_SPLIT_ROWS;

@@ -559,13 +559,3 @@ const mp_layer_spec *mp_model_first_moe_layer(const mp_model *model) {
   }
   return NULL;
 }
-
-mp_status mp_model_refuse_moe(const mp_model *model, const char *what, mp_error *err) {
-  const mp_layer_spec *layer = mp_model_first_moe_layer(model);
-  if (layer == NULL) return MP_OK;
-  return mp_fail(err, MP_ERR_INPUT,
-                 "%s: $.layers[%d].moe (%s): mixture-of-experts blocks are described and counted "
-                 "(mpengine describe), not %s yet (issue 33: expert parallelism, the runtime and "
-                 "the planner come in its later slices)",
-                 model->source, layer->json_index, layer->name, what);
-}

@@ -178,11 +178,6 @@ bool mp_layer_is_moe(const mp_layer_spec *layer);
 /* The first mixture-of-experts layer of model, NULL when it has none. */
 const mp_layer_spec *mp_model_first_moe_layer(const mp_model *model);
 
-/* MP_OK when model has no mixture-of-experts block; else MP_ERR_INPUT naming the model's file,
- * the JSON path of the first one and what cannot use it yet: `what` ("plan", "run") heads the
- * message. Until the runtime and the planner carry experts (issue 33's later slices), everything
- * that lays out, plans or trains a model calls this; describe and import do not. */
-mp_status mp_model_refuse_moe(const mp_model *model, const char *what, mp_error *err);
 
 #ifdef __cplusplus
 }

@@ -53,6 +53,15 @@ static mp_rope_spec rope_spec_of(const mp_layer_spec *block) {
   return spec;
 }
 
+static bool same_moe(const mp_moe_spec *a, const mp_moe_spec *b) {
+  return a->experts == b->experts && a->top_k == b->top_k &&
+         a->expert_ffn_hidden == b->expert_ffn_hidden &&
+         a->shared_ffn_hidden == b->shared_ffn_hidden && a->shared_gate == b->shared_gate &&
+         a->router == b->router && a->normalize_top_k == b->normalize_top_k &&
+         a->aux_loss_coeff == b->aux_loss_coeff && a->z_loss_coeff == b->z_loss_coeff &&
+         a->capacity_factor == b->capacity_factor;
+}
+
 /* The block's choices, which every block must share with the first. */
 static bool same_block(const mp_layer_spec *a, const mp_layer_spec *b) {
   return a->heads == b->heads && a->kv_heads == b->kv_heads && a->ffn_hidden == b->ffn_hidden &&
@@ -62,7 +71,8 @@ static bool same_block(const mp_layer_spec *a, const mp_layer_spec *b) {
          a->rope_scaling.factor == b->rope_scaling.factor &&
          a->rope_scaling.low_freq_factor == b->rope_scaling.low_freq_factor &&
          a->rope_scaling.high_freq_factor == b->rope_scaling.high_freq_factor &&
-         a->rope_scaling.original_max_positions == b->rope_scaling.original_max_positions;
+         a->rope_scaling.original_max_positions == b->rope_scaling.original_max_positions &&
+         same_moe(&a->moe, &b->moe);
 }
 
 static mp_status read_block(const mp_model *model, const mp_layer_spec *block, int64_t channels,
@@ -85,6 +95,12 @@ static mp_status read_block(const mp_model *model, const mp_layer_spec *block, i
   if (!(block->norm_eps > 0.0)) return unsupported(model, block, "norm_eps must be > 0", err);
   if (block->norm == MP_NORM_LAYERNORM && block->norm_eps != 1e-5) {
     return unsupported(model, block, "layernorm with norm_eps other than 1e-5", err);
+  }
+  if (mp_layer_is_moe(block) && block->moe.capacity_factor > 0.0) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "%s: $.layers[%d].moe.capacity_factor (%s): the runtime routes dropless only "
+                   "(every token reaches its top_k experts); remove capacity_factor to train",
+                   mp_model_source(model), block->json_index, block->name);
   }
   return MP_OK;
 }
@@ -110,6 +126,11 @@ static mp_status read_config(const mp_model *model, int seq_len, mp_model_config
     MP_TRY(read_block(model, block, embedding->hidden, err));
     if (first_block == NULL) {
       first_block = block;
+    } else if (mp_layer_is_moe(block) != mp_layer_is_moe(first_block)) {
+      return unsupported(model, block,
+                         "blocks of different shapes (dense and mixture-of-experts MLPs mixed; "
+                         "the runtime trains models whose blocks are all one or the other)",
+                         err);
     } else if (!same_block(block, first_block)) {
       return unsupported(model, block, "blocks of different shapes", err);
     }
@@ -129,6 +150,17 @@ static mp_status read_config(const mp_model *model, int seq_len, mp_model_config
   config->bias = first_block->bias;
   config->rope = first_block->rope_theta > 0.0;
   if (config->rope) config->rope_spec = rope_spec_of(first_block);
+  if (mp_layer_is_moe(first_block)) {
+    const mp_moe_spec *moe = &first_block->moe;
+    config->moe_experts = (int)moe->experts;
+    config->moe_top_k = (int)moe->top_k;
+    config->ffn_channels = (int)moe->expert_ffn_hidden;
+    config->moe_shared_ffn = (int)moe->shared_ffn_hidden;
+    config->moe_shared_gate = moe->shared_gate;
+    config->moe_normalize_top_k = moe->normalize_top_k;
+    config->moe_aux_loss_coeff = moe->aux_loss_coeff;
+    config->moe_z_loss_coeff = moe->z_loss_coeff;
+  }
   if (!config->rope && !config->learned_positions) {
     return unsupported(model, embedding,
                        "a model without rotary embeddings needs a learned position table "
@@ -187,7 +219,27 @@ static bool block_role(const mp_model_config *c, mp_block_tensor role, const cha
   const bool gpt2 = c->family == MP_FAMILY_GPT2;
   const bool layernorm = !c->rmsnorm;
   const bool any_bias = c->bias != MP_BIAS_NONE, all_bias = c->bias == MP_BIAS_ALL;
+  const bool moe = c->moe_experts > 0, shared = moe && c->moe_shared_ffn > 0;
   switch (role) {
+    case MP_BLOCK_FC_WEIGHT:
+    case MP_BLOCK_UP_WEIGHT:
+    case MP_BLOCK_FC_BIAS:
+    case MP_BLOCK_UP_BIAS:
+    case MP_BLOCK_FC_PROJ_WEIGHT:
+    case MP_BLOCK_FC_PROJ_BIAS:
+      if (moe) return false; /* the experts replace the dense MLP */
+      break;
+    default: break;
+  }
+  switch (role) {
+    case MP_BLOCK_ROUTER_WEIGHT: *suffix = "router.weight"; return moe;
+    case MP_BLOCK_EXPERT_FC1_WEIGHT: *suffix = "expert_fc1.weight"; return moe;
+    case MP_BLOCK_EXPERT_FC2_WEIGHT: *suffix = "expert_fc2.weight"; return moe;
+    case MP_BLOCK_SHARED_FC1_WEIGHT: *suffix = "shared_fc1.weight"; return shared;
+    case MP_BLOCK_SHARED_FC2_WEIGHT: *suffix = "shared_fc2.weight"; return shared;
+    case MP_BLOCK_SHARED_GATE_WEIGHT:
+      *suffix = "shared_gate.weight";
+      return shared && c->moe_shared_gate;
     case MP_BLOCK_LN1_WEIGHT: *suffix = "ln1.weight"; return true;
     case MP_BLOCK_LN1_BIAS: *suffix = "ln1.bias"; return layernorm;
     case MP_BLOCK_QKV_WEIGHT: *suffix = gpt2 ? "qkv.weight" : "q.weight"; return true;
@@ -215,6 +267,7 @@ static bool block_role(const mp_model_config *c, mp_block_tensor role, const cha
 static void block_shape(const mp_model_config *c, mp_block_tensor role, size_t *rows,
                         size_t *cols, mp_tp_split *split, mp_param_init_rule *init) {
   const size_t C = (size_t)c->channels, F = (size_t)c->ffn_channels;
+  const size_t E = (size_t)c->moe_experts, Fs = (size_t)c->moe_shared_ffn;
   const size_t kv = (size_t)c->num_kv_heads * (C / (size_t)c->num_heads);
   const bool gpt2 = c->family == MP_FAMILY_GPT2;
   *cols = 1;
@@ -252,6 +305,17 @@ static void block_shape(const mp_model_config *c, mp_block_tensor role, size_t *
     case MP_BLOCK_FC_PROJ_WEIGHT:
       *rows = C, *cols = F, *init = MP_INIT_NORMAL_RESIDUAL, *split = MP_TP_SPLIT_COLS;
       return;
+    /* The experts, router and shared MLP: whole on every tensor-parallel rank. */
+    case MP_BLOCK_ROUTER_WEIGHT: *rows = E, *cols = C, *init = MP_INIT_NORMAL; return;
+    case MP_BLOCK_EXPERT_FC1_WEIGHT: *rows = E * 2 * F, *cols = C, *init = MP_INIT_NORMAL; return;
+    case MP_BLOCK_EXPERT_FC2_WEIGHT:
+      *rows = E * C, *cols = F, *init = MP_INIT_NORMAL_RESIDUAL;
+      return;
+    case MP_BLOCK_SHARED_FC1_WEIGHT: *rows = 2 * Fs, *cols = C, *init = MP_INIT_NORMAL; return;
+    case MP_BLOCK_SHARED_FC2_WEIGHT:
+      *rows = C, *cols = Fs, *init = MP_INIT_NORMAL_RESIDUAL;
+      return;
+    case MP_BLOCK_SHARED_GATE_WEIGHT: *rows = 1, *cols = C, *init = MP_INIT_NORMAL; return;
     case MP_BLOCK_TENSORS: break;
   }
   *rows = 0;
@@ -340,8 +404,6 @@ static mp_status layout_init(const mp_model *model, int seq_len, mp_param_layout
 mp_status mp_param_layout_create(const mp_model *model, int seq_len, mp_param_layout **out,
                                mp_error *err) {
   *out = NULL;
-  /* Before anything is laid out: the block table has no experts yet (issue 33's later slice). */
-  MP_TRY(mp_model_refuse_moe(model, "trained, loaded or saved", err));
   mp_param_layout *layout = calloc(1, sizeof *layout);
   if (layout == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
   mp_status status = layout_init(model, seq_len, layout, err);

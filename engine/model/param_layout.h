@@ -15,7 +15,10 @@
  *   the Llama family: RMSNorm (its epsilon), SwiGLU (gate and up tensors), rotary embeddings
  *     (Hugging Face's rotate-half, Llama 3.1's scaling), grouped-query attention with separate
  *     q, k, v tensors, biases none, on q-k-v only (Qwen2) or everywhere, a tied or untied head.
- * A model mixing the two (rmsnorm with gelu, say) is laid out as the Llama family. Custom nodes,
+ * A model mixing the two (rmsnorm with gelu, say) is laid out as the Llama family. A Llama-family
+ * model whose blocks all carry "moe" (Mixtral, Qwen2-MoE) has a router, stacked experts and an
+ * optional gated shared expert in place of the dense MLP's tensors (MP_BLOCK_ROUTER_WEIGHT ...);
+ * dense and MoE blocks mixed, and a capacity factor, are refused. Custom nodes,
  * dropout and blocks of different shapes can be planned but not run, and are refused naming the
  * layer.
  *
@@ -65,6 +68,17 @@ typedef struct {
   bool rope;           /* rotary embeddings on q and k, as rope_spec says */
   mp_rope_spec rope_spec;
   bool tied_head;      /* the LM head is embedding.wte; else its own lm_head.weight */
+  /* Mixture of experts (issue 33): every block's MLP is `moe_experts` SwiGLU experts of width
+   * ffn_channels (layers/moe.h), a softmax router choosing moe_top_k of them per token, and
+   * optionally a shared SwiGLU MLP of width moe_shared_ffn (with a sigmoid gate); 0 experts: the
+   * dense MLP. A model whose blocks mix dense and MoE MLPs is refused (blocks of one shape). */
+  int moe_experts;       /* E; 0 for a dense model */
+  int moe_top_k;         /* K */
+  int moe_shared_ffn;    /* Fs; 0 for none */
+  bool moe_shared_gate;
+  bool moe_normalize_top_k;
+  double moe_aux_loss_coeff; /* the load-balancing loss's weight in the micro-batch's loss */
+  double moe_z_loss_coeff;   /* the router z-loss's */
 } mp_model_config;
 
 /* A tensor's initial values (GPT-2's scheme). */
@@ -111,6 +125,14 @@ typedef enum {
   MP_BLOCK_UP_BIAS,
   MP_BLOCK_FC_PROJ_WEIGHT,
   MP_BLOCK_FC_PROJ_BIAS,
+  /* A mixture-of-experts block's MLP instead of FC_* / UP_* / FC_PROJ_* (layers/moe.h's shapes;
+   * each whole on every tensor-parallel rank: expert-tp 1): */
+  MP_BLOCK_ROUTER_WEIGHT,      /* (E, C) */
+  MP_BLOCK_EXPERT_FC1_WEIGHT,  /* (E 2F, C): each expert's gate rows then its up rows */
+  MP_BLOCK_EXPERT_FC2_WEIGHT,  /* (E C, F): each expert's down projection */
+  MP_BLOCK_SHARED_FC1_WEIGHT,  /* (2Fs, C) [gate | up] of the shared MLP */
+  MP_BLOCK_SHARED_FC2_WEIGHT,  /* (C, Fs) */
+  MP_BLOCK_SHARED_GATE_WEIGHT, /* (1, C) */
   MP_BLOCK_TENSORS
 } mp_block_tensor;
 

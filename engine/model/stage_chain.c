@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/model/router_stats.h"
+
 /* One block's tensors by role: the backend's weights and the fp32 gradients. */
 typedef struct {
   const void *w[MP_BLOCK_TENSORS]; /* with weights windows, in the one in use */
@@ -26,6 +28,8 @@ typedef struct {
   float *ln2_mean, *ln2_rstd; /* (BTl) */
   void *fch;                  /* (BT, FCl) the fc GEMM's output */
   void *fch_gelu;             /* (BT, Fl) the activation's */
+  void *moe_saved;            /* a mixture-of-experts MLP's: what its backward needs (the
+                                 backend's, moe_release); NULL when none is held */
   void *out;                  /* (BTl, C) */
 } block_acts;
 
@@ -51,6 +55,10 @@ typedef struct {
   float *lnf_mean, *lnf_rstd; /* (BTl) */
   void *head_input;          /* (BT, C) SP without regather: the LM head's input all-gathered */
   void *logits;              /* (BT, Vl), the loss gradient after the forward */
+  /* Mixture of experts: the micro-batch's router statistics (engine/model/router_stats.h), of
+   * the stages up to this one after its forward, the final sums from the backward's start. */
+  mp_moe_stats stats;
+  double *stats_storage;     /* (2E) host: stats.routed then stats.prob_sum */
 } slot_acts;
 
 struct mp_stage_chain {
@@ -102,6 +110,13 @@ struct mp_stage_chain {
    * gathered for each block's attention (again in its backward: a slot keeps its own tokens'
    * only), and their gradient from this rank's queries. NULL without. */
   void *kv_full, *dkv_full;
+  /* Mixture of experts: the MoE MLP's output (BT, C), every token (the experts are whole on
+   * every tp rank); NULL for a dense model. */
+  void *moe_out;
+  /* With context parallelism: this stage's layers' router statistics of a micro-batch, summed
+   * over the cp group before they join the received ones. */
+  mp_moe_stats cp_stats;
+  double *cp_stats_storage; /* (2E) host */
   void **owned;        /* every allocation, for free */
   int num_owned, owned_capacity;
   size_t bytes;
@@ -165,6 +180,18 @@ mp_stage_dims mp_stage_chain_dims(const mp_stage_layout *layout, const mp_tp_com
   mp_stage_layout_cp(layout, &d.cp_rank, &d.cp);
   d.Tseq = d.T * d.cp;
   d.cp_comm = cp != NULL ? *cp : mp_tp_comm_single();
+  if (c->moe_experts > 0) {
+    d.moe.tokens = d.BT;
+    d.moe.channels = d.C;
+    d.moe.experts = c->moe_experts;
+    d.moe.top_k = c->moe_top_k;
+    d.moe.expert_ffn = c->ffn_channels;
+    d.moe.shared_ffn = c->moe_shared_ffn;
+    d.moe.shared_gate = c->moe_shared_gate;
+    d.moe.normalize_top_k = c->moe_normalize_top_k;
+    d.moe_aux_loss_coeff = c->moe_aux_loss_coeff;
+    d.moe_z_loss_coeff = c->moe_z_loss_coeff;
+  }
   return d;
 }
 
@@ -221,6 +248,20 @@ static float *grad_of(const mp_stage_chain *ch, float *grads, int full_index, si
   return ch->window + (mp_stage_layout_tensor(ch->layout, i)->offset - block_first);
 }
 
+/* The slot's router statistics (host doubles), for a mixture of experts. */
+static mp_status alloc_stats(const mp_stage_chain *ch, slot_acts *s, mp_error *err) {
+  const int E = ch->d.moe.experts;
+  memset(&s->stats, 0, sizeof s->stats);
+  s->stats_storage = NULL;
+  if (E == 0) return MP_OK;
+  s->stats_storage = calloc(2 * (size_t)E, sizeof(double));
+  if (s->stats_storage == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of host memory");
+  s->stats.experts = E;
+  s->stats.routed = s->stats_storage;
+  s->stats.prob_sum = s->stats_storage + E;
+  return MP_OK;
+}
+
 static mp_status alloc_slot(mp_stage_chain *ch, slot_acts *s, mp_error *err) {
   const mp_stage_dims *d = &ch->d;
   const size_t BT = (size_t)d->BT, BTl = (size_t)d->BTl, C = (size_t)d->C;
@@ -232,6 +273,7 @@ static mp_status alloc_slot(mp_stage_chain *ch, slot_acts *s, mp_error *err) {
   if (s->acts == NULL || s->inputs_host == NULL) {
     return mp_fail(err, MP_ERR_RUNTIME, "out of host memory");
   }
+  MP_TRY(alloc_stats(ch, s, err));
   ALLOC(s->inputs, BT, sizeof(int32_t));
   ALLOC(s->targets, BT, sizeof(int32_t));
   ALLOC(s->input, BTl * C, eb);
@@ -291,24 +333,39 @@ static mp_status alloc_light_slot(mp_stage_chain *ch, slot_acts *s, mp_error *er
     return mp_fail(err, MP_ERR_RUNTIME, "out of host memory");
   }
   if (L > 0) memcpy(s->acts, ch->shared.acts, (size_t)L * sizeof *s->acts);
+  MP_TRY(alloc_stats(ch, s, err));
   ALLOC(s->inputs, BT, sizeof(int32_t));
   ALLOC(s->targets, BT, sizeof(int32_t));
   ALLOC(s->input, (size_t)ch->d.BTl * (size_t)ch->d.C, ch->eb);
   return MP_OK;
 }
 
-static void free_slot_arrays(slot_acts *s) {
+/* Releases what the slot's mixture-of-experts layers keep for their backward. */
+static void release_moe(const mp_stage_chain *ch, slot_acts *s) {
+  if (ch->k->moe_release == NULL || s->acts == NULL) return;
+  for (int l = 0; l < ch->stage.num_layers; ++l) {
+    ch->k->moe_release(ch->k->context, s->acts[l].moe_saved);
+    s->acts[l].moe_saved = NULL;
+  }
+}
+
+static void free_slot_arrays(const mp_stage_chain *ch, slot_acts *s) {
+  release_moe(ch, s);
   free(s->acts);
   free(s->deferred);
   free(s->inputs_host);
+  free(s->stats_storage);
 }
 
 void mp_stage_chain_free(mp_stage_chain *ch) {
   if (ch == NULL) return;
-  for (int s = 0; ch->slots != NULL && s < ch->num_slots; ++s) free_slot_arrays(&ch->slots[s]);
-  free_slot_arrays(&ch->shared);
+  for (int s = 0; ch->slots != NULL && s < ch->num_slots; ++s) {
+    free_slot_arrays(ch, &ch->slots[s]);
+  }
+  free_slot_arrays(ch, &ch->shared);
   for (int i = 0; i < ch->num_owned; ++i) ch->k->release(ch->k->context, ch->owned[i]);
   free(ch->owned);
+  free(ch->cp_stats_storage);
   free(ch->slots);
   free(ch->blocks);
   free(ch);
@@ -388,6 +445,13 @@ static mp_status chain_setup(mp_stage_chain *ch, const mp_stage_chain_config *co
     ALLOC(ch->kv_full, ch->k->cp_kv_full_bytes, 1);
     ALLOC(ch->dkv_full, ch->k->cp_kv_full_bytes, 1);
   }
+  if (d->moe.experts > 0 && ch->stage.num_layers > 0) ALLOC(ch->moe_out, BT * C, eb);
+  if (d->moe.experts > 0 && d->cp > 1) {
+    slot_acts scratch;
+    MP_TRY(alloc_stats(ch, &scratch, err));
+    ch->cp_stats = scratch.stats;
+    ch->cp_stats_storage = scratch.stats_storage;
+  }
   return MP_OK;
 }
 
@@ -423,6 +487,9 @@ static mp_status check_kernels(const mp_stage_chain *ch, mp_error *err) {
   } else if (d->cp > 1 && (k->cp_gather_kv == NULL || k->cp_attention_forward == NULL ||
                            k->cp_attention_backward == NULL || k->cp_reduce_scatter_kv == NULL)) {
     missing = "context-parallel attention (cp > 1)";
+  } else if (d->moe.experts > 0 &&
+             (k->moe_forward == NULL || k->moe_backward == NULL || k->moe_release == NULL)) {
+    missing = "mixture-of-experts";
   }
   if (missing == NULL) return MP_OK;
   return mp_fail(err, MP_ERR_INPUT,
@@ -569,8 +636,23 @@ static mp_status attention_backward(mp_stage_chain *ch, block_acts *a, void *dqk
   return k->cp_reduce_scatter_kv(cx, dqkv, ch->dkv_full, err);
 }
 
+/* A mixture-of-experts block's tensors (weights, or gradients: NULL where absent) as
+ * layers/moe.h takes them; the CPU's fp32 (the kernels' moe entries say so). */
+static mp_moe_params moe_tensors(const void *const *t) {
+  mp_moe_params p;
+  p.router = (float *)t[MP_BLOCK_ROUTER_WEIGHT];
+  p.expert_fc1 = (float *)t[MP_BLOCK_EXPERT_FC1_WEIGHT];
+  p.expert_fc2 = (float *)t[MP_BLOCK_EXPERT_FC2_WEIGHT];
+  p.shared_fc1 = (float *)t[MP_BLOCK_SHARED_FC1_WEIGHT];
+  p.shared_fc2 = (float *)t[MP_BLOCK_SHARED_FC2_WEIGHT];
+  p.shared_gate = (float *)t[MP_BLOCK_SHARED_GATE_WEIGHT];
+  return p;
+}
+
+/* stats: the micro-batch's router statistics this block's MoE MLP adds to (NULL: a
+ * recomputation, already counted). */
 static mp_status block_forward(mp_stage_chain *ch, int l, block_acts *a, const void *x,
-                               mp_error *err) {
+                               mp_moe_stats *stats, mp_error *err) {
   const mp_stage_kernels *k = ch->k;
   void *cx = k->context;
   const mp_stage_dims *d = &ch->d;
@@ -596,6 +678,14 @@ static mp_status block_forward(mp_stage_chain *ch, int l, block_acts *a, const v
   norm_forward(ch, ln2, a->ln2_mean, a->ln2_rstd, a->residual2, w[MP_BLOCK_LN2_WEIGHT],
                w[MP_BLOCK_LN2_BIAS], BTl);
   if (d->sp) MP_TRY(k->gather_sequence(cx, ln2_total, ln2, err));
+  if (d->moe.experts > 0) {
+    /* The experts over every token of the micro-batch (whole on every tp rank: each rank
+     * computes the same output), then this rank's rows into the residual. */
+    const mp_moe_params params = moe_tensors(w);
+    MP_TRY(k->moe_forward(cx, ch->moe_out, &a->moe_saved, ln2_total, &params, stats, err));
+    k->residual_forward(cx, a->out, a->residual2, at(ch, ch->moe_out, mine), (size_t)BTl * C);
+    return MP_OK;
+  }
   k->matmul_forward(cx, a->fch, ln2_total, w[MP_BLOCK_FC_WEIGHT], w[MP_BLOCK_FC_BIAS], BT, C,
                     d->FCl);
   if (d->swiglu) {
@@ -642,12 +732,45 @@ static mp_status column_input(mp_stage_chain *ch, const void *kept, const void *
   return MP_OK;
 }
 
+/* The backward of a block's mixture-of-experts MLP into dnorm (this rank's rows first, as the
+ * dense MLP leaves them): every tp rank runs it over all the micro-batch's tokens, so the
+ * experts' and router's gradients are already whole and equal on every rank (nothing to sum over
+ * tp, with or without sequence parallelism), and so is the input gradient, of which a rank keeps
+ * its rows. The auxiliary losses' gradients are weighted by the slot's dloss as the
+ * cross-entropy's is; with context parallelism by cp too, since the trainer averages the
+ * gradients over the cp ranks while each holds only its tokens' part of the auxiliary losses'
+ * (one loss of the whole micro-batch). A deferred backward (zero-bubble's B) runs it whole: W
+ * has nothing left of it. The backend's saved state is released after it. */
+static mp_status moe_backward(mp_stage_chain *ch, int l, block_acts *a, const slot_acts *s,
+                              mp_error *err) {
+  const mp_stage_kernels *k = ch->k;
+  void *cx = k->context;
+  const mp_stage_dims *d = &ch->d;
+  const size_t rows = (size_t)d->BTl * (size_t)d->C, mine = (size_t)d->row0 * (size_t)d->C;
+  const void *dout = NULL, *ln2_total = NULL;
+  MP_TRY(row_parallel_output_grad(ch, NULL, &dout, err));
+  MP_TRY(column_input(ch, a->ln2, &ln2_total, err));
+  MP_TRY(k->zero(cx, ch->dnorm, (size_t)d->BT * d->C * ch->eb, err));
+  const mp_moe_params params = moe_tensors(ch->blocks[l].w);
+  mp_moe_params grads = moe_tensors((const void *const *)ch->blocks[l].g);
+  const double weight = (double)s->dloss * (d->cp > 1 ? d->cp : 1);
+  MP_TRY(k->moe_backward(cx, ch->dnorm, &grads, dout, ln2_total, &params, a->moe_saved,
+                         &s->stats, d->moe_aux_loss_coeff * weight, d->moe_z_loss_coeff * weight,
+                         err));
+  k->moe_release(cx, a->moe_saved);
+  a->moe_saved = NULL;
+  if (d->sp && mine > 0) {
+    MP_TRY(k->copy(cx, ch->dnorm, at(ch, ch->dnorm, mine), rows * ch->eb, err));
+  }
+  return MP_OK;
+}
+
 /* Adds the block's parameter gradients and turns dresidual (the gradient of the block's output)
  * into the gradient of its input inp. With q (zero-bubble's B) the four GEMMs' weight gradients
  * are left out and their output gradients kept in q; everything else runs as in the whole
  * backward, on the same numbers. */
 static mp_status block_backward(mp_stage_chain *ch, int l, block_acts *a, const void *inp,
-                                block_deferred *q, mp_error *err) {
+                                block_deferred *q, const slot_acts *s, mp_error *err) {
   const mp_stage_kernels *k = ch->k;
   void *cx = k->context;
   const mp_stage_dims *d = &ch->d;
@@ -666,25 +789,29 @@ static mp_status block_backward(mp_stage_chain *ch, int l, block_acts *a, const 
     /* The block's keys and values again: the slot keeps this rank's tokens' only. */
     MP_TRY(k->cp_gather_kv(cx, ch->kv_full, a->qkv, err));
   }
-  /* The MLP branch: fc_proj is row-parallel, fc column-parallel. */
   const void *dout = NULL;
-  MP_TRY(row_parallel_output_grad(ch, defer ? q->dfcproj : NULL, &dout, err));
-  MP_TRY(k->zero(cx, ch->dfch_gelu, (size_t)BT * Fl * eb, err));
-  k->matmul_backward(cx, ch->dfch_gelu, defer ? NULL : g[MP_BLOCK_FC_PROJ_WEIGHT],
-                     g[MP_BLOCK_FC_PROJ_BIAS], dout, a->fch_gelu, w[MP_BLOCK_FC_PROJ_WEIGHT], BT,
-                     Fl, C);
-  MP_TRY(k->zero(cx, dfch, (size_t)BT * d->FCl * eb, err));
-  if (d->swiglu) {
-    k->swiglu_backward(cx, dfch, a->fch, ch->dfch_gelu, BT, Fl);
+  if (d->moe.experts > 0) {
+    MP_TRY(moe_backward(ch, l, a, s, err));
   } else {
-    k->gelu_backward(cx, dfch, a->fch, ch->dfch_gelu, (size_t)BT * Fl);
+    /* The MLP branch: fc_proj is row-parallel, fc column-parallel. */
+    MP_TRY(row_parallel_output_grad(ch, defer ? q->dfcproj : NULL, &dout, err));
+    MP_TRY(k->zero(cx, ch->dfch_gelu, (size_t)BT * Fl * eb, err));
+    k->matmul_backward(cx, ch->dfch_gelu, defer ? NULL : g[MP_BLOCK_FC_PROJ_WEIGHT],
+                       g[MP_BLOCK_FC_PROJ_BIAS], dout, a->fch_gelu, w[MP_BLOCK_FC_PROJ_WEIGHT], BT,
+                       Fl, C);
+    MP_TRY(k->zero(cx, dfch, (size_t)BT * d->FCl * eb, err));
+    if (d->swiglu) {
+      k->swiglu_backward(cx, dfch, a->fch, ch->dfch_gelu, BT, Fl);
+    } else {
+      k->gelu_backward(cx, dfch, a->fch, ch->dfch_gelu, (size_t)BT * Fl);
+    }
+    const void *ln2_total = NULL;
+    MP_TRY(column_input(ch, a->ln2, &ln2_total, err));
+    MP_TRY(k->zero(cx, ch->dnorm, (size_t)BT * C * eb, err));
+    k->matmul_backward(cx, ch->dnorm, defer ? NULL : g[MP_BLOCK_FC_WEIGHT], g[MP_BLOCK_FC_BIAS],
+                       dfch, ln2_total, w[MP_BLOCK_FC_WEIGHT], BT, C, d->FCl);
+    MP_TRY(k->column_parallel_input_grad(cx, ch->dnorm, err));
   }
-  const void *ln2_total = NULL;
-  MP_TRY(column_input(ch, a->ln2, &ln2_total, err));
-  MP_TRY(k->zero(cx, ch->dnorm, (size_t)BT * C * eb, err));
-  k->matmul_backward(cx, ch->dnorm, defer ? NULL : g[MP_BLOCK_FC_WEIGHT], g[MP_BLOCK_FC_BIAS],
-                     dfch, ln2_total, w[MP_BLOCK_FC_WEIGHT], BT, C, d->FCl);
-  MP_TRY(k->column_parallel_input_grad(cx, ch->dnorm, err));
   norm_backward(ch, ch->dresidual, g[MP_BLOCK_LN2_WEIGHT], g[MP_BLOCK_LN2_BIAS], ch->dnorm,
                 a->residual2, w[MP_BLOCK_LN2_WEIGHT], a->ln2_mean, a->ln2_rstd, BTl);
   /* The attention branch. */
@@ -715,10 +842,12 @@ static void block_backward_weights(mp_stage_chain *ch, int l, const block_acts *
   void *cx = k->context;
   const int BT = ch->d.BT, C = ch->d.C, Cl = ch->d.Cl, Fl = ch->d.Fl;
   float *const *g = ch->blocks[l].g;
-  k->matmul_backward(cx, NULL, g[MP_BLOCK_FC_PROJ_WEIGHT], NULL, q->dfcproj, a->fch_gelu, NULL,
-                     BT, Fl, C);
-  k->matmul_backward(cx, NULL, g[MP_BLOCK_FC_WEIGHT], NULL, q->dfch, a->ln2, NULL, BT, C,
-                     ch->d.FCl);
+  if (ch->d.moe.experts == 0) { /* a mixture of experts' ran whole in B */
+    k->matmul_backward(cx, NULL, g[MP_BLOCK_FC_PROJ_WEIGHT], NULL, q->dfcproj, a->fch_gelu, NULL,
+                       BT, Fl, C);
+    k->matmul_backward(cx, NULL, g[MP_BLOCK_FC_WEIGHT], NULL, q->dfch, a->ln2, NULL, BT, C,
+                       ch->d.FCl);
+  }
   k->matmul_backward(cx, NULL, g[MP_BLOCK_ATTN_PROJ_WEIGHT], NULL, q->dattproj, a->atty, NULL,
                      BT, Cl, C);
   k->matmul_backward(cx, NULL, g[MP_BLOCK_QKV_WEIGHT], NULL, q->dqkv, a->ln1, NULL, BT, C,
@@ -753,11 +882,30 @@ static mp_status stage_forward(mp_stage_chain *ch, slot_acts *s, const int32_t *
   } else {
     k->from_boundary(cx, s->input, input, local);
   }
+  /* A mixture of experts: the micro-batch's router statistics start at zero on the first stage,
+   * else from the previous stage's (after its activations); this stage's layers add theirs. */
+  const bool moe = d->moe.experts > 0;
+  if (moe && !recomputing) {
+    if (st->embedding) {
+      mp_moe_stats_clear(&s->stats);
+    } else {
+      mp_router_stats_unpack(&s->stats, input + local);
+    }
+  }
+  /* With context parallelism each cp rank routes its own tokens of the sequences: the stage's
+   * layers count into cp_stats, summed over the group after them. */
+  const bool cp_sum = moe && !recomputing && d->cp > 1;
+  mp_moe_stats *layer_stats = recomputing ? NULL : cp_sum ? &ch->cp_stats : &s->stats;
+  if (cp_sum) mp_moe_stats_clear(&ch->cp_stats);
   const void *x = s->input;
   for (int l = 0; l < st->num_layers; ++l) {
     MP_TRY(gather_block_weights(ch, l, l + 1 < st->num_layers ? l + 1 : -1, err));
-    MP_TRY(block_forward(ch, l, &s->acts[l], x, err));
+    MP_TRY(block_forward(ch, l, &s->acts[l], x, layer_stats, err));
     x = s->acts[l].out;
+  }
+  if (cp_sum) {
+    MP_TRY(mp_router_stats_sum(&ch->cp_stats, &d->cp_comm, err));
+    mp_router_stats_add(&s->stats, &ch->cp_stats);
   }
   if (st->final_norm) {
     norm_forward(ch, s->lnf, s->lnf_mean, s->lnf_rstd, x, ch->lnfw, ch->lnfb, d->BTl);
@@ -765,6 +913,7 @@ static mp_status stage_forward(mp_stage_chain *ch, slot_acts *s, const int32_t *
   }
   if (!st->head) {
     if (output != NULL) k->to_boundary(cx, output, x, local);
+    if (output != NULL && moe) mp_router_stats_pack(&s->stats, output + local);
     return kernels_check(ch, err);
   }
   if (!recomputing) MP_TRY(k->tokens_in(cx, s->targets, targets, BT, err));
@@ -781,6 +930,11 @@ static mp_status stage_forward(mp_stage_chain *ch, slot_acts *s, const int32_t *
     k->to_boundary(cx, ch->logits_capture, s->logits, (size_t)d->BT * (size_t)d->Vl);
   }
   MP_TRY(k->loss(cx, s->logits, s->targets, s->dloss, recomputing ? NULL : loss, err));
+  /* The micro-batch's statistics are final here: its auxiliary losses join the loss (their
+   * gradients are the MoE backwards'). */
+  if (moe && !recomputing && loss != NULL) {
+    *loss += mp_router_stats_loss(&s->stats, d->moe_aux_loss_coeff, d->moe_z_loss_coeff);
+  }
   return kernels_check(ch, err);
 }
 
@@ -791,6 +945,8 @@ mp_status mp_stage_chain_forward(mp_stage_chain *ch, int slot, const int32_t *in
   slot_acts *s = &ch->slots[slot];
   s->dloss = dloss;
   MP_TRY(stage_forward(ch, s, inputs, targets, input, output, loss, false, err));
+  /* Full recomputation: the MoE layers' saved state comes back with the rerun forward. */
+  if (s->light) release_moe(ch, s);
   s->in_use = true;
   return MP_OK;
 }
@@ -799,6 +955,7 @@ void mp_stage_chain_capture_logits(mp_stage_chain *ch, float *dest) { ch->logits
 
 void mp_stage_chain_discard(mp_stage_chain *ch, int slot) {
   if (slot < 0 || slot >= ch->num_slots) return;
+  release_moe(ch, &ch->slots[slot]);
   ch->slots[slot].in_use = false;
   ch->slots[slot].weights_pending = false;
 }
@@ -847,6 +1004,10 @@ mp_status mp_stage_chain_backward(mp_stage_chain *ch, int slot, const float *dou
     /* Full recomputation: the forward again into the shared activations (every rank does). */
     MP_TRY(stage_forward(ch, s, NULL, NULL, NULL, NULL, NULL, true, err));
   }
+  /* A mixture of experts: every layer's backward needs the micro-batch's final router
+   * statistics: the head stage's own, else the next stage's (after its gradient), passed on. */
+  const bool moe = d->moe.experts > 0;
+  if (moe && !st->head) mp_router_stats_unpack(&s->stats, doutput + local);
   const void *tail_input = before_tail(ch, s);
   /* g: the gradient of the stage's last activation (the final norm's output, or the blocks'). */
   void *g = st->final_norm ? ch->dnorm : ch->dresidual;
@@ -871,7 +1032,8 @@ mp_status mp_stage_chain_backward(mp_stage_chain *ch, int slot, const float *dou
     /* A deferred backward leaves the window (the GEMM weights') to W. */
     if (ch->window != NULL && !defer_weights) MP_TRY(open_grad_window(ch, b, err));
     MP_TRY(gather_block_weights(ch, l, l - 1, err));
-    MP_TRY(block_backward(ch, l, &s->acts[l], inp, defer_weights ? &s->deferred[l] : NULL, err));
+    MP_TRY(block_backward(ch, l, &s->acts[l], inp, defer_weights ? &s->deferred[l] : NULL, s,
+                          err));
     if (ch->window_kind == MP_GRAD_WINDOW_BLOCKS && d->sp) {
       MP_TRY(sum_block_norm_grads(ch, l, err));
     }
@@ -888,6 +1050,7 @@ mp_status mp_stage_chain_backward(mp_stage_chain *ch, int slot, const float *dou
                                  ch->dnorm, err));
   } else {
     k->to_boundary(cx, dinput, ch->dresidual, local);
+    if (moe) mp_router_stats_pack(&s->stats, dinput + local);
   }
   return kernels_check(ch, err);
 }

@@ -24,6 +24,15 @@
  * instead, since W runs no collective. The layernorm gradients are then partial over this rank's
  * tokens until mp_stage_chain_finish_grads.
  *
+ * Mixtures of experts (issue 33, ep 1): a block's MLP is the backend's moe_forward / moe_backward
+ * (layers/moe.h on the CPU) over all BT tokens of the micro-batch on every tp rank, its router,
+ * experts and shared expert whole there (expert-tp 1), so their gradients need no sum over tp.
+ * The auxiliary losses are per micro-batch over all its MoE layers: the router statistics
+ * (engine/model/router_stats.h) travel after the activations in the stage boundary, forward and
+ * (final) backward, summed over the cp group where cp splits the tokens; the head stage adds the
+ * aux losses to the loss. A zero-bubble B runs the MoE backward whole; full recomputation drops
+ * the experts' saved state after the forward and rebuilds it at the backward.
+ *
  * The backward keeps one residual-stream gradient that each layernorm backward adds its input
  * gradient into, so a block's input gradient is formed in place.
  *

@@ -31,6 +31,7 @@
 #include <stdint.h>
 
 #include "common/error.h"
+#include "layers/moe.h"
 #include "layers/rope.h"
 #include "tensor_parallel/tp_comm.h"
 
@@ -60,6 +61,10 @@ typedef struct {
   mp_tp_comm cp_comm;
   bool embedding, head; /* the stage looks tokens up; it ends in the LM head and loss */
   mp_tp_comm tp;      /* the group the collectives run over (device buffers on a GPU) */
+  /* Mixture of experts: every block's MLP (moe.experts > 0; 0 for a dense model), over all BT
+   * tokens of the micro-batch on every tp rank (moe.tokens = BT): the experts are whole there. */
+  mp_moe_shape moe;
+  double moe_aux_loss_coeff, moe_z_loss_coeff;
 } mp_stage_dims;
 
 typedef struct {
@@ -168,6 +173,26 @@ typedef struct {
                                   mp_error *err);
   mp_status (*loss)(void *context, void *logits, const int32_t *targets, float dloss,
                     double *mean_loss, mp_error *err);
+  /* Mixture of experts (dims moe.experts > 0; NULL where the backend has none, and the chain
+   * then refuses an MoE model, naming the backend):
+   *   moe_forward: out (BT, C) = the MoE MLP (layers/moe.h) of inp (BT, C) with the block's
+   *     params; *saved receives what its backward needs (the backend's; a previous one there is
+   *     released first); the layer's router statistics are added into stats (NULL: not counted,
+   *     a recomputation).
+   *   moe_backward: dinp (BT, C) and grads (NULL members: the tensors the model has not) +=
+   *     the gradient of sum(out x dout) + aux_coeff x aux + z_coeff x z, stats being the
+   *     micro-batch's final sums over all its MoE layers.
+   *   moe_release: frees a saved (NULL is fine).
+   * params and grads hold fp32 host arrays (the CPU's): a bf16 backend will need its own
+   * parameter type. */
+  mp_status (*moe_forward)(void *context, void *out, void **saved, const void *inp,
+                           const mp_moe_params *params, mp_moe_stats *stats, mp_error *err);
+  mp_status (*moe_backward)(void *context, void *dinp, mp_moe_params *grads, const void *dout,
+                            const void *inp, const mp_moe_params *params, const void *saved,
+                            const mp_moe_stats *stats, double aux_coeff, double z_coeff,
+                            mp_error *err);
+  void (*moe_release)(void *context, void *saved);
+
   /* The failures of work enqueued since the last check (NULL: every call reports its own). */
   mp_status (*check)(void *context, mp_error *err);
 } mp_stage_kernels;

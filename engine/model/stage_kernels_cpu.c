@@ -11,6 +11,7 @@
 #include "layers/gelu.h"
 #include "layers/layernorm.h"
 #include "layers/matmul.h"
+#include "layers/moe.h"
 #include "layers/residual.h"
 #include "layers/rmsnorm.h"
 #include "layers/rope.h"
@@ -273,6 +274,42 @@ static mp_status cpu_loss(void *context, void *logits, const int32_t *targets, f
   return MP_OK;
 }
 
+/* The mixture-of-experts MLP: layers/moe.h over the micro-batch's BT tokens; what it keeps is
+ * its cache, on the heap. */
+static void cpu_moe_release(void *context, void *saved) {
+  (void)context;
+  if (saved == NULL) return;
+  mp_moe_cache_free(saved);
+  free(saved);
+}
+
+static mp_status cpu_moe_forward(void *context, void *out, void **saved, const void *inp,
+                                 const mp_moe_params *params, mp_moe_stats *stats,
+                                 mp_error *err) {
+  cpu_kernels *k = context;
+  cpu_moe_release(context, *saved);
+  *saved = NULL;
+  mp_moe_cache *cache = calloc(1, sizeof *cache);
+  if (cache == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  const mp_status status = mp_moe_forward_cpu(out, inp, params, &k->d.moe, cache, err);
+  if (status != MP_OK) {
+    cpu_moe_release(context, cache);
+    return status;
+  }
+  if (stats != NULL) mp_moe_stats_add(stats, cache);
+  *saved = cache;
+  return MP_OK;
+}
+
+static mp_status cpu_moe_backward(void *context, void *dinp, mp_moe_params *grads,
+                                  const void *dout, const void *inp, const mp_moe_params *params,
+                                  const void *saved, const mp_moe_stats *stats, double aux_coeff,
+                                  double z_coeff, mp_error *err) {
+  (void)context;
+  return mp_moe_backward_cpu(dinp, grads, dout, inp, params, saved, stats, aux_coeff, z_coeff,
+                             err);
+}
+
 void mp_stage_kernels_cpu_free(mp_stage_kernels *kernels) {
   if (kernels == NULL) return;
   cpu_kernels *k = (cpu_kernels *)kernels;
@@ -369,6 +406,9 @@ mp_status mp_stage_kernels_cpu_create(const mp_stage_dims *dims, mp_stage_kernel
   t->embedding_forward = cpu_embedding_forward;
   t->embedding_backward = cpu_embedding_backward;
   t->loss = cpu_loss;
+  t->moe_forward = cpu_moe_forward;
+  t->moe_backward = cpu_moe_backward;
+  t->moe_release = cpu_moe_release;
   t->check = NULL;
   *out = t;
   return MP_OK;

@@ -2,6 +2,8 @@
  * see stage_layout.h. */
 #include "engine/model/stage_layout.h"
 
+#include "engine/model/router_stats.h"
+
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -65,8 +67,9 @@ mp_grad_window mp_grad_window_for(bool windowed_block_grads, bool deferred_weigh
 
 /* The block's shapes over tp ranks: heads, MLP channels and, with sequence parallelism, the
  * micro-batch's tokens must divide. */
+/* split_mlp: the MLP is split over tp (dense); a mixture of experts' is whole on every rank. */
 static mp_status check_split(const mp_gpt_block_shape *s, int kv_heads, int tp,
-                             bool sequence_parallel, mp_error *err) {
+                             bool sequence_parallel, bool split_mlp, mp_error *err) {
   MP_TRY(mp_gpt_block_shape_check(s, err));
   if (s->NH % tp != 0) {
     return mp_fail(err, MP_ERR_INPUT,
@@ -80,7 +83,7 @@ static mp_status check_split(const mp_gpt_block_shape *s, int kv_heads, int tp,
                    "kv_heads %d do not divide over tp = %d; choose a tp that divides kv_heads",
                    kv_heads, tp);
   }
-  if (s->F % tp != 0) {
+  if (split_mlp && s->F % tp != 0) {
     return mp_fail(err, MP_ERR_INPUT,
                    "tensor parallelism splits the MLP: ffn_hidden %d is not a multiple of tp = %d",
                    s->F, tp);
@@ -181,7 +184,8 @@ mp_status mp_stage_layout_create(const mp_model *model, const mp_stage_layout_co
   layout->T = config->seq_len;
   const mp_gpt_block_shape shape = {config->micro_batch, config->seq_len, c->channels,
                                     c->num_heads, c->ffn_channels};
-  if ((status = check_split(&shape, c->num_kv_heads, tp, layout->sp, err)) != MP_OK ||
+  if ((status = check_split(&shape, c->num_kv_heads, tp, layout->sp, c->moe_experts == 0, err)) !=
+          MP_OK ||
       (status = mp_tp_vocab_check(c->padded_vocab_size, tp, err)) != MP_OK) {
     mp_error inner = *err;
     mp_fail(err, status, "%s with tp = %d%s: %s", mp_model_source(model), tp,
@@ -253,7 +257,10 @@ void mp_stage_layout_cp(const mp_stage_layout *layout, int *cp_rank, int *cp_siz
 }
 
 size_t mp_stage_layout_boundary_floats(const mp_stage_layout *layout) {
-  return (size_t)layout->BTl * (size_t)mp_param_layout_config(layout->model)->channels;
+  const mp_model_config *c = mp_param_layout_config(layout->model);
+  /* A mixture of experts carries the micro-batch's router statistics after the activations. */
+  return (size_t)layout->BTl * (size_t)c->channels +
+         mp_router_stats_boundary_floats(c->moe_experts);
 }
 
 size_t mp_stage_layout_num_params(const mp_stage_layout *layout) { return layout->num_params; }

@@ -124,7 +124,8 @@ bool mp_stage_layout_sequence_parallel(const mp_stage_layout *layout);
 void mp_stage_layout_cp(const mp_stage_layout *layout, int *cp_rank, int *cp_size);
 
 /* Floats of the activation a stage sends to the next one (and the gradient it gets back):
- * (B*T, C), or with sequence parallelism this rank's (B*T/tp, C). */
+ * (B*T, C), or with sequence parallelism this rank's (B*T/tp, C); with mixture-of-experts
+ * blocks followed by the micro-batch's router statistics (engine/model/router_stats.h). */
 size_t mp_stage_layout_boundary_floats(const mp_stage_layout *layout);
 
 /* The flat shard array's floats, and its tensor table (index in the stage, not the model). */

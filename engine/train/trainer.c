@@ -27,7 +27,7 @@ const char *mp_backend_name(mp_backend backend) {
 
 /* Megatron's FLOP count of one step: forward and backward of every layer, every micro-batch. */
 static double step_flops(const mp_plan *plan, const mp_model *model) {
-  const mp_cost_shape shape = {plan->micro_batch, plan->seq_len, 2, false, 1}; /* FLOPs only */
+  const mp_cost_shape shape = {plan->micro_batch, plan->seq_len, 2, false, 1, 1}; /* FLOPs only */
   double flops = 0.0;
   for (int i = 0; i < mp_model_num_layers(model); ++i) {
     mp_layer_cost cost;

@@ -119,9 +119,18 @@ static const struct {
     {"fc_proj.bias", "mlp.c_proj.bias", false},
 };
 
+/* One Hugging Face tensor holding a run of rows of one of ours: a mixture of experts' stacked
+ * tensors are many of theirs (each expert's gate, up and down projections). */
+typedef struct {
+  char name[kHfNameBytes];
+  size_t row0, rows; /* our rows [row0, row0 + rows) are the file tensor's rows */
+} hf_piece;
+
 typedef struct {
   const mp_param_layout *layout;
   mp_safetensors *st;
+  hf_piece **pieces;           /* (num_tensors,) NULL, or an MoE tensor's file tensors */
+  int *num_pieces;             /* (num_tensors,) 0: the tensor is names[i] whole */
   char (*names)[kHfNameBytes]; /* (num_tensors,) the file's name of each layout tensor */
   bool *transposed;            /* (num_tensors,) stored (cols, rows) */
   size_t *file_rows;           /* (num_tensors,) rows in the file (wte: vocab_size) */
@@ -131,6 +140,11 @@ static void hf_close(void *impl) {
   hf_source *s = impl;
   if (s == NULL) return;
   mp_safetensors_close(s->st);
+  for (int i = 0; s->pieces != NULL && i < mp_param_layout_num_tensors(s->layout); ++i) {
+    free(s->pieces[i]);
+  }
+  free(s->pieces);
+  free(s->num_pieces);
   free(s->names);
   free(s->transposed);
   free(s->file_rows);
@@ -183,6 +197,62 @@ static bool hf_llama_name(const char *ours, const char *prefix, char *out) {
     }
   }
   return false;
+}
+
+/* A mixture-of-experts block tensor as Hugging Face stores it, in pieces of our rows (out: room
+ * for 2E): Mixtral's layers.l.block_sparse_moe.{gate, experts.e.w1 | w3 | w2} (w1 the gate
+ * projection, w3 the up, w2 the down), Qwen2-MoE's layers.l.mlp.{gate, experts.e.gate_proj |
+ * up_proj | down_proj, shared_expert.{gate,up,down}_proj, shared_expert_gate}; nn.Linear (out,
+ * in) everywhere, as ours. Returns the number of pieces, 0 when `ours` is no MoE tensor. */
+static int hf_moe_pieces(const mp_model_config *c, const char *ours, const char *prefix,
+                         bool mixtral, hf_piece *out) {
+  int layer = 0, used = 0;
+  if (c->moe_experts == 0 || sscanf(ours, "block.%d.%n", &layer, &used) != 1 || used == 0) {
+    return 0;
+  }
+  const char *role = ours + used;
+  const size_t E = (size_t)c->moe_experts, F = (size_t)c->ffn_channels;
+  const size_t C = (size_t)c->channels, Fs = (size_t)c->moe_shared_ffn;
+  char base[kHfNameBytes];
+  snprintf(base, sizeof base, "%slayers.%d.%s", prefix, layer,
+           mixtral ? "block_sparse_moe" : "mlp");
+  const char *gate = mixtral ? "w1" : "gate_proj", *up = mixtral ? "w3" : "up_proj";
+  const char *down = mixtral ? "w2" : "down_proj";
+  int n = 0;
+#define PIECE(first, count, ...)                                          \
+  do {                                                                    \
+    snprintf(out[n].name, kHfNameBytes, __VA_ARGS__);                     \
+    out[n].row0 = (first);                                                \
+    out[n].rows = (count);                                                \
+    ++n;                                                                  \
+  } while (0)
+  if (strcmp(role, "router.weight") == 0) {
+    PIECE(0, E, "%s.gate.weight", base);
+  } else if (strcmp(role, "expert_fc1.weight") == 0) {
+    for (size_t e = 0; e < E; ++e) {
+      PIECE(e * 2 * F, F, "%s.experts.%zu.%s.weight", base, e, gate);
+      PIECE(e * 2 * F + F, F, "%s.experts.%zu.%s.weight", base, e, up);
+    }
+  } else if (strcmp(role, "expert_fc2.weight") == 0) {
+    for (size_t e = 0; e < E; ++e) PIECE(e * C, C, "%s.experts.%zu.%s.weight", base, e, down);
+  } else if (strcmp(role, "shared_fc1.weight") == 0) {
+    PIECE(0, Fs, "%s.shared_expert.gate_proj.weight", base);
+    PIECE(Fs, Fs, "%s.shared_expert.up_proj.weight", base);
+  } else if (strcmp(role, "shared_fc2.weight") == 0) {
+    PIECE(0, C, "%s.shared_expert.down_proj.weight", base);
+  } else if (strcmp(role, "shared_gate.weight") == 0) {
+    PIECE(0, 1, "%s.shared_expert_gate.weight", base);
+  }
+#undef PIECE
+  return n;
+}
+
+/* Whether an MoE layout's files name the experts as Mixtral does (block_sparse_moe) rather than
+ * Qwen2-MoE (mlp): the first layer's router says. */
+static bool hf_moe_mixtral_names(const mp_safetensors *st, const char *prefix) {
+  char name[kHfNameBytes];
+  snprintf(name, sizeof name, "%slayers.0.block_sparse_moe.gate.weight", prefix);
+  return mp_safetensors_find(st, name) != NULL;
 }
 
 /* GPT-2's file name for our tensor `ours` (prefix "transformer." or ""); false if unknown. */
@@ -288,6 +358,11 @@ static mp_status hf_check_config(const mp_param_layout *layout, const char *dir,
       {"$.layers[1].norm (1: rmsnorm)", a->rmsnorm, b->rmsnorm},
       {"$.layers[1].activation (1: swiglu)", a->swiglu, b->swiglu},
       {"$.layers[1].bias (0: none, 1: qkv, 2: all)", a->bias, b->bias},
+      {"num_local_experts (num_experts)", a->moe_experts, b->moe_experts},
+      {"num_experts_per_tok", a->moe_top_k, b->moe_top_k},
+      {"shared_expert_intermediate_size", a->moe_shared_ffn, b->moe_shared_ffn},
+      {"norm_topk_prob", a->moe_experts > 0 && a->moe_normalize_top_k,
+       b->moe_experts > 0 && b->moe_normalize_top_k},
   };
   mp_param_layout_free(theirs);
   for (size_t i = 0; i < sizeof fields / sizeof fields[0]; ++i) {
@@ -320,9 +395,30 @@ static mp_status hf_prepare(hf_source *s, mp_error *err) {
                                mp_safetensors_find(s->st, first) != NULL
                            ? ""
                            : base;
+  const mp_model_config *c = mp_param_layout_config(layout);
+  const bool mixtral = c->moe_experts > 0 && hf_moe_mixtral_names(s->st, prefix);
+  s->pieces = calloc((size_t)n, sizeof *s->pieces);
+  s->num_pieces = calloc((size_t)n, sizeof *s->num_pieces);
+  if (s->pieces == NULL || s->num_pieces == NULL) {
+    return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  }
   for (int i = 0; i < n; ++i) {
     int64_t shape[2];
     int rank = 0;
+    if (c->moe_experts > 0) {
+      const mp_param_tensor *t = mp_param_layout_tensor(layout, i);
+      hf_piece *pieces = calloc(2 * (size_t)c->moe_experts + 2, sizeof *pieces);
+      if (pieces == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+      s->pieces[i] = pieces;
+      s->num_pieces[i] = hf_moe_pieces(c, t->name, prefix, mixtral, pieces);
+      for (int p = 0; p < s->num_pieces[i]; ++p) {
+        shape[0] = (int64_t)pieces[p].rows;
+        shape[1] = (int64_t)t->cols;
+        MP_TRY(mp_safetensors_expect(s->st, pieces[p].name, MP_SAFETENSORS_FLOAT_DTYPES, 2, shape,
+                                     NULL, err));
+      }
+      if (s->num_pieces[i] > 0) continue;
+    }
     MP_TRY(hf_tensor_of(layout, i, prefix, s->names[i], &rank, shape, &s->transposed[i],
                         &s->file_rows[i], err));
     MP_TRY(mp_safetensors_expect(s->st, s->names[i], MP_SAFETENSORS_FLOAT_DTYPES, rank, shape,
@@ -335,6 +431,21 @@ static mp_status hf_read(void *impl, int tensor, const mp_param_tensor *t, size_
                          size_t col, size_t cols, float *dest, mp_error *err) {
   const hf_source *s = impl;
   const char *name = s->names[tensor];
+  if (s->num_pieces[tensor] > 0) {
+    /* Each file tensor's share of our rows [row, row + rows): only those bytes are read. */
+    for (int p = 0; p < s->num_pieces[tensor]; ++p) {
+      const hf_piece *piece = &s->pieces[tensor][p];
+      const size_t lo = row > piece->row0 ? row : piece->row0;
+      const size_t hi = row + rows < piece->row0 + piece->rows ? row + rows
+                                                               : piece->row0 + piece->rows;
+      if (lo >= hi) continue;
+      MP_TRY(mp_safetensors_read_block(s->st, piece->name, (int64_t)(lo - piece->row0),
+                                       (int64_t)(hi - piece->row0), (int64_t)col,
+                                       (int64_t)(col + cols), MP_SAFETENSORS_ROW_MAJOR,
+                                       dest + (lo - row) * cols, err));
+    }
+    return MP_OK;
+  }
   if (s->transposed[tensor]) {
     /* The file holds the (cols, rows) transpose: our rows [row, +rows) x columns [col, +cols)
      * are its rows [col, +cols) x columns [row, +rows). */
@@ -412,17 +523,25 @@ typedef struct {
   int num_files;                      /* 1: model.safetensors; more: a sharded set and its index */
   mp_safetensors_writer **writers;    /* (num_files,) */
   char (*file_names)[kHfFileNameBytes]; /* (num_files,) */
-  int *file_of;                       /* (num_tensors,) the file each tensor goes to */
+  /* The file's tensors ("outs"): one per layout tensor, or a mixture of experts' pieces (each
+   * expert's projections), in the layout's order; indexed by out. */
+  int num_outs;
+  int *first_out, *outs_of;           /* (num_tensors,) a layout tensor's outs */
+  size_t *row0;                       /* (num_outs,) the out's first row of its layout tensor */
+  int *file_of;                       /* (num_outs,) the file each goes to */
   int64_t total_bytes;                /* every tensor's data bytes, for the index */
-  char (*names)[kHfNameBytes]; /* (num_tensors,) */
-  bool *transposed;            /* (num_tensors,) */
-  size_t *file_rows;           /* (num_tensors,) */
+  char (*names)[kHfNameBytes]; /* (num_outs,) */
+  bool *transposed;            /* (num_outs,) */
+  size_t *file_rows;           /* (num_outs,) rows written (wte: vocab_size; a piece's rows) */
   float *column;               /* (largest rows,) one column of a transposed tensor */
 } hf_sink;
 
 static void hf_sink_free(hf_sink *s) {
   free(s->writers);
   free(s->file_names);
+  free(s->first_out);
+  free(s->outs_of);
+  free(s->row0);
   free(s->file_of);
   free(s->names);
   free(s->transposed);
@@ -434,16 +553,19 @@ static void hf_sink_free(hf_sink *s) {
 static mp_status hf_sink_write(void *impl, int tensor, const mp_param_tensor *t,
                                const float *data, mp_error *err) {
   hf_sink *s = impl;
-  const char *name = s->names[tensor];
-  if (!s->transposed[tensor]) {
-    return mp_safetensors_writer_append(s->writers[s->file_of[tensor]], name, data,
-                                        (int64_t)(s->file_rows[tensor] * t->cols), err);
-  }
-  /* The file's row j is our column j. */
-  for (size_t j = 0; j < t->cols; ++j) {
-    for (size_t r = 0; r < t->rows; ++r) s->column[r] = data[r * t->cols + j];
-    MP_TRY(mp_safetensors_writer_append(s->writers[s->file_of[tensor]], name, s->column,
-                                        (int64_t)t->rows, err));
+  for (int o = s->first_out[tensor]; o < s->first_out[tensor] + s->outs_of[tensor]; ++o) {
+    const char *name = s->names[o];
+    mp_safetensors_writer *writer = s->writers[s->file_of[o]];
+    if (!s->transposed[o]) {
+      MP_TRY(mp_safetensors_writer_append(writer, name, data + s->row0[o] * t->cols,
+                                          (int64_t)(s->file_rows[o] * t->cols), err));
+      continue;
+    }
+    /* The file's row j is our column j. */
+    for (size_t j = 0; j < t->cols; ++j) {
+      for (size_t r = 0; r < t->rows; ++r) s->column[r] = data[r * t->cols + j];
+      MP_TRY(mp_safetensors_writer_append(writer, name, s->column, (int64_t)t->rows, err));
+    }
   }
   return MP_OK;
 }
@@ -463,8 +585,58 @@ static void add_float(cJSON *object, const char *key, double value) {
   cJSON_AddRawToObject(object, key, text);
 }
 
+/* MixtralConfig's (no shared expert) or Qwen2MoeConfig's fields, as config.json text (free()):
+ * output_router_logits true with router_aux_loss_coef when the model trains with a
+ * load-balancing loss, as transformers then adds it to the loss. */
+static char *hf_moe_config_text(const mp_model_config *c) {
+  cJSON *root = cJSON_CreateObject();
+  if (root == NULL) return NULL;
+  const bool mixtral = c->moe_shared_ffn == 0;
+  cJSON *architectures = cJSON_AddArrayToObject(root, "architectures");
+  if (architectures != NULL) {
+    cJSON_AddItemToArray(architectures, cJSON_CreateString(mixtral ? "MixtralForCausalLM"
+                                                                   : "Qwen2MoeForCausalLM"));
+  }
+  cJSON_AddStringToObject(root, "model_type", mixtral ? "mixtral" : "qwen2_moe");
+  cJSON_AddNumberToObject(root, "vocab_size", c->vocab_size);
+  cJSON_AddNumberToObject(root, "hidden_size", c->channels);
+  cJSON_AddNumberToObject(root, "intermediate_size", c->ffn_channels);
+  cJSON_AddNumberToObject(root, "num_hidden_layers", c->num_layers);
+  cJSON_AddNumberToObject(root, "num_attention_heads", c->num_heads);
+  cJSON_AddNumberToObject(root, "num_key_value_heads", c->num_kv_heads);
+  cJSON_AddStringToObject(root, "hidden_act", "silu");
+  cJSON_AddNumberToObject(root, "max_position_embeddings", c->max_seq_len);
+  add_float(root, "rms_norm_eps", c->norm_eps);
+  add_float(root, "rope_theta", c->rope_spec.theta);
+  add_float(root, "attention_dropout", 0.0);
+  cJSON_AddNumberToObject(root, "num_experts_per_tok", c->moe_top_k);
+  if (mixtral) {
+    cJSON_AddNumberToObject(root, "num_local_experts", c->moe_experts);
+    cJSON_AddNullToObject(root, "sliding_window");
+    add_float(root, "router_jitter_noise", 0.0);
+  } else {
+    cJSON_AddNumberToObject(root, "num_experts", c->moe_experts);
+    cJSON_AddNumberToObject(root, "moe_intermediate_size", c->ffn_channels);
+    cJSON_AddNumberToObject(root, "shared_expert_intermediate_size", c->moe_shared_ffn);
+    cJSON_AddBoolToObject(root, "norm_topk_prob", c->moe_normalize_top_k);
+    cJSON_AddNumberToObject(root, "decoder_sparse_step", 1);
+    cJSON_AddItemToObject(root, "mlp_only_layers", cJSON_CreateArray());
+    cJSON_AddBoolToObject(root, "use_sliding_window", 0);
+    cJSON_AddNullToObject(root, "rope_scaling");
+  }
+  cJSON_AddBoolToObject(root, "output_router_logits", c->moe_aux_loss_coeff > 0.0);
+  add_float(root, "router_aux_loss_coef", c->moe_aux_loss_coeff > 0.0 ? c->moe_aux_loss_coeff
+                                                                       : 0.001);
+  cJSON_AddBoolToObject(root, "tie_word_embeddings", c->tied_head);
+  cJSON_AddStringToObject(root, "torch_dtype", "float32");
+  char *text = cJSON_Print(root);
+  cJSON_Delete(root);
+  return text;
+}
+
 /* LlamaConfig's (Qwen2Config's with q-k-v biases) fields, as config.json text (free()). */
 static char *hf_llama_config_text(const mp_model_config *c) {
+  if (c->moe_experts > 0) return hf_moe_config_text(c);
   cJSON *root = cJSON_CreateObject();
   if (root == NULL) return NULL;
   const bool qwen2 = c->bias == MP_BIAS_QKV;
@@ -557,7 +729,7 @@ static mp_status hf_sink_commit(void *impl, mp_error *err) {
     }
   }
   char path[kHfPathBytes + 64];
-  const int n = mp_param_layout_num_tensors(s->layout);
+  const int n = s->num_outs;
   if (status == MP_OK && s->num_files > 1) {
     const char **names = calloc((size_t)n, sizeof *names),
                **files = calloc((size_t)n, sizeof *files);
@@ -641,12 +813,40 @@ static mp_status hf_sink_open(const mp_param_layout *layout, const char *dir, in
                    mp_param_layout_model_source(layout),
                    !c->rmsnorm ? "layernorm" : !c->swiglu ? "gelu" : "no rotary embeddings");
   }
+  if (c->moe_experts > 0) {
+    /* Mixtral: no biases, no shared expert, renormalised top-k; Qwen2-MoE: q-k-v biases and a
+     * gated shared expert. */
+    const bool mixtral = c->moe_shared_ffn == 0 && c->bias == MP_BIAS_NONE &&
+                         c->moe_normalize_top_k && !c->rope_spec.llama3;
+    const bool qwen2_moe = c->moe_shared_ffn > 0 && c->moe_shared_gate &&
+                           c->bias == MP_BIAS_QKV && !c->rope_spec.llama3;
+    if (!mixtral && !qwen2_moe) {
+      return mp_fail(err, MP_ERR_INPUT,
+                     "%s: no Hugging Face architecture holds this mixture of experts; export "
+                     "writes MixtralForCausalLM (no biases, no shared expert, normalize_top_k) "
+                     "and Qwen2MoeForCausalLM (q-k-v biases, a shared expert with its gate)",
+                     mp_param_layout_model_source(layout));
+    }
+  }
   struct stat st;
   if (mkdir(dir, 0755) != 0 && !(errno == EEXIST && stat(dir, &st) == 0 && S_ISDIR(st.st_mode))) {
     return mp_fail(err, MP_ERR_INPUT, "%s: cannot create the directory: %s", dir,
                    strerror(errno));
   }
-  const int n = mp_param_layout_num_tensors(layout);
+  const int tensors = mp_param_layout_num_tensors(layout);
+  /* The outs: a mixture of experts' tensors are 2E + ... of theirs (at most 2E + 2 each). */
+  int n = 0;
+  hf_piece *pieces = c->moe_experts > 0 ? calloc(2 * (size_t)c->moe_experts + 2, sizeof *pieces)
+                                        : NULL;
+  const char *prefix = is_gpt2(layout) ? "transformer." : "model.";
+  const bool mixtral = c->moe_experts > 0 && c->moe_shared_ffn == 0;
+  for (int i = 0; i < tensors; ++i) {
+    const int k = pieces != NULL
+                      ? hf_moe_pieces(c, mp_param_layout_tensor(layout, i)->name, prefix, mixtral,
+                                      pieces)
+                      : 0;
+    n += k > 0 ? k : 1;
+  }
   hf_sink *s = calloc(1, sizeof *s);
   mp_safetensors_tensor_spec *specs = calloc((size_t)n, sizeof *specs);
   mp_safetensors_tensor_spec *subset = calloc((size_t)n, sizeof *subset);
@@ -657,21 +857,43 @@ static mp_status hf_sink_open(const mp_param_layout *layout, const char *dir, in
       (s->names = calloc((size_t)n, sizeof *s->names)) == NULL ||
       (s->transposed = calloc((size_t)n, sizeof *s->transposed)) == NULL ||
       (s->file_rows = calloc((size_t)n, sizeof *s->file_rows)) == NULL ||
-      (s->file_of = calloc((size_t)n, sizeof *s->file_of)) == NULL) {
+      (s->file_of = calloc((size_t)n, sizeof *s->file_of)) == NULL ||
+      (s->row0 = calloc((size_t)n, sizeof *s->row0)) == NULL ||
+      (s->first_out = calloc((size_t)tensors, sizeof *s->first_out)) == NULL ||
+      (s->outs_of = calloc((size_t)tensors, sizeof *s->outs_of)) == NULL ||
+      (c->moe_experts > 0 && pieces == NULL)) {
     status = mp_fail(err, MP_ERR_RUNTIME, "out of memory");
   }
   size_t largest = 1;
-  for (int i = 0; status == MP_OK && i < n; ++i) {
-    status = hf_tensor_of(layout, i, is_gpt2(layout) ? "transformer." : "model.", s->names[i],
-                          &specs[i].rank, shapes[i], &s->transposed[i], &s->file_rows[i], err);
-    specs[i].name = s->names[i];
-    specs[i].dtype = MP_SAFETENSORS_F32;
-    specs[i].shape = shapes[i];
-    bytes[i] = (int64_t)sizeof(float) * shapes[i][0] * (specs[i].rank == 2 ? shapes[i][1] : 1);
-    s->total_bytes += bytes[i];
-    const size_t rows = mp_param_layout_tensor(layout, i)->rows;
-    if (rows > largest) largest = rows;
+  int o = 0;
+  for (int i = 0; status == MP_OK && i < tensors; ++i) {
+    const mp_param_tensor *t = mp_param_layout_tensor(layout, i);
+    const int k = pieces != NULL ? hf_moe_pieces(c, t->name, prefix, mixtral, pieces) : 0;
+    s->first_out[i] = o;
+    s->outs_of[i] = k > 0 ? k : 1;
+    for (int p = 0; p < s->outs_of[i]; ++p, ++o) {
+      if (k > 0) {
+        snprintf(s->names[o], kHfNameBytes, "%s", pieces[p].name);
+        s->row0[o] = pieces[p].row0;
+        s->file_rows[o] = pieces[p].rows;
+        specs[o].rank = 2;
+        shapes[o][0] = (int64_t)pieces[p].rows;
+        shapes[o][1] = (int64_t)t->cols;
+      } else {
+        status = hf_tensor_of(layout, i, prefix, s->names[o], &specs[o].rank, shapes[o],
+                              &s->transposed[o], &s->file_rows[o], err);
+        if (status != MP_OK) break;
+      }
+      specs[o].name = s->names[o];
+      specs[o].dtype = MP_SAFETENSORS_F32;
+      specs[o].shape = shapes[o];
+      bytes[o] = (int64_t)sizeof(float) * shapes[o][0] * (specs[o].rank == 2 ? shapes[o][1] : 1);
+      s->total_bytes += bytes[o];
+    }
+    if (t->rows > largest) largest = t->rows;
   }
+  free(pieces);
+  if (s != NULL) s->num_outs = n;
   if (status == MP_OK) {
     s->layout = layout;
     snprintf(s->dir, sizeof s->dir, "%s", dir);

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# tests/tools/moe_cli_test.sh — mixture-of-experts models at the command line (issue 33's first
-# slice): `describe` counts them (total and active parameters), and everything that would train
-# one refuses it with exit 2, naming the model file and the layer, until the runtime carries
-# experts (planning them: tests/tools/moe_plan_test.sh).
+# tests/tools/moe_cli_test.sh — mixture-of-experts models at the command line (issue 33):
+# `describe` counts them (total and active parameters); `run` trains a model whose blocks are all
+# MoE blocks on the CPU backend at ep 1 (tests/tools/testdata/tiny-moe.json), refuses one that
+# mixes dense and MoE blocks naming the layer, refuses --backend cuda (no MoE kernels yet) and a
+# capacity factor (dropless only), each with exit 2 (planning them: tests/tools/moe_plan_test.sh).
 set -uo pipefail
 mpengine=${1:-${MPENGINE:-tools/mpengine}}
 tmp=${TEST_TMPDIR:-$(mktemp -d)}
@@ -17,7 +18,6 @@ expect 0 "parameters: 14,315,784,192 (14.3 B)" \
   -- $mpengine describe examples/models/qwen1.5-moe-a2.7b.json
 expect 0 '"active_params":	12879925248' -- $mpengine describe examples/models/mixtral-8x7b.json --format json
 
-refusal="mixture-of-experts blocks are described and counted (mpengine describe)"
 
 # A tiny MoE model and a one-rank plan of it, as a user would write them by hand.
 cat > "$tmp/tiny-moe.json" <<'JSON'
@@ -47,10 +47,30 @@ cat > "$tmp/tiny-moe-plan.json" <<'JSON'
 }
 JSON
 expect 0 "active parameters per token" -- $mpengine describe "$tmp/tiny-moe.json"
-expect 2 "tiny-moe.json: \$.layers[2].moe (block.2): $refusal" \
+expect 2 "tiny-moe.json: \$.layers[2] (block.2): blocks of different shapes (dense and mixture-of-experts MLPs mixed" \
   -- $mpengine run --config "$tmp/tiny-moe-plan.json" --steps 1 --backend cpu
-expect 2 "tiny-moe.json: \$.layers[2].moe (block.2): $refusal" \
+expect 2 "tiny-moe.json: \$.layers[2] (block.2): blocks of different shapes (dense and mixture-of-experts MLPs mixed" \
   -- $mpengine bench step "$tmp/tiny-moe.json" --steps 1
+
+# A model of MoE blocks only trains on the CPU at ep 1: one rank, and pp 2 x tp 2 with sequence
+# parallelism.
+moe_model=$(dirname "${BASH_SOURCE[0]}")/testdata/tiny-moe.json
+cp "$moe_model" "$tmp/all-moe.json"
+for layout in "1 1 [7]" "2 2 [3,4]"; do
+  set -- $layout
+  cat > "$tmp/all-moe-plan-$1x$2.json" <<JSON
+{"model": "all-moe.json", "cluster": "cpu-local",
+ "parallel": {"dp": 1, "pp": $1, "tp": $2, "sequence_parallel": true}, "layers_per_stage": $3,
+ "batch": {"global_batch": 4, "micro_batch": 2, "num_micro_batches": 2, "seq_len": 32},
+ "schedule": "1f1b", "recompute": "none", "training": {"steps": 3, "learning_rate": 1e-3}}
+JSON
+  expect 0 "done: 3 steps" -- $mpengine run --config "$tmp/all-moe-plan-$1x$2.json" --backend cpu
+done
+expect 2 "--backend cuda: $tmp/all-moe.json: \$.layers[1].moe (block.0): the CUDA backend has no mixture-of-experts kernels yet; train this model with --backend cpu" \
+  -- $mpengine run --config "$tmp/all-moe-plan-1x1.json" --backend cuda
+sed 's/"z_loss_coeff": 0.001}/"z_loss_coeff": 0.001, "capacity_factor": 1.25}/' "$moe_model" > "$tmp/all-moe.json"
+expect 2 "all-moe.json: \$.layers[1].moe.capacity_factor (block.0): the runtime routes dropless only" \
+  -- $mpengine run --config "$tmp/all-moe-plan-1x1.json" --backend cpu
 
 if [ $failures -ne 0 ]; then
   echo "$failures check(s) failed"
