@@ -23,7 +23,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       sum += (size_t)layer->hidden + strlen(layer->name);
     }
     (void)sum;
-    const mp_cost_shape shape = {1, mp_model_seq_len(model), 2, false, 1};
+    const mp_cost_shape shape = {1, mp_model_seq_len(model), 2, false, 1, 1};
     for (int i = 0; i < mp_model_num_layers(model); ++i) {
       mp_layer_cost cost;
       mp_layer_cost_compute(mp_model_layer(model, i), &shape, &cost);
