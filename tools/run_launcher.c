@@ -269,6 +269,19 @@ int run_relaunch(cli_command *command, int argc, char **argv, int np, const char
                  const run_hosts *hosts, bool *lost) {
   mp_error err = MP_ERROR_INITIALIZER;
   if (lost != NULL) *lost = false;
+  /* Several tasks of a Slurm job step that are no MPI job: srun without PMIx (--mpi=none, the
+   * default where slurm.conf sets no MpiDefault). Each would start an mpirun of its own, whose
+   * daemons wait for the CPUs this step holds: a silent hang. */
+  const char *step_tasks = getenv("SLURM_STEP_NUM_TASKS");
+  if (getenv("SLURM_STEP_ID") != NULL && step_tasks != NULL && atoi(step_tasks) > 1) {
+    const char *task = getenv("SLURM_PROCID");
+    mp_fail(&err, MP_ERR_INPUT,
+            "task %s of %s of a Slurm job step (srun) was started without PMIx, so it is no MPI "
+            "rank: start `mpengine run` once inside the allocation (no srun: it starts the %d "
+            "ranks through mpirun), or start the ranks with `srun --mpi=pmix` (docs/slurm.md)",
+            task != NULL ? task : "?", step_tasks, np);
+    return cli_report(command, &err);
+  }
   const bool many_hosts = hosts != NULL && hosts->hostfile != NULL;
   char *host_list = many_hosts ? placement_text(hosts) : NULL;
   if (many_hosts && host_list == NULL) {

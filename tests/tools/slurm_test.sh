@@ -119,6 +119,23 @@ else
   echo "ok: srun --mpi=pmi2 fails at MPI_Init: OMPI was not built with SLURM's PMI support"
 fi
 
+# What cannot work and is refused: srun without PMIx (--mpi=none). Its tasks are no MPI ranks;
+# each would start an mpirun of its own and wait for the CPUs the step holds. Every task says so
+# and exits 2, at once.
+timeout 60 srun -N2 --ntasks-per-node=2 --mpi=none \
+  "$mpengine" run --config "$plan" --steps 3 > srun_none.log 2>&1
+code=$?
+if [ "$code" = 124 ]; then
+  fail "srun --mpi=none mpengine run: hung (timeout 60 s), not refused"
+elif [ "$code" = 0 ]; then
+  fail "srun --mpi=none mpengine run: exit 0, not refused"
+elif [ "$(grep -c "of 4 of a Slurm job step (srun) was started without PMIx, so it is no MPI rank" srun_none.log)" != 4 ]; then
+  tail -n 20 srun_none.log
+  fail "srun --mpi=none: want the refusal from each of the 4 tasks"
+else
+  echo "ok: srun --mpi=none is refused by every task: $(grep -m1 "without PMIx" srun_none.log)"
+fi
+
 if [ "$failures" -ne 0 ]; then
   netns_slurm_logs
   echo "$failures check(s) failed"
