@@ -108,6 +108,29 @@ static mp_status encode_piece(mp_token_encoder *encoder, size_t offset, size_t b
   return MP_OK;
 }
 
+/* How a stretch of text between added tokens is encoded: arena[offset, offset + bytes). */
+typedef mp_status (*text_encoder)(mp_token_encoder *encoder, size_t offset, size_t bytes,
+                                  bool at_input_start, mp_token_ids *out, mp_error *err);
+
+/* The pieces of a split by added tokens, in order: each added token's id, and each stretch of
+ * text between them through encode_text (a piece's start is relative to arena offset base). */
+static mp_status encode_pieces(mp_token_encoder *encoder, const mp_added_piece_list *pieces,
+                               size_t base, bool at_input_start, text_encoder encode_text,
+                               mp_token_ids *out, mp_error *err) {
+  for (size_t p = 0; p < pieces->count; p++) {
+    const mp_added_piece piece = pieces->items[p];
+    if (piece.end == piece.start) continue;
+    if (piece.id >= 0) {
+      const uint32_t id = (uint32_t)piece.id;
+      if (!mp_token_ids_append(out, &id, 1)) return out_of_memory(err);
+      continue;
+    }
+    MP_TRY(encode_text(encoder, base + piece.start, piece.end - piece.start,
+                       at_input_start && piece.start == 0, out, err));
+  }
+  return MP_OK;
+}
+
 /* Normalizes arena[offset, offset + bytes) (text between raw-matched added tokens), cuts out the
  * normalized-matched ones and encodes the rest. */
 static mp_status encode_raw_piece(mp_token_encoder *encoder, size_t offset, size_t bytes,
@@ -132,18 +155,7 @@ static mp_status encode_raw_piece(mp_token_encoder *encoder, size_t offset, size
                                  encoder->arena.data + start, length, pieces)) {
     return out_of_memory(err);
   }
-  for (size_t p = 0; p < pieces->count; p++) {
-    mp_added_piece piece = pieces->items[p];
-    if (piece.end == piece.start) continue;
-    if (piece.id >= 0) {
-      uint32_t id = (uint32_t)piece.id;
-      if (!mp_token_ids_append(out, &id, 1)) return out_of_memory(err);
-      continue;
-    }
-    MP_TRY(encode_piece(encoder, start + piece.start, piece.end - piece.start,
-                        at_input_start && piece.start == 0, out, err));
-  }
-  return MP_OK;
+  return encode_pieces(encoder, pieces, start, at_input_start, encode_piece, out, err);
 }
 
 mp_status mp_token_encoder_encode(mp_token_encoder *encoder, const char *text, size_t text_bytes,
@@ -164,17 +176,7 @@ mp_status mp_token_encoder_encode(mp_token_encoder *encoder, const char *text, s
                                    input_bytes, pieces)) {
       return out_of_memory(err);
     }
-    for (size_t p = 0; p < pieces->count; p++) {
-      mp_added_piece piece = pieces->items[p];
-      if (piece.end == piece.start) continue;
-      if (piece.id >= 0) {
-        uint32_t id = (uint32_t)piece.id;
-        if (!mp_token_ids_append(out, &id, 1)) return out_of_memory(err);
-        continue;
-      }
-      MP_TRY(encode_raw_piece(encoder, piece.start, piece.end - piece.start, piece.start == 0,
-                              out, err));
-    }
+    MP_TRY(encode_pieces(encoder, pieces, 0, true, encode_raw_piece, out, err));
   }
   if (add_special_tokens &&
       !mp_token_ids_append(out, tokenizer->suffix_ids, tokenizer->suffix_count)) {
