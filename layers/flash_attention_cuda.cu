@@ -511,9 +511,10 @@ __global__ void __launch_bounds__(kThreads)
     mma_rows_by_rows<HS / 16, BR / 8, LD>(st, k_tile + warp * 16 * LD, q_tile, lane);
 
     // pt = exp(scale st - lse), 0 where key > query or the query is past the window (checked
-    // only in tiles that reach the warp's keys from above or run past the window), kept as bf16 A fragments (st[n][e] is
-    // pt[n / 2][2 (n % 2) + e / 2], half e % 2): 16 registers instead of 32 while dP^T is formed,
-    // which brings HS = 64 to 168 registers, 3 blocks per multiprocessor.
+    // only in tiles that reach the warp's keys from above or run past the window), kept as bf16
+    // A fragments (st[n][e] is pt[n / 2][2 (n % 2) + e / 2], half e % 2): 16 registers instead
+    // of 32 while dP^T is formed, which brings HS = 64 to 168 registers, 3 blocks per
+    // multiprocessor.
     const bool masked = warp_key0 + 15 > gq0 || q0 + BR > Tq;
     uint32_t pt[BR / 16][4];
 #pragma unroll

@@ -1,5 +1,5 @@
-// tests/layers/flash_attention_window_test.cc — the fused attention's windows (layers/attention.h,
-// mp_attention_window), what context parallelism runs on the GPU: every cp rank's two chunks of
+// tests/layers/flash_attention_window_test.cc — the fused attention's windows
+// (layers/attention.h, mp_attention_window), what context parallelism runs on the GPU: every cp rank's two chunks of
 // queries (context_parallel/sequence_split.h's load-balanced layout) against the gathered
 // sequence, held to the reference attention on the WHOLE sequence (the CPU twin, on the same
 // bf16-rounded inputs):
