@@ -1,8 +1,8 @@
 // tests/layers/flash_attention_window_test.cc — the fused attention's windows
-// (layers/attention.h, mp_attention_window), what context parallelism runs on the GPU: every cp rank's two chunks of
-// queries (context_parallel/sequence_split.h's load-balanced layout) against the gathered
-// sequence, held to the reference attention on the WHOLE sequence (the CPU twin, on the same
-// bf16-rounded inputs):
+// (layers/attention.h, mp_attention_window), what context parallelism runs on the GPU: every cp
+// rank's two chunks of queries (context_parallel/sequence_split.h's load-balanced layout) against
+// the gathered sequence, held to the reference attention on the WHOLE sequence (the CPU twin, on
+// the same bf16-rounded inputs):
 //   - each window's out and lse rows equal the whole sequence's rows at its positions;
 //   - each rank's backward (its two windows, its tokens' output gradients only) gives its
 //     queries' gradient, and the sum over the cp ranks of their key and value gradients is the
