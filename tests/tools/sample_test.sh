@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # tests/tools/sample_test.sh — `mpengine sample --temperature 0` continues a prompt with exactly
-# the tokens transformers' greedy decoding gives (tools/bench/sample_golden.py: a GPT-2 and a
-# Llama 3 model over the committed tokenizers' vocabularies, four prompts each, 24 tokens), from a
-# Hugging Face directory; sampling with a seed repeats itself; and each bad input exits 2 with its
+# the tokens transformers' greedy decoding gives (tools/bench/sample_golden.py: GPT-2, Llama 3,
+# Mixtral and Qwen2-MoE models over the committed tokenizers' vocabularies, four prompts each, 24
+# tokens), from a Hugging Face directory; sampling with a seed repeats itself; and each bad input exits 2 with its
 # message.
 set -uo pipefail
 mpengine=${1:-${MPENGINE:-tools/mpengine}}
@@ -20,7 +20,7 @@ print(" ".join(map(str, value)) if isinstance(value, list) else value, end="")' 
 }
 
 compared=0
-for model in hf_gpt2_sample hf_llama3_sample; do
+for model in hf_gpt2_sample hf_llama3_sample hf_mixtral_sample hf_qwen2_moe_sample; do
   golden=$testdata/$model/sample_golden.json
   tokenizer=$testdata/tokenizers/$("$python" -c 'import json,sys; print(json.load(open(sys.argv[1]))["tokenizer"].rsplit("/", 1)[1])' "$golden")
   cases=$("$python" -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["cases"]))' "$golden")

@@ -13,7 +13,7 @@ rounding could flip). Weights are drawn wider than the 0.02 init so the logits a
 
 Needs torch and transformers 4.46.3; CI only reads the committed files:
   /usr/bin/python3 -m venv --system-site-packages V && V/bin/pip install transformers==4.46.3 safetensors
-  V/bin/python tools/bench/sample_golden.py
+  V/bin/python tools/bench/sample_golden.py [MODEL ...]     # all of them, or the ones named
 """
 import json
 import os
@@ -39,6 +39,22 @@ MODELS = {
         num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
         rope_theta=500000.0, hidden_act="silu", tie_word_embeddings=True,
         attention_bias=False, mlp_bias=False, initializer_range=0.3)),
+    # Mixtral at toy size over mistral_style's ids (its template's <s> starts them): 4 experts,
+    # top 2, renormalised.
+    "hf_mixtral_sample": ("mistral_style", "MixtralForCausalLM", "<s>", dict(
+        hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+        max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=1000000.0,
+        tie_word_embeddings=False, initializer_range=0.3)),
+    # Qwen2-MoE at toy size over qwen2_style's ids (<|endoftext|> starts them): 8 experts, top 2
+    # not renormalised, a shared expert with its sigmoid gate.
+    "hf_qwen2_moe_sample": ("qwen2_style", "Qwen2MoeForCausalLM", "<|endoftext|>", dict(
+        hidden_size=32, intermediate_size=48, moe_intermediate_size=24,
+        shared_expert_intermediate_size=40, num_experts=8, num_experts_per_tok=2,
+        norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[], num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, use_sliding_window=False,
+        tie_word_embeddings=False, initializer_range=0.3)),
 }
 
 
@@ -84,5 +100,7 @@ def build(name, tokenizer_name, architecture, separator, config_args):
 
 
 if __name__ == "__main__":
-    for model_name, spec in MODELS.items():
-        build(model_name, *spec)
+    import sys
+    wanted = sys.argv[1:] or list(MODELS)  # names to (re)build; all of them by default
+    for model_name in wanted:
+        build(model_name, *MODELS[model_name])
