@@ -1,7 +1,7 @@
-/* layers/moe_cuda.c — the GPU twin of the mixture-of-experts MLP: the steps of moe_cuda.h composed
- * from the kernels of moe_cuda_kernels.cu (moe_cuda_internal.h) and the matmul and SwiGLU twins
- * (layers/matmul.h, layers/swiglu.h), run once per expert with at least one row. Plain C over the
- * CUDA C API, so the CUDA and the emulated builds share it. */
+/* layers/moe_cuda.c — the GPU twin of the mixture-of-experts MLP: the steps of moe_cuda.h
+ * composed from the kernels of moe_cuda_kernels.cu (moe_cuda_internal.h, the grouped GEMM among
+ * them) and the matmul and SwiGLU twins (layers/matmul.h, layers/swiglu.h). Plain C over the CUDA
+ * C API, so the CUDA, emulated and none builds share it. */
 #include "layers/moe_cuda.h"
 
 #include <stdbool.h>
@@ -47,6 +47,7 @@ static size_t cache_layout(mp_moe_cache_cuda *cache, const mp_moe_shape *shape, 
   cache->shared_act = carve(device, &cursor, shared_tokens * Fs * sizeof(mp_bf16));
   cache->shared_out = carve(device, &cursor, shared_tokens * C * sizeof(mp_bf16));
   cache->shared_gate = carve(device, &cursor, shared_tokens * sizeof(float));
+  cache->gemm_pointers = carve(device, &cursor, 3 * MP_MOE_GEMM_GROUP * sizeof(void *));
   return cursor;
 }
 
@@ -113,10 +114,54 @@ mp_status mp_moe_route_cuda(mp_cublas *cublas, const mp_bf16 *x,
                                   err);
 }
 
+/* The experts' GEMMs of one kind, grouped: for each expert e with rows (count_e of them),
+ * row-major out_e (count_e, N) = bf16(beta out_e + in_e (count_e, K) @ W_e^T) with W_e (N, K) when
+ * weight_transposed (a forward), or in_e @ W_e with W_e (K, N) (an input gradient); in, out and
+ * the weights are strided by their expert (rows times K or N, N K per weight). In cuBLAS's
+ * column-major terms out_e^T (N x count_e) = op(W_e) (N x K) in_e^T (K x count_e). */
+static void grouped_gemms(mp_cublas *cublas, const mp_moe_expert_rows_cuda *rows, bool forward,
+                          mp_bf16 *out, const mp_bf16 *in, const mp_bf16 *weight, int N, int K,
+                          float beta, mp_cuda_stream stream) {
+  int m[MP_MOE_GEMM_GROUP], n[MP_MOE_GEMM_GROUP], k[MP_MOE_GEMM_GROUP];
+  int lda[MP_MOE_GEMM_GROUP], ldb[MP_MOE_GEMM_GROUP], ldc[MP_MOE_GEMM_GROUP];
+  const mp_bf16 *a[MP_MOE_GEMM_GROUP], *b[MP_MOE_GEMM_GROUP];
+  mp_bf16 *c[MP_MOE_GEMM_GROUP];
+  int count = 0;
+  for (int e = 0; e < rows->experts; ++e) {
+    const int first = rows->offset[e], rows_e = rows->offset[e + 1] - first;
+    if (rows_e > 0) {
+      m[count] = N;
+      n[count] = rows_e;
+      k[count] = K;
+      a[count] = weight + (size_t)e * N * K;
+      lda[count] = forward ? K : N; /* W_e (N, K) row-major is (K x N) column-major, and back */
+      b[count] = in + (size_t)first * K;
+      ldb[count] = K;
+      c[count] = out + (size_t)first * N;
+      ldc[count] = N;
+      ++count;
+    }
+    if (count == MP_MOE_GEMM_GROUP || (e + 1 == rows->experts && count > 0)) {
+      mp_moe_cuda_grouped_gemm(cublas, count, forward, m, n, k, a, lda, b, ldb, beta, c, ldc,
+                               rows->gemm_pointers, stream);
+      count = 0;
+    }
+  }
+}
+
 void mp_moe_experts_forward_cuda(mp_cublas *cublas, const mp_moe_weights_cuda *weights,
                                  const mp_moe_shape *shape, const mp_moe_expert_rows_cuda *rows,
                                  mp_cuda_stream stream) {
   const int C = shape->channels, F = shape->expert_ffn;
+  if (rows->gemm_pointers != NULL) {
+    const int R = rows->offset[rows->experts];
+    grouped_gemms(cublas, rows, true, rows->fc1, rows->in, weights->expert_fc1, 2 * F, C, 0.0f,
+                  stream);
+    mp_swiglu_forward_cuda(rows->act, rows->fc1, R, F, stream); /* row by row: all at once */
+    grouped_gemms(cublas, rows, true, rows->out, rows->act, weights->expert_fc2, C, F, 0.0f,
+                  stream);
+    return;
+  }
   for (int e = 0; e < rows->experts; ++e) {
     const int first = rows->offset[e], count = rows->offset[e + 1] - first;
     if (count == 0) continue; /* an expert with no row does no work */
@@ -155,21 +200,37 @@ void mp_moe_experts_backward_cuda(mp_cublas *cublas, mp_bf16 *din, mp_moe_grads_
                                   const mp_moe_shape *shape, const mp_moe_expert_rows_cuda *rows,
                                   mp_bf16 *dact, mp_bf16 *dfc1, mp_cuda_stream stream) {
   const int C = shape->channels, F = shape->expert_ffn;
-  const size_t R = (size_t)rows->offset[rows->experts];
-  /* The SwiGLU's and fc2's backward add (+=) into their input gradients: start them at zero. */
-  mp_moe_cuda_zero(dact, R * F * sizeof(mp_bf16), stream);
-  mp_moe_cuda_zero(dfc1, R * 2 * F * sizeof(mp_bf16), stream);
+  const int R = rows->offset[rows->experts];
+  /* The SwiGLU's backward adds (+=) into d(fc1), and so does the loop's fc2 backward into
+   * d(act): start them at zero. */
+  mp_moe_cuda_zero(dfc1, (size_t)R * 2 * F * sizeof(mp_bf16), stream);
+  if (rows->gemm_pointers != NULL) {
+    /* The input gradients grouped: d(act) = dout @ W2_e (written), the SwiGLU's backward over
+     * every row, din += d(fc1) @ W1_e. */
+    grouped_gemms(cublas, rows, false, dact, dout, weights->expert_fc2, F, C, 0.0f, stream);
+    mp_swiglu_backward_cuda(dfc1, rows->fc1, dact, R, F, stream);
+    grouped_gemms(cublas, rows, false, din, dfc1, weights->expert_fc1, C, 2 * F, 1.0f, stream);
+  } else {
+    mp_moe_cuda_zero(dact, (size_t)R * F * sizeof(mp_bf16), stream);
+  }
   for (int e = 0; e < rows->experts; ++e) {
     const int first = rows->offset[e], count = rows->offset[e + 1] - first;
     if (count == 0) continue;
     mp_bf16 *dact_e = dact + (size_t)first * F, *dfc1_e = dfc1 + (size_t)first * 2 * F;
-    mp_matmul_backward_cuda(cublas, dact_e, grads->expert_fc2 + (size_t)e * C * F, NULL,
-                            dout + (size_t)first * C, rows->act + (size_t)first * F,
+    const mp_bf16 *act_e = rows->act + (size_t)first * F, *in_e = rows->in + (size_t)first * C;
+    float *dfc1_w = grads->expert_fc1 + (size_t)e * 2 * F * C;
+    float *dfc2_w = grads->expert_fc2 + (size_t)e * C * F;
+    if (rows->gemm_pointers != NULL) { /* the weight gradients alone: fp32 += */
+      mp_matmul_backward_cuda(cublas, NULL, dfc2_w, NULL, dout + (size_t)first * C, act_e, NULL,
+                              NULL, count, F, C, stream);
+      mp_matmul_backward_cuda(cublas, NULL, dfc1_w, NULL, dfc1_e, in_e, NULL, NULL, count, C,
+                              2 * F, stream);
+      continue;
+    }
+    mp_matmul_backward_cuda(cublas, dact_e, dfc2_w, NULL, dout + (size_t)first * C, act_e,
                             weights->expert_fc2 + (size_t)e * C * F, NULL, count, F, C, stream);
     mp_swiglu_backward_cuda(dfc1_e, rows->fc1 + (size_t)first * 2 * F, dact_e, count, F, stream);
-    mp_matmul_backward_cuda(cublas, din + (size_t)first * C,
-                            grads->expert_fc1 + (size_t)e * 2 * F * C, NULL, dfc1_e,
-                            rows->in + (size_t)first * C,
+    mp_matmul_backward_cuda(cublas, din + (size_t)first * C, dfc1_w, NULL, dfc1_e, in_e,
                             weights->expert_fc1 + (size_t)e * 2 * F * C, NULL, count, C, 2 * F,
                             stream);
   }
@@ -205,7 +266,8 @@ void mp_moe_shared_backward_cuda(mp_cublas *cublas, mp_bf16 *dx, mp_moe_grads_cu
 static mp_moe_expert_rows_cuda own_rows(const mp_moe_cache_cuda *cache) {
   const mp_moe_expert_rows_cuda rows = {cache->shape.experts, cache->expert_offset_host,
                                         cache->routed_in,     cache->routed_fc1,
-                                        cache->routed_act,    cache->routed_out};
+                                        cache->routed_act,    cache->routed_out,
+                                        cache->gemm_pointers};
   return rows;
 }
 

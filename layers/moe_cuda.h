@@ -21,12 +21,15 @@
  *
  * The permutation is deterministic without atomics: per expert a count, the offsets by one scan,
  * then each expert's rows written in token order by a block-wide prefix sum (the CPU's order).
- * The experts' GEMMs are layers/matmul.h's twin (cuBLASLt, bf16 in, fp32 accumulation) run once
- * per expert with at least one row, over its contiguous rows: a loop of GEMMs. CUDA 13's cuBLAS
- * has a grouped GEMM (cublasGemmGroupedBatchedEx) that would launch them as one; it is not used
- * yet: it needs the per-expert pointer arrays on the device, and no GPU was at hand to hold it
- * to the loop (the next step, with the kernel test below as its reference). Counts are copied to the host
- * once per layer (mp_moe_route_cuda synchronises its stream for it): the GEMM loop needs them.
+ * The experts' GEMMs: cuBLAS's grouped GEMM (cublasGemmGroupedBatchedEx, CUDA 12.5 and later),
+ * one call for fc1 of every expert with rows, one for fc2, and in the backward one for each input
+ * gradient (bf16 in and out, fp32 accumulation, one rounding), with the SwiGLU between them once
+ * over all rows. The weight gradients (fp32 +=) stay the matmul twin's, one GEMM per expert with
+ * rows: the grouped GEMM is used for bf16 outputs only, the type combination its documentation
+ * lists for bf16 inputs. Without the grouped
+ * GEMM's pointer scratch (gemm_pointers NULL) every GEMM is the matmul twin's (cuBLASLt), a loop
+ * over the experts with rows. Counts are copied to the host once per layer (mp_moe_route_cuda
+ * synchronises its stream for it): the GEMMs' shapes need them.
  *
  * Every step is deterministic: no floating-point atomics, fixed-order reductions, so two runs
  * give the same bits (same shapes, buffers, GPU and cuBLAS). All pointers are device pointers
@@ -91,6 +94,8 @@ typedef struct {
   mp_bf16 *shared_act;     /* (N, Fs) */
   mp_bf16 *shared_out;     /* (N, C) before its gate */
   float *shared_gate;      /* (N) sigmoid of the gate's logit (1 without a gate) */
+  void **gemm_pointers;    /* device scratch of the grouped GEMMs (set by the carve); NULL: the
+                              experts' GEMMs as a loop of the matmul twin's instead */
 } mp_moe_cache_cuda;
 
 /* Device scratch of the backward, cut out of one allocation of mp_moe_workspace_cuda_bytes. */
@@ -129,6 +134,9 @@ typedef struct {
   mp_bf16 *fc1;      /* (R, 2F) written by the forward */
   mp_bf16 *act;      /* (R, F) written by the forward */
   mp_bf16 *out;      /* (R, C) written by the forward */
+  void **gemm_pointers; /* device, 3 * 64 pointers: the input-side GEMMs grouped (one
+                           cublasGemmGroupedBatchedEx per 64 experts); NULL: a loop of the
+                           matmul twin's GEMMs */
 } mp_moe_expert_rows_cuda;
 
 /* ---- the steps ---- */

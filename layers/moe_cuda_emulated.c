@@ -5,9 +5,11 @@
  * on machines without a GPU. Test-only. moe_cuda.c's compositions (the expert and shared GEMMs
  * through the emulated matmul and SwiGLU twins) are the CUDA build's own.
  *
- * "Device" pointers are host memory (engine/device/device_emulated.c), streams are ignored. Each
- * step runs moe.c's CPU step on its bf16 inputs widened to fp32 (the route: mp_moe_route_cpu; the
- * weighted sum: mp_moe_combine_cpu; their backwards: mp_moe_combine_backward_cpu and
+ * "Device" pointers are host memory (engine/device/device_emulated.c), streams are ignored. The
+ * grouped GEMM is cuBLAS's column-major contract written out, so the shapes, leading dimensions
+ * and offsets moe_cuda.c hands to cuBLAS are checked here. Each other step runs moe.c's CPU step
+ * on its bf16 inputs widened to fp32 (the route: mp_moe_route_cpu; the weighted sum:
+ * mp_moe_combine_cpu; their backwards: mp_moe_combine_backward_cpu and
  * mp_moe_route_backward_cpu) and rounds to bf16 where the CUDA build rounds: routed_in (exact,
  * a copy), out once, drouted once, dx as one rounding of old + new. The router's arrays (logits,
  * probs, weights) and gradients are fp32 as in the CUDA build. The shared gate's two small loops
@@ -110,6 +112,39 @@ mp_status mp_moe_cuda_copy_offsets(int *host, const int *device, int n, mp_cuda_
   (void)err;
   memcpy(host, device, (size_t)n * sizeof(int));
   return MP_OK;
+}
+
+/* cublasGemmGroupedBatchedEx's contract, column-major, naively: each C_p element the fp32 sum of
+ * its k products, plus beta times the old value, rounded once. It takes the host arrays as they
+ * are (the CUDA build copies the pointers to pointer_scratch first), so the emulated run checks
+ * the shapes, leading dimensions and offsets moe_cuda.c hands to cuBLAS. */
+void mp_moe_cuda_grouped_gemm(mp_cublas *cublas, int count, bool trans_a, const int *m,
+                              const int *n, const int *k, const mp_bf16 *const *a, const int *lda,
+                              const mp_bf16 *const *b, const int *ldb, float beta,
+                              mp_bf16 *const *c, const int *ldc, void **pointer_scratch,
+                              mp_cuda_stream stream) {
+  (void)cublas;
+  (void)pointer_scratch;
+  (void)stream;
+  if (count > MP_MOE_GEMM_GROUP) {
+    fprintf(stderr, "moe grouped GEMM (emulated CUDA): %d problems, at most %d\n", count,
+            (int)MP_MOE_GEMM_GROUP);
+    abort();
+  }
+  for (int p = 0; p < count; ++p) {
+    for (int j = 0; j < n[p]; ++j) {
+      for (int i = 0; i < m[p]; ++i) {
+        float sum = 0.0f;
+        for (int l = 0; l < k[p]; ++l) {
+          const mp_bf16 a_il =
+              trans_a ? a[p][l + (size_t)i * lda[p]] : a[p][i + (size_t)l * lda[p]];
+          sum += mp_bf16_to_float(a_il) * mp_bf16_to_float(b[p][l + (size_t)j * ldb[p]]);
+        }
+        mp_bf16 *out = &c[p][i + (size_t)j * ldc[p]];
+        *out = mp_bf16_from_float(sum + (beta != 0.0f ? beta * mp_bf16_to_float(*out) : 0.0f));
+      }
+    }
+  }
 }
 
 void mp_moe_cuda_zero(void *p, size_t bytes, mp_cuda_stream stream) {

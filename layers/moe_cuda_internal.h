@@ -7,6 +7,7 @@
 #ifndef MPENGINE_LAYERS_MOE_CUDA_INTERNAL_H
 #define MPENGINE_LAYERS_MOE_CUDA_INTERNAL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "common/error.h"
@@ -30,6 +31,21 @@ mp_status mp_moe_cuda_copy_offsets(int *host, const int *device, int n, mp_cuda_
 
 /* bytes of device memory at p set to zero. */
 void mp_moe_cuda_zero(void *p, size_t bytes, mp_cuda_stream stream);
+
+/* Experts per grouped GEMM call: the host arrays are this long, the pointer scratch 3 times. */
+enum { MP_MOE_GEMM_GROUP = 64 };
+
+/* `count` (<= MP_MOE_GEMM_GROUP) independent bf16 GEMMs in cuBLAS's column-major terms, one
+ * cublasGemmGroupedBatchedEx: for each p, C_p (m_p x n_p, ldc_p) = bf16(op(A_p) B_p + beta C_p),
+ * op(A_p) (m_p x k_p) = A_p (lda_p) transposed when trans_a, B_p (k_p x n_p, ldb_p), fp32
+ * accumulation (CUBLAS_COMPUTE_32F). The arrays are host arrays; the CUDA build copies the
+ * pointers into pointer_scratch (device, 3 MP_MOE_GEMM_GROUP pointers) on `stream` first.
+ * Failures are recorded in the mp_cublas. */
+void mp_moe_cuda_grouped_gemm(mp_cublas *cublas, int count, bool trans_a, const int *m,
+                              const int *n, const int *k, const mp_bf16 *const *a, const int *lda,
+                              const mp_bf16 *const *b, const int *ldb, float beta,
+                              mp_bf16 *const *c, const int *ldc, void **pointer_scratch,
+                              mp_cuda_stream stream);
 
 /* gate (N) = sigmoid(x . gate_weight) per token (fp32 dot in a fixed order), or 1 when
  * gate_weight is NULL. x (N, C), gate_weight (C). */

@@ -316,6 +316,52 @@ static void gemm(mp_cublas *cublas, cublasOperation_t op_a, cublasOperation_t op
                                     CUBLAS_GEMM_DEFAULT));
 }
 
+extern "C" void mp_moe_cuda_grouped_gemm(mp_cublas *cublas, int count, bool trans_a,
+                                         const int *m, const int *n, const int *k,
+                                         const mp_bf16 *const *a, const int *lda,
+                                         const mp_bf16 *const *b, const int *ldb, float beta,
+                                         mp_bf16 *const *c, const int *ldc,
+                                         void **pointer_scratch, mp_cuda_stream stream) {
+  if (count <= 0) return;
+  if (count > MP_MOE_GEMM_GROUP) {
+    mp_cublas_record_failure(cublas, MP_ERR_INPUT, "moe grouped GEMM: %d problems, at most %d",
+                             count, (int)MP_MOE_GEMM_GROUP);
+    return;
+  }
+  // One group per expert (their row counts differ), one problem each. The pointer arrays go to
+  // the device in stream order: from pageable memory the copy has read them when it returns, and
+  // a later call's copy waits behind this call's GEMMs.
+  const void *pointers[3 * MP_MOE_GEMM_GROUP];
+  cublasOperation_t op_a[MP_MOE_GEMM_GROUP], op_b[MP_MOE_GEMM_GROUP];
+  float alpha[MP_MOE_GEMM_GROUP], betas[MP_MOE_GEMM_GROUP];
+  int group_size[MP_MOE_GEMM_GROUP];
+  for (int p = 0; p < count; ++p) {
+    pointers[p] = a[p];
+    pointers[MP_MOE_GEMM_GROUP + p] = b[p];
+    pointers[2 * MP_MOE_GEMM_GROUP + p] = c[p];
+    op_a[p] = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    op_b[p] = CUBLAS_OP_N;
+    alpha[p] = 1.0f;
+    betas[p] = beta;
+    group_size[p] = 1;
+  }
+  const cudaError_t copied = cudaMemcpyAsync(pointer_scratch, pointers, sizeof pointers,
+                                             cudaMemcpyHostToDevice, stream);
+  if (copied != cudaSuccess) {
+    mp_cublas_record_failure(cublas, MP_ERR_RUNTIME,
+                             "cudaMemcpyAsync of the grouped GEMM's pointers failed: %s at %s:%d",
+                             cudaGetErrorString(copied), __FILE__, __LINE__);
+    return;
+  }
+  if (!mp_cublas_bind_stream(cublas, stream)) return;
+  const void *const *a_device = (const void *const *)pointer_scratch;
+  MP_CUBLAS_OK(cublas, cublasGemmGroupedBatchedEx(
+                           cublas->blas, op_a, op_b, m, n, k, alpha, a_device, CUDA_R_16BF, lda,
+                           a_device + MP_MOE_GEMM_GROUP, CUDA_R_16BF, ldb, betas,
+                           pointer_scratch + 2 * MP_MOE_GEMM_GROUP, CUDA_R_16BF, ldc, count,
+                           group_size, CUBLAS_COMPUTE_32F));
+}
+
 extern "C" void mp_moe_cuda_route(mp_cublas *cublas, const mp_bf16 *x, const mp_bf16 *router,
                                   mp_moe_cache_cuda *cache, mp_cuda_stream stream) {
   const mp_moe_shape *shape = &cache->shape;

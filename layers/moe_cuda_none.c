@@ -27,6 +27,15 @@ mp_status mp_moe_cuda_copy_offsets(int *host, const int *device, int n, mp_cuda_
   return without_cuda(err);
 }
 
+void mp_moe_cuda_grouped_gemm(mp_cublas *cublas, int count, bool trans_a, const int *m,
+                              const int *n, const int *k, const mp_bf16 *const *a, const int *lda,
+                              const mp_bf16 *const *b, const int *ldb, float beta,
+                              mp_bf16 *const *c, const int *ldc, void **pointer_scratch,
+                              mp_cuda_stream stream) {
+  (void)cublas, (void)count, (void)trans_a, (void)m, (void)n, (void)k, (void)a, (void)lda,
+      (void)b, (void)ldb, (void)beta, (void)c, (void)ldc, (void)pointer_scratch, (void)stream;
+}
+
 void mp_moe_cuda_zero(void *p, size_t bytes, mp_cuda_stream stream) {
   (void)p, (void)bytes, (void)stream;
 }

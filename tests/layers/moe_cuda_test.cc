@@ -2,9 +2,10 @@
 // against the CPU layer (mp_moe_forward_cpu / mp_moe_backward_cpu) on the same bf16-rounded
 // inputs: the routing (which experts, their weights, the grouping), the router statistics, the
 // output, the input gradient and every parameter gradient, with the auxiliary load-balancing and z
-// losses on; E 4 and 8, top-k 1 and 2, with and without the shared MLP and its gate, top-k
-// renormalised (Mixtral) or not (Qwen2-MoE's default), and an expert that no token reaches. Two
-// runs give the same bits.
+// losses on, the experts' GEMMs grouped (cuBLAS's grouped GEMM) and as a loop. E 4 and 8, top-k 1
+// and 2, with and without the shared MLP and its gate, top-k renormalised (Mixtral) or not
+// (Qwen2-MoE's default), an expert that no token reaches; E 72 for two grouped GEMM calls of 64
+// experts. Two runs give the same bits.
 //
 // Every test skips itself, by name, when no GPU is visible (CI builds CUDA without a GPU); it
 // also runs under emulated CUDA (tools/test.sh), where the kernels are moe.c's steps and the
@@ -148,7 +149,9 @@ struct GpuResult {
 // The case's inputs on the device, a fresh cache, workspace and zeroed gradients; the forward,
 // the statistics and the backward. The bf16 outputs are poisoned with NaN first, so an element
 // never written fails.
-::testing::AssertionResult RunGpu(const CpuMoe &m, GpuResult *r) {
+// grouped: the experts' GEMMs through cuBLAS's grouped GEMM (the default), else the loop of the
+// matmul twin's.
+::testing::AssertionResult RunGpu(const CpuMoe &m, bool grouped, GpuResult *r) {
   Gpu gpu;
   if (!gpu.ok()) return ::testing::AssertionFailure() << gpu.error();
   const mp_moe_shape &shape = m.shape;
@@ -176,6 +179,7 @@ struct GpuResult {
   mp_moe_cache_cuda cache;
   cache.shape = shape;
   mp_moe_cache_cuda_carve(&cache, &shape, cache_arena, r->offsets_host.data());
+  if (!grouped) cache.gemm_pointers = nullptr;
   mp_moe_workspace_cuda workspace;
   mp_moe_workspace_cuda_carve(&workspace, &shape, workspace_arena);
   r->routed.assign(E, 0.0);
@@ -223,62 +227,66 @@ class CudaMoe : public ::testing::TestWithParam<MoeCase> {};
 TEST_P(CudaMoe, MatchesCpuLayer) {
   SKIP_WITHOUT_GPU();
   const MoeCase &c = GetParam();
-  const std::string name = Describe(c);
   CpuMoe m(c);
   ASSERT_TRUE(m.Run());
   const int E = m.shape.experts;
   if (c.dead_expert) {  // the case is what it says: the last expert receives no token
-    ASSERT_EQ(m.cache.expert_offset[E], m.cache.expert_offset[E - 1]) << name;
+    ASSERT_EQ(m.cache.expert_offset[E], m.cache.expert_offset[E - 1]) << Describe(c);
   }
-  GpuResult g;
-  ASSERT_TRUE(RunGpu(m, &g));
+  for (bool grouped : {true, false}) {
+    const std::string name = Describe(c) + (grouped ? "_grouped_gemm" : "_gemm_loop");
+    GpuResult g;
+    ASSERT_TRUE(RunGpu(m, grouped, &g));
 
-  // The routing, exactly.
-  const size_t NK = (size_t)m.shape.tokens * m.shape.top_k;
-  EXPECT_EQ(g.selected, std::vector<int>(m.cache.selected, m.cache.selected + NK)) << name;
-  EXPECT_EQ(g.offsets, std::vector<int>(m.cache.expert_offset, m.cache.expert_offset + E + 1))
-      << name;
-  EXPECT_EQ(g.offsets_host, g.offsets) << name << ": the host copy of the offsets";
-  EXPECT_EQ(g.routed_slot, std::vector<int>(m.cache.routed_slot, m.cache.routed_slot + NK))
-      << name;
-  EXPECT_TRUE(WithinTolerance(
-      "moe probs " + name, g.probs,
-      std::vector<float>(m.cache.probs, m.cache.probs + (size_t)m.shape.tokens * E),
-      kFp32Tolerance));
-  EXPECT_TRUE(WithinTolerance("moe weights " + name, g.weights,
-                              std::vector<float>(m.cache.weights, m.cache.weights + NK),
-                              kFp32Tolerance));
-  // The statistics of the auxiliary losses.
-  EXPECT_EQ(g.stats.tokens, m.stats.tokens) << name;
-  EXPECT_EQ(g.routed, m.routed) << name;
-  EXPECT_NEAR(mp_moe_aux_loss(&g.stats), mp_moe_aux_loss(&m.stats),
-              kFp32Tolerance * mp_moe_aux_loss(&m.stats))
-      << name;
-  EXPECT_NEAR(mp_moe_z_loss(&g.stats), mp_moe_z_loss(&m.stats),
-              kFp32Tolerance * mp_moe_z_loss(&m.stats))
-      << name;
+    // The routing, exactly.
+    const size_t NK = (size_t)m.shape.tokens * m.shape.top_k;
+    EXPECT_EQ(g.selected, std::vector<int>(m.cache.selected, m.cache.selected + NK)) << name;
+    EXPECT_EQ(g.offsets, std::vector<int>(m.cache.expert_offset, m.cache.expert_offset + E + 1))
+        << name;
+    EXPECT_EQ(g.offsets_host, g.offsets) << name << ": the host copy of the offsets";
+    EXPECT_EQ(g.routed_slot, std::vector<int>(m.cache.routed_slot, m.cache.routed_slot + NK))
+        << name;
+    EXPECT_TRUE(WithinTolerance(
+        "moe probs " + name, g.probs,
+        std::vector<float>(m.cache.probs, m.cache.probs + (size_t)m.shape.tokens * E),
+        kFp32Tolerance));
+    EXPECT_TRUE(WithinTolerance("moe weights " + name, g.weights,
+                                std::vector<float>(m.cache.weights, m.cache.weights + NK),
+                                kFp32Tolerance));
+    // The statistics of the auxiliary losses.
+    EXPECT_EQ(g.stats.tokens, m.stats.tokens) << name;
+    EXPECT_EQ(g.routed, m.routed) << name;
+    EXPECT_NEAR(mp_moe_aux_loss(&g.stats), mp_moe_aux_loss(&m.stats),
+                kFp32Tolerance * mp_moe_aux_loss(&m.stats))
+        << name;
+    EXPECT_NEAR(mp_moe_z_loss(&g.stats), mp_moe_z_loss(&m.stats),
+                kFp32Tolerance * mp_moe_z_loss(&m.stats))
+        << name;
 
-  // Forward and backward.
-  EXPECT_TRUE(WithinTolerance("moe out " + name, g.out, m.out, kBf16Tolerance));
-  EXPECT_TRUE(WithinTolerance("moe dx " + name, g.dx, m.dx, kBf16Tolerance));
-  EXPECT_TRUE(WithinTolerance("moe drouter " + name, g.grad_router, m.grad_router,
-                              kBf16Tolerance));
-  EXPECT_TRUE(WithinTolerance("moe dexpert_fc1 " + name, g.grad_fc1, m.grad_fc1, kBf16Tolerance));
-  EXPECT_TRUE(WithinTolerance("moe dexpert_fc2 " + name, g.grad_fc2, m.grad_fc2, kBf16Tolerance));
-  if (c.shared) {
-    EXPECT_TRUE(WithinTolerance("moe dshared_fc1 " + name, g.grad_shared_fc1, m.grad_shared_fc1,
+    // Forward and backward.
+    EXPECT_TRUE(WithinTolerance("moe out " + name, g.out, m.out, kBf16Tolerance));
+    EXPECT_TRUE(WithinTolerance("moe dx " + name, g.dx, m.dx, kBf16Tolerance));
+    EXPECT_TRUE(WithinTolerance("moe drouter " + name, g.grad_router, m.grad_router,
                                 kBf16Tolerance));
-    EXPECT_TRUE(WithinTolerance("moe dshared_fc2 " + name, g.grad_shared_fc2, m.grad_shared_fc2,
-                                kBf16Tolerance));
-  }
-  if (c.gate) {
-    EXPECT_TRUE(WithinTolerance("moe dshared_gate " + name, g.grad_shared_gate,
-                                m.grad_shared_gate, kBf16Tolerance));
-  }
-  if (c.dead_expert) {  // no row, no work: its gradients stay exactly zero
-    const size_t F = m.shape.expert_ffn, C = m.shape.channels;
-    for (size_t i = (size_t)(E - 1) * 2 * F * C; i < g.grad_fc1.size(); ++i) {
-      ASSERT_EQ(g.grad_fc1[i], 0.0f) << name << " dexpert_fc1[" << i << "]";
+    EXPECT_TRUE(
+        WithinTolerance("moe dexpert_fc1 " + name, g.grad_fc1, m.grad_fc1, kBf16Tolerance));
+    EXPECT_TRUE(
+        WithinTolerance("moe dexpert_fc2 " + name, g.grad_fc2, m.grad_fc2, kBf16Tolerance));
+    if (c.shared) {
+      EXPECT_TRUE(WithinTolerance("moe dshared_fc1 " + name, g.grad_shared_fc1, m.grad_shared_fc1,
+                                  kBf16Tolerance));
+      EXPECT_TRUE(WithinTolerance("moe dshared_fc2 " + name, g.grad_shared_fc2, m.grad_shared_fc2,
+                                  kBf16Tolerance));
+    }
+    if (c.gate) {
+      EXPECT_TRUE(WithinTolerance("moe dshared_gate " + name, g.grad_shared_gate,
+                                  m.grad_shared_gate, kBf16Tolerance));
+    }
+    if (c.dead_expert) {  // no row, no work: its gradients stay exactly zero
+      const size_t F = m.shape.expert_ffn, C = m.shape.channels;
+      for (size_t i = (size_t)(E - 1) * 2 * F * C; i < g.grad_fc1.size(); ++i) {
+        ASSERT_EQ(g.grad_fc1[i], 0.0f) << name << " dexpert_fc1[" << i << "]";
+      }
     }
   }
 }
@@ -288,8 +296,8 @@ TEST_P(CudaMoe, TwoRunsGiveTheSameBits) {
   const std::string name = Describe(GetParam());
   CpuMoe m(GetParam());
   GpuResult first, second;
-  ASSERT_TRUE(RunGpu(m, &first));
-  ASSERT_TRUE(RunGpu(m, &second));
+  ASSERT_TRUE(RunGpu(m, true, &first));
+  ASSERT_TRUE(RunGpu(m, true, &second));
   EXPECT_TRUE(SameBits(first.out, second.out)) << name << ": out";
   EXPECT_TRUE(SameBits(first.dx, second.dx)) << name << ": dx";
   EXPECT_TRUE(SameBits(first.grad_router, second.grad_router)) << name << ": drouter";
@@ -310,7 +318,8 @@ INSTANTIATE_TEST_SUITE_P(
                       MoeCase{8, 1, true, false, true, false},
                       MoeCase{8, 2, false, false, true, true},   // Mixtral-like
                       MoeCase{8, 2, true, true, false, false},   // Qwen2-MoE-like
-                      MoeCase{8, 2, true, false, false, true}),
+                      MoeCase{8, 2, true, false, false, true},
+                      MoeCase{72, 2, false, false, true, false}),  // two grouped GEMM calls
     [](const ::testing::TestParamInfo<MoeCase> &info) { return Describe(info.param); });
 
 TEST(CudaMoeShape, RouteRefusesTopKAboveExperts) {
