@@ -2,7 +2,8 @@
 // against the CPU layer (mp_moe_forward_cpu / mp_moe_backward_cpu) on the same bf16-rounded
 // inputs: the routing (which experts, their weights, the grouping), the router statistics, the
 // output, the input gradient and every parameter gradient, with the auxiliary load-balancing and z
-// losses on, the experts' GEMMs grouped (cuBLAS's grouped GEMM) and as a loop. E 4 and 8, top-k 1
+// losses on; the experts' GEMMs grouped (cuBLAS's grouped GEMM) and as a loop, and the steps run
+// one by one with the experts in two halves (as expert parallelism runs them). E 4 and 8, top-k 1
 // and 2, with and without the shared MLP and its gate, top-k renormalised (Mixtral) or not
 // (Qwen2-MoE's default), an expert that no token reaches; E 72 for two grouped GEMM calls of 64
 // experts. Two runs give the same bits.
@@ -149,9 +150,82 @@ struct GpuResult {
 // The case's inputs on the device, a fresh cache, workspace and zeroed gradients; the forward,
 // the statistics and the backward. The bf16 outputs are poisoned with NaN first, so an element
 // never written fails.
-// grouped: the experts' GEMMs through cuBLAS's grouped GEMM (the default), else the loop of the
-// matmul twin's.
-::testing::AssertionResult RunGpu(const CpuMoe &m, bool grouped, GpuResult *r) {
+// How the GPU twin runs: its one-device composition with the experts' GEMMs grouped (the
+// default) or as the matmul twin's loop, or its steps one by one with the experts in two halves
+// called apart, as expert parallelism calls them for each rank's local experts.
+enum class Path { kGrouped, kLoop, kStepsInHalves };
+
+std::string Describe(Path path) {
+  return path == Path::kGrouped ? "_grouped_gemm"
+                                : (path == Path::kLoop ? "_gemm_loop" : "_steps_in_halves");
+}
+
+// Expert half h (of two) of the cache's rows and of the weights and gradients: offsets rebased
+// to the half's first row (into *offsets, El + 1), stacks from its first expert.
+mp_moe_expert_rows_cuda HalfRows(const mp_moe_cache_cuda &cache, int h, std::vector<int> *offsets,
+                                 size_t *first_row) {
+  const mp_moe_shape &shape = cache.shape;
+  const int El = shape.experts / 2;
+  const size_t C = shape.channels, F = shape.expert_ffn;
+  const int base = cache.expert_offset_host[h * El];
+  offsets->resize(El + 1);
+  for (int j = 0; j <= El; ++j) (*offsets)[j] = cache.expert_offset_host[h * El + j] - base;
+  *first_row = base;
+  return {El,
+          offsets->data(),
+          cache.routed_in + base * C,
+          cache.routed_fc1 + base * 2 * F,
+          cache.routed_act + base * F,
+          cache.routed_out + base * C,
+          cache.gemm_pointers};
+}
+
+// The one-device composition spelled out in its steps, the experts in two halves.
+mp_status RunStepsInHalves(Gpu *gpu, mp_bf16 *out, mp_bf16 *dx, mp_moe_grads_cuda *grads,
+                           const mp_bf16 *x, const mp_bf16 *dout,
+                           const mp_moe_weights_cuda &weights, mp_moe_cache_cuda *cache,
+                           mp_moe_workspace_cuda *workspace, mp_moe_stats *stats,
+                           double *stats_scratch, mp_error *err) {
+  const mp_moe_shape &shape = cache->shape;
+  const size_t C = shape.channels, F = shape.expert_ffn, NK = (size_t)shape.tokens * shape.top_k;
+  const size_t El = shape.experts / 2;
+  MP_TRY(mp_moe_route_cuda(gpu->cublas, x, &weights, cache, gpu->stream, err));
+  MP_TRY(mp_moe_stats_add_cuda(stats, cache, stats_scratch, gpu->stream, err));
+  std::vector<int> offsets[2];
+  size_t first[2];
+  mp_moe_weights_cuda half_weights[2];
+  mp_moe_grads_cuda half_grads[2];
+  for (int h = 0; h < 2; ++h) {
+    half_weights[h] = weights;
+    half_weights[h].expert_fc1 += h * El * 2 * F * C;
+    half_weights[h].expert_fc2 += h * El * C * F;
+    half_grads[h] = *grads;
+    half_grads[h].expert_fc1 += h * El * 2 * F * C;
+    half_grads[h].expert_fc2 += h * El * C * F;
+    const mp_moe_expert_rows_cuda rows = HalfRows(*cache, h, &offsets[h], &first[h]);
+    mp_moe_experts_forward_cuda(gpu->cublas, &half_weights[h], &shape, &rows, gpu->stream);
+  }
+  mp_moe_combine_cuda(gpu->cublas, out, x, &weights, cache, gpu->stream);
+  mp_moe_combine_backward_cuda(workspace->drouted, workspace->dweights, dout, cache, gpu->stream);
+  gpu->Sync();  // the memset runs on the default stream
+  gpu->Fill(workspace->drouted_in, NK * C, 0);
+  gpu->Sync();
+  for (int h = 0; h < 2; ++h) {
+    const mp_moe_expert_rows_cuda rows = HalfRows(*cache, h, &offsets[h], &first[h]);
+    mp_moe_experts_backward_cuda(gpu->cublas, workspace->drouted_in + first[h] * C,
+                                 &half_grads[h], workspace->drouted + first[h] * C,
+                                 &half_weights[h], &shape, &rows, workspace->dact + first[h] * F,
+                                 workspace->dfc1 + first[h] * 2 * F, gpu->stream);
+  }
+  MP_TRY(mp_moe_route_backward_cuda(gpu->cublas, dx, grads->router, workspace->drouted_in,
+                                    workspace->dweights, x, weights.router, cache, stats,
+                                    kAuxCoeff, kZCoeff, workspace, gpu->stream, err));
+  mp_moe_shared_backward_cuda(gpu->cublas, dx, grads, dout, x, &weights, cache, workspace,
+                              gpu->stream);
+  return MP_OK;
+}
+
+::testing::AssertionResult RunGpu(const CpuMoe &m, Path path, GpuResult *r) {
   Gpu gpu;
   if (!gpu.ok()) return ::testing::AssertionFailure() << gpu.error();
   const mp_moe_shape &shape = m.shape;
@@ -179,7 +253,7 @@ struct GpuResult {
   mp_moe_cache_cuda cache;
   cache.shape = shape;
   mp_moe_cache_cuda_carve(&cache, &shape, cache_arena, r->offsets_host.data());
-  if (!grouped) cache.gemm_pointers = nullptr;
+  if (path == Path::kLoop) cache.gemm_pointers = nullptr;
   mp_moe_workspace_cuda workspace;
   mp_moe_workspace_cuda_carve(&workspace, &shape, workspace_arena);
   r->routed.assign(E, 0.0);
@@ -187,7 +261,13 @@ struct GpuResult {
   r->stats = {shape.experts, 0.0, r->routed.data(), r->prob_sum.data(), 0.0};
 
   mp_error err = MP_ERROR_INITIALIZER;
-  if (mp_moe_forward_cuda(gpu.cublas, out, x, &weights, &cache, gpu.stream, &err) != MP_OK ||
+  if (path == Path::kStepsInHalves) {
+    if (RunStepsInHalves(&gpu, out, dx, &grads, x, dout, weights, &cache, &workspace, &r->stats,
+                         stats_scratch, &err) != MP_OK ||
+        mp_cuda_take_launch_failure(&err) != MP_OK) {
+      return ::testing::AssertionFailure() << err.message;
+    }
+  } else if (mp_moe_forward_cuda(gpu.cublas, out, x, &weights, &cache, gpu.stream, &err) != MP_OK ||
       mp_moe_stats_add_cuda(&r->stats, &cache, stats_scratch, gpu.stream, &err) != MP_OK ||
       mp_moe_backward_cuda(gpu.cublas, dx, &grads, dout, x, &weights, &cache, &r->stats,
                            kAuxCoeff, kZCoeff, &workspace, gpu.stream, &err) != MP_OK ||
@@ -233,10 +313,10 @@ TEST_P(CudaMoe, MatchesCpuLayer) {
   if (c.dead_expert) {  // the case is what it says: the last expert receives no token
     ASSERT_EQ(m.cache.expert_offset[E], m.cache.expert_offset[E - 1]) << Describe(c);
   }
-  for (bool grouped : {true, false}) {
-    const std::string name = Describe(c) + (grouped ? "_grouped_gemm" : "_gemm_loop");
+  for (Path path : {Path::kGrouped, Path::kLoop, Path::kStepsInHalves}) {
+    const std::string name = Describe(c) + Describe(path);
     GpuResult g;
-    ASSERT_TRUE(RunGpu(m, grouped, &g));
+    ASSERT_TRUE(RunGpu(m, path, &g));
 
     // The routing, exactly.
     const size_t NK = (size_t)m.shape.tokens * m.shape.top_k;
@@ -296,8 +376,8 @@ TEST_P(CudaMoe, TwoRunsGiveTheSameBits) {
   const std::string name = Describe(GetParam());
   CpuMoe m(GetParam());
   GpuResult first, second;
-  ASSERT_TRUE(RunGpu(m, true, &first));
-  ASSERT_TRUE(RunGpu(m, true, &second));
+  ASSERT_TRUE(RunGpu(m, Path::kGrouped, &first));
+  ASSERT_TRUE(RunGpu(m, Path::kGrouped, &second));
   EXPECT_TRUE(SameBits(first.out, second.out)) << name << ": out";
   EXPECT_TRUE(SameBits(first.dx, second.dx)) << name << ": dx";
   EXPECT_TRUE(SameBits(first.grad_router, second.grad_router)) << name << ": drouter";
