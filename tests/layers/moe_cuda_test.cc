@@ -247,6 +247,7 @@ mp_status RunStepsInHalves(Gpu *gpu, mp_bf16 *out, mp_bf16 *dx, mp_moe_grads_cud
   uint8_t *cache_arena = gpu.Alloc<uint8_t>(mp_moe_cache_cuda_bytes(&shape), 0xFF);
   uint8_t *workspace_arena = gpu.Alloc<uint8_t>(mp_moe_workspace_cuda_bytes(&shape), 0xFF);
   double *stats_scratch = gpu.Alloc<double>(E + 1);
+  gpu.Sync();  // the uploads and fills (default stream) before the launches (gpu.stream)
   if (!gpu.ok()) return ::testing::AssertionFailure() << gpu.error();
 
   r->offsets_host.assign(E + 1, -1);
