@@ -25,20 +25,20 @@
  * one call for fc1 of every expert with rows, one for fc2, and in the backward one for each input
  * gradient (bf16 in and out, fp32 accumulation, one rounding), with the SwiGLU between them once
  * over all rows. The weight gradients (fp32 +=) stay the matmul twin's, one GEMM per expert with
- * rows: the grouped GEMM is used for bf16 outputs only, the type combination its documentation
- * lists for bf16 inputs. Without the grouped
- * GEMM's pointer scratch (gemm_pointers NULL) every GEMM is the matmul twin's (cuBLASLt), a loop
- * over the experts with rows. Counts are copied to the host once per layer (mp_moe_route_cuda
- * synchronises its stream for it): the GEMMs' shapes need them.
+ * rows: the grouped GEMM is asked for bf16 outputs only (its documented bf16 case; an fp32 output
+ * from bf16 operands is not assumed of it). Without the grouped GEMM's pointer scratch
+ * (gemm_pointers NULL) every GEMM is the matmul twin's (cuBLASLt), a loop over the experts with
+ * rows. Counts are copied to the host once per layer (mp_moe_route_cuda synchronises its stream
+ * for it): the GEMMs' shapes need them.
  *
  * Every step is deterministic: no floating-point atomics, fixed-order reductions, so two runs
  * give the same bits (same shapes, buffers, GPU and cuBLAS). All pointers are device pointers
  * unless a field says host. Launchers that return void are asynchronous on `stream`; cuBLAS
  * failures are kept in the mp_cublas (mp_cublas_check), kernel launch failures by
  * layers/cuda_launch.h (mp_cuda_take_launch_failure). Implemented by moe_cuda.c (the
- * compositions) over moe_cuda_kernels.cu (Bazel target //layers:cuda_moe); emulated by
- * moe_cuda_emulated.c (moe.c's CPU steps on the widened bf16 inputs, rounded where the CUDA build
- * rounds), stubs in moe_cuda_none.c without CUDA.
+ * compositions, //layers:cuda_moe) over moe_cuda_kernels.cu (//layers:cuda_moe_kernels);
+ * emulated by moe_cuda_emulated.c (moe.c's CPU steps on the widened bf16 inputs, rounded where
+ * the CUDA build rounds), stubs in moe_cuda_none.c without CUDA.
  */
 #ifndef MPENGINE_LAYERS_MOE_CUDA_H
 #define MPENGINE_LAYERS_MOE_CUDA_H
