@@ -5,8 +5,9 @@
 // losses on; the experts' GEMMs grouped (cuBLAS's grouped GEMM) and as a loop, and the steps run
 // one by one with the experts in two halves (as expert parallelism runs them). E 4 and 8, top-k 1
 // and 2, with and without the shared MLP and its gate, top-k renormalised (Mixtral) or not
-// (Qwen2-MoE's default), an expert that no token reaches; E 72 for two grouped GEMM calls of 64
-// experts. Two runs give the same bits.
+// (Qwen2-MoE's default), experts that no token reaches (one; a whole half, so one call of the
+// experts' steps has no row at all); E 72 for two grouped GEMM calls of 64 experts. Two runs give
+// the same bits.
 //
 // Every test skips itself, by name, when no GPU is visible (CI builds CUDA without a GPU); it
 // also runs under emulated CUDA (tools/test.sh), where the kernels are moe.c's steps and the
@@ -50,13 +51,15 @@ constexpr double kZCoeff = 0.001;
 
 struct MoeCase {
   int experts, top_k;
-  bool shared, gate, normalize, dead_expert;
+  bool shared, gate, normalize;
+  int idle_experts;  // the last ones, which no token reaches
 };
 
 std::string Describe(const MoeCase &c) {
   return "E" + std::to_string(c.experts) + "_K" + std::to_string(c.top_k) +
          (c.shared ? (c.gate ? "_gated_shared" : "_shared") : "") +
-         (c.normalize ? "_normalized" : "") + (c.dead_expert ? "_idle_expert" : "");
+         (c.normalize ? "_normalized" : "") +
+         (c.idle_experts > 0 ? "_idle" + std::to_string(c.idle_experts) : "");
 }
 
 // The CPU layer's inputs (bf16-rounded) and its forward and backward on them.
@@ -76,11 +79,11 @@ struct CpuMoe {
             (c.normalize ? 1 : 0));
     x = rng.uniform_vector(N * C, -1.0f, 1.0f);
     router = rng.uniform_vector(E * C, -0.3f, 0.3f);
-    if (c.dead_expert) {
-      // Channel 0 is 1 for every token and the last expert's router weight on it -16: its logit
-      // is ~15 below every other's, so no token chooses it.
+    if (c.idle_experts > 0) {
+      // Channel 0 is 1 for every token and the idle experts' router weight on it -16: their
+      // logits are ~15 below every other's, so no token chooses them.
       for (size_t t = 0; t < N; ++t) x[t * C] = 1.0f;
-      for (size_t e = 0; e < E; ++e) router[e * C] = e + 1 == E ? -16.0f : 0.0f;
+      for (size_t e = 0; e < E; ++e) router[e * C] = e + c.idle_experts >= E ? -16.0f : 0.0f;
     }
     x = RoundToBf16(x);
     router = RoundToBf16(router);
@@ -311,8 +314,8 @@ TEST_P(CudaMoe, MatchesCpuLayer) {
   CpuMoe m(c);
   ASSERT_TRUE(m.Run());
   const int E = m.shape.experts;
-  if (c.dead_expert) {  // the case is what it says: the last expert receives no token
-    ASSERT_EQ(m.cache.expert_offset[E], m.cache.expert_offset[E - 1]) << Describe(c);
+  if (c.idle_experts > 0) {  // the case is what it says: the last experts receive no token
+    ASSERT_EQ(m.cache.expert_offset[E], m.cache.expert_offset[E - c.idle_experts]) << Describe(c);
   }
   for (Path path : {Path::kGrouped, Path::kLoop, Path::kStepsInHalves}) {
     const std::string name = Describe(c) + Describe(path);
@@ -363,9 +366,9 @@ TEST_P(CudaMoe, MatchesCpuLayer) {
       EXPECT_TRUE(WithinTolerance("moe dshared_gate " + name, g.grad_shared_gate,
                                   m.grad_shared_gate, kBf16Tolerance));
     }
-    if (c.dead_expert) {  // no row, no work: its gradients stay exactly zero
+    if (c.idle_experts > 0) {  // no row, no work: their gradients stay exactly zero
       const size_t F = m.shape.expert_ffn, C = m.shape.channels;
-      for (size_t i = (size_t)(E - 1) * 2 * F * C; i < g.grad_fc1.size(); ++i) {
+      for (size_t i = (size_t)(E - c.idle_experts) * 2 * F * C; i < g.grad_fc1.size(); ++i) {
         ASSERT_EQ(g.grad_fc1[i], 0.0f) << name << " dexpert_fc1[" << i << "]";
       }
     }
@@ -390,17 +393,18 @@ TEST_P(CudaMoe, TwoRunsGiveTheSameBits) {
   EXPECT_TRUE(SameBits(first.prob_sum, second.prob_sum)) << name << ": statistics";
 }
 
-// E, K, shared MLP, its gate, renormalised top-k, an expert with no token.
+// E, K, shared MLP, its gate, renormalised top-k, experts with no token.
 INSTANTIATE_TEST_SUITE_P(
     Shapes, CudaMoe,
-    ::testing::Values(MoeCase{4, 1, false, false, false, false},
-                      MoeCase{4, 2, false, false, true, false},
-                      MoeCase{4, 2, true, true, false, true},
-                      MoeCase{8, 1, true, false, true, false},
-                      MoeCase{8, 2, false, false, true, true},   // Mixtral-like
-                      MoeCase{8, 2, true, true, false, false},   // Qwen2-MoE-like
-                      MoeCase{8, 2, true, false, false, true},
-                      MoeCase{72, 2, false, false, true, false}),  // two grouped GEMM calls
+    ::testing::Values(MoeCase{4, 1, false, false, false, 0},
+                      MoeCase{4, 2, false, false, true, 0},
+                      MoeCase{4, 2, true, true, false, 1},
+                      MoeCase{4, 1, true, true, true, 2},  // the second half has no row at all
+                      MoeCase{8, 1, true, false, true, 0},
+                      MoeCase{8, 2, false, false, true, 1},  // Mixtral-like
+                      MoeCase{8, 2, true, true, false, 0},   // Qwen2-MoE-like
+                      MoeCase{8, 2, true, false, false, 1},
+                      MoeCase{72, 2, false, false, true, 0}),  // two grouped GEMM calls
     [](const ::testing::TestParamInfo<MoeCase> &info) { return Describe(info.param); });
 
 TEST(CudaMoeShape, RouteRefusesTopKAboveExperts) {
