@@ -1,6 +1,7 @@
 /*
  * layers/cublas_context_internal.cuh — private to the CUDA sources of //layers:cuda_gemm
- * (cublas_context_cuda.cu, matmul_cuda.cu, attention_cuda.cu): the mp_cublas context's struct
+ * (cublas_context_cuda.cu, matmul_cuda.cu, attention_cuda.cu) and of //layers:cuda_moe_kernels
+ * (moe_cuda_kernels.cu, the router's fp32 GEMMs): the mp_cublas context's struct
  * (layers/cublas_context.h) and the macros that record a failed cuBLAS or CUDA call in it from the
  * void launchers.
  *

@@ -29,6 +29,8 @@ binaries=(
   //tests/layers:flash_attention_test
   //tests/layers:flash_attention_window_test
   //tests/layers:cuda_tensor_parallel_test
+  //tests/layers:moe_cuda_test
+  //tests/layers:moe_cuda_throughput_test
   //tests/engine:stage_gpu_test
   //tests/engine:comm_nccl_test
   //tests/engine:comm_nccl_watchdog_test

@@ -97,7 +97,7 @@ section "mpengine version --smoke-test"
 
 section "CUDA kernels against their CPU twins"
 for test in cuda_elementwise_test cuda_gemm_test flash_attention_test flash_attention_window_test \
-            cuda_tensor_parallel_test \
+            cuda_tensor_parallel_test moe_cuda_test moe_cuda_throughput_test \
             stage_gpu_test; do
   if [ -x ".device/bin/$test" ]; then
     timeout 300 ".device/bin/$test" 2>&1 | grep -E "kernel |model |gpu training|FAILED|Failure|Expected|Which is|error|PASSED|SKIPPED|tests? ran" \

@@ -56,7 +56,8 @@ if [ "$#" -eq 0 ]; then
             //tests/engine:comm_nccl_emulated_test //tests/tools:cuda_emulated_run_test
             //tests/tools:gpu_host_memory_test
             //tests/layers:cuda_elementwise_test //tests/layers:cuda_gemm_test
-            //tests/layers:cuda_tensor_parallel_test //tests/layers:flash_attention_window_test)
+            //tests/layers:cuda_tensor_parallel_test //tests/layers:flash_attention_window_test
+            //tests/layers:moe_cuda_test)
   bazel test "${emulated_config[@]}" --keep_going "${emulated[@]}" 2>&1 |
     tee -a "$bazel_log"
   emulated_status=${PIPESTATUS[0]}
