@@ -111,6 +111,33 @@ int mp_grid_dp_cp_group(const mp_grid_shape *shape, int rank, int *members) {
   return count;
 }
 
+/* The replica index of rank among its (pp, tp) position's dp x cp replicas. */
+static int replica_of(const mp_grid_shape *shape, int rank) {
+  const mp_grid_coord coord = mp_grid_coord_of(shape, rank);
+  return coord.dp_rank * shape->cp + coord.cp_rank;
+}
+
+int mp_grid_ep_rank(const mp_grid_shape *shape, int ep, int rank) {
+  return replica_of(shape, rank) % ep;
+}
+
+int mp_grid_ep_group(const mp_grid_shape *shape, int ep, int rank, int *members) {
+  int replicas[shape->dp * shape->cp];
+  mp_grid_dp_cp_group(shape, rank, replicas);
+  const int first = replica_of(shape, rank) / ep * ep;
+  for (int i = 0; i < ep; ++i) members[i] = replicas[first + i];
+  return ep;
+}
+
+int mp_grid_expert_dp_group(const mp_grid_shape *shape, int ep, int rank, int *members) {
+  const int total = shape->dp * shape->cp;
+  int replicas[total];
+  mp_grid_dp_cp_group(shape, rank, replicas);
+  int count = 0;
+  for (int r = replica_of(shape, rank) % ep; r < total; r += ep) members[count++] = replicas[r];
+  return count;
+}
+
 int mp_grid_group_of(const mp_grid_shape *shape, mp_grid_kind kind, int rank, int *members) {
   switch (kind) {
     case MP_GRID_TP: return mp_grid_tp_group(shape, rank, members);

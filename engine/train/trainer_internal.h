@@ -21,6 +21,7 @@
 #include "engine/comm/comm.h"
 #include "engine/comm/comm_nccl.h"
 #include "engine/comm/dp_comm.h"
+#include "engine/comm/ep_comm_mpi.h"
 #include "engine/model/stage_chain.h"
 #include "engine/model/stage_state.h"
 #include "engine/train/trainer.h"
@@ -45,6 +46,7 @@ struct mp_trainer {
   mp_trainer_options options;
   mp_tp_comm tp_table;    /* options->tp, or the one-rank table */
   mp_tp_comm cp_table;    /* options->cp, or the one-rank table */
+  mp_ep_comm ep_table;    /* options->ep (engine/comm/ep_comm_mpi.h), or the one-rank table */
   int replica_rank;       /* this rank's place among the dp x cp replicas (options->dp) */
   int num_chunks;         /* virtual_stages */
   /* The backend's stage table (engine/model/stage_state.h): every chunk's, and the memory of

@@ -36,7 +36,7 @@ struct Model {
 
 mp_stage_layout *Layout(const Model &m, int tp_rank, int tp_size, const mp_stage_span &span,
                         const mp_stage_zero *zero = nullptr) {
-  const mp_stage_layout_config config = {2, 8, tp_rank, tp_size, false, span, zero, 0, 1};
+  const mp_stage_layout_config config = {2, 8, tp_rank, tp_size, false, span, zero, 0, 1, 0, 1};
   mp_stage_layout *layout = nullptr;
   mp_error err = MP_ERROR_INITIALIZER;
   EXPECT_EQ(mp_stage_layout_create(m.model, &config, &layout, &err), MP_OK) << err.message;
@@ -153,7 +153,7 @@ TEST(StageLayout, ZeroBubbleWindowTakesTheGemmWeightsOnly) {
 TEST(StageLayout, RefusesATpThatDoesNotDivideTheHeads) {
   Model m;
   const mp_stage_layout_config config = {2, 8, 0, 3, false, mp_stage_span_whole(3),
-                                         nullptr, 0, 1};
+                                         nullptr, 0, 1, 0, 1};
   mp_stage_layout *layout = nullptr;
   mp_error err = MP_ERROR_INITIALIZER;
   EXPECT_EQ(mp_stage_layout_create(m.model, &config, &layout, &err), MP_ERR_INPUT);
