@@ -1084,7 +1084,8 @@ static mp_status start_rank(run_state *state, const run_options *o, run_start *s
   }
   const mp_checkpoint_context checkpoint = {
       .plan = &state->plan, .model = state->model, .trainer = state->trainer,
-      .world = state->world_group, .dp = state->dp_group, .dp_rank = replica_rank(state),
+      .world = state->world_group, .dp = state->dp_group, .ep = state->ep_group,
+      .dp_rank = replica_rank(state),
       .pp_rank = state->coord.pp_rank, .tp_rank = state->coord.tp_rank, .run_id = s->run_id,
       .override_training = o->override_training};
   s->checkpoint = checkpoint;

@@ -39,6 +39,11 @@
  *                   that shard holds; and per file its coordinates, its stages (chain pieces), size
  *                   and FNV-1a 64 checksum.
  *
+ * Expert parallelism: an ep rank holds only its experts' rows of each block's expert_fc1 and
+ * expert_fc2; dp rank 0 (ep rank 0) writes the tensors whole, the other ep ranks of its ep group
+ * sending it their rows (parameters and moments) in pieces, so the files do not depend on ep,
+ * and a load reads each rank's run of rows.
+ *
  * Loading under any layout: each rank, for each tensor of each of its chunks (the tied copy
  * reads wte), reads the shards the table names: its own shard directly when the tp sizes agree
  * (replicated tensors from tp rank 0's file), else the full tensor reassembled from every shard
@@ -90,6 +95,10 @@ typedef struct {
   mp_comm *world; /* every rank of the job, group rank = world rank; NULL on one rank */
   mp_comm *dp;    /* the ranks that hold the same state: this rank's dp x cp group (group rank =
                      dp_rank below); NULL when dp = cp = 1 */
+  mp_comm *ep;    /* expert parallelism: this rank's ep group (group rank = ep rank = dp_rank
+                     mod ep, topology/grid.h), whose ranks hold different experts: a save
+                     gathers them onto the writer, so the files hold every expert whole, as at
+                     ep 1 (and resume at any ep); NULL: ep 1 */
   int dp_rank, pp_rank, tp_rank; /* this rank's coordinates, dp_rank its place among the dp x cp
                                     replicas (dp rank x cp + cp rank); 0 on one rank */
   /* The run a save belongs to (the manifest's "run": {"id"}), the same on every rank: a fresh

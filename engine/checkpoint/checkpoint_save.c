@@ -197,6 +197,68 @@ static mp_status put_own(const rank_view *view, const view_chunk *chunk, mp_trai
   return MP_OK;
 }
 
+/* Whether the view holds experts split over ep. */
+static bool expert_parallel(const rank_view *view) {
+  for (int c = 0; c < view->num_chunks; ++c) {
+    for (int j = 0; j < view->chunks[c].num_tensors; ++j) {
+      if (view->chunks[c].tensors[j].ep_size > 1) return true;
+    }
+  }
+  return false;
+}
+
+/* Expert parallelism, the writer's side: chunk's array `array` tensor by tensor, each expert
+ * tensor whole (its own rows, then each other ep rank's as they arrive over ctx->ep, in pieces of
+ * CK_PIECE_FLOATS through piece). */
+static mp_status put_own_experts(const mp_checkpoint_context *ctx, const rank_view *view,
+                                 const view_chunk *chunk, mp_trainer_array array, float *piece,
+                                 hashed_file *out, mp_error *err) {
+  for (int j = 0; j < chunk->num_tensors; ++j) {
+    const view_tensor *t = &chunk->tensors[j];
+    if (t->tied_copy) continue;
+    for (int e = 0; e < t->ep_size; ++e) {
+      for (size_t at = 0; at < t->count; at += CK_PIECE_FLOATS) {
+        const size_t n = t->count - at < CK_PIECE_FLOATS ? t->count - at : CK_PIECE_FLOATS;
+        if (e == 0) {
+          MP_TRY(mp_trainer_read_state(view->trainer, chunk->index, array, t->offset + at, n,
+                                       piece, err));
+        } else {
+          MP_TRY(mp_comm_recv(ctx->ep, piece, n * sizeof(float), e, err));
+        }
+        put(out, piece, n * sizeof(float));
+      }
+    }
+  }
+  return MP_OK;
+}
+
+/* Expert parallelism, an ep rank other than 0 of the writer's ep group: its experts' rows of the
+ * parameters, then of each moment, chunk by chunk, in put_own_experts' order, to ep rank 0. */
+static mp_status send_experts(const mp_checkpoint_context *ctx, const rank_view *view,
+                              mp_error *err) {
+  float *piece = malloc(CK_PIECE_FLOATS * sizeof(float));
+  if (piece == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory sending experts");
+  const mp_trainer_array arrays[3] = {MP_TRAINER_PARAMS, MP_TRAINER_ADAM_M, MP_TRAINER_ADAM_V};
+  mp_status status = MP_OK;
+  for (int k = 0; k < 3 && status == MP_OK; ++k) {
+    for (int c = 0; c < view->num_chunks && status == MP_OK; ++c) {
+      const view_chunk *chunk = &view->chunks[c];
+      for (int j = 0; j < chunk->num_tensors && status == MP_OK; ++j) {
+        const view_tensor *t = &chunk->tensors[j];
+        if (t->ep_size <= 1) continue;
+        for (size_t at = 0; at < t->count && status == MP_OK; at += CK_PIECE_FLOATS) {
+          const size_t n = t->count - at < CK_PIECE_FLOATS ? t->count - at : CK_PIECE_FLOATS;
+          status = mp_trainer_read_state(view->trainer, chunk->index, arrays[k], t->offset + at,
+                                         n, piece, err);
+          if (status == MP_OK) status = mp_comm_send(ctx->ep, piece, n * sizeof(float), 0, err);
+        }
+      }
+    }
+  }
+  free(piece);
+  return status;
+}
+
 /* dp rank 0 of (pp_rank, tp_rank): writes its file into tmp_dir and fills record (always, with
  * the status and message on failure). */
 static mp_status write_shard_file(const mp_checkpoint_context *ctx, const rank_view *view,
@@ -213,7 +275,7 @@ static mp_status write_shard_file(const mp_checkpoint_context *ctx, const rank_v
     for (int j = 0; j < chunk->num_tensors; ++j) {
       if (chunk->tensors[j].tied_copy) continue;
       tensors[k++] = chunk->tensors[j].global;
-      floats += chunk->tensors[j].count;
+      floats += chunk->tensors[j].count * (size_t)chunk->tensors[j].ep_size; /* experts whole */
     }
   }
   record->num_tensors = k;
@@ -245,11 +307,14 @@ static mp_status write_shard_file(const mp_checkpoint_context *ctx, const rank_v
   mp_status comm = MP_OK;
   float *piece = malloc(CK_PIECE_FLOATS * sizeof(float));
   const bool sharded = sharded_params(view);
+  const bool experts = expert_parallel(view);
   if (piece == NULL) comm = mp_fail(err, MP_ERR_RUNTIME, "out of memory writing a checkpoint");
   for (int c = 0; c < view->num_chunks && comm == MP_OK; ++c) {
     const view_chunk *chunk = &view->chunks[c];
     if (sharded) { /* ZeRO-3: the blocks' parameters come from every dp rank's part */
       comm = stream_moments(ctx, view, chunk, MP_TRAINER_PARAMS, piece, &out, err);
+    } else if (experts) {
+      comm = put_own_experts(ctx, view, chunk, MP_TRAINER_PARAMS, piece, &out, err);
     } else {
       comm = put_own(view, chunk, MP_TRAINER_PARAMS, piece, &out, err);
     }
@@ -259,6 +324,8 @@ static mp_status write_shard_file(const mp_checkpoint_context *ctx, const rank_v
       const view_chunk *chunk = &view->chunks[c];
       if (zero) {
         comm = stream_moments(ctx, view, chunk, kMoments[a], piece, &out, err);
+      } else if (experts) {
+        comm = put_own_experts(ctx, view, chunk, kMoments[a], piece, &out, err);
       } else if (chunk->first != 0 || chunk->moments != chunk->count) {
         comm = mp_fail(err, MP_ERR_RUNTIME,
                        "chunk %d keeps moments of elements [%zu, +%zu) of %zu without ZeRO-1", c,
@@ -629,6 +696,9 @@ mp_status mp_checkpoint_save(const char *dir, int64_t step, int keep,
   } else if (status == MP_OK && zero && ctx->dp_rank < mp_plan_zero_shard(plan)) {
     /* With HSDP the first shard group's parts cover the moments; its replicas hold the same. */
     status = send_moments(ctx, &view, err);
+  } else if (status == MP_OK && ctx->ep != NULL && ctx->dp_rank < mp_comm_size(ctx->ep)) {
+    /* The writer's ep group: its other ranks hold the other experts. */
+    status = send_experts(ctx, &view, err);
   }
   /* Every writer's record reaches world rank 0, which so waits for every file. */
   if (status == MP_OK && world_rank == 0) {
