@@ -197,9 +197,11 @@ mp_status mp_trainer_create_parallel(const mp_plan *plan, const mp_model *model,
   MP_TRY(check_group(plan, "pp", o.pp, plan->pp, err));
   MP_TRY(check_group(plan, plan->cp > 1 ? "dp x cp" : "dp", o.dp, mp_plan_replicas(plan), err));
   MP_TRY(check_group(plan, "cp", o.cp, plan->cp > 1 ? plan->cp : 1, err));
-  MP_TRY(check_group(plan, "ep", o.ep, mp_plan_ep(plan), err));
-  MP_TRY(check_group(plan, "expert-dp", o.expert_dp,
-                     mp_plan_replicas(plan) / mp_plan_ep(plan), err));
+  if (mp_plan_ep(plan) > 1) {
+    MP_TRY(check_group(plan, "ep", o.ep, mp_plan_ep(plan), err));
+    MP_TRY(check_group(plan, "expert-dp", o.expert_dp,
+                       mp_plan_replicas(plan) / mp_plan_ep(plan), err));
+  }
   MP_TRY(mp_cp_check(plan->seq_len, plan->cp > 1 ? plan->cp : 1, err));
   if (mp_plan_zero_shard(plan) < plan->dp) {
     const int shard = mp_plan_zero_shard(plan);
