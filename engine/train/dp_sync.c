@@ -117,7 +117,7 @@ static mp_status sum_expert_grads(mp_trainer *trainer, mp_error *err) {
  * order, so every expert counts once and every rank gets bitwise the same sum. */
 static mp_status expert_squares(mp_trainer *trainer, double *out, mp_error *err) {
   *out = 0.0;
-  if (trainer->ep_table.size <= 1) return MP_OK;
+  if (trainer->ep_table.size <= 1 || trainer->zero2) return MP_OK; /* ZeRO 2-3: zero.c's */
   for (int c = 0; c < trainer->num_chunks; ++c) {
     const mp_stage_state *chunk = &trainer->stages[c];
     const mp_stage_layout *layout = trainer->layouts[c];
@@ -189,8 +189,10 @@ mp_status mp_train_reduce_step_grads(mp_trainer *trainer, double *grad_norm, mp_
       /* HSDP (host memory only): each shard group summed its own dp ranks; the replicas' parts
        * add up to dp's. */
       float *part = chunk->ops->grad_part(chunk->stage);
-      if (o->zero_replica != NULL && part == NULL) {
-        return mp_fail(err, MP_ERR_INPUT, "hybrid sharding: the %s stage keeps no gradient part",
+      if ((o->zero_replica != NULL || o->ep != NULL) && part == NULL) {
+        return mp_fail(err, MP_ERR_INPUT,
+                       "hybrid sharding or expert parallelism: the %s stage keeps no gradient "
+                       "part",
                        chunk->ops->backend);
       }
       for (size_t at = 0; o->zero_replica != NULL && at < trainer->zero_count[c];
@@ -200,6 +202,7 @@ mp_status mp_train_reduce_step_grads(mp_trainer *trainer, double *grad_norm, mp_
                                  : MP_TRAINER_BUCKET_FLOATS;
         MP_TRY(traced_all_reduce(trainer, o->zero_replica, part + at, count, err));
       }
+      if (o->ep != NULL) MP_TRY(mp_train_zero2_sum_over_ep(trainer, c, part, err));
       chunk->ops->scale_grads(chunk->stage, scale);
     }
   }

@@ -60,11 +60,12 @@ mp_status mp_trainer_check_layout(const mp_plan *plan, mp_backend backend, mp_er
                    "now; use --backend cpu",
                    plan->source, plan->ep);
   }
-  if (mp_plan_ep(plan) > 1 && plan->zero_stage > 0) {
+  if (mp_plan_ep(plan) > 1 && mp_plan_zero_shard(plan) < plan->dp) {
     return mp_fail(err, MP_ERR_INPUT,
-                   "%s: $.parallel.zero_stage: %d: ZeRO with expert parallelism (ep %d) is not "
-                   "run yet; use zero_stage 0 with ep, or ep 1",
-                   plan->source, plan->zero_stage, plan->ep);
+                   "%s: $.parallel.zero_shard_size: %d: hybrid sharding with expert parallelism "
+                   "(ep %d) is not run yet: with ep, ZeRO shards over the expert-data-parallel "
+                   "group; drop zero_shard_size, or use ep 1",
+                   plan->source, plan->zero_shard_size, plan->ep);
   }
   if (backend == MP_BACKEND_CUDA && mp_plan_zero_shard(plan) < plan->dp) {
     return mp_fail(err, MP_ERR_INPUT,
@@ -137,6 +138,10 @@ static mp_status create_parallel(mp_trainer *trainer, const mp_model *model, mp_
   const int replicas = mp_plan_replicas(plan);
   const bool hybrid = mp_plan_zero_shard(plan) < plan->dp;
   trainer->zero_comm = hybrid ? o->zero_shard : replicas > 1 ? o->dp : NULL;
+  /* Expert parallelism: ZeRO cuts the state over the expert-data-parallel group, whose members
+   * hold the same experts and so the same flat arrays (engine/train/zero.c sums the other
+   * tensors' gradient parts over the ep group too). */
+  if (mp_plan_ep(plan) > 1) trainer->zero_comm = replicas > mp_plan_ep(plan) ? o->expert_dp : NULL;
   trainer->zero_size = trainer->zero_comm != NULL ? mp_comm_size(trainer->zero_comm) : 1;
   trainer->zero_rank = trainer->zero_comm != NULL ? mp_comm_rank(trainer->zero_comm) : 0;
   if (!hybrid) o->zero_replica = NULL;

@@ -186,6 +186,13 @@ mp_status mp_train_zero3_collect(mp_trainer *trainer, int c, size_t first, size_
  * the flat layout, into the parts in buckets. */
 mp_status mp_train_zero2_array_grads(mp_trainer *trainer, int c, mp_error *err);
 
+/* ZeRO 2-3 with expert parallelism: the part's gradients of the tensors other than the experts
+ * (part: chunk c's gradient part, elements [zero_first, + zero_count) of its flat layout), which
+ * the reduce-scatters summed over the expert-dp group only, summed over the ep group too (whose
+ * ranks hold the same part of the same tensors there); the experts' parts stay: they hold their
+ * own experts. */
+mp_status mp_train_zero2_sum_over_ep(mp_trainer *trainer, int c, float *part, mp_error *err);
+
 /* The squared global norm of chunk c's gradient from the dp ranks' parts: each tensor's squares
  * over this rank's part of it, summed over dp in rank order (so bitwise the same everywhere),
  * then over tp as the stage counts them (mp_stage_norm_from_squares). Collective over dp and
