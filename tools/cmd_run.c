@@ -1128,14 +1128,19 @@ static mp_status print_banner(run_state *state, const run_options *o, const run_
   printf("model %s: %d layers, %d heads, %d channels, vocab %d (padded %d), %zu parameters\n",
          mp_model_name(state->model), c->num_layers, c->num_heads, c->channels, c->vocab_size,
          c->padded_vocab_size, mp_param_layout_num_params(layout));
-  char ranks_text[160] = "1 rank";
+  char ranks_text[224] = "1 rank";
   if (state->world_size > 1) {
     char cp_text[32] = "";
     if (plan->cp > 1) snprintf(cp_text, sizeof cp_text, " x cp %d", plan->cp);
+    char ep_text[64] = "";
+    if (mp_plan_ep(plan) > 1) {
+      snprintf(ep_text, sizeof ep_text, ", ep %d: %d of the %d experts a rank", plan->ep,
+               c->moe_experts / plan->ep, c->moe_experts);
+    }
     snprintf(ranks_text, sizeof ranks_text,
-             "%d ranks (dp %d%s x pp %d x tp %d%s; schedule %s, %d chunk%s per pipeline rank)",
+             "%d ranks (dp %d%s x pp %d x tp %d%s%s; schedule %s, %d chunk%s per pipeline rank)",
              state->world_size, plan->dp, cp_text, plan->pp, plan->tp,
-             plan->sequence_parallel ? ", sequence parallelism" : "", plan->schedule,
+             plan->sequence_parallel ? ", sequence parallelism" : "", ep_text, plan->schedule,
              plan->virtual_stages, plan->virtual_stages == 1 ? "" : "s");
   }
   char every_text[64] = "";

@@ -95,10 +95,6 @@ typedef struct {
   mp_comm *world; /* every rank of the job, group rank = world rank; NULL on one rank */
   mp_comm *dp;    /* the ranks that hold the same state: this rank's dp x cp group (group rank =
                      dp_rank below); NULL when dp = cp = 1 */
-  mp_comm *ep;    /* expert parallelism: this rank's ep group (group rank = ep rank = dp_rank
-                     mod ep, topology/grid.h), whose ranks hold different experts: a save
-                     gathers them onto the writer, so the files hold every expert whole, as at
-                     ep 1 (and resume at any ep); NULL: ep 1 */
   int dp_rank, pp_rank, tp_rank; /* this rank's coordinates, dp_rank its place among the dp x cp
                                     replicas (dp rank x cp + cp rank); 0 on one rank */
   /* The run a save belongs to (the manifest's "run": {"id"}), the same on every rank: a fresh
@@ -109,6 +105,10 @@ typedef struct {
    * warmup, decay, the optimizer's): Megatron's --override-opt_param-scheduler. Otherwise it
    * refuses them, naming each. */
   bool override_training;
+  mp_comm *ep;    /* expert parallelism: this rank's ep group (group rank = ep rank = dp_rank
+                     mod ep, topology/grid.h), whose ranks hold different experts: a save
+                     gathers them onto the writer, so the files hold every expert whole, as at
+                     ep 1 (and resume at any ep); NULL: ep 1 */
 } mp_checkpoint_context;
 
 /* Bytes of a run id with its NUL; mp_checkpoint_new_run_id writes 16 hex digits. */

@@ -244,6 +244,13 @@ static mp_status gather_all(mp_stage_cpu *gpt, const float *shard, float *full, 
   for (int i = 0; i < num_tensors && status == MP_OK; ++i) {
     const mp_stage_tensor *t = mp_stage_layout_tensor(gpt->layout, i);
     if (t->tied_copy) continue;
+    if (t->ep_size > 1) { /* the other experts are on the ep group's other ranks */
+      status = mp_fail(err, MP_ERR_INPUT,
+                       "%s: this rank holds ep rank %d's experts only (ep %d): gather the whole "
+                       "model through a checkpoint (engine/checkpoint/checkpoint.h)",
+                       t->full->name, t->ep_rank, t->ep_size);
+      break;
+    }
     if (t->split == MP_TP_REPLICATED) {
       memcpy(full + t->full->offset, shard + t->offset, t->count * sizeof(float));
       continue;

@@ -13,7 +13,9 @@
  * The shard array holds the stage's tensors in the layout's order, each one's shard contiguous,
  * so the optimizer and clipping walk one buffer as on one rank. wte is cut by vocabulary rows,
  * q/k/v by heads, attn_proj and fc_proj by columns, fc (gate, up) by rows; wpe, norms and the
- * row-parallel biases are replicated.
+ * row-parallel biases are replicated. With expert parallelism (ep_size > 1) a mixture of experts'
+ * stacked experts (expert_fc1, expert_fc2) are cut by rows over the ep group instead: the rank
+ * holds its ep rank's E / ep experts, whole over tp.
  */
 #ifndef MPENGINE_ENGINE_MODEL_STAGE_LAYOUT_H
 #define MPENGINE_ENGINE_MODEL_STAGE_LAYOUT_H

@@ -38,6 +38,13 @@
  * gathered over dp into the chain's weights window before its forward, recomputed forward and
  * backward (its weights hook), and after the update only the tensors outside the blocks, which
  * every rank keeps whole, are gathered.
+ * Expert parallelism (the plan's ep > 1, options->ep and expert_dp): each chunk holds its ep
+ * rank's experts only and its MoE layers send tokens to them over the ep group
+ * (expert_parallel/ep_dispatch.h); the experts' gradients are summed over the
+ * expert-data-parallel group (the rest over dp x cp as above, both then divided by dp x cp), the
+ * norm counts each expert once (its squares summed over the ep group), and ZeRO cuts the state
+ * over the expert-data-parallel group (ZeRO 2-3 then sum the parts of the other tensors over the
+ * ep group too).
  * The loss, averaged over the global batch, is known on every rank after the step. Every rank of
  * the job calls every function in the same order.
  *

@@ -23,12 +23,14 @@
 # Expert parallelism (ep > 1, folded over the dp x cp replicas: each rank holds 8 / ep experts,
 # tokens reach them by all-to-all, the experts' gradients are summed over the expert-data-parallel
 # group): ep 2 (dp 2), ep 4 (dp 4), ep 2 with tp 2 and sequence parallelism, with pp 2 (1f1b and
-# zb-h1), with dp 4 (expert-dp 2) and with cp 2 (dp 1: ep folded over cp) agree with the one-rank
-# run as above (losses, norms, held-out losses, final weights exported from their checkpoints,
+# zb-h1), with dp 4 (expert-dp 2), with cp 2 (dp 1: ep folded over cp), and with ZeRO 1, 2 (pp 2)
+# and 3 (tp 2 with sequence parallelism) at dp 4 (the state cut over the expert-dp group of 2)
+# agree with the one-rank run as above (losses, norms, held-out losses, final weights exported from their checkpoints,
 # which hold every expert whole); the experts-without-tokens pair runs at ep 2 too (2 tokens a
 # micro-batch on each of the ep group's 2 ranks, top 1 of 8: at least 4 experts of every layer get
-# no token on any rank); an ep 2 x tp 2 checkpoint of step 10 resumes on one rank, and the ep-1
-# ZeRO-3 one above resumes at ep 2 x pp 2, both giving the uninterrupted run's steps 11-20.
+# no token on any rank); an ep 2 x dp 4 x tp 2 ZeRO-3 checkpoint of step 10 resumes on one rank,
+# and the ep-1 ZeRO-3 one above resumes at ep 2 x pp 2, both giving the uninterrupted run's steps
+# 11-20.
 #
 # The plans give layers_per_stage (the cost model does not plan MoE blocks yet).
 set -uo pipefail
@@ -127,7 +129,10 @@ layouts=("tp2-sp 1 1 2 1f1b 1 true 0 none [7]"
          "ep2-pp2 2 2 1 1f1b 1 false 0 none [3,4] 2 32 1 2"
          "ep2-pp2-zb-h1 2 2 1 zb-h1 1 false 0 none [3,4] 2 32 1 2"
          "ep2-dp4 4 1 1 1f1b 1 false 0 none [7] 2 32 1 2"
-         "ep2-cp2 1 1 1 1f1b 1 false 0 none [7] 2 32 2 2")
+         "ep2-cp2 1 1 1 1f1b 1 false 0 none [7] 2 32 2 2"
+         "ep2-dp4-zero1 4 1 1 1f1b 1 false 1 none [7] 2 32 1 2"
+         "ep2-dp4-pp2-zero2 4 2 1 1f1b 1 false 2 none [3,4] 2 32 1 2"
+         "ep2-dp4-tp2-sp-zero3 4 1 2 1f1b 1 true 3 none [7] 2 32 1 2")
 plan serial 1 1 1 1f1b 1 false 0 none "[7]"
 run serial
 for spec in "${layouts[@]}"; do
@@ -164,11 +169,11 @@ resumed() { # resumed PLAN CHECKPOINT_DIR WHAT: PLAN resumes step 10 and gives s
 }
 # The same ep-1 checkpoint of step 10 (dp 2 x pp 2 x tp 2, ZeRO-3) resumes at ep 2 x pp 2.
 resumed ep2-pp2 "$tmp/ck-reshard" "resharded resume (dp2-pp2-tp2-zero3 -> ep 2 x pp 2)"
-# An ep 2 checkpoint holds every expert: one rank resumes it.
+# An ep 2 checkpoint holds every expert (and with ZeRO-3 every part): one rank resumes it.
 rm -rf "$tmp/ck-ep"
-expect 0 "done: 20 steps" -- $mpengine run --config "$tmp/ep2-tp2-sp.json" --backend cpu \
+expect 0 "done: 20 steps" -- $mpengine run --config "$tmp/ep2-dp4-tp2-sp-zero3.json" --backend cpu \
   --checkpoint-dir "$tmp/ck-ep" --save-every 10 --comm-timeout 120
-resumed serial "$tmp/ck-ep" "resharded resume (ep 2 x tp 2 -> one rank)"
+resumed serial "$tmp/ck-ep" "resharded resume (ep 2 x dp 4 x tp 2 ZeRO-3 -> one rank)"
 
 # Experts with no token: 4 tokens a micro-batch, top 1 of 8 experts; at ep 2 with 2 tokens a
 # micro-batch on each rank, so the ep group's 4 tokens leave at least 4 experts with none.
