@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # tests/tools/moe_parallel_equals_serial_test.sh — DESIGN.md principle 2 for mixture-of-experts
 # models, at ep 1 and with expert parallelism (issue 33, below): tests/tools/testdata/tiny-moe.json
-# (4 Qwen2-MoE-shaped blocks: 8
-# experts of width 27 and a gated shared expert of width 45, neither divisible by tp: they are
+# (4 Qwen2-MoE-shaped blocks: 8 experts of width 27 and a gated shared expert of width 45,
+# neither divisible by tp: they are
 # whole on every tp rank; top 1, load-balancing and z-losses) trained 20 steps on
 # tp 2 with sequence parallelism, pp 2 (1f1b, zb-h1, interleaved with v = 2), dp 2, ZeRO 1, 2
 # (with sequence parallelism, interleaved and zb-h1) and 3 (at dp 2 x pp 2 x tp 2), full and selective recomputation, and context
