@@ -41,8 +41,9 @@
  *
  * Expert parallelism: an ep rank holds only its experts' rows of each block's expert_fc1 and
  * expert_fc2; dp rank 0 (ep rank 0) writes the tensors whole, the other ep ranks of its ep group
- * sending it their rows (parameters and moments) in pieces, so the files do not depend on ep,
- * and a load reads each rank's run of rows.
+ * sending it their rows (parameters and moments) in pieces (with ZeRO, cut over the
+ * expert-data-parallel group, each part from the replica holding it), so the files do not depend
+ * on ep, and a load reads each rank's run of rows.
  *
  * Loading under any layout: each rank, for each tensor of each of its chunks (the tied copy
  * reads wte), reads the shards the table names: its own shard directly when the tp sizes agree
