@@ -23,15 +23,15 @@
 #
 # Expert parallelism (ep > 1, folded over the dp x cp replicas: each rank holds 8 / ep experts,
 # tokens reach them by all-to-all, the experts' gradients are summed over the expert-data-parallel
-# group): ep 2 (dp 2), ep 4 (dp 4), ep 2 with tp 2 and sequence parallelism, with pp 2 (1f1b and
-# zb-h1), with dp 4 (expert-dp 2), with cp 2 (dp 1: ep folded over cp), and with ZeRO 1, 2 (pp 2)
-# and 3 (tp 2 with sequence parallelism) at dp 4 (the state cut over the expert-dp group of 2)
-# agree with the one-rank run as above (losses, norms, held-out losses, final weights exported from their checkpoints,
-# which hold every expert whole); the experts-without-tokens pair runs at ep 2 too (2 tokens a
-# micro-batch on each of the ep group's 2 ranks, top 1 of 8: at least 4 experts of every layer get
-# no token on any rank); an ep 2 x dp 4 x tp 2 ZeRO-3 checkpoint of step 10 resumes on one rank,
-# and the ep-1 ZeRO-3 one above resumes at ep 2 x pp 2, both giving the uninterrupted run's steps
-# 11-20.
+# group): ep 2 (dp 2), ep 4 (dp 4), ep 2 with tp 2 and sequence parallelism, with pp 2 (1f1b, zb-h1,
+# and interleaved v = 2 with full recomputation: the dispatch reruns), with dp 4 (expert-dp 2), with
+# cp 2 (dp 1: ep folded over cp), and with ZeRO 1, 2 (pp 2) and 3 (tp 2 with sequence parallelism)
+# at dp 4 (the state cut over the expert-dp group of 2) agree with the one-rank run as above
+# (losses, norms, held-out losses, final weights exported from their checkpoints, which hold every
+# expert whole); the experts-without-tokens pair runs at ep 2 too (2 tokens a micro-batch on each of
+# the ep group's 2 ranks, top 1 of 8: at least 4 experts of every layer get no token on any rank);
+# an ep 2 x dp 4 x tp 2 ZeRO-3 checkpoint of step 10 resumes on one rank, and the ep-1 ZeRO-3 one
+# above resumes at ep 2 x pp 2, both giving the uninterrupted run's steps 11-20.
 #
 # The plans give layers_per_stage (the cost model does not plan MoE blocks yet).
 set -uo pipefail
@@ -129,6 +129,7 @@ layouts=("tp2-sp 1 1 2 1f1b 1 true 0 none [7]"
          "ep2-tp2-sp 2 1 2 1f1b 1 true 0 none [7] 2 32 1 2"
          "ep2-pp2 2 2 1 1f1b 1 false 0 none [3,4] 2 32 1 2"
          "ep2-pp2-zb-h1 2 2 1 zb-h1 1 false 0 none [3,4] 2 32 1 2"
+         "ep2-pp2-interleaved-v2-recompute-full 2 2 1 interleaved-1f1b 2 false 0 full [2,2,1,2] 2 32 1 2"
          "ep2-dp4 4 1 1 1f1b 1 false 0 none [7] 2 32 1 2"
          "ep2-cp2 1 1 1 1f1b 1 false 0 none [7] 2 32 2 2"
          "ep2-dp4-zero1 4 1 1 1f1b 1 false 1 none [7] 2 32 1 2"
