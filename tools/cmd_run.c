@@ -85,6 +85,8 @@ typedef struct {
   mp_comm *cp_group;        /* context parallelism (cp > 1): the ranks sharing each sequence */
   mp_comm *world_group;     /* every rank: stop agreement, memory report, trace */
   mp_comm *zero_shard_group, *zero_replica_group; /* HSDP (zero_shard_size < dp), else NULL */
+  mp_comm *ep_group, *expert_dp_group; /* expert parallelism (ep > 1): this rank's ep group and
+                                          the replicas holding its experts, else NULL */
   mp_tp_comm tp_table;      /* the table over tp_group the trainer calls */
   mp_nccl_world *nccl_world; /* CUDA backend over NCCL (a GPU per rank), else NULL */
   mp_nccl_comm *nccl_cp;     /* with cp > 1 over NCCL: the context-parallel group's, or NULL */
@@ -118,6 +120,8 @@ static void run_state_free(run_state *state) {
   mp_nccl_comm_free(state->nccl_tp);
   mp_nccl_comm_free(state->nccl_cp);
   mp_nccl_world_free(state->nccl_world);
+  mp_comm_free(state->expert_dp_group);
+  mp_comm_free(state->ep_group);
   mp_comm_free(state->zero_replica_group);
   mp_comm_free(state->zero_shard_group);
   mp_comm_free(state->world_group);
@@ -359,6 +363,25 @@ static mp_status create_zero_groups(run_state *state, const mp_grid_shape *grid,
   return status;
 }
 
+/* Expert parallelism: this rank's ep group and expert-data-parallel group, folded over the dp x
+ * cp replicas (topology/grid.h; collective over the world, in this one order). */
+static mp_status create_ep_groups(run_state *state, const mp_grid_shape *grid, mp_error *err) {
+  const int ep = mp_plan_ep(&state->plan);
+  if (ep <= 1) return MP_OK;
+  int *members = malloc((size_t)(grid->dp * grid->cp) * sizeof(int));
+  if (members == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+  int count = mp_grid_ep_group(grid, ep, state->rank, members);
+  mp_status status =
+      mp_comm_group_create(state->world, members, count, "ep", &state->ep_group, err);
+  count = mp_grid_expert_dp_group(grid, ep, state->rank, members);
+  if (status == MP_OK) {
+    status = mp_comm_group_create(state->world, members, count, "expert-dp",
+                                  &state->expert_dp_group, err);
+  }
+  free(members);
+  return status;
+}
+
 static mp_status join_job(run_state *state, const mp_grid_shape *grid, double comm_timeout,
                           const char *config, mp_error *err) {
   const int plan_world = mp_grid_world_size(grid);
@@ -395,6 +418,7 @@ static mp_status join_job(run_state *state, const mp_grid_shape *grid, double co
   MP_TRY(groups);
   state->coord = mp_grid_coord_of(grid, state->rank);
   MP_TRY(create_zero_groups(state, grid, err));
+  MP_TRY(create_ep_groups(state, grid, err));
   state->tp_table = mp_tp_comm_over_group(state->tp_group);
   /* Only world rank 0 speaks; the others' errors still reach stderr. */
   if (state->rank != 0 && freopen("/dev/null", "w", stdout) == NULL) {
@@ -510,6 +534,8 @@ static mp_trainer_options trainer_options_of(run_state *state) {
   options.nccl_dp = state->nccl_dp;
   options.zero_shard = state->zero_shard_group;
   options.zero_replica = state->zero_replica_group;
+  options.ep = state->ep_group;
+  options.expert_dp = state->expert_dp_group;
   options.nccl_pp = state->nccl_pp;
   options.tp_device = state->nccl_tp != NULL ? &state->tp_device_table : NULL;
   options.cp_device = state->nccl_cp != NULL ? &state->cp_device_table : NULL;
@@ -960,12 +986,6 @@ static mp_status read_options(cli_command *command, run_state *state, run_option
   o->val_data = cli_value(command, "val-data");
   o->gpu_comm = cli_value(command, "gpu-comm") ? cli_value(command, "gpu-comm") : "auto";
   MP_TRY(mp_plan_load(o->config, &state->plan, err));
-  if (mp_plan_ep(&state->plan) > 1) { /* the planner lays experts out; the runtime cannot yet */
-    return mp_fail(err, MP_ERR_INPUT,
-                   "%s: $.parallel.ep: %d: expert parallelism is planned but not run yet (issue "
-                   "33); train with a plan without ep",
-                   o->config, state->plan.ep);
-  }
   MP_TRY(cli_int(command, "steps", 1, state->plan.training.steps, &o->steps, err));
   MP_TRY(cli_int(command, "save-every", 1, 0, &o->save_every, err));
   MP_TRY(cli_int(command, "keep", 1, 0, &o->keep, err));
@@ -1064,7 +1084,8 @@ static mp_status start_rank(run_state *state, const run_options *o, run_start *s
   }
   const mp_checkpoint_context checkpoint = {
       .plan = &state->plan, .model = state->model, .trainer = state->trainer,
-      .world = state->world_group, .dp = state->dp_group, .dp_rank = replica_rank(state),
+      .world = state->world_group, .dp = state->dp_group, .ep = state->ep_group,
+      .dp_rank = replica_rank(state),
       .pp_rank = state->coord.pp_rank, .tp_rank = state->coord.tp_rank, .run_id = s->run_id,
       .override_training = o->override_training};
   s->checkpoint = checkpoint;
@@ -1107,14 +1128,19 @@ static mp_status print_banner(run_state *state, const run_options *o, const run_
   printf("model %s: %d layers, %d heads, %d channels, vocab %d (padded %d), %zu parameters\n",
          mp_model_name(state->model), c->num_layers, c->num_heads, c->channels, c->vocab_size,
          c->padded_vocab_size, mp_param_layout_num_params(layout));
-  char ranks_text[160] = "1 rank";
+  char ranks_text[224] = "1 rank";
   if (state->world_size > 1) {
     char cp_text[32] = "";
     if (plan->cp > 1) snprintf(cp_text, sizeof cp_text, " x cp %d", plan->cp);
+    char ep_text[64] = "";
+    if (mp_plan_ep(plan) > 1) {
+      snprintf(ep_text, sizeof ep_text, ", ep %d: %d of the %d experts a rank", plan->ep,
+               c->moe_experts / plan->ep, c->moe_experts);
+    }
     snprintf(ranks_text, sizeof ranks_text,
-             "%d ranks (dp %d%s x pp %d x tp %d%s; schedule %s, %d chunk%s per pipeline rank)",
+             "%d ranks (dp %d%s x pp %d x tp %d%s%s; schedule %s, %d chunk%s per pipeline rank)",
              state->world_size, plan->dp, cp_text, plan->pp, plan->tp,
-             plan->sequence_parallel ? ", sequence parallelism" : "", plan->schedule,
+             plan->sequence_parallel ? ", sequence parallelism" : "", ep_text, plan->schedule,
              plan->virtual_stages, plan->virtual_stages == 1 ? "" : "s");
   }
   char every_text[64] = "";

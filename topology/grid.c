@@ -111,6 +111,39 @@ int mp_grid_dp_cp_group(const mp_grid_shape *shape, int rank, int *members) {
   return count;
 }
 
+/* The replica index of rank among its (pp, tp) position's dp x cp replicas (its dp-cp group
+ * rank), and the world rank of replica q of that position. */
+static int replica_of(const mp_grid_shape *shape, int rank) {
+  const mp_grid_coord coord = mp_grid_coord_of(shape, rank);
+  return coord.dp_rank * shape->cp + coord.cp_rank;
+}
+
+static int replica_rank(const mp_grid_shape *shape, int rank, int q) {
+  mp_grid_coord coord = mp_grid_coord_of(shape, rank);
+  coord.dp_rank = q / shape->cp;
+  coord.cp_rank = q % shape->cp;
+  return mp_grid_rank_of(shape, coord);
+}
+
+int mp_grid_ep_rank(const mp_grid_shape *shape, int ep, int rank) {
+  return replica_of(shape, rank) % ep;
+}
+
+int mp_grid_ep_group(const mp_grid_shape *shape, int ep, int rank, int *members) {
+  const int first = replica_of(shape, rank) / ep * ep;
+  for (int i = 0; i < ep; ++i) members[i] = replica_rank(shape, rank, first + i);
+  return ep;
+}
+
+int mp_grid_expert_dp_group(const mp_grid_shape *shape, int ep, int rank, int *members) {
+  const int total = shape->dp * shape->cp;
+  int count = 0;
+  for (int q = replica_of(shape, rank) % ep; q < total; q += ep) {
+    members[count++] = replica_rank(shape, rank, q);
+  }
+  return count;
+}
+
 int mp_grid_group_of(const mp_grid_shape *shape, mp_grid_kind kind, int rank, int *members) {
   switch (kind) {
     case MP_GRID_TP: return mp_grid_tp_group(shape, rank, members);

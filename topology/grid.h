@@ -90,6 +90,19 @@ int mp_grid_group_capacity(const mp_grid_shape *shape, mp_grid_kind kind);
  * offsets[G] is the world size. */
 int mp_grid_groups(const mp_grid_shape *shape, mp_grid_kind kind, int *members, int *offsets);
 
+/* Expert parallelism (issue 33), folded over the dp x cp replicas as Megatron-Core's "parallel
+ * folding" does: the replicas of one (pp, tp) position, in the dp-cp group's order (replica
+ * index dp_rank x cp + cp_rank), are cut into runs of ep consecutive replicas, each an ep group
+ * (its experts split over it: ep rank = replica index mod ep); the expert-data-parallel group of
+ * a rank is the replicas with its ep rank (dp x cp / ep of them, the ranks holding the same
+ * experts, over which the experts' gradients are summed). ep must divide dp x cp (the plan
+ * checks it). With dp 4, cp 1, tp 1, pp 1 and ep 2: ep groups [0,1] [2,3], expert-dp groups
+ * [0,2] [1,3]. Members ascending, as the other groups; members must hold dp x cp ints. */
+int mp_grid_ep_group(const mp_grid_shape *shape, int ep, int rank, int *members);
+int mp_grid_expert_dp_group(const mp_grid_shape *shape, int ep, int rank, int *members);
+/* rank's place in its ep group (its replica index mod ep). */
+int mp_grid_ep_rank(const mp_grid_shape *shape, int ep, int rank);
+
 /* "tp", "dp", "pp", "embedding", "cp", "dp-cp": the group names engine/comm/comm.h uses in its messages. */
 const char *mp_grid_kind_name(mp_grid_kind kind);
 

@@ -75,6 +75,8 @@ mp_status ck_view_create(const mp_checkpoint_context *ctx, rank_view *view, mp_e
       vt->count = t->count;
       vt->split = t->split;
       vt->tied_copy = t->tied_copy;
+      vt->ep_rank = t->ep_rank;
+      vt->ep_size = t->ep_size;
       mp_stage_layout_held_params(stage_layout, j, &vt->held_first, &vt->held_count);
     }
     chunk->sharded_params = mp_stage_layout_sharded_params(stage_layout);
@@ -184,8 +186,10 @@ static mp_status read_into(ck_shard_reader *reader, const rank_view *view,
                                                MP_TRAINER_ADAM_V};
   for (size_t at = 0; at < count; at += CK_PIECE_FLOATS) {
     const size_t n = count - at < CK_PIECE_FLOATS ? count - at : CK_PIECE_FLOATS;
-    MP_TRY(ck_read_shard(reader, t->global, array, view->tp_rank, view->tp_size, first + at, n,
-                         piece, err));
+    /* An ep rank's experts are a run of rows of the saved (whole) tensor. */
+    const size_t from = first + at + (size_t)t->ep_rank * t->count;
+    MP_TRY(ck_read_shard(reader, t->global, array, view->tp_rank, view->tp_size, from, n, piece,
+                         err));
     MP_TRY(mp_trainer_write_state(view->trainer, chunk->index, kArrays[array], dest + at, n, piece,
                                   err));
   }

@@ -39,6 +39,12 @@
  *                   that shard holds; and per file its coordinates, its stages (chain pieces), size
  *                   and FNV-1a 64 checksum.
  *
+ * Expert parallelism: an ep rank holds only its experts' rows of each block's expert_fc1 and
+ * expert_fc2; dp rank 0 (ep rank 0) writes the tensors whole, the other ep ranks of its ep group
+ * sending it their rows (parameters and moments) in pieces (with ZeRO, cut over the
+ * expert-data-parallel group, each part from the replica holding it), so the files do not depend
+ * on ep, and a load reads each rank's run of rows.
+ *
  * Loading under any layout: each rank, for each tensor of each of its chunks (the tied copy
  * reads wte), reads the shards the table names: its own shard directly when the tp sizes agree
  * (replicated tensors from tp rank 0's file), else the full tensor reassembled from every shard
@@ -100,6 +106,10 @@ typedef struct {
    * warmup, decay, the optimizer's): Megatron's --override-opt_param-scheduler. Otherwise it
    * refuses them, naming each. */
   bool override_training;
+  mp_comm *ep;    /* expert parallelism: this rank's ep group (group rank = ep rank = dp_rank
+                     mod ep, topology/grid.h), whose ranks hold different experts: a save
+                     gathers them onto the writer, so the files hold every expert whole, as at
+                     ep 1 (and resume at any ep); NULL: ep 1 */
 } mp_checkpoint_context;
 
 /* Bytes of a run id with its NUL; mp_checkpoint_new_run_id writes 16 hex digits. */

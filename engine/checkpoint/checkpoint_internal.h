@@ -147,6 +147,8 @@ typedef struct {
   size_t count;        /* floats of this rank's shard */
   mp_tp_split split;
   bool tied_copy;      /* the last stage's copy of wte: not saved, loaded from wte */
+  int ep_rank, ep_size; /* expert parallelism: the shard is the run of count floats at
+                           ep_rank x count of the whole (saved) tensor; ep_size 1 otherwise */
   /* The elements [held_first, held_first + held_count) of the shard this rank keeps: all of
    * them, or with ZeRO-3 a block tensor's part (mp_stage_layout_held_params). */
   size_t held_first, held_count;

@@ -197,6 +197,77 @@ static mp_status put_own(const rank_view *view, const view_chunk *chunk, mp_trai
   return MP_OK;
 }
 
+/* Expert parallelism: every array of the file (the parameters, then each moment; chunk by
+ * chunk, tensor by tensor, each expert tensor whole: ep rank 0's rows, then ep rank 1's, ...)
+ * walked in segments, each held by one replica (the dp x cp group's rank q): without ZeRO ep
+ * rank e's rows by replica e (the writer's ep group) and the other tensors by the writer; with
+ * ZeRO (cut over the expert-data-parallel group of replicas e, e + ep, e + 2 ep, ...) a segment
+ * of ep rank e's part d of the moments (and with ZeRO-3 of its block parameters) by replica
+ * e + ep x d. The writer (replica 0, out non-NULL) reads its own segments and receives the others
+ * over ctx->dp, in pieces of CK_PIECE_FLOATS through piece; every other replica sends the
+ * segments it holds, in the same order. */
+static mp_status walk_expert_parallel(const mp_checkpoint_context *ctx, const rank_view *view,
+                                      float *piece, hashed_file *out, mp_error *err) {
+  const mp_trainer_array arrays[3] = {MP_TRAINER_PARAMS, MP_TRAINER_ADAM_M, MP_TRAINER_ADAM_V};
+  const int ep = mp_comm_size(ctx->ep);
+  const int zero_size = (ctx->dp != NULL ? mp_comm_size(ctx->dp) : 1) / ep;
+  const bool zero = ctx->plan->zero_stage >= 1 && zero_size > 1;
+  const int me = ctx->dp_rank;
+  for (int k = 0; k < 3; ++k) {
+    for (int c = 0; c < view->num_chunks; ++c) {
+      const view_chunk *chunk = &view->chunks[c];
+      size_t blocks_first = 0, blocks_end = 0, largest = 0;
+      mp_stage_layout_blocks_range(mp_trainer_chunk_layout(view->trainer, chunk->index),
+                                   &blocks_first, &blocks_end, &largest);
+      const size_t part = (chunk->count + (size_t)zero_size - 1) / (size_t)zero_size;
+      for (int j = 0; j < chunk->num_tensors; ++j) {
+        const view_tensor *t = &chunk->tensors[j];
+        if (t->tied_copy) continue;
+        const bool in_blocks = t->offset >= blocks_first && t->offset < blocks_end;
+        const bool parted = zero && (k > 0 || (chunk->sharded_params && in_blocks));
+        for (int e = 0; e < t->ep_size; ++e) {
+          for (size_t x = t->offset; x < t->offset + t->count;) {
+            size_t end = t->offset + t->count;
+            int holder = e;
+            if (parted) {
+              const size_t d = x / part;
+              holder = e + ep * (int)d;
+              if ((d + 1) * part < end) end = (d + 1) * part;
+            }
+            for (size_t at = x; at < end && (out != NULL || holder == me);
+                 at += CK_PIECE_FLOATS) {
+              const size_t n = end - at < CK_PIECE_FLOATS ? end - at : CK_PIECE_FLOATS;
+              if (holder == me) {
+                MP_TRY(mp_trainer_read_state(view->trainer, chunk->index, arrays[k], at, n,
+                                             piece, err));
+              }
+              if (out == NULL) {
+                MP_TRY(mp_comm_send(ctx->dp, piece, n * sizeof(float), 0, err));
+              } else {
+                if (holder != me) MP_TRY(mp_comm_recv(ctx->dp, piece, n * sizeof(float), holder,
+                                                      err));
+                put(out, piece, n * sizeof(float));
+              }
+            }
+            x = end;
+          }
+        }
+      }
+    }
+  }
+  return MP_OK;
+}
+
+/* An ep rank's side of walk_expert_parallel: sends the segments it holds. */
+static mp_status send_expert_parallel(const mp_checkpoint_context *ctx, const rank_view *view,
+                                      mp_error *err) {
+  float *piece = malloc(CK_PIECE_FLOATS * sizeof(float));
+  if (piece == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory sending experts");
+  const mp_status status = walk_expert_parallel(ctx, view, piece, NULL, err);
+  free(piece);
+  return status;
+}
+
 /* dp rank 0 of (pp_rank, tp_rank): writes its file into tmp_dir and fills record (always, with
  * the status and message on failure). */
 static mp_status write_shard_file(const mp_checkpoint_context *ctx, const rank_view *view,
@@ -213,7 +284,7 @@ static mp_status write_shard_file(const mp_checkpoint_context *ctx, const rank_v
     for (int j = 0; j < chunk->num_tensors; ++j) {
       if (chunk->tensors[j].tied_copy) continue;
       tensors[k++] = chunk->tensors[j].global;
-      floats += chunk->tensors[j].count;
+      floats += chunk->tensors[j].count * (size_t)chunk->tensors[j].ep_size; /* experts whole */
     }
   }
   record->num_tensors = k;
@@ -245,8 +316,12 @@ static mp_status write_shard_file(const mp_checkpoint_context *ctx, const rank_v
   mp_status comm = MP_OK;
   float *piece = malloc(CK_PIECE_FLOATS * sizeof(float));
   const bool sharded = sharded_params(view);
+  const bool experts = ctx->ep != NULL; /* expert parallelism */
   if (piece == NULL) comm = mp_fail(err, MP_ERR_RUNTIME, "out of memory writing a checkpoint");
-  for (int c = 0; c < view->num_chunks && comm == MP_OK; ++c) {
+  if (experts && comm == MP_OK) { /* every array, from the replicas that hold it */
+    comm = walk_expert_parallel(ctx, view, piece, &out, err);
+  }
+  for (int c = 0; c < view->num_chunks && comm == MP_OK && !experts; ++c) {
     const view_chunk *chunk = &view->chunks[c];
     if (sharded) { /* ZeRO-3: the blocks' parameters come from every dp rank's part */
       comm = stream_moments(ctx, view, chunk, MP_TRAINER_PARAMS, piece, &out, err);
@@ -254,7 +329,7 @@ static mp_status write_shard_file(const mp_checkpoint_context *ctx, const rank_v
       comm = put_own(view, chunk, MP_TRAINER_PARAMS, piece, &out, err);
     }
   }
-  for (int a = 0; a < 2 && comm == MP_OK; ++a) {
+  for (int a = 0; a < 2 && comm == MP_OK && !experts; ++a) {
     for (int c = 0; c < view->num_chunks && comm == MP_OK; ++c) {
       const view_chunk *chunk = &view->chunks[c];
       if (zero) {
@@ -626,6 +701,9 @@ mp_status mp_checkpoint_save(const char *dir, int64_t step, int keep,
   if (status == MP_OK && ctx->dp_rank == 0) {
     /* Its outcome travels in its record; world rank 0 reports it. */
     (void)write_shard_file(ctx, &view, tmp_dir, step, zero, mine, err);
+  } else if (status == MP_OK && ctx->ep != NULL) {
+    /* Expert parallelism: the other experts, and with ZeRO the parts, from their holders. */
+    status = send_expert_parallel(ctx, &view, err);
   } else if (status == MP_OK && zero && ctx->dp_rank < mp_plan_zero_shard(plan)) {
     /* With HSDP the first shard group's parts cover the moments; its replicas hold the same. */
     status = send_moments(ctx, &view, err);

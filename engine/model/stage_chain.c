@@ -180,6 +180,7 @@ mp_stage_dims mp_stage_chain_dims(const mp_stage_layout *layout, const mp_tp_com
   mp_stage_layout_cp(layout, &d.cp_rank, &d.cp);
   d.Tseq = d.T * d.cp;
   d.cp_comm = cp != NULL ? *cp : mp_tp_comm_single();
+  d.ep = mp_ep_comm_single(); /* a backend with an ep group sets it (stage_cpu.c) */
   if (c->moe_experts > 0) {
     d.moe.tokens = d.BT;
     d.moe.channels = d.C;
@@ -1114,7 +1115,7 @@ mp_status mp_stage_norm_from_squares(const mp_stage_layout *layout, const mp_tp_
   double replicated = 0.0, sharded = 0.0;
   for (int i = 0; i < mp_stage_layout_num_tensors(layout); ++i) {
     const mp_stage_tensor *t = mp_stage_layout_tensor(layout, i);
-    if (t->tied_copy) continue;
+    if (t->tied_copy || t->ep_size > 1) continue; /* experts: the trainer sums them over ep */
     if (t->split == MP_TP_REPLICATED) {
       replicated += squares[i];
     } else {

@@ -206,7 +206,9 @@ void mp_stage_chain_blocks_range(const mp_stage_chain *chain, size_t *first, siz
 
 /* The squared global norm of a stage's gradient from each tensor's sum of squares, squares[i] for
  * mp_stage_layout_tensor(layout, i): every sharded tensor's squares summed over the group tp,
- * each replicated tensor counted once, a tied copy of wte not at all. The partial sums travel as
+ * each replicated tensor counted once, a tied copy of wte not at all, and the experts of an
+ * expert-parallel layout (ep_size > 1) not at all: each rank holds other experts, so the trainer
+ * sums their squares over the ep group itself (engine/train/dp_sync.c, zero.c). The partial sums travel as
  * doubles and are added in rank order, so *out is bitwise the same on every rank and clipping
  * agrees; both backends count alike. Collective. */
 mp_status mp_stage_norm_from_squares(const mp_stage_layout *layout, const mp_tp_comm *tp,

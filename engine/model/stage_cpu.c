@@ -97,7 +97,9 @@ mp_status mp_stage_cpu_create_stage(const mp_model *model, const mp_stage_cpu_co
                                                 config->span,
                                                 zero,
                                                 config->cp != NULL ? config->cp->rank : 0,
-                                                config->cp != NULL ? config->cp->size : 1};
+                                                config->cp != NULL ? config->cp->size : 1,
+                                                config->ep != NULL ? config->ep->rank : 0,
+                                                config->ep != NULL ? config->ep->size : 1};
   mp_status status = mp_stage_layout_create(model, &layout_config, &gpt->layout, err);
   if (status != MP_OK) {
     mp_stage_cpu_free(gpt);
@@ -124,7 +126,8 @@ mp_status mp_stage_cpu_create_stage(const mp_model *model, const mp_stage_cpu_co
     return mp_fail(err, MP_ERR_RUNTIME, "out of memory for a shard of %zu parameters", n);
   }
   {
-    const mp_stage_dims dims = mp_stage_chain_dims(gpt->layout, &gpt->tp, &gpt->cp);
+    mp_stage_dims dims = mp_stage_chain_dims(gpt->layout, &gpt->tp, &gpt->cp);
+    if (config->ep != NULL) dims.ep = *config->ep;
     /* One gradient window: a CPU rank's reduce-scatter runs on the cores that compute. */
     const mp_stage_chain_config chain_config = {.layout = gpt->layout,
                                                 .tp = &gpt->tp,
@@ -241,6 +244,13 @@ static mp_status gather_all(mp_stage_cpu *gpt, const float *shard, float *full, 
   for (int i = 0; i < num_tensors && status == MP_OK; ++i) {
     const mp_stage_tensor *t = mp_stage_layout_tensor(gpt->layout, i);
     if (t->tied_copy) continue;
+    if (t->ep_size > 1) { /* the other experts are on the ep group's other ranks */
+      status = mp_fail(err, MP_ERR_INPUT,
+                       "%s: this rank holds ep rank %d's experts only (ep %d): gather the whole "
+                       "model through a checkpoint (engine/checkpoint/checkpoint.h)",
+                       t->full->name, t->ep_rank, t->ep_size);
+      break;
+    }
     if (t->split == MP_TP_REPLICATED) {
       memcpy(full + t->full->offset, shard + t->offset, t->count * sizeof(float));
       continue;

@@ -42,6 +42,7 @@
 #include <stdint.h>
 
 #include "common/error.h"
+#include "expert_parallel/ep_comm.h"
 #include "engine/model/param_layout.h"
 #include "engine/model/stage_layout.h"
 #include "engine/model/stage_state.h"
@@ -94,6 +95,10 @@ typedef struct {
   const mp_stage_zero *zero;     /* ZeRO's cut, or NULL */
   const mp_tp_comm *cp;          /* the context-parallel group (the table is copied, as tp's);
                                     NULL: none */
+  const mp_ep_comm *ep;          /* the expert-parallel group (expert_parallel/ep_comm.h; the
+                                    table is copied, as tp's): the stage holds its ep rank's
+                                    experts only (mp_stage_layout_config's ep) and its MoE
+                                    layers dispatch tokens over it; NULL: ep 1 */
 } mp_stage_cpu_config;
 mp_status mp_stage_cpu_create_stage(const mp_model *model, const mp_stage_cpu_config *config,
                                     mp_stage_cpu **out, mp_error *err);

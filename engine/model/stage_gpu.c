@@ -140,7 +140,9 @@ mp_status mp_stage_gpu_create(const mp_model *model, const mp_stage_gpu_config *
                                                 config->span,
                                                 config->zero,
                                                 config->cp != NULL ? config->cp->rank : 0,
-                                                config->cp != NULL ? config->cp->size : 1};
+                                                config->cp != NULL ? config->cp->size : 1,
+                                                0,
+                                                1};
   mp_stage_layout *layout = NULL;
   MP_TRY(mp_stage_layout_create(model, &layout_config, &layout, err));
   if (mp_device_count() == 0) {

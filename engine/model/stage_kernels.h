@@ -31,6 +31,7 @@
 #include <stdint.h>
 
 #include "common/error.h"
+#include "expert_parallel/ep_comm.h"
 #include "layers/moe.h"
 #include "layers/rope.h"
 #include "tensor_parallel/tp_comm.h"
@@ -65,6 +66,9 @@ typedef struct {
    * tokens of the micro-batch on every tp rank (moe.tokens = BT): the experts are whole there. */
   mp_moe_shape moe;
   double moe_aux_loss_coeff, moe_z_loss_coeff;
+  /* Expert parallelism: the group the experts are split over (the stage's weights hold this ep
+   * rank's E / ep of them; expert_parallel/ep_dispatch.h moves the tokens); size 1: none. */
+  mp_ep_comm ep;
 } mp_stage_dims;
 
 typedef struct {

@@ -11,6 +11,7 @@
 #include "layers/gelu.h"
 #include "layers/layernorm.h"
 #include "layers/matmul.h"
+#include "expert_parallel/ep_dispatch.h"
 #include "layers/moe.h"
 #include "layers/residual.h"
 #include "layers/rmsnorm.h"
@@ -274,12 +275,18 @@ static mp_status cpu_loss(void *context, void *logits, const int32_t *targets, f
   return MP_OK;
 }
 
-/* The mixture-of-experts MLP: layers/moe.h over the micro-batch's BT tokens; what it keeps is
- * its cache, on the heap. */
+/* The mixture-of-experts MLP: layers/moe.h over the micro-batch's BT tokens, or with expert
+ * parallelism (d.ep.size > 1) expert_parallel/ep_dispatch.h over the ep group (the weights hold
+ * this ep rank's experts); what it keeps is its cache (mp_moe_cache, or mp_moe_ep_cache), on the
+ * heap. At ep 1 the one-device layer runs, so results there stay bitwise those of before. */
 static void cpu_moe_release(void *context, void *saved) {
-  (void)context;
+  const cpu_kernels *k = context;
   if (saved == NULL) return;
-  mp_moe_cache_free(saved);
+  if (k->d.ep.size > 1) {
+    mp_moe_ep_cache_free(saved);
+  } else {
+    mp_moe_cache_free(saved);
+  }
   free(saved);
 }
 
@@ -289,6 +296,19 @@ static mp_status cpu_moe_forward(void *context, void *out, void **saved, const v
   cpu_kernels *k = context;
   cpu_moe_release(context, *saved);
   *saved = NULL;
+  if (k->d.ep.size > 1) {
+    mp_moe_ep_cache *cache = calloc(1, sizeof *cache);
+    if (cache == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
+    const mp_status status =
+        mp_moe_ep_forward_cpu(out, inp, params, &k->d.moe, &k->d.ep, cache, err);
+    if (status != MP_OK) {
+      cpu_moe_release(context, cache);
+      return status;
+    }
+    if (stats != NULL) mp_moe_stats_add(stats, &cache->tokens);
+    *saved = cache;
+    return MP_OK;
+  }
   mp_moe_cache *cache = calloc(1, sizeof *cache);
   if (cache == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory");
   const mp_status status = mp_moe_forward_cpu(out, inp, params, &k->d.moe, cache, err);
@@ -305,7 +325,11 @@ static mp_status cpu_moe_backward(void *context, void *dinp, mp_moe_params *grad
                                   const void *dout, const void *inp, const mp_moe_params *params,
                                   const void *saved, const mp_moe_stats *stats, double aux_coeff,
                                   double z_coeff, mp_error *err) {
-  (void)context;
+  const cpu_kernels *k = context;
+  if (k->d.ep.size > 1) {
+    return mp_moe_ep_backward_cpu(dinp, grads, dout, inp, params, &k->d.ep, saved, stats,
+                                  aux_coeff, z_coeff, err);
+  }
   return mp_moe_backward_cpu(dinp, grads, dout, inp, params, saved, stats, aux_coeff, z_coeff,
                              err);
 }

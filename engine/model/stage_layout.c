@@ -15,6 +15,7 @@ struct mp_stage_layout {
   mp_stage_span span;
   int tp_rank, tp_size;
   int cp_rank, cp_size;
+  int ep_rank, ep_size;
   bool sp;
   int B, T;
   int BTl;                 /* B*T/tp with sequence parallelism, else B*T */
@@ -28,6 +29,14 @@ struct mp_stage_layout {
                               [held_first, held_end) of the flat layout */
   size_t outside_floats, held_first, held_end;
 };
+
+/* Whether tensor index of the one-rank layout is a block's stacked experts (split over ep). */
+static bool is_expert_tensor(const mp_param_layout *model, int index) {
+  const int layer = mp_param_layout_layer_of(model, index);
+  return layer >= 0 &&
+         (index == mp_param_layout_block_index(model, layer, MP_BLOCK_EXPERT_FC1_WEIGHT) ||
+          index == mp_param_layout_block_index(model, layer, MP_BLOCK_EXPERT_FC2_WEIGHT));
+}
 
 mp_stage_span mp_stage_span_whole(int num_layers) {
   const mp_stage_span stage = {true, 0, num_layers, true, true};
@@ -162,6 +171,14 @@ mp_status mp_stage_layout_create(const mp_model *model, const mp_stage_layout_co
   if (layout == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory creating the model");
   layout->cp_rank = config->cp_rank;
   layout->cp_size = cp;
+  const int ep = config->ep_size > 1 ? config->ep_size : 1;
+  if (config->ep_rank < 0 || config->ep_rank >= ep) {
+    free(layout);
+    return mp_fail(err, MP_ERR_INPUT, "expert-parallel rank %d of %d: not a rank of the group",
+                   config->ep_rank, ep);
+  }
+  layout->ep_rank = config->ep_rank;
+  layout->ep_size = ep;
   /* The positions reach the whole sequence's: the table must hold cp x T. */
   mp_status status = mp_param_layout_create(model, config->seq_len * cp, &layout->model, err);
   if (status != MP_OK) {
@@ -194,6 +211,18 @@ mp_status mp_stage_layout_create(const mp_model *model, const mp_stage_layout_co
     return status;
   }
   layout->BTl = layout->sp ? layout->B * layout->T / tp : layout->B * layout->T;
+  if (ep > 1 && (c->moe_experts == 0 || c->moe_experts % ep != 0)) {
+    mp_stage_layout_free(layout);
+    return c->moe_experts == 0
+               ? mp_fail(err, MP_ERR_INPUT,
+                         "%s with ep = %d: the model has no mixture-of-experts blocks to split "
+                         "over ep; use ep 1",
+                         mp_model_source(model), ep)
+               : mp_fail(err, MP_ERR_INPUT,
+                         "%s with ep = %d: its %d experts do not divide over ep; use an ep that "
+                         "divides them",
+                         mp_model_source(model), ep, c->moe_experts);
+  }
 
   /* The shard's tensor table: the stage's tensors, in the layout's order. */
   const int all = mp_param_layout_num_tensors(layout->model);
@@ -215,6 +244,13 @@ mp_status mp_stage_layout_create(const mp_model *model, const mp_stage_layout_co
     t->split = t->full->split;
     t->offset = offset;
     t->count = mp_tp_shard_floats(t->split, t->full->rows, t->full->cols, tp);
+    t->ep_rank = 0;
+    t->ep_size = 1;
+    if (ep > 1 && is_expert_tensor(layout->model, i)) {
+      t->ep_rank = layout->ep_rank;
+      t->ep_size = ep;
+      t->count = mp_tp_shard_floats(MP_TP_SPLIT_ROWS, t->full->rows, t->full->cols, ep);
+    }
     offset += t->count;
   }
   layout->num_params = offset;
@@ -254,6 +290,11 @@ bool mp_stage_layout_sequence_parallel(const mp_stage_layout *layout) { return l
 void mp_stage_layout_cp(const mp_stage_layout *layout, int *cp_rank, int *cp_size) {
   *cp_rank = layout->cp_rank;
   *cp_size = layout->cp_size;
+}
+
+void mp_stage_layout_ep(const mp_stage_layout *layout, int *ep_rank, int *ep_size) {
+  *ep_rank = layout->ep_rank;
+  *ep_size = layout->ep_size;
 }
 
 size_t mp_stage_layout_boundary_floats(const mp_stage_layout *layout) {
@@ -392,8 +433,13 @@ mp_status mp_stage_layout_for_each_held_rect(const mp_stage_layout *layout, size
     if (held_count == 0) continue;
     mp_tp_shard_block blocks[MP_TP_SHARD_MAX_BLOCKS];
     int count = 0;
-    MP_TRY(mp_tp_shard_blocks(t->split, t->full->rows, t->full->cols, layout->tp_rank,
-                              layout->tp_size, blocks, &count, err));
+    if (t->ep_size > 1) { /* this ep rank's experts: a run of rows */
+      MP_TRY(mp_tp_shard_blocks(MP_TP_SPLIT_ROWS, t->full->rows, t->full->cols, t->ep_rank,
+                                t->ep_size, blocks, &count, err));
+    } else {
+      MP_TRY(mp_tp_shard_blocks(t->split, t->full->rows, t->full->cols, layout->tp_rank,
+                                layout->tp_size, blocks, &count, err));
+    }
     for (int k = 0; k < count; ++k) {
       const mp_tp_shard_block *b = &blocks[k];
       const size_t lo = b->shard_offset > held_first ? b->shard_offset : held_first;

@@ -13,7 +13,9 @@
  * The shard array holds the stage's tensors in the layout's order, each one's shard contiguous,
  * so the optimizer and clipping walk one buffer as on one rank. wte is cut by vocabulary rows,
  * q/k/v by heads, attn_proj and fc_proj by columns, fc (gate, up) by rows; wpe, norms and the
- * row-parallel biases are replicated.
+ * row-parallel biases are replicated. With expert parallelism (ep_size > 1) a mixture of experts'
+ * stacked experts (expert_fc1, expert_fc2) are cut by rows over the ep group instead: the rank
+ * holds its ep rank's E / ep experts, whole over tp.
  */
 #ifndef MPENGINE_ENGINE_MODEL_STAGE_LAYOUT_H
 #define MPENGINE_ENGINE_MODEL_STAGE_LAYOUT_H
@@ -37,6 +39,11 @@ typedef struct {
   mp_tp_split split;           /* how it is cut (replicated: every rank holds all of it) */
   size_t offset;               /* floats from the start of the shard array */
   size_t count;                /* floats of this rank's shard */
+  int ep_rank, ep_size;        /* expert parallelism: a mixture of experts' stacked experts
+                                  (expert_fc1, expert_fc2) hold rows [ep_rank R/ep_size,
+                                  (ep_rank + 1) R/ep_size) of the full (R, cols) tensor, the
+                                  experts of this ep rank (split is then replicated: whole over
+                                  tp); ep_size 1 for every other tensor */
   bool tied_copy;              /* the LM head's copy of wte on a last stage without the
                                   embedding: its gradient is summed with the first stage's over
                                   the embedding group, and the global norm counts wte once, on
@@ -101,6 +108,9 @@ typedef struct {
   int cp_rank, cp_size;       /* context parallelism: this rank's place in the group that shares
                                  each sequence (context_parallel/sequence_split.h); cp_size 0 or 1:
                                  none */
+  int ep_rank, ep_size;       /* expert parallelism: this rank's place in its ep group, whose
+                                 ranks split each block's experts (E / ep_size each, ep rank r
+                                 experts [r E/ep, (r+1) E/ep)); ep_size 0 or 1: none */
 } mp_stage_layout_config;
 
 typedef struct mp_stage_layout mp_stage_layout;
@@ -122,6 +132,8 @@ bool mp_stage_layout_sequence_parallel(const mp_stage_layout *layout);
 /* Context parallelism: this rank's cp rank and the group's size (1: none); the whole sequence is
  * cp_size x the layout's T tokens. */
 void mp_stage_layout_cp(const mp_stage_layout *layout, int *cp_rank, int *cp_size);
+/* Expert parallelism: this rank's ep rank and the group's size (1: none). */
+void mp_stage_layout_ep(const mp_stage_layout *layout, int *ep_rank, int *ep_size);
 
 /* Floats of the activation a stage sends to the next one (and the gradient it gets back):
  * (B*T, C), or with sequence parallelism this rank's (B*T/tp, C); with mixture-of-experts

@@ -77,6 +77,7 @@ static mp_status create_stage(mp_trainer *trainer, const mp_model *model, int st
       .seq_len = (int)trainer->local_seq_len,
       .tp = &trainer->tp_table,
       .cp = &trainer->cp_table,
+      .ep = &trainer->ep_table,
       .sequence_parallel = plan->sequence_parallel,
       .span = *range,
       .num_slots = slots,

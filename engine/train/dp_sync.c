@@ -52,7 +52,20 @@ mp_status mp_train_post_chunk_all_reduce(void *context, int chunk, mp_error *err
   mp_trainer *trainer = context;
   const mp_stage_state *stage = &trainer->stages[chunk];
   float *grads = stage->ops->grads(stage->stage);
-  const size_t n = mp_stage_layout_num_params(trainer->layouts[chunk]);
+  const mp_stage_layout *layout = trainer->layouts[chunk];
+  const size_t n = mp_stage_layout_num_params(layout);
+  if (trainer->ep_table.size > 1) {
+    /* Expert parallelism: the runs of tensors between the experts over dp now; the experts
+     * (each ep rank's own) over the expert-dp group at the step's end (sum_expert_grads). */
+    size_t run = 0;
+    for (int i = 0; i < mp_stage_layout_num_tensors(layout); ++i) {
+      const mp_stage_tensor *t = mp_stage_layout_tensor(layout, i);
+      if (t->ep_size <= 1) continue;
+      MP_TRY(post_dp_all_reduce(trainer, grads + run, t->offset - run, err));
+      run = t->offset + t->count;
+    }
+    return post_dp_all_reduce(trainer, grads + run, n - run, err);
+  }
   if (!stage->ops->on_device) return post_dp_all_reduce(trainer, grads, n, err);
   size_t first = 0, end = 0; /* the blocks' range */
   mp_stage_chain_blocks_range(trainer->chains[chunk], &first, &end);
@@ -75,6 +88,48 @@ mp_status mp_train_wait_dp_all_reduces(mp_trainer *trainer, mp_error *err) {
   return trainer->dp_sync != NULL ? mp_dp_comm_synchronize(trainer->dp_sync, err) : MP_OK;
 }
 
+/* Expert parallelism: each chunk's experts' gradients (this ep rank's experts) summed over the
+ * expert-data-parallel group, the replicas holding the same experts (expert_parallel/
+ * ep_dispatch.h: each ep rank's hold the sum over its ep group's tokens already, so with the
+ * expert-dp sum they hold all dp x cp replicas' and take the dp mean as the rest does). */
+static mp_status sum_expert_grads(mp_trainer *trainer, mp_error *err) {
+  mp_comm *expert_dp = trainer->options.expert_dp;
+  if (expert_dp == NULL || mp_comm_size(expert_dp) <= 1) return MP_OK;
+  for (int c = 0; c < trainer->num_chunks; ++c) {
+    const mp_stage_state *chunk = &trainer->stages[c];
+    const mp_stage_layout *layout = trainer->layouts[c];
+    for (int i = 0; i < mp_stage_layout_num_tensors(layout); ++i) {
+      const mp_stage_tensor *t = mp_stage_layout_tensor(layout, i);
+      if (t->ep_size <= 1) continue;
+      float *grads = chunk->ops->tensor_grad(chunk->stage, i);
+      for (size_t at = 0; at < t->count; at += MP_TRAINER_BUCKET_FLOATS) {
+        const size_t n = t->count - at < MP_TRAINER_BUCKET_FLOATS ? t->count - at
+                                                                  : MP_TRAINER_BUCKET_FLOATS;
+        MP_TRY(traced_all_reduce(trainer, expert_dp, grads + at, n, err));
+      }
+    }
+  }
+  return MP_OK;
+}
+
+/* Expert parallelism: the squares of the experts' gradients, which the stages leave out of their
+ * norm (mp_stage_norm_from_squares): this ep rank's experts' summed over the ep group in rank
+ * order, so every expert counts once and every rank gets bitwise the same sum. */
+static mp_status expert_squares(mp_trainer *trainer, double *out, mp_error *err) {
+  *out = 0.0;
+  if (trainer->ep_table.size <= 1 || trainer->zero2) return MP_OK; /* ZeRO 2-3: zero.c's */
+  for (int c = 0; c < trainer->num_chunks; ++c) {
+    const mp_stage_state *chunk = &trainer->stages[c];
+    const mp_stage_layout *layout = trainer->layouts[c];
+    for (int i = 0; i < mp_stage_layout_num_tensors(layout); ++i) {
+      const mp_stage_tensor *t = mp_stage_layout_tensor(layout, i);
+      if (t->ep_size <= 1) continue;
+      *out += mp_grad_norm_squared_cpu(chunk->ops->tensor_grad(chunk->stage, i), t->count);
+    }
+  }
+  return mp_train_sum_double_over(trainer->options.ep, out, err);
+}
+
 /* Steps 3-4 of the file comment, after the stage worker has run the step's actions (the dp
  * all-reduces already started inside it), on the chunks' host or GPU gradients: the dp mean, the
  * sequence-parallel layernorm sums, the tied embedding, and the global norm into *grad_norm. */
@@ -87,6 +142,7 @@ mp_status mp_train_reduce_step_grads(mp_trainer *trainer, double *grad_norm, mp_
   const int replicas = mp_plan_replicas(plan);
   if (trainer->dp_sync != NULL && replicas > 1 && !zero2) {
     MP_TRY(mp_train_wait_dp_all_reduces(trainer, err));
+    MP_TRY(sum_expert_grads(trainer, err));
     /* The mean over the replicas: dp ranks' batches and cp ranks' tokens, each the same count. */
     const float scale = 1.0f / (float)replicas;
     for (int c = 0; c < trainer->num_chunks; ++c) {
@@ -133,8 +189,10 @@ mp_status mp_train_reduce_step_grads(mp_trainer *trainer, double *grad_norm, mp_
       /* HSDP (host memory only): each shard group summed its own dp ranks; the replicas' parts
        * add up to dp's. */
       float *part = chunk->ops->grad_part(chunk->stage);
-      if (o->zero_replica != NULL && part == NULL) {
-        return mp_fail(err, MP_ERR_INPUT, "hybrid sharding: the %s stage keeps no gradient part",
+      if ((o->zero_replica != NULL || o->ep != NULL) && part == NULL) {
+        return mp_fail(err, MP_ERR_INPUT,
+                       "hybrid sharding or expert parallelism: the %s stage keeps no gradient "
+                       "part",
                        chunk->ops->backend);
       }
       for (size_t at = 0; o->zero_replica != NULL && at < trainer->zero_count[c];
@@ -144,6 +202,7 @@ mp_status mp_train_reduce_step_grads(mp_trainer *trainer, double *grad_norm, mp_
                                  : MP_TRAINER_BUCKET_FLOATS;
         MP_TRY(traced_all_reduce(trainer, o->zero_replica, part + at, count, err));
       }
+      if (o->ep != NULL) MP_TRY(mp_train_zero2_sum_over_ep(trainer, c, part, err));
       chunk->ops->scale_grads(chunk->stage, scale);
     }
   }
@@ -158,6 +217,9 @@ mp_status mp_train_reduce_step_grads(mp_trainer *trainer, double *grad_norm, mp_
     }
     squares += chunk_squares;
   }
+  double experts = 0.0;
+  MP_TRY(expert_squares(trainer, &experts, err));
+  squares += experts;
   if (o->pp != NULL) MP_TRY(mp_train_sum_double_over(o->pp, &squares, err));
   *grad_norm = sqrt(squares);
   return MP_OK;

@@ -54,6 +54,19 @@ mp_status mp_trainer_check_layout(const mp_plan *plan, mp_backend backend, mp_er
                    "gradients; use 1f1b or interleaved-1f1b, or zero_stage 2",
                    plan->source);
   }
+  if (mp_plan_ep(plan) > 1 && backend == MP_BACKEND_CUDA) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "%s: $.parallel.ep: %d: expert parallelism runs on the CPU backend only for "
+                   "now; use --backend cpu",
+                   plan->source, plan->ep);
+  }
+  if (mp_plan_ep(plan) > 1 && mp_plan_zero_shard(plan) < plan->dp) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "%s: $.parallel.zero_shard_size: %d: hybrid sharding with expert parallelism "
+                   "(ep %d) is not run yet: with ep, ZeRO shards over the expert-data-parallel "
+                   "group; drop zero_shard_size, or use ep 1",
+                   plan->source, plan->zero_shard_size, plan->ep);
+  }
   if (backend == MP_BACKEND_CUDA && mp_plan_zero_shard(plan) < plan->dp) {
     return mp_fail(err, MP_ERR_INPUT,
                    "%s: parallel.zero_shard_size %d (hybrid sharding) runs on the CPU backend "
@@ -120,10 +133,15 @@ static mp_status create_parallel(mp_trainer *trainer, const mp_model *model, mp_
   mp_trainer_options *o = &trainer->options;
   trainer->tp_table = o->tp != NULL ? *o->tp : mp_tp_comm_single();
   trainer->cp_table = o->cp != NULL ? mp_tp_comm_over_group(o->cp) : mp_tp_comm_single();
+  trainer->ep_table = o->ep != NULL ? mp_ep_comm_over_group(o->ep) : mp_ep_comm_single();
   trainer->replica_rank = o->dp != NULL ? mp_comm_rank(o->dp) : 0;
   const int replicas = mp_plan_replicas(plan);
   const bool hybrid = mp_plan_zero_shard(plan) < plan->dp;
   trainer->zero_comm = hybrid ? o->zero_shard : replicas > 1 ? o->dp : NULL;
+  /* Expert parallelism: ZeRO cuts the state over the expert-data-parallel group, whose members
+   * hold the same experts and so the same flat arrays (engine/train/zero.c sums the other
+   * tensors' gradient parts over the ep group too). */
+  if (mp_plan_ep(plan) > 1) trainer->zero_comm = replicas > mp_plan_ep(plan) ? o->expert_dp : NULL;
   trainer->zero_size = trainer->zero_comm != NULL ? mp_comm_size(trainer->zero_comm) : 1;
   trainer->zero_rank = trainer->zero_comm != NULL ? mp_comm_rank(trainer->zero_comm) : 0;
   if (!hybrid) o->zero_replica = NULL;
@@ -184,6 +202,11 @@ mp_status mp_trainer_create_parallel(const mp_plan *plan, const mp_model *model,
   MP_TRY(check_group(plan, "pp", o.pp, plan->pp, err));
   MP_TRY(check_group(plan, plan->cp > 1 ? "dp x cp" : "dp", o.dp, mp_plan_replicas(plan), err));
   MP_TRY(check_group(plan, "cp", o.cp, plan->cp > 1 ? plan->cp : 1, err));
+  if (mp_plan_ep(plan) > 1) {
+    MP_TRY(check_group(plan, "ep", o.ep, mp_plan_ep(plan), err));
+    MP_TRY(check_group(plan, "expert-dp", o.expert_dp,
+                       mp_plan_replicas(plan) / mp_plan_ep(plan), err));
+  }
   MP_TRY(mp_cp_check(plan->seq_len, plan->cp > 1 ? plan->cp : 1, err));
   if (mp_plan_zero_shard(plan) < plan->dp) {
     const int shard = mp_plan_zero_shard(plan);

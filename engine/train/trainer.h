@@ -38,6 +38,13 @@
  * gathered over dp into the chain's weights window before its forward, recomputed forward and
  * backward (its weights hook), and after the update only the tensors outside the blocks, which
  * every rank keeps whole, are gathered.
+ * Expert parallelism (the plan's ep > 1, options->ep and expert_dp): each chunk holds its ep
+ * rank's experts only and its MoE layers send tokens to them over the ep group
+ * (expert_parallel/ep_dispatch.h); the experts' gradients are summed over the
+ * expert-data-parallel group (the rest over dp x cp as above, both then divided by dp x cp), the
+ * norm counts each expert once (its squares summed over the ep group), and ZeRO cuts the state
+ * over the expert-data-parallel group (ZeRO 2-3 then sum the parts of the other tensors over the
+ * ep group too).
  * The loss, averaged over the global batch, is known on every rank after the step. Every rank of
  * the job calls every function in the same order.
  *
@@ -157,11 +164,17 @@ typedef struct {
    * size), and its replica group (the dp ranks of the same group rank in the other groups);
    * NULL: ZeRO over all of options->dp. */
   mp_comm *zero_shard, *zero_replica;
+  /* Expert parallelism (the plan's ep > 1, CPU backend), folded over the dp x cp replicas
+   * (topology/grid.h): ep, this rank's ep group (its chunks hold that ep rank's experts, and
+   * their MoE layers send tokens over it); expert_dp, the replicas holding the same experts,
+   * which the experts' gradients are summed over (everything else over dp as before). NULL:
+   * ep 1. */
+  mp_comm *ep, *expert_dp;
 } mp_trainer_options;
 
 #define MP_TRAINER_OPTIONS_INITIALIZER \
   {sizeof(mp_trainer_options), NULL, NULL, NULL, NULL, NULL, 0, 0, NULL, NULL, NULL, NULL, NULL, \
-   NULL, NULL}
+   NULL, NULL, NULL, NULL}
 
 /* Gradients cross the data-parallel group in all-reduces of at most this many floats. */
 enum { MP_TRAINER_BUCKET_FLOATS = 1 << 22 };

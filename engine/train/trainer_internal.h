@@ -21,6 +21,7 @@
 #include "engine/comm/comm.h"
 #include "engine/comm/comm_nccl.h"
 #include "engine/comm/dp_comm.h"
+#include "engine/comm/ep_comm_mpi.h"
 #include "engine/model/stage_chain.h"
 #include "engine/model/stage_state.h"
 #include "engine/train/trainer.h"
@@ -45,6 +46,7 @@ struct mp_trainer {
   mp_trainer_options options;
   mp_tp_comm tp_table;    /* options->tp, or the one-rank table */
   mp_tp_comm cp_table;    /* options->cp, or the one-rank table */
+  mp_ep_comm ep_table;    /* options->ep (engine/comm/ep_comm_mpi.h), or the one-rank table */
   int replica_rank;       /* this rank's place among the dp x cp replicas (options->dp) */
   int num_chunks;         /* virtual_stages */
   /* The backend's stage table (engine/model/stage_state.h): every chunk's, and the memory of
@@ -183,6 +185,13 @@ mp_status mp_train_zero3_collect(mp_trainer *trainer, int c, size_t first, size_
  * the blocks; with zb-h1 the blocks' norms and biases too), run by run of tensors adjacent in
  * the flat layout, into the parts in buckets. */
 mp_status mp_train_zero2_array_grads(mp_trainer *trainer, int c, mp_error *err);
+
+/* ZeRO 2-3 with expert parallelism: the part's gradients of the tensors other than the experts
+ * (part: chunk c's gradient part, elements [zero_first, + zero_count) of its flat layout), which
+ * the reduce-scatters summed over the expert-dp group only, summed over the ep group too (whose
+ * ranks hold the same part of the same tensors there); the experts' parts stay: they hold their
+ * own experts. */
+mp_status mp_train_zero2_sum_over_ep(mp_trainer *trainer, int c, float *part, mp_error *err);
 
 /* The squared global norm of chunk c's gradient from the dp ranks' parts: each tensor's squares
  * over this rank's part of it, summed over dp in rank order (so bitwise the same everywhere),

@@ -217,6 +217,30 @@ mp_status mp_train_zero2_array_grads(mp_trainer *trainer, int c, mp_error *err) 
   return scatter_add_run(trainer, c, packed + run_packed, run_first, run_count, err);
 }
 
+mp_status mp_train_zero2_sum_over_ep(mp_trainer *trainer, int c, float *part, mp_error *err) {
+  const mp_stage_layout *layout = trainer->layouts[c];
+  const size_t lo = trainer->zero_first[c], hi = lo + trainer->zero_count[c];
+  size_t run_first = lo, run_end = lo; /* a run of the part's non-expert elements */
+  for (int i = 0; i <= mp_stage_layout_num_tensors(layout); ++i) {
+    const mp_stage_tensor *t = i < mp_stage_layout_num_tensors(layout)
+                                   ? mp_stage_layout_tensor(layout, i)
+                                   : NULL;
+    if (t != NULL && t->ep_size <= 1) continue;
+    /* An expert tensor (or the end) closes the run before it. */
+    run_end = t != NULL ? (t->offset < hi ? (t->offset > lo ? t->offset : lo) : hi) : hi;
+    for (size_t at = run_first; at < run_end; at += MP_TRAINER_BUCKET_FLOATS) {
+      const size_t n = run_end - at < MP_TRAINER_BUCKET_FLOATS ? run_end - at
+                                                               : MP_TRAINER_BUCKET_FLOATS;
+      MP_TRY(mp_comm_all_reduce_sum_f32(trainer->options.ep, part + (at - lo), n, err));
+    }
+    if (t != NULL) {
+      const size_t end = t->offset + t->count;
+      run_first = end < lo ? lo : end > hi ? hi : end;
+    }
+  }
+  return MP_OK;
+}
+
 /* The squared global norm of chunk c's gradient from the dp ranks' parts: each tensor's squares
  * over this rank's part of it, summed over dp in rank order (so bitwise the same everywhere),
  * then over tp as the stage counts them (mp_stage_norm_from_squares). Collective over dp and
@@ -239,7 +263,20 @@ mp_status mp_train_zero2_norm_squared(mp_trainer *trainer, int c, double *out, m
       squares[i] = sum;
     }
   }
-  if (status == MP_OK) status = mp_stage_norm_from_squares(trainer->layouts[c], &trainer->tp_table, squares, out, err);
+  if (status == MP_OK) {
+    status = mp_stage_norm_from_squares(trainer->layouts[c], &trainer->tp_table, squares, out,
+                                        err);
+  }
+  if (status == MP_OK && trainer->options.ep != NULL) {
+    /* Expert parallelism: the experts, which the stage leaves out, over the ep group (each rank
+     * holds its own), in rank order. */
+    double experts = 0.0;
+    for (int i = 0; i < num_tensors; ++i) {
+      if (mp_stage_layout_tensor(trainer->layouts[c], i)->ep_size > 1) experts += squares[i];
+    }
+    status = mp_train_sum_double_over(trainer->options.ep, &experts, err);
+    *out += experts;
+  }
   free(squares);
   return status;
 }

@@ -94,7 +94,7 @@ struct Job {
                                       &err) == MP_OK;
   }
   mp_checkpoint_context context() {
-    return {&plan, model, trainer, nullptr, nullptr, 0, 0, 0, nullptr, false};
+    return {&plan, model, trainer, nullptr, nullptr, 0, 0, 0, nullptr, false, nullptr};
   }
   // Parameters, first and second moments, concatenated (the one-rank layout's order).
   std::vector<float> state() {

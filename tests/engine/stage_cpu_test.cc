@@ -257,7 +257,7 @@ fvec StageGradients(const mp_model *model, bool sp, const Variant &v, mp_error *
   const mp_stage_zero zero = {2, 0, v.windowed, v.zero3};
   if (CreateStageCpu(
           model,
-          {kB, kT, &g_tp, sp, whole, 2, v.deferred, v.recompute, v.windowed ? &zero : nullptr, nullptr},
+          {kB, kT, &g_tp, sp, whole, 2, v.deferred, v.recompute, v.windowed ? &zero : nullptr, nullptr, nullptr},
           &stage, err) != MP_OK ||
       mp_stage_cpu_init_params(stage, 11, err) != MP_OK) {
     mp_stage_cpu_free(stage);
@@ -267,7 +267,7 @@ fvec StageGradients(const mp_model *model, bool sp, const Variant &v, mp_error *
   if (v.windowed) mp_stage_chain_set_grads_hook(mp_stage_cpu_chain(stage), AddWindow, &windowed);
   mp_stage_cpu *reference = nullptr;  // ZeRO-3: the whole parameters the dp ranks' parts make
   if (v.zero3) {
-    if (CreateStageCpu(model, {kB, kT, &g_tp, sp, whole, 1, false, MP_RECOMPUTE_NONE, nullptr, nullptr},
+    if (CreateStageCpu(model, {kB, kT, &g_tp, sp, whole, 1, false, MP_RECOMPUTE_NONE, nullptr, nullptr, nullptr},
                        &reference, err) != MP_OK ||
         mp_stage_cpu_init_params(reference, 11, err) != MP_OK) {
       mp_stage_cpu_free(reference);
@@ -398,7 +398,7 @@ void CheckVariants(bool sp, const char *text = kModel) {
   mp_stage_cpu *stage = nullptr;
   const mp_stage_zero zero2 = {1, 0, true, false};
   ASSERT_EQ(MP_OK, CreateStageCpu(
-                       model, {kB, kT, &g_tp, sp, stage_range, 1, false, MP_RECOMPUTE_NONE, &zero2, nullptr},
+                       model, {kB, kT, &g_tp, sp, stage_range, 1, false, MP_RECOMPUTE_NONE, &zero2, nullptr, nullptr},
                        &stage, &err))
       << err.message;
   const auto tokens = Tokens(300, kB * kT, 45);
@@ -415,7 +415,7 @@ void CheckVariants(bool sp, const char *text = kModel) {
   // and so are ZeRO-3 with deferred weight gradients and the full gather of a sharded stage.
   const mp_stage_zero zero3 = {2, 1, true, true};
   ASSERT_EQ(MP_OK, CreateStageCpu(
-                       model, {kB, kT, &g_tp, sp, stage_range, 1, false, MP_RECOMPUTE_NONE, &zero3, nullptr},
+                       model, {kB, kT, &g_tp, sp, stage_range, 1, false, MP_RECOMPUTE_NONE, &zero3, nullptr, nullptr},
                        &stage, &err))
       << err.message;
   EXPECT_EQ(MP_ERR_INPUT, mp_stage_cpu_forward_stage(stage, 0, tokens.data(), tokens.data(),
@@ -427,7 +427,7 @@ void CheckVariants(bool sp, const char *text = kModel) {
   stage = nullptr;
   EXPECT_EQ(
       MP_ERR_INPUT,
-      CreateStageCpu(model, {kB, kT, &g_tp, sp, stage_range, 1, true, MP_RECOMPUTE_NONE, &zero3, nullptr},
+      CreateStageCpu(model, {kB, kT, &g_tp, sp, stage_range, 1, true, MP_RECOMPUTE_NONE, &zero3, nullptr, nullptr},
                      &stage, &err));
   EXPECT_NE(nullptr, std::strstr(err.message, "ZeRO-3")) << err.message;
   mp_model_free(model);

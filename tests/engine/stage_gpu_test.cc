@@ -374,7 +374,7 @@ void ExpectGpuStageMatchesCpuStage(int first, int end, const char *model = kMode
   Stage cpu;
   ASSERT_EQ(CreateStageCpu(f.model,
                            {kB, kT, &f.single, false, range, 1, false, MP_RECOMPUTE_NONE, nullptr,
-                            nullptr},
+                            nullptr, nullptr},
                            &cpu.host, &f.err),
             MP_OK)
       << f.err.message;

@@ -3,7 +3,8 @@
 // (their floats add up to the full tensor's, replicated tensors whole on each rank), ZeRO-3's
 // held block elements of the dp ranks partition the blocks exactly, the held rectangles cover
 // each held element once, a zero-bubble window takes the GEMM weights only, and a tp that does
-// not divide the heads is refused naming the model file and what to change.
+// not divide the heads is refused naming the model file and what to change; with expert
+// parallelism each ep rank holds its experts' rows, initialised as the one-rank run.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -36,7 +37,7 @@ struct Model {
 
 mp_stage_layout *Layout(const Model &m, int tp_rank, int tp_size, const mp_stage_span &span,
                         const mp_stage_zero *zero = nullptr) {
-  const mp_stage_layout_config config = {2, 8, tp_rank, tp_size, false, span, zero, 0, 1};
+  const mp_stage_layout_config config = {2, 8, tp_rank, tp_size, false, span, zero, 0, 1, 0, 1};
   mp_stage_layout *layout = nullptr;
   mp_error err = MP_ERROR_INITIALIZER;
   EXPECT_EQ(mp_stage_layout_create(m.model, &config, &layout, &err), MP_OK) << err.message;
@@ -153,7 +154,7 @@ TEST(StageLayout, ZeroBubbleWindowTakesTheGemmWeightsOnly) {
 TEST(StageLayout, RefusesATpThatDoesNotDivideTheHeads) {
   Model m;
   const mp_stage_layout_config config = {2, 8, 0, 3, false, mp_stage_span_whole(3),
-                                         nullptr, 0, 1};
+                                         nullptr, 0, 1, 0, 1};
   mp_stage_layout *layout = nullptr;
   mp_error err = MP_ERROR_INITIALIZER;
   EXPECT_EQ(mp_stage_layout_create(m.model, &config, &layout, &err), MP_ERR_INPUT);
@@ -161,6 +162,79 @@ TEST(StageLayout, RefusesATpThatDoesNotDivideTheHeads) {
   EXPECT_NE(std::strstr(err.message, "layout-test.json with tp = 3"), nullptr) << err.message;
   EXPECT_NE(std::strstr(err.message, "choose a tp that divides the heads"), nullptr)
       << err.message;
+}
+
+
+// Expert parallelism: at ep 2 each rank holds half of every block's expert_fc1 and expert_fc2
+// (rows [r R/2, (r+1) R/2): its 2 of the 4 experts), the other tensors as at ep 1; initialising
+// each rank's shard rectangle by rectangle gives exactly the one-rank run's numbers at those rows,
+// and an ep that does not divide the experts is refused naming the model file.
+const char *kMoeModel =
+    "{\"name\": \"moe-layout-test\", \"vocab_size\": 45, \"seq_len\": 8, \"layers\": ["
+    "{\"type\": \"embedding\", \"hidden\": 32, \"max_positions\": 0},"
+    "{\"type\": \"transformer\", \"hidden\": 32, \"heads\": 4, \"kv_heads\": 2, "
+    "\"norm\": \"rmsnorm\", \"activation\": \"swiglu\", \"bias\": false, "
+    "\"rope_theta\": 10000, \"repeat\": 2, "
+    "\"moe\": {\"experts\": 4, \"top_k\": 2, \"expert_ffn_hidden\": 12}},"
+    "{\"type\": \"layernorm\", \"hidden\": 32, \"norm\": \"rmsnorm\"},"
+    "{\"type\": \"lm_head\", \"hidden\": 32, \"tie_embedding\": false}]}";
+
+struct InitInto {
+  const mp_param_layout *model;
+  std::vector<float> *shard;
+};
+
+mp_status VisitInit(void *context, const mp_stage_rect *rect, mp_error *err) {
+  InitInto *into = static_cast<InitInto *>(context);
+  mp_stage_init_context init = {into->model, 7};
+  return mp_stage_init_fill(&init, rect->tensor, rect->row, rect->rows, rect->col, rect->cols,
+                            into->shard->data() + rect->flat_first, err);
+}
+
+TEST(StageLayout, ExpertParallelRanksHoldTheirExpertsRows) {
+  mp_model *model = nullptr;
+  mp_error err = MP_ERROR_INITIALIZER;
+  ASSERT_EQ(mp_model_parse_text(kMoeModel, "moe-layout-test.json", &model, &err), MP_OK)
+      << err.message;
+  const mp_stage_span whole = mp_stage_span_whole(2);
+  const mp_stage_layout_config one = {2, 8, 0, 1, false, whole, nullptr, 0, 1, 0, 1};
+  mp_stage_layout *serial = nullptr;
+  ASSERT_EQ(mp_stage_layout_create(model, &one, &serial, &err), MP_OK) << err.message;
+  const mp_param_layout *full = mp_stage_layout_model(serial);
+  std::vector<float> all(mp_param_layout_num_params(full));
+  mp_param_layout_init_params(full, all.data(), 7);
+  int experts_seen = 0;
+  for (int rank = 0; rank < 2; ++rank) {
+    const mp_stage_layout_config config = {2, 8, 0, 1, false, whole, nullptr, 0, 1, rank, 2};
+    mp_stage_layout *layout = nullptr;
+    ASSERT_EQ(mp_stage_layout_create(model, &config, &layout, &err), MP_OK) << err.message;
+    std::vector<float> shard(mp_stage_layout_num_params(layout));
+    InitInto into = {mp_stage_layout_model(layout), &shard};
+    ASSERT_EQ(mp_stage_layout_for_each_held_rect(layout, 37, VisitInit, &into, &err), MP_OK)
+        << err.message;
+    for (int i = 0; i < mp_stage_layout_num_tensors(layout); ++i) {
+      const mp_stage_tensor *t = mp_stage_layout_tensor(layout, i);
+      const size_t whole_count = t->full->rows * t->full->cols;
+      const bool expert = std::strstr(t->full->name, "expert_fc") != nullptr;
+      EXPECT_EQ(t->ep_size, expert ? 2 : 1) << t->full->name;
+      EXPECT_EQ(t->count, expert ? whole_count / 2 : whole_count) << t->full->name;
+      const size_t from = t->full->offset + (expert ? (size_t)rank * t->count : 0);
+      for (size_t k = 0; k < t->count; ++k) {
+        ASSERT_EQ(shard[t->offset + k], all[from + k]) << t->full->name << " element " << k;
+      }
+      experts_seen += expert;
+    }
+    mp_stage_layout_free(layout);
+  }
+  EXPECT_EQ(experts_seen, 2 * 2 * 2);  // 2 ranks x 2 blocks x (fc1, fc2)
+  const mp_stage_layout_config three = {2, 8, 0, 1, false, whole, nullptr, 0, 1, 0, 3};
+  mp_stage_layout *refused = nullptr;
+  EXPECT_EQ(mp_stage_layout_create(model, &three, &refused, &err), MP_ERR_INPUT);
+  EXPECT_STREQ(err.message,
+               "moe-layout-test.json with ep = 3: its 4 experts do not divide over ep; use an ep "
+               "that divides them");
+  mp_stage_layout_free(serial);
+  mp_model_free(model);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // tests/engine/trainer_test.cc — one-rank training does what users rely on: tiny-gpt learns a
 // synthetic Markov source down to its entropy floor, gradient accumulation over micro-batches
-// gives the update of the whole batch, and a plan that needs several ranks is refused.
+// gives the update of the whole batch, a plan that needs several ranks is refused, and so is
+// expert parallelism on the CUDA backend.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -126,6 +127,26 @@ TEST(Trainer, RefusesPlansForSeveralRanks) {
   EXPECT_EQ(std::string(job.err.message),
             "plan.json: the plan has dp = 2 but this process's dp group has 1 rank; start it with "
             "`mpengine run`, which launches dp x cp x pp x tp = 2 ranks under mpirun");
+}
+
+// Expert parallelism runs on the CPU backend only: the CUDA backend refuses a plan with ep > 1,
+// naming the key, before any rank starts; the CPU backend takes it (the ranks then need their
+// ep groups, which `mpengine run` creates).
+TEST(Trainer, ExpertParallelismRunsOnTheCpuBackendOnly) {
+  mp_plan plan;
+  mp_error err = MP_ERROR_INITIALIZER;
+  ASSERT_EQ(mp_plan_parse_text(
+                "{\"model\": \"examples/models/tiny-gpt.json\", \"parallel\": {\"dp\": 2, "
+                "\"pp\": 1, \"tp\": 1, \"ep\": 2}, \"batch\": {\"global_batch\": 4, "
+                "\"micro_batch\": 2, \"num_micro_batches\": 1, \"seq_len\": 64}}",
+                "ep-plan.json", ".", &plan, &err),
+            MP_OK)
+      << err.message;
+  EXPECT_EQ(mp_trainer_check_layout(&plan, MP_BACKEND_CPU, &err), MP_OK) << err.message;
+  EXPECT_EQ(mp_trainer_check_layout(&plan, MP_BACKEND_CUDA, &err), MP_ERR_INPUT);
+  EXPECT_EQ(std::string(err.message),
+            "ep-plan.json: $.parallel.ep: 2: expert parallelism runs on the CPU backend only for "
+            "now; use --backend cpu");
 }
 
 }  // namespace

@@ -8,7 +8,9 @@
 # router_aux_loss_coef x the load-balancing loss (golden.json's float64 shard_loss), within 1e-5
 # relative; a checkpoint after that step, at a learning rate too small to move any weight
 # (1e-30), exports (`export --format hf`) to exactly transformers' model.safetensors, byte for
-# byte, with a config.json of the same architecture, which loads back to the same loss.
+# byte, with a config.json of the same architecture, which loads back to the same loss. At dp 2 x
+# ep 2 (expert parallelism: each rank reads and holds half of the experts) the same export is
+# transformers' bytes too.
 # (One micro-batch: the auxiliary loss is per micro-batch, transformers' over its whole batch.)
 set -uo pipefail
 mpengine=${1:-${MPENGINE:-tools/mpengine}}
@@ -62,6 +64,18 @@ check_model() { # check_model NAME ARCHITECTURE LAYERS LAYOUTS... (each PPxTP)
       fail "$name: the exported config.json is not $architecture's: $(cat "$tmp/export-$name-$layout/config.json")"
     echo "$name $layout: step 1 loss $loss (transformers $hf_loss), export identical to transformers'"
   done
+  # Expert parallelism: at dp 2 x ep 2 each rank reads only its half of the experts' bytes
+  # (--init-from), and the checkpoint, which gathers them back, exports to transformers' bytes.
+  plan "$tmp/$name-ep2.json" "$model" 1 1 "[$layers]"
+  sed -i 's/"dp": 1,/"dp": 2, "ep": 2,/; s/"micro_batch": 4/"micro_batch": 2/' "$tmp/$name-ep2.json"
+  rm -rf "$tmp/ck-$name-ep2" "$tmp/export-$name-ep2"
+  expect 0 "initialised from $golden" -- \
+    $mpengine run --config "$tmp/$name-ep2.json" --init-from "$golden" --data "$golden/shard.bin" \
+    --checkpoint-dir "$tmp/ck-$name-ep2" --backend cpu
+  expect 0 "(Hugging Face checkpoint: config.json and safetensors, fp32)" -- \
+    $mpengine export --checkpoint "$tmp/ck-$name-ep2" --format hf --out "$tmp/export-$name-ep2"
+  cmp -s "$tmp/export-$name-ep2/model.safetensors" "$golden/model.safetensors" ||
+    fail "$name dp 2 x ep 2: the exported model.safetensors differs from transformers'"
   expect 0 "initialised from $tmp/export-$name-1x1" -- \
     $mpengine run --config "$tmp/$name-1x1.json" --init-from "$tmp/export-$name-1x1" \
     --data "$golden/shard.bin" --metrics "$tmp/$name-back.jsonl" --backend cpu

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tests/tools/moe_parallel_equals_serial_test.sh — DESIGN.md principle 2 for mixture-of-experts
-# models at ep 1 (issue 33): tests/tools/testdata/tiny-moe.json (4 Qwen2-MoE-shaped blocks: 8
-# experts of width 27 and a gated shared expert of width 45, neither divisible by tp: they are
+# models, at ep 1 and with expert parallelism (issue 33, below): tests/tools/testdata/tiny-moe.json
+# (4 Qwen2-MoE-shaped blocks: 8 experts of width 27 and a gated shared expert of width 45,
+# neither divisible by tp: they are
 # whole on every tp rank; top 1, load-balancing and z-losses) trained 20 steps on
 # tp 2 with sequence parallelism, pp 2 (1f1b, zb-h1, interleaved with v = 2), dp 2, ZeRO 1, 2
 # (with sequence parallelism, interleaved and zb-h1) and 3 (at dp 2 x pp 2 x tp 2), full and selective recomputation, and context
@@ -20,6 +21,18 @@
 # Resharding: a checkpoint saved after step 10 at dp 2 x pp 2 x tp 2 with ZeRO-3 resumes on one
 # rank, and its steps 11-20 give the uninterrupted one-rank run's losses within 1e-5 relative.
 #
+# Expert parallelism (ep > 1, folded over the dp x cp replicas: each rank holds 8 / ep experts,
+# tokens reach them by all-to-all, the experts' gradients are summed over the expert-data-parallel
+# group): ep 2 (dp 2), ep 4 (dp 4), ep 2 with tp 2 and sequence parallelism, with pp 2 (1f1b, zb-h1,
+# and interleaved v = 2 with full recomputation: the dispatch reruns), with dp 4 (expert-dp 2), with
+# cp 2 (dp 1: ep folded over cp), and with ZeRO 1, 2 (pp 2) and 3 (tp 2 with sequence parallelism)
+# at dp 4 (the state cut over the expert-dp group of 2) agree with the one-rank run as above
+# (losses, norms, held-out losses, final weights exported from their checkpoints, which hold every
+# expert whole); the experts-without-tokens pair runs at ep 2 too (2 tokens a micro-batch on each of
+# the ep group's 2 ranks, top 1 of 8: at least 4 experts of every layer get no token on any rank);
+# an ep 2 x dp 4 x tp 2 ZeRO-3 checkpoint of step 10 resumes on one rank, and the ep-1 ZeRO-3 one
+# above resumes at ep 2 x pp 2, both giving the uninterrupted run's steps 11-20.
+#
 # The plans give layers_per_stage (the cost model does not plan MoE blocks yet).
 set -uo pipefail
 mpengine=${1:-${MPENGINE:-tools/mpengine}}
@@ -31,13 +44,13 @@ source "$(dirname "${BASH_SOURCE[0]}")/cli_expect.sh" || { echo "cannot load cli
 mpi_ranks_env
 cp "$model_src" "$tmp/tiny-moe.json"
 
-# plan NAME DP PP TP SCHEDULE VIRTUAL SEQUENCE_PARALLEL ZERO RECOMPUTE STAGES [MICRO SEQ CP]
+# plan NAME DP PP TP SCHEDULE VIRTUAL SEQUENCE_PARALLEL ZERO RECOMPUTE STAGES [MICRO SEQ CP EP]
 plan() {
   local name=$1 dp=$2 pp=$3 tp=$4 schedule=$5 v=$6 sp=$7 zero=$8 recompute=$9 stages=${10}
-  local micro=${11:-2} seq=${12:-32} cp=${13:-1}
+  local micro=${11:-2} seq=${12:-32} cp=${13:-1} ep=${14:-1}
   cat > "$tmp/$name.json" <<JSON
 {"model": "tiny-moe.json", "cluster": "cpu-local",
- "parallel": {"dp": $dp, "cp": $cp, "pp": $pp, "tp": $tp, "virtual_stages": $v, "sequence_parallel": $sp, "zero_stage": $zero},
+ "parallel": {"dp": $dp, "cp": $cp, "pp": $pp, "tp": $tp, "ep": $ep, "virtual_stages": $v, "sequence_parallel": $sp, "zero_stage": $zero},
  "layers_per_stage": $stages,
  "batch": {"global_batch": 8, "micro_batch": $micro, "num_micro_batches": $((8 / (dp * micro))), "seq_len": $seq},
  "schedule": "$schedule", "recompute": "$recompute",
@@ -110,7 +123,18 @@ layouts=("tp2-sp 1 1 2 1f1b 1 true 0 none [7]"
          "pp2-tp2-sp-zb-h1-recompute-selective 1 2 2 zb-h1 1 true 0 selective [3,4]"
          "cp2 1 1 1 1f1b 1 false 0 none [7] 2 32 2"
          "cp2-pp2-tp2-sp-zb-h1 1 2 2 zb-h1 1 true 0 none [3,4] 2 32 2"
-         "cp2-dp2-zero3-recompute-full 2 1 1 1f1b 1 false 3 full [7] 2 32 2")
+         "cp2-dp2-zero3-recompute-full 2 1 1 1f1b 1 false 3 full [7] 2 32 2"
+         "ep2 2 1 1 1f1b 1 false 0 none [7] 2 32 1 2"
+         "ep4 4 1 1 1f1b 1 false 0 none [7] 2 32 1 4"
+         "ep2-tp2-sp 2 1 2 1f1b 1 true 0 none [7] 2 32 1 2"
+         "ep2-pp2 2 2 1 1f1b 1 false 0 none [3,4] 2 32 1 2"
+         "ep2-pp2-zb-h1 2 2 1 zb-h1 1 false 0 none [3,4] 2 32 1 2"
+         "ep2-pp2-interleaved-v2-recompute-full 2 2 1 interleaved-1f1b 2 false 0 full [2,2,1,2] 2 32 1 2"
+         "ep2-dp4 4 1 1 1f1b 1 false 0 none [7] 2 32 1 2"
+         "ep2-cp2 1 1 1 1f1b 1 false 0 none [7] 2 32 2 2"
+         "ep2-dp4-zero1 4 1 1 1f1b 1 false 1 none [7] 2 32 1 2"
+         "ep2-dp4-pp2-zero2 4 2 1 1f1b 1 false 2 none [3,4] 2 32 1 2"
+         "ep2-dp4-tp2-sp-zero3 4 1 2 1f1b 1 true 3 none [7] 2 32 1 2")
 plan serial 1 1 1 1f1b 1 false 0 none "[7]"
 run serial
 for spec in "${layouts[@]}"; do
@@ -134,12 +158,37 @@ verdict=$(worst_relative "$tmp/a" "$tmp/b")
   fail "a dp 2 x pp 2 x tp 2 ZeRO-3 checkpoint resumed on one rank: steps 11-20 differ (${verdict#* })"
 echo "resharded resume (dp2-pp2-tp2-zero3 -> one rank): steps 11-20 loss ${verdict#* }"
 
-# Experts with no token: 4 tokens a micro-batch, top 1 of 8 experts.
+resumed() { # resumed PLAN CHECKPOINT_DIR WHAT: PLAN resumes step 10 and gives serial's steps 11-20
+  rm -rf "$2/step-20" "$tmp/resumed.jsonl" # a resume appends to its metrics
+  expect 0 "resumed from $2/step-10: 10 of 20 steps done" -- \
+    $mpengine run --config "$tmp/$1.json" --backend cpu --checkpoint-dir "$2" --resume \
+    --metrics "$tmp/resumed.jsonl" --overwrite-metrics --comm-timeout 120
+  column "$tmp/serial.jsonl" loss | tail -10 > "$tmp/a" && column "$tmp/resumed.jsonl" loss > "$tmp/b"
+  verdict=$(worst_relative "$tmp/a" "$tmp/b")
+  [ "${verdict%% *}" = ok ] && [ "$(wc -l < "$tmp/b")" = 10 ] ||
+    fail "$3: steps 11-20 differ (${verdict#* })"
+  echo "$3: steps 11-20 loss ${verdict#* }"
+}
+# The same ep-1 checkpoint of step 10 (dp 2 x pp 2 x tp 2, ZeRO-3) resumes at ep 2 x pp 2.
+resumed ep2-pp2 "$tmp/ck-reshard" "resharded resume (dp2-pp2-tp2-zero3 -> ep 2 x pp 2)"
+# An ep 2 checkpoint holds every expert (and with ZeRO-3 every part): one rank resumes it.
+rm -rf "$tmp/ck-ep"
+expect 0 "done: 20 steps" -- $mpengine run --config "$tmp/ep2-dp4-tp2-sp-zero3.json" --backend cpu \
+  --checkpoint-dir "$tmp/ck-ep" --save-every 10 --comm-timeout 120
+resumed serial "$tmp/ck-ep" "resharded resume (ep 2 x dp 4 x tp 2 ZeRO-3 -> one rank)"
+
+# Experts with no token: 4 tokens a micro-batch, top 1 of 8 experts; at ep 2 with 2 tokens a
+# micro-batch on each rank, so the ep group's 4 tokens leave at least 4 experts with none.
 plan empty-serial 1 1 1 1f1b 1 false 0 none "[7]" 1 4
 plan empty-dp2-pp2-tp2 2 2 2 1f1b 1 true 0 none "[3,4]" 1 4
+plan empty-ep2-serial 1 1 1 1f1b 1 false 0 none "[7]" 1 2
+plan empty-ep2-pp2-tp2 2 2 2 1f1b 1 true 0 none "[3,4]" 1 2 1 2
 run empty-serial
 run empty-dp2-pp2-tp2
 compare empty-dp2-pp2-tp2 empty-serial
+run empty-ep2-serial
+run empty-ep2-pp2-tp2
+compare empty-ep2-pp2-tp2 empty-ep2-serial
 
 if [ $failures -ne 0 ]; then
   echo "$failures check(s) failed"

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # tests/tools/moe_plan_test.sh — planning mixture-of-experts models with expert parallelism
 # (issue 33's planner): `plan --ep` fixes ep (folded over dp x cp), --explain shows it and the
-# all-to-all time, the plan file carries "ep", `schedule` draws it, and `run` refuses a plan with
-# ep > 1 until the runtime carries experts; every refusal names its numbers, exit 2.
+# all-to-all time, the plan file carries "ep", `schedule` draws it, and `run` trains it; every
+# refusal names its numbers, exit 2.
 set -uo pipefail
 mpengine=${1:-${MPENGINE:-tools/mpengine}}
 tmp=${TEST_TMPDIR:-$(mktemp -d)}
 failures=0
 source "$(dirname "${BASH_SOURCE[0]}")/cli_expect.sh" || { echo "cannot load cli_expect.sh"; exit 1; }
+mpi_ranks_env
 
 mixtral=examples/models/mixtral-8x7b.json
 # Megatron-Core's Mixtral 8x7B layout (64 H100s, ep 8): planned, explained and written.
@@ -26,9 +27,15 @@ expect 0 '"ep":	8' '"tflops_per_gpu"' \
 # The simulated pipeline of the plan: the cost model takes MoE models now.
 expect 0 "pp = 4" "checked: complete, ordered, no deadlock" \
   -- $mpengine schedule --config "$tmp/mixtral-plan.json"
-# ...which the runtime cannot run yet.
-expect 2 "$tmp/mixtral-plan.json: \$.parallel.ep: 8: expert parallelism is planned but not run yet (issue 33); train with a plan without ep" \
-  -- $mpengine run --config "$tmp/mixtral-plan.json" --steps 1 --backend cpu
+# ...which the runtime trains (moe_parallel_equals_serial_test checks the numbers): a hand-written
+# ep 2 plan of a tiny MoE model runs, and says how it splits the experts.
+cat > "$tmp/ep2-zero1.json" <<JSON
+{"model": "$PWD/tests/tools/testdata/tiny-moe.json", "cluster": "cpu-local",
+ "parallel": {"dp": 2, "pp": 1, "tp": 1, "ep": 2, "zero_stage": 1},
+ "batch": {"global_batch": 4, "micro_batch": 2, "num_micro_batches": 1, "seq_len": 32}}
+JSON
+expect 0 "2 ranks (dp 2 x pp 1 x tp 1, ep 2: 4 of the 8 experts a rank;" "done: 1 steps" \
+  -- $mpengine run --config "$tmp/ep2-zero1.json" --steps 1 --backend cpu
 
 # Refusals: an ep that does not split the experts, a dense model, an ep the fixed dp x cp cannot take.
 expect 2 "mpengine plan: --ep: ep 3 does not divide the 8 experts of block.0 ($mixtral: \$.layers[1].moe.experts); each expert-parallel rank holds experts / ep whole experts" \

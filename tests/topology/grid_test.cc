@@ -150,6 +150,37 @@ TEST(Grid, ContextParallelSixteenRanks) {
   EXPECT_EQ(group_of(shape, MP_GRID_DP_CP, 14), (std::vector<int>{8, 10, 12, 14}));
 }
 
+// Expert parallelism folded over the dp x cp replicas (Megatron-Core's parallel folding): an ep
+// group is ep consecutive replicas of one (pp, tp) position in the dp-cp group's order, the
+// expert-dp group the replicas with the same ep rank.
+std::vector<int> ep_members(const mp_grid_shape &shape, int ep, int rank, bool expert_dp) {
+  std::vector<int> members(shape.dp * shape.cp + 1, -7);
+  const int count = expert_dp ? mp_grid_expert_dp_group(&shape, ep, rank, members.data())
+                              : mp_grid_ep_group(&shape, ep, rank, members.data());
+  EXPECT_EQ(members[count], -7) << "wrote past the group's members";
+  members.resize(count);
+  return members;
+}
+
+TEST(Grid, ExpertParallelFoldedOverDataAndContext) {
+  const mp_grid_shape dp4 = {4, 1, 1, 1};
+  EXPECT_EQ(ep_members(dp4, 2, 0, false), (std::vector<int>{0, 1}));
+  EXPECT_EQ(ep_members(dp4, 2, 3, false), (std::vector<int>{2, 3}));
+  EXPECT_EQ(ep_members(dp4, 2, 1, true), (std::vector<int>{1, 3}));
+  EXPECT_EQ(ep_members(dp4, 4, 2, false), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(ep_members(dp4, 4, 2, true), (std::vector<int>{2}));
+  EXPECT_EQ(mp_grid_ep_rank(&dp4, 2, 3), 1);
+  // dp 2, pp 2, tp 2, cp 2: rank 14's replicas (dp-cp group) are 8, 10, 12, 14, in that order.
+  const mp_grid_shape folded = {2, 2, 2, 2};
+  EXPECT_EQ(ep_members(folded, 2, 14, false), (std::vector<int>{12, 14}));
+  EXPECT_EQ(ep_members(folded, 2, 14, true), (std::vector<int>{10, 14}));
+  EXPECT_EQ(ep_members(folded, 2, 11, false), (std::vector<int>{9, 11}));
+  EXPECT_EQ(ep_members(folded, 4, 14, false), (std::vector<int>{8, 10, 12, 14}));
+  EXPECT_EQ(ep_members(folded, 4, 14, true), (std::vector<int>{14}));
+  EXPECT_EQ(mp_grid_ep_rank(&folded, 2, 14), 1);
+  EXPECT_EQ(mp_grid_ep_rank(&folded, 4, 12), 2);
+}
+
 // Every shape with up to 64 ranks: coordinates round trip in Megatron's order, each kind of group
 // partitions the world into ascending lists, a rank's group is the enumerated group holding it,
 // and its members differ from it in exactly the group's coordinate.
