@@ -49,6 +49,11 @@
 #   - context parallelism (cp 2, cp 4, cp 2 with tp 2 and sequence parallelism, with dp 2 and
 #     ZeRO-2; tiny-llama cp 2 x pp 2): within 3e-3 of the one-rank GPU run and 8e-3 of the CPU
 #     run of the same layout; cp 2 x tp 2 over NCCL equal to over MPI (1e-6);
+#   - mixture of experts on the GPU (issue 33, ep 1: tests/tools/testdata/tiny-moe.json, 8 experts
+#     top-1 with a gated shared expert, aux and z losses, layers/moe_cuda.h in the stage chain):
+#     one rank within 8e-3 of the CPU run; pp = 2 on zb-h1, tp = 2 with sequence parallelism,
+#     dp = 2 with ZeRO-2 and pp = 2 x tp = 2 with full recomputation within 3e-3 of its
+#     one-rank GPU run, and dp = 2 with ZeRO-3 the same numbers as with ZeRO-2 (1e-6);
 #   - transformers' tiny Llama 3 golden loaded into the GPU (--init-from, pp = 2 x tp = 2): step
 #     1's loss within 1e-3 of transformers', its checkpoint exported byte for byte to the golden.
 # Run by tools/test.sh in its emulated pass; built normally (no GPU) it fails, saying so.
@@ -351,6 +356,31 @@ for name in llama-pp2tp2 llama-pp2tp2spzb llama-dp2pp2; do
   run $name cuda
   compare "$name on the GPU vs one rank" "$tmp/llama-one-cuda.jsonl" "$tmp/$name-cuda.jsonl" $VS_ONE
 done
+
+# Mixture of experts on the GPU (issue 33, ep 1): every block's MLP is 8 experts (top-1) and a
+# gated shared expert, with the load-balancing and z losses (tiny-moe.json); each tp rank runs the
+# whole layer over the micro-batch's tokens (gathered first with sequence parallelism), the
+# router statistics travel with the boundaries, zb-h1 runs the layer's whole backward in B, and
+# full recomputation reruns it. The one-rank GPU run against the CPU's (bf16 against fp32), the
+# layouts against the one-rank GPU run.
+cp tests/tools/testdata/tiny-moe.json "$tmp/tiny-moe.json"
+MODEL=tiny-moe plan moe-one 1 1 1
+MODEL=tiny-moe plan moe-pp2zb 1 2 1 zb-h1
+MODEL=tiny-moe plan moe-tp2sp 1 1 2 1f1b 1 true
+MODEL=tiny-moe plan moe-dp2zero2 2 1 1 1f1b 1 false 2
+MODEL=tiny-moe plan moe-pp2tp2full 1 2 2 1f1b 1 false 0 full
+run moe-one cpu
+run moe-one cuda
+compare "tiny-moe, one rank: GPU (emulated bf16) vs CPU" "$tmp/moe-one-cpu.jsonl" "$tmp/moe-one-cuda.jsonl" $VS_CPU
+for name in moe-pp2zb moe-tp2sp moe-dp2zero2 moe-pp2tp2full; do
+  run $name cuda
+  compare "$name on the GPU vs one rank" "$tmp/moe-one-cuda.jsonl" "$tmp/$name-cuda.jsonl" $VS_ONE
+done
+# ZeRO-3: the experts' bf16 weights gathered into the block window before each pass, the same
+# numbers as ZeRO-2's whole copy (1e-6, as for the dense blocks above).
+MODEL=tiny-moe plan moe-dp2zero3 2 1 1 1f1b 1 false 3
+run moe-dp2zero3 cuda
+compare "moe-dp2zero3 vs moe-dp2zero2 on the GPU" "$tmp/moe-dp2zero2-cuda.jsonl" "$tmp/moe-dp2zero3-cuda.jsonl" 1e-6
 
 # Context parallelism on the GPU (issue 32): each sequence's tokens over cp ranks, the whole
 # sequence's qkv rows gathered over the cp group for the attention kernels, the key and value
