@@ -52,7 +52,7 @@
 #   - mixture of experts on the GPU (issue 33, ep 1: tests/tools/testdata/tiny-moe.json, 8 experts
 #     top-1 with a gated shared expert, aux and z losses, layers/moe_cuda.h in the stage chain):
 #     one rank within 8e-3 of the CPU run; pp = 2 on zb-h1, tp = 2 with sequence parallelism,
-#     dp = 2 with ZeRO-2 and pp = 2 x tp = 2 with full recomputation within 3e-3 of its
+#     dp = 2 with ZeRO-2, pp = 2 x tp = 2 with full recomputation and cp = 2 within 3e-3 of its
 #     one-rank GPU run, and dp = 2 with ZeRO-3 the same numbers as with ZeRO-2 (1e-6);
 #   - transformers' tiny Llama 3 golden loaded into the GPU (--init-from, pp = 2 x tp = 2): step
 #     1's loss within 1e-3 of transformers', its checkpoint exported byte for byte to the golden.
@@ -360,8 +360,8 @@ done
 # Mixture of experts on the GPU (issue 33, ep 1): every block's MLP is 8 experts (top-1) and a
 # gated shared expert, with the load-balancing and z losses (tiny-moe.json); each tp rank runs the
 # whole layer over the micro-batch's tokens (gathered first with sequence parallelism), the
-# router statistics travel with the boundaries, zb-h1 runs the layer's whole backward in B, and
-# full recomputation reruns it. The one-rank GPU run against the CPU's (bf16 against fp32), the
+# router statistics travel with the boundaries (and are summed over the cp group), zb-h1 runs the
+# layer's whole backward in B, and full recomputation reruns it. The one-rank GPU run against the CPU's (bf16 against fp32), the
 # layouts against the one-rank GPU run.
 cp tests/tools/testdata/tiny-moe.json "$tmp/tiny-moe.json"
 MODEL=tiny-moe plan moe-one 1 1 1
@@ -369,10 +369,11 @@ MODEL=tiny-moe plan moe-pp2zb 1 2 1 zb-h1
 MODEL=tiny-moe plan moe-tp2sp 1 1 2 1f1b 1 true
 MODEL=tiny-moe plan moe-dp2zero2 2 1 1 1f1b 1 false 2
 MODEL=tiny-moe plan moe-pp2tp2full 1 2 2 1f1b 1 false 0 full
+CP=2 MODEL=tiny-moe plan moe-cp2 1 1 1
 run moe-one cpu
 run moe-one cuda
 compare "tiny-moe, one rank: GPU (emulated bf16) vs CPU" "$tmp/moe-one-cpu.jsonl" "$tmp/moe-one-cuda.jsonl" $VS_CPU
-for name in moe-pp2zb moe-tp2sp moe-dp2zero2 moe-pp2tp2full; do
+for name in moe-pp2zb moe-tp2sp moe-dp2zero2 moe-pp2tp2full moe-cp2; do
   run $name cuda
   compare "$name on the GPU vs one rank" "$tmp/moe-one-cuda.jsonl" "$tmp/$name-cuda.jsonl" $VS_ONE
 done
