@@ -18,9 +18,11 @@
  *
  * Mixture of experts (layers/moe_cuda.h, every expert on this GPU: ep 1): each tp rank runs the
  * whole layer over the micro-batch's BT tokens (gathered first with sequence parallelism), as the
- * chain asks. What a forward keeps is one device allocation of mp_moe_cache_cuda_bytes per layer
- * and micro-batch, held by the chain's slot until the backward releases it; the backward's
- * workspace and the statistics' scratch are the table's, one each.
+ * chain asks. What a forward keeps is one device block of mp_moe_cache_cuda_bytes per layer and
+ * micro-batch, held by the chain's slot until the backward releases it; released blocks are kept
+ * as spares for the next forwards, so the table holds at most as many as were ever live at once
+ * (a slot's layers, times the slots the schedule keeps). The backward's workspace and the
+ * statistics' scratch are the table's, one each.
  */
 #include "engine/model/stage_kernels.h"
 
@@ -85,6 +87,11 @@ typedef struct {
   void *moe_workspace_device;          /* mp_moe_workspace_cuda_bytes: the backward's scratch */
   mp_moe_workspace_cuda moe_workspace; /* carved out of it */
   double *moe_stats_scratch;           /* (E + 1) the router statistics' device reduction */
+  size_t moe_cache_bytes;              /* mp_moe_cache_cuda_bytes of the stage's shape */
+  void **moe_spare;                    /* released caches' device blocks, reused by the next
+                                          forwards (no cudaMalloc / cudaFree per layer and
+                                          micro-batch): at most the most ever held at once */
+  int moe_spare_count, moe_spare_capacity;
 } cuda_kernels;
 
 static mp_status cuda_alloc(void *context, size_t bytes, void **out, mp_error *err) {
@@ -566,13 +573,35 @@ typedef struct {
   int *offset_host; /* (E + 1) */
 } cuda_moe_saved;
 
+/* The saved state's device block goes back to the spares (freed when they cannot grow). */
 static void cuda_moe_release(void *context, void *saved) {
-  (void)context;
+  cuda_kernels *k = context;
   cuda_moe_saved *s = saved;
   if (s == NULL) return;
-  mp_device_free(s->device);
+  if (s->device != NULL && k->moe_spare_count == k->moe_spare_capacity) {
+    const int capacity = k->moe_spare_capacity > 0 ? 2 * k->moe_spare_capacity : 8;
+    void **grown = realloc(k->moe_spare, (size_t)capacity * sizeof *grown);
+    if (grown != NULL) {
+      k->moe_spare = grown;
+      k->moe_spare_capacity = capacity;
+    }
+  }
+  if (s->device != NULL && k->moe_spare_count < k->moe_spare_capacity) {
+    k->moe_spare[k->moe_spare_count++] = s->device;
+  } else {
+    mp_device_free(s->device);
+  }
   free(s->offset_host);
   free(s);
+}
+
+/* A device block of moe_cache_bytes for a forward's cache: a spare, else a new one. */
+static mp_status moe_cache_block(cuda_kernels *k, void **out, mp_error *err) {
+  if (k->moe_spare_count > 0) {
+    *out = k->moe_spare[--k->moe_spare_count];
+    return MP_OK;
+  }
+  return mp_device_alloc(out, k->moe_cache_bytes, err);
 }
 
 /* The chain passes a block's tensors as mp_moe_params (float * members): on the GPU the weights
@@ -598,7 +627,7 @@ static mp_status cuda_moe_forward(void *context, void *out, void **saved, const 
     cuda_moe_release(context, s);
     return mp_fail(err, MP_ERR_RUNTIME, "out of host memory for a mixture of experts' offsets");
   }
-  mp_status status = mp_device_alloc(&s->device, mp_moe_cache_cuda_bytes(shape), err);
+  mp_status status = moe_cache_block(k, &s->device, err);
   if (status == MP_OK) {
     mp_moe_cache_cuda_carve(&s->cache, shape, s->device, s->offset_host);
     const mp_moe_weights_cuda weights = moe_weights(params);
@@ -651,6 +680,8 @@ static void cuda_kernels_free(cuda_kernels *k) {
                      k->wpe_local, k->dwpe_local, k->cp_send, k->cp_recv, k->out_full,
                      k->dout_full, k->moe_workspace_device, k->moe_stats_scratch};
   for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; ++i) mp_device_free(buffers[i]);
+  for (int i = 0; i < k->moe_spare_count; ++i) mp_device_free(k->moe_spare[i]);
+  free(k->moe_spare);
   if (k->cublas != NULL) mp_cublas_free(k->cublas);
   free(k->losses_host);
   free(k->shard_tokens_host);
@@ -766,6 +797,7 @@ mp_status mp_stage_kernels_gpu_create(const mp_stage_dims *d, mp_stage_kernels *
     if (scratch_alloc(k, &k->moe_workspace_device, workspace_bytes, err) != MP_OK) goto fail;
     mp_moe_workspace_cuda_carve(&k->moe_workspace, &d->moe, k->moe_workspace_device);
     SCRATCH(k->moe_stats_scratch, (size_t)d->moe.experts + 1);
+    k->moe_cache_bytes = mp_moe_cache_cuda_bytes(&d->moe);
   }
   mp_stage_kernels *t = &k->table;
   t->context = k;
