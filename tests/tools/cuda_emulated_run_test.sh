@@ -52,8 +52,9 @@
 #   - mixture of experts on the GPU (issue 33, ep 1: tests/tools/testdata/tiny-moe.json, 8 experts
 #     top-1 with a gated shared expert, aux and z losses, layers/moe_cuda.h in the stage chain):
 #     one rank within 8e-3 of the CPU run; pp = 2 on zb-h1, tp = 2 with sequence parallelism,
-#     dp = 2 with ZeRO-2, pp = 2 x tp = 2 with full recomputation and cp = 2 within 3e-3 of its
-#     one-rank GPU run, and dp = 2 with ZeRO-3 the same numbers as with ZeRO-2 (1e-6);
+#     dp = 2 with ZeRO-2 (also x pp = 2 on zb-h1), pp = 2 x tp = 2 with full recomputation and
+#     cp = 2 within 3e-3 of its one-rank GPU run, and dp = 2 with ZeRO-3 the same numbers as
+#     with ZeRO-2 (1e-6);
 #   - transformers' tiny Llama 3 golden loaded into the GPU (--init-from, pp = 2 x tp = 2): step
 #     1's loss within 1e-3 of transformers', its checkpoint exported byte for byte to the golden.
 # Run by tools/test.sh in its emulated pass; built normally (no GPU) it fails, saying so.
@@ -370,10 +371,11 @@ MODEL=tiny-moe plan moe-tp2sp 1 1 2 1f1b 1 true
 MODEL=tiny-moe plan moe-dp2zero2 2 1 1 1f1b 1 false 2
 MODEL=tiny-moe plan moe-pp2tp2full 1 2 2 1f1b 1 false 0 full
 CP=2 MODEL=tiny-moe plan moe-cp2 1 1 1
+MODEL=tiny-moe plan moe-dp2pp2zbzero2 2 2 1 zb-h1 1 false 2
 run moe-one cpu
 run moe-one cuda
 compare "tiny-moe, one rank: GPU (emulated bf16) vs CPU" "$tmp/moe-one-cpu.jsonl" "$tmp/moe-one-cuda.jsonl" $VS_CPU
-for name in moe-pp2zb moe-tp2sp moe-dp2zero2 moe-pp2tp2full moe-cp2; do
+for name in moe-pp2zb moe-tp2sp moe-dp2zero2 moe-dp2pp2zbzero2 moe-pp2tp2full moe-cp2; do
   run $name cuda
   compare "$name on the GPU vs one rank" "$tmp/moe-one-cuda.jsonl" "$tmp/$name-cuda.jsonl" $VS_ONE
 done
