@@ -913,25 +913,6 @@ static mp_status choose_backend(cli_command *command, run_options *o, mp_error *
   return MP_OK;
 }
 
-/* Mixture-of-experts blocks run on the CPU backend only (issue 33: the CUDA kernels come later):
- * --backend cuda is refused before any rank starts, and auto takes the CPU. */
-static mp_status moe_backend(cli_command *command, const mp_model *model, run_options *o,
-                             mp_error *err) {
-  const mp_layer_spec *moe = mp_model_first_moe_layer(model);
-  if (moe == NULL || o->backend != MP_BACKEND_CUDA) return MP_OK;
-  const char *name = cli_value(command, "backend");
-  if (name != NULL && strcmp(name, "cuda") == 0) {
-    return mp_fail(err, MP_ERR_INPUT,
-                   "--backend cuda: %s: $.layers[%d].moe (%s): the CUDA backend has no "
-                   "mixture-of-experts kernels yet; train this model with --backend cpu",
-                   mp_model_source(model), moe->json_index, moe->name);
-  }
-  o->backend = MP_BACKEND_CPU;
-  snprintf(o->backend_reason, sizeof o->backend_reason,
-           " (auto: mixture-of-experts blocks run on the CPU backend only, for now)");
-  return MP_OK;
-}
-
 /* --save-weights writes llm.c's GPT-2 file: refused before training for a model it cannot hold. */
 static mp_status check_save_weights(const run_state *state, const char *path, mp_error *err) {
   mp_param_layout *layout = NULL;
@@ -993,7 +974,6 @@ static mp_status read_options(cli_command *command, run_state *state, run_option
   MP_TRY(cli_int(command, "eval-batches", 1, 4, &o->eval_batches, err));
   MP_TRY(cli_int(command, "log-every", 1, default_log_every(o->steps), &o->log_every, err));
   MP_TRY(mp_model_load(state->plan.model_path, &state->model, err));
-  MP_TRY(moe_backend(command, state->model, o, err));
   state->plan.training.steps = o->steps; /* the schedule decays over the steps actually run */
   MP_TRY(mp_trainer_check_layout(&state->plan, o->backend, err));
   if (o->backend == MP_BACKEND_CUDA) MP_TRY(mp_cuda_backend_load(err));

@@ -187,8 +187,8 @@ typedef struct {
    *     the gradient of sum(out x dout) + aux_coeff x aux + z_coeff x z, stats being the
    *     micro-batch's final sums over all its MoE layers.
    *   moe_release: frees a saved (NULL is fine).
-   * params and grads hold fp32 host arrays (the CPU's): a bf16 backend will need its own
-   * parameter type. */
+   * params and grads hold the block's tensors in the backend's memory, cast: the CPU's fp32
+   * weights, the GPU's bf16 weights (layers/moe_cuda.h) and fp32 gradients on the device. */
   mp_status (*moe_forward)(void *context, void *out, void **saved, const void *inp,
                            const mp_moe_params *params, mp_moe_stats *stats, mp_error *err);
   mp_status (*moe_backward)(void *context, void *dinp, mp_moe_params *grads, const void *dout,

@@ -15,6 +15,14 @@
  * The cuBLAS attention (head sizes the fused kernels lack) has no windows: it runs on the whole
  * sequence, keeps this rank's tokens' outputs, and in the backward gets exactly this rank's share
  * from output gradients that are non-zero at its tokens only (cp times the FLOPs).
+ *
+ * Mixture of experts (layers/moe_cuda.h, every expert on this GPU: ep 1): each tp rank runs the
+ * whole layer over the micro-batch's BT tokens (gathered first with sequence parallelism), as the
+ * chain asks. What a forward keeps is one device block of mp_moe_cache_cuda_bytes per layer and
+ * micro-batch, held by the chain's slot until the backward releases it; released blocks are kept
+ * as spares for the next forwards, so the table holds at most as many as were ever live at once
+ * (a slot's layers, times the slots the schedule keeps). The backward's workspace and the
+ * statistics' scratch are the table's, one each.
  */
 #include "engine/model/stage_kernels.h"
 
@@ -34,6 +42,7 @@
 #include "layers/gelu.h"
 #include "layers/layernorm.h"
 #include "layers/matmul.h"
+#include "layers/moe_cuda.h"
 #include "layers/residual.h"
 #include "layers/rmsnorm.h"
 #include "layers/rope.h"
@@ -74,6 +83,15 @@ typedef struct {
   mp_bf16 *out_full, *dout_full; /* cuBLAS attention: (B, Tseq, Cl) the whole sequence's
                                     attention output and its gradient (non-zero at this rank's
                                     tokens only); NULL with the fused attention */
+  /* Mixture of experts (moe.experts > 0), else NULL: */
+  void *moe_workspace_device;          /* mp_moe_workspace_cuda_bytes: the backward's scratch */
+  mp_moe_workspace_cuda moe_workspace; /* carved out of it */
+  double *moe_stats_scratch;           /* (E + 1) the router statistics' device reduction */
+  size_t moe_cache_bytes;              /* mp_moe_cache_cuda_bytes of the stage's shape */
+  void **moe_spare;                    /* released caches' device blocks, reused by the next
+                                          forwards (no cudaMalloc / cudaFree per layer and
+                                          micro-batch): at most the most ever held at once */
+  int moe_spare_count, moe_spare_capacity;
 } cuda_kernels;
 
 static mp_status cuda_alloc(void *context, size_t bytes, void **out, mp_error *err) {
@@ -545,6 +563,106 @@ static mp_status cuda_loss(void *context, void *logits, const int32_t *targets, 
   return MP_OK;
 }
 
+/* ---- mixture of experts ---- */
+
+/* What a mixture-of-experts forward keeps for its backward (a block's moe_saved): the cache's
+ * arrays, carved out of one device allocation, and the experts' row offsets on the host. */
+typedef struct {
+  mp_moe_cache_cuda cache;
+  void *device;     /* mp_moe_cache_cuda_bytes(shape) */
+  int *offset_host; /* (E + 1) */
+} cuda_moe_saved;
+
+/* The saved state's device block goes back to the spares (freed when they cannot grow). */
+static void cuda_moe_release(void *context, void *saved) {
+  cuda_kernels *k = context;
+  cuda_moe_saved *s = saved;
+  if (s == NULL) return;
+  if (s->device != NULL && k->moe_spare_count == k->moe_spare_capacity) {
+    const int capacity = k->moe_spare_capacity > 0 ? 2 * k->moe_spare_capacity : 8;
+    void **grown = realloc(k->moe_spare, (size_t)capacity * sizeof *grown);
+    if (grown != NULL) {
+      k->moe_spare = grown;
+      k->moe_spare_capacity = capacity;
+    }
+  }
+  if (s->device != NULL && k->moe_spare_count < k->moe_spare_capacity) {
+    k->moe_spare[k->moe_spare_count++] = s->device;
+  } else {
+    mp_device_free(s->device);
+  }
+  free(s->offset_host);
+  free(s);
+}
+
+/* A device block of moe_cache_bytes for a forward's cache: a spare, else a new one. */
+static mp_status moe_cache_block(cuda_kernels *k, void **out, mp_error *err) {
+  if (k->moe_spare_count > 0) {
+    *out = k->moe_spare[--k->moe_spare_count];
+    return MP_OK;
+  }
+  return mp_device_alloc(out, k->moe_cache_bytes, err);
+}
+
+/* The chain passes a block's tensors as mp_moe_params (float * members): on the GPU the weights
+ * are the bf16 copy on the device, the gradients fp32 on the device. */
+static mp_moe_weights_cuda moe_weights(const mp_moe_params *p) {
+  const mp_moe_weights_cuda w = {(const mp_bf16 *)p->router,     (const mp_bf16 *)p->expert_fc1,
+                                 (const mp_bf16 *)p->expert_fc2, (const mp_bf16 *)p->shared_fc1,
+                                 (const mp_bf16 *)p->shared_fc2, (const mp_bf16 *)p->shared_gate};
+  return w;
+}
+
+/* out (BT, C) from inp (BT, C), both bf16: every token of the micro-batch (moe.tokens = BT). */
+static mp_status cuda_moe_forward(void *context, void *out, void **saved, const void *inp,
+                                  const mp_moe_params *params, mp_moe_stats *stats,
+                                  mp_error *err) {
+  cuda_kernels *k = context;
+  const mp_moe_shape *shape = &k->d.moe;
+  cuda_moe_release(context, *saved);
+  *saved = NULL;
+  cuda_moe_saved *s = calloc(1, sizeof *s);
+  if (s != NULL) s->offset_host = calloc((size_t)shape->experts + 1, sizeof(int));
+  if (s == NULL || s->offset_host == NULL) {
+    cuda_moe_release(context, s);
+    return mp_fail(err, MP_ERR_RUNTIME, "out of host memory for a mixture of experts' offsets");
+  }
+  mp_status status = moe_cache_block(k, &s->device, err);
+  if (status == MP_OK) {
+    mp_moe_cache_cuda_carve(&s->cache, shape, s->device, s->offset_host);
+    const mp_moe_weights_cuda weights = moe_weights(params);
+    status = mp_moe_forward_cuda(k->cublas, out, inp, &weights, &s->cache, NULL, err);
+  }
+  if (status == MP_OK && stats != NULL) {
+    status = mp_moe_stats_add_cuda(stats, &s->cache, k->moe_stats_scratch, NULL, err);
+  }
+  if (status != MP_OK) {
+    cuda_moe_release(context, s);
+    return status;
+  }
+  *saved = s;
+  return MP_OK;
+}
+
+/* dinp (BT, C) bf16 += the layer's input gradient; the fp32 device gradients of grads +=. */
+static mp_status cuda_moe_backward(void *context, void *dinp, mp_moe_params *grads,
+                                   const void *dout, const void *inp,
+                                   const mp_moe_params *params, const void *saved,
+                                   const mp_moe_stats *stats, double aux_coeff, double z_coeff,
+                                   mp_error *err) {
+  cuda_kernels *k = context;
+  const cuda_moe_saved *s = saved;
+  if (s == NULL) {
+    return mp_fail(err, MP_ERR_RUNTIME,
+                   "a mixture of experts' backward without its forward's saved state");
+  }
+  const mp_moe_weights_cuda weights = moe_weights(params);
+  mp_moe_grads_cuda g = {grads->router,     grads->expert_fc1, grads->expert_fc2,
+                         grads->shared_fc1, grads->shared_fc2, grads->shared_gate};
+  return mp_moe_backward_cuda(k->cublas, dinp, &g, dout, inp, &weights, &s->cache, stats,
+                              aux_coeff, z_coeff, &k->moe_workspace, NULL, err);
+}
+
 /* The enqueued work's errors that no call returned: a failed cuBLAS call, a failed launch (each
  * named where it happened; layers/cuda_launch.h). */
 static mp_status cuda_check(void *context, mp_error *err) {
@@ -560,8 +678,10 @@ static void cuda_kernels_free(cuda_kernels *k) {
                      k->embedding_workspace, k->dwte_rows, k->shard_tokens,
                      k->rmsnorm_scratch, k->inv_freq, k->dwpe_unused, k->positions,
                      k->wpe_local, k->dwpe_local, k->cp_send, k->cp_recv, k->out_full,
-                     k->dout_full};
+                     k->dout_full, k->moe_workspace_device, k->moe_stats_scratch};
   for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; ++i) mp_device_free(buffers[i]);
+  for (int i = 0; i < k->moe_spare_count; ++i) mp_device_free(k->moe_spare[i]);
+  free(k->moe_spare);
   if (k->cublas != NULL) mp_cublas_free(k->cublas);
   free(k->losses_host);
   free(k->shard_tokens_host);
@@ -672,6 +792,13 @@ mp_status mp_stage_kernels_gpu_create(const mp_stage_dims *d, mp_stage_kernels *
       }
     }
   }
+  if (d->moe.experts > 0 && d->num_layers > 0) {
+    const size_t workspace_bytes = mp_moe_workspace_cuda_bytes(&d->moe);
+    if (scratch_alloc(k, &k->moe_workspace_device, workspace_bytes, err) != MP_OK) goto fail;
+    mp_moe_workspace_cuda_carve(&k->moe_workspace, &d->moe, k->moe_workspace_device);
+    SCRATCH(k->moe_stats_scratch, (size_t)d->moe.experts + 1);
+    k->moe_cache_bytes = mp_moe_cache_cuda_bytes(&d->moe);
+  }
   mp_stage_kernels *t = &k->table;
   t->context = k;
   t->name = "CUDA";
@@ -716,6 +843,9 @@ mp_status mp_stage_kernels_gpu_create(const mp_stage_dims *d, mp_stage_kernels *
   t->embedding_forward = cuda_embedding_forward;
   t->embedding_backward = cuda_embedding_backward;
   t->loss = cuda_loss;
+  t->moe_forward = cuda_moe_forward;
+  t->moe_backward = cuda_moe_backward;
+  t->moe_release = cuda_moe_release;
   t->check = cuda_check;
   *out = &k->table;
   *device_bytes = k->device_bytes;

@@ -17,7 +17,7 @@
 // split between the embedding and the LM head's tied copy), two activation slots in flight give
 // what one slot gives, and a sequence-parallel stage at tp = 1 (where sequence parallelism
 // is the identity: one token slice of all B*T rows) gives the whole stage's numbers bit for bit,
-// finish_grads included.
+// finish_grads included. A mixture-of-experts model's whole stage against the CPU's too.
 // Zero-bubble's split (B then W, in the order F0 F1 B0 B1 W0 W1) and full recomputation give the
 // whole backward's and the kept activations' numbers bit for bit (the same kernels on the same
 // numbers, each gradient summed in the same order; no tolerance), on the whole stage and on two
@@ -85,6 +85,19 @@ const char *kLlamaModel =
     "\"factor\": 8, \"low_freq_factor\": 1, \"high_freq_factor\": 4, "
     "\"original_max_position_embeddings\": 8}, \"repeat\": 3},"
     "{\"type\": \"layernorm\", \"hidden\": 64, \"norm\": \"rmsnorm\", \"norm_eps\": 1e-5},"
+    "{\"type\": \"lm_head\", \"hidden\": 64, \"tie_embedding\": false}]}";
+
+// A mixture of experts on the same sizes (issue 33): the Llama family's block with every MLP 8
+// experts (top-2, renormalised) and a gated shared expert, the load-balancing and z losses on.
+const char *kMoeModel =
+    "{\"name\": \"stage-gpu-moe\", \"vocab_size\": 100, \"seq_len\": 32, \"layers\": ["
+    "{\"type\": \"embedding\", \"hidden\": 64, \"max_positions\": 0},"
+    "{\"type\": \"transformer\", \"hidden\": 64, \"heads\": 2, \"kv_heads\": 1, "
+    "\"norm\": \"rmsnorm\", \"activation\": \"swiglu\", \"bias\": \"qkv\", "
+    "\"rope_theta\": 10000, \"repeat\": 3, \"moe\": {\"experts\": 8, \"top_k\": 2, "
+    "\"expert_ffn_hidden\": 32, \"shared_ffn_hidden\": 48, \"shared_gate\": true, "
+    "\"normalize_top_k\": true, \"aux_loss_coeff\": 0.05, \"z_loss_coeff\": 0.001}},"
+    "{\"type\": \"layernorm\", \"hidden\": 64, \"norm\": \"rmsnorm\"},"
     "{\"type\": \"lm_head\", \"hidden\": 64, \"tie_embedding\": false}]}";
 
 using fvec = std::vector<float>;
@@ -357,7 +370,13 @@ constexpr double kBf16Loss = 1e-2, kBf16Rel = 5e-2;
 // input gradient and every tensor's gradient (the tied copy of wte included) must agree to bf16
 // precision: the GPU stage is checked against the CPU's independent fp32 implementation, not
 // against itself.
-void ExpectGpuStageMatchesCpuStage(int first, int end, const char *model = kModel) {
+//
+// router_scale (a power of two, so exact in bf16) multiplies a mixture of experts' router
+// weights: at kSeed's initialisation the router's probabilities are nearly uniform, and bf16
+// activations against fp32 flip a token's choice between nearly tied experts (then an expert's
+// gradient differs by that token's whole part); scaled, the choices are well apart.
+void ExpectGpuStageMatchesCpuStage(int first, int end, const char *model = kModel,
+                                   float router_scale = 1.0f) {
   Fixture f(model);
   Stage gpu;
   ASSERT_TRUE(f.Gpu(&gpu, first, end)) << f.err.message;
@@ -367,6 +386,12 @@ void ExpectGpuStageMatchesCpuStage(int first, int end, const char *model = kMode
   ASSERT_EQ(mp_stage_gpu_read_params(gpu.gpu, 0, n, params.data(), &f.err), MP_OK)
       << f.err.message;
   for (size_t i = 0; i < n; ++i) params[i] = mp_bf16_to_float(mp_bf16_from_float(params[i]));
+  for (int i = 0; i < mp_stage_layout_num_tensors(mp_stage_gpu_layout(gpu.gpu)); ++i) {
+    const mp_stage_tensor *t = mp_stage_layout_tensor(mp_stage_gpu_layout(gpu.gpu), i);
+    const std::string name = t->full->name;
+    if (name.size() < 13 || name.compare(name.size() - 13, 13, "router.weight") != 0) continue;
+    for (size_t j = 0; j < t->count; ++j) params[t->offset + j] *= router_scale;
+  }
   ASSERT_EQ(mp_stage_gpu_write_params(gpu.gpu, 0, n, params.data(), &f.err), MP_OK)
       << f.err.message;
   mp_stage_span range;
@@ -548,6 +573,16 @@ TEST(GptStageGpu, LlamaStagesMatchTheCpuStages) {
   ExpectGpuStageMatchesCpuStage(0, kL + 3, kLlamaModel);
   ExpectGpuStageMatchesCpuStage(0, 2, kLlamaModel);
   ExpectGpuStageMatchesCpuStage(2, kL + 3, kLlamaModel);
+}
+
+// Mixture-of-experts blocks (layers/moe_cuda.h through the GPU kernel table's moe entries) on
+// the GPU against the CPU's layers/moe.h: the whole model, the loss with its auxiliary losses and
+// every expert's, the router's and the shared MLP's gradients. (A stage without the embedding
+// reads the router statistics from its input boundary, which this test fills with noise: the
+// split layouts are cuda_emulated_run_test's.)
+TEST(GptStageGpu, MoeStageMatchesTheCpuStage) {
+  REQUIRE_GPU();
+  ExpectGpuStageMatchesCpuStage(0, kL + 3, kMoeModel, 32.0f);
 }
 
 TEST(GptStageGpu, EachStageOfASplitMatchesTheCpuStageOfItsRange) {
