@@ -5,7 +5,8 @@
  * combine, the shared MLP with its sigmoid gate, and the backward of each. The same steps as the
  * CPU layer (route, experts, combine and their backwards, mp_moe_forward_cuda and
  * mp_moe_backward_cuda their one-device composition), so that expert parallelism can move the
- * grouped rows between them later. Not yet wired into the GPU stage (engine/model).
+ * grouped rows between them later. The GPU stage runs it at ep 1 (engine/model/
+ * stage_kernels_gpu.c).
  *
  * Precision (the project's mixed precision, layers/matmul.h):
  *   - activations bf16: x, routed_in / fc1 / act / out, the shared MLP's, out, dx; each rounded

@@ -33,7 +33,7 @@
 # an ep 2 x dp 4 x tp 2 ZeRO-3 checkpoint of step 10 resumes on one rank, and the ep-1 ZeRO-3 one
 # above resumes at ep 2 x pp 2, both giving the uninterrupted run's steps 11-20.
 #
-# The plans give layers_per_stage (the cost model does not plan MoE blocks yet).
+# The plans give layers_per_stage, so each layout's stages are the ones named.
 set -uo pipefail
 mpengine=${1:-${MPENGINE:-tools/mpengine}}
 model_src=${2:-tests/tools/testdata/tiny-moe.json}
