@@ -10,7 +10,7 @@
 # (1e-30), exports (`export --format hf`) to exactly transformers' model.safetensors, byte for
 # byte, with a config.json of the same architecture, which loads back to the same loss. At dp 2 x
 # ep 2 (expert parallelism: each rank reads and holds half of the experts) the same export is
-# transformers' bytes too.
+# transformers' bytes too. Routing ties (zero routers) at dp 2 x ep 2 equal one rank (below).
 # (One micro-batch: the auxiliary loss is per micro-batch, transformers' over its whole batch.)
 set -uo pipefail
 mpengine=${1:-${MPENGINE:-tools/mpengine}}
@@ -86,6 +86,51 @@ check_model() { # check_model NAME ARCHITECTURE LAYERS LAYOUTS... (each PPxTP)
 # Layers of the chain: the embedding, the blocks, the final norm, the head.
 check_model hf_tiny_mixtral MixtralForCausalLM 5 1x1 2x1 1x2
 check_model hf_tiny_qwen2_moe Qwen2MoeForCausalLM 6 1x1 2x1 1x2
+
+# Routing ties: the tiny Mixtral with every router weight zero gives every token the same
+# probability for each of its 4 experts, so step 1's top 2 is a four-way tie for every token,
+# broken to the lowest indices (experts 0 and 1; 2 and 3 get no token). Three steps at dp 2 x ep 2
+# equal the one-rank run's within 1e-5 relative (the router learns from step 1's gradient, so
+# later steps route for real).
+tied=$tmp/hf_tied_mixtral
+rm -rf "$tied" && mkdir -p "$tied"
+cp "$testdata/hf_tiny_mixtral/config.json" "$testdata/hf_tiny_mixtral/shard.bin" "$tied/"
+python3 - "$testdata/hf_tiny_mixtral/model.safetensors" "$tied/model.safetensors" <<'PY'
+import json, struct, sys
+data = open(sys.argv[1], "rb").read()
+header_bytes = struct.unpack("<Q", data[:8])[0]
+header = json.loads(data[8:8 + header_bytes])
+body = bytearray(data[8 + header_bytes:])
+routers = [name for name in header if name.endswith("block_sparse_moe.gate.weight")]
+assert routers, "no router tensors"
+for name in routers:
+    begin, end = header[name]["data_offsets"]
+    body[begin:end] = bytes(end - begin)
+open(sys.argv[2], "wb").write(data[:8 + header_bytes] + bytes(body))
+print("zeroed", len(routers), "routers")
+PY
+tie_plan() { # tie_plan FILE DP EP MICRO
+  cat > "$1" <<JSON
+{"model": "hf_tiny_mixtral.json", "parallel": {"dp": $2, "ep": $3, "pp": 1, "tp": 1},
+ "batch": {"global_batch": 4, "micro_batch": $4, "num_micro_batches": $((4 / ($2 * $4))), "seq_len": 16},
+ "schedule": "1f1b", "training": {"steps": 3, "learning_rate": 1e-2, "warmup_steps": 0}}
+JSON
+}
+tie_plan "$tmp/tie-one.json" 1 1 2  # the same micro-batches: the aux loss is per micro-batch
+tie_plan "$tmp/tie-ep2.json" 2 2 2
+for name in tie-one tie-ep2; do
+  expect 0 "done: 3 steps" -- $mpengine run --config "$tmp/$name.json" --init-from "$tied" \
+    --data "$tied/shard.bin" --metrics "$tmp/$name.jsonl" --backend cpu
+done
+verdict=$(paste -d' ' <(awk -F'"loss": ' '{ split($2, a, ","); print a[1] }' "$tmp/tie-one.jsonl") \
+                      <(awk -F'"loss": ' '{ split($2, a, ","); print a[1] }' "$tmp/tie-ep2.jsonl") | awk '
+  { d = $2 - $1; if (d < 0) d = -d; r = d / $1; if (r > worst) worst = r; n++ }
+  END { printf "%s %d %.3g", (n == 3 && worst <= 1e-5 ? "ok" : "bad"), n, worst }')
+if [ "${verdict%% *}" = ok ]; then
+  echo "routing ties (zero routers): dp 2 x ep 2 equals one rank over 3 steps, worst loss difference ${verdict##* } relative"
+else
+  fail "routing ties (zero routers): dp 2 x ep 2 against one rank: steps and worst difference ${verdict#* } (want 3 steps within 1e-5)"
+fi
 
 if [ $failures -ne 0 ]; then
   echo "$failures check(s) failed"
