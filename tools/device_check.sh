@@ -228,14 +228,15 @@ JSON
   compare_losses "GPU cp = 2 vs GPU one rank" "$work/gpu-pp1tp1.jsonl" "$work/gpu-cp2.jsonl" 1e-3
   sed 's/tiny-gpt.json/tiny-llama.json/' "$work/pp1tp1.json" > "$work/llama1.json"
   sed 's/tiny-gpt.json/tiny-llama.json/' "$work/cp2.json" > "$work/llama-cp2.json"
-  for name in llama1 llama-cp2; do
-    np=1
-    [ $name = llama-cp2 ] && np=2
-    timeout 240 env "${mpi_env[@]}" "$mpirun" -np $np --bind-to none .device/bin/mpengine run \
-      --config "$work/$name.json" --backend cuda --gpu-comm mpi \
-      --metrics "$work/gpu-$name.jsonl" --comm-timeout 60 | grep -E "^step 20/|^done" \
-      || fail "$name on cuda"
-  done
+  # gpu_run NAME RANKS: plan NAME on the GPU over MPI into gpu-NAME.jsonl.
+  gpu_run() {
+    timeout 240 env "${mpi_env[@]}" "$mpirun" -np "$2" --bind-to none .device/bin/mpengine run \
+      --config "$work/$1.json" --backend cuda --gpu-comm mpi \
+      --metrics "$work/gpu-$1.jsonl" --comm-timeout 60 | grep -E "^step 20/|^done" \
+      || fail "$1 on cuda"
+  }
+  gpu_run llama1 1
+  gpu_run llama-cp2 2
   compare_losses "GPU tiny-llama cp = 2 vs GPU one rank" "$work/gpu-llama1.jsonl" \
     "$work/gpu-llama-cp2.jsonl" 1e-3
   # The fused attention's windows (head size 32: 2 query heads over 1 kv head): each cp rank's
@@ -246,14 +247,8 @@ JSON
   sed "s|[^\"]*tiny-llama.json|$work/fused-llama.json|" "$work/llama1.json" > "$work/fused1.json"
   sed "s|[^\"]*tiny-llama.json|$work/fused-llama.json|" "$work/llama-cp2.json" \
     > "$work/fused-cp2.json"
-  for name in fused1 fused-cp2; do
-    np=1
-    [ $name = fused-cp2 ] && np=2
-    timeout 240 env "${mpi_env[@]}" "$mpirun" -np $np --bind-to none .device/bin/mpengine run \
-      --config "$work/$name.json" --backend cuda --gpu-comm mpi \
-      --metrics "$work/gpu-$name.jsonl" --comm-timeout 60 | grep -E "^step 20/|^done" \
-      || fail "$name on cuda"
-  done
+  gpu_run fused1 1
+  gpu_run fused-cp2 2
   compare_losses "GPU fused-attention cp = 2 vs GPU one rank" "$work/gpu-fused1.jsonl" \
     "$work/gpu-fused-cp2.jsonl" 1e-3
   # Zero-bubble on the GPU: B and W split (each block's GEMM weight gradients deferred to W), which

@@ -585,6 +585,24 @@ static void add_float(cJSON *object, const char *key, double value) {
   cJSON_AddRawToObject(object, key, text);
 }
 
+/* The sizes every Llama-family config.json (Llama, Qwen2, Mixtral, Qwen2-MoE) carries. */
+static void add_llama_sizes(cJSON *root, const mp_model_config *c) {
+  cJSON_AddNumberToObject(root, "vocab_size", c->vocab_size);
+  cJSON_AddNumberToObject(root, "hidden_size", c->channels);
+  cJSON_AddNumberToObject(root, "intermediate_size", c->ffn_channels);
+  cJSON_AddNumberToObject(root, "num_hidden_layers", c->num_layers);
+  cJSON_AddNumberToObject(root, "num_attention_heads", c->num_heads);
+  cJSON_AddNumberToObject(root, "num_key_value_heads", c->num_kv_heads);
+}
+
+/* Their activation, context length, RMSNorm epsilon and rotary base. */
+static void add_llama_norm_and_rope(cJSON *root, const mp_model_config *c) {
+  cJSON_AddStringToObject(root, "hidden_act", "silu");
+  cJSON_AddNumberToObject(root, "max_position_embeddings", c->max_seq_len);
+  add_float(root, "rms_norm_eps", c->norm_eps);
+  add_float(root, "rope_theta", c->rope_spec.theta);
+}
+
 /* MixtralConfig's (no shared expert) or Qwen2MoeConfig's fields, as config.json text (free()):
  * output_router_logits true with router_aux_loss_coef when the model trains with a
  * load-balancing loss, as transformers then adds it to the loss. */
@@ -598,16 +616,8 @@ static char *hf_moe_config_text(const mp_model_config *c) {
                                                                    : "Qwen2MoeForCausalLM"));
   }
   cJSON_AddStringToObject(root, "model_type", mixtral ? "mixtral" : "qwen2_moe");
-  cJSON_AddNumberToObject(root, "vocab_size", c->vocab_size);
-  cJSON_AddNumberToObject(root, "hidden_size", c->channels);
-  cJSON_AddNumberToObject(root, "intermediate_size", c->ffn_channels);
-  cJSON_AddNumberToObject(root, "num_hidden_layers", c->num_layers);
-  cJSON_AddNumberToObject(root, "num_attention_heads", c->num_heads);
-  cJSON_AddNumberToObject(root, "num_key_value_heads", c->num_kv_heads);
-  cJSON_AddStringToObject(root, "hidden_act", "silu");
-  cJSON_AddNumberToObject(root, "max_position_embeddings", c->max_seq_len);
-  add_float(root, "rms_norm_eps", c->norm_eps);
-  add_float(root, "rope_theta", c->rope_spec.theta);
+  add_llama_sizes(root, c);
+  add_llama_norm_and_rope(root, c);
   add_float(root, "attention_dropout", 0.0);
   cJSON_AddNumberToObject(root, "num_experts_per_tok", c->moe_top_k);
   if (mixtral) {
@@ -646,17 +656,9 @@ static char *hf_llama_config_text(const mp_model_config *c) {
                          cJSON_CreateString(qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"));
   }
   cJSON_AddStringToObject(root, "model_type", qwen2 ? "qwen2" : "llama");
-  cJSON_AddNumberToObject(root, "vocab_size", c->vocab_size);
-  cJSON_AddNumberToObject(root, "hidden_size", c->channels);
-  cJSON_AddNumberToObject(root, "intermediate_size", c->ffn_channels);
-  cJSON_AddNumberToObject(root, "num_hidden_layers", c->num_layers);
-  cJSON_AddNumberToObject(root, "num_attention_heads", c->num_heads);
-  cJSON_AddNumberToObject(root, "num_key_value_heads", c->num_kv_heads);
+  add_llama_sizes(root, c);
   if (!qwen2) cJSON_AddNumberToObject(root, "head_dim", c->channels / c->num_heads);
-  cJSON_AddStringToObject(root, "hidden_act", "silu");
-  cJSON_AddNumberToObject(root, "max_position_embeddings", c->max_seq_len);
-  add_float(root, "rms_norm_eps", c->norm_eps);
-  add_float(root, "rope_theta", c->rope_spec.theta);
+  add_llama_norm_and_rope(root, c);
   if (c->rope_spec.llama3) {
     cJSON *scaling = cJSON_AddObjectToObject(root, "rope_scaling");
     if (scaling != NULL) {
