@@ -54,12 +54,6 @@ mp_status mp_trainer_check_layout(const mp_plan *plan, mp_backend backend, mp_er
                    "gradients; use 1f1b or interleaved-1f1b, or zero_stage 2",
                    plan->source);
   }
-  if (mp_plan_ep(plan) > 1 && backend == MP_BACKEND_CUDA) {
-    return mp_fail(err, MP_ERR_INPUT,
-                   "%s: $.parallel.ep: %d: expert parallelism runs on the CPU backend only for "
-                   "now; use --backend cpu",
-                   plan->source, plan->ep);
-  }
   if (mp_plan_ep(plan) > 1 && mp_plan_zero_shard(plan) < plan->dp) {
     return mp_fail(err, MP_ERR_INPUT,
                    "%s: $.parallel.zero_shard_size: %d: hybrid sharding with expert parallelism "
