@@ -54,6 +54,13 @@ mp_status mp_trainer_check_layout(const mp_plan *plan, mp_backend backend, mp_er
                    "gradients; use 1f1b or interleaved-1f1b, or zero_stage 2",
                    plan->source);
   }
+  if (mp_plan_ep(plan) > 1 && backend == MP_BACKEND_CUDA && plan->zero_stage >= 2) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "%s: $.parallel.zero_stage: %d: ZeRO 2 and 3 with expert parallelism (ep %d) "
+                   "run on the CPU backend only for now (the GPU stage keeps no gradient part "
+                   "for the experts' sums over ep); use zero_stage 0 or 1, or --backend cpu",
+                   plan->source, plan->zero_stage, plan->ep);
+  }
   if (mp_plan_ep(plan) > 1 && mp_plan_zero_shard(plan) < plan->dp) {
     return mp_fail(err, MP_ERR_INPUT,
                    "%s: $.parallel.zero_shard_size: %d: hybrid sharding with expert parallelism "
