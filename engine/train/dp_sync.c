@@ -127,7 +127,9 @@ static mp_status expert_squares(mp_trainer *trainer, double *out, mp_error *err)
       const float *grad = chunk->ops->tensor_grad(chunk->stage, i);
       if (chunk->ops->on_device) { /* a GPU stage's gradients, read on the host */
         float *host = malloc(t->count * sizeof(float) + 1);
-        if (host == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of memory for %s", t->full->name);
+        if (host == NULL) {
+          return mp_fail(err, MP_ERR_RUNTIME, "out of memory for %s", t->full->name);
+        }
         const mp_status status = chunk->ops->to_host(host, grad, t->count * sizeof(float), err);
         if (status == MP_OK) *out += mp_grad_norm_squared_cpu(host, t->count);
         free(host);

@@ -164,7 +164,7 @@ typedef struct {
    * size), and its replica group (the dp ranks of the same group rank in the other groups);
    * NULL: ZeRO over all of options->dp. */
   mp_comm *zero_shard, *zero_replica;
-  /* Expert parallelism (the plan's ep > 1, CPU backend), folded over the dp x cp replicas
+  /* Expert parallelism (the plan's ep > 1, either backend), folded over the dp x cp replicas
    * (topology/grid.h): ep, this rank's ep group (its chunks hold that ep rank's experts, and
    * their MoE layers send tokens over it); expert_dp, the replicas holding the same experts,
    * which the experts' gradients are summed over (everything else over dp as before). NULL:
