@@ -98,6 +98,17 @@ done:
   return status;
 }
 
+int mp_ep_plan_run(const mp_ep_plan *plan, int s, int e, int *received_start, int *expert_start) {
+  const int El = plan->local_experts;
+  int at = 0;
+  for (int i = 0; i < s * El + e; ++i) at += plan->recv_rows[i];
+  int row = plan->local_offset[e];
+  for (int s2 = 0; s2 < s; ++s2) row += plan->recv_rows[s2 * El + e];
+  *received_start = at;
+  *expert_start = row;
+  return plan->recv_rows[s * El + e];
+}
+
 void mp_ep_plan_counts(size_t *counts, const size_t *rows, int ep, size_t row_floats) {
   for (int r = 0; r < ep; ++r) counts[r] = rows[r] * row_floats;
 }

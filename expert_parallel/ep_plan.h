@@ -53,6 +53,11 @@ void mp_ep_plan_free(mp_ep_plan *plan);
 /* counts (ep) = rows (ep) x row_floats: an all-to-all-v's counts for rows of row_floats. */
 void mp_ep_plan_counts(size_t *counts, const size_t *rows, int ep, size_t row_floats);
 
+/* The run of rows source rank s sent for local expert e: returns its rows, *received_start its
+ * first row in the received buffer, *expert_start in the experts' order (the blocks a device
+ * permutation copies whole). */
+int mp_ep_plan_run(const mp_ep_plan *plan, int s, int e, int *received_start, int *expert_start);
+
 /* Between the received buffer and the experts' order, rows of row_bytes each: to_experts, dst row
  * i = src row source_row[i]; else (back) dst row source_row[i] = src row i. */
 void mp_ep_plan_permute(const mp_ep_plan *plan, void *dst, const void *src, size_t row_bytes,

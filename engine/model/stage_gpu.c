@@ -200,6 +200,7 @@ mp_status mp_stage_gpu_create(const mp_model *model, const mp_stage_gpu_config *
   ALLOC(gpu->norm_scratch, mp_grad_norm_cuda_scratch_floats(P));
   mp_stage_dims dims = mp_stage_chain_dims(gpu->layout, &gpu->tp, &gpu->cp);
   if (config->ep != NULL) dims.ep = *config->ep;
+  if (config->ep != NULL && config->ep_device != NULL) dims.ep_device = *config->ep_device;
   size_t kernel_bytes = 0;
   if (mp_stage_kernels_gpu_create(&dims, &gpu->kernels, &kernel_bytes, err) != MP_OK) goto fail;
   const mp_stage_chain_config chain_config = {.layout = gpu->layout,

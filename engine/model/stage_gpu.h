@@ -111,6 +111,9 @@ typedef struct {
   const mp_ep_comm *ep;          /* the expert-parallel group's host table (MPI), copied: the
                                     stage holds its ep rank's experts only and its MoE layers
                                     dispatch rows over it (staged through the host); NULL: ep 1 */
+  const mp_ep_comm *ep_device;   /* the same ranks in the same order on device buffers (NCCL,
+                                    engine/comm/ep_comm_nccl.h), copied: the rows go GPU to GPU;
+                                    NULL: through the host over ep */
 } mp_stage_gpu_config;
 
 /* This rank's shard of config->span of model (mp_stage_layout_create's checks and messages) on the

@@ -630,15 +630,79 @@ static mp_moe_weights_cuda moe_weights(const mp_moe_params *p) {
   return w;
 }
 
+/* Between the received rows (by source rank) and the experts' order on the device: one device
+ * copy per (source rank, local expert) run of rows of row_bytes (ep_plan.h's runs). */
+static mp_status ep_permute_device(const mp_ep_plan *plan, char *dst, const char *src,
+                                   size_t row_bytes, bool to_experts, mp_error *err) {
+  for (int source = 0; source < plan->ep; ++source) {
+    for (int e = 0; e < plan->local_experts; ++e) {
+      int received = 0, expert = 0;
+      const int rows = mp_ep_plan_run(plan, source, e, &received, &expert);
+      if (rows == 0) continue;
+      const size_t to = (size_t)(to_experts ? expert : received) * row_bytes;
+      const size_t from = (size_t)(to_experts ? received : expert) * row_bytes;
+      MP_TRY(mp_device_copy_on_device(dst + to, src + from, (size_t)rows * row_bytes, err));
+    }
+  }
+  return MP_OK;
+}
+
+/* ep_exchange_rows over the device table (NCCL): the rows widened to fp32 on the device, sent
+ * GPU to GPU, put in the other order by device copies and rounded back (exactly). */
+static mp_status ep_exchange_rows_device(const cuda_kernels *k, const mp_ep_plan *plan,
+                                         mp_bf16 *dst, const mp_bf16 *src, bool to_experts,
+                                         mp_error *err) {
+  const int ep = plan->ep;
+  const size_t C = (size_t)k->d.moe.channels, row_bytes = C * sizeof(float);
+  size_t sent = 0; /* N K */
+  for (int r = 0; r < ep; ++r) sent += plan->send_rows[r];
+  const size_t R = (size_t)plan->received;
+  const size_t src_rows = to_experts ? sent : R, dst_rows = to_experts ? R : sent;
+  size_t *counts = calloc(2 * (size_t)ep, sizeof(size_t)); /* send (ep), then receive (ep) */
+  if (counts == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of host memory");
+  void *scratch = NULL; /* fp32: out (src_rows, C), in (dst_rows, C), ordered (R, C) */
+  mp_status status =
+      mp_device_alloc(&scratch, ((src_rows + dst_rows + R) * C + 1) * sizeof(float), err);
+  if (status != MP_OK) {
+    free(counts);
+    return status;
+  }
+  float *out = scratch, *in = out + src_rows * C, *ordered = in + dst_rows * C;
+  mp_ep_plan_counts(counts, to_experts ? plan->send_rows : plan->recv_rows_from, ep, C);
+  mp_ep_plan_counts(counts + ep, to_experts ? plan->recv_rows_from : plan->send_rows, ep, C);
+  if (to_experts) {
+    mp_float_from_bf16_cuda(out, src, src_rows * C, NULL);
+  } else { /* back into the received order (by source rank) first */
+    mp_float_from_bf16_cuda(ordered, src, R * C, NULL);
+    status = ep_permute_device(plan, (char *)out, (const char *)ordered, row_bytes, false, err);
+  }
+  if (status == MP_OK) {
+    status = mp_ep_all_to_all_v_f32(&k->d.ep_device, out, counts, in, counts + ep, err);
+  }
+  if (status == MP_OK && to_experts) {
+    status = ep_permute_device(plan, (char *)ordered, (const char *)in, row_bytes, true, err);
+    if (status == MP_OK && R > 0) {
+      mp_bf16_from_float_bias_cuda(dst, ordered, NULL, (int)R, (int)C, NULL);
+    }
+  } else if (status == MP_OK && sent > 0) {
+    mp_bf16_from_float_bias_cuda(dst, in, NULL, (int)sent, (int)C, NULL);
+  }
+  if (status == MP_OK) status = mp_device_synchronize(err); /* before the scratch goes */
+  mp_device_free(scratch);
+  free(counts);
+  return status;
+}
+
 /* Expert parallelism's exchange of rows of C bf16 between device buffers, staged through the
  * host over the ep table (MPI): to_experts, src is this rank's routed rows (N K, C; run r to rank
  * r) and dst the rows its experts received (R, C), by local expert then source rank (the plan's
  * order, expert_parallel/ep_plan.h, as on the CPU); else the reverse, src (R, C) by local expert
  * back into dst (N K, C) in the routed order. The rows travel as fp32 (bf16 widened exactly and
  * rounded back exactly: the bits arrive unchanged). Synchronous (the device copies wait for the
- * enqueued work). */
+ * enqueued work). With a device table (d.ep_device, NCCL) the same on the device instead. */
 static mp_status ep_exchange_rows(const cuda_kernels *k, const mp_ep_plan *plan, mp_bf16 *dst,
                                   const mp_bf16 *src, bool to_experts, mp_error *err) {
+  if (k->d.ep_device.size > 1) return ep_exchange_rows_device(k, plan, dst, src, to_experts, err);
   const int ep = plan->ep;
   const size_t C = (size_t)k->d.moe.channels;
   size_t sent = 0; /* N K */

@@ -64,7 +64,8 @@ static mp_status create_stage(mp_trainer *trainer, const mp_model *model, int st
         .deferred_weights = zero_bubble,
         .recompute = plan->recompute,
         .zero = zero,
-        .ep = &trainer->ep_table};
+        .ep = &trainer->ep_table,
+        .ep_device = trainer->options.ep_device};
     const mp_status status = mp_stage_gpu_create(model, &config, (mp_stage_gpu **)out, err);
     if (status != MP_OK) {
       mp_error inner = *err;
