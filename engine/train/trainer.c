@@ -123,8 +123,11 @@ static mp_status create_dp_comms(mp_trainer *trainer, mp_error *err) {
     MP_TRY(mp_dp_comm_over_mpi(o->dp, on_gpu, in_flight, traced, &trainer->dp_sync, err));
   }
   if (trainer->zero_comm == NULL) return MP_OK;
-  /* HSDP's shard group runs on the CPU only (mp_trainer_check_layout): zero_comm is dp's there. */
-  return nccl != NULL ? mp_dp_comm_over_nccl(nccl, NULL, &trainer->zero_dp, err)
+  /* HSDP's shard group runs on the CPU only (mp_trainer_check_layout): zero_comm is dp's there.
+   * With expert parallelism ZeRO cuts over the expert-dp group, which has no NCCL communicator:
+   * MPI, through the host. */
+  return nccl != NULL && trainer->zero_comm == o->dp
+             ? mp_dp_comm_over_nccl(nccl, NULL, &trainer->zero_dp, err)
                       : mp_dp_comm_over_mpi(trainer->zero_comm, on_gpu, 0, NULL,
                                             &trainer->zero_dp, err);
 }

@@ -398,7 +398,8 @@ compare "moe-dp2zero3 vs moe-dp2zero2 on the GPU" "$tmp/moe-dp2zero2-cuda.jsonl"
 # experts' gradients summed over an expert-data-parallel group of 2, the state cut over it)
 # within VS_ONE of the one-rank GPU run (measured at most 1.8e-4, 3.3e-5 without tp); dp 2 x ep 2
 # and its pp 2 layout within VS_CPU of the CPU run of the same layout (measured 3.0e-4); over NCCL
-# (the dp sums; the rows still go over MPI) the same numbers as over MPI.
+# (the dp sums; ZeRO-1's cut over expert-dp and the rows still over MPI) the same numbers as over
+# MPI.
 EP=2 MODEL=tiny-moe plan moe-dp2ep2 2 1 1
 EP=2 MODEL=tiny-moe plan moe-dp2ep2pp2zb 2 2 1 zb-h1
 EP=2 MODEL=tiny-moe plan moe-dp2ep2tp2sp 2 1 2 1f1b 1 true
@@ -413,8 +414,10 @@ for name in moe-dp2ep2 moe-dp2ep2pp2zb; do
   run $name cpu
   compare "$name on the GPU vs on the CPU" "$tmp/$name-cpu.jsonl" "$tmp/$name-cuda.jsonl" $VS_CPU
 done
-GPU_COMM=nccl run moe-dp2ep2 cuda
-compare "moe-dp2ep2 over NCCL vs over MPI" "$tmp/moe-dp2ep2-cuda.jsonl" "$tmp/moe-dp2ep2-cuda-nccl.jsonl" 1e-6
+for name in moe-dp2ep2 moe-dp4ep2zero1; do
+  GPU_COMM=nccl run $name cuda
+  compare "$name over NCCL vs over MPI" "$tmp/$name-cuda.jsonl" "$tmp/$name-cuda-nccl.jsonl" 1e-6
+done
 # ZeRO 2 and 3 with ep stay on the CPU backend: refused before any rank starts (exit 2).
 EP=2 MODEL=tiny-moe plan moe-dp2ep2zero2 2 1 1 1f1b 1 false 2
 expect 2 "$tmp/moe-dp2ep2zero2.json: \$.parallel.zero_stage: 2: ZeRO 2 and 3 with expert parallelism (ep 2) run on the CPU backend only for now" \
