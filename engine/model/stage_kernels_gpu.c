@@ -29,8 +29,9 @@
  * counts' all-to-all, the rows to the ranks holding their experts, the local experts, the outputs
  * back, combine; the backward mirrored. The rows travel over the ep table (MPI), staged through
  * the host as fp32 (exact for bf16), and are put in the experts' order on the host on the way;
- * the received rows and their activations are the forward's own device block, sized by what
- * arrived.
+ * given a device table (d.ep_device: NCCL) they are widened, exchanged and permuted on the device
+ * instead (one device copy per source rank and local expert). The received rows and their
+ * activations are the forward's own device block, sized by what arrived.
  */
 #include "engine/model/stage_kernels.h"
 
