@@ -631,6 +631,9 @@ static mp_moe_weights_cuda moe_weights(const mp_moe_params *p) {
   return w;
 }
 
+/* bytes rounded up to 256: the next array of a carved block starts where cuBLASLt assumes. */
+static size_t aligned_bytes(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
 /* Between the received rows (by source rank) and the experts' order on the device: one device
  * copy per (source rank, local expert) run of rows of row_bytes (ep_plan.h's runs). */
 static mp_status ep_permute_device(const mp_ep_plan *plan, char *dst, const char *src,
@@ -661,14 +664,18 @@ static mp_status ep_exchange_rows_device(const cuda_kernels *k, const mp_ep_plan
   const size_t src_rows = to_experts ? sent : R, dst_rows = to_experts ? R : sent;
   size_t *counts = calloc(2 * (size_t)ep, sizeof(size_t)); /* send (ep), then receive (ep) */
   if (counts == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of host memory");
-  void *scratch = NULL; /* fp32: out (src_rows, C), in (dst_rows, C), ordered (R, C) */
-  mp_status status =
-      mp_device_alloc(&scratch, ((src_rows + dst_rows + R) * C + 1) * sizeof(float), err);
+  /* fp32, each 256-byte aligned: out (src_rows, C), in (dst_rows, C), ordered (R, C) */
+  const size_t out_bytes = aligned_bytes(src_rows * row_bytes);
+  const size_t in_bytes = aligned_bytes(dst_rows * row_bytes);
+  void *scratch = NULL;
+  mp_status status = mp_device_alloc(&scratch, out_bytes + in_bytes + R * row_bytes + 1, err);
   if (status != MP_OK) {
     free(counts);
     return status;
   }
-  float *out = scratch, *in = out + src_rows * C, *ordered = in + dst_rows * C;
+  char *block = scratch;
+  float *out = (float *)block, *in = (float *)(block + out_bytes),
+        *ordered = (float *)(block + out_bytes + in_bytes);
   mp_ep_plan_counts(counts, to_experts ? plan->send_rows : plan->recv_rows_from, ep, C);
   mp_ep_plan_counts(counts + ep, to_experts ? plan->recv_rows_from : plan->send_rows, ep, C);
   if (to_experts) {
@@ -769,10 +776,18 @@ static mp_status moe_ep_forward(cuda_kernels *k, mp_bf16 *out, const mp_bf16 *x,
   MP_TRY(mp_moe_route_cuda(k->cublas, x, weights, &s->cache, NULL, err));
   MP_TRY(mp_ep_plan_exchange(&s->plan, s->cache.expert_offset_host, E, C, 2 * F, &k->d.ep, err));
   const size_t R = (size_t)s->plan.received;
-  MP_TRY(mp_device_alloc(&s->rows_device, (R * (size_t)(C + 3 * F) + 1) * sizeof(mp_bf16), err));
-  mp_bf16 *in = s->rows_device;
-  const mp_moe_expert_rows_cuda rows = {s->plan.local_experts, s->plan.local_offset, in,
-                                        in + R * C, in + R * (C + 2 * F), NULL,
+  /* in (R, C), fc1 (R, 2F), act (R, F): each 256-byte aligned, as cuBLASLt assumes. */
+  const size_t in_bytes = aligned_bytes(R * (size_t)C * sizeof(mp_bf16));
+  const size_t fc1_bytes = aligned_bytes(R * 2 * (size_t)F * sizeof(mp_bf16));
+  const size_t act_bytes = aligned_bytes(R * (size_t)F * sizeof(mp_bf16));
+  MP_TRY(mp_device_alloc(&s->rows_device, in_bytes + fc1_bytes + act_bytes + 1, err));
+  char *block = s->rows_device;
+  const mp_moe_expert_rows_cuda rows = {s->plan.local_experts,
+                                        s->plan.local_offset,
+                                        (mp_bf16 *)block,
+                                        (mp_bf16 *)(block + in_bytes),
+                                        (mp_bf16 *)(block + in_bytes + fc1_bytes),
+                                        NULL,
                                         s->cache.gemm_pointers};
   s->rows = rows;
   MP_TRY(ep_exchange_rows(k, &s->plan, rows.in, s->cache.routed_in, true, err));
@@ -802,10 +817,16 @@ static mp_status moe_ep_backward(cuda_kernels *k, mp_bf16 *dx, mp_moe_grads_cuda
                F = (size_t)shape->expert_ffn;
   mp_moe_workspace_cuda *w = &k->moe_workspace;
   mp_moe_combine_backward_cuda(w->drouted, w->dweights, dout, &s->cache, NULL);
-  void *scratch = NULL; /* R (C + C + F + 2F) bf16: drows_out, drows_in, dact, dfc1 */
-  MP_TRY(mp_device_alloc(&scratch, (R * (2 * C + 3 * F) + 1) * sizeof(mp_bf16), err));
-  mp_bf16 *drows_out = scratch, *drows_in = drows_out + R * C, *dact = drows_in + R * C,
-          *dfc1 = dact + R * F;
+  /* drows_out (R, C), drows_in (R, C), dact (R, F), dfc1 (R, 2F), each 256-byte aligned. */
+  const size_t rows_bytes = aligned_bytes(R * C * sizeof(mp_bf16));
+  const size_t act_bytes = aligned_bytes(R * F * sizeof(mp_bf16));
+  const size_t fc1_bytes = aligned_bytes(R * 2 * F * sizeof(mp_bf16));
+  void *scratch = NULL;
+  MP_TRY(mp_device_alloc(&scratch, 2 * rows_bytes + act_bytes + fc1_bytes + 1, err));
+  char *block = scratch;
+  mp_bf16 *drows_out = (mp_bf16 *)block, *drows_in = (mp_bf16 *)(block + rows_bytes),
+          *dact = (mp_bf16 *)(block + 2 * rows_bytes),
+          *dfc1 = (mp_bf16 *)(block + 2 * rows_bytes + act_bytes);
   mp_status status = ep_exchange_rows(k, &s->plan, drows_out, w->drouted, true, err);
   if (status == MP_OK) status = mp_device_memset(drows_in, 0, R * C * sizeof(mp_bf16), err);
   if (status == MP_OK) {
