@@ -57,7 +57,8 @@
 #     with ZeRO-2 (1e-6); with expert parallelism (ep 2 folded over dp 2, alone, with pp 2 on
 #     zb-h1 or tp 2 with sequence parallelism; dp 4 x ep 2 with ZeRO-1) within 3e-3 of the one-rank
 #     GPU run, dp 2 x ep 2 (also x pp 2) within 8e-3 of the CPU run of the same layout, over NCCL
-#     equal to over MPI (1e-6), and ZeRO 2-3 with ep refused (exit 2);
+#     equal to over MPI (1e-6), dp 2 x ep 2 x pp 2's checkpoint resumed on the GPU bit for bit and on one CPU rank
+#     within 8e-3, and ZeRO 2-3 with ep refused (exit 2);
 #   - transformers' tiny Llama 3 golden loaded into the GPU (--init-from, pp = 2 x tp = 2): step
 #     1's loss within 1e-3 of transformers', its checkpoint exported byte for byte to the golden.
 #     The same for the tiny Mixtral and Qwen2-MoE goldens at pp = 2 x tp = 2 with sequence
@@ -418,6 +419,34 @@ for name in moe-dp2ep2 moe-dp4ep2zero1; do
   GPU_COMM=nccl run $name cuda
   compare "$name over NCCL vs over MPI" "$tmp/$name-cuda.jsonl" "$tmp/$name-cuda-nccl.jsonl" 1e-6
 done
+# A checkpoint of dp 2 x ep 2 x pp 2 on the GPU (each rank saves its ep rank's experts): resumed
+# from step 5 on the GPU, steps 5..9 bit for bit; resumed on one CPU rank (ep 1, all 8 experts
+# gathered), within VS_CPU of the GPU run.
+expect 0 "checkpoint: saved $tmp/ckpt-moe-ep/step-5" "done: 10 steps" -- \
+  $mpengine run --config "$tmp/moe-dp2ep2pp2zb.json" --backend cuda --gpu-comm mpi \
+  --checkpoint-dir "$tmp/ckpt-moe-ep" --save-every 5 --metrics "$tmp/ckpt-moe-ep.jsonl"
+for backend in cuda cpu; do
+  rm -rf "$tmp/resume-moe-ep-$backend" && mkdir -p "$tmp/resume-moe-ep-$backend"
+  cp -r "$tmp/ckpt-moe-ep/step-5" "$tmp/resume-moe-ep-$backend/"
+done
+expect 0 "resumed from $tmp/resume-moe-ep-cuda/step-5: 5 of 10 steps done" "done: 10 steps" -- \
+  $mpengine run --config "$tmp/moe-dp2ep2pp2zb.json" --backend cuda --gpu-comm mpi \
+  --checkpoint-dir "$tmp/resume-moe-ep-cuda" --resume --metrics "$tmp/resume-moe-ep-cuda.jsonl"
+if diff <(tail -n 5 "$tmp/ckpt-moe-ep.jsonl" | cut -d, -f1-4) <(cut -d, -f1-4 "$tmp/resume-moe-ep-cuda.jsonl") > /dev/null; then
+  echo "moe-dp2ep2pp2zb on the GPU: steps 5..9 after --resume equal the uninterrupted run's"
+else
+  fail "moe-dp2ep2pp2zb on the GPU: resumed steps differ:"
+  paste <(tail -n 5 "$tmp/ckpt-moe-ep.jsonl" | cut -d, -f1-4) <(cut -d, -f1-4 "$tmp/resume-moe-ep-cuda.jsonl")
+fi
+expect 0 "resumed from $tmp/resume-moe-ep-cpu/step-5: 5 of 10 steps done" "done: 10 steps" -- \
+  $mpengine run --config "$tmp/moe-one.json" --backend cpu \
+  --checkpoint-dir "$tmp/resume-moe-ep-cpu" --resume --metrics "$tmp/resume-moe-ep-cpu.jsonl"
+verdict=$(paste -d' ' <(tail -n 5 "$tmp/ckpt-moe-ep.jsonl" | losses /dev/stdin) <(losses "$tmp/resume-moe-ep-cpu.jsonl") | awk -v bound=$VS_CPU '
+  { d = $2 - $1; if (d < 0) d = -d; r = d / $1; if (r > worst) worst = r; n++ }
+  END { printf "%s %.3g %d", (n == 5 && worst <= bound ? "ok" : "bad"), worst, n }')
+echo "moe-dp2ep2pp2zb's GPU checkpoint resumed on one CPU rank: max relative loss difference ${verdict#* } (steps; bound $VS_CPU)"
+[ "${verdict%% *}" = ok ] || fail "moe-dp2ep2pp2zb's GPU checkpoint on one CPU rank: losses differ (${verdict#* })"
+
 # ZeRO 2 and 3 with ep stay on the CPU backend: refused before any rank starts (exit 2).
 EP=2 MODEL=tiny-moe plan moe-dp2ep2zero2 2 1 1 1f1b 1 false 2
 expect 2 "$tmp/moe-dp2ep2zero2.json: \$.parallel.zero_stage: 2: ZeRO 2 and 3 with expert parallelism (ep 2) run on the CPU backend only for now" \
