@@ -55,10 +55,10 @@
 #     dp = 2 with ZeRO-2 (also x pp = 2 on zb-h1), pp = 2 x tp = 2 with full recomputation and
 #     cp = 2 within 3e-3 of its one-rank GPU run, and dp = 2 with ZeRO-3 the same numbers as
 #     with ZeRO-2 (1e-6); with expert parallelism (ep 2 folded over dp 2, alone, with pp 2 on
-#     zb-h1 or tp 2 with sequence parallelism; dp 4 x ep 2 with ZeRO-1) within 3e-3 of the one-rank
-#     GPU run, dp 2 x ep 2 (also x pp 2) within 8e-3 of the CPU run of the same layout, over NCCL
-#     equal to over MPI (1e-6), dp 2 x ep 2 x pp 2's checkpoint resumed on the GPU bit for bit and on one CPU rank
-#     within 8e-3, and ZeRO 2-3 with ep refused (exit 2);
+#     zb-h1 or tp 2 with sequence parallelism; dp 4 x ep 2 with ZeRO-1) within 3e-3 of the
+#     one-rank GPU run, dp 2 x ep 2 (also x pp 2) within 8e-3 of the CPU run of the same layout,
+#     over NCCL equal to over MPI (1e-6), dp 2 x ep 2 x pp 2's checkpoint resumed on the GPU bit
+#     for bit and on one CPU rank within 8e-3, and ZeRO 2-3 with ep refused (exit 2);
 #   - transformers' tiny Llama 3 golden loaded into the GPU (--init-from, pp = 2 x tp = 2): step
 #     1's loss within 1e-3 of transformers', its checkpoint exported byte for byte to the golden.
 #     The same for the tiny Mixtral and Qwen2-MoE goldens at pp = 2 x tp = 2 with sequence
