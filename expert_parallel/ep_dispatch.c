@@ -3,7 +3,6 @@
  * rows (the received buffer is by source rank, the experts want it by expert). */
 #include "expert_parallel/ep_dispatch.h"
 
-#include <limits.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,49 +17,14 @@ static void *zalloc(size_t count, size_t size, bool *ok) {
 void mp_moe_ep_cache_free(mp_moe_ep_cache *c) {
   if (c == NULL) return;
   mp_moe_cache_free(&c->tokens);
-  free(c->recv_rows);
+  mp_ep_plan_free(&c->plan);
   free(c->send_floats);
   free(c->recv_floats);
-  free(c->local_offset);
-  free(c->source_row);
   free(c->rows.in);
   free(c->rows.fc1);
   free(c->rows.act);
   free(c->rows.out);
   memset(c, 0, sizeof *c);
-}
-
-/* dst row i (C floats) = src row map[i], for rows rows; or the reverse (dst row map[i] = src row
- * i) when scatter. */
-static void permute_rows(float *dst, const float *src, const int *map, int rows, int C,
-                         bool scatter) {
-  for (int i = 0; i < rows; ++i) {
-    const size_t to = (size_t)(scatter ? map[i] : i) * C, from = (size_t)(scatter ? i : map[i]) * C;
-    memcpy(dst + to, src + from, sizeof(float) * (size_t)C);
-  }
-}
-
-/* From the counts every rank sent (recv_rows), the received buffer's layout (by source rank,
- * then local expert) and the experts' (by local expert, then source rank): local_offset and
- * source_row. */
-static void group_received(mp_moe_ep_cache *c) {
-  const int ep = c->ep, El = c->local_experts;
-  c->local_offset[0] = 0;
-  for (int e = 0; e < El; ++e) {
-    int rows = 0;
-    for (int s = 0; s < ep; ++s) rows += c->recv_rows[s * El + e];
-    c->local_offset[e + 1] = c->local_offset[e] + rows;
-  }
-  int at = 0; /* the start of block (s, e) in the received buffer */
-  for (int s = 0; s < ep; ++s) {
-    for (int e = 0; e < El; ++e) {
-      const int count = c->recv_rows[s * El + e];
-      int row = c->local_offset[e]; /* after the rows of sources before s */
-      for (int s2 = 0; s2 < s; ++s2) row += c->recv_rows[s2 * El + e];
-      for (int i = 0; i < count; ++i) c->source_row[row + i] = at + i;
-      at += count;
-    }
-  }
 }
 
 mp_status mp_moe_ep_forward_cpu(float *out, const float *x, const mp_moe_params *params,
@@ -75,45 +39,16 @@ mp_status mp_moe_ep_forward_cpu(float *out, const float *x, const mp_moe_params 
                    E, size, ep->rank);
   }
   MP_TRY(mp_moe_route_cpu(x, params, shape, &cache->tokens, err));
-  const int El = E / size;
-  cache->ep = size;
-  cache->local_experts = El;
-  cache->first_expert = ep->rank * El;
+  /* Counts: this rank's rows per expert, E/ep of them to each rank; the received rows' order. */
+  mp_status status = mp_ep_plan_exchange(&cache->plan, cache->tokens.expert_offset, E, C, 2 * F,
+                                         ep, err);
+  float *received = NULL; /* (R, C) by source rank: the rows in, then their outputs back */
+  if (status != MP_OK) goto done;
+  const mp_ep_plan *plan = &cache->plan;
+  const size_t total = (size_t)plan->received;
   bool ok = true;
-  int32_t *send_rows = zalloc((size_t)E, sizeof(int32_t), &ok); /* (E) this rank's per expert */
-  cache->recv_rows = zalloc((size_t)E, sizeof(int32_t), &ok);
   cache->send_floats = zalloc((size_t)size, sizeof(size_t), &ok);
   cache->recv_floats = zalloc((size_t)size, sizeof(size_t), &ok);
-  cache->local_offset = zalloc((size_t)El + 1, sizeof(int), &ok);
-  float *received = NULL; /* (R, C) by source rank: the rows in, then their outputs back */
-  mp_status status = MP_OK;
-  if (!ok) {
-    status = mp_fail(err, MP_ERR_RUNTIME, "moe: out of memory for the expert-parallel counts");
-    goto done;
-  }
-
-  /* Counts: this rank's rows per expert, E/ep of them to each rank. */
-  const int *offset = cache->tokens.expert_offset;
-  for (int e = 0; e < E; ++e) send_rows[e] = offset[e + 1] - offset[e];
-  status = mp_ep_all_to_all_i32(ep, send_rows, cache->recv_rows, (size_t)El, err);
-  if (status != MP_OK) goto done;
-  size_t total = 0; /* R */
-  for (int r = 0; r < size; ++r) {
-    cache->send_floats[r] = (size_t)(offset[(r + 1) * El] - offset[r * El]) * C;
-    size_t rows = 0;
-    for (int e = 0; e < El; ++e) rows += (size_t)cache->recv_rows[r * El + e];
-    cache->recv_floats[r] = rows * C;
-    total += rows;
-  }
-  if (total * (size_t)C > (size_t)INT_MAX || total * 2 * (size_t)F > (size_t)INT_MAX) {
-    status = mp_fail(err, MP_ERR_INPUT,
-                     "moe: expert-parallel rank %d receives %zu rows of %d floats, more than one "
-                     "exchange carries; use smaller micro-batches",
-                     ep->rank, total, C);
-    goto done;
-  }
-  const int R = (int)total;
-  cache->source_row = zalloc(total, sizeof(int), &ok);
   cache->rows.in = zalloc(total * C, sizeof(float), &ok);
   cache->rows.fc1 = zalloc(total * 2 * F, sizeof(float), &ok);
   cache->rows.act = zalloc(total * F, sizeof(float), &ok);
@@ -121,21 +56,23 @@ mp_status mp_moe_ep_forward_cpu(float *out, const float *x, const mp_moe_params 
   received = zalloc(total * C, sizeof(float), &ok);
   if (!ok) {
     status = mp_fail(err, MP_ERR_RUNTIME,
-                     "moe: out of memory for the %d rows expert-parallel rank %d receives", R,
-                     ep->rank);
+                     "moe: out of memory for the %d rows expert-parallel rank %d receives",
+                     plan->received, ep->rank);
     goto done;
   }
-  group_received(cache);
-  cache->rows.experts = El;
-  cache->rows.offset = cache->local_offset;
+  mp_ep_plan_counts(cache->send_floats, plan->send_rows, size, (size_t)C);
+  mp_ep_plan_counts(cache->recv_floats, plan->recv_rows_from, size, (size_t)C);
+  cache->rows.experts = plan->local_experts;
+  cache->rows.offset = plan->local_offset;
 
   /* Dispatch, the local experts, and their outputs back to the ranks that sent the rows. */
   status = mp_ep_all_to_all_v_f32(ep, cache->tokens.routed_in, cache->send_floats, received,
                                   cache->recv_floats, err);
   if (status != MP_OK) goto done;
-  permute_rows(cache->rows.in, received, cache->source_row, R, C, false);
+  const size_t row_bytes = sizeof(float) * (size_t)C;
+  mp_ep_plan_permute(plan, cache->rows.in, received, row_bytes, 1);
   mp_moe_experts_forward_cpu(params, shape, &cache->rows);
-  permute_rows(received, cache->rows.out, cache->source_row, R, C, true);
+  mp_ep_plan_permute(plan, received, cache->rows.out, row_bytes, 0);
   status = mp_ep_all_to_all_v_f32(ep, received, cache->recv_floats, cache->tokens.routed_out,
                                   cache->send_floats, err);
   if (status != MP_OK) goto done;
@@ -144,7 +81,6 @@ mp_status mp_moe_ep_forward_cpu(float *out, const float *x, const mp_moe_params 
   mp_moe_combine_cpu(out, x, params, &cache->tokens);
 
 done:
-  free(send_rows);
   free(received);
   if (status != MP_OK) mp_moe_ep_cache_free(cache);
   return status;
@@ -158,7 +94,8 @@ mp_status mp_moe_ep_backward_cpu(float *dx, mp_moe_params *grads, const float *d
   const mp_moe_shape *shape = &cache->tokens.shape;
   const int N = shape->tokens, C = shape->channels;
   const size_t NK = (size_t)N * shape->top_k;
-  const int R = cache->local_offset[cache->local_experts];
+  const int R = cache->plan.received;
+  const size_t row_bytes = sizeof(float) * (size_t)C;
   bool ok = true;
   float *dweights = zalloc(NK, sizeof(float), &ok);          /* (N, K) */
   float *drouted = zalloc(NK * C, sizeof(float), &ok);       /* (N K, C) d(routed_out) */
@@ -179,11 +116,11 @@ mp_status mp_moe_ep_backward_cpu(float *dx, mp_moe_params *grads, const float *d
   status = mp_ep_all_to_all_v_f32(ep, drouted, cache->send_floats, received, cache->recv_floats,
                                   err);
   if (status != MP_OK) goto done;
-  permute_rows(drows_out, received, cache->source_row, R, C, false);
+  mp_ep_plan_permute(&cache->plan, drows_out, received, row_bytes, 1);
   status = mp_moe_experts_backward_cpu(drows_in, grads, drows_out, params, shape, &cache->rows,
                                        err);
   if (status != MP_OK) goto done;
-  permute_rows(received, drows_in, cache->source_row, R, C, true);
+  mp_ep_plan_permute(&cache->plan, received, drows_in, row_bytes, 0);
   status = mp_ep_all_to_all_v_f32(ep, received, cache->recv_floats, drouted_in, cache->send_floats,
                                   err);
   if (status != MP_OK) goto done;

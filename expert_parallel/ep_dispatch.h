@@ -53,6 +53,7 @@
 
 #include "common/error.h"
 #include "expert_parallel/ep_comm.h"
+#include "expert_parallel/ep_plan.h"
 #include "layers/moe.h"
 
 #ifdef __cplusplus
@@ -65,17 +66,12 @@ typedef struct {
   mp_moe_cache tokens;     /* this rank's tokens as on one device: the routing, routed_in (the
                               rows sent), routed_out (the outputs received back), the shared MLP;
                               its routed_fc1 / routed_act are NULL */
-  int ep;                  /* the group's size */
-  int local_experts;       /* El = E / ep */
-  int first_expert;        /* ep rank x El: local expert e is global expert first_expert + e */
-  int32_t *recv_rows;      /* (ep, El) rows received from rank s for local expert e */
+  mp_ep_plan plan;         /* the exchange's counts and row order (ep_plan.h, shared with the
+                              GPU dispatch) */
   size_t *send_floats;     /* (ep) floats sent to each rank (rows x C) */
   size_t *recv_floats;     /* (ep) floats received from each rank */
-  int *local_offset;       /* (El + 1) where each local expert's rows start in rows */
-  int *source_row;         /* (R) row (expert-grouped) -> its row in the received buffer (by
-                              source rank, then the source's order) */
-  mp_moe_expert_rows rows; /* the received rows grouped by local expert: in, fc1, act kept;
-                              out NULL (it has gone back) */
+  mp_moe_expert_rows rows; /* the received rows grouped by local expert (offset: the plan's
+                              local_offset): in, fc1, act kept; out NULL (it has gone back) */
 } mp_moe_ep_cache;
 
 /* Forward of the layer over this rank's tokens x (N, C) into out (N, C), as mp_moe_forward_cpu,

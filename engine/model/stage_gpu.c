@@ -141,8 +141,8 @@ mp_status mp_stage_gpu_create(const mp_model *model, const mp_stage_gpu_config *
                                                 config->zero,
                                                 config->cp != NULL ? config->cp->rank : 0,
                                                 config->cp != NULL ? config->cp->size : 1,
-                                                0,
-                                                1};
+                                                config->ep != NULL ? config->ep->rank : 0,
+                                                config->ep != NULL ? config->ep->size : 1};
   mp_stage_layout *layout = NULL;
   MP_TRY(mp_stage_layout_create(model, &layout_config, &layout, err));
   if (mp_device_count() == 0) {
@@ -198,7 +198,9 @@ mp_status mp_stage_gpu_create(const mp_model *model, const mp_stage_gpu_config *
     if (mp_device_memset(gpu->weights, 0, P * sizeof(mp_bf16), err) != MP_OK) goto fail;
   }
   ALLOC(gpu->norm_scratch, mp_grad_norm_cuda_scratch_floats(P));
-  const mp_stage_dims dims = mp_stage_chain_dims(gpu->layout, &gpu->tp, &gpu->cp);
+  mp_stage_dims dims = mp_stage_chain_dims(gpu->layout, &gpu->tp, &gpu->cp);
+  if (config->ep != NULL) dims.ep = *config->ep;
+  if (config->ep != NULL && config->ep_device != NULL) dims.ep_device = *config->ep_device;
   size_t kernel_bytes = 0;
   if (mp_stage_kernels_gpu_create(&dims, &gpu->kernels, &kernel_bytes, err) != MP_OK) goto fail;
   const mp_stage_chain_config chain_config = {.layout = gpu->layout,
@@ -461,7 +463,10 @@ mp_status mp_stage_gpu_grad_norm_squared(mp_stage_gpu *gpu, double *out, mp_erro
     for (; end < n; ++end) {
       const mp_stage_tensor *t = mp_stage_layout_tensor(gpu->layout, end);
       const bool same = t->split == MP_TP_REPLICATED || gpu->tp.size == 1;
-      if (t->tied_copy || same != replicated || t->offset != first->offset + count) break;
+      if (t->tied_copy || same != replicated || t->ep_size != first->ep_size ||
+          t->offset != first->offset + count) {
+        break; /* the experts' (ep) are counted apart: mp_stage_norm_from_squares leaves them out */
+      }
       count += t->count;
     }
     status = mp_grad_norm_squared_cuda(gpu->grads + first->offset, count, gpu->norm_scratch,

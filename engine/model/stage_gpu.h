@@ -67,6 +67,7 @@
 #include <stdint.h>
 
 #include "common/error.h"
+#include "expert_parallel/ep_comm.h"
 #include "engine/model/stage_chain.h"
 #include "engine/model/stage_layout.h"
 #include "engine/model/stage_state.h"
@@ -107,6 +108,12 @@ typedef struct {
                                     (NCCL's, or MPI's, which stages them through the host),
                                     copied; NULL: none.
                                     seq_len is then this rank's tokens of a sequence */
+  const mp_ep_comm *ep;          /* the expert-parallel group's host table (MPI), copied: the
+                                    stage holds its ep rank's experts only and its MoE layers
+                                    dispatch rows over it (staged through the host); NULL: ep 1 */
+  const mp_ep_comm *ep_device;   /* the same ranks in the same order on device buffers (NCCL,
+                                    engine/comm/ep_comm_nccl.h), copied: the rows go GPU to GPU;
+                                    NULL: through the host over ep */
 } mp_stage_gpu_config;
 
 /* This rank's shard of config->span of model (mp_stage_layout_create's checks and messages) on the

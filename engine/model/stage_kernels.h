@@ -69,6 +69,9 @@ typedef struct {
   /* Expert parallelism: the group the experts are split over (the stage's weights hold this ep
    * rank's E / ep of them; expert_parallel/ep_dispatch.h moves the tokens); size 1: none. */
   mp_ep_comm ep;
+  /* The same group for the GPU's rows on device buffers (engine/comm/ep_comm_nccl.h); size 0:
+   * none, the rows are staged through the host over ep. */
+  mp_ep_comm ep_device;
 } mp_stage_dims;
 
 typedef struct {

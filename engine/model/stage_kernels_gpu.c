@@ -16,13 +16,22 @@
  * sequence, keeps this rank's tokens' outputs, and in the backward gets exactly this rank's share
  * from output gradients that are non-zero at its tokens only (cp times the FLOPs).
  *
- * Mixture of experts (layers/moe_cuda.h, every expert on this GPU: ep 1): each tp rank runs the
+ * Mixture of experts (layers/moe_cuda.h): each tp rank runs the
  * whole layer over the micro-batch's BT tokens (gathered first with sequence parallelism), as the
  * chain asks. What a forward keeps is one device block of mp_moe_cache_cuda_bytes per layer and
  * micro-batch, held by the chain's slot until the backward releases it; released blocks are kept
  * as spares for the next forwards, so the table holds at most as many as were ever live at once
  * (a slot's layers, times the slots the schedule keeps). The backward's workspace and the
  * statistics' scratch are the table's, one each.
+ * Expert parallelism (d.ep.size > 1; the stage's weights hold this ep rank's E / ep experts):
+ * expert_parallel/ep_dispatch.h's algorithm on device buffers, built from moe_cuda.h's steps and
+ * expert_parallel/ep_plan.h's bookkeeping (the CPU's counts, offsets and row order): route, the
+ * counts' all-to-all, the rows to the ranks holding their experts, the local experts, the outputs
+ * back, combine; the backward mirrored. The rows travel over the ep table (MPI), staged through
+ * the host as fp32 (exact for bf16), and are put in the experts' order on the host on the way;
+ * given a device table (d.ep_device: NCCL) they are widened, exchanged and permuted on the device
+ * instead (one device copy per source rank and local expert). The received rows and their
+ * activations are the forward's own device block, sized by what arrived.
  */
 #include "engine/model/stage_kernels.h"
 
@@ -33,6 +42,8 @@
 
 #include "context_parallel/sequence_split.h"
 #include "engine/device/device.h"
+#include "expert_parallel/ep_comm.h"
+#include "expert_parallel/ep_plan.h"
 #include "layers/adamw.h"
 #include "layers/attention.h"
 #include "layers/cross_entropy.h"
@@ -566,11 +577,16 @@ static mp_status cuda_loss(void *context, void *logits, const int32_t *targets, 
 /* ---- mixture of experts ---- */
 
 /* What a mixture-of-experts forward keeps for its backward (a block's moe_saved): the cache's
- * arrays, carved out of one device allocation, and the experts' row offsets on the host. */
+ * arrays, carved out of one device allocation, and the experts' row offsets on the host. With
+ * expert parallelism also the exchange's plan and the rows this rank's experts received. */
 typedef struct {
   mp_moe_cache_cuda cache;
   void *device;     /* mp_moe_cache_cuda_bytes(shape) */
   int *offset_host; /* (E + 1) */
+  /* ep > 1 only (zero otherwise): */
+  mp_ep_plan plan;               /* counts and row order (expert_parallel/ep_plan.h) */
+  void *rows_device;             /* R (C + 2F + F) bf16: rows.in, rows.fc1, rows.act */
+  mp_moe_expert_rows_cuda rows;  /* the received rows by local expert (out: NULL, gone back) */
 } cuda_moe_saved;
 
 /* The saved state's device block goes back to the spares (freed when they cannot grow). */
@@ -591,6 +607,8 @@ static void cuda_moe_release(void *context, void *saved) {
   } else {
     mp_device_free(s->device);
   }
+  mp_device_free(s->rows_device);
+  mp_ep_plan_free(&s->plan);
   free(s->offset_host);
   free(s);
 }
@@ -613,7 +631,221 @@ static mp_moe_weights_cuda moe_weights(const mp_moe_params *p) {
   return w;
 }
 
-/* out (BT, C) from inp (BT, C), both bf16: every token of the micro-batch (moe.tokens = BT). */
+/* bytes rounded up to 256: the next array of a carved block starts where cuBLASLt assumes. */
+static size_t aligned_bytes(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+/* Between the received rows (by source rank) and the experts' order on the device: one device
+ * copy per (source rank, local expert) run of rows of row_bytes (ep_plan.h's runs). */
+static mp_status ep_permute_device(const mp_ep_plan *plan, char *dst, const char *src,
+                                   size_t row_bytes, bool to_experts, mp_error *err) {
+  for (int source = 0; source < plan->ep; ++source) {
+    for (int e = 0; e < plan->local_experts; ++e) {
+      int received = 0, expert = 0;
+      const int rows = mp_ep_plan_run(plan, source, e, &received, &expert);
+      if (rows == 0) continue;
+      const size_t to = (size_t)(to_experts ? expert : received) * row_bytes;
+      const size_t from = (size_t)(to_experts ? received : expert) * row_bytes;
+      MP_TRY(mp_device_copy_on_device(dst + to, src + from, (size_t)rows * row_bytes, err));
+    }
+  }
+  return MP_OK;
+}
+
+/* ep_exchange_rows over the device table (NCCL): the rows widened to fp32 on the device, sent
+ * GPU to GPU, put in the other order by device copies and rounded back (exactly). */
+static mp_status ep_exchange_rows_device(const cuda_kernels *k, const mp_ep_plan *plan,
+                                         mp_bf16 *dst, const mp_bf16 *src, bool to_experts,
+                                         mp_error *err) {
+  const int ep = plan->ep;
+  const size_t C = (size_t)k->d.moe.channels, row_bytes = C * sizeof(float);
+  size_t sent = 0; /* N K */
+  for (int r = 0; r < ep; ++r) sent += plan->send_rows[r];
+  const size_t R = (size_t)plan->received;
+  const size_t src_rows = to_experts ? sent : R, dst_rows = to_experts ? R : sent;
+  size_t *counts = calloc(2 * (size_t)ep, sizeof(size_t)); /* send (ep), then receive (ep) */
+  if (counts == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of host memory");
+  /* fp32, each 256-byte aligned: out (src_rows, C), in (dst_rows, C), ordered (R, C) */
+  const size_t out_bytes = aligned_bytes(src_rows * row_bytes);
+  const size_t in_bytes = aligned_bytes(dst_rows * row_bytes);
+  void *scratch = NULL;
+  mp_status status = mp_device_alloc(&scratch, out_bytes + in_bytes + R * row_bytes + 1, err);
+  if (status != MP_OK) {
+    free(counts);
+    return status;
+  }
+  char *block = scratch;
+  float *out = (float *)block, *in = (float *)(block + out_bytes),
+        *ordered = (float *)(block + out_bytes + in_bytes);
+  mp_ep_plan_counts(counts, to_experts ? plan->send_rows : plan->recv_rows_from, ep, C);
+  mp_ep_plan_counts(counts + ep, to_experts ? plan->recv_rows_from : plan->send_rows, ep, C);
+  if (to_experts) {
+    mp_float_from_bf16_cuda(out, src, src_rows * C, NULL);
+  } else { /* back into the received order (by source rank) first */
+    mp_float_from_bf16_cuda(ordered, src, R * C, NULL);
+    status = ep_permute_device(plan, (char *)out, (const char *)ordered, row_bytes, false, err);
+  }
+  if (status == MP_OK) {
+    status = mp_ep_all_to_all_v_f32(&k->d.ep_device, out, counts, in, counts + ep, err);
+  }
+  if (status == MP_OK && to_experts) {
+    status = ep_permute_device(plan, (char *)ordered, (const char *)in, row_bytes, true, err);
+    if (status == MP_OK && R > 0) {
+      mp_bf16_from_float_bias_cuda(dst, ordered, NULL, (int)R, (int)C, NULL);
+    }
+  } else if (status == MP_OK && sent > 0) {
+    mp_bf16_from_float_bias_cuda(dst, in, NULL, (int)sent, (int)C, NULL);
+  }
+  if (status == MP_OK) status = mp_device_synchronize(err); /* before the scratch goes */
+  mp_device_free(scratch);
+  free(counts);
+  return status;
+}
+
+/* Expert parallelism's exchange of rows of C bf16 between device buffers, staged through the
+ * host over the ep table (MPI): to_experts, src is this rank's routed rows (N K, C; run r to rank
+ * r) and dst the rows its experts received (R, C), by local expert then source rank (the plan's
+ * order, expert_parallel/ep_plan.h, as on the CPU); else the reverse, src (R, C) by local expert
+ * back into dst (N K, C) in the routed order. The rows travel as fp32 (bf16 widened exactly and
+ * rounded back exactly: the bits arrive unchanged). Synchronous (the device copies wait for the
+ * enqueued work). With a device table (d.ep_device, NCCL) the same on the device instead. */
+static mp_status ep_exchange_rows(const cuda_kernels *k, const mp_ep_plan *plan, mp_bf16 *dst,
+                                  const mp_bf16 *src, bool to_experts, mp_error *err) {
+  if (k->d.ep_device.size > 1) return ep_exchange_rows_device(k, plan, dst, src, to_experts, err);
+  const int ep = plan->ep;
+  const size_t C = (size_t)k->d.moe.channels;
+  size_t sent = 0; /* N K */
+  for (int r = 0; r < ep; ++r) sent += plan->send_rows[r];
+  const size_t R = (size_t)plan->received;
+  const size_t src_rows = to_experts ? sent : R, dst_rows = to_experts ? R : sent;
+  size_t *counts = calloc(2 * (size_t)ep, sizeof(size_t)); /* send (ep), then receive (ep) */
+  mp_bf16 *staged = malloc((src_rows > dst_rows ? src_rows : dst_rows) * C * sizeof(mp_bf16) + 1);
+  float *wide = malloc(src_rows * C * sizeof(float) + 1);     /* what goes out, fp32 */
+  float *arrived = malloc(dst_rows * C * sizeof(float) + 1);  /* what comes in, fp32 */
+  float *ordered = malloc(R * C * sizeof(float) + 1);         /* rows in the other order */
+  mp_status status = MP_OK;
+  if (counts == NULL || staged == NULL || wide == NULL || arrived == NULL || ordered == NULL) {
+    status = mp_fail(err, MP_ERR_RUNTIME,
+                     "moe: out of host memory staging %zu rows of expert-parallel rank %d",
+                     src_rows + dst_rows, k->d.ep.rank);
+    goto done;
+  }
+  const size_t *out_rows = to_experts ? plan->send_rows : plan->recv_rows_from;
+  const size_t *in_rows = to_experts ? plan->recv_rows_from : plan->send_rows;
+  mp_ep_plan_counts(counts, out_rows, ep, C);
+  mp_ep_plan_counts(counts + ep, in_rows, ep, C);
+  status = mp_device_copy_to_host(staged, src, src_rows * C * sizeof(mp_bf16), err);
+  if (status != MP_OK) goto done;
+  if (to_experts) {
+    mp_bf16_to_floats(wide, staged, src_rows * C);
+  } else { /* back into the received order (by source rank) first */
+    mp_bf16_to_floats(ordered, staged, R * C);
+    mp_ep_plan_permute(plan, wide, ordered, C * sizeof(float), 0);
+  }
+  status = mp_ep_all_to_all_v_f32(&k->d.ep, wide, counts, arrived, counts + ep, err);
+  if (status != MP_OK) goto done;
+  if (to_experts) {
+    mp_ep_plan_permute(plan, ordered, arrived, C * sizeof(float), 1);
+    mp_bf16_from_floats(staged, ordered, R * C);
+  } else {
+    mp_bf16_from_floats(staged, arrived, sent * C);
+  }
+  status = mp_device_copy_to_device(dst, staged, dst_rows * C * sizeof(mp_bf16), err);
+done:
+  free(counts);
+  free(staged);
+  free(wide);
+  free(arrived);
+  free(ordered);
+  return status;
+}
+
+/* Expert parallelism's forward after the route (expert_parallel/ep_dispatch.h's algorithm on
+ * device buffers): the counts and the plan, the rows to their experts, this rank's experts, the
+ * outputs back into the cache's routed_out, the combine. */
+static mp_status moe_ep_forward(cuda_kernels *k, mp_bf16 *out, const mp_bf16 *x,
+                                const mp_moe_weights_cuda *weights, cuda_moe_saved *s,
+                                mp_error *err) {
+  const mp_moe_shape *shape = &k->d.moe;
+  const int E = shape->experts, C = shape->channels, F = shape->expert_ffn;
+  if (E % k->d.ep.size != 0) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "moe: %d experts cannot be split over an expert-parallel group of %d ranks "
+                   "(rank %d): the experts must be a multiple of ep",
+                   E, k->d.ep.size, k->d.ep.rank);
+  }
+  MP_TRY(mp_moe_route_cuda(k->cublas, x, weights, &s->cache, NULL, err));
+  MP_TRY(mp_ep_plan_exchange(&s->plan, s->cache.expert_offset_host, E, C, 2 * F, &k->d.ep, err));
+  const size_t R = (size_t)s->plan.received;
+  /* in (R, C), fc1 (R, 2F), act (R, F): each 256-byte aligned, as cuBLASLt assumes. */
+  const size_t in_bytes = aligned_bytes(R * (size_t)C * sizeof(mp_bf16));
+  const size_t fc1_bytes = aligned_bytes(R * 2 * (size_t)F * sizeof(mp_bf16));
+  const size_t act_bytes = aligned_bytes(R * (size_t)F * sizeof(mp_bf16));
+  MP_TRY(mp_device_alloc(&s->rows_device, in_bytes + fc1_bytes + act_bytes + 1, err));
+  char *block = s->rows_device;
+  const mp_moe_expert_rows_cuda rows = {s->plan.local_experts,
+                                        s->plan.local_offset,
+                                        (mp_bf16 *)block,
+                                        (mp_bf16 *)(block + in_bytes),
+                                        (mp_bf16 *)(block + in_bytes + fc1_bytes),
+                                        NULL,
+                                        s->cache.gemm_pointers};
+  s->rows = rows;
+  MP_TRY(ep_exchange_rows(k, &s->plan, rows.in, s->cache.routed_in, true, err));
+  /* The experts' outputs (R, C): a buffer of their own, freed once they have gone back. */
+  mp_bf16 *rows_out = NULL;
+  MP_TRY(mp_device_alloc((void **)&rows_out, (R * (size_t)C + 1) * sizeof(mp_bf16), err));
+  mp_moe_expert_rows_cuda with_out = rows;
+  with_out.out = rows_out;
+  mp_moe_experts_forward_cuda(k->cublas, weights, shape, &with_out, NULL);
+  mp_status status = ep_exchange_rows(k, &s->plan, s->cache.routed_out, rows_out, false, err);
+  mp_device_free(rows_out);
+  MP_TRY(status);
+  mp_moe_combine_cuda(k->cublas, out, x, weights, &s->cache, NULL);
+  return MP_OK;
+}
+
+/* Expert parallelism's backward (ep_dispatch.h's): the rows' output gradients to the experts,
+ * their backward (this rank's experts' weight gradients, summed over every ep rank's rows), the
+ * input gradients back, then the route's and the shared MLP's backward as on one device. */
+static mp_status moe_ep_backward(cuda_kernels *k, mp_bf16 *dx, mp_moe_grads_cuda *grads,
+                                 const mp_bf16 *dout, const mp_bf16 *x,
+                                 const mp_moe_weights_cuda *weights, const cuda_moe_saved *s,
+                                 const mp_moe_stats *stats, double aux_coeff, double z_coeff,
+                                 mp_error *err) {
+  const mp_moe_shape *shape = &k->d.moe;
+  const size_t R = (size_t)s->plan.received, C = (size_t)shape->channels,
+               F = (size_t)shape->expert_ffn;
+  mp_moe_workspace_cuda *w = &k->moe_workspace;
+  mp_moe_combine_backward_cuda(w->drouted, w->dweights, dout, &s->cache, NULL);
+  /* drows_out (R, C), drows_in (R, C), dact (R, F), dfc1 (R, 2F), each 256-byte aligned. */
+  const size_t rows_bytes = aligned_bytes(R * C * sizeof(mp_bf16));
+  const size_t act_bytes = aligned_bytes(R * F * sizeof(mp_bf16));
+  const size_t fc1_bytes = aligned_bytes(R * 2 * F * sizeof(mp_bf16));
+  void *scratch = NULL;
+  MP_TRY(mp_device_alloc(&scratch, 2 * rows_bytes + act_bytes + fc1_bytes + 1, err));
+  char *block = scratch;
+  mp_bf16 *drows_out = (mp_bf16 *)block, *drows_in = (mp_bf16 *)(block + rows_bytes),
+          *dact = (mp_bf16 *)(block + 2 * rows_bytes),
+          *dfc1 = (mp_bf16 *)(block + 2 * rows_bytes + act_bytes);
+  mp_status status = ep_exchange_rows(k, &s->plan, drows_out, w->drouted, true, err);
+  if (status == MP_OK) status = mp_device_memset(drows_in, 0, R * C * sizeof(mp_bf16), err);
+  if (status == MP_OK) {
+    mp_moe_experts_backward_cuda(k->cublas, drows_in, grads, drows_out, weights, shape, &s->rows,
+                                 dact, dfc1, NULL);
+    status = ep_exchange_rows(k, &s->plan, w->drouted_in, drows_in, false, err);
+  }
+  mp_device_free(scratch);
+  MP_TRY(status);
+  MP_TRY(mp_moe_route_backward_cuda(k->cublas, dx, grads->router, w->drouted_in, w->dweights, x,
+                                    weights->router, &s->cache, stats, aux_coeff, z_coeff, w,
+                                    NULL, err));
+  mp_moe_shared_backward_cuda(k->cublas, dx, grads, dout, x, weights, &s->cache, w, NULL);
+  return MP_OK;
+}
+
+/* out (BT, C) from inp (BT, C), both bf16: every token of the micro-batch (moe.tokens = BT).
+ * With expert parallelism (d.ep.size > 1, as the CPU table decides) the rows travel to the ep
+ * rank holding their experts and back (moe_ep_forward). */
 static mp_status cuda_moe_forward(void *context, void *out, void **saved, const void *inp,
                                   const mp_moe_params *params, mp_moe_stats *stats,
                                   mp_error *err) {
@@ -631,7 +863,9 @@ static mp_status cuda_moe_forward(void *context, void *out, void **saved, const 
   if (status == MP_OK) {
     mp_moe_cache_cuda_carve(&s->cache, shape, s->device, s->offset_host);
     const mp_moe_weights_cuda weights = moe_weights(params);
-    status = mp_moe_forward_cuda(k->cublas, out, inp, &weights, &s->cache, NULL, err);
+    status = k->d.ep.size > 1
+                 ? moe_ep_forward(k, out, inp, &weights, s, err)
+                 : mp_moe_forward_cuda(k->cublas, out, inp, &weights, &s->cache, NULL, err);
   }
   if (status == MP_OK && stats != NULL) {
     status = mp_moe_stats_add_cuda(stats, &s->cache, k->moe_stats_scratch, NULL, err);
@@ -659,6 +893,9 @@ static mp_status cuda_moe_backward(void *context, void *dinp, mp_moe_params *gra
   const mp_moe_weights_cuda weights = moe_weights(params);
   mp_moe_grads_cuda g = {grads->router,     grads->expert_fc1, grads->expert_fc2,
                          grads->shared_fc1, grads->shared_fc2, grads->shared_gate};
+  if (k->d.ep.size > 1) {
+    return moe_ep_backward(k, dinp, &g, dout, inp, &weights, s, stats, aux_coeff, z_coeff, err);
+  }
   return mp_moe_backward_cuda(k->cublas, dinp, &g, dout, inp, &weights, &s->cache, stats,
                               aux_coeff, z_coeff, &k->moe_workspace, NULL, err);
 }

@@ -63,7 +63,9 @@ static mp_status create_stage(mp_trainer *trainer, const mp_model *model, int st
         .num_slots = slots,
         .deferred_weights = zero_bubble,
         .recompute = plan->recompute,
-        .zero = zero};
+        .zero = zero,
+        .ep = &trainer->ep_table,
+        .ep_device = trainer->options.ep_device};
     const mp_status status = mp_stage_gpu_create(model, &config, (mp_stage_gpu **)out, err);
     if (status != MP_OK) {
       mp_error inner = *err;

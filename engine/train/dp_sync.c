@@ -124,7 +124,19 @@ static mp_status expert_squares(mp_trainer *trainer, double *out, mp_error *err)
     for (int i = 0; i < mp_stage_layout_num_tensors(layout); ++i) {
       const mp_stage_tensor *t = mp_stage_layout_tensor(layout, i);
       if (t->ep_size <= 1) continue;
-      *out += mp_grad_norm_squared_cpu(chunk->ops->tensor_grad(chunk->stage, i), t->count);
+      const float *grad = chunk->ops->tensor_grad(chunk->stage, i);
+      if (chunk->ops->on_device) { /* a GPU stage's gradients, read on the host */
+        float *host = malloc(t->count * sizeof(float) + 1);
+        if (host == NULL) {
+          return mp_fail(err, MP_ERR_RUNTIME, "out of memory for %s", t->full->name);
+        }
+        const mp_status status = chunk->ops->to_host(host, grad, t->count * sizeof(float), err);
+        if (status == MP_OK) *out += mp_grad_norm_squared_cpu(host, t->count);
+        free(host);
+        MP_TRY(status);
+        continue;
+      }
+      *out += mp_grad_norm_squared_cpu(grad, t->count);
     }
   }
   return mp_train_sum_double_over(trainer->options.ep, out, err);

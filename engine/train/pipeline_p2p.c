@@ -40,10 +40,11 @@ static void chunk_release(void *context, int chunk, int micro_batch, int slot) {
  * all-reduces are posted there as they finish (mp_train_block_grads_ready;
  * mp_train_post_chunk_all_reduce posts the rest): the GPU computes while the host posts. A CPU
  * rank's all-reduce runs on the cores that compute, so it posts the chunk at once, and no more
- * than one copy of its gradients is in flight. */
+ * than one copy of its gradients is in flight. With expert parallelism the chunk is posted at
+ * once too (its experts go over expert-dp, not dp: mp_train_post_chunk_all_reduce). */
 static bool overlap_dp(mp_trainer *trainer, int chunk) {
   return trainer->state_ops->on_device && trainer->options.dp != NULL &&
-         mp_plan_replicas(trainer->plan) > 1 &&
+         mp_plan_replicas(trainer->plan) > 1 && trainer->ep_table.size <= 1 &&
          !trainer->zero2 && mp_stage_worker_completes_chunk(trainer->worker, chunk);
 }
 

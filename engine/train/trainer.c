@@ -54,11 +54,12 @@ mp_status mp_trainer_check_layout(const mp_plan *plan, mp_backend backend, mp_er
                    "gradients; use 1f1b or interleaved-1f1b, or zero_stage 2",
                    plan->source);
   }
-  if (mp_plan_ep(plan) > 1 && backend == MP_BACKEND_CUDA) {
+  if (mp_plan_ep(plan) > 1 && backend == MP_BACKEND_CUDA && plan->zero_stage >= 2) {
     return mp_fail(err, MP_ERR_INPUT,
-                   "%s: $.parallel.ep: %d: expert parallelism runs on the CPU backend only for "
-                   "now; use --backend cpu",
-                   plan->source, plan->ep);
+                   "%s: $.parallel.zero_stage: %d: ZeRO 2 and 3 with expert parallelism (ep %d) "
+                   "run on the CPU backend only for now (the GPU stage keeps no gradient part "
+                   "for the experts' sums over ep); use zero_stage 0 or 1, or --backend cpu",
+                   plan->source, plan->zero_stage, plan->ep);
   }
   if (mp_plan_ep(plan) > 1 && mp_plan_zero_shard(plan) < plan->dp) {
     return mp_fail(err, MP_ERR_INPUT,
@@ -122,8 +123,11 @@ static mp_status create_dp_comms(mp_trainer *trainer, mp_error *err) {
     MP_TRY(mp_dp_comm_over_mpi(o->dp, on_gpu, in_flight, traced, &trainer->dp_sync, err));
   }
   if (trainer->zero_comm == NULL) return MP_OK;
-  /* HSDP's shard group runs on the CPU only (mp_trainer_check_layout): zero_comm is dp's there. */
-  return nccl != NULL ? mp_dp_comm_over_nccl(nccl, NULL, &trainer->zero_dp, err)
+  /* HSDP's shard group runs on the CPU only (mp_trainer_check_layout): zero_comm is dp's there.
+   * With expert parallelism ZeRO cuts over the expert-dp group, which has no NCCL communicator:
+   * MPI, through the host. */
+  return nccl != NULL && trainer->zero_comm == o->dp
+             ? mp_dp_comm_over_nccl(nccl, NULL, &trainer->zero_dp, err)
                       : mp_dp_comm_over_mpi(trainer->zero_comm, on_gpu, 0, NULL,
                                             &trainer->zero_dp, err);
 }

@@ -164,17 +164,20 @@ typedef struct {
    * size), and its replica group (the dp ranks of the same group rank in the other groups);
    * NULL: ZeRO over all of options->dp. */
   mp_comm *zero_shard, *zero_replica;
-  /* Expert parallelism (the plan's ep > 1, CPU backend), folded over the dp x cp replicas
+  /* Expert parallelism (the plan's ep > 1, either backend), folded over the dp x cp replicas
    * (topology/grid.h): ep, this rank's ep group (its chunks hold that ep rank's experts, and
    * their MoE layers send tokens over it); expert_dp, the replicas holding the same experts,
    * which the experts' gradients are summed over (everything else over dp as before). NULL:
    * ep 1. */
   mp_comm *ep, *expert_dp;
+  /* CUDA backend, ep > 1: the ep group on NCCL for the MoE rows on device buffers
+   * (engine/comm/ep_comm_nccl.h), copied; NULL: over options->ep through the host. */
+  const mp_ep_comm *ep_device;
 } mp_trainer_options;
 
 #define MP_TRAINER_OPTIONS_INITIALIZER \
   {sizeof(mp_trainer_options), NULL, NULL, NULL, NULL, NULL, 0, 0, NULL, NULL, NULL, NULL, NULL, \
-   NULL, NULL, NULL, NULL}
+   NULL, NULL, NULL, NULL, NULL}
 
 /* Gradients cross the data-parallel group in all-reduces of at most this many floats. */
 enum { MP_TRAINER_BUCKET_FLOATS = 1 << 22 };

@@ -307,7 +307,7 @@ void check_case(const Case &c, int ep_size) {
     sent += (int)(cache.send_floats[r] / kChannels);
     received += (int)(cache.recv_floats[r] / kChannels);
     for (int e = 0; e < El; ++e) {
-      EXPECT_EQ(cache.recv_rows[r * El + e], serial[r].expert_rows[first + e])
+      EXPECT_EQ(cache.plan.recv_rows[r * El + e], serial[r].expert_rows[first + e])
           << label << " from rank " << r << " expert " << first + e;
     }
   }

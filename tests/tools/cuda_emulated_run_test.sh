@@ -54,7 +54,11 @@
 #     one rank within 8e-3 of the CPU run; pp = 2 on zb-h1, tp = 2 with sequence parallelism,
 #     dp = 2 with ZeRO-2 (also x pp = 2 on zb-h1), pp = 2 x tp = 2 with full recomputation and
 #     cp = 2 within 3e-3 of its one-rank GPU run, and dp = 2 with ZeRO-3 the same numbers as
-#     with ZeRO-2 (1e-6);
+#     with ZeRO-2 (1e-6); with expert parallelism (ep 2 folded over dp 2, alone, with pp 2 on
+#     zb-h1 or tp 2 with sequence parallelism; dp 4 x ep 2 with ZeRO-1) within 3e-3 of the
+#     one-rank GPU run, dp 2 x ep 2 (also x pp 2) within 8e-3 of the CPU run of the same layout,
+#     over NCCL equal to over MPI (1e-6), dp 2 x ep 2 x pp 2's checkpoint resumed on the GPU bit
+#     for bit and on one CPU rank within 8e-3, and ZeRO 2-3 with ep refused (exit 2);
 #   - transformers' tiny Llama 3 golden loaded into the GPU (--init-from, pp = 2 x tp = 2): step
 #     1's loss within 1e-3 of transformers', its checkpoint exported byte for byte to the golden.
 #     The same for the tiny Mixtral and Qwen2-MoE goldens at pp = 2 x tp = 2 with sequence
@@ -76,7 +80,7 @@ cp examples/models/tiny-llama.json "$tmp/tiny-llama.json"
 declare -A state_of
 plan() { # plan NAME DP PP TP [SCHEDULE] [VIRTUAL] [SEQUENCE_PARALLEL] [ZERO_STAGE] [RECOMPUTE]
   # (MODEL=tiny-llama for the Llama family's model)
-  # (CP=N for context parallelism)
+  # (CP=N for context parallelism, EP=N for expert parallelism folded over dp)
   local dp=$2 zero=${8:-0} replicas=$(($2 * ${CP:-1}))
   local cut=("" "optimizer state" "optimizer state and gradients"
              "optimizer state, gradients and block parameters")
@@ -87,7 +91,7 @@ plan() { # plan NAME DP PP TP [SCHEDULE] [VIRTUAL] [SEQUENCE_PARALLEL] [ZERO_STA
   fi
   cat > "$tmp/$1.json" <<JSON
 {"model": "${MODEL:-tiny-gpt}.json", "cluster": "cpu-local",
- "parallel": {"dp": $dp, "cp": ${CP:-1}, "pp": $3, "tp": $4, "virtual_stages": ${6:-1}, "sequence_parallel": ${7:-false}, "zero_stage": ${8:-0}},
+ "parallel": {"dp": $dp, "cp": ${CP:-1}, "ep": ${EP:-1}, "pp": $3, "tp": $4, "virtual_stages": ${6:-1}, "sequence_parallel": ${7:-false}, "zero_stage": ${8:-0}},
  "batch": {"global_batch": 8, "micro_batch": 2, "num_micro_batches": $((4 / dp)), "seq_len": 32},
  "schedule": "${5:-1f1b}", "recompute": "${9:-none}",
  "training": {"steps": 10, "learning_rate": 3e-3, "warmup_steps": 2, "seed": 5}}
@@ -386,6 +390,67 @@ done
 MODEL=tiny-moe plan moe-dp2zero3 2 1 1 1f1b 1 false 3
 run moe-dp2zero3 cuda
 compare "moe-dp2zero3 vs moe-dp2zero2 on the GPU" "$tmp/moe-dp2zero2-cuda.jsonl" "$tmp/moe-dp2zero3-cuda.jsonl" 1e-6
+
+# Expert parallelism on the GPU (ep 2 folded over dp): each rank holds 4 of the 8 experts; the
+# GPU MoE entries route on the device, exchange the counts and then the rows over the ep group
+# (staged through the host as fp32, in expert_parallel/ep_plan.h's order, as the CPU does), run
+# the local experts and send their outputs back; the backward mirrored. dp 2 x ep 2 (alone, and
+# with pp 2 on zb-h1 or tp 2 with sequence parallelism), and dp 4 x ep 2 with ZeRO-1 (the
+# experts' gradients summed over an expert-data-parallel group of 2, the state cut over it)
+# within VS_ONE of the one-rank GPU run (measured at most 1.8e-4, 3.3e-5 without tp); dp 2 x ep 2
+# and its pp 2 layout within VS_CPU of the CPU run of the same layout (measured 3.0e-4); over NCCL
+# (the dp sums; ZeRO-1's cut over expert-dp and the rows still over MPI) the same numbers as over
+# MPI.
+EP=2 MODEL=tiny-moe plan moe-dp2ep2 2 1 1
+EP=2 MODEL=tiny-moe plan moe-dp2ep2pp2zb 2 2 1 zb-h1
+EP=2 MODEL=tiny-moe plan moe-dp2ep2tp2sp 2 1 2 1f1b 1 true
+EP=2 MODEL=tiny-moe plan moe-dp4ep2zero1 4 1 1 1f1b 1 false 1
+# (with ep, ZeRO cuts the state over the expert-data-parallel group: dp / ep = 2 ranks)
+state_of[moe-dp4ep2zero1]="state: ZeRO-1 (optimizer state cut over 2 ranks); recomputation none"
+for name in moe-dp2ep2 moe-dp2ep2pp2zb moe-dp2ep2tp2sp moe-dp4ep2zero1; do
+  run $name cuda
+  compare "$name on the GPU vs one rank" "$tmp/moe-one-cuda.jsonl" "$tmp/$name-cuda.jsonl" $VS_ONE
+done
+for name in moe-dp2ep2 moe-dp2ep2pp2zb; do
+  run $name cpu
+  compare "$name on the GPU vs on the CPU" "$tmp/$name-cpu.jsonl" "$tmp/$name-cuda.jsonl" $VS_CPU
+done
+for name in moe-dp2ep2 moe-dp4ep2zero1; do
+  GPU_COMM=nccl run $name cuda
+  compare "$name over NCCL vs over MPI" "$tmp/$name-cuda.jsonl" "$tmp/$name-cuda-nccl.jsonl" 1e-6
+done
+# A checkpoint of dp 2 x ep 2 x pp 2 on the GPU (each rank saves its ep rank's experts): resumed
+# from step 5 on the GPU, steps 5..9 bit for bit; resumed on one CPU rank (ep 1, all 8 experts
+# gathered), within VS_CPU of the GPU run.
+expect 0 "checkpoint: saved $tmp/ckpt-moe-ep/step-5" "done: 10 steps" -- \
+  $mpengine run --config "$tmp/moe-dp2ep2pp2zb.json" --backend cuda --gpu-comm mpi \
+  --checkpoint-dir "$tmp/ckpt-moe-ep" --save-every 5 --metrics "$tmp/ckpt-moe-ep.jsonl"
+for backend in cuda cpu; do
+  rm -rf "$tmp/resume-moe-ep-$backend" && mkdir -p "$tmp/resume-moe-ep-$backend"
+  cp -r "$tmp/ckpt-moe-ep/step-5" "$tmp/resume-moe-ep-$backend/"
+done
+expect 0 "resumed from $tmp/resume-moe-ep-cuda/step-5: 5 of 10 steps done" "done: 10 steps" -- \
+  $mpengine run --config "$tmp/moe-dp2ep2pp2zb.json" --backend cuda --gpu-comm mpi \
+  --checkpoint-dir "$tmp/resume-moe-ep-cuda" --resume --metrics "$tmp/resume-moe-ep-cuda.jsonl"
+if diff <(tail -n 5 "$tmp/ckpt-moe-ep.jsonl" | cut -d, -f1-4) <(cut -d, -f1-4 "$tmp/resume-moe-ep-cuda.jsonl") > /dev/null; then
+  echo "moe-dp2ep2pp2zb on the GPU: steps 5..9 after --resume equal the uninterrupted run's"
+else
+  fail "moe-dp2ep2pp2zb on the GPU: resumed steps differ:"
+  paste <(tail -n 5 "$tmp/ckpt-moe-ep.jsonl" | cut -d, -f1-4) <(cut -d, -f1-4 "$tmp/resume-moe-ep-cuda.jsonl")
+fi
+expect 0 "resumed from $tmp/resume-moe-ep-cpu/step-5: 5 of 10 steps done" "done: 10 steps" -- \
+  $mpengine run --config "$tmp/moe-one.json" --backend cpu \
+  --checkpoint-dir "$tmp/resume-moe-ep-cpu" --resume --metrics "$tmp/resume-moe-ep-cpu.jsonl"
+verdict=$(paste -d' ' <(tail -n 5 "$tmp/ckpt-moe-ep.jsonl" | losses /dev/stdin) <(losses "$tmp/resume-moe-ep-cpu.jsonl") | awk -v bound=$VS_CPU '
+  { d = $2 - $1; if (d < 0) d = -d; r = d / $1; if (r > worst) worst = r; n++ }
+  END { printf "%s %.3g %d", (n == 5 && worst <= bound ? "ok" : "bad"), worst, n }')
+echo "moe-dp2ep2pp2zb's GPU checkpoint resumed on one CPU rank: max relative loss difference ${verdict#* } (steps; bound $VS_CPU)"
+[ "${verdict%% *}" = ok ] || fail "moe-dp2ep2pp2zb's GPU checkpoint on one CPU rank: losses differ (${verdict#* })"
+
+# ZeRO 2 and 3 with ep stay on the CPU backend: refused before any rank starts (exit 2).
+EP=2 MODEL=tiny-moe plan moe-dp2ep2zero2 2 1 1 1f1b 1 false 2
+expect 2 "$tmp/moe-dp2ep2zero2.json: \$.parallel.zero_stage: 2: ZeRO 2 and 3 with expert parallelism (ep 2) run on the CPU backend only for now" \
+  -- $mpengine run --config "$tmp/moe-dp2ep2zero2.json" --backend cuda
 
 # Context parallelism on the GPU (issue 32): each sequence's tokens over cp ranks, the whole
 # sequence's qkv rows gathered over the cp group for the attention kernels, the key and value
