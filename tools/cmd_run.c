@@ -64,6 +64,7 @@
 #include "topology/model.h"
 #include "topology/plan.h"
 #include "tools/cli.h"
+#include "engine/comm/ep_comm_nccl.h"
 #include "engine/comm/tp_comm_nccl.h"
 #include "tools/hostfile.h"
 #include "tools/launcher_env.h"
@@ -90,6 +91,8 @@ typedef struct {
   mp_tp_comm tp_table;      /* the table over tp_group the trainer calls */
   mp_nccl_world *nccl_world; /* CUDA backend over NCCL (a GPU per rank), else NULL */
   mp_nccl_comm *nccl_cp;     /* with cp > 1 over NCCL: the context-parallel group's, or NULL */
+  mp_nccl_comm *nccl_ep;     /* with ep > 1 over NCCL: the expert-parallel group's, or NULL */
+  mp_ep_comm ep_device_table; /* over nccl_ep: the GPU stage's MoE rows */
   mp_tp_comm cp_device_table; /* over nccl_cp: the GPU stage's key/value exchange */
   mp_nccl_comm *nccl_tp, *nccl_pp, *nccl_dp; /* its communicators of the groups with more than
                                                 one rank (dp: also --gpu-comm nccl), or NULL */
@@ -119,6 +122,7 @@ static void run_state_free(run_state *state) {
   mp_nccl_comm_free(state->nccl_pp);
   mp_nccl_comm_free(state->nccl_tp);
   mp_nccl_comm_free(state->nccl_cp);
+  mp_nccl_comm_free(state->nccl_ep);
   mp_nccl_world_free(state->nccl_world);
   mp_comm_free(state->expert_dp_group);
   mp_comm_free(state->ep_group);
@@ -466,6 +470,11 @@ static mp_status open_gpu_comms(run_state *state, mp_backend backend, const char
       MP_TRY(mp_nccl_comm_create(state->nccl_world, state->cp_group, &state->nccl_cp, err));
       state->cp_device_table = mp_tp_comm_over_nccl(state->nccl_cp);
     }
+    /* Expert parallelism's rows, after cp for the same reason. */
+    if (state->ep_group != NULL && mp_comm_size(state->ep_group) > 1) {
+      MP_TRY(mp_nccl_comm_create(state->nccl_world, state->ep_group, &state->nccl_ep, err));
+      state->ep_device_table = mp_ep_comm_over_nccl(state->nccl_ep);
+    }
   }
   if (mp_plan_world_size(&state->plan) > 1 || state->nccl_world != NULL) {
     snprintf(text, text_bytes, "; communication over %s",
@@ -539,6 +548,7 @@ static mp_trainer_options trainer_options_of(run_state *state) {
   options.nccl_pp = state->nccl_pp;
   options.tp_device = state->nccl_tp != NULL ? &state->tp_device_table : NULL;
   options.cp_device = state->nccl_cp != NULL ? &state->cp_device_table : NULL;
+  options.ep_device = state->nccl_ep != NULL ? &state->ep_device_table : NULL;
   return options;
 }
 

@@ -57,7 +57,7 @@ if [ "$#" -eq 0 ]; then
             //tests/tools:gpu_host_memory_test
             //tests/layers:cuda_elementwise_test //tests/layers:cuda_gemm_test
             //tests/layers:cuda_tensor_parallel_test //tests/layers:flash_attention_window_test
-            //tests/layers:moe_cuda_test)
+            //tests/layers:moe_cuda_test //tests/expert_parallel:ep_comm_nccl_test)
   bazel test "${emulated_config[@]}" --keep_going "${emulated[@]}" 2>&1 |
     tee -a "$bazel_log"
   emulated_status=${PIPESTATUS[0]}
