@@ -133,6 +133,7 @@
       err))                                                                                        \
   STATUS(mp_stage_gpu_part_squares, (mp_stage_gpu *gpu, double *squares, mp_error *err), (gpu,     \
       squares, err))                                                                               \
+  QUERY(float *, mp_stage_gpu_grad_part, (mp_stage_gpu *gpu), (gpu), NULL)                         \
   STATUS(mp_stage_gpu_zero_grads, (mp_stage_gpu *gpu, mp_error *err), (gpu, err))                  \
   VOID(mp_stage_gpu_scale_grads, (mp_stage_gpu *gpu, float scale), (gpu, scale))                   \
   STATUS(mp_stage_gpu_finish_grads, (mp_stage_gpu *gpu, mp_error *err), (gpu, err))                \

@@ -385,6 +385,10 @@ float *mp_stage_gpu_tensor_grad(mp_stage_gpu *gpu, int index) {
 
 size_t mp_stage_gpu_grads_floats(const mp_stage_gpu *gpu) { return gpu->grads_floats; }
 
+float *mp_stage_gpu_grad_part(mp_stage_gpu *gpu) {
+  return gpu->windowed ? gpu->grad_part : NULL;
+}
+
 mp_status mp_stage_gpu_add_to_part(mp_stage_gpu *gpu, const float *sums, size_t first,
                                        size_t count, mp_cuda_stream stream, mp_error *err) {
   MP_TRY(gpu->windowed ? need_part(gpu, err) : MP_OK);

@@ -183,6 +183,10 @@ size_t mp_stage_gpu_grads_floats(const mp_stage_gpu *gpu);
 mp_status mp_stage_gpu_add_to_part(mp_stage_gpu *gpu, const float *sums, size_t first,
                                        size_t count, mp_cuda_stream stream, mp_error *err);
 mp_status mp_stage_gpu_part_squares(mp_stage_gpu *gpu, double *squares, mp_error *err);
+/* ZeRO-2 (a windowed stage): the part's summed gradients (device floats, the moments' count), for
+ * a sum over the ep group (expert parallelism sums the tensors other than the experts over it
+ * too); NULL without a part. */
+float *mp_stage_gpu_grad_part(mp_stage_gpu *gpu);
 
 mp_status mp_stage_gpu_zero_grads(mp_stage_gpu *gpu, mp_error *err);
 /* gradients *= scale (a data-parallel mean, a clip factor); windowed, the part's. */

@@ -69,6 +69,10 @@ mp_status mp_stage_gpu_part_squares(mp_stage_gpu *gpu, double *squares, mp_error
   (void)gpu, (void)squares;
   return unreachable(err);
 }
+float *mp_stage_gpu_grad_part(mp_stage_gpu *gpu) {
+  (void)gpu;
+  return NULL;
+}
 mp_status mp_stage_gpu_zero_grads(mp_stage_gpu *gpu, mp_error *err) {
   (void)gpu;
   return unreachable(err);

@@ -54,12 +54,7 @@ static mp_status gpu_add_to_part(void *stage, const float *sums, size_t first, s
 static mp_status gpu_part_squares(void *stage, double *squares, mp_error *err) {
   return mp_stage_gpu_part_squares(stage, squares, err);
 }
-/* Not handed out by the GPU stage: only hybrid sharding would read it, and that runs on the CPU
- * (mp_trainer_check_layout refuses it here). */
-static float *gpu_grad_part(void *stage) {
-  (void)stage;
-  return NULL;
-}
+static float *gpu_grad_part(void *stage) { return mp_stage_gpu_grad_part(stage); }
 static mp_status gpu_moments_at(void *stage, size_t first, size_t count, float **adam_m,
                                 float **adam_v, mp_error *err) {
   return mp_stage_gpu_moments_at(stage, first, count, adam_m, adam_v, err);

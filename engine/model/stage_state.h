@@ -91,8 +91,9 @@ typedef struct {
    * inside the part), after the work on stream (NULL: the default stream; ignored on the CPU). */
   mp_status (*add_to_part)(void *stage, const float *sums, size_t first, size_t count,
                            mp_cuda_stream stream, mp_error *err);
-  /* ZeRO-2: the part's summed gradients (count floats), for a sum over HSDP's replicas; NULL
-   * without a part, and on the GPU, whose stage does not hand it out (HSDP runs on the CPU). */
+  /* ZeRO-2: the part's summed gradients (count floats, in the stage's memory), for a sum over
+   * HSDP's replicas (host memory only: HSDP runs on the CPU) or over the ep group; NULL without
+   * a part. */
   float *(*grad_part)(void *stage);
   /* ZeRO-2: each tensor's squares over the part (num_tensors doubles of host memory, 0 for a
    * tensor outside it), for a norm the caller sums over dp. */

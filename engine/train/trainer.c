@@ -54,13 +54,6 @@ mp_status mp_trainer_check_layout(const mp_plan *plan, mp_backend backend, mp_er
                    "gradients; use 1f1b or interleaved-1f1b, or zero_stage 2",
                    plan->source);
   }
-  if (mp_plan_ep(plan) > 1 && backend == MP_BACKEND_CUDA && plan->zero_stage >= 2) {
-    return mp_fail(err, MP_ERR_INPUT,
-                   "%s: $.parallel.zero_stage: %d: ZeRO 2 and 3 with expert parallelism (ep %d) "
-                   "run on the CPU backend only for now (the GPU stage keeps no gradient part "
-                   "for the experts' sums over ep); use zero_stage 0 or 1, or --backend cpu",
-                   plan->source, plan->zero_stage, plan->ep);
-  }
   if (mp_plan_ep(plan) > 1 && mp_plan_zero_shard(plan) < plan->dp) {
     return mp_fail(err, MP_ERR_INPUT,
                    "%s: $.parallel.zero_shard_size: %d: hybrid sharding with expert parallelism "
@@ -121,6 +114,9 @@ static mp_status create_dp_comms(mp_trainer *trainer, mp_error *err) {
     MP_TRY(mp_dp_comm_over_nccl(nccl, traced, &trainer->dp_sync, err));
   } else if (o->dp != NULL && mp_plan_replicas(plan) > 1) {
     MP_TRY(mp_dp_comm_over_mpi(o->dp, on_gpu, in_flight, traced, &trainer->dp_sync, err));
+  }
+  if (o->ep != NULL && plan->zero_stage >= 2) {
+    MP_TRY(mp_dp_comm_over_mpi(o->ep, on_gpu, 0, NULL, &trainer->zero_ep, err));
   }
   if (trainer->zero_comm == NULL) return MP_OK;
   /* HSDP's shard group runs on the CPU only (mp_trainer_check_layout): zero_comm is dp's there.
@@ -257,6 +253,7 @@ void mp_trainer_free(mp_trainer *trainer) {
   mp_train_wait_dp_all_reduces(trainer, &ignored);
   mp_dp_comm_free(trainer->dp_sync);
   mp_dp_comm_free(trainer->zero_dp);
+  mp_dp_comm_free(trainer->zero_ep);
   mp_stage_worker_free(trainer->worker);
   mp_stage_worker_free(trainer->eval_worker);
   mp_schedule_free(&trainer->eval_schedule);

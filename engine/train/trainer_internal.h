@@ -82,9 +82,12 @@ struct mp_trainer {
   mp_comm *zero_comm;
   /* The data-parallel collectives on the stages' buffers (engine/comm/dp_comm.h: over NCCL on a
    * GPU whose dp group has it, else over MPI): dp_sync the gradient all-reduces over dp (NULL
-   * at dp = 1 unless NCCL checks itself alone), zero_dp ZeRO's over zero_comm (NULL alone). */
+   * at dp = 1 unless NCCL checks itself alone), zero_dp ZeRO's over zero_comm (NULL alone),
+   * zero_ep ZeRO 2-3's sum of the parts' non-expert gradients over the ep group (MPI, staged
+   * through the host on the GPU; NULL without ep or below ZeRO-2). */
   mp_dp_comm *dp_sync;
   mp_dp_comm *zero_dp;
+  mp_dp_comm *zero_ep;
   struct zero2_hook *zero2_hooks; /* (num_chunks) the chains' hook contexts */
   float *scatter_out;     /* a reduce-scatter's output before it is added into a part (the
                              stages' memory) */

@@ -219,6 +219,9 @@ mp_status mp_train_zero2_array_grads(mp_trainer *trainer, int c, mp_error *err) 
 
 mp_status mp_train_zero2_sum_over_ep(mp_trainer *trainer, int c, float *part, mp_error *err) {
   const mp_stage_layout *layout = trainer->layouts[c];
+  /* After the adds into the part (the default stream's work on the GPU); the sums in place
+   * before what follows. */
+  MP_TRY(mp_dp_comm_after_compute(trainer->zero_ep, err));
   const size_t lo = trainer->zero_first[c], hi = lo + trainer->zero_count[c];
   size_t run_first = lo, run_end = lo; /* a run of the part's non-expert elements */
   for (int i = 0; i <= mp_stage_layout_num_tensors(layout); ++i) {
@@ -231,14 +234,14 @@ mp_status mp_train_zero2_sum_over_ep(mp_trainer *trainer, int c, float *part, mp
     for (size_t at = run_first; at < run_end; at += MP_TRAINER_BUCKET_FLOATS) {
       const size_t n = run_end - at < MP_TRAINER_BUCKET_FLOATS ? run_end - at
                                                                : MP_TRAINER_BUCKET_FLOATS;
-      MP_TRY(mp_comm_all_reduce_sum_f32(trainer->options.ep, part + (at - lo), n, err));
+      MP_TRY(mp_dp_comm_all_reduce_sum_f32(trainer->zero_ep, part + (at - lo), n, err));
     }
     if (t != NULL) {
       const size_t end = t->offset + t->count;
       run_first = end < lo ? lo : end > hi ? hi : end;
     }
   }
-  return MP_OK;
+  return mp_dp_comm_before_compute(trainer->zero_ep, err);
 }
 
 /* The squared global norm of chunk c's gradient from the dp ranks' parts: each tensor's squares

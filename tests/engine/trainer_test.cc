@@ -129,32 +129,41 @@ TEST(Trainer, RefusesPlansForSeveralRanks) {
             "`mpengine run`, which launches dp x cp x pp x tp = 2 ranks under mpirun");
 }
 
-// Expert parallelism runs on both backends; the CUDA backend refuses it with ZeRO 2 and 3 (its
-// stage keeps no gradient part for the experts' sums over ep), naming the key, before any rank
-// starts; the CPU backend takes both (the ranks then need their ep groups, which `mpengine run`
-// creates).
-TEST(Trainer, ExpertParallelismWithZero2RunsOnTheCpuBackendOnly) {
-  for (int zero_stage : {0, 2}) {
+// Expert parallelism runs on both backends with every ZeRO stage (with ep, ZeRO cuts over the
+// expert-data-parallel group; the ranks then need their ep groups, which `mpengine run` creates);
+// hybrid sharding with ep is refused on both, naming the key, before any rank starts.
+static std::string ep_plan_text(int zero_stage, const char *extra) {
+  return "{\"model\": \"examples/models/tiny-gpt.json\", \"parallel\": {\"dp\": 2, \"pp\": 1, "
+         "\"tp\": 1, \"ep\": 2, \"zero_stage\": " +
+         std::to_string(zero_stage) + extra +
+         "}, \"batch\": {\"global_batch\": 4, \"micro_batch\": 2, \"num_micro_batches\": 1, "
+         "\"seq_len\": 64}}";
+}
+
+TEST(Trainer, ExpertParallelismRunsEveryZeroStageOnBothBackends) {
+  for (int zero_stage : {0, 1, 2, 3}) {
     mp_plan plan;
     mp_error err = MP_ERROR_INITIALIZER;
-    const std::string text =
-        "{\"model\": \"examples/models/tiny-gpt.json\", \"parallel\": {\"dp\": 2, \"pp\": 1, "
-        "\"tp\": 1, \"ep\": 2, \"zero_stage\": " +
-        std::to_string(zero_stage) +
-        "}, \"batch\": {\"global_batch\": 4, \"micro_batch\": 2, \"num_micro_batches\": 1, "
-        "\"seq_len\": 64}}";
-    ASSERT_EQ(mp_plan_parse_text(text.c_str(), "ep-plan.json", ".", &plan, &err), MP_OK)
+    ASSERT_EQ(mp_plan_parse_text(ep_plan_text(zero_stage, "").c_str(), "ep-plan.json", ".", &plan,
+                                 &err),
+              MP_OK)
         << err.message;
     EXPECT_EQ(mp_trainer_check_layout(&plan, MP_BACKEND_CPU, &err), MP_OK) << err.message;
-    if (zero_stage == 0) {
-      EXPECT_EQ(mp_trainer_check_layout(&plan, MP_BACKEND_CUDA, &err), MP_OK) << err.message;
-      continue;
-    }
-    EXPECT_EQ(mp_trainer_check_layout(&plan, MP_BACKEND_CUDA, &err), MP_ERR_INPUT);
+    EXPECT_EQ(mp_trainer_check_layout(&plan, MP_BACKEND_CUDA, &err), MP_OK)
+        << "zero_stage " << zero_stage << ": " << err.message;
+  }
+  mp_plan plan;
+  mp_error err = MP_ERROR_INITIALIZER;
+  ASSERT_EQ(mp_plan_parse_text(ep_plan_text(2, ", \"zero_shard_size\": 1").c_str(),
+                               "ep-plan.json", ".", &plan, &err),
+            MP_OK)
+      << err.message;
+  for (mp_backend backend : {MP_BACKEND_CPU, MP_BACKEND_CUDA}) {
+    EXPECT_EQ(mp_trainer_check_layout(&plan, backend, &err), MP_ERR_INPUT);
     EXPECT_EQ(std::string(err.message),
-              "ep-plan.json: $.parallel.zero_stage: 2: ZeRO 2 and 3 with expert parallelism (ep "
-              "2) run on the CPU backend only for now (the GPU stage keeps no gradient part for "
-              "the experts' sums over ep); use zero_stage 0 or 1, or --backend cpu");
+              "ep-plan.json: $.parallel.zero_shard_size: 1: hybrid sharding with expert "
+              "parallelism (ep 2) is not run yet: with ep, ZeRO shards over the "
+              "expert-data-parallel group; drop zero_shard_size, or use ep 1");
   }
 }
 
