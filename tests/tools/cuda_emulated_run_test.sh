@@ -59,7 +59,8 @@
 #     one-rank GPU run, dp 2 x ep 2 (also x pp 2) within 8e-3 of the CPU run of the same layout,
 #     over NCCL equal to over MPI (1e-6), dp 2 x ep 2 x pp 2's checkpoint resumed on the GPU bit
 #     for bit and on one CPU rank within 8e-3, and dp 4 x ep 2 with ZeRO-2 and ZeRO-3 within
-#     3e-3 of the one-rank GPU run (ZeRO-3 the same numbers as ZeRO-2, 1e-6);
+#     3e-3 of the one-rank GPU run (ZeRO-3 the same numbers as ZeRO-2, 1e-6; ZeRO-2 over NCCL
+#     the same numbers as over MPI);
 #   - transformers' tiny Llama 3 golden loaded into the GPU (--init-from, pp = 2 x tp = 2): step
 #     1's loss within 1e-3 of transformers', its checkpoint exported byte for byte to the golden.
 #     The same for the tiny Mixtral and Qwen2-MoE goldens at pp = 2 x tp = 2 with sequence
@@ -462,6 +463,10 @@ for name in moe-dp4ep2zero2 moe-dp4ep2zero3; do
   compare "$name on the GPU vs one rank" "$tmp/moe-one-cuda.jsonl" "$tmp/$name-cuda.jsonl" $VS_ONE
 done
 compare "moe-dp4ep2zero3 vs moe-dp4ep2zero2 on the GPU" "$tmp/moe-dp4ep2zero2-cuda.jsonl" "$tmp/moe-dp4ep2zero3-cuda.jsonl" 1e-6
+# Over NCCL (the dp x cp sums; ZeRO's cut over expert-dp and its sums over ep still over MPI) the
+# same numbers as over MPI.
+GPU_COMM=nccl run moe-dp4ep2zero2 cuda
+compare "moe-dp4ep2zero2 over NCCL vs over MPI" "$tmp/moe-dp4ep2zero2-cuda.jsonl" "$tmp/moe-dp4ep2zero2-cuda-nccl.jsonl" 1e-6
 
 # Context parallelism on the GPU (issue 32): each sequence's tokens over cp ranks, the whole
 # sequence's qkv rows gathered over the cp group for the attention kernels, the key and value
