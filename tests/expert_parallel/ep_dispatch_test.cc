@@ -327,14 +327,20 @@ void check_case(const Case &c, int ep_size) {
           << label << " from rank " << r << " expert " << first + e;
     }
   }
-  EXPECT_EQ(sent, mine.count * c.top_k) << label;  // dropless
+  int kept_mine = 0;  // dropless: every (token, slot) pair; else what the capacity kept
+  for (int e = 0; e < c.experts; ++e) kept_mine += serial[me].expert_rows[e];
+  EXPECT_EQ(sent, kept_mine) << label;
+  if (c.capacity_factor <= 0.0) EXPECT_EQ(sent, mine.count * c.top_k) << label;
   // The local experts' rows in their fixed order: by expert, then source rank, then the source's
-  // (token, slot) order.
+  // (token, slot) order; with a capacity, only the source's first `capacity` pairs of the expert.
   std::vector<float> want_in;
   for (int e = 0; e < El; ++e) {
     for (int s = 0; s < ep_size; ++s) {
+      const mp_moe_shape shape_s = shape_of(c, tokens[s].count);
+      int taken = 0;
       for (size_t i = 0; i < serial[s].selected.size(); ++i) {
         if (serial[s].selected[i] != first + e) continue;
+        if (taken++ >= mp_moe_capacity(&shape_s)) continue;
         const float *row = tokens[s].x.data() + i / c.top_k * kChannels;
         want_in.insert(want_in.end(), row, row + kChannels);
       }
