@@ -43,7 +43,8 @@
  * mp_moe_route_backward_cpu (the gathered rows' gradients to the tokens, and the router's), then
  * mp_moe_shared_backward_cpu. mp_moe_forward_cpu and mp_moe_backward_cpu are their one-device
  * composition (every expert local), bit for bit what they computed before the split. Their GPU
- * twin, on bf16 device buffers, is layers/moe_cuda.h.
+ * twin, on bf16 device buffers, is layers/moe_cuda.h (dropless only: it refuses a capacity
+ * factor).
  *
  * The load-balancing loss is transformers' load_balancing_loss_func over the router logits of
  * every layer it is given, as one set of tokens:
