@@ -330,7 +330,9 @@ void check_case(const Case &c, int ep_size) {
   int kept_mine = 0;  // dropless: every (token, slot) pair; else what the capacity kept
   for (int e = 0; e < c.experts; ++e) kept_mine += serial[me].expert_rows[e];
   EXPECT_EQ(sent, kept_mine) << label;
-  if (c.capacity_factor <= 0.0) EXPECT_EQ(sent, mine.count * c.top_k) << label;
+  if (c.capacity_factor <= 0.0) {
+    EXPECT_EQ(sent, mine.count * c.top_k) << label;  // dropless
+  }
   // The local experts' rows in their fixed order: by expert, then source rank, then the source's
   // (token, slot) order; with a capacity, only the source's first `capacity` pairs of the expert.
   std::vector<float> want_in;
