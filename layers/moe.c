@@ -36,6 +36,13 @@ void mp_moe_cache_free(mp_moe_cache *c) {
   memset(c, 0, sizeof *c);
 }
 
+int mp_moe_capacity(const mp_moe_shape *shape) {
+  const double pairs = (double)shape->tokens * (double)shape->top_k;
+  if (!(shape->capacity_factor > 0.0)) return (int)pairs;
+  const double capacity = ceil(shape->capacity_factor * pairs / (double)shape->experts);
+  return capacity < pairs ? (int)capacity : (int)pairs;
+}
+
 static float sigmoidf(float v) { return 1.0f / (1.0f + expf(-v)); }
 
 /* The K largest of p (E), by falling value, ties to the lowest index. */
@@ -117,17 +124,24 @@ mp_status mp_moe_route_cpu(const float *x, const mp_moe_params *params, const mp
     }
   }
 
-  /* Group the (token, slot) pairs by expert, tokens in order, and gather their inputs. */
+  /* Group the (token, slot) pairs by expert, tokens in order, and gather their inputs.
+   * With a capacity, an expert keeps its first `capacity` pairs in token order, drops the rest. */
+  const int capacity = mp_moe_capacity(shape);
   int *counts = cache->expert_offset; /* counted in [e + 1], then made offsets */
-  for (size_t i = 0; i < NK; ++i) counts[cache->selected[i] + 1]++;
+  for (size_t i = 0; i < NK; ++i) {
+    int *count = &counts[cache->selected[i] + 1];
+    if (*count < capacity) ++*count;
+  }
   for (int e = 0; e < E; ++e) counts[e + 1] += counts[e];
   for (int e = 0; e < E; ++e) {
     int row = cache->expert_offset[e];
-    for (size_t i = 0; i < NK; ++i) {
+    const int end = cache->expert_offset[e + 1];
+    for (size_t i = 0; i < NK && row < end; ++i) {
       if (cache->selected[i] == e) cache->routed_slot[row++] = (int)i;
     }
   }
-  for (size_t row = 0; row < NK; ++row) {
+  const size_t R = (size_t)cache->expert_offset[E];
+  for (size_t row = 0; row < R; ++row) {
     const int t = cache->routed_slot[row] / K;
     memcpy(cache->routed_in + row * C, x + (size_t)t * C, sizeof(float) * (size_t)C);
   }
@@ -155,10 +169,10 @@ void mp_moe_combine_cpu(float *out, const float *x, const mp_moe_params *params,
                         mp_moe_cache *cache) {
   const mp_moe_shape *shape = &cache->shape;
   const int N = shape->tokens, C = shape->channels, K = shape->top_k, Fs = shape->shared_ffn;
-  const size_t NK = (size_t)N * (size_t)K;
+  const size_t R = (size_t)cache->expert_offset[shape->experts]; /* the kept rows */
   /* Each token's expert outputs by their weights, then the shared MLP. */
   if (N > 0) memset(out, 0, sizeof(float) * (size_t)N * C); /* out may be NULL for no token */
-  for (size_t row = 0; row < NK; ++row) {
+  for (size_t row = 0; row < R; ++row) {
     const int slot = cache->routed_slot[row], t = slot / K;
     const float w = cache->weights[slot];
     const float *y = cache->routed_out + row * C;
@@ -254,10 +268,12 @@ static void mlp_backward(float *dinp, float *dfc1_w, float *dfc2_w, const float 
 void mp_moe_combine_backward_cpu(float *drouted, float *dweights, const float *dout,
                                  const mp_moe_cache *cache) {
   const int N = cache->shape.tokens, C = cache->shape.channels, K = cache->shape.top_k;
-  const size_t NK = (size_t)N * (size_t)K;
+  const size_t R = (size_t)cache->expert_offset[cache->shape.experts]; /* the kept rows */
   /* Each routed row's output gradient is its weight times the token's, and each weight's
-   * gradient the dot product of the token's gradient with the expert's output. */
-  for (size_t row = 0; row < NK; ++row) {
+   * gradient the dot product of the token's gradient with the expert's output; a dropped pair's
+   * weight has none. */
+  if (N > 0) memset(dweights, 0, sizeof(float) * (size_t)N * K);
+  for (size_t row = 0; row < R; ++row) {
     const int slot = cache->routed_slot[row], t = slot / K;
     const float *g = dout + (size_t)t * C, *y = cache->routed_out + row * C;
     const float w = cache->weights[slot];
@@ -304,7 +320,6 @@ mp_status mp_moe_route_backward_cpu(float *dx, float *drouter, const float *drou
                                     double aux_coeff, double z_coeff, mp_error *err) {
   const mp_moe_shape *shape = &cache->shape;
   const int N = shape->tokens, C = shape->channels, E = shape->experts, K = shape->top_k;
-  const size_t NK = (size_t)N * K;
   bool ok = true;
   float *dlogits = zalloc((size_t)N * E, sizeof(float), &ok); /* (N, E) */
   double *dp = zalloc((size_t)E, sizeof(double), &ok); /* (E) one token's d(probabilities) */
@@ -313,8 +328,9 @@ mp_status mp_moe_route_backward_cpu(float *dx, float *drouter, const float *drou
     free(dp);
     return mp_fail(err, MP_ERR_RUNTIME, "moe: out of memory for the backward of %d tokens", N);
   }
-  /* The gathered rows' gradients back to their tokens. */
-  for (size_t row = 0; row < NK; ++row) {
+  /* The gathered (kept) rows' gradients back to their tokens. */
+  const size_t R = (size_t)cache->expert_offset[E];
+  for (size_t row = 0; row < R; ++row) {
     const int t = cache->routed_slot[row] / K;
     for (int c = 0; c < C; ++c) dx[(size_t)t * C + c] += drouted_in[row * C + c];
   }

@@ -12,7 +12,19 @@
  *     when normalize_top_k (Mixtral; Qwen2-MoE's norm_topk_prob)
  *   out[t] = sum over its k experts e of w * down_e(silu(gate_e x) * up_e x)
  *            + [sigmoid(x . shared_gate)] * shared(x)
- * Dropless: every token reaches its k experts, an expert with no token does no work. Expert
+ * Dropless by default: every token reaches its k experts, an expert with no token does no work.
+ * With a capacity factor (shape.capacity_factor > 0; Switch Transformer, Megatron-Core's token
+ * dropping), each expert takes at most
+ *   capacity = ceil(capacity_factor x N x K / E)   (token, slot) pairs of the N tokens routed here
+ * (mp_moe_capacity), per call, that is per micro-batch and layer. The pairs beyond capacity are
+ * dropped in token order: an expert keeps its first `capacity` tokens (Megatron's "position" drop
+ * policy). A dropped pair is in no routed array (expert_offset[E] < N K rows), contributes nothing
+ * to out and gets no gradient; the kept weights are not renormalised (a dropped slot's weight is
+ * simply unused, though its probability still enters normalize_top_k's sum). The auxiliary loss
+ * statistics count the routing before dropping (selected), as Megatron and Switch do. Dropping
+ * depends only on this call's tokens, so it is deterministic and the same on every layout that
+ * routes the same tokens: under expert parallelism each rank drops among its own tokens before
+ * the dispatch. Expert
  * weights are stacked: expert_fc1 (E, 2F, C) holds each expert's gate rows then up rows
  * (swiglu.h's [gate | up]: Hugging Face's gate_proj / w1 over up_proj / w3), expert_fc2 (E, C, F)
  * its down_proj / w2.
@@ -31,7 +43,8 @@
  * mp_moe_route_backward_cpu (the gathered rows' gradients to the tokens, and the router's), then
  * mp_moe_shared_backward_cpu. mp_moe_forward_cpu and mp_moe_backward_cpu are their one-device
  * composition (every expert local), bit for bit what they computed before the split. Their GPU
- * twin, on bf16 device buffers, is layers/moe_cuda.h.
+ * twin, on bf16 device buffers, is layers/moe_cuda.h (dropless only: it refuses a capacity
+ * factor).
  *
  * The load-balancing loss is transformers' load_balancing_loss_func over the router logits of
  * every layer it is given, as one set of tokens:
@@ -62,6 +75,7 @@ typedef struct {
   int shared_ffn;      /* Fs, the shared MLP's width; 0 for none */
   bool shared_gate;    /* the shared MLP's output scaled by sigmoid(x . shared_gate) */
   bool normalize_top_k;
+  double capacity_factor; /* 0: dropless; > 0: each expert's capacity (above, mp_moe_capacity) */
 } mp_moe_shape;
 
 /* Parameters (or their gradients, the same shapes). The shared ones are NULL without them. */
@@ -81,9 +95,10 @@ typedef struct {
   float *probs;         /* (N, E) their softmax */
   int *selected;        /* (N, K) the chosen experts, by falling probability */
   float *weights;       /* (N, K) their combine weights */
-  int *expert_offset;   /* (E + 1) where each expert's rows start in the routed arrays */
-  int *routed_slot;     /* (N K) routed row -> token * K + slot, grouped by expert, tokens in
-                           order within an expert */
+  int *expert_offset;   /* (E + 1) where each expert's rows start in the routed arrays;
+                           expert_offset[E] = R, the rows kept (N K when dropless) */
+  int *routed_slot;     /* (N K, R used) routed row -> token * K + slot, grouped by expert,
+                           tokens in order within an expert */
   float *routed_in;     /* (N K, C) the tokens gathered to their experts */
   float *routed_fc1;    /* (N K, 2F) (mp_moe_forward_cpu's; NULL after mp_moe_route_cpu alone:
                            expert parallelism keeps its received rows' own) */
@@ -104,6 +119,10 @@ typedef struct {
   double *prob_sum;       /* (E) sum of each expert's router probability; caller's storage */
   double logsumexp_sq;    /* sum of logsumexp(logits)^2 */
 } mp_moe_stats;
+
+/* Each expert's capacity in (token, slot) pairs: ceil(capacity_factor x N x K / E), or N K (no
+ * expert can receive more) when dropless (capacity_factor <= 0). */
+int mp_moe_capacity(const mp_moe_shape *shape);
 
 /* Forward: out (N, C) written; x (N, C). Fills *cache (free with mp_moe_cache_free).
  * MP_ERR_RUNTIME when out of memory, MP_ERR_INPUT for a shape out of range (K not in [1, E],
@@ -174,9 +193,9 @@ mp_status mp_moe_experts_backward_cpu(float *din, mp_moe_params *grads, const fl
 void mp_moe_combine_cpu(float *out, const float *x, const mp_moe_params *params,
                         mp_moe_cache *cache);
 
-/* Backward of the combine's weighted sum: drouted (N K, C) = each routed row's output gradient
- * (its weight times its token's dout), dweights (N, K) = each weight's (dout . routed_out). Both
- * written. */
+/* Backward of the combine's weighted sum: drouted (N K, C; its R kept rows) = each routed row's
+ * output gradient (its weight times its token's dout), dweights (N, K) = each weight's
+ * (dout . routed_out), 0 for a dropped pair. Both written. */
 void mp_moe_combine_backward_cpu(float *drouted, float *dweights, const float *dout,
                                  const mp_moe_cache *cache);
 

@@ -109,6 +109,12 @@ mp_status mp_moe_route_cuda(mp_cublas *cublas, const mp_bf16 *x,
                    "expert_ffn %d, shared_ffn %d) or shared weights missing",
                    N, C, E, K, F, Fs);
   }
+  if (shape->capacity_factor > 0.0) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "moe (CUDA): capacity_factor %g: the route kernel is dropless only (the CPU "
+                   "layer, layers/moe.h, drops)",
+                   shape->capacity_factor);
+  }
   mp_moe_cuda_route(cublas, x, weights->router, cache, stream);
   return mp_moe_cuda_copy_offsets(cache->expert_offset_host, cache->expert_offset, E + 1, stream,
                                   err);

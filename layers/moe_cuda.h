@@ -142,7 +142,8 @@ typedef struct {
 
 /* ---- the steps ---- */
 
-/* Route: checks the shape (cache->shape, as mp_moe_forward_cpu; MP_ERR_INPUT), then logits,
+/* Route: checks the shape (cache->shape, as mp_moe_forward_cpu; MP_ERR_INPUT, and for a capacity
+ * factor, which the kernels do not drop by), then logits,
  * probs, selected, weights, the grouping (expert_offset, routed_slot, slot_row) and routed_in
  * from x (N, C) and weights->router. Synchronises `stream` to copy the offsets to
  * cache->expert_offset_host (MP_ERR_RUNTIME naming the CUDA call if that fails, or an earlier

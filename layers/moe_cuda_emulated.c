@@ -175,12 +175,16 @@ void mp_moe_cuda_weighted_sum(mp_bf16 *out, const mp_bf16 *routed_out, const flo
   (void)stream;
   (void)slot_row;
   const size_t NK = (size_t)N * K, NC = (size_t)N * C;
-  /* moe.c's weighted sum: a view with the routed arrays and no shared MLP. */
+  /* moe.c's weighted sum: a view with the routed arrays and no shared MLP; its rows are all
+   * N K pairs (the GPU twin is dropless), as one expert's. */
+  int rows[2] = {0, (int)NK};
   mp_moe_cache view;
   memset(&view, 0, sizeof view);
   view.shape.tokens = N;
   view.shape.channels = C;
+  view.shape.experts = 1;
   view.shape.top_k = K;
+  view.expert_offset = rows;
   view.weights = (float *)weights;
   view.routed_slot = (int *)routed_slot;
   view.routed_out = widen(routed_out, NK * C, "moe weighted sum");

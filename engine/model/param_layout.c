@@ -96,12 +96,6 @@ static mp_status read_block(const mp_model *model, const mp_layer_spec *block, i
   if (block->norm == MP_NORM_LAYERNORM && block->norm_eps != 1e-5) {
     return unsupported(model, block, "layernorm with norm_eps other than 1e-5", err);
   }
-  if (mp_layer_is_moe(block) && block->moe.capacity_factor > 0.0) {
-    return mp_fail(err, MP_ERR_INPUT,
-                   "%s: $.layers[%d].moe.capacity_factor (%s): the runtime routes dropless only "
-                   "(every token reaches its top_k experts); remove capacity_factor to train",
-                   mp_model_source(model), block->json_index, block->name);
-  }
   return MP_OK;
 }
 
@@ -160,6 +154,7 @@ static mp_status read_config(const mp_model *model, int seq_len, mp_model_config
     config->moe_normalize_top_k = moe->normalize_top_k;
     config->moe_aux_loss_coeff = moe->aux_loss_coeff;
     config->moe_z_loss_coeff = moe->z_loss_coeff;
+    config->moe_capacity_factor = moe->capacity_factor;
   }
   if (!config->rope && !config->learned_positions) {
     return unsupported(model, embedding,

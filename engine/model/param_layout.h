@@ -18,7 +18,7 @@
  * A model mixing the two (rmsnorm with gelu, say) is laid out as the Llama family. A Llama-family
  * model whose blocks all carry "moe" (Mixtral, Qwen2-MoE) has a router, stacked experts and an
  * optional gated shared expert in place of the dense MLP's tensors (MP_BLOCK_ROUTER_WEIGHT ...);
- * dense and MoE blocks mixed, and a capacity factor, are refused. Custom nodes,
+ * dense and MoE blocks mixed are refused. Custom nodes,
  * dropout and blocks of different shapes can be planned but not run, and are refused naming the
  * layer.
  *
@@ -79,6 +79,7 @@ typedef struct {
   bool moe_normalize_top_k;
   double moe_aux_loss_coeff; /* the load-balancing loss's weight in the micro-batch's loss */
   double moe_z_loss_coeff;   /* the router z-loss's */
+  double moe_capacity_factor; /* 0: dropless; else each expert's capacity (layers/moe.h) */
 } mp_model_config;
 
 /* A tensor's initial values (GPT-2's scheme). */

@@ -190,6 +190,7 @@ mp_stage_dims mp_stage_chain_dims(const mp_stage_layout *layout, const mp_tp_com
     d.moe.shared_ffn = c->moe_shared_ffn;
     d.moe.shared_gate = c->moe_shared_gate;
     d.moe.normalize_top_k = c->moe_normalize_top_k;
+    d.moe.capacity_factor = c->moe_capacity_factor;
     d.moe_aux_loss_coeff = c->moe_aux_loss_coeff;
     d.moe_z_loss_coeff = c->moe_z_loss_coeff;
   }

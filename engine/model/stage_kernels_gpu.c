@@ -943,6 +943,13 @@ mp_status mp_stage_kernels_gpu_create(const mp_stage_dims *d, mp_stage_kernels *
                                       size_t *device_bytes, mp_error *err) {
   *out = NULL;
   *device_bytes = 0;
+  if (d->moe.experts > 0 && d->moe.capacity_factor > 0.0) {
+    return mp_fail(err, MP_ERR_INPUT,
+                   "moe.capacity_factor %g: the GPU stage routes dropless only (its route "
+                   "kernel drops no (token, slot) pair); train it on the CPU backend or remove "
+                   "capacity_factor",
+                   d->moe.capacity_factor);
+  }
   cuda_kernels *k = calloc(1, sizeof *k);
   if (k == NULL) return mp_fail(err, MP_ERR_RUNTIME, "out of host memory");
   k->d = *d;

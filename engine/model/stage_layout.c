@@ -224,6 +224,24 @@ mp_status mp_stage_layout_create(const mp_model *model, const mp_stage_layout_co
                          mp_model_source(model), ep, c->moe_experts);
   }
 
+  if (cp > 1 && c->moe_capacity_factor > 0.0) {
+    /* A cp rank routes only part of each sequence: its capacity would differ from one rank's. */
+    int json_index = 0;
+    for (int i = 0; i < mp_model_num_layers(model); ++i) {
+      const mp_layer_spec *block = mp_model_layer(model, i);
+      if (mp_layer_is_moe(block)) {
+        json_index = block->json_index;
+        break;
+      }
+    }
+    mp_stage_layout_free(layout);
+    return mp_fail(err, MP_ERR_INPUT,
+                   "%s: $.layers[%d].moe.capacity_factor with cp = %d: a context-parallel rank "
+                   "routes only part of each sequence, so the experts' capacity would depend on "
+                   "cp; remove capacity_factor or use cp 1",
+                   mp_model_source(model), json_index, cp);
+  }
+
   /* The shard's tensor table: the stage's tensors, in the layout's order. */
   const int all = mp_param_layout_num_tensors(layout->model);
   layout->tensors = calloc((size_t)all, sizeof *layout->tensors);

@@ -79,9 +79,10 @@ struct Case {
   bool shared;
   Craft craft;
   bool empty_rank;  // group rank 1 has no token
+  double capacity_factor = 0.0;  // 0: dropless
   std::string name() const {
     char text[128];
-    std::snprintf(text, sizeof text, "E%d k%d %s%s%s", experts, top_k,
+    std::snprintf(text, sizeof text, "E%d k%d cf%g %s%s%s", experts, top_k, capacity_factor,
                   shared ? "shared" : "no-shared",
                   craft == Craft::kEmptyExpert ? " empty-expert"
                   : craft == Craft::kTie       ? " tie"
@@ -92,7 +93,7 @@ struct Case {
 };
 
 mp_moe_shape shape_of(const Case &c, int tokens) {
-  mp_moe_shape s;
+  mp_moe_shape s = {};
   s.tokens = tokens;
   s.channels = kChannels;
   s.experts = c.experts;
@@ -101,6 +102,7 @@ mp_moe_shape shape_of(const Case &c, int tokens) {
   s.shared_ffn = c.shared ? kSharedFfn : 0;
   s.shared_gate = c.shared;      // Qwen2-MoE's gated shared expert
   s.normalize_top_k = !c.shared; // Mixtral renormalises, Qwen2-MoE does not
+  s.capacity_factor = c.capacity_factor;
   return s;
 }
 
@@ -289,6 +291,20 @@ void check_case(const Case &c, int ep_size) {
     }
   }
 
+  // With a capacity, each rank's own tokens overflow it (the case is sized so): pairs dropped.
+  if (c.capacity_factor > 0.0) {
+    for (int s = 0; s < ep_size; ++s) {
+      if (tokens[s].count == 0) continue;
+      const mp_moe_shape shape_s = shape_of(c, tokens[s].count);
+      int kept = 0;
+      for (int e = 0; e < c.experts; ++e) {
+        EXPECT_LE(serial[s].expert_rows[e], mp_moe_capacity(&shape_s)) << label;
+        kept += serial[s].expert_rows[e];
+      }
+      EXPECT_LT(kept, tokens[s].count * c.top_k) << label << " from rank " << s;
+    }
+  }
+
   // Expert parallelism: this rank's tokens, this rank's experts.
   const Tokens &mine = tokens[me];
   const mp_moe_shape shape = shape_of(c, mine.count);
@@ -311,14 +327,22 @@ void check_case(const Case &c, int ep_size) {
           << label << " from rank " << r << " expert " << first + e;
     }
   }
-  EXPECT_EQ(sent, mine.count * c.top_k) << label;  // dropless
+  int kept_mine = 0;  // dropless: every (token, slot) pair; else what the capacity kept
+  for (int e = 0; e < c.experts; ++e) kept_mine += serial[me].expert_rows[e];
+  EXPECT_EQ(sent, kept_mine) << label;
+  if (c.capacity_factor <= 0.0) {
+    EXPECT_EQ(sent, mine.count * c.top_k) << label;  // dropless
+  }
   // The local experts' rows in their fixed order: by expert, then source rank, then the source's
-  // (token, slot) order.
+  // (token, slot) order; with a capacity, only the source's first `capacity` pairs of the expert.
   std::vector<float> want_in;
   for (int e = 0; e < El; ++e) {
     for (int s = 0; s < ep_size; ++s) {
+      const mp_moe_shape shape_s = shape_of(c, tokens[s].count);
+      int taken = 0;
       for (size_t i = 0; i < serial[s].selected.size(); ++i) {
         if (serial[s].selected[i] != first + e) continue;
+        if (taken++ >= mp_moe_capacity(&shape_s)) continue;
         const float *row = tokens[s].x.data() + i / c.top_k * kChannels;
         want_in.insert(want_in.end(), row, row + kChannels);
       }
@@ -412,6 +436,14 @@ TEST(EpDispatch, RouterTiesGoToTheLowestExpert) {
 
 TEST(EpDispatch, RankWithNoTokenStillTakesPart) {
   check_all_ep_sizes({4, 2, true, Craft::kNone, true});
+}
+
+// A capacity factor: each rank drops among its own tokens before the dispatch, so every rank's
+// out, dx and gradients are the one-device layer's over its own micro-batch at the same capacity.
+TEST(EpDispatch, CapacityFactorDropsPerSourceRankEqualsOneDevice) {
+  check_all_ep_sizes({8, 2, false, Craft::kNone, false, 0.5});
+  check_all_ep_sizes({8, 2, true, Craft::kNone, false, 0.5});
+  check_all_ep_sizes({4, 1, false, Craft::kNone, true, 0.5});
 }
 
 // ep = 1 through the one-rank table is the one-device layer, bit for bit (the same steps over

@@ -426,4 +426,26 @@ TEST(CudaMoeShape, RouteRefusesTopKAboveExperts) {
   EXPECT_NE(std::string(err.message).find("top_k 3"), std::string::npos) << err.message;
 }
 
+// The GPU twin is dropless only: a capacity factor is refused, not silently ignored.
+TEST(CudaMoeShape, RouteRefusesACapacityFactor) {
+  SKIP_WITHOUT_GPU();
+  Gpu gpu;
+  ASSERT_TRUE(gpu.ok()) << gpu.error();
+  mp_moe_shape shape{};
+  shape.tokens = 4;
+  shape.channels = 8;
+  shape.experts = 2;
+  shape.top_k = 1;
+  shape.expert_ffn = 4;
+  shape.capacity_factor = 1.25;
+  mp_moe_cache_cuda cache{};
+  cache.shape = shape;
+  const mp_moe_weights_cuda weights{};
+  mp_error err = MP_ERROR_INITIALIZER;
+  EXPECT_EQ(mp_moe_route_cuda(gpu.cublas, nullptr, &weights, &cache, gpu.stream, &err),
+            MP_ERR_INPUT);
+  EXPECT_NE(std::string(err.message).find("capacity_factor 1.25"), std::string::npos)
+      << err.message;
+}
+
 }  // namespace

@@ -2,8 +2,8 @@
 # tests/tools/moe_cli_test.sh — mixture-of-experts models at the command line (issue 33):
 # `describe` counts them (total and active parameters); `run` trains a model whose blocks are all
 # MoE blocks on the CPU backend at ep 1 (tests/tools/testdata/tiny-moe.json), refuses one that
-# mixes dense and MoE blocks naming the layer and a capacity factor (dropless only), each with
-# exit 2 (planning them: tests/tools/moe_plan_test.sh; on the CUDA backend:
+# mixes dense and MoE blocks naming the layer, and a capacity factor with cp > 1, each with
+# exit 2 (a capacity factor trains) (planning them: tests/tools/moe_plan_test.sh; on the CUDA backend:
 # tests/tools/cuda_emulated_run_test.sh).
 set -uo pipefail
 mpengine=${1:-${MPENGINE:-tools/mpengine}}
@@ -67,9 +67,19 @@ for layout in "1 1 [7]" "2 2 [3,4]"; do
 JSON
   expect 0 "done: 3 steps" -- $mpengine run --config "$tmp/all-moe-plan-$1x$2.json" --backend cpu
 done
+# A capacity factor (layers/moe.h: each expert keeps its first ceil(1.25 x N x K / E) pairs)
+# trains on the CPU; with cp > 1 it is refused naming the field, since a cp rank routes only
+# part of each sequence.
 sed 's/"z_loss_coeff": 0.001}/"z_loss_coeff": 0.001, "capacity_factor": 1.25}/' "$moe_model" > "$tmp/all-moe.json"
-expect 2 "all-moe.json: \$.layers[1].moe.capacity_factor (block.0): the runtime routes dropless only" \
-  -- $mpengine run --config "$tmp/all-moe-plan-1x1.json" --backend cpu
+expect 0 "done: 3 steps" -- $mpengine run --config "$tmp/all-moe-plan-1x1.json" --backend cpu
+cat > "$tmp/all-moe-plan-cp2.json" <<JSON
+{"model": "all-moe.json", "cluster": "cpu-local",
+ "parallel": {"dp": 1, "cp": 2, "pp": 1, "tp": 1}, "layers_per_stage": [7],
+ "batch": {"global_batch": 4, "micro_batch": 2, "num_micro_batches": 2, "seq_len": 32},
+ "schedule": "1f1b", "recompute": "none", "training": {"steps": 3, "learning_rate": 1e-3}}
+JSON
+expect 2 "all-moe.json: \$.layers[1].moe.capacity_factor with cp = 2: a context-parallel rank routes only part of each sequence" \
+  -- $mpengine run --config "$tmp/all-moe-plan-cp2.json" --backend cpu
 
 if [ $failures -ne 0 ]; then
   echo "$failures check(s) failed"

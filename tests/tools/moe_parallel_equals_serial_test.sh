@@ -33,6 +33,9 @@
 # an ep 2 x dp 4 x tp 2 ZeRO-3 checkpoint of step 10 resumes on one rank, and the ep-1 ZeRO-3 one
 # above resumes at ep 2 x pp 2, both giving the uninterrupted run's steps 11-20.
 #
+# Capacity factor: capacity_factor 1.0 (tokens beyond an expert's capacity dropped) at one rank,
+# dp 2 x ep 2, pp 2 and ep 2 x tp 2 (sequence parallel) agree as above (the last section).
+#
 # The plans give layers_per_stage, so each layout's stages are the ones named.
 set -uo pipefail
 mpengine=${1:-${MPENGINE:-tools/mpengine}}
@@ -189,6 +192,28 @@ compare empty-dp2-pp2-tp2 empty-serial
 run empty-ep2-serial
 run empty-ep2-pp2-tp2
 compare empty-ep2-pp2-tp2 empty-ep2-serial
+
+# A capacity factor (layers/moe.h): capacity_factor 1.0, each expert keeps its first
+# ceil(64 x 1 / 8) = 8 (token, slot) pairs of a micro-batch's 64 tokens, the rest dropped. The
+# capacity is per micro-batch on the rank that routes it, so one rank, dp 2 x ep 2 (each rank
+# drops among its own micro-batch before the dispatch), pp 2 and ep 2 x tp 2 with sequence
+# parallelism (every tp rank routes the whole micro-batch) agree; and the drops change the
+# run (its first loss is not the dropless one's).
+sed 's/"z_loss_coeff": 0.001}/"z_loss_coeff": 0.001, "capacity_factor": 1.0}/' "$model_src" \
+  > "$tmp/tiny-moe-cf.json"
+grep -q '"capacity_factor": 1.0' "$tmp/tiny-moe-cf.json" || fail "tiny-moe-cf.json: no capacity_factor"
+cf_plan() { plan "$@" && sed -i 's/"model": "tiny-moe.json"/"model": "tiny-moe-cf.json"/' "$tmp/$1.json"; }
+cf_plan cf-serial 1 1 1 1f1b 1 false 0 none "[7]"
+cf_plan cf-dp2-ep2 2 1 1 1f1b 1 false 0 none "[7]" 2 32 1 2
+cf_plan cf-pp2 1 2 1 1f1b 1 false 0 none "[3,4]"
+cf_plan cf-ep2-tp2-sp 2 1 2 1f1b 1 true 0 none "[7]" 2 32 1 2
+run cf-serial
+[ "$(column "$tmp/cf-serial.jsonl" loss | head -1)" != "$(column "$tmp/serial.jsonl" loss | head -1)" ] ||
+  fail "capacity_factor 1.0: the first loss is the dropless run's (nothing dropped?)"
+for name in cf-dp2-ep2 cf-pp2 cf-ep2-tp2-sp; do
+  run $name
+  compare $name cf-serial
+done
 
 if [ $failures -ne 0 ]; then
   echo "$failures check(s) failed"
