@@ -188,10 +188,11 @@ mp_status mp_stage_layout_create(const mp_model *model, const mp_stage_layout_co
   const mp_model_config *c = mp_param_layout_config(layout->model);
   if (span->first_layer < 0 || span->num_layers < 0 ||
       span->first_layer + span->num_layers > c->num_layers) {
-    mp_stage_layout_free(layout);
-    return mp_fail(err, MP_ERR_INPUT, "%s: blocks [%d, %d) are not blocks of the model (%d)",
-                   mp_model_source(model), span->first_layer,
-                   span->first_layer + span->num_layers, c->num_layers);
+    mp_fail(err, MP_ERR_INPUT, "%s: blocks [%d, %d) are not blocks of the model (%d)",
+            mp_model_source(model), span->first_layer, span->first_layer + span->num_layers,
+            c->num_layers);
+    mp_stage_layout_free(layout); /* after the message: c lives in the layout */
+    return MP_ERR_INPUT;
   }
   layout->span = *span;
   layout->tp_rank = config->tp_rank;
@@ -212,16 +213,19 @@ mp_status mp_stage_layout_create(const mp_model *model, const mp_stage_layout_co
   }
   layout->BTl = layout->sp ? layout->B * layout->T / tp : layout->B * layout->T;
   if (ep > 1 && (c->moe_experts == 0 || c->moe_experts % ep != 0)) {
+    /* The message first: c lives in the layout. */
+    if (c->moe_experts == 0) {
+      mp_fail(err, MP_ERR_INPUT,
+              "%s with ep = %d: the model has no mixture-of-experts blocks to split over ep; use "
+              "ep 1",
+              mp_model_source(model), ep);
+    } else {
+      mp_fail(err, MP_ERR_INPUT,
+              "%s with ep = %d: its %d experts do not divide over ep; use an ep that divides them",
+              mp_model_source(model), ep, c->moe_experts);
+    }
     mp_stage_layout_free(layout);
-    return c->moe_experts == 0
-               ? mp_fail(err, MP_ERR_INPUT,
-                         "%s with ep = %d: the model has no mixture-of-experts blocks to split "
-                         "over ep; use ep 1",
-                         mp_model_source(model), ep)
-               : mp_fail(err, MP_ERR_INPUT,
-                         "%s with ep = %d: its %d experts do not divide over ep; use an ep that "
-                         "divides them",
-                         mp_model_source(model), ep, c->moe_experts);
+    return MP_ERR_INPUT;
   }
 
   if (cp > 1 && c->moe_capacity_factor > 0.0) {
